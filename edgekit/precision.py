@@ -1,0 +1,29 @@
+"""The names of numeric precisions and backends, shared by recipes, targets and the pipeline."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Precision(str, Enum):
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    INT8 = "int8"
+    INT8_DYNAMIC = "int8-dynamic"
+    FP8 = "fp8"
+    INT4 = "int4"
+    MXFP8 = "mxfp8"
+    MXFP4 = "mxfp4"
+    NVFP4 = "nvfp4"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Backend(str, Enum):
+    ONNXRUNTIME = "onnxruntime"
+    TENSORRT = "tensorrt"
+
+    def __str__(self) -> str:
+        return self.value

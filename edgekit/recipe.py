@@ -1,0 +1,325 @@
+"""Recipes: a validated description of a model, its inputs, its data and how to build it.
+
+A recipe is YAML (see ``recipes/*.yaml``); it loads into a frozen :class:`Recipe`. Relative paths
+in a recipe are resolved against the recipe file's directory. ``edgekit schema recipe`` prints the
+JSON Schema for editors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from edgekit.config import StrictModel, load_model
+from edgekit.errors import RecipeError
+from edgekit.precision import Backend, Precision
+
+CALLABLE_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool")
+
+
+# ---------------------------------------------------------------- model sources
+
+
+class _SourceBase(StrictModel):
+    pass
+
+
+class FactorySource(_SourceBase):
+    """A Python callable ``package.module:function`` returning a ``torch.nn.Module``."""
+
+    kind: Literal["factory"]
+    factory: str = Field(pattern=CALLABLE_PATTERN, description="package.module:function")
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class TorchScriptSource(_SourceBase):
+    kind: Literal["torchscript"]
+    path: Path
+
+
+class ExportedProgramSource(_SourceBase):
+    """A ``torch.export`` program saved with ``torch.export.save`` (``.pt2``)."""
+
+    kind: Literal["exported_program"]
+    path: Path
+
+
+class HuggingFaceSource(_SourceBase):
+    """A local Hugging Face model directory, exported through Optimum's ONNX exporter."""
+
+    kind: Literal["huggingface"]
+    path: Path | None = None
+    path_from: str | None = Field(default=None, pattern=CALLABLE_PATTERN, description="callable returning the directory")
+    task: str = "feature-extraction"
+
+    @model_validator(mode="after")
+    def _one_path(self) -> "HuggingFaceSource":
+        if (self.path is None) == (self.path_from is None):
+            raise ValueError("give exactly one of 'path' (a directory) or 'path_from' (a callable returning it)")
+        return self
+
+
+class OnnxSource(_SourceBase):
+    """An existing ``.onnx`` file: export is skipped, parity has no PyTorch reference."""
+
+    kind: Literal["onnx"]
+    path: Path
+
+
+ModelSource = Annotated[
+    Union[FactorySource, TorchScriptSource, ExportedProgramSource, HuggingFaceSource, OnnxSource],
+    Field(discriminator="kind"),
+]
+
+
+# ---------------------------------------------------------------- inputs and outputs
+
+
+class DynamicDim(StrictModel):
+    min: int = Field(ge=1)
+    opt: int = Field(ge=1)
+    max: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "DynamicDim":
+        if not self.min <= self.opt <= self.max:
+            raise ValueError(f"need min <= opt <= max, got min={self.min} opt={self.opt} max={self.max}")
+        return self
+
+
+class TensorSpec(StrictModel):
+    name: str = Field(pattern=r"^[A-Za-z_][\w.:/-]*$")
+    dtype: Literal[DTYPES]  # type: ignore[valid-type]
+    shape: tuple[int | str, ...] = Field(description="ints for fixed dims, names for dynamic dims")
+    low: float | None = Field(default=None, description="lower bound for random test inputs")
+    high: float | None = Field(default=None, description="upper bound (exclusive for ints) for random test inputs")
+
+    @field_validator("shape")
+    @classmethod
+    def _dims(cls, shape: tuple[int | str, ...]) -> tuple[int | str, ...]:
+        for dim in shape:
+            if isinstance(dim, int) and dim < 1:
+                raise ValueError(f"fixed dimensions must be >= 1, got {dim}")
+            if isinstance(dim, str) and not re.match(r"^[A-Za-z_]\w*$", dim):
+                raise ValueError(f"dynamic dimension names must be identifiers, got '{dim}'")
+        return shape
+
+
+# ---------------------------------------------------------------- data
+
+
+class CallableData(StrictModel):
+    """``package.module:function(**kwargs)`` returning a list of batches (dicts of NumPy arrays)."""
+
+    callable: str = Field(pattern=CALLABLE_PATTERN)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class NpzData(StrictModel):
+    """A directory of ``.npz`` files, one batch each, arrays keyed by input name (plus labels)."""
+
+    npz_dir: Path
+
+
+DataSource = Union[CallableData, NpzData]
+
+
+class DataSpec(StrictModel):
+    samples: DataSource = Field(description="a few representative batches: parity, golden outputs")
+    calibration: DataSource | None = Field(default=None, description="batches for quantization calibration")
+    evaluation: DataSource | None = Field(default=None, description="held-out batches for the accuracy metric")
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+class AccuracyBudget(StrictModel):
+    """Limits on the metric. ``max_drop`` is relative to the FP32 PyTorch reference, in metric units."""
+
+    max_drop: float | None = Field(default=None, ge=0)
+    min_value: float | None = None
+    max_value: float | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> "AccuracyBudget":
+        if self.max_drop is None and self.min_value is None and self.max_value is None:
+            raise ValueError("set at least one of max_drop, min_value, max_value")
+        return self
+
+
+class EvaluationSpec(StrictModel):
+    metric: Literal["top1", "cosine", "mse", "callable"]
+    output: str | None = Field(default=None, description="which output the metric reads (default: the first)")
+    labels: str = Field(default="labels", description="key of the labels array in evaluation batches (top1)")
+    callable: str | None = Field(default=None, pattern=CALLABLE_PATTERN)
+    higher_is_better: bool | None = None
+    budget: AccuracyBudget
+
+    @model_validator(mode="after")
+    def _callable_named(self) -> "EvaluationSpec":
+        if self.metric == "callable" and self.callable is None:
+            raise ValueError("metric 'callable' needs 'callable: package.module:function'")
+        if self.metric != "callable" and self.callable is not None:
+            raise ValueError(f"'callable' is only used with metric 'callable', not '{self.metric}'")
+        return self
+
+    @property
+    def better_is_higher(self) -> bool:
+        if self.higher_is_better is not None:
+            return self.higher_is_better
+        return self.metric != "mse"
+
+
+# ---------------------------------------------------------------- export and build
+
+
+class ParitySpec(StrictModel):
+    atol: float = Field(default=1e-4, gt=0)
+    rtol: float = Field(default=1e-3, ge=0)
+    min_cosine: float = Field(default=0.9999, gt=0, le=1)
+    random_inputs: int = Field(default=1, ge=0, description="random batches per shape on top of the samples")
+    seed: int = 0
+
+
+class ExportSpec(StrictModel):
+    exporter: Literal["auto", "dynamo", "legacy"] = Field(
+        default="auto", description="auto: dynamo first, the legacy TorchScript exporter if dynamo fails"
+    )
+    opset: int | None = Field(default=None, ge=13, le=23, description="default: the target's build.opset")
+    parity: ParitySpec = ParitySpec()
+    external_data_mb: int = Field(default=512, gt=0, description="store weights outside model.onnx above this size")
+
+
+class BenchmarkSpec(StrictModel):
+    warmup: int = Field(default=10, ge=0)
+    iterations: int = Field(default=50, ge=1)
+    dims: dict[str, int] = Field(default_factory=dict, description="dynamic dim values to time at (default: opt)")
+    threads: int | None = Field(default=None, ge=1, description="intra-op threads (default: the target's cores)")
+
+
+class BuildSpec(StrictModel):
+    backend: Backend | None = Field(default=None, description="default: the target's preferred backend")
+    precision: Precision = Precision.FP32
+    graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
+    benchmark: BenchmarkSpec = BenchmarkSpec()
+    golden_batches: int = Field(default=2, ge=1, le=16)
+
+
+class BuildOverride(StrictModel):
+    """Per-target changes to ``build`` and ``export``; fields left out keep the recipe's values."""
+
+    build: dict[str, Any] = Field(default_factory=dict)
+    export: dict[str, Any] = Field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- the recipe
+
+
+class Recipe(StrictModel):
+    schema_version: Literal[1] = 1
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    description: str | None = None
+    model: ModelSource
+    inputs: tuple[TensorSpec, ...] = Field(min_length=1)
+    outputs: tuple[str, ...] = Field(min_length=1)
+    dims: dict[str, DynamicDim] = Field(default_factory=dict, description="min/opt/max of each named dynamic dim")
+    data: DataSpec
+    evaluation: EvaluationSpec | None = None
+    export: ExportSpec = ExportSpec()
+    build: BuildSpec = BuildSpec()
+    overrides: dict[str, BuildOverride] = Field(default_factory=dict, description="target name -> changes")
+
+    # Set by the loader, not by the YAML.
+    path: Path | None = Field(default=None, exclude=True)
+    sha256: str | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="after")
+    def _dims_declared(self) -> "Recipe":
+        used = {d for spec in self.inputs for d in spec.shape if isinstance(d, str)}
+        missing = sorted(used - set(self.dims))
+        if missing:
+            raise ValueError(f"dynamic dims {missing} are used in inputs but have no entry under 'dims' (min/opt/max)")
+        unused = sorted(set(self.dims) - used)
+        if unused:
+            raise ValueError(f"dims {unused} are declared but no input uses them")
+        names = [s.name for s in self.inputs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"input names must be unique, got {names}")
+        if self.evaluation and self.evaluation.output and self.evaluation.output not in self.outputs:
+            raise ValueError(f"evaluation.output '{self.evaluation.output}' is not one of outputs {list(self.outputs)}")
+        return self
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent if self.path else Path.cwd()
+
+    def resolve(self, path: Path) -> Path:
+        """A recipe-relative path made absolute."""
+        path = Path(path).expanduser()
+        return path if path.is_absolute() else (self.base_dir / path).resolve()
+
+    def for_target(self, target_name: str) -> "Recipe":
+        """This recipe with the target's override merged in (unknown keys are still errors)."""
+        override = self.overrides.get(target_name)
+        if override is None:
+            return self
+        data = self.model_dump(mode="python", exclude={"path", "sha256"})
+        for section in ("build", "export"):
+            data[section] = _deep_merge(data[section], getattr(override, section))
+        try:
+            merged = Recipe.model_validate(data)
+        except Exception as exc:  # pydantic ValidationError
+            raise RecipeError(
+                f"{self.path}: overrides.{target_name} makes the recipe invalid: {exc}",
+                hint="check the keys under overrides against the build and export sections",
+            ) from None
+        return merged.model_copy(update={"path": self.path, "sha256": self.sha256})
+
+    def shape_at(self, spec: TensorSpec, point: Literal["min", "opt", "max"] | dict[str, int]) -> tuple[int, ...]:
+        """The concrete shape of ``spec`` with dynamic dims at min/opt/max or given values."""
+        out = []
+        for dim in spec.shape:
+            if isinstance(dim, int):
+                out.append(dim)
+            elif isinstance(point, dict):
+                out.append(point.get(dim, self.dims[dim].opt))
+            else:
+                out.append(getattr(self.dims[dim], point))
+        return tuple(out)
+
+
+def _deep_merge(base: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in change.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_recipe(path: Path | str) -> Recipe:
+    """Load and validate a recipe file."""
+    path = Path(path)
+    recipe = load_model(path, Recipe, RecipeError, "recipe")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return recipe.model_copy(update={"path": path.resolve(), "sha256": digest})
+
+
+def recipe_json_schema() -> dict[str, Any]:
+    schema = Recipe.model_json_schema(mode="validation")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "edgekit recipe"
+    schema.get("properties", {}).pop("path", None)
+    schema.get("properties", {}).pop("sha256", None)
+    return schema
+
+
+def dump_schema(path: Path) -> None:
+    path.write_text(json.dumps(recipe_json_schema(), indent=2) + "\n")

@@ -1,0 +1,198 @@
+"""Target profiles: validated device descriptions loaded from ``targets/*.yaml``, and their registry.
+
+A profile says what a device is (CPU, GPU compute capability, DLA, NPU, memory, peak throughput,
+power modes, software line) and what edgekit may build for it (backends in order of preference,
+the precisions each can run there, ONNX Runtime execution providers with their options, build limits).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from edgekit.config import StrictModel, closest, load_model
+from edgekit.errors import TargetError
+from edgekit.precision import Backend, Precision
+
+#: Where the shipped profiles live (repo checkout or installed data).
+TARGETS_DIR = Path(__file__).resolve().parent.parent / "targets"
+
+
+class CPU(StrictModel):
+    arch: Literal["x86_64", "arm64"]
+    cores: int = Field(gt=0)
+    model: str | None = None
+
+
+class GPU(StrictModel):
+    name: str
+    architecture: str
+    compute_capability: str = Field(pattern=r"^\d+\.\d+$", description="CUDA compute capability, e.g. '8.7'")
+    cuda_cores: int | None = Field(default=None, gt=0)
+    tensor_cores: int | None = Field(default=None, ge=0)
+
+    @property
+    def sm(self) -> tuple[int, int]:
+        major, minor = self.compute_capability.split(".")
+        return int(major), int(minor)
+
+
+class NPU(StrictModel):
+    name: str
+    vendor: str
+    int8_tops: float | None = Field(default=None, gt=0)
+    execution_provider: str = Field(description="The ONNX Runtime execution provider that reaches it")
+
+
+class Memory(StrictModel):
+    gb: float = Field(gt=0)
+    bandwidth_gbps: float | None = Field(default=None, gt=0, description="GB/s")
+    shared_with_gpu: bool = False
+
+
+class PeakThroughput(StrictModel):
+    precision: Precision
+    value: float = Field(gt=0)
+    unit: Literal["TOPS", "TFLOPS"]
+    engine: Literal["gpu", "dla", "npu", "cpu", "total"] = "gpu"
+    sparse: bool = Field(default=False, description="True when the vendor figure assumes 2:4 sparsity")
+
+
+class Software(StrictModel):
+    jetpack: str | None = None
+    tensorrt_major: int | None = Field(default=None, ge=7)
+    cuda: str | None = None
+    os: str | None = None
+
+
+class ExecutionProvider(StrictModel):
+    name: str = Field(pattern=r"^[A-Za-z]+ExecutionProvider$")
+    options: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+
+class BackendSupport(StrictModel):
+    name: Backend
+    precisions: tuple[Precision, ...] = Field(min_length=1)
+    execution_providers: tuple[ExecutionProvider, ...] = ()
+
+    @model_validator(mode="after")
+    def _providers_only_for_ort(self) -> "BackendSupport":
+        if self.execution_providers and self.name is not Backend.ONNXRUNTIME:
+            raise ValueError("execution_providers apply only to the onnxruntime backend")
+        if self.name is Backend.ONNXRUNTIME and not self.execution_providers:
+            raise ValueError("the onnxruntime backend needs at least one execution provider")
+        return self
+
+
+class BuildLimits(StrictModel):
+    workspace_mb: int = Field(default=1024, gt=0, description="TensorRT builder workspace limit")
+    opset: int = Field(default=18, ge=13, le=23, description="ONNX opset to export at for this target")
+    max_batch: int | None = Field(default=None, gt=0)
+
+
+class TargetProfile(StrictModel):
+    schema_version: Literal[1] = 1
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    display_name: str
+    vendor: str
+    family: str
+    cpu: CPU
+    gpu: GPU | None = None
+    dla_cores: int = Field(default=0, ge=0)
+    npu: NPU | None = None
+    memory: Memory
+    peak_throughput: tuple[PeakThroughput, ...] = ()
+    power_modes: dict[str, float] = Field(default_factory=dict, description="mode name -> watts")
+    software: Software = Software()
+    backends: tuple[BackendSupport, ...] = Field(min_length=1, description="in order of preference")
+    build: BuildLimits = BuildLimits()
+    notes: str | None = None
+
+    @field_validator("power_modes")
+    @classmethod
+    def _positive_watts(cls, value: dict[str, float]) -> dict[str, float]:
+        for mode, watts in value.items():
+            if watts <= 0:
+                raise ValueError(f"power mode '{mode}' must have a positive wattage, got {watts}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TargetProfile":
+        names = [b.name for b in self.backends]
+        if len(set(names)) != len(names):
+            raise ValueError(f"backend listed twice: {names}")
+        if Backend.TENSORRT in names and self.gpu is None:
+            raise ValueError("the tensorrt backend needs a gpu section")
+        if self.dla_cores and self.gpu is None:
+            raise ValueError("dla_cores needs a gpu section (DLA ships on NVIDIA Jetson modules)")
+        return self
+
+    @property
+    def default_backend(self) -> Backend:
+        return self.backends[0].name
+
+    def backend(self, name: Backend | str) -> BackendSupport:
+        name = Backend(name)
+        for support in self.backends:
+            if support.name is name:
+                return support
+        raise TargetError(
+            f"target '{self.name}' has no {name.value} backend",
+            hint=f"its backends: {', '.join(b.name.value for b in self.backends)}",
+        )
+
+    def precisions(self, backend: Backend | str | None = None) -> tuple[Precision, ...]:
+        return self.backend(backend or self.default_backend).precisions
+
+    def to_json(self) -> dict[str, Any]:
+        return json.loads(self.model_dump_json())
+
+
+def load_target_file(path: Path) -> TargetProfile:
+    """Load and validate one target profile file."""
+    profile = load_model(Path(path), TargetProfile, TargetError, "target profile")
+    if profile.name != Path(path).stem:
+        raise TargetError(
+            f"{path}: name '{profile.name}' does not match the file name '{Path(path).stem}'",
+            hint=f"rename the file to {profile.name}.yaml or set name: {Path(path).stem}",
+        )
+    return profile
+
+
+class TargetRegistry:
+    """The target profiles in a directory, looked up by name."""
+
+    def __init__(self, directory: Path = TARGETS_DIR) -> None:
+        self.directory = Path(directory)
+
+    def names(self) -> list[str]:
+        return sorted(p.stem for p in self.directory.glob("*.yaml"))
+
+    def get(self, name: str) -> TargetProfile:
+        path = self.directory / f"{name}.yaml"
+        if not path.is_file():
+            if Path(name).suffix in (".yaml", ".yml") and Path(name).is_file():
+                return load_target_file(Path(name))
+            close = closest(name, self.names())
+            raise TargetError(
+                f"unknown target '{name}'" + (f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""),
+                hint=f"`edgekit targets` lists them all; known: {', '.join(self.names())}",
+            )
+        return load_target_file(path)
+
+    def all(self) -> list[TargetProfile]:
+        return [self.get(n) for n in self.names()]
+
+
+@lru_cache(maxsize=None)
+def default_registry() -> TargetRegistry:
+    return TargetRegistry(TARGETS_DIR)
+
+
+def get_target(name: str) -> TargetProfile:
+    """Look up a shipped target by name (or load a ``.yaml`` path)."""
+    return default_registry().get(name)
