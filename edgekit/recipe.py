@@ -13,9 +13,9 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from edgekit.config import StrictModel, load_model
+from edgekit.config import StrictModel, load_model, validation_message
 from edgekit.errors import RecipeError
 from edgekit.precision import Backend, Precision
 
@@ -274,10 +274,11 @@ class Recipe(StrictModel):
             data[section] = _deep_merge(data[section], getattr(override, section))
         try:
             merged = Recipe.model_validate(data)
-        except Exception as exc:  # pydantic ValidationError
+        except ValidationError as exc:
+            message, hint = validation_message(exc, Recipe, Path(f"{self.path} (overrides.{target_name})"), {})
             raise RecipeError(
-                f"{self.path}: overrides.{target_name} makes the recipe invalid: {exc}",
-                hint="check the keys under overrides against the build and export sections",
+                f"overrides.{target_name} makes the recipe invalid:\n{message}",
+                hint=hint or "check the keys under overrides against the build and export sections",
             ) from None
         return merged.model_copy(update={"path": self.path, "sha256": self.sha256})
 

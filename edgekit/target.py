@@ -24,16 +24,20 @@ TARGETS_DIR = Path(__file__).resolve().parent.parent / "targets"
 
 class CPU(StrictModel):
     arch: Literal["x86_64", "arm64"]
-    cores: int = Field(gt=0)
-    model: str | None = None
+    cores: int = Field(gt=0, description="CPU cores the OS sees (sets default intra-op threads)")
+    model: str | None = Field(default=None, description="CPU model and clocks, as the vendor names them")
 
 
 class GPU(StrictModel):
+    """A CUDA GPU (integrated on Jetson, discrete elsewhere). Non-CUDA GPUs go in ``notes``."""
+
     name: str
-    architecture: str
+    architecture: str = Field(description="NVIDIA architecture name, e.g. 'ampere', 'hopper', 'blackwell'")
     compute_capability: str = Field(pattern=r"^\d+\.\d+$", description="CUDA compute capability, e.g. '8.7'")
     cuda_cores: int | None = Field(default=None, gt=0)
     tensor_cores: int | None = Field(default=None, ge=0)
+    memory_gb: float | None = Field(default=None, gt=0, description="the GPU's own memory (discrete GPUs only)")
+    memory_bandwidth_gbps: float | None = Field(default=None, gt=0, description="GB/s of the GPU's own memory")
 
     @property
     def sm(self) -> tuple[int, int]:
@@ -44,11 +48,14 @@ class GPU(StrictModel):
 class NPU(StrictModel):
     name: str
     vendor: str
-    int8_tops: float | None = Field(default=None, gt=0)
+    architecture: str | None = Field(default=None, description="NPU generation, e.g. 'Hexagon HTP v68', 'NPU 3720'")
+    int8_tops: float | None = Field(default=None, gt=0, description="the NPU's own INT8 peak (not the platform total)")
     execution_provider: str = Field(description="The ONNX Runtime execution provider that reaches it")
 
 
 class Memory(StrictModel):
+    """System memory. On SoCs it is shared by CPU, GPU and accelerators (``shared_with_gpu``)."""
+
     gb: float = Field(gt=0)
     bandwidth_gbps: float | None = Field(default=None, gt=0, description="GB/s")
     shared_with_gpu: bool = False
@@ -60,12 +67,14 @@ class PeakThroughput(StrictModel):
     unit: Literal["TOPS", "TFLOPS"]
     engine: Literal["gpu", "dla", "npu", "cpu", "total"] = "gpu"
     sparse: bool = Field(default=False, description="True when the vendor figure assumes 2:4 sparsity")
+    power_mode: str | None = Field(default=None, description="the power mode the figure is quoted at (a key of power_modes)")
 
 
 class Software(StrictModel):
-    jetpack: str | None = None
+    jetpack: str | None = Field(default=None, description="JetPack release, e.g. '6.2'")
+    jetson_linux: str | None = Field(default=None, description="Jetson Linux (L4T) release, e.g. '36.4.3'")
     tensorrt_major: int | None = Field(default=None, ge=7)
-    cuda: str | None = None
+    cuda: str | None = Field(default=None, description="CUDA toolkit version, e.g. '12.6'")
     os: str | None = None
 
 
@@ -94,6 +103,17 @@ class BuildLimits(StrictModel):
     max_batch: int | None = Field(default=None, gt=0)
 
 
+#: Precisions whose TensorRT kernels need a minimum GPU generation: BF16 from Ampere (8.0), FP8 from
+#: Ada/Hopper (8.9), the FP4 and microscaling formats from Blackwell (10.0). Others run on every GPU edgekit targets.
+TENSORRT_MIN_COMPUTE_CAPABILITY: dict[Precision, tuple[int, int]] = {
+    Precision.BF16: (8, 0),
+    Precision.FP8: (8, 9),
+    Precision.MXFP8: (10, 0),
+    Precision.MXFP4: (10, 0),
+    Precision.NVFP4: (10, 0),
+}
+
+
 class TargetProfile(StrictModel):
     schema_version: Literal[1] = 1
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
@@ -102,15 +122,15 @@ class TargetProfile(StrictModel):
     family: str
     cpu: CPU
     gpu: GPU | None = None
-    dla_cores: int = Field(default=0, ge=0)
+    dla_cores: int = Field(default=0, ge=0, description="NVIDIA Deep Learning Accelerator cores (0 where the module has none)")
     npu: NPU | None = None
     memory: Memory
-    peak_throughput: tuple[PeakThroughput, ...] = ()
+    peak_throughput: tuple[PeakThroughput, ...] = Field(default=(), description="vendor peak figures, per precision and engine")
     power_modes: dict[str, float] = Field(default_factory=dict, description="mode name -> watts")
     software: Software = Software()
     backends: tuple[BackendSupport, ...] = Field(min_length=1, description="in order of preference")
     build: BuildLimits = BuildLimits()
-    notes: str | None = None
+    notes: str | None = Field(default=None, description="what the numbers above do not say (caveats, other accelerators)")
 
     @field_validator("power_modes")
     @classmethod
@@ -129,6 +149,28 @@ class TargetProfile(StrictModel):
             raise ValueError("the tensorrt backend needs a gpu section")
         if self.dla_cores and self.gpu is None:
             raise ValueError("dla_cores needs a gpu section (DLA ships on NVIDIA Jetson modules)")
+        for peak in self.peak_throughput:
+            if peak.power_mode is not None and peak.power_mode not in self.power_modes:
+                raise ValueError(
+                    f"peak_throughput names power mode '{peak.power_mode}', which is not a key of power_modes "
+                    f"({', '.join(self.power_modes) or 'none defined'})"
+                )
+        if self.npu is not None:
+            providers = {ep.name for b in self.backends for ep in b.execution_providers}
+            if self.npu.execution_provider not in providers:
+                raise ValueError(
+                    f"npu.execution_provider '{self.npu.execution_provider}' is not among the onnxruntime backend's "
+                    f"execution_providers ({', '.join(sorted(providers)) or 'none'})"
+                )
+        if self.gpu is not None and Backend.TENSORRT in names:
+            sm = self.gpu.sm
+            for precision in self.backend(Backend.TENSORRT).precisions:
+                need = TENSORRT_MIN_COMPUTE_CAPABILITY.get(precision)
+                if need is not None and sm < need:
+                    raise ValueError(
+                        f"tensorrt precision '{precision.value}' needs compute capability {need[0]}.{need[1]} or newer; "
+                        f"this GPU is {self.gpu.compute_capability}"
+                    )
         return self
 
     @property
@@ -150,6 +192,14 @@ class TargetProfile(StrictModel):
 
     def to_json(self) -> dict[str, Any]:
         return json.loads(self.model_dump_json())
+
+
+def target_json_schema() -> dict[str, Any]:
+    """The JSON Schema of a target profile file (``edgekit schema target``), for editors and CI."""
+    schema = TargetProfile.model_json_schema(mode="validation")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "edgekit target profile"
+    return schema
 
 
 def load_target_file(path: Path) -> TargetProfile:

@@ -30,3 +30,7 @@ class InputSignatureError(EdgekitError):
 
 class BackendError(EdgekitError):
     """A backend cannot load or run a model (missing package, provider that did not load, ...)."""
+
+
+class SensorError(EdgekitError):
+    """A power or device-state sensor is unknown, unavailable, or returned something unreadable."""

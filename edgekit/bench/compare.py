@@ -1,0 +1,120 @@
+"""Benchmark a bundle on this host; with ``vs_pytorch`` the PyTorch eager model runs on the same
+inputs, interleaved in rounds so that machine noise hits both alike."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgekit.errors import EdgekitError
+from edgekit_runtime.bundle import Bundle, open_bundle
+from edgekit_runtime.signature import IOSignature
+from edgekit_runtime.timing import LatencyStats, time_calls
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    bundle: str
+    dims: dict[str, int]
+    batch: int
+    threads: int
+    iterations: int
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bundle": self.bundle, "dims": self.dims, "batch": self.batch, "threads": self.threads, "iterations": self.iterations, "variants": self.variants}
+
+
+def parse_dims(text: str | None) -> dict[str, int]:
+    """``"batch=8,seq=128"`` -> ``{"batch": 8, "seq": 128}``."""
+    if not text:
+        return {}
+    dims: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        if not sep or not value.strip().isdigit():
+            raise EdgekitError(f"--shape: cannot read '{part}'", hint="write dim=value pairs separated by commas, e.g. --shape batch=8,seq=128")
+        dims[name.strip()] = int(value)
+    return dims
+
+
+def _fit(array: np.ndarray, axis: int, size: int) -> np.ndarray:
+    if array.shape[axis] >= size:
+        return np.take(array, np.arange(size), axis=axis)
+    reps = [1] * array.ndim
+    reps[axis] = -(-size // array.shape[axis])
+    return np.take(np.tile(array, reps), np.arange(size), axis=axis)
+
+
+def feeds_at(bundle: Bundle, signature: IOSignature, dims: dict[str, int]) -> dict[str, np.ndarray]:
+    """The bundle's first golden input batch, cut or tiled to ``dims`` along its dynamic axes."""
+    first = bundle.manifest["golden"]["batches"][0]["inputs"]
+    with np.load(bundle.root / first) as npz:
+        feeds = {k: npz[k] for k in npz.files}
+    for tensor in signature.inputs:
+        array = feeds[tensor.name]
+        for axis, dim in enumerate(tensor.shape):
+            if isinstance(dim, str):
+                array = _fit(array, axis, dims[dim])
+        feeds[tensor.name] = np.ascontiguousarray(array)
+    return feeds
+
+
+def _torch_model(bundle: Bundle, recipe_path: Path | None) -> tuple[Any, Any]:
+    from edgekit.recipe import load_recipe
+    from edgekit.sources import load_source
+    from edgekit.torch_reference import TorchReference
+
+    path = Path(recipe_path or bundle.manifest["recipe"]["path"])
+    if not path.is_file():
+        raise EdgekitError(f"--vs-pytorch needs the bundle's recipe, not found at {path}", hint="pass --recipe PATH")
+    recipe = load_recipe(path).for_target(bundle.manifest["target"]["name"])
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        loaded = load_source(recipe, Path(tmp))
+    if loaded.module is None:
+        raise EdgekitError(f"{path}: the recipe's source ({loaded.kind}) has no PyTorch model to compare with")
+    return TorchReference(loaded.module, recipe), recipe
+
+
+def bench_bundle(bundle_dir: Path, dims: dict[str, int] | None = None, iterations: int = 50, warmup: int = 10, vs_pytorch: bool = False,
+                 threads: int | None = None, recipe_path: Path | None = None, rounds: int = 5) -> BenchReport:
+    from edgekit_runtime.backends import create_runner
+
+    bundle = open_bundle(bundle_dir, verify=True)
+    signature = IOSignature.from_manifest(bundle.manifest["io"])
+    all_dims = {name: rng["opt"] for name, rng in bundle.manifest["io"]["dims"].items()}
+    unknown = sorted(set(dims or {}) - set(all_dims))
+    if unknown:
+        raise EdgekitError(f"--shape names unknown dims {unknown}", hint=f"this bundle's dynamic dims: {sorted(all_dims) or 'none'}")
+    all_dims.update(dims or {})
+    threads = threads or min(os.cpu_count() or 1, bundle.manifest["target"]["cpu"]["cores"])
+    feeds = feeds_at(bundle, signature, all_dims)
+    batch = next(iter(feeds.values())).shape[0] if feeds else 1
+    runner = create_runner(bundle, execution_providers=[{"name": "CPUExecutionProvider", "options": {}}], intra_op_threads=threads)
+    runner.load()
+    contenders: dict[str, Any] = {"bundle": lambda: runner.infer(feeds)}
+    if vs_pytorch:
+        import torch
+
+        torch.set_num_threads(threads)
+        reference, _ = _torch_model(bundle, recipe_path)
+        contenders["pytorch_eager"] = lambda: reference(feeds)
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    per_round = max(1, iterations // rounds)
+    for index in range(rounds):
+        for name, fn in contenders.items():
+            samples[name] += time_calls(fn, warmup if index == 0 else 1, per_round)
+    runner.close()
+    variants = {}
+    for name, values in samples.items():
+        stats = LatencyStats.from_samples(values)
+        variants[name] = {**stats.to_dict(), "throughput_per_s": batch * 1000.0 / stats.mean_ms}
+    if vs_pytorch:
+        variants["bundle"]["ratio_vs_pytorch_p50"] = variants["bundle"]["p50_ms"] / variants["pytorch_eager"]["p50_ms"]
+    return BenchReport(bundle=str(bundle_dir), dims=all_dims, batch=batch, threads=threads, iterations=per_round * rounds, variants=variants)

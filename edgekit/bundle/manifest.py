@@ -1,0 +1,57 @@
+"""The bundle manifest: toolchain versions, file hashes, writing ``manifest.json`` last."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from edgekit_runtime.hashing import sha256_file
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+TOOLCHAIN_PACKAGES = ("edgekit", "edgekit-runtime", "torch", "onnx", "onnxruntime", "onnxscript", "numpy", "optimum", "optimum-onnx", "transformers")
+
+
+def toolchain_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in TOOLCHAIN_PACKAGES:
+        try:
+            versions[name.replace("-", "_")] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name.replace("-", "_")] = None
+    return versions
+
+
+def host_description() -> dict[str, Any]:
+    import os
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"machine": platform.machine(), "cpu": cpu, "cores": os.cpu_count(), "os": f"{platform.system()} {platform.release()}", "python": sys.version.split()[0]}
+
+
+def file_hashes(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root`` except the manifest, keyed by POSIX relative path."""
+    return {
+        path.relative_to(root).as_posix(): sha256_file(path)
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and path.relative_to(root).as_posix() != MANIFEST
+    }
+
+
+def write_manifest(root: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Fill in ``files`` and write ``manifest.json``; returns the manifest written."""
+    manifest = dict(manifest)
+    manifest["files"] = file_hashes(root)
+    (root / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
+    return manifest

@@ -1,0 +1,100 @@
+"""The ONNX Runtime engine build: precision conversion, offline graph optimisation that stays portable,
+and the execution-provider list (with options) that the device will use."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgekit.errors import BuildError
+from edgekit.precision import Backend, Precision
+from edgekit.recipe import Recipe
+from edgekit.target import TargetProfile
+
+log = logging.getLogger(__name__)
+
+#: Precisions this builder can produce from an FP32 graph today; the rest come from the quantize stage.
+SUPPORTED = (Precision.FP32, Precision.FP16)
+
+
+@dataclass(frozen=True)
+class EngineBuild:
+    model_path: Path
+    backend: Backend
+    precision: Precision
+    execution_providers: list[dict[str, Any]]
+    graph_optimization: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_manifest(self, intra_op_threads: int | None) -> dict[str, Any]:
+        return {
+            "name": self.backend.value,
+            "execution_providers": self.execution_providers,
+            "graph_optimization": self.graph_optimization,
+            "intra_op_threads": intra_op_threads,
+            **self.details,
+        }
+
+
+def _node_count(model: Any) -> int:
+    return len(model.graph.node)
+
+
+def convert_fp16(model: Any) -> Any:
+    """Weights and compute in FP16; inputs and outputs stay as the recipe declares them."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    return convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=False)
+
+
+def optimize_portable(src: Path, dst: Path) -> None:
+    """ONNX Runtime's *basic* graph optimisations (constant folding, redundant-node elimination) saved
+    offline. Higher levels insert provider-specific fused ops, so they are applied at load time instead."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.optimized_model_filepath = str(dst)
+    try:
+        ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise BuildError(f"ONNX Runtime cannot load the exported model {src}: {exc}", hint="check the export step's opset against the installed onnxruntime") from None
+
+
+def build_onnxruntime(onnx_path: Path, out_path: Path, target: TargetProfile, recipe: Recipe, precision: Precision) -> EngineBuild:
+    """Write the bundle's ``model.onnx`` for ``target`` at ``precision`` from the checked FP32 export."""
+    import onnx
+
+    support = target.backend(Backend.ONNXRUNTIME)
+    if precision not in support.precisions:
+        raise BuildError(
+            f"precision {precision.value} cannot run on target '{target.name}' with onnxruntime",
+            hint=f"precisions there: {', '.join(p.value for p in support.precisions)}",
+        )
+    if precision not in SUPPORTED:
+        raise BuildError(
+            f"precision {precision.value} needs the quantization stage, which this build of edgekit does not have yet",
+            hint=f"use --precision {' or '.join(p.value for p in SUPPORTED)}",
+        )
+    model = onnx.load(str(onnx_path), load_external_data=True)
+    nodes_exported = _node_count(model)
+    if precision is Precision.FP16:
+        model = convert_fp16(model)
+    staged = out_path.with_name(out_path.stem + ".staged.onnx")
+    large = model.ByteSize() > recipe.export.external_data_mb * 2**20
+    onnx.save(model, str(staged), save_as_external_data=large, location=staged.name + ".data" if large else None)
+    optimize_portable(staged, out_path)
+    for leftover in (staged, staged.with_name(staged.name + ".data")):
+        leftover.unlink(missing_ok=True)
+    optimized = onnx.load(str(out_path), load_external_data=False)
+    providers = [{"name": ep.name, "options": dict(ep.options)} for ep in support.execution_providers]
+    return EngineBuild(
+        model_path=out_path,
+        backend=Backend.ONNXRUNTIME,
+        precision=precision,
+        execution_providers=providers,
+        graph_optimization=recipe.build.graph_optimization,
+        details={"offline_optimization": "basic", "nodes_exported": nodes_exported, "nodes_optimized": _node_count(optimized)},
+    )

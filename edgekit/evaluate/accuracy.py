@@ -1,0 +1,93 @@
+"""Evaluate the recipe metric for a built model against the FP32 reference, and check the budget."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from edgekit.data import Batch, model_inputs
+from edgekit.errors import AccuracyBudgetError, EvaluationError
+from edgekit.evaluate.metrics import METRICS, Metric, cosine_min
+from edgekit.recipe import Recipe
+from edgekit.sources._util import import_callable
+
+RunFn = Callable[[Batch], dict[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class AccuracyResult:
+    metric: str
+    output: str
+    reference: float
+    value: float
+    drop: float
+    budget: dict[str, float | None]
+    passed: bool
+    samples: int
+    cosine_min: float | None = None
+    reference_source: str = "pytorch-fp32"
+
+    def to_manifest(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _metric(recipe: Recipe) -> Metric:
+    spec = recipe.evaluation
+    assert spec is not None
+    if spec.metric == "callable":
+        assert spec.callable is not None
+        return import_callable(spec.callable, EvaluationError, f"{recipe.path}: evaluation.callable", recipe.base_dir)
+    return METRICS[spec.metric]
+
+
+def evaluate_accuracy(recipe: Recipe, candidate: RunFn, reference_outputs: list[dict[str, np.ndarray]], batches: list[Batch], reference_source: str) -> AccuracyResult:
+    """Run ``candidate`` over the evaluation batches and score it; ``reference_outputs`` are FP32's."""
+    spec = recipe.evaluation
+    assert spec is not None, "evaluate_accuracy needs a recipe with an evaluation section"
+    output = spec.output or recipe.outputs[0]
+    metric = _metric(recipe)
+    labels = [batch.get(spec.labels) for batch in batches]
+    got = [candidate(model_inputs(recipe, b))[output] for b in batches]
+    ref = [r[output] for r in reference_outputs]
+    try:
+        value = float(metric(got, ref, labels))
+        reference = float(metric(ref, ref, labels))
+    except EvaluationError:
+        raise
+    except Exception as exc:
+        raise EvaluationError(f"{recipe.path}: evaluation metric '{spec.metric}' failed: {type(exc).__name__}: {exc}") from exc
+    drop = (reference - value) if spec.better_is_higher else (value - reference)
+    budget = spec.budget
+    passed = True
+    if budget.max_drop is not None and drop > budget.max_drop + 1e-12:
+        passed = False
+    if budget.min_value is not None and value < budget.min_value:
+        passed = False
+    if budget.max_value is not None and value > budget.max_value:
+        passed = False
+    return AccuracyResult(
+        metric=spec.metric,
+        output=output,
+        reference=reference,
+        value=value,
+        drop=drop,
+        budget=budget.model_dump(),
+        passed=passed,
+        samples=int(sum(g.shape[0] for g in got)),
+        cosine_min=cosine_min(got, ref) if got and got[0].dtype.kind == "f" else None,
+        reference_source=reference_source,
+    )
+
+
+def check_budget(recipe: Recipe, result: AccuracyResult, precision: str) -> None:
+    """Raise AccuracyBudgetError with the numbers when the result is outside the recipe's budget."""
+    if result.passed:
+        return
+    parts = [f"{k} {v}" for k, v in result.budget.items() if v is not None]
+    raise AccuracyBudgetError(
+        f"{recipe.path}: {precision} model is outside the accuracy budget: {result.metric} = {result.value:.6g} "
+        f"(reference {result.reference:.6g}, drop {result.drop:.6g}) over {result.samples} samples; budget: {', '.join(parts)}",
+        hint="use a higher precision, or loosen evaluation.budget in the recipe if this accuracy is acceptable",
+    )

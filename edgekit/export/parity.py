@@ -1,0 +1,160 @@
+"""Parity of an exported ONNX graph with its PyTorch reference, at min/opt/max of every dynamic dim.
+
+Inputs are the recipe's own samples (cut or tiled to each shape) and seeded random tensors. A miss
+raises :class:`~edgekit.errors.ParityError` naming the output, the shape, the worst element and the numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from edgekit.data import Batch, dims_at, fit_batch, random_batch
+from edgekit.errors import ParityError
+from edgekit.recipe import Recipe
+
+RunFn = Callable[[Batch], dict[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class OutputComparison:
+    output: str
+    point: str
+    dims: dict[str, int]
+    inputs: str  # "sample" | "random"
+    max_abs_diff: float
+    cosine_min: float
+    worst_index: tuple[int, ...]
+    expected: float
+    got: float
+    within_tolerance: bool
+
+
+@dataclass(frozen=True)
+class ParityReport:
+    atol: float
+    rtol: float
+    min_cosine: float
+    comparisons: list[OutputComparison] = field(default_factory=list)
+
+    @property
+    def max_abs_diff(self) -> float:
+        return max((c.max_abs_diff for c in self.comparisons), default=0.0)
+
+    @property
+    def cosine_min(self) -> float:
+        return min((c.cosine_min for c in self.comparisons), default=1.0)
+
+    @property
+    def worst(self) -> OutputComparison | None:
+        return max(self.comparisons, key=lambda c: c.max_abs_diff, default=None)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.within_tolerance and c.cosine_min >= self.min_cosine for c in self.comparisons)
+
+    def to_manifest(self) -> dict[str, Any]:
+        worst = self.worst
+        return {
+            "max_abs_diff": self.max_abs_diff,
+            "worst_output": worst.output if worst else None,
+            "cosine_min": self.cosine_min,
+            "atol": self.atol,
+            "rtol": self.rtol,
+            "min_cosine": self.min_cosine,
+            "shapes": [
+                {k: v for k, v in asdict(c).items() if k not in ("worst_index",)} | {"worst_index": list(c.worst_index)}
+                for c in self.comparisons
+            ],
+            "passed": self.passed,
+        }
+
+
+def row_cosines(expected: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """Cosine similarity per leading-axis row (the whole tensor for scalars/1-D)."""
+    a = expected.astype(np.float64).reshape(expected.shape[0], -1) if expected.ndim > 1 else expected.astype(np.float64)[None]
+    b = got.astype(np.float64).reshape(a.shape)
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    dots = np.einsum("ij,ij->i", a, b)
+    both_zero = (np.linalg.norm(a, axis=1) == 0) & (np.linalg.norm(b, axis=1) == 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cos = np.where(norms > 0, dots / np.where(norms > 0, norms, 1), np.where(both_zero, 1.0, 0.0))
+    return cos
+
+
+def compare_output(name: str, point: str, dims: dict[str, int], kind: str, expected: np.ndarray, got: np.ndarray, atol: float, rtol: float) -> OutputComparison:
+    if expected.shape != got.shape:
+        raise ParityError(
+            f"output '{name}' at {point} shape {dims}: ONNX gives shape {list(got.shape)}, PyTorch {list(expected.shape)}",
+            hint="a dynamic dim may have been fixed during export; check the recipe's dims and the model's reshapes",
+        )
+    if expected.dtype.kind != "f":
+        equal = np.array_equal(expected, got)
+        diff = np.abs(expected.astype(np.float64) - got.astype(np.float64))
+        index = np.unravel_index(int(np.argmax(diff)), diff.shape) if diff.size else ()
+        return OutputComparison(name, point, dims, kind, float(diff.max(initial=0.0)), 1.0 if equal else 0.0, tuple(int(i) for i in index),
+                                float(expected[index]) if diff.size else 0.0, float(got[index]) if diff.size else 0.0, equal)
+    e = expected.astype(np.float64)
+    g = got.astype(np.float64)
+    finite_e, finite_g = np.isfinite(e), np.isfinite(g)
+    if not np.array_equal(finite_e, finite_g):
+        bad = np.unravel_index(int(np.argmax(finite_e != finite_g)), g.shape)
+        raise ParityError(f"output '{name}' at {point} shape {dims}: ONNX gives {g[bad]} at index {list(bad)} where PyTorch gives {e[bad]}")
+    diff = np.abs(e - g)
+    diff = np.where(np.isnan(diff), 0.0, diff)
+    index = np.unravel_index(int(np.argmax(diff)), diff.shape) if diff.size else ()
+    within = bool(np.all(diff <= atol + rtol * np.abs(e)))
+    cos = float(row_cosines(e, g).min()) if e.size else 1.0
+    return OutputComparison(name, point, dims, kind, float(diff.max(initial=0.0)), cos, tuple(int(i) for i in index),
+                            float(e[index]) if diff.size else 0.0, float(g[index]) if diff.size else 0.0, within)
+
+
+def parity_points(recipe: Recipe) -> list[tuple[str, dict[str, int]]]:
+    if not recipe.dims:
+        return [("static", {})]
+    points = []
+    for point in ("min", "opt", "max"):
+        dims = dims_at(recipe, point)  # type: ignore[arg-type]
+        if all(dims != d for _, d in points):
+            points.append((point, dims))
+    return points
+
+
+def check_parity(recipe: Recipe, reference: RunFn, candidate: RunFn, samples: list[Batch]) -> ParityReport:
+    """Compare ``candidate`` (ONNX Runtime) with ``reference`` (PyTorch) at every parity point."""
+    spec = recipe.export.parity
+    rng = np.random.default_rng(spec.seed)
+    comparisons: list[OutputComparison] = []
+    for point, dims in parity_points(recipe):
+        cases: list[tuple[str, Batch]] = [("sample", fit_batch(recipe, samples[0], dims))]
+        cases += [("random", random_batch(recipe, dims, rng)) for _ in range(spec.random_inputs)]
+        for kind, feeds in cases:
+            expected = reference(feeds)
+            got = candidate(feeds)
+            for name in recipe.outputs:
+                comparisons.append(compare_output(name, point, dims, kind, expected[name], got[name], spec.atol, spec.rtol))
+    report = ParityReport(spec.atol, spec.rtol, spec.min_cosine, comparisons)
+    if not report.passed:
+        raise parity_failure(recipe, report)
+    return report
+
+
+def parity_failure(recipe: Recipe, report: ParityReport) -> ParityError:
+    failing = [c for c in report.comparisons if not c.within_tolerance or c.cosine_min < report.min_cosine]
+    worst = max(failing, key=lambda c: c.max_abs_diff)
+    lines = [
+        f"{recipe.path}: the ONNX model does not match PyTorch: output '{worst.output}' at the {worst.point} shape {worst.dims} "
+        f"({worst.inputs} inputs): max abs diff {worst.max_abs_diff:.3g} at index {list(worst.worst_index)} "
+        f"(ONNX {worst.got:.6g}, PyTorch {worst.expected:.6g}); tolerance atol {report.atol:g} + rtol {report.rtol:g}·|ref|, "
+        f"cosine min {worst.cosine_min:.6f} (need >= {report.min_cosine})",
+    ]
+    others = [c for c in failing if c is not worst]
+    if others:
+        lines.append(f"  {len(others)} more failing comparisons: " + ", ".join(f"{c.output}@{c.point}/{c.inputs} {c.max_abs_diff:.3g}" for c in others[:6]))
+    return ParityError(
+        "\n".join(lines),
+        hint="look for ops that differ between PyTorch and ONNX (e.g. random, in-place ops, data-dependent shapes); "
+        "if the difference is expected, loosen export.parity.atol/rtol in the recipe",
+    )

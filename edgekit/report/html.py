@@ -1,0 +1,156 @@
+"""The bundle's ``report.html``: one self-contained page (inline CSS and SVG, no scripts, no
+external assets) telling an ML engineer what a build produced.
+
+:func:`render_report` turns a manifest (``docs/bundle-format.md``), the benchmark's per-iteration
+latencies and the model file into HTML; every manifest field may be missing or null and is then
+shown as "n/a". Values are escaped by Jinja2's autoescaping; the plots come from
+:mod:`edgekit.report.plots`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from edgekit.errors import BuildError, BundleError
+from edgekit.report.formatting import NA, dig, fmt_mb, fmt_ms, fmt_number, fmt_value, number
+
+logger = logging.getLogger(__name__)
+
+REPORT_FILE = "report.html"
+TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
+TEMPLATE_NAME = "report.html.j2"
+
+
+def render_report(
+    manifest: dict[str, Any],
+    latency_samples_ms: list[float] | None,
+    model_path: Path | None,
+) -> str:
+    """The report as an HTML string. ``latency_samples_ms`` feeds the latency histogram and
+    ``model_path`` the model-size and op-count sections; either may be ``None``."""
+    import jinja2
+
+    from edgekit import __version__
+    from edgekit.report.sections import (
+        accuracy_section,
+        benchmark_section,
+        device_section,
+        model_section,
+        parity_section,
+        stages_section,
+    )
+
+    manifest = manifest if isinstance(manifest, dict) else {}
+    parity = parity_section(manifest)
+    accuracy = accuracy_section(manifest)
+    benchmark = benchmark_section(manifest, latency_samples_ms)
+    model = model_section(manifest, model_path)
+    context = {
+        "header": _header(manifest, parity, accuracy),
+        "cards": _cards(manifest, parity, accuracy, benchmark, model),
+        "parity": parity,
+        "accuracy": accuracy,
+        "benchmark": benchmark,
+        "stages": stages_section(manifest),
+        "model": model,
+        "device": device_section(manifest, model),
+        "toolchain": _pairs(dig(manifest, "toolchain")),
+        "files": _files(manifest),
+        "edgekit_version": __version__,
+        "schema_version": fmt_value(dig(manifest, "schema_version")),
+    }
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    return environment.get_template(TEMPLATE_NAME).render(**context)
+
+
+def write_report(
+    bundle_dir: Path,
+    manifest: dict[str, Any],
+    latency_samples_ms: list[float] | None,
+    model_path: Path | None,
+) -> Path:
+    """Render the report and write it to ``<bundle_dir>/report.html``; returns that path."""
+    bundle_dir = Path(bundle_dir)
+    if not bundle_dir.is_dir():
+        raise BundleError(
+            f"{bundle_dir}: bundle directory does not exist, cannot write {REPORT_FILE}",
+            hint="create the bundle directory (the build's output dir) before writing its report",
+        )
+    page = render_report(manifest, latency_samples_ms, model_path)
+    path = bundle_dir / REPORT_FILE
+    try:
+        path.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise BuildError(
+            f"{path}: cannot write the report ({exc.strerror})",
+            hint="check that the output directory is writable and the disk is not full",
+        ) from None
+    logger.info("wrote %s (%d KB)", path, len(page.encode("utf-8")) // 1000)
+    return path
+
+
+# ---------------------------------------------------------------- small sections
+
+
+def _header(manifest: dict[str, Any], parity: dict[str, Any], accuracy: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": fmt_value(dig(manifest, "name")),
+        "created": fmt_value(dig(manifest, "created")),
+        "target": fmt_value(dig(manifest, "target", "display_name") or dig(manifest, "target", "name")),
+        "backend": fmt_value(dig(manifest, "backend", "name")),
+        "precision": fmt_value(dig(manifest, "precision")),
+        "recipe": fmt_value(dig(manifest, "recipe", "name")),
+        "badges": [("Parity", *parity["status"]), ("Accuracy", *accuracy["status"])],
+    }
+
+
+def _cards(
+    manifest: dict[str, Any],
+    parity: dict[str, Any],
+    accuracy: dict[str, Any],
+    benchmark: dict[str, Any],
+    model: dict[str, Any],
+) -> list[dict[str, str]]:
+    """The summary row: (title, big value, small print, css class) per card."""
+    bench = dig(manifest, "benchmark")
+    batch = dig(bench, "batch")
+    return [
+        _card("Model size", model["size"], model["size_note"]),
+        _card("Parity max |diff|", parity["max_abs_diff"], f"atol {parity['atol']}", parity["status"][1]),
+        _card("Accuracy", accuracy["value"], accuracy["card_note"], accuracy["status"][1]),
+        _card("Latency p50 / p99", f"{fmt_ms(dig(bench, 'p50_ms'))} / {fmt_ms(dig(bench, 'p99_ms'))}", benchmark["where"]),
+        _card(
+            "Throughput",
+            f"{fmt_number(dig(bench, 'throughput_per_s'), 3)} /s" if number(dig(bench, "throughput_per_s")) else NA,
+            f"batch {fmt_value(batch)}" if batch is not None else "",
+        ),
+        _card("Peak RSS", fmt_mb(dig(bench, "peak_rss_mb")), "resident memory while benchmarking"),
+    ]
+
+
+def _card(title: str, value: str, note: str, css: str = "") -> dict[str, str]:
+    return {"title": title, "value": value, "note": note, "css": css}
+
+
+def _pairs(mapping: Any) -> list[tuple[str, str]]:
+    if not isinstance(mapping, dict):
+        return []
+    return [(str(key), fmt_value(value)) for key, value in mapping.items()]
+
+
+def _files(manifest: dict[str, Any]) -> dict[str, Any]:
+    files = dig(manifest, "files")
+    rows = sorted(_pairs(files)) if isinstance(files, dict) else []
+    return {
+        "rows": rows,
+        "recipe_path": fmt_value(dig(manifest, "recipe", "path")),
+        "recipe_sha256": fmt_value(dig(manifest, "recipe", "sha256")),
+    }

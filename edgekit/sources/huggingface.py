@@ -1,0 +1,103 @@
+"""Model source: a local Hugging Face model directory, exported through Optimum's ONNX exporter.
+
+Optimum knows how to export each architecture (inputs, dynamic axes, past key values); edgekit keeps
+the PyTorch model as the parity reference, wrapped so that it returns the recipe's outputs by name.
+Nothing is fetched from the hub: loading is ``local_files_only``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from edgekit.errors import ExportError, SourceError
+from edgekit.recipe import HuggingFaceSource, Recipe
+from edgekit.sources._util import import_callable
+from edgekit.sources.base import LoadedModel
+
+log = logging.getLogger(__name__)
+
+
+def _model_dir(spec: HuggingFaceSource, recipe: Recipe) -> Path:
+    if spec.path is not None:
+        directory = recipe.resolve(spec.path)
+    else:
+        assert spec.path_from is not None  # guaranteed by the schema
+        directory = Path(import_callable(spec.path_from, SourceError, f"{recipe.path}: model.path_from", recipe.base_dir)())
+    if not (directory / "config.json").is_file():
+        raise SourceError(
+            f"{recipe.path}: model directory {directory} has no config.json: not a Hugging Face model directory",
+            hint="point model.path at a folder saved with save_pretrained() (config.json + weights)",
+        )
+    return directory
+
+
+def _wrap(model: Any, input_names: list[str], output_names: list[str]) -> Any:
+    import torch
+
+    class HuggingFaceOutputs(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            result = self.model(**dict(zip(input_names, args)))
+            missing = [n for n in output_names if n not in result]
+            if missing:
+                raise SourceError(
+                    f"the Hugging Face model returns {list(result.keys())}, not {missing}",
+                    hint="set the recipe's outputs to names the model returns for its task",
+                )
+            return tuple(result[n] for n in output_names)
+
+    return HuggingFaceOutputs().eval()
+
+
+def load_huggingface(spec: HuggingFaceSource, recipe: Recipe, workdir: Path) -> LoadedModel:
+    directory = _model_dir(spec, recipe)
+    try:
+        from optimum.exporters.onnx import main_export
+        from transformers import AutoConfig
+    except ImportError as exc:
+        raise SourceError(
+            f"{recipe.path}: model.kind huggingface needs Optimum's ONNX exporter ({exc})",
+            hint="pip install 'edgekit[hf]' (optimum-onnx with transformers < 4.58)",
+        ) from None
+    from optimum.exporters.tasks import TasksManager
+
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    try:
+        model = TasksManager.get_model_from_task(spec.task, str(directory), local_files_only=True, framework="pt")
+    except Exception as exc:
+        raise SourceError(f"{recipe.path}: cannot load {directory} for task '{spec.task}': {exc}") from None
+    model.eval()
+    out_dir = workdir / "optimum"
+    opset = recipe.export.opset
+    started = time.perf_counter()
+    try:
+        main_export(
+            str(directory),
+            output=out_dir,
+            task=spec.task,
+            opset=opset,
+            local_files_only=True,
+            do_validation=False,  # edgekit's own parity check runs next, at min/opt/max shapes
+            no_post_process=True,
+        )
+    except Exception as exc:
+        raise ExportError(f"{recipe.path}: Optimum's ONNX export of {directory} failed: {exc}") from exc
+    onnx_path = out_dir / "model.onnx"
+    if not onnx_path.is_file():
+        raise ExportError(f"Optimum wrote no model.onnx into {out_dir}: found {sorted(p.name for p in out_dir.iterdir())}")
+    log.info("optimum export took %.1f s", time.perf_counter() - started)
+    wrapped = _wrap(model, [s.name for s in recipe.inputs], list(recipe.outputs))
+    return LoadedModel(
+        kind="huggingface",
+        description=f"{directory} ({config.model_type}, task {spec.task})",
+        module=wrapped,
+        onnx_path=onnx_path,
+        exporter="optimum",
+        details={"model_type": config.model_type, "task": spec.task, "directory": str(directory)},
+    )

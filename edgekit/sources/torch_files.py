@@ -1,0 +1,52 @@
+"""Model sources stored as PyTorch files: TorchScript (``.pt``) and ``torch.export`` programs (``.pt2``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edgekit.errors import SourceError
+from edgekit.recipe import ExportedProgramSource, Recipe, TorchScriptSource
+from edgekit.sources.base import LoadedModel
+from edgekit_runtime.hashing import sha256_file
+
+
+def _existing(path: Path, recipe: Recipe, field: str) -> Path:
+    resolved = recipe.resolve(path)
+    if not resolved.is_file():
+        raise SourceError(f"{recipe.path}: {field}: file not found: {resolved}", hint="paths are relative to the recipe file")
+    return resolved
+
+
+def load_torchscript(spec: TorchScriptSource, recipe: Recipe, workdir: Path) -> LoadedModel:
+    import torch
+
+    path = _existing(spec.path, recipe, "model.path")
+    try:
+        module = torch.jit.load(str(path), map_location="cpu")
+    except Exception as exc:
+        raise SourceError(
+            f"{recipe.path}: model.path {path} is not a loadable TorchScript file: {exc}",
+            hint="save it with torch.jit.save(torch.jit.script(model), path); for torch.export programs use kind: exported_program",
+        ) from None
+    module.eval()
+    return LoadedModel(kind="torchscript", description=str(path), module=module, file_sha256=sha256_file(path))
+
+
+def load_exported_program(spec: ExportedProgramSource, recipe: Recipe, workdir: Path) -> LoadedModel:
+    import torch
+
+    path = _existing(spec.path, recipe, "model.path")
+    try:
+        program = torch.export.load(str(path))
+    except Exception as exc:
+        raise SourceError(
+            f"{recipe.path}: model.path {path} is not a torch.export program: {exc}",
+            hint="save it with torch.export.save(torch.export.export(model, args), 'model.pt2')",
+        ) from None
+    return LoadedModel(
+        kind="exported_program",
+        description=str(path),
+        module=program.module(),
+        file_sha256=sha256_file(path),
+        details={"program": program},
+    )

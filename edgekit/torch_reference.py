@@ -1,0 +1,39 @@
+"""Run the PyTorch reference model on NumPy batches (the FP32 truth that parity and accuracy use)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from edgekit.errors import SourceError
+from edgekit.recipe import Recipe
+
+if TYPE_CHECKING:
+    import torch
+
+
+class TorchReference:
+    """Callable: ``reference(feeds) -> {output name: array}`` with the recipe's output names."""
+
+    def __init__(self, module: "torch.nn.Module", recipe: Recipe) -> None:
+        self.module = module
+        self.recipe = recipe
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import torch
+
+        args = [torch.from_numpy(np.ascontiguousarray(feeds[s.name])) for s in self.recipe.inputs]
+        with torch.inference_mode():
+            result = self.module(*args)
+        if isinstance(result, torch.Tensor):
+            result = (result,)
+        elif isinstance(result, dict):
+            result = tuple(result[name] for name in self.recipe.outputs)
+        result = tuple(result)
+        if len(result) != len(self.recipe.outputs):
+            raise SourceError(
+                f"{self.recipe.path}: the model returns {len(result)} outputs, the recipe names {len(self.recipe.outputs)}: {list(self.recipe.outputs)}",
+                hint="list one name per returned tensor under outputs, in order",
+            )
+        return {name: tensor.detach().cpu().numpy() for name, tensor in zip(self.recipe.outputs, result)}

@@ -1,0 +1,114 @@
+"""The interface every inference backend implements.
+
+Public methods check state and inputs, then call the backend's ``_load_impl`` / ``_infer_impl`` /
+``_close_impl``. A runner is a context manager: ``with runner: runner.infer(feeds)``.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, ClassVar
+
+import numpy as np
+
+from edgekit_runtime.errors import BackendError
+from edgekit_runtime.signature import IOSignature, validate_feeds
+
+logger = logging.getLogger(__name__)
+
+
+class Runner(abc.ABC):
+    """Loads one model for one backend and runs it on feeds that match its :class:`IOSignature`."""
+
+    #: The registry name of the backend (``"onnxruntime"``, ``"tensorrt"``).
+    backend_name: ClassVar[str]
+
+    def __init__(self, signature: IOSignature) -> None:
+        self._signature = signature
+        self._loaded = False
+
+    # -- public API ---------------------------------------------------------------------------
+
+    @property
+    def signature(self) -> IOSignature:
+        return self._signature
+
+    @property
+    def is_loaded(self) -> bool:
+        return self._loaded
+
+    @property
+    def providers(self) -> tuple[str, ...]:
+        """What really runs the model once loaded (for ONNX Runtime: the session's providers)."""
+        self._require_loaded("providers")
+        return self._providers_impl()
+
+    def load(self) -> Runner:
+        """Load the model; a second call does nothing. Returns ``self`` for chaining."""
+        if not self._loaded:
+            self._load_impl()
+            self._loaded = True
+            logger.debug("%s runner loaded with providers %s", self.backend_name, self._providers_impl())
+        return self
+
+    def infer(self, feeds: Mapping[str, np.ndarray], *, validate: bool = True) -> dict[str, np.ndarray]:
+        """Run the model; returns arrays keyed by output name, in signature order.
+
+        ``validate=False`` skips the signature check; only for timing loops whose feeds were
+        already validated once.
+        """
+        self._require_loaded("infer")
+        if validate:
+            validate_feeds(self._signature, feeds)
+        return self._infer_impl(feeds)
+
+    def close(self) -> None:
+        """Release the model; safe to call twice."""
+        if self._loaded:
+            try:
+                self._close_impl()
+            finally:
+                self._loaded = False
+
+    def __enter__(self) -> Runner:
+        return self.load()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- construction from a bundle -------------------------------------------------------------
+
+    @classmethod
+    @abc.abstractmethod
+    def from_bundle(cls, bundle: Any, **overrides: Any) -> Runner:
+        """Build a runner from a :class:`~edgekit_runtime.bundle.Bundle`'s ``backend`` section;
+        ``overrides`` replace constructor arguments (e.g. ``intra_op_threads=1``)."""
+
+    # -- implementation hooks -------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _load_impl(self) -> None: ...
+
+    @abc.abstractmethod
+    def _infer_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    @abc.abstractmethod
+    def _close_impl(self) -> None: ...
+
+    @abc.abstractmethod
+    def _providers_impl(self) -> tuple[str, ...]: ...
+
+    def _require_loaded(self, what: str) -> None:
+        if not self._loaded:
+            raise BackendError(
+                f"{type(self).__name__}.{what}: the model is not loaded",
+                hint="call runner.load() first, or use the runner as a context manager: `with runner:`",
+            )

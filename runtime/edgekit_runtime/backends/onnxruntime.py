@@ -1,0 +1,303 @@
+"""The ONNX Runtime backend: one ``InferenceSession`` per runner.
+
+``onnxruntime`` is imported when a runner loads, not when this module is imported. Requested
+execution providers are checked twice: before the session is made (is the provider known to ONNX
+Runtime, and built into the installed package?) and after (did it really load, or did ONNX Runtime
+fall back to the CPU with only a warning?). Either failure is a :class:`BackendError`, never a
+silent fallback.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from edgekit_runtime.backends.base import Runner
+from edgekit_runtime.errors import BackendError
+from edgekit_runtime.signature import IOSignature
+
+CPU_PROVIDER = "CPUExecutionProvider"
+
+#: Manifest ``backend.graph_optimization`` value -> ``onnxruntime.GraphOptimizationLevel`` member.
+GRAPH_OPTIMIZATION_LEVELS: Mapping[str, str] = {
+    "all": "ORT_ENABLE_ALL",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "basic": "ORT_ENABLE_BASIC",
+    "disable": "ORT_DISABLE_ALL",
+}
+
+#: ONNX Runtime's tensor type strings -> numpy dtype names used by :mod:`edgekit_runtime.signature`.
+ORT_TYPE_TO_DTYPE: Mapping[str, str] = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(bfloat16)": "bfloat16",
+    "tensor(int8)": "int8",
+    "tensor(int16)": "int16",
+    "tensor(int32)": "int32",
+    "tensor(int64)": "int64",
+    "tensor(uint8)": "uint8",
+    "tensor(uint16)": "uint16",
+    "tensor(uint32)": "uint32",
+    "tensor(uint64)": "uint64",
+    "tensor(bool)": "bool",
+}
+
+# Which package brings which provider, for the hint when one is missing from the installed build.
+_PROVIDER_PACKAGES: Mapping[str, str] = {
+    "CUDAExecutionProvider": "onnxruntime-gpu (pip install 'edgekit-runtime[gpu]')",
+    "TensorrtExecutionProvider": "onnxruntime-gpu (pip install 'edgekit-runtime[gpu]') plus TensorRT",
+    "OpenVINOExecutionProvider": "onnxruntime-openvino",
+    "DmlExecutionProvider": "onnxruntime-directml",
+    "QNNExecutionProvider": "onnxruntime-qnn",
+}
+
+_CONSTRUCTOR_OPTIONS = ("execution_providers", "graph_optimization", "intra_op_threads", "optimized_model_path")
+
+
+@dataclass(frozen=True)
+class ExecutionProviderConfig:
+    """One requested execution provider and its options, as in the manifest's ``backend`` section."""
+
+    name: str
+    options: Mapping[str, str | int | float | bool] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, entry: object, *, where: str) -> ExecutionProviderConfig:
+        """Accept ``"CUDAExecutionProvider"``, ``{"name": ..., "options": {...}}`` or an instance."""
+        if isinstance(entry, ExecutionProviderConfig):
+            return entry
+        if isinstance(entry, str):
+            return cls(name=entry)
+        if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
+            options = entry.get("options") or {}
+            if not isinstance(options, Mapping):
+                raise BackendError(f"{where}: options of {entry['name']} must be an object, got {options!r}")
+            return cls(name=entry["name"], options=dict(options))
+        raise BackendError(
+            f"{where}: expected a provider name or {{name, options}}, got {entry!r}",
+            hint='e.g. [{"name": "CPUExecutionProvider", "options": {}}]',
+        )
+
+    def ort_options(self) -> dict[str, str]:
+        """Options as ONNX Runtime wants them: strings, booleans as "1"/"0"."""
+        return {
+            str(key): ("1" if value else "0") if isinstance(value, bool) else str(value)
+            for key, value in self.options.items()
+        }
+
+
+def _import_onnxruntime() -> ModuleType:
+    try:
+        import onnxruntime
+    except ImportError as err:
+        raise BackendError(
+            f"the onnxruntime backend needs the onnxruntime package, which cannot be imported: {err}",
+            hint="pip install onnxruntime (or onnxruntime-gpu on a CUDA device)",
+        ) from err
+    return onnxruntime
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+class OnnxRuntimeRunner(Runner):
+    """Runs an ONNX model with ``onnxruntime.InferenceSession``."""
+
+    backend_name = "onnxruntime"
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        signature: IOSignature,
+        execution_providers: Sequence[object] | None = None,
+        graph_optimization: str = "all",
+        intra_op_threads: int | None = None,
+        optimized_model_path: str | os.PathLike[str] | None = None,
+    ) -> None:
+        super().__init__(signature)
+        self.model_path = Path(model_path)
+        if execution_providers is None:
+            execution_providers = [CPU_PROVIDER]
+        if isinstance(execution_providers, (str, Mapping)) or not execution_providers:
+            raise BackendError(
+                f"execution_providers must be a non-empty list, got {execution_providers!r}",
+                hint='e.g. [{"name": "CPUExecutionProvider", "options": {}}]',
+            )
+        self.execution_providers = tuple(
+            ExecutionProviderConfig.parse(entry, where=f"execution_providers[{index}]")
+            for index, entry in enumerate(execution_providers)
+        )
+        if graph_optimization not in GRAPH_OPTIMIZATION_LEVELS:
+            raise BackendError(
+                f"graph_optimization {graph_optimization!r} is not one of {', '.join(GRAPH_OPTIMIZATION_LEVELS)}"
+            )
+        self.graph_optimization = graph_optimization
+        if intra_op_threads is not None and (
+            not isinstance(intra_op_threads, int) or isinstance(intra_op_threads, bool) or intra_op_threads < 0
+        ):
+            raise BackendError(
+                f"intra_op_threads must be an int >= 0 or null, got {intra_op_threads!r}",
+                hint="0 or null lets ONNX Runtime choose (one thread per physical core)",
+            )
+        self.intra_op_threads = intra_op_threads
+        self.optimized_model_path = None if optimized_model_path is None else Path(optimized_model_path)
+        self._session: Any = None
+
+    @classmethod
+    def from_bundle(cls, bundle: Any, **overrides: Any) -> OnnxRuntimeRunner:
+        unknown = sorted(set(overrides) - set(_CONSTRUCTOR_OPTIONS))
+        if unknown:
+            raise BackendError(
+                f"unknown onnxruntime runner option(s): {', '.join(unknown)}",
+                hint=f"known options: {', '.join(_CONSTRUCTOR_OPTIONS)}",
+            )
+        section = bundle.backend
+        options: dict[str, Any] = {
+            "execution_providers": section.get("execution_providers") or [CPU_PROVIDER],
+            "graph_optimization": section.get("graph_optimization") or "all",
+            "intra_op_threads": section.get("intra_op_threads"),
+        }
+        options.update(overrides)
+        return cls(bundle.model_path, bundle.io, **options)
+
+    @property
+    def session(self) -> Any:
+        """The underlying ``onnxruntime.InferenceSession`` (loaded runners only)."""
+        self._require_loaded("session")
+        return self._session
+
+    # -- implementation ------------------------------------------------------------------------
+
+    def _load_impl(self) -> None:
+        ort = _import_onnxruntime()
+        self._check_providers_installed(ort)
+        if not self.model_path.is_file():
+            raise BackendError(
+                f"model file '{self.model_path}' does not exist",
+                hint="check the bundle directory; open_bundle(root, verify=True) lists missing files",
+            )
+        options = ort.SessionOptions()
+        options.graph_optimization_level = getattr(
+            ort.GraphOptimizationLevel, GRAPH_OPTIMIZATION_LEVELS[self.graph_optimization]
+        )
+        if self.intra_op_threads is not None:
+            options.intra_op_num_threads = self.intra_op_threads
+        if self.optimized_model_path is not None:
+            options.optimized_model_filepath = str(self.optimized_model_path)
+        providers = [(provider.name, provider.ort_options()) for provider in self.execution_providers]
+        try:
+            session = ort.InferenceSession(str(self.model_path), sess_options=options, providers=providers)
+        except Exception as err:  # ONNX Runtime raises its own pybind exception types
+            raise self._load_error(err) from err
+        self._check_providers_loaded(ort, session)
+        self._check_model_matches_signature(session)
+        self._session = session
+
+    def _infer_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        names = list(self.signature.output_names)
+        try:
+            outputs = self._session.run(names, dict(feeds))
+        except Exception as err:  # ONNX Runtime raises its own pybind exception types
+            raise BackendError(
+                f"ONNX Runtime failed to run '{self.model_path}': {_first_line(err)}",
+                hint="the inputs passed the signature check; a value-dependent op (Reshape, Gather "
+                "indices) may reject them, or the model may need a newer onnxruntime",
+            ) from err
+        return dict(zip(names, outputs))
+
+    def _close_impl(self) -> None:
+        self._session = None
+
+    def _providers_impl(self) -> tuple[str, ...]:
+        return tuple(self._session.get_providers())
+
+    # -- checks --------------------------------------------------------------------------------
+
+    def _check_providers_installed(self, ort: ModuleType) -> None:
+        known = list(ort.get_all_providers())
+        available = list(ort.get_available_providers())
+        for provider in self.execution_providers:
+            if provider.name not in known:
+                close = difflib.get_close_matches(provider.name, known, n=1)
+                raise BackendError(
+                    f"unknown execution provider '{provider.name}' for '{self.model_path}'",
+                    hint=(f"did you mean '{close[0]}'? " if close else "")
+                    + f"providers this onnxruntime knows: {', '.join(known)}",
+                )
+            if provider.name not in available:
+                package = _PROVIDER_PACKAGES.get(provider.name, "an onnxruntime build that includes it")
+                raise BackendError(
+                    f"execution provider '{provider.name}' is not in the installed onnxruntime "
+                    f"{ort.__version__} (available: {', '.join(available)})",
+                    hint=f"install {package} in place of onnxruntime; for CUDA providers also check "
+                    "that the CUDA and cuDNN versions match that build",
+                )
+
+    def _check_providers_loaded(self, ort: ModuleType, session: Any) -> None:
+        loaded = list(session.get_providers())
+        for provider in self.execution_providers:
+            if provider.name != CPU_PROVIDER and provider.name not in loaded:
+                raise BackendError(
+                    f"execution provider '{provider.name}' was requested for '{self.model_path}' but did "
+                    f"not load; ONNX Runtime fell back to {', '.join(loaded)}",
+                    hint="the provider is built into onnxruntime but its libraries failed to load: check "
+                    "that CUDA, cuDNN (and TensorRT) match the onnxruntime-gpu build and are on the "
+                    "library path, and that a GPU is visible (nvidia-smi)",
+                )
+
+    def _check_model_matches_signature(self, session: Any) -> None:
+        fix = "the bundle's io section does not describe this model: rebuild the bundle"
+        model_inputs = {node.name: node for node in session.get_inputs()}
+        if set(model_inputs) != set(self.signature.input_names):
+            raise BackendError(
+                f"model '{self.model_path}' has inputs {sorted(model_inputs)} but the signature lists "
+                f"{list(self.signature.input_names)}",
+                hint=fix,
+            )
+        model_outputs = {node.name: node for node in session.get_outputs()}
+        absent = [name for name in self.signature.output_names if name not in model_outputs]
+        if absent:
+            raise BackendError(
+                f"model '{self.model_path}' has no output(s) {absent}; its outputs: {sorted(model_outputs)}",
+                hint=fix,
+            )
+        for tensor in (*self.signature.inputs, *self.signature.outputs):
+            node = model_inputs.get(tensor.name) or model_outputs[tensor.name]
+            dtype = ORT_TYPE_TO_DTYPE.get(node.type)
+            if dtype is not None and dtype != tensor.dtype:
+                raise BackendError(
+                    f"model '{self.model_path}': tensor '{tensor.name}' is {dtype} in the model but "
+                    f"{tensor.dtype} in the signature",
+                    hint=fix,
+                )
+            # ONNX Runtime reports an unknown rank as []; only a known, different rank is an error.
+            if isinstance(node.shape, list) and node.shape and len(node.shape) != tensor.rank:
+                raise BackendError(
+                    f"model '{self.model_path}': tensor '{tensor.name}' has rank {len(node.shape)} in the "
+                    f"model but {tensor.rank} in the signature {tensor.describe()}",
+                    hint=fix,
+                )
+
+    def _load_error(self, err: BaseException) -> BackendError:
+        message = _first_line(err)
+        if type(err).__name__ == "InvalidProtobuf" or "Protobuf parsing failed" in message:
+            return BackendError(
+                f"model file '{self.model_path}' is not a valid ONNX model: {message}",
+                hint="the file is truncated or corrupt: copy the bundle again and open it with "
+                "open_bundle(root, verify=True) to check every file's hash",
+            )
+        return BackendError(
+            f"ONNX Runtime cannot load model '{self.model_path}': {message}",
+            hint="check the execution provider options, and that the model's opset and ops are "
+            "supported by the installed onnxruntime",
+        )

@@ -1,0 +1,140 @@
+"""Comparing computed outputs with reference ("golden") outputs.
+
+An output passes when every element satisfies ``|actual - golden| <= atol + rtol * |golden|`` and the
+cosine similarity of every row (leading axis: one sample of the batch) is at least ``min_cosine``,
+the same measures the host's export parity check uses. Both are computed in float64, so an fp16 or
+int8 build is compared with its FP32 reference directly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """How far one output is from its golden reference (over one batch, or merged over several)."""
+
+    name: str
+    max_abs_diff: float
+    cosine_min: float
+    mismatched_elements: int
+    total_elements: int
+    passed: bool
+    worst_batch: int = 0
+    shape_error: str | None = None
+
+    def describe(self, *, atol: float, rtol: float, min_cosine: float) -> str:
+        where = f"golden batch {self.worst_batch}"
+        if self.shape_error is not None:
+            return f"output '{self.name}': {self.shape_error} in {where}"
+        return (
+            f"output '{self.name}': max_abs_diff {self.max_abs_diff:.3g} "
+            f"({self.mismatched_elements}/{self.total_elements} elements outside atol {atol:g} + "
+            f"rtol {rtol:g} x |golden|), cosine_min {self.cosine_min:.6f} (min_cosine {min_cosine:g}), "
+            f"worst in {where}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        def number(value: float) -> float | None:  # JSON has no inf or nan
+            return value if math.isfinite(value) else None
+
+        return {
+            "name": self.name,
+            "max_abs_diff": number(self.max_abs_diff),
+            "cosine_min": number(self.cosine_min),
+            "mismatched_elements": self.mismatched_elements,
+            "total_elements": self.total_elements,
+            "passed": self.passed,
+            "worst_batch": self.worst_batch,
+            "shape_error": self.shape_error,
+        }
+
+
+def row_cosine_min(actual: np.ndarray, expected: np.ndarray) -> float:
+    """The smallest cosine similarity over the rows of the leading (batch) axis.
+
+    Scalars and 1-D arrays count as one row. Non-finite entries count as 0 here (the tolerance check
+    catches them); a row that is all zeros in both arrays has cosine 1.0, in only one of them 0.0.
+    """
+    a = np.nan_to_num(np.asarray(actual, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    e = np.nan_to_num(np.asarray(expected, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    if a.size == 0:
+        return 1.0
+    rows = a.shape[0] if a.ndim > 1 else 1
+    a, e = a.reshape(rows, -1), e.reshape(rows, -1)
+    norm_a, norm_e = np.linalg.norm(a, axis=1), np.linalg.norm(e, axis=1)
+    norms = norm_a * norm_e
+    dots = np.einsum("ij,ij->i", a, e)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cosines = np.where(norms > 0, dots / np.where(norms > 0, norms, 1.0), np.where(norm_a == norm_e, 1.0, 0.0))
+    return float(np.clip(cosines, -1.0, 1.0).min())
+
+
+def compare_output(
+    name: str,
+    expected: np.ndarray,
+    actual: np.ndarray,
+    *,
+    atol: float,
+    rtol: float,
+    min_cosine: float,
+    batch: int = 0,
+) -> OutputCheck:
+    """Compare one computed output with its golden reference."""
+    expected_array, actual_array = np.asarray(expected), np.asarray(actual)
+    total = int(expected_array.size)
+    if expected_array.shape != actual_array.shape:
+        return OutputCheck(
+            name=name,
+            max_abs_diff=math.inf,
+            cosine_min=-1.0,
+            mismatched_elements=total,
+            total_elements=total,
+            passed=False,
+            worst_batch=batch,
+            shape_error=f"shape {list(actual_array.shape)} differs from golden {list(expected_array.shape)}",
+        )
+    a = actual_array.astype(np.float64)
+    e = expected_array.astype(np.float64)
+    both_nan = np.isnan(a) & np.isnan(e)
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(a - e)
+    diff = np.where(both_nan, 0.0, np.where(np.isnan(diff), np.inf, diff))
+    max_abs_diff = float(diff.max()) if total else 0.0
+    within = np.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
+    mismatched = int(total - np.count_nonzero(within))
+    if expected_array.dtype.kind in "fc" or actual_array.dtype.kind in "fc":
+        cosine = row_cosine_min(a, e)
+    else:  # labels, indices, masks: equal or not, as the host's parity check counts them
+        cosine = 1.0 if mismatched == 0 else 0.0
+    return OutputCheck(
+        name=name,
+        max_abs_diff=max_abs_diff,
+        cosine_min=cosine,
+        mismatched_elements=mismatched,
+        total_elements=total,
+        passed=mismatched == 0 and cosine >= min_cosine,
+        worst_batch=batch,
+    )
+
+
+def merge_checks(checks: Sequence[OutputCheck]) -> OutputCheck:
+    """Merge the per-batch checks of one output: worst numbers, summed counts, passed if all passed."""
+    if not checks:
+        raise ValueError("merge_checks needs at least one check")
+    failing = [check for check in checks if not check.passed]
+    worst = failing[0] if failing else max(checks, key=lambda check: check.max_abs_diff)
+    return replace(
+        worst,
+        max_abs_diff=max(check.max_abs_diff for check in checks),
+        cosine_min=min(check.cosine_min for check in checks),
+        mismatched_elements=sum(check.mismatched_elements for check in checks),
+        total_elements=sum(check.total_elements for check in checks),
+        passed=not failing,
+    )

@@ -1,0 +1,137 @@
+"""CPU package power from the Linux powercap RAPL energy counters (Intel, and AMD Zen).
+
+Layout (kernel ``Documentation/power/powercap/powercap.rst``)::
+
+    /sys/class/powercap/intel-rapl:<N>/name                  "package-<N>", "psys", ...
+                                       energy_uj             cumulative energy, microjoules
+                                       max_energy_range_uj   the counter wraps to 0 past this
+    /sys/class/powercap/intel-rapl:<N>:<M>/...               subzones: "core", "uncore", "dram"
+
+``total_mw`` is the sum of the package zones (subzones are parts of a package, ``psys`` covers
+more than the CPU); every zone is also reported as a rail (``package-0``, ``package-0/dram``).
+Power is the energy difference between two reads over the time between them, so the first read
+carries no power; ``energy_mj`` is the packages' counter unwrapped across wraparounds (read at least
+once per wrap period: minutes at full load). Since the PLATYPUS fix (CVE-2020-8694) kernels make
+``energy_uj`` readable by root only; the sensor then reports itself unavailable with that reason.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgekit_runtime.errors import SensorError
+from edgekit_runtime.sensors._files import read_number, read_text
+from edgekit_runtime.sensors.base import Clock, PowerSample, PowerSensor
+
+POWERCAP_DIR = "sys/class/powercap"
+_ZONE_RE = re.compile(r"^intel-rapl:(\d+)(?::(\d+))?$")
+
+
+@dataclass
+class _Zone:
+    rail: str
+    directory: Path
+    is_package: bool
+    max_energy_range_uj: float
+    last_raw_uj: float | None = None
+    unwrapped_uj: float = 0.0
+
+    def advance(self, raw_uj: float) -> float:
+        """Take a new raw reading; return the energy since the previous one (uJ), wrap included."""
+        if self.last_raw_uj is None:
+            delta_uj = 0.0
+            self.unwrapped_uj = raw_uj
+        elif raw_uj >= self.last_raw_uj:
+            delta_uj = raw_uj - self.last_raw_uj
+        else:  # the counter passed max_energy_range_uj and started again from 0
+            delta_uj = self.max_energy_range_uj - self.last_raw_uj + raw_uj
+        self.last_raw_uj = raw_uj
+        self.unwrapped_uj += delta_uj
+        return delta_uj
+
+
+def unreadable_energy_reason(path: Path, error: SensorError) -> str:
+    """Why the sensor is unavailable when ``energy_uj`` cannot be read."""
+    if "permission denied" in error.message:
+        return (
+            f"cannot read {path}: permission denied; since the PLATYPUS fix (CVE-2020-8694) kernels "
+            "let only root read RAPL energy_uj: run the agent as root or grant read access to it "
+            "(for example a udev rule or tmpfiles.d entry that sets mode 0444)"
+        )
+    return error.message
+
+
+class RaplPowerSensor(PowerSensor):
+    """Sums the RAPL package zones; reports every zone and subzone as a rail."""
+
+    name = "rapl"
+
+    def __init__(self, root: Path = Path("/"), *, clock: Clock = time.monotonic) -> None:
+        super().__init__(root, clock=clock)
+        self._zones: list[_Zone] = []
+        self._last_timestamp_s: float | None = None
+
+    def _probe_impl(self) -> str | None:
+        powercap = self.path(POWERCAP_DIR)
+        zone_dirs = _zone_dirs(powercap)
+        if not zone_dirs:
+            return (
+                f"no RAPL zones (intel-rapl:N) under {powercap}; needs an Intel or AMD x86 CPU "
+                "with the intel_rapl_msr kernel module loaded (not available in most VMs)"
+            )
+        names: dict[str, str] = {}
+        zones = []
+        for directory, package_index, sub_index in zone_dirs:
+            try:
+                zone_name = read_text(directory / "name")
+                max_range_uj = read_number(directory / "max_energy_range_uj")
+                read_number(directory / "energy_uj")
+            except SensorError as exc:
+                return unreadable_energy_reason(directory / "energy_uj", exc)
+            if sub_index is None:
+                names[package_index] = zone_name
+                rail = zone_name
+            else:
+                rail = f"{names.get(package_index, f'intel-rapl:{package_index}')}/{zone_name}"
+            is_package = sub_index is None and zone_name.startswith("package")
+            zones.append(_Zone(rail, directory, is_package, max_range_uj))
+        if not any(z.is_package for z in zones):
+            return f"RAPL zones under {powercap} include no package zone: {[z.rail for z in zones]}"
+        self._zones = zones
+        return None
+
+    def _read_impl(self) -> PowerSample:
+        timestamp_s = self._clock()
+        deltas_uj = {z.rail: z.advance(read_number(z.directory / "energy_uj")) for z in self._zones}
+        energy_mj = sum(z.unwrapped_uj for z in self._zones if z.is_package) / 1000.0
+        previous_s, self._last_timestamp_s = self._last_timestamp_s, timestamp_s
+        if previous_s is None or timestamp_s <= previous_s:
+            return PowerSample(timestamp_s=timestamp_s, rails_mw={}, total_mw=None, energy_mj=energy_mj)
+        elapsed_s = timestamp_s - previous_s
+        rails_mw = {rail: delta_uj / 1000.0 / elapsed_s for rail, delta_uj in deltas_uj.items()}
+        total_mw = sum(rails_mw[z.rail] for z in self._zones if z.is_package)
+        return PowerSample(timestamp_s=timestamp_s, rails_mw=rails_mw, total_mw=total_mw, energy_mj=energy_mj)
+
+    def _source_impl(self) -> str:
+        packages = " + ".join(z.rail for z in self._zones if z.is_package)
+        return f"rapl powercap: total_mw = {packages} (CPU packages only, not the whole machine)"
+
+
+def _zone_dirs(powercap: Path) -> list[tuple[Path, str, str | None]]:
+    """``(directory, package index, subzone index)`` of each RAPL zone, packages before subzones."""
+    try:
+        entries = list(powercap.iterdir())
+    except OSError:
+        return []
+    zones = []
+    for entry in entries:
+        match = _ZONE_RE.match(entry.name)
+        if match and entry.is_dir():
+            zones.append((entry, match.group(1), match.group(2)))
+    return sorted(zones, key=lambda z: (z[2] is not None, int(z[1]), int(z[2] or 0)))
+
+
+__all__ = ["POWERCAP_DIR", "RaplPowerSensor", "unreadable_energy_reason"]

@@ -1,0 +1,301 @@
+"""The input/output signature of a bundled model and the checks run on every inference call.
+
+A signature comes from the manifest's ``io`` section (see ``docs/bundle-format.md``)::
+
+    {"inputs":  [{"name": "image", "dtype": "float32", "shape": ["batch", 1, 8, 8]}],
+     "outputs": [{"name": "logits", "dtype": "float32", "shape": ["batch", 10]}],
+     "dims":    {"batch": {"min": 1, "opt": 8, "max": 128}}}
+
+Shapes mix fixed sizes (ints) and dim names (strings). A dim name bound by ``dims`` must stay in
+``min..max``; the same name must have the same size in every input of one call. ``"?"`` marks an
+unnamed dimension of any size. ``dtype`` is a
+canonical numpy dtype name (``float32``, not ``float``); feeds must match it exactly, because a silent
+cast would hide a preprocessing bug on the device.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgekit_runtime.errors import BundleError, InputSignatureError
+
+Dim = int | str
+
+#: A dimension the exporter could not name (the host writes ``"?"``): any size, never bound.
+ANONYMOUS_DIM = "?"
+
+# Dtypes numpy itself does not know; arrays of them come from ml_dtypes and carry these names.
+EXTENSION_DTYPE_NAMES = frozenset(
+    {
+        "bfloat16",
+        "float8_e4m3fn",
+        "float8_e4m3fnuz",
+        "float8_e5m2",
+        "float8_e5m2fnuz",
+        "float4_e2m1fn",
+        "int4",
+        "uint4",
+    }
+)
+
+
+def canonical_dtype_name(dtype: object, *, where: str) -> str:
+    """Return ``dtype`` if it is a canonical numpy (or ml_dtypes) dtype name, else raise BundleError."""
+    if not isinstance(dtype, str) or not dtype:
+        raise BundleError(f"{where}: dtype must be a numpy dtype name such as 'float32', got {dtype!r}")
+    if dtype in EXTENSION_DTYPE_NAMES:
+        return dtype
+    try:
+        resolved = np.dtype(dtype).name
+    except TypeError:
+        resolved = None
+    if resolved != dtype:
+        suggestion = f"; did you mean '{resolved}'?" if resolved else ""
+        raise BundleError(
+            f"{where}: dtype {dtype!r} is not a canonical numpy dtype name{suggestion}",
+            hint="write dtypes as numpy names: float32, float16, int64, int32, uint8, bool, bfloat16",
+        )
+    return dtype
+
+
+@dataclass(frozen=True)
+class DimRange:
+    """The sizes a named dynamic dimension may take (inclusive)."""
+
+    name: str
+    min: int
+    max: int
+    opt: int | None = None
+
+    def contains(self, size: int) -> bool:
+        return self.min <= size <= self.max
+
+    def describe(self) -> str:
+        return f"{self.name} in {self.min}..{self.max}"
+
+    def to_dict(self) -> dict[str, int | None]:
+        return {"min": self.min, "opt": self.opt, "max": self.max}
+
+
+@dataclass(frozen=True)
+class TensorSignature:
+    """One named tensor: numpy dtype name and a shape of fixed sizes and dim names."""
+
+    name: str
+    dtype: str
+    shape: tuple[Dim, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(self.shape))
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def dim_names(self) -> tuple[str, ...]:
+        return tuple(dim for dim in self.shape if isinstance(dim, str) and dim != ANONYMOUS_DIM)
+
+    def describe(self) -> str:
+        """``float32[batch, 1, 8, 8]``."""
+        return f"{self.dtype}[{', '.join(str(dim) for dim in self.shape)}]"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_dict(cls, data: object, *, where: str) -> TensorSignature:
+        if not isinstance(data, Mapping):
+            raise BundleError(f"{where}: expected {{name, dtype, shape}}, got {data!r}")
+        name = data.get("name")
+        if not isinstance(name, str) or not name:
+            raise BundleError(f"{where}.name: expected a non-empty tensor name, got {name!r}")
+        where = f"{where} ('{name}')"
+        dtype = canonical_dtype_name(data.get("dtype"), where=f"{where}.dtype")
+        shape = data.get("shape")
+        if not isinstance(shape, Sequence) or isinstance(shape, str):
+            raise BundleError(f"{where}.shape: expected a list of sizes and dim names, got {shape!r}")
+        for dim in shape:
+            is_size = isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0
+            is_name = isinstance(dim, str) and bool(dim)
+            if not (is_size or is_name):
+                raise BundleError(
+                    f"{where}.shape: entry {dim!r} is neither a size (int >= 0) nor a dim name",
+                    hint="name every dynamic dimension (e.g. 'batch') and bound it in io.dims",
+                )
+        return cls(name=name, dtype=dtype, shape=tuple(shape))
+
+
+def _size_field(data: Mapping[str, Any], key: str, *, where: str) -> int:
+    value = data.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BundleError(f"{where}.{key}: expected an int >= 0, got {value!r}")
+    return value
+
+
+def _parse_dim_range(name: str, data: object, *, where: str) -> DimRange:
+    if not isinstance(data, Mapping):
+        raise BundleError(f"{where}: expected {{min, opt, max}}, got {data!r}")
+    low = _size_field(data, "min", where=where)
+    high = _size_field(data, "max", where=where)
+    opt = None if data.get("opt") is None else _size_field(data, "opt", where=where)
+    if low > high or (opt is not None and not low <= opt <= high):
+        raise BundleError(f"{where}: needs min <= opt <= max, got min={low}, opt={opt}, max={high}")
+    return DimRange(name=name, min=low, max=high, opt=opt)
+
+
+@dataclass(frozen=True)
+class IOSignature:
+    """Inputs, outputs and dynamic-dimension bounds of a model."""
+
+    inputs: tuple[TensorSignature, ...]
+    outputs: tuple[TensorSignature, ...]
+    dims: Mapping[str, DimRange] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "outputs", tuple(self.outputs))
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(tensor.name for tensor in self.inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(tensor.name for tensor in self.outputs)
+
+    def input(self, name: str) -> TensorSignature:
+        for tensor in self.inputs:
+            if tensor.name == name:
+                return tensor
+        raise KeyError(name)
+
+    def describe_tensor(self, tensor: TensorSignature) -> str:
+        """``float32[batch, 1, 8, 8] (batch in 1..128)``: the shape plus the bounds of its dims."""
+        seen: list[str] = []
+        for dim in tensor.dim_names:
+            if dim in self.dims and dim not in seen:
+                seen.append(dim)
+        bounds = ", ".join(self.dims[dim].describe() for dim in seen)
+        return tensor.describe() + (f" ({bounds})" if bounds else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "inputs": [tensor.to_dict() for tensor in self.inputs],
+            "outputs": [tensor.to_dict() for tensor in self.outputs],
+            "dims": {name: bounds.to_dict() for name, bounds in self.dims.items()},
+        }
+
+    @classmethod
+    def from_manifest(cls, io: object, *, where: str = "manifest.json") -> IOSignature:
+        """Parse the manifest's ``io`` section; a malformed one raises BundleError naming the field."""
+        if not isinstance(io, Mapping):
+            raise BundleError(f"{where}: 'io' must be an object with inputs, outputs and dims")
+        sections: dict[str, tuple[TensorSignature, ...]] = {}
+        for key in ("inputs", "outputs"):
+            entries = io.get(key)
+            if not isinstance(entries, Sequence) or isinstance(entries, str) or not entries:
+                raise BundleError(f"{where}: io.{key} must be a non-empty list, got {entries!r}")
+            tensors = tuple(
+                TensorSignature.from_dict(entry, where=f"{where}: io.{key}[{index}]")
+                for index, entry in enumerate(entries)
+            )
+            names = [tensor.name for tensor in tensors]
+            duplicates = sorted({name for name in names if names.count(name) > 1})
+            if duplicates:
+                raise BundleError(f"{where}: io.{key} lists {', '.join(duplicates)} more than once")
+            sections[key] = tensors
+        raw_dims = io.get("dims", {})
+        if raw_dims is None:
+            raw_dims = {}
+        if not isinstance(raw_dims, Mapping):
+            raise BundleError(f"{where}: io.dims must map dim names to {{min, opt, max}}")
+        dims = {
+            str(name): _parse_dim_range(str(name), bounds, where=f"{where}: io.dims.{name}")
+            for name, bounds in raw_dims.items()
+        }
+        return cls(inputs=sections["inputs"], outputs=sections["outputs"], dims=dims)
+
+
+def describe_array(array: np.ndarray) -> str:
+    """``float64[4, 1, 8, 8]``: an actual array in the notation of :meth:`TensorSignature.describe`."""
+    return f"{array.dtype.name}[{', '.join(str(size) for size in array.shape)}]"
+
+
+def _list_inputs(signature: IOSignature) -> str:
+    return ", ".join(f"'{t.name}' {signature.describe_tensor(t)}" for t in signature.inputs)
+
+
+def validate_feeds(signature: IOSignature, feeds: Mapping[str, Any]) -> dict[str, int]:
+    """Check ``feeds`` against ``signature``; return the size bound to each dim name.
+
+    Raises :class:`InputSignatureError` for a missing or unexpected input name, a value that is not a
+    numpy array, a dtype that is not exactly the expected one, a wrong rank, a fixed dimension of the
+    wrong size, a dynamic dimension outside its ``min..max``, or one dim name bound to two sizes.
+    """
+    if not isinstance(feeds, Mapping):
+        raise InputSignatureError(
+            f"feeds must map input names to numpy arrays, got {type(feeds).__name__}",
+            hint=f"pass a dict; the model's inputs: {_list_inputs(signature)}",
+        )
+    expected_names = signature.input_names
+    for name in feeds:
+        if name not in expected_names:
+            close = difflib.get_close_matches(str(name), expected_names, n=1)
+            raise InputSignatureError(
+                f"unexpected input {name!r}; the model's inputs: {_list_inputs(signature)}",
+                hint=f"did you mean '{close[0]}'?" if close else "remove it from the feeds",
+            )
+    for tensor in signature.inputs:
+        if tensor.name not in feeds:
+            raise InputSignatureError(
+                f"missing input '{tensor.name}': expected {signature.describe_tensor(tensor)}",
+                hint=f"the model's inputs: {_list_inputs(signature)}",
+            )
+
+    bound: dict[str, tuple[int, str]] = {}  # dim name -> (size, input that bound it)
+    for tensor in signature.inputs:
+        value = feeds[tensor.name]
+        expected = signature.describe_tensor(tensor)
+        if not isinstance(value, np.ndarray):
+            raise InputSignatureError(
+                f"input '{tensor.name}': expected {expected}, got {type(value).__name__}",
+                hint=f"pass numpy.asarray(value, dtype=numpy.{tensor.dtype})",
+            )
+        prefix = f"input '{tensor.name}': expected {expected}, got {describe_array(value)}"
+        if value.dtype.name != tensor.dtype:
+            raise InputSignatureError(
+                f"{prefix} (dtype {value.dtype.name}, expected {tensor.dtype})",
+                hint=f"convert it with .astype(numpy.{tensor.dtype}) in your preprocessing",
+            )
+        if value.ndim != tensor.rank:
+            raise InputSignatureError(f"{prefix} (rank {value.ndim}, expected rank {tensor.rank})")
+        for axis, (dim, size) in enumerate(zip(tensor.shape, value.shape)):
+            if isinstance(dim, int):
+                if size != dim:
+                    raise InputSignatureError(f"{prefix} (dimension {axis} is {size}, expected {dim})")
+                continue
+            if dim == ANONYMOUS_DIM:
+                continue
+            bounds = signature.dims.get(dim)
+            if bounds is not None and not bounds.contains(size):
+                raise InputSignatureError(
+                    f"{prefix} (dimension {axis} '{dim}' is {size}, outside {bounds.min}..{bounds.max})",
+                    hint=f"split the call into pieces with {dim} at most {bounds.max}"
+                    if size > bounds.max
+                    else None,
+                )
+            if dim in bound and bound[dim][0] != size:
+                other_size, other_input = bound[dim]
+                where = "earlier in this input" if other_input == tensor.name else f"by input '{other_input}'"
+                raise InputSignatureError(
+                    f"{prefix} (dimension {axis} '{dim}' is {size}, but {dim} = {other_size} {where})",
+                    hint=f"every input must use the same size for '{dim}'",
+                )
+            bound.setdefault(dim, (size, tensor.name))
+    return {dim: size for dim, (size, _) in bound.items()}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Set up a virtual environment in .venv with edgekit, edgekit-runtime and the demo + test extras.
+# torch is pinned to 2.13.0 (CPU) first, and constraints.txt keeps every later resolve on it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$python" -m venv .venv
+fi
+pip() { .venv/bin/python -m pip --disable-pip-version-check "$@"; }
+
+pip install -q --upgrade "pip>=24" wheel
+if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null; then
+    echo "setup: installing torch 2.13.0 (CPU)" >&2
+    pip install -q -c constraints.txt torch==2.13.0
+fi
+echo "setup: installing edgekit, edgekit-runtime and extras" >&2
+pip install -q -c constraints.txt -e ./runtime -e ".[dev]"

@@ -1,0 +1,394 @@
+"""The build report: model statistics on real ONNX files, and report.html rendered from manifests."""
+
+from __future__ import annotations
+
+import copy
+import html
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edgekit.errors import BundleError
+from edgekit.report import model_size_by_op_type, op_type_counts, render_report, write_report
+
+W_SHAPE = (16, 8)  # float32: 512 bytes, read by MatMul
+B_SHAPE = (8,)  # float32: 32 bytes, read by Add then by Mul (counted once, under Add)
+UNUSED_SHAPE = (5,)  # int64: 40 bytes, read by nothing
+SCRIPT = "<script>alert('x')</script>"
+
+# ---------------------------------------------------------------- tiny models
+
+
+def _tiny_model() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    weights = numpy_helper.from_array(rng.standard_normal(W_SHAPE).astype(np.float32), "W")
+    bias = numpy_helper.from_array(rng.standard_normal(B_SHAPE).astype(np.float32), "B")
+    unused = numpy_helper.from_array(np.arange(5, dtype=np.int64), "U")
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"]),
+        helper.make_node("Add", ["h", "B"], ["h2"]),
+        helper.make_node("Relu", ["h2"], ["h3"]),
+        helper.make_node("Mul", ["h3", "B"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+        initializer=[weights, bias, unused],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(model)
+    return model
+
+
+def _model_with_if_branch() -> onnx.ModelProto:
+    """An If whose then-branch reads an outer initializer and holds its own."""
+    outer = numpy_helper.from_array(np.ones((4,), dtype=np.float16), "outer_w")
+    inner = numpy_helper.from_array(np.ones((2, 2), dtype=np.float32), "inner_w")
+    then_graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "outer_w"], ["t"]), helper.make_node("Relu", ["t"], ["then_out"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("then_out", TensorProto.FLOAT16, [4])],
+        initializer=[inner],
+    )
+    else_graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["else_out"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("else_out", TensorProto.FLOAT16, [4])],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("If", ["cond"], ["y"], then_branch=then_graph, else_branch=else_graph)],
+        "branchy",
+        [
+            helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT16, [4]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [4])],
+        initializer=[outer],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.fixture
+def tiny_model_path(tmp_path: Path) -> Path:
+    path = tmp_path / "model.onnx"
+    onnx.save_model(_tiny_model(), path)
+    return path
+
+
+@pytest.fixture
+def external_model_path(tmp_path: Path) -> Path:
+    directory = tmp_path / "external"
+    directory.mkdir()
+    path = directory / "model.onnx"
+    onnx.save_model(
+        _tiny_model(), path, save_as_external_data=True, all_tensors_to_one_file=True,
+        location="model.onnx.data", size_threshold=0,
+    )
+    return path
+
+
+# ---------------------------------------------------------------- model statistics
+
+
+def test_size_by_op_type_counts_exact_bytes_once_per_initializer(tiny_model_path: Path) -> None:
+    sizes = model_size_by_op_type(tiny_model_path)
+    assert sizes == {"MatMul": 16 * 8 * 4, "unused": 5 * 8, "Add": 8 * 4}
+    assert list(sizes) == ["MatMul", "unused", "Add"], "largest first"
+    assert "Mul" not in sizes, "B is shared with Mul but belongs to its first consumer, Add"
+
+
+def test_size_by_op_type_reads_external_data(external_model_path: Path) -> None:
+    data_file = external_model_path.parent / "model.onnx.data"
+    assert data_file.stat().st_size >= 512 + 32 + 40
+    assert all(t.data_location == TensorProto.EXTERNAL for t in onnx.load(external_model_path, load_external_data=False).graph.initializer)
+    assert model_size_by_op_type(external_model_path) == {"MatMul": 512, "unused": 40, "Add": 32}
+
+
+def test_size_and_counts_cover_subgraphs(tmp_path: Path) -> None:
+    path = tmp_path / "branchy.onnx"
+    onnx.save_model(_model_with_if_branch(), path)
+    assert model_size_by_op_type(path) == {"unused": 16, "Mul": 8}
+    assert op_type_counts(path) == {"Identity": 1, "If": 1, "Mul": 1, "Relu": 1}
+
+
+def test_op_type_counts(tiny_model_path: Path) -> None:
+    assert op_type_counts(tiny_model_path) == {"Add": 1, "MatMul": 1, "Mul": 1, "Relu": 1}
+
+
+def test_missing_model_file_is_a_bundle_error(tmp_path: Path) -> None:
+    with pytest.raises(BundleError, match=r"nope\.onnx: ONNX model not found"):
+        model_size_by_op_type(tmp_path / "nope.onnx")
+
+
+def test_corrupt_model_file_is_a_bundle_error(tmp_path: Path) -> None:
+    path = tmp_path / "broken.onnx"
+    path.write_bytes(b"\xff\xfe this is not a protobuf" * 10)
+    with pytest.raises(BundleError, match=r"broken\.onnx: not a readable ONNX model") as info:
+        op_type_counts(path)
+    assert "re-export" in str(info.value)
+
+
+def test_missing_external_data_names_tensor_and_file(external_model_path: Path) -> None:
+    (external_model_path.parent / "model.onnx.data").unlink()
+    with pytest.raises(BundleError, match=r"initializer 'W': external data file .*model\.onnx\.data not found"):
+        model_size_by_op_type(external_model_path)
+
+
+def test_truncated_external_data_is_reported(external_model_path: Path) -> None:
+    data_file = external_model_path.parent / "model.onnx.data"
+    data_file.write_bytes(data_file.read_bytes()[:100])
+    with pytest.raises(BundleError, match=r"has 100 bytes, the tensor needs bytes") as info:
+        model_size_by_op_type(external_model_path)
+    assert "truncated" in str(info.value)
+
+
+# ---------------------------------------------------------------- manifests
+
+
+def realistic_manifest() -> dict[str, Any]:
+    """A manifest with every key of docs/bundle-format.md, as a digits CNN build would write it."""
+    sha = "ab" * 32
+    return {
+        "schema_version": 1,
+        "name": "digits-cnn-x86-64-cpu-fp32",
+        "created": "2026-11-21T19:00:00Z",
+        "recipe": {"path": "recipes/digits-cnn.yaml", "sha256": sha, "name": "digits-cnn"},
+        "target": {
+            "schema_version": 1, "name": "x86-64-cpu", "display_name": "Generic x86-64 CPU (this host)",
+            "vendor": "generic", "family": "x86-64",
+            "cpu": {"arch": "x86_64", "cores": 2, "model": "x86-64 with AVX-512 VNNI"},
+            "gpu": None, "dla_cores": 0, "npu": None,
+            "memory": {"gb": 24.0, "bandwidth_gbps": None, "shared_with_gpu": False},
+            "peak_throughput": [], "power_modes": {},
+            "software": {"jetpack": None, "tensorrt_major": None, "cuda": None, "os": "linux"},
+            "backends": [{
+                "name": "onnxruntime", "precisions": ["fp32", "fp16", "int8", "int8-dynamic", "int4"],
+                "execution_providers": [{"name": "CPUExecutionProvider", "options": {}}],
+            }],
+            "build": {"workspace_mb": 1024, "opset": 18, "max_batch": None},
+            "notes": None,
+        },
+        "backend": {
+            "name": "onnxruntime",
+            "execution_providers": [{"name": "CPUExecutionProvider", "options": {}}],
+            "graph_optimization": "all",
+            "intra_op_threads": 2,
+        },
+        "precision": "fp32",
+        "model": {"path": "model.onnx", "external_data": None, "opset": 18, "size_bytes": 2_412_345, "sha256": sha},
+        "files": {"model.onnx": sha, "report.html": sha, "golden/inputs_000.npz": sha, "golden/outputs_000.npz": sha},
+        "io": {
+            "inputs": [{"name": "pixels", "dtype": "float32", "shape": ["batch", 1, 8, 8]}],
+            "outputs": [{"name": "logits", "dtype": "float32", "shape": ["batch", 10]}],
+            "dims": {"batch": {"min": 1, "opt": 8, "max": 64}},
+        },
+        "toolchain": {
+            "python": "3.11.9", "edgekit": "0.1.0", "edgekit_runtime": "0.1.0", "torch": "2.13.0",
+            "onnx": "1.23.2", "onnxruntime": "1.31.0", "onnxscript": "0.5.0", "numpy": "2.4.6", "optimum": None,
+        },
+        "export": {
+            "exporter": "dynamo", "opset": 18, "seconds": 3.42,
+            "parity": {
+                "max_abs_diff": 3.1e-6, "worst_output": "logits", "cosine_min": 0.99999994,
+                "atol": 1e-4, "rtol": 1e-3, "min_cosine": 0.9999,
+                "shapes": [
+                    {"point": "min", "inputs": {"pixels": [1, 1, 8, 8]}, "max_abs_diff": 1.2e-6,
+                     "cosine_min": 0.99999997, "worst_output": "logits", "passed": True},
+                    {"point": "opt", "inputs": {"pixels": [8, 1, 8, 8]}, "max_abs_diff": 2.4e-6,
+                     "cosine_min": 0.99999995, "worst_output": "logits", "passed": True},
+                    {"point": "max", "inputs": {"pixels": [64, 1, 8, 8]}, "max_abs_diff": 3.1e-6,
+                     "cosine_min": 0.99999994, "worst_output": "logits", "passed": True},
+                ],
+                "passed": True,
+            },
+        },
+        "accuracy": {
+            "metric": "top1", "output": "logits", "reference": 0.9833, "value": 0.9816,
+            "budget": {"max_drop": 0.01, "min_value": 0.95, "max_value": None},
+            "drop": 0.0017, "passed": True, "samples": 540,
+        },
+        "benchmark": {
+            "host": "ci-runner (2 vCPU)", "batch": 8, "shape": {"batch": 8}, "warmup": 10, "iterations": 200,
+            "p50_ms": 1.8412, "p90_ms": 2.41, "p99_ms": 2.93, "mean_ms": 1.87, "min_ms": 0.88, "max_ms": 3.4,
+            "throughput_per_s": 4345.2, "peak_rss_mb": 312.5, "threads": 2,
+        },
+        "golden": {
+            "batches": [
+                {"inputs": "golden/inputs_000.npz", "outputs": "golden/outputs_000.npz"},
+                {"inputs": "golden/inputs_001.npz", "outputs": "golden/outputs_001.npz"},
+            ],
+            "atol": 1e-4, "rtol": 1e-3, "min_cosine": 0.9999,
+        },
+        "stages": [
+            {"name": "load", "seconds": 0.21}, {"name": "export", "seconds": 3.42},
+            {"name": "parity", "seconds": 0.63}, {"name": "evaluate", "seconds": 1.12},
+            {"name": "benchmark", "seconds": 1.95}, {"name": "bundle", "seconds": 0.08},
+        ],
+    }
+
+
+def latency_samples_ms(count: int = 200) -> list[float]:
+    rng = np.random.default_rng(7)
+    return [float(v) for v in 0.8 + rng.gamma(6.0, 0.18, count)]
+
+
+class _Structure(HTMLParser):
+    """Collects tags and attributes and checks that every non-void element is closed in order."""
+
+    VOID = {"meta", "br", "img", "input", "link", "hr", "col", "source", "wbr"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[str] = []
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.text: list[str] = []
+        self.errors: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_endtag(self, tag: str) -> None:
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes {self.stack[-1:] or 'nothing'}")
+        else:
+            self.stack.pop()
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+
+def _parse(page: str) -> _Structure:
+    parser = _Structure()
+    parser.feed(page)
+    parser.close()
+    assert parser.errors == []
+    assert parser.stack == [], f"unclosed elements: {parser.stack}"
+    return parser
+
+
+def _visible_text(parser: _Structure) -> str:
+    return re.sub(r"\s+", " ", " ".join(parser.text))
+
+
+def _assert_self_contained(parser: _Structure) -> None:
+    names = [tag for tag, _ in parser.tags]
+    assert "script" not in names and "link" not in names and "iframe" not in names
+    for tag, attrs in parser.tags:
+        for key in ("src", "href", "xlink:href"):
+            value = attrs.get(key)
+            assert value is None or value.startswith(("#", "data:")), f"<{tag} {key}={value!r}> is an external asset"
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def test_full_report_has_plots_numbers_and_no_external_assets(tiny_model_path: Path) -> None:
+    page = render_report(realistic_manifest(), latency_samples_ms(), tiny_model_path)
+    parser = _parse(page)
+    _assert_self_contained(parser)
+    text = _visible_text(parser)
+    plots = [attrs.get("aria-label", "") for tag, attrs in parser.tags if tag == "svg"]
+    assert len(plots) == 4
+    assert any("latency" in p for p in plots) and any("pipeline stage" in p for p in plots)
+    assert any("op type" in p for p in plots) and any("atol" in p for p in plots)
+    ids = re.findall(r'\bid="([^"]+)"', page)
+    assert len(ids) == len(set(ids)), "element ids must be unique across the inline plots"
+    assert "1.84 ms / 2.93 ms" in text  # p50 / p99 card
+    assert "3.10e-06" in text and "atol 1.00e-04" in text  # parity max abs diff vs atol
+    assert "0.9816" in text and "reference 0.9833" in text and "drop \u2264 0.01, value \u2265 0.95" in text
+    assert "4345 /s" in text and "313 MB" in text and "2.41 MB" in text
+    assert text.count("PASSED") >= 2 + 3  # two header badges, three checked shapes
+    assert "opt: pixels [8, 1, 8, 8]" in text
+    assert "fp32 is supported by onnxruntime on this target." in text
+    assert "Nodes per op type (4 in all)" in text and "MatMul" in text
+    assert len(page.encode()) < 1_000_000
+
+
+def test_malicious_values_are_escaped(tiny_model_path: Path) -> None:
+    manifest = realistic_manifest()
+    manifest["name"] = SCRIPT
+    manifest["target"]["display_name"] = SCRIPT
+    manifest["stages"].append({"name": SCRIPT, "seconds": 0.5})
+    manifest["toolchain"]["torch"] = SCRIPT
+    page = render_report(manifest, latency_samples_ms(), tiny_model_path)
+    assert "<script" not in page.lower()
+    assert html.escape(SCRIPT) in page
+    parser = _parse(page)
+    _assert_self_contained(parser)
+    assert SCRIPT in _visible_text(parser), "shown as text, not run"
+
+
+def test_onnx_source_without_accuracy_renders_na(tiny_model_path: Path) -> None:
+    manifest = realistic_manifest()
+    manifest["export"] = {"exporter": "none", "opset": 18, "seconds": 0.0, "parity": None}
+    manifest["accuracy"] = None
+    page = render_report(manifest, None, tiny_model_path)
+    parser = _parse(page)
+    text = _visible_text(parser)
+    assert "Parity n/a" in text and "Accuracy n/a" in text
+    assert "the model came as an ONNX file, so export parity was not checked" in text
+    assert "The recipe has no evaluation, so accuracy was not measured." in text
+    assert "No per-iteration latencies were recorded" in text
+    assert "1.84 ms" in text, "benchmark numbers still shown without samples"
+    assert len([t for t, _ in parser.tags if t == "svg"]) == 2  # stages and model size
+
+
+def test_failed_parity_is_flagged(tiny_model_path: Path) -> None:
+    manifest = realistic_manifest()
+    manifest["export"]["parity"]["passed"] = False
+    manifest["export"]["parity"]["shapes"][2].update(max_abs_diff=2.5e-3, passed=False)
+    text = _visible_text(_parse(render_report(manifest, None, tiny_model_path)))
+    assert "Parity FAILED" in text and "2.50e-03" in text
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda m: m.clear(),
+        lambda m: m.update(benchmark="oops", stages=[1, "x", {"name": "y"}], io=None, target=[], files=None),
+        lambda m: m.update(export={"parity": {"shapes": "nope", "max_abs_diff": "big"}}, accuracy={"budget": 3}),
+        lambda m: m["benchmark"].update(p50_ms=float("nan"), throughput_per_s=None, peak_rss_mb=True),
+    ],
+    ids=["empty", "wrong-types", "odd-parity", "nan-and-bool"],
+)
+def test_damaged_manifests_render_without_crashing(damage: Any) -> None:
+    manifest = copy.deepcopy(realistic_manifest())
+    damage(manifest)
+    text = _visible_text(_parse(render_report(manifest, [], None)))
+    assert "n/a" in text
+    assert "No model file was given to the report" in text
+
+
+def test_unreadable_model_file_becomes_a_note(tmp_path: Path) -> None:
+    broken = tmp_path / "model.onnx"
+    broken.write_bytes(b"not onnx")
+    text = _visible_text(_parse(render_report(realistic_manifest(), None, broken)))
+    assert "Could not read the model for its statistics" in text and "not a readable ONNX model" in text
+
+
+def test_write_report_writes_report_html(tmp_path: Path, external_model_path: Path) -> None:
+    path = write_report(tmp_path, realistic_manifest(), latency_samples_ms(50), external_model_path)
+    assert path == tmp_path / "report.html"
+    page = path.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>")
+    assert "digits-cnn-x86-64-cpu-fp32" in page
+
+
+def test_write_report_into_missing_directory_is_a_bundle_error(tmp_path: Path) -> None:
+    with pytest.raises(BundleError, match=r"missing: bundle directory does not exist, cannot write report\.html"):
+        write_report(tmp_path / "missing", realistic_manifest(), None, None)

@@ -1,0 +1,1 @@
+"""Tests of the device runtime (edgekit_runtime)."""

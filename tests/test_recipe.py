@@ -1,0 +1,93 @@
+"""Recipe loading: every kind of bad input gets an error naming the file, line, field and fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgekit.errors import RecipeError
+from edgekit.recipe import load_recipe, recipe_json_schema
+from tests.conftest import TINY_RECIPE
+
+
+def test_tiny_recipe_loads(tiny_recipe):
+    recipe = load_recipe(tiny_recipe())
+    assert recipe.name == "tiny"
+    assert recipe.dims["batch"].max == 8
+    assert recipe.shape_at(recipe.inputs[0], "max") == (8, 1, 4, 4)
+    assert len(recipe.sha256) == 64
+
+
+def test_missing_recipe_file(tmp_path):
+    with pytest.raises(RecipeError, match=r"recipe not found: .*nope\.yaml"):
+        load_recipe(tmp_path / "nope.yaml")
+
+
+def test_yaml_syntax_error_names_line_and_column(tiny_recipe):
+    path = tiny_recipe(text="name: tiny\nmodel:\n  kind: factory\n  factory: [unclosed\n")
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    assert "YAML syntax error" in str(info.value)
+    assert f"{path}:5:" in str(info.value) or f"{path}:4:" in str(info.value)
+
+
+def test_mistyped_key_suggests_the_closest(tiny_recipe):
+    path = tiny_recipe(text=TINY_RECIPE.format(factory="tiny_net").replace("outputs:", "ouputs:"))
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    message = str(info.value)
+    assert "unknown key 'ouputs'" in message and "did you mean 'outputs'?" in message
+    assert f"{path}:9:1" in message  # line and column of the bad key
+    assert "missing required field 'outputs'" in message
+
+
+def test_nested_unknown_key_names_the_section(tiny_recipe):
+    text = TINY_RECIPE.format(factory="tiny_net").replace("benchmark:", "benchmrk:")
+    with pytest.raises(RecipeError, match=r"unknown key 'benchmrk' in build \(did you mean 'benchmark'\?\)"):
+        load_recipe(tiny_recipe(text=text))
+
+
+def test_wrong_type_names_field_and_value(tiny_recipe):
+    text = TINY_RECIPE.format(factory="tiny_net").replace("max: 8", "max: eight")
+    with pytest.raises(RecipeError, match=r"field 'dims\.batch\.max'.*'eight'"):
+        load_recipe(tiny_recipe(text=text))
+
+
+def test_undeclared_dynamic_dim(tiny_recipe):
+    text = TINY_RECIPE.format(factory="tiny_net").replace("[batch, 1, 4, 4]", "[batch, 1, height, 4]")
+    with pytest.raises(RecipeError, match=r"dynamic dims \['height'\].*no entry under 'dims'"):
+        load_recipe(tiny_recipe(text=text))
+
+
+def test_min_opt_max_order(tiny_recipe):
+    text = TINY_RECIPE.format(factory="tiny_net").replace("{min: 1, opt: 4, max: 8}", "{min: 4, opt: 2, max: 8}")
+    with pytest.raises(RecipeError, match=r"min <= opt <= max"):
+        load_recipe(tiny_recipe(text=text))
+
+
+def test_unknown_source_kind(tiny_recipe):
+    text = TINY_RECIPE.format(factory="tiny_net").replace("kind: factory", "kind: keras")
+    with pytest.raises(RecipeError, match=r"model"):
+        load_recipe(tiny_recipe(text=text))
+
+
+def test_duplicate_key(tiny_recipe):
+    text = TINY_RECIPE.format(factory="tiny_net") + "name: again\n"
+    with pytest.raises(RecipeError, match=r"key 'name' appears twice \(first on line 1\)"):
+        load_recipe(tiny_recipe(text=text))
+
+
+def test_override_for_target_merges_and_validates(tiny_recipe):
+    text = TINY_RECIPE.format(factory="tiny_net") + "overrides:\n  x86-64-cpu:\n    build: {benchmark: {iterations: 9}}\n  bad:\n    build: {precison: fp16}\n"
+    recipe = load_recipe(tiny_recipe(text=text))
+    assert recipe.for_target("x86-64-cpu").build.benchmark.iterations == 9
+    assert recipe.for_target("x86-64-cpu").build.benchmark.warmup == 1
+    assert recipe.for_target("other").build.benchmark.iterations == 5
+    with pytest.raises(RecipeError, match=r"(?s)overrides\.bad makes the recipe invalid.*unknown key .precison. in build \(did you mean .precision.\?\)"):
+        recipe.for_target("bad")
+
+
+def test_json_schema_is_published_shape():
+    schema = recipe_json_schema()
+    assert schema["title"] == "edgekit recipe"
+    assert {"model", "inputs", "outputs", "data"} <= set(schema["required"])
+    assert "path" not in schema["properties"]
