@@ -67,7 +67,9 @@ class PeakThroughput(StrictModel):
     unit: Literal["TOPS", "TFLOPS"]
     engine: Literal["gpu", "dla", "npu", "cpu", "total"] = "gpu"
     sparse: bool = Field(default=False, description="True when the vendor figure assumes 2:4 sparsity")
-    power_mode: str | None = Field(default=None, description="the power mode the figure is quoted at (a key of power_modes)")
+    power_mode: str | None = Field(
+        default=None, description="the power mode the figure is quoted at (a key of power_modes)"
+    )
 
 
 class Software(StrictModel):
@@ -122,15 +124,17 @@ class TargetProfile(StrictModel):
     family: str
     cpu: CPU
     gpu: GPU | None = None
-    dla_cores: int = Field(default=0, ge=0, description="NVIDIA Deep Learning Accelerator cores (0 where the module has none)")
+    dla_cores: int = Field(default=0, ge=0, description="NVIDIA Deep Learning Accelerator cores (0 where none)")
     npu: NPU | None = None
     memory: Memory
-    peak_throughput: tuple[PeakThroughput, ...] = Field(default=(), description="vendor peak figures, per precision and engine")
+    peak_throughput: tuple[PeakThroughput, ...] = Field(
+        default=(), description="vendor peak figures, per precision and engine"
+    )
     power_modes: dict[str, float] = Field(default_factory=dict, description="mode name -> watts")
     software: Software = Software()
     backends: tuple[BackendSupport, ...] = Field(min_length=1, description="in order of preference")
     build: BuildLimits = BuildLimits()
-    notes: str | None = Field(default=None, description="what the numbers above do not say (caveats, other accelerators)")
+    notes: str | None = Field(default=None, description="what the numbers do not say (caveats, other accelerators)")
 
     @field_validator("power_modes")
     @classmethod
@@ -168,8 +172,8 @@ class TargetProfile(StrictModel):
                 need = TENSORRT_MIN_COMPUTE_CAPABILITY.get(precision)
                 if need is not None and sm < need:
                     raise ValueError(
-                        f"tensorrt precision '{precision.value}' needs compute capability {need[0]}.{need[1]} or newer; "
-                        f"this GPU is {self.gpu.compute_capability}"
+                        f"tensorrt precision '{precision.value}' needs compute capability "
+                        f"{need[0]}.{need[1]} or newer; this GPU is {self.gpu.compute_capability}"
                     )
         return self
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
 from edgekit.cli import options
-from edgekit.target import TargetProfile, TargetRegistry, default_registry
+from edgekit.precision import Precision
+from edgekit.target import TargetProfile, default_registry
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,23 +36,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     show.add_argument("name", metavar="NAME", help="target name (see `edgekit targets`) or a .yaml path")
     show.set_defaults(func=show_target)
-
-
-def _registry() -> TargetRegistry:
-    return default_registry()
+    # argparse copies a subcommand's defaults over its parent's values: without this, the `show` default
+    # (False) would undo `edgekit targets --json show NAME`.
+    for action in show._actions:
+        if action.dest == "json":
+            action.default = argparse.SUPPRESS
 
 
 def list_targets(args: argparse.Namespace) -> int:
-    profiles = _registry().all()
+    profiles = default_registry().all()
     if args.json:
         options.print_json([profile.to_json() for profile in profiles])
         return 0
-    options.console.print(targets_table(profiles))
+    # The display names need a wide terminal; under it they stay in `targets show` and --json.
+    widest = max((len(p.display_name) for p in profiles), default=0)
+    display_names = options.console.width >= widest + TABLE_COLUMNS_WIDTH
+    options.console.print(targets_table(profiles, display_names=display_names))
     return 0
 
 
 def show_target(args: argparse.Namespace) -> int:
-    profile = _registry().get(args.name)
+    profile = default_registry().get(args.name)
     if args.json:
         options.print_json(profile.to_json())
         return 0
@@ -60,33 +66,42 @@ def show_target(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- rendering
 
+#: Columns the table needs besides the name column, with a readable precisions column.
+TABLE_COLUMNS_WIDTH = 80
 
-def targets_table(profiles: list[TargetProfile]) -> Table:
-    """One row per profile: what it is, what accelerates it, what edgekit can build for it."""
-    table = Table(title="edgekit targets", title_justify="left")
-    table.add_column("name", style="bold cyan", no_wrap=True)
-    table.add_column("display name")
+
+def targets_table(profiles: list[TargetProfile], *, display_names: bool = True) -> Table:
+    """One row per profile: what it is, what accelerates it, what edgekit can build for it.
+
+    ``display_names=False`` leaves out the second line under each name, for narrow terminals.
+    """
+    table = Table(
+        title="edgekit targets", title_justify="left", box=None, header_style="bold underline", padding=(0, 1, 0, 0)
+    )
+    table.add_column("name\n[dim]display name[/]" if display_names else "name", style="bold cyan", no_wrap=True)
     table.add_column("arch", no_wrap=True)
-    table.add_column("GPU cc", justify="right", no_wrap=True)
+    table.add_column("GPU\ncc", justify="right", no_wrap=True)
     table.add_column("DLA", justify="right", no_wrap=True)
-    table.add_column("NPU")
+    table.add_column("NPU\nvia", no_wrap=True)
     table.add_column("memory", justify="right", no_wrap=True)
-    table.add_column("default backend", no_wrap=True)
-    table.add_column("precisions")
+    table.add_column("default\nbackend", no_wrap=True)
+    table.add_column("precisions", min_width=len(Precision.INT8_DYNAMIC.value))
     for profile in profiles:
-        memory = f"{profile.memory.gb:g} GB"
-        if profile.gpu is not None and profile.gpu.memory_gb is not None:
-            memory += f" + {profile.gpu.memory_gb:g} GB GPU"
+        gpu = "-"
+        if profile.gpu is not None:
+            gpu = profile.gpu.compute_capability
+            if profile.gpu.memory_gb is not None:  # a discrete GPU brings its own memory
+                gpu += f"\n{profile.gpu.memory_gb:g}GB"
+        npu = profile.npu.execution_provider.removesuffix("ExecutionProvider") if profile.npu else "-"
         table.add_row(
-            profile.name,
-            escape(profile.display_name),
+            f"{profile.name}\n[not bold dim]{escape(profile.display_name)}[/]" if display_names else profile.name,
             profile.cpu.arch,
-            profile.gpu.compute_capability if profile.gpu else "-",
+            gpu,
             str(profile.dla_cores) if profile.dla_cores else "-",
-            escape(profile.npu.name) if profile.npu else "-",
-            memory,
+            npu,
+            f"{profile.memory.gb:g} GB",
             profile.default_backend.value,
-            ", ".join(p.value for p in profile.precisions()),
+            " ".join(p.value for p in profile.precisions()),
         )
     return table
 
@@ -94,45 +109,52 @@ def targets_table(profiles: list[TargetProfile]) -> Table:
 def profile_tree(profile: TargetProfile) -> Tree:
     """Every field of a profile as a tree: sections as branches, scalars as ``key: value`` leaves."""
     tree = Tree(f"[bold cyan]{escape(profile.name)}[/]  {escape(profile.display_name)}")
-    _add_fields(tree, profile.to_json())
+    data = profile.to_json()
+    peaks = data.pop("peak_throughput")
+    for key, value in data.items():
+        if key == "power_modes":  # keep the file's order: peak figures sit just before the power modes
+            _add_peaks(tree, peaks)
+        _add_field(tree, key, value, top_level=True)
     return tree
 
 
-def _item_label(index: int, item: dict[str, Any]) -> str:
-    for key in ("name", "precision"):
-        if key in item:
-            return f"[bold]{escape(str(item[key]))}[/]"
-    return f"[{index}]"
+def _add_peaks(tree: Tree, peaks: list[dict[str, Any]]) -> None:
+    if not peaks:
+        tree.add("[bold]peak_throughput[/]: [dim]none published[/]")
+        return
+    branch = tree.add("[bold]peak_throughput[/]")
+    for peak in peaks:
+        details = [peak["engine"], "sparse" if peak["sparse"] else "dense"]
+        if peak.get("power_mode"):
+            details.append(f"at {peak['power_mode']}")
+        branch.add(f"{peak['precision']}: {_scalar(peak['value'])} {peak['unit']} ({escape(', '.join(details))})")
 
 
-def _add_fields(node: Tree, data: dict[str, Any]) -> None:
-    for key, value in data.items():
-        if value is None:
-            continue
-        label = f"[bold]{escape(key)}[/]"
-        if isinstance(value, dict):
-            if not value:
-                node.add(f"{label}: [dim]none[/]")
-            elif all(not isinstance(v, (dict, list)) for v in value.values()) and key != "options":
-                branch = node.add(label)
-                for sub_key, sub_value in value.items():
-                    branch.add(f"{escape(str(sub_key))}: {escape(_scalar(sub_value))}")
+def _add_field(node: Tree, key: str, value: Any, *, top_level: bool = False) -> None:
+    label = f"[bold]{escape(key)}[/]"
+    if value is None or (not top_level and value in ({}, [])):
+        return
+    if value in ({}, []):
+        node.add(f"{label}: [dim]none[/]")
+    elif isinstance(value, dict):
+        branch = node.add(label)
+        for sub_key, sub_value in value.items():
+            _add_field(branch, str(sub_key), sub_value)
+    elif isinstance(value, list) and all(not isinstance(v, (dict, list)) for v in value):
+        node.add(f"{label}: {escape(', '.join(_scalar(v) for v in value))}")
+    elif isinstance(value, list):
+        branch = node.add(label)
+        for item in value:
+            # items with a name (backends, execution providers) are labelled by it
+            name = item.pop("name", None) if isinstance(item, dict) else None
+            if name is None:
+                _add_field(branch, "-", item)
             else:
-                _add_fields(node.add(label), value)
-        elif isinstance(value, list):
-            if not value:
-                node.add(f"{label}: [dim]none[/]")
-            elif all(not isinstance(v, (dict, list)) for v in value):
-                node.add(f"{label}: {escape(', '.join(_scalar(v) for v in value))}")
-            else:
-                branch = node.add(label)
-                for index, item in enumerate(value):
-                    if isinstance(item, dict):
-                        _add_fields(branch.add(_item_label(index, item)), item)
-                    else:
-                        branch.add(escape(_scalar(item)))
-        else:
-            node.add(f"{label}: {escape(_scalar(value))}")
+                child = branch.add(f"[bold]{escape(str(name))}[/]")
+                for sub_key, sub_value in item.items():
+                    _add_field(child, sub_key, sub_value)
+    else:
+        node.add(f"{label}: {escape(_scalar(value))}")
 
 
 def _scalar(value: Any) -> str:

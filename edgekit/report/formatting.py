@@ -38,8 +38,8 @@ def fmt_number(value: Any, digits: int = 4) -> str:
     x = number(value)
     if x is None:
         return fmt_value(value)
-    if x.is_integer() and abs(x) < 1e15:
-        return f"{int(x):,}" if isinstance(value, int) else f"{x:.{digits}g}"
+    if isinstance(value, int) or (abs(x) >= 10**digits and abs(x) < 1e15):
+        return f"{x:,.0f}"
     return f"{x:.{digits}g}"
 
 
@@ -49,6 +49,14 @@ def fmt_sci(value: Any) -> str:
     if x is None:
         return fmt_value(value)
     return "0" if x == 0 else f"{x:.2e}"
+
+
+def fmt_cosine(value: Any) -> str:
+    """Cosine similarities near 1 with every digit that tells them apart from 1: ``0.99999994``."""
+    x = number(value)
+    if x is None:
+        return fmt_value(value)
+    return f"{x:.10f}".rstrip("0").rstrip(".") if abs(x) <= 1 else f"{x:.6g}"
 
 
 def fmt_ms(value: Any) -> str:
@@ -99,7 +107,7 @@ def fmt_value(value: Any) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
-        return fmt_number(value)
+        return NA if number(value) is None else fmt_number(value)
     if isinstance(value, Mapping):
         return ", ".join(f"{k}={fmt_value(v)}" for k, v in value.items()) or NA
     if isinstance(value, (list, tuple)):

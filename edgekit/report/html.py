@@ -9,12 +9,19 @@ shown as "n/a". Values are escaped by Jinja2's autoescaping; the plots come from
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from edgekit import __version__
 from edgekit.errors import BuildError, BundleError
 from edgekit.report.formatting import NA, dig, fmt_mb, fmt_ms, fmt_number, fmt_value, number
+from edgekit.report.model_section import device_section, model_section
+from edgekit.report.sections import accuracy_section, benchmark_section, parity_section, stages_section
+
+if TYPE_CHECKING:
+    import jinja2
 
 logger = logging.getLogger(__name__)
 
@@ -30,18 +37,6 @@ def render_report(
 ) -> str:
     """The report as an HTML string. ``latency_samples_ms`` feeds the latency histogram and
     ``model_path`` the model-size and op-count sections; either may be ``None``."""
-    import jinja2
-
-    from edgekit import __version__
-    from edgekit.report.sections import (
-        accuracy_section,
-        benchmark_section,
-        device_section,
-        model_section,
-        parity_section,
-        stages_section,
-    )
-
     manifest = manifest if isinstance(manifest, dict) else {}
     parity = parity_section(manifest)
     accuracy = accuracy_section(manifest)
@@ -61,14 +56,7 @@ def render_report(
         "edgekit_version": __version__,
         "schema_version": fmt_value(dig(manifest, "schema_version")),
     }
-    environment = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    return environment.get_template(TEMPLATE_NAME).render(**context)
+    return _template().render(**context)
 
 
 def write_report(
@@ -98,6 +86,22 @@ def write_report(
 
 
 # ---------------------------------------------------------------- small sections
+
+
+@functools.lru_cache(maxsize=1)
+def _template() -> "jinja2.Template":
+    """The report template, compiled once. Autoescaping is on for every value; StrictUndefined turns
+    a template naming a key the context lacks into an error instead of an empty cell."""
+    import jinja2
+
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    return environment.get_template(TEMPLATE_NAME)
 
 
 def _header(manifest: dict[str, Any], parity: dict[str, Any], accuracy: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from edgekit.report.formatting import (
     NA,
     dig,
     fmt_bytes,
+    fmt_cosine,
     fmt_mb,
     fmt_number,
     fmt_percent,
@@ -89,6 +90,7 @@ def device_section(manifest: dict[str, Any], model: dict[str, Any]) -> dict[str,
     return {
         "target_facts": _target_facts(target),
         "memory": _memory_rows(manifest, model["size_bytes"], number(dig(target, "memory", "gb"))),
+        "memory_check": _memory_check(manifest, model["size_bytes"], number(dig(target, "memory", "gb"))),
         "memory_total": f"{fmt_number(dig(target, 'memory', 'gb'), 3)} GB" if number(dig(target, "memory", "gb")) else NA,
         "backends": _backend_rows(dig(target, "backends"), chosen_backend, chosen_precision),
         "precision_check": _precision_check(dig(target, "backends"), chosen_backend, chosen_precision),
@@ -100,13 +102,13 @@ def device_section(manifest: dict[str, Any], model: dict[str, Any]) -> dict[str,
         ],
         "providers": [
             (fmt_value(dig(ep, "name")), fmt_value(dig(ep, "options")) if dig(ep, "options") else "defaults")
-            for ep in (dig(backend, "execution_providers") or [])
+            for ep in _as_list(dig(backend, "execution_providers"))
         ],
         "golden": [
             ("golden batches", str(len(batches)) if isinstance(batches, list) else NA),
             ("atol", fmt_sci(dig(golden, "atol"))),
             ("rtol", fmt_sci(dig(golden, "rtol"))),
-            ("min cosine", fmt_number(dig(golden, "min_cosine"), 7)),
+            ("min cosine", fmt_cosine(dig(golden, "min_cosine"))),
         ],
     }
 
@@ -133,27 +135,29 @@ def _dim_rows(dims: Any) -> list[tuple[str, str, str, str]]:
 
 
 def _target_facts(target: Any) -> list[tuple[str, str]]:
-    cpu, gpu, npu = dig(target, "cpu"), dig(target, "gpu"), dig(target, "npu")
-    memory, software = dig(target, "memory"), dig(target, "software")
-    facts = [
+    cpu, gpu, npu, memory = (dig(target, key) for key in ("cpu", "gpu", "npu", "memory"))
+    software = {key: value for key, value in _as_dict(dig(target, "software")).items() if value is not None}
+    throughput = [
+        _join(_unit(dig(p, "value"), dig(p, "unit")), dig(p, "precision"), dig(p, "engine"), "sparse" if dig(p, "sparse") else None)
+        for p in _as_list(dig(target, "peak_throughput"))
+    ]
+    power = [f"{mode} {fmt_number(watts, 3)} W" for mode, watts in _as_dict(dig(target, "power_modes")).items()]
+    return [
         ("name", f"{fmt_value(dig(target, 'display_name'))} ({fmt_value(dig(target, 'name'))})"),
         ("vendor / family", f"{fmt_value(dig(target, 'vendor'))} / {fmt_value(dig(target, 'family'))}"),
         ("CPU", _join(dig(cpu, "arch"), _unit(dig(cpu, "cores"), "cores"), dig(cpu, "model"))),
-        ("GPU", _join(dig(gpu, "name"), dig(gpu, "architecture"), _prefix("compute capability", dig(gpu, "compute_capability")))
+        ("GPU", _join(dig(gpu, "name"), dig(gpu, "architecture"), _labelled("compute capability", dig(gpu, "compute_capability")))
          if isinstance(gpu, dict) else "none"),
         ("DLA cores", fmt_value(dig(target, "dla_cores"))),
         ("NPU", _join(dig(npu, "name"), dig(npu, "vendor"), _unit(dig(npu, "int8_tops"), "INT8 TOPS"), dig(npu, "execution_provider"))
          if isinstance(npu, dict) else "none"),
         ("memory", _join(_unit(dig(memory, "gb"), "GB"), _unit(dig(memory, "bandwidth_gbps"), "GB/s"),
                          "shared with the GPU" if dig(memory, "shared_with_gpu") else None)),
-        ("software", fmt_value({k: v for k, v in software.items() if v is not None}) if isinstance(software, dict) else NA),
-        ("peak throughput", "; ".join(
-            _join(_unit(dig(p, "value"), dig(p, "unit")), dig(p, "precision"), dig(p, "engine"), "sparse" if dig(p, "sparse") else None)
-            for p in (dig(target, "peak_throughput") or [])) or NA),
-        ("power modes", ", ".join(f"{mode} {fmt_number(watts, 3)} W" for mode, watts in (dig(target, "power_modes") or {}).items()) or NA),
+        ("software", fmt_value(software)),
+        ("peak throughput", "; ".join(throughput) or NA),
+        ("power modes", ", ".join(power) or NA),
         ("notes", fmt_value(dig(target, "notes"))),
     ]
-    return facts
 
 
 def _memory_rows(manifest: dict[str, Any], model_bytes: float | None, memory_gb: float | None) -> list[dict[str, str]]:
@@ -170,6 +174,17 @@ def _memory_rows(manifest: dict[str, Any], model_bytes: float | None, memory_gb:
     ]
 
 
+def _memory_check(manifest: dict[str, Any], model_bytes: float | None, memory_gb: float | None) -> tuple[str, str]:
+    """(sentence, css class) on whether the model and the benchmark's peak RSS fit the target's memory."""
+    rss_mb = number(dig(manifest, "benchmark", "peak_rss_mb"))
+    needed = max([b for b in (model_bytes, rss_mb * 1e6 if rss_mb is not None else None) if b is not None], default=None)
+    if needed is None or not memory_gb:
+        return NA, "na"
+    if needed > memory_gb * 1e9:
+        return f"Needs {fmt_bytes(needed)}, more than the target's {fmt_number(memory_gb, 3)} GB of memory.", "fail"
+    return f"Fits: the largest need ({fmt_bytes(needed)}) is {fmt_percent(needed, memory_gb * 1e9)} of the target's memory.", "pass"
+
+
 def _bar_width(part: float | None, whole: float | None) -> str:
     """CSS width of a memory bar: at least a sliver so small shares stay visible, at most full."""
     if part is None or not whole:
@@ -179,14 +194,14 @@ def _bar_width(part: float | None, whole: float | None) -> str:
 
 def _backend_rows(backends: Any, chosen_backend: Any, chosen_precision: Any) -> list[dict[str, Any]]:
     rows = []
-    for support in backends if isinstance(backends, list) else []:
+    for support in _as_list(backends):
         chosen = dig(support, "name") == chosen_backend
-        precisions = dig(support, "precisions") or []
+        precisions = _as_list(dig(support, "precisions"))
         rows.append({
             "name": fmt_value(dig(support, "name")),
             "chosen": chosen,
             "precisions": [(fmt_value(p), chosen and p == chosen_precision) for p in precisions],
-            "providers": ", ".join(fmt_value(dig(ep, "name")) for ep in (dig(support, "execution_providers") or [])) or NA,
+            "providers": ", ".join(fmt_value(dig(ep, "name")) for ep in _as_list(dig(support, "execution_providers"))) or NA,
         })
     return rows
 
@@ -195,12 +210,20 @@ def _precision_check(backends: Any, chosen_backend: Any, chosen_precision: Any) 
     """(sentence, css class) on whether the target lists the built precision for the built backend."""
     if not isinstance(backends, list) or chosen_backend is None or chosen_precision is None:
         return NA, "na"
-    for support in backends if isinstance(backends, list) else []:
+    for support in _as_list(backends):
         if dig(support, "name") == chosen_backend:
-            if chosen_precision in (dig(support, "precisions") or []):
+            if chosen_precision in _as_list(dig(support, "precisions")):
                 return f"{chosen_precision} is supported by {chosen_backend} on this target.", "pass"
             return f"{chosen_precision} is not listed for {chosen_backend} on this target.", "fail"
     return "The target profile does not list the backend this bundle was built for.", "na"
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _as_dict(value: Any) -> dict[Any, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _join(*parts: Any) -> str:
@@ -211,5 +234,5 @@ def _unit(value: Any, unit: Any) -> str | None:
     return f"{fmt_number(value, 4)} {fmt_value(unit)}" if number(value) is not None else None
 
 
-def _prefix(label: str, value: Any) -> str | None:
+def _labelled(label: str, value: Any) -> str | None:
     return f"{label} {value}" if value is not None else None

@@ -15,6 +15,7 @@ from edgekit.report import plots
 from edgekit.report.formatting import (
     NA,
     dig,
+    fmt_cosine,
     fmt_mb,
     fmt_ms,
     fmt_number,
@@ -24,16 +25,8 @@ from edgekit.report.formatting import (
     number,
     status,
 )
-from edgekit.report.model_section import device_section, model_section
 
-__all__ = [
-    "accuracy_section",
-    "benchmark_section",
-    "device_section",
-    "model_section",
-    "parity_section",
-    "stages_section",
-]
+__all__ = ["accuracy_section", "benchmark_section", "parity_section", "stages_section"]
 
 #: Keys of a parity ``shapes`` entry that describe which shape was checked, in display order.
 _SHAPE_NAME_KEYS = ("label", "name", "point")
@@ -52,8 +45,8 @@ def parity_section(manifest: dict[str, Any]) -> dict[str, Any]:
         "max_abs_diff": fmt_sci(dig(parity, "max_abs_diff")),
         "atol": fmt_sci(dig(parity, "atol")),
         "rtol": fmt_sci(dig(parity, "rtol")),
-        "cosine_min": fmt_number(dig(parity, "cosine_min"), 7),
-        "min_cosine": fmt_number(dig(parity, "min_cosine"), 7),
+        "cosine_min": fmt_cosine(dig(parity, "cosine_min")),
+        "min_cosine": fmt_cosine(dig(parity, "min_cosine")),
         "worst_output": fmt_value(dig(parity, "worst_output")),
         "rows": [],
         "plot": None,
@@ -72,7 +65,7 @@ def parity_section(manifest: dict[str, Any]) -> dict[str, Any]:
         {
             "label": _shape_label(entry, index),
             "max_abs_diff": fmt_sci(dig(entry, "max_abs_diff")),
-            "cosine_min": fmt_number(dig(entry, "cosine_min"), 7),
+            "cosine_min": fmt_cosine(dig(entry, "cosine_min")),
             "worst_output": fmt_value(dig(entry, "worst_output")),
             "status": status(dig(entry, "passed")),
         }
@@ -127,7 +120,7 @@ def benchmark_section(manifest: dict[str, Any], latency_samples_ms: list[float] 
         ("warm-up iterations", fmt_value(dig(bench, "warmup"))),
         ("timed iterations", fmt_value(dig(bench, "iterations"))),
         ("intra-op threads", fmt_value(dig(bench, "threads"))),
-        ("throughput", f"{fmt_number(throughput, 4)} per second" if throughput is not None else NA),
+        ("throughput", f"{fmt_number(throughput, 3)} per second" if throughput is not None else NA),
         ("peak RSS", fmt_mb(dig(bench, "peak_rss_mb"))),
     ]
     percentiles = {name: dig(bench, f"{name}_ms") for name in ("p50", "p90", "p99")}

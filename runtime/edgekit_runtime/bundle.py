@@ -201,7 +201,12 @@ def verify_files(root: str | os.PathLike[str], manifest: Mapping[str, Any]) -> N
             damaged = True
             problems.append(f"missing: {rel}" + (" (a directory, expected a file)" if path.is_dir() else ""))
             continue
-        actual = sha256_file(path)
+        try:
+            actual = sha256_file(path)
+        except OSError as err:
+            damaged = True
+            problems.append(f"unreadable: {rel} ({err.strerror or err})")
+            continue
         if actual != expected:
             damaged = True
             problems.append(
@@ -217,7 +222,7 @@ def verify_files(root: str | os.PathLike[str], manifest: Mapping[str, Any]) -> N
         hints = []
         if damaged:
             hints.append("the bundle changed or was copied incompletely since it was built: copy it again")
-        if len(hints) < len(problems) and any(p.startswith("unlisted") for p in problems):
+        if any(problem.startswith("unlisted") for problem in problems):
             hints.append("remove files that are not part of the bundle (write logs and caches elsewhere)")
         raise BundleError(
             f"bundle '{root}' failed verification ({len(problems)} problem(s)):\n  - " + "\n  - ".join(problems),
@@ -314,7 +319,7 @@ def open_bundle(root: str | os.PathLike[str], verify: bool = True) -> Bundle:
     if verify:
         verify_files(root, manifest)
     bundle = Bundle(root=root, manifest=manifest)
-    bundle.io  # parse the io section now, so a malformed one fails here and not at the first call
+    _ = bundle.io  # parse the io section now, so a malformed one fails here and not at the first call
     return bundle
 
 

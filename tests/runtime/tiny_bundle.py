@@ -1,4 +1,4 @@
-"""A tiny real bundle for the runtime tests (helpers; fixtures live in conftest.py): a linear digits classifier written with onnx.helper.
+"""A tiny real bundle for the runtime tests: a linear digits classifier written with onnx.helper.
 
 ``image`` float32[batch, 1, 8, 8] -> Flatten -> MatMul(64x10) -> Add -> ``logits`` float32[batch, 10];
 golden outputs come from numpy, so the self-check compares two independent computations.

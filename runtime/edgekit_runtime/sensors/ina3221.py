@@ -114,8 +114,9 @@ class Ina3221PowerSensor(PowerSensor):
             channels.append(channel)
         if not channels:
             where = ", ".join(str(d) for d in device_dirs)
-            detail = f"; first error: {first_error}" if first_error else " (every channel is labelled NC)"
-            return f"INA3221 found at {where} but no channel could be read{detail}"
+            if first_error is None:
+                return f"INA3221 found at {where} but no channel is connected (labels NC or no input files)"
+            return f"INA3221 found at {where} but no channel could be read; first error: {first_error}"
         self._channels = _unique_rail_names(channels)
         rails = [ch.rail for ch in self._channels]
         if self._total_rail_option is not None:

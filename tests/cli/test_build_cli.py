@@ -1,0 +1,103 @@
+"""The CLI over the pipeline: build, inspect (and tamper detection), bench, pack, exit codes, --json."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+
+import pytest
+
+from edgekit.cli.main import main
+
+
+@pytest.fixture
+def built(tiny_recipe, tmp_path, capsys):
+    out = tmp_path / "bundle"
+    assert main(["build", str(tiny_recipe()), "--target", "x86-64-cpu", "--out", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    return out, summary
+
+
+def test_build_json_summary_is_last_line(built):
+    out, summary = built
+    assert summary["bundle"] == str(out.resolve())
+    assert summary["parity"]["passed"] is True
+    assert summary["benchmark"]["p50_ms"] > 0
+    assert summary["accuracy"]["metric"] == "top1"
+
+
+def test_inspect_verifies_and_prints_manifest(built, capsys):
+    out, _ = built
+    assert main(["inspect", str(out), "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert payload["verified"] is True
+    assert payload["manifest"]["name"] == "tiny-x86-64-cpu-fp32"
+    assert main(["inspect", str(out)]) == 0
+    assert "file hashes verified" in capsys.readouterr().err
+
+
+def test_inspect_catches_a_modified_file(built, capsys):
+    out, _ = built
+    model = out / "model.onnx"
+    data = bytearray(model.read_bytes())
+    data[-1] ^= 0xFF
+    model.write_bytes(bytes(data))
+    assert main(["inspect", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "model.onnx" in err and "error" in err
+
+
+def test_inspect_catches_a_modified_golden_file(built, capsys):
+    out, _ = built
+    (out / "golden" / "outputs_000.npz").write_bytes(b"tampered")
+    assert main(["inspect", str(out)]) == 2
+    assert "golden/outputs_000.npz" in capsys.readouterr().err
+
+
+def test_build_refuses_existing_bundle_with_exit_code(built, tiny_recipe, capsys):
+    out, _ = built
+    assert main(["build", str(tiny_recipe()), "--target", "x86-64-cpu", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a bundle" in err and "--force" in err
+
+
+def test_build_missing_recipe_exit_code(tmp_path, capsys):
+    assert main(["build", str(tmp_path / "nope.yaml"), "--target", "x86-64-cpu"]) == 2
+    assert "recipe not found" in capsys.readouterr().err
+
+
+def test_build_unknown_target_exit_code(tiny_recipe, capsys):
+    assert main(["build", str(tiny_recipe()), "--target", "jetson-orin-nano"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown target 'jetson-orin-nano'" in err and "jetson-orin-nano-8gb" in err
+
+
+def test_bench_vs_pytorch(built, capsys):
+    out, _ = built
+    assert main(["bench", str(out), "--iterations", "10", "--warmup", "2", "--shape", "batch=8", "--vs-pytorch", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["dims"] == {"batch": 8} and report["batch"] == 8
+    assert set(report["variants"]) == {"bundle", "pytorch_eager"}
+    assert report["variants"]["bundle"]["count"] == 10
+    assert report["variants"]["bundle"]["ratio_vs_pytorch_p50"] > 0
+
+
+def test_bench_bad_shape(built, capsys):
+    out, _ = built
+    assert main(["bench", str(out), "--shape", "batch:8"]) == 2
+    assert "cannot read 'batch:8'" in capsys.readouterr().err
+    assert main(["bench", str(out), "--shape", "height=8"]) == 2
+    assert "unknown dims ['height']" in capsys.readouterr().err
+
+
+def test_pack_makes_a_tar_that_inspect_reads(built, tmp_path, capsys):
+    out, _ = built
+    tar_path = tmp_path / "tiny.tar"
+    assert main(["pack", str(out), "--out", str(tar_path)]) == 0
+    with tarfile.open(tar_path) as tar:
+        names = tar.getnames()
+    assert "tiny-x86-64-cpu-fp32/manifest.json" in names and "tiny-x86-64-cpu-fp32/model.onnx" in names
+    assert main(["inspect", str(tar_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["verified"] is True
+    assert main(["pack", str(out), "--out", str(tar_path)]) == 2
+    assert "already exists" in capsys.readouterr().err

@@ -1,0 +1,201 @@
+"""OnnxRuntimeRunner against real ONNX Runtime sessions on tiny models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from edgekit_runtime.backends.onnxruntime import GRAPH_OPTIMIZATION_LEVELS, OnnxRuntimeRunner
+from edgekit_runtime.errors import BackendError, InputSignatureError
+from edgekit_runtime.signature import IOSignature
+from tests.runtime.tiny_bundle import io_section, reference_logits
+
+SIGNATURE = IOSignature.from_manifest(io_section())
+
+
+def _cuda_ready() -> bool:
+    return "CUDAExecutionProvider" in ort.get_available_providers() and Path("/dev/nvidia0").exists()
+
+
+def test_results_equal_a_plain_inference_session(model_path: Path, images: np.ndarray) -> None:
+    plain = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    (expected,) = plain.run(["logits"], {"image": images})
+    with OnnxRuntimeRunner(model_path, SIGNATURE) as runner:
+        outputs = runner.infer({"image": images})
+    assert list(outputs) == ["logits"]
+    assert outputs["logits"].dtype == np.float32
+    np.testing.assert_array_equal(outputs["logits"], expected)
+    np.testing.assert_allclose(outputs["logits"], reference_logits(images), atol=1e-4)
+
+
+@pytest.mark.parametrize("level", sorted(GRAPH_OPTIMIZATION_LEVELS))
+def test_every_graph_optimization_level_runs(model_path: Path, images: np.ndarray, level: str) -> None:
+    with OnnxRuntimeRunner(model_path, SIGNATURE, graph_optimization=level, intra_op_threads=1) as runner:
+        logits = runner.infer({"image": images})["logits"]
+    np.testing.assert_allclose(logits, reference_logits(images), atol=1e-4)
+
+
+def test_optimized_model_is_written(model_path: Path, tmp_path: Path, images: np.ndarray) -> None:
+    optimized = tmp_path / "optimized.onnx"
+    with OnnxRuntimeRunner(model_path, SIGNATURE, optimized_model_path=optimized) as runner:
+        runner.infer({"image": images})
+    assert optimized.is_file()
+    assert onnx.load(str(optimized)).graph.output[0].name == "logits"
+
+
+def test_lifecycle_and_providers(model_path: Path, images: np.ndarray) -> None:
+    runner = OnnxRuntimeRunner(model_path, SIGNATURE, execution_providers=[{"name": "CPUExecutionProvider", "options": {}}])
+    assert runner.backend_name == "onnxruntime"
+    assert runner.signature is SIGNATURE
+    with pytest.raises(BackendError, match=r"OnnxRuntimeRunner.infer: the model is not loaded[\s\S]*runner.load\(\)"):
+        runner.infer({"image": images})
+    with pytest.raises(BackendError, match="OnnxRuntimeRunner.providers: the model is not loaded"):
+        runner.providers
+    with runner:
+        assert runner.is_loaded
+        assert runner.providers == ("CPUExecutionProvider",)
+        assert runner.load() is runner  # loading twice is a no-op
+    assert not runner.is_loaded
+    runner.close()  # closing twice is safe
+
+
+def test_infer_validates_feeds(model_path: Path) -> None:
+    with OnnxRuntimeRunner(model_path, SIGNATURE) as runner:
+        with pytest.raises(InputSignatureError, match=r"input 'image': expected float32\[batch, 1, 8, 8\] \(batch in 1..128\), got float64"):
+            runner.infer({"image": np.zeros((2, 1, 8, 8))})
+
+
+def test_cuda_on_a_cpu_only_install_is_an_error_not_a_fallback(model_path: Path) -> None:
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has CUDA built in; the test needs a CPU-only install")
+    runner = OnnxRuntimeRunner(model_path, SIGNATURE, execution_providers=[{"name": "CUDAExecutionProvider", "options": {"device_id": 0}}, "CPUExecutionProvider"])
+    with pytest.raises(BackendError) as caught:
+        runner.load()
+    message = str(caught.value)
+    assert "execution provider 'CUDAExecutionProvider' is not in the installed onnxruntime" in message
+    assert "onnxruntime-gpu" in message and "CUDA and cuDNN" in message
+    assert not runner.is_loaded
+
+
+def test_provider_that_silently_falls_back_is_caught(model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the pre-check believe CUDA is built in, as with onnxruntime-gpu on a box whose CUDA libraries
+    are missing: ONNX Runtime then falls back to the CPU with only a warning, which must become an error."""
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has CUDA built in; the fallback cannot be provoked this way")
+    available = ort.get_available_providers()
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", *available])
+    runner = OnnxRuntimeRunner(model_path, SIGNATURE, execution_providers=["CUDAExecutionProvider"])
+    with pytest.warns(UserWarning, match="CUDAExecutionProvider"), pytest.raises(BackendError) as caught:
+        runner.load()
+    message = str(caught.value)
+    assert f"execution provider 'CUDAExecutionProvider' was requested for '{model_path}' but did not load" in message
+    assert "fell back to CPUExecutionProvider" in message
+    assert "nvidia-smi" in message
+
+
+def test_unknown_provider_suggests_the_close_name(model_path: Path) -> None:
+    runner = OnnxRuntimeRunner(model_path, SIGNATURE, execution_providers=["CUDAExecutionProvide"])
+    with pytest.raises(BackendError) as caught:
+        runner.load()
+    assert "unknown execution provider 'CUDAExecutionProvide'" in str(caught.value)
+    assert "did you mean 'CUDAExecutionProvider'?" in str(caught.value)
+
+
+def test_corrupt_model_file_is_named(tmp_path: Path) -> None:
+    corrupt = tmp_path / "model.onnx"
+    corrupt.write_bytes(b"\x08\x07not really protobuf" * 10)
+    with pytest.raises(BackendError) as caught:
+        OnnxRuntimeRunner(corrupt, SIGNATURE).load()
+    message = str(caught.value)
+    assert f"model file '{corrupt}' is not a valid ONNX model" in message
+    assert "truncated or corrupt" in message
+
+
+def test_missing_model_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(BackendError, match=f"model file '{tmp_path / 'gone.onnx'}' does not exist"):
+        OnnxRuntimeRunner(tmp_path / "gone.onnx", SIGNATURE).load()
+
+
+def _with_input(name: str, dtype: str) -> IOSignature:
+    io = io_section()
+    io["inputs"][0].update(name=name, dtype=dtype)
+    return IOSignature.from_manifest(io)
+
+
+@pytest.mark.parametrize(("signature", "text"), [
+    (_with_input("pixels", "float32"), "has inputs ['image'] but the signature lists ['pixels']"),
+    (_with_input("image", "float16"), "tensor 'image' is float32 in the model but float16 in the signature"),
+])  # fmt: skip
+def test_signature_that_does_not_describe_the_model(model_path: Path, signature: IOSignature, text: str) -> None:
+    with pytest.raises(BackendError) as caught:
+        OnnxRuntimeRunner(model_path, signature).load()
+    assert text in str(caught.value)
+    assert "rebuild the bundle" in str(caught.value)
+
+
+def test_signature_output_missing_from_model(model_path: Path) -> None:
+    io = io_section()
+    io["outputs"].append({"name": "probabilities", "dtype": "float32", "shape": ["batch", 10]})
+    with pytest.raises(BackendError, match=r"has no output\(s\) \['probabilities'\]; its outputs: \['logits'\]"):
+        OnnxRuntimeRunner(model_path, IOSignature.from_manifest(io)).load()
+
+
+def test_runtime_failure_inside_the_model_is_a_backend_error(tmp_path: Path) -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"])],
+        "reshape_to_2x2",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])],
+        initializer=[helper.make_tensor("shape", TensorProto.INT64, [2], [2, 2])],
+    )
+    path = tmp_path / "reshape.onnx"
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    onnx.save(model, str(path))
+    signature = IOSignature.from_manifest({
+        "inputs": [{"name": "x", "dtype": "float32", "shape": ["n"]}],
+        "outputs": [{"name": "y", "dtype": "float32", "shape": [2, 2]}],
+        "dims": {"n": {"min": 1, "max": 8}},
+    })  # fmt: skip
+    with OnnxRuntimeRunner(path, signature) as runner:
+        np.testing.assert_array_equal(runner.infer({"x": np.arange(4, dtype=np.float32)})["y"], [[0, 1], [2, 3]])
+        with pytest.raises(BackendError, match=f"ONNX Runtime failed to run '{path}'"):
+            runner.infer({"x": np.arange(5, dtype=np.float32)})
+
+
+@pytest.mark.parametrize(("kwargs", "text"), [
+    ({"execution_providers": []}, "execution_providers must be a non-empty list"),
+    ({"execution_providers": "CPUExecutionProvider"}, "execution_providers must be a non-empty list"),
+    ({"execution_providers": [{"options": {}}]}, "execution_providers[0]: expected a provider name or {name, options}"),
+    ({"execution_providers": [{"name": "CPUExecutionProvider", "options": [1]}]}, "options of CPUExecutionProvider must be an object"),
+    ({"graph_optimization": "max"}, "graph_optimization 'max' is not one of all, extended, basic, disable"),
+    ({"intra_op_threads": -2}, "intra_op_threads must be an int >= 0 or null, got -2"),
+])  # fmt: skip
+def test_bad_constructor_arguments(model_path: Path, kwargs: dict, text: str) -> None:
+    with pytest.raises(BackendError) as caught:
+        OnnxRuntimeRunner(model_path, SIGNATURE, **kwargs)
+    assert text in str(caught.value)
+
+
+def test_provider_options_are_converted_to_onnx_runtime_strings(model_path: Path, images: np.ndarray) -> None:
+    options = {"use_arena": False, "device_id": 0, "gpu_mem_limit_gb": 1.5, "arena_extend_strategy": "kSameAsRequested"}
+    runner = OnnxRuntimeRunner(model_path, SIGNATURE, execution_providers=[{"name": "CPUExecutionProvider", "options": options}])
+    assert runner.execution_providers[0].ort_options() == {
+        "use_arena": "0", "device_id": "0", "gpu_mem_limit_gb": "1.5", "arena_extend_strategy": "kSameAsRequested"
+    }  # fmt: skip
+    with runner:  # ONNX Runtime accepts them
+        assert runner.infer({"image": images})["logits"].shape == (4, 10)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_ready(), reason="needs onnxruntime-gpu with CUDAExecutionProvider and a visible NVIDIA GPU")
+def test_cuda_provider_really_loads_and_matches_the_cpu(model_path: Path, images: np.ndarray) -> None:
+    with OnnxRuntimeRunner(model_path, SIGNATURE, execution_providers=["CUDAExecutionProvider", "CPUExecutionProvider"]) as gpu:
+        assert gpu.providers[0] == "CUDAExecutionProvider"
+        on_gpu = gpu.infer({"image": images})["logits"]
+    np.testing.assert_allclose(on_gpu, reference_logits(images), atol=1e-3, rtol=1e-3)

@@ -1,0 +1,133 @@
+"""Every model source in the registry loads a real model and builds a bundle with parity checked."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from edgekit.errors import SourceError
+from edgekit.pipeline import build
+from edgekit.sources import SOURCES
+from tests.conftest import TINY_RECIPE
+from tests.fixtures.tiny_models import TinyNet
+
+FACTORY_LINES = "kind: factory\n  factory: tests.fixtures.tiny_models:tiny_net"
+
+
+def _recipe_for(tiny_recipe, model_lines: str) -> Path:
+    return tiny_recipe(text=TINY_RECIPE.format(factory="tiny_net").replace(FACTORY_LINES, model_lines))
+
+
+def _torchscript(tmp_path: Path) -> str:
+    torch.jit.save(torch.jit.script(TinyNet().eval()), str(tmp_path / "tiny.pt"))
+    return "kind: torchscript\n  path: tiny.pt"
+
+
+def _exported_program(tmp_path: Path) -> str:
+    batch = torch.export.Dim("batch", min=1, max=8)
+    program = torch.export.export(TinyNet().eval(), (torch.rand(4, 1, 4, 4),), dynamic_shapes=({0: batch},))
+    torch.export.save(program, str(tmp_path / "tiny.pt2"))
+    return "kind: exported_program\n  path: tiny.pt2"
+
+
+def _onnx_file(tmp_path: Path) -> str:
+    torch.onnx.export(TinyNet().eval(), (torch.rand(4, 1, 4, 4),), str(tmp_path / "tiny.onnx"), dynamo=False,
+                      input_names=["image"], output_names=["logits"], dynamic_axes={"image": {0: "batch"}})
+    return "kind: onnx\n  path: tiny.onnx"
+
+
+def _factory(tmp_path: Path) -> str:
+    return FACTORY_LINES
+
+
+FILE_SOURCES = {"factory": _factory, "torchscript": _torchscript, "exported_program": _exported_program, "onnx": _onnx_file}
+
+
+@pytest.mark.parametrize("kind", sorted(FILE_SOURCES))
+def test_source_builds_a_bundle(kind, tiny_recipe, tmp_path):
+    lines = FILE_SOURCES[kind](tmp_path)
+    result = build(_recipe_for(tiny_recipe, lines), "x86-64-cpu", out=tmp_path / "bundle")
+    manifest = result.manifest
+    assert manifest["model"]["source"]["kind"] == kind
+    if kind == "onnx":
+        assert manifest["export"]["exporter"] == "none"
+        assert manifest["export"]["parity"]["passed"] is None
+        assert manifest["accuracy"]["reference_source"] == "onnxruntime-fp32"
+    else:
+        assert manifest["export"]["parity"]["passed"] is True
+        assert manifest["accuracy"]["reference_source"] == "pytorch-fp32"
+    assert manifest["accuracy"]["value"] == manifest["accuracy"]["reference"]
+
+
+def test_every_registered_source_is_tested():
+    assert set(SOURCES) == set(FILE_SOURCES) | {"huggingface"}
+
+
+def test_torchscript_file_that_is_not_torchscript(tiny_recipe, tmp_path):
+    (tmp_path / "tiny.pt").write_bytes(b"garbage")
+    with pytest.raises(SourceError, match=r"tiny\.pt is not a loadable TorchScript file"):
+        build(_recipe_for(tiny_recipe, "kind: torchscript\n  path: tiny.pt"), "x86-64-cpu", out=tmp_path / "b")
+
+
+def test_missing_model_file(tiny_recipe, tmp_path):
+    with pytest.raises(SourceError, match=r"model\.path: file not found: .*missing\.pt2(?s:.*)relative to the recipe"):
+        build(_recipe_for(tiny_recipe, "kind: exported_program\n  path: missing.pt2"), "x86-64-cpu", out=tmp_path / "b")
+
+
+HF_RECIPE = """\
+name: tiny-bert
+model:
+  kind: huggingface
+  path: bert
+  task: feature-extraction
+inputs:
+  - {name: input_ids, dtype: int64, shape: [batch, seq], low: 0, high: 100}
+  - {name: attention_mask, dtype: int64, shape: [batch, seq], low: 1, high: 2}
+  - {name: token_type_ids, dtype: int64, shape: [batch, seq], low: 0, high: 1}
+outputs: [last_hidden_state]
+dims:
+  batch: {min: 1, opt: 2, max: 4}
+  seq: {min: 4, opt: 8, max: 16}
+data:
+  samples: {callable: "tests.sources.test_sources:bert_batches"}
+evaluation:
+  metric: cosine
+  budget: {min_value: 0.999}
+export:
+  parity: {atol: 0.0001}
+build:
+  benchmark: {warmup: 1, iterations: 3}
+"""
+
+
+def bert_batches() -> list:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 100, size=(2, 8)).astype(np.int64)
+    return [{"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}]
+
+
+def test_huggingface_directory_through_optimum(tiny_recipe, tmp_path):
+    pytest.importorskip("optimum.exporters.onnx", reason="the hf extra (optimum-onnx) is not installed")
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+    BertModel(config).eval().save_pretrained(tmp_path / "bert")
+    recipe = tiny_recipe(text=HF_RECIPE, name="bert.yaml")
+    result = build(recipe, "x86-64-cpu", out=tmp_path / "bundle")
+    manifest = result.manifest
+    assert manifest["export"]["exporter"] == "optimum"
+    assert manifest["export"]["parity"]["passed"] is True
+    assert manifest["model"]["source"]["kind"] == "huggingface"
+    assert manifest["io"]["outputs"][0]["name"] == "last_hidden_state"
+
+
+def test_huggingface_directory_without_config(tiny_recipe, tmp_path):
+    (tmp_path / "bert").mkdir()
+    with pytest.raises(SourceError, match=r"has no config\.json: not a Hugging Face model directory"):
+        build(tiny_recipe(text=HF_RECIPE, name="bert.yaml"), "x86-64-cpu", out=tmp_path / "b")
