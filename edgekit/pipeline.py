@@ -61,6 +61,31 @@ def host_providers(target_providers: list[dict[str, Any]]) -> list[dict[str, Any
     return usable or HOST_PROVIDERS
 
 
+def choose_backend(recipe: Recipe, target: TargetProfile) -> tuple[Backend, str]:
+    """The recipe's backend if it names one (an error if it cannot be built here), else the target's
+    most preferred backend that this edgekit can build; the reason goes into the manifest."""
+    from edgekit.errors import BuildError
+
+    if recipe.build.backend is not None:
+        backend = Backend(recipe.build.backend)
+        target.backend(backend)  # raises when the target has no such backend
+        if backend not in BUILDERS:
+            raise BuildError(
+                f"{recipe.path}: build.backend {backend.value} has no builder in this edgekit version (target '{target.name}')",
+                hint=f"use build.backend: {' or '.join(b.value for b in BUILDERS)}",
+            )
+        return backend, "recipe build.backend"
+    for support in target.backends:
+        if support.name in BUILDERS:
+            skipped = [b.name.value for b in target.backends[: target.backends.index(support)]]
+            reason = "target preference" if not skipped else f"target preference; {', '.join(skipped)} has no builder in this edgekit version"
+            return support.name, reason
+    raise BuildError(
+        f"target '{target.name}' lists no backend this edgekit can build ({', '.join(b.name.value for b in target.backends)})",
+        hint=f"builders available: {', '.join(b.value for b in BUILDERS)}",
+    )
+
+
 def build(
     recipe_path: Path | str,
     target_name: str,
@@ -75,20 +100,13 @@ def build(
         base_recipe = load_recipe(recipe_path)
         target = get_target(target_name)
         recipe = base_recipe.for_target(target.name)
-        backend = Backend(recipe.build.backend or target.default_backend)
-        if backend not in BUILDERS:
-            from edgekit.errors import BuildError
-
-            raise BuildError(
-                f"backend {backend.value} has no builder in this edgekit version (target '{target.name}')",
-                hint="set build.backend: onnxruntime in the recipe's overrides for this target",
-            )
+        backend, backend_reason = choose_backend(recipe, target)
         precision = Precision(precision or recipe.build.precision)
         out_dir = Path(out) if out else default_output(recipe, target, precision)
         check_destination(out_dir.resolve(), force)
         samples = load_batches(recipe, recipe.data.samples, "samples")
         evaluation = load_batches(recipe, recipe.data.evaluation, "evaluation") if recipe.evaluation and recipe.data.evaluation else None
-        progress.note(f"recipe {recipe.name} → target {target.name} ({backend.value}, {precision.value})")
+        progress.note(f"recipe {recipe.name} → target {target.name} ({backend.value}: {backend_reason}; {precision.value})")
 
     with tempfile.TemporaryDirectory(prefix="edgekit-build-") as work, BundleStaging(out_dir, force) as staging:
         workdir = Path(work)
@@ -159,7 +177,7 @@ def build(
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "recipe": {"name": recipe.name, "path": str(recipe.path), "sha256": recipe.sha256},
             "target": target.to_json(),
-            "backend": engine.to_manifest(threads),
+            "backend": {**engine.to_manifest(threads), "selected_because": backend_reason},
             "precision": precision.value,
             "model": {
                 "path": "model.onnx",

@@ -178,3 +178,20 @@ def test_interrupted_build_leaves_no_partial_bundle(tiny_recipe, tmp_path):
     assert proc.returncode != 0
     assert not out.exists()
     assert [p for p in tmp_path.iterdir() if p.name.startswith(".b.")] == []
+
+
+def test_jetson_target_gets_an_onnxruntime_bundle_with_its_providers(tiny_recipe, tmp_path):
+    result = build(tiny_recipe(), "jetson-orin-nano-8gb", out=tmp_path / "jetson")
+    backend = result.manifest["backend"]
+    assert backend["name"] == "onnxruntime"
+    assert "tensorrt has no builder" in backend["selected_because"]
+    assert [p["name"] for p in backend["execution_providers"]][:2] == ["TensorrtExecutionProvider", "CUDAExecutionProvider"]
+    assert result.manifest["target"]["gpu"]["compute_capability"] == "8.7"
+    # Benchmarked on this host's CPU, which the manifest says.
+    assert result.manifest["benchmark"]["providers"] == ["CPUExecutionProvider"]
+
+
+def test_recipe_backend_the_target_lacks(tiny_recipe, tmp_path):
+    text = TINY_RECIPE.format(factory="tiny_net").replace("build:\n", "build:\n  backend: tensorrt\n")
+    with pytest.raises(TargetError, match=r"target 'x86-64-cpu' has no tensorrt backend"):
+        build(tiny_recipe(text=text), "x86-64-cpu", out=tmp_path / "b")

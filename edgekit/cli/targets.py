@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rich import box
 from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree

@@ -52,11 +52,16 @@ def fmt_sci(value: Any) -> str:
 
 
 def fmt_cosine(value: Any) -> str:
-    """Cosine similarities near 1 with every digit that tells them apart from 1: ``0.99999994``."""
+    """Cosine similarities near 1 written so that they still differ from 1: ``1 - 2.8e-14``,
+    ``0.99995``."""
     x = number(value)
     if x is None:
         return fmt_value(value)
-    return f"{x:.10f}".rstrip("0").rstrip(".") if abs(x) <= 1 else f"{x:.6g}"
+    if x == 1 or abs(x) > 1:
+        return f"{x:.6g}"
+    if 1 - x < 1e-6:
+        return f"1 - {1 - x:.1e}"
+    return f"{x:.8f}".rstrip("0").rstrip(".")
 
 
 def fmt_ms(value: Any) -> str:
@@ -113,6 +118,23 @@ def fmt_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(fmt_value(v) for v in value) + "]"
     return str(value)
+
+
+def fmt_host(host: Any, short: bool = False) -> str:
+    """A benchmark host: text as is; a mapping (cpu, machine, cores, os, python, ...) as one line.
+    ``short`` keeps the processor and core count only."""
+    if not isinstance(host, Mapping):
+        return fmt_value(host)
+    known = ("cpu", "machine", "cores", "os", "python")
+    cpu, machine, cores = host.get("cpu"), host.get("machine"), host.get("cores")
+    parts = [
+        f"{cpu} ({machine})" if cpu and machine and not short else cpu or machine,
+        f"{cores} cores" if cores else None,
+    ]
+    if not short:
+        parts += [host.get("os"), f"Python {host['python']}" if host.get("python") else None]
+        parts += [f"{key}={fmt_value(value)}" for key, value in host.items() if key not in known and value is not None]
+    return ", ".join(str(part) for part in parts if part) or NA
 
 
 def status(passed: Any) -> tuple[str, str]:

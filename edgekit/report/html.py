@@ -10,7 +10,9 @@ shown as "n/a". Values are escaped by Jinja2's autoescaping; the plots come from
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,11 +34,14 @@ TEMPLATE_NAME = "report.html.j2"
 
 def render_report(
     manifest: dict[str, Any],
-    latency_samples_ms: list[float] | None,
+    latency_samples_ms: Sequence[float] | None,
     model_path: Path | None,
+    *,
+    file_hashes: dict[str, str] | None = None,
 ) -> str:
     """The report as an HTML string. ``latency_samples_ms`` feeds the latency histogram and
-    ``model_path`` the model-size and op-count sections; either may be ``None``."""
+    ``model_path`` the model-size and op-count sections; either may be ``None``.
+    ``file_hashes`` (relative path -> sha256) stands in for a manifest without ``files``."""
     manifest = manifest if isinstance(manifest, dict) else {}
     parity = parity_section(manifest)
     accuracy = accuracy_section(manifest)
@@ -52,7 +57,7 @@ def render_report(
         "model": model,
         "device": device_section(manifest, model),
         "toolchain": _pairs(dig(manifest, "toolchain")),
-        "files": _files(manifest),
+        "files": _files(manifest, file_hashes),
         "edgekit_version": __version__,
         "schema_version": fmt_value(dig(manifest, "schema_version")),
     }
@@ -62,17 +67,21 @@ def render_report(
 def write_report(
     bundle_dir: Path,
     manifest: dict[str, Any],
-    latency_samples_ms: list[float] | None,
+    latency_samples_ms: Sequence[float] | None,
     model_path: Path | None,
 ) -> Path:
-    """Render the report and write it to ``<bundle_dir>/report.html``; returns that path."""
+    """Render the report and write it to ``<bundle_dir>/report.html``; returns that path.
+
+    A manifest is usually finished after its report (``files`` hashes the report too); without a
+    ``files`` entry the report lists the hashes of the files in ``bundle_dir`` as it finds them."""
     bundle_dir = Path(bundle_dir)
     if not bundle_dir.is_dir():
         raise BundleError(
             f"{bundle_dir}: bundle directory does not exist, cannot write {REPORT_FILE}",
             hint="create the bundle directory (the build's output dir) before writing its report",
         )
-    page = render_report(manifest, latency_samples_ms, model_path)
+    file_hashes = None if isinstance(dig(manifest, "files"), dict) else _hash_bundle_files(bundle_dir)
+    page = render_report(manifest, latency_samples_ms, model_path, file_hashes=file_hashes)
     path = bundle_dir / REPORT_FILE
     try:
         path.write_text(page, encoding="utf-8")
@@ -150,11 +159,28 @@ def _pairs(mapping: Any) -> list[tuple[str, str]]:
     return [(str(key), fmt_value(value)) for key, value in mapping.items()]
 
 
-def _files(manifest: dict[str, Any]) -> dict[str, Any]:
+def _files(manifest: dict[str, Any], file_hashes: dict[str, str] | None) -> dict[str, Any]:
     files = dig(manifest, "files")
-    rows = sorted(_pairs(files)) if isinstance(files, dict) else []
+    from_directory = not isinstance(files, dict) and file_hashes is not None
+    rows = sorted(_pairs(file_hashes if from_directory else files))
     return {
         "rows": rows,
+        "note": "Hashed when this report was written; manifest.json lists the final hashes." if from_directory else "",
         "recipe_path": fmt_value(dig(manifest, "recipe", "path")),
         "recipe_sha256": fmt_value(dig(manifest, "recipe", "sha256")),
     }
+
+
+def _hash_bundle_files(bundle_dir: Path) -> dict[str, str]:
+    """sha256 of every file under the bundle directory except the manifest and the report itself."""
+    hashes = {}
+    for path in sorted(p for p in bundle_dir.rglob("*") if p.is_file()):
+        relative = path.relative_to(bundle_dir).as_posix()
+        if relative in ("manifest.json", REPORT_FILE):
+            continue
+        digest = hashlib.sha256()
+        with path.open("rb") as stream:
+            for chunk in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(chunk)
+        hashes[relative] = digest.hexdigest()
+    return hashes

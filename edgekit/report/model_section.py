@@ -17,6 +17,7 @@ from edgekit.report.formatting import (
     dig,
     fmt_bytes,
     fmt_cosine,
+    fmt_host,
     fmt_mb,
     fmt_number,
     fmt_percent,
@@ -26,6 +27,9 @@ from edgekit.report.formatting import (
 )
 
 logger = logging.getLogger(__name__)
+
+#: Backend manifest keys shown in their own rows; any others (engine details) are listed after them.
+_BACKEND_KEYS = ("name", "execution_providers", "graph_optimization", "intra_op_threads")
 
 
 def model_section(manifest: dict[str, Any], model_path: Path | None) -> dict[str, Any]:
@@ -42,10 +46,11 @@ def model_section(manifest: dict[str, Any], model_path: Path | None) -> dict[str
         "size_note": f"weights in {external}" if external else f"opset {fmt_value(dig(model, 'opset'))}",
         "facts": [
             ("file", fmt_value(dig(model, "path"))),
+            ("source", _join(dig(model, "source", "kind"), dig(model, "source", "description"))),
             ("external data", external_text),
             ("size", fmt_bytes(size_bytes)),
             ("opset", fmt_value(dig(model, "opset"))),
-            ("sha256", fmt_value(dig(model, "sha256"))),
+            ("sha256", fmt_value(dig(model, "sha256") or dig(manifest, "files", dig(model, "path") or "model.onnx"))),
         ],
         "inputs": _tensor_rows(dig(io, "inputs")),
         "outputs": _tensor_rows(dig(io, "outputs")),
@@ -99,6 +104,7 @@ def device_section(manifest: dict[str, Any], model: dict[str, Any]) -> dict[str,
             ("precision", fmt_value(chosen_precision)),
             ("graph optimization", fmt_value(dig(backend, "graph_optimization"))),
             ("intra-op threads", fmt_value(dig(backend, "intra_op_threads"))),
+            *((key.replace("_", " "), fmt_value(value)) for key, value in _as_dict(backend).items() if key not in _BACKEND_KEYS),
         ],
         "providers": [
             (fmt_value(dig(ep, "name")), fmt_value(dig(ep, "options")) if dig(ep, "options") else "defaults")
@@ -166,7 +172,8 @@ def _memory_rows(manifest: dict[str, Any], model_bytes: float | None, memory_gb:
     host = dig(manifest, "benchmark", "host")
     rows = [
         ("model file(s)", fmt_bytes(model_bytes), model_bytes),
-        (f"peak RSS while benchmarking{f' on {host}' if host else ''}", fmt_mb(rss_mb), rss_mb * 1e6 if rss_mb is not None else None),
+        (f"peak RSS while benchmarking{f' on {fmt_host(host, short=True)}' if host else ''}", fmt_mb(rss_mb),
+         rss_mb * 1e6 if rss_mb is not None else None),
     ]
     return [
         {"label": label, "value": value, "share": fmt_percent(nbytes, memory_bytes), "width": _bar_width(nbytes, memory_bytes)}

@@ -67,7 +67,7 @@ def latency_histogram_svg(latencies_ms: Sequence[float], percentiles_ms: Mapping
     """
     import numpy as np
 
-    values = np.asarray([v for v in latencies_ms if _finite(v)], dtype=float)
+    values = np.asarray([float(v) for v in latencies_ms if _finite(v)], dtype=float)
     if values.size == 0:
         return None
     marks = {name: float(np.percentile(values, int(name[1:]))) for name in PERCENTILE_STYLES}
@@ -90,7 +90,7 @@ def latency_histogram_svg(latencies_ms: Sequence[float], percentiles_ms: Mapping
     axes.set_title(title)
     axes.set_xlabel("latency (ms)")
     axes.set_ylabel("iterations")
-    axes.legend(loc="best", frameon=False)
+    axes.legend(loc="best", framealpha=0.85, edgecolor="none")
     axes.grid(axis="y", alpha=0.3)
     return _to_svg(figure, "latency", "Histogram of per-iteration latency in milliseconds")
 
@@ -136,25 +136,27 @@ def size_by_op_type_svg(size_bytes_by_op_type: Mapping[str, int], top: int = 12)
 
 @_styled
 def parity_svg(shapes: Sequence[ShapeParity], atol: float | None) -> str | None:
-    """Max absolute ONNX-vs-PyTorch difference per checked shape on a log axis, with the atol line."""
+    """Max absolute ONNX-vs-PyTorch difference per checked shape on a log axis, with the atol line.
+    Bars start a decade below the smallest difference; an exact match is a stub labelled so."""
     rows = [s for s in shapes if _finite(s.max_abs_diff) and s.max_abs_diff >= 0]
     if not rows:
         return None
-    positive = [s.max_abs_diff for s in rows if s.max_abs_diff > 0]
-    reference = [*positive, *([atol] if atol and _finite(atol) and atol > 0 else [])]
-    floor = min(reference) / 100 if reference else 1e-12
-    values = [max(s.max_abs_diff, floor) for s in rows]
-    colors = [_parity_color(s, atol) for s in rows]
+    has_atol = atol is not None and _finite(atol) and atol > 0
+    reference = [s.max_abs_diff for s in rows if s.max_abs_diff > 0] + ([atol] if has_atol else [])
+    start = min(reference) / 10 if reference else 1e-12
+    ends = [max(s.max_abs_diff, start * 2) for s in rows]
     figure, axes = _figure(_bar_height(len(rows)))
-    axes.barh(range(len(rows)), values, color=colors, left=floor / 10)
+    axes.barh(range(len(rows)), [end - start for end in ends], left=start, color=[_parity_color(s, atol) for s in rows])
     axes.set_xscale("log")
     _plain_log_ticks(axes)
     texts = [f"{s.max_abs_diff:.2e}" if s.max_abs_diff > 0 else "0 (exact)" for s in rows]
-    _label_bars(axes, [s.label for s in rows], texts, max(values), log=True)
-    if atol and _finite(atol) and atol > 0:
-        axes.axvline(atol, color=RED, linestyle="--", linewidth=1.4, label=f"atol {atol:.0e}")
-        axes.legend(loc="lower right", frameon=False)
-    axes.set_title("Export parity: max |ONNX - PyTorch| per checked shape")
+    _label_bars(axes, [s.label for s in rows], texts, max(ends), log=True)
+    axes.set_xlim(start, max([*ends, *([atol] if has_atol else [])]) * 30)
+    if has_atol:
+        axes.axvline(atol, color=RED, linestyle="--", linewidth=1.4)
+        axes.annotate(f" atol {atol:.0e}", xy=(atol, 1.0), xycoords=("data", "axes fraction"), va="bottom",
+                      color=RED, fontsize=8.5)
+    axes.set_title("Export parity: max |ONNX - PyTorch| per checked shape", pad=14)
     axes.set_xlabel("max absolute difference (log scale)")
     return _to_svg(figure, "parity", "Bar chart of maximum absolute difference per checked shape against atol")
 
@@ -163,7 +165,10 @@ def parity_svg(shapes: Sequence[ShapeParity], atol: float | None) -> str | None:
 
 
 def _finite(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A real, finite number (NumPy scalars included, bools not)."""
+    import numbers
+
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _parity_color(shape: ShapeParity, atol: float | None) -> str:
@@ -203,10 +208,7 @@ def _label_bars(axes: "Axes", labels: Sequence[str], texts: Sequence[str], large
     for index, (text, patch) in enumerate(zip(texts, axes.patches)):
         end = patch.get_x() + patch.get_width()
         axes.text(end * (1.15 if log else 1) + (0 if log else largest * 0.01), index, text, va="center", fontsize=8.5)
-    if log:
-        low, high = axes.get_xlim()
-        axes.set_xlim(low, high * 30)
-    else:
+    if not log:  # log axes set their own limits
         axes.set_xlim(0, largest * 1.3)
 
 

@@ -7,6 +7,7 @@ Every builder returns a plain dict for the template; missing data gives ``availa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from markupsafe import Markup
@@ -16,6 +17,7 @@ from edgekit.report.formatting import (
     NA,
     dig,
     fmt_cosine,
+    fmt_host,
     fmt_mb,
     fmt_ms,
     fmt_number,
@@ -30,7 +32,7 @@ __all__ = ["accuracy_section", "benchmark_section", "parity_section", "stages_se
 
 #: Keys of a parity ``shapes`` entry that describe which shape was checked, in display order.
 _SHAPE_NAME_KEYS = ("label", "name", "point")
-_SHAPE_VALUE_KEYS = ("shape", "shapes", "inputs", "input_shapes", "dims")
+_SHAPE_VALUE_KEYS = ("dims", "shape", "shapes", "input_shapes", "inputs")
 
 
 def parity_section(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -38,6 +40,7 @@ def parity_section(manifest: dict[str, Any]) -> dict[str, Any]:
     parity = dig(export, "parity")
     section: dict[str, Any] = {
         "exporter": fmt_value(dig(export, "exporter")),
+        "fallback_reason": fmt_value(dig(export, "fallback_reason")) if dig(export, "fallback_reason") else "",
         "opset": fmt_value(dig(export, "opset")),
         "seconds": fmt_seconds(dig(export, "seconds")),
         "available": isinstance(parity, dict),
@@ -61,22 +64,25 @@ def parity_section(manifest: dict[str, Any]) -> dict[str, Any]:
         return section
     shapes = dig(parity, "shapes")
     entries = shapes if isinstance(shapes, list) else []
-    section["rows"] = [
-        {
-            "label": _shape_label(entry, index),
+    min_cosine = number(dig(parity, "min_cosine"))
+    outputs = {_entry_output(entry) for entry in entries}
+    kinds = {dig(entry, "inputs") for entry in entries if isinstance(dig(entry, "inputs"), str)}
+    checked = []
+    for index, entry in enumerate(entries):
+        label, passed, output = _shape_label(entry, index), _entry_passed(entry, min_cosine), _entry_output(entry)
+        kind = dig(entry, "inputs") if isinstance(dig(entry, "inputs"), str) else None
+        section["rows"].append({
+            "label": label,
+            "output": fmt_value(output),
+            "inputs": fmt_value(kind),
             "max_abs_diff": fmt_sci(dig(entry, "max_abs_diff")),
             "cosine_min": fmt_cosine(dig(entry, "cosine_min")),
-            "worst_output": fmt_value(dig(entry, "worst_output")),
-            "status": status(dig(entry, "passed")),
-        }
-        for index, entry in enumerate(entries)
-    ]
-    checked = []
-    for row, entry in zip(section["rows"], entries):
+            "status": status(passed),
+        })
         diff = number(dig(entry, "max_abs_diff"))
-        if diff is not None:
-            passed = dig(entry, "passed")
-            checked.append(plots.ShapeParity(row["label"], diff, passed if isinstance(passed, bool) else None))
+        if diff is not None:  # bar names carry the output and input kind only where they vary
+            bar = label + (f" {output}" if len(outputs) > 1 and output else "") + (f" ({kind})" if len(kinds) > 1 and kind else "")
+            checked.append(plots.ShapeParity(bar, diff, passed))
     section["plot"] = _markup(plots.parity_svg(checked, number(dig(parity, "atol"))))
     return section
 
@@ -92,6 +98,8 @@ def accuracy_section(manifest: dict[str, Any]) -> dict[str, Any]:
         "output": fmt_value(dig(accuracy, "output")),
         "value": fmt_number(dig(accuracy, "value")),
         "reference": reference,
+        "reference_source": fmt_value(dig(accuracy, "reference_source") or "FP32 reference"),
+        "cosine_min": fmt_cosine(dig(accuracy, "cosine_min")) if dig(accuracy, "cosine_min") is not None else "",
         "drop": fmt_number(dig(accuracy, "drop")),
         "budget": budget,
         "samples": fmt_number(dig(accuracy, "samples")),
@@ -101,7 +109,7 @@ def accuracy_section(manifest: dict[str, Any]) -> dict[str, Any]:
     return section
 
 
-def benchmark_section(manifest: dict[str, Any], latency_samples_ms: list[float] | None) -> dict[str, Any]:
+def benchmark_section(manifest: dict[str, Any], latency_samples_ms: Sequence[float] | None) -> dict[str, Any]:
     bench = dig(manifest, "benchmark")
     host = dig(bench, "host")
     stats = [
@@ -114,20 +122,22 @@ def benchmark_section(manifest: dict[str, Any], latency_samples_ms: list[float] 
     ]
     throughput = number(dig(bench, "throughput_per_s"))
     setup = [
-        ("host", fmt_value(host)),
+        ("host", fmt_host(host)),
         ("batch", fmt_value(dig(bench, "batch"))),
         ("shape", fmt_value(dig(bench, "shape"))),
         ("warm-up iterations", fmt_value(dig(bench, "warmup"))),
         ("timed iterations", fmt_value(dig(bench, "iterations"))),
         ("intra-op threads", fmt_value(dig(bench, "threads"))),
+        ("execution providers", fmt_value(dig(bench, "providers"))),
         ("throughput", f"{fmt_number(throughput, 3)} per second" if throughput is not None else NA),
         ("peak RSS", fmt_mb(dig(bench, "peak_rss_mb"))),
     ]
     percentiles = {name: dig(bench, f"{name}_ms") for name in ("p50", "p90", "p99")}
-    plot = plots.latency_histogram_svg(latency_samples_ms, percentiles) if latency_samples_ms else None
+    samples = list(latency_samples_ms) if latency_samples_ms is not None else []  # a list, tuple or NumPy array
+    plot = plots.latency_histogram_svg(samples, percentiles) if samples else None
     return {
         "available": isinstance(bench, dict),
-        "where": f"on {host}" if host else "",
+        "where": f"on {fmt_host(host, short=True)}" if host else "",
         "stats": stats,
         "setup": setup,
         "plot": _markup(plot),
@@ -172,19 +182,41 @@ def _budget_text(budget: Any) -> str:
     return ", ".join(parts) or NA
 
 
+def _entry_output(entry: Any) -> str | None:
+    output = dig(entry, "output") or dig(entry, "worst_output")
+    return output if isinstance(output, str) else None
+
+
+def _entry_passed(entry: Any, min_cosine: float | None) -> bool | None:
+    """A comparison's verdict: its own ``passed``, else ``within_tolerance`` and the cosine floor."""
+    passed = dig(entry, "passed")
+    if isinstance(passed, bool):
+        return passed
+    within = dig(entry, "within_tolerance")
+    if not isinstance(within, bool):
+        return None
+    cosine = number(dig(entry, "cosine_min"))
+    return within and (cosine is None or min_cosine is None or cosine >= min_cosine)
+
+
 def _shape_label(entry: Any, index: int) -> str:
-    """A readable name for one parity ``shapes`` entry, whatever keys the exporter wrote."""
+    """A readable name for one parity comparison: its point and the dims or input shapes it ran at,
+    e.g. ``opt: batch=8, seq=16`` or ``max: pixels [64, 1, 8, 8]``."""
     if not isinstance(entry, dict):
         return fmt_value(entry)
     name = " ".join(str(entry[key]) for key in _SHAPE_NAME_KEYS if isinstance(entry.get(key), (str, int)))
-    shapes = []
+    parts = []
     for key in _SHAPE_VALUE_KEYS:
         value = entry.get(key)
         if isinstance(value, dict):
-            shapes.extend(f"{tensor} {fmt_value(dims)}" for tensor, dims in value.items())
-        elif value is not None:
-            shapes.append(fmt_value(value))
-    detail = "; ".join(shapes)
+            parts.extend(_dim_or_shape(dim, size) for dim, size in value.items())
+        elif isinstance(value, list):
+            parts.append(fmt_value(value))
+    detail = ", ".join(parts)
     if name and detail:
         return f"{name}: {detail}"
     return name or detail or f"shape {index + 1}"
+
+
+def _dim_or_shape(name: Any, value: Any) -> str:
+    return f"{name} {fmt_value(value)}" if isinstance(value, list) else f"{name}={fmt_value(value)}"

@@ -69,7 +69,7 @@ def load_huggingface(spec: HuggingFaceSource, recipe: Recipe, workdir: Path) -> 
 
     config = AutoConfig.from_pretrained(directory, local_files_only=True)
     try:
-        model = TasksManager.get_model_from_task(spec.task, str(directory), local_files_only=True, framework="pt")
+        model = TasksManager.get_model_from_task(spec.task, str(directory), local_files_only=True, framework="pt", library_name="transformers")
     except Exception as exc:
         raise SourceError(f"{recipe.path}: cannot load {directory} for task '{spec.task}': {exc}") from None
     model.eval()
@@ -85,6 +85,9 @@ def load_huggingface(spec: HuggingFaceSource, recipe: Recipe, workdir: Path) -> 
             local_files_only=True,
             do_validation=False,  # edgekit's own parity check runs next, at min/opt/max shapes
             no_post_process=True,
+            # A directory that also holds a sentence-transformers config would otherwise export that library's
+            # pooled outputs; the recipe names the transformers model's outputs.
+            library_name="transformers",
         )
     except Exception as exc:
         raise ExportError(f"{recipe.path}: Optimum's ONNX export of {directory} failed: {exc}") from exc

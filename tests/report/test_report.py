@@ -153,6 +153,15 @@ def test_truncated_external_data_is_reported(external_model_path: Path) -> None:
 # ---------------------------------------------------------------- manifests
 
 
+def _comparison(point: str, batch: int, kind: str, max_abs_diff: float, cosine_min: float) -> dict[str, Any]:
+    """One parity comparison as edgekit.export.parity writes it into ``export.parity.shapes``."""
+    return {
+        "output": "logits", "point": point, "dims": {"batch": batch}, "inputs": kind,
+        "max_abs_diff": max_abs_diff, "cosine_min": cosine_min, "expected": 0.25, "got": 0.25 + max_abs_diff,
+        "within_tolerance": True, "worst_index": [0, 3],
+    }
+
+
 def realistic_manifest() -> dict[str, Any]:
     """A manifest with every key of docs/bundle-format.md, as a digits CNN build would write it."""
     sha = "ab" * 32
@@ -181,9 +190,13 @@ def realistic_manifest() -> dict[str, Any]:
             "execution_providers": [{"name": "CPUExecutionProvider", "options": {}}],
             "graph_optimization": "all",
             "intra_op_threads": 2,
+            "offline_optimization": "basic", "nodes_exported": 14, "nodes_optimized": 9,
         },
         "precision": "fp32",
-        "model": {"path": "model.onnx", "external_data": None, "opset": 18, "size_bytes": 2_412_345, "sha256": sha},
+        "model": {
+            "path": "model.onnx", "external_data": None, "opset": 18, "size_bytes": 2_412_345, "sha256": sha,
+            "source": {"kind": "factory", "description": "examples.digits:make_cnn", "sha256": None},
+        },
         "files": {
             "model.onnx": sha, "golden/inputs_000.npz": sha, "golden/outputs_000.npz": sha,
             "golden/inputs_001.npz": sha, "golden/outputs_001.npz": sha,
@@ -198,30 +211,27 @@ def realistic_manifest() -> dict[str, Any]:
             "onnx": "1.23.2", "onnxruntime": "1.31.0", "onnxscript": "0.5.0", "numpy": "2.4.6", "optimum": None,
         },
         "export": {
-            "exporter": "dynamo", "opset": 18, "seconds": 3.42,
+            "exporter": "dynamo", "opset": 18, "seconds": 3.42, "fallback_reason": None,
             "parity": {
                 "max_abs_diff": 3.1e-6, "worst_output": "logits", "cosine_min": 0.99999994,
                 "atol": 1e-4, "rtol": 1e-3, "min_cosine": 0.9999,
-                "shapes": [
-                    {"point": "min", "inputs": {"pixels": [1, 1, 8, 8]}, "max_abs_diff": 1.2e-6,
-                     "cosine_min": 0.99999997, "worst_output": "logits", "passed": True},
-                    {"point": "opt", "inputs": {"pixels": [8, 1, 8, 8]}, "max_abs_diff": 2.4e-6,
-                     "cosine_min": 0.99999995, "worst_output": "logits", "passed": True},
-                    {"point": "max", "inputs": {"pixels": [64, 1, 8, 8]}, "max_abs_diff": 3.1e-6,
-                     "cosine_min": 0.99999994, "worst_output": "logits", "passed": True},
-                ],
+                "shapes": [_comparison(point, batch, kind, diff, cosine) for point, batch, kind, diff, cosine in [
+                    ("min", 1, "sample", 1.2e-6, 0.99999997), ("opt", 8, "sample", 2.4e-6, 0.99999995),
+                    ("max", 64, "sample", 3.1e-6, 0.99999994), ("opt", 8, "random", 2.2e-6, 0.99999996),
+                ]],
                 "passed": True,
             },
         },
         "accuracy": {
             "metric": "top1", "output": "logits", "reference": 0.9833, "value": 0.9816,
             "budget": {"max_drop": 0.01, "min_value": 0.95, "max_value": None},
-            "drop": 0.0017, "passed": True, "samples": 540,
+            "drop": 0.0017, "passed": True, "samples": 540, "cosine_min": None, "reference_source": "pytorch-fp32",
         },
         "benchmark": {
-            "host": "ci-runner (2 vCPU)", "batch": 8, "shape": {"batch": 8}, "warmup": 10, "iterations": 200,
+            "host": {"machine": "x86_64", "cpu": "Intel(R) Xeon(R) Processor", "cores": 2, "os": "Linux 6.1", "python": "3.11.9"},
+            "batch": 8, "shape": {"batch": 8}, "warmup": 10, "iterations": 200,
             "p50_ms": 1.8412, "p90_ms": 2.41, "p99_ms": 2.93, "mean_ms": 1.87, "min_ms": 0.88, "max_ms": 3.4,
-            "throughput_per_s": 4345.2, "peak_rss_mb": 312.8, "threads": 2,
+            "throughput_per_s": 4345.2, "peak_rss_mb": 312.8, "threads": 2, "providers": ["CPUExecutionProvider"],
         },
         "golden": {
             "batches": [
@@ -314,8 +324,12 @@ def test_full_report_has_plots_numbers_and_no_external_assets(tiny_model_path: P
     assert "3.10e-06" in text and "atol 1.00e-04" in text  # parity max abs diff vs atol
     assert "0.9816" in text and "reference 0.9833" in text and "drop \u2264 0.01, value \u2265 0.95" in text
     assert "4,345 /s" in text and "313 MB" in text and "2.41 MB" in text
-    assert text.count("PASSED") >= 2 + 3  # two header badges, three checked shapes
-    assert "opt: pixels [8, 1, 8, 8]" in text
+    assert text.count("PASSED") == 2 + 2 + 4  # header and section badges (parity, accuracy), four comparisons
+    assert "opt: batch=8" in text and "max: batch=64" in text and "random" in text
+    assert "nodes optimized 9" in text and "examples.digits:make_cnn" in text
+    assert "on Intel(R) Xeon(R) Processor, 2 cores" in text
+    assert "Intel(R) Xeon(R) Processor (x86_64), 2 cores, Linux 6.1, Python 3.11.9" in text
+    assert "1 - 6.0e-08" in text  # min cosine 0.99999994, told apart from 1
     assert "fp32 is supported by onnxruntime on this target." in text
     assert "Nodes per op type (4 in all)" in text and "MatMul" in text
     assert len(page.encode()) < 1_000_000
@@ -352,11 +366,27 @@ def test_onnx_source_without_accuracy_renders_na(tiny_model_path: Path) -> None:
 
 def test_failed_parity_is_flagged() -> None:
     manifest = realistic_manifest()
-    manifest["export"]["parity"]["passed"] = False
-    manifest["export"]["parity"]["shapes"][2].update(max_abs_diff=2.5e-3, passed=False)
+    parity = manifest["export"]["parity"]
+    parity["passed"] = False
+    parity["shapes"][2].update(max_abs_diff=2.5e-3, within_tolerance=False)  # over atol
+    parity["shapes"][3].update(cosine_min=0.99)  # within atol but under min_cosine 0.9999
     manifest["stages"] = []
     text = _visible_text(_parse(render_report(manifest, None, None)))
-    assert "Parity FAILED" in text and "2.50e-03" in text
+    assert "Parity FAILED" in text and "2.50e-03" in text and "0.99 FAILED" in text
+    assert text.count("FAILED") == 2 + 2  # header and section badge, two comparisons
+
+
+def test_parity_entries_with_input_shapes_and_own_verdict() -> None:
+    manifest = realistic_manifest()
+    manifest["export"]["parity"]["shapes"] = [
+        {"point": "max", "inputs": {"pixels": [64, 1, 8, 8]}, "max_abs_diff": 4e-5, "passed": False},
+        {"max_abs_diff": 0.0},
+    ]
+    manifest["stages"] = []
+    page = render_report(manifest, None, None)
+    text = _visible_text(_parse(page))
+    assert "max: pixels [64, 1, 8, 8]" in text and "shape 2" in text
+    assert "0 (exact)" in page, "a zero difference is drawn, labelled exact"
 
 
 @pytest.mark.parametrize(
@@ -395,6 +425,19 @@ def test_write_report_writes_report_html(tmp_path: Path, external_model_path: Pa
     assert "digits-cnn-x86-64-cpu-fp32" in page
 
 
+def test_write_report_hashes_bundle_files_when_manifest_has_none(tmp_path: Path) -> None:
+    (tmp_path / "golden").mkdir()
+    (tmp_path / "golden" / "inputs_000.npz").write_bytes(b"abc")
+    (tmp_path / "manifest.json").write_text("{}")
+    manifest = realistic_manifest()
+    del manifest["files"]
+    page = write_report(tmp_path, manifest, np.asarray(latency_samples_ms(30)), None).read_text(encoding="utf-8")
+    assert "Latency per iteration (30 iterations)" in page, "a NumPy array of samples works as well as a list"
+    abc_sha256 = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert f'<td class="mono">golden/inputs_000.npz</td><td class="hash">{abc_sha256}</td>' in page
+    assert "manifest.json</td>" not in page and "Hashed when this report was written" in page
+
+
 def test_write_report_into_missing_directory_is_a_bundle_error(tmp_path: Path) -> None:
     with pytest.raises(BundleError, match=r"missing: bundle directory does not exist, cannot write report\.html"):
         write_report(tmp_path / "missing", realistic_manifest(), None, None)
@@ -429,3 +472,23 @@ def test_latency_outliers_are_counted_not_drawn() -> None:
     assert svg is not None
     assert "(502 iterations)" in svg and "2 slower than 2.98 ms not shown (max 400 ms)" in svg
     assert "p50 1.25 ms" in svg
+
+
+def test_typed_field_tensors_are_measured_in_dense_bytes(tmp_path: Path) -> None:
+    """Initializers stored in float_data/int32_data/string_data (not raw_data) count their dense size."""
+    tensors = [
+        helper.make_tensor("half", TensorProto.FLOAT16, [3, 4], np.ones(12, dtype=np.float16), raw=False),  # 24 B
+        helper.make_tensor("nibbles", TensorProto.INT4, [5], [1, -2, 3, -4, 5], raw=False),  # 3 B packed
+        helper.make_tensor("words", TensorProto.STRING, [2], [b"ab", b"cde"], raw=False),  # 5 B
+    ]
+    assert not any(t.HasField("raw_data") for t in tensors)
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "typed",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        initializer=tensors,
+    )
+    path = tmp_path / "typed.onnx"
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), path)
+    assert model_size_by_op_type(path) == {"unused": 24 + 3 + 5}

@@ -33,7 +33,10 @@ from edgekit_runtime.sensors.none import NoPowerSensor
 from edgekit_runtime.sensors.nvml import NvmlPowerSensor
 from edgekit_runtime.sensors.rapl import RaplPowerSensor
 from edgekit_runtime.sensors.tegrastats import TegrastatsPowerSensor
-from edgekit_runtime.sensors.tegrastats_parse import TegrastatsReading, parse_tegrastats_line
+from edgekit_runtime.sensors.tegrastats_parse import (
+    TegrastatsReading,
+    parse_tegrastats_line,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +83,7 @@ def _create_auto(root: Path, options: dict[str, object]) -> PowerSensor:
             f"no sensor tried by 'auto' ({', '.join(AUTO_ORDER)}) takes option(s) {unknown}",
             hint=f"options they accept: {sorted(accepted_anywhere)}",
         )
-    skipped = []
+    skipped: list[str] = []
     for sensor_class in candidates:
         accepted = _accepted_options(sensor_class)
         sensor = sensor_class(root, **{k: v for k, v in options.items() if k in accepted})  # type: ignore[arg-type]

@@ -19,19 +19,23 @@ from __future__ import annotations
 import abc
 import logging
 import math
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from types import TracebackType
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from edgekit_runtime.errors import SensorError
 
 logger = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+
+SensorT = TypeVar("SensorT", bound="PowerSensor")
 
 METHOD_COUNTER = "energy counter difference"
 METHOD_TRAPEZOID = "trapezoid over total_mw"
@@ -148,7 +152,7 @@ class PowerSensor(abc.ABC):
             self._closed = True
             self._close_impl()
 
-    def __enter__(self) -> PowerSensor:
+    def __enter__(self: SensorT) -> SensorT:
         return self
 
     def __exit__(
@@ -197,27 +201,72 @@ class PowerIntegrator:
 
     The agent feeds it every telemetry interval (``integrator.extend(sensor.read_pending())``) and
     calls :meth:`take_window`; the last sample of a window starts the next one, so consecutive
-    windows cover time without gaps or overlap.
+    windows cover time without gaps or overlap. Methods are thread-safe, so a sampling thread may
+    feed it while the telemetry thread takes windows. ``source`` is a string or a callable giving
+    one (a sensor's :attr:`~PowerSensor.source` can change once it has read, as tegrastats' does).
     """
 
     def __init__(
-        self, *, source: str, no_power_reason: str | None = None, max_samples: int = 100_000
+        self,
+        *,
+        source: str | Callable[[], str],
+        no_power_reason: str | None = None,
+        max_samples: int = 100_000,
     ) -> None:
         if max_samples < 2:
             raise SensorError(f"PowerIntegrator: max_samples must be at least 2, got {max_samples}")
         self._source = source
         self._no_power_reason = no_power_reason
         self._samples: deque[PowerSample] = deque(maxlen=max_samples)
+        self._lock = threading.Lock()
 
     @classmethod
     def for_sensor(cls, sensor: PowerSensor, *, max_samples: int = 100_000) -> PowerIntegrator:
-        return cls(source=sensor.source, no_power_reason=sensor.no_power_reason, max_samples=max_samples)
+        return cls(
+            source=lambda: sensor.source, no_power_reason=sensor.no_power_reason, max_samples=max_samples
+        )
+
+    @property
+    def source(self) -> str:
+        return self._source() if callable(self._source) else self._source
 
     @property
     def sample_count(self) -> int:
         return len(self._samples)
 
     def add(self, sample: PowerSample) -> None:
+        with self._lock:
+            self._append(sample)
+
+    def extend(self, samples: Iterable[PowerSample]) -> None:
+        with self._lock:
+            for sample in samples:
+                self._append(sample)
+
+    def stats(self, *, start_s: float | None = None, end_s: float | None = None) -> PowerStats:
+        """Stats over the samples with ``start_s <= timestamp_s <= end_s`` (bounds optional)."""
+        with self._lock:
+            window = [
+                s
+                for s in self._samples
+                if (start_s is None or s.timestamp_s >= start_s) and (end_s is None or s.timestamp_s <= end_s)
+            ]
+        return summarize_samples(window, source=self.source, no_power_reason=self._no_power_reason)
+
+    def take_window(self) -> PowerStats:
+        """Stats over every held sample; then keep only the last one as the next window's start."""
+        with self._lock:
+            window = list(self._samples)
+            if window:
+                self._samples.clear()
+                self._samples.append(window[-1])
+        return summarize_samples(window, source=self.source, no_power_reason=self._no_power_reason)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._samples.clear()
+
+    def _append(self, sample: PowerSample) -> None:
         if self._samples and sample.timestamp_s < self._samples[-1].timestamp_s:
             raise SensorError(
                 f"PowerIntegrator.add: sample at {sample.timestamp_s:.6f} s is older than the previous "
@@ -225,31 +274,6 @@ class PowerIntegrator:
                 hint="feed samples in time order from one sensor and one clock",
             )
         self._samples.append(sample)
-
-    def extend(self, samples: Iterable[PowerSample]) -> None:
-        for sample in samples:
-            self.add(sample)
-
-    def stats(self, *, start_s: float | None = None, end_s: float | None = None) -> PowerStats:
-        """Stats over the samples with ``start_s <= timestamp_s <= end_s`` (bounds optional)."""
-        window = [
-            s
-            for s in self._samples
-            if (start_s is None or s.timestamp_s >= start_s) and (end_s is None or s.timestamp_s <= end_s)
-        ]
-        return summarize_samples(window, source=self._source, no_power_reason=self._no_power_reason)
-
-    def take_window(self) -> PowerStats:
-        """Stats over every held sample; then keep only the last one as the next window's start."""
-        result = self.stats()
-        if self._samples:
-            last = self._samples[-1]
-            self._samples.clear()
-            self._samples.append(last)
-        return result
-
-    def clear(self) -> None:
-        self._samples.clear()
 
 
 def summarize_samples(
@@ -268,12 +292,12 @@ def summarize_samples(
         return PowerStats(mean_mw, max_mw, energy_mj, duration_s, len(samples), source, None, METHOD_COUNTER)
 
     if len(powered) >= 2:
-        energy_mj = math.fsum(
-            (t1 - t0) * (p0 + p1) / 2.0 for (t0, p0), (t1, p1) in zip(powered, powered[1:])
-        )
+        energy_mj = math.fsum((t1 - t0) * (p0 + p1) / 2.0 for (t0, p0), (t1, p1) in pairwise(powered))
         span_s = powered[-1][0] - powered[0][0]
         mean_mw = energy_mj / span_s if span_s > 0 else None
-        return PowerStats(mean_mw, max_mw, energy_mj, duration_s, len(samples), source, None, METHOD_TRAPEZOID)
+        return PowerStats(
+            mean_mw, max_mw, energy_mj, duration_s, len(samples), source, None, METHOD_TRAPEZOID
+        )
 
     if len(powered) == 1:
         only_mw = powered[0][1]
@@ -293,7 +317,7 @@ def _counter_energy_mj(samples: list[PowerSample]) -> float | None:
         counters.append(sample.energy_mj)
     if len(counters) < 2:
         return None
-    if any(later < earlier for earlier, later in zip(counters, counters[1:])):
+    if any(later < earlier for earlier, later in pairwise(counters)):
         logger.warning("energy counter went backwards inside a window (driver reload?); using total_mw")
         return None
     return counters[-1] - counters[0]

@@ -196,7 +196,9 @@ def _iio_channels(client: Path) -> list[Ina3221Channel]:
             voltage, current = iio_dir / f"in_voltage{number}_input", iio_dir / f"in_current{number}_input"
             if power.is_file() or (voltage.is_file() and current.is_file()):
                 power_path = power if power.is_file() else None
-                channels.append(Ina3221Channel(label, client.name, "iio", number, voltage, current, power_path))
+                channels.append(
+                    Ina3221Channel(label, client.name, "iio", number, voltage, current, power_path)
+                )
     return sorted(channels, key=lambda ch: (str(ch.voltage_path.parent), ch.number))
 
 
@@ -211,4 +213,4 @@ def _unique_rail_names(channels: list[Ina3221Channel]) -> list[Ina3221Channel]:
     return result
 
 
-__all__ = ["Ina3221Channel", "Ina3221PowerSensor", "TOTAL_RAIL_LABELS"]
+__all__ = ["TOTAL_RAIL_LABELS", "Ina3221Channel", "Ina3221PowerSensor"]

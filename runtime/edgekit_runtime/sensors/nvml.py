@@ -52,7 +52,7 @@ class NvmlPowerSensor(PowerSensor):
         clock: Clock = time.monotonic,
     ) -> None:
         super().__init__(root, clock=clock)  # NVML reads no files; root is kept for the interface
-        self._nvml = nvml
+        self._nvml: Any = nvml  # a pynvml-like module; imported lazily when None
         self._device_indices = None if device_indices is None else list(device_indices)
         self._gpus: list[_Gpu] = []
         self._initialized = False

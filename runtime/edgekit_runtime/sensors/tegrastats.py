@@ -19,15 +19,20 @@ import logging
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import IO
 
 from edgekit_runtime.errors import SensorError
 from edgekit_runtime.sensors.base import Clock, PowerSample, PowerSensor
-from edgekit_runtime.sensors.tegrastats_parse import TegrastatsReading, parse_tegrastats_line
+from edgekit_runtime.sensors.tegrastats_parse import (
+    TegrastatsReading,
+    parse_tegrastats_line,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +70,7 @@ class TegrastatsPowerSensor(PowerSensor):
         self._pending: deque[tuple[float, str]] = deque(maxlen=max_pending)
         self._arrived = threading.Condition()
         self._process: subprocess.Popen[str] | None = None
+        self._stderr_file: IO[str] | None = None  # a file, so a chatty stderr never blocks it
         self._reader: threading.Thread | None = None
         self._stream_ended = False
         self._last_reading: TegrastatsReading | None = None
@@ -105,6 +111,9 @@ class TegrastatsPowerSensor(PowerSensor):
         with self._arrived:
             pending = list(self._pending)
             self._pending.clear()
+            ended = self._stream_ended
+        if not pending and ended:
+            raise SensorError(f"{self._executable} exited: {self._exit_description()}")
         return [self._sample(line, received_s) for received_s, line in pending]
 
     def _next_from_iterator(self, lines: Iterator[str]) -> PowerSample:
@@ -119,22 +128,26 @@ class TegrastatsPowerSensor(PowerSensor):
         timestamp_s = received_s
         if self._line_timestamps and reading.logged_at is not None:
             timestamp_s = reading.logged_at.timestamp()
-        return PowerSample(timestamp_s=timestamp_s, rails_mw=dict(reading.rails_mw), total_mw=reading.total_mw)
+        return PowerSample(
+            timestamp_s=timestamp_s, rails_mw=dict(reading.rails_mw), total_mw=reading.total_mw
+        )
 
     def _start_process(self) -> None:
         if self._process is not None:
             return
         command = [str(self._executable), "--interval", str(self._interval_ms)]
+        self._stderr_file = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
         try:
             self._process = subprocess.Popen(
                 command,
                 stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                stderr=self._stderr_file,
                 text=True,
                 bufsize=1,
                 start_new_session=True,  # its own process group, so close() ends any children too
             )
         except OSError as exc:
+            self._stderr_file.close()
             raise SensorError(f"cannot start {' '.join(command)}: {exc}") from exc
         self._reader = threading.Thread(target=self._pump, name="tegrastats-reader", daemon=True)
         self._reader.start()
@@ -155,15 +168,19 @@ class TegrastatsPowerSensor(PowerSensor):
     def _exit_description(self) -> str:
         if self._process is None:
             return "not started"
-        code = self._process.wait(timeout=5)
-        stderr = self._process.stderr.read().strip() if self._process.stderr else ""
-        return f"exit status {code}" + (f": {stderr[:200]}" if stderr else "")
+        try:
+            code = self._process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return "it closed its output but still runs"
+        stderr = ""
+        if self._stderr_file is not None:
+            self._stderr_file.seek(0)
+            stderr = self._stderr_file.read().strip()
+        return f"exit status {code}" + (f": {stderr[-200:]}" if stderr else "")
 
     def _source_impl(self) -> str:
         origin = (
-            "line source"
-            if self._lines is not None
-            else f"{self._executable} --interval {self._interval_ms}"
+            "line source" if self._lines is not None else f"{self._executable} --interval {self._interval_ms}"
         )
         total_rail = self._last_reading.total_rail if self._last_reading else None
         if total_rail:
@@ -178,17 +195,19 @@ class TegrastatsPowerSensor(PowerSensor):
         process, self._process = self._process, None
         if process is None:
             return
-        _signal_group(process, signal.SIGTERM)
-        try:
-            process.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            _signal_group(process, signal.SIGKILL)
-            process.wait(timeout=2)
+        if process.poll() is None:  # never signal a reaped pid: it may belong to someone else now
+            _signal_group(process, signal.SIGTERM)
+            try:
+                process.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                _signal_group(process, signal.SIGKILL)
+                process.wait(timeout=2)
         if self._reader is not None:
             self._reader.join(timeout=2)
-        for stream in (process.stdout, process.stderr):
-            if stream is not None:
-                stream.close()
+        if process.stdout is not None:
+            process.stdout.close()
+        if self._stderr_file is not None:
+            self._stderr_file.close()
 
 
 def _signal_group(process: subprocess.Popen[str], signum: int) -> None:

@@ -50,7 +50,11 @@ def clock() -> FakeClock:
 
 @dataclass
 class FakeGpu:
-    """What one fake GPU answers; ``None`` means NVML_ERROR_NOT_SUPPORTED for that query."""
+    """What one fake GPU answers; ``None`` means NVML_ERROR_NOT_SUPPORTED for that query.
+
+    Each query returns the next value of its list (the last one repeats); the sensor's probe in
+    ``available()`` consumes the first value of each.
+    """
 
     name: str = "NVIDIA H100 80GB HBM3"
     power_mw: list[int] | None = field(default_factory=lambda: [70_000])

@@ -6,7 +6,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from edgekit_runtime.errors import SensorError
 from edgekit_runtime.sensors import Ina3221PowerSensor, PowerIntegrator
 
@@ -74,7 +73,9 @@ def test_unknown_total_rail_makes_the_sensor_unavailable_and_names_the_rails(fix
     assert sensor.unavailable_reason == (
         "total_rail 'VDD_5V_IN' is not a rail of this board; rails: ['VDD_IN', 'VDD_CPU_GPU_CV', 'VDD_SOC']"
     )
-    with pytest.raises(SensorError, match="power sensor 'ina3221' under root .* is not available: total_rail") as info:
+    with pytest.raises(
+        SensorError, match="power sensor 'ina3221' under root .* is not available: total_rail"
+    ) as info:
         sensor.read()
     assert "create_sensor('auto')" in str(info.value)
 
@@ -161,7 +162,9 @@ def test_file_vanishing_after_probe_raises_with_the_path(fixture_root) -> None:
     sensor = Ina3221PowerSensor(root)
     assert sensor.available()
     shutil.rmtree(root / HWMON_ORIN_NANO)
-    with pytest.raises(SensorError, match=r"cannot read .*hwmon1/in1_input: No such file or directory \(ENOENT\)"):
+    with pytest.raises(
+        SensorError, match=r"cannot read .*hwmon1/in1_input: No such file or directory \(ENOENT\)"
+    ):
         sensor.read()
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
-
 from edgekit_runtime.errors import SensorError
 from edgekit_runtime.sensors import (
     NoPowerSensor,
@@ -63,7 +63,10 @@ def test_counter_difference_wins_over_trapezoid() -> None:
 
 def test_counter_only_samples_without_power_still_give_energy() -> None:
     # RAPL's first sample has a counter but no power yet.
-    samples = [PowerSample(0.0, {}, None, energy_mj=0.0), PowerSample(2.0, {"package-0": 4000.0}, 4000.0, 8000.0)]
+    samples = [
+        PowerSample(0.0, {}, None, energy_mj=0.0),
+        PowerSample(2.0, {"package-0": 4000.0}, 4000.0, 8000.0),
+    ]
     integrator = PowerIntegrator(source="rapl")
     integrator.extend(samples)
     stats = integrator.stats()
@@ -148,7 +151,9 @@ def test_stats_selects_a_time_range() -> None:
 def test_out_of_order_sample_is_rejected_with_both_times() -> None:
     integrator = PowerIntegrator(source="test")
     integrator.add(PowerSample(10.0, {}, 1.0))
-    with pytest.raises(SensorError, match=r"sample at 9\.500000 s is older than the previous one at 10\.000000 s"):
+    with pytest.raises(
+        SensorError, match=r"sample at 9\.500000 s is older than the previous one at 10\.000000 s"
+    ):
         integrator.add(PowerSample(9.5, {}, 1.0))
 
 
@@ -175,3 +180,17 @@ def test_energy_per_inference_rejects_bad_counts(bad: object) -> None:
     with pytest.raises(SensorError, match=r"inferences must be a non-negative int, got") as info:
         energy_per_inference_mj(stats, bad)  # type: ignore[arg-type]
     assert "inferences completed inside the window" in str(info.value)
+
+
+def test_feeding_thread_and_window_taker_lose_no_energy() -> None:
+    integrator = PowerIntegrator(source="test")
+    samples = _samples([2000.0] * 5001, step_s=0.001, start_s=0.0)  # 5 s at 2 W = 10 J
+    feeder = threading.Thread(target=lambda: [integrator.add(s) for s in samples])
+    windows = []
+    feeder.start()
+    while feeder.is_alive():
+        windows.append(integrator.take_window())
+    feeder.join()
+    windows.append(integrator.take_window())
+    total_mj = sum(w.energy_mj for w in windows if w.energy_mj is not None)
+    assert total_mj == pytest.approx(10_000.0)

@@ -9,7 +9,6 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-
 from edgekit_runtime.errors import SensorError
 from edgekit_runtime.sensors import PowerIntegrator, TegrastatsPowerSensor, parse_tegrastats_line
 
@@ -29,7 +28,14 @@ def test_jetpack4_nano_line() -> None:
     assert reading.cpu_loads_pct == [30.0, 33.0, 28.0, 26.0]
     assert reading.cpu_load_pct == pytest.approx(29.25)
     assert reading.gpu_load_pct == 0.0
-    assert reading.temperatures_c == {"PLL": 57.0, "CPU": 60.5, "PMIC": 100.0, "GPU": 59.0, "AO": 65.0, "thermal": 59.75}
+    assert reading.temperatures_c == {
+        "PLL": 57.0,
+        "CPU": 60.5,
+        "PMIC": 100.0,
+        "GPU": 59.0,
+        "AO": 65.0,
+        "thermal": 59.75,
+    }
     assert reading.logged_at is None
 
 
@@ -100,6 +106,7 @@ def test_line_source_replays_a_log_and_integrates(clock) -> None:
     assert (first.total_mw, second.total_mw) == (4520.0, 2545.0)
     assert second.rails_mw["POM_5V_CPU"] == 549.0
     assert integrator.stats().energy_mj == pytest.approx((4520.0 + 2545.0) / 2)
+    assert integrator.stats().source == "tegrastats (line source): total_mw = POM_5V_IN rail"
     assert sensor.last_reading is not None and sensor.last_reading.ram_used_mb == 1766.0
     assert sensor.source == "tegrastats (line source): total_mw = POM_5V_IN rail"
     with pytest.raises(SensorError, match="the tegrastats line source has no more lines"):
@@ -121,7 +128,10 @@ def test_line_timestamps_replay_a_recorded_log_in_its_own_time() -> None:
 
 def test_line_without_rails_has_no_power() -> None:
     # A board without INA3221 monitors (Jetson Nano 2GB) prints no rail fields.
-    line = "RAM 1012/1977MB (lfb 4x1MB) SWAP 0/988MB (cached 0MB) CPU [5%@921,2%@921,0%@921,1%@921] GR3D_FREQ 0%@76"
+    line = (
+        "RAM 1012/1977MB (lfb 4x1MB) SWAP 0/988MB (cached 0MB) "
+        "CPU [5%@921,2%@921,0%@921,1%@921] GR3D_FREQ 0%@76"
+    )
     sensor = TegrastatsPowerSensor(lines=[line, line])
     integrator = PowerIntegrator.for_sensor(sensor)
     integrator.extend([sensor.read(), sensor.read()])
@@ -185,22 +195,32 @@ def test_subprocess_source_streams_lines(tmp_path: Path) -> None:
         assert len(pending) >= 2
         assert [s.timestamp_s for s in pending] == sorted(s.timestamp_s for s in pending)
         assert all(s.total_mw in (4761.0, 6626.0) for s in pending)
-        assert sensor.source == f"tegrastats ({tmp_path / 'usr/bin/tegrastats'} --interval 50): total_mw = VDD_IN rail"
-        process = sensor._process  # noqa: SLF001 - checking that close() really ends it
+        assert (
+            sensor.source
+            == f"tegrastats ({tmp_path / 'usr/bin/tegrastats'} --interval 50): total_mw = VDD_IN rail"
+        )
+        process = sensor._process
         assert process is not None
     assert process.poll() is not None
 
 
 def test_subprocess_that_exits_reports_its_status_and_stderr(tmp_path: Path) -> None:
     _install_fake_tegrastats(tmp_path, 'echo "tegrastats: must be run as root" >&2\nexit 1\n')
-    with TegrastatsPowerSensor(tmp_path, interval_ms=100) as sensor:
+    sensor = TegrastatsPowerSensor(tmp_path, interval_ms=100)
+    with sensor, pytest.raises(SensorError, match=r"exited: exit status 1: tegrastats: must be run as root"):
+        sensor.read()
+    again = TegrastatsPowerSensor(tmp_path, interval_ms=100)
+    with again:
+        deadline = time.monotonic() + 5
         with pytest.raises(SensorError, match=r"exited: exit status 1: tegrastats: must be run as root"):
-            sensor.read()
+            while time.monotonic() < deadline:  # read_pending() never waits: poll until the exit shows
+                assert again.read_pending() == []
+                time.sleep(0.02)
 
 
 def test_subprocess_silent_past_the_timeout(tmp_path: Path) -> None:
     _install_fake_tegrastats(tmp_path, "sleep 5\n")
-    with TegrastatsPowerSensor(tmp_path, interval_ms=100, read_timeout_s=0.3) as sensor:
-        with pytest.raises(SensorError, match=r"no line from .*tegrastats within 0\.3 s") as info:
-            sensor.read()
-        assert "sudo tegrastats --interval 1000" in str(info.value)
+    sensor = TegrastatsPowerSensor(tmp_path, interval_ms=100, read_timeout_s=0.3)
+    with sensor, pytest.raises(SensorError, match=r"no line from .*tegrastats within 0\.3 s") as info:
+        sensor.read()
+    assert "sudo tegrastats --interval 1000" in str(info.value)
