@@ -63,3 +63,18 @@ class EvaluationError(EdgekitError):
 
 class AccuracyBudgetError(EvaluationError):
     """The built model is outside the recipe's accuracy budget."""
+
+
+class PruneError(EdgekitError):
+    """Pruning cannot be done as asked (unknown method, sparsity out of range, untraceable model, ...)."""
+
+
+__all__.append("PruneError")
+
+
+class QuantizationError(EdgekitError):
+    """A tensor cannot be quantized to the requested format (unknown format, bad block size or axis,
+    values the format cannot represent such as NaN in FP4 E2M1), or encoded codes are invalid."""
+
+
+__all__.append("QuantizationError")

@@ -206,8 +206,11 @@ def build(
             "stages": list(progress.times.entries),
         }
         with progress.stage("bundle"):
+            from edgekit.bundle.manifest import file_hashes
             from edgekit.report import write_report
 
+            manifest["files"] = file_hashes(staging.path)  # model and golden files; the report is added below
+            manifest["model"]["sha256"] = manifest["files"]["model.onnx"]
             write_report(staging.path, manifest, result.samples_ms, staging.path / "model.onnx")
             manifest["stages"] = list(progress.times.entries)
             manifest = write_manifest(staging.path, manifest)

@@ -40,18 +40,24 @@ def host_description() -> dict[str, Any]:
     return {"machine": platform.machine(), "cpu": cpu, "cores": os.cpu_count(), "os": f"{platform.system()} {platform.release()}", "python": sys.version.split()[0]}
 
 
-def file_hashes(root: Path) -> dict[str, str]:
-    """sha256 of every file under ``root`` except the manifest, keyed by POSIX relative path."""
-    return {
-        path.relative_to(root).as_posix(): sha256_file(path)
-        for path in sorted(root.rglob("*"))
-        if path.is_file() and path.relative_to(root).as_posix() != MANIFEST
-    }
+def file_hashes(root: Path, known: dict[str, str] | None = None) -> dict[str, str]:
+    """sha256 of every file under ``root`` except the manifest, keyed by POSIX relative path;
+    files already in ``known`` (hashed earlier in the same build) are not read again."""
+    known = known or {}
+    hashes = {}
+    for path in sorted(root.rglob("*")):
+        relative = path.relative_to(root).as_posix()
+        if path.is_file() and relative != MANIFEST:
+            hashes[relative] = known.get(relative) or sha256_file(path)
+    return hashes
 
 
 def write_manifest(root: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """Fill in ``files`` and write ``manifest.json``; returns the manifest written."""
+    """Fill in ``files`` (and the model's sha256) and write ``manifest.json``; returns the manifest written."""
     manifest = dict(manifest)
-    manifest["files"] = file_hashes(root)
+    manifest["files"] = file_hashes(root, manifest.get("files"))
+    model = manifest.get("model")
+    if isinstance(model, dict) and model.get("path") in manifest["files"]:
+        manifest["model"] = {**model, "sha256": manifest["files"][model["path"]]}
     (root / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
     return manifest

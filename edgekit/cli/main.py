@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if args.verbose < 2:
+        # The exporters log every skipped optional op and every pass at INFO/WARNING; keep the CLI readable.
+        for noisy in ("torch.onnx", "onnxscript", "onnx_ir", "torch._export", "torch.export"):
+            logging.getLogger(noisy).setLevel(logging.ERROR)
     try:
         return int(args.func(args) or 0)
     except EdgekitError as exc:

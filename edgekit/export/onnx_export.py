@@ -69,6 +69,12 @@ def _unsupported_op(message: str) -> str | None:
 def _export_dynamo(module: Any, args: tuple[Any, ...], recipe: Recipe, opset: int, path: Path) -> None:
     import torch
 
+    # torch's logging setup resets its loggers on import; quiet the per-op "torchvision is not installed"
+    # notices of the op registry unless the user asked for debug output.
+    registry_log = logging.getLogger("torch.onnx._internal.exporter._registration")
+    if not log.isEnabledFor(logging.DEBUG):
+        registry_log.setLevel(logging.ERROR)
+
     program = torch.onnx.export(
         module,
         args,

@@ -1,11 +1,11 @@
 """The report's plots, each returned as an inline ``<svg>`` string.
 
 Figures are drawn with matplotlib's object API (``matplotlib.figure.Figure``), never through
-``pyplot``, so importing or calling this module changes no global matplotlib state and needs no
-display: the ``Agg``-style headless backend question does not arise. Text stays text in the SVG
-(``svg.fonttype: none``), which keeps each plot to a few tens of kilobytes; element ids are salted
-per plot so several SVGs can share one HTML page. Each function returns ``None`` when it has
-nothing to draw.
+``pyplot``: no GUI backend is ever selected (so no ``matplotlib.use("Agg")`` is needed), and
+importing or calling this module changes no global matplotlib state; settings apply inside an
+``rc_context`` only. Text stays text in the SVG (``svg.fonttype: none``), which keeps each plot to
+a few tens of kilobytes; element ids are prefixed per plot so several SVGs can share one HTML page.
+Each function returns ``None`` when it has nothing to draw.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import io
 import math
+import numbers
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -166,8 +167,6 @@ def parity_svg(shapes: Sequence[ShapeParity], atol: float | None) -> str | None:
 
 def _finite(value: object) -> bool:
     """A real, finite number (NumPy scalars included, bools not)."""
-    import numbers
-
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 

@@ -1,0 +1,1 @@
+"""Quantization and pruning per target profile."""

@@ -1,0 +1,446 @@
+"""The agent's configuration: YAML loaded into frozen dataclasses (example: ``runtime/agent.example.yaml``).
+
+Every problem raises :class:`AgentConfigError` naming the file, the key (``broker.tls.ca``) and the
+fix; an unknown key suggests the closest known one. Relative paths are resolved against the
+directory of the configuration file, so a config and its keys can move together.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from edgekit_runtime.agent.errors import AgentConfigError
+
+DEFAULT_API_ADDRESS = "127.0.0.1:8470"
+POWER_SENSORS = ("auto", "ina3221", "tegrastats", "nvml", "rapl", "none")
+BROKER_SCHEMES = {"mqtt": 1883, "mqtts": 8883}
+UNIX_PREFIX = "unix:"
+_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_REQUIRED = object()
+
+
+# -- the API address ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ApiAddress:
+    """Where the local API listens: a loopback ``host:port`` or a Unix socket ``path``."""
+
+    host: str | None = None
+    port: int | None = None
+    unix_path: Path | None = None
+
+    @property
+    def is_unix(self) -> bool:
+        return self.unix_path is not None
+
+    def __str__(self) -> str:
+        if self.unix_path is not None:
+            return f"{UNIX_PREFIX}{self.unix_path}"
+        host = f"[{self.host}]" if self.host and ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+def parse_api_address(text: object, *, where: str = "api.address") -> ApiAddress:
+    """Parse ``127.0.0.1:8470``, ``[::1]:8470``, ``localhost:8470`` or ``unix:/run/edgekit/agent.sock``.
+
+    Anything that is not loopback is refused: the API has no authentication, so it must not be
+    reachable from the network.
+    """
+    hint = f"use '{DEFAULT_API_ADDRESS}' or 'unix:/run/edgekit/agent.sock'"
+    if not isinstance(text, str) or not text.strip():
+        raise AgentConfigError(f"{where}: expected an address string, got {text!r}", hint=hint)
+    text = text.strip()
+    if text.startswith(UNIX_PREFIX):
+        path = text[len(UNIX_PREFIX) :]
+        if not path.startswith("/"):
+            raise AgentConfigError(f"{where}: Unix socket path '{path}' must be absolute", hint=hint)
+        return ApiAddress(unix_path=Path(path))
+    match = re.fullmatch(r"\[(?P<v6>[^\]]+)\]:(?P<port6>\d+)|(?P<host>[^:\[\]]+):(?P<port>\d+)", text)
+    if match is None:
+        raise AgentConfigError(f"{where}: '{text}' is not HOST:PORT or unix:/PATH", hint=hint)
+    host = match.group("v6") or match.group("host")
+    port = int(match.group("port6") or match.group("port"))
+    if port > 65535:
+        raise AgentConfigError(f"{where}: port {port} is out of range 0..65535", hint=hint)
+    if host == "localhost":
+        host = "127.0.0.1"
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise AgentConfigError(
+            f"{where}: '{text}' is not a loopback address; the agent's API has no authentication and "
+            "binds only to 127.0.0.1, ::1 or a Unix socket",
+            hint=hint + "; reach it from elsewhere through SSH port forwarding, never by opening it up",
+        )
+    return ApiAddress(host=host, port=port)
+
+
+# -- the configuration ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    url: str
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    username: str | None = None
+    password_file: Path | None = None
+    keepalive_s: int = 30
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.url.startswith("mqtts://")
+
+
+@dataclass(frozen=True)
+class BundlesConfig:
+    dir: Path
+    public_key: Path | None = None
+    allow_unsigned: bool = False
+    max_download_bytes: int = 4 * 1024**3
+    download_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    address: ApiAddress = field(default_factory=lambda: parse_api_address(DEFAULT_API_ADDRESS))
+    max_request_bytes: int = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SpoolConfig:
+    path: Path
+    max_messages: int = 10_000
+    max_bytes: int = 50 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    spool: SpoolConfig
+    interval_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class PowerConfig:
+    sensor: str = "auto"
+    root: Path = Path("/")
+    sample_interval_s: float = 0.1
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """A synthetic request every ``interval_s`` so that an idle device still reports latency."""
+
+    interval_s: float
+    dims: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """Dynamic batching: requests that arrive within ``max_delay_ms`` run as one call of at most
+    ``max_batch`` items along the dimension named ``dim``."""
+
+    max_batch: int
+    max_delay_ms: float
+    dim: str = "batch"
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    """After a deploy the agent watches ``window_s`` seconds; more than ``max_error_rate`` failed
+    requests (of at least ``min_requests``) or a failing self-check roll the deploy back."""
+
+    window_s: float = 60.0
+    max_error_rate: float = 0.05
+    min_requests: int = 1
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    device_id: str
+    fleet: str
+    bundles: BundlesConfig
+    telemetry: TelemetryConfig
+    broker: BrokerConfig | None = None
+    api: ApiConfig = field(default_factory=ApiConfig)
+    power: PowerConfig = field(default_factory=PowerConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    probe: ProbeConfig | None = None
+    batching: BatchingConfig | None = None
+    source: Path | None = None
+
+
+# -- reading ------------------------------------------------------------------------------------------
+
+
+class _Section:
+    """One mapping of the YAML file; every read names ``file: key`` in its errors."""
+
+    def __init__(self, data: object, *, file: Path, prefix: str, known: tuple[str, ...]) -> None:
+        self.file = file
+        self.prefix = prefix
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise self.error(prefix.rstrip(".") or "top level", f"must be a mapping of keys, got {type(data).__name__}")
+        self.data: Mapping[str, Any] = data
+        for key in data:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=1)
+                raise self.error(
+                    f"{prefix}{key}",
+                    "is not a known key",
+                    hint=(f"did you mean '{prefix}{close[0]}'? " if close else "")
+                    + f"known keys here: {', '.join(known)}",
+                )
+
+    def error(self, key: str, problem: str, *, hint: str | None = None) -> AgentConfigError:
+        return AgentConfigError(f"{self.file}: {key}: {problem}", hint=hint)
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    def has(self, name: str) -> bool:
+        return self.data.get(name) is not None
+
+    def section(self, name: str, known: tuple[str, ...]) -> _Section:
+        return _Section(self.data.get(name), file=self.file, prefix=f"{self.prefix}{name}.", known=known)
+
+    def _get(self, name: str, default: object, example: str) -> object:
+        value = self.data.get(name)
+        if value is None:
+            if default is _REQUIRED:
+                raise self.error(self.key(name), "is required", hint=f"add it, e.g. {name}: {example}")
+            return default
+        return value
+
+    def string(self, name: str, default: object = _REQUIRED, *, example: str = "...") -> Any:
+        value = self._get(name, default, example)
+        if value is not default and not isinstance(value, str):
+            raise self.error(self.key(name), f"expected a string, got {value!r}", hint=f"e.g. {name}: {example}")
+        return value
+
+    def identifier(self, name: str, *, example: str) -> str:
+        value: str = self.string(name, example=example)
+        if not _ID_PATTERN.match(value):
+            raise self.error(
+                self.key(name),
+                f"{value!r} may only hold letters, digits, '_', '.' and '-' (it becomes part of MQTT topics)",
+                hint=f"e.g. {name}: {example}",
+            )
+        return value
+
+    def number(
+        self, name: str, default: object = _REQUIRED, *, minimum: float, integer: bool = False,
+        maximum: float | None = None, exclusive_minimum: bool = False, example: str = "1",
+    ) -> Any:
+        value = self._get(name, default, example)
+        if value is default:
+            return value
+        kinds = (int,) if integer else (int, float)
+        bad_type = isinstance(value, bool) or not isinstance(value, kinds)
+        too_low = not bad_type and (value <= minimum if exclusive_minimum else value < minimum)
+        too_high = not bad_type and maximum is not None and value > maximum
+        if bad_type or too_low or too_high:
+            kind = "an integer" if integer else "a number"
+            low = f"> {minimum}" if exclusive_minimum else f">= {minimum}"
+            bounds = low + (f" and <= {maximum}" if maximum is not None else "")
+            raise self.error(self.key(name), f"expected {kind} {bounds}, got {value!r}", hint=f"e.g. {name}: {example}")
+        return float(value) if not integer else int(value)
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self._get(name, default, "false")
+        if not isinstance(value, bool):
+            raise self.error(self.key(name), f"expected true or false, got {value!r}")
+        return value
+
+    def path(self, name: str, default: object = _REQUIRED, *, example: str = "/path") -> Any:
+        value = self.string(name, default, example=example)
+        if value is default or value is None:
+            return value
+        path = Path(os.path.expanduser(value))
+        return path if path.is_absolute() else (self.file.parent / path).resolve()
+
+
+def load_config(path: str | os.PathLike[str]) -> AgentConfig:
+    """Read and validate the agent's YAML configuration file."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError as err:
+        raise AgentConfigError(
+            f"agent configuration '{file}' does not exist",
+            hint="copy runtime/agent.example.yaml and edit it, then pass --config PATH",
+        ) from err
+    except OSError as err:
+        raise AgentConfigError(f"agent configuration '{file}' cannot be read: {err.strerror or err}") from err
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise AgentConfigError(f"{file}: not valid YAML: {err}", hint="check indentation and quoting") from err
+    return parse_config(data, file=file.resolve())
+
+
+def parse_config(data: object, *, file: Path) -> AgentConfig:
+    """Validate already-parsed YAML ``data``; ``file`` names the source in errors and anchors paths."""
+    top = _Section(
+        data,
+        file=file,
+        prefix="",
+        known=("device_id", "fleet", "broker", "bundles", "api", "telemetry", "power", "probe", "batching", "health"),
+    )
+    bundles = _parse_bundles(top.section("bundles", ("dir", "public_key", "allow_unsigned", "max_download_mb", "download_timeout_s")))
+    return AgentConfig(
+        device_id=top.identifier("device_id", example="jetson-07"),
+        fleet=top.identifier("fleet", example="warehouse-a"),
+        broker=_parse_broker(top) if top.has("broker") else None,
+        bundles=bundles,
+        api=_parse_api(top.section("api", ("address", "max_request_mb"))),
+        telemetry=_parse_telemetry(top.section("telemetry", ("interval_s", "spool"))),
+        power=_parse_power(top.section("power", ("sensor", "root", "sample_interval_s"))),
+        health=_parse_health(top.section("health", ("window_s", "max_error_rate", "min_requests"))),
+        probe=_parse_probe(top.section("probe", ("interval_s", "dims"))) if top.has("probe") else None,
+        batching=_parse_batching(top.section("batching", ("max_batch", "max_delay_ms", "dim")))
+        if top.has("batching")
+        else None,
+        source=file,
+    )
+
+
+def _parse_broker(top: _Section) -> BrokerConfig:
+    section = top.section("broker", ("url", "tls", "username", "password_file", "keepalive_s"))
+    url: str = section.string("url", example="mqtts://broker.example.com:8883")
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    if scheme not in BROKER_SCHEMES or not url.split("://", 1)[1].strip("/"):
+        raise section.error(
+            "broker.url",
+            f"{url!r} must be mqtt://HOST[:PORT] or mqtts://HOST[:PORT]",
+            hint="mqtts:// (TLS, port 8883) on real networks; mqtt:// only on loopback or a trusted LAN",
+        )
+    tls_section = section.section("tls", ("ca", "cert", "key"))
+    tls = TlsConfig(
+        ca=tls_section.path("ca", None),
+        cert=tls_section.path("cert", None),
+        key=tls_section.path("key", None),
+    )
+    if (tls.cert is None) != (tls.key is None):
+        raise section.error("broker.tls", "cert and key must be given together (client certificate authentication)")
+    if scheme == "mqtt" and (tls.ca or tls.cert):
+        raise section.error("broker.tls", "is set but broker.url uses mqtt:// (no TLS)", hint="use mqtts:// in broker.url")
+    for name in ("ca", "cert", "key"):
+        tls_path = getattr(tls, name)
+        if tls_path is not None and not tls_path.is_file():
+            raise section.error(f"broker.tls.{name}", f"file '{tls_path}' does not exist", hint="fix the path")
+    password_file = section.path("password_file", None)
+    if password_file is not None and not password_file.is_file():
+        raise section.error("broker.password_file", f"file '{password_file}' does not exist", hint="fix the path")
+    return BrokerConfig(
+        url=url,
+        tls=tls,
+        username=section.string("username", None),
+        password_file=password_file,
+        keepalive_s=section.number("keepalive_s", 30, minimum=5, integer=True, maximum=3600, example="30"),
+    )
+
+
+def _parse_bundles(section: _Section) -> BundlesConfig:
+    allow_unsigned = section.boolean("allow_unsigned", False)
+    public_key = section.path("public_key", None, example="/etc/edgekit/fleet_public.pem")
+    if public_key is None and not allow_unsigned:
+        raise section.error(
+            "bundles.public_key",
+            "is required: every bundle's signature is checked against the fleet's public key",
+            hint="create keys with `edgekit keygen --out DIR` and set bundles.public_key to DIR's public "
+            "key; only for development set bundles.allow_unsigned: true",
+        )
+    if public_key is not None and not public_key.is_file():
+        raise section.error("bundles.public_key", f"file '{public_key}' does not exist", hint="copy the fleet public key there")
+    max_mb = section.number("max_download_mb", 4096, minimum=0, exclusive_minimum=True, example="4096")
+    return BundlesConfig(
+        dir=section.path("dir", example="/var/lib/edgekit/bundles"),
+        public_key=public_key,
+        allow_unsigned=allow_unsigned,
+        max_download_bytes=int(max_mb * 1024 * 1024),
+        download_timeout_s=section.number("download_timeout_s", 60.0, minimum=0, exclusive_minimum=True, example="60"),
+    )
+
+
+def _parse_api(section: _Section) -> ApiConfig:
+    address = parse_api_address(section.string("address", DEFAULT_API_ADDRESS), where=f"{section.file}: api.address")
+    max_mb = section.number("max_request_mb", 64, minimum=0, exclusive_minimum=True, example="64")
+    return ApiConfig(address=address, max_request_bytes=int(max_mb * 1024 * 1024))
+
+
+def _parse_telemetry(section: _Section) -> TelemetryConfig:
+    spool = section.section("spool", ("path", "max_messages", "max_bytes"))
+    return TelemetryConfig(
+        interval_s=section.number("interval_s", 10.0, minimum=0, exclusive_minimum=True, example="10"),
+        spool=SpoolConfig(
+            path=spool.path("path", example="/var/lib/edgekit/spool"),
+            max_messages=spool.number("max_messages", 10_000, minimum=1, integer=True, example="10000"),
+            max_bytes=spool.number("max_bytes", 50 * 1024 * 1024, minimum=1024, integer=True, example="52428800"),
+        ),
+    )
+
+
+def _parse_power(section: _Section) -> PowerConfig:
+    sensor = section.string("sensor", "auto")
+    if sensor not in POWER_SENSORS:
+        close = difflib.get_close_matches(sensor, POWER_SENSORS, n=1)
+        raise section.error(
+            "power.sensor",
+            f"unknown sensor {sensor!r}",
+            hint=(f"did you mean '{close[0]}'? " if close else "") + f"choose one of {', '.join(POWER_SENSORS)}",
+        )
+    return PowerConfig(
+        sensor=sensor,
+        root=section.path("root", Path("/")),
+        sample_interval_s=section.number("sample_interval_s", 0.1, minimum=0, exclusive_minimum=True, example="0.1"),
+    )
+
+
+def _parse_probe(section: _Section) -> ProbeConfig:
+    dims_data = section.data.get("dims") or {}
+    if not isinstance(dims_data, Mapping):
+        raise section.error("probe.dims", "must map dim names to sizes", hint="e.g. dims: {batch: 1}")
+    for name, size in dims_data.items():
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise section.error(f"probe.dims.{name}", f"expected an integer >= 1, got {size!r}", hint="e.g. batch: 1")
+    return ProbeConfig(
+        interval_s=section.number("interval_s", minimum=0, exclusive_minimum=True, example="60"),
+        dims={str(name): int(size) for name, size in dims_data.items()},
+    )
+
+
+def _parse_batching(section: _Section) -> BatchingConfig:
+    return BatchingConfig(
+        max_batch=section.number("max_batch", minimum=1, integer=True, example="8"),
+        max_delay_ms=section.number("max_delay_ms", minimum=0, example="2"),
+        dim=section.string("dim", "batch"),
+    )
+
+
+def _parse_health(section: _Section) -> HealthConfig:
+    return HealthConfig(
+        window_s=section.number("window_s", 60.0, minimum=0, example="60"),
+        max_error_rate=section.number("max_error_rate", 0.05, minimum=0, maximum=1, example="0.05"),
+        min_requests=section.number("min_requests", 1, minimum=0, integer=True, example="1"),
+    )

@@ -1,0 +1,168 @@
+"""How tensors travel over the agent's local API: JSON, or the binary ``application/x-edgekit-tensors``.
+
+JSON (``application/json``)::
+
+    {"inputs": {"image": {"dtype": "float32", "shape": [1, 1, 8, 8], "data": [[[[0.1, ...]]]]}}}
+
+``shape`` may be left out (the nesting of ``data`` gives it); when present it must agree with ``data``.
+Responses carry ``"outputs"`` in the same form.
+
+Binary (``application/x-edgekit-tensors``), all integers little-endian::
+
+    offset 0   4 bytes   magic b"EKT1"
+    offset 4   uint32    H = length of the header in bytes
+    offset 8   H bytes   UTF-8 JSON header, padded with spaces so that 8 + H is a multiple of 8:
+                         {"tensors": [{"name": "image", "dtype": "float32", "shape": [1, 1, 8, 8],
+                                       "offset": 0, "nbytes": 256}, ...]}
+    offset 8+H           the data section: each tensor's elements in C (row-major) order as
+                         little-endian values, starting at its ``offset`` (relative to the data
+                         section, a multiple of 8) and ``nbytes`` long
+
+``dtype`` is a numpy dtype name from :data:`WIRE_DTYPES` (``bool`` is one byte, 0 or 1). Arrays
+decoded from a request body are writable views into that body (no copy).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from edgekit_runtime.errors import InputSignatureError
+
+JSON_CONTENT_TYPE = "application/json"
+BINARY_CONTENT_TYPE = "application/x-edgekit-tensors"
+MAGIC = b"EKT1"
+ALIGNMENT = 8
+WIRE_DTYPES = frozenset(
+    {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64"}
+)
+_PREFIX = struct.Struct("<4sI")
+
+
+def _wire_dtype(name: object, *, tensor: str) -> np.dtype:
+    if not isinstance(name, str) or name not in WIRE_DTYPES:
+        raise InputSignatureError(
+            f"tensor '{tensor}': dtype {name!r} cannot be sent over the API",
+            hint=f"use one of: {', '.join(sorted(WIRE_DTYPES))}",
+        )
+    return np.dtype(name).newbyteorder("<")
+
+
+def _pad(size: int) -> int:
+    return -size % ALIGNMENT
+
+
+# -- binary -----------------------------------------------------------------------------------------------
+
+
+def encode_binary(tensors: Mapping[str, np.ndarray]) -> bytes:
+    """Encode named arrays in the binary wire format."""
+    entries: list[dict[str, Any]] = []
+    chunks: list[bytes] = []
+    offset = 0
+    for name, array in tensors.items():
+        array = np.asarray(array)
+        dtype = _wire_dtype(array.dtype.name, tensor=name)
+        data = np.ascontiguousarray(array, dtype=dtype).tobytes()
+        entries.append({"name": name, "dtype": array.dtype.name, "shape": list(array.shape), "offset": offset, "nbytes": len(data)})
+        chunks.append(data + b"\0" * _pad(len(data)))
+        offset += len(data) + _pad(len(data))
+    header = json.dumps({"tensors": entries}, separators=(",", ":")).encode("utf-8")
+    header += b" " * _pad(_PREFIX.size + len(header))
+    return _PREFIX.pack(MAGIC, len(header)) + header + b"".join(chunks)
+
+
+def decode_binary(body: bytes | bytearray | memoryview) -> dict[str, np.ndarray]:
+    """Decode the binary wire format; malformed bodies raise :class:`InputSignatureError`."""
+    hint = f"see the {BINARY_CONTENT_TYPE} layout in edgekit_runtime/agent/wire.py, or send JSON"
+    view = memoryview(body)
+    if len(view) < _PREFIX.size:
+        raise InputSignatureError(f"{BINARY_CONTENT_TYPE} body is {len(view)} bytes, too short for its prefix", hint=hint)
+    magic, header_len = _PREFIX.unpack_from(view, 0)
+    if magic != MAGIC:
+        raise InputSignatureError(f"{BINARY_CONTENT_TYPE} body starts with {bytes(magic)!r}, expected {MAGIC!r}", hint=hint)
+    data_start = _PREFIX.size + header_len
+    if data_start > len(view):
+        raise InputSignatureError(f"{BINARY_CONTENT_TYPE} header length {header_len} runs past the body ({len(view)} bytes)", hint=hint)
+    try:
+        header = json.loads(bytes(view[_PREFIX.size : data_start]).decode("utf-8"))
+        entries = header["tensors"]
+        if not isinstance(entries, list):
+            raise TypeError("tensors is not a list")
+    except (ValueError, KeyError, TypeError) as err:
+        raise InputSignatureError(f"{BINARY_CONTENT_TYPE} header is not valid: {err}", hint=hint) from err
+    data = view[data_start:]
+    tensors: dict[str, np.ndarray] = {}
+    for index, entry in enumerate(entries):
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not name or name in tensors:
+            raise InputSignatureError(f"{BINARY_CONTENT_TYPE} header: tensors[{index}] has a missing or repeated name {name!r}", hint=hint)
+        dtype = _wire_dtype(entry.get("dtype"), tensor=name)
+        shape = entry.get("shape")
+        offset, nbytes = entry.get("offset"), entry.get("nbytes")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise InputSignatureError(f"tensor '{name}': shape must be a list of sizes >= 0, got {shape!r}", hint=hint)
+        count = math.prod(shape)
+        if nbytes != count * dtype.itemsize:
+            raise InputSignatureError(
+                f"tensor '{name}': nbytes {nbytes!r} does not match {dtype.name}{shape} ({count * dtype.itemsize} bytes)", hint=hint
+            )
+        if not isinstance(offset, int) or offset < 0 or offset + nbytes > len(data):
+            raise InputSignatureError(f"tensor '{name}': offset {offset!r} + nbytes {nbytes} runs past the data section ({len(data)} bytes)", hint=hint)
+        array = np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
+        tensors[name] = array if dtype.isnative else array.astype(dtype.newbyteorder("="))
+    return tensors
+
+
+# -- JSON -------------------------------------------------------------------------------------------------
+
+# Which kinds of JSON-parsed arrays may become which declared dtype kind without losing information.
+_ACCEPTED_KINDS = {"f": "biuf", "i": "iu", "u": "iu", "b": "b"}
+
+
+def decode_json_tensors(tensors: object, *, section: str = "inputs") -> dict[str, np.ndarray]:
+    """``{"name": {"dtype", "shape", "data"}}`` -> arrays. No silent rounding or overflow."""
+    hint = f'send {{"{section}": {{"NAME": {{"dtype": "float32", "shape": [...], "data": [...]}}}}}}'
+    if not isinstance(tensors, Mapping) or not tensors:
+        raise InputSignatureError(f"'{section}' must be a non-empty object of named tensors, got {type(tensors).__name__}", hint=hint)
+    arrays: dict[str, np.ndarray] = {}
+    for name, spec in tensors.items():
+        if not isinstance(spec, Mapping) or "data" not in spec or "dtype" not in spec:
+            raise InputSignatureError(f"{section} '{name}': expected an object with dtype, shape and data", hint=hint)
+        dtype = _wire_dtype(spec["dtype"], tensor=name).newbyteorder("=")
+        try:
+            raw = np.asarray(spec["data"])
+        except ValueError as err:
+            raise InputSignatureError(f"{section} '{name}': data is not a rectangular nested list ({err})", hint=hint) from err
+        if raw.size and raw.dtype.kind not in _ACCEPTED_KINDS[dtype.kind]:
+            raise InputSignatureError(
+                f"{section} '{name}': data holds {raw.dtype.name} values, which do not fit dtype {dtype.name} without rounding",
+                hint=f"send values of dtype {dtype.name}, or change the declared dtype",
+            )
+        array = raw.astype(dtype)
+        if raw.size and dtype.kind in "iu" and not np.array_equal(array, raw):
+            raise InputSignatureError(f"{section} '{name}': values overflow {dtype.name}", hint="check the data range")
+        shape = spec.get("shape")
+        if shape is not None and list(array.shape) != list(shape):
+            if array.size == 0 and isinstance(shape, list) and math.prod(shape) == 0:
+                array = array.reshape(shape)
+            else:
+                raise InputSignatureError(
+                    f"{section} '{name}': data has shape {list(array.shape)} but shape says {shape}",
+                    hint="make the nesting of data match shape",
+                )
+        arrays[str(name)] = array
+    return arrays
+
+
+def encode_json_tensors(tensors: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Arrays -> ``{"name": {"dtype", "shape", "data"}}`` (floats round-trip exactly)."""
+    return {
+        name: {"dtype": np.asarray(array).dtype.name, "shape": list(np.shape(array)), "data": np.asarray(array).tolist()}
+        for name, array in tensors.items()
+    }

@@ -1,0 +1,51 @@
+"""The two demo recipes build end to end for this host, with real numbers in every manifest field."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgekit.pipeline import build
+from edgekit_runtime.backends import create_runner
+from edgekit_runtime.bundle import open_bundle, self_check
+from tests.conftest import REPO
+
+REQUIRED = {
+    "schema_version", "name", "created", "recipe", "target", "backend", "precision", "files", "io",
+    "toolchain", "export", "accuracy", "benchmark", "golden",
+}
+BENCH_KEYS = {"host", "batch", "shape", "warmup", "iterations", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "throughput_per_s", "peak_rss_mb"}
+
+
+def _check_manifest(manifest: dict) -> None:
+    assert REQUIRED <= set(manifest)
+    assert BENCH_KEYS <= set(manifest["benchmark"])
+    assert manifest["benchmark"]["p50_ms"] > 0 and manifest["benchmark"]["peak_rss_mb"] > 0
+    assert len(manifest["recipe"]["sha256"]) == 64
+    assert manifest["target"]["name"] == "x86-64-cpu"
+    assert manifest["toolchain"]["onnx"] and manifest["toolchain"]["torch"]
+    assert manifest["export"]["exporter"] in ("dynamo", "legacy")
+    assert manifest["accuracy"]["passed"] is True
+
+
+@pytest.mark.slow
+def test_digits_cnn_demo_build(tmp_path):
+    result = build(REPO / "recipes" / "digits-cnn.yaml", "x86-64-cpu", out=tmp_path / "digits")
+    manifest = result.manifest
+    _check_manifest(manifest)
+    assert manifest["accuracy"]["metric"] == "top1" and manifest["accuracy"]["samples"] == 500
+    assert manifest["accuracy"]["value"] >= 0.97
+    assert manifest["benchmark"]["batch"] == 64
+    bundle = open_bundle(result.bundle_dir)
+    with create_runner(bundle) as runner:
+        assert self_check(bundle, runner).passed
+
+
+@pytest.mark.slow
+def test_minilm_demo_build(tmp_path):
+    result = build(REPO / "recipes" / "minilm.yaml", "x86-64-cpu", out=tmp_path / "minilm")
+    manifest = result.manifest
+    _check_manifest(manifest)
+    assert manifest["export"]["parity"]["max_abs_diff"] < 1e-4
+    assert manifest["io"]["outputs"][0] == {"name": "sentence_embedding", "dtype": "float32", "shape": ["batch", 384]}
+    assert manifest["accuracy"]["metric"] == "cosine" and manifest["accuracy"]["value"] > 0.9999
+    assert manifest["benchmark"]["shape"] == {"batch": 8, "seq": 128}
