@@ -1,8 +1,10 @@
 """The build pipeline: recipe + target profile -> checked, evaluated, benchmarked bundle directory.
 
-Each stage is a small function from artifact to artifact (see the modules it calls); this module only
+Each stage below is a small function that reads the artifacts earlier stages left in a
+:class:`BuildState` and adds its own; the real work lives in the stage's package (``sources``,
+``prune``, ``export``, ``quantize``, ``engines``, ``evaluate``, ``bundle``, ``report``). This module
 composes them, times them for the manifest and reports progress. Everything is written into a staging
-directory that is renamed into place at the end, so a failed or interrupted build leaves nothing behind.
+directory renamed into place at the end, so a failed or interrupted build leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -11,41 +13,92 @@ import datetime as dt
 import logging
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from edgekit.bundle.golden import write_golden
-from edgekit.bundle.manifest import SCHEMA_VERSION, host_description, toolchain_versions, write_manifest
+from edgekit.bundle.manifest import SCHEMA_VERSION, file_hashes, host_description, toolchain_versions, write_manifest
 from edgekit.bundle.staging import BundleStaging, check_destination
 from edgekit.data import Batch, dims_at, fit_batch, load_batches, model_inputs
-from edgekit.engines import BUILDERS
-from edgekit.evaluate import check_budget, evaluate_accuracy
-from edgekit.export import check_parity, export_onnx
+from edgekit.engines import BUILDERS, EngineBuild
+from edgekit.errors import BuildError
+from edgekit.evaluate import AccuracyResult, check_budget, evaluate_accuracy
+from edgekit.export import check_and_infer, check_parity, export_onnx
 from edgekit.export.parity import row_cosines
 from edgekit.io_signature import io_section
 from edgekit.precision import Backend, Precision
 from edgekit.progress import StageReporter
+from edgekit.quantize.gating import PrecisionDecision, decide_precision
 from edgekit.recipe import Recipe, load_recipe
-from edgekit.sources import load_source
+from edgekit.sources import LoadedModel, load_source
 from edgekit.target import TargetProfile, get_target
 from edgekit.torch_reference import TorchReference
 from edgekit_runtime.backends.onnxruntime import OnnxRuntimeRunner
 from edgekit_runtime.signature import IOSignature
-from edgekit_runtime.timing import benchmark_runner
+from edgekit_runtime.timing import BenchmarkResult, benchmark_runner
 
 log = logging.getLogger(__name__)
 
 #: Providers this host can run when the target's own are elsewhere (a Jetson EP on an x86 dev host).
 HOST_PROVIDERS = [{"name": "CPUExecutionProvider", "options": {}}]
+RunFn = Callable[[Batch], dict[str, np.ndarray]]
 
 
 @dataclass(frozen=True)
 class BuildResult:
     bundle_dir: Path
     manifest: dict[str, Any]
+
+
+@dataclass
+class BuildState:
+    """The artifacts of one build, filled in stage by stage."""
+
+    recipe: Recipe
+    target: TargetProfile
+    backend: Backend
+    backend_reason: str
+    decision: PrecisionDecision
+    out_dir: Path
+    samples: list[Batch]
+    evaluation: list[Batch] | None
+    calibration: list[Batch] | None
+    threads: int
+    workdir: Path = Path()
+    staging_dir: Path = Path()
+    loaded: LoadedModel | None = None
+    reference: RunFn | None = None  # the FP32 truth: the unpruned PyTorch model, or the FP32 graph
+    reference_source: str = "pytorch-fp32"
+    export_module: Any = None  # what is exported: the source module, pruned if the recipe prunes
+    open_runners: list[OnnxRuntimeRunner] = field(default_factory=list)
+    prune: dict[str, Any] | None = None
+    fp32_path: Path = Path()
+    opset: int = 0
+    export: dict[str, Any] = field(default_factory=dict)
+    signature_dict: dict[str, Any] = field(default_factory=dict)
+    quantization: dict[str, Any] | None = None
+    model_path: Path = Path()  # the graph the engine builder takes (FP32 export or quantized)
+    engine: EngineBuild | None = None
+    accuracy: AccuracyResult | None = None
+    golden: dict[str, Any] = field(default_factory=dict)
+    bench: BenchmarkResult | None = None
+    bench_dims: dict[str, int] = field(default_factory=dict)
+    bench_providers: list[str] = field(default_factory=list)
+
+    @property
+    def precision(self) -> Precision:
+        return self.decision.used
+
+    @property
+    def signature(self) -> IOSignature:
+        return IOSignature.from_manifest(self.signature_dict)
+
+    def runner(self, model_path: Path, providers: list[dict[str, Any]] | None = None, graph_optimization: str = "all") -> OnnxRuntimeRunner:
+        return OnnxRuntimeRunner(model_path, self.signature, execution_providers=providers or HOST_PROVIDERS,
+                                 graph_optimization=graph_optimization, intra_op_threads=self.threads).load()
 
 
 def default_output(recipe: Recipe, target: TargetProfile, precision: Precision) -> Path:
@@ -64,8 +117,6 @@ def host_providers(target_providers: list[dict[str, Any]]) -> list[dict[str, Any
 def choose_backend(recipe: Recipe, target: TargetProfile) -> tuple[Backend, str]:
     """The recipe's backend if it names one (an error if it cannot be built here), else the target's
     most preferred backend that this edgekit can build; the reason goes into the manifest."""
-    from edgekit.errors import BuildError
-
     if recipe.build.backend is not None:
         backend = Backend(recipe.build.backend)
         target.backend(backend)  # raises when the target has no such backend
@@ -86,6 +137,197 @@ def choose_backend(recipe: Recipe, target: TargetProfile) -> tuple[Backend, str]
     )
 
 
+# ---------------------------------------------------------------------------------------------- stages
+
+
+def stage_load(recipe_path: Path | str, target_name: str, precision: Precision | str | None, out: Path | str | None, force: bool) -> BuildState:
+    recipe = load_recipe(recipe_path)
+    target = get_target(target_name)
+    recipe = recipe.for_target(target.name)
+    backend, backend_reason = choose_backend(recipe, target)
+    requested = precision or recipe.build.precision
+    if str(requested) == "auto":
+        raise BuildError("--precision auto needs the sensitivity search, which this build of edgekit does not have yet", hint="choose a precision")
+    decision = decide_precision(target, backend, Precision(requested), recipe.build.precision_fallback)
+    out_dir = Path(out) if out else default_output(recipe, target, decision.used)
+    check_destination(out_dir.resolve(), force)
+    samples = load_batches(recipe, recipe.data.samples, "samples")
+    evaluation = load_batches(recipe, recipe.data.evaluation, "evaluation") if recipe.evaluation and recipe.data.evaluation else None
+    needs_calibration = decision.used in (Precision.INT8, Precision.FP8)
+    if needs_calibration and recipe.data.calibration is None:
+        raise BuildError(f"{recipe.path}: precision {decision.used.value} needs calibration data", hint="add data.calibration (a callable or an npz_dir) to the recipe")
+    calibration = load_batches(recipe, recipe.data.calibration, "calibration") if needs_calibration and recipe.data.calibration else None
+    threads = recipe.build.benchmark.threads or min(os.cpu_count() or 1, target.cpu.cores)
+    return BuildState(recipe, target, backend, backend_reason, decision, out_dir, samples, evaluation, calibration, threads)
+
+
+def stage_source(state: BuildState) -> None:
+    state.loaded = load_source(state.recipe, state.workdir)
+    if state.loaded.module is not None:
+        state.reference = TorchReference(state.loaded.module, state.recipe)
+        state.export_module = state.loaded.module
+
+
+def stage_prune(state: BuildState) -> None:
+    """Prune a copy of the PyTorch model (the unpruned one stays the accuracy reference), then fine-tune."""
+    import copy
+
+    import torch
+
+    from edgekit.prune import fine_tune, prune_model
+
+    spec = state.recipe.build.prune
+    assert spec is not None and state.loaded is not None
+    if state.loaded.module is None:
+        raise BuildError(f"{state.recipe.path}: build.prune needs a PyTorch model; the source is {state.loaded.kind}", hint="remove the prune section for ONNX-file sources")
+    example = tuple(torch.from_numpy(state.samples[0][s.name]) for s in state.recipe.inputs)
+    module, report = prune_model(copy.deepcopy(state.loaded.module), spec.method, spec.sparsity, example, **spec.options())
+    if spec.fine_tune is not None:
+        module, report = fine_tune(module, spec.fine_tune.callable, spec.fine_tune.kwargs, report=report, search_dir=state.recipe.base_dir)
+    module.eval()
+    state.export_module = module
+    state.prune = report.to_dict()
+
+
+def stage_export(state: BuildState) -> None:
+    recipe, loaded = state.recipe, state.loaded
+    assert loaded is not None
+    state.opset = recipe.export.opset or state.target.build.opset
+    state.fp32_path = state.workdir / "exported.onnx"
+    if loaded.onnx_path is None or state.prune is not None:
+        result = export_onnx(state.export_module, recipe, model_inputs(recipe, state.samples[0]), state.opset, state.fp32_path)
+        state.opset = result.opset
+        state.export = {"exporter": result.exporter, "opset": result.opset, "seconds": round(result.seconds, 3), "fallback_reason": result.fallback_reason}
+    else:
+        import onnx
+
+        onnx.save(onnx.load(str(loaded.onnx_path), load_external_data=True), str(state.fp32_path))
+        check_and_infer(state.fp32_path)
+        state.export = {"exporter": loaded.exporter or "none", "opset": loaded.details.get("opset", state.opset), "seconds": 0.0, "fallback_reason": None}
+    state.signature_dict = io_section(recipe, state.fp32_path)
+    state.model_path = state.fp32_path
+
+
+def stage_parity(state: BuildState) -> str | None:
+    fp32 = state.runner(state.fp32_path)
+    state.open_runners.append(fp32)
+    if state.export_module is None:
+        state.export["parity"] = {"passed": None, "skipped": "the source is an ONNX file: no PyTorch reference"}
+        state.reference, state.reference_source = fp32.infer, "onnxruntime-fp32"
+        return None
+    parity = check_parity(state.recipe, TorchReference(state.export_module, state.recipe), fp32.infer, state.samples)
+    state.export["parity"] = parity.to_manifest()
+    return f"parity max abs diff {parity.max_abs_diff:.2e}, cosine min {parity.cosine_min:.6f}"
+
+
+def stage_quantize(state: BuildState) -> str:
+    from edgekit.quantize.stage import quantize_model
+
+    quantized = quantize_model(state.fp32_path, state.workdir / "quantized.onnx", state.recipe.build.quantization, state.target,
+                               state.backend, state.precision, state.calibration, state.workdir)
+    state.model_path = quantized.path
+    state.quantization = quantized.to_manifest()
+    from edgekit.quantize.stage import copy_calibration
+
+    relative = copy_calibration(quantized, state.staging_dir)
+    if relative and state.quantization.get("calibration"):
+        state.quantization["calibration"]["file"] = relative
+    return f"{state.precision.value}: {quantized.plan.activation_type} activations, {quantized.plan.weight_type} weights"
+
+
+def stage_build(state: BuildState) -> None:
+    state.engine = BUILDERS[state.backend](state.model_path, state.staging_dir / "model.onnx", state.target, state.recipe, state.precision)
+
+
+def stage_evaluate(state: BuildState, runner: OnnxRuntimeRunner) -> str | None:
+    recipe = state.recipe
+    if recipe.evaluation is None:
+        return None
+    assert state.reference is not None
+    batches = state.evaluation or state.samples
+    reference_outputs = [state.reference(model_inputs(recipe, b)) for b in batches]
+    state.accuracy = evaluate_accuracy(recipe, runner.infer, reference_outputs, batches, state.reference_source)
+    check_budget(recipe, state.accuracy, state.precision.value)
+    return f"{state.accuracy.metric} {state.accuracy.value:.4f} (reference {state.accuracy.reference:.4f})"
+
+
+def stage_golden(state: BuildState, runner: OnnxRuntimeRunner) -> None:
+    """Golden inputs with FP32 reference outputs; tolerances cover what this precision really deviates
+    on the host (with margin), never less than the recipe's parity tolerance."""
+    recipe = state.recipe
+    assert state.reference is not None
+    pairs = []
+    worst_abs, worst_cos = 0.0, 1.0
+    for batch in state.samples[: recipe.build.golden_batches]:
+        feeds = model_inputs(recipe, batch)
+        expected, got = state.reference(feeds), runner.infer(feeds)
+        pairs.append((feeds, {name: np.asarray(expected[name]) for name in recipe.outputs}))
+        for name in recipe.outputs:
+            e, g = np.asarray(expected[name], dtype=np.float64), np.asarray(got[name], dtype=np.float64)
+            worst_abs = max(worst_abs, float(np.abs(e - g).max(initial=0.0)))
+            if e.size and expected[name].dtype.kind == "f":
+                worst_cos = min(worst_cos, float(row_cosines(e, g).min()))
+    parity = recipe.export.parity
+    margin = 2 if state.precision is Precision.FP32 and state.prune is None else 4
+    state.golden = write_golden(state.staging_dir, pairs, atol=max(parity.atol, margin * worst_abs), rtol=parity.rtol,
+                                min_cosine=min(parity.min_cosine, 1 - margin * (1 - worst_cos)))
+
+
+def stage_bench(state: BuildState, runner: OnnxRuntimeRunner) -> str:
+    recipe = state.recipe
+    state.bench_dims = {**dims_at(recipe, "opt"), **recipe.build.benchmark.dims}
+    feeds = fit_batch(recipe, state.samples[0], state.bench_dims)
+    state.bench = benchmark_runner(runner, feeds, recipe.build.benchmark.warmup, recipe.build.benchmark.iterations)
+    state.bench_providers = list(runner.providers)
+    return f"p50 {state.bench.stats.p50_ms:.2f} ms, p99 {state.bench.stats.p99_ms:.2f} ms at {state.bench_dims}"
+
+
+def assemble_manifest(state: BuildState, stages: list[dict[str, Any]]) -> dict[str, Any]:
+    recipe, target, loaded, engine, bench = state.recipe, state.target, state.loaded, state.engine, state.bench
+    assert loaded is not None and engine is not None and bench is not None
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "name": f"{recipe.name}-{target.name}-{state.precision.value}",
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "recipe": {"name": recipe.name, "path": str(recipe.path), "sha256": recipe.sha256},
+        "target": target.to_json(),
+        "backend": {**engine.to_manifest(state.threads), "selected_because": state.backend_reason},
+        "precision": state.precision.value,
+        "precision_decision": state.decision.to_manifest(),
+        "model": {
+            "path": "model.onnx",
+            "external_data": "model.onnx.data" if (state.staging_dir / "model.onnx.data").exists() else None,
+            "opset": state.opset,
+            "size_bytes": sum(p.stat().st_size for p in state.staging_dir.glob("model.onnx*")),
+            "fp32_size_bytes": sum(p.stat().st_size for p in state.workdir.glob("exported.onnx*")),
+            "source": {"kind": loaded.kind, "description": loaded.description, "sha256": loaded.file_sha256},
+        },
+        "io": state.signature_dict,
+        "toolchain": toolchain_versions(),
+        "export": state.export,
+        "prune": state.prune,
+        "quantization": state.quantization,
+        "accuracy": state.accuracy.to_manifest() if state.accuracy else None,
+        "benchmark": {
+            "host": host_description(),
+            "batch": bench.batch,
+            "shape": state.bench_dims,
+            "warmup": recipe.build.benchmark.warmup,
+            "iterations": recipe.build.benchmark.iterations,
+            **{k: round(v, 4) for k, v in bench.stats.to_dict().items() if k.endswith("_ms")},
+            "throughput_per_s": round(bench.throughput_per_s, 2),
+            "peak_rss_mb": round(bench.peak_rss_mb, 1),
+            "threads": state.threads,
+            "providers": state.bench_providers,
+        },
+        "golden": state.golden,
+        "stages": stages,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- build
+
+
 def build(
     recipe_path: Path | str,
     target_name: str,
@@ -97,151 +339,54 @@ def build(
     """``edgekit build``: everything from a recipe file to a bundle directory."""
     progress = progress or StageReporter()
     with progress.stage("load", str(recipe_path)):
-        base_recipe = load_recipe(recipe_path)
-        target = get_target(target_name)
-        recipe = base_recipe.for_target(target.name)
-        backend, backend_reason = choose_backend(recipe, target)
-        precision = Precision(precision or recipe.build.precision)
-        out_dir = Path(out) if out else default_output(recipe, target, precision)
-        check_destination(out_dir.resolve(), force)
-        samples = load_batches(recipe, recipe.data.samples, "samples")
-        evaluation = load_batches(recipe, recipe.data.evaluation, "evaluation") if recipe.evaluation and recipe.data.evaluation else None
-        progress.note(f"recipe {recipe.name} → target {target.name} ({backend.value}: {backend_reason}; {precision.value})")
+        state = stage_load(recipe_path, target_name, precision, out, force)
+        decision = state.decision
+        used = decision.used.value if decision.used is decision.requested else f"{decision.used.value} (fallback from {decision.requested.value}: {decision.reason})"
+        progress.note(f"recipe {state.recipe.name} → target {state.target.name} ({state.backend.value}: {state.backend_reason}; {used})")
 
-    with tempfile.TemporaryDirectory(prefix="edgekit-build-") as work, BundleStaging(out_dir, force) as staging:
-        workdir = Path(work)
-        with progress.stage("source", recipe.model.kind):
-            loaded = load_source(recipe, workdir)
-        reference = TorchReference(loaded.module, recipe) if loaded.module is not None else None
-        opset = recipe.export.opset or target.build.opset
-
-        with progress.stage("export", f"opset {opset}"):
-            if loaded.onnx_path is None:
-                exported = export_onnx(loaded.module, recipe, model_inputs(recipe, samples[0]), opset, workdir / "exported.onnx")
-                exporter, fp32_path, export_seconds, fallback = exported.exporter, exported.path, exported.seconds, exported.fallback_reason
-                opset = exported.opset
-            else:
-                from edgekit.export import check_and_infer
-
-                fp32_path = workdir / "exported.onnx"
-                _copy_model(loaded.onnx_path, fp32_path)
-                check_and_infer(fp32_path)
-                exporter, export_seconds, fallback = loaded.exporter or "none", 0.0, None
-        signature_dict = io_section(recipe, fp32_path)
-        signature = IOSignature.from_manifest(signature_dict)
-        threads = recipe.build.benchmark.threads or min(os.cpu_count() or 1, target.cpu.cores)
-
-        fp32_runner = OnnxRuntimeRunner(fp32_path, signature, execution_providers=HOST_PROVIDERS, graph_optimization="all", intra_op_threads=threads).load()
-        parity_manifest: dict[str, Any] | None = None
+    with tempfile.TemporaryDirectory(prefix="edgekit-build-") as work, BundleStaging(state.out_dir, force) as staging:
+        state.workdir, state.staging_dir = Path(work), staging.path
+        with progress.stage("source", state.recipe.model.kind):
+            stage_source(state)
+        if state.recipe.build.prune is not None:
+            with progress.stage("prune", state.recipe.build.prune.method):
+                stage_prune(state)
+        with progress.stage("export", f"opset {state.recipe.export.opset or state.target.build.opset}"):
+            stage_export(state)
         with progress.stage("parity", "PyTorch vs ONNX at min/opt/max"):
-            if reference is not None:
-                parity = check_parity(recipe, reference, fp32_runner.infer, samples)
-                parity_manifest = parity.to_manifest()
-                progress.note(f"parity max abs diff {parity.max_abs_diff:.2e}, cosine min {parity.cosine_min:.6f}")
-            else:
-                parity_manifest = {"passed": None, "skipped": "the source is an ONNX file: no PyTorch reference"}
-
-        with progress.stage("build", f"{backend.value} {precision.value}"):
-            engine = BUILDERS[backend](fp32_path, staging.path / "model.onnx", target, recipe, precision)
-            runner = OnnxRuntimeRunner(engine.model_path, signature, execution_providers=host_providers(engine.execution_providers),
-                                       graph_optimization=engine.graph_optimization, intra_op_threads=threads).load()
-
-        reference_run = reference if reference is not None else fp32_runner.infer
-        reference_source = "pytorch-fp32" if reference is not None else "onnxruntime-fp32"
-        accuracy = None
-        with progress.stage("evaluate", recipe.evaluation.metric if recipe.evaluation else "no metric"):
-            if recipe.evaluation is not None:
-                batches = evaluation or samples
-                ref_outputs = [reference_run(model_inputs(recipe, b)) for b in batches]
-                accuracy = evaluate_accuracy(recipe, runner.infer, ref_outputs, batches, reference_source)
-                progress.note(f"{accuracy.metric} {accuracy.value:.4f} (reference {accuracy.reference:.4f})")
-                check_budget(recipe, accuracy, precision.value)
-
-        with progress.stage("golden"):
-            golden = _golden(recipe, samples, reference_run, runner.infer, staging.path, precision)
-
-        bench_dims = {**dims_at(recipe, "opt"), **recipe.build.benchmark.dims}
-        with progress.stage("bench", ", ".join(f"{k}={v}" for k, v in bench_dims.items())):
-            feeds = fit_batch(recipe, samples[0], bench_dims)
-            result = benchmark_runner(runner, feeds, recipe.build.benchmark.warmup, recipe.build.benchmark.iterations)
-            batch_size = next(iter(feeds.values())).shape[0]
-            progress.note(f"p50 {result.stats.p50_ms:.2f} ms, p99 {result.stats.p99_ms:.2f} ms at {bench_dims}")
-        bench_providers = list(runner.providers)
-        runner.close()
-        fp32_runner.close()
-
-        model_bytes = sum(p.stat().st_size for p in staging.path.glob("model.onnx*"))
-        manifest: dict[str, Any] = {
-            "schema_version": SCHEMA_VERSION,
-            "name": f"{recipe.name}-{target.name}-{precision.value}",
-            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "recipe": {"name": recipe.name, "path": str(recipe.path), "sha256": recipe.sha256},
-            "target": target.to_json(),
-            "backend": {**engine.to_manifest(threads), "selected_because": backend_reason},
-            "precision": precision.value,
-            "model": {
-                "path": "model.onnx",
-                "external_data": "model.onnx.data" if (staging.path / "model.onnx.data").exists() else None,
-                "opset": opset,
-                "size_bytes": model_bytes,
-                "source": {"kind": loaded.kind, "description": loaded.description, "sha256": loaded.file_sha256},
-            },
-            "io": signature_dict,
-            "toolchain": toolchain_versions(),
-            "export": {"exporter": exporter, "opset": opset, "seconds": round(export_seconds, 3), "fallback_reason": fallback, "parity": parity_manifest},
-            "accuracy": accuracy.to_manifest() if accuracy else None,
-            "benchmark": {
-                "host": host_description(),
-                "batch": batch_size,
-                "shape": bench_dims,
-                "warmup": recipe.build.benchmark.warmup,
-                "iterations": recipe.build.benchmark.iterations,
-                **{k: round(v, 4) for k, v in result.stats.to_dict().items() if k.endswith("_ms")},
-                "throughput_per_s": round(result.throughput_per_s, 2),
-                "peak_rss_mb": round(result.peak_rss_mb, 1),
-                "threads": threads,
-                "providers": bench_providers,
-            },
-            "golden": golden,
-            "stages": list(progress.times.entries),
-        }
+            _note(progress, stage_parity(state))
+        if state.precision not in (Precision.FP32, Precision.FP16):
+            with progress.stage("quantize", state.precision.value):
+                _note(progress, stage_quantize(state))
+        with progress.stage("build", f"{state.backend.value} {state.precision.value}"):
+            stage_build(state)
+            assert state.engine is not None
+            runner = state.runner(state.engine.model_path, host_providers(state.engine.execution_providers), state.engine.graph_optimization)
+            state.open_runners.append(runner)
+        try:
+            with progress.stage("evaluate", state.recipe.evaluation.metric if state.recipe.evaluation else "no metric"):
+                _note(progress, stage_evaluate(state, runner))
+            with progress.stage("golden"):
+                stage_golden(state, runner)
+            with progress.stage("bench", ", ".join(f"{k}={v}" for k, v in {**dims_at(state.recipe, 'opt'), **state.recipe.build.benchmark.dims}.items())):
+                _note(progress, stage_bench(state, runner))
+        finally:
+            for open_runner in state.open_runners:
+                open_runner.close()
         with progress.stage("bundle"):
-            from edgekit.bundle.manifest import file_hashes
             from edgekit.report import write_report
 
+            manifest = assemble_manifest(state, list(progress.times.entries))
             manifest["files"] = file_hashes(staging.path)  # model and golden files; the report is added below
             manifest["model"]["sha256"] = manifest["files"]["model.onnx"]
-            write_report(staging.path, manifest, result.samples_ms, staging.path / "model.onnx")
+            assert state.bench is not None
+            write_report(staging.path, manifest, state.bench.samples_ms, staging.path / "model.onnx")
             manifest["stages"] = list(progress.times.entries)
             manifest = write_manifest(staging.path, manifest)
             bundle_dir = staging.commit()
     return BuildResult(bundle_dir=bundle_dir, manifest=manifest)
 
 
-def _copy_model(src: Path, dst: Path) -> None:
-    import onnx
-
-    model = onnx.load(str(src), load_external_data=True)
-    onnx.save(model, str(dst))
-
-
-def _golden(recipe: Recipe, samples: list[Batch], reference: Any, candidate: Any, root: Path, precision: Precision) -> dict[str, Any]:
-    """Golden inputs with FP32 reference outputs; tolerances cover what this precision really deviates
-    on the host (with margin), never less than the recipe's parity tolerance."""
-    pairs = []
-    worst_abs = 0.0
-    worst_cos = 1.0
-    for batch in samples[: recipe.build.golden_batches]:
-        feeds = model_inputs(recipe, batch)
-        expected = reference(feeds)
-        got = candidate(feeds)
-        pairs.append((feeds, {name: np.asarray(expected[name]) for name in recipe.outputs}))
-        for name in recipe.outputs:
-            e, g = np.asarray(expected[name], dtype=np.float64), np.asarray(got[name], dtype=np.float64)
-            worst_abs = max(worst_abs, float(np.abs(e - g).max(initial=0.0)))
-            if e.size and e.dtype.kind == "f":
-                worst_cos = min(worst_cos, float(row_cosines(e, g).min()))
-    parity = recipe.export.parity
-    atol = max(parity.atol, 4 * worst_abs) if precision is not Precision.FP32 else max(parity.atol, 2 * worst_abs)
-    min_cosine = min(parity.min_cosine, 1 - 4 * (1 - worst_cos))
-    return write_golden(root, pairs, atol=atol, rtol=parity.rtol, min_cosine=min_cosine)
+def _note(progress: StageReporter, message: str | None) -> None:
+    if message:
+        progress.note(message)

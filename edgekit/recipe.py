@@ -203,9 +203,72 @@ class BenchmarkSpec(StrictModel):
     threads: int | None = Field(default=None, ge=1, description="intra-op threads (default: the target's cores)")
 
 
+class Int4Spec(StrictModel):
+    method: Literal["rtn", "hqq"] = Field(default="rtn", description="round-to-nearest, or HQQ (half-quadratic) optimised scales")
+    block_size: int = Field(default=32, ge=16, le=256, description="weights per scale along the reduction axis (power of two)")
+    symmetric: bool = True
+    include_embeddings: bool = Field(default=False, description="also quantize Gather embedding tables (GatherBlockQuantized)")
+
+    @field_validator("block_size")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value & (value - 1):
+            raise ValueError(f"block_size must be a power of two, got {value}")
+        return value
+
+
+class QuantizationSpec(StrictModel):
+    """How static and weight-only quantization run; every field is recorded in the manifest as resolved."""
+
+    calibrator: Literal["minmax", "entropy", "percentile"] = "percentile"
+    percentile: float = Field(default=99.99, gt=50, le=100)
+    calibration_batches: int | None = Field(default=None, ge=1, description="use at most this many calibration batches")
+    per_channel: bool = True
+    activation_type: Literal["auto", "uint8", "int8"] = Field(
+        default="auto", description="auto: uint8 asymmetric on ONNX Runtime CPU (fused on x86), int8 symmetric for TensorRT/NPUs"
+    )
+    exclude_nodes: tuple[str, ...] = Field(default=(), description="node names kept in higher precision")
+    exclude_op_types: tuple[str, ...] = ()
+    auto_max_excluded: int = Field(default=12, ge=0, description="--precision auto: most node groups kept in higher precision")
+    int4: Int4Spec = Int4Spec()
+
+
+class FineTuneSpec(StrictModel):
+    callable: str = Field(pattern=CALLABLE_PATTERN, description="fn(module, **kwargs) -> module, run after pruning")
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class PruneSpec(StrictModel):
+    """Pruning on the PyTorch model before export; accuracy is then measured against the unpruned model."""
+
+    method: Literal["magnitude", "channel", "2:4"]
+    sparsity: float | None = Field(default=None, ge=0, lt=1, description="magnitude: fraction of weights zeroed; channel: fraction of channels removed; 2:4: always 0.5")
+    norm: Literal["l1", "l2"] | None = Field(default=None, description="channel only: how filters are ranked (default l1)")
+    round_to: int | None = Field(default=None, ge=1, description="channel only: keep a multiple of this many channels")
+    fine_tune: FineTuneSpec | None = None
+
+    @model_validator(mode="after")
+    def _options_fit_method(self) -> "PruneSpec":
+        if self.method in ("magnitude", "channel") and self.sparsity is None:
+            raise ValueError(f"prune method '{self.method}' needs sparsity (e.g. 0.5)")
+        if self.method == "2:4" and self.sparsity not in (None, 0.5):
+            raise ValueError("2:4 sparsity is always 0.5; leave sparsity out")
+        if self.method != "channel" and (self.norm is not None or self.round_to is not None):
+            raise ValueError("norm and round_to apply only to method 'channel'")
+        return self
+
+    def options(self) -> dict[str, Any]:
+        return {k: v for k, v in (("norm", self.norm), ("round_to", self.round_to)) if v is not None}
+
+
 class BuildSpec(StrictModel):
     backend: Backend | None = Field(default=None, description="default: the target's preferred backend")
-    precision: Precision = Precision.FP32
+    precision: Precision | Literal["auto"] = Field(default=Precision.FP32, description="auto: the fastest plan inside the accuracy budget")
+    precision_fallback: tuple[Precision, ...] = Field(
+        default=(), description="if the target cannot run the precision, use the first of these it can (recorded in the manifest)"
+    )
+    quantization: QuantizationSpec = QuantizationSpec()
+    prune: PruneSpec | None = None
     graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
     benchmark: BenchmarkSpec = BenchmarkSpec()
     golden_batches: int = Field(default=2, ge=1, le=16)

@@ -20,6 +20,8 @@ COMMAND_MODULES = (
     "edgekit.cli.inspect",
     "edgekit.cli.bench",
     "edgekit.cli.pack",
+    "edgekit.cli.keygen",
+    "edgekit.cli.sign",
     "edgekit.cli.targets",
     "edgekit.cli.schema",
 )

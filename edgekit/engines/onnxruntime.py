@@ -15,10 +15,6 @@ from edgekit.target import TargetProfile
 
 log = logging.getLogger(__name__)
 
-#: Precisions this builder can produce from an FP32 graph today; the rest come from the quantize stage.
-SUPPORTED = (Precision.FP32, Precision.FP16)
-
-
 @dataclass(frozen=True)
 class EngineBuild:
     model_path: Path
@@ -63,23 +59,14 @@ def optimize_portable(src: Path, dst: Path) -> None:
         raise BuildError(f"ONNX Runtime cannot load the exported model {src}: {exc}", hint="check the export step's opset against the installed onnxruntime") from None
 
 
-def build_onnxruntime(onnx_path: Path, out_path: Path, target: TargetProfile, recipe: Recipe, precision: Precision) -> EngineBuild:
-    """Write the bundle's ``model.onnx`` for ``target`` at ``precision`` from the checked FP32 export."""
+def build_onnxruntime(model_path: Path, out_path: Path, target: TargetProfile, recipe: Recipe, precision: Precision) -> EngineBuild:
+    """Write the bundle's ``model.onnx`` for ``target``: the checked FP32 export (converted for fp16),
+    or the graph the quantize stage wrote; the precision was gated against the target before."""
     import onnx
 
     support = target.backend(Backend.ONNXRUNTIME)
-    if precision not in support.precisions:
-        raise BuildError(
-            f"precision {precision.value} cannot run on target '{target.name}' with onnxruntime",
-            hint=f"precisions there: {', '.join(p.value for p in support.precisions)}",
-        )
-    if precision not in SUPPORTED:
-        raise BuildError(
-            f"precision {precision.value} needs the quantization stage, which this build of edgekit does not have yet",
-            hint=f"use --precision {' or '.join(p.value for p in SUPPORTED)}",
-        )
-    model = onnx.load(str(onnx_path), load_external_data=True)
-    nodes_exported = _node_count(model)
+    model = onnx.load(str(model_path), load_external_data=True)
+    nodes_in = _node_count(model)
     if precision is Precision.FP16:
         model = convert_fp16(model)
     staged = out_path.with_name(out_path.stem + ".staged.onnx")
@@ -96,5 +83,5 @@ def build_onnxruntime(onnx_path: Path, out_path: Path, target: TargetProfile, re
         precision=precision,
         execution_providers=providers,
         graph_optimization=recipe.build.graph_optimization,
-        details={"offline_optimization": "basic", "nodes_exported": nodes_exported, "nodes_optimized": _node_count(optimized)},
+        details={"offline_optimization": "basic", "nodes_in": nodes_in, "nodes_optimized": _node_count(optimized)},
     )

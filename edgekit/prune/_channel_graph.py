@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
-from edgekit.errors import PruneError
+from edgekit.errors import InternalError, PruneError
 
 ELEMENTWISE_MODULES: tuple[type[nn.Module], ...] = (
     nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish, nn.Sigmoid,
@@ -184,7 +184,7 @@ def _step(user: fx.Node, source: fx.Node, block: int, context: _Context) -> Depe
     """What ``user`` does with the channels in ``source``: a dependent, a new block to follow, or
     None when it only reads the batch size. Raises :class:`_Blocked` when it cannot be followed."""
     if user.op == "output":
-        raise _Blocked("its output is a model output (the classifier); the output shape must not change")
+        raise _Blocked("its output is returned by the model (e.g. the final classifier); output shapes must not change")
     if user.op == "call_method" and user.target == "size" and _int_arg(user, 1, "dim") == 0:
         return None
     others = [arg for arg in _tensor_args(user) if arg is not source]
@@ -207,7 +207,10 @@ def _step(user: fx.Node, source: fx.Node, block: int, context: _Context) -> Depe
             return _flatten(user, source, block, start=_int_arg(user, 1, "start_dim", 0), end=_int_arg(user, 2, "end_dim", -1))
         if user.target in ("view", "reshape"):
             return _reshape(user, source, block)
-    raise _Blocked(f"its output passes through node '{user.name}' ({user.op} {_target_name(user)}), which the channel pruner does not understand")
+    raise _Blocked(
+        f"its output passes through node '{user.name}' ({user.op} {_target_name(user)}), "
+        "which the channel pruner does not understand"
+    )
 
 
 def _module_step(user: fx.Node, source: fx.Node, block: int, context: _Context) -> Dependent | int:
@@ -277,11 +280,12 @@ def _target_name(node: fx.Node) -> str:
 
 def _check_sizes(name: str, channels: int, dependents: list[Dependent], modules: dict[str, nn.Module]) -> None:
     """The walk's bookkeeping must match the layers' sizes; a mismatch is a bug, never pruned through."""
-    from edgekit.errors import InternalError
-
     for dep in dependents:
         layer = modules[dep.name]
-        size = layer.num_features if dep.role == "features" else (layer.in_channels if isinstance(layer, nn.modules.conv._ConvNd) else layer.in_features)
+        if dep.role == "features":
+            size = layer.num_features
+        else:
+            size = layer.in_channels if isinstance(layer, nn.modules.conv._ConvNd) else layer.in_features
         if size != channels * dep.block:
             raise InternalError(
                 f"channel pruning: '{name}' has {channels} channels x block {dep.block} but its dependent "

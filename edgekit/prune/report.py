@@ -19,7 +19,7 @@ LayerAction = Literal[
     "inputs",  # input channels / features removed (its producer lost outputs)
     "outputs+inputs",
     "features",  # a BatchNorm resized to follow its producer
-    "fine-tuned",  # only the fine-tune changed it
+    "unchanged",  # considered, left as it was
 ]
 
 
@@ -73,7 +73,7 @@ class PruneReport:
     skipped: tuple[SkippedLayer, ...] = ()
     sparse_2_4: bool = False
     fine_tune: str | None = None
-    options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict, hash=False)
     notes: tuple[str, ...] = ()
 
     @property

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
+#: The Ed25519 signature over manifest.json (``edgekit_runtime.signing``); the one file not in ``files``.
+SIGNATURE_NAME = "manifest.sig"
 SUPPORTED_SCHEMA_VERSIONS = (1,)
 HASH_PREFIX_CHARS = 12
 _SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
@@ -155,8 +157,8 @@ def _check_listed_path(rel: object, root_resolved: Path, where: str) -> None:
     normalized = PurePosixPath(rel).as_posix()
     if normalized != rel:
         raise BundleError(f"'{where}': files entry '{rel}' is not a normalized path; write it as '{normalized}'")
-    if rel == MANIFEST_NAME:
-        raise BundleError(f"'{where}': files lists {MANIFEST_NAME}, which cannot hold its own hash")
+    if rel in (MANIFEST_NAME, SIGNATURE_NAME):
+        raise BundleError(f"'{where}': files lists {rel}, which cannot hold its own hash")
     resolved = (root_resolved / rel).resolve()
     if resolved != root_resolved and root_resolved not in resolved.parents:
         raise BundleError(
@@ -216,7 +218,7 @@ def verify_files(root: str | os.PathLike[str], manifest: Mapping[str, Any]) -> N
     problems.extend(
         f"unlisted: {rel} (not in manifest.json files)"
         for rel in _files_on_disk(root)
-        if rel != MANIFEST_NAME and rel not in files
+        if rel not in (MANIFEST_NAME, SIGNATURE_NAME) and rel not in files
     )
     if problems:
         hints = []

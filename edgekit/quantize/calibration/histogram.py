@@ -53,7 +53,7 @@ class MagnitudeHistogram:
         flat = np.asarray(array).reshape(-1)
         if flat.size == 0:
             return
-        low, high = _finite_min_max(flat)
+        low, high = finite_min_max(flat)
         self.observed_min = min(self.observed_min, low)
         self.observed_max = max(self.observed_max, high)
         self._grow_to(max(-low, high))
@@ -90,7 +90,7 @@ class MagnitudeHistogram:
         self.range_max *= factor
 
 
-def _finite_min_max(flat: np.ndarray) -> tuple[float, float]:
+def finite_min_max(flat: np.ndarray) -> tuple[float, float]:
     try:
         low, high = float(flat.min()), float(flat.max())
     except (TypeError, ValueError) as exc:

@@ -16,12 +16,15 @@ The search is vectorised over all candidates with prefix sums, so one tensor cos
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from edgekit.errors import InternalError
 
 #: Count given to a bin where Q is zero (in histogram counts, i.e. far below one sample).
 ZERO_Q_COUNT = 1e-4
+_TINY = 1e-300
 
 
 def _x_log_x(values: np.ndarray) -> np.ndarray:
@@ -40,29 +43,38 @@ def kl_divergences(hist: np.ndarray, num_quant_bins: int) -> np.ndarray:
         raise InternalError(f"kl_divergences needs a non-empty 1-D histogram with >= {num_quant_bins} bins")
     total = counts.sum()
     prefix = np.concatenate(([0.0], np.cumsum(counts)))
-    prefix_nonzero = np.concatenate(([0], np.cumsum(counts > 0)))
+    prefix_nonzero = np.concatenate(([0], np.cumsum(counts > 0))).astype(np.int32)
     prefix_x_log_x = np.concatenate(([0.0], np.cumsum(_x_log_x(counts))))
 
     candidates = np.arange(num_quant_bins, num_bins + 1)
     last = candidates - 1
     outliers = total - prefix[candidates]
-    folded_last = counts[last] + outliers
-    p_log_p = prefix_x_log_x[last] + _x_log_x(folded_last)
+    p_log_p = prefix_x_log_x[last] + _x_log_x(counts[last] + outliers)
 
-    levels = np.arange(num_quant_bins + 1)
-    bounds = (levels[None, :] * candidates[:, None] + num_quant_bins - 1) // num_quant_bins
+    bounds = _level_bounds(num_bins, num_quant_bins)
     q_mass = np.diff(prefix[bounds], axis=1)
     p_nonzero_bins = np.diff(prefix_nonzero[bounds], axis=1)
     p_nonzero_bins[:, -1] += (counts[last] == 0) & (outliers > 0)  # the folded bin may become non-zero
-    p_mass = q_mass.copy()
-    p_mass[:, -1] += outliers
 
     representable = q_mass > 0
-    q_zero_bins = candidates - np.where(representable, p_nonzero_bins, 0).sum(axis=1)
+    q_zero_bins = candidates - (p_nonzero_bins * representable).sum(axis=1)
     q_total = prefix[candidates] + ZERO_Q_COUNT * q_zero_bins
-    q_per_bin = np.where(representable, q_mass / np.maximum(p_nonzero_bins, 1), ZERO_Q_COUNT)
-    p_log_q = (p_mass * np.log(q_per_bin)).sum(axis=1)
+    # log of Q per bin of each level; levels with no mass contribute 0 below (their P mass is 0 too) ...
+    log_q = np.log(np.maximum(q_mass / np.maximum(p_nonzero_bins, 1), _TINY))
+    # ... except the outliers folded into the last level, which meet Q = ZERO_Q_COUNT when that level is empty.
+    log_q_last = np.where(representable[:, -1], log_q[:, -1], np.log(ZERO_Q_COUNT))
+    p_log_q = (q_mass * log_q).sum(axis=1) + outliers * log_q_last
     return (p_log_p - p_log_q) / total - np.log(total) + np.log(q_total)
+
+
+@functools.lru_cache(maxsize=8)
+def _level_bounds(num_bins: int, num_quant_bins: int) -> np.ndarray:
+    """``bounds[k, j]``: first bin of level ``j`` for candidate ``i = num_quant_bins + k`` (``bounds[k, -1] = i``)."""
+    candidates = np.arange(num_quant_bins, num_bins + 1)
+    levels = np.arange(num_quant_bins + 1)
+    bounds = (levels[None, :] * candidates[:, None] + num_quant_bins - 1) // num_quant_bins
+    bounds.setflags(write=False)
+    return bounds
 
 
 def entropy_threshold_bins(hist: np.ndarray, num_quant_bins: int) -> int:

@@ -44,3 +44,24 @@ def from_blocks(blocked: np.ndarray, shape: tuple[int, ...], axis: int) -> np.nd
     merged = blocked.reshape(*blocked.shape[:-2], blocked.shape[-2] * blocked.shape[-1])
     stripped = merged[..., : shape[axis]]
     return np.ascontiguousarray(np.moveaxis(stripped, -1, axis))
+
+
+def check_encoded(codes: np.ndarray, scales: np.ndarray, shape: tuple[int, ...], block: int, axis: int, *,
+                  code_bits: int, what: str) -> tuple[tuple[int, ...], int]:
+    """Check that block codes and scales fit ``shape`` cut along ``axis``; return ``(shape, non-negative axis)``."""
+    shape = tuple(int(d) for d in shape)
+    axis = check_block_and_axis(shape, block, axis, what=what, tensor_name="codes")
+    expected = (*shape[:axis], *shape[axis + 1 :], -(-shape[axis] // block), block)
+    codes_fit = isinstance(codes, np.ndarray) and codes.dtype == np.uint8 and codes.shape == expected
+    scales_fit = isinstance(scales, np.ndarray) and scales.dtype == np.uint8 and scales.shape == expected[:-1]
+    if not (codes_fit and scales_fit):
+        raise QuantizationError(
+            f"{what}: codes {getattr(codes, 'dtype', type(codes))}{getattr(codes, 'shape', '')} and scales "
+            f"{getattr(scales, 'dtype', type(scales))}{getattr(scales, 'shape', '')} do not fit shape {shape} cut along "
+            f"axis {axis} into blocks of {block} (expected uint8{expected} and uint8{expected[:-1]})",
+            hint="build it with the matching *_quantize function rather than by hand",
+        )
+    if code_bits < 8 and (codes >= (1 << code_bits)).any():
+        raise QuantizationError(f"{what}: element codes above {(1 << code_bits) - 1} for a {code_bits}-bit format",
+                                hint="codes are unpacked, one per byte; unpack_fp4 packed data first")
+    return shape, axis

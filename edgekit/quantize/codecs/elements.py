@@ -100,10 +100,13 @@ def decode_e2m1(bits: Any) -> np.ndarray:
 def encode_e8m0(x: Any, saturate: bool = False, *, tensor_name: str = "input") -> np.ndarray:
     """E8M0 codes (uint8) of positive scales: the nearest power of two, ties toward the larger one.
 
-    The tie rule (``1.5 * 2**k`` goes to ``2**(k + 1)``) matches ml_dtypes' ``float8_e8m0fnu``. Positive values
-    below ``2**-127`` round up to ``2**-127`` (code 0). NaN gives ``0xFF``; +inf and values rounding above
-    ``2**127`` give ``0xFF`` (NaN) too, or ``0xFE`` (``2**127``) with ``saturate=True``. E8M0 has neither zero nor a
-    sign, so zero and negative inputs raise :class:`QuantizationError`.
+    The tie rule (``1.5 * 2**k`` goes to ``2**(k + 1)``) is the one of ml_dtypes' ``float8_e8m0fnu`` and PyTorch's
+    ``torch.float8_e8m0fnu`` casts. Below ``2**-126`` (float32's subnormal range, where a float32 bit pattern is
+    linear in the value) both round the bit pattern, so this codec does too and agrees bit for bit: values in
+    ``(2**-127, 2**-126)`` give ``2**-126`` (code 1) and positive values up to ``2**-127`` give ``2**-127`` (code 0).
+    NaN gives ``0xFF``; +inf and values rounding above ``2**127`` give ``0xFF`` (NaN) too, or ``0xFE`` (``2**127``)
+    with ``saturate=True``. E8M0 has neither zero nor a sign, so zero and negative inputs raise
+    :class:`QuantizationError` (ml_dtypes returns NaN for them and PyTorch drops the sign: neither is a scale).
     """
     values = as_float64(x, what="encode_e8m0", tensor_name=tensor_name)
     not_positive = ~(values > 0) & ~np.isnan(values)
@@ -118,7 +121,8 @@ def encode_e8m0(x: Any, saturate: bool = False, *, tensor_name: str = "input") -
         significand, exponent = np.frexp(np.where(finite, values, 1.0))
     # values = (2 * significand) * 2**(exponent - 1) with 2 * significand in [1, 2); the midpoint is 1.5.
     power = exponent.astype(np.int64) - 1 + (2.0 * significand >= 1.5)
-    codes = np.maximum(power, -E8M0_BIAS) + E8M0_BIAS
+    codes = power + E8M0_BIAS
+    codes = np.where(values < 2.0**-126, np.where(values > 2.0**-127, 1, 0), codes)
     too_large = (codes > 0xFE) | (values == np.inf)
     codes = np.where(too_large, 0xFE if saturate else E8M0_NAN, codes)
     codes = np.where(np.isnan(values), E8M0_NAN, codes)
@@ -128,8 +132,7 @@ def encode_e8m0(x: Any, saturate: bool = False, *, tensor_name: str = "input") -
 def decode_e8m0(bits: Any) -> np.ndarray:
     """float32 values ``2**(code - 127)`` of E8M0 codes (``0xFF`` is NaN; ``2**-127`` is a float32 subnormal)."""
     codes = as_codes(bits, bits=8, what="decode_e8m0")
-    values = np.exp2(codes.astype(np.float64) - E8M0_BIAS)
-    values[codes == E8M0_NAN] = np.nan
+    values = np.where(codes == E8M0_NAN, np.nan, np.exp2(codes.astype(np.float64) - E8M0_BIAS))
     return values.astype(np.float32)
 
 

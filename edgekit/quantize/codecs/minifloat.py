@@ -93,9 +93,11 @@ def encode_minifloat(values: np.ndarray, fmt: Minifloat, *, saturate: bool) -> t
     magnitude = np.abs(values)
     finite = np.isfinite(values)
     with np.errstate(invalid="ignore", over="ignore"):
-        _, exponent = np.frexp(np.where(finite, magnitude, 0.0))
-        effective_exponent = np.maximum(exponent.astype(np.int64) - 1, fmt.min_normal_exponent)
-        scaled = np.ldexp(np.where(finite, magnitude, 0.0), (fmt.mantissa_bits - effective_exponent).astype(np.int32))
+        finite_magnitude = np.where(finite, magnitude, 0.0)
+        _, exponent = np.frexp(finite_magnitude)
+        floor_log2 = np.where(finite_magnitude > 0, exponent.astype(np.int64) - 1, fmt.min_normal_exponent)
+        effective_exponent = np.maximum(floor_log2, fmt.min_normal_exponent)
+        scaled = np.ldexp(finite_magnitude, (fmt.mantissa_bits - effective_exponent).astype(np.int32))
         rounded = np.rint(scaled).astype(np.int64)
     codes = ((effective_exponent - fmt.min_normal_exponent) << fmt.mantissa_bits) + rounded
 
@@ -134,7 +136,8 @@ def as_float64(x: Any, *, what: str, tensor_name: str) -> np.ndarray:
             hint="pass a float or integer NumPy array (float32 weights or activations)",
         )
     try:
-        return array.astype(np.float64)
+        with np.errstate(invalid="ignore"):  # signalling NaN payloads warn on widening; they stay NaN
+            return array.astype(np.float64)
     except (TypeError, ValueError) as exc:
         raise QuantizationError(
             f"{what}: tensor '{tensor_name}' of dtype {array.dtype} cannot be read as real numbers ({exc})",

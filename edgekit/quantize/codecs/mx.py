@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from edgekit.errors import QuantizationError
-from edgekit.quantize.codecs.blocks import check_block_and_axis, from_blocks, to_blocks
+from edgekit.quantize.codecs.blocks import check_block_and_axis, check_encoded, from_blocks, to_blocks
 from edgekit.quantize.codecs.elements import E8M0_BIAS, E8M0_NAN, ELEMENT_FORMATS, decode_e8m0
 from edgekit.quantize.codecs.minifloat import as_float64, decode_table, encode_minifloat
 
@@ -53,24 +53,10 @@ class MXTensor:
 
     def __post_init__(self) -> None:
         if self.elem not in ELEMENT_FORMATS:
-            raise QuantizationError(f"MXTensor: unknown element format {self.elem!r}", hint=f"use one of {sorted(ELEMENT_FORMATS)}")
-        shape = tuple(int(d) for d in self.shape)
-        axis = check_block_and_axis(shape, self.block, self.axis, what="MXTensor", tensor_name="codes")
-        rest = shape[:axis] + shape[axis + 1 :]
-        n_blocks = -(-shape[axis] // self.block)
-        expected = (*rest, n_blocks, self.block)
-        codes_fit = self.codes.dtype == np.uint8 and self.codes.shape == expected
-        scales_fit = self.scales_e8m0.dtype == np.uint8 and self.scales_e8m0.shape == expected[:-1]
-        if not (codes_fit and scales_fit):
-            raise QuantizationError(
-                f"MXTensor: codes {self.codes.dtype}{self.codes.shape} and scales {self.scales_e8m0.dtype}"
-                f"{self.scales_e8m0.shape} do not fit shape {shape} cut along axis {axis} into blocks of {self.block} "
-                f"(expected uint8{expected} and uint8{expected[:-1]})",
-                hint="build MXTensor with mx_quantize rather than by hand",
-            )
-        if (self.codes >= (1 << ELEMENT_FORMATS[self.elem].bits)).any():
-            raise QuantizationError(f"MXTensor: codes above 15 for 4-bit element format {self.elem!r}",
-                                    hint="E2M1 codes are unpacked, one per byte; unpack_fp4 packed data first")
+            raise QuantizationError(f"MXTensor: unknown element format {self.elem!r}",
+                                    hint=f"use one of {sorted(ELEMENT_FORMATS)}")
+        shape, axis = check_encoded(self.codes, self.scales_e8m0, self.shape, self.block, self.axis,
+                                    code_bits=ELEMENT_FORMATS[self.elem].bits, what="MXTensor")
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "axis", axis)
 

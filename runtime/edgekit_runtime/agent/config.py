@@ -24,7 +24,7 @@ DEFAULT_API_ADDRESS = "127.0.0.1:8470"
 POWER_SENSORS = ("auto", "ina3221", "tegrastats", "nvml", "rapl", "none")
 BROKER_SCHEMES = {"mqtt": 1883, "mqtts": 8883}
 UNIX_PREFIX = "unix:"
-_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _REQUIRED = object()
 
 
@@ -350,12 +350,15 @@ def _parse_broker(top: _Section) -> BrokerConfig:
         if tls_path is not None and not tls_path.is_file():
             raise section.error(f"broker.tls.{name}", f"file '{tls_path}' does not exist", hint="fix the path")
     password_file = section.path("password_file", None)
+    username = section.string("username", None)
+    if password_file is not None and username is None:
+        raise section.error("broker.password_file", "is set without broker.username", hint="add broker.username")
     if password_file is not None and not password_file.is_file():
         raise section.error("broker.password_file", f"file '{password_file}' does not exist", hint="fix the path")
     return BrokerConfig(
         url=url,
         tls=tls,
-        username=section.string("username", None),
+        username=username,
         password_file=password_file,
         keepalive_s=section.number("keepalive_s", 30, minimum=5, integer=True, maximum=3600, example="30"),
     )

@@ -250,10 +250,17 @@ class InferenceServer:
         if plan is not None and self._queue is not None:
             items = bound.get(plan.dim, 1)
             future: Future[InferenceResult] = Future()
-            self._queue.put(PendingRequest(dict(feeds), items, plan.key(feeds), submitted_ns, future))
+            self._queue.put(PendingRequest(dict(feeds), items, plan.key(feeds), submitted_ns, future, plan.max_items))
             return future.result()
+        validated_by = runner
         with self._run_lock:
             runner = self._require_runner()
+            if runner is not validated_by:  # a deploy swapped the model meanwhile: check against the new one
+                try:
+                    validate_feeds(runner.signature, feeds)
+                except InputSignatureError:
+                    self._count("rejected")
+                    raise
             started_ns = time.perf_counter_ns()
             try:
                 outputs = runner.infer(feeds, validate=False)
@@ -278,7 +285,7 @@ class InferenceServer:
                     return
                 started_ns = time.perf_counter_ns()
                 feeds = plan.concatenate([request.feeds for request in group])
-                outputs = runner.infer(feeds, validate=False)
+                outputs = runner.infer(feeds)  # validated again: the batch, and perhaps a model swapped in meanwhile
                 finished_ns = time.perf_counter_ns()
                 pieces = plan.split(outputs, [request.items for request in group])
             except Exception as err:  # every waiting caller gets the error

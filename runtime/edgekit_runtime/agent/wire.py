@@ -122,7 +122,7 @@ def decode_binary(body: bytes | bytearray | memoryview) -> dict[str, np.ndarray]
 # -- JSON -------------------------------------------------------------------------------------------------
 
 # Which kinds of JSON-parsed arrays may become which declared dtype kind without losing information.
-_ACCEPTED_KINDS = {"f": "biuf", "i": "iu", "u": "iu", "b": "b"}
+_ACCEPTED_KINDS = {"f": "iuf", "i": "iu", "u": "iu", "b": "b"}
 
 
 def decode_json_tensors(tensors: object, *, section: str = "inputs") -> dict[str, np.ndarray]:

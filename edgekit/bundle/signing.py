@@ -1,0 +1,77 @@
+"""Signing bundles on the build host: an Ed25519 key pair per fleet, and ``manifest.sig`` per bundle.
+
+The device checks the signature with :mod:`edgekit_runtime.signing` against the fleet's public key
+(``bundles.public_key`` in the agent config). Keep the private key off the devices and out of the
+repository: whoever holds it can ship models to the whole fleet.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from edgekit.errors import BundleError
+from edgekit_runtime.bundle import MANIFEST_NAME, SIGNATURE_NAME, open_bundle
+from edgekit_runtime.signing import (
+    SigningKeyError,
+    encode_signature,
+    load_private_key,
+    public_key_fingerprint,
+    verify_manifest_signature,
+)
+
+PRIVATE_KEY_NAME = "fleet.key.pem"
+PUBLIC_KEY_NAME = "fleet.pub.pem"
+
+
+def generate_keypair(private_path: str | os.PathLike[str], public_path: str | os.PathLike[str], *, force: bool = False) -> str:
+    """Write a new Ed25519 key pair as PEM files (the private one readable by its owner only).
+
+    Existing files are refused unless ``force``: overwriting a fleet key locks out every device that
+    trusts the old one. Returns the public key's fingerprint.
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    private_path, public_path = Path(private_path), Path(public_path)
+    for path in (private_path, public_path):
+        if path.exists() and not force:
+            raise SigningKeyError(
+                f"key file '{path}' already exists",
+                hint="devices trust the existing key; pass --force only to replace it on purpose, or choose another --out",
+            )
+    key = ed25519.Ed25519PrivateKey.generate()
+    private_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    public_pem = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    for path in (private_path, public_path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+    descriptor = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(private_pem)
+    public_path.write_bytes(public_pem)
+    return public_key_fingerprint(key.public_key())
+
+
+def sign_bundle(bundle_dir: str | os.PathLike[str], private_key_path: str | os.PathLike[str]) -> Path:
+    """Verify every file of the bundle, then write ``manifest.sig`` over its ``manifest.json``.
+
+    Returns the path of ``manifest.sig``. The signature is checked against the key's own public half
+    before returning, so a bundle never leaves this function with a signature that does not verify.
+    """
+    root = Path(bundle_dir)
+    if root.is_file():
+        raise BundleError(
+            f"'{root}' is a file; sign the bundle directory, then pack it",
+            hint="tar -xf the archive, run `edgekit sign DIR --key KEY`, then `edgekit pack DIR`",
+        )
+    open_bundle(root, verify=True)  # only sign what is intact: the signature vouches for every hash
+    key = load_private_key(private_key_path)
+    signature = key.sign((root / MANIFEST_NAME).read_bytes())
+    partial = root / f".{SIGNATURE_NAME}.partial"
+    partial.write_text(encode_signature(signature) + "\n", encoding="ascii")
+    partial.replace(root / SIGNATURE_NAME)
+    verify_manifest_signature(root, key.public_key())
+    return root / SIGNATURE_NAME

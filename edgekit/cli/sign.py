@@ -1,0 +1,27 @@
+"""``edgekit sign BUNDLE --key PRIVATE.pem``: verify a bundle and write its ``manifest.sig``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from edgekit.cli.options import console, json_parent, print_json
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("sign", parents=[json_parent()], help="sign a bundle's manifest with the fleet's private key")
+    parser.add_argument("bundle", type=Path, help="bundle directory")
+    parser.add_argument("--key", "-k", type=Path, required=True, metavar="PRIVATE.pem", help="the fleet private key from `edgekit keygen`")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from edgekit.bundle.signing import sign_bundle
+    from edgekit_runtime.signing import load_private_key, public_key_fingerprint
+
+    signature_path = sign_bundle(args.bundle, args.key)
+    fingerprint = public_key_fingerprint(load_private_key(args.key).public_key())
+    console.print(f"[green]signed[/] {args.bundle} -> {signature_path} (key {fingerprint})")
+    if args.json:
+        print_json({"bundle": str(args.bundle), "signature": str(signature_path), "fingerprint": fingerprint})
+    return 0

@@ -1,0 +1,79 @@
+"""The quantization plan: what a build will quantize, how, and what stays in higher precision (and why).
+
+A plan is backend-neutral data; the writers in ``ort_static``, ``ort_dynamic`` and ``weight_only``
+turn it into a graph. The manifest records the plan as resolved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from edgekit.precision import Backend, Precision
+from edgekit.recipe import QuantizationSpec
+from edgekit.target import TargetProfile
+
+#: Ops whose inputs static/dynamic int8 quantizes (QDQ around them); everything else stays float.
+INT8_OP_TYPES = ("MatMul", "Gemm", "Conv")
+
+
+@dataclass(frozen=True)
+class QuantizationPlan:
+    precision: Precision
+    backend: Backend
+    activation_type: str  # "uint8" | "int8" | "fp8_e4m3" | "none"
+    activation_symmetric: bool
+    weight_type: str  # "int8" | "int4" | "fp8_e4m3" | "mxfp8" | ...
+    per_channel: bool
+    calibrator: str | None
+    op_types: tuple[str, ...] = INT8_OP_TYPES
+    excluded: dict[str, str] = field(default_factory=dict)  # node name -> why it stays in higher precision
+    dynamic_nodes: tuple[str, ...] = ()  # nodes quantized dynamically inside a static plan (mixed)
+    int4: dict[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def excluding(self, nodes: dict[str, str]) -> "QuantizationPlan":
+        return replace(self, excluded={**self.excluded, **nodes})
+
+    def to_manifest(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["precision"] = self.precision.value
+        data["backend"] = self.backend.value
+        data["op_types"] = list(self.op_types)
+        data["dynamic_nodes"] = list(self.dynamic_nodes)
+        data["notes"] = list(self.notes)
+        return data
+
+
+def activation_type_for(target: TargetProfile, backend: Backend, requested: str) -> tuple[str, bool, str]:
+    """(dtype, symmetric, why). uint8 asymmetric where ONNX Runtime's x86/ARM CPU kernels fuse QDQ into
+    u8s8 integer kernels; int8 symmetric for TensorRT (its explicit-quantization rule) and GPU providers."""
+    if requested != "auto":
+        return requested, requested == "int8", "recipe quantization.activation_type"
+    if backend is Backend.TENSORRT:
+        return "int8", True, "TensorRT explicit quantization needs symmetric int8 Q/DQ"
+    providers = [ep.name for ep in target.backend(backend).execution_providers]
+    if providers and providers[0] in ("TensorrtExecutionProvider", "CUDAExecutionProvider"):
+        return "int8", True, f"{providers[0]} runs symmetric int8 Q/DQ"
+    return "uint8", False, "ONNX Runtime CPU fuses uint8-activation QDQ into integer kernels (int8 activations are not fused on x86)"
+
+
+def make_plan(spec: QuantizationSpec, target: TargetProfile, backend: Backend, precision: Precision) -> QuantizationPlan:
+    """The plan a precision implies for this target, before sensitivity analysis adds exclusions."""
+    excluded = {name: "recipe quantization.exclude_nodes" for name in spec.exclude_nodes}
+    op_types = tuple(t for t in INT8_OP_TYPES if t not in spec.exclude_op_types)
+    if precision is Precision.INT8:
+        act, symmetric, why = activation_type_for(target, backend, spec.activation_type)
+        return QuantizationPlan(precision, backend, act, symmetric, "int8", spec.per_channel, spec.calibrator, op_types, excluded, notes=(why,))
+    if precision is Precision.INT8_DYNAMIC:
+        return QuantizationPlan(precision, backend, "uint8", False, "int8", spec.per_channel, None, ("MatMul", "Gemm"), excluded,
+                                notes=("activations quantized per call (DynamicQuantizeLinear); no calibration",))
+    if precision is Precision.INT4:
+        return QuantizationPlan(precision, backend, "none", False, "int4", True, None, ("MatMul",), excluded, int4=spec.int4.model_dump(),
+                                notes=("weight-only: activations stay float",))
+    if precision in (Precision.FP8, Precision.MXFP8, Precision.MXFP4, Precision.NVFP4):
+        act = "fp8_e4m3" if precision is Precision.FP8 else "none"
+        return QuantizationPlan(precision, backend, act, True, precision.value if precision is not Precision.FP8 else "fp8_e4m3",
+                                precision is not Precision.FP8 or spec.per_channel, spec.calibrator if precision is Precision.FP8 else None,
+                                ("MatMul", "Gemm", "Conv"), excluded)
+    raise ValueError(f"{precision.value} is not a quantized precision")

@@ -1,0 +1,112 @@
+"""The quantize stage: FP32 ONNX model + plan -> quantized ONNX model, with its calibration recorded.
+
+Calibration ranges are cached by (model hash, data hash, calibrator) under the build cache and copied
+into the bundle (``calibration/``), so a later build with the same model and data reuses them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgekit.errors import QuantizationError
+from edgekit.precision import Backend, Precision
+from edgekit.quantize import ort_writers
+from edgekit.quantize.plan import QuantizationPlan, make_plan
+from edgekit.recipe import QuantizationSpec
+from edgekit.target import TargetProfile
+
+log = logging.getLogger(__name__)
+
+#: Precisions this stage writes as ONNX graphs that ONNX Runtime runs.
+WRITTEN = (Precision.INT8, Precision.INT8_DYNAMIC, Precision.INT4)
+
+
+@dataclass(frozen=True)
+class QuantizedModel:
+    path: Path
+    plan: QuantizationPlan
+    calibration: dict[str, Any] | None = None  # manifest section: calibrator, key, cache file, from_cache
+    calibration_file: Path | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {"plan": self.plan.to_manifest(), "calibration": self.calibration, **self.details}
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("EDGEKIT_CACHE_DIR", Path.home() / ".cache" / "edgekit")) / "calibration"
+
+
+def calibrator_spec(spec: QuantizationSpec, plan: QuantizationPlan) -> Any:
+    from edgekit.quantize.calibration import CalibratorSpec
+
+    symmetric = plan.activation_symmetric
+    if spec.calibrator == "percentile":
+        return CalibratorSpec.create("percentile", percentile=spec.percentile, symmetric=symmetric)
+    if spec.calibrator == "entropy":
+        # Asymmetric (uint8) ranges search each side with its own levels: 256 for a one-sided ReLU output.
+        return CalibratorSpec.create("entropy", symmetric=symmetric, num_quant_bins=128 if symmetric else 256)
+    return CalibratorSpec.create("minmax", symmetric=symmetric)
+
+
+def calibrate_plan(pre_path: Path, plan: QuantizationPlan, spec: QuantizationSpec, batches: list[dict[str, np.ndarray]],
+                   workdir: Path, cache_dir: Path | None = None) -> tuple[dict[str, Any], dict[str, Any], Path | None]:
+    """Ranges for every tensor the static writer needs, from the cache when it has them."""
+    from edgekit.quantize.calibration import CalibrationCache, calibrate
+
+    if spec.calibration_batches:
+        batches = batches[: spec.calibration_batches]
+    cache = CalibrationCache(cache_dir or default_cache_dir())
+    result = calibrate(pre_path, batches, calibrator_spec(spec, plan), tensor_names=ort_writers.calibration_tensors(pre_path, plan),
+                       cache=cache, work_dir=workdir)
+    section = {
+        "calibrator": spec.calibrator,
+        "percentile": spec.percentile if spec.calibrator == "percentile" else None,
+        "batches": len(batches),
+        "samples": int(sum(next(iter(b.values())).shape[0] for b in batches)),
+        "tensors": len(result.ranges),
+        "key": result.key.digest,
+        "from_cache": result.from_cache,
+    }
+    return result.ranges, section, result.cache_path
+
+
+def quantize_model(fp32_path: Path, out_path: Path, spec: QuantizationSpec, target: TargetProfile, backend: Backend,
+                   precision: Precision, calibration_batches: list[dict[str, np.ndarray]] | None, workdir: Path,
+                   plan: QuantizationPlan | None = None, cache_dir: Path | None = None) -> QuantizedModel:
+    """Write ``out_path``: ``fp32_path`` quantized for ``precision`` under ``plan`` (default: the precision's plan)."""
+    if precision not in WRITTEN:
+        raise QuantizationError(
+            f"precision {precision.value} has no ONNX Runtime graph writer in this edgekit version",
+            hint=f"writers: {', '.join(p.value for p in WRITTEN)}; `edgekit sweep` estimates {precision.value} accuracy with the exact codec",
+        )
+    plan = plan or make_plan(spec, target, backend, precision)
+    pre = ort_writers.preprocess(fp32_path, workdir / "preprocessed.onnx")
+    if precision is Precision.INT8:
+        if not calibration_batches:
+            raise QuantizationError("static int8 needs calibration data", hint="add data.calibration to the recipe (a callable or an npz_dir)")
+        ranges, section, cache_file = calibrate_plan(pre, plan, spec, calibration_batches, workdir, cache_dir)
+        ort_writers.write_static_qdq(pre, out_path, plan, ranges)
+        return QuantizedModel(out_path, plan, section, cache_file)
+    if precision is Precision.INT8_DYNAMIC:
+        ort_writers.write_dynamic(pre, out_path, plan)
+        return QuantizedModel(out_path, plan)
+    ort_writers.write_int4(pre, out_path, plan)
+    return QuantizedModel(out_path, plan)
+
+
+def copy_calibration(model: QuantizedModel, bundle_dir: Path) -> str | None:
+    """Put the calibration cache file into the bundle; returns its bundle-relative path."""
+    if model.calibration_file is None or not Path(model.calibration_file).is_file():
+        return None
+    target = bundle_dir / "calibration" / Path(model.calibration_file).name
+    target.parent.mkdir(exist_ok=True)
+    shutil.copyfile(model.calibration_file, target)
+    return target.relative_to(bundle_dir).as_posix()

@@ -1,0 +1,185 @@
+"""Dynamic batching: which axis to concatenate along, and the worker that gathers requests.
+
+A model can be batched along a dim name (``batch`` by default) when that name appears exactly once in
+the shape of every input and every output. Two requests go into one runner call only when all their
+other dimensions and dtypes agree (their :meth:`BatchPlan.key` is equal).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edgekit_runtime.agent.config import BatchingConfig
+from edgekit_runtime.errors import BackendError
+from edgekit_runtime.signature import IOSignature, TensorSignature
+
+logger = logging.getLogger(__name__)
+
+_NS_PER_MS = 1_000_000
+_IDLE_POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """The axis of ``dim`` in each input and output, and the most items one runner call may hold."""
+
+    dim: str
+    input_axes: Mapping[str, int]
+    output_axes: Mapping[str, int]
+    max_items: int
+
+    def key(self, feeds: Mapping[str, np.ndarray]) -> tuple[Any, ...]:
+        """What must agree between requests that share a call: dtypes and every non-batch dimension."""
+        return tuple(
+            (name, feeds[name].dtype.str, feeds[name].shape[:axis] + feeds[name].shape[axis + 1 :])
+            for name, axis in sorted(self.input_axes.items())
+        )
+
+    def concatenate(self, feeds: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        if len(feeds) == 1:
+            return dict(feeds[0])
+        return {name: np.concatenate([f[name] for f in feeds], axis=axis) for name, axis in self.input_axes.items()}
+
+    def split(self, outputs: Mapping[str, np.ndarray], items: Sequence[int]) -> list[dict[str, np.ndarray]]:
+        """Cut each output back into one piece per request, ``items[i]`` rows each."""
+        total = sum(items)
+        if len(items) == 1:
+            return [dict(outputs)]
+        bounds = np.cumsum(items)[:-1]
+        pieces: list[dict[str, np.ndarray]] = [{} for _ in items]
+        for name, array in outputs.items():
+            axis = self.output_axes[name]
+            if array.shape[axis] != total:
+                raise BackendError(
+                    f"dynamic batching: output '{name}' has {array.shape[axis]} along '{self.dim}' "
+                    f"(axis {axis}) for a batch of {total} items, so it cannot be split per request",
+                    hint="the model does not treat this dimension as a batch: remove 'batching' from the agent config",
+                )
+            for piece, part in zip(pieces, np.split(array, bounds, axis=axis)):
+                piece[name] = part
+        return pieces
+
+
+def _axis_of(tensor: TensorSignature, dim: str) -> int | None:
+    axes = [axis for axis, name in enumerate(tensor.shape) if name == dim]
+    return axes[0] if len(axes) == 1 else None
+
+
+def plan_batching(signature: IOSignature, config: BatchingConfig) -> BatchPlan | None:
+    """The plan for ``signature``, or ``None`` (with a warning) when it has no usable batch dim."""
+    axes: dict[str, dict[str, int]] = {"inputs": {}, "outputs": {}}
+    for section, tensors in (("inputs", signature.inputs), ("outputs", signature.outputs)):
+        for tensor in tensors:
+            axis = _axis_of(tensor, config.dim)
+            if axis is None:
+                logger.warning(
+                    "dynamic batching is off: %s '%s' %s does not have dim '%s' exactly once",
+                    section[:-1], tensor.name, tensor.describe(), config.dim,
+                )  # fmt: skip
+                return None
+            axes[section][tensor.name] = axis
+    bounds = signature.dims.get(config.dim)
+    max_items = config.max_batch if bounds is None else min(config.max_batch, bounds.max)
+    return BatchPlan(config.dim, axes["inputs"], axes["outputs"], max_items)
+
+
+@dataclass
+class PendingRequest:
+    """One validated request waiting for a batch."""
+
+    feeds: dict[str, np.ndarray]
+    items: int
+    key: tuple[Any, ...]
+    submitted_ns: int
+    future: Future[Any]
+    max_items: int = 0
+
+
+class BatchQueue:
+    """A worker thread that groups :class:`PendingRequest`\\ s and hands each group to ``run_group``.
+
+    A group starts with the oldest waiting request and takes later ones with the same key while the
+    total stays within ``max_items`` and less than ``max_delay_ms`` has passed since the first one
+    arrived. Requests with another key wait, in order, for a later group.
+    """
+
+    def __init__(self, run_group: Callable[[list[PendingRequest]], None], *, max_delay_ms: float) -> None:
+        self._run_group = run_group
+        self._max_delay_ns = int(max_delay_ms * _NS_PER_MS)
+        self._queue: queue.Queue[PendingRequest | None] = queue.Queue()
+        self._deferred: deque[PendingRequest] = deque()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="edgekit-batcher", daemon=True)
+        self._thread.start()
+
+    def put(self, request: PendingRequest) -> None:
+        if self._closed.is_set():
+            request.future.set_exception(BackendError("the inference server is shutting down", hint="retry after restart"))
+            return
+        self._queue.put(request)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._queue.put(None)
+        self._thread.join(timeout=5)
+        leftovers = list(self._deferred)
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                leftovers.append(item)
+        for request in leftovers:
+            if not request.future.done():
+                request.future.set_exception(BackendError("the inference server shut down before this request ran"))
+
+    def _next(self, timeout_s: float | None) -> PendingRequest | None:
+        try:
+            return self._queue.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def _loop(self) -> None:
+        while not self._closed.is_set():
+            first = self._deferred.popleft() if self._deferred else self._next(_IDLE_POLL_S)
+            if first is None:
+                continue
+            group, items = [first], first.items
+            limit = max(first.max_items, first.items)
+            still_deferred: deque[PendingRequest] = deque()
+            for request in self._deferred:  # older requests first
+                if request.key == first.key and items + request.items <= limit:
+                    group.append(request)
+                    items += request.items
+                else:
+                    still_deferred.append(request)
+            self._deferred = still_deferred
+            deadline_ns = first.submitted_ns + self._max_delay_ns
+            while items < limit:
+                remaining_s = (deadline_ns - time.perf_counter_ns()) / 1e9
+                request = self._next(remaining_s) if remaining_s > 0 else None
+                if request is None:
+                    break
+                if request.key == first.key and items + request.items <= limit:
+                    group.append(request)
+                    items += request.items
+                else:
+                    self._deferred.append(request)
+            try:
+                self._run_group(group)
+            except Exception as err:  # run_group resolves futures itself; this is a last resort
+                logger.exception("batch of %d request(s) failed", len(group))
+                for request in group:
+                    if not request.future.done():
+                        request.future.set_exception(err)

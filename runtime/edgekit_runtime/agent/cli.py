@@ -1,0 +1,238 @@
+"""``edgekit-agent``: the device agent's command line.
+
+* ``edgekit-agent run --config agent.yaml``: run until SIGTERM or SIGINT (what systemd starts);
+* ``edgekit-agent check --config agent.yaml``: check the config, the bundles (signature, hashes,
+  self-check), the power sensor and the paths, print what is wrong, exit non-zero on problems;
+* ``edgekit-agent install --config agent.yaml BUNDLE``: first provisioning of a device, the same
+  checks as a deploy, without a broker.
+
+Exit codes: 0 fine, 1 the check found problems (or ``run`` failed), 2 the config is invalid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgekit_runtime import __version__
+from edgekit_runtime.agent.config import AgentConfig, load_config
+from edgekit_runtime.agent.errors import AgentConfigError
+from edgekit_runtime.errors import EdgekitError
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 1
+EXIT_CONFIG = 2
+
+logger = logging.getLogger("edgekit_runtime.agent")
+
+
+@dataclass
+class CheckReport:
+    """What ``check`` found: lines that passed, problems (exit 1) and warnings (no effect on exit)."""
+
+    passed: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "passed": self.passed, "problems": self.problems, "warnings": self.warnings}
+
+
+def check_agent(config: AgentConfig) -> CheckReport:
+    """Everything ``edgekit-agent check`` looks at, as a report (no output, no side effects on links)."""
+    from edgekit_runtime.agent.loading import load_bundle
+    from edgekit_runtime.agent.store import BundleStore
+    from edgekit_runtime.sensors import create_sensor
+    from edgekit_runtime.signing import load_public_key, public_key_fingerprint
+
+    report = CheckReport()
+    report.passed.append(f"config {config.source} is valid (device {config.device_id}, fleet {config.fleet})")
+    if config.bundles.public_key is not None:
+        try:
+            key = load_public_key(config.bundles.public_key)
+            report.passed.append(f"fleet public key {config.bundles.public_key} (fingerprint {public_key_fingerprint(key)})")
+        except EdgekitError as err:
+            report.problems.append(str(err))
+    if config.bundles.allow_unsigned:
+        report.warnings.append("bundles.allow_unsigned is true: unsigned bundles are accepted (development only)")
+
+    store = BundleStore(config.bundles.dir)
+    if not config.bundles.dir.is_dir():
+        report.problems.append(f"bundles.dir '{config.bundles.dir}' does not exist; create it (install a bundle with `edgekit-agent install`)")
+    elif not os.access(config.bundles.dir, os.W_OK):
+        report.problems.append(f"bundles.dir '{config.bundles.dir}' is not writable by this user; deploys would fail")
+    for link, required in (("current", True), ("previous", False)):
+        path = store.target(link)
+        if path is None:
+            message = f"no {link} bundle in {config.bundles.dir}"
+            (report.problems if required else report.warnings).append(
+                message + ("; install one: edgekit-agent install --config CONFIG BUNDLE" if required else "")
+            )
+            continue
+        try:
+            loaded = load_bundle(path, config.bundles)
+        except EdgekitError as err:
+            (report.problems if required else report.warnings).append(f"{link} bundle {path}: {err}")
+            continue
+        loaded.runner.close()
+        signed = f"signed by {loaded.signed_by}" if loaded.signed_by else "unsigned"
+        report.passed.append(f"{link} bundle {loaded.name}: {signed}, {len(loaded.bundle.files)} files verified, "
+                             f"self-check passed on {', '.join(loaded.check.providers)}")  # fmt: skip
+
+    try:
+        sensor = create_sensor(config.power.sensor, config.power.root)
+        with sensor:
+            if sensor.available():
+                report.passed.append(f"power sensor {config.power.sensor}: {sensor.source}")
+            else:
+                report.problems.append(f"power sensor '{config.power.sensor}' is unavailable: {sensor.unavailable_reason}")
+    except EdgekitError as err:
+        report.problems.append(f"power sensor '{config.power.sensor}': {err}")
+
+    if config.broker is None:
+        report.warnings.append("no broker configured: telemetry and fleet commands are off")
+    else:
+        report.passed.append(f"broker {config.broker.url}" + (" (TLS)" if config.broker.uses_tls else " (no TLS)"))
+        if config.broker.password_file is not None and not os.access(config.broker.password_file, os.R_OK):
+            report.problems.append(f"broker.password_file '{config.broker.password_file}' is not readable by this user")
+        spool_dir = config.telemetry.spool.path.parent
+        if not spool_dir.is_dir() or not os.access(spool_dir, os.W_OK):
+            report.problems.append(f"telemetry.spool.path: directory '{spool_dir}' is missing or not writable")
+    address = config.api.address
+    if address.unix_path is not None and not address.unix_path.parent.is_dir():
+        report.warnings.append(f"api.address: directory '{address.unix_path.parent}' does not exist yet (run creates it)")
+    report.passed.append(f"API address {address}")
+    return report
+
+
+def _load(config_path: Path) -> AgentConfig | None:
+    try:
+        return load_config(config_path)
+    except AgentConfigError as err:
+        _print_error(err)
+        return None
+
+
+def _print_error(err: EdgekitError) -> None:
+    sys.stderr.write(f"error: {err.message}\n")
+    if err.hint:
+        sys.stderr.write(f"  hint: {err.hint}\n")
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    if config is None:
+        return EXIT_CONFIG
+    report = check_agent(config)
+    if args.json:
+        sys.stdout.write(json.dumps(report.to_dict()) + "\n")
+    else:
+        for line in report.passed:
+            sys.stdout.write(f"ok    {line}\n")
+        for line in report.warnings:
+            sys.stdout.write(f"warn  {line}\n")
+        for line in report.problems:
+            sys.stdout.write(f"FAIL  {line}\n")
+        summary = "all checks passed" if report.ok else f"{len(report.problems)} problem(s)"
+        sys.stdout.write(f"{summary}\n")
+    return EXIT_OK if report.ok else EXIT_PROBLEMS
+
+
+def _cmd_install(args: argparse.Namespace) -> int:
+    from edgekit_runtime.agent.ota import Deployer, DeployRequest
+    from edgekit_runtime.agent.serving import InferenceServer
+    from edgekit_runtime.agent.store import BundleStore
+
+    config = _load(args.config)
+    if config is None:
+        return EXIT_CONFIG
+    store = BundleStore(config.bundles.dir)
+    store.prepare()
+    server = InferenceServer()
+    failures: list[str] = []
+
+    def emit(event: dict[str, Any]) -> None:
+        sys.stdout.write(f"{event['kind']}: {event['message']}\n")
+        if event["level"] == "error":
+            failures.append(event["message"])
+
+    try:
+        request = DeployRequest.from_args(
+            {"url": str(args.bundle), "sha256": args.sha256, "signature": args.signature}, require_sha256=False
+        )
+        outcome = Deployer(store, config.bundles, config.health, server, emit).deploy(request, watch=False)
+    except EdgekitError as err:
+        _print_error(err)
+        return EXIT_PROBLEMS
+    finally:
+        server.close()
+    return EXIT_OK if outcome == "succeeded" else EXIT_PROBLEMS
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from edgekit_runtime.agent.service import AgentService
+
+    config = _load(args.config)
+    if config is None:
+        return EXIT_CONFIG
+    service = AgentService(config)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        logger.info("received %s; stopping", signal.Signals(signum).name)
+        service.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        service.run_forever()
+    except EdgekitError as err:
+        _print_error(err)
+        return EXIT_PROBLEMS
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edgekit-agent", description="The edgekit device agent.")
+    parser.add_argument("--version", action="version", version=f"edgekit-agent {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    run = commands.add_parser("run", help="run the agent until SIGTERM")
+    run.add_argument("--config", "-c", type=Path, required=True, help="agent YAML (see agent.example.yaml)")
+    run.set_defaults(func=_cmd_run)
+
+    check = commands.add_parser("check", help="check config, bundles and sensors, then exit (non-zero on problems)")
+    check.add_argument("--config", "-c", type=Path, required=True)
+    check.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    check.set_defaults(func=_cmd_check)
+
+    install = commands.add_parser("install", help="install a bundle (directory or .tar) as the current one")
+    install.add_argument("bundle", help="bundle directory, .tar from `edgekit pack`, or http(s) URL")
+    install.add_argument("--config", "-c", type=Path, required=True)
+    install.add_argument("--sha256", help="expected sha256 of the tar (or of a directory's manifest.json)")
+    install.add_argument("--signature", help="base64 signature over manifest.json, if the bundle has no manifest.sig")
+    install.set_defaults(func=_cmd_install)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose + (1 if args.command == "run" else 0), 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,534 @@
+"""The agent's MQTT 5 link to the fleet broker (paho-mqtt 2.x, ``CallbackAPIVersion.VERSION2``).
+
+Delivery contract:
+
+* :meth:`MqttLink.publish_telemetry` and :meth:`MqttLink.publish_event` validate the message, then
+  commit it to the :class:`~edgekit_runtime.agent.spool.Spool`; nothing is sent that is not on disk.
+* One network thread owns the paho client. While connected it sends the oldest spooled messages,
+  at most ``max_inflight`` unacknowledged at a time, and removes each from the spool only when its
+  PUBACK arrives. The spool is the only outgoing queue: when a connection drops, what was in flight
+  is sent again, in order, on the next one (delivery is at least once; ``seq`` and ``event_id``
+  let the collector drop duplicates). A message the broker refuses (a PUBACK reason code >= 0x80,
+  e.g. "Not authorized") is removed and counted as ``rejected``.
+* On connect the link subscribes to ``.../cmd`` and publishes ``{"state": "online"}`` retained on
+  ``.../status``; the will publishes ``{"state": "offline"}`` retained when the connection is lost;
+  :meth:`MqttLink.stop` publishes offline itself, then disconnects cleanly.
+* Failed connects wait :class:`~edgekit_runtime.agent.backoff.Backoff` delays (exponential, with
+  jitter); the backoff resets when the broker accepts a connection.
+* Commands on ``.../cmd`` are parsed as JSON and checked against ``command.v1``. A malformed one is
+  answered by a ``command_rejected`` event naming the problem; ``ping`` is answered by a ``pong``
+  event; the rest go to ``on_command`` on a separate thread (so a slow deploy does not stall the
+  network), and a handler that raises is answered by a ``command_failed`` event. The last 256
+  command ids are remembered, so a QoS 1 redelivery of a command is not carried out twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+
+from edgekit_runtime import __version__ as AGENT_VERSION
+from edgekit_runtime.agent.backoff import Backoff
+from edgekit_runtime.agent.broker import (
+    BrokerConnectionError,
+    describe_connect_failure,
+    make_tls_context,
+    parse_broker_url,
+    read_password_file,
+)
+from edgekit_runtime.agent.spool import Spool
+from edgekit_runtime.agent.telemetry import (
+    EVENT_COMMAND_FAILED,
+    EVENT_COMMAND_REJECTED,
+    EVENT_PONG,
+    BundleRef,
+    EventLevel,
+    build_event,
+    build_status,
+    encode_message,
+)
+from edgekit_runtime.agent.topics import DeviceTopics, TelemetryError, validate_id
+from edgekit_runtime.schemas import schema_problems, validate_message
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_INFLIGHT = 16
+_LOOP_TIMEOUT_S = 0.05
+_STOP_FLUSH_S = 2.0
+_REMEMBERED_COMMAND_IDS = 256
+_PAYLOAD_EXCERPT_CHARS = 200
+_UNSPECIFIED_ERROR = 0x80
+
+
+@dataclass(frozen=True)
+class LinkCounters:
+    """What the link has done since :meth:`MqttLink.start` (``dropped`` counts over the spool's life)."""
+
+    published: int
+    acked: int
+    rejected: int
+    connects: int
+    reconnects: int
+    dropped: int
+    backlog: int
+    commands_received: int
+    commands_rejected: int
+
+
+class _State(Enum):
+    DISCONNECTED = "disconnected"
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+
+
+CommandHandler = Callable[[dict[str, Any]], None]
+
+
+class MqttLink:
+    """The device's connection to the broker. ``start()``, publish, ``stop()``; a context manager."""
+
+    def __init__(
+        self,
+        broker_url: str,
+        client_id: str,
+        fleet: str,
+        device: str,
+        *,
+        spool: Spool,
+        on_command: CommandHandler | None = None,
+        tls_ca: str | Path | None = None,
+        tls_cert: str | Path | None = None,
+        tls_key: str | Path | None = None,
+        username: str | None = None,
+        password_file: str | Path | None = None,
+        keepalive_s: int = 30,
+        backoff: Backoff | None = None,
+        max_inflight: int = DEFAULT_MAX_INFLIGHT,
+        connect_timeout_s: float = 10.0,
+        agent_version: str = AGENT_VERSION,
+        bundle: BundleRef | None = None,
+    ) -> None:
+        self.address = parse_broker_url(broker_url)
+        self.topics = DeviceTopics(validate_id(fleet, "fleet id"), validate_id(device, "device id"))
+        if not isinstance(client_id, str) or not client_id:
+            raise TelemetryError(f"MQTT client_id must be a non-empty string, got {client_id!r}",
+                                 hint="use the device id, e.g. client_id=device")  # fmt: skip
+        for label, number, low in (("keepalive_s", keepalive_s, 1), ("max_inflight", max_inflight, 1)):
+            if isinstance(number, bool) or not isinstance(number, int) or number < low:
+                raise TelemetryError(f"MqttLink {label} must be an int >= {low}, got {number!r}")
+        if not connect_timeout_s > 0:
+            raise TelemetryError(f"MqttLink connect_timeout_s must be > 0, got {connect_timeout_s!r}")
+        if not self.address.tls and any(v is not None for v in (tls_ca, tls_cert, tls_key)):
+            raise TelemetryError(f"TLS files were given but the broker URL {broker_url!r} is plain mqtt://",
+                                 hint=f"use mqtts://{self.address.host}:8883 (or drop tls_ca/tls_cert/tls_key)")  # fmt: skip
+        if password_file is not None and username is None:
+            raise TelemetryError("password_file was given without a username", hint="pass username=... as well")
+        self.client_id = client_id
+        self.spool = spool
+        self.backoff = backoff if backoff is not None else Backoff(initial_s=1.0, max_s=60.0)
+        self.agent_version = agent_version
+        self._on_command = on_command
+        self._max_inflight = max_inflight
+        self._keepalive_s = keepalive_s
+        self._connect_timeout_s = float(connect_timeout_s)
+        self._bundle = bundle
+        self._client = self._make_client(tls_ca, tls_cert, tls_key, username, password_file)
+        self._json_properties = Properties(PacketTypes.PUBLISH)
+        self._json_properties.PayloadFormatIndicator = 1
+        self._json_properties.ContentType = "application/json"
+
+        # Owned by the network thread.
+        self._state = _State.DISCONNECTED
+        self._connack_deadline = 0.0
+        self._inflight: dict[int, tuple[int, str]] = {}  # mid -> (spool id, topic)
+        self._sent_upto_id = 0
+        self._pubacks: list[tuple[int, ReasonCode]] = []
+        self._drop_reason: tuple[str, str] | None = None
+        self._status_dirty = False
+        self._recent_command_ids: OrderedDict[str, None] = OrderedDict()
+
+        self._counts = dict.fromkeys(
+            ("published", "acked", "rejected", "connects", "reconnects", "commands_received", "commands_rejected"), 0
+        )
+        self._counts_lock = threading.Lock()
+        self._last_error: tuple[str, str] | None = None
+        self._connected_event = threading.Event()
+        self._stop_requested = threading.Event()
+        self._commands: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._network_thread: threading.Thread | None = None
+        self._command_thread: threading.Thread | None = None
+
+    # -- public API -----------------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        """Whether the broker has accepted the current connection."""
+        return self._state is _State.CONNECTED
+
+    @property
+    def last_error(self) -> str | None:
+        """Why the last connection attempt failed or the last connection dropped (None once connected)."""
+        return self._last_error[0] if self._last_error else None
+
+    @property
+    def counters(self) -> LinkCounters:
+        with self._counts_lock:
+            counts = dict(self._counts)
+        return LinkCounters(**counts, dropped=self.spool.dropped_total(), backlog=self.spool.backlog())
+
+    def start(self) -> MqttLink:
+        """Start the network and command threads; connecting happens in the background."""
+        if self._network_thread is not None:
+            raise TelemetryError(f"MqttLink for {self.topics.prefix} was already started",
+                                 hint="create a new MqttLink to connect again after stop()")  # fmt: skip
+        self._command_thread = threading.Thread(target=self._dispatch_commands, name="edgekit-mqtt-commands",
+                                                daemon=True)  # fmt: skip
+        self._network_thread = threading.Thread(target=self._run, name="edgekit-mqtt-network", daemon=True)
+        self._command_thread.start()
+        self._network_thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Publish offline status, disconnect cleanly and end the threads; safe to call twice."""
+        self._stop_requested.set()
+        if self._network_thread is not None:
+            self._network_thread.join(timeout_s)
+            if self._network_thread.is_alive():
+                logger.warning("MQTT network thread did not end within %.1f s", timeout_s)
+        if self._command_thread is not None and self._command_thread.is_alive():
+            self._commands.put(None)
+            self._command_thread.join(timeout_s)
+
+    def __enter__(self) -> MqttLink:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def wait_connected(self, timeout_s: float) -> None:
+        """Block until connected; raise :class:`BrokerConnectionError` with the last failure on timeout."""
+        if self._connected_event.wait(timeout_s):
+            return
+        message, hint = self._last_error or ("no answer from the broker yet", "check the broker URL and network")
+        raise BrokerConnectionError(f"not connected to {self.address.url} after {timeout_s:g} s: {message}",
+                                    hint=hint)  # fmt: skip
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until the spool is empty (everything acknowledged); False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self.spool.backlog() > 0:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def publish_telemetry(self, message: Mapping[str, Any]) -> int:
+        """Validate a ``telemetry.v1`` message, commit it to the spool (QoS 1); returns its spool id."""
+        validate_message(message, "telemetry.v1", what=f"telemetry message seq {message.get('seq')!r}")
+        return self._spool_message(message, self.topics.telemetry)
+
+    def publish_event(self, message: Mapping[str, Any]) -> int:
+        """Validate an ``event.v1`` message, commit it to the spool (QoS 1); returns its spool id."""
+        validate_message(message, "event.v1", what=f"event {message.get('kind')!r}")
+        return self._spool_message(message, self.topics.events)
+
+    def emit_event(self, kind: str, message: str, *, level: EventLevel = "info", command_id: str | None = None,
+                   details: Mapping[str, Any] | None = None) -> int:  # fmt: skip
+        """Build an event for this device and :meth:`publish_event` it."""
+        return self.publish_event(build_event(
+            device=self.topics.device, fleet=self.topics.fleet, kind=kind, message=message, level=level,
+            command_id=command_id, details=details, agent_version=self.agent_version,
+        ))  # fmt: skip
+
+    def set_bundle(self, bundle: BundleRef | None) -> None:
+        """The bundle now running: republished in the retained status and used in the will."""
+        self._bundle = bundle
+        self._status_dirty = True
+
+    # -- client setup ---------------------------------------------------------------------------
+
+    def _make_client(
+        self,
+        tls_ca: str | Path | None,
+        tls_cert: str | Path | None,
+        tls_key: str | Path | None,
+        username: str | None,
+        password_file: str | Path | None,
+    ) -> paho.Client:
+        client = paho.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id,
+                             protocol=MQTTProtocolVersion.MQTTv5)  # fmt: skip
+        client.enable_logger(logging.getLogger(f"{__name__}.paho"))
+        if self.address.tls:
+            client.tls_set_context(make_tls_context(tls_ca, tls_cert, tls_key))
+        if username is not None:
+            password = read_password_file(password_file) if password_file is not None else None
+            client.username_pw_set(username, password)
+        client.max_inflight_messages_set(self._max_inflight + 4)  # room for status beside the spool window
+        client.connect_timeout = self._connect_timeout_s
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_publish = self._on_publish
+        client.on_message = self._on_message
+        client.connect_async(self.address.host, self.address.port, keepalive=self._keepalive_s, clean_start=True)
+        return client
+
+    def _status_payload(self, state: str, reason: str | None) -> bytes:
+        status = build_status(device=self.topics.device, fleet=self.topics.fleet, state=state,  # type: ignore[arg-type]
+                              bundle=self._bundle, reason=reason, agent_version=self.agent_version)  # fmt: skip
+        return encode_message(status)
+
+    def _spool_message(self, message: Mapping[str, Any], topic: str) -> int:
+        if message.get("device") != self.topics.device or message.get("fleet") != self.topics.fleet:
+            raise TelemetryError(
+                f"message for {message.get('fleet')!r}/{message.get('device')!r} given to the link of "
+                f"{self.topics.fleet!r}/{self.topics.device!r}",
+                hint="build messages with this link's fleet and device ids",
+            )
+        return self.spool.append(topic, encode_message(message), qos=1)
+
+    # -- network thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stop_requested.is_set():
+                try:
+                    self._step()
+                except Exception:  # the network thread must outlive any single failure
+                    logger.exception("MQTT link %s: unexpected error; continuing", self.address.url)
+                    self._stop_requested.wait(0.5)
+        finally:
+            self._shutdown()
+
+    def _step(self) -> None:
+        if self._state is _State.DISCONNECTED and not self._begin_connect():
+            self._pause_before_retry()
+            return
+        rc = self._client.loop(timeout=_LOOP_TIMEOUT_S)
+        if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+            self._link_down(f"connection to broker {self.address.url} lost ({paho.error_string(rc)})",
+                            "check that the broker is up; the link reconnects by itself")  # fmt: skip
+            self._pause_before_retry()
+            return
+        if self._state is _State.CONNECTING and time.monotonic() > self._connack_deadline:
+            self._link_down(f"broker {self.address.url} sent no CONNACK within {self._connect_timeout_s:g} s",
+                            "check that the port is an MQTT listener and the TLS settings match")  # fmt: skip
+            self._pause_before_retry()
+            return
+        self._settle_acks()
+        if self._state is _State.CONNECTED:
+            if self._status_dirty:
+                self._status_dirty = False
+                self._publish_status("online", None)
+            self._drain()
+
+    def _begin_connect(self) -> bool:
+        self._drop_reason = None
+        self._client.will_set(self.topics.status, self._status_payload("offline", "connection lost"),
+                              qos=1, retain=True)  # fmt: skip
+        try:
+            rc = self._client.reconnect()
+        except (OSError, ValueError) as exc:
+            self._record_error(*describe_connect_failure(exc, self.address))
+            return False
+        if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+            self._record_error(f"cannot send CONNECT to {self.address.url}: {paho.error_string(rc)}",
+                               "check the broker URL and the network")  # fmt: skip
+            return False
+        self._state = _State.CONNECTING
+        self._connack_deadline = time.monotonic() + self._connect_timeout_s
+        return True
+
+    def _pause_before_retry(self) -> None:
+        delay_s = self.backoff.next_delay_s()
+        logger.warning("MQTT link %s: %s; retrying in %.1f s (failure %d in a row)",
+                       self.address.url, self.last_error, delay_s, self.backoff.failures)  # fmt: skip
+        self._stop_requested.wait(delay_s)
+
+    def _record_error(self, message: str, hint: str) -> None:
+        self._last_error = (message, hint)
+
+    def _link_down(self, message: str, hint: str) -> None:
+        was_connected = self._state is _State.CONNECTED
+        self._state = _State.DISCONNECTED
+        self._connected_event.clear()
+        self._record_error(*(self._drop_reason or (message, hint)))
+        # The spool is the only queue: forget paho's copies, resend from the oldest unacknowledged.
+        self._client.drop_out_messages()
+        self._inflight.clear()
+        self._pubacks.clear()
+        self._sent_upto_id = 0
+        if was_connected:
+            logger.warning("MQTT link %s down: %s", self.address.url, self.last_error)
+
+    def _on_connect(self, client: paho.Client, userdata: Any, flags: Any, reason: ReasonCode,
+                    properties: Properties | None) -> None:  # fmt: skip
+        if reason.is_failure:
+            self._drop_reason = (
+                f"broker {self.address.url} refused the connection: {reason}",
+                "check username, password_file and the broker's ACL for this device",
+            )
+            return
+        self._state = _State.CONNECTED
+        self.backoff.reset()
+        self._last_error = None
+        with self._counts_lock:
+            self._counts["connects"] += 1
+            if self._counts["connects"] > 1:
+                self._counts["reconnects"] += 1
+        client.subscribe(self.topics.cmd, qos=1)
+        self._status_dirty = False
+        self._publish_status("online", None)
+        self._connected_event.set()
+        logger.info("MQTT link connected to %s as %s (backlog %d)", self.address.url, self.client_id,
+                    self.spool.backlog())  # fmt: skip
+
+    def _on_disconnect(self, client: paho.Client, userdata: Any, flags: Any, reason: ReasonCode,
+                       properties: Properties | None) -> None:  # fmt: skip
+        # paho reports a dropped socket as "Unspecified error"; anything else came from the broker.
+        if self._drop_reason is None and reason.is_failure and reason.value != _UNSPECIFIED_ERROR:
+            self._drop_reason = (f"broker {self.address.url} closed the connection: {reason}",
+                                 "check the broker log; another client with the same client_id takes the session over")  # fmt: skip
+
+    def _on_publish(self, client: paho.Client, userdata: Any, mid: int, reason: ReasonCode,
+                    properties: Properties | None) -> None:  # fmt: skip
+        self._pubacks.append((mid, reason))
+
+    def _publish_status(self, state: str, reason: str | None) -> paho.MQTTMessageInfo:
+        return self._client.publish(self.topics.status, self._status_payload(state, reason), qos=1, retain=True,
+                                    properties=self._json_properties)  # fmt: skip
+
+    def _drain(self) -> None:
+        room = self._max_inflight - len(self._inflight)
+        if room <= 0:
+            return
+        for entry in self.spool.peek(room, after_id=self._sent_upto_id):
+            info = self._client.publish(entry.topic, entry.payload, qos=entry.qos, properties=self._json_properties)
+            if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+                logger.debug("publish of spool entry %d deferred: %s", entry.id, paho.error_string(info.rc))
+                break
+            self._sent_upto_id = entry.id
+            with self._counts_lock:
+                self._counts["published"] += 1
+            if entry.qos == 0:
+                self.spool.ack(entry.id)
+            else:
+                self._inflight[info.mid] = (entry.id, entry.topic)
+
+    def _settle_acks(self) -> None:
+        if not self._pubacks:
+            return
+        pubacks, self._pubacks = self._pubacks, []
+        delivered: list[int] = []
+        rejected: list[tuple[int, str, ReasonCode]] = []
+        for mid, reason in pubacks:
+            spooled = self._inflight.pop(mid, None)
+            if spooled is None:
+                if reason.is_failure:
+                    logger.error("broker %s refused the status message: %s", self.address.url, reason)
+                continue
+            if reason.is_failure:
+                rejected.append((spooled[0], spooled[1], reason))
+            else:
+                delivered.append(spooled[0])
+        self.spool.ack_many(delivered + [entry_id for entry_id, _, _ in rejected])
+        for entry_id, topic, reason in rejected:
+            logger.error("broker %s refused spooled message %d on %s: %s; dropped it",
+                         self.address.url, entry_id, topic, reason)  # fmt: skip
+        with self._counts_lock:
+            self._counts["acked"] += len(delivered)
+            self._counts["rejected"] += len(rejected)
+
+    def _shutdown(self) -> None:
+        if self._state is _State.CONNECTED:
+            info = self._publish_status("offline", "agent stopped")
+            deadline = time.monotonic() + _STOP_FLUSH_S
+            while not info.is_published() and time.monotonic() < deadline:
+                if self._client.loop(timeout=_LOOP_TIMEOUT_S) != MQTTErrorCode.MQTT_ERR_SUCCESS:
+                    break
+                self._settle_acks()
+            self._settle_acks()
+            self._client.disconnect()  # sent at once: no paho thread, so paho writes it right here
+        self._state = _State.DISCONNECTED
+        self._connected_event.clear()
+        logger.info("MQTT link to %s stopped (backlog %d)", self.address.url, self.spool.backlog())
+
+    # -- commands -------------------------------------------------------------------------------
+
+    def _on_message(self, client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
+        if message.topic != self.topics.cmd:
+            logger.debug("ignoring message on %s", message.topic)
+            return
+        with self._counts_lock:
+            self._counts["commands_received"] += 1
+        try:
+            self._handle_command(message.payload)
+        except TelemetryError:
+            logger.exception("cannot answer a command on %s", message.topic)
+
+    def _handle_command(self, payload: bytes) -> None:
+        try:
+            command = json.loads(payload.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            self._reject_command(f"command payload is not valid UTF-8 JSON: {exc}", payload, None)
+            return
+        command_id = command.get("id") if isinstance(command, dict) and isinstance(command.get("id"), str) else None
+        problems = schema_problems(command, "command.v1")
+        if problems:
+            self._reject_command(f"command does not match schema command.v1: {'; '.join(problems[:5])}",
+                                 payload, command_id)  # fmt: skip
+            return
+        if command["id"] in self._recent_command_ids:
+            logger.info("command %s (%s) delivered again; ignoring the duplicate", command["id"], command["command"])
+            return
+        self._recent_command_ids[command["id"]] = None
+        while len(self._recent_command_ids) > _REMEMBERED_COMMAND_IDS:
+            self._recent_command_ids.popitem(last=False)
+        if command["command"] == "ping":
+            self.emit_event(EVENT_PONG, "pong", command_id=command["id"])
+        elif self._on_command is None:
+            self._reject_command(f"this agent has no handler for command '{command['command']}'", payload,
+                                 command["id"], kind=EVENT_COMMAND_FAILED)  # fmt: skip
+        else:
+            self._commands.put(command)
+
+    def _reject_command(self, problem: str, payload: bytes, command_id: str | None,
+                        kind: str = EVENT_COMMAND_REJECTED) -> None:  # fmt: skip
+        with self._counts_lock:
+            self._counts["commands_rejected"] += 1
+        excerpt = payload[:_PAYLOAD_EXCERPT_CHARS].decode("utf-8", errors="replace")
+        logger.warning("command on %s rejected: %s", self.topics.cmd, problem)
+        self.emit_event(kind, problem, level="error", command_id=command_id,
+                        details={"topic": self.topics.cmd, "payload_excerpt": excerpt})  # fmt: skip
+
+    def _dispatch_commands(self) -> None:
+        while True:
+            command = self._commands.get()
+            handler = self._on_command
+            if command is None:
+                return
+            if handler is None:  # commands are queued only when a handler exists
+                continue
+            try:
+                handler(command)
+            except Exception as exc:  # a failing handler must not end the thread
+                logger.exception("command %s (%s) failed", command["id"], command["command"])
+                try:
+                    self.emit_event(EVENT_COMMAND_FAILED, f"command '{command['command']}' failed: "
+                                    f"{type(exc).__name__}: {exc}", level="error", command_id=command["id"])  # fmt: skip
+                except TelemetryError:
+                    logger.exception("cannot report the failure of command %s", command["id"])

@@ -1,0 +1,348 @@
+"""Over-the-air updates: deploy a signed bundle, watch it, roll back; and the power-cut-safe start.
+
+A deploy (:meth:`Deployer.deploy`) goes through these steps, each reported as a ``deploy_progress``
+event with ``details.step``, and ends with one ``deploy_result`` event (``details.outcome``
+``succeeded``, ``failed`` or ``rolled_back``):
+
+``started`` -> ``downloaded`` (copy or HTTP into staging, size limit, sha256 of the tar or of the
+directory's manifest) -> ``signature_verified`` (Ed25519 over manifest.json, fleet key; or
+``signature_skipped`` for an unsigned bundle under ``allow_unsigned``) -> ``files_verified`` ->
+``self_check_passed`` (golden outputs) -> ``switched`` (``current`` link renamed into place,
+``previous`` kept) -> ``watching`` (``health.window_s``: error rate of live requests, then the
+self-check again on the live runner) -> ``deploy_result``. A failure before the switch leaves the
+device untouched; a failure while watching switches back to ``previous`` (``rolling_back``).
+
+At start (:meth:`Deployer.start`) the agent serves whatever ``current`` names if it passes every
+check, else ``previous`` (and points ``current`` there), else nothing until a deploy arrives.
+
+Events are dicts ``{kind, level, message, command_id, details}``; the service adds the envelope of
+``event.v1`` (ids, device, time) and publishes them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgekit_runtime.agent.config import BundlesConfig, HealthConfig
+from edgekit_runtime.agent.errors import DeployError
+from edgekit_runtime.agent.fetch import fetch_bundle
+from edgekit_runtime.agent.loading import LoadedBundle, load_bundle
+from edgekit_runtime.agent.serving import InferenceServer
+from edgekit_runtime.agent.store import BundleStore, version_name
+from edgekit_runtime.bundle import MANIFEST_NAME, SIGNATURE_NAME, self_check
+from edgekit_runtime.errors import EdgekitError
+from edgekit_runtime.signing import decode_signature, encode_signature
+
+logger = logging.getLogger(__name__)
+
+EventSink = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class DeployRequest:
+    """The ``args`` of a ``deploy`` command (``command.v1``), plus an optional base64 ``signature``
+    over manifest.json for bundles shipped without their ``manifest.sig``."""
+
+    url: str
+    sha256: str | None
+    bundle_id: str | None = None
+    signature: bytes | None = None
+    command_id: str | None = None
+
+    @classmethod
+    def from_args(cls, args: object, *, command_id: str | None = None, require_sha256: bool = True) -> DeployRequest:
+        hint = 'send args {"bundle_id": ..., "url": "https://.../bundle.tar", "sha256": "<64 hex>"}'
+        if not isinstance(args, Mapping):
+            raise DeployError(f"deploy: args must be an object, got {type(args).__name__}", hint=hint)
+        known = {"bundle_id", "url", "sha256", "size_bytes", "signature"}
+        unknown = sorted(set(args) - known)
+        if unknown:
+            raise DeployError(f"deploy: unknown args {unknown}", hint=f"known args: {', '.join(sorted(known))}")
+        url = args.get("url")
+        if not isinstance(url, str) or not url:
+            raise DeployError("deploy: args.url is missing", hint=hint)
+        sha256 = args.get("sha256")
+        if sha256 is None and require_sha256:
+            raise DeployError("deploy: args.sha256 is missing", hint=hint)
+        if sha256 is not None and (not isinstance(sha256, str) or len(sha256) != 64 or not all(c in "0123456789abcdefABCDEF" for c in sha256)):
+            raise DeployError(f"deploy: args.sha256 must be 64 hex digits, got {sha256!r}", hint=hint)
+        bundle_id = args.get("bundle_id")
+        if bundle_id is not None and not isinstance(bundle_id, str):
+            raise DeployError(f"deploy: args.bundle_id must be a string, got {bundle_id!r}", hint=hint)
+        signature = args.get("signature")
+        raw_signature = None if signature is None else decode_signature(str(signature), where="deploy: args.signature")
+        return cls(url, None if sha256 is None else sha256.lower(), bundle_id, raw_signature, command_id)
+
+
+@dataclass(frozen=True)
+class ServedBundle:
+    """What the agent serves now, for telemetry, status and health."""
+
+    name: str
+    bundle_id: str
+    manifest_sha256: str
+    path: Path
+    signed_by: str | None
+
+    def telemetry_ref(self) -> dict[str, str]:
+        """The ``bundle`` object of telemetry.v1 and status.v1."""
+        return {"id": self.bundle_id, "sha256": self.manifest_sha256}
+
+
+@dataclass
+class _Deployment:
+    request: DeployRequest
+    emit: Callable[..., None]
+    events: list[str] = field(default_factory=list)
+
+
+class Deployer:
+    """Owns the bundle store and what the :class:`InferenceServer` serves. One operation at a time."""
+
+    def __init__(
+        self,
+        store: BundleStore,
+        bundles: BundlesConfig,
+        health: HealthConfig,
+        server: InferenceServer,
+        emit: EventSink,
+        *,
+        stop: threading.Event | None = None,
+        runner_options: dict[str, Any] | None = None,
+        on_change: Callable[[ServedBundle | None], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.bundles = bundles
+        self.health = health
+        self.server = server
+        self._emit = emit
+        self._stop = stop or threading.Event()
+        self._runner_options = runner_options
+        self._on_change = on_change
+        self._lock = threading.Lock()
+        self._served: ServedBundle | None = None
+        self.last_self_check_passed: bool | None = None
+
+    @property
+    def served(self) -> ServedBundle | None:
+        return self._served
+
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
+    def _event(self, kind: str, message: str, *, level: str = "info", command_id: str | None = None, **details: Any) -> None:
+        log = {"info": logger.info, "warning": logger.warning, "error": logger.error}[level]
+        log("%s: %s", kind, message)
+        self._emit({"kind": kind, "level": level, "message": message, "command_id": command_id, "details": details})
+
+    # -- serving ------------------------------------------------------------------------------------
+
+    def _load(self, path: Path, on_step: Callable[[str, dict[str, Any]], None] | None = None) -> LoadedBundle:
+        return load_bundle(path, self.bundles, on_step=on_step, runner_options=self._runner_options)
+
+    def _serve(self, loaded: LoadedBundle, path: Path) -> ServedBundle:
+        meta = self.store.read_meta(path)
+        manifest_sha256 = hashlib.sha256((path / MANIFEST_NAME).read_bytes()).hexdigest()
+        old_runner = self.server.swap(loaded.runner, model_name=loaded.name)
+        if old_runner is not None and old_runner is not loaded.runner:
+            old_runner.close()
+        self._served = ServedBundle(
+            name=loaded.name,
+            bundle_id=str(meta.get("bundle_id") or loaded.name),
+            manifest_sha256=manifest_sha256,
+            path=path,
+            signed_by=loaded.signed_by,
+        )
+        self.last_self_check_passed = loaded.check.passed
+        if self._on_change is not None:
+            self._on_change(self._served)
+        return self._served
+
+    def start(self) -> ServedBundle | None:
+        """Serve ``current`` if it passes every check, else ``previous``; returns what is served."""
+        with self._lock:
+            self.store.prepare()
+            for link in ("current", "previous"):
+                path = self.store.target(link)
+                if path is None:
+                    continue
+                try:
+                    loaded = self._load(path)
+                except EdgekitError as err:
+                    self._event("startup_check_failed", f"the {link} bundle at {path} fails its checks: {err.message}",
+                                level="error", link=link, path=str(path), error=str(err))  # fmt: skip
+                    continue
+                if link == "previous":
+                    self.store.point_current(path)
+                    self._event("startup_fallback", f"current bundle failed its checks; serving previous {loaded.name}",
+                                level="warning", path=str(path))  # fmt: skip
+                self._serve(loaded, path)
+                self._event("serving", f"serving bundle {loaded.name}", **loaded.summary())
+                return self._served
+            self._event("no_bundle", f"no working bundle in {self.store.root}; waiting for a deploy", level="warning")
+            return None
+
+    # -- deploy -------------------------------------------------------------------------------------
+
+    def deploy(self, request: DeployRequest, *, watch: bool = True) -> str:
+        """Carry out a deploy; returns the outcome: ``succeeded``, ``failed`` or ``rolled_back``."""
+        if not self._lock.acquire(blocking=False):
+            self._event("deploy_result", "another deploy or rollback is in progress; try again later",
+                        level="error", command_id=request.command_id, outcome="failed", step="queued", url=request.url)  # fmt: skip
+            return "failed"
+        try:
+            return self._deploy_locked(request, watch=watch)
+        finally:
+            self._lock.release()
+
+    def _deploy_locked(self, request: DeployRequest, *, watch: bool) -> str:
+        def progress(step: str, message: str, **details: Any) -> None:
+            self._event("deploy_progress", message, command_id=request.command_id, step=step, **details)
+
+        step = "started"
+        progress(step, f"deploying {request.url}", url=request.url, bundle_id=request.bundle_id)
+        staging = self.store.new_staging_dir()
+        loaded: LoadedBundle | None = None
+        try:
+            step = "download"
+            fetched = fetch_bundle(request.url, staging, expected_sha256=request.sha256,
+                                   max_bytes=self.bundles.max_download_bytes, timeout_s=self.bundles.download_timeout_s)  # fmt: skip
+            progress("downloaded", f"fetched {fetched.size_bytes} bytes, sha256 verified" if request.sha256 else f"fetched {fetched.size_bytes} bytes",
+                     size_bytes=fetched.size_bytes, sha256=fetched.sha256, sha256_verified=request.sha256 is not None,
+                     seconds=round(fetched.seconds, 3))  # fmt: skip
+            if request.signature is not None:
+                (fetched.path / SIGNATURE_NAME).write_text(encode_signature(request.signature) + "\n", encoding="ascii")
+            step = "signature"
+            next_step = {"signature_verified": "files", "signature_skipped": "files", "files_verified": "self_check",
+                         "self_check_passed": "switch"}  # fmt: skip
+
+            def on_step(name: str, details: dict[str, Any]) -> None:
+                nonlocal step
+                step = next_step.get(name, step)
+                progress(name, name.replace("_", " "), **details)
+
+            loaded = self._load(fetched.path, on_step)
+            step = "switch"
+            manifest_sha256 = hashlib.sha256((fetched.path / MANIFEST_NAME).read_bytes()).hexdigest()
+            name = version_name(loaded.name, manifest_sha256)
+            old_current = self.store.current
+            if old_current is not None and old_current.name == name and self._served is not None:
+                loaded.runner.close()
+                self._event("deploy_result", f"{loaded.name} is already the current bundle", command_id=request.command_id,
+                            outcome="succeeded", bundle=loaded.name, unchanged=True)  # fmt: skip
+                return "succeeded"
+            version_dir = self.store.install(fetched.path, name)
+            loaded.bundle = type(loaded.bundle)(root=version_dir, manifest=loaded.bundle.manifest)
+            self.store.write_meta(version_dir, bundle_id=request.bundle_id or loaded.name, sha256=fetched.sha256,
+                                  url=request.url, command_id=request.command_id)  # fmt: skip
+        except EdgekitError as err:
+            if loaded is not None:
+                loaded.runner.close()
+            self._event("deploy_result", f"deploy of {request.url} failed at {step}: {err.message}", level="error",
+                        command_id=request.command_id, outcome="failed", step=step, error=str(err))  # fmt: skip
+            return "failed"
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+        previous_served = self._served
+        self.store.switch_to(version_dir)
+        self._serve(loaded, version_dir)
+        progress("switched", f"now serving {loaded.name}", bundle=loaded.name, to=version_dir.name,
+                 previous=None if old_current is None else old_current.name)  # fmt: skip
+        if watch and self.health.window_s > 0:
+            healthy, details = self._watch(loaded, request)
+            if details["interrupted"]:  # the agent is stopping; the new bundle passed every check and stays
+                self._event("deploy_result", f"deployed {loaded.name}; its health watch was cut short by shutdown",
+                            level="warning", command_id=request.command_id, outcome="succeeded", bundle=loaded.name,
+                            health=details)  # fmt: skip
+                return "succeeded"
+            if not healthy:
+                return self._roll_back_after_watch(request, loaded, previous_served, details)
+        self.store.prune()
+        self._event("deploy_result", f"deployed {loaded.name}", command_id=request.command_id,
+                    outcome="succeeded", bundle=loaded.name, bundle_id=self._served.bundle_id if self._served else None)  # fmt: skip
+        return "succeeded"
+
+    def _watch(self, loaded: LoadedBundle, request: DeployRequest) -> tuple[bool, dict[str, Any]]:
+        window_s = self.health.window_s
+        self._event("deploy_progress", f"watching {loaded.name} for {window_s:g} s", command_id=request.command_id,
+                    step="watching", window_s=window_s, max_error_rate=self.health.max_error_rate)  # fmt: skip
+        before = self.server.totals()
+        interrupted = self._stop.wait(window_s)
+        after = self.server.totals()
+        if interrupted:
+            return True, {"interrupted": True, "requests": after.requests - before.requests, "errors": after.errors - before.errors}
+        requests, errors = after.requests - before.requests, after.errors - before.errors
+        attempts = requests + errors
+        error_rate = errors / attempts if attempts else None
+        check = self.server.call_runner(lambda runner: self_check(loaded.bundle, runner, raise_on_failure=False))
+        self.last_self_check_passed = check.passed
+        details = {"requests": requests, "errors": errors, "error_rate": error_rate, "self_check_passed": check.passed,
+                   "window_s": window_s, "interrupted": False}  # fmt: skip
+        too_many_errors = error_rate is not None and attempts >= self.health.min_requests and error_rate > self.health.max_error_rate
+        return (check.passed and not too_many_errors), details
+
+    def _roll_back_after_watch(
+        self, request: DeployRequest, failed: LoadedBundle, previous_served: ServedBundle | None, details: dict[str, Any]
+    ) -> str:
+        if not details["self_check_passed"]:
+            reason = "the self-check failed on the live model"
+        else:
+            attempts = details["requests"] + details["errors"]
+            reason = f"error rate {details['error_rate']:.1%} over {attempts} request(s) is above {self.health.max_error_rate:.1%}"
+        if previous_served is None or self.store.previous is None:
+            self._event("deploy_result", f"{failed.name} is unhealthy ({reason}) but there is no previous bundle to roll back to; "
+                        "it keeps serving", level="error", command_id=request.command_id, outcome="failed", step="watching",
+                        health=details)  # fmt: skip
+            return "failed"
+        self._event("deploy_progress", f"{failed.name} is unhealthy ({reason}); rolling back", level="warning",
+                    command_id=request.command_id, step="rolling_back", health=details)  # fmt: skip
+        try:
+            restored = self._rollback_locked()
+        except EdgekitError as err:
+            self._event("deploy_result", f"{failed.name} is unhealthy ({reason}) and the rollback failed: {err.message}",
+                        level="error", command_id=request.command_id, outcome="failed", step="rolling_back", error=str(err),
+                        health=details)  # fmt: skip
+            return "failed"
+        self._event("deploy_result", f"rolled back to {restored.name}: {failed.name} was unhealthy ({reason})", level="warning",
+                    command_id=request.command_id, outcome="rolled_back", bundle=restored.name, failed_bundle=failed.name,
+                    health=details)  # fmt: skip
+        return "rolled_back"
+
+    # -- rollback -----------------------------------------------------------------------------------
+
+    def rollback(self, *, command_id: str | None = None) -> bool:
+        """Serve the previous bundle again (after checking it); ``current`` and ``previous`` trade places."""
+        if not self._lock.acquire(blocking=False):
+            self._event("rollback_result", "a deploy or rollback is in progress; try again later", level="error",
+                        command_id=command_id, outcome="failed")  # fmt: skip
+            return False
+        try:
+            from_name = self._served.name if self._served else None
+            try:
+                restored = self._rollback_locked()
+            except EdgekitError as err:
+                self._event("rollback_result", f"rollback failed: {err.message}", level="error", command_id=command_id,
+                            outcome="failed", error=str(err))  # fmt: skip
+                return False
+            self._event("rollback_result", f"rolled back from {from_name} to {restored.name}", command_id=command_id,
+                        outcome="succeeded", bundle=restored.name, previous_bundle=from_name)  # fmt: skip
+            return True
+        finally:
+            self._lock.release()
+
+    def _rollback_locked(self) -> ServedBundle:
+        target = self.store.previous
+        if target is None:
+            raise DeployError(f"no previous bundle in '{self.store.root}' to roll back to", hint="deploy the wanted bundle instead")
+        loaded = self._load(target)  # checked before the links move: a broken previous changes nothing
+        self.store.swap_current_and_previous()
+        return self._serve(loaded, target)

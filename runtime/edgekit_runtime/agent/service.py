@@ -1,0 +1,449 @@
+"""The agent process: serve the current bundle, report telemetry, carry out fleet commands.
+
+:class:`AgentService` wires the parts together:
+
+* a :class:`~edgekit_runtime.agent.ota.Deployer` picks the bundle to serve at start (``current``,
+  else ``previous``) and applies ``deploy`` / ``rollback`` commands;
+* an :class:`~edgekit_runtime.agent.serving.InferenceServer` behind the local
+  :class:`~edgekit_runtime.agent.api.AgentApi`;
+* a power sampling thread feeding a :class:`~edgekit_runtime.sensors.PowerIntegrator`;
+* a telemetry thread that every ``telemetry.interval_s`` closes a window (latency, power integrated
+  over the window, energy per inference, device state) and publishes it through the
+  :class:`~edgekit_runtime.agent.mqtt.MqttLink` (which spools it on disk until the broker has it);
+* a command thread for ``deploy``, ``rollback``, ``set_interval`` and ``ping`` (deploys and rollbacks
+  run on a thread of their own so pings are answered during a deploy's health watch);
+* optionally a probe thread that sends a synthetic request every ``probe.interval_s``.
+
+``stop()`` (SIGTERM in ``edgekit-agent run``) publishes a last window and shuts everything down.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgekit_runtime.agent.api import AgentApi
+from edgekit_runtime.agent.config import AgentConfig
+from edgekit_runtime.agent.ota import Deployer, DeployRequest
+from edgekit_runtime.agent.serving import InferenceServer
+from edgekit_runtime.agent.store import BundleStore
+from edgekit_runtime.agent.telemetry import BundleRef, TelemetryProblem, build_event, build_telemetry
+from edgekit_runtime.errors import EdgekitError
+from edgekit_runtime.sensors import DeviceStateReader, PowerIntegrator, PowerSensor, create_sensor
+from edgekit_runtime.signature import ANONYMOUS_DIM, IOSignature
+
+logger = logging.getLogger(__name__)
+
+LinkFactory = Callable[..., Any]
+MAX_RECENT_EVENTS = 200
+_COMMAND_POLL_S = 0.2
+
+
+def synthetic_feeds(signature: IOSignature, dims: Mapping[str, int], *, seed: int = 0) -> dict[str, np.ndarray]:
+    """Feeds that match ``signature``: named dims from ``dims``, else their ``opt`` (or ``min``), else 1;
+    floats are standard normal, integers and booleans zero (valid indices for any embedding)."""
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for tensor in signature.inputs:
+        shape: list[int] = []
+        for dim in tensor.shape:
+            if isinstance(dim, int):
+                shape.append(dim)
+            elif dim in dims:
+                shape.append(dims[dim])
+            elif dim != ANONYMOUS_DIM and dim in signature.dims:
+                bounds = signature.dims[dim]
+                shape.append(bounds.opt if bounds.opt is not None else max(bounds.min, 1))
+            else:
+                shape.append(1)
+        dtype = np.dtype(tensor.dtype)
+        feeds[tensor.name] = rng.standard_normal(shape).astype(dtype) if dtype.kind == "f" else np.zeros(shape, dtype)
+    return feeds
+
+
+def _rss_mb(status_path: Path = Path("/proc/self/status")) -> float | None:
+    try:
+        for line in status_path.read_text(encoding="ascii", errors="replace").splitlines():
+            if line.startswith("VmRSS:"):
+                return float(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _default_link_factory(**kwargs: Any) -> Any:
+    from edgekit_runtime.agent.mqtt import MqttLink
+
+    return MqttLink(**kwargs)
+
+
+class AgentService:
+    """The running agent. ``start()`` returns once everything runs; ``stop()`` shuts it down."""
+
+    def __init__(self, config: AgentConfig, *, link_factory: LinkFactory | None = None) -> None:
+        self.config = config
+        self._link_factory = link_factory or _default_link_factory
+        self._stop = threading.Event()
+        self._started_monotonic_s = time.monotonic()
+        self._interval_s = config.telemetry.interval_s
+        self._interval_changed = threading.Event()
+        self._commands: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._threads: list[threading.Thread] = []
+        self._problems: list[TelemetryProblem] = []
+        self._problems_lock = threading.Lock()
+        self._telemetry_lock = threading.Lock()
+        self.recent_events: deque[dict[str, Any]] = deque(maxlen=MAX_RECENT_EVENTS)
+        self._pending_events: list[dict[str, Any]] = []
+        self._events_lock = threading.Lock()
+        self._link: Any = None
+        self._link_started = False
+        self._spool: Any = None
+        self._sensor: PowerSensor | None = None
+        self._window_start = datetime.now(timezone.utc)
+
+        self.server = InferenceServer(batching=config.batching)
+        self.store = BundleStore(config.bundles.dir)
+        self.deployer = Deployer(self.store, config.bundles, config.health, self.server, self._emit, stop=self._stop,
+                                 on_change=self._served_changed)  # fmt: skip
+        self.api = AgentApi(self.server, config.api.address, health_provider=self.health,
+                            max_request_bytes=config.api.max_request_bytes)  # fmt: skip
+        self.state_reader = DeviceStateReader(config.power.root)
+        self.integrator: PowerIntegrator | None = None
+
+    # -- life cycle ---------------------------------------------------------------------------------
+
+    @property
+    def api_address(self) -> str:
+        return self.api.bound_address
+
+    @property
+    def link(self) -> Any:
+        return self._link
+
+    @property
+    def telemetry_interval_s(self) -> float:
+        return self._interval_s
+
+    def start(self) -> AgentService:
+        """Serve the current bundle, open the API, connect to the broker and start the loops."""
+        self._start_sensor()
+        self.deployer.start()
+        self.api.start()
+        self._start_link()
+        self._window_start = datetime.now(timezone.utc)
+        self.server.take_window()  # the first window starts now, not when the server was built
+        if self.integrator is not None:
+            self.integrator.take_window()
+        self._spawn("edgekit-power", self._power_loop)
+        self._spawn("edgekit-telemetry", self._telemetry_loop)
+        self._spawn("edgekit-commands", self._command_loop)
+        if self.config.probe is not None:
+            self._spawn("edgekit-probe", self._probe_loop)
+        logger.info("agent %s/%s started; API on %s", self.config.fleet, self.config.device_id, self.api_address)
+        return self
+
+    def run_forever(self) -> None:
+        """``start()``, then block until :meth:`request_stop` (SIGTERM), then ``stop()``."""
+        self.start()
+        try:
+            self._stop.wait()
+        finally:
+            self.stop()
+
+    def request_stop(self) -> None:
+        """Ask the agent to stop; safe from signal handlers and other threads."""
+        self._stop.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in list(self._threads):
+            thread.join(timeout=10)
+        self._threads.clear()
+        if self._link is not None and self._link_started:
+            try:
+                self.publish_telemetry()  # the last partial window
+            except EdgekitError as err:
+                logger.warning("last telemetry window not published: %s", err)
+        self.api.stop()
+        if self._link is not None and self._link_started:
+            self._link.stop()
+            self._link_started = False
+        self.server.close()
+        if self._sensor is not None:
+            self._sensor.close()
+        if self._spool is not None:
+            self._spool.close()
+        logger.info("agent stopped")
+
+    def __enter__(self) -> AgentService:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _start_sensor(self) -> None:
+        power = self.config.power
+        self._sensor = create_sensor(power.sensor, power.root)
+        if not self._sensor.available():
+            reason = self._sensor.unavailable_reason
+            self._problem("power.unavailable", f"power sensor '{power.sensor}' is unavailable: {reason}")
+            logger.error("power sensor %s unavailable (%s); telemetry will carry no power", power.sensor, reason)
+        self.integrator = PowerIntegrator.for_sensor(self._sensor)
+
+    def _start_link(self) -> None:
+        broker = self.config.broker
+        if broker is None:
+            logger.warning("no broker configured: telemetry and events stay local")
+            return
+        from edgekit_runtime.agent.backoff import Backoff
+        from edgekit_runtime.agent.spool import Spool
+
+        spool_config = self.config.telemetry.spool
+        spool_config.path.parent.mkdir(parents=True, exist_ok=True)
+        self._spool = Spool(spool_config.path, max_messages=spool_config.max_messages, max_bytes=spool_config.max_bytes)
+        self._link = self._link_factory(
+            broker_url=broker.url,
+            client_id=f"edgekit-{self.config.fleet}-{self.config.device_id}",
+            fleet=self.config.fleet,
+            device=self.config.device_id,
+            tls_ca=broker.tls.ca,
+            tls_cert=broker.tls.cert,
+            tls_key=broker.tls.key,
+            username=broker.username,
+            password_file=broker.password_file,
+            keepalive_s=broker.keepalive_s,
+            backoff=Backoff(),
+            spool=self._spool,
+            on_command=self.handle_command,
+            bundle=self._bundle_ref(),
+        )
+        self._link.start()
+        with self._events_lock:  # events from the start-up go out first, in order
+            self._link_started = True
+            pending, self._pending_events = self._pending_events, []
+            for event in pending:
+                self._link.publish_event(event)
+
+    # -- events and health ----------------------------------------------------------------------------
+
+    def _emit(self, partial: dict[str, Any]) -> None:
+        """Wrap a ``{kind, level, message, command_id, details}`` dict as an event.v1 and publish it."""
+        try:
+            event = build_event(device=self.config.device_id, fleet=self.config.fleet, **partial)
+        except EdgekitError as err:  # a malformed event is a bug; never let it break a deploy
+            logger.error("event %s not published: %s", partial.get("kind"), err)
+            return
+        self.recent_events.append(event)
+        with self._events_lock:
+            if self._link_started:
+                self._link.publish_event(event)  # a spool append: quick, and keeps events in order
+            elif self.config.broker is not None:
+                self._pending_events.append(event)
+
+    def _bundle_ref(self) -> BundleRef | None:
+        served = self.deployer.served
+        return None if served is None else BundleRef(served.bundle_id[:128], served.manifest_sha256)
+
+    def _served_changed(self, served: object) -> None:
+        if self._link is not None:
+            self._link.set_bundle(self._bundle_ref())
+
+    def _problem(self, code: str, message: str) -> None:
+        with self._problems_lock:
+            self._problems.append(TelemetryProblem(code, message))
+
+    def health(self) -> dict[str, Any]:
+        served = self.deployer.served
+        link_connected = bool(getattr(self._link, "connected", False)) if self._link is not None else None
+        return {
+            "status": "ok" if served is not None else "no_model",
+            "model": served.name if served else None,
+            "bundle_id": served.bundle_id if served else None,
+            "manifest_sha256": served.manifest_sha256 if served else None,
+            "signed_by": served.signed_by if served else None,
+            "self_check_passed": self.deployer.last_self_check_passed,
+            "deploying": self.deployer.busy,
+            "broker_connected": link_connected,
+            "uptime_s": round(time.monotonic() - self._started_monotonic_s, 3),
+            "device": self.config.device_id,
+            "fleet": self.config.fleet,
+        }
+
+    # -- telemetry ------------------------------------------------------------------------------------
+
+    def _power_loop(self) -> None:
+        sensor, integrator = self._sensor, self.integrator
+        if sensor is None or integrator is None or not sensor.available():
+            return
+        while not self._stop.is_set():
+            try:
+                integrator.extend(sensor.read_pending())
+            except EdgekitError as err:
+                self._problem("sensor.read_failed", str(err.message))
+                logger.warning("power sensor read failed: %s", err.message)
+            self._stop.wait(self.config.power.sample_interval_s)
+
+    def _telemetry_loop(self) -> None:
+        while not self._stop.is_set():
+            deadline = time.monotonic() + self._interval_s
+            while not self._stop.is_set() and time.monotonic() < deadline:
+                if self._interval_changed.wait(min(_COMMAND_POLL_S, max(deadline - time.monotonic(), 0))):
+                    self._interval_changed.clear()
+                    deadline = time.monotonic() + self._interval_s
+            if self._stop.is_set():
+                return
+            try:
+                self.publish_telemetry()
+            except EdgekitError as err:
+                logger.error("telemetry window not published: %s", err)
+
+    def build_telemetry_window(self) -> dict[str, Any]:
+        """Close the current window and return it as a telemetry.v1 message (without publishing)."""
+        with self._telemetry_lock:
+            window_end = datetime.now(timezone.utc)
+            serving = self.server.take_window()
+            power = self.integrator.take_window() if self.integrator is not None else None
+            with self._problems_lock:
+                problems, self._problems = self._problems, []
+            try:
+                state = self.state_reader.read()
+            except EdgekitError as err:
+                state = None
+                problems.append(TelemetryProblem("device_state.read_failed", err.message))
+            if serving.errors:
+                problems.append(TelemetryProblem("inference.failed", f"{serving.errors} inference(s) failed in the window"))
+            if power is None:
+                from edgekit_runtime.sensors import PowerStats
+
+                power = PowerStats(None, None, None, 0.0, 0, "none", reason="no power sensor started")
+            message = build_telemetry(
+                seq=self._spool.next_seq() if self._spool is not None else 1,
+                device=self.config.device_id,
+                fleet=self.config.fleet,
+                window_start=self._window_start,
+                window_end=window_end,
+                latency=serving.latency,
+                power=power,
+                device_state=state,
+                failed_inferences=serving.errors,
+                queue_latency=serving.queue,
+                bundle=self._bundle_ref(),
+                rss_mb=_rss_mb(),
+                errors=problems,
+                spool_dropped=self._spool.dropped_total() if self._spool is not None else 0,
+                spool_backlog=self._spool.backlog() if self._spool is not None else 0,
+            )
+            self._window_start = window_end
+            return message
+
+    def publish_telemetry(self) -> dict[str, Any]:
+        """Close the window and publish it (spooled until the broker acknowledges it)."""
+        message = self.build_telemetry_window()
+        if self._link is not None and self._link_started:
+            self._link.publish_telemetry(message)
+        return message
+
+    def _probe_loop(self) -> None:
+        probe = self.config.probe
+        if probe is None:
+            return
+        seed = 0
+        while not self._stop.wait(probe.interval_s):
+            signature = self.server.signature
+            if signature is None:
+                continue
+            seed += 1
+            try:
+                self.server.infer(synthetic_feeds(signature, probe.dims, seed=seed))
+            except EdgekitError as err:
+                self._problem("probe.failed", err.message)
+
+    # -- commands -------------------------------------------------------------------------------------
+
+    def handle_command(self, command: dict[str, Any]) -> None:
+        """The link's ``on_command``: queue the command; never blocks the network thread."""
+        self._commands.put(command)
+
+    def _command_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                command = self._commands.get(timeout=_COMMAND_POLL_S)
+            except queue.Empty:
+                continue
+            self.dispatch_command(command)
+
+    def dispatch_command(self, command: Mapping[str, Any]) -> None:
+        """Carry out one command dict (``command.v1``: ``{id, command, args}``)."""
+        command_id = command.get("id") if isinstance(command.get("id"), str) else None
+        name = command.get("command")
+        args = command.get("args") or {}
+        handler = COMMAND_HANDLERS.get(name) if isinstance(name, str) else None
+        if handler is None or not isinstance(args, Mapping):
+            problem = f"unknown command {name!r}" if handler is None else "args must be an object"
+            self._emit({"kind": "command_rejected", "level": "error", "command_id": command_id,
+                        "message": f"{problem}; known commands: {', '.join(COMMAND_HANDLERS)}", "details": {"command": str(name)}})  # fmt: skip
+            return
+        try:
+            handler(self, dict(args), command_id)
+        except EdgekitError as err:
+            self._emit({"kind": "command_rejected", "level": "error", "command_id": command_id, "message": err.message,
+                        "details": {"command": name, "hint": err.hint}})  # fmt: skip
+
+    def _command_deploy(self, args: dict[str, Any], command_id: str | None) -> None:
+        request = DeployRequest.from_args(args, command_id=command_id)
+        self._spawn_ota("edgekit-deploy", lambda: self.deployer.deploy(request))
+
+    def _command_rollback(self, args: dict[str, Any], command_id: str | None) -> None:
+        self._spawn_ota("edgekit-rollback", lambda: self.deployer.rollback(command_id=command_id))
+
+    def _spawn_ota(self, name: str, work: Callable[[], object]) -> None:
+        def run() -> None:
+            try:
+                work()
+            except Exception:  # a bug; the deployer reports user-facing failures as events itself
+                logger.exception("%s crashed", name)
+                self._emit({"kind": "error", "level": "error", "message": f"{name} crashed; see the agent log"})
+
+        thread = threading.Thread(target=run, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _command_set_interval(self, args: dict[str, Any], command_id: str | None) -> None:
+        interval_s = args.get("interval_s")
+        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or not 1 <= interval_s <= 86400:
+            raise EdgekitError(f"set_interval: interval_s must be a number in 1..86400, got {interval_s!r}",
+                               hint='send args {"interval_s": 30}')  # fmt: skip
+        previous_s, self._interval_s = self._interval_s, float(interval_s)
+        self._interval_changed.set()
+        self._emit({"kind": "interval_changed", "level": "info", "command_id": command_id,
+                    "message": f"telemetry interval {previous_s:g} s -> {interval_s:g} s",
+                    "details": {"interval_s": float(interval_s), "previous_interval_s": previous_s}})  # fmt: skip
+
+    def _command_ping(self, args: dict[str, Any], command_id: str | None) -> None:
+        served = self.deployer.served
+        self._emit({"kind": "pong", "level": "info", "command_id": command_id, "message": "pong",
+                    "details": {"bundle": served.telemetry_ref() if served else None,
+                                "uptime_s": round(time.monotonic() - self._started_monotonic_s, 3)}})  # fmt: skip
+
+
+#: Command name -> handler, dispatched by :meth:`AgentService.dispatch_command`.
+COMMAND_HANDLERS: dict[str, Callable[[AgentService, dict[str, Any], str | None], None]] = {
+    "deploy": AgentService._command_deploy,
+    "rollback": AgentService._command_rollback,
+    "set_interval": AgentService._command_set_interval,
+    "ping": AgentService._command_ping,
+}

@@ -1,0 +1,325 @@
+"""The agent's outgoing queue on disk: SQLite in WAL mode, bounded, persisted until acknowledged.
+
+Every message is committed here before it is published and leaves only when the broker
+acknowledges it (:meth:`Spool.ack`). The queue is bounded by message count and payload bytes; when
+an append goes over, the oldest messages are dropped and counted in :meth:`Spool.dropped_total`, a
+counter kept in the same database. :meth:`Spool.next_seq` hands out per-device sequence numbers
+that are committed before they are returned, so a number is never handed out twice, even after
+the process is killed.
+
+``synchronous=FULL`` (the default) also keeps the last commits across a power cut; ``NORMAL`` is
+faster and still survives the process being killed. One process at a time may open a spool (an
+``flock`` on ``<path>.lock`` enforces it); inside that process it is safe to share between threads.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Literal
+
+from edgekit_runtime.agent.topics import TelemetryError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_MESSAGES = 10_000
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+TELEMETRY_COUNTER = "telemetry"
+_DROPPED_COUNTER = "dropped"
+_SCHEMA_VERSION = 1
+_ACK_CHUNK = 500
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS messages ("
+    " id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, payload BLOB NOT NULL,"
+    " qos INTEGER NOT NULL, created_at REAL NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+)
+
+
+class SpoolError(TelemetryError):
+    """The spool file cannot be opened, is in use, or a message cannot be queued."""
+
+
+@dataclass(frozen=True)
+class SpoolEntry:
+    """One queued message; ``id`` orders entries (oldest first) and is never reused."""
+
+    id: int
+    topic: str
+    payload: bytes
+    qos: int
+    created_at: float
+
+
+class Spool:
+    """A bounded, persistent FIFO of MQTT messages plus persistent counters."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_messages: int = DEFAULT_MAX_MESSAGES,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        synchronous: Literal["FULL", "NORMAL"] = "FULL",
+    ) -> None:
+        for label, value in (("max_messages", max_messages), ("max_bytes", max_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpoolError(f"Spool {label} must be an int >= 1, got {value!r}", hint="e.g. max_messages=10000")
+        if synchronous not in ("FULL", "NORMAL"):
+            raise SpoolError(f"Spool synchronous must be 'FULL' or 'NORMAL', got {synchronous!r}")
+        self.path = Path(path)
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self._lock = threading.RLock()
+        self._lock_file = self._acquire_process_lock()
+        try:
+            self._db = self._open_database(synchronous)
+            self._closed = False
+            self._reload_sizes()
+        except BaseException:
+            os.close(self._lock_file)
+            raise
+
+    # -- opening --------------------------------------------------------------------------------
+
+    def _acquire_process_lock(self) -> int:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise SpoolError(
+                f"cannot create the spool at {self.path}: {exc.strerror}",
+                hint="point the agent's spool path at a writable directory",
+            ) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise SpoolError(
+                f"spool {self.path} is already open in another agent process (or another Spool object)",
+                hint="run one agent per spool file, or close the other Spool first",
+            ) from None
+        return fd
+
+    def _open_database(self, synchronous: str) -> sqlite3.Connection:
+        try:
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
+        except sqlite3.DatabaseError as exc:
+            raise SpoolError(f"cannot open the spool database {self.path}: {exc}") from exc
+        try:
+            mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise SpoolError(f"spool {self.path}: SQLite refused WAL mode (got {mode!r})",
+                                 hint="put the spool on a local filesystem, not a network share")  # fmt: skip
+            db.execute(f"PRAGMA synchronous={synchronous}")
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version not in (0, _SCHEMA_VERSION):
+                raise SpoolError(
+                    f"spool {self.path} has format version {version}; this agent reads version {_SCHEMA_VERSION}",
+                    hint="upgrade the agent, or move the old spool file away",
+                )
+            with _transaction(db):
+                for statement in _SCHEMA:
+                    db.execute(statement)
+                db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
+        except BaseException as exc:
+            db.close()
+            if not isinstance(exc, sqlite3.DatabaseError):
+                raise
+            raise SpoolError(
+                f"cannot open the spool database {self.path}: {exc}",
+                hint="if the file is not an edgekit spool (or is damaged), move it away; the agent creates a new one",
+            ) from exc
+        return db
+
+    # -- queue ----------------------------------------------------------------------------------
+
+    def append(self, topic: str, payload: bytes, qos: int = 1) -> int:
+        """Commit one message and return its id; drop the oldest messages if now over the bound."""
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            raise SpoolError(f"spool payload for {topic!r} must be bytes, got {type(payload).__name__}",
+                             hint="encode the message first (edgekit_runtime.agent.telemetry.encode_message)")  # fmt: skip
+        if qos not in (0, 1, 2):
+            raise SpoolError(f"spool qos for {topic!r} must be 0, 1 or 2, got {qos!r}")
+        payload = bytes(payload)
+        if len(payload) > self.max_bytes:
+            raise SpoolError(
+                f"message for {topic!r} is {len(payload)} bytes, more than the spool's max_bytes={self.max_bytes}",
+                hint="raise the spool's max_bytes or send a smaller message",
+            )
+        with self._lock:
+            try:
+                with _transaction(self._checked_db()):
+                    cursor = self._db.execute(
+                        "INSERT INTO messages (topic, payload, qos, created_at) VALUES (?, ?, ?, ?)",
+                        (topic, payload, qos, time.time()),
+                    )
+                    entry_id = int(cursor.lastrowid or 0)
+                    self._count += 1
+                    self._bytes += len(payload)
+                    self._enforce_bound()
+            except sqlite3.DatabaseError as exc:
+                self._reload_sizes()
+                raise SpoolError(f"spool {self.path}: cannot queue a message for {topic!r}: {exc}",
+                                 hint="check free disk space and the spool file's permissions") from exc  # fmt: skip
+        return entry_id
+
+    def _enforce_bound(self) -> None:
+        dropped = 0
+        while self._count > self.max_messages or self._bytes > self.max_bytes:
+            # Over on count: drop the surplus at once; over on bytes only: drop the oldest one.
+            surplus = max(self._count - self.max_messages, 1)
+            last_id, count, size = self._db.execute(
+                "SELECT MAX(id), COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM "
+                "(SELECT id, payload FROM messages ORDER BY id LIMIT ?)",
+                (surplus,),
+            ).fetchone()
+            if not count:
+                break
+            self._db.execute("DELETE FROM messages WHERE id <= ?", (last_id,))
+            self._count -= int(count)
+            self._bytes -= int(size)
+            dropped += int(count)
+        if dropped:
+            self._add_to_counter(_DROPPED_COUNTER, dropped)
+            logger.warning("spool %s over its bound: dropped the %d oldest message(s)", self.path, dropped)
+
+    def peek(self, n: int, *, after_id: int = 0) -> list[SpoolEntry]:
+        """Up to ``n`` queued messages with ``id > after_id``, oldest first; nothing is removed."""
+        with self._lock:
+            rows = self._checked_db().execute(
+                "SELECT id, topic, payload, qos, created_at FROM messages WHERE id > ? ORDER BY id LIMIT ?",
+                (after_id, max(n, 0)),
+            ).fetchall()
+        return [SpoolEntry(int(r[0]), str(r[1]), bytes(r[2]), int(r[3]), float(r[4])) for r in rows]
+
+    def ack(self, entry_id: int) -> bool:
+        """Remove message ``entry_id`` (delivered); False when it was already gone."""
+        return self.ack_many([entry_id]) == 1
+
+    def ack_many(self, entry_ids: Iterable[int]) -> int:
+        """Remove several delivered messages in one commit; returns how many were still queued."""
+        ids = list(entry_ids)
+        if not ids:
+            return 0
+        removed = 0
+        with self._lock:
+            try:
+                with _transaction(self._checked_db()):
+                    for start in range(0, len(ids), _ACK_CHUNK):
+                        chunk = ids[start : start + _ACK_CHUNK]
+                        placeholders = ",".join("?" * len(chunk))
+                        count, size = self._db.execute(
+                            "SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM messages "
+                            f"WHERE id IN ({placeholders})",
+                            chunk,
+                        ).fetchone()
+                        self._db.execute(f"DELETE FROM messages WHERE id IN ({placeholders})", chunk)
+                        self._count -= int(count)
+                        self._bytes -= int(size)
+                        removed += int(count)
+            except sqlite3.DatabaseError as exc:
+                self._reload_sizes()
+                raise SpoolError(f"spool {self.path}: cannot remove acknowledged messages: {exc}",
+                                 hint="check free disk space and the spool file's permissions") from exc  # fmt: skip
+        return removed
+
+    def backlog(self) -> int:
+        """Messages waiting for an acknowledgement."""
+        with self._lock:
+            self._checked_db()
+            return self._count
+
+    def backlog_bytes(self) -> int:
+        with self._lock:
+            self._checked_db()
+            return self._bytes
+
+    # -- counters -------------------------------------------------------------------------------
+
+    def next_seq(self, counter: str = TELEMETRY_COUNTER) -> int:
+        """The next number of ``counter`` (1, 2, ...), committed before it is returned."""
+        with self._lock, _transaction(self._checked_db()):
+            return self._add_to_counter(counter, 1)
+
+    def last_seq(self, counter: str = TELEMETRY_COUNTER) -> int:
+        """The last number :meth:`next_seq` handed out for ``counter`` (0 when none)."""
+        return self._read_counter(counter)
+
+    def dropped_total(self) -> int:
+        """Messages dropped by the bound since the spool file was created."""
+        return self._read_counter(_DROPPED_COUNTER)
+
+    def _add_to_counter(self, name: str, amount: int) -> int:
+        self._db.execute(
+            "INSERT INTO counters (name, value) VALUES (?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
+            (name, amount),
+        )
+        return int(self._db.execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()[0])
+
+    def _read_counter(self, name: str) -> int:
+        with self._lock:
+            row = self._checked_db().execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()
+        return int(row[0]) if row else 0
+
+    # -- lifetime -------------------------------------------------------------------------------
+
+    def _reload_sizes(self) -> None:
+        count, size = self._db.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM messages").fetchone()
+        self._count, self._bytes = int(count), int(size)
+
+    def _checked_db(self) -> sqlite3.Connection:
+        if self._closed:
+            raise SpoolError(f"spool {self.path} is closed", hint="open a new Spool on the same path")
+        return self._db
+
+    def close(self) -> None:
+        """Checkpoint and close the database, then release the process lock; safe to call twice."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.DatabaseError as exc:  # busy: the WAL stays and is replayed on the next open
+                logger.debug("spool %s: checkpoint on close failed: %s", self.path, exc)
+            self._db.close()
+            os.close(self._lock_file)
+
+    def __enter__(self) -> Spool:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"backlog={self._count}"
+        return f"Spool({str(self.path)!r}, max_messages={self.max_messages}, max_bytes={self.max_bytes}, {state})"
+
+
+class _transaction:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on error) on an autocommit connection."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self._db.execute("BEGIN IMMEDIATE")
+        return self._db
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")

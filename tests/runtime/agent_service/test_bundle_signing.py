@@ -1,0 +1,105 @@
+"""Ed25519 bundle signatures: key generation, signing on the host, verification on the device."""
+
+from __future__ import annotations
+
+import base64
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from edgekit.bundle.signing import generate_keypair, sign_bundle
+from edgekit.cli.main import main as edgekit_main
+from edgekit_runtime.bundle import open_bundle
+from edgekit_runtime.errors import BundleError
+from edgekit_runtime.signing import (
+    BundleSignatureError,
+    SigningKeyError,
+    load_public_key,
+    public_key_fingerprint,
+    read_signature,
+    verify_manifest_signature,
+)
+
+
+def test_sign_and_verify_round_trip(signed_bundle: Callable[..., Path], fleet_keys: tuple[Path, Path]) -> None:
+    root = signed_bundle()
+    signature = read_signature(root)
+    assert signature is not None and len(signature) == 64
+    assert (root / "manifest.sig").read_text(encoding="ascii").strip() == base64.b64encode(signature).decode()
+    fingerprint = verify_manifest_signature(root, fleet_keys[1])
+    assert fingerprint == public_key_fingerprint(load_public_key(fleet_keys[1])) and len(fingerprint) == 16
+    open_bundle(root, verify=True)  # manifest.sig is the one file verify_files accepts unlisted
+
+
+def test_private_key_is_owner_only_and_not_overwritten(tmp_path: Path) -> None:
+    private, public = tmp_path / "k" / "fleet.key.pem", tmp_path / "k" / "fleet.pub.pem"
+    generate_keypair(private, public)
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    assert public.read_text().startswith("-----BEGIN PUBLIC KEY-----")
+    with pytest.raises(SigningKeyError, match="already exists") as info:
+        generate_keypair(private, public)
+    assert "--force" in str(info.value)
+    old = public.read_bytes()
+    generate_keypair(private, public, force=True)
+    assert public.read_bytes() != old
+
+
+def test_tampered_manifest_fails_verification(signed_bundle: Callable[..., Path], fleet_keys: tuple[Path, Path]) -> None:
+    root = signed_bundle()
+    manifest = root / "manifest.json"
+    data = bytearray(manifest.read_bytes())
+    data[data.index(b"tiny-a")] = ord("T")  # one byte
+    manifest.write_bytes(bytes(data))
+    with pytest.raises(BundleSignatureError, match="does not match manifest.json") as info:
+        verify_manifest_signature(root, fleet_keys[1])
+    assert "tampered" in str(info.value)
+
+
+def test_other_key_unsigned_and_garbage_signatures(signed_bundle: Callable[..., Path], tmp_path: Path) -> None:
+    other_private, other_public = tmp_path / "o.key.pem", tmp_path / "o.pub.pem"
+    generate_keypair(other_private, other_public)
+    root = signed_bundle()
+    with pytest.raises(BundleSignatureError, match="signed with another key"):
+        verify_manifest_signature(root, other_public)
+    unsigned = signed_bundle("tiny-u", sign=False)
+    with pytest.raises(BundleSignatureError, match="is not signed") as info:
+        verify_manifest_signature(unsigned, other_public)
+    assert "edgekit sign" in str(info.value)
+    (unsigned / "manifest.sig").write_text("not base64!!\n")
+    with pytest.raises(BundleSignatureError, match="not valid base64"):
+        verify_manifest_signature(unsigned, other_public)
+    (unsigned / "manifest.sig").write_text(base64.b64encode(b"abc").decode())
+    with pytest.raises(BundleSignatureError, match="is 3 bytes, an Ed25519 signature is 64"):
+        verify_manifest_signature(unsigned, other_public)
+
+
+def test_key_file_problems(tmp_path: Path, fleet_keys: tuple[Path, Path], signed_bundle: Callable[..., Path]) -> None:
+    with pytest.raises(SigningKeyError, match="does not exist"):
+        load_public_key(tmp_path / "missing.pem")
+    with pytest.raises(SigningKeyError, match="not a PEM public key") as info:
+        load_public_key(fleet_keys[0])  # the private key
+    assert "not the private key" in str(info.value)
+    with pytest.raises(SigningKeyError, match="not an unencrypted PEM private key"):
+        sign_bundle(signed_bundle("tiny-k", sign=False), fleet_keys[1])
+
+
+def test_signing_refuses_a_damaged_bundle(signed_bundle: Callable[..., Path], fleet_keys: tuple[Path, Path]) -> None:
+    root = signed_bundle("tiny-d", sign=False)
+    (root / "extra.txt").write_text("not listed")
+    with pytest.raises(BundleError, match="unlisted: extra.txt"):
+        sign_bundle(root, fleet_keys[0])
+    assert not (root / "manifest.sig").exists()
+
+
+def test_cli_keygen_and_sign(tmp_path: Path, signed_bundle: Callable[..., Path], capsys: pytest.CaptureFixture[str]) -> None:
+    keys = tmp_path / "cli-keys"
+    assert edgekit_main(["keygen", "--out", str(keys), "--json"]) == 0
+    assert (keys / "fleet.key.pem").is_file() and (keys / "fleet.pub.pem").is_file()
+    assert '"fingerprint"' in capsys.readouterr().out
+    root = signed_bundle("tiny-cli", sign=False)
+    assert edgekit_main(["sign", str(root), "--key", str(keys / "fleet.key.pem")]) == 0
+    verify_manifest_signature(root, keys / "fleet.pub.pem")
+    assert edgekit_main(["keygen", "--out", str(keys)]) == 2  # refuses to overwrite
+    assert "already exists" in capsys.readouterr().err

@@ -1,0 +1,284 @@
+"""The in-process inference server and the local HTTP API, with a real ONNX Runtime session."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+import onnxruntime
+import pytest
+
+from edgekit_runtime.agent.api import AgentApi
+from edgekit_runtime.agent.client import AgentClient
+from edgekit_runtime.agent.config import ApiAddress, BatchingConfig
+from edgekit_runtime.agent.errors import AgentApiError, AgentConfigError, NoModelError
+from edgekit_runtime.agent.serving import InferenceServer
+from edgekit_runtime.agent.wire import BINARY_CONTENT_TYPE, decode_binary, encode_binary
+from edgekit_runtime.backends import OnnxRuntimeRunner, create_runner
+from edgekit_runtime.bundle import Bundle, open_bundle
+from edgekit_runtime.errors import InputSignatureError
+from tests.runtime.tiny_bundle import build_bundle, reference_logits
+
+
+class CountingRunner(OnnxRuntimeRunner):
+    """Counts real runner calls, to see how many requests one batched call served."""
+
+    calls = 0
+    batch_sizes: list[int]
+
+    def _infer_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.calls += 1
+        self.batch_sizes.append(int(feeds["image"].shape[0]))
+        return super()._infer_impl(feeds)
+
+
+@pytest.fixture
+def bundle(tmp_path: Path) -> Bundle:
+    return open_bundle(build_bundle(tmp_path / "bundle"))
+
+
+@pytest.fixture
+def served(bundle: Bundle) -> Iterator[tuple[InferenceServer, AgentClient, AgentApi]]:
+    server = InferenceServer(create_runner(bundle).load(), model_name=bundle.name)
+    with AgentApi(server, "127.0.0.1:0") as api:
+        yield server, AgentClient(api.bound_address), api
+    server.close()
+
+
+def images(batch: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((batch, 1, 8, 8)).astype(np.float32)
+
+
+def post(address: str, body: bytes, content_type: str, path: str = "/v1/infer") -> tuple[int, dict]:
+    host, port = address.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        connection.request("POST", path, body=body, headers={"Content-Type": content_type})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+def test_json_and_binary_match_a_plain_onnxruntime_session(bundle: Bundle, served: tuple) -> None:
+    server, client, _ = served
+    x = images(3)
+    session = onnxruntime.InferenceSession(str(bundle.model_path), providers=["CPUExecutionProvider"])
+    (expected,) = session.run(["logits"], {"image": x})
+    binary = client.infer({"image": x})["logits"]
+    assert binary.dtype == np.float32 and binary.shape == (3, 10)
+    np.testing.assert_array_equal(binary, expected)
+    as_json = client.infer({"image": x}, encoding="json")["logits"]
+    assert as_json.dtype == np.float32
+    np.testing.assert_array_equal(as_json, expected)  # JSON floats round-trip float32 exactly
+    assert client.last_timing["compute_ms"] > 0 and client.last_timing["queue_ms"] >= 0
+
+
+@pytest.mark.parametrize(
+    ("feeds", "fragments"),
+    [
+        ({"imag": images(1)}, ["unexpected input 'imag'", "did you mean 'image'?"]),
+        ({"image": images(1).astype(np.float64)}, ["input 'image': expected float32[batch, 1, 8, 8] (batch in 1..128)", "got float64[1, 1, 8, 8]"]),
+        ({"image": np.zeros((2, 1, 8, 7), np.float32)}, ["input 'image'", "dimension 3 is 7, expected 8"]),
+        ({"image": np.zeros((129, 1, 8, 8), np.float32)}, ["dimension 0 'batch' is 129, outside 1..128"]),
+    ],
+)
+def test_wrong_inputs_answer_400_naming_them(served: tuple, feeds: dict, fragments: list[str]) -> None:
+    server, client, api = served
+    status, payload = post(api.bound_address, encode_binary(feeds), BINARY_CONTENT_TYPE)
+    assert status == 400 and payload["error"] == "input_signature"
+    for fragment in fragments:
+        assert fragment in payload["message"] + str(payload["hint"])
+    assert payload["signature"]["inputs"] == [{"name": "image", "dtype": "float32", "shape": ["batch", 1, 8, 8]}]
+    with pytest.raises(InputSignatureError, match=re.escape(fragments[0])):
+        client.infer(feeds, encoding="json")
+    assert server.totals().rejected == 2 and server.totals().requests == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (b"{not json", "request body is not valid JSON"),
+        (json.dumps({"inputs": {"image": {"dtype": "float32", "shape": [1, 2], "data": [[1.0, 2.0, 3.0]]}}}).encode(), "data has shape [1, 3] but shape says [1, 2]"),
+        (json.dumps({"inputs": {"image": {"dtype": "int64", "data": [1.5]}}}).encode(), "do not fit dtype int64 without rounding"),
+        (json.dumps({"inputs": {"image": {"dtype": "float", "data": [1.0]}}}).encode(), "dtype 'float' cannot be sent over the API"),
+        (json.dumps({"feeds": {}}).encode(), "'inputs' must be a non-empty object"),
+    ],
+)
+def test_malformed_json_bodies_answer_400(served: tuple, body: bytes, fragment: str) -> None:
+    _, _, api = served
+    status, payload = post(api.bound_address, body, "application/json")
+    assert status == 400 and fragment in payload["message"], payload
+
+
+def test_malformed_binary_bodies_are_explained() -> None:
+    with pytest.raises(InputSignatureError, match="expected b'EKT1'"):
+        decode_binary(b"XXXX\x00\x00\x00\x00")
+    good = bytearray(encode_binary({"image": images(1)}))
+    with pytest.raises(InputSignatureError, match="runs past the data section"):
+        decode_binary(good[:-8])
+    with pytest.raises(InputSignatureError, match="too short"):
+        decode_binary(b"EK")
+
+
+def test_binary_encoding_round_trips_every_wire_dtype() -> None:
+    tensors = {
+        "f16": np.arange(6, dtype=np.float16).reshape(2, 3),
+        "i64": np.array([[-1, 2**40]], dtype=np.int64),
+        "u8": np.array([1, 255], dtype=np.uint8),
+        "flag": np.array([True, False, True]),
+        "empty": np.zeros((0, 4), np.float32),
+        "strided": np.arange(20, dtype=np.float64).reshape(4, 5)[:, ::2],
+    }
+    decoded = decode_binary(bytearray(encode_binary(tensors)))
+    for name, array in tensors.items():
+        assert decoded[name].dtype == array.dtype and decoded[name].shape == array.shape
+        np.testing.assert_array_equal(decoded[name], array)
+
+
+def test_other_endpoints_and_http_errors(served: tuple) -> None:
+    server, client, api = served
+    assert client.health()["status"] == "ok" and client.health()["model"] == server.model_name
+    signature = client.signature()
+    assert signature["model"] == server.model_name and signature["dims"]["batch"]["max"] == 128
+    status, payload = post(api.bound_address, b"{}", "text/plain")
+    assert status == 415 and "application/x-edgekit-tensors" in payload["hint"]
+    status, payload = post(api.bound_address, b"{}", "application/json", path="/v1/nothing")
+    assert status == 404 and "/v1/infer" in payload["hint"]
+    status, payload = post(api.bound_address, b"{}", "application/json", path="/v1/health")
+    assert status == 405
+
+
+def test_request_body_limit(bundle: Bundle) -> None:
+    server = InferenceServer(create_runner(bundle).load(), model_name=bundle.name)
+    with AgentApi(server, "127.0.0.1:0", max_request_bytes=1024) as api:
+        status, payload = post(api.bound_address, encode_binary({"image": images(8)}), BINARY_CONTENT_TYPE)
+    server.close()
+    assert status == 413 and "over the limit of 1024" in payload["message"] and "api.max_request_mb" in payload["hint"]
+
+
+def test_concurrent_requests_from_threads(served: tuple) -> None:
+    server, client, _ = served
+    errors: list[BaseException] = []
+
+    def work(worker: int) -> None:
+        try:
+            for round_ in range(5):
+                x = images(1 + (worker + round_) % 3, seed=worker * 10 + round_)
+                np.testing.assert_allclose(client.infer({"image": x})["logits"], reference_logits(x), atol=1e-4, rtol=1e-4)
+        except BaseException as err:  # noqa: BLE001 - re-raised in the main thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    totals = server.totals()
+    assert totals.requests == 40 and totals.errors == 0 and totals.runner_calls == 40
+
+
+def test_dynamic_batching_batches_and_splits_correctly(bundle: Bundle) -> None:
+    runner = CountingRunner.from_bundle(bundle)
+    runner.batch_sizes = []
+    server = InferenceServer(runner.load(), model_name=bundle.name, batching=BatchingConfig(max_batch=32, max_delay_ms=200))
+    assert server.batching_active
+    barrier = threading.Barrier(12)
+    results: dict[int, np.ndarray] = {}
+    inputs = {n: images(1 + n % 3, seed=n) for n in range(12)}
+
+    def work(n: int) -> None:
+        barrier.wait()
+        results[n] = server.infer({"image": inputs[n]}).outputs["logits"]
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    server.close()
+    assert runner.calls < 12, runner.batch_sizes
+    assert sum(runner.batch_sizes) == sum(x.shape[0] for x in inputs.values())
+    for n, x in inputs.items():
+        np.testing.assert_allclose(results[n], reference_logits(x), atol=1e-4, rtol=1e-4)
+    window = server.current_window()
+    assert window.requests == 12 and window.runner_calls == runner.calls and window.items == sum(x.shape[0] for x in inputs.values())
+
+
+def test_batching_respects_max_batch(bundle: Bundle) -> None:
+    runner = CountingRunner.from_bundle(bundle)
+    runner.batch_sizes = []
+    server = InferenceServer(runner.load(), model_name=bundle.name, batching=BatchingConfig(max_batch=4, max_delay_ms=100))
+    barrier = threading.Barrier(10)
+
+    def work(n: int) -> None:
+        barrier.wait()
+        server.infer({"image": images(1, seed=n)})
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    server.close()
+    assert max(runner.batch_sizes) <= 4 and sum(runner.batch_sizes) == 10 and runner.calls >= 3
+
+
+def test_stats_windows_count_requests_errors_and_rejections(served: tuple) -> None:
+    server, client, _ = served
+    server.take_window()
+    for n in range(5):
+        client.infer({"image": images(2, seed=n)})
+    for _ in range(2):
+        with pytest.raises(InputSignatureError):
+            client.infer({"image": np.zeros((1, 2), np.float32)})
+    stats = client.stats()
+    window = stats["window"]
+    assert window["requests"] == 5 and window["rejected"] == 2 and window["errors"] == 0 and window["items"] == 10
+    assert window["latency"]["count"] == 5 and window["queue"]["count"] == 5 and window["compute"]["count"] == 5
+    assert window["latency"]["p50_ms"] <= window["latency"]["p99_ms"] <= window["latency"]["max_ms"]
+    assert window["error_rate"] == 0.0 and window["throughput_per_s"] > 0
+    closed = server.take_window()
+    assert closed.requests == 5 and closed.latency is not None and closed.latency.count == 5
+    after = server.current_window()
+    assert after.requests == 0 and after.latency is None and after.error_rate is None
+    assert server.totals().requests == 5 and server.totals().rejected == 2
+
+
+def test_no_model_answers_503(tmp_path: Path) -> None:
+    server = InferenceServer()
+    with AgentApi(server, "127.0.0.1:0") as api:
+        client = AgentClient(api.bound_address)
+        assert client.health()["status"] == "no_model"
+        with pytest.raises(NoModelError, match="no bundle is loaded"):
+            client.infer({"image": images(1)})
+        with pytest.raises(NoModelError):
+            client.signature()
+
+
+def test_api_refuses_non_loopback_binds(bundle: Bundle) -> None:
+    server = InferenceServer()
+    for address in ("0.0.0.0:0", "10.1.2.3:8470", ApiAddress(host="0.0.0.0", port=0)):
+        with pytest.raises(AgentConfigError, match="not a loopback address"):
+            AgentApi(server, address)
+
+
+def test_unix_socket_api(bundle: Bundle, tmp_path: Path) -> None:
+    socket_path = tmp_path / "run" / "agent.sock"
+    server = InferenceServer(create_runner(bundle).load(), model_name=bundle.name)
+    with AgentApi(server, f"unix:{socket_path}") as api:
+        assert socket_path.is_socket() and api.bound_address == f"unix:{socket_path}"
+        client = AgentClient(api.bound_address)
+        x = images(2)
+        np.testing.assert_allclose(client.infer({"image": x})["logits"], reference_logits(x), atol=1e-4, rtol=1e-4)
+        assert client.health()["status"] == "ok"
+    assert not socket_path.exists()
+    server.close()
+    with pytest.raises(AgentApiError, match="cannot reach the edgekit agent"):
+        AgentClient(f"unix:{socket_path}", timeout_s=1).health()
