@@ -208,11 +208,12 @@ class Int4Spec(StrictModel):
     block_size: int = Field(default=32, ge=16, le=256, description="weights per scale along the reduction axis (power of two)")
     symmetric: bool = True
     include_embeddings: bool = Field(default=False, description="also quantize Gather embedding tables (GatherBlockQuantized)")
+    embedding_block_size: int | None = Field(default=None, ge=16, le=256, description="block size for embedding tables (default: block_size)")
 
-    @field_validator("block_size")
+    @field_validator("block_size", "embedding_block_size")
     @classmethod
-    def _power_of_two(cls, value: int) -> int:
-        if value & (value - 1):
+    def _power_of_two(cls, value: int | None) -> int | None:
+        if value is not None and value & (value - 1):
             raise ValueError(f"block_size must be a power of two, got {value}")
         return value
 

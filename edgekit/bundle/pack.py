@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Iterator
 
 from edgekit.errors import BundleError
-from edgekit_runtime.bundle import open_bundle
+from edgekit_runtime.bundle import SIGNATURE_NAME, open_bundle
 
 
 def pack_bundle(bundle_dir: Path, out: Path | None = None, force: bool = False) -> Path:
@@ -20,7 +20,11 @@ def pack_bundle(bundle_dir: Path, out: Path | None = None, force: bool = False) 
         raise BundleError(f"{out} already exists", hint="pass --force to replace it, or choose another --out")
     partial = out.with_name(f".{out.name}.partial")
     with tarfile.open(partial, "w") as tar:
-        for path in sorted([Path(bundle_dir) / "manifest.json", *(Path(bundle_dir) / rel for rel in bundle.manifest["files"])]):
+        members = [Path(bundle_dir) / "manifest.json", *(Path(bundle_dir) / rel for rel in bundle.manifest["files"])]
+        signature = Path(bundle_dir) / SIGNATURE_NAME
+        if signature.is_file():
+            members.append(signature)
+        for path in sorted(members):
             tar.add(path, arcname=f"{bundle.manifest['name']}/{path.relative_to(bundle_dir).as_posix()}", recursive=False)
     partial.replace(out)
     return out

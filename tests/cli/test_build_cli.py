@@ -101,3 +101,18 @@ def test_pack_makes_a_tar_that_inspect_reads(built, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["verified"] is True
     assert main(["pack", str(out), "--out", str(tar_path)]) == 2
     assert "already exists" in capsys.readouterr().err
+
+
+def test_signed_bundle_keeps_its_signature_when_packed(built, tmp_path, capsys):
+    from edgekit_runtime.signing import verify_manifest_signature
+
+    out, _ = built
+    keys = tmp_path / "keys"
+    assert main(["keygen", "--out", str(keys)]) == 0
+    assert main(["sign", str(out), "--key", str(keys / "fleet.key.pem")]) == 0
+    tar_path = tmp_path / "signed.tar"
+    assert main(["pack", str(out), "--out", str(tar_path)]) == 0
+    with tarfile.open(tar_path) as tar:
+        assert "tiny-x86-64-cpu-fp32/manifest.sig" in tar.getnames()
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    verify_manifest_signature(tmp_path / "unpacked" / "tiny-x86-64-cpu-fp32", keys / "fleet.pub.pem")

@@ -155,6 +155,7 @@ class MqttLink:
         # Owned by the network thread.
         self._state = _State.DISCONNECTED
         self._connack_deadline = 0.0
+        self._cmd_subscribe_mid: int | None = None
         self._inflight: dict[int, tuple[int, str]] = {}  # mid -> (spool id, topic)
         self._sent_upto_id = 0
         self._pubacks: list[tuple[int, ReasonCode]] = []
@@ -221,7 +222,8 @@ class MqttLink:
         self.stop()
 
     def wait_connected(self, timeout_s: float) -> None:
-        """Block until connected; raise :class:`BrokerConnectionError` with the last failure on timeout."""
+        """Block until connected and subscribed to commands; raise :class:`BrokerConnectionError` with the
+        last failure on timeout."""
         if self._connected_event.wait(timeout_s):
             return
         message, hint = self._last_error or ("no answer from the broker yet", "check the broker URL and network")
@@ -284,6 +286,7 @@ class MqttLink:
         client.on_disconnect = self._on_disconnect
         client.on_publish = self._on_publish
         client.on_message = self._on_message
+        client.on_subscribe = self._on_subscribe
         client.connect_async(self.address.host, self.address.port, keepalive=self._keepalive_s, clean_start=True)
         return client
 
@@ -390,12 +393,20 @@ class MqttLink:
             self._counts["connects"] += 1
             if self._counts["connects"] > 1:
                 self._counts["reconnects"] += 1
-        client.subscribe(self.topics.cmd, qos=1)
+        _, self._cmd_subscribe_mid = client.subscribe(self.topics.cmd, qos=1)
         self._status_dirty = False
         self._publish_status("online", None)
-        self._connected_event.set()
         logger.info("MQTT link connected to %s as %s (backlog %d)", self.address.url, self.client_id,
                     self.spool.backlog())  # fmt: skip
+
+    def _on_subscribe(self, client: paho.Client, userdata: Any, mid: int, reasons: list[ReasonCode],
+                      properties: Properties | None) -> None:  # fmt: skip
+        if mid != self._cmd_subscribe_mid:
+            return
+        if any(reason.is_failure for reason in reasons):
+            logger.error("broker %s refused the subscription to %s: %s; commands will not arrive",
+                         self.address.url, self.topics.cmd, ", ".join(str(r) for r in reasons))  # fmt: skip
+        self._connected_event.set()  # connected and listening for commands
 
     def _on_disconnect(self, client: paho.Client, userdata: Any, flags: Any, reason: ReasonCode,
                        properties: Properties | None) -> None:  # fmt: skip

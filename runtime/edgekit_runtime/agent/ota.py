@@ -26,7 +26,7 @@ import logging
 import shutil
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -94,13 +94,6 @@ class ServedBundle:
     def telemetry_ref(self) -> dict[str, str]:
         """The ``bundle`` object of telemetry.v1 and status.v1."""
         return {"id": self.bundle_id, "sha256": self.manifest_sha256}
-
-
-@dataclass
-class _Deployment:
-    request: DeployRequest
-    emit: Callable[..., None]
-    events: list[str] = field(default_factory=list)
 
 
 class Deployer:
@@ -319,8 +312,11 @@ class Deployer:
 
     # -- rollback -----------------------------------------------------------------------------------
 
-    def rollback(self, *, command_id: str | None = None) -> bool:
-        """Serve the previous bundle again (after checking it); ``current`` and ``previous`` trade places."""
+    def rollback(self, *, command_id: str | None = None, bundle_id: str | None = None) -> bool:
+        """Serve the previous bundle again (after checking it); ``current`` and ``previous`` trade places.
+
+        ``bundle_id``, when given, must be the previous bundle's id (only one step back is kept).
+        """
         if not self._lock.acquire(blocking=False):
             self._event("rollback_result", "a deploy or rollback is in progress; try again later", level="error",
                         command_id=command_id, outcome="failed")  # fmt: skip
@@ -328,6 +324,13 @@ class Deployer:
         try:
             from_name = self._served.name if self._served else None
             try:
+                previous = self.store.previous
+                previous_id = None if previous is None else self.store.read_meta(previous).get("bundle_id")
+                if bundle_id is not None and bundle_id != previous_id:
+                    raise DeployError(
+                        f"cannot roll back to bundle {bundle_id!r}: the previous bundle is {previous_id!r}",
+                        hint="the device keeps one previous bundle; deploy the wanted bundle instead",
+                    )
                 restored = self._rollback_locked()
             except EdgekitError as err:
                 self._event("rollback_result", f"rollback failed: {err.message}", level="error", command_id=command_id,

@@ -408,7 +408,10 @@ class AgentService:
         self._spawn_ota("edgekit-deploy", lambda: self.deployer.deploy(request))
 
     def _command_rollback(self, args: dict[str, Any], command_id: str | None) -> None:
-        self._spawn_ota("edgekit-rollback", lambda: self.deployer.rollback(command_id=command_id))
+        bundle_id = args.get("bundle_id")
+        if bundle_id is not None and not isinstance(bundle_id, str):
+            raise EdgekitError(f"rollback: bundle_id must be a string, got {bundle_id!r}")
+        self._spawn_ota("edgekit-rollback", lambda: self.deployer.rollback(command_id=command_id, bundle_id=bundle_id))
 
     def _spawn_ota(self, name: str, work: Callable[[], object]) -> None:
         def run() -> None:

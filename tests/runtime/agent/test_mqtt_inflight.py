@@ -15,7 +15,7 @@ from edgekit_runtime.agent.mqtt import MqttLink
 from edgekit_runtime.agent.spool import Spool
 from tests.runtime.agent.sample_messages import sample_telemetry
 
-CONNECT, PUBLISH, PINGREQ = 0x1, 0x3, 0xC
+CONNECT, PUBLISH, SUBSCRIBE, PINGREQ = 0x1, 0x3, 0x8, 0xC
 CONNACK_V5_SUCCESS = bytes([0x20, 0x03, 0x00, 0x00, 0x00])  # flags, reason code, no properties
 PINGRESP = bytes([0xD0, 0x00])
 
@@ -42,7 +42,7 @@ def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
 
 
 class SilentBroker:
-    """Answers CONNECT and PINGREQ, records every PUBLISH as (connection number, topic, payload), acks nothing."""
+    """Answers CONNECT, SUBSCRIBE and PINGREQ, records every PUBLISH as (connection number, topic, payload), acks nothing."""
 
     def __init__(self) -> None:
         self._server = socket.create_server(("127.0.0.1", 0))
@@ -78,6 +78,8 @@ class SilentBroker:
                 kind = first >> 4
                 if kind == CONNECT:
                     conn.sendall(CONNACK_V5_SUCCESS)
+                elif kind == SUBSCRIBE:  # packet id, no properties, granted QoS 1
+                    conn.sendall(bytes([0x90, 0x04]) + body[:2] + bytes([0x00, 0x01]))
                 elif kind == PINGREQ:
                     conn.sendall(PINGRESP)
                 elif kind == PUBLISH:

@@ -256,11 +256,14 @@ def test_rollback_command(make_device: Callable[..., Device], signed_bundle: Cal
     device = make_device()
     assert device.deployer.rollback(command_id="r0") is False
     assert device.result()["details"]["outcome"] == "failed" and "no previous bundle" in device.result()["message"]
-    deploy(device, signed_bundle("tiny-a"))
-    deploy(device, signed_bundle("tiny-b"))
+    deploy(device, signed_bundle("tiny-a"), bundle_id="id-a")
+    deploy(device, signed_bundle("tiny-b"), bundle_id="id-b")
     a, b = device.store.previous, device.store.current
     assert device.deployer.served.name == "tiny-b"
-    assert device.deployer.rollback(command_id="r1") is True
+    assert device.deployer.rollback(bundle_id="id-z") is False
+    assert "cannot roll back to bundle 'id-z': the previous bundle is 'id-a'" in device.result()["message"]
+    assert device.store.current == b
+    assert device.deployer.rollback(command_id="r1", bundle_id="id-a") is True
     assert device.result()["message"] == "rolled back from tiny-b to tiny-a" and device.result()["command_id"] == "r1"
     assert (device.store.current, device.store.previous) == (a, b) and device.server.model_name == "tiny-a"
     assert device.deployer.rollback() is True  # and forth again
