@@ -118,3 +118,33 @@ def bench_bundle(bundle_dir: Path, dims: dict[str, int] | None = None, iteration
     if vs_pytorch:
         variants["bundle"]["ratio_vs_pytorch_p50"] = variants["bundle"]["p50_ms"] / variants["pytorch_eager"]["p50_ms"]
     return BenchReport(bundle=str(bundle_dir), dims=all_dims, batch=batch, threads=threads, iterations=per_round * rounds, variants=variants)
+
+
+def time_bundles_interleaved(bundle_dirs: list[Path], iterations: int = 30, rounds: int = 5, threads: int | None = None,
+                             dims: dict[str, int] | None = None) -> dict[str, dict[str, float]]:
+    """p50/p99 of several bundles at the shape each was benchmarked at (or ``dims``), timed in
+    interleaved rounds on this host's CPU so that noise hits them alike; keyed by ``str(bundle_dir)``."""
+    from edgekit_runtime.backends import create_runner
+
+    contenders = {}
+    runners = []
+    try:
+        for bundle_dir in bundle_dirs:
+            bundle = open_bundle(bundle_dir, verify=True)
+            signature = IOSignature.from_manifest(bundle.manifest["io"])
+            shape = dims or bundle.manifest["benchmark"]["shape"]
+            feeds = feeds_at(bundle, signature, shape)
+            count = threads or bundle.manifest["benchmark"].get("threads") or os.cpu_count() or 1
+            runner = create_runner(bundle, execution_providers=[{"name": "CPUExecutionProvider", "options": {}}], intra_op_threads=count)
+            runner.load()
+            runners.append(runner)
+            contenders[str(bundle_dir)] = (runner, feeds)
+        samples: dict[str, list[float]] = {name: [] for name in contenders}
+        per_round = max(1, iterations // rounds)
+        for index in range(rounds):
+            for name, (runner, feeds) in contenders.items():
+                samples[name] += time_calls(lambda r=runner, f=feeds: r.infer(f, validate=False), 2 if index == 0 else 0, per_round)
+    finally:
+        for runner in runners:
+            runner.close()
+    return {name: LatencyStats.from_samples(values).to_dict() for name, values in samples.items()}

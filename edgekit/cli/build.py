@@ -17,7 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "evaluate the accuracy budget, benchmark on this host and write a bundle directory.",
     )
     parser.add_argument("recipe", help="recipe YAML file (see recipes/)")
-    parser.add_argument("--precision", "-p", choices=[p.value for p in Precision], help="override the recipe's build.precision")
+    parser.add_argument("--precision", "-p", choices=[p.value for p in Precision] + ["auto"],
+                        help="override the recipe's build.precision (auto: the fastest plan inside the accuracy budget)")
     parser.set_defaults(func=run)
 
 

@@ -17,6 +17,7 @@ from edgekit.errors import EdgekitError
 #: Command modules, in the order ``--help`` lists them.
 COMMAND_MODULES = (
     "edgekit.cli.build",
+    "edgekit.cli.sweep",
     "edgekit.cli.inspect",
     "edgekit.cli.bench",
     "edgekit.cli.pack",

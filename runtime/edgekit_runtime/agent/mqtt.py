@@ -412,8 +412,10 @@ class MqttLink:
                        properties: Properties | None) -> None:  # fmt: skip
         # paho reports a dropped socket as "Unspecified error"; anything else came from the broker.
         if self._drop_reason is None and reason.is_failure and reason.value != _UNSPECIFIED_ERROR:
-            self._drop_reason = (f"broker {self.address.url} closed the connection: {reason}",
-                                 "check the broker log; another client with the same client_id takes the session over")  # fmt: skip
+            self._drop_reason = (
+                f"broker {self.address.url} closed the connection: {reason}",
+                "check the broker log; a second client with the same client_id takes the session over",
+            )
 
     def _on_publish(self, client: paho.Client, userdata: Any, mid: int, reason: ReasonCode,
                     properties: Properties | None) -> None:  # fmt: skip

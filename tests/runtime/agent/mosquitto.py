@@ -245,8 +245,8 @@ class MosquittoBroker:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
-                raise RuntimeError(f"mosquitto exited with {self._process.returncode}:\n"
-                                   f"{(self.workdir / 'mosquitto.out').read_text(errors='replace')}\n{self.log()}")  # fmt: skip
+                output_text = (self.workdir / "mosquitto.out").read_text(errors="replace")
+                raise RuntimeError(f"mosquitto exited with {self._process.returncode}:\n{output_text}\n{self.log()}")
             try:
                 with socket.create_connection((self.host, self.port), timeout=0.2):
                     return self

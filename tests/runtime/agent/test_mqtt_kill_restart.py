@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from edgekit_runtime.agent.spool import Spool
-from tests.runtime.agent.mosquitto import REPO, MessageRecorder, MosquittoBroker
+from tests.runtime.agent.mosquitto import REPO, MessageRecorder, MosquittoBroker, ReceivedMessage
 
 STATUS_TOPIC = "edgekit/v1/lab/dev-kill/status"
 
@@ -47,8 +47,10 @@ def test_sigkill_and_restart_lose_nothing(mosquitto: MosquittoBroker, tmp_path: 
         assert len(before_kill) >= 60, first.stderr.read() if first.stderr else ""
 
         # The broker publishes the will: offline, retained.
-        assert recorder.wait_for(lambda ms: any(m.topic == STATUS_TOPIC and m.json()["state"] == "offline"  # type: ignore[index]
-                                                for m in ms))  # fmt: skip
+        def offline(messages: list[ReceivedMessage]) -> bool:
+            return any(m.topic == STATUS_TOPIC and m.json()["state"] == "offline" for m in messages)  # type: ignore[index]
+
+        assert recorder.wait_for(offline)
         will = [m for m in recorder.messages if m.topic == STATUS_TOPIC][-1].json()
         assert will["reason"] == "connection lost"  # type: ignore[index]
 

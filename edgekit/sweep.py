@@ -1,0 +1,200 @@
+"""``edgekit sweep``: build every precision (and pruning option) a target allows, side by side.
+
+Variants with an ONNX Runtime writer are built as real bundles and re-timed interleaved at the end, so
+machine noise hits them alike; formats this host cannot run (FP8, MX, NVFP4 on a GPU target) are
+estimated with the exact codec: accuracy and size, no latency. A variant that fails (over budget, a
+refusal) is a row with its reason, not the end of the sweep.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgekit.errors import EdgekitError
+from edgekit.precision import Precision
+from edgekit.progress import StageReporter
+from edgekit.quantize.gating import supported_precisions
+from edgekit.quantize.simulate import SIMULATED
+from edgekit.recipe import load_recipe
+from edgekit.target import get_target
+
+log = logging.getLogger(__name__)
+BUILT = (Precision.FP32, Precision.FP16, Precision.INT8, Precision.INT8_DYNAMIC, Precision.INT4)
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    out_dir: Path
+    rows: list[dict[str, Any]]
+    metric: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"out": str(self.out_dir), "metric": self.metric, "variants": self.rows}
+
+
+def _variants(recipe: Any, target: Any, backend: Any) -> list[tuple[str, Precision, bool, bool]]:
+    """(label, precision, pruned, buildable here): every precision any of the target's backends runs."""
+    buildable = set(supported_precisions(target, backend))
+    everything: list[Precision] = []
+    for support in target.backends:
+        for precision in supported_precisions(target, support.name):
+            if precision not in everything:
+                everything.append(precision)
+    prune_options = [False, True] if recipe.build.prune is not None else [False]
+    return [(precision.value + ("+pruned" if pruned else ""), precision, pruned, precision in buildable and precision in BUILT)
+            for pruned in prune_options for precision in everything]
+
+
+def sweep(recipe_path: Path | str, target_name: str, out: Path | str, force: bool = False, iterations: int = 30,
+          progress: StageReporter | None = None) -> SweepResult:
+    from edgekit.bench.compare import time_bundles_interleaved
+    from edgekit.pipeline import build, choose_backend
+
+    progress = progress or StageReporter()
+    recipe = load_recipe(recipe_path)
+    target = get_target(target_name)
+    recipe_t = recipe.for_target(target.name)
+    backend, _ = choose_backend(recipe_t, target)
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    metric = recipe_t.evaluation.metric if recipe_t.evaluation else None
+    rows: list[dict[str, Any]] = []
+    built: dict[str, Path] = {}
+    for label, precision, pruned, buildable in _variants(recipe_t, target, backend):
+        row: dict[str, Any] = {"variant": label, "precision": precision.value, "pruned": pruned}
+        with progress.stage(label):
+            try:
+                if buildable:
+                    path = _variant_recipe(recipe.path, pruned) if recipe.build.prune is not None else recipe.path
+                    result = build(path, target.name, precision=precision, out=out_dir / label, force=force)
+                    manifest = result.manifest
+                    accuracy = manifest.get("accuracy") or {}
+                    row.update(status="built", size_bytes=manifest["model"]["size_bytes"], metric_value=accuracy.get("value"),
+                               metric_reference=accuracy.get("reference"), cosine_min=accuracy.get("cosine_min"), passed=accuracy.get("passed"),
+                               bundle=str(result.bundle_dir))
+                    built[label] = result.bundle_dir
+                elif precision in SIMULATED and not pruned:
+                    row.update(status="estimated", **_estimate(recipe_t, target, precision))
+                else:
+                    why = "with pruning is not estimated" if pruned else f"runs on {target.name}'s other backend; no estimate for it here"
+                    row.update(status="skipped", reason=f"{precision.value} {why}")
+            except EdgekitError as exc:
+                row.update(status="failed", reason=exc.message.splitlines()[0])
+        rows.append(row)
+    if built:
+        with progress.stage("timing", f"{len(built)} bundles interleaved"):
+            timings = time_bundles_interleaved(list(built.values()), iterations=iterations)
+        fp32 = timings.get(str(built.get("fp32", "")))
+        for row in rows:
+            timing = timings.get(row.get("bundle", ""))
+            if timing:
+                row.update(p50_ms=timing["p50_ms"], p99_ms=timing["p99_ms"], latency_vs_fp32=timing["p50_ms"] / fp32["p50_ms"] if fp32 else None)
+    budget = recipe_t.evaluation.budget if recipe_t.evaluation else None
+    budget_line = None
+    if budget is not None:
+        fp32_row = next((r for r in rows if r["variant"] == "fp32" and r.get("metric_reference") is not None), None)
+        if budget.min_value is not None:
+            budget_line = budget.min_value
+        elif budget.max_drop is not None and fp32_row:
+            budget_line = fp32_row["metric_reference"] - budget.max_drop if recipe_t.evaluation.better_is_higher else fp32_row["metric_reference"] + budget.max_drop
+    for row in rows:
+        row["budget_line"] = budget_line
+    result = SweepResult(out_dir, rows, metric)
+    write_sweep_report(result, recipe_t.evaluation.better_is_higher if recipe_t.evaluation else True)
+    return result
+
+
+def _variant_recipe(path: Path | None, pruned: bool) -> Path:
+    """The recipe as is (pruned), or a copy without its prune section (unpruned) next to it."""
+    import yaml
+
+    assert path is not None
+    if pruned:
+        return path
+    data = yaml.safe_load(path.read_text())
+    data.get("build", {}).pop("prune", None)
+    copy = path.with_name(f".{path.stem}.unpruned.yaml")
+    copy.write_text(yaml.safe_dump(data, sort_keys=False))
+    return copy
+
+
+def _estimate(recipe: Any, target: Any, precision: Precision) -> dict[str, Any]:
+    """Accuracy and size of ``precision`` simulated with the exact codec on this host."""
+    import onnxruntime as ort
+
+    from edgekit.data import load_batches, model_inputs
+    from edgekit.evaluate.metrics import METRICS
+    from edgekit.export import export_onnx
+    from edgekit.quantize.simulate import simulate
+    from edgekit.sources import load_source
+    from edgekit.torch_reference import TorchReference
+
+    with tempfile.TemporaryDirectory(prefix="edgekit-sweep-") as tmp:
+        work = Path(tmp)
+        loaded = load_source(recipe, work)
+        samples = load_batches(recipe, recipe.data.samples, "samples")
+        if loaded.onnx_path is None:
+            fp32 = export_onnx(loaded.module, recipe, model_inputs(recipe, samples[0]), recipe.export.opset or target.build.opset, work / "fp32.onnx").path
+        else:
+            fp32 = loaded.onnx_path
+        amax: dict[str, float] = {}
+        if recipe.data.calibration is not None and SIMULATED[precision][1]:
+            from edgekit.quantize.calibration import CalibratorSpec, collect_activations
+
+            batches = [model_inputs(recipe, b) for b in load_batches(recipe, recipe.data.calibration, "calibration")]
+            ranges = collect_activations(fp32, None, batches, CalibratorSpec.create("minmax"), work_dir=work)
+            amax = {name: r.amax for name, r in ranges.items()}
+        simulated = simulate(fp32, work / "simulated.onnx", precision, amax)
+        if recipe.evaluation is None:
+            return {"size_bytes": simulated.estimated_size_bytes, "metric_value": None, "reason": "no evaluation in the recipe"}
+        session = ort.InferenceSession(str(simulated.path), providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        output = recipe.evaluation.output or recipe.outputs[0]
+        evaluation = load_batches(recipe, recipe.data.evaluation or recipe.data.samples, "evaluation")
+        reference_fn = TorchReference(loaded.module, recipe) if loaded.module is not None else None
+        got, ref, labels = [], [], []
+        for batch in evaluation:
+            feeds = model_inputs(recipe, batch)
+            got.append(dict(zip(names, session.run(None, feeds)))[output])
+            ref.append(reference_fn(feeds)[output] if reference_fn else got[-1])
+            labels.append(batch.get(recipe.evaluation.labels))
+        metric = METRICS.get(recipe.evaluation.metric)
+        value = float(metric(got, ref, labels)) if metric else None
+        reference = float(metric(ref, ref, labels)) if metric else None
+        return {"size_bytes": simulated.estimated_size_bytes, "metric_value": value, "metric_reference": reference,
+                "reason": "estimated with the exact codec: " + ("weights and activations" if simulated.activations_simulated else "weights only")
+                + "; latency needs the device", "passed": None, "cosine_min": None, "p50_ms": None}
+
+
+def write_sweep_report(result: SweepResult, higher_is_better: bool) -> Path:
+    from edgekit.report.sweep_plot import sweep_pareto_svg
+
+    (result.out_dir / "sweep.json").write_text(json.dumps(result.to_json(), indent=2, default=str) + "\n")
+    svg = sweep_pareto_svg(result.rows, result.metric or "metric", higher_is_better) or "<p>nothing to plot</p>"
+    cells = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_fmt(row.get(k)))}</td>" for k in ("variant", "status", "size_bytes", "p50_ms", "latency_vs_fp32", "metric_value", "cosine_min", "reason")) + "</tr>"
+        for row in result.rows
+    )
+    page = (
+        "<!doctype html><html><head><meta charset='utf-8'><title>edgekit sweep</title>"
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px}</style>"
+        f"</head><body><h1>Sweep</h1>{svg}<table><tr><th>variant</th><th>status</th><th>size bytes</th><th>p50 ms</th><th>× fp32</th>"
+        f"<th>{html.escape(result.metric or 'metric')}</th><th>cosine min</th><th>note</th></tr>{cells}</table></body></html>"
+    )
+    path = result.out_dir / "sweep.html"
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)

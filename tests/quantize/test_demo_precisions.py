@@ -1,0 +1,131 @@
+"""Every ONNX Runtime precision on the demo recipes: structure (which ops and dtypes) and numbers
+(tolerances against FP32). digits-cnn goes through the whole build; MiniLM through the quantize stage
+on one shared FP32 export (a full MiniLM build per precision would take minutes)."""
+
+from __future__ import annotations
+
+import collections
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from edgekit.data import load_batches, model_inputs
+from edgekit.errors import QuantizationError
+from edgekit.export import export_onnx
+from edgekit.pipeline import build
+from edgekit.precision import Backend, Precision
+from edgekit.quantize.stage import quantize_model
+from edgekit.recipe import load_recipe
+from edgekit.target import get_target
+from tests.conftest import REPO
+
+DIGITS = REPO / "recipes" / "digits-cnn.yaml"
+
+
+def op_counts(path: Path) -> collections.Counter:
+    return collections.Counter(node.op_type for node in onnx.load(str(path), load_external_data=False).graph.node)
+
+
+@pytest.fixture(scope="module")
+def digits_bundles(tmp_path_factory):
+    root = tmp_path_factory.mktemp("digits")
+    cache = root / "cache"
+    import os
+
+    os.environ["EDGEKIT_CACHE_DIR"] = str(cache)
+    bundles = {p: build(DIGITS, "x86-64-cpu", precision=p, out=root / p) for p in ("fp32", "fp16", "int8", "int8-dynamic", "int4")}
+    yield bundles
+    os.environ.pop("EDGEKIT_CACHE_DIR", None)
+
+
+def test_digits_int8_is_static_qdq_with_uint8_activations(digits_bundles):
+    result = digits_bundles["int8"]
+    ops = op_counts(result.bundle_dir / "model.onnx")
+    assert ops["QuantizeLinear"] >= 5 and ops["DequantizeLinear"] >= 10
+    model = onnx.load(str(result.bundle_dir / "model.onnx"))
+    zero_points = {i.name: i.data_type for i in model.graph.initializer if "zero_point" in i.name}
+    assert onnx.TensorProto.UINT8 in zero_points.values() and onnx.TensorProto.INT8 in zero_points.values()
+    quant = result.manifest["quantization"]
+    assert quant["plan"]["activation_type"] == "uint8" and quant["plan"]["weight_type"] == "int8" and quant["plan"]["per_channel"]
+    assert quant["calibration"]["calibrator"] == "percentile" and quant["calibration"]["tensors"] >= 5
+    assert quant["calibration"]["file"] in result.manifest["files"]
+    assert abs(result.manifest["accuracy"]["drop"]) <= 0.005
+    assert result.manifest["model"]["size_bytes"] < 0.35 * digits_bundles["fp32"].manifest["model"]["size_bytes"]
+
+
+def test_calibration_is_reused_by_the_next_build(digits_bundles, tmp_path):
+    again = build(DIGITS, "x86-64-cpu", precision="int8", out=tmp_path / "again")
+    first = digits_bundles["int8"].manifest["quantization"]["calibration"]
+    second = again.manifest["quantization"]["calibration"]
+    assert first["from_cache"] is False and second["from_cache"] is True and first["key"] == second["key"]
+    cached = json.loads((again.bundle_dir / second["file"]).read_text())
+    assert cached  # the ranges travel with the bundle
+
+
+def test_digits_int8_dynamic_uses_integer_matmul(digits_bundles):
+    ops = op_counts(digits_bundles["int8-dynamic"].bundle_dir / "model.onnx")
+    assert ops["DynamicQuantizeLinear"] >= 1 and ops["MatMulInteger"] >= 1
+    assert digits_bundles["int8-dynamic"].manifest["accuracy"]["drop"] <= 0.005
+
+
+def test_digits_int4_quantizes_linear_layers(digits_bundles):
+    ops = op_counts(digits_bundles["int4"].bundle_dir / "model.onnx")
+    assert ops["MatMulNBits"] == 2 and ops["Gemm"] == 0
+    assert digits_bundles["int4"].manifest["accuracy"]["drop"] <= 0.005
+
+
+def test_digits_fp16_weights(digits_bundles):
+    model = onnx.load(str(digits_bundles["fp16"].bundle_dir / "model.onnx"))
+    assert {i.data_type for i in model.graph.initializer if i.dims and len(i.dims) > 1} == {onnx.TensorProto.FLOAT16}
+    assert digits_bundles["fp16"].manifest["accuracy"]["drop"] <= 0.005
+
+
+@pytest.fixture(scope="module")
+def minilm(tmp_path_factory):
+    from edgekit.sources import load_source
+
+    root = tmp_path_factory.mktemp("minilm")
+    recipe = load_recipe(REPO / "recipes" / "minilm.yaml")
+    module = load_source(recipe, root).module
+    samples = load_batches(recipe, recipe.data.samples, "samples")
+    path = export_onnx(module, recipe, model_inputs(recipe, samples[0]), 18, root / "fp32.onnx").path
+    evaluation = load_batches(recipe, recipe.data.evaluation, "evaluation")[:6]
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    reference = [session.run(None, model_inputs(recipe, b))[0] for b in evaluation]
+    return recipe, path, evaluation, reference, root
+
+
+def _cosines(path: Path, recipe, batches, reference) -> np.ndarray:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = [session.run(None, model_inputs(recipe, b))[0] for b in batches]
+    return np.concatenate([np.sum(g * r, 1) / np.linalg.norm(g, axis=1) / np.linalg.norm(r, axis=1) for g, r in zip(got, reference)])
+
+
+def test_minilm_int8_dynamic(minilm):
+    recipe, path, batches, reference, root = minilm
+    out = quantize_model(path, root / "dyn.onnx", recipe.build.quantization, get_target("x86-64-cpu"), Backend.ONNXRUNTIME,
+                         Precision.INT8_DYNAMIC, None, root)
+    ops = op_counts(out.path)
+    assert ops["DynamicQuantizeLinear"] >= 6 and ops["MatMulInteger"] >= 36
+    assert _cosines(out.path, recipe, batches, reference).mean() >= 0.99
+
+
+def test_minilm_int4_with_embeddings_is_small_and_close(minilm):
+    recipe, path, batches, reference, root = minilm
+    (root / "work-int4").mkdir()
+    out = quantize_model(path, root / "int4.onnx", recipe.build.quantization, get_target("x86-64-cpu"), Backend.ONNXRUNTIME,
+                         Precision.INT4, None, root / "work-int4")
+    ops = op_counts(out.path)
+    assert ops["MatMulNBits"] == 36 and ops["GatherBlockQuantized"] >= 1
+    assert out.path.stat().st_size <= 0.17 * path.stat().st_size
+    assert _cosines(out.path, recipe, batches, reference).mean() >= 0.97
+
+
+def test_unwritable_precision_is_refused_with_the_reason(minilm):
+    recipe, path, _, _, root = minilm
+    with pytest.raises(QuantizationError, match=r"precision nvfp4 has no ONNX Runtime graph writer"):
+        quantize_model(path, root / "x.onnx", recipe.build.quantization, get_target("jetson-agx-thor"), Backend.ONNXRUNTIME, Precision.NVFP4, None, root)

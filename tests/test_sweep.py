@@ -1,0 +1,49 @@
+"""``edgekit sweep``: every precision the target allows, built or estimated, with a table and a plot."""
+
+from __future__ import annotations
+
+import json
+
+from edgekit.cli.main import main
+from edgekit.report.sweep_plot import pareto_front
+from tests.conftest import TINY_RECIPE
+
+CALIBRATED = TINY_RECIPE.replace(
+    '  evaluation: {{callable: "tests.fixtures.tiny_models:tiny_batches", kwargs: {{labels: true}}}}',
+    '  evaluation: {{callable: "tests.fixtures.tiny_models:tiny_batches", kwargs: {{labels: true}}}}\n'
+    '  calibration: {{callable: "tests.fixtures.tiny_models:tiny_batches", kwargs: {{count: 4}}}}',
+).replace("budget: {{max_drop: 0.0}}", "budget: {{max_drop: 0.5}}")
+
+
+def test_sweep_builds_every_cpu_precision(tiny_recipe, tmp_path, capsys):
+    recipe = tiny_recipe(text=CALIBRATED.format(factory="tiny_net"))
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(recipe), "--target", "x86-64-cpu", "--out", str(out), "--iterations", "5", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = {row["variant"]: row for row in result["variants"]}
+    assert set(rows) == {"fp32", "fp16", "int8", "int8-dynamic", "int4"}
+    assert all(row["status"] == "built" for row in rows.values()), rows
+    assert rows["fp32"]["latency_vs_fp32"] == 1.0
+    assert all(row["p50_ms"] > 0 and row["size_bytes"] > 0 for row in rows.values())
+    assert rows["int8"]["size_bytes"] < rows["fp32"]["size_bytes"]
+    page = (out / "sweep.html").read_text()
+    assert "<svg" in page and "Pareto" in page and "int8-dynamic" in page
+
+
+def test_sweep_estimates_formats_this_host_cannot_run(tiny_recipe, tmp_path, capsys):
+    recipe = tiny_recipe(text=CALIBRATED.format(factory="tiny_net"))
+    out = tmp_path / "thor"
+    assert main(["sweep", str(recipe), "--target", "jetson-agx-thor", "--out", str(out), "--iterations", "5", "--json"]) == 0
+    rows = {row["variant"]: row for row in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["variants"]}
+    for name in ("fp8", "nvfp4", "mxfp4", "mxfp8"):
+        assert rows[name]["status"] == "estimated", rows[name]
+        assert rows[name]["metric_value"] is not None and rows[name]["p50_ms"] is None
+        assert "exact codec" in rows[name]["reason"]
+    assert rows["fp8"]["size_bytes"] < rows["fp32"]["size_bytes"] and rows["nvfp4"]["size_bytes"] < rows["fp32"]["size_bytes"]
+    assert "activations" in rows["fp8"]["reason"] and "weights only" in rows["nvfp4"]["reason"]
+
+
+def test_pareto_front():
+    points = [(1.0, 0.90), (2.0, 0.95), (3.0, 0.94), (0.5, 0.80)]
+    assert pareto_front(points, higher_is_better=True) == [3, 0, 1]
+    assert pareto_front([(1.0, 0.1), (2.0, 0.05)], higher_is_better=False) == [0, 1]
