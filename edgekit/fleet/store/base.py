@@ -1,0 +1,151 @@
+"""The fleet store interface: one small contract, implemented by SQLite (default) and PostgreSQL.
+
+Records are plain frozen dataclasses with units in their names. Writers are idempotent where MQTT
+redelivers: a telemetry window is keyed by (fleet, device, seq) and stored once.
+"""
+
+from __future__ import annotations
+
+import abc
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+
+@dataclass(frozen=True)
+class TelemetryWindow:
+    """One validated telemetry message, flattened for queries; ``payload`` keeps the whole message."""
+
+    fleet: str
+    device: str
+    seq: int
+    window_start: dt.datetime
+    window_end: dt.datetime
+    received_at: dt.datetime
+    bundle_id: str | None
+    bundle_sha256: str | None
+    count: int
+    errors: int
+    p50_ms: float | None
+    p90_ms: float | None
+    p99_ms: float | None
+    max_ms: float | None
+    mean_ms: float | None
+    throughput_per_s: float | None
+    power_mean_mw: float | None
+    power_max_mw: float | None
+    energy_mj: float | None
+    energy_per_inference_mj: float | None
+    temperature_max_c: float | None
+    memory_used_mb: float | None
+    cpu_load_pct: float | None
+    gpu_load_pct: float | None
+    payload: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    fleet: str
+    device: str
+    state: str  # "online" | "offline" | ...
+    bundle_id: str | None
+    target: str | None
+    agent_version: str | None
+    updated_at: dt.datetime
+    payload: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class DeviceEvent:
+    fleet: str
+    device: str
+    event_id: str
+    kind: str
+    level: str
+    message: str
+    at: dt.datetime
+    command_id: str | None = None
+    payload: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class RejectedMessage:
+    topic: str
+    reason: str
+    size_bytes: int
+    at: dt.datetime
+
+
+@dataclass(frozen=True)
+class DeviceSummary:
+    """What ``edgekit fleet status`` shows for one device."""
+
+    fleet: str
+    device: str
+    state: str
+    bundle_id: str | None
+    target: str | None
+    p50_ms: float | None
+    p99_ms: float | None
+    power_mean_mw: float | None
+    energy_per_inference_mj: float | None
+    temperature_max_c: float | None
+    last_seen: dt.datetime | None
+    windows: int
+    missing_seqs: int  # gaps in the sequence numbers seen so far
+
+
+class FleetStore(abc.ABC):
+    """Storage for telemetry windows, device status, events and rejected-message counts."""
+
+    url: str
+
+    # writes ---------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def add_windows(self, windows: Sequence[TelemetryWindow]) -> int:
+        """Insert windows, ignoring (fleet, device, seq) already stored; returns how many were new."""
+
+    @abc.abstractmethod
+    def upsert_status(self, status: DeviceStatus) -> None: ...
+
+    @abc.abstractmethod
+    def add_events(self, events: Sequence[DeviceEvent]) -> int:
+        """Insert events, ignoring event_ids already stored; returns how many were new."""
+
+    @abc.abstractmethod
+    def add_rejected(self, rejected: Sequence[RejectedMessage]) -> None: ...
+
+    # reads ----------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def device_summaries(self, fleet: str | None = None) -> list[DeviceSummary]: ...
+
+    @abc.abstractmethod
+    def windows(self, fleet: str | None = None, device: str | None = None, since: dt.datetime | None = None,
+                until: dt.datetime | None = None, bundle_id: str | None = None, limit: int | None = None) -> Iterator[TelemetryWindow]:
+        """Windows ordered by (device, seq)."""
+
+    @abc.abstractmethod
+    def events(self, fleet: str | None = None, device: str | None = None, since: dt.datetime | None = None, limit: int = 200) -> list[DeviceEvent]: ...
+
+    @abc.abstractmethod
+    def rejected_counts(self) -> dict[str, int]:
+        """reason -> count of rejected messages."""
+
+    @abc.abstractmethod
+    def missing_seqs(self, fleet: str, device: str) -> list[tuple[int, int]]:
+        """Gaps in a device's stored sequence numbers, as inclusive (first missing, last missing) ranges."""
+
+    # maintenance ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def apply_retention(self, raw_for: dt.timedelta, rollup_minutes: int = 5, now: dt.datetime | None = None) -> int:
+        """Roll raw windows older than ``raw_for`` up into ``rollup_minutes`` buckets (per device and bundle)
+        and delete them; returns how many raw windows were rolled up."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> "FleetStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
