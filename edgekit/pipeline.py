@@ -42,6 +42,9 @@ from edgekit_runtime.timing import BenchmarkResult, benchmark_runner
 
 log = logging.getLogger(__name__)
 
+#: Precisions that need no quantize stage: FP16 is a conversion (ONNX Runtime) or a builder flag / cast
+#: (TensorRT), BF16 a TensorRT builder flag.
+UNQUANTIZED = (Precision.FP32, Precision.FP16, Precision.BF16)
 #: Providers this host can run when the target's own are elsewhere (a Jetson EP on an x86 dev host).
 HOST_PROVIDERS = [{"name": "CPUExecutionProvider", "options": {}}]
 RunFn = Callable[[Batch], dict[str, np.ndarray]]
@@ -140,15 +143,21 @@ def choose_backend(recipe: Recipe, target: TargetProfile) -> tuple[Backend, str]
 # ---------------------------------------------------------------------------------------------- stages
 
 
-def stage_load(recipe_path: Path | str, target_name: str, precision: Precision | str | None, out: Path | str | None, force: bool) -> BuildState:
+def stage_load(recipe_path: Path | str, target_name: str, precision: Precision | str | None, out: Path | str | None, force: bool,
+               backend_name: Backend | str | None = None) -> BuildState:
     recipe = load_recipe(recipe_path)
     target = get_target(target_name)
     recipe = recipe.for_target(target.name)
+    if backend_name is not None:
+        recipe = recipe.model_copy(update={"build": recipe.build.model_copy(update={"backend": Backend(backend_name)})})
     backend, backend_reason = choose_backend(recipe, target)
+    if backend_name is not None:
+        backend_reason = "--backend"
     requested = precision or recipe.build.precision
     if str(requested) == "auto":
         raise BuildError("--precision auto needs the sensitivity search, which this build of edgekit does not have yet", hint="choose a precision")
-    decision = decide_precision(target, backend, Precision(requested), recipe.build.precision_fallback)
+    use_dla = backend is Backend.TENSORRT and recipe.build.tensorrt.dla_core is not None
+    decision = decide_precision(target, backend, Precision(requested), recipe.build.precision_fallback, use_dla=use_dla)
     out_dir = Path(out) if out else default_output(recipe, target, decision.used)
     check_destination(out_dir.resolve(), force)
     samples = load_batches(recipe, recipe.data.samples, "samples")
@@ -236,7 +245,18 @@ def stage_quantize(state: BuildState) -> str:
 
 
 def stage_build(state: BuildState) -> None:
-    state.engine = BUILDERS[state.backend](state.model_path, state.staging_dir / "model.onnx", state.target, state.recipe, state.precision)
+    options: dict[str, Any] = {}
+    if state.backend is Backend.TENSORRT:
+        from edgekit.engines.tensorrt import TensorRTOptions
+        from edgekit_runtime.tensorrt_engines.plan import TimingCachePolicy
+
+        spec = state.recipe.build.tensorrt
+        options = {
+            "prune": state.prune,
+            "options": TensorRTOptions(dla_core=spec.dla_core, gpu_fallback=spec.gpu_fallback, builder_optimization_level=spec.builder_optimization_level,
+                                       timing_cache=TimingCachePolicy(spec.timing_cache), min_shape_profile=spec.min_shape_profile),
+        }
+    state.engine = BUILDERS[state.backend](state.model_path, state.staging_dir / "model.onnx", state.target, state.recipe, state.precision, **options)
 
 
 def stage_evaluate(state: BuildState, runner: OnnxRuntimeRunner) -> str | None:
@@ -335,11 +355,12 @@ def build(
     out: Path | str | None = None,
     force: bool = False,
     progress: StageReporter | None = None,
+    backend: Backend | str | None = None,
 ) -> BuildResult:
     """``edgekit build``: everything from a recipe file to a bundle directory."""
     progress = progress or StageReporter()
     with progress.stage("load", str(recipe_path)):
-        state = stage_load(recipe_path, target_name, precision, out, force)
+        state = stage_load(recipe_path, target_name, precision, out, force, backend)
         decision = state.decision
         used = decision.used.value if decision.used is decision.requested else f"{decision.used.value} (fallback from {decision.requested.value}: {decision.reason})"
         progress.note(f"recipe {state.recipe.name} → target {state.target.name} ({state.backend.value}: {state.backend_reason}; {used})")
@@ -355,7 +376,7 @@ def build(
             stage_export(state)
         with progress.stage("parity", "PyTorch vs ONNX at min/opt/max"):
             _note(progress, stage_parity(state))
-        if state.precision not in (Precision.FP32, Precision.FP16):
+        if state.precision not in UNQUANTIZED:
             with progress.stage("quantize", state.precision.value):
                 _note(progress, stage_quantize(state))
         with progress.stage("build", f"{state.backend.value} {state.precision.value}"):

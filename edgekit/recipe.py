@@ -262,6 +262,16 @@ class PruneSpec(StrictModel):
         return {k: v for k, v in (("norm", self.norm), ("round_to", self.round_to)) if v is not None}
 
 
+class TensorRTSpec(StrictModel):
+    """TensorRT build choices (``--backend tensorrt``); the plan in the bundle records them as resolved."""
+
+    dla_core: int | None = Field(default=None, ge=0, description="run on this DLA core (AGX Orin, Orin NX); DLA runs only fp16/int8")
+    gpu_fallback: bool = Field(default=True, description="layers DLA cannot run fall back to the GPU (else the build fails, naming them)")
+    builder_optimization_level: int = Field(default=3, ge=0, le=5)
+    timing_cache: Literal["shared", "read-only", "off"] = "shared"
+    min_shape_profile: bool = Field(default=True, description="add a profile pinned at the min shape so batch-1 calls get batch-1 kernels")
+
+
 class BuildSpec(StrictModel):
     backend: Backend | None = Field(default=None, description="default: the target's preferred backend")
     precision: Precision | Literal["auto"] = Field(default=Precision.FP32, description="auto: the fastest plan inside the accuracy budget")
@@ -270,6 +280,7 @@ class BuildSpec(StrictModel):
     )
     quantization: QuantizationSpec = QuantizationSpec()
     prune: PruneSpec | None = None
+    tensorrt: TensorRTSpec = TensorRTSpec()
     graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
     benchmark: BenchmarkSpec = BenchmarkSpec()
     golden_batches: int = Field(default=2, ge=1, le=16)

@@ -17,3 +17,6 @@ if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+
 fi
 echo "setup: installing edgekit, edgekit-runtime and extras" >&2
 pip install -q -c constraints.txt -e ./runtime -e ".[dev]"
+# TensorRT 10 type stubs for the mypy check of the TensorRT modules. --no-deps: their metadata pins
+# tensorrt itself, whose libraries download from NVIDIA's own index (unreachable here, and not needed).
+pip install -q --no-deps "tensorrt-stubs==10.13.0.35.1"

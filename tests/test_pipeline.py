@@ -180,15 +180,22 @@ def test_interrupted_build_leaves_no_partial_bundle(tiny_recipe, tmp_path):
     assert [p for p in tmp_path.iterdir() if p.name.startswith(".b.")] == []
 
 
-def test_jetson_target_gets_an_onnxruntime_bundle_with_its_providers(tiny_recipe, tmp_path):
+def test_jetson_target_gets_a_tensorrt_bundle_built_on_the_device(tiny_recipe, tmp_path):
     result = build(tiny_recipe(), "jetson-orin-nano-8gb", out=tmp_path / "jetson")
     backend = result.manifest["backend"]
-    assert backend["name"] == "onnxruntime"
-    assert "tensorrt has no builder" in backend["selected_because"]
-    assert [p["name"] for p in backend["execution_providers"]][:2] == ["TensorrtExecutionProvider", "CUDAExecutionProvider"]
+    assert backend["name"] == "tensorrt" and backend["selected_because"] == "target preference"
+    assert backend["tensorrt"]["engine_built_on"] == "device"  # this host has no Orin GPU
+    assert "tensorrt/plan.json" in result.manifest["files"]
     assert result.manifest["target"]["gpu"]["compute_capability"] == "8.7"
-    # Benchmarked on this host's CPU, which the manifest says.
+    # Evaluated and benchmarked with ONNX Runtime on this host's CPU, which the manifest says.
     assert result.manifest["benchmark"]["providers"] == ["CPUExecutionProvider"]
+
+
+def test_jetson_target_with_the_onnxruntime_backend_lists_its_providers(tiny_recipe, tmp_path):
+    result = build(tiny_recipe(), "jetson-orin-nano-8gb", out=tmp_path / "jetson-ort", backend="onnxruntime")
+    backend = result.manifest["backend"]
+    assert backend["name"] == "onnxruntime" and backend["selected_because"] == "--backend"
+    assert [p["name"] for p in backend["execution_providers"]][:2] == ["TensorrtExecutionProvider", "CUDAExecutionProvider"]
 
 
 def test_recipe_backend_the_target_lacks(tiny_recipe, tmp_path):

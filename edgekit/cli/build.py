@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from edgekit.cli.options import console, json_parent, output_parent, print_json, target_parent
-from edgekit.precision import Precision
+from edgekit.precision import Backend, Precision
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,6 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("recipe", help="recipe YAML file (see recipes/)")
     parser.add_argument("--precision", "-p", choices=[p.value for p in Precision] + ["auto"],
                         help="override the recipe's build.precision (auto: the fastest plan inside the accuracy budget)")
+    parser.add_argument("--backend", "-b", choices=[b.value for b in Backend], help="override the recipe's build.backend and the target's preference")
     parser.set_defaults(func=run)
 
 
@@ -26,7 +27,8 @@ def run(args: argparse.Namespace) -> int:
     from edgekit.pipeline import build
     from edgekit.progress import RichStageReporter
 
-    result = build(args.recipe, args.target, precision=args.precision, out=args.out, force=args.force, progress=RichStageReporter(console))
+    result = build(args.recipe, args.target, precision=args.precision, out=args.out, force=args.force, progress=RichStageReporter(console),
+                   backend=args.backend)
     manifest = result.manifest
     bench = manifest["benchmark"]
     parity = manifest["export"]["parity"] or {}

@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "edgekit.cli.sign",
     "edgekit.cli.targets",
     "edgekit.cli.schema",
+    "edgekit.cli.fleet",
 )
 
 

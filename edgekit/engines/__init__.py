@@ -6,9 +6,15 @@ runtime); the ONNX Runtime builder writes the portable graph and records provide
 
 from __future__ import annotations
 
+from typing import Callable
+
 from edgekit.engines.onnxruntime import EngineBuild, build_onnxruntime
+from edgekit.engines.tensorrt import build_tensorrt
 from edgekit.precision import Backend
 
-BUILDERS = {Backend.ONNXRUNTIME: build_onnxruntime}
+#: backend -> builder(model_path, out_path, target, recipe, precision, **backend options) -> EngineBuild
+BUILDERS: dict[Backend, Callable[..., EngineBuild]] = {Backend.ONNXRUNTIME: build_onnxruntime, Backend.TENSORRT: build_tensorrt}
 
-__all__ = ["BUILDERS", "EngineBuild", "build_onnxruntime"]
+__all__ = ["BUILDERS", "EngineBuild", "build_onnxruntime", "build_tensorrt"]
+
+

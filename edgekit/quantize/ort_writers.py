@@ -62,7 +62,8 @@ def calibration_tensors(model_path: Path, plan: QuantizationPlan) -> list[str]:
     names: list[str] = []
     for node in graph.node:
         if node.op_type in plan.op_types and node.name not in skip:
-            for tensor in [*node.input, *node.output]:
+            outputs = [] if node.op_type in plan.float_outputs else list(node.output)
+            for tensor in [*node.input, *outputs]:
                 if tensor and tensor not in constants and tensor not in names:
                     names.append(tensor)
     return names
@@ -98,12 +99,16 @@ def write_static_qdq(fp32_path: Path, out_path: Path, plan: QuantizationPlan, ra
             "WeightSymmetric": True,
             "DedicatedQDQPair": False,
             "QDQKeepRemovableActivations": False,
+            "OpTypesToExcludeOutputQuantization": list(plan.float_outputs),
         },
     )
     try:
         quantizer.quantize_model()
     except Exception as exc:
         raise QuantizationError(f"static QDQ quantization of {fp32_path} failed: {exc}", hint="exclude the node named above (quantization.exclude_nodes)") from exc
+    if plan.float_consumers_skip_qdq:
+        quantized = {n.name for n in model.graph.node if n.op_type in plan.op_types and n.name not in skip}
+        rewire_float_consumers(quantizer.model.model, quantized)
     staged = _save(quantizer.model.model, out_path.with_name(out_path.stem + ".static.onnx"))
     if plan.dynamic_nodes:
         write_dynamic(staged, out_path, plan, nodes=list(plan.dynamic_nodes))
@@ -111,6 +116,40 @@ def write_static_qdq(fp32_path: Path, out_path: Path, plan: QuantizationPlan, ra
     else:
         staged.replace(out_path)
     return out_path
+
+
+#: Ops that ONNX Runtime runs on quantized tensors in QDQ form (data movement, pooling, clipping): their
+#: DequantizeLinear inputs are kept so that integer chains (Conv -> MaxPool -> Conv) stay integer.
+QDQ_PASSTHROUGH_OPS = frozenset({
+    "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "MaxPool", "AveragePool", "GlobalAveragePool", "Relu", "Clip",
+    "Slice", "Split", "Gather", "GatherElements", "Resize", "Pad", "Concat", "Where", "TopK", "ArgMax",
+    "QuantizeLinear", "DequantizeLinear",
+})
+
+
+def rewire_float_consumers(model: Any, quantized_nodes: set[str]) -> int:
+    """Make float consumers of quantize-dequantized activations (``x -> Q -> DQ -> Add``) read ``x``
+    itself. Quantized nodes, :data:`QDQ_PASSTHROUGH_OPS`, and consumers whose output is quantized again
+    (``DQ -> Add -> Q``, which ONNX Runtime fuses into an integer op) keep reading the DQ output.
+    Returns the number of inputs rewired."""
+    graph = model.graph
+    producers = {output: node for node in graph.node for output in node.output}
+    requantized = {name for node in graph.node if node.op_type == "QuantizeLinear" for name in node.input[:1]}
+    float_source: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type == "DequantizeLinear":
+            quantize = producers.get(node.input[0])
+            if quantize is not None and quantize.op_type == "QuantizeLinear":
+                float_source[node.output[0]] = quantize.input[0]
+    rewired = 0
+    for node in graph.node:
+        if node.name in quantized_nodes or node.op_type in QDQ_PASSTHROUGH_OPS or requantized.intersection(node.output):
+            continue
+        for position, name in enumerate(node.input):
+            if name in float_source:
+                node.input[position] = float_source[name]
+                rewired += 1
+    return rewired
 
 
 def write_dynamic(fp32_path: Path, out_path: Path, plan: QuantizationPlan, nodes: list[str] | None = None) -> Path:

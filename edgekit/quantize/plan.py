@@ -29,6 +29,12 @@ class QuantizationPlan:
     op_types: tuple[str, ...] = INT8_OP_TYPES
     excluded: dict[str, str] = field(default_factory=dict)  # node name -> why it stays in higher precision
     dynamic_nodes: tuple[str, ...] = ()  # nodes quantized dynamically inside a static plan (mixed)
+    #: Op types whose outputs get no Q/DQ pair (static QDQ): right when their consumers run in float anyway
+    #: (a transformer's MatMul -> bias Add), where output quantization only adds rounding error and two ops.
+    float_outputs: tuple[str, ...] = ()
+    #: Static QDQ: float consumers of a quantized tensor (a residual Add, LayerNorm) read the float tensor
+    #: instead of its quantize-dequantize; ONNX Runtime's writer otherwise routes every consumer through it.
+    float_consumers_skip_qdq: bool = False
     int4: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
 
@@ -41,6 +47,7 @@ class QuantizationPlan:
         data["backend"] = self.backend.value
         data["op_types"] = list(self.op_types)
         data["dynamic_nodes"] = list(self.dynamic_nodes)
+        data["float_outputs"] = list(self.float_outputs)
         data["notes"] = list(self.notes)
         return data
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from edgekit_runtime.backends import BACKENDS, OnnxRuntimeRunner, create_runner
+from edgekit_runtime.errors import BundleError
 from edgekit_runtime.bundle import open_bundle, self_check
 from edgekit_runtime.errors import BackendError
 from tests.runtime.tiny_bundle import load_manifest, save_manifest
@@ -32,7 +33,8 @@ def test_overrides_replace_manifest_options(bundle_dir: Path) -> None:
     assert "intra_op_threads" in str(caught.value)
 
 
-@pytest.mark.parametrize("name", sorted(BACKENDS))
+# tensorrt needs a GPU and TensorRT: tests/engines/test_tensorrt_runner.py covers it (marked gpu).
+@pytest.mark.parametrize("name", sorted(set(BACKENDS) - {"tensorrt"}))
 def test_every_registered_backend_runs_a_bundle(make_bundle: Callable[..., Path], name: str) -> None:
     bundle = open_bundle(make_bundle(backend=name))
     runner = create_runner(bundle)
@@ -53,12 +55,12 @@ def test_unknown_backend_lists_the_known_ones(bundle_dir: Path) -> None:
     with pytest.raises(BackendError) as caught:
         create_runner(bundle)
     assert "unknown backend 'tflite' in manifest.json backend.name" in str(caught.value)
-    assert "backends this edgekit-runtime knows: onnxruntime" in str(caught.value)
+    assert "backends this edgekit-runtime knows: onnxruntime" in str(caught.value) and "tensorrt" in str(caught.value)
 
 
-def test_tensorrt_bundle_gets_a_clear_not_yet_error(bundle_dir: Path) -> None:
+def test_tensorrt_bundle_without_its_plan_says_how_to_build_one(bundle_dir: Path) -> None:
     bundle = open_bundle(_with_backend(bundle_dir, "tensorrt"))
-    with pytest.raises(BackendError) as caught:
+    with pytest.raises(BundleError) as caught:
         create_runner(bundle)
-    assert "needs the tensorrt backend: the TensorRT runner is not part of this edgekit-runtime version yet" in str(caught.value)
-    assert "onnxruntime" in str(caught.value)
+    assert "tensorrt/plan.json' is missing" in str(caught.value)
+    assert "edgekit build --backend tensorrt" in str(caught.value)

@@ -41,6 +41,8 @@ class TelemetryWindow:
     cpu_load_pct: float | None
     gpu_load_pct: float | None
     payload: dict[str, Any] = field(default_factory=dict, compare=False)
+    #: ``payload`` as the JSON text that arrived, when known: stores keep it as is instead of encoding again.
+    payload_json: str | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ class RejectedMessage:
     reason: str
     size_bytes: int
     at: dt.datetime
+    detail: str = ""  # what exactly was wrong (first schema problem, JSON error), at most 512 characters
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,47 @@ class DeviceSummary:
     last_seen: dt.datetime | None
     windows: int
     missing_seqs: int  # gaps in the sequence numbers seen so far
+
+
+#: Keys :meth:`FleetStore.aggregate` can group by.
+AGGREGATE_KEYS = ("fleet", "device", "bundle_id", "target")
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """Telemetry summed over raw windows and rollups. Key fields not grouped by are None (as is a bundle_id
+    or target that is unknown); ``bucket_start`` is set only when bucketing by time."""
+
+    fleet: str | None
+    device: str | None
+    bundle_id: str | None
+    target: str | None
+    bucket_start: dt.datetime | None
+    devices: int
+    windows: int
+    inferences: int
+    errors: int
+    p50_ms: float | None  # inference-count-weighted mean of the windows' p50
+    p99_ms: float | None  # inference-count-weighted mean of the windows' p99
+    p99_max_ms: float | None  # the worst window's p99
+    power_mean_mw: float | None  # window-duration-weighted mean power
+    energy_mj: float | None  # total energy measured
+    energy_per_inference_mj: float | None  # energy of the windows with inferences over their inferences
+    temperature_max_c: float | None
+    first_window_start: dt.datetime | None
+    last_window_end: dt.datetime | None
+
+
+@dataclass(frozen=True)
+class BundleSpan:
+    """When a device ran a bundle: its first and last window with it (raw or rolled up) in a time range."""
+
+    fleet: str
+    device: str
+    bundle_id: str | None
+    first_window_start: dt.datetime
+    last_window_end: dt.datetime
+    windows: int
 
 
 class FleetStore(abc.ABC):
@@ -135,11 +179,34 @@ class FleetStore(abc.ABC):
     def missing_seqs(self, fleet: str, device: str) -> list[tuple[int, int]]:
         """Gaps in a device's stored sequence numbers, as inclusive (first missing, last missing) ranges."""
 
+    @abc.abstractmethod
+    def aggregate(self, by: Sequence[str] = ("bundle_id", "target"), *, fleet: str | None = None,
+                  devices: Sequence[tuple[str, str]] | None = None, bundle_id: str | None = None,
+                  target: str | None = None, since: dt.datetime | None = None, until: dt.datetime | None = None,
+                  bucket_s: int | None = None) -> list[Aggregate]:
+        """Sums over raw windows and rollups grouped by ``by`` (a subset of :data:`AGGREGATE_KEYS`) and, with
+        ``bucket_s``, by time buckets of that many seconds; ``devices`` restricts to (fleet, device) pairs.
+        Time filters apply to window_end (raw) and bucket start (rollups). Ordered by the keys, then bucket."""
+
+    @abc.abstractmethod
+    def bundle_spans(self, fleet: str | None = None, since: dt.datetime | None = None,
+                     until: dt.datetime | None = None) -> list[BundleSpan]:
+        """Per device and bundle, the first and last window seen; ordered by fleet, device, first window."""
+
+    @abc.abstractmethod
+    def set_device_target(self, fleet: str, device: str, target: str) -> None:
+        """Record the target profile a device is (agents do not report it; deploy and simulate know it)."""
+
     # maintenance ----------------------------------------------------------------------------
     @abc.abstractmethod
     def apply_retention(self, raw_for: dt.timedelta, rollup_minutes: int = 5, now: dt.datetime | None = None) -> int:
         """Roll raw windows older than ``raw_for`` up into ``rollup_minutes`` buckets (per device and bundle)
         and delete them; returns how many raw windows were rolled up."""
+
+    @property
+    @abc.abstractmethod
+    def schema_version(self) -> int:
+        """The newest migration applied to the database."""
 
     @abc.abstractmethod
     def close(self) -> None: ...

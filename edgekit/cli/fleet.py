@@ -1,0 +1,274 @@
+"""``edgekit fleet``: the fleet command group, and its ``collect``, ``status`` and ``report`` commands.
+
+Other fleet commands live in their own modules (:data:`FLEET_SUBCOMMAND_MODULES`), each exposing
+``register(fleet_subparsers)``; code outside edgekit can add one with :func:`register_subcommand`.
+Tables go to stderr; ``--json`` prints one JSON document as the last line of stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib
+import logging
+import os
+import socket
+import time
+from typing import Any, Callable
+
+from rich.markup import escape
+from rich.table import Table
+
+from edgekit.cli.options import console, json_parent, print_json
+
+#: Modules that each add fleet subcommands with ``register(fleet_subparsers)``, in ``--help`` order.
+FLEET_SUBCOMMAND_MODULES = (
+    "edgekit.cli.fleet_up",
+    "edgekit.cli.fleet_simulate",
+    "edgekit.cli.fleet_dashboard",
+    "edgekit.cli.fleet_deploy",
+)
+#: When False, a module of FLEET_SUBCOMMAND_MODULES that does not exist yet is skipped (while it is written).
+REQUIRE_ALL_SUBCOMMAND_MODULES = True
+DEFAULT_STORE = "sqlite:///fleet.db"
+DEFAULT_METRICS_PORT = 9108
+DEFAULT_RETENTION_HOURS = 48.0
+
+RegisterFn = Callable[[argparse._SubParsersAction], None]
+_EXTRA_SUBCOMMANDS: dict[str, RegisterFn] = {}
+logger = logging.getLogger(__name__)
+
+
+def register_subcommand(name: str, register_fn: RegisterFn) -> None:
+    """Add ``edgekit fleet NAME``: ``register_fn(fleet_subparsers)`` is called when the parser is built."""
+    _EXTRA_SUBCOMMANDS[name] = register_fn
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("fleet", help="collect, watch and roll out to a fleet of devices",
+                                   description="Fleet telemetry: collect it from the agents over MQTT, show status "
+                                               "and reports, serve a dashboard, deploy bundles.")  # fmt: skip
+    fleet_subparsers = parser.add_subparsers(dest="fleet_command", metavar="COMMAND", required=True)
+    _register_collect(fleet_subparsers)
+    _register_status(fleet_subparsers)
+    _register_report(fleet_subparsers)
+    for module_name in FLEET_SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if REQUIRE_ALL_SUBCOMMAND_MODULES or exc.name != module_name:
+                raise
+            logger.debug("fleet subcommand module %s is not there yet", module_name)
+            continue
+        module.register(fleet_subparsers)
+    for register_fn in _EXTRA_SUBCOMMANDS.values():
+        register_fn(fleet_subparsers)
+
+
+def _store_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", default=DEFAULT_STORE, metavar="URL",
+                        help=f"sqlite:///PATH.db or postgresql://USER@HOST/DB (default {DEFAULT_STORE})")  # fmt: skip
+
+
+# -- collect ------------------------------------------------------------------------------------
+
+
+def _register_collect(fleet_subparsers: argparse._SubParsersAction) -> None:
+    parser = fleet_subparsers.add_parser(
+        "collect", parents=[json_parent()], help="subscribe to the agents' telemetry and store it (until Ctrl-C)",
+        description="Subscribe to every device's telemetry, status and events, validate each message against the "
+                    "agent's JSON Schema, and store it. Run several with the same --shared-group to split the load.",
+    )  # fmt: skip
+    parser.add_argument("--broker", required=True, metavar="URL", help="mqtt://HOST:1883 or mqtts://HOST:8883")
+    _store_option(parser)
+    parser.add_argument("--fleet", metavar="F", help="collect only this fleet (default: every fleet)")
+    parser.add_argument("--shared-group", metavar="G", help="MQTT 5 shared subscription group ($share/G/...)")
+    parser.add_argument("--client-id", metavar="ID", help="MQTT client id (default edgekit-collector-HOST-PID)")
+    parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT, metavar="P",
+                        help=f"serve Prometheus /metrics on this port (default {DEFAULT_METRICS_PORT}; 0 picks a free one)")
+    parser.add_argument("--metrics-host", default="127.0.0.1", metavar="ADDR", help="address of /metrics (default loopback)")
+    parser.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
+    parser.add_argument("--retention-hours", type=float, default=DEFAULT_RETENTION_HOURS, metavar="H",
+                        help=f"keep raw windows H hours, then roll them up into buckets (default {DEFAULT_RETENTION_HOURS:g}; "
+                             "0 keeps them forever)")  # fmt: skip
+    parser.add_argument("--rollup-minutes", type=int, default=5, metavar="M", help="rollup bucket size (default 5)")
+    parser.add_argument("--username", help="broker username")
+    parser.add_argument("--password-file", metavar="PATH", help="file holding the broker password")
+    parser.add_argument("--tls-ca", metavar="PEM", help="CA that signed the broker's certificate (mqtts)")
+    parser.add_argument("--tls-cert", metavar="PEM", help="client certificate (mqtts)")
+    parser.add_argument("--tls-key", metavar="PEM", help="client key (mqtts)")
+    parser.add_argument("--mqtt-version", choices=("5", "3.1.1"), default="5", help="MQTT protocol (default 5)")
+    parser.add_argument("--batch-size", type=int, default=500, help="records per store write (default 500)")
+    parser.add_argument("--max-payload-kib", type=int, default=256, help="largest message accepted (default 256 KiB)")
+    parser.add_argument("--ack-after-store", action="store_true",
+                        help="acknowledge messages only once stored (needs a broker max_inflight_messages well above "
+                             "--batch-size)")  # fmt: skip
+    parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: run until Ctrl-C)")
+    parser.set_defaults(func=run_collect)
+
+
+def run_collect(args: argparse.Namespace) -> int:
+    from edgekit.fleet.collector import Collector
+    from edgekit.fleet.errors import FleetError
+    from edgekit.fleet.metrics import IngestMetrics, MetricsServer
+    from edgekit.fleet.store import open_store
+
+    if args.retention_hours < 0:
+        raise FleetError(f"--retention-hours must be >= 0, got {args.retention_hours:g}", hint="0 keeps raw windows forever")
+    client_id = args.client_id or f"edgekit-collector-{socket.gethostname()}-{os.getpid()}"
+    retention = dt.timedelta(hours=args.retention_hours) if args.retention_hours > 0 else None
+    metrics = IngestMetrics()
+    with open_store(args.store) as store:
+        server = None if args.no_metrics else MetricsServer(metrics, args.metrics_port, args.metrics_host).start()
+        try:
+            collector = Collector(
+                args.broker, store, client_id=client_id, fleet=args.fleet, shared_group=args.shared_group,
+                max_payload_bytes=args.max_payload_kib * 1024, batch_size=args.batch_size, username=args.username,
+                password_file=args.password_file, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                retention=retention, rollup_minutes=args.rollup_minutes, metrics=metrics,
+                ack_after_store=args.ack_after_store, mqtt_version=args.mqtt_version,
+            ).start()  # fmt: skip
+            console.print(f"collecting from {escape(collector.broker_url)} into {escape(store.url)} "
+                          f"({', '.join(collector.subscriptions)})" + (f"; metrics on {server.url}" if server else ""))
+            if args.json:
+                print_json({"event": "started", "broker": collector.broker_url, "store": store.url,
+                            "subscriptions": list(collector.subscriptions),
+                            "metrics_url": server.url if server else None})  # fmt: skip
+            deadline = None if args.duration is None else time.monotonic() + args.duration
+            try:
+                while deadline is None or time.monotonic() < deadline:
+                    time.sleep(0.2 if deadline is None else max(min(0.2, deadline - time.monotonic()), 0.0))
+            except KeyboardInterrupt:
+                console.print("stopping")
+            finally:
+                collector.stop()
+        finally:
+            if server is not None:
+                server.stop()
+    counts = metrics.snapshot()
+    console.print(f"received {sum(counts['received'].values())}, stored {sum(counts['stored'].values())}, "
+                  f"duplicates {sum(counts['duplicates'].values())}, rejected {sum(counts['rejected'].values())}")
+    if args.json:
+        print_json({"event": "stopped", **counts})
+    return 0
+
+
+# -- status -------------------------------------------------------------------------------------
+
+
+def _register_status(fleet_subparsers: argparse._SubParsersAction) -> None:
+    parser = fleet_subparsers.add_parser("status", parents=[json_parent()], help="devices: online, bundle, latency, power",
+                                         description="One line per device: online, bundle, p50/p99 of its newest "
+                                                     "window, power, energy per inference, temperature, last seen.")  # fmt: skip
+    _store_option(parser)
+    parser.add_argument("--fleet", metavar="F", help="only this fleet")
+    parser.set_defaults(func=run_status)
+
+
+def run_status(args: argparse.Namespace) -> int:
+    from edgekit.fleet.report import summary_to_json
+    from edgekit.fleet.store import open_store
+
+    with open_store(args.store, must_exist=True) as store:
+        summaries = store.device_summaries(args.fleet)
+    if args.json:
+        print_json({"devices": [summary_to_json(s) for s in summaries]})
+        return 0
+    if not summaries:
+        console.print(f"no devices in {escape(args.store)}" + (f" for fleet {escape(args.fleet)}" if args.fleet else ""))
+        return 0
+    now = dt.datetime.now(dt.timezone.utc)
+    fleets = sorted({s.fleet for s in summaries})
+    table = Table(title=f"fleet {fleets[0] if len(fleets) == 1 else 'status'}: {len(summaries)} devices")
+    for column in ("device", "state", "bundle", "target", "p50 ms", "p99 ms", "power mW", "mJ/inf", "temp °C",
+                   "last seen", "windows", "gaps"):  # fmt: skip
+        left = column in ("device", "state", "bundle", "target")
+        table.add_column(column, justify="left" if left else "right", no_wrap=column == "device")
+    for s in summaries:
+        state = {"online": "[green]online[/]", "offline": "[red]offline[/]"}.get(s.state, f"[dim]{escape(s.state)}[/]")
+        name = s.device if len(fleets) == 1 else f"{s.fleet}/{s.device}"
+        table.add_row(escape(name), state, escape(s.bundle_id or "-"), escape(s.target or "-"),
+                      _num(s.p50_ms, 2), _num(s.p99_ms, 2), _num(s.power_mean_mw, 0), _num(s.energy_per_inference_mj, 2),
+                      _num(s.temperature_max_c, 1), _ago(s.last_seen, now), str(s.windows), str(s.missing_seqs))  # fmt: skip
+    console.print(table)
+    return 0
+
+
+# -- report -------------------------------------------------------------------------------------
+
+
+def _register_report(fleet_subparsers: argparse._SubParsersAction) -> None:
+    parser = fleet_subparsers.add_parser("report", parents=[json_parent()], help="aggregates by bundle and target; "
+                                         "before/after of rollouts",
+                                         description="Latency, power and energy per bundle and target over a time "
+                                                     "range, and for every set of devices that switched bundle, their "
+                                                     "figures before and after the switch.")  # fmt: skip
+    _store_option(parser)
+    parser.add_argument("--fleet", metavar="F", help="only this fleet")
+    parser.add_argument("--bundle", metavar="ID", help="only this bundle (and rollouts from or to it)")
+    parser.add_argument("--target", metavar="NAME", help="only devices of this target")
+    parser.add_argument("--since", default="24h", help="start: a duration ago (24h, 30m, 7d) or an ISO time (default 24h)")
+    parser.add_argument("--until", help="end: a duration ago or an ISO time (default now)")
+    parser.set_defaults(func=run_report)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from edgekit.fleet.report import build_report, parse_since
+    from edgekit.fleet.store import open_store
+
+    now = dt.datetime.now(dt.timezone.utc)
+    since = parse_since(args.since, now)
+    until = parse_since(args.until, now) if args.until else None
+    with open_store(args.store, must_exist=True) as store:
+        report = build_report(store, fleet=args.fleet, bundle_id=args.bundle, target=args.target, since=since, until=until)
+    if args.json:
+        print_json(report.to_json())
+        return 0
+    if not report.groups:
+        console.print(f"no telemetry in {escape(args.store)} since {since:%Y-%m-%d %H:%M} UTC")
+        return 0
+    table = Table(title=f"by bundle and target since {since:%Y-%m-%d %H:%M} UTC")
+    for column in ("bundle", "target", "devices", "windows", "inferences", "errors", "p50 ms", "p99 ms", "p99 max",
+                   "power mW", "mJ/inf", "max °C"):  # fmt: skip
+        table.add_column(column, justify="left" if column in ("bundle", "target") else "right")
+    for g in report.groups:
+        table.add_row(escape(g.bundle_id or "-"), escape(g.target or "-"), str(g.devices), str(g.windows),
+                      str(g.inferences), str(g.errors), _num(g.p50_ms, 2), _num(g.p99_ms, 2), _num(g.p99_max_ms, 2),
+                      _num(g.power_mean_mw, 0), _num(g.energy_per_inference_mj, 2), _num(g.temperature_max_c, 1))  # fmt: skip
+    console.print(table)
+    for rollout in report.rollouts:
+        console.print(f"\n[bold]rollout {escape(rollout.from_bundle)} -> {escape(rollout.to_bundle)} on "
+                      f"{escape(rollout.target or 'unknown target')}: {len(rollout.devices)} devices[/]", soft_wrap=True)
+        console.print(_rollout_table(rollout))
+    return 0
+
+
+def _rollout_table(rollout: Any) -> Table:
+    from edgekit.fleet.report import COMPARED_FIGURES
+
+    table = Table()
+    for column in ("figure", "before", "after", "change"):
+        table.add_column(column, justify="left" if column == "figure" else "right")
+    for figure in COMPARED_FIGURES:
+        before = getattr(rollout.before, figure) if rollout.before else None
+        after = getattr(rollout.after, figure) if rollout.after else None
+        _, relative = rollout.change(figure)
+        table.add_row(figure, _num(before, 2), _num(after, 2), "-" if relative is None else f"{relative:+.1%}")
+    return table
+
+
+def _num(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _ago(moment: dt.datetime | None, now: dt.datetime) -> str:
+    if moment is None:
+        return "never"
+    seconds = max((now - moment).total_seconds(), 0.0)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit} ago"
+    return f"{seconds:.0f}s ago"
+
+
+__all__ = ["FLEET_SUBCOMMAND_MODULES", "REQUIRE_ALL_SUBCOMMAND_MODULES", "register", "register_subcommand"]

@@ -1,0 +1,36 @@
+"""``edgekit fleet dashboard --store URL``: the fleet's web page (device table, plots, bundles, rollouts)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from edgekit.cli.options import console, json_parent, print_json
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def register(fleet_subparsers: argparse._SubParsersAction) -> None:
+    parser = fleet_subparsers.add_parser("dashboard", parents=[json_parent()], help="serve the fleet dashboard (web page)")
+    parser.add_argument("--store", required=True, metavar="URL", help="sqlite:///fleet.db or postgresql://...")
+    parser.add_argument("--port", type=int, default=8480, help="TCP port (default 8480; 0 picks a free one)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from edgekit.fleet.dashboard import DashboardServer
+
+    if args.host not in LOOPBACK_HOSTS:
+        console.print(f"[yellow]warning:[/] listening on {args.host}: the dashboard has no login; anyone who can reach "
+                      "this address can read the fleet's telemetry. Put it behind a reverse proxy with authentication.")  # fmt: skip
+    with DashboardServer(args.store, host=args.host, port=args.port) as server:
+        console.print(f"dashboard on [bold]{server.url}[/] (store {args.store}); Ctrl-C to stop")
+        if args.json:
+            print_json({"url": server.url, "store": args.store})
+        try:
+            while True:
+                time.sleep(1)
+        except KeyboardInterrupt:
+            console.print("stopping")
+    return 0

@@ -1,0 +1,54 @@
+"""``edgekit fleet up``: broker (embedded unless --broker), collector, dashboard and optional simulated devices."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+from edgekit.cli.options import console, json_parent, print_json
+
+
+def register(fleet_subparsers: argparse._SubParsersAction) -> None:
+    parser = fleet_subparsers.add_parser(
+        "up", parents=[json_parent()], help="start a local fleet stack: broker, collector, dashboard (and simulated devices)",
+        description="With no --broker an embedded pure-Python broker (amqtt, MQTT 3.1.1 only, no shared subscriptions) "
+        "is started; real agents speak MQTT 5, so for them run Mosquitto and pass --broker.",
+    )  # fmt: skip
+    parser.add_argument("--broker", metavar="URL", help="use this broker instead of starting the embedded one")
+    parser.add_argument("--broker-port", type=int, default=1883, help="port of the embedded broker (default 1883; 0 = free)")
+    parser.add_argument("--store", default="sqlite:///fleet.db", metavar="URL", help="fleet store (default sqlite:///fleet.db)")
+    parser.add_argument("--port", type=int, default=8480, help="dashboard port (default 8480)")
+    parser.add_argument("--host", default="127.0.0.1", help="dashboard address (default loopback)")
+    parser.add_argument("--simulate", type=int, default=0, metavar="N", help="also run N simulated devices (SYNTHETIC numbers)")
+    parser.add_argument("--rate", type=float, default=0.1, help="simulated telemetry windows per second per device")
+    parser.add_argument("--fleet", default="sim", help="fleet id of the simulated devices")
+    parser.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds (default: Ctrl-C)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from edgekit.fleet.local_stack import LocalStack, LocalStackConfig
+
+    if args.verbose < 2:
+        logging.getLogger("amqtt").setLevel(logging.WARNING)  # amqtt logs every connection at INFO
+    config = LocalStackConfig(broker_url=args.broker, broker_port=args.broker_port, store_url=args.store,
+                              dashboard_host=args.host, dashboard_port=args.port, simulate=args.simulate,
+                              simulate_rate_per_s=args.rate, fleet=args.fleet)  # fmt: skip
+    with LocalStack(config) as stack:
+        kind = "embedded amqtt, MQTT 3.1.1" if stack.broker else "external"
+        console.print(f"broker    {stack.broker_url} ({kind})")
+        console.print(f"store     {args.store}")
+        console.print(f"dashboard [bold]{stack.dashboard_url}[/]")
+        if args.simulate:
+            console.print(f"simulating {args.simulate} devices in fleet {args.fleet} (SYNTHETIC numbers)")
+        if args.json:
+            print_json({"broker": stack.broker_url, "mqtt_version": stack.mqtt_version, "store": args.store,
+                        "dashboard": stack.dashboard_url, "simulated_devices": args.simulate})  # fmt: skip
+        deadline = None if args.duration is None else time.monotonic() + args.duration
+        try:
+            while deadline is None or time.monotonic() < deadline:
+                time.sleep(0.2)
+        except KeyboardInterrupt:
+            console.print("stopping")
+    return 0

@@ -1,0 +1,401 @@
+"""The fleet collector: subscribes to the agents' MQTT topics, validates every message and stores it.
+
+One paho-mqtt 2.x client (MQTT 5) receives; :func:`~edgekit.fleet.ingest.parse_message` validates in
+the network thread; a writer thread stores records in batches (every ``batch_size`` records or
+``flush_interval_s`` seconds) and only then acknowledges them (PUBACK), so a collector that dies
+loses nothing the broker can still redeliver. With ``shared_group`` the telemetry and event
+subscriptions go through ``$share/<group>/...`` and several collectors split the load; status
+topics are always subscribed plainly, because brokers do not send retained messages to shared
+subscriptions and every collector should know which devices are online.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgekit.fleet.errors import CollectorError, StoreError, StoreUnavailableError
+from edgekit.fleet.ingest import MAX_PAYLOAD_BYTES, READ_KINDS, Rejection, parse_message
+from edgekit.fleet.metrics import IngestMetrics
+from edgekit.fleet.store.base import DeviceEvent, DeviceStatus, FleetStore, RejectedMessage, TelemetryWindow
+
+logger = logging.getLogger(__name__)
+
+#: MQTT versions the collector speaks: 5 (the agents'), 3.1.1 for brokers that know nothing newer.
+MQTT_VERSIONS = ("5", "3.1.1")
+#: Rejections logged per reason before logging only every LOG_EVERY-th.
+LOG_FIRST, LOG_EVERY = 10, 1000
+_STOP = object()
+
+
+@dataclass(frozen=True)
+class _Item:
+    record: TelemetryWindow | DeviceStatus | DeviceEvent | Rejection
+    mid: int
+    qos: int
+    generation: int
+
+
+class Collector:
+    """Collect one fleet (or all, ``fleet=None``) from the broker at ``broker_url`` into ``store``.
+
+    ``with Collector("mqtt://127.0.0.1:1883", store, client_id="collector-1") as collector: ...``
+    starts it and stops it (flushing what it holds). :meth:`flush` waits until every message received
+    so far is stored.
+    """
+
+    def __init__(
+        self,
+        broker_url: str,
+        store: FleetStore,
+        *,
+        client_id: str,
+        fleet: str | None = None,
+        shared_group: str | None = None,
+        max_payload_bytes: int = MAX_PAYLOAD_BYTES,
+        batch_size: int = 500,
+        flush_interval_s: float = 0.25,
+        queue_size: int = 20_000,
+        username: str | None = None,
+        password_file: str | Path | None = None,
+        tls_ca: str | Path | None = None,
+        tls_cert: str | Path | None = None,
+        tls_key: str | Path | None = None,
+        keepalive_s: int = 30,
+        session_expiry_s: int = 0,
+        retention: dt.timedelta | None = None,
+        rollup_minutes: int = 5,
+        retention_interval_s: float = 60.0,
+        metrics: IngestMetrics | None = None,
+        ack_after_store: bool = False,
+        mqtt_version: str = "5",
+    ) -> None:
+        from edgekit_runtime.agent.broker import parse_broker_url
+        from edgekit_runtime.agent.topics import TelemetryError, subscription, validate_id
+
+        try:
+            self.address = parse_broker_url(broker_url)
+            if fleet is not None:
+                validate_id(fleet, "fleet id")
+            if shared_group is not None:
+                validate_id(shared_group, "shared subscription group")
+        except TelemetryError as exc:
+            raise CollectorError(exc.message, hint=exc.hint) from exc
+        for label, value, minimum in (("batch_size", batch_size, 1), ("max_payload_bytes", max_payload_bytes, 1),
+                                      ("queue_size", queue_size, 1)):  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise CollectorError(f"collector {label} must be an integer >= {minimum}, got {value!r}")
+        if mqtt_version not in MQTT_VERSIONS:
+            raise CollectorError(f"collector mqtt_version must be one of {', '.join(MQTT_VERSIONS)}, got {mqtt_version!r}",
+                                 hint="use '5' (the agents' protocol) unless the broker only speaks MQTT 3.1.1")  # fmt: skip
+        if not flush_interval_s > 0:
+            raise CollectorError(f"collector flush_interval_s must be > 0, got {flush_interval_s!r}")
+        self.broker_url, self.store, self.client_id = self.address.url, store, client_id
+        self.fleet, self.shared_group = fleet, shared_group
+        self.max_payload_bytes, self.batch_size, self.flush_interval_s = max_payload_bytes, batch_size, flush_interval_s
+        self.retention, self.rollup_minutes, self.retention_interval_s = retention, rollup_minutes, retention_interval_s
+        self.metrics = metrics or IngestMetrics()
+        self.ack_after_store, self.mqtt_version = ack_after_store, mqtt_version
+        prefix = f"$share/{shared_group}/" if shared_group else ""
+        self.subscriptions: tuple[str, ...] = (
+            prefix + subscription("telemetry", fleet), prefix + subscription("events", fleet), subscription("status", fleet),
+        )  # fmt: skip
+        self._auth = (username, password_file, tls_ca, tls_cert, tls_key)
+        self._keepalive_s, self._session_expiry_s = keepalive_s, session_expiry_s
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
+        self._generation = 0
+        self._subscribed = threading.Event()
+        self._unsubscribed = threading.Event()
+        self._connect_problem: str | None = None
+        self._stopping = threading.Event()
+        self._rejections_logged: dict[str, int] = {}
+        self._writer = threading.Thread(target=self._write_loop, name="edgekit-collector-writer", daemon=True)
+        self._client: Any = None
+        self._last_retention = time.monotonic()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self, timeout_s: float = 10.0) -> Collector:
+        """Connect, subscribe (QoS 1) and start the writer; raise :class:`CollectorError` if that fails."""
+        from edgekit_runtime.agent.broker import describe_connect_failure
+
+        self._client = self._make_client()
+        self._writer.start()
+        try:
+            if self.mqtt_version == "5":
+                self._client.connect(self.address.host, self.address.port, keepalive=self._keepalive_s,
+                                     clean_start=self._session_expiry_s == 0, properties=self._connect_properties())  # fmt: skip
+            else:
+                self._client.connect(self.address.host, self.address.port, keepalive=self._keepalive_s)
+        except (OSError, ValueError) as exc:
+            self._stop_writer()
+            message, hint = describe_connect_failure(exc, self.address)
+            raise CollectorError(f"collector {self.client_id}: {message}", hint=hint) from exc
+        self._client.loop_start()
+        if not self._subscribed.wait(timeout_s) or self._connect_problem:
+            problem = self._connect_problem or f"no subscription acknowledged within {timeout_s:g} s"
+            self.stop()
+            raise CollectorError(f"collector {self.client_id} could not subscribe on {self.broker_url}: {problem}",
+                                 hint="check the broker URL, the credentials and the broker's ACL (the collector reads "
+                                      "edgekit/v1/#)")  # fmt: skip
+        logger.info("collector %s subscribed on %s to %s", self.client_id, self.broker_url, ", ".join(self.subscriptions))
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop receiving, store and acknowledge what was received, then disconnect."""
+        if self._client is None or self._stopping.is_set():
+            return
+        client = self._client
+        if client.is_connected():
+            self._unsubscribed.clear()
+            client.unsubscribe(list(self.subscriptions))
+            self._unsubscribed.wait(min(timeout_s, 2.0))
+        self.flush(timeout_s)
+        self._stopping.set()
+        client.disconnect()
+        client.loop_stop()
+        self._stop_writer(timeout_s)
+
+    def _stop_writer(self, timeout_s: float = 10.0) -> None:
+        self._stopping.set()
+        if self._writer.is_alive():
+            self._queue.put(_STOP)
+            self._writer.join(timeout_s)
+
+    def run_forever(self) -> None:
+        """Start (if not yet) and block until :meth:`stop` is called from another thread or Ctrl-C."""
+        if self._client is None:
+            self.start()
+        try:
+            while not self._stopping.wait(0.5):
+                pass
+        finally:
+            self.stop()
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every message received so far is stored; False if that took longer than ``timeout_s``."""
+        if not self._writer.is_alive():
+            return self._queue.empty()
+        done = threading.Event()
+        try:
+            self._queue.put(done, timeout=timeout_s)
+        except queue.Full:
+            return False
+        return done.wait(timeout_s)
+
+    def __enter__(self) -> Collector:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # -- MQTT ---------------------------------------------------------------------------------
+    def _make_client(self) -> Any:
+        import paho.mqtt.client as paho
+        from edgekit_runtime.agent.broker import make_tls_context, read_password_file
+        from edgekit_runtime.agent.topics import TelemetryError
+        from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+
+        username, password_file, tls_ca, tls_cert, tls_key = self._auth
+        if self.mqtt_version == "5":
+            client = paho.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id,
+                                 protocol=MQTTProtocolVersion.MQTTv5, manual_ack=self.ack_after_store)  # fmt: skip
+        else:
+            client = paho.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id,
+                                 protocol=MQTTProtocolVersion.MQTTv311, clean_session=self._session_expiry_s == 0,
+                                 manual_ack=self.ack_after_store)  # fmt: skip
+        try:
+            if username is not None:
+                client.username_pw_set(username, read_password_file(password_file) if password_file else None)
+            if self.address.tls:
+                client.tls_set_context(make_tls_context(tls_ca, tls_cert, tls_key))
+        except TelemetryError as exc:
+            raise CollectorError(exc.message, hint=exc.hint) from exc
+        client.reconnect_delay_set(0.5, 30)
+        client.on_connect = self._on_connect
+        client.on_subscribe = self._on_subscribe
+        client.on_disconnect = self._on_disconnect
+        client.on_unsubscribe = lambda *args: self._unsubscribed.set()
+        client.on_message = self._on_message
+        return client
+
+    def _connect_properties(self) -> Any:
+        if not self._session_expiry_s:
+            return None
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        properties = Properties(PacketTypes.CONNECT)
+        properties.SessionExpiryInterval = self._session_expiry_s
+        return properties
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
+        if reason.is_failure:
+            self._connect_problem = f"the broker refused the connection: {reason}"
+            logger.error("collector %s: broker %s refused the connection: %s", self.client_id, self.broker_url, reason)
+            self._subscribed.set()
+            return
+        self._generation += 1
+        self.metrics.connected = True
+        client.subscribe([(topic, 1) for topic in self.subscriptions])
+
+    def _on_subscribe(self, client: Any, userdata: Any, mid: int, reason_codes: Any, properties: Any) -> None:
+        refused = [f"{topic}: {code}" for topic, code in zip(self.subscriptions, reason_codes) if code.is_failure]
+        if refused:
+            self._connect_problem = "the broker refused " + "; ".join(refused)
+            logger.error("collector %s: %s", self.client_id, self._connect_problem)
+        self._subscribed.set()
+
+    def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
+        self.metrics.connected = False
+        if not self._stopping.is_set():
+            logger.warning("collector %s lost the broker %s (%s); reconnecting", self.client_id, self.broker_url, reason)
+
+    def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
+        received_at = dt.datetime.now(dt.timezone.utc)
+        try:
+            topic = message.topic
+        except UnicodeDecodeError:
+            topic = bytes(message._topic).decode("utf-8", "replace")
+        kind = topic.rsplit("/", 1)[-1]
+        self.metrics.count_received(kind if kind in READ_KINDS else "other")
+        record = parse_message(topic, message.payload, max_payload_bytes=self.max_payload_bytes, received_at=received_at)
+        if isinstance(record, Rejection):
+            self._note_rejection(record)
+        elif isinstance(record, DeviceStatus):
+            self.metrics.observe_status(record)
+        item = _Item(record, message.mid, message.qos, self._generation)
+        while True:  # a full queue holds the network thread: the broker then buffers (backpressure)
+            try:
+                self._queue.put(item, timeout=0.5)
+                break
+            except queue.Full:
+                if not self._writer.is_alive():
+                    return
+        self.metrics.queue_depth = self._queue.qsize()
+
+    def _note_rejection(self, rejection: Rejection) -> None:
+        self.metrics.count_rejected(rejection.reason)
+        seen = self._rejections_logged.get(rejection.reason, 0) + 1
+        self._rejections_logged[rejection.reason] = seen
+        if seen <= LOG_FIRST or seen % LOG_EVERY == 0:
+            logger.warning("rejected a message on %s (%d bytes): %s: %s%s", rejection.topic, rejection.size_bytes,
+                           rejection.reason, rejection.detail,
+                           f" [{seen} {rejection.reason} so far]" if seen > LOG_FIRST else "")  # fmt: skip
+
+    # -- the writer ---------------------------------------------------------------------------
+    def _write_loop(self) -> None:
+        pending: list[_Item] = []
+        deadline: float | None = None
+        while True:
+            wait_s = self.retention_interval_s if deadline is None else max(deadline - time.monotonic(), 0.0)
+            try:
+                item = self._queue.get(timeout=wait_s)
+            except queue.Empty:
+                item = None
+            if isinstance(item, _Item):
+                pending.append(item)
+                deadline = deadline or time.monotonic() + self.flush_interval_s
+            if pending and (not isinstance(item, _Item) or len(pending) >= self.batch_size
+                            or time.monotonic() >= (deadline or 0.0)):  # fmt: skip
+                self._write_batch(pending)
+                pending, deadline = [], None
+            self.metrics.queue_depth = self._queue.qsize()
+            if isinstance(item, threading.Event):
+                item.set()
+            elif item is _STOP:
+                return
+            self._maybe_apply_retention()
+
+    def _write_batch(self, batch: list[_Item]) -> None:
+        steps = [
+            ("telemetry", [i.record for i in batch if isinstance(i.record, TelemetryWindow)]),
+            ("events", [i.record for i in batch if isinstance(i.record, DeviceEvent)]),
+            ("status", [i.record for i in batch if isinstance(i.record, DeviceStatus)]),
+            ("rejected", [i.record.to_record() for i in batch if isinstance(i.record, Rejection)]),
+        ]
+        for kind, records in steps:
+            if records:
+                self._write_step(kind, records)
+        if not self.ack_after_store:
+            return
+        generation = self._generation
+        for item in batch:
+            if item.qos > 0 and item.generation == generation:
+                self._client.ack(item.mid, item.qos)
+
+    def _write_step(self, kind: str, records: list[Any]) -> None:
+        delay_s = 0.2
+        while True:
+            try:
+                self._write_records(kind, records)
+                return
+            except StoreUnavailableError as exc:
+                self.metrics.count_store_error()
+                if self._stopping.is_set() and delay_s > 2:
+                    logger.error("collector %s: giving up on %d %s records while stopping: %s", self.client_id,
+                                 len(records), kind, exc.message)  # fmt: skip
+                    return
+                logger.warning("collector %s: store unavailable (%s); retrying in %.1f s", self.client_id, exc.message,
+                               delay_s)  # fmt: skip
+                time.sleep(delay_s)
+                delay_s = min(delay_s * 2, 10.0)
+            except StoreError as exc:
+                self.metrics.count_store_error()
+                logger.error("collector %s: the store refused %d %s records (%s); writing them one by one",
+                             self.client_id, len(records), kind, exc.message)  # fmt: skip
+                self._write_one_by_one(kind, records)
+                return
+
+    def _write_records(self, kind: str, records: list[Any]) -> None:
+        if kind == "telemetry":
+            self.metrics.count_written(kind, len(records), self.store.add_windows(records))
+            self.metrics.observe_windows(records)
+        elif kind == "events":
+            self.metrics.count_written(kind, len(records), self.store.add_events(records))
+        elif kind == "status":
+            for status in records:
+                self.store.upsert_status(status)
+            self.metrics.count_written(kind, len(records), len(records))
+        else:
+            self.store.add_rejected(records)
+
+    def _write_one_by_one(self, kind: str, records: list[Any]) -> None:
+        refused: list[RejectedMessage] = []
+        for record in records:
+            try:
+                self._write_records(kind, [record])
+            except StoreError as exc:
+                if kind == "rejected":
+                    continue
+                topic = f"edgekit/v1/{record.fleet}/{record.device}/{kind}"
+                logger.error("collector %s: the store refused a message on %s: %s", self.client_id, topic, exc.message)
+                self.metrics.count_rejected("store_refused")
+                refused.append(RejectedMessage(topic=topic, reason="store_refused", size_bytes=0,
+                                               at=dt.datetime.now(dt.timezone.utc), detail=exc.message[:512]))  # fmt: skip
+        if refused:
+            try:
+                self.store.add_rejected(refused)
+            except StoreError as exc:
+                logger.error("collector %s: cannot record %d refused messages: %s", self.client_id, len(refused), exc.message)
+
+    def _maybe_apply_retention(self) -> None:
+        if self.retention is None or time.monotonic() - self._last_retention < self.retention_interval_s:
+            return
+        self._last_retention = time.monotonic()
+        try:
+            rolled = self.store.apply_retention(self.retention, self.rollup_minutes)
+        except StoreError as exc:
+            logger.error("collector %s: retention failed: %s", self.client_id, exc.message)
+            return
+        if rolled:
+            logger.info("collector %s: rolled %d windows older than %s into %d-minute buckets", self.client_id, rolled,
+                        self.retention, self.rollup_minutes)  # fmt: skip
+
+
+__all__ = ["Collector", "MQTT_VERSIONS"]

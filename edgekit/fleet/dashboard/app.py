@@ -1,0 +1,177 @@
+"""Routes of the dashboard: the page and its script, and the JSON endpoints under ``/api/``.
+
+==========================  ====================================================================
+``/``                       the page (static HTML; everything else is fetched from ``/api/``)
+``/static/<file>``          the page's script and style sheet (no CDN: works offline)
+``/api/overview``           device table, bundle versions, rollouts, rejected counts, recent events
+``/api/devices``            the device table alone
+``/api/series``             ``?fleet=F&device=D&hours=24&points=288``: one device over time
+``/api/bundle-series``      ``?hours=24``: fleet-wide p50/p99/power per bundle over time
+``/api/rollouts``           the latest rollouts with per-device outcomes and health figures
+``/api/rejected``           rejected-message counts by reason
+``/healthz``                ``ok``
+==========================  ====================================================================
+
+Every endpoint takes an optional ``fleet``. Results are cached for ``cache_s`` seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from importlib import resources
+from typing import Any
+
+from edgekit.fleet.dashboard import api
+from edgekit.fleet.dashboard.http import HttpServer, Request, Response
+from edgekit.fleet.errors import FleetError
+from edgekit.fleet.rollout_state import RolloutLog, open_rollout_log
+from edgekit.fleet.store.base import FleetStore
+
+logger = logging.getLogger(__name__)
+
+STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
+                ".txt": "text/plain; charset=utf-8", ".svg": "image/svg+xml"}  # fmt: skip
+
+
+class DashboardError(FleetError):
+    """The dashboard cannot start (port in use, store unreachable)."""
+
+
+def _static(name: str) -> bytes:
+    return resources.files("edgekit.fleet.dashboard").joinpath("static", name).read_bytes()
+
+
+class DashboardApp:
+    """Answers requests from one store. Runs on the server's single worker thread, which owns the store."""
+
+    def __init__(self, store_url: str, *, cache_s: float = 2.0) -> None:
+        self.store_url = store_url
+        self.cache_s = cache_s
+        self._store: FleetStore | None = None
+        self._rollouts: RolloutLog | None = None
+        self._cache: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, Response]] = {}
+        self._owner: int | None = None
+
+    def open(self) -> None:
+        """Open the store (and the rollout table) on the calling thread."""
+        from edgekit.fleet.store import open_store
+
+        self._owner = threading.get_ident()
+        self._store = open_store(self.store_url)
+        self._rollouts = open_rollout_log(self.store_url)
+
+    def close(self) -> None:
+        for resource in (self._rollouts, self._store):
+            if resource is not None:
+                resource.close()
+        self._store = self._rollouts = None
+
+    @property
+    def store(self) -> FleetStore:
+        if self._store is None:
+            self.open()
+        return self._store  # type: ignore[return-value]
+
+    def handle(self, request: Request) -> Response:
+        path = request.path
+        if path in ("/", "/index.html"):
+            return Response(200, _static("index.html"), STATIC_TYPES[".html"], {"Cache-Control": "no-cache"})
+        if path.startswith("/static/"):
+            name = path[len("/static/"):]
+            suffix = name[name.rfind("."):] if "." in name else ""
+            if "/" in name or ".." in name or suffix not in STATIC_TYPES:
+                return Response.error(404, f"no static file {name!r}")
+            try:
+                return Response(200, _static(name), STATIC_TYPES[suffix], {"Cache-Control": "max-age=300"})
+            except (FileNotFoundError, IsADirectoryError):
+                return Response.error(404, f"no static file {name!r}")
+        if path == "/healthz":
+            return Response(200, b"ok\n")
+        if path.startswith("/api/"):
+            return self._cached(request)
+        return Response.error(404, f"no page at {path}")
+
+    def _cached(self, request: Request) -> Response:
+        key = (request.path, tuple(sorted(request.query.items())))
+        hit = self._cache.get(key)
+        now = time.monotonic()
+        if hit is not None and now - hit[0] < self.cache_s:
+            return hit[1]
+        response = self._api(request)
+        if response.status == 200:
+            if len(self._cache) > 512:
+                self._cache.clear()
+            self._cache[key] = (now, response)
+        return response
+
+    def _api(self, request: Request) -> Response:
+        query, store = request.query, self.store
+        fleet = query.get("fleet") or None
+        try:
+            hours = float(query.get("hours", "24"))
+            points = int(query.get("points", str(api.DEFAULT_POINTS)))
+        except ValueError:
+            return Response.error(400, "hours must be a number and points an integer")
+        if not 0 < hours <= api.MAX_HOURS or not 2 <= points <= api.MAX_POINTS:
+            return Response.error(400, f"hours must be in (0, {api.MAX_HOURS}] and points in [2, {api.MAX_POINTS}]")
+        endpoint = request.path[len("/api/"):]
+        payload: Any
+        if endpoint == "overview":
+            payload = api.overview(store, self._rollouts, fleet=fleet)
+        elif endpoint == "devices":
+            payload = [api.device_row(s) for s in store.device_summaries(fleet)]
+        elif endpoint == "series":
+            device = query.get("device")
+            if not device or not fleet:
+                return Response.error(400, "series needs ?fleet=F&device=D")
+            payload = api.device_series(store, fleet, device, hours=hours, points=points)
+        elif endpoint == "bundle-series":
+            payload = api.bundle_series(store, fleet=fleet, hours=hours, points=points)
+        elif endpoint == "rollouts":
+            payload = [r.to_json() for r in self._rollouts.recent(50, fleet)] if self._rollouts else []
+        elif endpoint == "rejected":
+            payload = store.rejected_counts()
+        else:
+            return Response.error(404, f"no API endpoint {endpoint!r}")
+        return Response.json(payload)
+
+
+class DashboardServer:
+    """``DashboardServer("sqlite:///fleet.db", port=8480).start()``; ``url``; ``stop()``. A context manager."""
+
+    def __init__(self, store_url: str, *, host: str = "127.0.0.1", port: int = 8480, cache_s: float = 2.0) -> None:
+        self.app = DashboardApp(store_url, cache_s=cache_s)
+        self.http = HttpServer(self.app.handle, host, port)
+
+    @property
+    def url(self) -> str:
+        return self.http.url
+
+    def start(self) -> DashboardServer:
+        try:
+            self.http.start()
+            self.http.run_in_worker(lambda: self.app.store)  # open the store now: a bad URL fails here, not on first load
+        except OSError as err:
+            self.http.stop()
+            raise DashboardError(f"cannot listen on {self.http.host}:{self.http.port}: {err.strerror or err}",
+                                 hint="pick another --port (or stop what uses this one)") from err  # fmt: skip
+        except FleetError:
+            self.http.stop()
+            raise
+        logger.info("dashboard on %s (store %s)", self.url, self.app.store_url)
+        return self
+
+    def stop(self) -> None:
+        try:
+            self.http.run_in_worker(self.app.close)
+        except RuntimeError:
+            pass
+        self.http.stop()
+
+    def __enter__(self) -> DashboardServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

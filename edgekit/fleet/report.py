@@ -1,0 +1,161 @@
+"""Fleet status and reports from a store: per-device status, aggregates by bundle and target, and the
+before/after comparison of a rollout (devices that switched bundle, measured on each side of the switch).
+
+Everything returns frozen records with ``to_json()``; the CLI (``edgekit fleet status|report``) and
+the dashboard print or serve them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from edgekit.fleet.errors import FleetError
+from edgekit.fleet.store.base import Aggregate, BundleSpan, DeviceSummary, FleetStore
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+#: Figures a rollout comparison puts side by side (lower is better for all of them).
+COMPARED_FIGURES = ("p50_ms", "p99_ms", "power_mean_mw", "energy_per_inference_mj", "temperature_max_c")
+
+
+def parse_since(text: str, now: dt.datetime | None = None) -> dt.datetime:
+    """``"24h"``, ``"30m"``, ``"7d"``, ``"90s"``, ``"2w"`` ago, or an ISO-8601 time (UTC if no zone)."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    match = _DURATION_RE.match(text)
+    if match is not None:
+        return now - dt.timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+    try:
+        moment = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise FleetError(f"--since {text!r} is neither a duration nor a time",
+                         hint="write a duration like 24h, 30m, 7d, or a time like 2026-01-02T03:00:00Z") from None  # fmt: skip
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.timezone.utc)
+
+
+def _time(value: dt.datetime | None) -> str | None:
+    return None if value is None else value.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def summary_to_json(summary: DeviceSummary) -> dict[str, Any]:
+    return {"fleet": summary.fleet, "device": summary.device, "state": summary.state, "bundle_id": summary.bundle_id,
+            "target": summary.target, "p50_ms": summary.p50_ms, "p99_ms": summary.p99_ms,
+            "power_mean_mw": summary.power_mean_mw, "energy_per_inference_mj": summary.energy_per_inference_mj,
+            "temperature_max_c": summary.temperature_max_c, "last_seen": _time(summary.last_seen),
+            "windows": summary.windows, "missing_seqs": summary.missing_seqs}  # fmt: skip
+
+
+def aggregate_to_json(aggregate: Aggregate) -> dict[str, Any]:
+    return {"bundle_id": aggregate.bundle_id, "target": aggregate.target, "devices": aggregate.devices,
+            "windows": aggregate.windows, "inferences": aggregate.inferences, "errors": aggregate.errors,
+            "p50_ms": aggregate.p50_ms, "p99_ms": aggregate.p99_ms, "p99_max_ms": aggregate.p99_max_ms,
+            "power_mean_mw": aggregate.power_mean_mw, "energy_mj": aggregate.energy_mj,
+            "energy_per_inference_mj": aggregate.energy_per_inference_mj,
+            "temperature_max_c": aggregate.temperature_max_c, "first_window_start": _time(aggregate.first_window_start),
+            "last_window_end": _time(aggregate.last_window_end)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RolloutComparison:
+    """Devices of one target that went from ``from_bundle`` to ``to_bundle``: their figures on each bundle."""
+
+    from_bundle: str
+    to_bundle: str
+    target: str | None
+    devices: tuple[tuple[str, str], ...]  # (fleet, device)
+    first_switch: dt.datetime  # the earliest first window on to_bundle among the devices
+    last_switch: dt.datetime
+    before: Aggregate | None
+    after: Aggregate | None
+
+    def change(self, figure: str) -> tuple[float | None, float | None]:
+        """(after - before, relative change) of ``figure``; None where either side is missing."""
+        before = getattr(self.before, figure) if self.before is not None else None
+        after = getattr(self.after, figure) if self.after is not None else None
+        if before is None or after is None:
+            return None, None
+        return after - before, ((after - before) / before if before else None)
+
+    def to_json(self) -> dict[str, Any]:
+        changes = {}
+        for figure in COMPARED_FIGURES:
+            delta, relative = self.change(figure)
+            changes[figure] = {"delta": delta, "relative": relative}
+        return {"from_bundle": self.from_bundle, "to_bundle": self.to_bundle, "target": self.target,
+                "devices": [f"{fleet}/{device}" for fleet, device in self.devices],
+                "first_switch": _time(self.first_switch), "last_switch": _time(self.last_switch),
+                "before": aggregate_to_json(self.before) if self.before else None,
+                "after": aggregate_to_json(self.after) if self.after else None, "change": changes}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FleetReport:
+    since: dt.datetime | None
+    until: dt.datetime | None
+    fleet: str | None
+    bundle_id: str | None
+    target: str | None
+    groups: tuple[Aggregate, ...]  # by bundle and target
+    rollouts: tuple[RolloutComparison, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"since": _time(self.since), "until": _time(self.until), "fleet": self.fleet,
+                "bundle_id": self.bundle_id, "target": self.target,
+                "groups": [aggregate_to_json(group) for group in self.groups],
+                "rollouts": [rollout.to_json() for rollout in self.rollouts]}  # fmt: skip
+
+
+def build_report(store: FleetStore, *, fleet: str | None = None, bundle_id: str | None = None,
+                 target: str | None = None, since: dt.datetime | None = None,
+                 until: dt.datetime | None = None) -> FleetReport:  # fmt: skip
+    """Aggregates by bundle and target, and every bundle switch seen in the time range compared before/after.
+
+    A device that ran bundle A and then B (by first window) counts as switched A -> B; its "before" is its
+    windows on A in the range, its "after" those on B. ``bundle_id`` keeps switches from or to that bundle.
+    """
+    groups = store.aggregate(("bundle_id", "target"), fleet=fleet, bundle_id=bundle_id, target=target, since=since,
+                             until=until)  # fmt: skip
+    return FleetReport(since, until, fleet, bundle_id, target, tuple(groups),
+                       tuple(_rollouts(store, fleet=fleet, bundle_id=bundle_id, target=target, since=since, until=until)))
+
+
+def _rollouts(store: FleetStore, *, fleet: str | None, bundle_id: str | None, target: str | None,
+              since: dt.datetime | None, until: dt.datetime | None) -> list[RolloutComparison]:  # fmt: skip
+    switches: dict[tuple[str, str], list[tuple[tuple[str, str], dt.datetime]]] = defaultdict(list)
+    previous: dict[tuple[str, str], BundleSpan] = {}
+    for span in store.bundle_spans(fleet, since, until):  # ordered by device, then first window
+        key = (span.fleet, span.device)
+        before = previous.get(key)
+        previous[key] = span
+        if before is None or before.bundle_id is None or span.bundle_id is None or before.bundle_id == span.bundle_id:
+            continue
+        if bundle_id is None or bundle_id in (before.bundle_id, span.bundle_id):
+            switches[(before.bundle_id, span.bundle_id)].append((key, span.first_window_start))
+    if not switches:
+        return []
+    targets = {(s.fleet, s.device): s.target for s in store.device_summaries(fleet)}
+    comparisons: list[RolloutComparison] = []
+    for (from_bundle, to_bundle), moved in sorted(switches.items()):
+        by_target: dict[str | None, list[tuple[tuple[str, str], dt.datetime]]] = defaultdict(list)
+        for key, moment in moved:
+            by_target[targets.get(key)].append((key, moment))
+        for group_target, group in sorted(by_target.items(), key=lambda item: item[0] or ""):
+            if target is not None and group_target != target:
+                continue
+            devices = sorted(key for key, _ in group)
+            before, after = (store.aggregate((), devices=devices, bundle_id=bundle, since=since, until=until)
+                             for bundle in (from_bundle, to_bundle))  # fmt: skip
+            moments = [moment for _, moment in group]
+            comparisons.append(RolloutComparison(
+                from_bundle=from_bundle, to_bundle=to_bundle, target=group_target, devices=tuple(devices),
+                first_switch=min(moments), last_switch=max(moments), before=before[0] if before else None,
+                after=after[0] if after else None,
+            ))  # fmt: skip
+    return comparisons
+
+
+__all__ = ["COMPARED_FIGURES", "FleetReport", "RolloutComparison", "aggregate_to_json", "build_report", "parse_since",
+           "summary_to_json"]  # fmt: skip

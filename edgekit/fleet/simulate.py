@@ -1,0 +1,314 @@
+"""Virtual edgekit agents for demos, rollout tests and load tests (``edgekit fleet simulate``).
+
+Each simulated device is a real MQTT client with its own connection, client id, retained
+``online`` status and ``offline`` will, subscribed to its ``cmd`` topic. Its messages are built by
+the runtime's own builders (:func:`~edgekit_runtime.agent.telemetry.build_telemetry` and friends),
+so they are schema-valid and shaped exactly like a real agent's; it answers ``ping``,
+``set_interval``, ``deploy`` and ``rollback`` commands like the agent does (see
+:mod:`edgekit.fleet.sim.device`). One thread drives every connection (:mod:`edgekit.fleet.sim.mux`).
+
+The latency, power, temperature and load figures are SYNTHETIC, derived from the target profiles
+(:mod:`edgekit.fleet.sim.profiles`). Never mistake them for measurements.
+
+Python::
+
+    with FleetSimulator(SimulationConfig("mqtt://127.0.0.1:1883", devices=20, rate_per_s=0.2)) as sim:
+        sim.run_for(60)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from edgekit.fleet.sim.device import BundleBehaviour, DeployTiming, VirtualAgent
+from edgekit.fleet.sim.mux import BrokerOptions, Connection, MqttMux, MqttVersion
+from edgekit.fleet.sim.profiles import DEFAULT_TARGETS, SyntheticProfile, profiles_for
+from edgekit_runtime.agent.telemetry import BundleRef, encode_message
+from edgekit_runtime.agent.topics import TelemetryError, TopicKind, validate_id
+
+__all__ = [
+    "BundleBehaviour",
+    "DeployTiming",
+    "FleetSimulator",
+    "SimulationConfig",
+    "SimulatorCounters",
+    "SimulationError",
+    "synthetic_bundle",
+]
+
+logger = logging.getLogger(__name__)
+
+MAX_RATE_PER_S = 1000.0
+
+
+class SimulationError(TelemetryError):
+    """The simulator cannot run as configured (bad device count or rate, broker unreachable)."""
+
+
+def synthetic_bundle(bundle_id: str) -> BundleRef:
+    """A bundle reference for a simulated device: the id, and a sha256 made from it."""
+    return BundleRef(bundle_id, hashlib.sha256(bundle_id.encode("utf-8")).hexdigest())
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    """What to simulate. ``rate_per_s`` is telemetry windows per second per device (0.1 = one 10 s window)."""
+
+    broker_url: str
+    devices: int = 10
+    rate_per_s: float = 0.1
+    fleet: str = "sim"
+    targets: tuple[str, ...] = DEFAULT_TARGETS
+    initial_bundle: str | None = "demo-v1"
+    mqtt_version: MqttVersion = "5"
+    behaviours: Mapping[str, BundleBehaviour] = field(default_factory=dict)
+    deploy_timing: DeployTiming = DeployTiming()
+    verify_downloads: bool = False
+    seed: int = 0
+    tls_ca: Path | None = None
+    username: str | None = None
+    password_file: Path | None = None
+    window: int = 32
+
+    def check(self) -> None:
+        if isinstance(self.devices, bool) or not isinstance(self.devices, int) or not 1 <= self.devices <= 100_000:
+            raise SimulationError(f"devices must be an integer from 1 to 100000, got {self.devices!r}", hint="e.g. --devices 20")
+        if not 0 < self.rate_per_s <= MAX_RATE_PER_S:
+            raise SimulationError(
+                f"rate must be > 0 and <= {MAX_RATE_PER_S:g} telemetry windows per second per device, got {self.rate_per_s!r}",
+                hint="e.g. --rate 0.1 for one 10 s window per device",
+            )
+        if not self.targets:
+            raise SimulationError("no targets given", hint=f"e.g. --targets {','.join(DEFAULT_TARGETS)}")
+        validate_id(self.fleet, "fleet id")
+
+
+@dataclass(frozen=True)
+class SimulatorCounters:
+    devices: int
+    connected: int
+    published: int
+    acked: int
+    queued: int
+    windows: int
+
+
+class FleetSimulator:
+    """Simulated devices on one broker: ``start()``, ``run_for()`` or your own waiting, ``stop()``."""
+
+    def __init__(self, config: SimulationConfig) -> None:
+        config.check()
+        self.config = config
+        self.mux = MqttMux(BrokerOptions(config.broker_url, config.mqtt_version, config.tls_ca, config.username,
+                                         config.password_file), window=config.window)  # fmt: skip
+        profiles = profiles_for(list(dict.fromkeys(config.targets)))
+        by_target = {profile.target: profile for profile in profiles}
+        self.agents: dict[str, VirtualAgent] = {}
+        self._connections: dict[str, Connection] = {}
+        self._windows = 0
+        self._ticking = False
+        bundle = synthetic_bundle(config.initial_bundle) if config.initial_bundle else None
+        for index in range(config.devices):
+            profile: SyntheticProfile = by_target[config.targets[index % len(config.targets)]]
+            device = f"{profile.target}-{index:03d}"
+            self.agents[device] = VirtualAgent(
+                config.fleet, device, profile, send=self._sender(device), schedule=self.mux.schedule, bundle=bundle,
+                behaviours=config.behaviours, deploy_timing=config.deploy_timing,
+                verify_downloads=config.verify_downloads, interval_s=1.0 / config.rate_per_s, seed=config.seed * 100_003 + index,
+            )  # fmt: skip
+        self._started = False
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    def start(self, *, wait_s: float = 30.0, telemetry: bool = True) -> FleetSimulator:
+        """Connect every device (raises :class:`SimulationError` if they are not all connected within
+        ``wait_s``), then start the telemetry windows unless ``telemetry`` is False."""
+        if self._started:
+            raise SimulationError("this simulator was already started", hint="create a new FleetSimulator")
+        self._started = True
+        self.mux.start()
+        self.mux.call(self._connect_all)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if self.counters().connected == len(self.agents):
+                break
+            time.sleep(0.02)
+        else:
+            connected = self.counters().connected
+            self.stop()
+            raise SimulationError(
+                f"only {connected} of {len(self.agents)} simulated devices connected to {self.config.broker_url} within {wait_s:g} s",
+                hint="check that the broker is running at that URL (and speaks MQTT "
+                f"{self.config.mqtt_version}; amqtt speaks only 3.1.1: pass mqtt_version='3.1.1')",
+            )
+        if telemetry:
+            self.start_telemetry()
+        return self
+
+    def start_telemetry(self) -> None:
+        """Begin periodic windows (spread over the first interval so devices do not publish in step)."""
+        def begin() -> None:
+            if self._ticking:
+                return
+            self._ticking = True
+            for index, device in enumerate(self.agents):
+                agent = self.agents[device]
+                offset = agent.interval_s * (index / max(1, len(self.agents)))
+                last_end = datetime.now(timezone.utc) - timedelta(seconds=agent.interval_s - offset)
+                self.mux.schedule(offset, lambda d=device, e=last_end: self._tick(d, e))
+
+        self.mux.call(begin)
+
+    def stop(self, *, flush_s: float = 5.0) -> None:
+        """Flush what is queued, publish ``offline`` (retained) for every device, disconnect cleanly."""
+        if not self._started:
+            return
+        try:
+            self.mux.call(self._stop_ticking)
+            self.flush(flush_s)
+            self.mux.call(self._say_offline)
+            self.flush(flush_s)
+            self.mux.call(lambda: [self.mux.disconnect(c) for c in self._connections.values()])
+            time.sleep(0.05)
+        except TelemetryError as err:
+            logger.warning("simulator stop: %s", err.message)
+        self.mux.stop()
+
+    def __enter__(self) -> FleetSimulator:
+        return self if self._started else self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def run_for(self, duration_s: float | None) -> None:
+        """Block for ``duration_s`` seconds (forever when None) while the devices run."""
+        deadline = None if duration_s is None else time.monotonic() + duration_s
+        while deadline is None or time.monotonic() < deadline:
+            time.sleep(0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic())))
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every queued message is acknowledged by the broker; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            counters = self.counters()
+            if counters.queued == 0 and counters.published == counters.acked:
+                return True
+            time.sleep(0.02)
+        return False
+
+    # -- inspection and control (thread-safe) -------------------------------------------------------
+
+    def counters(self) -> SimulatorCounters:
+        connections = list(self._connections.values())
+        return SimulatorCounters(
+            devices=len(self.agents),
+            connected=sum(1 for c in connections if c.connected),
+            published=sum(c.published for c in connections),
+            acked=sum(c.acked for c in connections),
+            queued=sum(len(c.queue) for c in connections),
+            windows=self._windows,
+        )
+
+    def bundles(self) -> dict[str, str | None]:
+        """device -> the bundle id it runs now."""
+        return self.mux.call(lambda: {d: (a.bundle.id if a.bundle else None) for d, a in self.agents.items()})
+
+    def record_targets(self, store: Any) -> None:
+        """Tell a fleet store each simulated device's target (agents do not report it; the simulator knows)."""
+        for device, agent in self.agents.items():
+            store.set_device_target(self.config.fleet, device, agent.profile.target)
+
+    def crash(self, device: str) -> None:
+        """Cut ``device``'s connection without a DISCONNECT: the broker publishes its ``offline`` will."""
+        self._agent(device)
+        self.mux.call(lambda: self.mux.drop(self._connections[device]))
+
+    def publish_backlog(self, windows_per_device: int, *, window_s: float = 10.0, end: datetime | None = None) -> int:
+        """Build ``windows_per_device`` consecutive windows for every device (ending at ``end``, default
+        now), then publish them all as fast as the broker acknowledges; returns how many were queued.
+        Building happens before anything is sent, so a load test measures the network path only."""
+        end = end or datetime.now(timezone.utc)
+        start = end - timedelta(seconds=window_s * windows_per_device)
+        built: dict[str, list[bytes]] = {}
+        for device, agent in self.agents.items():
+            built[device] = [
+                encode_message(agent.telemetry(start + timedelta(seconds=window_s * i), start + timedelta(seconds=window_s * (i + 1))))
+                for i in range(windows_per_device)
+            ]  # fmt: skip
+
+        def enqueue() -> None:
+            for i in range(windows_per_device):
+                for device, payloads in built.items():
+                    self.mux.publish(self._connections[device], self.agents[device].topics.telemetry, payloads[i])
+
+        self.mux.call(enqueue, timeout_s=60.0)
+        self._windows += windows_per_device * len(built)
+        return windows_per_device * len(built)
+
+    def agent_state(self, device: str) -> dict[str, Any]:
+        agent = self._agent(device)
+        return self.mux.call(lambda: {"bundle": agent.bundle.id if agent.bundle else None,
+                                      "previous_bundle": agent.previous_bundle.id if agent.previous_bundle else None,
+                                      "interval_s": agent.interval_s, "seq": agent.seq})  # fmt: skip
+
+    # -- mux thread ---------------------------------------------------------------------------------
+
+    def _agent(self, device: str) -> VirtualAgent:
+        if device not in self.agents:
+            raise SimulationError(f"no simulated device {device!r}", hint=f"devices: {', '.join(list(self.agents)[:5])}, ...")
+        return self.agents[device]
+
+    def _sender(self, device: str) -> Any:
+        def send(kind: TopicKind, message: dict[str, Any], retain: bool) -> None:
+            agent = self.agents[device]
+            connection = self._connections.get(device)
+            if connection is not None:
+                self.mux.publish(connection, agent.topics.topic(kind), encode_message(message), retain=retain)
+
+        return send
+
+    def _connect_all(self) -> None:
+        for device, agent in self.agents.items():
+            def will(agent: VirtualAgent = agent) -> tuple[str, bytes]:
+                return agent.topics.status, encode_message(agent.status("offline", "connection lost"))
+
+            def on_connected(connection: Connection, agent: VirtualAgent = agent) -> None:
+                connection.client.subscribe(agent.topics.cmd, qos=1)
+                self.mux.publish(connection, agent.topics.status, encode_message(agent.status("online")), retain=True)
+                if not connection.ever_connected:
+                    self.mux.publish(connection, agent.topics.events, encode_message(agent.started_event()))
+
+            def on_message(topic: str, payload: bytes, agent: VirtualAgent = agent) -> None:
+                if topic == agent.topics.cmd:
+                    agent.handle_command_payload(payload)
+
+            self._connections[device] = self.mux.add(f"edgekit-sim-{self.config.fleet}-{device}", on_connected=on_connected,
+                                                     on_message=on_message, will=will)  # fmt: skip
+
+    def _tick(self, device: str, last_end: datetime) -> None:
+        if not self._ticking:
+            return
+        agent = self.agents[device]
+        connection = self._connections[device]
+        now = datetime.now(timezone.utc)
+        if not connection.closing and (connection.connected or connection.ever_connected):
+            self.mux.publish(connection, agent.topics.telemetry, encode_message(agent.telemetry(last_end, now)))
+            self._windows += 1
+        self.mux.schedule(agent.interval_s, lambda: self._tick(device, now))
+
+    def _stop_ticking(self) -> None:
+        self._ticking = False
+
+    def _say_offline(self) -> None:
+        for device, connection in self._connections.items():
+            if connection.connected:
+                agent = self.agents[device]
+                self.mux.publish(connection, agent.topics.status, encode_message(agent.status("offline", "agent stopped")),
+                                 retain=True)  # fmt: skip

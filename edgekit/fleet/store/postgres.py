@@ -1,0 +1,148 @@
+"""The scale-out store: PostgreSQL (or TimescaleDB) through psycopg 3, shared by several collectors.
+
+Times are ``timestamptz``, payloads ``jsonb``. Inserts use ``ON CONFLICT DO NOTHING`` on the
+(fleet, device, seq) key, so two collectors writing the same redelivered window store it once.
+The connection URL is libpq's (``postgresql://user@host:5432/db?options=-csearch_path%3Dfleet``);
+a lost connection is reopened on the next call.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Sequence
+
+from edgekit.fleet.errors import StoreError, StoreUnavailableError
+from edgekit.fleet.store import queries
+from edgekit.fleet.store.sql import SqlFleetStore, named_to_pyformat
+
+CONNECT_TIMEOUT_S = 10
+_ROLLED_COLUMNS = ("fleet, device, seq, bundle_id, window_start, window_end, received_at, inferences, errors, p50_ms, "
+                   "p90_ms, p99_ms, mean_ms, max_ms, power_mean_mw, power_max_mw, energy_mj, temperature_max_c, "
+                   "memory_used_mb")  # fmt: skip
+#: Session-level advisory lock key that serialises migrations of one database ("edgekit" in ASCII).
+MIGRATION_LOCK_KEY = 0x6564_6765_6B69_74
+
+
+class PostgresStore(SqlFleetStore):
+    """``PostgresStore("postgresql://...")``; the schema is migrated on open."""
+
+    dialect = "postgres"
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self._psycopg = _import_psycopg(url)
+        self._connection: Any = None
+        self._connect()
+        self._migrate()
+
+    def _connect(self) -> None:
+        psycopg = self._psycopg
+        try:
+            self._connection = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+            self._connection.execute("SET TIME ZONE 'UTC'")
+        except psycopg.Error as exc:
+            raise StoreUnavailableError(f"cannot connect to fleet store {redact(self.url)}: {str(exc).strip()}",
+                                        hint="check that PostgreSQL runs, and the URL's host, port, user and "
+                                             "database (postgresql://user@host:5432/dbname)") from exc  # fmt: skip
+
+    # -- dialect hooks ------------------------------------------------------------------------
+    def _cursor(self) -> Any:
+        if self._connection is None or self._connection.closed:
+            self._connect()
+        return self._connection.cursor()
+
+    def _begin(self, cursor: Any) -> None:
+        cursor.execute("BEGIN")
+
+    def _commit(self, cursor: Any) -> None:
+        cursor.execute("COMMIT")
+
+    def _rollback(self, cursor: Any) -> None:
+        if not self._connection.closed:
+            cursor.execute("ROLLBACK")
+
+    def _lock_for_migration(self, cursor: Any) -> None:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+
+    def _translate(self, exc: Exception, doing: str) -> StoreError | None:
+        psycopg = self._psycopg
+        where = redact(self.url)
+        if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+            return StoreUnavailableError(f"fleet store {where} failed while {doing}: {str(exc).strip()}",
+                                         hint="the database connection was lost or refused; it is retried")  # fmt: skip
+        if isinstance(exc, psycopg.Error):
+            return StoreError(f"fleet store {where} failed while {doing}: {str(exc).strip()}")
+        return None
+
+    def _sql(self, text: str) -> str:
+        return named_to_pyformat(text)
+
+    def time_in(self, moment: dt.datetime) -> dt.datetime:
+        if moment.tzinfo is None:
+            raise StoreError(f"time {moment.isoformat()} has no time zone", hint="use timezone-aware UTC datetimes")
+        return moment
+
+    def time_out(self, value: Any) -> dt.datetime:
+        return value.astimezone(dt.timezone.utc)  # type: ignore[no-any-return]
+
+    def json_in(self, payload: dict[str, Any]) -> Any:
+        from psycopg.types.json import Jsonb
+
+        return Jsonb(payload)
+
+    def json_out(self, value: Any) -> dict[str, Any]:
+        return dict(value or {})
+
+    def list_in(self, values: Sequence[str]) -> list[str]:
+        return list(values)
+
+    def in_list_sql(self, expression: str, name: str) -> str:
+        return f"{expression} = ANY(:{name})"
+
+    def seconds_sql(self, start: str, end: str) -> str:
+        return f"CAST(EXTRACT(EPOCH FROM ({end} - {start})) AS DOUBLE PRECISION)"
+
+    def bucket_sql(self, moment: str, seconds_param: str) -> str:
+        return f"to_timestamp(floor(CAST(EXTRACT(EPOCH FROM {moment}) AS DOUBLE PRECISION) / :{seconds_param}) * :{seconds_param})"
+
+    def greatest_sql(self, a: str, b: str) -> str:
+        return f"GREATEST({a}, {b})"
+
+    def least_sql(self, a: str, b: str) -> str:
+        return f"LEAST({a}, {b})"
+
+    def _retain(self, cursor: Any, cutoff: Any, bucket_s: int) -> int:
+        # One statement: only the rows this DELETE removed are summed, so collectors running retention at the
+        # same time never roll a window up twice.
+        insert = queries.rollup_insert_sql(self, "moved w", "1 = 1")
+        sql = (f"WITH moved AS (DELETE FROM telemetry_windows WHERE window_end < :cutoff RETURNING {_ROLLED_COLUMNS}),\n"
+               f"rolled AS ({insert})\nSELECT COUNT(*) FROM moved")  # fmt: skip
+        cursor.execute(self._sql(sql), {"cutoff": cutoff, "bucket_s": bucket_s})
+        return int(cursor.fetchone()[0])
+
+    def _close_connection(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+
+
+def _import_psycopg(url: str) -> Any:
+    try:
+        import psycopg
+    except ImportError as exc:
+        raise StoreError(f"fleet store {redact(url)} needs psycopg 3, which is not installed",
+                         hint="pip install 'edgekit[fleet]' (or: pip install 'psycopg[binary]')") from exc  # fmt: skip
+    return psycopg
+
+
+def redact(url: str) -> str:
+    """``url`` without its password, for messages and logs."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+__all__ = ["PostgresStore", "redact"]

@@ -1,0 +1,197 @@
+"""SQL text shared by the SQLite and PostgreSQL stores.
+
+Placeholders are written ``?`` (positional) or ``:name`` (named); each store rewrites them for its
+driver. The few expressions that differ between the two (durations, time buckets, GREATEST) come
+from the store's dialect hooks, so one query serves both databases.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from edgekit.fleet.store.sql import SqlFleetStore
+
+CREATE_SCHEMA_VERSION = """CREATE TABLE IF NOT EXISTS schema_version (
+    version INTEGER PRIMARY KEY,
+    name TEXT NOT NULL,
+    applied_at TEXT NOT NULL
+)"""
+
+UPSERT_STATUS = """INSERT INTO device_status (fleet, device, state, bundle_id, agent_version, updated_at, payload)
+VALUES (?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (fleet, device) DO UPDATE SET state = excluded.state, bundle_id = excluded.bundle_id,
+    agent_version = excluded.agent_version, updated_at = excluded.updated_at, payload = excluded.payload
+WHERE excluded.updated_at >= device_status.updated_at"""
+
+UPSERT_TARGET = """INSERT INTO device_targets (fleet, device, target, updated_at) VALUES (?, ?, ?, ?)
+ON CONFLICT (fleet, device) DO UPDATE SET target = excluded.target, updated_at = excluded.updated_at"""
+
+INSERT_REJECTED = "INSERT INTO rejected_messages (topic, reason, detail, size_bytes, at) VALUES (?, ?, ?, ?, ?)"
+
+ADD_REJECTED_TOTAL = """INSERT INTO rejected_totals (reason, count) VALUES (?, ?)
+ON CONFLICT (reason) DO UPDATE SET count = rejected_totals.count + excluded.count"""
+
+# Device summaries: one query per source, merged in Python (a device may have any subset of them).
+SUMMARY_STATUS = "SELECT fleet, device, state, bundle_id, updated_at FROM device_status WHERE {fleet_filter}"
+SUMMARY_RAW = """SELECT fleet, device, MIN(seq), MAX(seq), COUNT(*), MAX(received_at) FROM telemetry_windows
+WHERE {fleet_filter} GROUP BY fleet, device"""
+SUMMARY_ROLLUPS = """SELECT fleet, device, MIN(seq_min), MAX(seq_max), SUM(windows), MAX(received_at_max)
+FROM telemetry_rollups WHERE {fleet_filter} GROUP BY fleet, device"""
+SUMMARY_LATEST = """SELECT w.fleet, w.device, w.bundle_id, w.p50_ms, w.p99_ms, w.power_mean_mw, w.energy_per_inference_mj,
+    w.temperature_max_c
+FROM telemetry_windows w
+JOIN (SELECT fleet, device, MAX(seq) AS seq FROM telemetry_windows WHERE {fleet_filter} GROUP BY fleet, device) m
+    ON w.fleet = m.fleet AND w.device = m.device AND w.seq = m.seq"""
+SUMMARY_TARGETS = "SELECT fleet, device, target FROM device_targets WHERE {fleet_filter}"
+
+MISSING_SEQS = """SELECT prev + 1, seq - 1 FROM (
+    SELECT seq, LAG(seq) OVER (ORDER BY seq) AS prev FROM telemetry_windows WHERE fleet = :fleet AND device = :device
+) gaps WHERE seq - prev > 1 ORDER BY seq"""
+
+#: Rollup columns and how raw windows (alias ``w``) sum into them; {dur} is the window's seconds.
+ROLLUP_FROM_RAW: tuple[tuple[str, str], ...] = (
+    ("windows", "COUNT(*)"),
+    ("inferences", "SUM(w.inferences)"),
+    ("errors", "SUM(w.errors)"),
+    ("latency_count", "SUM(CASE WHEN w.p50_ms IS NULL THEN 0 ELSE w.inferences END)"),
+    ("p50_sum", "SUM(COALESCE(w.p50_ms * w.inferences, 0.0))"),
+    ("p90_sum", "SUM(COALESCE(w.p90_ms * w.inferences, 0.0))"),
+    ("p99_sum", "SUM(COALESCE(w.p99_ms * w.inferences, 0.0))"),
+    ("mean_sum", "SUM(COALESCE(w.mean_ms * w.inferences, 0.0))"),
+    ("p99_max_ms", "MAX(w.p99_ms)"),
+    ("max_ms", "MAX(w.max_ms)"),
+    ("power_s", "SUM(CASE WHEN w.power_mean_mw IS NULL THEN 0.0 ELSE {dur} END)"),
+    ("power_mw_s", "SUM(COALESCE(w.power_mean_mw * {dur}, 0.0))"),
+    ("power_max_mw", "MAX(w.power_max_mw)"),
+    ("energy_mj", "SUM(w.energy_mj)"),
+    ("energy_active_mj", "SUM(CASE WHEN w.inferences > 0 THEN w.energy_mj END)"),
+    ("energy_count", "SUM(CASE WHEN w.inferences > 0 AND w.energy_mj IS NOT NULL THEN w.inferences ELSE 0 END)"),
+    ("temperature_max_c", "MAX(w.temperature_max_c)"),
+    ("memory_used_mb_max", "MAX(w.memory_used_mb)"),
+    ("seq_min", "MIN(w.seq)"),
+    ("seq_max", "MAX(w.seq)"),
+    ("window_start_min", "MIN(w.window_start)"),
+    ("window_end_max", "MAX(w.window_end)"),
+    ("received_at_max", "MAX(w.received_at)"),
+)
+_MAX_MERGED = ("p99_max_ms", "max_ms", "power_max_mw", "temperature_max_c", "memory_used_mb_max", "seq_max",
+               "window_end_max", "received_at_max")  # fmt: skip
+_MIN_MERGED = ("seq_min", "window_start_min")
+_NULLABLE_SUMS = ("energy_mj", "energy_active_mj")
+
+
+def window_seconds_sql(store: SqlFleetStore, alias: str = "w") -> str:
+    """A window's length in seconds, at least a millisecond (so a zero-length window still weighs)."""
+    return store.greatest_sql(store.seconds_sql(f"{alias}.window_start", f"{alias}.window_end"), "0.001")
+
+
+def rollup_insert_sql(store: SqlFleetStore, source: str, where: str) -> str:
+    """INSERT ... SELECT summing the windows of ``source`` (a table or CTE, aliased w) that match ``where``
+    into rollups, merging into buckets that already exist. Needs :bucket_s (and what ``where`` uses)."""
+    dur = window_seconds_sql(store)
+    bucket = store.bucket_sql("w.window_start", "bucket_s")
+    columns = ["fleet", "device", "bundle_id", "bucket_start", "bucket_s"] + [name for name, _ in ROLLUP_FROM_RAW]
+    selects = ["w.fleet", "w.device", "COALESCE(w.bundle_id, '')", bucket, ":bucket_s"]
+    selects += [expression.format(dur=dur) for _, expression in ROLLUP_FROM_RAW]
+    merges = []
+    for name, _ in ROLLUP_FROM_RAW:
+        old, new = f"telemetry_rollups.{name}", f"excluded.{name}"
+        if name in _MAX_MERGED:
+            merges.append(f"{name} = {store.greatest_sql(old, new)}")
+        elif name in _MIN_MERGED:
+            merges.append(f"{name} = {store.least_sql(old, new)}")
+        elif name in _NULLABLE_SUMS:
+            merges.append(f"{name} = CASE WHEN {old} IS NULL THEN {new} WHEN {new} IS NULL THEN {old} "
+                          f"ELSE {old} + {new} END")  # fmt: skip
+        else:
+            merges.append(f"{name} = {old} + {new}")
+    return (f"INSERT INTO telemetry_rollups ({', '.join(columns)})\n"
+            f"SELECT {', '.join(selects)}\nFROM {source} WHERE {where}\nGROUP BY 1, 2, 3, 4\n"
+            f"ON CONFLICT (fleet, device, bundle_id, bucket_s, bucket_start) DO UPDATE SET {', '.join(merges)}")  # fmt: skip
+
+
+def _filters(store: SqlFleetStore, alias: str, time_column: str, params: dict[str, Any], *, fleet: str | None,
+             devices: Sequence[tuple[str, str]] | None, bundle_id: str | None, since: dt.datetime | None,
+             until: dt.datetime | None) -> str:  # fmt: skip
+    clauses = ["1 = 1"]
+    if fleet is not None:
+        clauses.append(f"{alias}.fleet = :fleet")
+        params["fleet"] = fleet
+    if devices is not None:
+        clauses.append(store.in_list_sql(f"{alias}.fleet || '/' || {alias}.device", "devices"))
+        params["devices"] = store.list_in([f"{f}/{d}" for f, d in devices])
+    if bundle_id is not None:
+        clauses.append(f"{alias}.bundle_id = :bundle_id")
+        params["bundle_id"] = bundle_id
+    if since is not None:
+        clauses.append(f"{alias}.{time_column} >= :since")
+        params["since"] = store.time_in(since)
+    if until is not None:
+        clauses.append(f"{alias}.{time_column} < :until")
+        params["until"] = store.time_in(until)
+    return " AND ".join(clauses)
+
+
+def union_sql(store: SqlFleetStore, params: dict[str, Any], **filters: Any) -> str:
+    """Raw windows (filtered on window_end) and rollups (on bucket_start) as rows of the same sums."""
+    dur = window_seconds_sql(store)
+    raw_where = _filters(store, "w", "window_end", params, **filters)
+    rolled_where = _filters(store, "r", "bucket_start", params, **filters)
+    return f"""SELECT w.fleet, w.device, w.bundle_id, w.window_start AS t_start, w.window_end AS t_end, 1 AS windows,
+    w.inferences, w.errors, CASE WHEN w.p50_ms IS NULL THEN 0 ELSE w.inferences END AS latency_count,
+    COALESCE(w.p50_ms * w.inferences, 0.0) AS p50_sum, COALESCE(w.p99_ms * w.inferences, 0.0) AS p99_sum,
+    w.p99_ms AS p99_max_ms, CASE WHEN w.power_mean_mw IS NULL THEN 0.0 ELSE {dur} END AS power_s,
+    COALESCE(w.power_mean_mw * {dur}, 0.0) AS power_mw_s, w.energy_mj,
+    CASE WHEN w.inferences > 0 THEN w.energy_mj END AS energy_active_mj,
+    CASE WHEN w.inferences > 0 AND w.energy_mj IS NOT NULL THEN w.inferences ELSE 0 END AS energy_count,
+    w.temperature_max_c
+FROM telemetry_windows w WHERE {raw_where}
+UNION ALL
+SELECT r.fleet, r.device, NULLIF(r.bundle_id, ''), r.window_start_min, r.window_end_max, r.windows, r.inferences,
+    r.errors, r.latency_count, r.p50_sum, r.p99_sum, r.p99_max_ms, r.power_s, r.power_mw_s, r.energy_mj,
+    r.energy_active_mj, r.energy_count, r.temperature_max_c
+FROM telemetry_rollups r WHERE {rolled_where}"""
+
+
+_KEY_COLUMNS = {"fleet": "u.fleet", "device": "u.device", "bundle_id": "u.bundle_id", "target": "t.target"}
+
+
+def aggregate_sql(store: SqlFleetStore, keys: Sequence[str], params: dict[str, Any], *, target: str | None,
+                  bucket_s: int | None, **filters: Any) -> str:  # fmt: skip
+    """Columns: fleet, device, bundle_id, target (NULL unless grouped), bucket_start, devices, windows,
+    inferences, errors, p50_ms, p99_ms, p99_max_ms, power_mean_mw, energy_mj, energy_per_inference_mj,
+    temperature_max_c, first_window_start, last_window_end."""
+    union = union_sql(store, params, **filters)
+    selected = [_KEY_COLUMNS[key] if key in keys else "NULL" for key in _KEY_COLUMNS]
+    # by position: PostgreSQL would not match a bucket expression holding a parameter in GROUP BY
+    groups = [str(index + 1) for index, key in enumerate(_KEY_COLUMNS) if key in keys]
+    if bucket_s is not None:
+        params["agg_bucket_s"] = bucket_s
+        selected.append(store.bucket_sql("u.t_start", "agg_bucket_s"))
+        groups.append("5")
+    else:
+        selected.append("NULL")
+    where = ""
+    if target is not None:
+        where = "WHERE t.target = :target"
+        params["target"] = target
+    group_by = f"GROUP BY {', '.join(groups)} ORDER BY {', '.join(groups)}" if groups else ""
+    return f"""SELECT {', '.join(selected)}, COUNT(DISTINCT u.fleet || '/' || u.device), SUM(u.windows),
+    SUM(u.inferences), SUM(u.errors), SUM(u.p50_sum) / NULLIF(SUM(u.latency_count), 0),
+    SUM(u.p99_sum) / NULLIF(SUM(u.latency_count), 0), MAX(u.p99_max_ms), SUM(u.power_mw_s) / NULLIF(SUM(u.power_s), 0),
+    SUM(u.energy_mj), SUM(u.energy_active_mj) / NULLIF(SUM(u.energy_count), 0), MAX(u.temperature_max_c),
+    MIN(u.t_start), MAX(u.t_end)
+FROM ({union}) u LEFT JOIN device_targets t ON t.fleet = u.fleet AND t.device = u.device
+{where} {group_by}"""
+
+
+def bundle_spans_sql(store: SqlFleetStore, params: dict[str, Any], *, fleet: str | None, since: dt.datetime | None,
+                     until: dt.datetime | None) -> str:  # fmt: skip
+    union = union_sql(store, params, fleet=fleet, devices=None, bundle_id=None, since=since, until=until)
+    return f"""SELECT u.fleet, u.device, u.bundle_id, MIN(u.t_start), MAX(u.t_end), SUM(u.windows)
+FROM ({union}) u GROUP BY u.fleet, u.device, u.bundle_id ORDER BY u.fleet, u.device, MIN(u.t_start)"""
+
+
+__all__ = ["aggregate_sql", "bundle_spans_sql", "rollup_insert_sql", "union_sql", "window_seconds_sql"]

@@ -1,0 +1,442 @@
+"""The SQL implementation of :class:`FleetStore`, shared by SQLite and PostgreSQL.
+
+Subclasses supply the connection, the placeholder style and the few expressions that differ
+(time values, durations, time buckets, GREATEST/LEAST); every query is written once, here and in
+:mod:`edgekit.fleet.store.queries`. A store is safe to share between threads: each call holds a lock.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import datetime as dt
+import re
+import threading
+from collections import Counter
+from typing import Any, Iterator, Sequence
+
+from edgekit.fleet.errors import StoreError
+from edgekit.fleet.store import queries
+from edgekit.fleet.store.base import (
+    AGGREGATE_KEYS,
+    Aggregate,
+    BundleSpan,
+    DeviceEvent,
+    DeviceStatus,
+    DeviceSummary,
+    FleetStore,
+    RejectedMessage,
+    TelemetryWindow,
+)
+from edgekit.fleet.store.migrate import pending
+
+#: Rows fetched per query when iterating windows.
+PAGE_ROWS = 5000
+
+WINDOW_COLUMNS = ("fleet", "device", "seq", "window_start", "window_end", "received_at", "bundle_id", "bundle_sha256",
+                  "inferences", "errors", "p50_ms", "p90_ms", "p99_ms", "max_ms", "mean_ms", "throughput_per_s",
+                  "power_mean_mw", "power_max_mw", "energy_mj", "energy_per_inference_mj", "temperature_max_c",
+                  "memory_used_mb", "cpu_load_pct", "gpu_load_pct", "payload")  # fmt: skip
+_TIME_COLUMNS = (3, 4, 5)
+_EVENT_COLUMNS = ("event_id", "fleet", "device", "kind", "level", "message", "at", "command_id", "payload")
+_NAMED_RE = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
+
+
+class SqlFleetStore(FleetStore):
+    """Everything but the connection. ``dialect`` names the migrations folder."""
+
+    dialect: str
+    #: How to write "insert unless the key exists": (statement start, statement end).
+    insert_ignore: tuple[str, str] = ("INSERT INTO", "ON CONFLICT DO NOTHING")
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._lock = threading.RLock()
+        self._closed = False
+
+    # -- dialect hooks ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _cursor(self) -> Any:
+        """A DB-API cursor on the open connection."""
+
+    @abc.abstractmethod
+    def _begin(self, cursor: Any) -> None: ...
+
+    @abc.abstractmethod
+    def _commit(self, cursor: Any) -> None: ...
+
+    @abc.abstractmethod
+    def _rollback(self, cursor: Any) -> None: ...
+
+    @abc.abstractmethod
+    def _translate(self, exc: Exception, doing: str) -> StoreError | None:
+        """The StoreError for a driver exception (None: not the driver's, let it propagate)."""
+
+    @abc.abstractmethod
+    def _sql(self, text: str) -> str:
+        """Rewrite ``?`` and ``:name`` placeholders into the driver's style."""
+
+    @abc.abstractmethod
+    def time_in(self, moment: dt.datetime) -> Any: ...
+
+    @abc.abstractmethod
+    def time_out(self, value: Any) -> dt.datetime: ...
+
+    @abc.abstractmethod
+    def json_in(self, payload: dict[str, Any]) -> Any: ...
+
+    @abc.abstractmethod
+    def json_out(self, value: Any) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def list_in(self, values: Sequence[str]) -> Any: ...
+
+    @abc.abstractmethod
+    def in_list_sql(self, expression: str, name: str) -> str:
+        """SQL testing ``expression`` against the list parameter ``name``."""
+
+    @abc.abstractmethod
+    def seconds_sql(self, start: str, end: str) -> str:
+        """SQL for the seconds from time expression ``start`` to ``end``, as a float."""
+
+    @abc.abstractmethod
+    def bucket_sql(self, moment: str, seconds_param: str) -> str:
+        """SQL for the start of the ``:seconds_param``-second bucket ``moment`` falls in (a time value)."""
+
+    @abc.abstractmethod
+    def greatest_sql(self, a: str, b: str) -> str: ...
+
+    @abc.abstractmethod
+    def least_sql(self, a: str, b: str) -> str: ...
+
+    @abc.abstractmethod
+    def _retain(self, cursor: Any, cutoff: Any, bucket_s: int) -> int:
+        """Roll windows ending before ``cutoff`` into rollups and delete them, in the open transaction."""
+
+    # -- plumbing -----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _transaction(self, doing: str) -> Iterator[Any]:
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"fleet store {self.url} is closed", hint="open it again with open_store(url)")
+            cursor = None
+            try:
+                cursor = self._cursor()
+                self._begin(cursor)
+                yield cursor
+                self._commit(cursor)
+            except Exception as exc:
+                if cursor is not None:
+                    with contextlib.suppress(Exception):
+                        self._rollback(cursor)
+                translated = self._translate(exc, doing)
+                if translated is None:
+                    raise
+                raise translated from exc
+
+    def _query(self, doing: str, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
+        with self._transaction(doing) as cursor:
+            cursor.execute(self._sql(sql), params)
+            return list(cursor.fetchall())
+
+    def _migrate(self) -> None:
+        with self._transaction("reading the schema version") as cursor:
+            self._lock_for_migration(cursor)
+            cursor.execute(self._sql(queries.CREATE_SCHEMA_VERSION))
+            cursor.execute(self._sql("SELECT MAX(version) FROM schema_version"))
+            current = int(cursor.fetchone()[0] or 0)
+            for migration in pending(self.dialect, current, self.url):
+                self._run_script(cursor, migration.sql)
+                cursor.execute(self._sql("INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)"),
+                               (migration.version, migration.name, _now().isoformat()))  # fmt: skip
+
+    def _lock_for_migration(self, cursor: Any) -> None:
+        """Keep two processes opening the same new database from migrating it at once."""
+
+    def _run_script(self, cursor: Any, script: str) -> None:
+        for statement in _split_statements(script):
+            cursor.execute(statement)
+
+    @property
+    def schema_version(self) -> int:
+        rows = self._query("reading the schema version", "SELECT MAX(version) FROM schema_version")
+        return int(rows[0][0] or 0)
+
+    # -- writes -------------------------------------------------------------------------------
+    def add_windows(self, windows: Sequence[TelemetryWindow]) -> int:
+        if not windows:
+            return 0
+        start, end = self.insert_ignore
+        columns = ", ".join(WINDOW_COLUMNS)
+        sql = f"{start} telemetry_windows ({columns}) VALUES ({', '.join('?' * len(WINDOW_COLUMNS))}) {end}"
+        rows = [self._window_row(w) for w in windows]
+        with self._transaction(f"storing {len(rows)} telemetry windows") as cursor:
+            cursor.executemany(self._sql(sql), rows)
+            return max(int(cursor.rowcount), 0)
+
+    def _window_row(self, w: TelemetryWindow) -> tuple[Any, ...]:
+        return (w.fleet, w.device, w.seq, self.time_in(w.window_start), self.time_in(w.window_end),
+                self.time_in(w.received_at), w.bundle_id, w.bundle_sha256, w.count, w.errors, w.p50_ms, w.p90_ms,
+                w.p99_ms, w.max_ms, w.mean_ms, w.throughput_per_s, w.power_mean_mw, w.power_max_mw, w.energy_mj,
+                w.energy_per_inference_mj, w.temperature_max_c, w.memory_used_mb, w.cpu_load_pct, w.gpu_load_pct,
+                w.payload_json if w.payload_json is not None else self.json_in(w.payload))  # fmt: skip
+
+    def upsert_status(self, status: DeviceStatus) -> None:
+        with self._transaction(f"storing the status of {status.fleet}/{status.device}") as cursor:
+            cursor.execute(self._sql(queries.UPSERT_STATUS),
+                           (status.fleet, status.device, status.state, status.bundle_id, status.agent_version,
+                            self.time_in(status.updated_at), self.json_in(status.payload)))  # fmt: skip
+            if status.target is not None:
+                self._set_target(cursor, status.fleet, status.device, status.target)
+
+    def set_device_target(self, fleet: str, device: str, target: str) -> None:
+        with self._transaction(f"storing the target of {fleet}/{device}") as cursor:
+            self._set_target(cursor, fleet, device, target)
+
+    def _set_target(self, cursor: Any, fleet: str, device: str, target: str) -> None:
+        cursor.execute(self._sql(queries.UPSERT_TARGET), (fleet, device, target, self.time_in(_now())))
+
+    def add_events(self, events: Sequence[DeviceEvent]) -> int:
+        if not events:
+            return 0
+        start, end = self.insert_ignore
+        sql = f"{start} device_events ({', '.join(_EVENT_COLUMNS)}) VALUES ({', '.join('?' * len(_EVENT_COLUMNS))}) {end}"
+        rows = [(e.event_id, e.fleet, e.device, e.kind, e.level, e.message, self.time_in(e.at), e.command_id,
+                 self.json_in(e.payload)) for e in events]  # fmt: skip
+        with self._transaction(f"storing {len(rows)} events") as cursor:
+            cursor.executemany(self._sql(sql), rows)
+            return max(int(cursor.rowcount), 0)
+
+    def add_rejected(self, rejected: Sequence[RejectedMessage]) -> None:
+        if not rejected:
+            return
+        rows = [(r.topic, r.reason, r.detail, r.size_bytes, self.time_in(r.at)) for r in rejected]
+        totals = Counter(r.reason for r in rejected)
+        with self._transaction(f"storing {len(rows)} rejected messages") as cursor:
+            cursor.executemany(self._sql(queries.INSERT_REJECTED), rows)
+            cursor.executemany(self._sql(queries.ADD_REJECTED_TOTAL), sorted(totals.items()))
+
+    # -- reads --------------------------------------------------------------------------------
+    def device_summaries(self, fleet: str | None = None) -> list[DeviceSummary]:
+        params = {"fleet": fleet} if fleet is not None else {}
+        fleet_filter = "fleet = :fleet" if fleet is not None else "1 = 1"
+        with self._transaction("reading device summaries") as cursor:
+            found: dict[tuple[str, str], dict[str, Any]] = {}
+            for sql, handler in ((queries.SUMMARY_STATUS, _summary_status), (queries.SUMMARY_RAW, _summary_raw),
+                                 (queries.SUMMARY_ROLLUPS, _summary_rollups), (queries.SUMMARY_LATEST, _summary_latest),
+                                 (queries.SUMMARY_TARGETS, _summary_target)):  # fmt: skip
+                cursor.execute(self._sql(sql.format(fleet_filter=fleet_filter)), params)
+                for row in cursor.fetchall():
+                    handler(found.setdefault((row[0], row[1]), {}), row[2:], self.time_out)
+        return [_summary(key, info) for key, info in sorted(found.items())]
+
+    def windows(self, fleet: str | None = None, device: str | None = None, since: dt.datetime | None = None,
+                until: dt.datetime | None = None, bundle_id: str | None = None,
+                limit: int | None = None) -> Iterator[TelemetryWindow]:  # fmt: skip
+        where, params = self._window_filters(fleet, device, since, until, bundle_id)
+        remaining = limit
+        after: tuple[str, str, int] | None = None
+        while remaining is None or remaining > 0:
+            page = PAGE_ROWS if remaining is None else min(PAGE_ROWS, remaining)
+            clauses = list(where)
+            if after is not None:
+                clauses.append("(fleet, device, seq) > (:after_fleet, :after_device, :after_seq)")
+                params.update(after_fleet=after[0], after_device=after[1], after_seq=after[2])
+            sql = (f"SELECT {', '.join(WINDOW_COLUMNS)} FROM telemetry_windows"
+                   f"{' WHERE ' + ' AND '.join(clauses) if clauses else ''} ORDER BY fleet, device, seq LIMIT {page}")  # fmt: skip
+            rows = self._query("reading telemetry windows", sql, params)
+            for row in rows:
+                yield self._window_from_row(row)
+            if len(rows) < page:
+                return
+            after = (rows[-1][0], rows[-1][1], rows[-1][2])
+            if remaining is not None:
+                remaining -= len(rows)
+
+    def _window_filters(self, fleet: str | None, device: str | None, since: dt.datetime | None,
+                        until: dt.datetime | None, bundle_id: str | None) -> tuple[list[str], dict[str, Any]]:  # fmt: skip
+        clauses: list[str] = []
+        params: dict[str, Any] = {}
+        for column, value in (("fleet", fleet), ("device", device), ("bundle_id", bundle_id)):
+            if value is not None:
+                clauses.append(f"{column} = :{column}")
+                params[column] = value
+        if since is not None:
+            clauses.append("window_end >= :since")
+            params["since"] = self.time_in(since)
+        if until is not None:
+            clauses.append("window_end < :until")
+            params["until"] = self.time_in(until)
+        return clauses, params
+
+    def _window_from_row(self, row: Sequence[Any]) -> TelemetryWindow:
+        values = list(row)
+        for index in _TIME_COLUMNS:
+            values[index] = self.time_out(values[index])
+        values[-1] = self.json_out(values[-1])
+        for index in (2, 8, 9):
+            values[index] = int(values[index])
+        return TelemetryWindow(*values[:8], count=values[8], errors=values[9], p50_ms=values[10], p90_ms=values[11],  # type: ignore[misc]
+                               p99_ms=values[12], max_ms=values[13], mean_ms=values[14], throughput_per_s=values[15],
+                               power_mean_mw=values[16], power_max_mw=values[17], energy_mj=values[18],
+                               energy_per_inference_mj=values[19], temperature_max_c=values[20],
+                               memory_used_mb=values[21], cpu_load_pct=values[22], gpu_load_pct=values[23],
+                               payload=values[24])  # fmt: skip
+
+    def events(self, fleet: str | None = None, device: str | None = None, since: dt.datetime | None = None,
+               limit: int = 200) -> list[DeviceEvent]:  # fmt: skip
+        clauses, params = [], {}
+        for column, value in (("fleet", fleet), ("device", device)):
+            if value is not None:
+                clauses.append(f"{column} = :{column}")
+                params[column] = value
+        if since is not None:
+            clauses.append("at >= :since")
+            params["since"] = self.time_in(since)
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        sql = f"SELECT {', '.join(_EVENT_COLUMNS)} FROM device_events{where} ORDER BY at DESC, event_id LIMIT {int(limit)}"
+        return [DeviceEvent(fleet=r[1], device=r[2], event_id=r[0], kind=r[3], level=r[4], message=r[5],
+                            at=self.time_out(r[6]), command_id=r[7], payload=self.json_out(r[8]))
+                for r in self._query("reading events", sql, params)]  # fmt: skip
+
+    def rejected_counts(self) -> dict[str, int]:
+        rows = self._query("reading rejected-message counts", "SELECT reason, count FROM rejected_totals ORDER BY reason")
+        return {str(reason): int(count) for reason, count in rows}
+
+    def missing_seqs(self, fleet: str, device: str) -> list[tuple[int, int]]:
+        rows = self._query(f"finding sequence gaps of {fleet}/{device}", queries.MISSING_SEQS,
+                           {"fleet": fleet, "device": device})  # fmt: skip
+        return [(int(first), int(last)) for first, last in rows]
+
+    def aggregate(self, by: Sequence[str] = ("bundle_id", "target"), *, fleet: str | None = None,
+                  devices: Sequence[tuple[str, str]] | None = None, bundle_id: str | None = None,
+                  target: str | None = None, since: dt.datetime | None = None, until: dt.datetime | None = None,
+                  bucket_s: int | None = None) -> list[Aggregate]:  # fmt: skip
+        keys = tuple(by)
+        unknown = [key for key in keys if key not in AGGREGATE_KEYS]
+        if unknown or len(set(keys)) != len(keys):
+            raise StoreError(f"cannot aggregate by {list(keys)}", hint=f"group by distinct keys among {list(AGGREGATE_KEYS)}")
+        if bucket_s is not None and (isinstance(bucket_s, bool) or not isinstance(bucket_s, int) or bucket_s < 1):
+            raise StoreError(f"bucket_s must be a whole number of seconds >= 1, got {bucket_s!r}")
+        if devices is not None and not devices:
+            return []
+        params: dict[str, Any] = {}
+        sql = queries.aggregate_sql(self, keys, params, fleet=fleet, devices=devices, bundle_id=bundle_id,
+                                    target=target, since=since, until=until, bucket_s=bucket_s)  # fmt: skip
+        rows = self._query("aggregating telemetry", sql, params)
+        return [self._aggregate_from_row(keys, row) for row in rows if row[5]]
+
+    def _aggregate_from_row(self, keys: tuple[str, ...], row: Sequence[Any]) -> Aggregate:
+        key_values = dict(zip(AGGREGATE_KEYS, row[:4]))
+        return Aggregate(
+            fleet=key_values["fleet"], device=key_values["device"], bundle_id=key_values["bundle_id"] or None,
+            target=key_values["target"], bucket_start=self.time_out(row[4]) if row[4] is not None else None,
+            devices=int(row[5]), windows=int(row[6]), inferences=int(row[7]), errors=int(row[8]),
+            p50_ms=_float(row[9]), p99_ms=_float(row[10]), p99_max_ms=_float(row[11]), power_mean_mw=_float(row[12]),
+            energy_mj=_float(row[13]), energy_per_inference_mj=_float(row[14]), temperature_max_c=_float(row[15]),
+            first_window_start=self.time_out(row[16]) if row[16] is not None else None,
+            last_window_end=self.time_out(row[17]) if row[17] is not None else None,
+        )  # fmt: skip
+
+    def bundle_spans(self, fleet: str | None = None, since: dt.datetime | None = None,
+                     until: dt.datetime | None = None) -> list[BundleSpan]:  # fmt: skip
+        params: dict[str, Any] = {}
+        sql = queries.bundle_spans_sql(self, params, fleet=fleet, since=since, until=until)
+        return [BundleSpan(fleet=r[0], device=r[1], bundle_id=r[2] or None, first_window_start=self.time_out(r[3]),
+                           last_window_end=self.time_out(r[4]), windows=int(r[5]))
+                for r in self._query("reading bundle spans", sql, params)]  # fmt: skip
+
+    # -- maintenance --------------------------------------------------------------------------
+    def apply_retention(self, raw_for: dt.timedelta, rollup_minutes: int = 5, now: dt.datetime | None = None) -> int:
+        if not isinstance(raw_for, dt.timedelta) or raw_for.total_seconds() < 0:
+            raise StoreError(f"retention time must be a non-negative timedelta, got {raw_for!r}",
+                             hint="for example datetime.timedelta(hours=48)")  # fmt: skip
+        if isinstance(rollup_minutes, bool) or not isinstance(rollup_minutes, int) or rollup_minutes < 1:
+            raise StoreError(f"rollup_minutes must be a whole number >= 1, got {rollup_minutes!r}")
+        cutoff = (now if now is not None else _now()) - raw_for
+        with self._transaction("rolling up old telemetry windows") as cursor:
+            rolled = self._retain(cursor, self.time_in(cutoff), rollup_minutes * 60)
+            cursor.execute(self._sql("DELETE FROM rejected_messages WHERE at < ?"), (self.time_in(cutoff),))
+            return rolled
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._close_connection()
+
+    @abc.abstractmethod
+    def _close_connection(self) -> None: ...
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+
+# -- summaries --------------------------------------------------------------------------------
+
+
+def _summary_status(info: dict[str, Any], values: Sequence[Any], time_out: Any) -> None:
+    info["state"], info["status_bundle"], info["status_at"] = values[0], values[1], time_out(values[2])
+
+
+def _summary_raw(info: dict[str, Any], values: Sequence[Any], time_out: Any) -> None:
+    info["raw"] = (int(values[0]), int(values[1]), int(values[2]), time_out(values[3]))
+
+
+def _summary_rollups(info: dict[str, Any], values: Sequence[Any], time_out: Any) -> None:
+    info["rolled"] = (int(values[0]), int(values[1]), int(values[2]), time_out(values[3]))
+
+
+def _summary_latest(info: dict[str, Any], values: Sequence[Any], time_out: Any) -> None:
+    info["latest"] = values
+
+
+def _summary_target(info: dict[str, Any], values: Sequence[Any], time_out: Any) -> None:
+    info["target"] = values[0]
+
+
+def _summary(key: tuple[str, str], info: dict[str, Any]) -> DeviceSummary:
+    ranges = [info[part] for part in ("raw", "rolled") if part in info]
+    windows = sum(r[2] for r in ranges)
+    missing = (max(r[1] for r in ranges) - min(r[0] for r in ranges) + 1 - windows) if ranges else 0
+    seen = [r[3] for r in ranges] + ([info["status_at"]] if "status_at" in info else [])
+    latest = info.get("latest") or (None,) * 6
+    return DeviceSummary(
+        fleet=key[0], device=key[1], state=info.get("state", "unknown"),
+        bundle_id=latest[0] if info.get("latest") else info.get("status_bundle"), target=info.get("target"),
+        p50_ms=_float(latest[1]), p99_ms=_float(latest[2]), power_mean_mw=_float(latest[3]),
+        energy_per_inference_mj=_float(latest[4]), temperature_max_c=_float(latest[5]),
+        last_seen=max(seen) if seen else None, windows=windows, missing_seqs=max(missing, 0),
+    )  # fmt: skip
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _split_statements(script: str) -> list[str]:
+    """The statements of a migration file (split on ';' at line ends; comments dropped)."""
+    lines = [line.split("--", 1)[0].rstrip() for line in script.splitlines()]
+    statements, current = [], []
+    for line in lines:
+        if not line.strip():
+            continue
+        current.append(line)
+        if line.endswith(";"):
+            statements.append("\n".join(current)[:-1])
+            current = []
+    if current:
+        statements.append("\n".join(current))
+    return statements
+
+
+def named_to_pyformat(text: str) -> str:
+    """``?`` -> ``%s`` and ``:name`` -> ``%(name)s`` (psycopg's placeholder style)."""
+    return _NAMED_RE.sub(r"%(\1)s", text.replace("?", "%s"))
+
+
+__all__ = ["PAGE_ROWS", "SqlFleetStore", "WINDOW_COLUMNS", "named_to_pyformat"]

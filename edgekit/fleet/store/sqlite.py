@@ -1,0 +1,125 @@
+"""The embedded default store: one SQLite file in WAL mode (readers never block the collector's writes).
+
+Times are kept as seconds since the Unix epoch (REAL); payloads as JSON text. Telemetry inserts use
+``INSERT OR IGNORE`` on the (fleet, device, seq) key, so redelivered windows are stored once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any, Sequence
+
+from edgekit.fleet.errors import StoreError, StoreUnavailableError
+from edgekit.fleet.store import queries
+from edgekit.fleet.store.sql import SqlFleetStore
+
+#: How long a write waits for another process's write lock before giving up.
+BUSY_TIMEOUT_S = 10.0
+_UTC = dt.timezone.utc
+
+
+class SqliteStore(SqlFleetStore):
+    """``SqliteStore(path)``; ``path`` may be ``":memory:"`` (one connection, gone on close)."""
+
+    dialect = "sqlite"
+    insert_ignore = ("INSERT OR IGNORE INTO", "")
+
+    def __init__(self, path: str | Path, *, url: str | None = None) -> None:
+        super().__init__(url or f"sqlite:///{path}")
+        self.path = str(path)
+        if self.path != ":memory:":
+            parent = Path(self.path).expanduser().resolve().parent
+            if not parent.is_dir():
+                raise StoreError(f"cannot create fleet store {self.url}: folder {parent} does not exist",
+                                 hint="create the folder first, or give a path in an existing one")  # fmt: skip
+        try:
+            self._connection = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                               check_same_thread=False)  # fmt: skip
+            if self.path != ":memory:":
+                self._connection.execute("PRAGMA journal_mode=WAL")
+            self._connection.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints; safe with WAL
+            self._connection.execute("PRAGMA foreign_keys=ON")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open fleet store {self.url}: {exc}",
+                             hint="check that the path is a writable SQLite file (or a new file name)") from exc  # fmt: skip
+        try:
+            self._migrate()
+        except BaseException:
+            self._connection.close()
+            raise
+
+    # -- dialect hooks ------------------------------------------------------------------------
+    def _cursor(self) -> sqlite3.Cursor:
+        return self._connection.cursor()
+
+    def _begin(self, cursor: Any) -> None:
+        cursor.execute("BEGIN IMMEDIATE")  # take the write lock up front: no upgrade deadlocks
+
+    def _commit(self, cursor: Any) -> None:
+        cursor.execute("COMMIT")
+
+    def _rollback(self, cursor: Any) -> None:
+        if self._connection.in_transaction:
+            cursor.execute("ROLLBACK")
+
+    def _translate(self, exc: Exception, doing: str) -> StoreError | None:
+        if isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc)):
+            return StoreUnavailableError(f"fleet store {self.url} is busy while {doing}: {exc}",
+                                         hint="another process holds the database's write lock; retry")  # fmt: skip
+        if isinstance(exc, sqlite3.OperationalError) and ("disk" in str(exc) or "I/O" in str(exc)):
+            return StoreUnavailableError(f"fleet store {self.url} failed while {doing}: {exc}",
+                                         hint="check free disk space and the file system")  # fmt: skip
+        if isinstance(exc, (sqlite3.Error, OverflowError, UnicodeEncodeError)):
+            return StoreError(f"fleet store {self.url} failed while {doing}: {exc}")
+        return None
+
+    def _sql(self, text: str) -> str:
+        return text
+
+    def time_in(self, moment: dt.datetime) -> float:
+        if moment.tzinfo is None:
+            raise StoreError(f"time {moment.isoformat()} has no time zone", hint="use timezone-aware UTC datetimes")
+        return moment.timestamp()
+
+    def time_out(self, value: Any) -> dt.datetime:
+        return dt.datetime.fromtimestamp(float(value), _UTC)
+
+    def json_in(self, payload: dict[str, Any]) -> str:
+        return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+
+    def json_out(self, value: Any) -> dict[str, Any]:
+        return json.loads(value) if isinstance(value, str) else dict(value or {})
+
+    def list_in(self, values: Sequence[str]) -> str:
+        return json.dumps(list(values))
+
+    def in_list_sql(self, expression: str, name: str) -> str:
+        return f"{expression} IN (SELECT value FROM json_each(:{name}))"
+
+    def seconds_sql(self, start: str, end: str) -> str:
+        return f"({end} - {start})"
+
+    def bucket_sql(self, moment: str, seconds_param: str) -> str:
+        return f"(CAST({moment} / :{seconds_param} AS INTEGER) * :{seconds_param})"
+
+    def greatest_sql(self, a: str, b: str) -> str:
+        return f"MAX(COALESCE({a}, {b}), COALESCE({b}, {a}))"  # SQLite's MAX(x, NULL) is NULL
+
+    def least_sql(self, a: str, b: str) -> str:
+        return f"MIN(COALESCE({a}, {b}), COALESCE({b}, {a}))"
+
+    def _retain(self, cursor: Any, cutoff: Any, bucket_s: int) -> int:
+        # BEGIN IMMEDIATE holds the write lock, so both statements see the same windows.
+        params = {"cutoff": cutoff, "bucket_s": bucket_s}
+        cursor.execute(queries.rollup_insert_sql(self, "telemetry_windows w", "w.window_end < :cutoff"), params)
+        cursor.execute("DELETE FROM telemetry_windows WHERE window_end < :cutoff", params)
+        return int(cursor.rowcount)
+
+    def _close_connection(self) -> None:
+        self._connection.close()
+
+
+__all__ = ["SqliteStore"]

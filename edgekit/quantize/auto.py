@@ -1,0 +1,409 @@
+"""``--precision auto``: the fastest plan the target supports that stays inside the accuracy budget.
+
+Backend-neutral: the search takes three callables, so the pipeline plugs in its own engine.
+
+* ``build(candidate) -> BuiltCandidate``: write the candidate's model (and say which ranges it used);
+* ``evaluate(path) -> AccuracyLike``: the recipe metric and whether it is inside the budget;
+* ``time_models(paths) -> latencies_ms``: latency of each file, measured *interleaved* in one call
+  (each round runs every file once), so that drift on a shared machine hits them alike.
+
+Candidates come in expected-speed order (:func:`auto_candidates`); ladders hold the k most sensitive
+groups (sensitivity rank) in higher precision for k = 1..``auto_max_excluded``.
+
+**Early-stop rule.** A candidate is *dominated* by an already-measured one when both share a scheme
+(graph variant, activation type, per-channel) and it runs every node at the same or a higher precision
+(static int8 < dynamic int8 < float): it is not expected to be faster, so its *floor* is that
+candidate's measured latency ratio (FP32's floor is 1.0). Once some candidate has passed the budget:
+
+1. a candidate whose floor is at least the best passing ratio minus the noise margin is skipped
+   unbuilt (``skipped``);
+2. any other candidate is built and timed first, and evaluated only when it is faster than the best
+   passing one by more than the noise margin (otherwise ``slower``, with its measured ratio).
+
+Inside a ladder, accuracy rises and speed falls with k, so the search gallops (k = 1, 2, 4, ...) to the
+first passing step and bisects back for the smallest passing k; a step that is skipped or slower ends
+the ladder. The search ends when the list is exhausted; everything left was skipped by rule 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from edgekit.errors import EdgekitError, QuantizationError
+from edgekit.precision import Backend, Precision
+from edgekit.quantize.calibration.ranges import TensorRange
+from edgekit.quantize.node_groups import NodeGroup
+from edgekit.quantize.plan import QuantizationPlan
+from edgekit.quantize.sensitivity import SensitivityReport
+
+log = logging.getLogger(__name__)
+
+#: Precision level of a node in a candidate, for dominance: higher = slower, more accurate.
+STATIC, DYNAMIC, FLOAT = 0, 1, 2
+EXPORTED = "exported"
+
+
+class AccuracyLike(Protocol):
+    """What the search reads from an evaluation (``edgekit.evaluate.accuracy.AccuracyResult`` fits)."""
+
+    value: float
+    passed: bool
+    cosine_min: float | None
+
+
+@dataclass(frozen=True)
+class BuiltCandidate:
+    path: Path
+    #: Calibrated activation ranges the model was written with (static plans), for the manifest.
+    ranges: Mapping[str, TensorRange] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    precision: Precision
+    plan: QuantizationPlan | None  # None for fp32 / fp16
+    #: Graph variant the plan applies to: "exported", or a rewrite such as "transformer-fusion".
+    graph: str = EXPORTED
+    #: Node -> why it runs in higher precision than the candidate's base scheme.
+    kept: Mapping[str, str] = field(default_factory=dict)
+    #: Node -> STATIC / DYNAMIC / FLOAT, over the scheme's quantizable nodes (empty: not comparable).
+    levels: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def scheme(self) -> tuple[Any, ...] | None:
+        if self.plan is None or not self.levels:
+            return None
+        return (self.graph, self.plan.activation_type, self.plan.per_channel, self.plan.calibrator)
+
+    def dominates(self, other: Candidate) -> bool:
+        """Runs every node at the same or a higher precision than ``other`` (so: not faster)."""
+        if self.precision is Precision.FP32:
+            return True
+        if self.scheme is None or self.scheme != other.scheme:
+            return False
+        return all(self.levels.get(node, FLOAT) >= level for node, level in other.levels.items())
+
+
+@dataclass(frozen=True)
+class CandidateLadder:
+    """Candidates for k = 1..n groups kept in higher precision; accuracy rises and speed falls with k."""
+
+    name: str
+    steps: tuple[Candidate, ...]
+
+
+@dataclass(frozen=True)
+class CandidateResult:
+    name: str
+    precision: str
+    graph: str
+    #: "chosen" | "passed" | "failed" (outside the budget) | "slower" (not evaluated) | "skipped" | "error"
+    status: str
+    latency_ratio: float | None = None  # vs the FP32 reference model, same timing call
+    latency_ms: float | None = None
+    reference_latency_ms: float | None = None
+    #: vs FP32 of the same graph variant (set when the graph is not the exported one).
+    latency_ratio_same_graph_fp32: float | None = None
+    value: float | None = None
+    cosine_min: float | None = None
+    passed: bool | None = None
+    kept_nodes: int = 0
+    detail: str = ""
+    seconds: float = 0.0
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class AutoResult:
+    chosen: Candidate
+    chosen_result: CandidateResult
+    model_path: Path
+    table: tuple[CandidateResult, ...]
+    #: Node -> reason it runs in higher precision ("sensitivity rank 1: cosine 0.9987 when quantized").
+    kept: Mapping[str, str]
+    ranges: Mapping[str, TensorRange]
+    sensitivity: SensitivityReport | None = None
+    rule: str = "dominance floor + interleaved timing, noise margin"
+
+    @property
+    def plan(self) -> QuantizationPlan | None:
+        return self.chosen.plan
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {
+            "chosen": self.chosen.name,
+            "precision": self.chosen.precision.value,
+            "graph": self.chosen.graph,
+            "plan": self.chosen.plan.to_manifest() if self.chosen.plan else None,
+            "kept_in_higher_precision": dict(self.kept),
+            "candidates": [row.to_manifest() for row in self.table],
+            "calibration_ranges": {name: r.to_json() for name, r in self.ranges.items()},
+            "sensitivity": self.sensitivity.to_manifest() if self.sensitivity else None,
+            "rule": self.rule,
+        }
+
+
+class AutoSearchError(QuantizationError):
+    """No candidate of ``--precision auto`` meets the accuracy budget."""
+
+    def __init__(self, message: str, *, hint: str | None = None, table: Sequence[CandidateResult] = (), best: CandidateResult | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.table = tuple(table)
+        self.best = best
+
+
+# ---------------------------------------------------------------- candidates
+
+
+def kept_reason(entry_rank: int, metric: str, value: float, loss: float, precision: str) -> str:
+    return f"sensitivity rank {entry_rank}: {metric} {value:.5g} when quantized (loss {loss:.3g}); runs in {precision}"
+
+
+def auto_candidates(
+    base_plan: QuantizationPlan,
+    groups: Sequence[NodeGroup],
+    sensitivity: SensitivityReport,
+    supported: Sequence[Precision],
+    *,
+    max_kept: int,
+    graph: str = EXPORTED,
+    dynamic_only: Mapping[str, str] | None = None,
+    dynamic_plan: QuantizationPlan | None = None,
+    int4_plan: QuantizationPlan | None = None,
+    include_fallbacks: bool = True,
+) -> list[Candidate | CandidateLadder]:
+    """Candidates for one graph variant, fastest expected first: static int8; static int8 with the k
+    most sensitive groups dynamic int8 (ONNX Runtime CPU only) or float; int8-dynamic; and, when
+    ``include_fallbacks`` (once per search), int4 weight-only, fp16 and fp32 on the exported graph.
+
+    ``base_plan`` is the static int8 plan; ``groups`` its node groups (as ranked in ``sensitivity``).
+    ``dynamic_only`` maps nodes that run dynamic int8 in every candidate of this graph to their op type
+    (fused ``Attention`` nodes, which ONNX Runtime quantizes only dynamically)."""
+    prefix = "" if graph == EXPORTED else f"{graph}:"
+    fused = dict(dynamic_only or {})
+    nodes = [node for group in groups for node in group.nodes]
+    weightless = {node for group in groups if group.weight_elements == 0 for node in group.nodes}
+    ranked = [entry for entry in sensitivity.groups if all(node in nodes for node in entry.nodes)]
+    can_dynamic = Precision.INT8_DYNAMIC in supported
+    if fused and not can_dynamic:
+        return []  # the graph variant needs dynamic int8 for its fused nodes
+    extra_ops = tuple(dict.fromkeys(fused.values()))
+    out: list[Candidate | CandidateLadder] = []
+    if Precision.INT8 in supported:
+        static_plan = replace(
+            base_plan,
+            op_types=tuple(dict.fromkeys([*base_plan.op_types, *extra_ops])),
+            dynamic_nodes=tuple(dict.fromkeys([*base_plan.dynamic_nodes, *fused])),
+        )
+        base_levels = {node: STATIC for node in nodes}
+        kept_base = {node: f"fused {op} node: ONNX Runtime quantizes it only dynamically (dynamic int8)" for node, op in fused.items()}
+        out.append(Candidate(f"{prefix}int8-static", Precision.INT8, static_plan, graph, kept_base, base_levels))
+        steps = max(0, min(max_kept, len(ranked)))
+        for kind in ("dynamic", "float") if can_dynamic else ("float",):
+            ladder = [_kept_top(static_plan, ranked[:k], kind, weightless, sensitivity.metric, kept_base, base_levels, f"{prefix}int8-static+{kind}-top{k}", graph)
+                      for k in range(1, steps + 1)]
+            if ladder:
+                out.append(CandidateLadder(f"{prefix}int8-static+{kind}", tuple(ladder)))
+    if can_dynamic and dynamic_plan is not None:
+        plan = replace(dynamic_plan, op_types=tuple(dict.fromkeys([*dynamic_plan.op_types, *extra_ops])))
+        levels = {node: FLOAT if node in weightless else DYNAMIC for node in nodes}
+        out.append(Candidate(f"{prefix}int8-dynamic", Precision.INT8_DYNAMIC, plan, graph, {}, levels))
+    if include_fallbacks:
+        out += fallback_candidates(supported, int4_plan)
+    return out
+
+
+def fallback_candidates(supported: Sequence[Precision], int4_plan: QuantizationPlan | None = None) -> list[Candidate]:
+    """The slow end of the list, on the exported graph: int4 weight-only, fp16, fp32 (always last)."""
+    out = []
+    if Precision.INT4 in supported and int4_plan is not None:
+        out.append(Candidate("int4", Precision.INT4, int4_plan, EXPORTED))
+    if Precision.FP16 in supported:
+        out.append(Candidate("fp16", Precision.FP16, None, EXPORTED))
+    out.append(Candidate("fp32", Precision.FP32, None, EXPORTED))
+    return out
+
+
+def _kept_top(static_plan: QuantizationPlan, entries: Sequence[Any], kind: str, weightless: set[str], metric: str,
+              kept_base: Mapping[str, str], base_levels: Mapping[str, int], name: str, graph: str) -> Candidate:
+    kept, levels = dict(kept_base), dict(base_levels)
+    dynamic, excluded = list(static_plan.dynamic_nodes), dict(static_plan.excluded)
+    for entry in entries:
+        for node in entry.nodes:
+            as_float = kind == "float" or node in weightless  # dynamic int8 needs a constant weight input
+            reason = kept_reason(entry.rank, metric, entry.value, entry.loss, "float" if as_float else "dynamic int8")
+            kept[node] = reason
+            levels[node] = FLOAT if as_float else DYNAMIC
+            if as_float:
+                excluded[node] = reason
+            else:
+                dynamic.append(node)
+    plan = replace(static_plan, excluded=excluded, dynamic_nodes=tuple(dict.fromkeys(dynamic)))
+    return Candidate(name, Precision.INT8, plan, graph, kept, levels)
+
+
+# ---------------------------------------------------------------- the search
+
+BuildFn = Callable[[Candidate], BuiltCandidate]
+EvaluateFn = Callable[[Path], AccuracyLike]
+TimeFn = Callable[[Sequence[Path]], Sequence[float]]
+
+
+def search_auto(
+    candidates: Sequence[Candidate | CandidateLadder],
+    *,
+    build: BuildFn,
+    evaluate: EvaluateFn,
+    time_models: TimeFn,
+    reference: Path,
+    graph_references: Mapping[str, Path] | None = None,
+    sensitivity: SensitivityReport | None = None,
+    noise_margin: float = 0.05,
+    time_failed: bool = True,
+    higher_is_better: bool = True,
+    metric_name: str = "metric",
+    budget_text: str = "the recipe's evaluation.budget",
+) -> AutoResult:
+    """Try ``candidates`` in order under the early-stop rule of this module; return the fastest one
+    inside the budget with a row per candidate tried. ``reference`` is the FP32 model every latency is
+    a ratio to (timed in the same ``time_models`` call); ``graph_references`` maps a graph variant to
+    its own FP32 model, whose ratio is reported too. Raises :class:`AutoSearchError` when none passes."""
+    if not 0 <= noise_margin < 1:
+        raise QuantizationError(f"noise_margin must be in [0, 1), got {noise_margin}")
+    search = _Search(build, evaluate, time_models, Path(reference), dict(graph_references or {}), noise_margin, time_failed)
+    for item in candidates:
+        if isinstance(item, CandidateLadder):
+            search.ladder(item)
+        else:
+            search.process(item)
+    if search.best is None:
+        evaluated = [row for row in search.rows if row.value is not None]
+        closest = max(evaluated, key=lambda r: r.value if higher_is_better else -r.value, default=None)  # type: ignore[arg-type, return-value]
+        if closest is None:
+            detail = "no candidate could be built and evaluated: " + "; ".join(f"{r.name}: {r.detail}" for r in search.rows)
+        else:
+            ratio = f"{closest.latency_ratio:.3f}x FP32 latency" if closest.latency_ratio is not None else "latency not measured"
+            cmin = f", cosine min {closest.cosine_min:.5g}" if closest.cosine_min is not None else ""
+            detail = f"closest: {closest.name} with {metric_name} {closest.value:.6g}{cmin} ({ratio})"
+        raise AutoSearchError(
+            f"--precision auto: none of the {len(search.rows)} candidates tried meets {budget_text}; {detail}",
+            hint="loosen the budget, raise build.quantization.auto_max_excluded, or build with --precision fp32",
+            table=search.rows,
+            best=closest,
+        )
+    chosen, built = search.best
+    rows = tuple(replace(row, status="chosen") if row.name == chosen.name and row.status == "passed" else row for row in search.rows)
+    chosen_row = next(row for row in rows if row.status == "chosen")
+    log.info("--precision auto chose %s (%.3fx FP32, %s %.6g)", chosen.name, chosen_row.latency_ratio or float("nan"), metric_name, chosen_row.value or float("nan"))
+    return AutoResult(chosen, chosen_row, built.path, rows, dict(chosen.kept), dict(built.ranges), sensitivity,
+                      rule=f"dominance floor + interleaved timing, noise margin {noise_margin:.0%}")
+
+
+class _Search:
+    def __init__(self, build: BuildFn, evaluate: EvaluateFn, time_models: TimeFn, reference: Path,
+                 graph_references: dict[str, Path], noise_margin: float, time_failed: bool) -> None:
+        self.build, self.evaluate, self.time_models = build, evaluate, time_models
+        self.reference, self.graph_references = reference, graph_references
+        self.margin, self.time_failed = noise_margin, time_failed
+        self.rows: list[CandidateResult] = []
+        self.measured: list[tuple[Candidate, float]] = []
+        self.best: tuple[Candidate, BuiltCandidate] | None = None
+        self.best_ratio = float("inf")
+
+    def ladder(self, ladder: CandidateLadder) -> None:
+        """Gallop k = 1, 2, 4, ... to the first passing step, then bisect back to the smallest."""
+        steps = ladder.steps
+        last_failed, first_passed, k = 0, None, 1
+        while k <= len(steps):
+            status = self.process(steps[k - 1])
+            if status == "passed":
+                first_passed = k
+                break
+            if status not in ("failed", "error"):
+                return
+            last_failed = k
+            if k == len(steps):
+                return
+            k = min(2 * k, len(steps))
+        if first_passed is None:
+            return
+        low, high = last_failed + 1, first_passed - 1
+        while low <= high:
+            middle = (low + high) // 2
+            status = self.process(steps[middle - 1])
+            if status == "passed":
+                high = middle - 1
+            elif status in ("failed", "error"):
+                low = middle + 1
+            else:
+                return
+
+    def process(self, candidate: Candidate) -> str:
+        started = time.perf_counter()
+        base = {"name": candidate.name, "precision": candidate.precision.value, "graph": candidate.graph, "kept_nodes": len(candidate.kept)}
+        floor = self._floor(candidate)
+        if self.best is not None and floor is not None and floor[0] >= self.best_ratio * (1 - self.margin):
+            detail = f"runs every node at the precision of {floor[1]} ({floor[0]:.3f}x) or higher: cannot beat {self.best[0].name} ({self.best_ratio:.3f}x)"
+            return self._row(CandidateResult(**base, status="skipped", detail=detail), started, candidate)
+        try:
+            built = self.build(candidate)
+        except EdgekitError as exc:
+            return self._row(CandidateResult(**base, status="error", detail=f"build failed: {exc.message}"), started, candidate)
+        timing: dict[str, float | None] = {}
+        if self.best is not None:
+            timing = self._time(candidate, built.path)
+            if float(timing["latency_ratio"] or 0.0) >= self.best_ratio * (1 - self.margin):
+                detail = f"not faster than {self.best[0].name} ({self.best_ratio:.3f}x) by more than {self.margin:.0%}; not evaluated"
+                return self._row(CandidateResult(**base, **timing, status="slower", detail=detail), started, candidate)
+        try:
+            accuracy = self.evaluate(built.path)
+        except EdgekitError as exc:
+            return self._row(CandidateResult(**base, **timing, status="error", detail=f"evaluation failed: {exc.message}"), started, candidate)
+        passed = bool(accuracy.passed)
+        if not timing and (passed or self.time_failed):
+            timing = self._time(candidate, built.path)
+        row = CandidateResult(**base, **timing, status="passed" if passed else "failed", value=float(accuracy.value),
+                              cosine_min=getattr(accuracy, "cosine_min", None), passed=passed)
+        ratio = timing.get("latency_ratio")
+        if passed and ratio is not None and ratio < self.best_ratio:
+            self.best, self.best_ratio = (candidate, built), ratio
+        return self._row(row, started, candidate)
+
+    def _row(self, row: CandidateResult, started: float, candidate: Candidate) -> str:
+        row = replace(row, seconds=round(time.perf_counter() - started, 2))
+        self.rows.append(row)
+        if row.latency_ratio is not None:
+            self.measured.append((candidate, row.latency_ratio))
+        log.info("auto candidate %s: %s%s", row.name, row.status, f" ({row.latency_ratio:.3f}x FP32)" if row.latency_ratio is not None else "")
+        return row.status
+
+    def _floor(self, candidate: Candidate) -> tuple[float, str] | None:
+        """The lowest latency ratio ``candidate`` can plausibly reach, from the candidates it dominates."""
+        floors = [(ratio, other.name) for other, ratio in self.measured if candidate.dominates(other)]
+        if candidate.precision is Precision.FP32:
+            floors.append((1.0, "the FP32 reference"))
+        return max(floors) if floors else None
+
+    def _time(self, candidate: Candidate, path: Path) -> dict[str, float | None]:
+        paths = [self.reference]
+        graph_reference = self.graph_references.get(candidate.graph) if candidate.graph != EXPORTED else None
+        if graph_reference is not None:
+            paths.append(graph_reference)
+        paths.append(path)
+        latencies = [float(v) for v in self.time_models(paths)]
+        if len(latencies) != len(paths) or not all(v > 0 for v in latencies):
+            raise QuantizationError(f"time_models returned {latencies} for {len(paths)} models", hint="return one positive latency in ms per path, in order")
+        return {
+            "latency_ms": latencies[-1],
+            "reference_latency_ms": latencies[0],
+            "latency_ratio": latencies[-1] / latencies[0],
+            "latency_ratio_same_graph_fp32": latencies[-1] / latencies[1] if graph_reference is not None else None,
+        }

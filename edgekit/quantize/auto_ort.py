@@ -1,0 +1,410 @@
+"""ONNX Runtime (host CPU) implementations of what :func:`edgekit.quantize.auto.search_auto` plugs in:
+a candidate builder (graph variants, calibration once per variant, the ``ort_writers``), an interleaved
+timer, a metric evaluator, and :func:`plan_auto_onnxruntime`, which runs sensitivity analysis and the
+search end to end.
+
+Graph variants: ``exported`` (the FP32 export after ONNX Runtime's quantization pre-processing) and
+``transformer-fusion``: ONNX Runtime's transformer optimizer (``model_type="bert"``), which fuses
+attention into one ``Attention`` op, bias+GELU into ``BiasGelu`` and residual+LayerNorm into
+``SkipLayerNormalization``. Fused graphs use ONNX Runtime contrib ops, so the variant is for ONNX
+Runtime CPU targets only; ``Attention`` is quantized dynamically (``QAttention``), its MatMuls statically.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgekit.errors import QuantizationError
+from edgekit.precision import Backend, Precision
+from edgekit.quantize import ort_writers
+from edgekit.quantize.auto import (
+    EXPORTED,
+    AutoResult,
+    BuiltCandidate,
+    Candidate,
+    CandidateLadder,
+    EvaluateFn,
+    TimeFn,
+    auto_candidates,
+    fallback_candidates,
+    search_auto,
+)
+from edgekit.quantize.calibration import CalibrationCache, CalibratorSpec, TensorRange, calibrate
+from edgekit.quantize.node_groups import find_node_groups
+from edgekit.quantize.plan import INT8_OP_TYPES, QuantizationPlan, make_plan
+from edgekit.quantize.sensitivity import Metric, SensitivityReport, analyze_sensitivity
+from edgekit.recipe import AccuracyBudget, QuantizationSpec
+from edgekit.target import TargetProfile
+
+log = logging.getLogger(__name__)
+
+TRANSFORMER_FUSION = "transformer-fusion"
+#: Activations that never feed a quantized node through these ops need no Q/DQ on a node's output.
+_REQUANTIZING_CONSUMERS = ("Relu", "Clip")
+
+
+# ---------------------------------------------------------------- graph variants
+
+
+def transformer_fusion(src: Path, dst: Path) -> dict[str, int] | None:
+    """Write ``src`` with ONNX Runtime's BERT fusions applied to ``dst``; returns the fused op counts,
+    or ``None`` (nothing written) when no attention block was recognised.
+
+    Before fusing, multi-axis ``Unsqueeze`` nodes fed by a graph input (the attention-mask expansion
+    ``mask[:, None, None, :]`` the dynamo exporter writes as one node) are split into single-axis ones:
+    the pattern ONNX Runtime's attention fusion matches. The mask stays a raw 0/1 mask (no conversion
+    to sequence lengths), so left padding keeps its meaning."""
+    import onnx
+    from onnxruntime.transformers.fusion_options import AttentionMaskFormat, FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    model = onnx.load(str(src), load_external_data=True)
+    _split_input_unsqueezes(model)
+    staged = dst.with_name(dst.stem + ".unfused.onnx")
+    large = model.ByteSize() > 1_800_000_000
+    onnx.save(model, str(staged), save_as_external_data=large, location=staged.name + ".data" if large else None)
+    options = FusionOptions("bert")
+    options.attention_mask_format = AttentionMaskFormat.AttentionMask
+    try:
+        optimized = optimize_model(str(staged), model_type="bert", num_heads=0, hidden_size=0, opt_level=0, optimization_options=options)
+    except Exception as exc:  # the optimizer's pattern matching raises on graphs it does not understand
+        log.info("transformer fusion of %s failed: %s", src, exc)
+        return None
+    finally:
+        for leftover in (staged, staged.with_name(staged.name + ".data")):
+            leftover.unlink(missing_ok=True)
+    fused = {op: int(count) for op, count in optimized.get_fused_operator_statistics().items() if count}
+    if not fused.get("Attention"):
+        return None
+    optimized.save_model_to_file(str(dst), use_external_data_format=large)
+    return fused
+
+
+def _split_input_unsqueezes(model: Any) -> int:
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    inputs = {value.name for value in graph.input}
+    constants = {tensor.name: tensor for tensor in graph.initializer}
+    nodes, split = [], 0
+    for node in graph.node:
+        axes = numpy_helper.to_array(constants[node.input[1]]).reshape(-1) if node.op_type == "Unsqueeze" and len(node.input) == 2 and node.input[1] in constants else None
+        if axes is None or node.input[0] not in inputs or len(axes) < 2:
+            nodes.append(node)
+            continue
+        current = node.input[0]
+        for step, axis in enumerate(sorted(int(a) for a in axes)):
+            axis_name = f"{node.name}.axis{step}"
+            graph.initializer.append(numpy_helper.from_array(np.array([axis], dtype=np.int64), axis_name))
+            out = node.output[0] if step == len(axes) - 1 else f"{node.output[0]}.step{step}"
+            nodes.append(helper.make_node("Unsqueeze", [current, axis_name], [out], name=f"{node.name}.{step}"))
+            current = out
+        split += 1
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return split
+
+
+def float_output_op_types(model_path: Path, op_types: Sequence[str]) -> tuple[str, ...]:
+    """Op types none of whose nodes feeds a quantized node (directly or through ReLU/Clip): their
+    outputs need no Q/DQ pair (a transformer's MatMul -> bias Add), unlike a CNN's Conv -> ReLU -> Conv."""
+    import onnx
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+
+    def feeds_quantized(tensor: str, depth: int = 2) -> bool:
+        for consumer in consumers.get(tensor, []):
+            if consumer.op_type in op_types:
+                return True
+            if depth and consumer.op_type in _REQUANTIZING_CONSUMERS and any(feeds_quantized(out, depth - 1) for out in consumer.output):
+                return True
+        return False
+
+    chained = {node.op_type for node in graph.node if node.op_type in op_types and any(feeds_quantized(out) for out in node.output)}
+    return tuple(op for op in op_types if op not in chained)
+
+
+# ---------------------------------------------------------------- builder
+
+
+class OrtCandidateBuilder:
+    """Writes candidates of one FP32 model into ``work_dir``; calibrates each graph variant once."""
+
+    def __init__(self, fp32_path: Path, work_dir: Path, calibration_batches: Sequence[Mapping[str, np.ndarray]], calibrator: CalibratorSpec,
+                 cache: CalibrationCache | None = None) -> None:
+        self.fp32_path = Path(fp32_path)
+        self.work_dir = Path(work_dir)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.calibration_batches = [dict(batch) for batch in calibration_batches]
+        self.calibrator = calibrator
+        self.cache = cache
+        self._graphs: dict[str, Path] = {}
+        self._ranges: dict[str, dict[str, TensorRange]] = {}
+        self.fusion_stats: dict[str, int] | None = None
+
+    def graph_model(self, graph: str) -> Path | None:
+        """The FP32 model of a graph variant (``None`` when the variant does not apply to this model)."""
+        if graph not in self._graphs:
+            if graph == EXPORTED:
+                self._graphs[graph] = ort_writers.preprocess(self.fp32_path, self.work_dir / "fp32-exported.onnx")
+            elif graph == TRANSFORMER_FUSION:
+                target = self.work_dir / "fp32-transformer-fusion.onnx"
+                self.fusion_stats = transformer_fusion(self.fp32_path, target)
+                if self.fusion_stats is None:
+                    return None
+                self._graphs[graph] = target
+            else:
+                raise QuantizationError(f"unknown graph variant '{graph}'", hint=f"use '{EXPORTED}' or '{TRANSFORMER_FUSION}'")
+        return self._graphs[graph]
+
+    def ranges(self, graph: str, plan: QuantizationPlan) -> dict[str, TensorRange]:
+        """Calibrated ranges for every tensor ``plan`` needs on ``graph``, calibrating only what is new."""
+        model = self.graph_model(graph)
+        if model is None:
+            raise QuantizationError(f"graph variant '{graph}' does not apply to {self.fp32_path}")
+        have = self._ranges.setdefault(graph, {})
+        needed = [name for name in ort_writers.calibration_tensors(model, _int8_only(plan)) if name not in have]
+        if needed:
+            result = calibrate(model, self.calibration_batches, self.calibrator, tensor_names=needed, cache=self.cache, work_dir=self.work_dir)
+            have.update(result.ranges)
+        return have
+
+    def __call__(self, candidate: Candidate) -> BuiltCandidate:
+        model = self.graph_model(candidate.graph)
+        if model is None:
+            raise QuantizationError(f"graph variant '{candidate.graph}' does not apply to {self.fp32_path}")
+        out = self.work_dir / f"{re.sub(r'[^A-Za-z0-9_.+-]', '_', candidate.name)}.onnx"
+        plan = candidate.plan
+        if candidate.precision is Precision.FP32:
+            return BuiltCandidate(model if candidate.graph != EXPORTED else self.fp32_path)
+        if candidate.precision is Precision.FP16:
+            import onnx
+
+            from edgekit.engines.onnxruntime import convert_fp16
+
+            converted = convert_fp16(onnx.load(str(model), load_external_data=True))
+            return BuiltCandidate(ort_writers._save(converted, out))
+        if plan is None:
+            raise QuantizationError(f"candidate {candidate.name} ({candidate.precision.value}) has no quantization plan")
+        if candidate.precision is Precision.INT8:
+            ranges = self.ranges(candidate.graph, plan)
+            ort_writers.write_static_qdq(model, out, plan, ranges)
+            used = {name: ranges[name] for name in ort_writers.calibration_tensors(model, _int8_only(plan))}
+            return BuiltCandidate(out, used)
+        if candidate.precision is Precision.INT8_DYNAMIC:
+            return BuiltCandidate(ort_writers.write_dynamic(model, out, plan))
+        if candidate.precision is Precision.INT4:
+            return BuiltCandidate(ort_writers.write_int4(model, out, plan))
+        raise QuantizationError(f"the ONNX Runtime candidate builder cannot write {candidate.precision.value}", hint="use a backend that builds it")
+
+
+def _int8_only(plan: QuantizationPlan) -> QuantizationPlan:
+    """The plan restricted to the op types static QDQ quantizes (fused ops run dynamic int8)."""
+    return replace(plan, op_types=tuple(op for op in plan.op_types if op in INT8_OP_TYPES))
+
+
+# ---------------------------------------------------------------- timing and evaluation
+
+
+class OrtInterleavedTimer:
+    """``time_models`` for the search: each round runs every model once on ``feeds``; returns the median
+    wall-clock latency in ms per model. Sessions of ``keep_loaded`` paths (the references) are reused."""
+
+    def __init__(self, feeds: Mapping[str, np.ndarray], *, threads: int | None = None, rounds: int = 15, warmup: int = 2,
+                 graph_optimization: str = "all", keep_loaded: Sequence[Path] = ()) -> None:
+        if rounds < 1:
+            raise QuantizationError(f"the timer needs rounds >= 1, got {rounds}")
+        self.feeds = dict(feeds)
+        self.threads, self.rounds, self.warmup, self.graph_optimization = threads, rounds, warmup, graph_optimization
+        self.keep_loaded = {Path(p).resolve() for p in keep_loaded}
+        self._sessions: dict[Path, Any] = {}
+
+    def __call__(self, paths: Sequence[Path]) -> list[float]:
+        sessions = [self._session(Path(path)) for path in paths]
+        runs = [(session, {i.name: self.feeds[i.name] for i in session.get_inputs()}) for session in sessions]
+        for _ in range(self.warmup):
+            for session, feed in runs:
+                session.run(None, feed)
+        samples: list[list[float]] = [[] for _ in runs]
+        for _ in range(self.rounds):
+            for index, (session, feed) in enumerate(runs):
+                start = time.perf_counter()
+                session.run(None, feed)
+                samples[index].append((time.perf_counter() - start) * 1000.0)
+        return [statistics.median(values) for values in samples]
+
+    def _session(self, path: Path) -> Any:
+        resolved = path.resolve()
+        if resolved in self._sessions:
+            return self._sessions[resolved]
+        session = ort_session(path, self.threads, self.graph_optimization)
+        if resolved in self.keep_loaded:
+            self._sessions[resolved] = session
+        return session
+
+
+def ort_session(path: Path, threads: int | None = None, graph_optimization: str = "all") -> Any:
+    import onnxruntime as ort
+
+    levels = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+              "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+    options = ort.SessionOptions()
+    options.graph_optimization_level = levels[graph_optimization]
+    options.log_severity_level = 3
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    try:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise QuantizationError(f"ONNX Runtime cannot load {path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+
+
+@dataclass(frozen=True)
+class MetricResult:
+    value: float
+    passed: bool
+    reference: float
+    cosine_min: float | None
+    reasons: tuple[str, ...] = ()
+
+
+class OrtMetricEvaluator:
+    """``evaluate`` for the search: the metric over ``batches`` against FP32 reference outputs, checked
+    against an :class:`AccuracyBudget` (and, optionally, a floor on the per-row cosine minimum)."""
+
+    def __init__(self, batches: Sequence[Mapping[str, np.ndarray]], metric: Metric, budget: AccuracyBudget, reference_path: Path, *,
+                 output: str | None = None, label_key: str | None = "labels", higher_is_better: bool = True, min_cosine: float | None = None,
+                 threads: int | None = None) -> None:
+        self.batches = [dict(batch) for batch in batches]
+        self.metric, self.budget, self.output = metric, budget, output
+        self.labels = [np.asarray(b[label_key]) if label_key and label_key in b else None for b in self.batches]
+        self.higher_is_better, self.min_cosine, self.threads = higher_is_better, min_cosine, threads
+        self.reference_outputs = self.outputs(Path(reference_path))
+        self.reference_value = float(metric(self.reference_outputs, self.reference_outputs, self.labels))
+
+    def outputs(self, path: Path) -> list[np.ndarray]:
+        session = ort_session(path, self.threads)
+        names = [o.name for o in session.get_outputs()]
+        if self.output is not None and self.output not in names:
+            raise QuantizationError(f"{path}: no output '{self.output}'", hint=f"its outputs: {', '.join(names)}")
+        index = names.index(self.output) if self.output else 0
+        inputs = [i.name for i in session.get_inputs()]
+        return [session.run(None, {name: batch[name] for name in inputs})[index] for batch in self.batches]
+
+    def __call__(self, path: Path) -> MetricResult:
+        from edgekit.evaluate.metrics import cosine_min
+
+        got = self.outputs(path)
+        value = float(self.metric(got, self.reference_outputs, self.labels))
+        cos_min = cosine_min(got, self.reference_outputs) if got and got[0].dtype.kind == "f" else None
+        drop = (self.reference_value - value) if self.higher_is_better else (value - self.reference_value)
+        reasons = []
+        if self.budget.max_drop is not None and drop > self.budget.max_drop + 1e-12:
+            reasons.append(f"drop {drop:.6g} > max_drop {self.budget.max_drop}")
+        if self.budget.min_value is not None and value < self.budget.min_value:
+            reasons.append(f"{value:.6g} < min_value {self.budget.min_value}")
+        if self.budget.max_value is not None and value > self.budget.max_value:
+            reasons.append(f"{value:.6g} > max_value {self.budget.max_value}")
+        if self.min_cosine is not None and cos_min is not None and cos_min < self.min_cosine:
+            reasons.append(f"cosine min {cos_min:.6g} < {self.min_cosine}")
+        return MetricResult(value, not reasons, self.reference_value, cos_min, tuple(reasons))
+
+
+# ---------------------------------------------------------------- end to end
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    metric: Metric
+    name: str
+    higher_is_better: bool = True
+    output: str | None = None
+    label_key: str | None = "labels"
+
+
+def auto_base_plan(spec: QuantizationSpec, target: TargetProfile, backend: Backend, model_path: Path) -> QuantizationPlan:
+    """The static int8 plan the search starts from: the recipe's int8 plan, with no Q/DQ on outputs no
+    quantized node reads, and float consumers (residual Adds, LayerNorms) reading float tensors."""
+    plan = make_plan(spec, target, backend, Precision.INT8)
+    return replace(plan, float_outputs=float_output_op_types(model_path, plan.op_types), float_consumers_skip_qdq=True,
+                   notes=(*plan.notes, "--precision auto: float outputs where no quantized node reads them; float consumers skip Q/DQ"))
+
+
+def plan_auto_onnxruntime(
+    fp32_path: Path,
+    work_dir: Path,
+    *,
+    spec: QuantizationSpec,
+    target: TargetProfile,
+    backend: Backend,
+    supported: Sequence[Precision],
+    calibration_batches: Sequence[Mapping[str, np.ndarray]],
+    evaluation_batches: Sequence[Mapping[str, np.ndarray]],
+    metric: MetricSpec,
+    evaluate: EvaluateFn,
+    time_models: TimeFn,
+    calibrator: CalibratorSpec,
+    cache: CalibrationCache | None = None,
+    graphs: Sequence[str] = (TRANSFORMER_FUSION, EXPORTED),
+    sensitivity_batches: int = 4,
+    noise_margin: float = 0.05,
+    budget_text: str = "the recipe's evaluation.budget",
+    threads: int | None = None,
+) -> AutoResult:
+    """Sensitivity analysis on the exported graph, candidates for each graph variant that applies
+    (fused variants first: expected faster), then :func:`search_auto` with ``evaluate`` and
+    ``time_models``. ``supported`` is :func:`gating.supported_precisions` for the target."""
+    builder = OrtCandidateBuilder(fp32_path, work_dir, calibration_batches, calibrator, cache)
+    exported = builder.graph_model(EXPORTED) or Path(fp32_path)
+    base = auto_base_plan(spec, target, backend, exported)
+    sensitivity = analyze_sensitivity(exported, base, builder.ranges(EXPORTED, base), evaluation_batches, metric.metric, metric_name=metric.name,
+                                      higher_is_better=metric.higher_is_better, output=metric.output, label_key=metric.label_key,
+                                      max_batches=sensitivity_batches, threads=threads)
+    candidates: list[Candidate | CandidateLadder] = []
+    references: dict[str, Path] = {}
+    dynamic_plan = make_plan(spec, target, backend, Precision.INT8_DYNAMIC) if Precision.INT8_DYNAMIC in supported else None
+    int4_plan = make_plan(spec, target, backend, Precision.INT4) if Precision.INT4 in supported else None
+    cpu_first = _cpu_first(target, backend)
+    for graph in graphs:
+        if graph != EXPORTED and not (backend is Backend.ONNXRUNTIME and cpu_first):
+            continue
+        model = builder.graph_model(graph)
+        if model is None:
+            log.info("graph variant %s does not apply to %s", graph, fp32_path)
+            continue
+        plan = base if graph == EXPORTED else replace(base, float_outputs=float_output_op_types(model, base.op_types))
+        groups = find_node_groups(model, plan.op_types, exclude=plan.excluded)
+        dynamic_only = {} if graph == EXPORTED else _fused_dynamic_nodes(model)
+        candidates += auto_candidates(plan, groups, sensitivity, supported, max_kept=spec.auto_max_excluded, graph=graph,
+                                      dynamic_only=dynamic_only, dynamic_plan=dynamic_plan, int4_plan=int4_plan, include_fallbacks=False)
+        if graph != EXPORTED:
+            references[graph] = model
+    candidates += fallback_candidates(supported, int4_plan)
+    return search_auto(candidates, build=builder, evaluate=evaluate, time_models=time_models, reference=Path(fp32_path),
+                       graph_references=references, sensitivity=sensitivity, noise_margin=noise_margin,
+                       higher_is_better=metric.higher_is_better, metric_name=metric.name, budget_text=budget_text)
+
+
+def _fused_dynamic_nodes(model_path: Path) -> dict[str, str]:
+    import onnx
+
+    return {node.name: node.op_type for node in onnx.load(str(model_path), load_external_data=False).graph.node if node.op_type == "Attention"}
+
+
+def _cpu_first(target: TargetProfile, backend: Backend) -> bool:
+    providers = [ep.name for ep in target.backend(backend).execution_providers]
+    return bool(providers) and providers[0] == "CPUExecutionProvider"

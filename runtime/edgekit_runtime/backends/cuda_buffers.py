@@ -1,0 +1,205 @@
+"""The CUDA layer under the TensorRT runner, on pycuda: a device context, a stream, device buffers,
+pinned (page-locked) host buffers, asynchronous copies and CUDA graph capture.
+
+It knows nothing of TensorRT, so it can be tested on any NVIDIA GPU with pycuda alone. pycuda has no
+type stubs: its driver module is ``Any`` at this boundary, and everything this module returns is typed.
+pycuda is imported when a device is opened, never at module import.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from edgekit_runtime.tensorrt_engines.version import import_pycuda_driver, no_cuda_device
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CudaDeviceInfo:
+    device_id: int
+    name: str
+    compute_capability: str  # "8.7"
+    integrated: bool  # True on Jetson: the GPU shares the system memory
+    total_memory_bytes: int
+    multiprocessors: int
+
+
+class CudaGraph:
+    """An instantiated CUDA graph captured from a stream; :meth:`launch` replays it on a stream."""
+
+    def __init__(self, executable: Any) -> None:
+        self._executable = executable
+
+    def launch(self, stream: CudaStream) -> None:
+        self._executable.launch(stream.raw)
+
+
+class CudaStream:
+    """One CUDA stream; ``handle`` is the integer TensorRT's ``execute_async_v3`` takes."""
+
+    def __init__(self, driver: Any) -> None:
+        self._driver = driver
+        self.raw: Any = driver.Stream()
+
+    @property
+    def handle(self) -> int:
+        return int(self.raw.handle)
+
+    def synchronize(self) -> None:
+        self.raw.synchronize()
+
+    def begin_capture(self) -> None:
+        self.raw.begin_capture()
+
+    def end_capture(self) -> CudaGraph:
+        return CudaGraph(self.raw.end_capture().instantiate())
+
+
+class DeviceBuffer:
+    """Linear device memory that grows (reallocates) when a larger tensor needs it."""
+
+    def __init__(self, driver: Any, nbytes: int = 0) -> None:
+        self._driver = driver
+        self._allocation: Any = None
+        self.nbytes = 0
+        self.ensure(nbytes)
+
+    @property
+    def ptr(self) -> int:
+        if self._allocation is None:
+            raise ValueError("the device buffer holds no memory yet; call ensure(nbytes) first")
+        return int(self._allocation)
+
+    def ensure(self, nbytes: int) -> bool:
+        """Make room for ``nbytes``; True when the buffer was reallocated (its address changed)."""
+        if nbytes <= self.nbytes and self._allocation is not None:
+            return False
+        self.free()
+        self._allocation = self._driver.mem_alloc(max(nbytes, 1))
+        self.nbytes = max(nbytes, 1)
+        return True
+
+    def free(self) -> None:
+        if self._allocation is not None:
+            self._allocation.free()
+            self._allocation = None
+            self.nbytes = 0
+
+
+class PinnedBuffer:
+    """Page-locked host memory (needed for truly asynchronous copies), viewed as arrays of any shape."""
+
+    def __init__(self, driver: Any, nbytes: int = 0) -> None:
+        self._driver = driver
+        self._memory: np.ndarray = np.empty(0, dtype=np.uint8)
+        self.ensure(nbytes)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._memory.nbytes)
+
+    def ensure(self, nbytes: int) -> bool:
+        if nbytes <= self.nbytes and self.nbytes:
+            return False
+        self._memory = self._driver.pagelocked_empty((max(nbytes, 1),), np.uint8)
+        return True
+
+    def view(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+        count = int(np.prod(shape, dtype=np.int64))
+        nbytes = count * dtype.itemsize
+        if nbytes > self.nbytes:
+            raise ValueError(f"pinned buffer of {self.nbytes} bytes cannot hold {dtype.name}{list(shape)} ({nbytes} bytes)")
+        return self._memory[:nbytes].view(dtype).reshape(shape)
+
+
+class TensorBuffers:
+    """A pinned host buffer and a device buffer for one named tensor."""
+
+    def __init__(self, driver: Any, name: str) -> None:
+        self._driver = driver
+        self.name = name
+        self.host = PinnedBuffer(driver)
+        self.device = DeviceBuffer(driver)
+
+    def reserve(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> bool:
+        """Room for one tensor of ``shape``; True when the device address changed."""
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        self.host.ensure(nbytes)
+        return self.device.ensure(nbytes)
+
+    def upload(self, array: np.ndarray, stream: CudaStream) -> None:
+        """Copy ``array`` into the pinned buffer, then to the device asynchronously on ``stream``."""
+        self.reserve(array.shape, array.dtype)
+        staged = self.host.view(array.shape, array.dtype)
+        np.copyto(staged, array, casting="no")
+        self._driver.memcpy_htod_async(self.device.ptr, staged, stream.raw)
+
+    def download(self, shape: tuple[int, ...], dtype: np.dtype[Any], stream: CudaStream) -> np.ndarray:
+        """Queue the device-to-host copy; the returned pinned view is valid after ``stream.synchronize()``."""
+        staged = self.host.view(shape, dtype)
+        self._driver.memcpy_dtoh_async(staged, self.device.ptr, stream.raw)
+        return staged
+
+    def free(self) -> None:
+        self.device.free()
+
+
+class CudaDevice:
+    """A CUDA device's primary context made current (shared with the CUDA runtime that TensorRT uses)."""
+
+    def __init__(self, device_id: int = 0, *, driver: Any = None) -> None:
+        self.driver: Any = driver if driver is not None else import_pycuda_driver()
+        try:
+            self.driver.init()
+            count = int(self.driver.Device.count())
+        except Exception as err:  # pycuda raises its own exception types (e.g. "cuInit failed: no CUDA-capable device")
+            raise no_cuda_device(f"CUDA did not initialise ({err})", device_id=device_id) from err
+        if not 0 <= device_id < count:
+            raise no_cuda_device(f"{count} CUDA device(s) visible", device_id=device_id)
+        self.device_id = device_id
+        self._device: Any = self.driver.Device(device_id)
+        self._context: Any = self._device.retain_primary_context()
+        self._context.push()
+        self._open = True
+
+    def info(self) -> CudaDeviceInfo:
+        attributes = self.driver.device_attribute
+        major, minor = self._device.compute_capability()
+        return CudaDeviceInfo(
+            device_id=self.device_id,
+            name=str(self._device.name()),
+            compute_capability=f"{major}.{minor}",
+            integrated=bool(self._device.get_attribute(attributes.INTEGRATED)),
+            total_memory_bytes=int(self._device.total_memory()),
+            multiprocessors=int(self._device.get_attribute(attributes.MULTIPROCESSOR_COUNT)),
+        )
+
+    def stream(self) -> CudaStream:
+        return CudaStream(self.driver)
+
+    def buffers(self, name: str) -> TensorBuffers:
+        return TensorBuffers(self.driver, name)
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self._context.pop()
+            self._context.detach()
+
+    def __enter__(self) -> CudaDevice:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+def describe_device(device_id: int = 0, *, driver: Any = None) -> CudaDeviceInfo:
+    """Name, compute capability and memory of CUDA device ``device_id``."""
+    with CudaDevice(device_id, driver=driver) as device:
+        return device.info()

@@ -1,0 +1,587 @@
+#!/usr/bin/env python
+"""The agent's costs, side by side in one run: serving vs a bare ONNX Runtime loop, the local API, RSS, the spool.
+
+    .venv/bin/python scripts/bench_agent.py [--digits-bundle DIR] [--minilm-bundle DIR] [--round-s 0.1] [--case-s 20]
+                                            [--telemetry-interval-s 0.5] [--out docs/benchmarks/agent.json]
+
+1. Throughput (digits-cnn at batch 1 and 64, MiniLM at batch 1 and 8 with seq 128): a whole
+   :class:`AgentService` runs in this process (telemetry windows every ``--telemetry-interval-s``,
+   published through the MQTT link and its spool to the Mosquitto on 127.0.0.1:1883, power sampling
+   on), and four variants take turns, round after round: ``bare`` (``session.run`` in a loop on the
+   very ``onnxruntime.InferenceSession`` the agent serves, checked to use the manifest's options) and
+   ``agent`` (``service.server.infer``, the in-process serving path) back to back, then ``api_binary`` and
+   ``api_json`` (:class:`AgentClient` through the local HTTP API), each pair's order swapped every
+   other round. The machine is shared and noisy, so the headline is the ratio agent / bare of the
+   two adjacent runs of each round (median over rounds; target >= 0.98), and the per-request
+   overheads are medians of (wall time - the compute time the server measured), in microseconds.
+   One session serves both, so neither two sessions' memory layouts nor whose weights the CPU cache
+   holds can tell them apart; the bare loop does share this process with the agent's threads, so
+   their CPU use is reported as well.
+2. RSS: ``edgekit-agent run`` as its own process, without a bundle (waiting for a deploy; target
+   <= 60 MB), then with each bundle installed and a few requests served; VmRSS and VmHWM from
+   /proc/<pid>/status, and whether libonnxruntime is mapped. A bare Python process holding one
+   ONNX Runtime session of the same bundle is measured the same way, for scale.
+3. The spool: scripts/bench_spool.py's ``run`` (append, then peek + ack) with FULL and NORMAL sync.
+
+Bundles are built with ``edgekit build recipes/<name>.yaml --target x86-64-cpu`` unless given.
+Writes JSON to ``--out`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import yaml
+
+from edgekit_runtime import __version__ as runtime_version
+from edgekit_runtime.agent.client import AgentClient
+from edgekit_runtime.agent.config import load_config
+from edgekit_runtime.agent.errors import AgentApiError
+from edgekit_runtime.agent.service import AgentService
+from edgekit_runtime.backends.base import Runner
+from edgekit_runtime.backends.onnxruntime import GRAPH_OPTIMIZATION_LEVELS, OnnxRuntimeRunner
+from edgekit_runtime.bundle import Bundle, open_bundle
+from edgekit_runtime.signature import IOSignature
+
+REPO = Path(__file__).resolve().parent.parent
+BROKER = ("127.0.0.1", 1883)
+TARGET = "x86-64-cpu"
+THROUGHPUT_TARGET_RATIO = 0.98
+IDLE_RSS_TARGET_MB = 60.0
+MIN_ROUNDS = 8
+VARIANTS = ("bare", "agent", "api_binary", "api_json")
+#: (model key, recipe, dims of each case)
+CASES: tuple[tuple[str, str, tuple[dict[str, int], ...]], ...] = (
+    ("digits-cnn", "recipes/digits-cnn.yaml", ({"batch": 1}, {"batch": 64})),
+    ("minilm", "recipes/minilm.yaml", ({"batch": 1, "seq": 128}, {"batch": 8, "seq": 128})),
+)
+_NS_PER_US = 1_000
+
+
+# -- bundles, configs, feeds ----------------------------------------------------------------------------
+
+
+def ensure_bundle(recipe: str, given: Path | None, workdir: Path) -> Path:
+    """``given`` if set, else a fresh ``edgekit build`` of ``recipe`` for x86-64-cpu under ``workdir``."""
+    if given is not None:
+        open_bundle(given, verify=True)
+        return given
+    edgekit = Path(sys.executable).with_name("edgekit")
+    command = [str(edgekit) if edgekit.exists() else shutil.which("edgekit") or "edgekit"]
+    out = workdir / Path(recipe).stem
+    started_s = time.perf_counter()
+    subprocess.run([*command, "build", str(REPO / recipe), "--target", TARGET, "--out", str(out)], check=True,
+                   stdout=subprocess.DEVNULL)  # fmt: skip
+    print(f"built {out} in {time.perf_counter() - started_s:.0f} s", file=sys.stderr)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def write_agent_config(directory: Path, device_id: str, *, interval_s: float, power_sensor: str, port: int = 0) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    data = {
+        "device_id": device_id,
+        "fleet": "bench",
+        "broker": {"url": f"mqtt://{BROKER[0]}:{BROKER[1]}"},
+        "bundles": {"dir": str(directory / "bundles"), "allow_unsigned": True},
+        "api": {"address": f"127.0.0.1:{port}"},
+        "telemetry": {"interval_s": interval_s, "spool": {"path": str(directory / "spool.db")}},
+        "power": {"sensor": power_sensor},
+    }
+    path = directory / "agent.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def agent_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "edgekit_runtime.agent.cli", *args]
+
+
+def install_bundle(config_path: Path, bundle_dir: Path) -> None:
+    subprocess.run(agent_command("install", "--config", str(config_path), str(bundle_dir)), check=True,
+                   stdout=subprocess.DEVNULL, cwd=config_path.parent)  # fmt: skip
+
+
+def make_feeds(signature: IOSignature, dims: Mapping[str, int], *, seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs for ``signature``: floats standard normal, ``*mask*`` integers all ones, other integers
+    in [0, 1000) (valid token ids for any vocabulary of that size or more)."""
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for tensor in signature.inputs:
+        shape = [dim if isinstance(dim, int) else dims.get(dim) or signature.dims[dim].opt or 1 for dim in tensor.shape]
+        dtype = np.dtype(tensor.dtype)
+        if dtype.kind == "f":
+            feeds[tensor.name] = rng.standard_normal(shape).astype(dtype)
+        elif "mask" in tensor.name:
+            feeds[tensor.name] = np.ones(shape, dtype)
+        else:
+            feeds[tensor.name] = rng.integers(0, 1000, size=shape).astype(dtype)
+    return feeds
+
+
+def served_session(service: AgentService, bundle: Bundle) -> tuple[Any, dict[str, Any]]:
+    """The ``InferenceSession`` the agent serves, for the bare loop, after checking that it runs with the
+    manifest's options; returns it with those settings for the JSON."""
+    def session_of(runner: Runner) -> Any:
+        if not isinstance(runner, OnnxRuntimeRunner):
+            raise SystemExit(f"{bundle.root}: the bare loop needs an onnxruntime bundle, not {runner.backend_name}")
+        return runner.session
+
+    session = service.server.call_runner(session_of)
+    options = session.get_session_options()
+    wanted_level = GRAPH_OPTIMIZATION_LEVELS[bundle.backend.get("graph_optimization") or "all"]
+    settings = {
+        "providers": list(session.get_providers()),
+        "intra_op_threads": options.intra_op_num_threads,
+        "graph_optimization_level": options.graph_optimization_level.name,
+        "manifest": {key: bundle.backend.get(key) for key in ("execution_providers", "graph_optimization", "intra_op_threads")},
+    }
+    wanted_threads = bundle.backend.get("intra_op_threads")
+    if options.graph_optimization_level.name != wanted_level or (wanted_threads and options.intra_op_num_threads != wanted_threads):
+        raise SystemExit(f"the agent's session does not use the manifest's options: {settings}")
+    return session, settings
+
+
+def agent_threads_cpu_s() -> float:
+    """CPU seconds used so far by this process's agent threads (named ``edgekit-*``: telemetry, power,
+    commands, MQTT network, API accept loop), from /proc/self/task/<tid>/stat."""
+    ticks_per_s = os.sysconf("SC_CLK_TCK")
+    total_ticks = 0
+    for thread in threading.enumerate():
+        if not thread.name.startswith("edgekit-") or thread.native_id is None:
+            continue
+        try:
+            fields = Path(f"/proc/self/task/{thread.native_id}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        total_ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total_ticks / ticks_per_s
+
+
+# -- throughput and API overhead ------------------------------------------------------------------------
+
+#: One request; returns the compute time the server measured (ms), or None for the bare loop.
+Call = Callable[[], "float | None"]
+
+
+@dataclass
+class VariantSamples:
+    iterations_per_round: int = 0
+    items: int = 0
+    seconds: float = 0.0
+    round_items_per_s: list[float] = field(default_factory=list)
+    wall_us: list[float] = field(default_factory=list)
+    overhead_us: list[float] = field(default_factory=list)  # wall - server compute
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "iterations_per_round": self.iterations_per_round,
+            "rounds": len(self.round_items_per_s),
+            "items_per_s_median": statistics.median(self.round_items_per_s),
+            "items_per_s_pooled": self.items / self.seconds,
+            "items_per_s_max": max(self.round_items_per_s),
+            "wall_us_median": statistics.median(self.wall_us),
+            "wall_us_p90": float(np.percentile(self.wall_us, 90)),
+        }
+        if self.overhead_us:
+            out["overhead_us_median"] = statistics.median(self.overhead_us)
+        return out
+
+
+def calibrate(call: Call, round_s: float, *, warmup_s: float = 0.3) -> tuple[int, float]:
+    """Warm ``call`` up for about ``warmup_s``; returns the iteration count of a ``round_s`` round (at
+    least 1) and the seconds such a round takes."""
+    call()
+    started_s, calls = time.perf_counter(), 0
+    while calls < 2 or time.perf_counter() - started_s < warmup_s:
+        call()
+        calls += 1
+    per_call_s = (time.perf_counter() - started_s) / calls
+    iterations = max(1, round(round_s / per_call_s))
+    return iterations, iterations * per_call_s
+
+
+def run_round(call: Call, iterations: int, items: int, samples: VariantSamples) -> None:
+    clock = time.perf_counter_ns
+    started_ns = clock()
+    for _ in range(iterations):
+        before_ns = clock()
+        compute_ms = call()
+        wall_ns = clock() - before_ns
+        samples.wall_us.append(wall_ns / _NS_PER_US)
+        if compute_ms is not None:
+            samples.overhead_us.append(wall_ns / _NS_PER_US - compute_ms * 1000.0)
+    round_s = (clock() - started_ns) / 1e9
+    samples.round_items_per_s.append(iterations * items / round_s)
+    samples.items += iterations * items
+    samples.seconds += round_s
+
+
+def measure_case(calls: Mapping[str, Call], items: int, *, max_rounds: int, round_s: float, case_s: float) -> dict[str, VariantSamples]:
+    """Interleave the variants: each round runs ``bare`` and ``agent`` back to back (so that their ratio
+    compares the same moment of a noisy machine), then the two API variants; every other round swaps
+    the order within each pair. Short rounds, as many as fit in ``case_s`` (8 to ``max_rounds``)."""
+    samples = {name: VariantSamples() for name in calls}
+    one_round_s = 0.0
+    for name, call in calls.items():
+        samples[name].iterations_per_round, variant_round_s = calibrate(call, round_s)
+        one_round_s += variant_round_s
+    rounds = max(MIN_ROUNDS, min(max_rounds, int(case_s / one_round_s)))
+    pairs = (("bare", "agent"), ("api_binary", "api_json"))
+    for index in range(rounds):
+        for pair in pairs:
+            for name in pair if index % 2 == 0 else pair[::-1]:
+                run_round(calls[name], samples[name].iterations_per_round, items, samples[name])
+    return samples
+
+
+def summarise_case(model: str, dims: Mapping[str, int], samples: Mapping[str, VariantSamples]) -> dict[str, Any]:
+    ratios = [agent / bare for agent, bare in zip(samples["agent"].round_items_per_s, samples["bare"].round_items_per_s, strict=True)]
+    variants = {name: value.summary() for name, value in samples.items()}
+    agent_overhead_us = variants["agent"]["overhead_us_median"]
+    return {
+        "model": model,
+        "dims": dict(dims),
+        "variants": variants,
+        "agent_vs_bare": {
+            "ratio_median": statistics.median(ratios),
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+            "ratio_pooled": variants["agent"]["items_per_s_pooled"] / variants["bare"]["items_per_s_pooled"],
+            "target": THROUGHPUT_TARGET_RATIO,
+            "meets_target": statistics.median(ratios) >= THROUGHPUT_TARGET_RATIO,
+        },
+        "overhead_us": {
+            # wall - server compute, per request: validation, locks, timing, windows (and HTTP for the API)
+            "agent_in_process": agent_overhead_us,
+            "api_binary": variants["api_binary"]["overhead_us_median"],
+            "api_json": variants["api_json"]["overhead_us_median"],
+            # what the local API adds on top of calling the server in-process
+            "api_binary_minus_in_process": variants["api_binary"]["overhead_us_median"] - agent_overhead_us,
+            "api_json_minus_in_process": variants["api_json"]["overhead_us_median"] - agent_overhead_us,
+            # the in-process path against the bare loop, from wall times alone
+            "agent_minus_bare_wall": variants["agent"]["wall_us_median"] - variants["bare"]["wall_us_median"],
+        },
+    }
+
+
+def bench_model(model: str, bundle_dir: Path, dims_list: tuple[dict[str, int], ...], workdir: Path,
+                args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
+    """All throughput cases of one model against one in-process agent; returns the cases and telemetry."""
+    config_path = write_agent_config(workdir / f"inproc-{model}", f"bench-{model}", interval_s=args.telemetry_interval_s,
+                                     power_sensor=args.power_sensor)  # fmt: skip
+    install_bundle(config_path, bundle_dir)
+    bundle = open_bundle(bundle_dir, verify=False)
+    output_names = list(bundle.io.output_names)
+    service = AgentService(load_config(config_path)).start()
+    cases: list[dict[str, Any]] = []
+    try:
+        service.link.wait_connected(10.0)
+        session, session_settings = served_session(service, bundle)
+        started_cpu_s, started_wall_s = agent_threads_cpu_s(), time.perf_counter()
+        client = AgentClient(service.api_address)
+        for dims in dims_list:
+            feeds = make_feeds(bundle.io, dims)
+
+            def agent_call(feeds: dict[str, np.ndarray] = feeds) -> float:
+                return service.server.infer(feeds).timing.compute_ms
+
+            def api_call(encoding: str, feeds: dict[str, np.ndarray] = feeds) -> float:
+                client.infer(feeds, encoding=encoding)
+                return client.last_timing["compute_ms"]
+
+            def bare_call(feeds: dict[str, np.ndarray] = feeds) -> None:
+                session.run(output_names, feeds)
+
+            calls: dict[str, Call] = {
+                "bare": bare_call,
+                "agent": agent_call,
+                "api_binary": lambda: api_call("binary"),
+                "api_json": lambda: api_call("json"),
+            }
+            expected = session.run(output_names, feeds)[0]
+            np.testing.assert_allclose(service.server.infer(feeds).outputs[output_names[0]], expected, rtol=1e-5, atol=1e-5)
+            samples = measure_case(calls, dims["batch"], max_rounds=args.max_rounds, round_s=args.round_s, case_s=args.case_s)
+            cases.append({**summarise_case(model, dims, samples), "session": session_settings})
+            print(f"  {model} {dims}: agent/bare {cases[-1]['agent_vs_bare']['ratio_median']:.3f}", file=sys.stderr)
+        threads_cpu_s, wall_s = agent_threads_cpu_s() - started_cpu_s, time.perf_counter() - started_wall_s
+        service.link.flush(5.0)
+        counters = service.link.counters
+        telemetry = {
+            "model": model,
+            "interval_s": service.telemetry_interval_s,
+            "power_sensor": args.power_sensor,
+            "published": counters.published,
+            "acked": counters.acked,
+            "backlog": counters.backlog,
+            "dropped": counters.dropped,
+            "requests_served": service.server.totals().requests,
+            # the agent's own threads, which the bare loop in this process shares too
+            "agent_threads_cpu_percent": 100.0 * threads_cpu_s / wall_s,
+        }
+    finally:
+        service.stop()
+    return cases, telemetry
+
+
+# -- resident memory -------------------------------------------------------------------------------------
+
+
+def read_memory(pid: int) -> dict[str, Any]:
+    status = Path(f"/proc/{pid}/status").read_text(encoding="ascii", errors="replace")
+    values = {line.split(":")[0]: line.split()[1] for line in status.splitlines() if line.startswith(("VmRSS", "VmHWM"))}
+    maps = Path(f"/proc/{pid}/maps").read_text(encoding="ascii", errors="replace")
+    return {
+        "rss_mb": int(values["VmRSS"]) / 1024.0,
+        "hwm_mb": int(values["VmHWM"]) / 1024.0,
+        "onnxruntime_mapped": "onnxruntime" in maps,
+        "numpy_mapped": "numpy" in maps,
+    }
+
+
+def agent_rss(label: str, bundle_dir: Path | None, dims_list: tuple[dict[str, int], ...], workdir: Path,
+              args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+    """Start ``edgekit-agent run`` as its own process, serve a few requests, read its memory."""
+    port = free_port()
+    config_path = write_agent_config(workdir / f"rss-{label}", f"rss-{label}", interval_s=1.0,
+                                     power_sensor=args.power_sensor, port=port)  # fmt: skip
+    if bundle_dir is not None:
+        install_bundle(config_path, bundle_dir)
+    log_path = config_path.parent / "agent.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(agent_command("run", "--config", str(config_path)), stdout=log, stderr=subprocess.STDOUT,
+                                   cwd=config_path.parent)  # fmt: skip
+    client = AgentClient(f"127.0.0.1:{port}", timeout_s=120.0)
+    try:
+        deadline_s = time.monotonic() + 120.0
+        wanted = "no_model" if bundle_dir is None else "ok"
+        while True:
+            try:
+                if client.health()["status"] == wanted:
+                    break
+            except AgentApiError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline_s:
+                raise SystemExit(f"agent for '{label}' did not come up; log:\n{log_path.read_text()[-2000:]}")
+            time.sleep(0.1)
+        if bundle_dir is not None:
+            signature = open_bundle(bundle_dir, verify=False).io
+            for dims in dims_list:
+                for seed in range(3):
+                    client.infer(make_feeds(signature, dims, seed=seed))
+        time.sleep(args.settle_s)  # a few telemetry windows go out
+        memory = read_memory(process.pid)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return {"label": label, "process": "edgekit-agent run", **memory}
+
+
+BARE_RSS_CHILD = """
+import json, sys
+import numpy as np, onnxruntime as ort
+sess = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
+feeds = {}
+for node in sess.get_inputs():
+    shape = [d if isinstance(d, int) else int(sys.argv[2]) if i == 0 else int(sys.argv[3]) for i, d in enumerate(node.shape)]
+    dtype = np.float32 if node.type == "tensor(float)" else np.int64
+    feeds[node.name] = np.ones(shape, dtype)
+for _ in range(3):
+    sess.run(None, feeds)
+rss = hwm = 0
+for line in open("/proc/self/status"):
+    if line.startswith("VmRSS"):
+        rss = int(line.split()[1]) / 1024
+    if line.startswith("VmHWM"):
+        hwm = int(line.split()[1]) / 1024
+print(json.dumps({"rss_mb": rss, "hwm_mb": hwm}))
+"""
+
+
+def bare_rss(label: str, bundle_dir: Path, dims: Mapping[str, int]) -> dict[str, Any]:
+    """Python + numpy + one ONNX Runtime session of the bundle, after 3 runs at ``dims``: the floor."""
+    bundle = open_bundle(bundle_dir, verify=False)
+    completed = subprocess.run(
+        [sys.executable, "-c", BARE_RSS_CHILD, str(bundle.model_path), str(dims["batch"]), str(dims.get("seq", 1))],
+        check=True, capture_output=True, text=True, cwd=tempfile.gettempdir(),
+    )  # fmt: skip
+    return {"label": label, "process": "python + onnxruntime session", **json.loads(completed.stdout)}
+
+
+# -- spool ------------------------------------------------------------------------------------------------
+
+
+def load_spool_bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_spool", Path(__file__).with_name("bench_spool.py"))
+    if spec is None or spec.loader is None:
+        raise SystemExit("cannot load scripts/bench_spool.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def bench_spool(workdir: Path, messages: int) -> list[dict[str, Any]]:
+    module = load_spool_bench()
+    directory = workdir / "spool"
+    directory.mkdir(exist_ok=True)
+    return [module.run(messages, 900, 16, synchronous, directory) for synchronous in ("FULL", "NORMAL")]
+
+
+# -- report ------------------------------------------------------------------------------------------------
+
+
+def _aligned(header: Sequence[str], rows: Sequence[Sequence[str]], *, text_columns: int) -> list[str]:
+    """Columns padded to their widest cell: the first ``text_columns`` left-aligned, numbers right-aligned."""
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        padded = (cell.ljust(w) if i < text_columns else cell.rjust(w) for i, (cell, w) in enumerate(zip(cells, widths, strict=True)))
+        return "  ".join(padded)
+
+    return [line(header), *(line(row) for row in rows)]
+
+
+def _dims(case: Mapping[str, Any]) -> str:
+    return ",".join(f"{name}={size}" for name, size in case["dims"].items())
+
+
+def table(result: Mapping[str, Any]) -> str:
+    throughput = [
+        [case["model"], _dims(case), f"{v['bare']['items_per_s_median']:.1f}", f"{v['agent']['items_per_s_median']:.1f}",
+         f"{r['ratio_median']:.3f}", f"{r['ratio_pooled']:.3f}", f"{r['ratio_min']:.2f}..{r['ratio_max']:.2f}",
+         "yes" if r["meets_target"] else "NO", str(v["bare"]["rounds"]),
+         f"{v['api_binary']['items_per_s_median']:.1f}", f"{v['api_json']['items_per_s_median']:.1f}"]
+        for case in result["throughput"]
+        for v, r in [(case["variants"], case["agent_vs_bare"])]
+    ]  # fmt: skip
+    overhead = [
+        [case["model"], _dims(case), f"{v['bare']['wall_us_median']:.0f}", f"{o['agent_in_process']:.1f}",
+         f"{o['api_binary']:.0f}", f"{o['api_json']:.0f}", f"{o['api_binary_minus_in_process']:.0f}",
+         f"{o['api_json_minus_in_process']:.0f}"]
+        for case in result["throughput"]
+        for v, o in [(case["variants"], case["overhead_us"])]
+    ]  # fmt: skip
+    memory = [
+        [f"{entry['process']} / {entry['label']}", f"{entry['rss_mb']:.1f}", f"{entry['hwm_mb']:.1f}",
+         str(entry.get("onnxruntime_mapped", True))]
+        for entry in result["rss"]
+    ]  # fmt: skip
+    spool = [
+        [entry["synchronous"], f"{entry['append_per_s']:.0f}", f"{entry['ack_per_s']:.0f}", f"{entry['append_and_ack_per_s']:.0f}"]
+        for entry in result["spool"]
+    ]
+    lines = ["Throughput (items/s, median of rounds); agent/bare: median of the rounds' ratios, pooled over all rounds, range"]
+    lines += _aligned(["model", "dims", "bare", "agent", "ratio", "pooled", "min..max", ">=0.98", "rounds", "api bin", "api json"],
+                      throughput, text_columns=2)  # fmt: skip
+    lines += ["", "Per-request overhead (us; wall time - the compute time the server measured, median)"]
+    lines += _aligned(["model", "dims", "bare wall", "in-process", "api bin", "api json", "bin - in-proc", "json - in-proc"],
+                      overhead, text_columns=2)  # fmt: skip
+    lines += ["", "Telemetry during the throughput runs"]
+    lines += [f"  {t['model']}: every {t['interval_s']:g} s, {t['published']} published, {t['acked']} acked, backlog {t['backlog']}, "
+              f"dropped {t['dropped']}, {t['requests_served']} requests served; agent threads used "
+              f"{t['agent_threads_cpu_percent']:.1f} % of a core" for t in result["telemetry"]]  # fmt: skip
+    lines += ["", f"Resident memory (MB; idle target <= {IDLE_RSS_TARGET_MB:g})"]
+    lines += _aligned(["process / bundle", "VmRSS", "VmHWM", "onnxruntime mapped"], memory, text_columns=1)
+    lines += ["", "Spool (messages/s; 900-byte payloads, acks in batches of 16)"]
+    lines += _aligned(["synchronous", "append", "ack", "append+ack"], spool, text_columns=1)
+    return "\n".join(lines)
+
+
+def broker_reachable() -> bool:
+    try:
+        with socket.create_connection(BROKER, timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--digits-bundle", type=Path, help="an existing digits-cnn bundle (default: build one)")
+    parser.add_argument("--minilm-bundle", type=Path, help="an existing MiniLM bundle (default: build one)")
+    parser.add_argument("--max-rounds", type=int, default=40, help="most interleaved rounds per case")
+    parser.add_argument("--round-s", type=float, default=0.1, help="about how long one variant's round lasts (>= 1 call)")
+    parser.add_argument("--case-s", type=float, default=20.0, help="time budget of one case (at least 8 rounds run)")
+    parser.add_argument("--telemetry-interval-s", type=float, default=0.5)
+    parser.add_argument("--power-sensor", default="auto", help="the agent's power.sensor")
+    parser.add_argument("--settle-s", type=float, default=3.0, help="wait before reading an agent's RSS")
+    parser.add_argument("--spool-messages", type=int, default=5000)
+    parser.add_argument("--out", type=Path, default=REPO / "docs/benchmarks/agent.json")
+    args = parser.parse_args()
+    if not broker_reachable():
+        raise SystemExit(f"no MQTT broker on {BROKER[0]}:{BROKER[1]}; start Mosquitto (apt-get install mosquitto)")
+
+    with tempfile.TemporaryDirectory(prefix="edgekit-bench-agent-") as tmp:
+        workdir = Path(tmp)
+        bundles = {
+            "digits-cnn": ensure_bundle(CASES[0][1], args.digits_bundle, workdir),
+            "minilm": ensure_bundle(CASES[1][1], args.minilm_bundle, workdir),
+        }
+        result: dict[str, Any] = {
+            "benchmark": "agent",
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "edgekit_runtime": runtime_version,
+            "host": {"machine": platform.machine(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
+                     "onnxruntime": __import__("onnxruntime").__version__},
+            "settings": {"max_rounds": args.max_rounds, "round_s": args.round_s, "case_s": args.case_s,
+                         "telemetry_interval_s": args.telemetry_interval_s,
+                         "power_sensor": args.power_sensor, "broker": f"{BROKER[0]}:{BROKER[1]}"},
+            "bundles": {name: {"path": str(path), "name": open_bundle(path, verify=False).name,
+                               "precision": open_bundle(path, verify=False).precision} for name, path in bundles.items()},
+            "throughput": [],
+            "telemetry": [],
+        }
+        print("RSS without a model", file=sys.stderr)
+        rss = [agent_rss("no-model", None, (), workdir, args)]
+        for model, _, dims_list in CASES:
+            print(f"throughput: {model}", file=sys.stderr)
+            cases, telemetry = bench_model(model, bundles[model], dims_list, workdir, args)
+            result["throughput"] += cases
+            result["telemetry"].append(telemetry)
+        for model, _, dims_list in CASES:
+            print(f"RSS with {model}", file=sys.stderr)
+            rss.append(agent_rss(model, bundles[model], dims_list, workdir, args))
+            rss.append(bare_rss(model, bundles[model], dims_list[-1]))
+        result["rss"] = rss
+        result["rss_idle_target_mb"] = IDLE_RSS_TARGET_MB
+        result["rss_idle_meets_target"] = rss[0]["rss_mb"] <= IDLE_RSS_TARGET_MB
+        print("spool", file=sys.stderr)
+        result["spool"] = bench_spool(workdir, args.spool_messages)
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(table(result))
+    print(f"\nwritten to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""A fleet store seeded with a simulated history, and the dashboard serving it on a free port."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from edgekit.fleet.dashboard import DashboardServer
+
+DEVICES = 6
+
+
+@dataclass
+class SeededDashboard:
+    url: str
+    store_url: str
+    devices: list[str]
+
+
+@pytest.fixture(scope="module")
+def seeded_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeededDashboard]:
+    from edgekit.fleet.rollout_state import RolloutRecord, open_rollout_log
+    from edgekit.fleet.sim.seed import device_names, seed_history
+    from edgekit.fleet.store import open_store
+    from edgekit.fleet.store.base import RejectedMessage
+
+    store_url = f"sqlite:///{tmp_path_factory.mktemp('dashboard')}/fleet.db"
+    with open_store(store_url) as store:
+        seed_history(store, devices=DEVICES, hours=6, window_s=120.0)
+        now = dt.datetime.now(dt.timezone.utc)
+        store.add_rejected([RejectedMessage("edgekit/v1/sim/x/telemetry", "malformed_json", 12, now),
+                            RejectedMessage("edgekit/v1/sim/x/telemetry", "malformed_json", 9, now)])  # fmt: skip
+    with open_rollout_log(store_url) as log:
+        log.save(RolloutRecord("r1", "sim", "demo-v2", "file:///b.tar", "0" * 64, "completed", ("jetson-orin-nano-8gb-000",),
+                               ("jetson-orin-nano-8gb-000", "jetson-orin-nx-16gb-001"), now, now,
+                               outcomes={"jetson-orin-nano-8gb-000": "succeeded", "jetson-orin-nx-16gb-001": "succeeded"},
+                               health={"error_rate": 0.0, "p99_before_ms": 8.0, "p99_after_ms": 7.5}))  # fmt: skip
+    with DashboardServer(store_url, port=0, cache_s=0.0) as server:
+        yield SeededDashboard(server.url, store_url, [name for name, _ in device_names(DEVICES)])

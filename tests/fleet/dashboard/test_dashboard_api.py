@@ -1,0 +1,96 @@
+"""The dashboard's JSON endpoints and its small HTTP server, over real HTTP."""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from edgekit.fleet.dashboard.api import bucket_for
+
+
+def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read()
+
+
+def test_overview_lists_seeded_devices_bundles_rollouts_and_rejections(seeded_dashboard) -> None:
+    status, headers, body = _get(seeded_dashboard.url + "api/overview")
+    assert status == 200 and headers["Content-Type"] == "application/json"
+    data = json.loads(body)
+    assert sorted(d["device"] for d in data["devices"]) == sorted(seeded_dashboard.devices)
+    assert data["counts"] == {"devices": 6, "online": 6, "offline": 0}
+    row = data["devices"][0]
+    assert row["p99_ms"] > row["p50_ms"] > 0 and row["power_mw"] > 0 and row["target"]
+    assert [b["bundle_id"] for b in data["bundles"]] == ["demo-v2"] and data["bundles"][0]["devices"] == 6
+    assert data["rejected"] == {"malformed_json": 2}
+    assert data["rollouts"][0]["state"] == "completed"
+
+
+def test_series_are_downsampled_in_the_store(seeded_dashboard) -> None:
+    device = seeded_dashboard.devices[0]
+    query = urllib.parse.urlencode({"fleet": "sim", "device": device, "hours": 6, "points": 30})
+    data = json.loads(_get(seeded_dashboard.url + f"api/series?{query}")[2])
+    series = data["series"]
+    assert data["bucket_s"] == 900 and 20 <= len(series["t"]) <= 31  # 6 h of 2-minute windows in 15-minute buckets
+    assert len(series["p99_ms"]) == len(series["t"]) and all(v > 0 for v in series["p99_ms"])
+    bundles = json.loads(_get(seeded_dashboard.url + "api/bundle-series?hours=6&points=30")[2])["bundles"]
+    assert set(bundles) == {"demo-v1", "demo-v2"} and bundles["demo-v1"]["t"][0] < bundles["demo-v2"]["t"][-1]
+
+
+@pytest.mark.parametrize(("path", "status", "message"), [
+    ("api/series?fleet=sim", 400, "series needs ?fleet=F&device=D"),
+    ("api/series?fleet=sim&device=x&hours=abc", 400, "hours must be a number"),
+    ("api/overview?points=1", 400, "points in [2, 2000]"),
+    ("api/nothing", 404, "no API endpoint 'nothing'"),
+    ("static/..%2Fapp.py", 404, "no static file"),
+    ("static/app.py", 404, "no static file"),
+    ("elsewhere", 404, "no page at /elsewhere"),
+])  # fmt: skip
+def test_bad_requests_get_json_errors(seeded_dashboard, path: str, status: int, message: str) -> None:
+    got, _, body = _get(seeded_dashboard.url + path)
+    assert got == status and message in json.loads(body)["error"]
+
+
+def test_page_assets_are_served_offline_and_compressed(seeded_dashboard) -> None:
+    status, headers, body = _get(seeded_dashboard.url, {"Accept-Encoding": "gzip"})
+    page = gzip.decompress(body).decode() if headers.get("Content-Encoding") == "gzip" else body.decode()
+    assert status == 200 and "/static/app.js" in page and "http://" not in page and "https://" not in page
+    script = _get(seeded_dashboard.url + "static/app.js")[2].decode()
+    assert "lineChart" in script and "https://" not in script  # no CDN
+    assert "default-src 'self'" in headers["Content-Security-Policy"]
+
+
+def test_post_is_refused_and_keep_alive_works(seeded_dashboard) -> None:
+    parts = urllib.parse.urlsplit(seeded_dashboard.url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    connection.request("POST", "/api/overview", body=b"{}")
+    response = connection.getresponse()
+    assert response.status == 405 and "read-only" in json.loads(response.read())["error"]
+    connection.request("HEAD", "/healthz")
+    response = connection.getresponse()
+    assert response.status == 200 and response.read() == b""
+    connection.close()
+
+
+def test_bucket_for_snaps_to_nice_lengths() -> None:
+    assert bucket_for(24 * 3600, 288) == 300
+    assert bucket_for(3600, 1000) == 10
+    assert bucket_for(90 * 86400, 10) == 9 * 86400  # past the largest nice bucket: exact
+
+
+def test_unreachable_store_fails_at_start(tmp_path) -> None:
+    from edgekit.fleet.dashboard import DashboardServer
+    from edgekit.fleet.errors import StoreError
+
+    with pytest.raises(StoreError, match="folder .* does not exist"):
+        DashboardServer(f"sqlite:///{tmp_path}/missing/dir/fleet.db", port=0).start()

@@ -1,0 +1,203 @@
+"""``edgekit fleet collect|status|report``: JSON output, the rollout comparison, and errors users see."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from edgekit.cli import fleet as fleet_cli
+from edgekit.cli import options
+from edgekit.cli.main import build_parser, main
+from edgekit.fleet.report import build_report, parse_since
+from edgekit.fleet.errors import FleetError
+from edgekit.fleet.store import open_store
+from edgekit.fleet.store.base import DeviceStatus
+from edgekit_runtime.agent.telemetry import encode_message
+from tests.fleet.messages import BUNDLE_A, BUNDLE_B, T0, Publisher, status, telemetry, topic, window
+from tests.fleet.prometheus_text import parse_exposition
+from tests.runtime.agent.mosquitto import MosquittoBroker
+
+REPO = Path(__file__).resolve().parents[2]
+SINCE = "2026-02-01T00:00:00Z"
+
+
+@pytest.fixture
+def seeded(tmp_path: Path) -> str:
+    """Four devices: nano-1 and nano-2 roll from A to B after 10 windows (B is faster and leaner), agx-1 does
+    too, nano-3 stays on A. All on fleet "lab"."""
+    url = f"sqlite:///{tmp_path / 'fleet.db'}"
+    with open_store(url) as store:
+        windows = []
+        for device, switch_at in (("nano-1", 11), ("nano-2", 11), ("agx-1", 11), ("nano-3", None)):
+            for seq in range(1, 21):
+                on_b = switch_at is not None and seq >= switch_at
+                windows.append(window(seq, device=device, bundle=BUNDLE_B if on_b else BUNDLE_A,
+                                      latencies_ms=[2.0] * 10 if on_b else [4.0] * 10,
+                                      power_mw=4000.0 if on_b else 5000.0, temperature_c=45.0 if on_b else 50.0))  # fmt: skip
+        store.add_windows(windows)
+        for device in ("nano-1", "nano-2", "nano-3"):
+            store.set_device_target("lab", device, "jetson-orin-nano")
+        store.set_device_target("lab", "agx-1", "jetson-agx-orin")
+        store.upsert_status(DeviceStatus("lab", "nano-1", "online", BUNDLE_B.id, None, "0.1.0", T0 + dt.timedelta(hours=1)))
+        store.upsert_status(DeviceStatus("lab", "nano-3", "offline", BUNDLE_A.id, None, "0.1.0", T0 + dt.timedelta(hours=1)))
+    return url
+
+
+def _json_out(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict:  # type: ignore[type-arg]
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_status_json_lists_every_device(seeded: str, capsys: pytest.CaptureFixture[str]) -> None:
+    devices = {d["device"]: d for d in _json_out(capsys, ["fleet", "status", "--store", seeded, "--json"])["devices"]}
+    assert sorted(devices) == ["agx-1", "nano-1", "nano-2", "nano-3"]
+    nano_1 = devices["nano-1"]
+    assert (nano_1["state"], nano_1["bundle_id"], nano_1["target"]) == ("online", BUNDLE_B.id, "jetson-orin-nano")
+    assert (nano_1["p50_ms"], nano_1["p99_ms"], nano_1["temperature_max_c"]) == (2.0, 2.0, 45.0)
+    assert nano_1["power_mean_mw"] == pytest.approx(4000.0)
+    assert nano_1["energy_per_inference_mj"] == pytest.approx(4000.0)  # 4 W x 10 s / 10 inferences
+    assert nano_1["last_seen"] == "2026-03-01T13:00:00Z" and nano_1["windows"] == 20 and nano_1["missing_seqs"] == 0
+    assert (devices["nano-3"]["state"], devices["nano-2"]["state"]) == ("offline", "unknown")
+
+
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables as a 200-column terminal shows them (not wrapped at 80)."""
+    monkeypatch.setattr(options.console, "width", 200)
+
+
+def test_status_table_and_fleet_filter(seeded: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["fleet", "status", "--store", seeded]) == 0
+    table = capsys.readouterr().err
+    assert "fleet lab: 4 devices" in table
+    assert re.search(r"nano-1 +│ online +│ minilm-int8-b +│ jetson-orin-nano +│ +2\.00 +│ +2\.00 +│ +4000 ", table), table
+    assert _json_out(capsys, ["fleet", "status", "--store", seeded, "--fleet", "other", "--json"]) == {"devices": []}
+
+
+def test_report_json_compares_a_rollout_before_and_after(seeded: str, capsys: pytest.CaptureFixture[str]) -> None:
+    report = _json_out(capsys, ["fleet", "report", "--store", seeded, "--since", SINCE, "--json"])
+    groups = {(g["bundle_id"], g["target"]): g for g in report["groups"]}
+    assert groups[(BUNDLE_A.id, "jetson-orin-nano")]["devices"] == 3
+    assert groups[(BUNDLE_A.id, "jetson-orin-nano")]["windows"] == 10 + 10 + 20
+    assert groups[(BUNDLE_B.id, "jetson-agx-orin")]["p50_ms"] == 2.0
+    rollouts = {(r["from_bundle"], r["to_bundle"], r["target"]): r for r in report["rollouts"]}
+    assert sorted(rollouts) == [(BUNDLE_A.id, BUNDLE_B.id, "jetson-agx-orin"), (BUNDLE_A.id, BUNDLE_B.id, "jetson-orin-nano")]
+    nano = rollouts[(BUNDLE_A.id, BUNDLE_B.id, "jetson-orin-nano")]
+    assert nano["devices"] == ["lab/nano-1", "lab/nano-2"]  # nano-3 never switched: not in the comparison
+    assert nano["first_switch"] == "2026-03-01T12:01:40Z"
+    assert (nano["before"]["windows"], nano["after"]["windows"]) == (20, 20)
+    assert (nano["before"]["p50_ms"], nano["after"]["p50_ms"]) == (4.0, 2.0)
+    assert nano["change"]["p50_ms"] == {"delta": -2.0, "relative": -0.5}
+    assert nano["change"]["power_mean_mw"]["relative"] == pytest.approx(-0.2)
+    assert nano["change"]["energy_per_inference_mj"]["relative"] == pytest.approx(-0.2)
+    assert nano["change"]["temperature_max_c"]["delta"] == -5.0
+
+
+def test_report_filters_by_bundle_target_and_time(seeded: str, capsys: pytest.CaptureFixture[str]) -> None:
+    only_agx = _json_out(capsys, ["fleet", "report", "--store", seeded, "--since", SINCE, "--target", "jetson-agx-orin",
+                                  "--json"])  # fmt: skip
+    assert {(g["bundle_id"], g["target"]) for g in only_agx["groups"]} == {(BUNDLE_A.id, "jetson-agx-orin"),
+                                                                          (BUNDLE_B.id, "jetson-agx-orin")}  # fmt: skip
+    assert [r["devices"] for r in only_agx["rollouts"]] == [["lab/agx-1"]]
+    only_b = _json_out(capsys, ["fleet", "report", "--store", seeded, "--since", SINCE, "--bundle", BUNDLE_B.id, "--json"])
+    assert {g["bundle_id"] for g in only_b["groups"]} == {BUNDLE_B.id} and len(only_b["rollouts"]) == 2
+    recent = _json_out(capsys, ["fleet", "report", "--store", seeded, "--json"])  # default: the last 24 h (none)
+    assert recent["groups"] == [] and recent["rollouts"] == []
+    assert main(["fleet", "report", "--store", seeded, "--since", SINCE]) == 0
+    assert "rollout minilm-int8-a -> minilm-int8-b on jetson-orin-nano: 2 devices" in capsys.readouterr().err
+
+
+def test_report_after_retention_still_compares(seeded: str) -> None:
+    with open_store(seeded) as store:
+        before = build_report(store, since=parse_since(SINCE)).to_json()
+        store.apply_retention(dt.timedelta(hours=1), rollup_minutes=1, now=T0 + dt.timedelta(hours=2))
+        assert list(store.windows()) == []
+        after = build_report(store, since=parse_since(SINCE)).to_json()
+    for old, new in zip(before["rollouts"], after["rollouts"]):
+        assert new["devices"] == old["devices"]
+        for side in ("before", "after"):
+            assert new[side]["windows"] == old[side]["windows"]
+            assert new[side]["p50_ms"] == pytest.approx(old[side]["p50_ms"])
+            assert new[side]["energy_per_inference_mj"] == pytest.approx(old[side]["energy_per_inference_mj"])
+
+
+def test_parse_since_reads_durations_and_times() -> None:
+    now = dt.datetime(2026, 5, 1, tzinfo=dt.timezone.utc)
+    assert parse_since("24h", now) == now - dt.timedelta(hours=24)
+    assert parse_since("90s", now) == now - dt.timedelta(seconds=90)
+    assert parse_since("1.5d", now) == now - dt.timedelta(hours=36)
+    assert parse_since("2026-04-30T10:00:00", now) == dt.datetime(2026, 4, 30, 10, tzinfo=dt.timezone.utc)
+    with pytest.raises(FleetError, match="--since 'yesterday' is neither a duration nor a time") as info:
+        parse_since("yesterday", now)
+    assert "24h" in (info.value.hint or "")
+
+
+def test_user_errors_exit_2_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = f"sqlite:///{tmp_path / 'none.db'}"
+    assert main(["fleet", "status", "--store", missing]) == 2
+    assert "fleet store " + missing + " does not exist" in capsys.readouterr().err.replace("\n", "")
+    assert main(["fleet", "report", "--store", "oracle://db", "--json"]) == 2
+    assert "scheme 'oracle' is not one of" in capsys.readouterr().err
+    assert main(["fleet", "report", "--store", missing, "--since", "soon"]) == 2
+    assert "--since 'soon' is neither a duration nor a time" in capsys.readouterr().err
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(action.choices)
+
+
+def test_every_fleet_module_and_hook_adds_its_subcommand(monkeypatch: pytest.MonkeyPatch) -> None:
+    def add_hello(fleet_subparsers: argparse._SubParsersAction) -> None:
+        fleet_subparsers.add_parser("hello").set_defaults(func=lambda args: 0)
+
+    monkeypatch.setattr(fleet_cli, "_EXTRA_SUBCOMMANDS", {})
+    fleet_cli.register_subcommand("hello", add_hello)
+    fleet_commands = _subcommands(_subcommands(build_parser())["fleet"])
+    assert set(fleet_commands) == {"collect", "status", "report", "up", "simulate", "dashboard", "deploy", "hello"}
+    assert build_parser().parse_args(["fleet", "hello"]).fleet_command == "hello"
+
+
+def test_collect_command_runs_stores_and_serves_metrics(tmp_path: Path) -> None:
+    broker = MosquittoBroker(tmp_path / "mosquitto").start()
+    store_url = f"sqlite:///{tmp_path / 'fleet.db'}"
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "edgekit.cli.main", "fleet", "collect", "--broker", broker.url, "--store", store_url,
+             "--fleet", "cli", "--metrics-port", "0", "--duration", "4", "--json"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert process.stdout is not None
+        started = json.loads(process.stdout.readline())
+        assert started["event"] == "started" and started["store"] == store_url
+        with Publisher(broker) as device:
+            device.publish(topic("status", fleet="cli"), status("online", fleet="cli"), retain=True)
+            device.publish_many([(topic("telemetry", fleet="cli"), encode_message(telemetry(s, fleet="cli"))) for s in (1, 2, 2, 4)])
+            device.publish(topic("telemetry", fleet="cli"), b"{oops")
+        deadline = dt.datetime.now() + dt.timedelta(seconds=3)
+        families = {}
+        while dt.datetime.now() < deadline:
+            with urllib.request.urlopen(started["metrics_url"], timeout=5) as response:
+                families = parse_exposition(response.read().decode())
+            if families["edgekit_collector_records_stored_total"].value({"kind": "telemetry"}) == 3:
+                break
+        assert families["edgekit_device_online"].value({"fleet": "cli", "device": "dev-1"}) == 1
+        out, err = process.communicate(timeout=20)
+        assert process.returncode == 0, err
+        stopped = json.loads(out.strip().splitlines()[-1])
+        assert stopped["stored"] == {"status": 1, "telemetry": 3} and stopped["duplicates"]["telemetry"] == 1
+        assert stopped["rejected"] == {"malformed_json": 1}
+        assert "rejected a message on edgekit/v1/cli/dev-1/telemetry" in err
+    finally:
+        broker.stop()
+    with open_store(store_url) as store:
+        assert [w.seq for w in store.windows()] == [1, 2, 4]
+        assert store.missing_seqs("cli", "dev-1") == [(3, 3)]
