@@ -224,22 +224,28 @@ class OrtInterleavedTimer:
     wall-clock latency in ms per model. Sessions of ``keep_loaded`` paths (the references) are reused."""
 
     def __init__(self, feeds: Mapping[str, np.ndarray], *, threads: int | None = None, rounds: int = 15, warmup: int = 2,
-                 graph_optimization: str = "all", keep_loaded: Sequence[Path] = ()) -> None:
-        if rounds < 1:
-            raise QuantizationError(f"the timer needs rounds >= 1, got {rounds}")
+                 min_seconds: float = 1.0, max_rounds: int = 500, graph_optimization: str = "all", keep_loaded: Sequence[Path] = ()) -> None:
+        if rounds < 1 or max_rounds < rounds:
+            raise QuantizationError(f"the timer needs 1 <= rounds <= max_rounds, got rounds={rounds}, max_rounds={max_rounds}")
         self.feeds = dict(feeds)
         self.threads, self.rounds, self.warmup, self.graph_optimization = threads, rounds, warmup, graph_optimization
+        self.min_seconds, self.max_rounds = min_seconds, max_rounds
         self.keep_loaded = {Path(p).resolve() for p in keep_loaded}
         self._sessions: dict[Path, Any] = {}
 
     def __call__(self, paths: Sequence[Path]) -> list[float]:
         sessions = [self._session(Path(path)) for path in paths]
         runs = [(session, {i.name: self.feeds[i.name] for i in session.get_inputs()}) for session in sessions]
-        for _ in range(self.warmup):
+        start = time.perf_counter()
+        for _ in range(max(self.warmup, 1)):
             for session, feed in runs:
                 session.run(None, feed)
+        # Fast models get more rounds (at least ``min_seconds`` of timing per model), so that a few
+        # scheduler hiccups on a shared machine do not move the median.
+        per_round_s = (time.perf_counter() - start) / max(self.warmup, 1) / max(len(runs), 1)
+        rounds = min(self.max_rounds, max(self.rounds, int(self.min_seconds / max(per_round_s, 1e-6))))
         samples: list[list[float]] = [[] for _ in runs]
-        for _ in range(self.rounds):
+        for _ in range(rounds):
             for index, (session, feed) in enumerate(runs):
                 start = time.perf_counter()
                 session.run(None, feed)

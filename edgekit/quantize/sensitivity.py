@@ -56,9 +56,12 @@ class GroupSensitivity:
     #: 1 = the most harmful group.
     rank: int
     cosine_min: float | None = None
+    #: Relative L2 distance of the raw outputs from the reference (tie-breaker for coarse metrics).
+    output_error: float = 0.0
 
     def to_manifest(self) -> dict[str, Any]:
-        return {"group": self.group, "nodes": list(self.nodes), "value": self.value, "loss": self.loss, "rank": self.rank, "cosine_min": self.cosine_min}
+        return {"group": self.group, "nodes": list(self.nodes), "value": self.value, "loss": self.loss, "rank": self.rank,
+                "cosine_min": self.cosine_min, "output_error": self.output_error}
 
 
 @dataclass(frozen=True)
@@ -108,7 +111,8 @@ class SensitivityReport:
         """Read what :meth:`to_manifest` wrote (e.g. from an earlier bundle's manifest)."""
         try:
             groups = tuple(
-                GroupSensitivity(g["group"], tuple(g["nodes"]), float(g["value"]), float(g["loss"]), int(g["rank"]), g.get("cosine_min"))
+                GroupSensitivity(g["group"], tuple(g["nodes"]), float(g["value"]), float(g["loss"]), int(g["rank"]), g.get("cosine_min"),
+                                 float(g.get("output_error", 0.0)))
                 for g in data["groups"]
             )
             return cls(
@@ -195,9 +199,12 @@ def analyze_sensitivity(
         outputs = run({flag_of_node[node] for node in group.nodes})
         value = float(metric(outputs, reference, labels))
         loss = (reference_value - value) if higher_is_better else (value - reference_value)
-        measured.append((group, value, loss, _cosine_min(outputs, reference)))
-    measured.sort(key=lambda item: (-item[2], item[0].name))
-    entries = tuple(GroupSensitivity(g.name, g.nodes, value, loss, rank, cos) for rank, (g, value, loss, cos) in enumerate(measured, start=1))
+        measured.append((group, value, loss, _output_error(outputs, reference), _cosine_min(outputs, reference)))
+    # Ties in the metric (top-1 over a few batches often moves for no single group) are broken by how far
+    # the raw outputs moved, so the ranking still says which group to keep first.
+    measured.sort(key=lambda item: (-item[2], -item[3], item[0].name))
+    entries = tuple(GroupSensitivity(g.name, g.nodes, value, loss, rank, cos, error)
+                    for rank, (g, value, loss, error, cos) in enumerate(measured, start=1))
     seconds = time.perf_counter() - started
     log.info("sensitivity of %d groups over %d batches in %.1f s", len(runs), len(used), seconds)
     return SensitivityReport(
@@ -337,6 +344,15 @@ def _model_feed(session: Any, batch: Mapping[str, np.ndarray], model_path: Path)
     if missing:
         raise QuantizationError(f"{model_path}: evaluation batch has no input {', '.join(missing)} (has {', '.join(sorted(batch))})")
     return {name: np.asarray(batch[name]) for name in names}
+
+
+def _output_error(outputs: list[np.ndarray], reference: list[np.ndarray]) -> float:
+    """``||outputs - reference|| / ||reference||`` over all batches (0.0 for non-float outputs)."""
+    if not outputs or outputs[0].dtype.kind != "f":
+        return 0.0
+    difference = sum(float(np.square(o.astype(np.float64) - r.astype(np.float64)).sum()) for o, r in zip(outputs, reference))
+    scale = sum(float(np.square(r.astype(np.float64)).sum()) for r in reference)
+    return float(np.sqrt(difference / scale)) if scale > 0 else float(np.sqrt(difference))
 
 
 def _cosine_min(outputs: list[np.ndarray], reference: list[np.ndarray]) -> float | None:

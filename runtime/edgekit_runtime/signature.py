@@ -261,31 +261,33 @@ def validate_feeds(signature: IOSignature, feeds: Mapping[str, Any]) -> dict[str
     bound: dict[str, tuple[int, str]] = {}  # dim name -> (size, input that bound it)
     for tensor in signature.inputs:
         value = feeds[tensor.name]
-        expected = signature.describe_tensor(tensor)
         if not isinstance(value, np.ndarray):
             raise InputSignatureError(
-                f"input '{tensor.name}': expected {expected}, got {type(value).__name__}",
+                f"input '{tensor.name}': expected {signature.describe_tensor(tensor)}, got {type(value).__name__}",
                 hint=f"pass numpy.asarray(value, dtype=numpy.{tensor.dtype})",
             )
-        prefix = f"input '{tensor.name}': expected {expected}, got {describe_array(value)}"
+        # The message text is built only when a check fails: this runs on every inference.
+        def prefix(tensor: TensorSignature = tensor, value: np.ndarray = value) -> str:
+            return f"input '{tensor.name}': expected {signature.describe_tensor(tensor)}, got {describe_array(value)}"
+
         if value.dtype.name != tensor.dtype:
             raise InputSignatureError(
-                f"{prefix} (dtype {value.dtype.name}, expected {tensor.dtype})",
+                f"{prefix()} (dtype {value.dtype.name}, expected {tensor.dtype})",
                 hint=f"convert it with .astype(numpy.{tensor.dtype}) in your preprocessing",
             )
         if value.ndim != tensor.rank:
-            raise InputSignatureError(f"{prefix} (rank {value.ndim}, expected rank {tensor.rank})")
+            raise InputSignatureError(f"{prefix()} (rank {value.ndim}, expected rank {tensor.rank})")
         for axis, (dim, size) in enumerate(zip(tensor.shape, value.shape)):
             if isinstance(dim, int):
                 if size != dim:
-                    raise InputSignatureError(f"{prefix} (dimension {axis} is {size}, expected {dim})")
+                    raise InputSignatureError(f"{prefix()} (dimension {axis} is {size}, expected {dim})")
                 continue
             if dim == ANONYMOUS_DIM:
                 continue
             bounds = signature.dims.get(dim)
             if bounds is not None and not bounds.contains(size):
                 raise InputSignatureError(
-                    f"{prefix} (dimension {axis} '{dim}' is {size}, outside {bounds.min}..{bounds.max})",
+                    f"{prefix()} (dimension {axis} '{dim}' is {size}, outside {bounds.min}..{bounds.max})",
                     hint=f"split the call into pieces with {dim} at most {bounds.max}"
                     if size > bounds.max
                     else None,
@@ -294,7 +296,7 @@ def validate_feeds(signature: IOSignature, feeds: Mapping[str, Any]) -> dict[str
                 other_size, other_input = bound[dim]
                 where = "earlier in this input" if other_input == tensor.name else f"by input '{other_input}'"
                 raise InputSignatureError(
-                    f"{prefix} (dimension {axis} '{dim}' is {size}, but {dim} = {other_size} {where})",
+                    f"{prefix()} (dimension {axis} '{dim}' is {size}, but {dim} = {other_size} {where})",
                     hint=f"every input must use the same size for '{dim}'",
                 )
             bound.setdefault(dim, (size, tensor.name))
