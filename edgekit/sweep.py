@@ -25,7 +25,7 @@ from edgekit.recipe import load_recipe
 from edgekit.target import get_target
 
 log = logging.getLogger(__name__)
-BUILT = (Precision.FP32, Precision.FP16, Precision.INT8, Precision.INT8_DYNAMIC, Precision.INT4)
+BUILT = (Precision.FP32, Precision.FP16, Precision.BF16, Precision.INT8, Precision.INT8_DYNAMIC, Precision.INT4)
 
 
 @dataclass(frozen=True)

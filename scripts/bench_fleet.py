@@ -45,7 +45,7 @@ from tests.runtime.agent.mosquitto import MosquittoBroker, free_port  # noqa: E4
 COLLECTOR_OPTIONS: dict[str, Any] = {"session_expiry_s": 3600, "batch_size": 1000, "queue_size": 50_000}
 
 
-def _prime_session(broker: MosquittoBroker, client_id: str, fleet: str) -> None:
+def _prime_session(broker: MosquittoBroker, client_id: str, fleet: str, shared_group: str | None = None) -> None:
     """Create a persistent session subscribed like the collector, then leave: the broker queues for it."""
     import paho.mqtt.client as paho
     from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
@@ -59,7 +59,9 @@ def _prime_session(broker: MosquittoBroker, client_id: str, fleet: str) -> None:
     properties.SessionExpiryInterval = 3600
     client.connect(broker.host, broker.port, clean_start=True, properties=properties)
     client.loop_start()
-    result, mid = client.subscribe([(subscription(kind, fleet), 1) for kind in ("telemetry", "events", "status")])
+    prefix = f"$share/{shared_group}/" if shared_group else ""
+    topics = [prefix + subscription("telemetry", fleet), prefix + subscription("events", fleet), subscription("status", fleet)]
+    result, mid = client.subscribe([(topic, 1) for topic in topics])
     time.sleep(0.5)
     client.disconnect()
     client.loop_stop()
@@ -84,9 +86,11 @@ def _wait_stored(store: Any, expected: int, timeout_s: float, start: float | Non
     return last, time.monotonic() - start
 
 
-def bench_ingest(store_url: str, workdir: Path, devices: int, windows: int) -> dict[str, Any]:
+def bench_ingest(store_url: str, workdir: Path, devices: int, windows: int, mqtt_version: str = "5") -> dict[str, Any]:
     """Live and drain ingest of ``devices`` x ``windows`` telemetry windows into the store at ``store_url``."""
-    results: dict[str, Any] = {"store": store_url.split("://")[0], "devices": devices, "windows_per_device": windows}
+    results: dict[str, Any] = {"store": store_url.split("://")[0], "devices": devices, "windows_per_device": windows,
+                               "mqtt_version": mqtt_version}  # fmt: skip
+    options = {**COLLECTOR_OPTIONS, "mqtt_version": mqtt_version}
     with MosquittoBroker(workdir / "mosquitto", extra_config=["max_queued_messages 0", "max_inflight_messages 0",
                                                               "max_queued_bytes 0"]) as broker:  # fmt: skip
         store = open_store(store_url)
@@ -95,7 +99,7 @@ def bench_ingest(store_url: str, workdir: Path, devices: int, windows: int) -> d
             before = _count_windows(store)
             simulator = FleetSimulator(config if phase == "live" else SimulationConfig(**{**config.__dict__, "seed": 2}))
             if phase == "live":
-                collector = Collector(broker.url, store, client_id="bench-collector", fleet="bench", **COLLECTOR_OPTIONS).start()
+                collector = Collector(broker.url, store, client_id="bench-collector", fleet="bench", **options).start()
             else:
                 _prime_session(broker, "bench-collector-drain", "bench")  # the broker queues for this session
                 for agent in simulator.agents.values():
@@ -108,7 +112,7 @@ def bench_ingest(store_url: str, workdir: Path, devices: int, windows: int) -> d
             if phase == "live":
                 stored, seconds = _wait_stored(store, before + sent, 300, start=t0)
             else:
-                collector = Collector(broker.url, store, client_id="bench-collector-drain", fleet="bench", **COLLECTOR_OPTIONS)
+                collector = Collector(broker.url, store, client_id="bench-collector-drain", fleet="bench", **options)
                 t0 = time.monotonic()
                 collector.start(timeout_s=300)  # the broker sends the queued backlog before the SUBACK
                 stored, seconds = _wait_stored(store, before + sent, 300, start=t0)
@@ -123,6 +127,74 @@ def bench_ingest(store_url: str, workdir: Path, devices: int, windows: int) -> d
                 "publish_per_s": round(sent / publish_s, 1) if publish_s > 0 else None,
             }  # fmt: skip
             print(f"  {results['store']} {phase}: {results[phase]}", flush=True)
+        store.close()
+    return results
+
+
+def _collector_process(broker_url: str, store_url: str, client_id: str, options: dict[str, Any], ready: Any, stop: Any) -> None:
+    """One collector of a shared group in its own process (``fleet collect --workers N`` does the same)."""
+    with open_store(store_url) as store:
+        collector = Collector(broker_url, store, client_id=client_id, fleet="bench", shared_group="bench", **options)
+        collector.start(timeout_s=300)
+        ready.set()
+        stop.wait()
+        collector.stop()
+
+
+def bench_ingest_workers(store_url: str, workdir: Path, devices: int, windows: int, mqtt_version: str,
+                         workers: int) -> dict[str, Any]:
+    """Like :func:`bench_ingest`, with ``workers`` collector processes in one shared subscription group."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    results: dict[str, Any] = {"store": store_url.split("://")[0], "devices": devices, "windows_per_device": windows,
+                               "mqtt_version": mqtt_version, "workers": workers}  # fmt: skip
+    options = {**COLLECTOR_OPTIONS, "mqtt_version": mqtt_version}
+    with MosquittoBroker(workdir / "mosquitto", extra_config=["max_queued_messages 0", "max_inflight_messages 0",
+                                                              "max_queued_bytes 0"]) as broker:  # fmt: skip
+        store = open_store(store_url)  # creates the schema before the workers open it
+        config = SimulationConfig(broker.url, devices=devices, rate_per_s=0.001, fleet="bench", seed=1)
+        for phase in ("live", "drain"):
+            before = _count_windows(store)
+            simulator = FleetSimulator(config if phase == "live" else SimulationConfig(**{**config.__dict__, "seed": 2}))
+            ids = [f"bench-{phase}-worker-{i}" for i in range(workers)]
+            stop = context.Event()
+            readies = [context.Event() for _ in ids]
+            processes = [context.Process(target=_collector_process, args=(broker.url, store_url, cid, options, ready, stop))
+                         for cid, ready in zip(ids, readies)]  # fmt: skip
+            if phase == "live":
+                for process in processes:
+                    process.start()
+                for ready in readies:
+                    ready.wait(60)
+            else:
+                for cid in ids:
+                    _prime_session(broker, cid, "bench", shared_group="bench")
+                for agent in simulator.agents.values():
+                    agent.seq = windows
+            simulator.start(telemetry=False)
+            sent = simulator.publish_backlog(windows)
+            t0 = time.monotonic()
+            acked_ok = simulator.flush(300)
+            publish_s = time.monotonic() - t0
+            if phase == "drain":
+                t0 = time.monotonic()
+                for process in processes:
+                    process.start()
+            stored, seconds = _wait_stored(store, before + sent, 300, start=t0)
+            counters = simulator.counters()
+            simulator.stop()
+            stop.set()
+            for process in processes:
+                process.join(60)
+            new = stored - before
+            results[phase] = {
+                "sent": sent, "acked_by_broker": counters.acked - (counters.published - sent), "all_acked": acked_ok,
+                "stored": new, "lost": sent - new, "seconds": round(seconds, 3),
+                "stored_per_s": round(new / seconds, 1) if seconds > 0 else None,
+                "publish_per_s": round(sent / publish_s, 1) if publish_s > 0 else None,
+            }  # fmt: skip
+            print(f"  {results['store']} {phase} ({workers} workers): {results[phase]}", flush=True)
         store.close()
     return results
 
@@ -199,6 +271,9 @@ def main() -> int:
     parser.add_argument("--devices", type=int, default=200)
     parser.add_argument("--windows", type=int, default=100, help="telemetry windows per device per ingest phase")
     parser.add_argument("--dashboard-window-s", type=float, default=60.0, help="window length of the seeded 24 h")
+    parser.add_argument("--mqtt-version", action="append", choices=("5", "3.1.1"),
+                        help="collector MQTT version(s) for the SQLite ingest runs (repeat to compare; default 3.1.1 and 5)")
+    parser.add_argument("--workers", type=int, default=2, help="collector processes for the shared-group SQLite run (0: skip)")
     parser.add_argument("--skip-postgres", action="store_true")
     parser.add_argument("--skip-dashboard", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("bench_fleet.json"))
@@ -208,8 +283,15 @@ def main() -> int:
                                "synthetic": True, "ingest": []}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="edgekit-bench-fleet-") as tmp:
         work = Path(tmp)
-        print("ingest into SQLite", flush=True)
-        results["ingest"].append(bench_ingest(f"sqlite:///{work}/ingest.db", work / "sqlite", args.devices, args.windows))
+        for index, version in enumerate(args.mqtt_version or ["3.1.1", "5"]):
+            print(f"ingest into SQLite (collector on MQTT {version})", flush=True)
+            results["ingest"].append(bench_ingest(f"sqlite:///{work}/ingest-{index}.db", work / f"sqlite-{index}",
+                                                  args.devices, args.windows, version))  # fmt: skip
+        if args.workers > 0:
+            version = (args.mqtt_version or ["3.1.1"])[0]
+            print(f"ingest into SQLite ({args.workers} collector processes, one shared group, MQTT {version})", flush=True)
+            results["ingest"].append(bench_ingest_workers(f"sqlite:///{work}/ingest-workers.db", work / "sqlite-workers",
+                                                          args.devices, args.windows, version, args.workers))  # fmt: skip
         if not args.skip_postgres and Postgres.available():
             print("ingest into PostgreSQL", flush=True)
             postgres = Postgres(work / "pg")
@@ -231,9 +313,12 @@ def print_table(results: dict[str, Any]) -> None:
     for run in results["ingest"]:
         for phase in ("live", "drain"):
             r = run[phase]
-            print(f"| ingest {run['store']} {phase}, {run['devices']} devices | {r['stored_per_s']} msg/s stored | "
+            print(f"| ingest {run['store']} {phase}, MQTT {run.get('mqtt_version', '5')}, {run.get('workers', 1)} collector(s), "
+                  f"{run['devices']} devices | "
+                  f"{r['stored_per_s']} msg/s stored | "
                   f"{'>= 5,000/s' if run['store'] == 'sqlite' else '-'} |")  # fmt: skip
-            print(f"| lost {run['store']} {phase} | {r['lost']} of {r['sent']} | 0 |")
+            print(f"| lost {run['store']} {phase}, MQTT {run.get('mqtt_version', '5')}, {run.get('workers', 1)} collector(s) | "
+                  f"{r['lost']} of {r['sent']} | 0 |")
     dash = results.get("dashboard") or {}
     for label in ("raw", "after_retention"):
         if label in dash:

@@ -202,3 +202,11 @@ def test_recipe_backend_the_target_lacks(tiny_recipe, tmp_path):
     text = TINY_RECIPE.format(factory="tiny_net").replace("build:\n", "build:\n  backend: tensorrt\n")
     with pytest.raises(TargetError, match=r"target 'x86-64-cpu' has no tensorrt backend"):
         build(tiny_recipe(text=text), "x86-64-cpu", out=tmp_path / "b")
+
+
+def test_precision_applied_on_the_device_is_labelled_and_golden_is_widened(tiny_recipe, tmp_path):
+    result = build(tiny_recipe(), "jetson-agx-thor", precision="bf16", out=tmp_path / "thor-bf16")
+    manifest = result.manifest
+    assert manifest["backend"]["name"] == "tensorrt" and manifest["precision"] == "bf16"
+    assert "TensorRT applies bf16 through builder flags on the device" in manifest["accuracy"]["note"]
+    assert manifest["golden"]["rtol"] == 0.05 and manifest["golden"]["min_cosine"] == 0.99

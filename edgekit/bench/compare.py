@@ -64,6 +64,16 @@ def feeds_at(bundle: Bundle, signature: IOSignature, dims: dict[str, int]) -> di
     return feeds
 
 
+def host_runner(bundle: Bundle, signature: IOSignature, threads: int) -> Any:
+    """The bundle's ONNX graph on this host's CPU with ONNX Runtime, whatever backend the bundle targets:
+    a TensorRT bundle's engine can only run on its device, and host timings are labelled as such."""
+    from edgekit_runtime.backends.onnxruntime import OnnxRuntimeRunner
+
+    graph_optimization = bundle.manifest["backend"].get("graph_optimization", "all")
+    return OnnxRuntimeRunner(bundle.model_path, signature, execution_providers=[{"name": "CPUExecutionProvider", "options": {}}],
+                             graph_optimization=graph_optimization, intra_op_threads=threads).load()
+
+
 def _torch_model(bundle: Bundle, recipe_path: Path | None) -> tuple[Any, Any]:
     from edgekit.recipe import load_recipe
     from edgekit.sources import load_source
@@ -84,8 +94,6 @@ def _torch_model(bundle: Bundle, recipe_path: Path | None) -> tuple[Any, Any]:
 
 def bench_bundle(bundle_dir: Path, dims: dict[str, int] | None = None, iterations: int = 50, warmup: int = 10, vs_pytorch: bool = False,
                  threads: int | None = None, recipe_path: Path | None = None, rounds: int = 5) -> BenchReport:
-    from edgekit_runtime.backends import create_runner
-
     bundle = open_bundle(bundle_dir, verify=True)
     signature = IOSignature.from_manifest(bundle.manifest["io"])
     all_dims = {name: rng["opt"] for name, rng in bundle.manifest["io"]["dims"].items()}
@@ -96,8 +104,7 @@ def bench_bundle(bundle_dir: Path, dims: dict[str, int] | None = None, iteration
     threads = threads or min(os.cpu_count() or 1, bundle.manifest["target"]["cpu"]["cores"])
     feeds = feeds_at(bundle, signature, all_dims)
     batch = next(iter(feeds.values())).shape[0] if feeds else 1
-    runner = create_runner(bundle, execution_providers=[{"name": "CPUExecutionProvider", "options": {}}], intra_op_threads=threads)
-    runner.load()
+    runner = host_runner(bundle, signature, threads)
     contenders: dict[str, Any] = {"bundle": lambda: runner.infer(feeds)}
     if vs_pytorch:
         import torch
@@ -124,8 +131,6 @@ def time_bundles_interleaved(bundle_dirs: list[Path], iterations: int = 30, roun
                              dims: dict[str, int] | None = None) -> dict[str, dict[str, float]]:
     """p50/p99 of several bundles at the shape each was benchmarked at (or ``dims``), timed in
     interleaved rounds on this host's CPU so that noise hits them alike; keyed by ``str(bundle_dir)``."""
-    from edgekit_runtime.backends import create_runner
-
     contenders = {}
     runners = []
     try:
@@ -135,8 +140,7 @@ def time_bundles_interleaved(bundle_dirs: list[Path], iterations: int = 30, roun
             shape = dims or bundle.manifest["benchmark"]["shape"]
             feeds = feeds_at(bundle, signature, shape)
             count = threads or bundle.manifest["benchmark"].get("threads") or os.cpu_count() or 1
-            runner = create_runner(bundle, execution_providers=[{"name": "CPUExecutionProvider", "options": {}}], intra_op_threads=count)
-            runner.load()
+            runner = host_runner(bundle, signature, count)
             runners.append(runner)
             contenders[str(bundle_dir)] = (runner, feeds)
         samples: dict[str, list[float]] = {name: [] for name in contenders}

@@ -12,7 +12,9 @@ import datetime as dt
 import importlib
 import logging
 import os
+import signal
 import socket
+import threading
 import time
 from typing import Any, Callable
 
@@ -32,7 +34,9 @@ FLEET_SUBCOMMAND_MODULES = (
 REQUIRE_ALL_SUBCOMMAND_MODULES = True
 DEFAULT_STORE = "sqlite:///fleet.db"
 DEFAULT_METRICS_PORT = 9108
-DEFAULT_RETENTION_HOURS = 48.0
+DEFAULT_RETENTION_HOURS = 1.0
+#: Shared subscription group of ``fleet collect --workers N`` when no --shared-group is given.
+DEFAULT_WORKER_GROUP = "edgekit-collectors"
 
 RegisterFn = Callable[[argparse._SubParsersAction], None]
 _EXTRA_SUBCOMMANDS: dict[str, RegisterFn] = {}
@@ -104,6 +108,9 @@ def _register_collect(fleet_subparsers: argparse._SubParsersAction) -> None:
                         help="acknowledge messages only once stored (needs a broker max_inflight_messages well above "
                              "--batch-size)")  # fmt: skip
     parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: run until Ctrl-C)")
+    parser.add_argument("--workers", type=int, default=1, metavar="N",
+                        help="run N collector processes in one shared subscription group (--shared-group, default "
+                             f"{DEFAULT_WORKER_GROUP}) to use N cores; worker i serves /metrics on P+i (default 1)")  # fmt: skip
     parser.set_defaults(func=run_collect)
 
 
@@ -115,6 +122,8 @@ def run_collect(args: argparse.Namespace) -> int:
 
     if args.retention_hours < 0:
         raise FleetError(f"--retention-hours must be >= 0, got {args.retention_hours:g}", hint="0 keeps raw windows forever")
+    if getattr(args, "workers", 1) != 1:
+        return _run_collect_workers(args)
     client_id = args.client_id or f"edgekit-collector-{socket.gethostname()}-{os.getpid()}"
     retention = dt.timedelta(hours=args.retention_hours) if args.retention_hours > 0 else None
     metrics = IngestMetrics()
@@ -135,12 +144,16 @@ def run_collect(args: argparse.Namespace) -> int:
                             "subscriptions": list(collector.subscriptions),
                             "metrics_url": server.url if server else None})  # fmt: skip
             deadline = None if args.duration is None else time.monotonic() + args.duration
+            terminated = threading.Event()
+            previous = signal.signal(signal.SIGTERM, lambda *_: terminated.set())  # systemd, docker stop: store, then exit
             try:
-                while deadline is None or time.monotonic() < deadline:
-                    time.sleep(0.2 if deadline is None else max(min(0.2, deadline - time.monotonic()), 0.0))
+                while not terminated.is_set() and (deadline is None or time.monotonic() < deadline):
+                    terminated.wait(0.2 if deadline is None else max(min(0.2, deadline - time.monotonic()), 0.0))
             except KeyboardInterrupt:
-                console.print("stopping")
+                pass
             finally:
+                signal.signal(signal.SIGTERM, previous)
+                console.print("stopping: storing what was received")
                 collector.stop()
         finally:
             if server is not None:
@@ -151,6 +164,53 @@ def run_collect(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"event": "stopped", **counts})
     return 0
+
+
+def _run_collect_workers(args: argparse.Namespace) -> int:
+    """``--workers N``: N collector processes (one per core) splitting the load through one shared group."""
+    import multiprocessing
+
+    from edgekit.fleet.errors import FleetError
+
+    if args.workers < 1:
+        raise FleetError(f"--workers must be >= 1, got {args.workers}", hint="use one worker per core, e.g. --workers 2")
+    from edgekit.fleet.store import open_store
+
+    with open_store(args.store):  # create or migrate the schema once, before the workers race to
+        pass
+    group = args.shared_group or DEFAULT_WORKER_GROUP
+    base_id = args.client_id or f"edgekit-collector-{socket.gethostname()}-{os.getpid()}"
+    context = multiprocessing.get_context("spawn")  # no forked paho/sqlite state
+    workers = []
+    for index in range(args.workers):
+        options = dict(vars(args), workers=1, shared_group=group, client_id=f"{base_id}-{index}")
+        if args.metrics_port:
+            options["metrics_port"] = args.metrics_port + index
+        workers.append(context.Process(target=_collect_worker, args=(options,), name=f"edgekit-collector-{index}"))
+    console.print(f"starting {args.workers} collector workers in shared group {escape(group)}")
+
+    def stop_workers(*_: object) -> None:  # SIGTERM: each worker stores what it holds, then exits
+        for worker in workers:
+            if worker.is_alive():
+                worker.terminate()
+
+    previous = signal.signal(signal.SIGTERM, stop_workers)
+    try:
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            try:
+                worker.join()
+            except KeyboardInterrupt:  # Ctrl-C reached the workers too (same process group); wait for them to store
+                worker.join()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return max((worker.exitcode or 0 for worker in workers if (worker.exitcode or 0) > 0), default=0)
+
+
+def _collect_worker(options: dict[str, Any]) -> None:
+    """One ``--workers`` process: a plain ``fleet collect`` with its own client id (and metrics port)."""
+    raise SystemExit(run_collect(argparse.Namespace(**options)))
 
 
 # -- status -------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ class AccuracyResult:
     samples: int
     cosine_min: float | None = None
     reference_source: str = "pytorch-fp32"
+    note: str | None = None
 
     def to_manifest(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,12 +1,22 @@
 """The fleet collector: subscribes to the agents' MQTT topics, validates every message and stores it.
 
-One paho-mqtt 2.x client (MQTT 5) receives; :func:`~edgekit.fleet.ingest.parse_message` validates in
-the network thread; a writer thread stores records in batches (every ``batch_size`` records or
-``flush_interval_s`` seconds) and only then acknowledges them (PUBACK), so a collector that dies
-loses nothing the broker can still redeliver. With ``shared_group`` the telemetry and event
-subscriptions go through ``$share/<group>/...`` and several collectors split the load; status
-topics are always subscribed plainly, because brokers do not send retained messages to shared
-subscriptions and every collector should know which devices are online.
+One paho-mqtt 2.x client (MQTT 5 by default) receives, and :func:`~edgekit.fleet.ingest.parse_message`
+validates each message in the network thread; a writer thread stores the records in batches (every
+``batch_size`` records or ``flush_interval_s`` seconds). Telemetry windows and events are stored
+once however often they arrive (QoS 1 redelivery, spool replay). Rejected messages are counted per
+reason, logged with their topic and kept in the store's rejected table.
+
+With ``shared_group`` the telemetry and event subscriptions go through ``$share/<group>/...`` and
+several collectors split the load. Status topics are always subscribed plainly: brokers do not send
+retained messages to shared subscriptions, and every collector should know which devices are online
+(status writes are idempotent, so several collectors writing them agree).
+
+Acknowledgement: by default paho acknowledges a message as it arrives, so what a collector holds in
+memory when it is killed is lost (the agents' spools cover broker outages, not this). With
+``ack_after_store`` the PUBACK goes out only after the batch is committed, so a killed collector's
+messages are redelivered (to it, with a persistent session, or to another member of a shared
+group); the broker then needs ``max_inflight_messages`` well above ``batch_size`` (Mosquitto's
+default of 20 would cap the collector at 20 messages per flush).
 """
 
 from __future__ import annotations
@@ -29,6 +39,8 @@ logger = logging.getLogger(__name__)
 
 #: MQTT versions the collector speaks: 5 (the agents'), 3.1.1 for brokers that know nothing newer.
 MQTT_VERSIONS = ("5", "3.1.1")
+#: Raw windows older than this are rolled up by default (``retention=None`` keeps them raw forever).
+DEFAULT_RETENTION = dt.timedelta(hours=1)
 #: Rejections logged per reason before logging only every LOG_EVERY-th.
 LOG_FIRST, LOG_EVERY = 10, 1000
 _STOP = object()
@@ -46,8 +58,15 @@ class Collector:
     """Collect one fleet (or all, ``fleet=None``) from the broker at ``broker_url`` into ``store``.
 
     ``with Collector("mqtt://127.0.0.1:1883", store, client_id="collector-1") as collector: ...``
-    starts it and stops it (flushing what it holds). :meth:`flush` waits until every message received
-    so far is stored.
+    starts it and stops it (storing what it holds). :meth:`flush` waits until every message received
+    so far is stored; :attr:`metrics` holds the counters and gauges ``/metrics`` serves.
+
+    ``max_payload_bytes``: larger messages are rejected as ``oversized``. ``queue_size``: records held
+    for the writer; when full, receiving waits (the broker buffers). ``session_expiry_s`` > 0 keeps a
+    persistent session (with a fixed ``client_id``, the broker queues for the collector while it is
+    away). ``retention`` (default 1 h; ``None`` keeps everything raw): raw windows older than this are
+    rolled into ``rollup_minutes`` buckets, checked every ``retention_interval_s``.
+    ``mqtt_version="3.1.1"`` for brokers without MQTT 5 (such as the local stack's embedded one). ``username``/``password_file`` and ``tls_*`` as for the agent.
     """
 
     def __init__(
@@ -69,7 +88,7 @@ class Collector:
         tls_key: str | Path | None = None,
         keepalive_s: int = 30,
         session_expiry_s: int = 0,
-        retention: dt.timedelta | None = None,
+        retention: dt.timedelta | None = DEFAULT_RETENTION,
         rollup_minutes: int = 5,
         retention_interval_s: float = 60.0,
         metrics: IngestMetrics | None = None,
@@ -151,7 +170,7 @@ class Collector:
         if self._client is None or self._stopping.is_set():
             return
         client = self._client
-        if client.is_connected():
+        if client.is_connected() and not self._session_expiry_s:  # a persistent session keeps its subscriptions
             self._unsubscribed.clear()
             client.unsubscribe(list(self.subscriptions))
             self._unsubscribed.wait(min(timeout_s, 2.0))
@@ -216,7 +235,7 @@ class Collector:
                 client.tls_set_context(make_tls_context(tls_ca, tls_cert, tls_key))
         except TelemetryError as exc:
             raise CollectorError(exc.message, hint=exc.hint) from exc
-        client.reconnect_delay_set(0.5, 30)
+        client.reconnect_delay_set(1, 30)
         client.on_connect = self._on_connect
         client.on_subscribe = self._on_subscribe
         client.on_disconnect = self._on_disconnect
@@ -313,7 +332,7 @@ class Collector:
             self._maybe_apply_retention()
 
     def _write_batch(self, batch: list[_Item]) -> None:
-        steps = [
+        steps: list[tuple[str, list[Any]]] = [
             ("telemetry", [i.record for i in batch if isinstance(i.record, TelemetryWindow)]),
             ("events", [i.record for i in batch if isinstance(i.record, DeviceEvent)]),
             ("status", [i.record for i in batch if isinstance(i.record, DeviceStatus)]),
@@ -398,4 +417,4 @@ class Collector:
                         self.retention, self.rollup_minutes)  # fmt: skip
 
 
-__all__ = ["Collector", "MQTT_VERSIONS"]
+__all__ = ["Collector", "DEFAULT_RETENTION", "MQTT_VERSIONS"]

@@ -113,7 +113,7 @@ def _parse(topic: str, raw: bytes, max_payload_bytes: int, at: dt.datetime) -> R
     if not isinstance(message, dict):
         raise _Rejected("not_an_object", f"payload is a JSON {type(message).__name__}, expected an object")
     schema_field = message.get("schema")
-    if schema_field not in SCHEMAS:
+    if not isinstance(schema_field, str) or schema_field not in SCHEMAS:
         known = ", ".join(SCHEMAS)
         shown = repr(schema_field)[:80] if "schema" in message else "no 'schema' field"
         raise _Rejected("unknown_schema", f"schema is {shown}; this collector reads {known}")

@@ -146,13 +146,13 @@ def _rollouts(store: FleetStore, *, fleet: str | None, bundle_id: str | None, ta
             if target is not None and group_target != target:
                 continue
             devices = sorted(key for key, _ in group)
-            before, after = (store.aggregate((), devices=devices, bundle_id=bundle, since=since, until=until)
-                             for bundle in (from_bundle, to_bundle))  # fmt: skip
+            on_from, on_to = (store.aggregate((), devices=devices, bundle_id=bundle, since=since, until=until)
+                              for bundle in (from_bundle, to_bundle))  # fmt: skip
             moments = [moment for _, moment in group]
             comparisons.append(RolloutComparison(
                 from_bundle=from_bundle, to_bundle=to_bundle, target=group_target, devices=tuple(devices),
-                first_switch=min(moments), last_switch=max(moments), before=before[0] if before else None,
-                after=after[0] if after else None,
+                first_switch=min(moments), last_switch=max(moments), before=on_from[0] if on_from else None,
+                after=on_to[0] if on_to else None,
             ))  # fmt: skip
     return comparisons
 

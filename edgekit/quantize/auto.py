@@ -13,7 +13,8 @@ groups (sensitivity rank) in higher precision for k = 1..``auto_max_excluded``.
 **Early-stop rule.** A candidate is *dominated* by an already-measured one when both share a scheme
 (graph variant, activation type, per-channel) and it runs every node at the same or a higher precision
 (static int8 < dynamic int8 < float): it is not expected to be faster, so its *floor* is that
-candidate's measured latency ratio (FP32's floor is 1.0). Once some candidate has passed the budget:
+candidate's measured latency ratio. FP32's floor is 1.0 (it is the reference), so it wins only when
+every passing candidate measured slower than FP32. Once some candidate has passed the budget:
 
 1. a candidate whose floor is at least the best passing ratio minus the noise margin is skipped
    unbuilt (``skipped``);
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from edgekit.errors import EdgekitError, QuantizationError
-from edgekit.precision import Backend, Precision
+from edgekit.precision import Precision
 from edgekit.quantize.calibration.ranges import TensorRange
 from edgekit.quantize.node_groups import NodeGroup
 from edgekit.quantize.plan import QuantizationPlan
@@ -130,6 +131,7 @@ class AutoResult:
     ranges: Mapping[str, TensorRange]
     sensitivity: SensitivityReport | None = None
     rule: str = "dominance floor + interleaved timing, noise margin"
+    notes: tuple[str, ...] = ()
 
     @property
     def plan(self) -> QuantizationPlan | None:
@@ -146,6 +148,7 @@ class AutoResult:
             "calibration_ranges": {name: r.to_json() for name, r in self.ranges.items()},
             "sensitivity": self.sensitivity.to_manifest() if self.sensitivity else None,
             "rule": self.rule,
+            "notes": list(self.notes),
         }
 
 
@@ -269,6 +272,7 @@ def search_auto(
     higher_is_better: bool = True,
     metric_name: str = "metric",
     budget_text: str = "the recipe's evaluation.budget",
+    notes: Sequence[str] = (),
 ) -> AutoResult:
     """Try ``candidates`` in order under the early-stop rule of this module; return the fastest one
     inside the budget with a row per candidate tried. ``reference`` is the FP32 model every latency is
@@ -283,8 +287,8 @@ def search_auto(
         else:
             search.process(item)
     if search.best is None:
-        evaluated = [row for row in search.rows if row.value is not None]
-        closest = max(evaluated, key=lambda r: r.value if higher_is_better else -r.value, default=None)  # type: ignore[arg-type, return-value]
+        evaluated = [(row.value, row) for row in search.rows if row.value is not None]
+        closest = max(evaluated, key=lambda item: item[0] if higher_is_better else -item[0], default=(None, None))[1]
         if closest is None:
             detail = "no candidate could be built and evaluated: " + "; ".join(f"{r.name}: {r.detail}" for r in search.rows)
         else:
@@ -302,7 +306,7 @@ def search_auto(
     chosen_row = next(row for row in rows if row.status == "chosen")
     log.info("--precision auto chose %s (%.3fx FP32, %s %.6g)", chosen.name, chosen_row.latency_ratio or float("nan"), metric_name, chosen_row.value or float("nan"))
     return AutoResult(chosen, chosen_row, built.path, rows, dict(chosen.kept), dict(built.ranges), sensitivity,
-                      rule=f"dominance floor + interleaved timing, noise margin {noise_margin:.0%}")
+                      rule=f"dominance floor + interleaved timing, noise margin {noise_margin:.0%}", notes=tuple(notes))
 
 
 class _Search:
@@ -346,34 +350,31 @@ class _Search:
 
     def process(self, candidate: Candidate) -> str:
         started = time.perf_counter()
-        base = {"name": candidate.name, "precision": candidate.precision.value, "graph": candidate.graph, "kept_nodes": len(candidate.kept)}
         floor = self._floor(candidate)
         if self.best is not None and floor is not None and floor[0] >= self.best_ratio * (1 - self.margin):
             why = "is the reference (1.000x)" if candidate.precision is Precision.FP32 else f"runs every node at the precision of {floor[1]} ({floor[0]:.3f}x) or higher"
-            detail = f"{why}: cannot beat {self.best[0].name} ({self.best_ratio:.3f}x)"
-            return self._row(CandidateResult(**base, status="skipped", detail=detail), started, candidate)
+            return self._row(_result(candidate, "skipped", detail=f"{why}: cannot beat {self.best[0].name} ({self.best_ratio:.3f}x)"), started, candidate)
         try:
             built = self.build(candidate)
         except EdgekitError as exc:
-            return self._row(CandidateResult(**base, status="error", detail=f"build failed: {exc.message}"), started, candidate)
-        timing: dict[str, float | None] = {}
+            return self._row(_result(candidate, "error", detail=f"build failed: {exc.message}"), started, candidate)
+        timing: Timing | None = None
         if self.best is not None:
             timing = self._time(candidate, built.path)
-            if float(timing["latency_ratio"] or 0.0) >= self.best_ratio * (1 - self.margin):
+            if timing.latency_ratio >= self.best_ratio * (1 - self.margin):
                 detail = f"not faster than {self.best[0].name} ({self.best_ratio:.3f}x) by more than {self.margin:.0%}; not evaluated"
-                return self._row(CandidateResult(**base, **timing, status="slower", detail=detail), started, candidate)
+                return self._row(_result(candidate, "slower", timing, detail=detail), started, candidate)
         try:
             accuracy = self.evaluate(built.path)
         except EdgekitError as exc:
-            return self._row(CandidateResult(**base, **timing, status="error", detail=f"evaluation failed: {exc.message}"), started, candidate)
+            return self._row(_result(candidate, "error", timing, detail=f"evaluation failed: {exc.message}"), started, candidate)
         passed = bool(accuracy.passed)
-        if not timing and (passed or self.time_failed):
+        if timing is None and (passed or self.time_failed):
             timing = self._time(candidate, built.path)
-        row = CandidateResult(**base, **timing, status="passed" if passed else "failed", value=float(accuracy.value),
-                              cosine_min=getattr(accuracy, "cosine_min", None), passed=passed)
-        ratio = timing.get("latency_ratio")
-        if passed and ratio is not None and ratio < self.best_ratio:
-            self.best, self.best_ratio = (candidate, built), ratio
+        row = _result(candidate, "passed" if passed else "failed", timing, value=float(accuracy.value),
+                      cosine_min=getattr(accuracy, "cosine_min", None), passed=passed)
+        if passed and timing is not None and timing.latency_ratio < self.best_ratio:
+            self.best, self.best_ratio = (candidate, built), timing.latency_ratio
         return self._row(row, started, candidate)
 
     def _row(self, row: CandidateResult, started: float, candidate: Candidate) -> str:
@@ -391,7 +392,7 @@ class _Search:
         floors = [(ratio, other.name) for other, ratio in self.measured if candidate.dominates(other)]
         return max(floors) if floors else None
 
-    def _time(self, candidate: Candidate, path: Path) -> dict[str, float | None]:
+    def _time(self, candidate: Candidate, path: Path) -> Timing:
         paths = [self.reference]
         graph_reference = self.graph_references.get(candidate.graph) if candidate.graph != EXPORTED else None
         if graph_reference is not None:
@@ -400,9 +401,31 @@ class _Search:
         latencies = [float(v) for v in self.time_models(paths)]
         if len(latencies) != len(paths) or not all(v > 0 for v in latencies):
             raise QuantizationError(f"time_models returned {latencies} for {len(paths)} models", hint="return one positive latency in ms per path, in order")
-        return {
-            "latency_ms": latencies[-1],
-            "reference_latency_ms": latencies[0],
-            "latency_ratio": latencies[-1] / latencies[0],
-            "latency_ratio_same_graph_fp32": latencies[-1] / latencies[1] if graph_reference is not None else None,
-        }
+        return Timing(latencies[-1], latencies[0], latencies[-1] / latencies[0], latencies[-1] / latencies[1] if graph_reference is not None else None)
+
+
+@dataclass(frozen=True)
+class Timing:
+    latency_ms: float
+    reference_latency_ms: float
+    latency_ratio: float
+    latency_ratio_same_graph_fp32: float | None
+
+
+def _result(candidate: Candidate, status: str, timing: Timing | None = None, *, value: float | None = None, cosine_min: float | None = None,
+            passed: bool | None = None, detail: str = "") -> CandidateResult:
+    return CandidateResult(
+        name=candidate.name,
+        precision=candidate.precision.value,
+        graph=candidate.graph,
+        status=status,
+        latency_ratio=timing.latency_ratio if timing else None,
+        latency_ms=timing.latency_ms if timing else None,
+        reference_latency_ms=timing.reference_latency_ms if timing else None,
+        latency_ratio_same_graph_fp32=timing.latency_ratio_same_graph_fp32 if timing else None,
+        value=value,
+        cosine_min=cosine_min,
+        passed=passed,
+        kept_nodes=len(candidate.kept),
+        detail=detail,
+    )

@@ -41,7 +41,7 @@ from edgekit.quantize.auto import (
 from edgekit.quantize.calibration import CalibrationCache, CalibratorSpec, TensorRange, calibrate
 from edgekit.quantize.node_groups import find_node_groups
 from edgekit.quantize.plan import INT8_OP_TYPES, QuantizationPlan, make_plan
-from edgekit.quantize.sensitivity import Metric, SensitivityReport, analyze_sensitivity
+from edgekit.quantize.sensitivity import Metric, QuantizationSimulator, rank_groups
 from edgekit.recipe import AccuracyBudget, QuantizationSpec
 from edgekit.target import TargetProfile
 
@@ -143,16 +143,19 @@ def float_output_op_types(model_path: Path, op_types: Sequence[str]) -> tuple[st
 class OrtCandidateBuilder:
     """Writes candidates of one FP32 model into ``work_dir``; calibrates each graph variant once."""
 
-    def __init__(self, fp32_path: Path, work_dir: Path, calibration_batches: Sequence[Mapping[str, np.ndarray]], calibrator: CalibratorSpec,
-                 cache: CalibrationCache | None = None) -> None:
+    def __init__(self, fp32_path: Path, work_dir: Path, calibration_batches: Sequence[Mapping[str, np.ndarray]],
+                 calibrators: Mapping[str, CalibratorSpec], cache: CalibrationCache | None = None) -> None:
+        """``calibrators`` maps the names plans use (``plan.calibrator``) to calibrator specs."""
+        if not calibrators:
+            raise QuantizationError("the candidate builder needs at least one calibrator", hint="pass {'minmax': CalibratorSpec.create('minmax')}")
         self.fp32_path = Path(fp32_path)
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.calibration_batches = [dict(batch) for batch in calibration_batches]
-        self.calibrator = calibrator
+        self.calibrators = dict(calibrators)
         self.cache = cache
         self._graphs: dict[str, Path] = {}
-        self._ranges: dict[str, dict[str, TensorRange]] = {}
+        self._ranges: dict[tuple[str, str], dict[str, TensorRange]] = {}
         self.fusion_stats: dict[str, int] | None = None
 
     def graph_model(self, graph: str) -> Path | None:
@@ -175,10 +178,13 @@ class OrtCandidateBuilder:
         model = self.graph_model(graph)
         if model is None:
             raise QuantizationError(f"graph variant '{graph}' does not apply to {self.fp32_path}")
-        have = self._ranges.setdefault(graph, {})
-        needed = [name for name in ort_writers.calibration_tensors(model, _int8_only(plan)) if name not in have]
+        name = plan.calibrator or next(iter(self.calibrators))
+        if name not in self.calibrators:
+            raise QuantizationError(f"plan names calibrator '{name}', which the candidate builder was not given", hint=f"builder calibrators: {', '.join(self.calibrators)}")
+        have = self._ranges.setdefault((graph, name), {})
+        needed = [tensor for tensor in ort_writers.calibration_tensors(model, _int8_only(plan)) if tensor not in have]
         if needed:
-            result = calibrate(model, self.calibration_batches, self.calibrator, tensor_names=needed, cache=self.cache, work_dir=self.work_dir)
+            result = calibrate(model, self.calibration_batches, self.calibrators[name], tensor_names=needed, cache=self.cache, work_dir=self.work_dir)
             have.update(result.ranges)
         return have
 
@@ -201,7 +207,13 @@ class OrtCandidateBuilder:
             raise QuantizationError(f"candidate {candidate.name} ({candidate.precision.value}) has no quantization plan")
         if candidate.precision is Precision.INT8:
             ranges = self.ranges(candidate.graph, plan)
-            ort_writers.write_static_qdq(model, out, plan, ranges)
+            ort_writers.write_static_qdq(model, out, plan, ranges)  # type: ignore[arg-type]  # TensorRange has min/max
+            missed = unquantized_nodes(out, plan)
+            if missed:
+                raise QuantizationError(
+                    f"{candidate.name}: the writers left {len(missed)} node(s) the plan quantizes in float: {', '.join(missed[:5])}",
+                    hint="the graph changed under quantization (a node was renamed or split); exclude these nodes explicitly",
+                )
             used = {name: ranges[name] for name in ort_writers.calibration_tensors(model, _int8_only(plan))}
             return BuiltCandidate(out, used)
         if candidate.precision is Precision.INT8_DYNAMIC:
@@ -209,6 +221,24 @@ class OrtCandidateBuilder:
         if candidate.precision is Precision.INT4:
             return BuiltCandidate(ort_writers.write_int4(model, out, plan))
         raise QuantizationError(f"the ONNX Runtime candidate builder cannot write {candidate.precision.value}", hint="use a backend that builds it")
+
+
+def unquantized_nodes(path: Path, plan: QuantizationPlan) -> list[str]:
+    """Nodes the static/mixed ``plan`` quantizes that are still float MatMul/Gemm/Conv in the written
+    model: a static node whose inputs come from no DequantizeLinear, or a dynamic node left as it was."""
+    import onnx
+
+    nodes = onnx.load(str(path), load_external_data=False).graph.node
+    dequantized = {node.output[0] for node in nodes if node.op_type == "DequantizeLinear"}
+    skipped = set(plan.excluded)
+    missed = []
+    dynamic = set(plan.dynamic_nodes)
+    for node in nodes:
+        if node.name in skipped or node.op_type not in plan.op_types:
+            continue
+        if node.name in dynamic or (node.op_type in INT8_OP_TYPES and not any(name in dequantized for name in node.input)):
+            missed.append(node.name)
+    return missed
 
 
 def _int8_only(plan: QuantizationPlan) -> QuantizationPlan:
@@ -350,6 +380,16 @@ def auto_base_plan(spec: QuantizationSpec, target: TargetProfile, backend: Backe
                    notes=(*plan.notes, "--precision auto: float outputs where no quantized node reads them; float consumers skip Q/DQ"))
 
 
+def auto_calibrators(spec: QuantizationSpec, plan: QuantizationPlan) -> dict[str, CalibratorSpec]:
+    """Calibrators ``--precision auto`` compares: only the recipe's when it names one explicitly,
+    otherwise the default (percentile) and minmax. Entropy is not tried by default: it calibrates
+    slowest and clipped MiniLM's outlier channels as badly as percentile."""
+    from edgekit.quantize.stage import calibrator_spec
+
+    names = [spec.calibrator] if "calibrator" in spec.model_fields_set else list(dict.fromkeys([spec.calibrator, "minmax"]))
+    return {name: calibrator_spec(spec.model_copy(update={"calibrator": name}), plan) for name in names}
+
+
 def plan_auto_onnxruntime(
     fp32_path: Path,
     work_dir: Path,
@@ -363,7 +403,7 @@ def plan_auto_onnxruntime(
     metric: MetricSpec,
     evaluate: EvaluateFn,
     time_models: TimeFn,
-    calibrator: CalibratorSpec,
+    calibrators: Mapping[str, CalibratorSpec] | None = None,
     cache: CalibrationCache | None = None,
     graphs: Sequence[str] = (TRANSFORMER_FUSION, EXPORTED),
     sensitivity_batches: int = 4,
@@ -371,26 +411,40 @@ def plan_auto_onnxruntime(
     budget_text: str = "the recipe's evaluation.budget",
     threads: int | None = None,
 ) -> AutoResult:
-    """Sensitivity analysis on the exported graph, candidates for each graph variant that applies
-    (fused variants first: expected faster), then :func:`search_auto` with ``evaluate`` and
+    """End to end on ONNX Runtime: pick the calibrator whose simulated all-int8 metric is best,
+    rank node groups by sensitivity on the exported graph, list candidates for each graph variant that
+    applies (fused variants first: expected faster), and run :func:`search_auto` with ``evaluate`` and
     ``time_models``. ``supported`` is :func:`gating.supported_precisions` for the target."""
-    builder = OrtCandidateBuilder(fp32_path, work_dir, calibration_batches, calibrator, cache)
+    exported_plan = make_plan(spec, target, backend, Precision.INT8)
+    calibrators = dict(calibrators or auto_calibrators(spec, exported_plan))
+    builder = OrtCandidateBuilder(fp32_path, work_dir, calibration_batches, calibrators, cache)
     exported = builder.graph_model(EXPORTED) or Path(fp32_path)
     base = auto_base_plan(spec, target, backend, exported)
-    sensitivity = analyze_sensitivity(exported, base, builder.ranges(EXPORTED, base), evaluation_batches, metric.metric, metric_name=metric.name,
-                                      higher_is_better=metric.higher_is_better, output=metric.output, label_key=metric.label_key,
-                                      max_batches=sensitivity_batches, threads=threads)
+    simulator: QuantizationSimulator | None = None
+    scores: dict[str, float] = {}
+    for name in calibrators:
+        plan = replace(base, calibrator=name)
+        current = QuantizationSimulator(exported, plan, builder.ranges(EXPORTED, plan), evaluation_batches, output=metric.output,
+                                        label_key=metric.label_key, max_batches=sensitivity_batches, threads=threads)
+        scores[name] = current.metric(metric.metric, current.all_nodes)
+        best = max(scores, key=lambda n: scores[n] if metric.higher_is_better else -scores[n])
+        simulator = current if best == name else simulator
+    if simulator is None:
+        raise QuantizationError("no calibrator to compare", hint="pass calibrators={'minmax': CalibratorSpec.create('minmax')}")
+    base = simulator.plan
+    notes: tuple[str, ...] = (f"calibrator {base.calibrator}: simulated all-int8 {metric.name} " + ", ".join(f"{k} {v:.5g}" for k, v in scores.items()),)
+    sensitivity = rank_groups(simulator, metric.metric, metric_name=metric.name, higher_is_better=metric.higher_is_better)
+    del simulator
     candidates: list[Candidate | CandidateLadder] = []
     references: dict[str, Path] = {}
     dynamic_plan = make_plan(spec, target, backend, Precision.INT8_DYNAMIC) if Precision.INT8_DYNAMIC in supported else None
     int4_plan = make_plan(spec, target, backend, Precision.INT4) if Precision.INT4 in supported else None
-    cpu_first = _cpu_first(target, backend)
     for graph in graphs:
-        if graph != EXPORTED and not (backend is Backend.ONNXRUNTIME and cpu_first):
+        if graph != EXPORTED and not (backend is Backend.ONNXRUNTIME and _cpu_first(target, backend)):
             continue
         model = builder.graph_model(graph)
         if model is None:
-            log.info("graph variant %s does not apply to %s", graph, fp32_path)
+            notes += (f"graph variant {graph} does not apply (no attention block recognised)",)
             continue
         plan = base if graph == EXPORTED else replace(base, float_outputs=float_output_op_types(model, base.op_types))
         groups = find_node_groups(model, plan.op_types, exclude=plan.excluded)
@@ -399,10 +453,11 @@ def plan_auto_onnxruntime(
                                       dynamic_only=dynamic_only, dynamic_plan=dynamic_plan, int4_plan=int4_plan, include_fallbacks=False)
         if graph != EXPORTED:
             references[graph] = model
+            notes += (f"graph variant {graph}: fused {builder.fusion_stats}",)
     candidates += fallback_candidates(supported, int4_plan)
     return search_auto(candidates, build=builder, evaluate=evaluate, time_models=time_models, reference=Path(fp32_path),
                        graph_references=references, sensitivity=sensitivity, noise_margin=noise_margin,
-                       higher_is_better=metric.higher_is_better, metric_name=metric.name, budget_text=budget_text)
+                       higher_is_better=metric.higher_is_better, metric_name=metric.name, budget_text=budget_text, notes=notes)
 
 
 def _fused_dynamic_nodes(model_path: Path) -> dict[str, str]:

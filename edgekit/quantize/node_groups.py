@@ -112,13 +112,13 @@ def module_path(node: Any, initializer_shapes: dict[str, tuple[int, ...]] | None
             except (ValueError, SyntaxError):
                 break
             # The last entry names the op itself ('linear', 'matmul_1'); the one before is the module.
-            modules = [scope for scope in scopes[:-1] if scope]
+            modules = [str(scope) for scope in scopes[:-1] if scope]
             return modules[-1] if modules else ""
     if node.name.startswith("/") and node.name.count("/") >= 2:
         return ".".join(part for part in node.name.strip("/").split("/")[:-1] if part)
     for name in node.input:
         if name.endswith(".weight") and (initializer_shapes is None or name in initializer_shapes):
-            return name[: -len(".weight")]
+            return str(name)[: -len(".weight")]
     return ""
 
 

@@ -3,13 +3,12 @@
 **What is measured.** For each group, the metric when *only that group* is quantized (static int8 with
 the calibrated activation ranges and the plan's weight scheme) and everything else runs in float,
 against the FP32 outputs of the same model. The alternative, quantizing everything *except* one group,
-measures the same thing less well for ranking: every reading is then a small difference between two
-heavily degraded numbers (on MiniLM, 48 groups quantized at once move mean cosine from 1.0 to about
-0.99, and removing one group moves it by 1e-4, below batch-to-batch noise), and it needs far more
-batches to rank. One group at a time gives each group a clean, attributable loss against the reference,
-which is what the search uses: keeping the k worst groups in higher precision removes (roughly) the
-sum of their losses. The metric with *every* group quantized is reported alongside, so the report
-shows how far the isolated losses are from the joint one.
+ranks less well at the same cost: each reading is then a small difference between two degraded
+metrics, so batch noise and interactions between groups swamp it unless many batches are used. One
+group at a time gives each group a clean, attributable loss against the reference, which is what the
+search needs: keeping the k worst groups in higher precision removes roughly the sum of their losses
+(on MiniLM the 48 isolated cosine losses add up to 0.0071 against a joint loss of 0.0075, so they are
+close to additive). The metric with *every* group quantized is reported alongside.
 
 **How it stays cheap.** Quantization is simulated in one ONNX model ("switch model"): each group's
 activation inputs go through QuantizeLinear -> DequantizeLinear with the calibrated scale and zero
@@ -24,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -137,6 +136,74 @@ class SensitivityReport:
             ) from None
 
 
+class QuantizationSimulator:
+    """The switch model of ``model_path`` under ``plan`` and one ONNX Runtime session over it: the
+    model's outputs on the first ``max_batches`` batches with any set of nodes quantized."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        plan: QuantizationPlan,
+        ranges: Mapping[str, TensorRange],
+        batches: Sequence[Mapping[str, np.ndarray]],
+        *,
+        output: str | None = None,
+        label_key: str | None = "labels",
+        max_batches: int = 4,
+        groups: Sequence[NodeGroup] | None = None,
+        threads: int | None = None,
+    ) -> None:
+        import onnx
+
+        if max_batches < 1:
+            raise QuantizationError(f"sensitivity analysis needs max_batches >= 1, got {max_batches}")
+        if plan.weight_type != "int8" or plan.activation_type not in ("uint8", "int8"):
+            raise QuantizationError(
+                f"sensitivity analysis simulates static int8 (weights int8, activations uint8/int8); this plan has weights {plan.weight_type}, "
+                f"activations {plan.activation_type}",
+                hint="analyse with the int8 plan (make_plan(..., Precision.INT8))",
+            )
+        used = list(batches)[:max_batches]
+        if not used:
+            raise QuantizationError("sensitivity analysis got no evaluation batches", hint="the recipe's data.evaluation must yield at least one batch")
+        self.model_path, self.plan = Path(model_path), plan
+        model = onnx.load(str(model_path), load_external_data=True)
+        static_types = tuple(op for op in plan.op_types if op in QUANTIZED_INPUTS)
+        self.groups = list(groups) if groups is not None else find_node_groups(model, static_types, exclude=[*plan.excluded, *plan.dynamic_nodes])
+        if not self.groups:
+            raise QuantizationError(f"{model_path}: no {'/'.join(plan.op_types)} nodes to analyse (after the plan's exclusions)",
+                                    hint="check quantization.exclude_nodes and exclude_op_types")
+        self.flags = add_quantization_switches(model, self.groups, plan, ranges)
+        self._flag_of_node = {node: self.flags[i] for i, group in enumerate(self.groups) for node in group.nodes}
+        self._session = _session(model, threads)
+        del model
+        self._output_index = _output_index(self._session, output, self.model_path)
+        self._feeds = [_model_feed(self._session, batch, self.model_path) for batch in used]
+        self.labels = [np.asarray(batch[label_key]) if label_key and label_key in batch else None for batch in used]
+        self.reference = self.outputs(())
+
+    @property
+    def batches(self) -> int:
+        return len(self._feeds)
+
+    @property
+    def all_nodes(self) -> list[str]:
+        return list(self._flag_of_node)
+
+    def outputs(self, quantized_nodes: Iterable[str]) -> list[np.ndarray]:
+        """The output (per batch) with ``quantized_nodes`` quantized and every other node in float."""
+        enabled = set()
+        for node in quantized_nodes:
+            if node not in self._flag_of_node:
+                raise QuantizationError(f"node '{node}' is not one of the simulated groups' nodes", hint="pass node names of simulator.groups")
+            enabled.add(self._flag_of_node[node])
+        switches = {flag: np.array(flag in enabled) for flag in self.flags}
+        return [self._session.run(None, {**feed, **switches})[self._output_index] for feed in self._feeds]
+
+    def metric(self, metric: Metric, quantized_nodes: Iterable[str]) -> float:
+        return float(metric(self.outputs(quantized_nodes), self.reference, self.labels))
+
+
 def analyze_sensitivity(
     model_path: Path,
     plan: QuantizationPlan,
@@ -161,43 +228,23 @@ def analyze_sensitivity(
     ``max_batches`` are used; extra keys such as labels are not fed); ``metric`` a
     :data:`edgekit.evaluate.metrics.METRICS` function, ``output`` the output it reads (default the first).
     """
-    if max_batches < 1:
-        raise QuantizationError(f"sensitivity analysis needs max_batches >= 1, got {max_batches}")
-    if plan.weight_type != "int8" or plan.activation_type not in ("uint8", "int8"):
-        raise QuantizationError(
-            f"sensitivity analysis simulates static int8 (weights int8, activations uint8/int8); this plan has weights {plan.weight_type}, activations {plan.activation_type}",
-            hint="analyse with the int8 plan (make_plan(..., Precision.INT8))",
-        )
-    used = list(batches)[:max_batches]
-    if not used:
-        raise QuantizationError("sensitivity analysis got no evaluation batches", hint="the recipe's data.evaluation must yield at least one batch")
     started = time.perf_counter()
-    import onnx
+    simulator = QuantizationSimulator(model_path, plan, ranges, batches, output=output, label_key=label_key, max_batches=max_batches,
+                                      groups=groups, threads=threads)
+    return rank_groups(simulator, metric, metric_name=metric_name, higher_is_better=higher_is_better, group_by=group_by, started=started)
 
-    model = onnx.load(str(model_path), load_external_data=True)
-    base_groups = list(groups) if groups is not None else find_node_groups(model, plan.op_types, exclude=[*plan.excluded, *plan.dynamic_nodes])
-    if not base_groups:
-        raise QuantizationError(f"{model_path}: no {'/'.join(plan.op_types)} nodes to analyse (after the plan's exclusions)", hint="check quantization.exclude_nodes and exclude_op_types")
-    flags = add_quantization_switches(model, base_groups, plan, ranges)
-    runs = group_by_role(base_groups) if group_by == "role" else base_groups
-    flag_of_node = {node: flags[i] for i, group in enumerate(base_groups) for node in group.nodes}
-    session = _session(model, threads)
-    del model
-    output_index = _output_index(session, output, model_path)
-    feeds = [_model_feed(session, batch, model_path) for batch in used]
-    labels = [np.asarray(batch[label_key]) if label_key and label_key in batch else None for batch in used]
 
-    def run(enabled: set[str]) -> list[np.ndarray]:
-        switches = {flag: np.array(flag in enabled) for flag in flags}
-        return [session.run(None, {**feed, **switches})[output_index] for feed in feeds]
-
-    reference = run(set())
-    reference_value = float(metric(reference, reference, labels))
-    all_value = float(metric(run(set(flags)), reference, labels))
+def rank_groups(simulator: QuantizationSimulator, metric: Metric, *, metric_name: str = "metric", higher_is_better: bool = True,
+                group_by: Literal["node", "role"] = "node", started: float | None = None) -> SensitivityReport:
+    """:func:`analyze_sensitivity` on an existing simulator (one run per group, plus all-quantized)."""
+    started = time.perf_counter() if started is None else started
+    reference = simulator.reference
+    reference_value = simulator.metric(metric, ())
+    all_value = simulator.metric(metric, simulator.all_nodes)
     measured = []
-    for group in runs:
-        outputs = run({flag_of_node[node] for node in group.nodes})
-        value = float(metric(outputs, reference, labels))
+    for group in group_by_role(simulator.groups) if group_by == "role" else simulator.groups:
+        outputs = simulator.outputs(group.nodes)
+        value = float(metric(outputs, reference, simulator.labels))
         loss = (reference_value - value) if higher_is_better else (value - reference_value)
         measured.append((group, value, loss, _output_error(outputs, reference), _cosine_min(outputs, reference)))
     # Ties in the metric (top-1 over a few batches often moves for no single group) are broken by how far
@@ -206,19 +253,21 @@ def analyze_sensitivity(
     entries = tuple(GroupSensitivity(g.name, g.nodes, value, loss, rank, cos, error)
                     for rank, (g, value, loss, error, cos) in enumerate(measured, start=1))
     seconds = time.perf_counter() - started
-    log.info("sensitivity of %d groups over %d batches in %.1f s", len(runs), len(used), seconds)
+    log.info("sensitivity of %d groups over %d batches in %.1f s", len(measured), simulator.batches, seconds)
+    plan = simulator.plan
     return SensitivityReport(
         metric=metric_name,
         higher_is_better=higher_is_better,
         reference_value=reference_value,
         all_quantized_value=all_value,
         groups=entries,
-        batches=len(used),
+        batches=simulator.batches,
         samples=int(sum(output.shape[0] for output in reference)),
         group_by=group_by,
         activation_type=plan.activation_type,
         per_channel=plan.per_channel,
         seconds=seconds,
+        notes=(f"calibrator {plan.calibrator}",) if plan.calibrator else (),
     )
 
 

@@ -238,3 +238,41 @@ def test_metrics_port_in_use_is_explained() -> None:
         assert "--metrics-port" in (info.value.hint or "")
     finally:
         first.stop()
+
+
+class FlakyStore:
+    """A real SQLite store whose first ``outages`` window writes fail as unavailable, and which refuses
+    any window of device ``poison`` (as a database constraint would)."""
+
+    def __init__(self, inner: FleetStore, outages: int) -> None:
+        self.inner, self.outages = inner, outages
+
+    def add_windows(self, windows: list[Any]) -> int:
+        from edgekit.fleet.errors import StoreError, StoreUnavailableError
+
+        if self.outages > 0:
+            self.outages -= 1
+            raise StoreUnavailableError("fleet store test is busy: database is locked")
+        if any(w.device == "poison" for w in windows):
+            raise StoreError("fleet store test refused: CHECK constraint failed")
+        return self.inner.add_windows(windows)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_store_outages_are_retried_and_refused_records_kept_as_rejected(
+    fleet_broker: MosquittoBroker, sqlite_store: FleetStore, collector_factory: Callable[..., Collector]
+) -> None:
+    flaky = FlakyStore(sqlite_store, outages=2)
+    collector = collector_factory(flaky, fleet="flaky")  # type: ignore[arg-type]
+    with Publisher(fleet_broker) as device:
+        device.publish_many([(topic("telemetry", device=name, fleet="flaky"),
+                              encode_message(telemetry(seq, device=name, fleet="flaky")))
+                             for seq in (1, 2, 3) for name in ("dev-1", "poison")])  # fmt: skip
+        assert wait_until(lambda: collector.metrics.snapshot()["received"].get("telemetry") == 6)
+    assert collector.flush(20)
+    assert [(w.device, w.seq) for w in sqlite_store.windows()] == [("dev-1", 1), ("dev-1", 2), ("dev-1", 3)]
+    assert sqlite_store.rejected_counts() == {"store_refused": 3}
+    assert collector.metrics.snapshot()["rejected"] == {"store_refused": 3}
+    assert collector.metrics.store_errors >= 3  # two outages, then the batch the store refused

@@ -76,6 +76,7 @@ BAD_INPUTS = [
     (topic("telemetry"), b"[1, 2]", "not_an_object", "JSON list"),
     (topic("telemetry"), b"{}", "unknown_schema", "no 'schema' field"),
     (topic("telemetry"), _changed(GOOD, "schema", "edgekit.telemetry/2"), "unknown_schema", "'edgekit.telemetry/2'"),
+    (topic("telemetry"), _changed(GOOD, "schema", ["edgekit.telemetry/1"]), "unknown_schema", "schema is ['edgekit"),
     (topic("telemetry"), encode_message(status()), "wrong_topic", "edgekit.status/1 message arrived on a 'telemetry'"),
     (topic("telemetry"), _changed(GOOD, "seq", "3"), "schema_mismatch", "seq must be integer"),
     (topic("telemetry"), _changed(GOOD, "latency.p99_ms", -1.0), "schema_mismatch", "p99_ms"),
@@ -153,6 +154,9 @@ PAYLOADS = st.one_of(
     st.text(max_size=200).map(lambda text: text.encode("utf-8", "surrogatepass")),  # arbitrary text, mostly bad JSON
     JSON_VALUES.map(_encode),  # valid JSON of any shape
     st.builds(_mutated, st.just(GOOD), st.sampled_from(FIELD_PATHS), JSON_VALUES).map(_encode),  # wrong types
+    st.builds(_mutated, st.sampled_from([status(), event(details={"step": "x"})]),
+              st.sampled_from(["state", "at", "bundle", "reason", "event_id", "kind", "level", "message", "command_id",
+                               "details", "details.step", "device", "agent_version"]), JSON_VALUES).map(_encode),
     st.builds(lambda version: _encode({**GOOD, "schema": version}),
               st.text(max_size=30) | st.integers().map(lambda n: f"edgekit.telemetry/{n}")),  # unknown versions
     st.integers(min_value=MAX_PAYLOAD_BYTES + 1, max_value=MAX_PAYLOAD_BYTES + 4096).map(lambda n: b"{" * n),  # huge

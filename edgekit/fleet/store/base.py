@@ -150,7 +150,9 @@ class FleetStore(abc.ABC):
         """Insert windows, ignoring (fleet, device, seq) already stored; returns how many were new."""
 
     @abc.abstractmethod
-    def upsert_status(self, status: DeviceStatus) -> None: ...
+    def upsert_status(self, status: DeviceStatus) -> None:
+        """Set a device's status unless a newer one (by ``updated_at``) is stored, so a lagging collector
+        never undoes a newer status; a non-None ``target`` is recorded as with :meth:`set_device_target`."""
 
     @abc.abstractmethod
     def add_events(self, events: Sequence[DeviceEvent]) -> int:
@@ -166,10 +168,12 @@ class FleetStore(abc.ABC):
     @abc.abstractmethod
     def windows(self, fleet: str | None = None, device: str | None = None, since: dt.datetime | None = None,
                 until: dt.datetime | None = None, bundle_id: str | None = None, limit: int | None = None) -> Iterator[TelemetryWindow]:
-        """Windows ordered by (device, seq)."""
+        """Windows ordered by (fleet, device, seq); ``since``/``until`` bound the window end (``until``
+        exclusive). Only raw windows: those rolled up by retention are in :meth:`aggregate`."""
 
     @abc.abstractmethod
-    def events(self, fleet: str | None = None, device: str | None = None, since: dt.datetime | None = None, limit: int = 200) -> list[DeviceEvent]: ...
+    def events(self, fleet: str | None = None, device: str | None = None, since: dt.datetime | None = None, limit: int = 200) -> list[DeviceEvent]:
+        """Events newest first (by the device's ``at``)."""
 
     @abc.abstractmethod
     def rejected_counts(self) -> dict[str, int]:
@@ -177,7 +181,8 @@ class FleetStore(abc.ABC):
 
     @abc.abstractmethod
     def missing_seqs(self, fleet: str, device: str) -> list[tuple[int, int]]:
-        """Gaps in a device's stored sequence numbers, as inclusive (first missing, last missing) ranges."""
+        """Gaps in a device's stored sequence numbers, as inclusive (first missing, last missing) ranges, among
+        the raw windows still kept (``DeviceSummary.missing_seqs`` also counts gaps inside rolled-up history)."""
 
     @abc.abstractmethod
     def aggregate(self, by: Sequence[str] = ("bundle_id", "target"), *, fleet: str | None = None,

@@ -103,7 +103,8 @@ class PostgresStore(SqlFleetStore):
         return f"CAST(EXTRACT(EPOCH FROM ({end} - {start})) AS DOUBLE PRECISION)"
 
     def bucket_sql(self, moment: str, seconds_param: str) -> str:
-        return f"to_timestamp(floor(CAST(EXTRACT(EPOCH FROM {moment}) AS DOUBLE PRECISION) / :{seconds_param}) * :{seconds_param})"
+        seconds = f"CAST(EXTRACT(EPOCH FROM {moment}) AS DOUBLE PRECISION)"
+        return f"to_timestamp(floor({seconds} / :{seconds_param}) * :{seconds_param})"
 
     def greatest_sql(self, a: str, b: str) -> str:
         return f"GREATEST({a}, {b})"

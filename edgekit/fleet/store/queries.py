@@ -112,6 +112,27 @@ def rollup_insert_sql(store: SqlFleetStore, source: str, where: str) -> str:
             f"ON CONFLICT (fleet, device, bundle_id, bucket_s, bucket_start) DO UPDATE SET {', '.join(merges)}")  # fmt: skip
 
 
+def _device_filter(store: SqlFleetStore, alias: str, params: dict[str, Any],
+                   devices: Sequence[tuple[str, str]]) -> str:
+    """``fleet = :f AND device IN (...)`` per fleet: plain column filters, so the (fleet, device, time) indexes apply."""
+    by_fleet: dict[str, list[str]] = {}
+    for fleet_id, device in devices:
+        by_fleet.setdefault(fleet_id, []).append(device)
+    if not by_fleet:
+        return "1 = 0"
+    parts: list[str] = []
+    for index, (fleet_id, names) in enumerate(sorted(by_fleet.items())):
+        params[f"device_fleet_{index}"] = fleet_id
+        if len(names) == 1:
+            params[f"device_{index}"] = names[0]
+            parts.append(f"({alias}.fleet = :device_fleet_{index} AND {alias}.device = :device_{index})")
+        else:
+            params[f"devices_{index}"] = store.list_in(names)
+            parts.append(f"({alias}.fleet = :device_fleet_{index} AND "
+                         f"{store.in_list_sql(f'{alias}.device', f'devices_{index}')})")  # fmt: skip
+    return parts[0] if len(parts) == 1 else "(" + " OR ".join(parts) + ")"
+
+
 def _filters(store: SqlFleetStore, alias: str, time_column: str, params: dict[str, Any], *, fleet: str | None,
              devices: Sequence[tuple[str, str]] | None, bundle_id: str | None, since: dt.datetime | None,
              until: dt.datetime | None) -> str:  # fmt: skip
@@ -120,8 +141,7 @@ def _filters(store: SqlFleetStore, alias: str, time_column: str, params: dict[st
         clauses.append(f"{alias}.fleet = :fleet")
         params["fleet"] = fleet
     if devices is not None:
-        clauses.append(store.in_list_sql(f"{alias}.fleet || '/' || {alias}.device", "devices"))
-        params["devices"] = store.list_in([f"{f}/{d}" for f, d in devices])
+        clauses.append(_device_filter(store, alias, params, devices))
     if bundle_id is not None:
         clauses.append(f"{alias}.bundle_id = :bundle_id")
         params["bundle_id"] = bundle_id
