@@ -1,6 +1,6 @@
 """The fleet collector: subscribes to the agents' MQTT topics, validates every message and stores it.
 
-One paho-mqtt 2.x client (MQTT 5 by default) receives, and :func:`~edgekit.fleet.ingest.parse_message`
+One paho-mqtt 2.x client (MQTT 3.1.1 by default, or 5) receives, and :func:`~edgekit.fleet.ingest.parse_message`
 validates each message in the network thread; a writer thread stores the records in batches (every
 ``batch_size`` records or ``flush_interval_s`` seconds). Telemetry windows and events are stored
 once however often they arrive (QoS 1 redelivery, spool replay). Rejected messages are counted per
@@ -37,8 +37,11 @@ from edgekit.fleet.store.base import DeviceEvent, DeviceStatus, FleetStore, Reje
 
 logger = logging.getLogger(__name__)
 
-#: MQTT versions the collector speaks: 5 (the agents'), 3.1.1 for brokers that know nothing newer.
+#: MQTT versions the collector speaks. 3.1.1 is the default: paho-mqtt receives it with about 40 % less
+#: CPU than MQTT 5, and it keeps QoS 1, retained status, wills and (on Mosquitto and EMQX) ``$share``
+#: subscriptions; use 5 for a broker that only shares subscriptions with MQTT 5 clients.
 MQTT_VERSIONS = ("5", "3.1.1")
+DEFAULT_MQTT_VERSION = "3.1.1"
 #: Raw windows older than this are rolled up by default (``retention=None`` keeps them raw forever).
 DEFAULT_RETENTION = dt.timedelta(hours=1)
 #: Rejections logged per reason before logging only every LOG_EVERY-th.
@@ -66,7 +69,8 @@ class Collector:
     persistent session (with a fixed ``client_id``, the broker queues for the collector while it is
     away). ``retention`` (default 1 h; ``None`` keeps everything raw): raw windows older than this are
     rolled into ``rollup_minutes`` buckets, checked every ``retention_interval_s``.
-    ``mqtt_version="3.1.1"`` for brokers without MQTT 5 (such as the local stack's embedded one). ``username``/``password_file`` and ``tls_*`` as for the agent.
+    ``mqtt_version``: "3.1.1" (default; cheaper to receive, and what the local stack's embedded broker
+    speaks) or "5" (for brokers that share subscriptions only with MQTT 5 clients). ``username``/``password_file`` and ``tls_*`` as for the agent.
     """
 
     def __init__(
@@ -93,7 +97,7 @@ class Collector:
         retention_interval_s: float = 60.0,
         metrics: IngestMetrics | None = None,
         ack_after_store: bool = False,
-        mqtt_version: str = "5",
+        mqtt_version: str = DEFAULT_MQTT_VERSION,
     ) -> None:
         from edgekit_runtime.agent.broker import parse_broker_url
         from edgekit_runtime.agent.topics import TelemetryError, subscription, validate_id
@@ -112,7 +116,7 @@ class Collector:
                 raise CollectorError(f"collector {label} must be an integer >= {minimum}, got {value!r}")
         if mqtt_version not in MQTT_VERSIONS:
             raise CollectorError(f"collector mqtt_version must be one of {', '.join(MQTT_VERSIONS)}, got {mqtt_version!r}",
-                                 hint="use '5' (the agents' protocol) unless the broker only speaks MQTT 3.1.1")  # fmt: skip
+                                 hint="use '3.1.1' (the default, cheaper to receive) or '5'")  # fmt: skip
         if not flush_interval_s > 0:
             raise CollectorError(f"collector flush_interval_s must be > 0, got {flush_interval_s!r}")
         self.broker_url, self.store, self.client_id = self.address.url, store, client_id
@@ -417,4 +421,4 @@ class Collector:
                         self.retention, self.rollup_minutes)  # fmt: skip
 
 
-__all__ = ["Collector", "DEFAULT_RETENTION", "MQTT_VERSIONS"]
+__all__ = ["Collector", "DEFAULT_MQTT_VERSION", "DEFAULT_RETENTION", "MQTT_VERSIONS"]
