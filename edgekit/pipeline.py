@@ -79,6 +79,7 @@ class BuildState:
     reference_source: str = "pytorch-fp32"
     export_module: Any = None  # what is exported: the source module, pruned if the recipe prunes
     open_runners: list[OnnxRuntimeRunner] = field(default_factory=list)
+    auto: bool = False  # --precision auto: the quantize stage searches for the precision
     prune: dict[str, Any] | None = None
     fp32_path: Path = Path()
     opset: int = 0
@@ -156,20 +157,30 @@ def stage_load(recipe_path: Path | str, target_name: str, precision: Precision |
     if backend_name is not None:
         backend_reason = "--backend"
     requested = precision or recipe.build.precision
-    if str(requested) == "auto":
-        raise BuildError("--precision auto needs the sensitivity search, which this build of edgekit does not have yet", hint="choose a precision")
+    auto = str(requested) == "auto"
+    if auto and backend is not Backend.ONNXRUNTIME:
+        raise BuildError(f"--precision auto searches ONNX Runtime plans; the {backend.value} backend needs an explicit precision",
+                         hint="pass --backend onnxruntime, or a precision such as int8")
     use_dla = backend is Backend.TENSORRT and recipe.build.tensorrt.dla_core is not None
-    decision = decide_precision(target, backend, Precision(requested), recipe.build.precision_fallback, use_dla=use_dla)
+    if auto:  # the search decides; FP32 until it has
+        decision = PrecisionDecision(Precision.FP32, Precision.FP32, None, "auto")
+    else:
+        decision = decide_precision(target, backend, Precision(requested), recipe.build.precision_fallback, use_dla=use_dla)
     out_dir = Path(out) if out else default_output(recipe, target, decision.used)
     check_destination(out_dir.resolve(), force)
     samples = load_batches(recipe, recipe.data.samples, "samples")
     evaluation = load_batches(recipe, recipe.data.evaluation, "evaluation") if recipe.evaluation and recipe.data.evaluation else None
-    needs_calibration = decision.used in (Precision.INT8, Precision.FP8)
+    if auto and (recipe.evaluation is None or evaluation is None):
+        raise BuildError(f"{recipe.path}: --precision auto needs evaluation data and a metric with a budget",
+                         hint="add data.evaluation and an evaluation section (metric and budget) to the recipe")
+    needs_calibration = auto or decision.used in (Precision.INT8, Precision.FP8)
     if needs_calibration and recipe.data.calibration is None:
         raise BuildError(f"{recipe.path}: precision {decision.used.value} needs calibration data", hint="add data.calibration (a callable or an npz_dir) to the recipe")
     calibration = load_batches(recipe, recipe.data.calibration, "calibration") if needs_calibration and recipe.data.calibration else None
     threads = recipe.build.benchmark.threads or min(os.cpu_count() or 1, target.cpu.cores)
-    return BuildState(recipe, target, backend, backend_reason, decision, out_dir, samples, evaluation, calibration, threads)
+    state = BuildState(recipe, target, backend, backend_reason, decision, out_dir, samples, evaluation, calibration, threads)
+    state.auto = auto
+    return state
 
 
 def stage_source(state: BuildState) -> None:
@@ -229,6 +240,25 @@ def stage_parity(state: BuildState) -> str | None:
     parity = check_parity(state.recipe, TorchReference(state.export_module, state.recipe), fp32.infer, state.samples)
     state.export["parity"] = parity.to_manifest()
     return f"parity max abs diff {parity.max_abs_diff:.2e}, cosine min {parity.cosine_min:.6f}"
+
+
+def stage_auto(state: BuildState) -> str:
+    """``--precision auto``: search, then carry on with the chosen plan's model and precision."""
+    from edgekit.quantize.stage import search_auto_precision
+
+    recipe = state.recipe
+    assert state.calibration is not None and state.evaluation is not None
+    feeds = fit_batch(recipe, state.samples[0], {**dims_at(recipe, "opt"), **recipe.build.benchmark.dims})
+    quantized, result = search_auto_precision(
+        state.fp32_path, state.workdir / "auto-chosen.onnx", recipe, state.target, state.backend,
+        [model_inputs(recipe, b) for b in state.calibration], state.evaluation, feeds, state.workdir, state.threads,
+    )
+    state.model_path = quantized.path
+    state.quantization = quantized.to_manifest()
+    chosen = result.chosen.precision
+    state.decision = PrecisionDecision(chosen, chosen, None, f"auto: {result.chosen.name} ({result.rule})")
+    ratio = result.chosen_result.to_manifest().get("latency_ratio")
+    return f"auto chose {result.chosen.name} ({chosen.value}); {len(result.kept)} nodes kept in higher precision" + (f"; {ratio:.2f}× FP32 here" if ratio else "")
 
 
 def stage_quantize(state: BuildState) -> str:
@@ -328,7 +358,7 @@ def assemble_manifest(state: BuildState, stages: list[dict[str, Any]]) -> dict[s
         "target": target.to_json(),
         "backend": {**engine.to_manifest(state.threads), "selected_because": state.backend_reason},
         "precision": state.precision.value,
-        "precision_decision": state.decision.to_manifest(),
+        "precision_decision": {**state.decision.to_manifest(), **({"requested": "auto"} if state.auto else {})},
         "model": {
             "path": "model.onnx",
             "external_data": "model.onnx.data" if (state.staging_dir / "model.onnx.data").exists() else None,
@@ -391,7 +421,10 @@ def build(
             stage_export(state)
         with progress.stage("parity", "PyTorch vs ONNX at min/opt/max"):
             _note(progress, stage_parity(state))
-        if state.precision not in UNQUANTIZED:
+        if state.auto:
+            with progress.stage("auto", "sensitivity + fastest plan inside the budget"):
+                _note(progress, stage_auto(state))
+        elif state.precision not in UNQUANTIZED:
             with progress.stage("quantize", state.precision.value):
                 _note(progress, stage_quantize(state))
         with progress.stage("build", f"{state.backend.value} {state.precision.value}"):

@@ -110,3 +110,37 @@ def copy_calibration(model: QuantizedModel, bundle_dir: Path) -> str | None:
     target.parent.mkdir(exist_ok=True)
     shutil.copyfile(model.calibration_file, target)
     return target.relative_to(bundle_dir).as_posix()
+
+
+def search_auto_precision(fp32_path: Path, out_path: Path, recipe: Any, target: TargetProfile, backend: Backend,
+                          calibration_batches: list[dict[str, np.ndarray]], evaluation_batches: list[dict[str, np.ndarray]],
+                          bench_feeds: dict[str, np.ndarray], workdir: Path, threads: int) -> tuple[QuantizedModel, Any]:
+    """``--precision auto``: the fastest plan this target supports that meets the recipe's budget (see
+    :mod:`edgekit.quantize.auto`). Writes the chosen model to ``out_path``; returns it and the search result."""
+    from edgekit.evaluate.metrics import METRICS
+    from edgekit.quantize.auto_ort import MetricSpec, OrtInterleavedTimer, OrtMetricEvaluator, plan_auto_onnxruntime
+    from edgekit.quantize.calibration import CalibrationCache
+    from edgekit.quantize.gating import supported_precisions
+
+    spec = recipe.evaluation
+    if spec is None or spec.metric == "callable":
+        raise QuantizationError(
+            f"{recipe.path}: --precision auto needs an evaluation section with metric top1, cosine or mse",
+            hint="add evaluation: {metric: cosine, budget: {min_value: 0.99}} (or choose a precision)",
+        )
+    if not calibration_batches:
+        raise QuantizationError(f"{recipe.path}: --precision auto needs data.calibration", hint="add a calibration data source to the recipe")
+    metric = METRICS[spec.metric]
+    output = spec.output or recipe.outputs[0]
+    evaluator = OrtMetricEvaluator(evaluation_batches, metric, spec.budget, fp32_path, output=output, label_key=spec.labels,
+                                   higher_is_better=spec.better_is_higher, threads=threads)
+    timer = OrtInterleavedTimer(bench_feeds, threads=threads, keep_loaded=[fp32_path])
+    result = plan_auto_onnxruntime(
+        fp32_path, workdir / "auto", spec=recipe.build.quantization, target=target, backend=backend,
+        supported=supported_precisions(target, backend), calibration_batches=calibration_batches, evaluation_batches=evaluation_batches,
+        metric=MetricSpec(metric, spec.metric, spec.better_is_higher, output, spec.labels), evaluate=evaluator, time_models=timer,
+        cache=CalibrationCache(default_cache_dir()), threads=threads,
+    )
+    shutil.copyfile(result.model_path, out_path)
+    plan = result.plan or make_plan(recipe.build.quantization, target, backend, result.chosen.precision)
+    return QuantizedModel(out_path, plan, details={"auto": result.to_manifest()}), result
