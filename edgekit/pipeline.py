@@ -253,9 +253,10 @@ def stage_auto(state: BuildState) -> str:
         state.fp32_path, state.workdir / "auto-chosen.onnx", recipe, state.target, state.backend,
         [model_inputs(recipe, b) for b in state.calibration], state.evaluation, feeds, state.workdir, state.threads,
     )
-    state.model_path = quantized.path
-    state.quantization = quantized.to_manifest()
     chosen = result.chosen.precision
+    # FP32/FP16 choices go through the engine builder from the FP32 export, like an explicit fp16 build.
+    state.model_path = state.fp32_path if chosen in UNQUANTIZED else quantized.path
+    state.quantization = quantized.to_manifest()
     state.decision = PrecisionDecision(chosen, chosen, None, f"auto: {result.chosen.name} ({result.rule})")
     ratio = result.chosen_result.to_manifest().get("latency_ratio")
     return f"auto chose {result.chosen.name} ({chosen.value}); {len(result.kept)} nodes kept in higher precision" + (f"; {ratio:.2f}× FP32 here" if ratio else "")
@@ -273,7 +274,8 @@ def stage_quantize(state: BuildState) -> str:
     relative = copy_calibration(quantized, state.staging_dir)
     if relative and state.quantization.get("calibration"):
         state.quantization["calibration"]["file"] = relative
-    return f"{state.precision.value}: {quantized.plan.activation_type} activations, {quantized.plan.weight_type} weights"
+    plan = quantized.plan
+    return f"{state.precision.value}: {plan.activation_type} activations, {plan.weight_type} weights" if plan else state.precision.value
 
 
 def stage_build(state: BuildState) -> None:

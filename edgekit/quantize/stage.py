@@ -31,13 +31,13 @@ WRITTEN = (Precision.INT8, Precision.INT8_DYNAMIC, Precision.INT4)
 @dataclass(frozen=True)
 class QuantizedModel:
     path: Path
-    plan: QuantizationPlan
+    plan: QuantizationPlan | None  # None when auto chose an unquantized precision (fp32, fp16)
     calibration: dict[str, Any] | None = None  # manifest section: calibrator, key, cache file, from_cache
     calibration_file: Path | None = None
     details: dict[str, Any] = field(default_factory=dict)
 
     def to_manifest(self) -> dict[str, Any]:
-        return {"plan": self.plan.to_manifest(), "calibration": self.calibration, **self.details}
+        return {"plan": self.plan.to_manifest() if self.plan else None, "calibration": self.calibration, **self.details}
 
 
 def default_cache_dir() -> Path:
@@ -142,5 +142,5 @@ def search_auto_precision(fp32_path: Path, out_path: Path, recipe: Any, target: 
         cache=CalibrationCache(default_cache_dir()), threads=threads,
     )
     shutil.copyfile(result.model_path, out_path)
-    plan = result.plan or make_plan(recipe.build.quantization, target, backend, result.chosen.precision)
+    plan = result.plan if result.chosen.precision in WRITTEN else None
     return QuantizedModel(out_path, plan, details={"auto": result.to_manifest()}), result

@@ -20,6 +20,7 @@ from edgekit import __version__
 from edgekit.errors import BuildError, BundleError
 from edgekit.report.formatting import NA, dig, fmt_mb, fmt_ms, fmt_number, fmt_value, number
 from edgekit.report.model_section import device_section, model_section
+from edgekit.report.precision_section import precision_section
 from edgekit.report.sections import accuracy_section, benchmark_section, parity_section, stages_section
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ def render_report(
         "benchmark": benchmark,
         "stages": stages_section(manifest),
         "model": model,
+        "precision": precision_section(manifest),
         "device": device_section(manifest, model),
         "toolchain": _pairs(dig(manifest, "toolchain")),
         "files": _files(manifest, file_hashes),

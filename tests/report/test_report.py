@@ -492,3 +492,25 @@ def test_typed_field_tensors_are_measured_in_dense_bytes(tmp_path: Path) -> None
     path = tmp_path / "typed.onnx"
     onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), path)
     assert model_size_by_op_type(path) == {"unused": 24 + 3 + 5}
+
+
+def test_precision_section_shows_plan_kept_nodes_candidates_and_pruning():
+    from edgekit.report.html import render_report
+
+    manifest = {
+        "name": "x", "precision": "int8",
+        "precision_decision": {"requested": "auto", "used": "int8", "refused_because": None, "policy": "auto: int8-static"},
+        "quantization": {
+            "plan": {"activation_type": "uint8", "weight_type": "int8", "per_channel": True, "calibrator": "minmax",
+                     "excluded": {"layer.0/ffn.down": "sensitivity rank 1: cosine 0.95 when quantized"}, "notes": ["uint8 is fused"]},
+            "calibration": {"calibrator": "minmax", "tensors": 12, "from_cache": False},
+            "auto": {"candidates": [{"name": "int8-static", "status": "chosen", "latency_ratio": 0.61, "value": 0.993, "cosine_min": 0.98, "detail": ""}],
+                     "kept_in_higher_precision": {}, "notes": []},
+        },
+        "prune": {"method": "channel", "target_sparsity": 0.5, "achieved_sparsity": 0.75, "params_before": 100, "params_after": 25,
+                  "sparse_2_4": False, "fine_tune": {"callable": "f"}, "notes": ["unstructured sparsity does not speed up dense kernels"],
+                  "layers": [{"name": "conv1", "action": "pruned", "weight_shape_before": [32, 1, 3, 3], "weight_shape_after": [16, 1, 3, 3], "sparsity": 0.5}]},
+    }
+    page = render_report(manifest, None, None)
+    for text in ("Precision and pruning", "layer.0/ffn.down", "sensitivity rank 1", "int8-static", "0.61", "Pruning", "conv1", "dense kernels"):
+        assert text in page, text
