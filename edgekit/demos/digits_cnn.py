@@ -17,7 +17,7 @@ import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -177,10 +177,18 @@ def train_digits_cnn(
     where = "edgekit.demos.digits_cnn:train_digits_cnn"
     epochs = require_int_at_least(epochs, 1, name="epochs", where=where)
     batch_size = require_int_at_least(batch_size, 1, name="batch_size", where=where)
+    return fit_on_training_split(DigitsCNN, epochs=epochs, seed=seed, batch_size=batch_size, learning_rate=learning_rate, what="digits_cnn")
+
+
+def fit_on_training_split(make_model: Callable[[], nn.Module], *, epochs: int, seed: int, batch_size: int, learning_rate: float,
+                          what: str) -> nn.Module:
+    """Adam with a cosine schedule over the training split, deterministic for a seed: one thread,
+    deterministic algorithms, a forked RNG (the caller's RNG state, thread count and determinism setting
+    are restored). ``make_model`` runs inside the seeded RNG, so fresh weights are reproducible too.
+    Used for the demo's own training and for its fine-tune after pruning. Returns the model in eval mode."""
     split = digits_split()
     images = torch.from_numpy(split.train_images.copy())
     labels = torch.from_numpy(split.train_labels.copy())
-
     threads_before = torch.get_num_threads()
     deterministic_before = torch.are_deterministic_algorithms_enabled()
     try:
@@ -188,9 +196,9 @@ def train_digits_cnn(
         torch.use_deterministic_algorithms(True)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model = DigitsCNN()
+            model = make_model()
             order_rng = torch.Generator().manual_seed(seed)
-            optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
+            optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=float(learning_rate))
             schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs)
             loss_fn = nn.CrossEntropyLoss()
             model.train()
@@ -205,7 +213,7 @@ def train_digits_cnn(
                     optimizer.step()
                     total_loss += loss.item() * len(index)
                 schedule.step()
-                logger.debug("digits_cnn epoch %d/%d: mean loss %.4f", epoch + 1, epochs, total_loss / len(images))
+                logger.debug("%s epoch %d/%d: mean loss %.4f", what, epoch + 1, epochs, total_loss / len(images))
     finally:
         torch.use_deterministic_algorithms(deterministic_before)
         torch.set_num_threads(threads_before)

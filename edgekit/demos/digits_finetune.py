@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import logging
 
-import torch
 from torch import nn
 
 from edgekit.demos._batching import require_int_at_least
-from edgekit.demos.digits_cnn import digits_split, heldout_top1
+from edgekit.demos.digits_cnn import fit_on_training_split, heldout_top1
 from edgekit.errors import RecipeError
 
 log = logging.getLogger(__name__)
@@ -45,40 +44,10 @@ def fine_tune_digits(
             f"{WHERE}: 'learning_rate' must be a number > 0, got {learning_rate!r}",
             hint="fix 'learning_rate' under prune.fine_tune.kwargs in the recipe (1e-3 is a good start)",
         )
-    split = digits_split()
-    images = torch.from_numpy(split.train_images.copy())
-    labels = torch.from_numpy(split.train_labels.copy())
     if log.isEnabledFor(logging.DEBUG):
         log.debug("digits fine-tune: held-out top-1 before %.4f", heldout_top1(module))
-
-    threads_before = torch.get_num_threads()
-    deterministic_before = torch.are_deterministic_algorithms_enabled()
-    try:
-        torch.set_num_threads(1)
-        torch.use_deterministic_algorithms(True)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            order_rng = torch.Generator().manual_seed(seed)
-            optimizer = torch.optim.Adam([p for p in module.parameters() if p.requires_grad], lr=float(learning_rate))
-            schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs)
-            loss_fn = nn.CrossEntropyLoss()
-            module.train()
-            for epoch in range(epochs):
-                order = torch.randperm(len(images), generator=order_rng)
-                total_loss = 0.0
-                for start in range(0, len(images), batch_size):
-                    index = order[start : start + batch_size]
-                    optimizer.zero_grad()
-                    loss = loss_fn(module(images[index]), labels[index])
-                    loss.backward()
-                    optimizer.step()
-                    total_loss += loss.item() * len(index)
-                schedule.step()
-                log.debug("digits fine-tune epoch %d/%d: mean loss %.4f", epoch + 1, epochs, total_loss / len(images))
-    finally:
-        torch.use_deterministic_algorithms(deterministic_before)
-        torch.set_num_threads(threads_before)
-    module.eval()
+    module = fit_on_training_split(lambda: module, epochs=epochs, seed=seed, batch_size=batch_size, learning_rate=learning_rate,
+                                   what="digits fine-tune")
     if log.isEnabledFor(logging.DEBUG):
         log.debug("digits fine-tune: held-out top-1 after %.4f", heldout_top1(module))
     return module
