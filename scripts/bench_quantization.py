@@ -77,14 +77,31 @@ def size_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
 
 
+#: The issue's own accuracy target per variant where it differs from the recipe's budget
+#: (MiniLM int4 with embeddings: mean cosine >= 0.97).
+BUDGETS = {("minilm", "int4"): {"min_value": 0.97}}
+
+
 def edgekit_bundle(recipe: str, precision: str, root: Path) -> tuple[Path | None, str | None]:
+    import yaml
+
     from edgekit.errors import EdgekitError
     from edgekit.pipeline import build
 
+    path = REPO / "recipes" / f"{recipe}.yaml"
+    budget = BUDGETS.get((recipe, precision))
+    if budget:  # a copy next to the recipe (so its relative paths still resolve) with the variant's budget
+        data = yaml.safe_load(path.read_text())
+        data["evaluation"]["budget"] = budget
+        path = path.with_name(f".{recipe}-{precision}.bench.yaml")
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
     try:
-        result = build(REPO / "recipes" / f"{recipe}.yaml", "x86-64-cpu", precision=precision, out=root / f"{recipe}-{precision}", force=True)
+        result = build(path, "x86-64-cpu", precision=precision, out=root / f"{recipe}-{precision}", force=True)
     except EdgekitError as exc:
         return None, exc.message.splitlines()[0]
+    finally:
+        if budget:
+            path.unlink(missing_ok=True)
     return result.bundle_dir / "model.onnx", None
 
 
