@@ -68,7 +68,8 @@ def model_inputs(recipe: Recipe, batch: Batch) -> Batch:
     return {spec.name: batch[spec.name] for spec in recipe.inputs}
 
 
-def _fit_axis(array: np.ndarray, axis: int, size: int) -> np.ndarray:
+def fit_axis(array: np.ndarray, axis: int, size: int) -> np.ndarray:
+    """``array`` cut (or tiled and cut) to ``size`` along ``axis``."""
     current = array.shape[axis]
     if current == size:
         return array
@@ -86,7 +87,7 @@ def fit_batch(recipe: Recipe, batch: Batch, dims: dict[str, int]) -> Batch:
         array = batch[spec.name]
         for axis, dim in enumerate(spec.shape):
             if isinstance(dim, str):
-                array = _fit_axis(array, axis, dims[dim])
+                array = fit_axis(array, axis, dims[dim])
         out[spec.name] = np.ascontiguousarray(array)
     return out
 

@@ -248,7 +248,7 @@ def stage_auto(state: BuildState) -> str:
 
     recipe = state.recipe
     assert state.calibration is not None and state.evaluation is not None
-    feeds = fit_batch(recipe, state.samples[0], {**dims_at(recipe, "opt"), **recipe.build.benchmark.dims})
+    feeds = fit_batch(recipe, state.samples[0], bench_dims(recipe))
     quantized, result = search_auto_precision(
         state.fp32_path, state.workdir / "auto-chosen.onnx", recipe, state.target, state.backend,
         [model_inputs(recipe, b) for b in state.calibration], state.evaluation, feeds, state.workdir, state.threads,
@@ -263,14 +263,12 @@ def stage_auto(state: BuildState) -> str:
 
 
 def stage_quantize(state: BuildState) -> str:
-    from edgekit.quantize.stage import quantize_model
+    from edgekit.quantize.stage import copy_calibration, quantize_model
 
     quantized = quantize_model(state.fp32_path, state.workdir / "quantized.onnx", state.recipe.build.quantization, state.target,
                                state.backend, state.precision, state.calibration, state.workdir)
     state.model_path = quantized.path
     state.quantization = quantized.to_manifest()
-    from edgekit.quantize.stage import copy_calibration
-
     relative = copy_calibration(quantized, state.staging_dir)
     if relative and state.quantization.get("calibration"):
         state.quantization["calibration"]["file"] = relative
@@ -340,9 +338,14 @@ def stage_golden(state: BuildState, runner: OnnxRuntimeRunner) -> None:
     state.golden = write_golden(state.staging_dir, pairs, atol=atol, rtol=rtol, min_cosine=min_cosine)
 
 
+def bench_dims(recipe: Recipe) -> dict[str, int]:
+    """The dynamic dims the benchmark (and the auto search's timing) run at: opt, unless the recipe says."""
+    return {**dims_at(recipe, "opt"), **recipe.build.benchmark.dims}
+
+
 def stage_bench(state: BuildState, runner: OnnxRuntimeRunner) -> str:
     recipe = state.recipe
-    state.bench_dims = {**dims_at(recipe, "opt"), **recipe.build.benchmark.dims}
+    state.bench_dims = bench_dims(recipe)
     feeds = fit_batch(recipe, state.samples[0], state.bench_dims)
     state.bench = benchmark_runner(runner, feeds, recipe.build.benchmark.warmup, recipe.build.benchmark.iterations)
     state.bench_providers = list(runner.providers)
@@ -439,7 +442,7 @@ def build(
                 _note(progress, stage_evaluate(state, runner))
             with progress.stage("golden"):
                 stage_golden(state, runner)
-            with progress.stage("bench", ", ".join(f"{k}={v}" for k, v in {**dims_at(state.recipe, 'opt'), **state.recipe.build.benchmark.dims}.items())):
+            with progress.stage("bench", ", ".join(f"{k}={v}" for k, v in bench_dims(state.recipe).items())):
                 _note(progress, stage_bench(state, runner))
         finally:
             for open_runner in state.open_runners:

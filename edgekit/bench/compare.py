@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from edgekit.data import fit_axis
 from edgekit.errors import EdgekitError
 from edgekit_runtime.bundle import Bundle, open_bundle
 from edgekit_runtime.signature import IOSignature
@@ -42,14 +43,6 @@ def parse_dims(text: str | None) -> dict[str, int]:
     return dims
 
 
-def _fit(array: np.ndarray, axis: int, size: int) -> np.ndarray:
-    if array.shape[axis] >= size:
-        return np.take(array, np.arange(size), axis=axis)
-    reps = [1] * array.ndim
-    reps[axis] = -(-size // array.shape[axis])
-    return np.take(np.tile(array, reps), np.arange(size), axis=axis)
-
-
 def feeds_at(bundle: Bundle, signature: IOSignature, dims: dict[str, int]) -> dict[str, np.ndarray]:
     """The bundle's first golden input batch, cut or tiled to ``dims`` along its dynamic axes."""
     first = bundle.manifest["golden"]["batches"][0]["inputs"]
@@ -59,7 +52,7 @@ def feeds_at(bundle: Bundle, signature: IOSignature, dims: dict[str, int]) -> di
         array = feeds[tensor.name]
         for axis, dim in enumerate(tensor.shape):
             if isinstance(dim, str):
-                array = _fit(array, axis, dims[dim])
+                array = fit_axis(array, axis, dims[dim])
         feeds[tensor.name] = np.ascontiguousarray(array)
     return feeds
 
