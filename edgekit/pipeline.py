@@ -87,6 +87,7 @@ class BuildState:
     signature_dict: dict[str, Any] = field(default_factory=dict)
     quantization: dict[str, Any] | None = None
     model_path: Path = Path()  # the graph the engine builder takes (FP32 export or quantized)
+    host_twin: Path | None = None  # what this host runs instead when it cannot run the bundle's graph (FP4 weights)
     engine: EngineBuild | None = None
     accuracy: AccuracyResult | None = None
     golden: dict[str, Any] = field(default_factory=dict)
@@ -268,6 +269,7 @@ def stage_quantize(state: BuildState) -> str:
     quantized = quantize_model(state.fp32_path, state.workdir / "quantized.onnx", state.recipe.build.quantization, state.target,
                                state.backend, state.precision, state.calibration, state.workdir)
     state.model_path = quantized.path
+    state.host_twin = quantized.host_twin
     state.quantization = quantized.to_manifest()
     relative = copy_calibration(quantized, state.staging_dir)
     if relative and state.quantization.get("calibration"):
@@ -291,6 +293,17 @@ def stage_build(state: BuildState) -> None:
     state.engine = BUILDERS[state.backend](state.model_path, state.staging_dir / "model.onnx", state.target, state.recipe, state.precision, **options)
 
 
+def host_runner(state: BuildState) -> OnnxRuntimeRunner:
+    """What evaluate, golden and bench run on this host: the bundle's graph, or its decoded twin (at ``basic``
+    optimisation, where ONNX Runtime keeps FP8 Q/DQ rounding) when the graph holds formats ONNX Runtime's CPU
+    provider cannot run."""
+    assert state.engine is not None
+    providers = host_providers(state.engine.execution_providers)
+    if state.host_twin is not None:
+        return state.runner(state.host_twin, HOST_PROVIDERS, "basic")
+    return state.runner(state.engine.model_path, providers, state.engine.graph_optimization)
+
+
 def stage_evaluate(state: BuildState, runner: OnnxRuntimeRunner) -> str | None:
     recipe = state.recipe
     if recipe.evaluation is None:
@@ -301,7 +314,13 @@ def stage_evaluate(state: BuildState, runner: OnnxRuntimeRunner) -> str | None:
     state.accuracy = evaluate_accuracy(recipe, runner.infer, reference_outputs, batches, state.reference_source)
     check_budget(recipe, state.accuracy, state.precision.value)
     trt = (state.engine.details.get("tensorrt") if state.engine else None) or {}
-    if trt and trt.get("engine_built_on") != "host" and trt.get("onnx_precision") == "as-exported" and state.precision is not Precision.FP32:
+    if state.host_twin is not None:
+        note = (f"measured with ONNX Runtime on this host on a twin of the bundle's {state.precision.value} graph whose weight "
+                "DequantizeLinear nodes edgekit's codec decoded to FP32 (bit-identical weights: ONNX Runtime's CPU provider "
+                "cannot load FP4 or E8M0 DequantizeLinear and drops FP8 Q/DQ pairs at its default optimisation level)" + ("; activations run the graph's own FP8 Q/DQ" if state.precision is Precision.FP8 else
+                                     "; activations stay float here, while TensorRT block-quantizes them on the device"))
+        state.accuracy = replace(state.accuracy, note=note)
+    elif trt and trt.get("engine_built_on") != "host" and trt.get("onnx_precision") == "as-exported" and state.precision is not Precision.FP32:
         note = (f"measured with ONNX Runtime on this host on the bundle's FP32 graph: TensorRT applies {state.precision.value} "
                 "through builder flags on the device, so the device's accuracy can differ; its self-check compares against the golden outputs")
         state.accuracy = replace(state.accuracy, note=note)
@@ -435,7 +454,7 @@ def build(
         with progress.stage("build", f"{state.backend.value} {state.precision.value}"):
             stage_build(state)
             assert state.engine is not None
-            runner = state.runner(state.engine.model_path, host_providers(state.engine.execution_providers), state.engine.graph_optimization)
+            runner = host_runner(state)
             state.open_runners.append(runner)
         try:
             with progress.stage("evaluate", state.recipe.evaluation.metric if state.recipe.evaluation else "no metric"):

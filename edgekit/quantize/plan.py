@@ -1,7 +1,7 @@
 """The quantization plan: what a build will quantize, how, and what stays in higher precision (and why).
 
-A plan is backend-neutral data; the writers in ``ort_static``, ``ort_dynamic`` and ``weight_only``
-turn it into a graph. The manifest records the plan as resolved.
+A plan is backend-neutral data; the writers in ``ort_writers`` (int8, int8-dynamic, int4) and
+``float_writers`` (fp8, mxfp8, mxfp4, nvfp4) turn it into a graph. The manifest records the plan as resolved.
 """
 
 from __future__ import annotations
@@ -80,7 +80,9 @@ def make_plan(spec: QuantizationSpec, target: TargetProfile, backend: Backend, p
                                 notes=("weight-only: activations stay float",))
     if precision in (Precision.FP8, Precision.MXFP8, Precision.MXFP4, Precision.NVFP4):
         act = "fp8_e4m3" if precision is Precision.FP8 else "none"
-        return QuantizationPlan(precision, backend, act, True, precision.value if precision is not Precision.FP8 else "fp8_e4m3",
-                                precision is not Precision.FP8 or spec.per_channel, spec.calibrator if precision is Precision.FP8 else None,
-                                ("MatMul", "Gemm", "Conv"), excluded)
+        fp8 = precision is Precision.FP8
+        notes = ("E4M3 weights per output channel and per-tensor E4M3 activations (TensorRT explicit quantization)",) if fp8 else (
+            "block-scaled weights; activations are block-quantized at run time by TensorRT, not in the ONNX graph",)
+        return QuantizationPlan(precision, backend, act, True, "fp8_e4m3" if fp8 else precision.value, True, spec.calibrator if fp8 else None,
+                                op_types, excluded, float_outputs=op_types, notes=notes)
     raise ValueError(f"{precision.value} is not a quantized precision")

@@ -17,15 +17,16 @@ import numpy as np
 
 from edgekit.errors import QuantizationError
 from edgekit.precision import Backend, Precision
-from edgekit.quantize import ort_writers
+from edgekit.quantize import float_writers, ort_writers
 from edgekit.quantize.plan import QuantizationPlan, make_plan
 from edgekit.recipe import QuantizationSpec
 from edgekit.target import TargetProfile
 
 log = logging.getLogger(__name__)
 
-#: Precisions this stage writes as ONNX graphs that ONNX Runtime runs.
-WRITTEN = (Precision.INT8, Precision.INT8_DYNAMIC, Precision.INT4)
+#: Precisions this stage writes as ONNX graphs: ONNX Runtime's integer formats, then the floating-point
+#: formats of Hopper/Blackwell GPUs (which this host evaluates on a decoded twin, see ``float_writers``).
+WRITTEN = (Precision.INT8, Precision.INT8_DYNAMIC, Precision.INT4, *float_writers.WRITTEN)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class QuantizedModel:
     calibration: dict[str, Any] | None = None  # manifest section: calibrator, key, cache file, from_cache
     calibration_file: Path | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    #: A graph this host's ONNX Runtime can run in place of ``path`` (same weights, decoded), when it cannot run ``path``.
+    host_twin: Path | None = None
 
     def to_manifest(self) -> dict[str, Any]:
         return {"plan": self.plan.to_manifest() if self.plan else None, "calibration": self.calibration, **self.details}
@@ -84,11 +87,13 @@ def quantize_model(fp32_path: Path, out_path: Path, spec: QuantizationSpec, targ
     """Write ``out_path``: ``fp32_path`` quantized for ``precision`` under ``plan`` (default: the precision's plan)."""
     if precision not in WRITTEN:
         raise QuantizationError(
-            f"precision {precision.value} has no ONNX Runtime graph writer in this edgekit version",
-            hint=f"writers: {', '.join(p.value for p in WRITTEN)}; `edgekit sweep` estimates {precision.value} accuracy with the exact codec",
+            f"precision {precision.value} has no quantization graph writer: it is not a quantized format",
+            hint=f"writers: {', '.join(p.value for p in WRITTEN)}",
         )
     plan = plan or make_plan(spec, target, backend, precision)
     pre = ort_writers.preprocess(fp32_path, workdir / "preprocessed.onnx")
+    if precision in float_writers.WRITTEN:
+        return _write_float_format(pre, out_path, plan, spec, calibration_batches, workdir, cache_dir)
     if precision is Precision.INT8:
         if not calibration_batches:
             raise QuantizationError("static int8 needs calibration data", hint="add data.calibration to the recipe (a callable or an npz_dir)")
@@ -100,6 +105,24 @@ def quantize_model(fp32_path: Path, out_path: Path, spec: QuantizationSpec, targ
         return QuantizedModel(out_path, plan)
     ort_writers.write_int4(pre, out_path, plan)
     return QuantizedModel(out_path, plan)
+
+
+def _write_float_format(pre: Path, out_path: Path, plan: QuantizationPlan, spec: QuantizationSpec,
+                        calibration_batches: list[dict[str, np.ndarray]] | None, workdir: Path, cache_dir: Path | None) -> QuantizedModel:
+    """FP8 (calibrated activations) or a block format; plus the decoded twin this host evaluates."""
+    amax: dict[str, float] | None = None
+    section = cache_file = None
+    if plan.precision is Precision.FP8:
+        if not calibration_batches:
+            raise QuantizationError("fp8 needs calibration data for its activation scales",
+                                    hint="add data.calibration to the recipe (a callable or an npz_dir)")
+        ranges, section, cache_file = calibrate_plan(pre, plan, spec, calibration_batches, workdir, cache_dir)
+        amax = {name: max(abs(float(r.min)), abs(float(r.max))) for name, r in ranges.items()}
+    written = float_writers.write_float_format(pre, out_path, plan, amax)
+    twin = float_writers.fold_weight_dequantize(out_path, out_path.with_name(out_path.stem + ".host-twin.onnx"))
+    return QuantizedModel(out_path, plan, section, cache_file, details={"format": written.to_manifest(), "host_evaluation": (
+        "a twin of model.onnx with its weight DequantizeLinear nodes decoded to FP32 by edgekit's codec, run by ONNX Runtime's "
+        "CPU provider at basic optimisation: it has no kernels for these formats")}, host_twin=twin)
 
 
 def copy_calibration(model: QuantizedModel, bundle_dir: Path) -> str | None:

@@ -1,0 +1,346 @@
+"""Graph writers for the floating-point formats of Hopper and Blackwell GPUs: FP8, MXFP8, MXFP4, NVFP4.
+
+Everything is standard ONNX (no custom ops), encoded by edgekit's exact codec (:mod:`edgekit.quantize.codecs`):
+
+- ``fp8``: weights as FLOAT8E4M3FN with one FP32 scale per output channel (``amax / 448``), and a per-tensor
+  E4M3 QuantizeLinear/DequantizeLinear pair (calibrated ``amax / 448``) on the activation entering every
+  quantized MatMul/Gemm/Conv: TensorRT's explicit FP8 quantization pattern. Opset 19.
+- ``mxfp8`` / ``mxfp4``: weights as E4M3 / E2M1 elements with one E8M0 scale per 32 along the reduction axis:
+  ``DequantizeLinear(block_size=32)`` with a FLOAT8E8M0 scale tensor. Opset 24.
+- ``nvfp4``: E2M1 weights with one E4M3 scale per 16 and an FP32 tensor scale, as two DequantizeLinear nodes:
+  ``scale = DQ(e4m3 scales, tensor scale)``, ``weight = DQ(e2m1, scale, block_size=16)``. Opset 23.
+
+The block formats are written weight-only: their activations are block-quantized at run time by TensorRT's
+DynamicQuantize layer, which standard ONNX cannot express, so activations stay in the network's float type.
+Block-quantized weights need the reduction axis to be one of the last two and a multiple of the block; other
+weights stay float and the plan says why.
+
+ONNX Runtime's CPU provider has no FLOAT4E2M1 DequantizeLinear, so the host measures accuracy on a *twin*
+(:func:`fold_weight_dequantize`): the written graph with every weight DequantizeLinear decoded by the codec
+into an FP32 initializer, bit-identical to what the device dequantizes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from edgekit.errors import QuantizationError
+from edgekit.precision import Precision
+from edgekit.quantize.codecs import (
+    decode_e2m1,
+    decode_e4m3,
+    decode_e8m0,
+    encode_e4m3,
+    mx_quantize,
+    nvfp4_quantize,
+    pack_fp4,
+    unpack_fp4,
+)
+from edgekit.quantize.codecs.blocks import from_blocks
+from edgekit.quantize.plan import QuantizationPlan
+
+log = logging.getLogger(__name__)
+
+FP8_MAX = 448.0
+#: precision -> (the opset its DequantizeLinear form needs, block size or 0 for per-channel)
+FORMAT_OPSET = {Precision.FP8: (19, 0), Precision.MXFP8: (24, 32), Precision.MXFP4: (24, 32), Precision.NVFP4: (23, 16)}
+WRITTEN = tuple(FORMAT_OPSET)
+#: The block formats: weight-only, MatMul/Gemm weights only (TensorRT blocks along one of the last two axes).
+BLOCK_OP_TYPES = ("MatMul", "Gemm")
+
+
+@dataclass
+class FloatFormatResult:
+    """What :func:`write_float_format` did, for the manifest."""
+
+    precision: Precision
+    opset: int
+    weights: dict[str, str] = field(default_factory=dict)  # initializer -> its format
+    activations: dict[str, float] = field(default_factory=dict)  # tensor -> FP8 scale
+    skipped: dict[str, str] = field(default_factory=dict)  # node -> why its weight stayed float
+    weight_bytes: int = 0  # encoded bytes of the quantized weights (elements + scales)
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {
+            "format": self.precision.value,
+            "opset": self.opset,
+            "quantized_weights": len(self.weights),
+            "quantized_activations": len(self.activations),
+            "encoded_weight_bytes": self.weight_bytes,
+            "float_weights": dict(sorted(self.skipped.items())),
+            "activations": "fp8 e4m3 per-tensor (calibrated)" if self.precision is Precision.FP8 else
+            "float: block formats quantize activations at run time in TensorRT (DynamicQuantize), not in the ONNX graph",
+        }
+
+
+# ------------------------------------------------------------------------------------------- encoding
+
+
+def _tensor(name: str, onnx_type: int, shape: tuple[int, ...], raw: bytes) -> Any:
+    from onnx import helper
+
+    return helper.make_tensor(name, onnx_type, list(shape), vals=raw, raw=True)
+
+
+def _float(name: str, values: np.ndarray) -> Any:
+    from onnx import numpy_helper
+
+    return numpy_helper.from_array(np.ascontiguousarray(values, dtype=np.float32), name)
+
+
+def _codes_in_place(blocked: np.ndarray, shape: tuple[int, ...], axis: int) -> np.ndarray:
+    """Block-shaped codes ``(*rest, n_blocks, block)`` back in the tensor's own layout."""
+    return from_blocks(blocked, shape, axis)
+
+
+def _scales_in_place(scales: np.ndarray, axis: int) -> np.ndarray:
+    """Block scales ``(*rest, n_blocks)`` in DequantizeLinear's layout: the tensor's shape with ``n_blocks`` on ``axis``."""
+    return np.ascontiguousarray(np.moveaxis(scales, -1, axis))
+
+
+def encode_weight(name: str, weight: np.ndarray, precision: Precision, axis: int, out_axis: int) -> tuple[list[Any], list[Any], int]:
+    """(initializers, DequantizeLinear nodes producing ``name + '_dq'``, encoded bytes) for one weight.
+
+    ``axis`` is the reduction axis (blocks run along it); ``out_axis`` the output-channel axis (FP8 scales)."""
+    from onnx import TensorProto, helper
+
+    out = name + "_dq"
+    shape = tuple(int(d) for d in weight.shape)
+    if precision is Precision.FP8:
+        reduce_axes = tuple(a for a in range(weight.ndim) if a != out_axis)
+        amax = np.abs(weight).max(axis=reduce_axes).astype(np.float32)
+        scale = np.where(amax > 0, amax / np.float32(FP8_MAX), np.float32(1.0)).astype(np.float32)
+        codes = encode_e4m3(weight / np.expand_dims(scale, reduce_axes), tensor_name=name)
+        inits = [_tensor(name + "_e4m3", TensorProto.FLOAT8E4M3FN, shape, codes.tobytes()), _float(name + "_scale", scale)]
+        node = helper.make_node("DequantizeLinear", [name + "_e4m3", name + "_scale"], [out], name=name + "_DequantizeLinear", axis=out_axis)
+        return inits, [node], codes.size + scale.size * 4
+    block = FORMAT_OPSET[precision][1]
+    if precision in (Precision.MXFP8, Precision.MXFP4):
+        elem = "e4m3" if precision is Precision.MXFP8 else "e2m1"
+        encoded = mx_quantize(weight, elem=elem, block=block, axis=axis, tensor_name=name)
+        codes = _codes_in_place(encoded.codes, shape, axis)
+        scales = _scales_in_place(encoded.scales_e8m0, axis)
+        if elem == "e4m3":
+            weight_init = _tensor(name + "_e4m3", TensorProto.FLOAT8E4M3FN, shape, codes.tobytes())
+        else:
+            weight_init = _tensor(name + "_e2m1", TensorProto.FLOAT4E2M1, shape, pack_fp4(codes).tobytes())
+        scale_init = _tensor(name + "_e8m0", TensorProto.FLOAT8E8M0, scales.shape, scales.tobytes())
+        # An E8M0 scale cannot be the output type (the default): output_dtype says FP32.
+        node = helper.make_node("DequantizeLinear", [weight_init.name, scale_init.name], [out], name=name + "_DequantizeLinear",
+                                axis=axis, block_size=block, output_dtype=TensorProto.FLOAT)
+        return [weight_init, scale_init], [node], encoded.nbytes
+    encoded4 = nvfp4_quantize(weight, block=block, axis=axis, tensor_name=name)
+    codes = _codes_in_place(encoded4.codes, shape, axis)
+    scales = _scales_in_place(encoded4.block_scales_e4m3, axis)
+    inits = [
+        _tensor(name + "_e2m1", TensorProto.FLOAT4E2M1, shape, pack_fp4(codes).tobytes()),
+        _tensor(name + "_e4m3_scale", TensorProto.FLOAT8E4M3FN, scales.shape, scales.tobytes()),
+        _float(name + "_tensor_scale", np.array(encoded4.tensor_scale, dtype=np.float32)),
+    ]
+    nodes = [
+        helper.make_node("DequantizeLinear", [name + "_e4m3_scale", name + "_tensor_scale"], [name + "_block_scale"],
+                         name=name + "_scale_DequantizeLinear"),
+        helper.make_node("DequantizeLinear", [name + "_e2m1", name + "_block_scale"], [out], name=name + "_DequantizeLinear",
+                         axis=axis, block_size=block),
+    ]
+    return inits, nodes, encoded4.nbytes
+
+
+# --------------------------------------------------------------------------------------------- writer
+
+
+def _weight_axes(node: Any, weight: np.ndarray) -> tuple[int, int] | str:
+    """(reduction axis, output-channel axis) of a node's weight, or why it cannot be quantized."""
+    attrs = {a.name: a.i for a in node.attribute if a.type == a.INT}
+    if node.op_type == "Conv":
+        return 1, 0
+    if node.op_type == "Gemm":
+        if attrs.get("transA", 0):
+            return "Gemm with transA=1"
+        return (1, 0) if attrs.get("transB", 0) else (0, 1)
+    if weight.ndim < 2:
+        return "a 1-D MatMul operand"
+    return weight.ndim - 2, weight.ndim - 1
+
+
+def _convert_opset(model: Any, opset: int, path: Path) -> Any:
+    import onnx
+
+    current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if current >= opset:
+        return model
+    try:
+        converted = onnx.version_converter.convert_version(model, opset)
+    except Exception as exc:
+        raise QuantizationError(
+            f"{path}: converting the graph from opset {current} to {opset} (needed by this format's DequantizeLinear) failed: {exc}",
+            hint=f"export at opset {opset} (recipe export.opset) so no conversion is needed",
+        ) from exc
+    if converted.ir_version < 10:
+        converted.ir_version = 10 if opset < 23 else 11
+    return converted
+
+
+def write_float_format(fp32_path: Path, out_path: Path, plan: QuantizationPlan, activation_amax: Mapping[str, float] | None = None) -> FloatFormatResult:
+    """Write ``out_path``: ``fp32_path`` with ``plan.precision`` weights (and FP8 activations) as standard ONNX."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    precision = plan.precision
+    if precision not in FORMAT_OPSET:
+        raise QuantizationError(f"{precision.value} is not a floating-point format this writer knows", hint=f"formats: {', '.join(p.value for p in WRITTEN)}")
+    if precision is Precision.FP8 and not activation_amax:
+        raise QuantizationError("fp8 needs calibrated activation ranges", hint="add data.calibration to the recipe (a callable or an npz_dir)")
+    opset, block = FORMAT_OPSET[precision]
+    model = _convert_opset(onnx.load(str(fp32_path), load_external_data=True), opset, fp32_path)
+    graph = model.graph
+    initializers = {init.name: init for init in graph.initializer}
+    block_only = "TensorRT block-quantizes along one of the last two axes; a Conv weight's reduction axis (input channels) is not"
+    result = FloatFormatResult(precision, max(opset, next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))))
+    dequantized: dict[str, str] = {}  # weight initializer -> its DequantizeLinear output
+    activation_dq: dict[str, str] = {}  # activation tensor -> its Q/DQ output
+    new_nodes: list[Any] = []
+    for node in graph.node:
+        if node.op_type not in plan.op_types or node.name in plan.excluded:
+            new_nodes.append(node)
+            continue
+        if block and node.op_type not in BLOCK_OP_TYPES:
+            result.skipped[node.name] = block_only
+            new_nodes.append(node)
+            continue
+        weight_name = node.input[1] if len(node.input) > 1 else ""
+        if weight_name not in initializers:
+            result.skipped[node.name] = "its weight is not a constant initializer"
+            new_nodes.append(node)
+            continue
+        if weight_name not in dequantized:
+            weight = numpy_helper.to_array(initializers[weight_name]).astype(np.float32)
+            axes = _weight_axes(node, weight)
+            if isinstance(axes, str):
+                result.skipped[node.name] = axes
+                new_nodes.append(node)
+                continue
+            axis, out_axis = axes
+            if block and (axis < weight.ndim - 2 or weight.shape[axis] % block):
+                result.skipped[node.name] = f"reduction axis of length {weight.shape[axis]} is not a multiple of the {block}-element block"
+                new_nodes.append(node)
+                continue
+            inits, dq_nodes, nbytes = encode_weight(weight_name, weight, precision, axis, out_axis)
+            graph.initializer.extend(inits)
+            new_nodes.extend(dq_nodes)
+            dequantized[weight_name] = dq_nodes[-1].output[0]
+            result.weights[weight_name] = precision.value
+            result.weight_bytes += nbytes
+        node.input[1] = dequantized[weight_name]
+        source = node.input[0]
+        if precision is Precision.FP8 and activation_amax is not None and source in activation_amax:
+            if source not in activation_dq:
+                scale = max(float(activation_amax[source]), 1e-12) / FP8_MAX
+                prefix = f"{source}_fp8"
+                graph.initializer.extend([
+                    numpy_helper.from_array(np.array(scale, dtype=np.float32), prefix + "_scale"),
+                    helper.make_tensor(prefix + "_zero", TensorProto.FLOAT8E4M3FN, [], vals=b"\x00", raw=True),
+                ])
+                new_nodes.append(helper.make_node("QuantizeLinear", [source, prefix + "_scale", prefix + "_zero"], [prefix + "_q"],
+                                                  name=prefix + "_QuantizeLinear"))
+                new_nodes.append(helper.make_node("DequantizeLinear", [prefix + "_q", prefix + "_scale", prefix + "_zero"], [prefix + "_dq"],
+                                                  name=prefix + "_DequantizeLinear"))
+                activation_dq[source] = prefix + "_dq"
+                result.activations[source] = scale
+            node.input[0] = activation_dq[source]
+        new_nodes.append(node)
+    if not result.weights:
+        raise QuantizationError(
+            f"{precision.value} found no weight it can quantize in {fp32_path.name}"
+            + (f" ({'; '.join(f'{k}: {v}' for k, v in list(result.skipped.items())[:3])})" if result.skipped else ""),
+            hint="the block formats quantize MatMul/Gemm weights whose reduction axis is a multiple of the block; "
+            "use fp8 or int8 for convolutional models",
+        )
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    used = {i for n in graph.node for i in n.input}
+    for init in [i for name, i in initializers.items() if name in result.weights and name not in used]:
+        graph.initializer.remove(init)
+    onnx.checker.check_model(model, full_check=True)
+    large = model.ByteSize() > 1_800_000_000
+    onnx.save(model, str(out_path), save_as_external_data=large, location=out_path.name + ".data" if large else None)
+    return result
+
+
+# ------------------------------------------------------------------------------------------ host twin
+
+
+def _decode_initializer(tensor: Any) -> np.ndarray:
+    """float32 values of an initializer in any type the writers emit, decoded by the codec (not by onnx)."""
+    from onnx import TensorProto, numpy_helper
+
+    shape = tuple(tensor.dims)
+    count = int(np.prod(shape)) if shape else 1
+    raw = np.frombuffer(tensor.raw_data, dtype=np.uint8) if tensor.raw_data else None
+    if tensor.data_type == TensorProto.FLOAT4E2M1 and raw is not None:
+        return decode_e2m1(unpack_fp4(raw, count)).reshape(shape)
+    if tensor.data_type == TensorProto.FLOAT8E4M3FN and raw is not None:
+        return decode_e4m3(raw[:count]).reshape(shape)
+    if tensor.data_type == TensorProto.FLOAT8E8M0 and raw is not None:
+        return decode_e8m0(raw[:count]).reshape(shape)
+    return numpy_helper.to_array(tensor).astype(np.float32)
+
+
+def _dequantize(values: np.ndarray, scale: np.ndarray, axis: int, block: int) -> np.ndarray:
+    if scale.ndim == 0 or scale.size == 1:
+        return (values * scale.reshape(())).astype(np.float32)
+    if block:
+        expanded = np.repeat(scale, block, axis=axis)
+        expanded = np.take(expanded, np.arange(values.shape[axis]), axis=axis)
+        return (values * expanded).astype(np.float32)
+    shape = [1] * values.ndim
+    shape[axis] = -1
+    return (values * scale.reshape(shape)).astype(np.float32)
+
+
+def fold_weight_dequantize(model_path: Path, out_path: Path) -> Path:
+    """Write ``out_path``: the graph with every constant DequantizeLinear (weights, their scales) replaced by
+    its FP32 result, decoded by edgekit's codec. Activation Q/DQ pairs stay: run the twin at ONNX Runtime's
+    ``basic`` optimisation level, where FP8 Q/DQ keeps its saturating rounding (``all`` drops the pair)."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(model_path), load_external_data=True)
+    graph = model.graph
+    constants: dict[str, np.ndarray] = {}
+    initializers = {init.name: init for init in graph.initializer}
+
+    def value(name: str) -> np.ndarray | None:
+        if name in constants:
+            return constants[name]
+        if name in initializers:
+            return _decode_initializer(initializers[name])
+        return None
+
+    kept, folded = [], 0
+    for node in graph.node:
+        if node.op_type == "DequantizeLinear":
+            values, scale = value(node.input[0]), value(node.input[1])
+            zero_point = value(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+            if values is not None and scale is not None and (zero_point is None or not np.any(zero_point)):
+                attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+                axis = int(attrs.get("axis", 1)) % max(values.ndim, 1)
+                constants[node.output[0]] = _dequantize(values, scale, axis, int(attrs.get("block_size", 0)))
+                folded += 1
+                continue
+        kept.append(node)
+    used = {i for n in kept for i in n.input} | {o.name for o in graph.output}
+    del graph.node[:]
+    graph.node.extend(kept)
+    for init in [i for i in graph.initializer if i.name not in used]:
+        graph.initializer.remove(init)
+    graph.initializer.extend(numpy_helper.from_array(array, name) for name, array in constants.items() if name in used)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(out_path))
+    log.info("host twin %s: %d DequantizeLinear nodes decoded", out_path.name, folded)
+    return out_path

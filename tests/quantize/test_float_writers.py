@@ -1,0 +1,192 @@
+"""The FP8 / MXFP8 / MXFP4 / NVFP4 graph writers and the decoded host twin.
+
+The written graphs are checked three ways: their structure (ops, element and scale types, block sizes,
+opsets), their weights against the codec (:func:`quantize_dequantize`, itself bit-exact with ml_dtypes and
+torch), and their outputs against ONNX's own reference implementation of DequantizeLinear, which decodes
+FLOAT4E2M1 / FLOAT8E8M0 independently of edgekit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from edgekit.errors import QuantizationError
+from edgekit.precision import Backend, Precision
+from edgekit.quantize.codecs import quantize_dequantize
+from edgekit.quantize.float_writers import fold_weight_dequantize, write_float_format
+from edgekit.quantize.plan import QuantizationPlan, make_plan
+from edgekit.recipe import QuantizationSpec
+from edgekit.target import get_target
+
+FORMATS = [Precision.FP8, Precision.MXFP8, Precision.MXFP4, Precision.NVFP4]
+BLOCK_FORMATS = [Precision.MXFP8, Precision.MXFP4, Precision.NVFP4]
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    """MatMul (64x32) -> Relu -> Gemm (transB, 16x32), and a Conv (3 input channels) on a second input."""
+    rng = np.random.default_rng(0)
+    weights = {
+        "W1": rng.normal(size=(64, 32)).astype(np.float32),
+        "W2": rng.normal(size=(16, 32)).astype(np.float32),
+        "b2": rng.normal(size=16).astype(np.float32),
+        "Wc": rng.normal(size=(4, 3, 3, 3)).astype(np.float32),
+    }
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W1"], ["h"], name="mm"),
+            helper.make_node("Relu", ["h"], ["r"], name="relu"),
+            helper.make_node("Gemm", ["r", "W2", "b2"], ["y"], name="gemm", transB=1),
+            helper.make_node("Conv", ["img", "Wc"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        ],
+        "small",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 64]), helper.make_tensor_value_info("img", TensorProto.FLOAT, ["b", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 16]), helper.make_tensor_value_info("c", TensorProto.FLOAT, ["b", 4, 8, 8])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    path = tmp_path_factory.mktemp("float-writers") / "fp32.onnx"
+    onnx.save(model, str(path))
+    feeds = {"x": rng.normal(size=(5, 64)).astype(np.float32), "img": rng.normal(size=(5, 3, 8, 8)).astype(np.float32)}
+    relu_out = np.maximum(feeds["x"] @ weights["W1"], 0)
+    amax = {"x": float(np.abs(feeds["x"]).max()), "r": float(relu_out.max()), "img": float(np.abs(feeds["img"]).max())}
+    return path, weights, feeds, amax
+
+
+def _plan(precision: Precision, **changes) -> QuantizationPlan:
+    plan = make_plan(QuantizationSpec(), get_target("jetson-agx-thor"), Backend.TENSORRT, precision)
+    return QuantizationPlan(**{**plan.__dict__, **changes}) if changes else plan
+
+
+def _write(small_model, precision: Precision, tmp_path: Path):
+    path, _, _, amax = small_model
+    out = tmp_path / f"{precision.value}.onnx"
+    result = write_float_format(path, out, _plan(precision), amax)
+    twin = fold_weight_dequantize(out, tmp_path / f"{precision.value}.twin.onnx")
+    return out, twin, result
+
+
+def _session(path: Path) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _initializer_types(path: Path) -> dict[str, int]:
+    return {i.name: i.data_type for i in onnx.load(str(path)).graph.initializer}
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.sum(a * b) / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def test_fp8_writes_e4m3_weights_per_channel_and_activation_qdq(small_model, tmp_path):
+    out, _, result = _write(small_model, Precision.FP8, tmp_path)
+    model = onnx.load(str(out))
+    onnx.checker.check_model(model, full_check=True)
+    types = _initializer_types(out)
+    assert {types["W1_e4m3"], types["W2_e4m3"], types["Wc_e4m3"]} == {TensorProto.FLOAT8E4M3FN}
+    assert "W1" not in types  # the FP32 weight is gone
+    scales = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    assert scales["W1_scale"].shape == (32,) and scales["W2_scale"].shape == (16,) and scales["Wc_scale"].shape == (4,)
+    zero_points = [i for i in model.graph.initializer if i.name.endswith("_fp8_zero")]
+    assert len(zero_points) == 3 and {z.data_type for z in zero_points} == {TensorProto.FLOAT8E4M3FN}
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("QuantizeLinear") == 3 and ops.count("DequantizeLinear") == 6
+    assert result.to_manifest()["quantized_activations"] == 3 and next(o.version for o in model.opset_import if o.domain == "") == 19
+
+
+@pytest.mark.parametrize("precision, element, scale, block, opset", [
+    (Precision.MXFP8, TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E8M0, 32, 24),
+    (Precision.MXFP4, TensorProto.FLOAT4E2M1, TensorProto.FLOAT8E8M0, 32, 24),
+    (Precision.NVFP4, TensorProto.FLOAT4E2M1, TensorProto.FLOAT8E4M3FN, 16, 23),
+])
+def test_block_formats_write_their_element_and_scale_types(small_model, tmp_path, precision, element, scale, block, opset):
+    out, _, result = _write(small_model, precision, tmp_path)
+    model = onnx.load(str(out))
+    onnx.checker.check_model(model, full_check=True)
+    assert next(o.version for o in model.opset_import if o.domain == "") == opset
+    by_name = {i.name: i for i in model.graph.initializer}
+    elements = [i for i in by_name.values() if i.data_type == element]
+    assert sorted(i.name.split("_")[0] for i in elements) == ["W1", "W2"]
+    weight_dq = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in {i.name for i in elements}]
+    for node in weight_dq:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs["block_size"] == block
+        scale_name = node.input[1]
+        if precision is Precision.NVFP4:  # the block scale is itself dequantized from E4M3 by the tensor scale
+            producer = next(n for n in model.graph.node if scale_name in n.output)
+            assert by_name[producer.input[0]].data_type == scale
+        else:
+            assert by_name[scale_name].data_type == scale
+    w1_scale_shape = {"mxfp8": [2, 32], "mxfp4": [2, 32], "nvfp4": [4, 32]}[precision.value]
+    assert [list(i.dims) for i in by_name.values() if i.name.startswith("W1_e") and i.data_type == scale] == [w1_scale_shape]
+    assert [n.op_type for n in model.graph.node if n.name == "conv"] == ["Conv"] and "Wc" in by_name  # Conv stays float
+    assert "last two axes" in result.skipped["conv"]
+    assert "QuantizeLinear" not in {n.op_type for n in model.graph.node}  # weight-only in the graph
+
+
+@pytest.mark.parametrize("precision", FORMATS)
+def test_twin_weights_are_the_codec_values(small_model, tmp_path, precision):
+    _, weights, _, _ = small_model
+    _, twin, _ = _write(small_model, precision, tmp_path)
+    decoded = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(twin)).graph.initializer}
+    if precision is Precision.FP8:  # per output channel: amax / 448
+        scale = np.abs(weights["W1"]).max(axis=0) / np.float32(448)
+        expected = quantize_dequantize(weights["W1"] / scale, "fp8_e4m3") * scale
+    else:
+        expected = quantize_dequantize(weights["W1"], {"mxfp8": "mxfp8_e4m3"}.get(precision.value, precision.value), axis=0)
+    np.testing.assert_allclose(decoded["W1_dq"], expected, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("precision", FORMATS)
+def test_twin_runs_what_onnx_reference_computes_from_the_written_graph(small_model, tmp_path, precision):
+    path, _, feeds, _ = small_model
+    out, twin, _ = _write(small_model, precision, tmp_path)
+    reference = ReferenceEvaluator(str(out)).run(None, feeds)
+    got = _session(twin).run(None, feeds)
+    for r, g in zip(reference, got):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4 * float(np.abs(r).max()))
+    fp32 = _session(path).run(None, feeds)
+    minimum = {Precision.FP8: 0.995, Precision.MXFP8: 0.995, Precision.MXFP4: 0.95, Precision.NVFP4: 0.97}[precision]
+    assert _cosine(got[0], fp32[0]) >= minimum
+
+
+def test_fp8_activation_scales_come_from_the_calibrated_ranges(small_model, tmp_path):
+    _, _, _, amax = small_model
+    _, _, result = _write(small_model, Precision.FP8, tmp_path)
+    assert result.activations == pytest.approx({name: value / 448 for name, value in amax.items()})
+
+
+def test_fp8_without_ranges_is_refused(small_model, tmp_path):
+    path, *_ = small_model
+    with pytest.raises(QuantizationError, match="fp8 needs calibrated activation ranges"):
+        write_float_format(path, tmp_path / "x.onnx", _plan(Precision.FP8), None)
+
+
+def test_block_format_with_nothing_to_quantize_says_why(tmp_path):
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"], name="odd")], "odd",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 20])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+        [numpy_helper.from_array(np.ones((20, 8), np.float32), "W")],
+    )
+    path = tmp_path / "odd.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    with pytest.raises(QuantizationError, match=r"nvfp4 found no weight it can quantize in odd.onnx \(odd: reduction axis of length 20 is not a multiple of the 16-element block\)"):
+        write_float_format(path, tmp_path / "x.onnx", _plan(Precision.NVFP4))
+
+
+def test_excluded_nodes_stay_float(small_model, tmp_path):
+    path, *_ = small_model
+    out = tmp_path / "excluded.onnx"
+    result = write_float_format(path, out, _plan(Precision.NVFP4, excluded={"gemm": "test"}))
+    assert list(result.weights) == ["W1"]
+    assert "W2" in _initializer_types(out)
