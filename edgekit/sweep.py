@@ -1,9 +1,10 @@
 """``edgekit sweep``: build every precision (and pruning option) a target allows, side by side.
 
-Variants with an ONNX Runtime writer are built as real bundles and re-timed interleaved at the end, so
-machine noise hits them alike; formats this host cannot run (FP8, MX, NVFP4 on a GPU target) are
-estimated with the exact codec: accuracy and size, no latency. A variant that fails (over budget, a
-refusal) is a row with its reason, not the end of the sweep.
+Every precision the target's chosen backend runs is built as a real bundle; those ONNX Runtime can run
+here are re-timed interleaved at the end, so machine noise hits them alike. FP8 and the block formats
+(built for a GPU target's TensorRT) are evaluated on their decoded host twin: accuracy and size, latency
+only on the device. Precisions only another backend of the target runs are estimated with the exact codec.
+A variant that fails (over budget, a refusal) is a row with its reason, not the end of the sweep.
 """
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ from typing import Any
 from edgekit.errors import EdgekitError
 from edgekit.precision import Precision
 from edgekit.progress import StageReporter
+from edgekit.quantize import float_writers
 from edgekit.quantize.gating import supported_precisions
 from edgekit.quantize.simulate import SIMULATED
 from edgekit.recipe import load_recipe
 from edgekit.target import get_target
 
 log = logging.getLogger(__name__)
-BUILT = (Precision.FP32, Precision.FP16, Precision.BF16, Precision.INT8, Precision.INT8_DYNAMIC, Precision.INT4)
+HOST_TIMED = (Precision.FP32, Precision.FP16, Precision.BF16, Precision.INT8, Precision.INT8_DYNAMIC, Precision.INT4)
+BUILT = (*HOST_TIMED, *float_writers.WRITTEN)
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,10 @@ def sweep(recipe_path: Path | str, target_name: str, out: Path | str, force: boo
                     row.update(status="built", size_bytes=manifest["model"]["size_bytes"], metric_value=accuracy.get("value"),
                                metric_reference=accuracy.get("reference"), cosine_min=accuracy.get("cosine_min"), passed=accuracy.get("passed"),
                                bundle=str(result.bundle_dir))
-                    built[label] = result.bundle_dir
+                    if precision in HOST_TIMED:
+                        built[label] = result.bundle_dir
+                    else:
+                        row.update(reason="accuracy on the decoded host twin; latency needs the device")
                 elif precision in SIMULATED and not pruned:
                     row.update(status="estimated", **_estimate(recipe_t, target, precision))
                 else:

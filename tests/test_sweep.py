@@ -30,16 +30,30 @@ def test_sweep_builds_every_cpu_precision(tiny_recipe, tmp_path, capsys):
     assert "<svg" in page and "Pareto" in page and "int8-dynamic" in page
 
 
-def test_sweep_estimates_formats_this_host_cannot_run(tiny_recipe, tmp_path, capsys):
+def test_sweep_builds_gpu_formats_and_evaluates_them_on_the_host_twin(tiny_recipe, tmp_path, capsys):
     recipe = tiny_recipe(text=CALIBRATED.format(factory="tiny_net"))
     out = tmp_path / "thor"
+    assert main(["sweep", str(recipe), "--target", "jetson-agx-thor", "--out", str(out), "--iterations", "5", "--json"]) == 0
+    rows = {row["variant"]: row for row in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["variants"]}
+    for name in ("fp8", "nvfp4", "mxfp4", "mxfp8"):
+        assert rows[name]["status"] == "built", rows[name]
+        assert rows[name]["metric_value"] is not None and rows[name].get("p50_ms") is None
+        assert rows[name]["reason"] == "accuracy on the decoded host twin; latency needs the device"
+        manifest = json.loads((out / name / "manifest.json").read_text())
+        assert manifest["precision"] == name and manifest["quantization"]["format"]["quantized_weights"] >= 1
+    assert rows["fp8"]["size_bytes"] < rows["fp32"]["size_bytes"] and rows["nvfp4"]["size_bytes"] < rows["fp32"]["size_bytes"]
+
+
+def test_sweep_estimates_formats_only_another_backend_runs(tiny_recipe, tmp_path, capsys):
+    text = CALIBRATED.format(factory="tiny_net").replace("build:\n", "build:\n  backend: onnxruntime\n")
+    recipe = tiny_recipe(text=text)
+    out = tmp_path / "thor-ort"
     assert main(["sweep", str(recipe), "--target", "jetson-agx-thor", "--out", str(out), "--iterations", "5", "--json"]) == 0
     rows = {row["variant"]: row for row in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["variants"]}
     for name in ("fp8", "nvfp4", "mxfp4", "mxfp8"):
         assert rows[name]["status"] == "estimated", rows[name]
         assert rows[name]["metric_value"] is not None and rows[name]["p50_ms"] is None
         assert "exact codec" in rows[name]["reason"]
-    assert rows["fp8"]["size_bytes"] < rows["fp32"]["size_bytes"] and rows["nvfp4"]["size_bytes"] < rows["fp32"]["size_bytes"]
     assert "activations" in rows["fp8"]["reason"] and "weights only" in rows["nvfp4"]["reason"]
 
 

@@ -16,6 +16,9 @@ from edgekit_runtime.bundle import Bundle, open_bundle
 from edgekit_runtime.signature import IOSignature
 from edgekit_runtime.timing import LatencyStats, time_calls
 
+#: Bundle precisions whose graph ONNX Runtime's CPU provider cannot run (see ``edgekit.quantize.float_writers``).
+DEVICE_ONLY_FORMATS = ("fp8", "mxfp8", "mxfp4", "nvfp4")
+
 
 @dataclass(frozen=True)
 class BenchReport:
@@ -62,6 +65,13 @@ def host_runner(bundle: Bundle, signature: IOSignature, threads: int) -> Any:
     a TensorRT bundle's engine can only run on its device, and host timings are labelled as such."""
     from edgekit_runtime.backends.onnxruntime import OnnxRuntimeRunner
 
+    precision = bundle.manifest.get("precision")
+    if precision in DEVICE_ONLY_FORMATS:
+        raise EdgekitError(
+            f"{bundle.root}: a {precision} bundle holds weights ONNX Runtime's CPU provider cannot run (FP8/FP4 DequantizeLinear), "
+            "so it cannot be timed on this host",
+            hint="time it on its device (edgekit-agent serves it and reports latency); its manifest has the accuracy measured here",
+        )
     graph_optimization = bundle.manifest["backend"].get("graph_optimization", "all")
     return OnnxRuntimeRunner(bundle.model_path, signature, execution_providers=[{"name": "CPUExecutionProvider", "options": {}}],
                              graph_optimization=graph_optimization, intra_op_threads=threads).load()
