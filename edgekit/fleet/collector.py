@@ -219,19 +219,20 @@ class Collector:
 
     # -- MQTT ---------------------------------------------------------------------------------
     def _make_client(self) -> Any:
-        import paho.mqtt.client as paho
         from edgekit_runtime.agent.broker import make_tls_context, read_password_file
         from edgekit_runtime.agent.topics import TelemetryError
         from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
+        from edgekit.fleet.mqtt_buffered import BufferedClient
+
         username, password_file, tls_ca, tls_cert, tls_key = self._auth
         if self.mqtt_version == "5":
-            client = paho.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id,
-                                 protocol=MQTTProtocolVersion.MQTTv5, manual_ack=self.ack_after_store)  # fmt: skip
+            client = BufferedClient(CallbackAPIVersion.VERSION2, client_id=self.client_id,
+                                    protocol=MQTTProtocolVersion.MQTTv5, manual_ack=self.ack_after_store)  # fmt: skip
         else:
-            client = paho.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id,
-                                 protocol=MQTTProtocolVersion.MQTTv311, clean_session=self._session_expiry_s == 0,
-                                 manual_ack=self.ack_after_store)  # fmt: skip
+            client = BufferedClient(CallbackAPIVersion.VERSION2, client_id=self.client_id,
+                                    protocol=MQTTProtocolVersion.MQTTv311, clean_session=self._session_expiry_s == 0,
+                                    manual_ack=self.ack_after_store)  # fmt: skip
         try:
             if username is not None:
                 client.username_pw_set(username, read_password_file(password_file) if password_file else None)

@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 
 TRANSFORMER_FUSION = "transformer-fusion"
 #: Activations that never feed a quantized node through these ops need no Q/DQ on a node's output.
-_REQUANTIZING_CONSUMERS = ("Relu", "Clip")
 
 
 # ---------------------------------------------------------------- graph variants
@@ -112,29 +111,6 @@ def _split_input_unsqueezes(model: Any) -> int:
     del graph.node[:]
     graph.node.extend(nodes)
     return split
-
-
-def float_output_op_types(model_path: Path, op_types: Sequence[str]) -> tuple[str, ...]:
-    """Op types none of whose nodes feeds a quantized node (directly or through ReLU/Clip): their
-    outputs need no Q/DQ pair (a transformer's MatMul -> bias Add), unlike a CNN's Conv -> ReLU -> Conv."""
-    import onnx
-
-    graph = onnx.load(str(model_path), load_external_data=False).graph
-    consumers: dict[str, list[Any]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-
-    def feeds_quantized(tensor: str, depth: int = 2) -> bool:
-        for consumer in consumers.get(tensor, []):
-            if consumer.op_type in op_types:
-                return True
-            if depth and consumer.op_type in _REQUANTIZING_CONSUMERS and any(feeds_quantized(out, depth - 1) for out in consumer.output):
-                return True
-        return False
-
-    chained = {node.op_type for node in graph.node if node.op_type in op_types and any(feeds_quantized(out) for out in node.output)}
-    return tuple(op for op in op_types if op not in chained)
 
 
 # ---------------------------------------------------------------- builder
@@ -373,11 +349,9 @@ class MetricSpec:
 
 
 def auto_base_plan(spec: QuantizationSpec, target: TargetProfile, backend: Backend, model_path: Path) -> QuantizationPlan:
-    """The static int8 plan the search starts from: the recipe's int8 plan, with no Q/DQ on outputs no
-    quantized node reads, and float consumers (residual Adds, LayerNorms) reading float tensors."""
-    plan = make_plan(spec, target, backend, Precision.INT8)
-    return replace(plan, float_outputs=float_output_op_types(model_path, plan.op_types), float_consumers_skip_qdq=True,
-                   notes=(*plan.notes, "--precision auto: float outputs where no quantized node reads them; float consumers skip Q/DQ"))
+    """The static int8 plan the search starts from: the same graph-aware plan ``--precision int8`` builds
+    (:func:`ort_writers.static_int8_plan`)."""
+    return ort_writers.static_int8_plan(make_plan(spec, target, backend, Precision.INT8), model_path)
 
 
 def auto_calibrators(spec: QuantizationSpec, plan: QuantizationPlan) -> dict[str, CalibratorSpec]:
@@ -446,7 +420,7 @@ def plan_auto_onnxruntime(
         if model is None:
             notes += (f"graph variant {graph} does not apply (no attention block recognised)",)
             continue
-        plan = base if graph == EXPORTED else replace(base, float_outputs=float_output_op_types(model, base.op_types))
+        plan = base if graph == EXPORTED else replace(base, float_outputs=ort_writers.float_output_op_types(model, base.op_types))
         groups = find_node_groups(model, plan.op_types, exclude=plan.excluded)
         dynamic_only = {} if graph == EXPORTED else _fused_dynamic_nodes(model)
         candidates += auto_candidates(plan, groups, sensitivity, supported, max_kept=spec.auto_max_excluded, graph=graph,

@@ -90,11 +90,14 @@ def quantize_model(fp32_path: Path, out_path: Path, spec: QuantizationSpec, targ
             f"precision {precision.value} has no quantization graph writer: it is not a quantized format",
             hint=f"writers: {', '.join(p.value for p in WRITTEN)}",
         )
+    refine = plan is None  # a plan handed in (by the auto search) is used as it is
     plan = plan or make_plan(spec, target, backend, precision)
     pre = ort_writers.preprocess(fp32_path, workdir / "preprocessed.onnx")
     if precision in float_writers.WRITTEN:
         return _write_float_format(pre, out_path, plan, spec, calibration_batches, workdir, cache_dir)
     if precision is Precision.INT8:
+        if refine:
+            plan = ort_writers.static_int8_plan(plan, pre)
         if not calibration_batches:
             raise QuantizationError("static int8 needs calibration data", hint="add data.calibration to the recipe (a callable or an npz_dir)")
         ranges, section, cache_file = calibrate_plan(pre, plan, spec, calibration_batches, workdir, cache_dir)

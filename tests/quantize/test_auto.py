@@ -31,13 +31,13 @@ from edgekit.quantize.auto_ort import (
     MetricSpec,
     OrtInterleavedTimer,
     OrtMetricEvaluator,
-    float_output_op_types,
     plan_auto_onnxruntime,
     transformer_fusion,
 )
 from edgekit.quantize.calibration import CalibratorSpec
 from edgekit.quantize.gating import supported_precisions
 from edgekit.quantize.node_groups import NodeGroup
+from edgekit.quantize.ort_writers import float_output_op_types
 from edgekit.quantize.plan import QuantizationPlan
 from edgekit.quantize.sensitivity import GroupSensitivity, SensitivityReport
 from edgekit.recipe import AccuracyBudget, QuantizationSpec
