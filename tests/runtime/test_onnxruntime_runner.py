@@ -9,8 +9,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
+from onnxruntime.capi.onnxruntime_pybind11_state import EPFail
 
-from edgekit_runtime.backends.onnxruntime import GRAPH_OPTIMIZATION_LEVELS, OnnxRuntimeRunner
+from edgekit_runtime.backends.onnxruntime import GRAPH_OPTIMIZATION_LEVELS, OnnxRuntimeRunner, _session_run
 from edgekit_runtime.errors import BackendError, InputSignatureError
 from edgekit_runtime.signature import IOSignature
 from tests.runtime.tiny_bundle import io_section, reference_logits
@@ -145,7 +146,8 @@ def test_signature_output_missing_from_model(model_path: Path) -> None:
         OnnxRuntimeRunner(model_path, IOSignature.from_manifest(io)).load()
 
 
-def test_runtime_failure_inside_the_model_is_a_backend_error(tmp_path: Path) -> None:
+def _reshape_to_2x2(tmp_path: Path) -> tuple[Path, IOSignature]:
+    """A model whose run fails on a valid signature: any length but 4 cannot be reshaped to 2x2."""
     graph = helper.make_graph(
         [helper.make_node("Reshape", ["x", "shape"], ["y"])],
         "reshape_to_2x2",
@@ -162,6 +164,11 @@ def test_runtime_failure_inside_the_model_is_a_backend_error(tmp_path: Path) -> 
         "outputs": [{"name": "y", "dtype": "float32", "shape": [2, 2]}],
         "dims": {"n": {"min": 1, "max": 8}},
     })  # fmt: skip
+    return path, signature
+
+
+def test_runtime_failure_inside_the_model_is_a_backend_error(tmp_path: Path) -> None:
+    path, signature = _reshape_to_2x2(tmp_path)
     with OnnxRuntimeRunner(path, signature) as runner:
         np.testing.assert_array_equal(runner.infer({"x": np.arange(4, dtype=np.float32)})["y"], [[0, 1], [2, 3]])
         with pytest.raises(BackendError, match=f"ONNX Runtime failed to run '{path}'"):
@@ -199,3 +206,86 @@ def test_cuda_provider_really_loads_and_matches_the_cpu(model_path: Path, images
         assert gpu.providers[0] == "CUDAExecutionProvider"
         on_gpu = gpu.infer({"image": images})["logits"]
     np.testing.assert_allclose(on_gpu, reference_logits(images), atol=1e-3, rtol=1e-3)
+
+
+# -- the compiled session call behind InferenceSession.run ----------------------------------------------
+
+
+def test_validated_feeds_skip_the_python_checks_of_session_run(model_path: Path, images: np.ndarray) -> None:
+    with OnnxRuntimeRunner(model_path, SIGNATURE) as runner:
+        run, retry = _session_run(runner.session)
+        assert run == runner.session._sess.run and retry == (EPFail,)
+        expected = runner.session.run(["logits"], {"image": images})[0]
+        np.testing.assert_array_equal(runner.infer({"image": images})["logits"], expected)
+
+
+def test_a_failing_run_is_explained_the_same_either_way(tmp_path: Path) -> None:
+    """The compiled call and ``session.run`` fail with the same first line, so the BackendError is the same."""
+    path, signature = _reshape_to_2x2(tmp_path)
+    bad = {"x": np.arange(5, dtype=np.float32)}
+    messages = []
+    with OnnxRuntimeRunner(path, signature) as runner:
+        for run, retry in (_session_run(runner.session), (runner.session.run, ())):
+            runner._run, runner._retry_publicly = run, retry
+            with pytest.raises(BackendError) as caught:
+                runner.infer(bad)
+            messages.append((str(caught.value), caught.value.hint, type(caught.value.__cause__)))
+    assert messages[0] == messages[1]
+    assert messages[0][0].startswith(f"ONNX Runtime failed to run '{path}': ")
+
+
+class _FakeCompiled:
+    def __init__(self, *, fail: BaseException | None = None, capture: bool = False) -> None:
+        self.fail, self.capture, self.calls = fail, capture, 0
+
+    def run(self, names: list[str], feeds: dict, run_options: object) -> list:
+        self.calls += 1
+        if self.fail is not None:
+            raise self.fail
+        return [np.zeros((1, 10), np.float32)]
+
+    def is_webgpu_graph_capture_enabled(self) -> bool:
+        return self.capture
+
+
+class _FakeSession:
+    """``session.run`` as ONNX Runtime's: on EPFail it switches to the fallback providers (a new compiled
+    session) and runs again."""
+
+    def __init__(self, compiled: _FakeCompiled) -> None:
+        self._sess = compiled
+        self.public_calls = 0
+
+    def run(self, names: list[str], feeds: dict, run_options: object = None) -> list:
+        self.public_calls += 1
+        try:
+            return self._sess.run(names, feeds, run_options)
+        except EPFail:
+            self._sess = _FakeCompiled()
+            return self._sess.run(names, feeds, run_options)
+
+
+def test_ep_failure_is_left_to_the_fallback_of_session_run(model_path: Path, images: np.ndarray) -> None:
+    with OnnxRuntimeRunner(model_path, SIGNATURE) as runner:
+        failing = _FakeCompiled(fail=EPFail("CUDA error: device lost"))
+        session = _FakeSession(failing)
+        runner._session = session
+        runner._run, runner._retry_publicly = _session_run(session)
+        assert runner.infer({"image": images})["logits"].shape == (1, 10)
+        assert session.public_calls == 1 and failing.calls == 2  # tried directly, then by session.run
+        assert runner._run == session._sess.run  # the fallback's new compiled session from now on
+        runner.infer({"image": images})
+        assert session.public_calls == 1
+        runner._session = None  # not a real session: nothing to release
+
+
+def test_graph_capture_or_missing_internals_use_session_run() -> None:
+    capturing = _FakeSession(_FakeCompiled(capture=True))
+    assert _session_run(capturing) == (capturing.run, ())
+
+    class Plain:
+        def run(self, names: list[str], feeds: dict, run_options: object = None) -> list:
+            return []
+
+    plain = Plain()
+    assert _session_run(plain) == (plain.run, ())

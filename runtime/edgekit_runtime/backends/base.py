@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from edgekit_runtime.errors import BackendError
-from edgekit_runtime.signature import IOSignature, validate_feeds
+from edgekit_runtime.signature import IOSignature
 
 logger = logging.getLogger(__name__)
 
@@ -60,9 +60,10 @@ class Runner(abc.ABC):
         ``validate=False`` skips the signature check; only for timing loops whose feeds were
         already validated once.
         """
-        self._require_loaded("infer")
+        if not self._loaded:  # inline: this runs on every request, a method call is not free
+            self._require_loaded("infer")
         if validate:
-            validate_feeds(self._signature, feeds)
+            self._signature.feed_validator(feeds)  # validate_feeds, compiled once per signature
         return self._infer_impl(feeds)
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -105,6 +105,33 @@ def _import_onnxruntime() -> ModuleType:
     return onnxruntime
 
 
+#: ``(output_names, feeds, run_options)`` -> the outputs in the order of ``output_names``.
+SessionRun = Callable[[list[str], dict[str, Any], Any], list[Any]]
+
+
+def _session_run(session: Any) -> tuple[SessionRun, tuple[type[BaseException], ...]]:
+    """How to run ``session`` on validated feeds: ``session.run``, or the compiled call behind it.
+
+    ``InferenceSession.run`` checks in Python, before its compiled call, that every input is named
+    (the signature check has done that), that ``OrtValue`` feeds belong to this session's device
+    (validated feeds are numpy arrays) and that WebGPU graph capture is off; that costs about a
+    microsecond per call, over 1 % of a small model's run. So the compiled call is used directly
+    whenever graph capture is off, with the exception types it must hand back to ``session.run``:
+    on ``EPFail`` that method retries on the fallback providers (and replaces the compiled session),
+    which this runner leaves to it. Builds without these internals get ``session.run`` itself.
+    """
+    compiled = getattr(session, "_sess", None)
+    run = getattr(compiled, "run", None)
+    capture = getattr(compiled, "is_webgpu_graph_capture_enabled", None)
+    try:
+        from onnxruntime.capi.onnxruntime_pybind11_state import EPFail
+    except ImportError:
+        return session.run, ()
+    if run is None or (capture is not None and capture()):
+        return session.run, ()
+    return run, (EPFail,)
+
+
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
@@ -152,6 +179,9 @@ class OnnxRuntimeRunner(Runner):
         self.intra_op_threads = intra_op_threads
         self.optimized_model_path = None if optimized_model_path is None else Path(optimized_model_path)
         self._session: Any = None
+        self._run: SessionRun | None = None
+        self._retry_publicly: tuple[type[BaseException], ...] = ()  # errors of _run that session.run handles
+        self._output_names = list(signature.output_names)  # made once: the signature does not change
 
     @classmethod
     def from_bundle(cls, bundle: Any, **overrides: Any) -> OnnxRuntimeRunner:
@@ -202,11 +232,19 @@ class OnnxRuntimeRunner(Runner):
         self._check_providers_loaded(ort, session)
         self._check_model_matches_signature(session)
         self._session = session
+        self._run, self._retry_publicly = _session_run(session)
 
     def _infer_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        names = list(self.signature.output_names)
+        assert self._run is not None  # loaded runners only (Runner.infer checks)
+        names = self._output_names
+        if type(feeds) is not dict:
+            feeds = dict(feeds)
         try:
-            outputs = self._session.run(names, dict(feeds))
+            try:
+                outputs = self._run(names, feeds, None)
+            except self._retry_publicly:  # see _session_run; empty (catches nothing) for session.run itself
+                outputs = self._session.run(names, feeds)
+                self._run, self._retry_publicly = _session_run(self._session)
         except Exception as err:  # ONNX Runtime raises its own pybind exception types
             raise BackendError(
                 f"ONNX Runtime failed to run '{self.model_path}': {_first_line(err)}",
@@ -216,7 +254,8 @@ class OnnxRuntimeRunner(Runner):
         return dict(zip(names, outputs))
 
     def _close_impl(self) -> None:
-        self._session = None
+        self._session = self._run = None
+        self._retry_publicly = ()
 
     def _providers_impl(self) -> tuple[str, ...]:
         return tuple(self._session.get_providers())

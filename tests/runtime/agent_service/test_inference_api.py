@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import re
@@ -17,11 +18,12 @@ from edgekit_runtime.agent.api import AgentApi
 from edgekit_runtime.agent.client import AgentClient
 from edgekit_runtime.agent.config import ApiAddress, BatchingConfig
 from edgekit_runtime.agent.errors import AgentApiError, AgentConfigError, NoModelError
-from edgekit_runtime.agent.serving import InferenceServer
+from edgekit_runtime.agent.serving import InferenceResult, InferenceServer, RequestTiming, ServingTotals
 from edgekit_runtime.agent.wire import BINARY_CONTENT_TYPE, decode_binary, encode_binary
 from edgekit_runtime.backends import OnnxRuntimeRunner, create_runner
 from edgekit_runtime.bundle import Bundle, open_bundle
-from edgekit_runtime.errors import InputSignatureError
+from edgekit_runtime.errors import BackendError, InputSignatureError
+from edgekit_runtime.signature import IOSignature
 from tests.runtime.tiny_bundle import build_bundle, reference_logits
 
 
@@ -282,3 +284,110 @@ def test_unix_socket_api(bundle: Bundle, tmp_path: Path) -> None:
     server.close()
     with pytest.raises(AgentApiError, match="cannot reach the edgekit agent"):
         AgentClient(f"unix:{socket_path}", timeout_s=1).health()
+
+
+# -- the in-process serving path: results, statistics, swaps ----------------------------------------
+
+
+class FailingRunner(OnnxRuntimeRunner):
+    def _infer_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise BackendError("the device went away")
+
+
+def test_in_process_results_are_ordinary_frozen_dataclasses(bundle: Bundle) -> None:
+    server = InferenceServer(create_runner(bundle).load(), model_name=bundle.name)
+    x = images(3)
+    result = server.infer({"image": x})
+    np.testing.assert_allclose(result.outputs["logits"], reference_logits(x), atol=1e-4, rtol=1e-4)
+    timing = result.timing
+    assert timing.queue_ms >= 0 and timing.compute_ms > 0 and timing.items == timing.runner_items == 3
+    assert timing.total_ms == timing.queue_ms + timing.compute_ms
+    same = RequestTiming(timing.queue_ms, timing.compute_ms, 3, 3)
+    assert timing == same and hash(timing) == hash(same) and repr(timing) == repr(same)
+    assert result == InferenceResult(result.outputs, same) and dataclasses.asdict(timing) == dataclasses.asdict(same)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        timing.items = 4  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.timing = same  # type: ignore[misc]
+    server.close()
+
+
+def test_totals_add_up_across_windows_and_samples_stay_bounded(bundle: Bundle) -> None:
+    server = InferenceServer(create_runner(bundle).load(), model_name=bundle.name, max_window_samples=3)
+    server.take_window()
+    for n in range(5):
+        server.infer({"image": images(1 + n % 2, seed=n)})
+    with pytest.raises(InputSignatureError):
+        server.infer({"image": np.zeros((1, 2), np.float32)})
+    first = server.take_window()
+    assert (first.requests, first.rejected, first.items, first.runner_calls) == (5, 1, 7, 5)
+    assert first.latency is not None and first.latency.count == 3  # the first samples only; the counts stay exact
+    assert first.queue is not None and first.compute is not None and first.queue.count == first.compute.count == 3
+    server.infer({"image": images(4)})
+    failing = FailingRunner(bundle.model_path, bundle.io).load()
+    server.swap(failing, model_name="failing").close()
+    with pytest.raises(BackendError, match="the device went away"):
+        server.infer({"image": images(1)})
+    second = server.current_window()
+    assert (second.requests, second.errors, second.items, second.runner_calls) == (1, 1, 4, 2)
+    assert server.totals() == ServingTotals(requests=6, errors=1, rejected=1, runner_calls=7, items=11)
+    server.close()
+
+
+class OtherSignatureRunner(OnnxRuntimeRunner):
+    """A model that takes 3-channel images; never run, only checked against."""
+
+    def __init__(self, bundle: Bundle) -> None:
+        io = bundle.io.to_dict()
+        io["inputs"][0]["shape"] = ["batch", 3, 8, 8]
+        super().__init__(bundle.model_path, IOSignature.from_manifest(io))
+
+
+class SignallingLock:
+    """A lock that tells when someone asks for it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.asked = threading.Event()
+
+    def acquire(self) -> bool:
+        self.asked.set()
+        return self.lock.acquire()
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def __enter__(self) -> None:
+        self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def test_feeds_are_checked_again_when_a_swap_happened_while_they_waited(bundle: Bundle) -> None:
+    """The request passes the check against the old model, then waits for the runner lock; a deploy
+    replaces the model meanwhile: the request is checked against the new one, which rejects it."""
+    server = InferenceServer(create_runner(bundle).load(), model_name=bundle.name)
+    served_runner = server._runner
+    lock = server._run_lock = SignallingLock()  # type: ignore[assignment]
+    outcome: list[BaseException] = []
+
+    def request() -> None:
+        try:
+            server.infer({"image": images(1)})
+        except BaseException as err:  # noqa: BLE001 - looked at in the main thread
+            outcome.append(err)
+
+    for replacement, error in ((OtherSignatureRunner(bundle), InputSignatureError), (None, NoModelError)):
+        lock.asked.clear()
+        with lock.lock:  # the runner is busy
+            waiting = threading.Thread(target=request)
+            waiting.start()
+            assert lock.asked.wait(10)  # checked against the served model, now waiting for the runner
+            server._runner = replacement  # what swap() does once it has the lock
+        waiting.join(10)
+        assert len(outcome) == 1 and isinstance(outcome.pop(), error)
+        server._runner = served_runner
+    assert server.totals().rejected == 1 and server.totals().requests == 0
+    assert server.infer({"image": images(2)}).timing.items == 2
+    server.close()
