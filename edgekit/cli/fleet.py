@@ -106,9 +106,10 @@ def _register_collect(fleet_subparsers: argparse._SubParsersAction) -> None:
                              "wills and $share work on Mosquitto and EMQX; 5 for brokers that share only with MQTT 5)")  # fmt: skip
     parser.add_argument("--batch-size", type=int, default=500, help="records per store write (default 500)")
     parser.add_argument("--max-payload-kib", type=int, default=256, help="largest message accepted (default 256 KiB)")
-    parser.add_argument("--ack-after-store", action="store_true",
-                        help="acknowledge messages only once stored (needs a broker max_inflight_messages well above "
-                             "--batch-size)")  # fmt: skip
+    parser.add_argument("--ack-after-store", action=argparse.BooleanOptionalAction, default=True,
+                        help="acknowledge messages only once stored, so a killed collector loses nothing (default; "
+                             "give the broker a max_inflight_messages well above --batch-size); --no-ack-after-store "
+                             "acknowledges on arrival")  # fmt: skip
     parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: run until Ctrl-C)")
     parser.add_argument("--workers", type=int, default=1, metavar="N",
                         help="run N collector processes in one shared subscription group (--shared-group, default "

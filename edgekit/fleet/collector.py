@@ -1,34 +1,36 @@
 """The fleet collector: subscribes to the agents' MQTT topics, validates every message and stores it.
 
-One paho-mqtt 2.x client (MQTT 3.1.1 by default, or 5) receives, and :func:`~edgekit.fleet.ingest.parse_message`
+One paho-mqtt 2.x client (MQTT 3.1.1 by default, or 5; a :class:`~edgekit.fleet.mqtt_buffered.BufferedClient`,
+which reads the socket in large chunks) receives, and :func:`~edgekit.fleet.ingest.parse_message`
 validates each message in the network thread; a writer thread stores the records in batches (every
-``batch_size`` records or ``flush_interval_s`` seconds). Telemetry windows and events are stored
-once however often they arrive (QoS 1 redelivery, spool replay). Rejected messages are counted per
-reason, logged with their topic and kept in the store's rejected table.
+``batch_size`` records or ``flush_interval_s`` seconds; a transaction per kind of record). Telemetry
+windows and events are stored once however often they arrive (QoS 1 redelivery, spool replay).
+Rejected messages are counted per reason, logged with their topic and kept in the store's rejected
+table.
 
 With ``shared_group`` the telemetry and event subscriptions go through ``$share/<group>/...`` and
 several collectors split the load. Status topics are always subscribed plainly: brokers do not send
 retained messages to shared subscriptions, and every collector should know which devices are online
 (status writes are idempotent, so several collectors writing them agree).
 
-Acknowledgement: by default paho acknowledges a message as it arrives, so what a collector holds in
-memory when it is killed is lost (the agents' spools cover broker outages, not this). With
-``ack_after_store`` the PUBACK goes out only after the batch is committed, so a killed collector's
-messages are redelivered (to it, with a persistent session, or to another member of a shared
-group); the broker then needs ``max_inflight_messages`` well above ``batch_size`` (Mosquitto's
-default of 20 would cap the collector at 20 messages per flush).
+Acknowledgement: by default (``ack_after_store``) the PUBACK goes out only after the batch is committed,
+so a killed collector's messages are redelivered (to it, with a persistent session, or to another member
+of a shared group): nothing acknowledged is ever lost. ``ack_after_store=False`` acknowledges each message
+as it arrives (with the others of the same socket read), before it is stored, so what a collector holds
+in memory when it is killed is lost (the agents' spools cover broker outages, not this). A broker sends only so many unacknowledged messages (Mosquitto's ``max_inflight_messages``,
+20 by default), so in this mode the writer also stores what it holds as soon as nothing has arrived
+for ``ACK_IDLE_FLUSH_S``; a ``max_inflight_messages`` well above ``batch_size`` still gives the best rate.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-import queue
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from edgekit.fleet.errors import CollectorError, StoreError, StoreUnavailableError
 from edgekit.fleet.ingest import MAX_PAYLOAD_BYTES, READ_KINDS, Rejection, parse_message
@@ -44,17 +46,72 @@ MQTT_VERSIONS = ("5", "3.1.1")
 DEFAULT_MQTT_VERSION = "3.1.1"
 #: Raw windows older than this are rolled up by default (``retention=None`` keeps them raw forever).
 DEFAULT_RETENTION = dt.timedelta(hours=1)
+#: With ack_after_store: a pause in arrivals this long stores (and acknowledges) the batch held so far,
+#: since the broker may be waiting for those acknowledgements before it sends more.
+ACK_IDLE_FLUSH_S = 0.005
 #: Rejections logged per reason before logging only every LOG_EVERY-th.
 LOG_FIRST, LOG_EVERY = 10, 1000
 _STOP = object()
 
 
-@dataclass(frozen=True)
-class _Item:
+class _Item(NamedTuple):
     record: TelemetryWindow | DeviceStatus | DeviceEvent | Rejection
     mid: int
     qos: int
     generation: int
+
+
+class _Handoff:
+    """The records between the network thread and the writer, with the writer woken once per batch.
+
+    ``queue.Queue`` wakes a waiting consumer on every put, which at thousands of messages a second
+    passes the GIL back and forth once per message. Here the writer says how many items it waits
+    for (:meth:`take`); a put wakes it only when that many are queued, or for a control item (a
+    flush's event, the stop marker), which it must see at once.
+    """
+
+    def __init__(self, maxsize: int) -> None:
+        self._items: deque[Any] = deque()
+        self._maxsize = maxsize
+        self._lock = threading.Lock()
+        self._filled = threading.Condition(self._lock)
+        self._drained = threading.Condition(self._lock)
+        self._wanted = 1  # queued items that wake the writer
+        self._controls = 0  # control items queued
+
+    def put(self, item: Any, timeout: float | None = None) -> bool:
+        """Queue ``item``, waiting up to ``timeout`` s (None: forever) while full; False if still full."""
+        with self._lock:
+            if len(self._items) >= self._maxsize and not self._drained.wait_for(
+                    lambda: len(self._items) < self._maxsize, timeout):  # fmt: skip
+                return False
+            self._items.append(item)
+            if not isinstance(item, _Item):
+                self._controls += 1
+                self._filled.notify()
+            elif len(self._items) >= self._wanted:
+                self._filled.notify()
+            return True
+
+    def take(self, max_items: int, wanted: int, timeout: float) -> list[Any]:
+        """Up to ``max_items`` items, in order, once ``wanted`` are queued (or a control item is), or after
+        ``timeout`` s with what there is (maybe nothing)."""
+        wanted = min(wanted, self._maxsize)  # a full queue wakes the writer whatever it asked for
+        with self._lock:
+            if len(self._items) < wanted and not self._controls and timeout > 0:
+                self._wanted = wanted
+                self._filled.wait(timeout)
+                self._wanted = 1
+            items = self._items
+            taken = [items.popleft() for _ in range(min(max_items, len(items)))]
+            if taken:
+                if self._controls:
+                    self._controls -= sum(1 for item in taken if not isinstance(item, _Item))
+                self._drained.notify_all()
+            return taken
+
+    def qsize(self) -> int:
+        return len(self._items)
 
 
 class Collector:
@@ -96,7 +153,7 @@ class Collector:
         rollup_minutes: int = 5,
         retention_interval_s: float = 60.0,
         metrics: IngestMetrics | None = None,
-        ack_after_store: bool = False,
+        ack_after_store: bool = True,
         mqtt_version: str = DEFAULT_MQTT_VERSION,
     ) -> None:
         from edgekit_runtime.agent.broker import parse_broker_url
@@ -131,7 +188,7 @@ class Collector:
         )  # fmt: skip
         self._auth = (username, password_file, tls_ca, tls_cert, tls_key)
         self._keepalive_s, self._session_expiry_s = keepalive_s, session_expiry_s
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
+        self._queue = _Handoff(queue_size)
         self._generation = 0
         self._subscribed = threading.Event()
         self._unsubscribed = threading.Event()
@@ -203,11 +260,9 @@ class Collector:
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until every message received so far is stored; False if that took longer than ``timeout_s``."""
         if not self._writer.is_alive():
-            return self._queue.empty()
+            return self._queue.qsize() == 0
         done = threading.Event()
-        try:
-            self._queue.put(done, timeout=timeout_s)
-        except queue.Full:
+        if not self._queue.put(done, timeout=timeout_s):
             return False
         return done.wait(timeout_s)
 
@@ -294,13 +349,10 @@ class Collector:
         elif isinstance(record, DeviceStatus):
             self.metrics.observe_status(record)
         item = _Item(record, message.mid, message.qos, self._generation)
-        while True:  # a full queue holds the network thread: the broker then buffers (backpressure)
-            try:
-                self._queue.put(item, timeout=0.5)
-                break
-            except queue.Full:
-                if not self._writer.is_alive():
-                    return
+        # A full queue holds the network thread: the broker then buffers (backpressure).
+        while not self._queue.put(item, timeout=0.5):
+            if not self._writer.is_alive():
+                return
         self.metrics.queue_depth = self._queue.qsize()
 
     def _note_rejection(self, rejection: Rejection) -> None:
@@ -314,26 +366,37 @@ class Collector:
 
     # -- the writer ---------------------------------------------------------------------------
     def _write_loop(self) -> None:
+        # A batch is written when it holds batch_size records, flush_interval_s after its first record,
+        # before a flush's event is set (and at stop), and with ack_after_store after a pause in arrivals.
         pending: list[_Item] = []
         deadline: float | None = None
         while True:
-            wait_s = self.retention_interval_s if deadline is None else max(deadline - time.monotonic(), 0.0)
-            try:
-                item = self._queue.get(timeout=wait_s)
-            except queue.Empty:
-                item = None
-            if isinstance(item, _Item):
-                pending.append(item)
-                deadline = deadline or time.monotonic() + self.flush_interval_s
-            if pending and (not isinstance(item, _Item) or len(pending) >= self.batch_size
-                            or time.monotonic() >= (deadline or 0.0)):  # fmt: skip
+            room = self.batch_size - len(pending)
+            if deadline is None:
+                items = self._queue.take(room, 1, self.retention_interval_s)
+            elif self.ack_after_store:
+                items = self._queue.take(room, room, min(deadline - time.monotonic(), ACK_IDLE_FLUSH_S))
+                if not items:
+                    deadline = 0.0  # idle: write (and acknowledge) now
+            else:
+                items = self._queue.take(room, room, deadline - time.monotonic())
+            for item in items:
+                if isinstance(item, _Item):
+                    pending.append(item)
+                    continue
+                if pending:
+                    self._write_batch(pending)
+                    pending, deadline = [], None
+                if isinstance(item, threading.Event):
+                    item.set()
+                elif item is _STOP:
+                    return
+            if pending and deadline is None:
+                deadline = time.monotonic() + self.flush_interval_s
+            if pending and (len(pending) >= self.batch_size or time.monotonic() >= (deadline or 0.0)):
                 self._write_batch(pending)
                 pending, deadline = [], None
             self.metrics.queue_depth = self._queue.qsize()
-            if isinstance(item, threading.Event):
-                item.set()
-            elif item is _STOP:
-                return
             self._maybe_apply_retention()
 
     def _write_batch(self, batch: list[_Item]) -> None:
@@ -349,8 +412,9 @@ class Collector:
         if not self.ack_after_store:
             return
         generation = self._generation
+        self._client.ack_many([item.mid for item in batch if item.qos == 1 and item.generation == generation])
         for item in batch:
-            if item.qos > 0 and item.generation == generation:
+            if item.qos > 1 and item.generation == generation:  # not subscribed for; acknowledged all the same
                 self._client.ack(item.mid, item.qos)
 
     def _write_step(self, kind: str, records: list[Any]) -> None:
@@ -383,8 +447,7 @@ class Collector:
         elif kind == "events":
             self.metrics.count_written(kind, len(records), self.store.add_events(records))
         elif kind == "status":
-            for status in records:
-                self.store.upsert_status(status)
+            self.store.upsert_statuses(records)
             self.metrics.count_written(kind, len(records), len(records))
         else:
             self.store.add_rejected(records)
@@ -422,4 +485,4 @@ class Collector:
                         self.retention, self.rollup_minutes)  # fmt: skip
 
 
-__all__ = ["Collector", "DEFAULT_MQTT_VERSION", "DEFAULT_RETENTION", "MQTT_VERSIONS"]
+__all__ = ["ACK_IDLE_FLUSH_S", "Collector", "DEFAULT_MQTT_VERSION", "DEFAULT_RETENTION", "MQTT_VERSIONS"]

@@ -4,11 +4,11 @@ paho-mqtt 2.x reads every packet with three or more ``recv()`` calls (the comman
 remaining length one byte at a time, then the body) and goes back to ``select()`` after each packet;
 each acknowledgement is one more ``send()``. At a few thousand 1 KiB messages a second those system
 calls cost more than the messages' parsing. :class:`BufferedClient` wraps the connection in a
-:class:`BufferedSocket`, which reads up to ``chunk_bytes`` at once and serves paho's small reads from
-memory; the client then handles every packet already buffered before it returns to ``select()``, and
-queues the PUBACKs of such a burst as one write (:meth:`BufferedClient.ack_many` does the same for
-manual acknowledgements). The MQTT behaviour is paho's own: same
-packets, same order, same callbacks, same threads.
+:class:`BufferedSocket`, which reads up to 64 KiB at once and serves paho's small reads from memory;
+the client then handles every packet already buffered before it returns to ``select()``, and queues
+the PUBACKs of such a burst as one write (:meth:`BufferedClient.ack_many` does the same for manual
+acknowledgements). The MQTT behaviour is paho's own: same packets, same order, same callbacks, same
+threads; a PUBACK still goes out only after ``on_message`` returned for its message.
 
 TLS works unchanged: an ``ssl.SSLSocket`` is wrapped like a plain socket (paho's handshake happens
 before), and :meth:`BufferedSocket.pending` adds what the SSL layer holds to what the wrapper holds.
@@ -26,7 +26,7 @@ from typing import Any
 import paho.mqtt.client as paho
 from paho.mqtt.enums import MQTTErrorCode
 
-#: Bytes asked of the socket per read: a few hundred telemetry messages.
+#: Bytes asked of the socket per read: some 60 telemetry windows.
 CHUNK_BYTES = 64 * 1024
 #: Packets handled per :meth:`BufferedClient.loop_read` call at most, so that writes (acknowledgements)
 #: and keepalives are not held back behind a long backlog.
@@ -46,7 +46,6 @@ class BufferedSocket:
 
     def __init__(self, sock: socket.socket | ssl.SSLSocket, chunk_bytes: int = CHUNK_BYTES) -> None:
         self._sock = sock
-        self._tls = isinstance(sock, ssl.SSLSocket)
         self._chunk_bytes = chunk_bytes
         self._buffer = b""
         self._position = 0
@@ -72,7 +71,7 @@ class BufferedSocket:
 
     def pending(self) -> int:
         """Bytes readable without waiting: buffered here, plus decrypted ones the SSL layer holds."""
-        inner = self._sock.pending() if self._tls else 0
+        inner = self._sock.pending() if isinstance(self._sock, ssl.SSLSocket) else 0
         return len(self._buffer) - self._position + inner
 
     def send(self, data: bytes | bytearray | memoryview) -> int:
@@ -93,12 +92,17 @@ class BufferedSocket:
         return self._sock
 
     def __getattr__(self, name: str) -> Any:  # settimeout, getpeercert, ...: the socket's own
+        if name == "_sock":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
         return getattr(self._sock, name)
 
 
 class BufferedClient(paho.Client):
     """``paho.mqtt.client.Client`` reading through a :class:`BufferedSocket` (same constructor), plus
     :meth:`ack_many`."""
+
+    #: Bytes asked of the socket per read.
+    read_chunk_bytes: int = CHUNK_BYTES
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -108,7 +112,7 @@ class BufferedClient(paho.Client):
     def _create_socket(self) -> Any:
         sock = super()._create_socket()
         if isinstance(sock, (socket.socket, ssl.SSLSocket)):  # not websockets: paho wraps those itself
-            return BufferedSocket(sock)
+            return BufferedSocket(sock, self.read_chunk_bytes)
         return sock
 
     def loop_read(self, max_packets: int = 1) -> MQTTErrorCode:
@@ -124,18 +128,26 @@ class BufferedClient(paho.Client):
                     break
                 rc = super().loop_read(1)
                 budget -= 1
-        finally:
+            return rc
+        finally:  # also when on_message raised: the messages before it were handled, as paho would ack them
             self._burst_thread = None
-            held, self._held_acks = self._held_acks, []
+            self._release_held_acks()
+
+    def _release_held_acks(self) -> None:
+        held, self._held_acks = self._held_acks, []
         if held and self._sock is not None:  # a lost connection drops them, as paho drops its queue
             self._queue_pubacks(held)
-        return rc
 
     def _send_puback(self, mid: int) -> MQTTErrorCode:
         if self._burst_thread == threading.get_ident():
             self._held_acks.append(mid)
             return MQTTErrorCode.MQTT_ERR_SUCCESS
         return super()._send_puback(mid)
+
+    def _send_pubrec(self, mid: int) -> MQTTErrorCode:
+        if self._burst_thread == threading.get_ident():  # PUBACKs and PUBRECs go out in their PUBLISHes' order
+            self._release_held_acks()
+        return super()._send_pubrec(mid)
 
     def ack_many(self, mids: Sequence[int]) -> MQTTErrorCode:
         """Acknowledge QoS 1 messages received with ``manual_ack=True``, written as one packet."""

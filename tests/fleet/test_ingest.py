@@ -188,3 +188,27 @@ def test_compiled_validator_agrees_with_jsonschema(path: str, value: Any) -> Non
     message = _mutated(GOOD, path, value)
     reference = jsonschema.Draft202012Validator(load_schema("telemetry.v1")).is_valid(message)
     assert (_schema_problem("telemetry.v1", message) is None) == reference, message
+
+
+def test_local_refs_are_inlined_for_the_compiled_validator() -> None:
+    from edgekit.fleet.ingest import _inline_refs
+
+    for name in ("telemetry.v1", "status.v1", "event.v1"):
+        schema = load_schema(name)
+        inlined = _inline_refs(schema)
+        assert "$ref" not in json.dumps(inlined) and "$defs" not in inlined
+        assert inlined["properties"].keys() == schema["properties"].keys()
+    recursive = {"$defs": {"node": {"type": "array", "items": {"$ref": "#/$defs/node"}}}, "$ref": "#/$defs/node"}
+    assert _inline_refs(recursive) is recursive  # left for fastjsonschema to resolve
+    remote = {"properties": {"a": {"$ref": "https://example.com/a.json"}}}
+    assert _inline_refs(remote) is remote
+    constrained = {"$defs": {"id": {"type": "string"}}, "properties": {"a": {"$ref": "#/$defs/id", "minLength": 3}}}
+    assert _inline_refs(constrained) is constrained  # a sibling that validates: not merged
+
+
+@pytest.mark.parametrize("field, value", [("at", "2026-03-01T12:00:00Z"), ("at", "2026-03-01 12:00:00"), ("at", 5),
+                                          ("device", "dev/1"), ("device", ""), ("fleet", "x" * 65), ("state", "gone")])
+def test_status_validation_agrees_with_jsonschema(field: str, value: Any) -> None:
+    message = {**status("online"), field: value}
+    reference = jsonschema.Draft202012Validator(load_schema("status.v1")).is_valid(message)
+    assert (_schema_problem("status.v1", message) is None) == reference, message

@@ -66,6 +66,17 @@ def test_status_follows_the_latest_message_and_the_will(store: FleetStore) -> No
     assert (summary.state, summary.bundle_id, summary.target) == ("online", BUNDLE_B.id, "orin-nano")
 
 
+def test_statuses_in_one_call_apply_in_order_like_one_by_one(store: FleetStore) -> None:
+    at = T0 + dt.timedelta(hours=1)
+    online = DeviceStatus("lab", "dev-1", "online", BUNDLE_A.id, None, "0.1.0", at, status("online"))
+    will = DeviceStatus("lab", "dev-1", "offline", None, None, "0.1.0", at + MINUTE, status("offline"))
+    other = DeviceStatus("lab", "dev-2", "online", BUNDLE_B.id, "orin-nano", "0.1.0", at, status("online", device="dev-2"))
+    store.upsert_statuses([online, other, will, online])  # the lagging online (older) does not undo the will
+    store.upsert_statuses([])
+    assert [(s.device, s.state, s.target) for s in store.device_summaries()] == [("dev-1", "offline", None),
+                                                                                 ("dev-2", "online", "orin-nano")]
+
+
 def test_summaries_combine_status_windows_and_targets(store: FleetStore) -> None:
     store.add_windows([window(1, device="dev-1", latencies_ms=[1.0] * 10, power_mw=3000.0, temperature_c=40.0),
                        window(2, device="dev-1", latencies_ms=[5.0] * 10, power_mw=6000.0, temperature_c=70.0),

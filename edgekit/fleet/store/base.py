@@ -154,6 +154,11 @@ class FleetStore(abc.ABC):
         """Set a device's status unless a newer one (by ``updated_at``) is stored, so a lagging collector
         never undoes a newer status; a non-None ``target`` is recorded as with :meth:`set_device_target`."""
 
+    def upsert_statuses(self, statuses: Sequence[DeviceStatus]) -> None:
+        """:meth:`upsert_status` for each, in order (SQL stores: in one transaction)."""
+        for status in statuses:
+            self.upsert_status(status)
+
     @abc.abstractmethod
     def add_events(self, events: Sequence[DeviceEvent]) -> int:
         """Insert events, ignoring event_ids already stored; returns how many were new."""

@@ -183,11 +183,21 @@ class SqlFleetStore(FleetStore):
 
     def upsert_status(self, status: DeviceStatus) -> None:
         with self._transaction(f"storing the status of {status.fleet}/{status.device}") as cursor:
-            cursor.execute(self._sql(queries.UPSERT_STATUS),
-                           (status.fleet, status.device, status.state, status.bundle_id, status.agent_version,
-                            self.time_in(status.updated_at), self.json_in(status.payload)))  # fmt: skip
-            if status.target is not None:
-                self._set_target(cursor, status.fleet, status.device, status.target)
+            self._upsert_status(cursor, status)
+
+    def upsert_statuses(self, statuses: Sequence[DeviceStatus]) -> None:
+        if not statuses:
+            return
+        with self._transaction(f"storing {len(statuses)} device statuses") as cursor:
+            for status in statuses:  # in order: a device's later status wins
+                self._upsert_status(cursor, status)
+
+    def _upsert_status(self, cursor: Any, status: DeviceStatus) -> None:
+        cursor.execute(self._sql(queries.UPSERT_STATUS),
+                       (status.fleet, status.device, status.state, status.bundle_id, status.agent_version,
+                        self.time_in(status.updated_at), self.json_in(status.payload)))  # fmt: skip
+        if status.target is not None:
+            self._set_target(cursor, status.fleet, status.device, status.target)
 
     def set_device_target(self, fleet: str, device: str, target: str) -> None:
         with self._transaction(f"storing the target of {fleet}/{device}") as cursor:
