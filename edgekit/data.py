@@ -6,7 +6,6 @@ A batch is a ``dict[str, np.ndarray]`` keyed by input name; evaluation batches m
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 import numpy as np

@@ -103,9 +103,11 @@ class BuildState:
     def signature(self) -> IOSignature:
         return IOSignature.from_manifest(self.signature_dict)
 
-    def runner(self, model_path: Path, providers: list[dict[str, Any]] | None = None, graph_optimization: str = "all") -> OnnxRuntimeRunner:
+    def runner(self, model_path: Path, providers: list[dict[str, Any]] | None = None, graph_optimization: str = "all",
+               denormal_as_zero: bool = False) -> OnnxRuntimeRunner:
         return OnnxRuntimeRunner(model_path, self.signature, execution_providers=providers or HOST_PROVIDERS,
-                                 graph_optimization=graph_optimization, intra_op_threads=self.threads).load()
+                                 graph_optimization=graph_optimization, intra_op_threads=self.threads,
+                                 denormal_as_zero=denormal_as_zero).load()
 
 
 def default_output(recipe: Recipe, target: TargetProfile, precision: Precision) -> Path:
@@ -299,9 +301,10 @@ def host_runner(state: BuildState) -> OnnxRuntimeRunner:
     provider cannot run."""
     assert state.engine is not None
     providers = host_providers(state.engine.execution_providers)
+    denormal_as_zero = bool(state.engine.details.get("denormal_as_zero"))
     if state.host_twin is not None:
-        return state.runner(state.host_twin, HOST_PROVIDERS, "basic")
-    return state.runner(state.engine.model_path, providers, state.engine.graph_optimization)
+        return state.runner(state.host_twin, HOST_PROVIDERS, "basic", denormal_as_zero)
+    return state.runner(state.engine.model_path, providers, state.engine.graph_optimization, denormal_as_zero)
 
 
 def stage_evaluate(state: BuildState, runner: OnnxRuntimeRunner) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import onnx
 import pytest
 
 from edgekit.pipeline import build
@@ -35,8 +36,10 @@ def test_digits_cnn_demo_build(tmp_path):
     assert manifest["accuracy"]["metric"] == "top1" and manifest["accuracy"]["samples"] == 500
     assert manifest["accuracy"]["value"] >= 0.97
     assert manifest["benchmark"]["batch"] == 64
+    assert manifest["backend"]["transformer_fusion"] is None  # a CNN: nothing to fuse
     bundle = open_bundle(result.bundle_dir)
     with create_runner(bundle) as runner:
+        assert runner.denormal_as_zero is True  # the manifest's session option reaches the device's runner
         assert self_check(bundle, runner).passed
 
 
@@ -49,3 +52,9 @@ def test_minilm_demo_build(tmp_path):
     assert manifest["io"]["outputs"][0] == {"name": "sentence_embedding", "dtype": "float32", "shape": ["batch", 384]}
     assert manifest["accuracy"]["metric"] == "cosine" and manifest["accuracy"]["value"] > 0.9999
     assert manifest["benchmark"]["shape"] == {"batch": 8, "seq": 128}
+    # CPU target: ONNX Runtime's BERT fusions in the FP32 graph, denormals flushed in the runtime's session
+    backend = manifest["backend"]
+    assert backend["transformer_fusion"]["Attention"] == 6 and backend["denormal_as_zero"] is True
+    ops = {node.op_type for node in onnx.load(str(result.bundle_dir / "model.onnx"), load_external_data=False).graph.node}
+    assert {"Attention", "BiasGelu"} <= ops  # SkipLayerNormalization is fused by ONNX Runtime at load
+    assert sorted(p.name for p in result.bundle_dir.glob("model*")) == ["model.onnx"]  # no staging leftovers

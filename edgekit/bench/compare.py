@@ -74,7 +74,8 @@ def host_runner(bundle: Bundle, signature: IOSignature, threads: int) -> Any:
         )
     graph_optimization = bundle.manifest["backend"].get("graph_optimization", "all")
     return OnnxRuntimeRunner(bundle.model_path, signature, execution_providers=[{"name": "CPUExecutionProvider", "options": {}}],
-                             graph_optimization=graph_optimization, intra_op_threads=threads).load()
+                             graph_optimization=graph_optimization, intra_op_threads=threads,
+                             denormal_as_zero=bool(bundle.manifest["backend"].get("denormal_as_zero", False))).load()
 
 
 def _torch_model(bundle: Bundle, recipe_path: Path | None) -> tuple[Any, Any]:

@@ -65,6 +65,11 @@ def build_onnxruntime(model_path: Path, out_path: Path, target: TargetProfile, r
     import onnx
 
     support = target.backend(Backend.ONNXRUNTIME)
+    providers = [{"name": ep.name, "options": dict(ep.options)} for ep in support.execution_providers]
+    on_cpu = all(p["name"] == "CPUExecutionProvider" for p in providers)
+    details: dict[str, Any] = {"offline_optimization": "basic", "denormal_as_zero": providers[0]["name"] == "CPUExecutionProvider"}
+    if precision is Precision.FP32 and on_cpu:
+        model_path, details["transformer_fusion"] = _fuse_transformer(model_path, out_path)
     model = onnx.load(str(model_path), load_external_data=True)
     nodes_in = _node_count(model)
     if precision is Precision.FP16:
@@ -73,15 +78,25 @@ def build_onnxruntime(model_path: Path, out_path: Path, target: TargetProfile, r
     large = model.ByteSize() > recipe.export.external_data_mb * 2**20
     onnx.save(model, str(staged), save_as_external_data=large, location=staged.name + ".data" if large else None)
     optimize_portable(staged, out_path)
-    for leftover in (staged, staged.with_name(staged.name + ".data")):
+    fused = out_path.with_name(out_path.stem + ".fused.onnx")
+    for leftover in (staged, staged.with_name(staged.name + ".data"), fused, fused.with_name(fused.name + ".data")):
         leftover.unlink(missing_ok=True)
     optimized = onnx.load(str(out_path), load_external_data=False)
-    providers = [{"name": ep.name, "options": dict(ep.options)} for ep in support.execution_providers]
     return EngineBuild(
         model_path=out_path,
         backend=Backend.ONNXRUNTIME,
         precision=precision,
         execution_providers=providers,
         graph_optimization=recipe.build.graph_optimization,
-        details={"offline_optimization": "basic", "nodes_in": nodes_in, "nodes_optimized": _node_count(optimized)},
+        details={**details, "nodes_in": nodes_in, "nodes_optimized": _node_count(optimized)},
     )
+
+
+def _fuse_transformer(model_path: Path, out_path: Path) -> tuple[Path, dict[str, int] | None]:
+    """The FP32 graph with ONNX Runtime's transformer fusions when it is a BERT-like encoder (CPU targets:
+    the fused ops are ONNX Runtime contrib ops that NPU providers may lack); else the graph as it is."""
+    from edgekit.engines.fusion import transformer_fusion
+
+    fused_path = out_path.with_name(out_path.stem + ".fused.onnx")  # removed by build_onnxruntime once used
+    fused = transformer_fusion(model_path, fused_path)
+    return (fused_path, fused) if fused else (model_path, None)

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from edgekit.engines.fusion import transformer_fusion
 from edgekit.errors import QuantizationError
 from edgekit.precision import Backend, Precision
 from edgekit.quantize import ort_writers
@@ -48,69 +49,6 @@ from edgekit.target import TargetProfile
 log = logging.getLogger(__name__)
 
 TRANSFORMER_FUSION = "transformer-fusion"
-#: Activations that never feed a quantized node through these ops need no Q/DQ on a node's output.
-
-
-# ---------------------------------------------------------------- graph variants
-
-
-def transformer_fusion(src: Path, dst: Path) -> dict[str, int] | None:
-    """Write ``src`` with ONNX Runtime's BERT fusions applied to ``dst``; returns the fused op counts,
-    or ``None`` (nothing written) when no attention block was recognised.
-
-    Before fusing, multi-axis ``Unsqueeze`` nodes fed by a graph input (the attention-mask expansion
-    ``mask[:, None, None, :]`` the dynamo exporter writes as one node) are split into single-axis ones:
-    the pattern ONNX Runtime's attention fusion matches. The mask stays a raw 0/1 mask (no conversion
-    to sequence lengths), so left padding keeps its meaning."""
-    import onnx
-    from onnxruntime.transformers.fusion_options import AttentionMaskFormat, FusionOptions
-    from onnxruntime.transformers.optimizer import optimize_model
-
-    model = onnx.load(str(src), load_external_data=True)
-    _split_input_unsqueezes(model)
-    staged = dst.with_name(dst.stem + ".unfused.onnx")
-    large = model.ByteSize() > 1_800_000_000
-    onnx.save(model, str(staged), save_as_external_data=large, location=staged.name + ".data" if large else None)
-    options = FusionOptions("bert")
-    options.attention_mask_format = AttentionMaskFormat.AttentionMask
-    try:
-        optimized = optimize_model(str(staged), model_type="bert", num_heads=0, hidden_size=0, opt_level=0, optimization_options=options)
-    except Exception as exc:  # the optimizer's pattern matching raises on graphs it does not understand
-        log.info("transformer fusion of %s failed: %s", src, exc)
-        return None
-    finally:
-        for leftover in (staged, staged.with_name(staged.name + ".data")):
-            leftover.unlink(missing_ok=True)
-    fused = {op: int(count) for op, count in optimized.get_fused_operator_statistics().items() if count}
-    if not fused.get("Attention"):
-        return None
-    optimized.save_model_to_file(str(dst), use_external_data_format=large)
-    return fused
-
-
-def _split_input_unsqueezes(model: Any) -> int:
-    from onnx import helper, numpy_helper
-
-    graph = model.graph
-    inputs = {value.name for value in graph.input}
-    constants = {tensor.name: tensor for tensor in graph.initializer}
-    nodes, split = [], 0
-    for node in graph.node:
-        axes = numpy_helper.to_array(constants[node.input[1]]).reshape(-1) if node.op_type == "Unsqueeze" and len(node.input) == 2 and node.input[1] in constants else None
-        if axes is None or node.input[0] not in inputs or len(axes) < 2:
-            nodes.append(node)
-            continue
-        current = node.input[0]
-        for step, axis in enumerate(sorted(int(a) for a in axes)):
-            axis_name = f"{node.name}.axis{step}"
-            graph.initializer.append(numpy_helper.from_array(np.array([axis], dtype=np.int64), axis_name))
-            out = node.output[0] if step == len(axes) - 1 else f"{node.output[0]}.step{step}"
-            nodes.append(helper.make_node("Unsqueeze", [current, axis_name], [out], name=f"{node.name}.{step}"))
-            current = out
-        split += 1
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return split
 
 
 # ---------------------------------------------------------------- builder
@@ -276,6 +214,7 @@ def ort_session(path: Path, threads: int | None = None, graph_optimization: str 
     options = ort.SessionOptions()
     options.graph_optimization_level = levels[graph_optimization]
     options.log_severity_level = 3
+    options.add_session_config_entry("session.set_denormal_as_zero", "1")  # as CPU bundles run (OnnxRuntimeRunner)
     if threads:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1

@@ -27,12 +27,12 @@ from edgekit.quantize.auto import (
     auto_candidates,
     search_auto,
 )
+from edgekit.engines.fusion import transformer_fusion
 from edgekit.quantize.auto_ort import (
     MetricSpec,
     OrtInterleavedTimer,
     OrtMetricEvaluator,
     plan_auto_onnxruntime,
-    transformer_fusion,
 )
 from edgekit.quantize.calibration import CalibratorSpec
 from edgekit.quantize.gating import supported_precisions

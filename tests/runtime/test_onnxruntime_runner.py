@@ -182,11 +182,24 @@ def test_runtime_failure_inside_the_model_is_a_backend_error(tmp_path: Path) -> 
     ({"execution_providers": [{"name": "CPUExecutionProvider", "options": [1]}]}, "options of CPUExecutionProvider must be an object"),
     ({"graph_optimization": "max"}, "graph_optimization 'max' is not one of all, extended, basic, disable"),
     ({"intra_op_threads": -2}, "intra_op_threads must be an int >= 0 or null, got -2"),
+    ({"denormal_as_zero": "yes"}, "denormal_as_zero must be true or false, got 'yes'"),
 ])  # fmt: skip
 def test_bad_constructor_arguments(model_path: Path, kwargs: dict, text: str) -> None:
     with pytest.raises(BackendError) as caught:
         OnnxRuntimeRunner(model_path, SIGNATURE, **kwargs)
     assert text in str(caught.value)
+
+
+@pytest.mark.parametrize("flush", [True, False])
+def test_denormal_as_zero_reaches_the_session(model_path: Path, images: np.ndarray, flush: bool) -> None:
+    with OnnxRuntimeRunner(model_path, SIGNATURE, denormal_as_zero=flush) as runner:
+        options = runner.session.get_session_options()
+        if flush:
+            assert options.get_session_config_entry("session.set_denormal_as_zero") == "1"
+        else:
+            with pytest.raises(RuntimeError, match="does not have configuration with key"):
+                options.get_session_config_entry("session.set_denormal_as_zero")
+        np.testing.assert_allclose(runner.infer({"image": images})["logits"], reference_logits(images), rtol=1e-5, atol=1e-5)
 
 
 def test_provider_options_are_converted_to_onnx_runtime_strings(model_path: Path, images: np.ndarray) -> None:
