@@ -125,6 +125,7 @@ def test_minilm_int8_dynamic(minilm):
                          Precision.INT8_DYNAMIC, None, root)
     ops = op_counts(out.path)
     assert ops["DynamicQuantizeLinear"] >= 6 and ops["MatMulInteger"] >= 36
+    assert out.path.stat().st_size <= 0.3 * path.stat().st_size  # the embedding tables are int8 too
     assert _cosines(out.path, recipe, batches, reference).mean() >= 0.99
 
 
@@ -151,6 +152,9 @@ def test_minilm_int8_keeps_the_budget(minilm):
     assert out.plan is not None and out.plan.float_consumers_skip_qdq and "MatMul" in out.plan.float_outputs
     ops = op_counts(out.path)
     assert ops["QuantizeLinear"] >= 36 and ops["DequantizeLinear"] >= 72
+    tables = {i.name: i.data_type for i in onnx.load(str(out.path)).graph.initializer if i.name.endswith("embeddings.weight_quantized")}
+    assert len(tables) == 3 and set(tables.values()) <= {onnx.TensorProto.INT8, onnx.TensorProto.UINT8}  # word, position, type
+    assert out.path.stat().st_size <= 0.3 * path.stat().st_size
     cosines = _cosines(out.path, recipe, batches, reference)
     assert cosines.mean() >= 0.99 and cosines.min() >= 0.97
 
