@@ -31,6 +31,7 @@ from edgekit.export.parity import row_cosines
 from edgekit.io_signature import io_section
 from edgekit.precision import Backend, Precision
 from edgekit.progress import StageReporter
+from edgekit.quantize import float_writers
 from edgekit.quantize.gating import PrecisionDecision, decide_precision
 from edgekit.recipe import Recipe, load_recipe
 from edgekit.sources import LoadedModel, load_source
@@ -299,12 +300,12 @@ def host_runner(state: BuildState) -> OnnxRuntimeRunner:
     """What evaluate, golden and bench run on this host: the bundle's graph, or its decoded twin (at ``basic``
     optimisation, where ONNX Runtime keeps FP8 Q/DQ rounding) when the graph holds formats ONNX Runtime's CPU
     provider cannot run."""
-    assert state.engine is not None
-    providers = host_providers(state.engine.execution_providers)
-    denormal_as_zero = bool(state.engine.details.get("denormal_as_zero"))
+    engine = state.engine
+    assert engine is not None
+    denormal_as_zero = bool(engine.details.get("denormal_as_zero"))
     if state.host_twin is not None:
         return state.runner(state.host_twin, HOST_PROVIDERS, "basic", denormal_as_zero)
-    return state.runner(state.engine.model_path, providers, state.engine.graph_optimization, denormal_as_zero)
+    return state.runner(engine.model_path, host_providers(engine.execution_providers), engine.graph_optimization, denormal_as_zero)
 
 
 def stage_evaluate(state: BuildState, runner: OnnxRuntimeRunner) -> str | None:
@@ -318,11 +319,9 @@ def stage_evaluate(state: BuildState, runner: OnnxRuntimeRunner) -> str | None:
     check_budget(recipe, state.accuracy, state.precision.value)
     trt = (state.engine.details.get("tensorrt") if state.engine else None) or {}
     if state.host_twin is not None:
-        note = (f"measured with ONNX Runtime on this host on a twin of the bundle's {state.precision.value} graph whose weight "
-                "DequantizeLinear nodes edgekit's codec decoded to FP32 (bit-identical weights: ONNX Runtime's CPU provider "
-                "cannot load FP4 or E8M0 DequantizeLinear and drops FP8 Q/DQ pairs at its default optimisation level)" + ("; activations run the graph's own FP8 Q/DQ" if state.precision is Precision.FP8 else
-                                     "; activations stay float here, while TensorRT block-quantizes them on the device"))
-        state.accuracy = replace(state.accuracy, note=note)
+        activations = ("activations run the graph's own FP8 Q/DQ" if state.precision is Precision.FP8 else
+                       "activations stay float here, while TensorRT block-quantizes them on the device")
+        state.accuracy = replace(state.accuracy, note=f"measured on {float_writers.HOST_TWIN}; {activations}")
     elif trt and trt.get("engine_built_on") != "host" and trt.get("onnx_precision") == "as-exported" and state.precision is not Precision.FP32:
         note = (f"measured with ONNX Runtime on this host on the bundle's FP32 graph: TensorRT applies {state.precision.value} "
                 "through builder flags on the device, so the device's accuracy can differ; its self-check compares against the golden outputs")

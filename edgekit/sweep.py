@@ -3,7 +3,8 @@
 Every precision the target's chosen backend runs is built as a real bundle; those ONNX Runtime can run
 here are re-timed interleaved at the end, so machine noise hits them alike. FP8 and the block formats
 (built for a GPU target's TensorRT) are evaluated on their decoded host twin: accuracy and size, latency
-only on the device. Precisions only another backend of the target runs are estimated with the exact codec.
+only on the device. Those only another backend of the target runs are written the same way and estimated
+on their twin, without a bundle.
 A variant that fails (over budget, a refusal) is a row with its reason, not the end of the sweep.
 """
 
@@ -22,7 +23,6 @@ from edgekit.precision import Precision
 from edgekit.progress import StageReporter
 from edgekit.quantize import float_writers
 from edgekit.quantize.gating import supported_precisions
-from edgekit.quantize.simulate import SIMULATED
 from edgekit.recipe import load_recipe
 from edgekit.target import get_target
 
@@ -85,7 +85,7 @@ def sweep(recipe_path: Path | str, target_name: str, out: Path | str, force: boo
                         built[label] = result.bundle_dir
                     else:
                         row.update(reason="accuracy on the decoded host twin; latency needs the device")
-                elif precision in SIMULATED and not pruned:
+                elif precision in float_writers.WRITTEN and not pruned:
                     row.update(status="estimated", **_estimate(recipe_t, target, precision))
                 else:
                     why = "with pruning is not estimated" if pruned else f"runs on {target.name}'s other backend; no estimate for it here"
@@ -131,13 +131,15 @@ def _variant_recipe(path: Path | None, pruned: bool) -> Path:
 
 
 def _estimate(recipe: Any, target: Any, precision: Precision) -> dict[str, Any]:
-    """Accuracy and size of ``precision`` simulated with the exact codec on this host."""
+    """Accuracy and size of ``precision`` on this host: the graph its writer would put in a TensorRT bundle,
+    evaluated on the codec-decoded twin (see :mod:`edgekit.quantize.float_writers`)."""
     import onnxruntime as ort
 
     from edgekit.data import load_batches, model_inputs
     from edgekit.evaluate.metrics import METRICS
     from edgekit.export import export_onnx
-    from edgekit.quantize.simulate import simulate
+    from edgekit.precision import Backend
+    from edgekit.quantize.plan import make_plan
     from edgekit.sources import load_source
     from edgekit.torch_reference import TorchReference
 
@@ -149,17 +151,23 @@ def _estimate(recipe: Any, target: Any, precision: Precision) -> dict[str, Any]:
             fp32 = export_onnx(loaded.module, recipe, model_inputs(recipe, samples[0]), recipe.export.opset or target.build.opset, work / "fp32.onnx").path
         else:
             fp32 = loaded.onnx_path
-        amax: dict[str, float] = {}
-        if recipe.data.calibration is not None and SIMULATED[precision][1]:
+        amax: dict[str, float] | None = None
+        if recipe.data.calibration is not None and precision is Precision.FP8:
             from edgekit.quantize.calibration import CalibratorSpec, collect_activations
 
             batches = [model_inputs(recipe, b) for b in load_batches(recipe, recipe.data.calibration, "calibration")]
             ranges = collect_activations(fp32, None, batches, CalibratorSpec.create("minmax"), work_dir=work)
             amax = {name: r.amax for name, r in ranges.items()}
-        simulated = simulate(fp32, work / "simulated.onnx", precision, amax)
+        written_path = work / "estimate.onnx"
+        plan = make_plan(recipe.build.quantization, target, Backend.TENSORRT, precision)
+        written = float_writers.write_float_format(fp32, written_path, plan, amax)
+        twin = float_writers.fold_weight_dequantize(written_path, work / "estimate.host-twin.onnx")
+        size = sum(p.stat().st_size for p in work.glob("estimate.onnx*"))
         if recipe.evaluation is None:
-            return {"size_bytes": simulated.estimated_size_bytes, "metric_value": None, "reason": "no evaluation in the recipe"}
-        session = ort.InferenceSession(str(simulated.path), providers=["CPUExecutionProvider"])
+            return {"size_bytes": size, "metric_value": None, "reason": "no evaluation in the recipe"}
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC  # keeps FP8 Q/DQ rounding
+        session = ort.InferenceSession(str(twin), options, providers=["CPUExecutionProvider"])
         names = [o.name for o in session.get_outputs()]
         output = recipe.evaluation.output or recipe.outputs[0]
         evaluation = load_batches(recipe, recipe.data.evaluation or recipe.data.samples, "evaluation")
@@ -173,8 +181,8 @@ def _estimate(recipe: Any, target: Any, precision: Precision) -> dict[str, Any]:
         metric = METRICS.get(recipe.evaluation.metric)
         value = float(metric(got, ref, labels)) if metric else None
         reference = float(metric(ref, ref, labels)) if metric else None
-        return {"size_bytes": simulated.estimated_size_bytes, "metric_value": value, "metric_reference": reference,
-                "reason": "estimated with the exact codec: " + ("weights and activations" if simulated.activations_simulated else "weights only")
+        return {"size_bytes": size, "metric_value": value, "metric_reference": reference,
+                "reason": "estimated with the exact codec: " + ("weights and activations" if written.activations else "weights only")
                 + "; latency needs the device", "passed": None, "cosine_min": None, "p50_ms": None}
 
 

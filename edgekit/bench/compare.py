@@ -12,12 +12,13 @@ import numpy as np
 
 from edgekit.data import fit_axis
 from edgekit.errors import EdgekitError
+from edgekit.quantize import float_writers
 from edgekit_runtime.bundle import Bundle, open_bundle
 from edgekit_runtime.signature import IOSignature
 from edgekit_runtime.timing import LatencyStats, time_calls
 
 #: Bundle precisions whose graph ONNX Runtime's CPU provider cannot run (see ``edgekit.quantize.float_writers``).
-DEVICE_ONLY_FORMATS = ("fp8", "mxfp8", "mxfp4", "nvfp4")
+DEVICE_ONLY_FORMATS = tuple(precision.value for precision in float_writers.WRITTEN)
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,10 @@ FP8_MAX = 448.0
 #: precision -> (the opset its DequantizeLinear form needs, block size or 0 for per-channel)
 FORMAT_OPSET = {Precision.FP8: (19, 0), Precision.MXFP8: (24, 32), Precision.MXFP4: (24, 32), Precision.NVFP4: (23, 16)}
 WRITTEN = tuple(FORMAT_OPSET)
+#: What the host measures these formats on, for the manifest.
+HOST_TWIN = ("a twin of model.onnx whose weight DequantizeLinear nodes edgekit's codec decoded to FP32 (bit-identical "
+             "weights), run by ONNX Runtime's CPU provider at basic optimisation: it cannot load FP4 or E8M0 "
+             "DequantizeLinear and drops FP8 Q/DQ pairs at its default level")
 #: The block formats: weight-only, MatMul/Gemm weights only (TensorRT blocks along one of the last two axes).
 BLOCK_OP_TYPES = ("MatMul", "Gemm")
 
@@ -93,11 +97,6 @@ def _float(name: str, values: np.ndarray) -> Any:
     return numpy_helper.from_array(np.ascontiguousarray(values, dtype=np.float32), name)
 
 
-def _codes_in_place(blocked: np.ndarray, shape: tuple[int, ...], axis: int) -> np.ndarray:
-    """Block-shaped codes ``(*rest, n_blocks, block)`` back in the tensor's own layout."""
-    return from_blocks(blocked, shape, axis)
-
-
 def _scales_in_place(scales: np.ndarray, axis: int) -> np.ndarray:
     """Block scales ``(*rest, n_blocks)`` in DequantizeLinear's layout: the tensor's shape with ``n_blocks`` on ``axis``."""
     return np.ascontiguousarray(np.moveaxis(scales, -1, axis))
@@ -123,7 +122,7 @@ def encode_weight(name: str, weight: np.ndarray, precision: Precision, axis: int
     if precision in (Precision.MXFP8, Precision.MXFP4):
         elem = "e4m3" if precision is Precision.MXFP8 else "e2m1"
         encoded = mx_quantize(weight, elem=elem, block=block, axis=axis, tensor_name=name)
-        codes = _codes_in_place(encoded.codes, shape, axis)
+        codes = from_blocks(encoded.codes, shape, axis)
         scales = _scales_in_place(encoded.scales_e8m0, axis)
         if elem == "e4m3":
             weight_init = _tensor(name + "_e4m3", TensorProto.FLOAT8E4M3FN, shape, codes.tobytes())
@@ -135,7 +134,7 @@ def encode_weight(name: str, weight: np.ndarray, precision: Precision, axis: int
                                 axis=axis, block_size=block, output_dtype=TensorProto.FLOAT)
         return [weight_init, scale_init], [node], encoded.nbytes
     encoded4 = nvfp4_quantize(weight, block=block, axis=axis, tensor_name=name)
-    codes = _codes_in_place(encoded4.codes, shape, axis)
+    codes = from_blocks(encoded4.codes, shape, axis)
     scales = _scales_in_place(encoded4.block_scales_e4m3, axis)
     inits = [
         _tensor(name + "_e2m1", TensorProto.FLOAT4E2M1, shape, pack_fp4(codes).tobytes()),

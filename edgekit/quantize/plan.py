@@ -79,10 +79,9 @@ def make_plan(spec: QuantizationSpec, target: TargetProfile, backend: Backend, p
         return QuantizationPlan(precision, backend, "none", False, "int4", True, None, ("MatMul",), excluded, int4=spec.int4.model_dump(),
                                 notes=("weight-only: activations stay float",))
     if precision in (Precision.FP8, Precision.MXFP8, Precision.MXFP4, Precision.NVFP4):
-        act = "fp8_e4m3" if precision is Precision.FP8 else "none"
         fp8 = precision is Precision.FP8
         notes = ("E4M3 weights per output channel and per-tensor E4M3 activations (TensorRT explicit quantization)",) if fp8 else (
             "block-scaled weights; activations are block-quantized at run time by TensorRT, not in the ONNX graph",)
-        return QuantizationPlan(precision, backend, act, True, "fp8_e4m3" if fp8 else precision.value, True, spec.calibrator if fp8 else None,
+        return QuantizationPlan(precision, backend, "fp8_e4m3" if fp8 else "none", True, "fp8_e4m3" if fp8 else precision.value, True, spec.calibrator if fp8 else None,
                                 op_types, excluded, float_outputs=op_types, notes=notes)
     raise ValueError(f"{precision.value} is not a quantized precision")

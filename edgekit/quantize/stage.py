@@ -123,9 +123,8 @@ def _write_float_format(pre: Path, out_path: Path, plan: QuantizationPlan, spec:
         amax = {name: max(abs(float(r.min)), abs(float(r.max))) for name, r in ranges.items()}
     written = float_writers.write_float_format(pre, out_path, plan, amax)
     twin = float_writers.fold_weight_dequantize(out_path, out_path.with_name(out_path.stem + ".host-twin.onnx"))
-    return QuantizedModel(out_path, plan, section, cache_file, details={"format": written.to_manifest(), "host_evaluation": (
-        "a twin of model.onnx with its weight DequantizeLinear nodes decoded to FP32 by edgekit's codec, run by ONNX Runtime's "
-        "CPU provider at basic optimisation: it has no kernels for these formats")}, host_twin=twin)
+    return QuantizedModel(out_path, plan, section, cache_file, details={"format": written.to_manifest(), "host_evaluation": float_writers.HOST_TWIN},
+                          host_twin=twin)
 
 
 def copy_calibration(model: QuantizedModel, bundle_dir: Path) -> str | None:
