@@ -15,11 +15,12 @@ retained messages to shared subscriptions, and every collector should know which
 
 Acknowledgement: by default (``ack_after_store``) the PUBACK goes out only after the batch is committed,
 so a killed collector's messages are redelivered (to it, with a persistent session, or to another member
-of a shared group): nothing acknowledged is ever lost. ``ack_after_store=False`` acknowledges each message
-as it arrives (with the others of the same socket read), before it is stored, so what a collector holds
-in memory when it is killed is lost (the agents' spools cover broker outages, not this). A broker sends only so many unacknowledged messages (Mosquitto's ``max_inflight_messages``,
-20 by default), so in this mode the writer also stores what it holds as soon as nothing has arrived
-for ``ACK_IDLE_FLUSH_S``; a ``max_inflight_messages`` well above ``batch_size`` still gives the best rate.
+of a shared group): nothing acknowledged is ever lost. A broker sends only so many unacknowledged
+messages (Mosquitto's ``max_inflight_messages``, 20 by default), so the writer also stores what it holds
+as soon as nothing has arrived for ``ACK_IDLE_FLUSH_S``; a ``max_inflight_messages`` well above
+``batch_size`` still gives the best rate. ``ack_after_store=False`` acknowledges each message as it
+arrives (with the others of the same socket read), before it is stored, so what a collector holds in
+memory when it is killed is lost (the agents' spools cover broker outages, not this).
 """
 
 from __future__ import annotations
