@@ -196,3 +196,37 @@ def test_unquantized_precision_has_no_quantize_writer(minilm):
     recipe, path, _, _, root = minilm
     with pytest.raises(QuantizationError, match=r"precision bf16 has no quantization graph writer: it is not a quantized format"):
         quantize_model(path, root / "x.onnx", recipe.build.quantization, get_target("jetson-agx-thor"), Backend.TENSORRT, Precision.BF16, None, root)
+
+
+def test_fp8_without_calibration_data_is_refused(minilm):
+    recipe, path, _, _, root = minilm
+    with pytest.raises(QuantizationError, match=r"fp8 needs calibration data for its activation scales") as caught:
+        quantize_model(path, root / "fp8.onnx", recipe.build.quantization, get_target("jetson-agx-thor"), Backend.TENSORRT,
+                       Precision.FP8, None, root)
+    assert caught.value.hint == "add data.calibration to the recipe (a callable or an npz_dir)"
+
+
+def test_a_failed_embedding_pass_names_the_gathers_to_exclude(tmp_path, monkeypatch):
+    import onnxruntime.quantization as ort_quantization
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgekit.quantize.ort_writers import quantize_embedding_tables
+    from edgekit.quantize.plan import make_plan
+    from edgekit.recipe import QuantizationSpec
+
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["rows"], name="word_lookup")], "embed",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [4])], [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [4, 8])],
+        [numpy_helper.from_array(np.ones((16, 8), np.float32), "table")],
+    )
+    path = tmp_path / "embed.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    plan = make_plan(QuantizationSpec(), get_target("x86-64-cpu"), Backend.ONNXRUNTIME, Precision.INT8)
+
+    def fail(*args, **kwargs):
+        raise ValueError("unsupported table layout")
+
+    monkeypatch.setattr(ort_quantization, "quantize_dynamic", fail)
+    with pytest.raises(QuantizationError, match=r"int8 embedding tables of .*embed.onnx failed: unsupported table layout") as caught:
+        quantize_embedding_tables(path, plan)
+    assert caught.value.hint == "exclude the Gather nodes (word_lookup) with quantization.exclude_nodes"

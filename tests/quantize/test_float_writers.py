@@ -190,3 +190,22 @@ def test_excluded_nodes_stay_float(small_model, tmp_path):
     result = write_float_format(path, out, _plan(Precision.NVFP4, excluded={"gemm": "test"}))
     assert list(result.weights) == ["W1"]
     assert "W2" in _initializer_types(out)
+
+
+def test_a_precision_that_is_not_a_float_format_is_refused(small_model, tmp_path):
+    path, *_ = small_model
+    with pytest.raises(QuantizationError, match=r"int8 is not a floating-point format this writer knows") as caught:
+        write_float_format(path, tmp_path / "x.onnx", _plan(Precision.INT8))
+    assert "fp8, mxfp8, mxfp4, nvfp4" in caught.value.hint
+
+
+def test_a_failed_opset_conversion_names_the_file_and_the_fix(small_model, tmp_path, monkeypatch):
+    path, *_ = small_model
+
+    def refuse(model, opset):
+        raise RuntimeError("no adapter for op Foo")
+
+    monkeypatch.setattr(onnx.version_converter, "convert_version", refuse)
+    with pytest.raises(QuantizationError, match=r"fp32.onnx: converting the graph from opset 18 to 23 .* failed: no adapter for op Foo") as caught:
+        write_float_format(path, tmp_path / "x.onnx", _plan(Precision.NVFP4))
+    assert caught.value.hint == "export at opset 23 (recipe export.opset) so no conversion is needed"
