@@ -65,21 +65,23 @@ def torch_runner(module: Any, input_names: list[str]) -> Callable[[dict[str, np.
 
 
 #: Each variant's turn in a round: a pause, untimed calls, then timed calls. Engines keep their worker
-#: threads spinning for a while after a call returns (ONNX Runtime's intra-op pool, PyTorch's OpenMP team):
-#: timed right after another variant, a call runs against them (FP32 ORT at digits b64 measured 3.8 ms right
-#: after PyTorch eager, 0.9 ms alone). Timed right after the pause, it pays for waking its parked threads.
-SETTLE_S = 0.01
+#: threads spinning for a while after a call returns: ONNX Runtime's intra-op pool for about 50 ms (measured:
+#: the process burns a full core through a 50 ms sleep after a run, nothing after that), PyTorch's OpenMP team
+#: for less. On a 2-core host a variant timed inside that tail runs against the previous variant's spinning
+#: thread (digits-cnn int8 at b64: 1.0 ms after a 10 ms pause, 0.6 ms alone). The pause outlasts the tail;
+#: the first call after it pays for waking parked threads and is not timed.
+SETTLE_S = 0.06
 UNTIMED_CALLS, TIMED_CALLS = 2, 3
 
 
-def interleaved_ms(variants: dict[str, Callable[[], Any]], rounds: int) -> dict[str, dict[str, float]]:
+def interleaved_ms(variants: dict[str, Callable[[], Any]], rounds: int, settle_s: float = SETTLE_S) -> dict[str, dict[str, float]]:
     for fn in variants.values():  # warm-up
         fn()
         fn()
     samples: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
         for name, fn in variants.items():
-            time.sleep(SETTLE_S)
+            time.sleep(settle_s)
             for _ in range(UNTIMED_CALLS):
                 fn()
             for _ in range(TIMED_CALLS):

@@ -35,6 +35,8 @@ class QuantizationPlan:
     #: Static QDQ: float consumers of a quantized tensor (a residual Add, LayerNorm) read the float tensor
     #: instead of its quantize-dequantize; ONNX Runtime's writer otherwise routes every consumer through it.
     float_consumers_skip_qdq: bool = False
+    #: Static QDQ for ONNX Runtime: flatten conv feature maps in NHWC order (:mod:`edgekit.quantize.ort_layout`).
+    channels_last_flatten: bool = False
     int4: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
 

@@ -62,6 +62,25 @@ class InferenceResult:
     timing: RequestTiming
 
 
+# The serving hot path makes one RequestTiming and one InferenceResult per request. A frozen dataclass's
+# __init__ sets each field through object.__setattr__ (about 0.55 us for RequestTiming's four); these set the
+# instance dict in one call, giving instances equal, hashable and frozen exactly like the __init__'s.
+_new_instance = object.__new__
+_set_slot = object.__setattr__
+
+
+def _timing(queue_ms: float, compute_ms: float, items: int, runner_items: int) -> RequestTiming:
+    timing = _new_instance(RequestTiming)
+    _set_slot(timing, "__dict__", {"queue_ms": queue_ms, "compute_ms": compute_ms, "items": items, "runner_items": runner_items})
+    return timing
+
+
+def _result(outputs: dict[str, np.ndarray], timing: RequestTiming) -> InferenceResult:
+    result = _new_instance(InferenceResult)
+    _set_slot(result, "__dict__", {"outputs": outputs, "timing": timing})
+    return result
+
+
 @dataclass(frozen=True)
 class ServingTotals:
     """Counters since the server started; health watching compares two of them."""
@@ -289,11 +308,15 @@ class InferenceServer:
         stats_lock = self._stats_lock
         stats_lock.acquire()
         try:
-            self._window.record(queue_ms, compute_ms, items)
-            self._window.runner_calls += 1
+            window = self._window  # _WindowAccumulator.record, inlined
+            window.requests += 1
+            window.items += items
+            window.runner_calls += 1
+            if len(window.samples) < window.max_samples:
+                window.samples.append((queue_ms, compute_ms))
         finally:
             stats_lock.release()
-        return InferenceResult(outputs, RequestTiming(queue_ms, compute_ms, items, items))
+        return _result(outputs, _timing(queue_ms, compute_ms, items, items))
 
     def _run_batch(self, group: list[PendingRequest]) -> None:
         """Called by the batching worker with requests that share a key; resolves their futures."""
