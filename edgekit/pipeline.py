@@ -177,7 +177,7 @@ def stage_load(recipe_path: Path | str, target_name: str, precision: Precision |
     if auto and (recipe.evaluation is None or evaluation is None):
         raise BuildError(f"{recipe.path}: --precision auto needs evaluation data and a metric with a budget",
                          hint="add data.evaluation and an evaluation section (metric and budget) to the recipe")
-    needs_calibration = auto or decision.used in (Precision.INT8, Precision.FP8)
+    needs_calibration = auto or decision.used.needs_calibration
     if needs_calibration and recipe.data.calibration is None:
         raise BuildError(f"{recipe.path}: precision {decision.used.value} needs calibration data", hint="add data.calibration (a callable or an npz_dir) to the recipe")
     calibration = load_batches(recipe, recipe.data.calibration, "calibration") if needs_calibration and recipe.data.calibration else None

@@ -20,6 +20,11 @@ class Precision(str, Enum):
     def __str__(self) -> str:
         return self.value
 
+    @property
+    def needs_calibration(self) -> bool:
+        """Static int8 and fp8 scale activations by calibrated ranges; nvfp4 its activations' FP32 tensor scales."""
+        return self in (Precision.INT8, Precision.FP8, Precision.NVFP4)
+
 
 class Backend(str, Enum):
     ONNXRUNTIME = "onnxruntime"

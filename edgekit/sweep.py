@@ -152,7 +152,7 @@ def _estimate(recipe: Any, target: Any, precision: Precision) -> dict[str, Any]:
         else:
             fp32 = loaded.onnx_path
         amax: dict[str, float] | None = None
-        if recipe.data.calibration is not None and precision is Precision.FP8:
+        if recipe.data.calibration is not None and precision.needs_calibration:
             from edgekit.quantize.calibration import CalibratorSpec, collect_activations
 
             batches = [model_inputs(recipe, b) for b in load_batches(recipe, recipe.data.calibration, "calibration")]

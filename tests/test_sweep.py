@@ -54,7 +54,9 @@ def test_sweep_estimates_formats_only_another_backend_runs(tiny_recipe, tmp_path
         assert rows[name]["status"] == "estimated", rows[name]
         assert rows[name]["metric_value"] is not None and rows[name]["p50_ms"] is None
         assert "exact codec" in rows[name]["reason"]
-    assert "activations" in rows["fp8"]["reason"] and "weights only" in rows["nvfp4"]["reason"]
+    for name in ("fp8", "nvfp4", "mxfp8"):  # activations quantized too (nvfp4 and mxfp8 as TensorRT does at run time)
+        assert "weights and activations" in rows[name]["reason"], rows[name]
+    assert "weights only" in rows["mxfp4"]["reason"]
 
 
 def test_pareto_front():

@@ -1,6 +1,6 @@
 """Graph writers for the floating-point formats of Hopper and Blackwell GPUs: FP8, MXFP8, MXFP4, NVFP4.
 
-Everything is standard ONNX (no custom ops), encoded by edgekit's exact codec (:mod:`edgekit.quantize.codecs`):
+Weights are standard ONNX, encoded by edgekit's exact codec (:mod:`edgekit.quantize.codecs`):
 
 - ``fp8``: weights as FLOAT8E4M3FN with one FP32 scale per output channel (``amax / 448``), and a per-tensor
   E4M3 QuantizeLinear/DequantizeLinear pair (calibrated ``amax / 448``) on the activation entering every
@@ -10,14 +10,15 @@ Everything is standard ONNX (no custom ops), encoded by edgekit's exact codec (:
 - ``nvfp4``: E2M1 weights with one E4M3 scale per 16 and an FP32 tensor scale, as two DequantizeLinear nodes:
   ``scale = DQ(e4m3 scales, tensor scale)``, ``weight = DQ(e2m1, scale, block_size=16)``. Opset 23.
 
-The block formats are written weight-only: their activations are block-quantized at run time by TensorRT's
-DynamicQuantize layer, which standard ONNX cannot express, so activations stay in the network's float type.
-Block-quantized weights need the reduction axis to be one of the last two and a multiple of the block; other
-weights stay float and the plan says why.
+The activations of ``mxfp8`` and ``nvfp4`` are block-quantized at run time by TensorRT's DynamicQuantize, which
+standard ONNX cannot express: the graph carries TensorRT's own ``trt``-domain ops for it
+(:mod:`edgekit.quantize.block_activations`); ``mxfp4`` is weight-only. Block-quantized weights need the reduction
+axis to be one of the last two and a multiple of the block; other weights stay float and the plan says why.
 
-ONNX Runtime's CPU provider has no FLOAT4E2M1 DequantizeLinear, so the host measures accuracy on a *twin*
-(:func:`fold_weight_dequantize`): the written graph with every weight DequantizeLinear decoded by the codec
-into an FP32 initializer, bit-identical to what the device dequantizes.
+ONNX Runtime's CPU provider has no FLOAT4E2M1 DequantizeLinear and no ``trt`` ops, so the host measures accuracy
+on a *twin* (:func:`fold_weight_dequantize`): the written graph with every weight DequantizeLinear decoded by the
+codec into an FP32 initializer, bit-identical to what the device dequantizes, and the run-time activation
+quantizers emulated in standard ops, bit-identical to the codec.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import numpy as np
 
 from edgekit.errors import QuantizationError
 from edgekit.precision import Precision
+from edgekit.quantize import block_activations
 from edgekit.quantize.codecs import (
     decode_e2m1,
     decode_e4m3,
@@ -52,8 +54,9 @@ FORMAT_OPSET = {Precision.FP8: (19, 0), Precision.MXFP8: (24, 32), Precision.MXF
 WRITTEN = tuple(FORMAT_OPSET)
 #: What the host measures these formats on, for the manifest.
 HOST_TWIN = ("a twin of model.onnx whose weight DequantizeLinear nodes edgekit's codec decoded to FP32 (bit-identical "
-             "weights), run by ONNX Runtime's CPU provider at basic optimisation: it cannot load FP4 or E8M0 "
-             "DequantizeLinear and drops FP8 Q/DQ pairs at its default level")
+             "weights) and whose TensorRT run-time activation quantizers (mxfp8, nvfp4) are emulated in standard ONNX ops "
+             "(bit-identical to the codec), run by ONNX Runtime's CPU provider at basic optimisation: it cannot load FP4 or "
+             "E8M0 DequantizeLinear or TensorRT's ops, and drops FP8 Q/DQ pairs at its default level")
 #: The block formats: weight-only, MatMul/Gemm weights only (TensorRT blocks along one of the last two axes).
 BLOCK_OP_TYPES = ("MatMul", "Gemm")
 
@@ -65,8 +68,9 @@ class FloatFormatResult:
     precision: Precision
     opset: int
     weights: dict[str, str] = field(default_factory=dict)  # initializer -> its format
-    activations: dict[str, float] = field(default_factory=dict)  # tensor -> FP8 scale
+    activations: dict[str, float | None] = field(default_factory=dict)  # tensor -> its FP32 scale (None: computed at run time)
     skipped: dict[str, str] = field(default_factory=dict)  # node -> why its weight stayed float
+    float_activations: dict[str, str] = field(default_factory=dict)  # node -> why its quantized weight meets a float activation
     weight_bytes: int = 0  # encoded bytes of the quantized weights (elements + scales)
 
     def to_manifest(self) -> dict[str, Any]:
@@ -77,9 +81,17 @@ class FloatFormatResult:
             "quantized_activations": len(self.activations),
             "encoded_weight_bytes": self.weight_bytes,
             "float_weights": dict(sorted(self.skipped.items())),
-            "activations": "fp8 e4m3 per-tensor (calibrated)" if self.precision is Precision.FP8 else
-            "float: block formats quantize activations at run time in TensorRT (DynamicQuantize), not in the ONNX graph",
+            "activations": self.activation_description(),
+            "float_activations": dict(sorted(self.float_activations.items())),
         }
+
+    def activation_description(self) -> str:
+        if self.precision is Precision.FP8:
+            return "fp8 e4m3 per-tensor (calibrated)"
+        if self.precision in block_activations.ACTIVATION_FORMATS:
+            return (block_activations.ACTIVATION_FORMATS[self.precision].description
+                    + " (TensorRT DynamicQuantize: trt-domain ops in model.onnx)")
+        return "float (weight-only): " + block_activations.WEIGHT_ONLY_WHY.get(self.precision, "")
 
 
 # ------------------------------------------------------------------------------------------- encoding
@@ -193,10 +205,13 @@ def write_float_format(fp32_path: Path, out_path: Path, plan: QuantizationPlan, 
     precision = plan.precision
     if precision not in FORMAT_OPSET:
         raise QuantizationError(f"{precision.value} is not a floating-point format this writer knows", hint=f"formats: {', '.join(p.value for p in WRITTEN)}")
-    if precision is Precision.FP8 and not activation_amax:
-        raise QuantizationError("fp8 needs calibrated activation ranges", hint="add data.calibration to the recipe (a callable or an npz_dir)")
+    activation_format = block_activations.ACTIVATION_FORMATS.get(precision)
+    needs_amax = precision is Precision.FP8 or (activation_format is not None and activation_format.needs_tensor_scale)
+    if needs_amax and not activation_amax:
+        raise QuantizationError(f"{precision.value} needs calibrated activation ranges", hint="add data.calibration to the recipe (a callable or an npz_dir)")
     opset, block = FORMAT_OPSET[precision]
     model = _convert_opset(onnx.load(str(fp32_path), load_external_data=True), opset, fp32_path)
+    ranks = _activation_ranks(model) if activation_format is not None else {}
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
     block_only = "TensorRT block-quantizes along one of the last two axes; a Conv weight's reduction axis (input channels) is not"
@@ -252,6 +267,20 @@ def write_float_format(fp32_path: Path, out_path: Path, plan: QuantizationPlan, 
                 activation_dq[source] = prefix + "_dq"
                 result.activations[source] = scale
             node.input[0] = activation_dq[source]
+        if activation_format is not None:
+            why = _why_float_activation(source, ranks, activation_amax if activation_format.needs_tensor_scale else None)
+            if why:
+                result.float_activations[node.name] = why
+            else:
+                if source not in activation_dq:
+                    scale = (block_activations.nvfp4_tensor_scale(activation_amax[source])  # type: ignore[index]  # checked above
+                             if activation_format.needs_tensor_scale else None)
+                    inits, quantizer, output = block_activations.quantizer_nodes(source, precision, scale)
+                    graph.initializer.extend(inits)
+                    new_nodes.extend(quantizer)
+                    activation_dq[source] = output
+                    result.activations[source] = scale
+                node.input[0] = activation_dq[source]
         new_nodes.append(node)
     if not result.weights:
         raise QuantizationError(
@@ -265,10 +294,30 @@ def write_float_format(fp32_path: Path, out_path: Path, plan: QuantizationPlan, 
     used = {i for n in graph.node for i in n.input}
     for init in [i for name, i in initializers.items() if name in result.weights and name not in used]:
         graph.initializer.remove(init)
-    onnx.checker.check_model(model, full_check=True)
+    if activation_dq and activation_format is not None:
+        model.opset_import.append(helper.make_opsetid(block_activations.TRT_DOMAIN, 1))
+    onnx.checker.check_model(model, full_check=activation_format is None or not activation_dq)
     large = model.ByteSize() > 1_800_000_000
     onnx.save(model, str(out_path), save_as_external_data=large, location=out_path.name + ".data" if large else None)
     return result
+
+
+def _activation_ranks(model: Any) -> dict[str, int]:
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    return {info.name: len(info.type.tensor_type.shape.dim) for info in [*inferred.graph.value_info, *inferred.graph.input]
+            if info.type.tensor_type.HasField("shape")}
+
+
+def _why_float_activation(source: str, ranks: Mapping[str, int], amax: Mapping[str, float] | None) -> str | None:
+    """Why the activation ``source`` cannot take TensorRT's run-time block quantizer, or None."""
+    rank = ranks.get(source)
+    if rank not in (2, 3):
+        return f"TensorRT's DynamicQuantize takes 2-D or 3-D tensors; activation {source} is {'of unknown rank' if rank is None else f'{rank}-D'}"
+    if amax is not None and source not in amax:
+        return f"activation {source} has no calibrated range for its tensor scale"
+    return None
 
 
 # ------------------------------------------------------------------------------------------ host twin
@@ -310,6 +359,7 @@ def fold_weight_dequantize(model_path: Path, out_path: Path) -> Path:
     from onnx import helper, numpy_helper
 
     model = onnx.load(str(model_path), load_external_data=True)
+    emulated = block_activations.emulate_activation_quantizers(model)
     graph = model.graph
     constants: dict[str, np.ndarray] = {}
     initializers = {init.name: init for init in graph.initializer}
@@ -341,5 +391,5 @@ def fold_weight_dequantize(model_path: Path, out_path: Path) -> Path:
     graph.initializer.extend(numpy_helper.from_array(array, name) for name, array in constants.items() if name in used)
     onnx.checker.check_model(model)
     onnx.save(model, str(out_path))
-    log.info("host twin %s: %d DequantizeLinear nodes decoded", out_path.name, folded)
+    log.info("host twin %s: %d DequantizeLinear nodes decoded, %d activation quantizers emulated", out_path.name, folded, emulated)
     return out_path

@@ -80,10 +80,16 @@ def make_plan(spec: QuantizationSpec, target: TargetProfile, backend: Backend, p
     if precision is Precision.INT4:
         return QuantizationPlan(precision, backend, "none", False, "int4", True, None, ("MatMul",), excluded, int4=spec.int4.model_dump(),
                                 notes=("weight-only: activations stay float",))
-    if precision in (Precision.FP8, Precision.MXFP8, Precision.MXFP4, Precision.NVFP4):
-        fp8 = precision is Precision.FP8
-        notes = ("E4M3 weights per output channel and per-tensor E4M3 activations (TensorRT explicit quantization)",) if fp8 else (
-            "block-scaled weights; activations are block-quantized at run time by TensorRT, not in the ONNX graph",)
-        return QuantizationPlan(precision, backend, "fp8_e4m3" if fp8 else "none", True, "fp8_e4m3" if fp8 else precision.value, True, spec.calibrator if fp8 else None,
-                                op_types, excluded, float_outputs=op_types, notes=notes)
+    if precision is Precision.FP8:
+        return QuantizationPlan(precision, backend, "fp8_e4m3", True, "fp8_e4m3", True, spec.calibrator, op_types, excluded, float_outputs=op_types,
+                                notes=("E4M3 weights per output channel and per-tensor E4M3 activations (TensorRT explicit quantization)",))
+    if precision in (Precision.MXFP8, Precision.MXFP4, Precision.NVFP4):
+        from edgekit.quantize.block_activations import ACTIVATION_FORMATS, WEIGHT_ONLY_WHY
+
+        activations = ACTIVATION_FORMATS.get(precision)
+        note = (f"block-scaled weights; activations {activations.description}, by TensorRT's DynamicQuantize" if activations else
+                f"block-scaled weights; {WEIGHT_ONLY_WHY[precision]}")
+        calibrator = spec.calibrator if activations is not None and activations.needs_tensor_scale else None
+        return QuantizationPlan(precision, backend, precision.value if activations else "none", True, precision.value, True, calibrator,
+                                op_types, excluded, float_outputs=op_types, notes=(note,))
     raise ValueError(f"{precision.value} is not a quantized precision")

@@ -115,9 +115,9 @@ def _write_float_format(pre: Path, out_path: Path, plan: QuantizationPlan, spec:
     """FP8 (calibrated activations) or a block format; plus the decoded twin this host evaluates."""
     amax: dict[str, float] | None = None
     section = cache_file = None
-    if plan.precision is Precision.FP8:
+    if plan.calibrator is not None:  # fp8's activation scales, nvfp4's activation tensor scales
         if not calibration_batches:
-            raise QuantizationError("fp8 needs calibration data for its activation scales",
+            raise QuantizationError(f"{plan.precision.value} needs calibration data for its activation scales",
                                     hint="add data.calibration to the recipe (a callable or an npz_dir)")
         ranges, section, cache_file = calibrate_plan(pre, plan, spec, calibration_batches, workdir, cache_dir)
         amax = {name: max(abs(float(r.min)), abs(float(r.max))) for name, r in ranges.items()}
