@@ -57,7 +57,7 @@ HOST_TWIN = ("a twin of model.onnx whose weight DequantizeLinear nodes edgekit's
              "weights) and whose TensorRT run-time activation quantizers (mxfp8, nvfp4) are emulated in standard ONNX ops "
              "(bit-identical to the codec), run by ONNX Runtime's CPU provider at basic optimisation: it cannot load FP4 or "
              "E8M0 DequantizeLinear or TensorRT's ops, and drops FP8 Q/DQ pairs at its default level")
-#: The block formats: weight-only, MatMul/Gemm weights only (TensorRT blocks along one of the last two axes).
+#: The block formats quantize MatMul/Gemm weights only (TensorRT blocks along one of the last two axes).
 BLOCK_OP_TYPES = ("MatMul", "Gemm")
 
 
