@@ -66,18 +66,18 @@ class InferenceResult:
 # __init__ sets each field through object.__setattr__ (about 0.55 us for RequestTiming's four); these set the
 # instance dict in one call, giving instances equal, hashable and frozen exactly like the __init__'s.
 _new_instance = object.__new__
-_set_slot = object.__setattr__
+_set_attribute = object.__setattr__
 
 
 def _timing(queue_ms: float, compute_ms: float, items: int, runner_items: int) -> RequestTiming:
     timing = _new_instance(RequestTiming)
-    _set_slot(timing, "__dict__", {"queue_ms": queue_ms, "compute_ms": compute_ms, "items": items, "runner_items": runner_items})
+    _set_attribute(timing, "__dict__", {"queue_ms": queue_ms, "compute_ms": compute_ms, "items": items, "runner_items": runner_items})
     return timing
 
 
 def _result(outputs: dict[str, np.ndarray], timing: RequestTiming) -> InferenceResult:
     result = _new_instance(InferenceResult)
-    _set_slot(result, "__dict__", {"outputs": outputs, "timing": timing})
+    _set_attribute(result, "__dict__", {"outputs": outputs, "timing": timing})
     return result
 
 
