@@ -89,7 +89,7 @@ def make_plan(spec: QuantizationSpec, target: TargetProfile, backend: Backend, p
         activations = ACTIVATION_FORMATS.get(precision)
         note = (f"block-scaled weights; activations {activations.description}, by TensorRT's DynamicQuantize" if activations else
                 f"block-scaled weights; {WEIGHT_ONLY_WHY[precision]}")
-        calibrator = spec.calibrator if activations is not None and activations.needs_tensor_scale else None
-        return QuantizationPlan(precision, backend, precision.value if activations else "none", True, precision.value, True, calibrator,
+        return QuantizationPlan(precision, backend, precision.value if activations else "none", True, precision.value, True,
+                                spec.calibrator if precision.needs_calibration else None,
                                 op_types, excluded, float_outputs=op_types, notes=(note,))
     raise ValueError(f"{precision.value} is not a quantized precision")

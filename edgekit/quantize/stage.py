@@ -115,7 +115,7 @@ def _write_float_format(pre: Path, out_path: Path, plan: QuantizationPlan, spec:
     """FP8 (calibrated activations) or a block format; plus the decoded twin this host evaluates."""
     amax: dict[str, float] | None = None
     section = cache_file = None
-    if plan.calibrator is not None:  # fp8's activation scales, nvfp4's activation tensor scales
+    if plan.precision.needs_calibration:  # fp8's activation scales, nvfp4's activation tensor scales
         if not calibration_batches:
             raise QuantizationError(f"{plan.precision.value} needs calibration data for its activation scales",
                                     hint="add data.calibration to the recipe (a callable or an npz_dir)")

@@ -209,11 +209,12 @@ def test_unquantized_precision_has_no_quantize_writer(minilm):
         quantize_model(path, root / "x.onnx", recipe.build.quantization, get_target("jetson-agx-thor"), Backend.TENSORRT, Precision.BF16, None, root)
 
 
-def test_fp8_without_calibration_data_is_refused(minilm):
+@pytest.mark.parametrize("precision", [Precision.FP8, Precision.NVFP4])
+def test_calibrated_float_formats_without_calibration_data_are_refused(minilm, precision):
     recipe, path, _, _, root = minilm
-    with pytest.raises(QuantizationError, match=r"fp8 needs calibration data for its activation scales") as caught:
-        quantize_model(path, root / "fp8.onnx", recipe.build.quantization, get_target("jetson-agx-thor"), Backend.TENSORRT,
-                       Precision.FP8, None, root)
+    with pytest.raises(QuantizationError, match=rf"{precision.value} needs calibration data for its activation scales") as caught:
+        quantize_model(path, root / f"{precision.value}.onnx", recipe.build.quantization, get_target("jetson-agx-thor"), Backend.TENSORRT,
+                       precision, None, root)
     assert caught.value.hint == "add data.calibration to the recipe (a callable or an npz_dir)"
 
 

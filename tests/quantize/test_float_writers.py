@@ -252,6 +252,20 @@ def test_block_formats_quantize_activations_with_tensorrt_dynamic_quantize(small
     assert {"ReduceMax", "Cast"} <= twin_ops and ("Round" in twin_ops) == (precision is Precision.NVFP4)
 
 
+def test_an_activation_tensorrt_cannot_block_quantize_stays_float_and_says_why(tmp_path):
+    """TensorRT's DynamicQuantize takes 2-D or 3-D tensors: a 4-D MatMul input keeps float, with the reason."""
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm4d")], "four_d",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 32])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4, 8])],
+        [numpy_helper.from_array(np.ones((32, 8), np.float32), "W")],
+    )
+    path = tmp_path / "four_d.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    result = write_float_format(path, tmp_path / "out.onnx", _plan(Precision.MXFP8))
+    assert result.weights == {"W": "mxfp8"} and result.activations == {}
+    assert result.to_manifest()["float_activations"] == {"mm4d": "TensorRT's DynamicQuantize takes 2-D or 3-D tensors; activation x is 4-D"}
+
+
 def test_mxfp4_is_weight_only_and_says_why(small_model, tmp_path):
     out, _, result = _write(small_model, Precision.MXFP4, tmp_path)
     assert not any(n.domain == "trt" for n in onnx.load(str(out)).graph.node)

@@ -164,9 +164,10 @@ class _WindowAccumulator:
         self.samples: list[tuple[float, float]] = []  # (queue_ms, compute_ms): one append per request
         self.requests = self.errors = self.rejected = self.items = self.runner_calls = 0
 
-    def record(self, queue_ms: float, compute_ms: float, items: int) -> None:
+    def record(self, queue_ms: float, compute_ms: float, items: int, runner_calls: int = 0) -> None:
         self.requests += 1
         self.items += items
+        self.runner_calls += runner_calls
         if len(self.samples) < self.max_samples:  # the counts stay exact; percentiles use the first samples
             self.samples.append((queue_ms, compute_ms))
 
@@ -308,12 +309,7 @@ class InferenceServer:
         stats_lock = self._stats_lock
         stats_lock.acquire()
         try:
-            window = self._window  # _WindowAccumulator.record, inlined
-            window.requests += 1
-            window.items += items
-            window.runner_calls += 1
-            if len(window.samples) < window.max_samples:
-                window.samples.append((queue_ms, compute_ms))
+            self._window.record(queue_ms, compute_ms, items, 1)
         finally:
             stats_lock.release()
         return _result(outputs, _timing(queue_ms, compute_ms, items, items))
