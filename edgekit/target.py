@@ -26,6 +26,21 @@ class CPU(StrictModel):
     arch: Literal["x86_64", "arm64"]
     cores: int = Field(gt=0, description="CPU cores the OS sees (sets default intra-op threads)")
     model: str | None = Field(default=None, description="CPU model and clocks, as the vendor names them")
+    isa: list[str] | Literal["host"] | None = Field(
+        default=None,
+        description="instruction-set extensions that decide the CPU's int8 kernels, as /proc/cpuinfo names them "
+        "(x86: avx2, avx512_vnni, avx_vnni, amx_int8; arm64: asimddp, i8mm), or 'host' to read them from the "
+        "build machine (for a profile of the dev host itself)",
+    )
+
+    @field_validator("isa")
+    @classmethod
+    def _isa_names(cls, value: list[str] | str | None) -> list[str] | str | None:
+        if isinstance(value, list):
+            bad = [flag for flag in value if not flag or not flag.replace("_", "").isalnum() or flag != flag.lower()]
+            if bad:
+                raise ValueError(f"cpu.isa entries are lowercase /proc/cpuinfo flag names such as avx512_vnni; got {bad}")
+        return value
 
 
 class GPU(StrictModel):

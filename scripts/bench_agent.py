@@ -33,7 +33,6 @@ import argparse
 import importlib.util
 import json
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -53,6 +52,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from edgekit.bundle.manifest import host_description  # the dev host's CPU and its int8 flags (this script builds bundles)
 from edgekit_runtime import __version__ as runtime_version
 from edgekit_runtime.agent.client import AgentClient
 from edgekit_runtime.agent.config import load_config
@@ -550,8 +550,7 @@ def main() -> None:
             "benchmark": "agent",
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "edgekit_runtime": runtime_version,
-            "host": {"machine": platform.machine(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
-                     "onnxruntime": __import__("onnxruntime").__version__},
+            "host": {**host_description(), "cpu_count": os.cpu_count(), "onnxruntime": __import__("onnxruntime").__version__},
             "settings": {"max_rounds": args.max_rounds, "round_s": args.round_s, "case_s": args.case_s,
                          "telemetry_interval_s": args.telemetry_interval_s,
                          "power_sensor": args.power_sensor, "broker": f"{BROKER[0]}:{BROKER[1]}"},

@@ -37,7 +37,11 @@ def host_description() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    return {"machine": platform.machine(), "cpu": cpu, "cores": os.cpu_count(), "os": f"{platform.system()} {platform.release()}", "python": sys.version.split()[0]}
+    from edgekit.quantize.cpu_isa import read_host_isa
+
+    # cpu_isa: the flags that pick int8 kernels (VNNI or not changes int8 speed and weight range)
+    return {"machine": platform.machine(), "cpu": cpu, "cpu_isa": list(read_host_isa()), "cores": os.cpu_count(),
+            "os": f"{platform.system()} {platform.release()}", "python": sys.version.split()[0]}
 
 
 def file_hashes(root: Path, known: dict[str, str] | None = None) -> dict[str, str]:

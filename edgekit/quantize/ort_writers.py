@@ -146,7 +146,7 @@ def write_static_qdq(fp32_path: Path, out_path: Path, plan: QuantizationPlan, ra
     quantizer = QDQQuantizer(
         model,
         plan.per_channel,
-        False,  # reduce_range: not needed with VNNI/ARM dot-product kernels
+        plan.reduce_range,  # 7-bit weights for x86 CPUs without VNNI (edgekit.quantize.cpu_isa)
         QuantType.QInt8,
         activation,
         tensors,
@@ -258,6 +258,7 @@ def write_dynamic(fp32_path: Path, out_path: Path, plan: QuantizationPlan, nodes
             op_types_to_quantize=op_types,
             per_channel=plan.per_channel,
             weight_type=QuantType.QInt8,
+            reduce_range=plan.reduce_range,  # 7-bit weights for x86 CPUs without VNNI (edgekit.quantize.cpu_isa)
             nodes_to_quantize=nodes or [],
             nodes_to_exclude=sorted(plan.excluded),
             extra_options={"MatMulConstBOnly": True},

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from edgekit.precision import Backend, Precision
+from edgekit.quantize.cpu_isa import reduce_range_for
 from edgekit.recipe import QuantizationSpec
 from edgekit.target import TargetProfile
 
@@ -37,6 +38,8 @@ class QuantizationPlan:
     float_consumers_skip_qdq: bool = False
     #: Static QDQ for ONNX Runtime: flatten conv feature maps in NHWC order (:mod:`edgekit.quantize.ort_layout`).
     channels_last_flatten: bool = False
+    #: int8 weights in 7 bits (-64..64) so that x86 AVX2 u8s8 kernels cannot saturate (:mod:`edgekit.quantize.cpu_isa`).
+    reduce_range: bool = False
     int4: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
 
@@ -71,12 +74,17 @@ def make_plan(spec: QuantizationSpec, target: TargetProfile, backend: Backend, p
     """The plan a precision implies for this target, before sensitivity analysis adds exclusions."""
     excluded = {name: "recipe quantization.exclude_nodes" for name in spec.exclude_nodes}
     op_types = tuple(t for t in INT8_OP_TYPES if t not in spec.exclude_op_types)
-    if precision is Precision.INT8:
-        act, symmetric, why = activation_type_for(target, backend, spec.activation_type)
-        return QuantizationPlan(precision, backend, act, symmetric, "int8", spec.per_channel, spec.calibrator, op_types, excluded, notes=(why,))
-    if precision is Precision.INT8_DYNAMIC:
+    if precision in (Precision.INT8, Precision.INT8_DYNAMIC):
+        reduce_range, range_why = reduce_range_for(target, backend)
+        range_notes = (range_why,) if range_why else ()
+        if precision is Precision.INT8:
+            act, symmetric, why = activation_type_for(target, backend, spec.activation_type)
+            reduce_range = reduce_range and act == "uint8"  # the saturation is a u8s8 one
+            return QuantizationPlan(precision, backend, act, symmetric, "int8", spec.per_channel, spec.calibrator, op_types, excluded,
+                                    reduce_range=reduce_range, notes=(why, *(range_notes if act == "uint8" else ())))
         return QuantizationPlan(precision, backend, "uint8", False, "int8", spec.per_channel, None, ("MatMul", "Gemm"), excluded,
-                                notes=("activations quantized per call (DynamicQuantizeLinear); no calibration",))
+                                reduce_range=reduce_range,
+                                notes=("activations quantized per call (DynamicQuantizeLinear); no calibration", *range_notes))
     if precision is Precision.INT4:
         return QuantizationPlan(precision, backend, "none", False, "int4", True, None, ("MatMul",), excluded, int4=spec.int4.model_dump(),
                                 notes=("weight-only: activations stay float",))

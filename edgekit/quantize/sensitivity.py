@@ -296,7 +296,7 @@ def add_quantization_switches(model: Any, groups: Sequence[NodeGroup], plan: Qua
                     array = numpy_helper.to_array(initializers[tensor])
                     quantized_name = f"{tensor}.edgekit_int8.{node.name}"
                     axis = _weight_channel_axis(node, array.ndim)
-                    new_initializers.append(numpy_helper.from_array(fake_quantize_weight(array, axis if plan.per_channel else None), quantized_name))
+                    new_initializers.append(numpy_helper.from_array(fake_quantize_weight(array, axis if plan.per_channel else None, reduce_range=plan.reduce_range), quantized_name))
                     simulated = quantized_name
                 else:
                     if tensor not in qdq_of:
@@ -314,16 +314,18 @@ def add_quantization_switches(model: Any, groups: Sequence[NodeGroup], plan: Qua
     return flags
 
 
-def fake_quantize_weight(weight: np.ndarray, axis: int | None) -> np.ndarray:
-    """Symmetric int8 quantize-dequantize (levels -127..127), per channel along ``axis`` or per tensor."""
+def fake_quantize_weight(weight: np.ndarray, axis: int | None, *, reduce_range: bool = False) -> np.ndarray:
+    """Symmetric int8 quantize-dequantize (levels -127..127, or -64..64 with ``reduce_range`` as ONNX Runtime's
+    quantizer does), per channel along ``axis`` or per tensor."""
+    levels = 64.0 if reduce_range else 127.0
     values = weight.astype(np.float32)
     if axis is None:
         amax = np.abs(values).max(keepdims=True)
     else:
         reduce = tuple(i for i in range(values.ndim) if i != axis)
         amax = np.abs(values).max(axis=reduce, keepdims=True)
-    scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
-    return (np.clip(np.round(values / scale), -127, 127) * scale).astype(weight.dtype)
+    scale = np.where(amax > 0, amax / levels, 1.0).astype(np.float32)
+    return (np.clip(np.round(values / scale), -levels, levels) * scale).astype(weight.dtype)
 
 
 def _weight_channel_axis(node: Any, ndim: int) -> int:

@@ -125,11 +125,12 @@ def fmt_host(host: Any, short: bool = False) -> str:
     ``short`` keeps the processor and core count only."""
     if not isinstance(host, Mapping):
         return fmt_value(host)
-    known = ("cpu", "machine", "cores", "os", "python")
-    cpu, machine, cores = host.get("cpu"), host.get("machine"), host.get("cores")
+    known = ("cpu", "machine", "cores", "os", "python", "cpu_isa")
+    cpu, machine, cores, isa = host.get("cpu"), host.get("machine"), host.get("cores"), host.get("cpu_isa")
     parts = [
         f"{cpu} ({machine})" if cpu and machine and not short else cpu or machine,
         f"{cores} cores" if cores else None,
+        f"ISA {' '.join(map(str, isa))}" if isa and not short and isinstance(isa, (list, tuple)) else None,
     ]
     if not short:
         parts += [host.get("os"), f"Python {host['python']}" if host.get("python") else None]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import platform
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from edgekit.evaluate.metrics import METRICS
 from edgekit.precision import Backend, Precision
 from edgekit.quantize import ort_writers
 from edgekit.quantize.calibration import CalibratorSpec, calibrate
+from edgekit.quantize.cpu_isa import X86_INT8_DOT_PRODUCT, read_host_isa
 from edgekit.quantize.node_groups import find_node_groups, group_by_role, module_path
 from edgekit.quantize.plan import QuantizationPlan
 from edgekit.quantize.sensitivity import (
@@ -125,15 +127,27 @@ def test_role_grouping_runs_one_configuration_per_role(outlier_path: Path, range
     assert [(g.group, g.nodes) for g in report.groups] == [("*/ffn.down", ("fc_spiky", "fc_small")), ("*/ffn.up", ("fc_plain",))]
 
 
-def test_simulation_matches_the_written_static_model(outlier_path: Path, ranges: dict, tmp_path: Path) -> None:
-    plan = static_plan()
+#: ONNX Runtime's u8s8 kernels on an x86 CPU without VNNI/AMX add two products in int16 and saturate.
+HOST_SATURATES = platform.machine() in ("x86_64", "AMD64") and not set(read_host_isa()) & set(X86_INT8_DOT_PRODUCT)
+
+
+@pytest.mark.parametrize("reduce_range", [True, False], ids=["7-bit-weights", "8-bit-weights"])
+def test_simulation_matches_the_written_static_model(outlier_path: Path, ranges: dict, tmp_path: Path, reduce_range: bool) -> None:
+    """The float simulation equals ONNX Runtime's fused int8 kernels, except 8-bit weights on a CPU that saturates:
+    there the spiky input (uint8 near 255) times full-range weights overflows int16, which is why such
+    targets get 7-bit weights (edgekit.quantize.cpu_isa)."""
+    plan = static_plan(reduce_range=reduce_range)
     simulator = QuantizationSimulator(outlier_path, plan, ranges, batches(2))
     simulated = simulator.outputs(simulator.all_nodes)
     written = ort_writers.write_static_qdq(outlier_path, tmp_path / "int8.onnx", plan, ranges)
     session = ort.InferenceSession(str(written), providers=["CPUExecutionProvider"])
     real = [session.run(None, {"x": b["x"]})[0] for b in batches(2)]
-    for sim, got, ref in zip(simulated, real, simulator.reference):
-        assert np.abs(sim - got).max() < 1e-3 * np.abs(ref).max()
+    worst = max(float(np.abs(sim - got).max() / np.abs(ref).max()) for sim, got, ref in zip(simulated, real, simulator.reference))
+    if reduce_range or not HOST_SATURATES:
+        assert worst < 1e-3
+    else:
+        assert worst > 1e-2, "expected int16 saturation on this CPU without VNNI"
+    for sim, ref in zip(simulated, simulator.reference):
         assert np.abs(sim - ref).max() > 1e-3  # and the simulation does quantize
 
 
