@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, ClassVar
 
@@ -65,6 +65,12 @@ class Runner(abc.ABC):
         if validate:
             self._signature.feed_validator(feeds)  # validate_feeds, compiled once per signature
         return self._infer_impl(feeds)
+
+    def validated_call(self) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+        """``infer(feeds, validate=False)`` without its per-call checks, for a server that validates every
+        request against :attr:`signature` itself and stops calling it before it closes the runner."""
+        self._require_loaded("validated_call")
+        return self._infer_impl
 
     def close(self) -> None:
         """Release the model; safe to call twice."""
