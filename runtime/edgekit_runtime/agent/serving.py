@@ -154,10 +154,10 @@ class _WindowAccumulator:
         self.samples: list[tuple[float, float]] = []  # (queue_ms, compute_ms): one append per request
         self.requests = self.errors = self.rejected = self.items = self.runner_calls = 0
 
-    def record(self, queue_ms: float, compute_ms: float, items: int, runner_calls: int = 0) -> None:
+    def record(self, queue_ms: float, compute_ms: float, items: int) -> None:
+        """One request of the batching path (its runner calls are counted per batch)."""
         self.requests += 1
         self.items += items
-        self.runner_calls += runner_calls
         if len(self.samples) < self.max_samples:  # the counts stay exact; percentiles use the first samples
             self.samples.append((queue_ms, compute_ms))
 

@@ -17,7 +17,7 @@ from edgekit_runtime.agent.api import AgentApi
 from edgekit_runtime.agent.client import AgentClient
 from edgekit_runtime.agent.config import ApiAddress, BatchingConfig
 from edgekit_runtime.agent.errors import AgentApiError, AgentConfigError, NoModelError
-from edgekit_runtime.agent.serving import InferenceResult, InferenceServer, RequestTiming, ServingTotals
+from edgekit_runtime.agent.serving import InferenceResult, InferenceServer, RequestTiming, ServingTotals, ServingWindow
 from edgekit_runtime.agent.wire import BINARY_CONTENT_TYPE, decode_binary, encode_binary
 from edgekit_runtime.backends import OnnxRuntimeRunner, create_runner
 from edgekit_runtime.bundle import Bundle, open_bundle
@@ -286,6 +286,39 @@ def test_unix_socket_api(bundle: Bundle, tmp_path: Path) -> None:
 
 
 # -- the in-process serving path: results, statistics, swaps ----------------------------------------
+
+
+def test_windows_taken_while_requests_run_lose_and_repeat_none(bundle: Bundle) -> None:
+    """Requests append their stamps without the stats lock; windows taken meanwhile must still see each once."""
+    server = InferenceServer(create_runner(bundle).load(), model_name=bundle.name)
+    threads, per_thread = 4, 150
+    windows: list[ServingWindow] = []
+    done = threading.Event()
+
+    def client(seed: int) -> None:
+        for n in range(per_thread):
+            server.infer({"image": images(1 + n % 3, seed=seed)})
+
+    def telemetry() -> None:
+        while not done.is_set():
+            windows.append(server.take_window())
+
+    watcher = threading.Thread(target=telemetry)
+    watcher.start()
+    clients = [threading.Thread(target=client, args=(seed,)) for seed in range(threads)]
+    for thread in clients:
+        thread.start()
+    for thread in clients:
+        thread.join(60)
+    done.set()
+    watcher.join(10)
+    windows.append(server.take_window())
+    expected_items = threads * sum(1 + n % 3 for n in range(per_thread))
+    assert sum(w.requests for w in windows) == threads * per_thread == server.totals().requests
+    assert sum(w.items for w in windows) == expected_items == server.totals().items
+    assert sum(w.latency.count for w in windows if w.latency is not None) == threads * per_thread
+    assert len(windows) > 2  # the watcher really took windows while requests ran
+    server.close()
 
 
 class FailingRunner(OnnxRuntimeRunner):
