@@ -12,8 +12,10 @@
    ``agent`` (``service.server.infer``, the in-process serving path) back to back, then ``api_binary`` and
    ``api_json`` (:class:`AgentClient` through the local HTTP API), each pair's order swapped every
    other round. The machine is shared and noisy, so the headline is the ratio agent / bare of the
-   two adjacent runs of each round (median over rounds; target >= 0.98), and the per-request
-   overheads are medians of (wall time - the compute time the server measured), in microseconds.
+   two adjacent runs of each round (median over rounds; target >= 0.98). A round's throughput comes
+   from a tight loop of the variant's call alone; a quarter as many calls, timed one by one after it,
+   give the wall times and the per-request overheads: medians of (wall time - the compute time the
+   server measured), in microseconds.
    One session serves both, so neither two sessions' memory layouts nor whose weights the CPU cache
    holds can tell them apart; the bare loop does share this process with the agent's threads, so
    their CPU use is reported as well.
@@ -44,6 +46,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from datetime import datetime, timezone
 from pathlib import Path
 from types import ModuleType
@@ -69,6 +72,8 @@ TARGET = "x86-64-cpu"
 THROUGHPUT_TARGET_RATIO = 0.98
 IDLE_RSS_TARGET_MB = 60.0
 MIN_ROUNDS = 8
+#: each round times one call in this many one by one, after its throughput loop
+TIMED_SHARE = 4
 VARIANTS = ("bare", "agent", "api_binary", "api_json")
 #: (model key, recipe, dims of each case)
 CASES: tuple[tuple[str, str, tuple[dict[str, int], ...]], ...] = (
@@ -189,6 +194,15 @@ def agent_threads_cpu_s() -> float:
 Call = Callable[[], "float | None"]
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One way to serve a request: ``run`` for the throughput loop (a ``functools.partial`` of the very
+    call, so every variant's loop costs the same), ``timed`` for the per-request timings."""
+
+    run: Callable[[], object]
+    timed: Call
+
+
 @dataclass
 class VariantSamples:
     iterations_per_round: int = 0
@@ -213,10 +227,11 @@ class VariantSamples:
         return out
 
 
-def calibrate(call: Call, round_s: float, *, warmup_s: float = 0.3) -> tuple[int, float]:
-    """Warm ``call`` up for about ``warmup_s``; returns the iteration count of a ``round_s`` round (at
+def calibrate(variant: Variant, round_s: float, *, warmup_s: float = 0.3) -> tuple[int, float]:
+    """Warm ``variant`` up for about ``warmup_s``; returns the iteration count of a ``round_s`` round (at
     least 1) and the seconds such a round takes."""
-    call()
+    call = variant.run
+    variant.timed()
     started_s, calls = time.perf_counter(), 0
     while calls < 2 or time.perf_counter() - started_s < warmup_s:
         call()
@@ -226,23 +241,30 @@ def calibrate(call: Call, round_s: float, *, warmup_s: float = 0.3) -> tuple[int
     return iterations, iterations * per_call_s
 
 
-def run_round(call: Call, iterations: int, items: int, samples: VariantSamples) -> None:
-    clock = time.perf_counter_ns
+def run_round(variant: Variant, iterations: int, items: int, samples: VariantSamples) -> None:
+    """One round of one variant: a tight loop of ``iterations`` calls for throughput (only the call in the
+    loop, the same for every variant), then a quarter as many calls timed one by one for wall times and
+    overheads (kept out of the throughput, so that the per-call bookkeeping of the agent's variant, which
+    also reads the server's compute time, is not charged to the agent)."""
+    clock, run = time.perf_counter_ns, variant.run
     started_ns = clock()
     for _ in range(iterations):
-        before_ns = clock()
-        compute_ms = call()
-        wall_ns = clock() - before_ns
-        samples.wall_us.append(wall_ns / _NS_PER_US)
-        if compute_ms is not None:
-            samples.overhead_us.append(wall_ns / _NS_PER_US - compute_ms * 1000.0)
+        run()
     round_s = (clock() - started_ns) / 1e9
     samples.round_items_per_s.append(iterations * items / round_s)
     samples.items += iterations * items
     samples.seconds += round_s
+    timed = variant.timed
+    for _ in range(max(1, iterations // TIMED_SHARE)):
+        before_ns = clock()
+        compute_ms = timed()
+        wall_ns = clock() - before_ns
+        samples.wall_us.append(wall_ns / _NS_PER_US)
+        if compute_ms is not None:
+            samples.overhead_us.append(wall_ns / _NS_PER_US - compute_ms * 1000.0)
 
 
-def measure_case(calls: Mapping[str, Call], items: int, *, max_rounds: int, round_s: float, case_s: float) -> dict[str, VariantSamples]:
+def measure_case(calls: Mapping[str, Variant], items: int, *, max_rounds: int, round_s: float, case_s: float) -> dict[str, VariantSamples]:
     """Interleave the variants: each round runs ``bare`` and ``agent`` back to back (so that their ratio
     compares the same moment of a noisy machine), then the two API variants; every other round swaps
     the order within each pair. Short rounds, as many as fit in ``case_s`` (8 to ``max_rounds``)."""
@@ -250,7 +272,7 @@ def measure_case(calls: Mapping[str, Call], items: int, *, max_rounds: int, roun
     one_round_s = 0.0
     for name, call in calls.items():
         samples[name].iterations_per_round, variant_round_s = calibrate(call, round_s)
-        one_round_s += variant_round_s
+        one_round_s += variant_round_s * (1 + 1 / TIMED_SHARE)
     rounds = max(MIN_ROUNDS, min(max_rounds, int(case_s / one_round_s)))
     pairs = (("bare", "agent"), ("api_binary", "api_json"))
     for index in range(rounds):
@@ -318,11 +340,11 @@ def bench_model(model: str, bundle_dir: Path, dims_list: tuple[dict[str, int], .
             def bare_call(feeds: dict[str, np.ndarray] = feeds) -> None:
                 session.run(output_names, feeds)
 
-            calls: dict[str, Call] = {
-                "bare": bare_call,
-                "agent": agent_call,
-                "api_binary": lambda: api_call("binary"),
-                "api_json": lambda: api_call("json"),
+            calls = {
+                "bare": Variant(partial(session.run, output_names, feeds), bare_call),
+                "agent": Variant(partial(service.server.infer, feeds), agent_call),
+                "api_binary": Variant(partial(client.infer, feeds, encoding="binary"), partial(api_call, "binary")),
+                "api_json": Variant(partial(client.infer, feeds, encoding="json"), partial(api_call, "json")),
             }
             expected = session.run(output_names, feeds)[0]
             np.testing.assert_allclose(service.server.infer(feeds).outputs[output_names[0]], expected, rtol=1e-5, atol=1e-5)
