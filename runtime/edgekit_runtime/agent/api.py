@@ -15,6 +15,9 @@ GET      ``/v1/signature`` the served model's inputs, outputs and dim bounds
 Errors are JSON ``{"error": kind, "message": ..., "hint": ...}``: 400 for inputs that do not match the
 signature (with the expected ``signature``), 413 for a body over the limit, 503 without a model,
 500 when the model fails to run.
+
+Connections are HTTP/1.1 keep-alive (one thread each, closed after ``idle_timeout_s`` without a request,
+and all closed by ``stop()``); each reply leaves in one write.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ logger = logging.getLogger(__name__)
 
 HealthProvider = Callable[[], dict[str, Any]]
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
+#: a kept-alive connection with no request for this long is closed (its thread ends)
+DEFAULT_IDLE_TIMEOUT_S = 60.0
 
 
 class _ApiError(Exception):
@@ -59,7 +64,10 @@ class _ApiError(Exception):
 class _Handler(BaseHTTPRequestHandler):
     server_version = "edgekit-agent"
     protocol_version = "HTTP/1.1"
-    api: AgentApi  # set on the per-server subclass
+    api: AgentApi  # set on the per-server subclass, with ``timeout`` (the idle timeout)
+    #: buffered, so that a reply's status line, headers and body leave in one write (http.server flushes
+    #: after each request); a body larger than this goes out in a write of its own
+    wbufsize = 64 * 1024
 
     # -- plumbing -------------------------------------------------------------------------------------
 
@@ -216,7 +224,50 @@ def _signature(handler: _Handler) -> None:
 # -- the server -------------------------------------------------------------------------------------------
 
 
-class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+class _ConnectionTracking:
+    """Keeps the open connections of a threading server, so that ``close_connections()`` can end the
+    kept-alive ones (whose threads would otherwise go on serving after ``shutdown()``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+        super().__init__(*args, **kwargs)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        request, client_address = super().get_request()  # type: ignore[misc]
+        with self._connections_lock:
+            self._connections.add(request)
+        return request, client_address
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._connections_lock:
+            self._connections.discard(request)
+        super().shutdown_request(request)  # type: ignore[misc]
+
+    @property
+    def open_connections(self) -> int:
+        with self._connections_lock:
+            return len(self._connections)
+
+    def close_connections(self) -> None:
+        with self._connections_lock:
+            connections = list(self._connections)
+        for connection in connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed by the peer
+
+
+class _TcpHTTPServer(_ConnectionTracking, ThreadingHTTPServer):
+    pass
+
+
+class _Tcp6HTTPServer(_TcpHTTPServer):
+    address_family = socket.AF_INET6
+
+
+class _UnixHTTPServer(_ConnectionTracking, socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
 
     def get_request(self) -> tuple[socket.socket, Any]:
@@ -237,6 +288,7 @@ class AgentApi:
         *,
         health_provider: HealthProvider | None = None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
     ) -> None:
         self.server = server
         # Re-checked here, so that code that builds the API directly cannot bind to the network either.
@@ -245,7 +297,8 @@ class AgentApi:
             parse_api_address(str(self.address))
         self.health_provider = health_provider
         self.max_request_bytes = max_request_bytes
-        self._httpd: socketserver.BaseServer | None = None
+        self.idle_timeout_s = idle_timeout_s
+        self._httpd: _UnixHTTPServer | _TcpHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -258,20 +311,28 @@ class AgentApi:
         host, port = self._httpd.server_address[:2]  # type: ignore[attr-defined]
         return str(ApiAddress(host=str(host), port=int(port)))
 
+    @property
+    def open_connections(self) -> int:
+        """Client connections open now (kept alive between requests)."""
+        return 0 if self._httpd is None else self._httpd.open_connections
+
     def start(self) -> AgentApi:
-        handler = type("AgentApiHandler", (_Handler,), {"api": self})
+        # Nagle off on TCP, so that a reply does not wait for the client's delayed ACK (no such option on Unix sockets).
+        handler = type(
+            "AgentApiHandler",
+            (_Handler,),
+            {"api": self, "timeout": self.idle_timeout_s, "disable_nagle_algorithm": not self.address.is_unix},
+        )
         try:
             if self.address.unix_path is not None:
                 path = self.address.unix_path
                 path.parent.mkdir(parents=True, exist_ok=True)
                 if path.is_socket():
                     path.unlink()  # a stale socket from a previous run
-                httpd: socketserver.BaseServer = _UnixHTTPServer(str(path), handler)
+                httpd: _UnixHTTPServer | _TcpHTTPServer = _UnixHTTPServer(str(path), handler)
                 os.chmod(path, 0o660)
             else:
-                server_class = ThreadingHTTPServer
-                if ":" in (self.address.host or ""):
-                    server_class = type("ThreadingHTTPServerV6", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6})
+                server_class = _Tcp6HTTPServer if ":" in (self.address.host or "") else _TcpHTTPServer
                 httpd = server_class((self.address.host, self.address.port), handler)
         except OSError as err:
             raise AgentApiError(
@@ -290,6 +351,7 @@ class AgentApi:
             return
         self._httpd.shutdown()
         self._httpd.server_close()
+        self._httpd.close_connections()
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self.address.unix_path is not None:

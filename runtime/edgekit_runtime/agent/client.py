@@ -5,7 +5,9 @@
     client = AgentClient("127.0.0.1:8470")          # or "unix:/run/edgekit/agent.sock"
     logits = client.infer({"image": batch})["logits"]
 
-Each call opens its own connection, so one client may be shared between threads.
+One client may be shared between threads: each thread keeps its own keep-alive connection, opened on
+its first call and opened again when the agent has closed it (after an idle minute, or a restart).
+``close()`` (or ``with AgentClient(...) as client:``) closes them all.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,6 +34,8 @@ from edgekit_runtime.agent.wire import (
 from edgekit_runtime.errors import InputSignatureError
 
 ENCODINGS = {"binary": BINARY_CONTENT_TYPE, "json": JSON_CONTENT_TYPE}
+#: what a kept-alive connection the agent has closed meanwhile raises on its next request
+_STALE_CONNECTION_ERRORS = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
@@ -53,25 +58,68 @@ class AgentClient:
         self.timeout_s = timeout_s
         #: The timing the agent reported for the last :meth:`infer` call (queue_ms, compute_ms).
         self.last_timing: dict[str, float] = {}
+        self._local = threading.local()
+        self._connections: list[http.client.HTTPConnection] = []
+        self._connections_lock = threading.Lock()
 
-    def _connection(self) -> http.client.HTTPConnection:
+    def _new_connection(self) -> http.client.HTTPConnection:
+        connection: http.client.HTTPConnection
         if self.address.unix_path is not None:
-            return _UnixHTTPConnection(str(self.address.unix_path), self.timeout_s)
-        return http.client.HTTPConnection(self.address.host or "127.0.0.1", self.address.port, timeout=self.timeout_s)
+            connection = _UnixHTTPConnection(str(self.address.unix_path), self.timeout_s)
+        else:
+            connection = http.client.HTTPConnection(self.address.host or "127.0.0.1", self.address.port, timeout=self.timeout_s)
+        with self._connections_lock:
+            self._connections.append(connection)
+        self._local.connection = connection
+        return connection
+
+    def _drop_connection(self, connection: http.client.HTTPConnection) -> None:
+        connection.close()
+        with self._connections_lock:
+            if connection in self._connections:
+                self._connections.remove(connection)
+        if getattr(self._local, "connection", None) is connection:
+            self._local.connection = None
+
+    def _exchange(self, connection: http.client.HTTPConnection, method: str, path: str, body: bytes | None, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+        connection.request(method, path, body=body, headers=headers)
+        response = connection.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
 
     def _request(self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-        connection = self._connection()
+        headers = headers or {}
+        connection: http.client.HTTPConnection | None = getattr(self._local, "connection", None)
         try:
-            connection.request(method, path, body=body, headers=headers or {})
-            response = connection.getresponse()
-            return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+            if connection is not None:
+                try:
+                    return self._exchange(connection, method, path, body, headers)
+                except _STALE_CONNECTION_ERRORS:
+                    # The agent closed this kept-alive connection (idle timeout, restart). Every endpoint
+                    # is free of side effects, so the request goes again, once, on a new connection.
+                    self._drop_connection(connection)
+            connection = self._new_connection()
+            return self._exchange(connection, method, path, body, headers)
         except OSError as err:
+            if connection is not None:
+                self._drop_connection(connection)
             raise AgentApiError(
                 f"cannot reach the edgekit agent at {self.address}: {err.strerror or err}",
                 hint="is edgekit-agent running (systemctl status edgekit-agent), and is api.address the same?",
             ) from err
-        finally:
+
+    def close(self) -> None:
+        """Closes every thread's connection; a later call opens a new one."""
+        with self._connections_lock:
+            connections, self._connections = self._connections, []
+        for connection in connections:
             connection.close()
+        self._local = threading.local()
+
+    def __enter__(self) -> AgentClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _raise_for(self, status: int, body: bytes) -> None:
         try:

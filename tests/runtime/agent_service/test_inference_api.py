@@ -6,6 +6,7 @@ import http.client
 import json
 import re
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -283,6 +284,71 @@ def test_unix_socket_api(bundle: Bundle, tmp_path: Path) -> None:
     server.close()
     with pytest.raises(AgentApiError, match="cannot reach the edgekit agent"):
         AgentClient(f"unix:{socket_path}", timeout_s=1).health()
+
+
+def wait_until(condition, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_client_keeps_one_connection_per_thread_and_closes_them(served: tuple) -> None:
+    server, client, api = served
+    x = images(2)
+    for _ in range(5):
+        np.testing.assert_allclose(client.infer({"image": x})["logits"], reference_logits(x), atol=1e-4, rtol=1e-4)
+    client.health()
+    assert api.open_connections == 1
+
+    def work() -> None:
+        for _ in range(3):
+            client.infer({"image": x})
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert api.open_connections == 4
+    assert server.totals().requests == 5 + 9
+    client.close()
+    assert wait_until(lambda: api.open_connections == 0)
+    client.infer({"image": x})  # a closed client opens a new connection on its next call
+    assert api.open_connections == 1
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_client_reconnects_after_the_agent_restarts(bundle: Bundle, tmp_path: Path, transport: str) -> None:
+    server = InferenceServer(create_runner(bundle).load(), model_name=bundle.name)
+    address = f"unix:{tmp_path / 'agent.sock'}" if transport == "unix" else "127.0.0.1:0"
+    x = images(1)
+    with AgentApi(server, address) as api:
+        address = api.bound_address
+        client = AgentClient(address, timeout_s=5)
+        client.infer({"image": x})
+    # stop() ends kept-alive connections too: nothing answers on the old one
+    with pytest.raises(AgentApiError, match="cannot reach the edgekit agent"):
+        client.infer({"image": x})
+    with AgentApi(server, address) as restarted:
+        np.testing.assert_allclose(client.infer({"image": x})["logits"], reference_logits(x), atol=1e-4, rtol=1e-4)
+        client.infer({"image": x})
+        assert restarted.open_connections == 1
+    server.close()
+
+
+def test_idle_connections_are_closed_and_the_client_reopens(bundle: Bundle) -> None:
+    server = InferenceServer(create_runner(bundle).load(), model_name=bundle.name)
+    with AgentApi(server, "127.0.0.1:0", idle_timeout_s=0.2) as api, AgentClient(api.bound_address) as client:
+        client.health()
+        assert api.open_connections == 1
+        assert wait_until(lambda: api.open_connections == 0)
+        x = images(3)  # the client's connection is stale now: it must reconnect, not fail
+        np.testing.assert_allclose(client.infer({"image": x})["logits"], reference_logits(x), atol=1e-4, rtol=1e-4)
+        assert server.totals().requests == 1 and server.totals().errors == 0
+    server.close()
 
 
 # -- the in-process serving path: results, statistics, swaps ----------------------------------------
