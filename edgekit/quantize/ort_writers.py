@@ -105,8 +105,11 @@ def static_int8_plan(plan: QuantizationPlan, model_path: Path) -> QuantizationPl
     if plan.backend is Backend.ONNXRUNTIME:
         excluded.update({name: why for name, why in ort_layout.stem_convolutions(model_path).items() if name not in excluded})
         notes.append("conv feature maps flatten in channels-last order, matching ONNX Runtime's NHWC int8 convolutions")
+        notes.append("float stem convolutions are computed channels-last (patches x kernel), so their output enters "
+                     "ONNX Runtime's NHWC int8 convolutions without a transpose")
+    on_ort = plan.backend is Backend.ONNXRUNTIME
     return replace(plan, float_outputs=float_output_op_types(model_path, plan.op_types), float_consumers_skip_qdq=True,
-                   excluded=excluded, channels_last_flatten=plan.backend is Backend.ONNXRUNTIME, notes=tuple(notes))
+                   excluded=excluded, channels_last_flatten=on_ort, channels_last_stem=on_ort, notes=tuple(notes))
 
 
 def calibration_tensors(model_path: Path, plan: QuantizationPlan) -> list[str]:
@@ -170,6 +173,8 @@ def write_static_qdq(fp32_path: Path, out_path: Path, plan: QuantizationPlan, ra
         rewire_float_consumers(quantizer.model.model, quantized)
     if plan.channels_last_flatten:
         ort_layout.flatten_channels_last(quantizer.model.model)
+    if plan.channels_last_stem:
+        ort_layout.stem_channels_last(quantizer.model.model)
     staged = _save(quantizer.model.model, out_path.with_name(out_path.stem + ".static.onnx"))
     if plan.dynamic_nodes:
         write_dynamic(staged, out_path, plan, nodes=list(plan.dynamic_nodes))

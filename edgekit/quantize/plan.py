@@ -38,6 +38,8 @@ class QuantizationPlan:
     float_consumers_skip_qdq: bool = False
     #: Static QDQ for ONNX Runtime: flatten conv feature maps in NHWC order (:mod:`edgekit.quantize.ort_layout`).
     channels_last_flatten: bool = False
+    #: Static QDQ for ONNX Runtime: compute float stem convolutions channels-last (:mod:`edgekit.quantize.ort_layout`).
+    channels_last_stem: bool = False
     #: int8 weights in 7 bits (-64..64) so that x86 AVX2 u8s8 kernels cannot saturate (:mod:`edgekit.quantize.cpu_isa`).
     reduce_range: bool = False
     int4: dict[str, Any] = field(default_factory=dict)

@@ -60,19 +60,22 @@ def test_digits_int8_is_static_qdq_with_uint8_activations(digits_bundles):
 def test_digits_int8_runs_as_one_integer_chain(digits_bundles, tmp_path):
     """Relu folded into the convolutions' output ranges, MaxPool and Reshape on uint8: ONNX Runtime runs the
     two integer convolutions as QLinearConv back to back in NHWC with no float round trip between them. The
-    1-channel stem convolution stays float (the plan says why); the flatten before the classifier reads NHWC
-    order, so the only transpose left is the stem's output going channels-last."""
+    1-channel stem convolution stays float (the plan says why) and is computed channels-last (its patches'
+    reorder to NHWC fused into ReorderOutput); the flatten before the classifier reads NHWC order, so ONNX
+    Runtime runs the whole network without a Transpose."""
     result = digits_bundles["int8"]
     bundle = result.bundle_dir
     assert "stem convolution" in result.manifest["quantization"]["plan"]["excluded"]["node_conv2d"]
     assert result.manifest["quantization"]["plan"]["channels_last_flatten"]
+    assert result.manifest["quantization"]["plan"]["channels_last_stem"]
     assert op_counts(bundle / "model.onnx")["Relu"] == 1  # the stem's, float
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     ort.InferenceSession(str(bundle / "model.onnx"), options, providers=["CPUExecutionProvider"])
     optimized = op_counts(tmp_path / "optimized.onnx")
     assert optimized["QLinearConv"] == 2 and optimized["NhwcMaxPool"] == 2 and optimized["QGemm"] == 2
-    assert optimized["MaxPool"] == 0 and optimized["Conv"] == 1 and optimized["Transpose"] == 1
+    assert optimized["MaxPool"] == 0 and optimized["Conv"] == 1 and optimized["Transpose"] == 0
+    assert optimized["ReorderOutput"] == 1 and optimized["Gemm"] == 1  # the stem: patches to NHWC, times its kernel
     assert optimized["DequantizeLinear"] == 1  # the logits, nothing in between
 
 

@@ -1,6 +1,6 @@
 """Static int8 shaped for ONNX Runtime's NHWC integer convolutions: stem convolutions stay float (with the
-reason in the plan) and a conv feature map feeding a classifier is flattened channels-last, with the
-classifier's weight rows permuted so that the model computes the same function."""
+reason in the plan) and are computed channels-last, and a conv feature map feeding a classifier is flattened
+channels-last, with the classifier's weight rows permuted so that the model computes the same function."""
 
 from __future__ import annotations
 
@@ -69,14 +69,17 @@ def optimized_ops(path: Path, tmp_path: Path) -> collections.Counter:
 
 
 def quantize(tmp_path: Path, fp32: Path, in_channels: int, target: str = "x86-64-cpu", backend: Backend = Backend.ONNXRUNTIME,
-             flatten_channels_last: bool | None = None, name: str = "int8"):
+             flatten_channels_last: bool | None = None, stem_channels_last: bool | None = None, name: str = "int8"):
     spec = QuantizationSpec()
     plan = None
-    if flatten_channels_last is not None:  # the refined plan, with the rewrite switched as asked
+    if flatten_channels_last is not None or stem_channels_last is not None:  # the refined plan, with a rewrite switched as asked
         from edgekit.quantize import ort_writers
 
-        plan = replace(ort_writers.static_int8_plan(make_plan(spec, get_target(target), backend, Precision.INT8), fp32),
-                       channels_last_flatten=flatten_channels_last)
+        plan = ort_writers.static_int8_plan(make_plan(spec, get_target(target), backend, Precision.INT8), fp32)
+        if flatten_channels_last is not None:
+            plan = replace(plan, channels_last_flatten=flatten_channels_last)
+        if stem_channels_last is not None:
+            plan = replace(plan, channels_last_stem=stem_channels_last)
     work = tmp_path / name
     work.mkdir()
     return quantize_model(fp32, work / "model.onnx", spec, get_target(target), backend, Precision.INT8, batches(in_channels), work,
@@ -92,11 +95,48 @@ def test_a_stem_convolution_stays_float_and_the_plan_says_why(tmp_path):
     assert quantized.plan.to_manifest()["excluded"]["conv1"] == why
     graph = onnx.load(str(quantized.path)).graph
     producers = {out: node for node in graph.node for out in node.output}
-    conv1, conv2 = (next(n for n in graph.node if n.name == name) for name in ("conv1", "conv2"))
-    assert conv1.input[0] == "image" and conv1.input[1] == "w1"  # float input and weight
+    inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    # conv1 is computed channels-last in float: one-hot patches of the image times its float kernel
+    patches, gemm = (next(n for n in graph.node if n.name == f"conv1_channels_last_{part}") for part in ("patches", "gemm"))
+    assert patches.input[0] == "image" and gemm.input[1] in inits and inits[gemm.input[1]].dtype == np.float32
+    conv2 = next(n for n in graph.node if n.name == "conv2")
     assert producers[conv2.input[0]].op_type == "DequantizeLinear" and producers[conv2.input[1]].op_type == "DequantizeLinear"
     feeds = batches(1, 1)[0]
     np.testing.assert_allclose(run(quantized.path, feeds), run(fp32, feeds), atol=0.15)
+
+
+def test_a_float_stem_is_computed_channels_last_without_the_transpose(tmp_path):
+    """The rewritten stem computes the same function, and ONNX Runtime's uint8 transpose in front of its NHWC
+    integer convolution is gone (the patches' reorder to NHWC is fused into ReorderOutput)."""
+    fp32 = cnn(tmp_path / "stem.onnx", in_channels=1)
+    before = quantize(tmp_path, fp32, 1, stem_channels_last=False, name="nchw")
+    after = quantize(tmp_path, fp32, 1, stem_channels_last=True, name="nhwc")
+    assert after.plan.channels_last_stem and "conv1" in after.plan.excluded
+    for batch in (1, 32):
+        feeds = {"image": np.random.default_rng(batch).random((batch, 1, 6, 6), dtype=np.float32)}
+        np.testing.assert_allclose(run(after.path, feeds), run(before.path, feeds), rtol=1e-5, atol=1e-5)
+    ops_before, ops_after = optimized_ops(before.path, tmp_path), optimized_ops(after.path, tmp_path)
+    assert ops_before["Transpose"] >= 1 and ops_after["Transpose"] == ops_before["Transpose"] - 1
+    assert ops_after["QLinearConv"] == ops_before["QLinearConv"] == 1
+
+
+@pytest.mark.parametrize("why", ["float consumer", "grouped", "quantized stem"])
+def test_stems_the_rewrite_cannot_help_are_left_alone(tmp_path, why):
+    fp32 = cnn(tmp_path / "stem.onnx", in_channels=1)
+    if why == "float consumer":  # a plain float model: nothing NHWC downstream
+        model = onnx.load(str(fp32))
+    else:
+        model = onnx.load(str(quantize(tmp_path, fp32, 1, stem_channels_last=False).path))
+        conv1 = next(n for n in model.graph.node if n.name == "conv1")
+        if why == "grouped":
+            conv1.attribute.append(helper.make_attribute("group", 1))
+            conv1.attribute[-1].i = 2
+        else:  # its weight read through a DequantizeLinear, as an int8 stem would be
+            model.graph.node.insert(0, helper.make_node("DequantizeLinear", ["w1_q", "w1_scale"], ["w1_dq"], name="w1_dequantize"))
+            conv1.input[1] = "w1_dq"
+    before = model.SerializeToString()
+    assert ort_layout.stem_channels_last(model) == []
+    assert model.SerializeToString() == before
 
 
 def test_a_wide_first_convolution_is_quantized(tmp_path):
@@ -145,4 +185,4 @@ def test_tensorrt_plans_keep_the_stem_and_the_layout(tmp_path):
 
     fp32 = cnn(tmp_path / "stem.onnx", in_channels=1)
     plan = ort_writers.static_int8_plan(make_plan(QuantizationSpec(), get_target("jetson-orin-nano-8gb"), Backend.TENSORRT, Precision.INT8), fp32)
-    assert "conv1" not in plan.excluded and not plan.channels_last_flatten
+    assert "conv1" not in plan.excluded and not plan.channels_last_flatten and not plan.channels_last_stem
