@@ -26,7 +26,7 @@ import numpy as np
 from edgekit.engines.fusion import transformer_fusion
 from edgekit.errors import QuantizationError
 from edgekit.precision import Backend, Precision
-from edgekit.quantize import ort_writers
+from edgekit.quantize import ort_layout, ort_writers
 from edgekit.quantize.auto import (
     EXPORTED,
     AutoResult,
@@ -139,7 +139,8 @@ class OrtCandidateBuilder:
 
 def unquantized_nodes(path: Path, plan: QuantizationPlan) -> list[str]:
     """Nodes the static/mixed ``plan`` quantizes that are still float MatMul/Gemm/Conv in the written
-    model: a static node whose inputs come from no DequantizeLinear, or a dynamic node left as it was."""
+    model: a static node whose inputs come from no DequantizeLinear, or a dynamic node left as it was.
+    An excluded stem that :func:`ort_layout.stem_channels_last` rewrote stays float on purpose."""
     import onnx
 
     nodes = onnx.load(str(path), load_external_data=False).graph.node
@@ -148,7 +149,7 @@ def unquantized_nodes(path: Path, plan: QuantizationPlan) -> list[str]:
     missed = []
     dynamic = set(plan.dynamic_nodes)
     for node in nodes:
-        if node.name in skipped or node.op_type not in plan.op_types:
+        if node.name in skipped or node.op_type not in plan.op_types or ort_layout.rewritten_from(node.name, skipped):
             continue
         if node.name in dynamic or (node.op_type in INT8_OP_TYPES and not any(name in dequantized for name in node.input)):
             missed.append(node.name)

@@ -33,6 +33,9 @@ import numpy as np
 #: ONNX Runtime static int8 plan (digits-cnn's 1x3x3 stem: 9).
 STEM_MAX_REDUCTION = 16
 
+#: A stem rewritten by :func:`stem_channels_last` becomes nodes named ``<conv name><this><part>``.
+STEM_REWRITE_INFIX = "_channels_last_"
+
 #: Ops between a float stem convolution and the QuantizeLinear that starts the integer chain.
 _STEM_ACTIVATIONS = frozenset({"Relu", "Clip"})
 
@@ -89,7 +92,7 @@ def stem_channels_last(model: Any) -> list[str]:
         if not _enters_quantized_conv(node.output[0], consumers):
             continue
         out_channels, reduction = weight.shape[0], int(np.prod(weight.shape[1:]))
-        prefix = f"{node.name}_channels_last"
+        prefix = f"{node.name}{STEM_REWRITE_INFIX.rstrip('_')}"
         one_hot = np.eye(reduction, dtype=weight.dtype).reshape(reduction, *weight.shape[1:])
         graph.initializer.extend([
             numpy_helper.from_array(one_hot, f"{prefix}_patch_kernel"),
@@ -115,6 +118,12 @@ def stem_channels_last(model: Any) -> list[str]:
             graph.initializer.remove(initializers[node.input[1]])
         rewritten.append(node.name)
     return rewritten
+
+
+def rewritten_from(node_name: str, originals: set[str] | dict[str, str]) -> str | None:
+    """The original node (of ``originals``) that :func:`stem_channels_last` turned into ``node_name``, if any."""
+    original = node_name.split(STEM_REWRITE_INFIX, 1)[0] if STEM_REWRITE_INFIX in node_name else None
+    return original if original in originals else None
 
 
 def _enters_quantized_conv(tensor: str, consumers: dict[str, list[Any]]) -> bool:

@@ -245,3 +245,14 @@ def test_a_failed_embedding_pass_names_the_gathers_to_exclude(tmp_path, monkeypa
     with pytest.raises(QuantizationError, match=r"int8 embedding tables of .*embed.onnx failed: unsupported table layout") as caught:
         quantize_embedding_tables(path, plan)
     assert caught.value.hint == "exclude the Gather nodes (word_lookup) with quantization.exclude_nodes"
+
+
+def test_digits_auto_builds_every_int8_candidate(digits_bundles, tmp_path):
+    """Every int8 candidate of the search is written and checked (none fails on the rewritten float stem),
+    and the one chosen meets the recipe's budget."""
+    result = build(DIGITS, "x86-64-cpu", precision="auto", out=tmp_path / "auto")
+    search = result.manifest["quantization"]["auto"]
+    errors = {c["name"]: c["detail"] for c in search["candidates"] if c["status"] == "error"}
+    assert not errors, errors
+    chosen = next(c for c in search["candidates"] if c["status"] == "chosen")
+    assert chosen["passed"] and abs(result.manifest["accuracy"]["drop"]) <= 0.005

@@ -118,6 +118,12 @@ def test_a_float_stem_is_computed_channels_last_without_the_transpose(tmp_path):
     ops_before, ops_after = optimized_ops(before.path, tmp_path), optimized_ops(after.path, tmp_path)
     assert ops_before["Transpose"] >= 1 and ops_after["Transpose"] == ops_before["Transpose"] - 1
     assert ops_after["QLinearConv"] == ops_before["QLinearConv"] == 1
+    # auto's check that the writers quantized what the plan says knows the rewritten stem is the excluded conv1
+    from edgekit.quantize.auto_ort import unquantized_nodes
+
+    assert unquantized_nodes(after.path, after.plan) == []
+    assert ort_layout.rewritten_from("conv1_channels_last_gemm", after.plan.excluded) == "conv1"
+    assert ort_layout.rewritten_from("conv2_channels_last_gemm", after.plan.excluded) is None
 
 
 @pytest.mark.parametrize("why", ["float consumer", "grouped", "quantized stem"])
