@@ -62,6 +62,15 @@ def stem_convolutions(model_path: Path) -> dict[str, str]:
     return stems
 
 
+def _consumers_and_initializers(graph: Any) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+    """The nodes reading each tensor, and the initializers by name."""
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    return consumers, {init.name: init for init in graph.initializer}
+
+
 def stem_channels_last(model: Any) -> list[str]:
     """Rewrite, in place, each float stem convolution (see :data:`STEM_MAX_REDUCTION`) whose output enters a
     quantized convolution chain (through Relu/Clip, then QuantizeLinear -> DequantizeLinear -> Conv) as
@@ -73,11 +82,7 @@ def stem_channels_last(model: Any) -> list[str]:
 
     graph = model.graph
     shapes = _static_shapes(model)
-    consumers: dict[str, list[Any]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    initializers = {init.name: init for init in graph.initializer}
+    consumers, initializers = _consumers_and_initializers(graph)
     rewritten: list[str] = []
     for node in list(graph.node):
         if node.op_type != "Conv" or len(node.input) < 2 or node.input[1] not in initializers:
@@ -150,11 +155,7 @@ def flatten_channels_last(model: Any) -> list[str]:
     graph = model.graph
     shapes = _static_shapes(model)
     producers = {out: node for node in graph.node for out in node.output}
-    consumers: dict[str, list[Any]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    initializers = {init.name: init for init in graph.initializer}
+    consumers, initializers = _consumers_and_initializers(graph)
     rewritten: list[str] = []
     for node in list(graph.node):
         if not _is_flatten(node, initializers):
