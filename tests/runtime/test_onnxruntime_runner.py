@@ -302,3 +302,67 @@ def test_graph_capture_or_missing_internals_use_session_run() -> None:
 
     plain = Plain()
     assert _session_run(plain) == (plain.run, ())
+
+
+def test_validated_call_of_a_one_output_model_matches_infer(model_path: Path, images: np.ndarray) -> None:
+    from types import MappingProxyType
+
+    with OnnxRuntimeRunner(model_path, SIGNATURE) as runner:
+        call = runner.validated_call()
+        assert call != runner._infer_impl  # the one-frame call, not the general path
+        expected = runner.infer({"image": images})
+        for feeds in ({"image": images}, MappingProxyType({"image": images})):  # a plain dict, and any mapping
+            outputs = call(feeds)
+            assert list(outputs) == ["logits"]
+            np.testing.assert_array_equal(outputs["logits"], expected["logits"])
+
+
+def test_validated_call_fails_as_infer_does(tmp_path: Path) -> None:
+    path, signature = _reshape_to_2x2(tmp_path)
+    with OnnxRuntimeRunner(path, signature) as runner:
+        call = runner.validated_call()
+        np.testing.assert_array_equal(call({"x": np.arange(4, dtype=np.float32)})["y"], [[0, 1], [2, 3]])
+        errors = []
+        for run in (call, runner.infer):
+            with pytest.raises(BackendError) as caught:
+                run({"x": np.arange(5, dtype=np.float32)})
+            errors.append((str(caught.value), caught.value.hint, type(caught.value.__cause__)))
+        assert errors[0] == errors[1]
+        assert errors[0][0].startswith(f"ONNX Runtime failed to run '{path}': ")
+
+
+def test_validated_call_leaves_ep_failure_to_session_run(model_path: Path, images: np.ndarray) -> None:
+    with OnnxRuntimeRunner(model_path, SIGNATURE) as runner:
+        failing = _FakeCompiled(fail=EPFail("CUDA error: device lost"))
+        session = _FakeSession(failing)
+        runner._session = session
+        runner._run, runner._retry_publicly = _session_run(session)
+        call = runner.validated_call()
+        assert call({"image": images})["logits"].shape == (1, 10)
+        assert session.public_calls == 1 and failing.calls == 2  # tried directly once, then by session.run
+        call({"image": images})
+        assert session.public_calls == 1 and session._sess.calls == 2  # the fallback's compiled session, directly
+        runner._session = None  # not a real session: nothing to release
+
+
+def test_validated_call_of_a_two_output_model_returns_both(tmp_path: Path) -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["same"]), helper.make_node("Neg", ["x"], ["negated"])],
+        "two_outputs",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["n"]) for name in ("same", "negated")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    path = tmp_path / "two.onnx"
+    onnx.save(model, str(path))
+    signature = IOSignature.from_manifest({
+        "inputs": [{"name": "x", "dtype": "float32", "shape": ["n"]}],
+        "outputs": [{"name": name, "dtype": "float32", "shape": ["n"]} for name in ("same", "negated")],
+        "dims": {"n": {"min": 1, "max": 8}},
+    })  # fmt: skip
+    x = np.arange(3, dtype=np.float32)
+    with OnnxRuntimeRunner(path, signature) as runner:
+        outputs = runner.validated_call()({"x": x})
+    assert list(outputs) == ["same", "negated"]
+    np.testing.assert_array_equal(outputs["negated"], -x)

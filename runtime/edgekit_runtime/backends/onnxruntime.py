@@ -253,18 +253,47 @@ class OnnxRuntimeRunner(Runner):
         if type(feeds) is not dict:
             feeds = dict(feeds)
         try:
-            try:
-                outputs = self._run(names, feeds, None)
-            except self._retry_publicly:  # see _session_run; empty (catches nothing) for session.run itself
-                outputs = self._session.run(names, feeds)
-                self._run, self._retry_publicly = _session_run(self._session)
+            outputs = self._run(names, feeds, None)
         except Exception as err:  # ONNX Runtime raises its own pybind exception types
+            outputs = self._after_failed_run(feeds, err)
+        return dict(zip(names, outputs))
+
+    def validated_call(self) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+        """For a model with one output, a call of one Python frame: the compiled run, the output in a dict
+        literal. That is 0.5 µs less per request than :meth:`_infer_impl` (``dict(zip(...))`` alone costs
+        0.4 µs), about 1 % of a small model's run. Failures go to the same :meth:`_after_failed_run`."""
+        self._require_loaded("validated_call")
+        if len(self._output_names) != 1:
+            return self._infer_impl
+        names = self._output_names
+        (name,) = names
+
+        def call_one_output(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            if type(feeds) is not dict:
+                feeds = dict(feeds)
+            try:
+                return {name: self._run(names, feeds, None)[0]}  # type: ignore[misc]  # set while loaded
+            except Exception as err:
+                return {name: self._after_failed_run(feeds, err)[0]}
+
+        return call_one_output
+
+    def _after_failed_run(self, feeds: dict[str, np.ndarray], err: Exception) -> list[Any]:
+        """The compiled call raised ``err``: an EPFail is ``session.run``'s to handle (it retries on the
+        fallback providers and replaces the compiled session, see :func:`_session_run`); anything else,
+        or a retry that fails too, is a BackendError."""
+        try:
+            if not isinstance(err, self._retry_publicly):
+                raise err
+            outputs = self._session.run(self._output_names, feeds)
+        except Exception as failure:
             raise BackendError(
-                f"ONNX Runtime failed to run '{self.model_path}': {_first_line(err)}",
+                f"ONNX Runtime failed to run '{self.model_path}': {_first_line(failure)}",
                 hint="the inputs passed the signature check; a value-dependent op (Reshape, Gather "
                 "indices) may reject them, or the model may need a newer onnxruntime",
-            ) from err
-        return dict(zip(names, outputs))
+            ) from failure
+        self._run, self._retry_publicly = _session_run(self._session)
+        return outputs
 
     def _close_impl(self) -> None:
         self._session = self._run = None

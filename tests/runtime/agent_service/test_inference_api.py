@@ -388,8 +388,15 @@ def test_windows_taken_while_requests_run_lose_and_repeat_none(bundle: Bundle) -
 
 
 class FailingRunner(OnnxRuntimeRunner):
-    def _infer_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        raise BackendError("the device went away")
+    """A real session whose every run fails inside ONNX Runtime's compiled call."""
+
+    def _load_impl(self) -> None:
+        super()._load_impl()
+
+        def device_lost(names: list[str], feeds: dict[str, np.ndarray], run_options: object) -> list[np.ndarray]:
+            raise RuntimeError("the device went away")
+
+        self._run = device_lost
 
 
 def test_in_process_results_are_immutable_named_tuples(bundle: Bundle) -> None:
