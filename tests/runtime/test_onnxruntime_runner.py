@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -278,17 +279,22 @@ class _FakeSession:
             return self._sess.run(names, feeds, run_options)
 
 
-def test_ep_failure_is_left_to_the_fallback_of_session_run(model_path: Path, images: np.ndarray) -> None:
+@pytest.mark.parametrize("call_of", [lambda runner: runner.infer, lambda runner: runner.validated_call()],
+                         ids=["infer", "validated_call"])
+def test_ep_failure_is_left_to_the_fallback_of_session_run(
+    model_path: Path, images: np.ndarray, call_of: Callable[[OnnxRuntimeRunner], Callable[..., dict]]
+) -> None:
     with OnnxRuntimeRunner(model_path, SIGNATURE) as runner:
         failing = _FakeCompiled(fail=EPFail("CUDA error: device lost"))
         session = _FakeSession(failing)
         runner._session = session
         runner._run, runner._retry_publicly = _session_run(session)
-        assert runner.infer({"image": images})["logits"].shape == (1, 10)
+        call = call_of(runner)
+        assert call({"image": images})["logits"].shape == (1, 10)
         assert session.public_calls == 1 and failing.calls == 2  # tried directly, then by session.run
         assert runner._run == session._sess.run  # the fallback's new compiled session from now on
-        runner.infer({"image": images})
-        assert session.public_calls == 1
+        call({"image": images})
+        assert session.public_calls == 1 and session._sess.calls == 2  # the fallback's compiled session, directly
         runner._session = None  # not a real session: nothing to release
 
 
@@ -329,40 +335,3 @@ def test_validated_call_fails_as_infer_does(tmp_path: Path) -> None:
             errors.append((str(caught.value), caught.value.hint, type(caught.value.__cause__)))
         assert errors[0] == errors[1]
         assert errors[0][0].startswith(f"ONNX Runtime failed to run '{path}': ")
-
-
-def test_validated_call_leaves_ep_failure_to_session_run(model_path: Path, images: np.ndarray) -> None:
-    with OnnxRuntimeRunner(model_path, SIGNATURE) as runner:
-        failing = _FakeCompiled(fail=EPFail("CUDA error: device lost"))
-        session = _FakeSession(failing)
-        runner._session = session
-        runner._run, runner._retry_publicly = _session_run(session)
-        call = runner.validated_call()
-        assert call({"image": images})["logits"].shape == (1, 10)
-        assert session.public_calls == 1 and failing.calls == 2  # tried directly once, then by session.run
-        call({"image": images})
-        assert session.public_calls == 1 and session._sess.calls == 2  # the fallback's compiled session, directly
-        runner._session = None  # not a real session: nothing to release
-
-
-def test_validated_call_of_a_two_output_model_returns_both(tmp_path: Path) -> None:
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["x"], ["same"]), helper.make_node("Neg", ["x"], ["negated"])],
-        "two_outputs",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
-        [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["n"]) for name in ("same", "negated")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 9
-    path = tmp_path / "two.onnx"
-    onnx.save(model, str(path))
-    signature = IOSignature.from_manifest({
-        "inputs": [{"name": "x", "dtype": "float32", "shape": ["n"]}],
-        "outputs": [{"name": name, "dtype": "float32", "shape": ["n"]} for name in ("same", "negated")],
-        "dims": {"n": {"min": 1, "max": 8}},
-    })  # fmt: skip
-    x = np.arange(3, dtype=np.float32)
-    with OnnxRuntimeRunner(path, signature) as runner:
-        outputs = runner.validated_call()({"x": x})
-    assert list(outputs) == ["same", "negated"]
-    np.testing.assert_array_equal(outputs["negated"], -x)
