@@ -152,8 +152,11 @@ def test_interrupted_build_leaves_no_partial_bundle(tiny_recipe, tmp_path):
     """SIGINT in the middle of a build (during export) removes the staging directory."""
     recipe = tiny_recipe()
     out = tmp_path / "b"
+    # The child restores Python's Ctrl-C handler: a test run started as a background job (`cmd &`, as CI
+    # runners and nohup do) passes SIGINT down ignored, while a person's Ctrl-C reaches a foreground build.
     script = textwrap.dedent(f"""
-        import sys, time
+        import signal, sys, time
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.path.insert(0, {str(REPO)!r})
         import edgekit.export.onnx_export as ex
         original = ex.export_onnx
@@ -174,7 +177,11 @@ def test_interrupted_build_leaves_no_partial_bundle(tiny_recipe, tmp_path):
     staging = [p for p in tmp_path.iterdir() if p.name.startswith(".b.partial-")]
     assert staging, "the build should be writing into a staging directory"
     proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=60)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"the build did not stop within 60 s of SIGINT: {proc.communicate()[1][-2000:]}")
     assert proc.returncode != 0
     assert not out.exists()
     assert [p for p in tmp_path.iterdir() if p.name.startswith(".b.")] == []
