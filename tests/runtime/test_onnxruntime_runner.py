@@ -335,3 +335,26 @@ def test_validated_call_fails_as_infer_does(tmp_path: Path) -> None:
             errors.append((str(caught.value), caught.value.hint, type(caught.value.__cause__)))
         assert errors[0] == errors[1]
         assert errors[0][0].startswith(f"ONNX Runtime failed to run '{path}': ")
+
+
+def test_validated_call_of_a_two_output_model_returns_both(tmp_path: Path) -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["same"]), helper.make_node("Neg", ["x"], ["negated"])],
+        "two_outputs",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["n"]) for name in ("same", "negated")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    path = tmp_path / "two.onnx"
+    onnx.save(model, str(path))
+    signature = IOSignature.from_manifest({
+        "inputs": [{"name": "x", "dtype": "float32", "shape": ["n"]}],
+        "outputs": [{"name": name, "dtype": "float32", "shape": ["n"]} for name in ("same", "negated")],
+        "dims": {"n": {"min": 1, "max": 8}},
+    })  # fmt: skip
+    x = np.arange(3, dtype=np.float32)
+    with OnnxRuntimeRunner(path, signature) as runner:
+        outputs = runner.validated_call()({"x": x})
+    assert list(outputs) == ["same", "negated"]
+    np.testing.assert_array_equal(outputs["negated"], -x)
