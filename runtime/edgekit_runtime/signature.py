@@ -271,6 +271,16 @@ def _resolve_dtype(name: str) -> np.dtype[Any] | None:
     return resolved if resolved.name == name else None
 
 
+#: What :func:`compile_feed_counter` makes: the same checks, returning the size of one dim.
+FeedCounter = Callable[[Mapping[str, Any]], int]
+
+
+def compile_feed_counter(signature: IOSignature, dim: str) -> FeedCounter:
+    """:func:`compile_feed_validator`'s checks and errors, returning only the size bound to ``dim`` (1 when no
+    input has that dim): what the serving path counts as a request's items, without a dict and a lookup."""
+    return _compile_checks(signature, count_dim=dim)
+
+
 def compile_feed_validator(signature: IOSignature) -> FeedValidator:
     """:func:`validate_feeds` for ``signature``, as straight-line code with the signature's constants.
 
@@ -302,7 +312,15 @@ def compile_feed_validator(signature: IOSignature) -> FeedValidator:
     messages. Verdicts and messages are therefore exactly the full check's. Names, dims and dtypes
     reach the code as constants of its namespace, never as source text; sizes as ``int``.
     """
-    namespace: dict[str, Any] = {"ndarray": np.ndarray, "full_check": _check_feeds_in_detail, "signature": signature}
+    return _compile_checks(signature, count_dim=None)
+
+
+def _compile_checks(signature: IOSignature, *, count_dim: str | None) -> Callable[[Mapping[str, Any]], Any]:
+    """The code generator behind :func:`compile_feed_validator` and, with ``count_dim``, :func:`compile_feed_counter`."""
+    full_check: Callable[[IOSignature, Mapping[str, Any]], Any] = _check_feeds_in_detail
+    if count_dim is not None:
+        full_check = partial(_count_after, full_check, count_dim)
+    namespace: dict[str, Any] = {"ndarray": np.ndarray, "full_check": full_check, "signature": signature}
     fail = "        return full_check(signature, feeds)"
     lines = [
         "def validate_feeds_quickly(feeds):",
@@ -313,7 +331,7 @@ def compile_feed_validator(signature: IOSignature) -> FeedValidator:
     for index, tensor in enumerate(signature.inputs):
         dtype = _resolve_dtype(tensor.dtype)
         if dtype is None:  # the quick check cannot tell this dtype: every call goes to the full check
-            return partial(_check_feeds_in_detail, signature)
+            return partial(full_check, signature)
         namespace[f"name_{index}"], namespace[f"dtype_{index}"] = tensor.name, dtype
         # A missing name gets None, not an array; with as many keys as inputs and all of them present,
         # no key is unexpected either.
@@ -340,11 +358,19 @@ def compile_feed_validator(signature: IOSignature) -> FeedValidator:
             later = [other for other in range(axis + 1, len(tensor.shape)) if tensor.shape[other] == dim]
             if later:
                 lines += [f"    if {' or '.join(f'shape[{other}] != {local}' for other in later)}:", fail]
-    bound = ", ".join(f"dim_{number}: size_{number}" for number in range(len(size_of)))
-    lines.append(f"    return {{{bound}}}")
+    if count_dim is not None:
+        lines.append(f"    return {size_of.get(count_dim, 1)}")
+    else:
+        bound = ", ".join(f"dim_{number}: size_{number}" for number in range(len(size_of)))
+        lines.append(f"    return {{{bound}}}")
     exec("\n".join(lines), namespace)  # noqa: S102 - generated above from constants and ints only
-    function: FeedValidator = namespace["validate_feeds_quickly"]
+    function: Callable[[Mapping[str, Any]], Any] = namespace["validate_feeds_quickly"]
     return function
+
+
+def _count_after(check: Callable[[IOSignature, Mapping[str, Any]], dict[str, int]], count_dim: str,
+                 signature: IOSignature, feeds: Mapping[str, Any]) -> int:  # fmt: skip
+    return check(signature, feeds).get(count_dim, 1)
 
 
 def _check_feeds_in_detail(signature: IOSignature, feeds: Mapping[str, Any]) -> dict[str, int]:

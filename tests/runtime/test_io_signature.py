@@ -12,7 +12,14 @@ import pytest
 
 from edgekit_runtime import signature as signature_module
 from edgekit_runtime.errors import BundleError, InputSignatureError
-from edgekit_runtime.signature import FeedValidator, IOSignature, TensorSignature, compile_feed_validator, validate_feeds
+from edgekit_runtime.signature import (
+    FeedValidator,
+    IOSignature,
+    TensorSignature,
+    compile_feed_counter,
+    compile_feed_validator,
+    validate_feeds,
+)
 
 IMAGE_SIGNATURE = "float32[batch, 1, 8, 8] (batch in 1..128)"
 
@@ -321,6 +328,30 @@ def test_compiled_validator_agrees_with_the_full_check_on_random_feeds(name: str
     assert accepted > 300 and quick == accepted  # every valid sample took the quick path
 
 
+@pytest.mark.parametrize("name", sorted(SIGNATURES))
+def test_compiled_counter_agrees_with_the_full_check_on_random_feeds(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The serving path's counter: the size of one dim (1 for a dim no input has), or the full check's error."""
+    signature = IOSignature.from_manifest({**SIGNATURES[name], "outputs": [{"name": "y", "dtype": "float32", "shape": []}]})
+    dims = dict.fromkeys([dim for tensor in signature.inputs for dim in tensor.shape if isinstance(dim, str)] + ["absent"])
+    spy = _Spy()
+    with monkeypatch.context() as patch:
+        patch.setattr(signature_module, "_check_feeds_in_detail", spy)
+        counters = {dim: compile_feed_counter(signature, dim) for dim in dims}
+    rng = np.random.default_rng(sum(map(ord, name)))
+    accepted = quick = 0
+    for _ in range(3000):
+        sample = _random_feeds(rng, signature)
+        full = _verdict(signature_module._check_feeds_in_detail, signature, sample)
+        for dim, count in counters.items():
+            before = spy.calls
+            got = _verdict(lambda _, fed, count=count: count(fed), signature, sample)
+            assert got == (full.get(dim, 1) if isinstance(full, dict) else full), (dim, sample)
+            if isinstance(full, dict):
+                accepted += 1
+                quick += spy.calls == before
+    assert accepted > 300 and quick == accepted  # every valid sample took the quick path
+
+
 def test_compiled_validator_of_an_extension_dtype() -> None:
     ml_dtypes = pytest.importorskip("ml_dtypes")
     signature = IOSignature.from_manifest(
@@ -329,5 +360,6 @@ def test_compiled_validator_of_an_extension_dtype() -> None:
     )  # fmt: skip
     validate = compile_feed_validator(signature)
     assert validate({"x": np.zeros(3, dtype=ml_dtypes.bfloat16)}) == {"b": 3}
+    assert compile_feed_counter(signature, "b")({"x": np.zeros(3, dtype=ml_dtypes.bfloat16)}) == 3
     with pytest.raises(InputSignatureError, match=r"expected bfloat16\[b\] \(b in 1..4\), got float16\[3\]"):
         validate({"x": np.zeros(3, dtype=np.float16)})

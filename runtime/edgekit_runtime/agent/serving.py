@@ -28,7 +28,7 @@ from edgekit_runtime.agent.config import BatchingConfig
 from edgekit_runtime.agent.errors import NoModelError
 from edgekit_runtime.backends.base import Runner
 from edgekit_runtime.errors import InputSignatureError
-from edgekit_runtime.signature import IOSignature
+from edgekit_runtime.signature import FeedCounter, IOSignature, compile_feed_counter
 from edgekit_runtime.timing import LatencyStats
 
 logger = logging.getLogger(__name__)
@@ -37,22 +37,37 @@ _NS_PER_MS = 1_000_000
 _clock_ns = time.perf_counter_ns
 T = TypeVar("T")
 
-#: What the direct path needs of the served runner: its compiled feed check, its validated call, the items dim.
-_DirectPath = tuple[Callable[[Mapping[str, Any]], dict[str, int]], Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]], str]
+#: What the direct path reads per request, in one tuple (one attribute read, then locals): the served runner's
+#: compiled feed check returning the items (:func:`compile_feed_counter`), its validated call, the run lock,
+#: the stamp list and its bound.
+_DirectPath = tuple[FeedCounter, Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]], threading.Lock, list["RequestTiming"], int]
 
 
 class RequestTiming(NamedTuple):
-    """How long one request waited and ran; ``runner_items`` is the size of the call that served it.
+    """When one request arrived, started and finished running, as ``time.perf_counter_ns`` stamps;
+    ``runner_items`` is the size of the call that served it. ``queue_ms`` (arrival to start, waiting
+    for the runner or for a batch to fill) and ``compute_ms`` (the runner call) derive from them.
 
-    A named tuple, like :class:`InferenceResult`: immutable, and made in one allocation. The serving
-    hot path makes one of each per request, and a frozen dataclass cost 2 µs more per request there
-    (measured in the agent benchmark's loop, digits-cnn at batch 1).
+    A named tuple, like :class:`InferenceResult`: immutable, and made in one allocation. The direct
+    serving path makes one per request and keeps that same tuple as the request's statistics sample, so
+    a request costs two allocations and no arithmetic there (the milliseconds are computed when read;
+    computing them and a second tuple per request cost 1 % of digits-cnn's throughput at batch 1, and a
+    frozen dataclass 2 µs more per request, measured in the agent benchmark's loop).
     """
 
-    queue_ms: float
-    compute_ms: float
+    submitted_ns: int
+    started_ns: int
+    finished_ns: int
     items: int
     runner_items: int
+
+    @property
+    def queue_ms(self) -> float:
+        return (self.started_ns - self.submitted_ns) / _NS_PER_MS
+
+    @property
+    def compute_ms(self) -> float:
+        return (self.finished_ns - self.started_ns) / _NS_PER_MS
 
     @property
     def total_ms(self) -> float:
@@ -161,15 +176,15 @@ class _WindowAccumulator:
         if len(self.samples) < self.max_samples:  # the counts stay exact; percentiles use the first samples
             self.samples.append((queue_ms, compute_ms))
 
-    def record_stamps(self, stamps: list[tuple[int, int, int, int]]) -> None:
-        """Requests of the direct path (one runner call each) as ``(submitted_ns, started_ns, finished_ns, items)``."""
+    def record_stamps(self, stamps: list[RequestTiming]) -> None:
+        """Requests of the direct path, one runner call each."""
         self.requests += len(stamps)
         self.runner_calls += len(stamps)
-        self.items += sum([stamp[3] for stamp in stamps])
+        self.items += sum([stamp.items for stamp in stamps])
         room = self.max_samples - len(self.samples)
         if room > 0:
             self.samples += [((started - submitted) / _NS_PER_MS, (finished - started) / _NS_PER_MS)
-                             for submitted, started, finished, _ in stamps[:room]]  # fmt: skip
+                             for submitted, started, finished, _, _ in stamps[:room]]  # fmt: skip
 
     def counters(self) -> dict[str, int]:
         return {key: getattr(self, key) for key in _COUNTERS}
@@ -212,7 +227,7 @@ class InferenceServer:
         self._items_dim = "batch" if batching is None else batching.dim  # the dim whose size counts as items
         self._window = _WindowAccumulator(max_window_samples)
         # The direct path's requests, appended under the run lock and moved into the window by _drain_stamps.
-        self._stamps: list[tuple[int, int, int, int]] = []
+        self._stamps: list[RequestTiming] = []
         self._max_stamps = max_window_samples
         self._direct: _DirectPath | None = None
         self._taken = dict.fromkeys(_COUNTERS, 0)  # counters of the windows taken so far; totals add the open one
@@ -259,7 +274,8 @@ class InferenceServer:
         if self._batching is not None:
             self._plan = plan_batching(runner.signature, self._batching)
         if self._plan is None:
-            self._direct = (runner.signature.feed_validator, runner.validated_call(), self._items_dim)
+            count_items = compile_feed_counter(runner.signature, self._items_dim)
+            self._direct = (count_items, runner.validated_call(), self._run_lock, self._stamps, self._max_stamps)
 
     def _require_runner(self) -> Runner:
         if self._runner is None:
@@ -275,20 +291,20 @@ class InferenceServer:
         """Validate ``feeds`` against the served signature, run them and time them."""
         # The hot path of every request. For a small model each microsecond here costs a percent of throughput,
         # and code after a runner call runs with cold caches, so this path is as short as it can be: one tuple
-        # read for the runner (_replan keeps it), the lock taken with acquire/release, one list append for the
-        # statistics (under the run lock; _drain_stamps moves them into the window) and two tuples for the result.
+        # read for everything it needs (_replan keeps it), the items straight from the feed check, the lock
+        # taken with acquire/release, the clock stamps in one RequestTiming that is both the statistics sample
+        # (appended under the run lock; _drain_stamps moves them into the window) and the result's timing.
         submitted_ns = _clock_ns()
         while True:
             direct = self._direct
             if direct is None:  # no model, or batching: the general path
                 return self._infer_queued(feeds, submitted_ns)
-            validate, call, items_dim = direct
+            count_items, call, run_lock, stamps, max_stamps = direct
             try:
-                items = validate(feeds).get(items_dim, 1)
+                items = count_items(feeds)
             except InputSignatureError:
                 self._count("rejected")
                 raise
-            run_lock = self._run_lock
             run_lock.acquire()
             try:
                 if self._direct is not direct:  # a deploy swapped the model meanwhile: validate against the new one
@@ -299,16 +315,14 @@ class InferenceServer:
                 except Exception:
                     self._count("errors", runner_calls=1)
                     raise
-                finished_ns = _clock_ns()
-                stamps = self._stamps
-                if len(stamps) < self._max_stamps:
-                    stamps.append((submitted_ns, started_ns, finished_ns, items))
+                timing = _new_tuple(RequestTiming, (submitted_ns, started_ns, _clock_ns(), items, items))
+                if len(stamps) < max_stamps:
+                    stamps.append(timing)
                 else:
                     self._count_unsampled(items)
             finally:
                 run_lock.release()
-            return _new_tuple(InferenceResult, (outputs, _new_tuple(RequestTiming, (
-                (started_ns - submitted_ns) / _NS_PER_MS, (finished_ns - started_ns) / _NS_PER_MS, items, items))))
+            return _new_tuple(InferenceResult, (outputs, timing))
 
     def _infer_queued(self, feeds: Mapping[str, np.ndarray], submitted_ns: int) -> InferenceResult:
         runner = self._require_runner()  # raises NoModelError
@@ -345,11 +359,7 @@ class InferenceServer:
                     request.future.set_exception(err)
                 return
         total_items = sum(request.items for request in group)
-        compute_ms = (finished_ns - started_ns) / _NS_PER_MS
-        timings = [
-            RequestTiming((started_ns - request.submitted_ns) / _NS_PER_MS, compute_ms, request.items, total_items)
-            for request in group
-        ]
+        timings = [RequestTiming(request.submitted_ns, started_ns, finished_ns, request.items, total_items) for request in group]
         self._record(timings, runner_calls=1)
         for request, piece, timing in zip(group, pieces, timings):
             request.future.set_result(InferenceResult(piece, timing))
@@ -363,9 +373,7 @@ class InferenceServer:
             request.future.set_exception(err)
             return
         finished_ns = time.perf_counter_ns()
-        timing = RequestTiming(
-            (started_ns - request.submitted_ns) / _NS_PER_MS, (finished_ns - started_ns) / _NS_PER_MS, request.items, request.items
-        )
+        timing = RequestTiming(request.submitted_ns, started_ns, finished_ns, request.items, request.items)
         self._record([timing], runner_calls=1)
         request.future.set_result(InferenceResult(outputs, timing))
 

@@ -407,11 +407,16 @@ def test_in_process_results_are_immutable_named_tuples(bundle: Bundle) -> None:
     timing = result.timing
     assert type(result) is InferenceResult and type(timing) is RequestTiming
     assert timing.queue_ms >= 0 and timing.compute_ms > 0 and timing.items == timing.runner_items == 3
+    # the stamps are perf_counter_ns readings; the milliseconds derive from them
+    assert timing.submitted_ns <= timing.started_ns < timing.finished_ns <= time.perf_counter_ns()
+    assert timing.compute_ms == (timing.finished_ns - timing.started_ns) / 1e6
+    assert timing.queue_ms == (timing.started_ns - timing.submitted_ns) / 1e6
     assert timing.total_ms == timing.queue_ms + timing.compute_ms
-    same = RequestTiming(timing.queue_ms, timing.compute_ms, 3, 3)
+    same = RequestTiming(timing.submitted_ns, timing.started_ns, timing.finished_ns, 3, 3)
     assert timing == same and hash(timing) == hash(same) and repr(timing) == repr(same)
     assert result == InferenceResult(result.outputs, same) and timing._asdict() == same._asdict()
-    assert timing.to_dict() == {**same._asdict(), "total_ms": same.total_ms}
+    assert timing.to_dict() == {"queue_ms": same.queue_ms, "compute_ms": same.compute_ms, "total_ms": same.total_ms,
+                                "items": 3, "runner_items": 3}
     with pytest.raises(AttributeError):
         timing.items = 4  # type: ignore[misc]
     with pytest.raises(AttributeError):
@@ -478,6 +483,7 @@ def test_feeds_are_checked_again_when_a_swap_happened_while_they_waited(bundle: 
     server = InferenceServer(create_runner(bundle).load(), model_name=bundle.name)
     served_runner = server._runner
     lock = server._run_lock = SignallingLock()  # type: ignore[assignment]
+    server._replan()  # the direct path carries the run lock
     outcome: list[BaseException] = []
 
     def request() -> None:
