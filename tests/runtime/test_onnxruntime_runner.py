@@ -279,8 +279,20 @@ class _FakeSession:
             return self._sess.run(names, feeds, run_options)
 
 
-@pytest.mark.parametrize("call_of", [lambda runner: runner.infer, lambda runner: runner.validated_call()],
-                         ids=["infer", "validated_call"])
+def _through_compiled_run(runner: OnnxRuntimeRunner) -> Callable[[dict], dict]:
+    """What the serving path does with :meth:`OnnxRuntimeRunner.compiled_run`, asking again after a recovery."""
+    def call(feeds: dict) -> dict:
+        run, names, recover = runner.compiled_run()
+        try:
+            outputs = run(names, feeds, None)
+        except Exception as err:
+            outputs = recover(feeds, err)
+        return dict(zip(names, outputs, strict=True))
+
+    return call
+
+
+@pytest.mark.parametrize("call_of", [lambda runner: runner.infer, _through_compiled_run], ids=["infer", "compiled_run"])
 def test_ep_failure_is_left_to_the_fallback_of_session_run(
     model_path: Path, images: np.ndarray, call_of: Callable[[OnnxRuntimeRunner], Callable[..., dict]]
 ) -> None:
@@ -310,23 +322,20 @@ def test_graph_capture_or_missing_internals_use_session_run() -> None:
     assert _session_run(plain) == (plain.run, ())
 
 
-def test_validated_call_of_a_one_output_model_matches_infer(model_path: Path, images: np.ndarray) -> None:
-    from types import MappingProxyType
-
+def test_compiled_run_is_the_compiled_session_call_and_matches_infer(model_path: Path, images: np.ndarray) -> None:
     with OnnxRuntimeRunner(model_path, SIGNATURE) as runner:
-        call = runner.validated_call()
-        assert call != runner._infer_impl  # the one-frame call, not the general path
-        expected = runner.infer({"image": images})
-        for feeds in ({"image": images}, MappingProxyType({"image": images})):  # a plain dict, and any mapping
-            outputs = call(feeds)
-            assert list(outputs) == ["logits"]
-            np.testing.assert_array_equal(outputs["logits"], expected["logits"])
+        run, names, recover = runner.compiled_run()
+        assert run == runner.session._sess.run and names == ["logits"]  # no frame of the runner in between
+        assert recover == runner._after_failed_run
+        np.testing.assert_array_equal(run(names, {"image": images}, None)[0], runner.infer({"image": images})["logits"])
+    with pytest.raises(BackendError, match="compiled_run"):
+        runner.compiled_run()  # closed
 
 
-def test_validated_call_fails_as_infer_does(tmp_path: Path) -> None:
+def test_compiled_run_fails_as_infer_does(tmp_path: Path) -> None:
     path, signature = _reshape_to_2x2(tmp_path)
     with OnnxRuntimeRunner(path, signature) as runner:
-        call = runner.validated_call()
+        call = _through_compiled_run(runner)
         np.testing.assert_array_equal(call({"x": np.arange(4, dtype=np.float32)})["y"], [[0, 1], [2, 3]])
         errors = []
         for run in (call, runner.infer):
@@ -337,7 +346,7 @@ def test_validated_call_fails_as_infer_does(tmp_path: Path) -> None:
         assert errors[0][0].startswith(f"ONNX Runtime failed to run '{path}': ")
 
 
-def test_validated_call_of_a_two_output_model_returns_both(tmp_path: Path) -> None:
+def test_compiled_run_of_a_two_output_model_returns_both_in_order(tmp_path: Path) -> None:
     graph = helper.make_graph(
         [helper.make_node("Identity", ["x"], ["same"]), helper.make_node("Neg", ["x"], ["negated"])],
         "two_outputs",
@@ -355,6 +364,7 @@ def test_validated_call_of_a_two_output_model_returns_both(tmp_path: Path) -> No
     })  # fmt: skip
     x = np.arange(3, dtype=np.float32)
     with OnnxRuntimeRunner(path, signature) as runner:
-        outputs = runner.validated_call()({"x": x})
+        outputs = _through_compiled_run(runner)({"x": x})
     assert list(outputs) == ["same", "negated"]
+    np.testing.assert_array_equal(outputs["same"], x)
     np.testing.assert_array_equal(outputs["negated"], -x)

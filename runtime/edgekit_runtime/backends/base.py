@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -18,6 +18,27 @@ from edgekit_runtime.errors import BackendError
 from edgekit_runtime.signature import IOSignature
 
 logger = logging.getLogger(__name__)
+
+
+class CompiledRun(NamedTuple):
+    """A runner's model as one call on validated feeds, in ONNX Runtime's compiled calling convention:
+    ``run(output_names, feeds, None)`` takes a ``dict`` of feeds and returns the outputs as a list, in
+    the order of ``output_names``. When ``run`` raises, ``recover(feeds, error)`` either returns the
+    outputs (after, say, moving to a fallback execution provider, which replaces ``run``: ask the runner
+    for a new CompiledRun) or raises the :class:`BackendError` that explains the failure.
+
+    The serving path calls ``run`` itself rather than through a method of the runner: for a small
+    model each Python frame per request costs a fraction of a percent of throughput.
+    """
+
+    run: Callable[[list[str], dict[str, np.ndarray], Any], Sequence[np.ndarray]]
+    output_names: list[str]
+    recover: Callable[[dict[str, np.ndarray], Exception], Sequence[np.ndarray]]
+
+
+def _reraise(feeds: dict[str, np.ndarray], error: Exception) -> Sequence[np.ndarray]:
+    """The default ``recover``: nothing to fall back to, the runner's own error stands."""
+    raise error
 
 
 class Runner(abc.ABC):
@@ -66,11 +87,19 @@ class Runner(abc.ABC):
             self._signature.feed_validator(feeds)  # validate_feeds, compiled once per signature
         return self._infer_impl(feeds)
 
-    def validated_call(self) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
-        """``infer(feeds, validate=False)`` without its per-call checks, for a server that validates every
-        request against :attr:`signature` itself and stops calling it before it closes the runner."""
-        self._require_loaded("validated_call")
-        return self._infer_impl
+    def compiled_run(self) -> CompiledRun:
+        """How a server that validates every request against :attr:`signature` itself runs the model with
+        the fewest Python frames in between (see :class:`CompiledRun`). It must stop calling it before it
+        closes the runner, and ask again after ``recover`` returns. Backends with a compiled call of their
+        own return it; this default goes through ``_infer_impl``."""
+        self._require_loaded("compiled_run")
+        infer = self._infer_impl
+
+        def run(output_names: list[str], feeds: dict[str, np.ndarray], run_options: Any) -> list[np.ndarray]:
+            outputs = infer(feeds)
+            return [outputs[name] for name in output_names]
+
+        return CompiledRun(run, list(self._signature.output_names), _reraise)
 
     def close(self) -> None:
         """Release the model; safe to call twice."""

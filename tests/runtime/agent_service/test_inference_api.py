@@ -8,11 +8,13 @@ import re
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from typing import Any
 from pathlib import Path
 
 import numpy as np
 import onnxruntime
 import pytest
+from onnxruntime.capi.onnxruntime_pybind11_state import EPFail
 
 from edgekit_runtime.agent.api import AgentApi
 from edgekit_runtime.agent.client import AgentClient
@@ -21,6 +23,7 @@ from edgekit_runtime.agent.errors import AgentApiError, AgentConfigError, NoMode
 from edgekit_runtime.agent.serving import InferenceResult, InferenceServer, RequestTiming, ServingTotals, ServingWindow
 from edgekit_runtime.agent.wire import BINARY_CONTENT_TYPE, decode_binary, encode_binary
 from edgekit_runtime.backends import OnnxRuntimeRunner, create_runner
+from edgekit_runtime.backends.base import Runner
 from edgekit_runtime.bundle import Bundle, open_bundle
 from edgekit_runtime.errors import BackendError, InputSignatureError
 from edgekit_runtime.signature import IOSignature
@@ -446,6 +449,67 @@ def test_totals_add_up_across_windows_and_samples_stay_bounded(bundle: Bundle) -
     server.close()
 
 
+class FallbackRunner(OnnxRuntimeRunner):
+    """A real session whose compiled call fails with EPFail until ``session.run`` falls back (here: simply
+    runs), after which the runner's compiled call is the session's own again, as after a real fallback."""
+
+    def _load_impl(self) -> None:
+        super()._load_impl()
+        self.lost_calls = 0
+
+        def provider_lost(names: list[str], feeds: dict[str, np.ndarray], run_options: object) -> list[np.ndarray]:
+            self.lost_calls += 1
+            raise EPFail("CUDA error: device lost")
+
+        self._run = provider_lost
+
+
+def test_an_execution_provider_fallback_is_served_and_the_direct_path_follows_it(bundle: Bundle) -> None:
+    runner = FallbackRunner(bundle.model_path, bundle.io).load()
+    server = InferenceServer(runner, model_name=bundle.name)
+    x = images(2)
+    for _ in range(3):  # the first request falls back; the next ones run on the new compiled call directly
+        np.testing.assert_allclose(server.infer({"image": x}).outputs["logits"], reference_logits(x), atol=1e-4, rtol=1e-4)
+    assert runner.lost_calls == 1
+    assert server._direct is not None and server._direct[1] == runner.session._sess.run
+    assert server.totals() == ServingTotals(requests=3, errors=0, rejected=0, runner_calls=3, items=6)
+    server.close()
+
+
+class PlainRunner(Runner):
+    """A backend without a compiled call of its own: the server runs it through the default compiled_run."""
+
+    backend_name = "plain"
+
+    def _load_impl(self) -> None: ...
+
+    def _infer_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if feeds["image"].shape[0] == 3:
+            raise BackendError("plain backend: three is not served")
+        return {"logits": reference_logits(feeds["image"])}
+
+    def _close_impl(self) -> None: ...
+
+    def _providers_impl(self) -> tuple[str, ...]:
+        return ("plain",)
+
+    @classmethod
+    def from_bundle(cls, bundle: Any, **overrides: Any) -> Runner:
+        return cls(bundle.io)
+
+
+def test_a_backend_without_a_compiled_call_is_served_through_the_default(bundle: Bundle) -> None:
+    server = InferenceServer(PlainRunner(bundle.io).load(), model_name="plain")
+    x = images(2)
+    result = server.infer({"image": x})
+    assert list(result.outputs) == ["logits"] and result.timing.items == 2
+    np.testing.assert_array_equal(result.outputs["logits"], reference_logits(x))
+    with pytest.raises(BackendError, match="three is not served"):
+        server.infer({"image": images(3)})
+    assert server.totals() == ServingTotals(requests=1, errors=1, rejected=0, runner_calls=2, items=2)
+    server.close()
+
+
 class OtherSignatureRunner(OnnxRuntimeRunner):
     """A model that takes 3-channel images; never run, only checked against."""
 
@@ -454,6 +518,10 @@ class OtherSignatureRunner(OnnxRuntimeRunner):
         io["inputs"][0]["shape"] = ["batch", 3, 8, 8]
         super().__init__(bundle.model_path, IOSignature.from_manifest(io))
         self._loaded = True  # counts as loaded for swap(); the test never runs it
+        self._run = self._never_run
+
+    def _never_run(self, output_names: list[str], feeds: dict, run_options: object) -> list:
+        raise AssertionError("a model the feeds were rejected by ran them")
 
 
 class SignallingLock:
