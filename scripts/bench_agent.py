@@ -1,21 +1,22 @@
 #!/usr/bin/env python
 """The agent's costs, side by side in one run: serving vs a bare ONNX Runtime loop, the local API, RSS, the spool.
 
-    .venv/bin/python scripts/bench_agent.py [--digits-bundle DIR] [--minilm-bundle DIR] [--round-s 0.1] [--case-s 20]
+    .venv/bin/python scripts/bench_agent.py [--digits-bundle DIR] [--minilm-bundle DIR] [--pair-s 15] [--case-s 20]
                                             [--telemetry-interval-s 0.5] [--out docs/benchmarks/agent.json]
 
 1. Throughput (digits-cnn at batch 1 and 64, MiniLM at batch 1 and 8 with seq 128): a whole
    :class:`AgentService` runs in this process (telemetry windows every ``--telemetry-interval-s``,
    published through the MQTT link and its spool to the Mosquitto on 127.0.0.1:1883, power sampling
-   on), and four variants take turns, round after round: ``bare`` (``session.run`` in a loop on the
-   very ``onnxruntime.InferenceSession`` the agent serves, checked to use the manifest's options) and
-   ``agent`` (``service.server.infer``, the in-process serving path) back to back, then ``api_binary`` and
-   ``api_json`` (:class:`AgentClient` through the local HTTP API), each pair's order swapped every
-   other round. The machine is shared and noisy, so the headline is the ratio agent / bare of the
-   two adjacent runs of each round (median over rounds; target >= 0.98). A round's throughput comes
-   from a tight loop of the variant's call alone; a quarter as many calls, timed one by one after it,
-   give the wall times and the per-request overheads: medians of (wall time - the compute time the
-   server measured), in microseconds.
+   on). The headline compares ``bare`` (``session.run`` in a loop on the very
+   ``onnxruntime.InferenceSession`` the agent serves, checked to use the manifest's options) with
+   ``agent`` (``service.server.infer``, the in-process serving path) in many short rounds back to
+   back (``--pair-round-s``, order swapped every other round): the machine is shared and noisy, and
+   adjacent short rounds see the same moment of it, so the headline is the median of the rounds'
+   ratios agent / bare, with a 95 % bootstrap interval (target >= 0.98). Then four variants take turns
+   in longer rounds: ``bare``, ``agent``, ``api_binary`` and ``api_json`` (:class:`AgentClient`
+   through the local HTTP API). A round's throughput comes from a tight loop of the variant's call
+   alone; a quarter as many calls, timed one by one after it, give the wall times and the per-request
+   overheads: medians of (wall time - the compute time the server measured), in microseconds.
    One session serves both, so neither two sessions' memory layouts nor whose weights the CPU cache
    holds can tell them apart; the bare loop does share this process with the agent's threads, so
    their CPU use is reported as well.
@@ -219,9 +220,10 @@ class VariantSamples:
             "items_per_s_median": statistics.median(self.round_items_per_s),
             "items_per_s_pooled": self.items / self.seconds,
             "items_per_s_max": max(self.round_items_per_s),
-            "wall_us_median": statistics.median(self.wall_us),
-            "wall_us_p90": float(np.percentile(self.wall_us, 90)),
         }
+        if self.wall_us:  # calls timed one by one (not in the short-round pair phase)
+            out["wall_us_median"] = statistics.median(self.wall_us)
+            out["wall_us_p90"] = float(np.percentile(self.wall_us, 90))
         if self.overhead_us:
             out["overhead_us_median"] = statistics.median(self.overhead_us)
         return out
@@ -241,11 +243,9 @@ def calibrate(variant: Variant, round_s: float, *, warmup_s: float = 0.3) -> tup
     return iterations, iterations * per_call_s
 
 
-def run_round(variant: Variant, iterations: int, items: int, samples: VariantSamples) -> None:
-    """One round of one variant: a tight loop of ``iterations`` calls for throughput (only the call in the
-    loop, the same for every variant), then a quarter as many calls timed one by one for wall times and
-    overheads (kept out of the throughput, so that the per-call bookkeeping of the agent's variant, which
-    also reads the server's compute time, is not charged to the agent)."""
+def run_loop(variant: Variant, iterations: int, items: int, samples: VariantSamples) -> None:
+    """A tight loop of ``iterations`` calls (only the call in the loop, the same for every variant): one
+    throughput sample."""
     clock, run = time.perf_counter_ns, variant.run
     started_ns = clock()
     for _ in range(iterations):
@@ -254,7 +254,15 @@ def run_round(variant: Variant, iterations: int, items: int, samples: VariantSam
     samples.round_items_per_s.append(iterations * items / round_s)
     samples.items += iterations * items
     samples.seconds += round_s
-    timed = variant.timed
+
+
+def run_round(variant: Variant, iterations: int, items: int, samples: VariantSamples) -> None:
+    """One round of one variant: a tight loop of ``iterations`` calls for throughput (only the call in the
+    loop, the same for every variant), then a quarter as many calls timed one by one for wall times and
+    overheads (kept out of the throughput, so that the per-call bookkeeping of the agent's variant, which
+    also reads the server's compute time, is not charged to the agent)."""
+    run_loop(variant, iterations, items, samples)
+    clock, timed = time.perf_counter_ns, variant.timed
     for _ in range(max(1, iterations // TIMED_SHARE)):
         before_ns = clock()
         compute_ms = timed()
@@ -264,10 +272,28 @@ def run_round(variant: Variant, iterations: int, items: int, samples: VariantSam
             samples.overhead_us.append(wall_ns / _NS_PER_US - compute_ms * 1000.0)
 
 
+def measure_pair(calls: Mapping[str, Variant], items: int, *, max_rounds: int, round_s: float, pair_s: float) -> dict[str, VariantSamples]:
+    """The headline comparison: ``bare`` and ``agent`` alone, in many short rounds back to back (order
+    swapped every other round), no timed calls. Short adjacent rounds see the same moment of a noisy
+    machine, and many of them pin the median ratio down to a few tenths of a percent."""
+    samples = {name: VariantSamples() for name in ("bare", "agent")}
+    one_round_s = 0.0
+    for name in samples:
+        samples[name].iterations_per_round, variant_round_s = calibrate(calls[name], round_s)
+        one_round_s += variant_round_s
+    rounds = max(MIN_ROUNDS, min(max_rounds, int(pair_s / one_round_s)))
+    order = ("bare", "agent")
+    for index in range(rounds):
+        for name in order if index % 2 == 0 else order[::-1]:
+            run_loop(calls[name], samples[name].iterations_per_round, items, samples[name])
+    return samples
+
+
 def measure_case(calls: Mapping[str, Variant], items: int, *, max_rounds: int, round_s: float, case_s: float) -> dict[str, VariantSamples]:
     """Interleave the variants: each round runs ``bare`` and ``agent`` back to back (so that their ratio
     compares the same moment of a noisy machine), then the two API variants; every other round swaps
-    the order within each pair. Short rounds, as many as fit in ``case_s`` (8 to ``max_rounds``)."""
+    the order within each pair. Rounds of ``round_s``, as many as fit in ``case_s`` (8 to ``max_rounds``),
+    each followed by calls timed one by one: API throughput, wall times and overheads come from here."""
     samples = {name: VariantSamples() for name in calls}
     one_round_s = 0.0
     for name, call in calls.items():
@@ -282,19 +308,40 @@ def measure_case(calls: Mapping[str, Variant], items: int, *, max_rounds: int, r
     return samples
 
 
-def summarise_case(model: str, dims: Mapping[str, int], samples: Mapping[str, VariantSamples]) -> dict[str, Any]:
-    ratios = [agent / bare for agent, bare in zip(samples["agent"].round_items_per_s, samples["bare"].round_items_per_s, strict=True)]
+def median_interval(values: Sequence[float], *, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """A 95 % bootstrap interval of the median of ``values``."""
+    rng = np.random.default_rng(seed)
+    data = np.asarray(values)
+    medians = np.median(data[rng.integers(0, len(data), size=(resamples, len(data)))], axis=1)
+    low, high = np.percentile(medians, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def summarise_case(model: str, dims: Mapping[str, int], pair: Mapping[str, VariantSamples],
+                   samples: Mapping[str, VariantSamples]) -> dict[str, Any]:  # fmt: skip
+    """``pair`` (:func:`measure_pair`) gives the agent / bare ratio, ``samples`` (:func:`measure_case`) the
+    API throughput and every per-request time."""
+    ratios = [agent / bare for agent, bare in zip(pair["agent"].round_items_per_s, pair["bare"].round_items_per_s, strict=True)]
     variants = {name: value.summary() for name, value in samples.items()}
+    headline = {name: value.summary() for name, value in pair.items()}
     agent_overhead_us = variants["agent"]["overhead_us_median"]
+    low, high = median_interval(ratios)
     return {
         "model": model,
         "dims": dict(dims),
         "variants": variants,
+        "pair": headline,
         "agent_vs_bare": {
             "ratio_median": statistics.median(ratios),
+            "ratio_median_ci95": [low, high],
             "ratio_min": min(ratios),
             "ratio_max": max(ratios),
-            "ratio_pooled": variants["agent"]["items_per_s_pooled"] / variants["bare"]["items_per_s_pooled"],
+            "ratio_pooled": headline["agent"]["items_per_s_pooled"] / headline["bare"]["items_per_s_pooled"],
+            "rounds": len(ratios),
+            # the same comparison in the longer rounds of the four-variant phase, for reference
+            "ratio_median_long_rounds": statistics.median(
+                agent / bare for agent, bare in zip(samples["agent"].round_items_per_s, samples["bare"].round_items_per_s, strict=True)
+            ),
             "target": THROUGHPUT_TARGET_RATIO,
             "meets_target": statistics.median(ratios) >= THROUGHPUT_TARGET_RATIO,
         },
@@ -348,8 +395,9 @@ def bench_model(model: str, bundle_dir: Path, dims_list: tuple[dict[str, int], .
             }
             expected = session.run(output_names, feeds)[0]
             np.testing.assert_allclose(service.server.infer(feeds).outputs[output_names[0]], expected, rtol=1e-5, atol=1e-5)
+            pair = measure_pair(calls, dims["batch"], max_rounds=args.max_pair_rounds, round_s=args.pair_round_s, pair_s=args.pair_s)
             samples = measure_case(calls, dims["batch"], max_rounds=args.max_rounds, round_s=args.round_s, case_s=args.case_s)
-            cases.append({**summarise_case(model, dims, samples), "session": session_settings})
+            cases.append({**summarise_case(model, dims, pair, samples), "session": session_settings})
             print(f"  {model} {dims}: agent/bare {cases[-1]['agent_vs_bare']['ratio_median']:.3f}", file=sys.stderr)
         threads_cpu_s, wall_s = agent_threads_cpu_s() - started_cpu_s, time.perf_counter() - started_wall_s
         service.link.flush(5.0)
@@ -498,12 +546,12 @@ def _dims(case: Mapping[str, Any]) -> str:
 
 def table(result: Mapping[str, Any]) -> str:
     throughput = [
-        [case["model"], _dims(case), f"{v['bare']['items_per_s_median']:.1f}", f"{v['agent']['items_per_s_median']:.1f}",
-         f"{r['ratio_median']:.3f}", f"{r['ratio_pooled']:.3f}", f"{r['ratio_min']:.2f}..{r['ratio_max']:.2f}",
-         "yes" if r["meets_target"] else "NO", str(v["bare"]["rounds"]),
+        [case["model"], _dims(case), f"{p['bare']['items_per_s_median']:.1f}", f"{p['agent']['items_per_s_median']:.1f}",
+         f"{r['ratio_median']:.3f}", "{:.3f}..{:.3f}".format(*r["ratio_median_ci95"]), f"{r['ratio_pooled']:.3f}",
+         f"{r['ratio_median_long_rounds']:.3f}", "yes" if r["meets_target"] else "NO", str(r["rounds"]),
          f"{v['api_binary']['items_per_s_median']:.1f}", f"{v['api_json']['items_per_s_median']:.1f}"]
         for case in result["throughput"]
-        for v, r in [(case["variants"], case["agent_vs_bare"])]
+        for p, v, r in [(case["pair"], case["variants"], case["agent_vs_bare"])]
     ]  # fmt: skip
     overhead = [
         [case["model"], _dims(case), f"{v['bare']['wall_us_median']:.0f}", f"{o['agent_in_process']:.1f}",
@@ -521,8 +569,9 @@ def table(result: Mapping[str, Any]) -> str:
         [entry["synchronous"], f"{entry['append_per_s']:.0f}", f"{entry['ack_per_s']:.0f}", f"{entry['append_and_ack_per_s']:.0f}"]
         for entry in result["spool"]
     ]
-    lines = ["Throughput (items/s, median of rounds); agent/bare: median of the rounds' ratios, pooled over all rounds, range"]
-    lines += _aligned(["model", "dims", "bare", "agent", "ratio", "pooled", "min..max", ">=0.98", "rounds", "api bin", "api json"],
+    lines = ["Throughput (items/s, median of rounds); agent/bare: median of the short rounds' ratios with its 95 % bootstrap",
+             "interval, pooled over those rounds, and the median in the long rounds the API variants run in"]
+    lines += _aligned(["model", "dims", "bare", "agent", "ratio", "95 %", "pooled", "long", ">=0.98", "rounds", "api bin", "api json"],
                       throughput, text_columns=2)  # fmt: skip
     lines += ["", "Per-request overhead (us; wall time - the compute time the server measured, median)"]
     lines += _aligned(["model", "dims", "bare wall", "in-process", "api bin", "api json", "bin - in-proc", "json - in-proc"],
@@ -553,6 +602,10 @@ def main() -> None:
     parser.add_argument("--max-rounds", type=int, default=40, help="most interleaved rounds per case")
     parser.add_argument("--round-s", type=float, default=0.1, help="about how long one variant's round lasts (>= 1 call)")
     parser.add_argument("--case-s", type=float, default=20.0, help="time budget of one case (at least 8 rounds run)")
+    parser.add_argument("--pair-round-s", type=float, default=0.005,
+                        help="about how long one round of the agent / bare comparison lasts (>= 1 call)")
+    parser.add_argument("--pair-s", type=float, default=15.0, help="time budget of the agent / bare comparison of one case")
+    parser.add_argument("--max-pair-rounds", type=int, default=2000, help="most rounds of the agent / bare comparison per case")
     parser.add_argument("--telemetry-interval-s", type=float, default=0.5)
     parser.add_argument("--power-sensor", default="auto", help="the agent's power.sensor")
     parser.add_argument("--settle-s", type=float, default=3.0, help="wait before reading an agent's RSS")
