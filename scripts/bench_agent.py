@@ -272,40 +272,39 @@ def run_round(variant: Variant, iterations: int, items: int, samples: VariantSam
             samples.overhead_us.append(wall_ns / _NS_PER_US - compute_ms * 1000.0)
 
 
-def measure_pair(calls: Mapping[str, Variant], items: int, *, max_rounds: int, round_s: float, pair_s: float) -> dict[str, VariantSamples]:
-    """The headline comparison: ``bare`` and ``agent`` alone, in many short rounds back to back (order
-    swapped every other round), no timed calls. Short adjacent rounds see the same moment of a noisy
-    machine, and many of them pin the median ratio down to a few tenths of a percent."""
-    samples = {name: VariantSamples() for name in ("bare", "agent")}
+def interleave(calls: Mapping[str, Variant], pairs: Sequence[tuple[str, str]], items: int, *, timed: bool,
+               max_rounds: int, round_s: float, budget_s: float) -> dict[str, VariantSamples]:  # fmt: skip
+    """Rounds of ``round_s`` per variant, as many as fit in ``budget_s`` (``MIN_ROUNDS`` to ``max_rounds``): each
+    round runs every pair's two variants back to back, so that their ratio compares the same moment of a
+    noisy machine, swapping the order within each pair every other round. With ``timed``, each variant's
+    loop is followed by calls timed one by one (:func:`run_round`)."""
+    names = [name for pair in pairs for name in pair]
+    samples = {name: VariantSamples() for name in names}
+    share = 1 + 1 / TIMED_SHARE if timed else 1.0
     one_round_s = 0.0
-    for name in samples:
+    for name in names:
         samples[name].iterations_per_round, variant_round_s = calibrate(calls[name], round_s)
-        one_round_s += variant_round_s
-    rounds = max(MIN_ROUNDS, min(max_rounds, int(pair_s / one_round_s)))
-    order = ("bare", "agent")
-    for index in range(rounds):
-        for name in order if index % 2 == 0 else order[::-1]:
-            run_loop(calls[name], samples[name].iterations_per_round, items, samples[name])
-    return samples
-
-
-def measure_case(calls: Mapping[str, Variant], items: int, *, max_rounds: int, round_s: float, case_s: float) -> dict[str, VariantSamples]:
-    """Interleave the variants: each round runs ``bare`` and ``agent`` back to back (so that their ratio
-    compares the same moment of a noisy machine), then the two API variants; every other round swaps
-    the order within each pair. Rounds of ``round_s``, as many as fit in ``case_s`` (8 to ``max_rounds``),
-    each followed by calls timed one by one: API throughput, wall times and overheads come from here."""
-    samples = {name: VariantSamples() for name in calls}
-    one_round_s = 0.0
-    for name, call in calls.items():
-        samples[name].iterations_per_round, variant_round_s = calibrate(call, round_s)
-        one_round_s += variant_round_s * (1 + 1 / TIMED_SHARE)
-    rounds = max(MIN_ROUNDS, min(max_rounds, int(case_s / one_round_s)))
-    pairs = (("bare", "agent"), ("api_binary", "api_json"))
+        one_round_s += variant_round_s * share
+    rounds = max(MIN_ROUNDS, min(max_rounds, int(budget_s / one_round_s)))
+    step = run_round if timed else run_loop
     for index in range(rounds):
         for pair in pairs:
             for name in pair if index % 2 == 0 else pair[::-1]:
-                run_round(calls[name], samples[name].iterations_per_round, items, samples[name])
+                step(calls[name], samples[name].iterations_per_round, items, samples[name])
     return samples
+
+
+def measure_pair(calls: Mapping[str, Variant], items: int, *, max_rounds: int, round_s: float, pair_s: float) -> dict[str, VariantSamples]:
+    """The headline comparison: ``bare`` and ``agent`` alone, in many short rounds, no timed calls. Many
+    short adjacent rounds pin the median ratio down to a few tenths of a percent."""
+    return interleave(calls, (("bare", "agent"),), items, timed=False, max_rounds=max_rounds, round_s=round_s, budget_s=pair_s)
+
+
+def measure_case(calls: Mapping[str, Variant], items: int, *, max_rounds: int, round_s: float, case_s: float) -> dict[str, VariantSamples]:
+    """All four variants: ``bare`` and ``agent``, then the two API variants, in longer rounds with timed
+    calls: API throughput, wall times and overheads come from here."""
+    return interleave(calls, (("bare", "agent"), ("api_binary", "api_json")), items, timed=True,
+                      max_rounds=max_rounds, round_s=round_s, budget_s=case_s)  # fmt: skip
 
 
 def median_interval(values: Sequence[float], *, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:

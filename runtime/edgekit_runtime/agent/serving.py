@@ -26,7 +26,7 @@ import numpy as np
 from edgekit_runtime.agent.batching import BatchPlan, BatchQueue, PendingRequest, plan_batching
 from edgekit_runtime.agent.config import BatchingConfig
 from edgekit_runtime.agent.errors import NoModelError
-from edgekit_runtime.backends.base import Runner
+from edgekit_runtime.backends.base import CompiledCall, Recovery, Runner
 from edgekit_runtime.errors import InputSignatureError
 from edgekit_runtime.signature import FeedCounter, IOSignature, compile_feed_counter
 from edgekit_runtime.timing import LatencyStats
@@ -43,10 +43,10 @@ T = TypeVar("T")
 #: its bound.
 _DirectPath = tuple[
     FeedCounter,
-    Callable[[list[str], dict[str, np.ndarray], Any], Sequence[np.ndarray]],
+    CompiledCall,
     list[str],
     "str | None",
-    Callable[[dict[str, np.ndarray], Exception], Sequence[np.ndarray]],
+    Recovery,
     threading.Lock,
     list["RequestTiming"],
     int,
@@ -339,8 +339,7 @@ class InferenceServer:
             named = {single: outputs[0]} if single is not None else dict(zip(names, outputs, strict=True))
             return _new_tuple(InferenceResult, (named, timing))
 
-    def _recover_locked(self, recover: Callable[[dict[str, np.ndarray], Exception], Sequence[np.ndarray]],
-                        feeds: dict[str, np.ndarray], err: Exception) -> Sequence[np.ndarray]:  # fmt: skip
+    def _recover_locked(self, recover: Recovery, feeds: dict[str, np.ndarray], err: Exception) -> Sequence[np.ndarray]:
         """The runner's compiled call raised ``err``: the runner recovers (an execution-provider fallback,
         after which its compiled call is a new one, so the direct path is planned again) or explains the
         failure, which counts as an error. The caller holds the run lock."""

@@ -20,6 +20,12 @@ from edgekit_runtime.signature import IOSignature
 logger = logging.getLogger(__name__)
 
 
+#: ``run(output_names, feeds, run_options)`` -> the outputs in the order of ``output_names`` (feeds: a ``dict``).
+CompiledCall = Callable[[list[str], dict[str, np.ndarray], Any], Sequence[np.ndarray]]
+#: ``recover(feeds, error)`` -> the outputs after all, or raises the error that explains the failure.
+Recovery = Callable[[dict[str, np.ndarray], Exception], Sequence[np.ndarray]]
+
+
 class CompiledRun(NamedTuple):
     """A runner's model as one call on validated feeds, in ONNX Runtime's compiled calling convention:
     ``run(output_names, feeds, None)`` takes a ``dict`` of feeds and returns the outputs as a list, in
@@ -31,9 +37,9 @@ class CompiledRun(NamedTuple):
     model each Python frame per request costs a fraction of a percent of throughput.
     """
 
-    run: Callable[[list[str], dict[str, np.ndarray], Any], Sequence[np.ndarray]]
+    run: CompiledCall
     output_names: list[str]
-    recover: Callable[[dict[str, np.ndarray], Exception], Sequence[np.ndarray]]
+    recover: Recovery
 
 
 def _reraise(feeds: dict[str, np.ndarray], error: Exception) -> Sequence[np.ndarray]:
