@@ -3,6 +3,12 @@
 YAML is parsed with positions kept, then validated into frozen pydantic models. Every failure is
 turned into a :class:`~edgekit.errors.ConfigError` subclass that names the file, the field path,
 the line and column, and, for a mistyped key, the closest valid key.
+
+Configuration files are hostile input (a recipe may come from anywhere), so the reader has limits
+that hold before any work grows with the input: the file size, the nesting depth and the number of
+nodes the document has once its aliases are expanded are counted while the YAML is composed, so an
+alias bomb or a recursive alias is refused after a few hundred nodes, not after gigabytes. Bytes
+that are not UTF-8 are a named error with their byte offset.
 """
 
 from __future__ import annotations
@@ -23,23 +29,88 @@ Location = tuple[str | int, ...]
 
 
 class StrictModel(BaseModel):
-    """Base for every configuration model: unknown keys are errors, instances are immutable."""
+    """Base for every configuration model: unknown keys are errors, instances are immutable, and
+    numbers are finite (``.inf`` and ``.nan`` are errors)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
+
+
+#: The largest configuration file read (recipes and target profiles are a few KB).
+MAX_CONFIG_BYTES = 1 << 20
+#: The deepest nesting of mappings and sequences (aliases expanded); recipes need about 8.
+MAX_CONFIG_DEPTH = 48
+#: The most nodes a document may have with every alias expanded (the shipped recipes have under 300).
+MAX_CONFIG_NODES = 100_000
 
 
 class _PositionLoader(yaml.SafeLoader):
-    """A SafeLoader that records the line/column of every mapping key and sequence item."""
+    """A SafeLoader that records the line/column of every mapping key and sequence item, and refuses
+    documents that nest too deep or expand (through aliases) to too many nodes while composing them."""
 
     def __init__(self, stream: Any) -> None:
         super().__init__(stream)
         self.positions: dict[Location, tuple[int, int]] = {}
+        self._depth = 0  # nesting level of the node being composed (the root is 1)
+        self._deepest = 0  # deepest level reached inside the node being composed, aliases expanded
+        self._nodes = 0  # nodes composed so far, each alias counted as the nodes it stands for
+        self._open_anchors: set[str] = set()  # anchors of the collections being composed
+        self._measured: dict[int, tuple[int, int]] = {}  # id(node) -> (nodes, height), aliases expanded
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            if event.anchor in self._open_anchors:
+                raise yaml.composer.ComposerError(
+                    None, None, f"alias *{event.anchor} is inside the collection &{event.anchor} it refers to (a recursive alias)", event.start_mark
+                )
+            node = super().compose_node(parent, index)
+            nodes, height = self._measured[id(node)]
+            self._grow(nodes, self._depth + height, event.start_mark, f"alias *{event.anchor}")
+            return node
+        depth = self._depth + 1
+        self._grow(1, depth, event.start_mark, "this value")
+        outer_deepest, self._deepest, self._depth = self._deepest, depth, depth
+        nodes_before = self._nodes - 1
+        anchor = getattr(event, "anchor", None)
+        if anchor is not None:
+            self._open_anchors.add(anchor)
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._open_anchors.discard(anchor)  # type: ignore[arg-type]
+            self._depth = depth - 1
+        self._measured[id(node)] = (self._nodes - nodes_before, self._deepest - depth + 1)
+        self._deepest = max(outer_deepest, self._deepest)
+        return node
+
+    def _grow(self, nodes: int, deepest: int, mark: yaml.Mark, what: str) -> None:
+        self._nodes += nodes
+        self._deepest = max(self._deepest, deepest)
+        if deepest > MAX_CONFIG_DEPTH:
+            raise yaml.composer.ComposerError(
+                None, None, f"{what} nests deeper than {MAX_CONFIG_DEPTH} levels of mappings and sequences (aliases expanded)", mark
+            )
+        if self._nodes > MAX_CONFIG_NODES:
+            raise yaml.composer.ComposerError(
+                None, None,
+                f"{what} makes the document larger than {MAX_CONFIG_NODES:,} values with its aliases expanded "
+                "(an alias bomb: anchors that repeat other anchors)",
+                mark,
+            )
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, TypeError, OverflowError) as exc:  # e.g. a timestamp such as 2024-02-30
+            raise yaml.constructor.ConstructorError(None, None, f"cannot read this {node.tag.rsplit(':', 1)[-1]} value: {exc}", node.start_mark) from None
 
     def record(self, node: yaml.Node, loc: Location) -> None:
         self.positions[loc] = (node.start_mark.line + 1, node.start_mark.column + 1)
         if isinstance(node, yaml.MappingNode):
             for key_node, value_node in node.value:
                 key = key_node.value
+                if not isinstance(key, str):  # _duplicate_key_check refuses these first
+                    continue
                 self.positions[(*loc, key)] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
                 self.record(value_node, (*loc, key))
                 self.positions[(*loc, key)] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
@@ -53,6 +124,12 @@ def _duplicate_key_check(loader: _PositionLoader, node: yaml.Node, path: Path, e
         seen: dict[str, int] = {}
         for key_node, value_node in node.value:
             key = key_node.value
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise error(
+                    f"{path}:{key_node.start_mark.line + 1}:{key_node.start_mark.column + 1}: "
+                    f"a {'list' if isinstance(key_node, yaml.SequenceNode) else 'mapping'} is used as a mapping key",
+                    hint="keys are plain names such as 'name' or 'build'; remove the '?' or the brackets around the key",
+                )
             if key in seen:
                 raise error(
                     f"{path}:{key_node.start_mark.line + 1}:{key_node.start_mark.column + 1}: "
@@ -74,9 +151,10 @@ def read_yaml(path: Path, error: type[ConfigError] = ConfigError, what: str = "f
             f"{what} not found: {path}" + (" (it is a directory)" if path.is_dir() else ""),
             hint=f"check the path; the current directory is {Path.cwd()}",
         )
-    text = path.read_text(encoding="utf-8")
-    loader = _PositionLoader(text)
+    text = _read_text(path, error, what)
+    loader: _PositionLoader | None = None
     try:
+        loader = _PositionLoader(text)  # checks that every character is printable
         node = loader.get_single_node()
         if node is None:
             raise error(f"{path}: the {what} is empty", hint="see recipes/ and targets/ for examples")
@@ -87,9 +165,48 @@ def read_yaml(path: Path, error: type[ConfigError] = ConfigError, what: str = "f
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         raise error(f"{where}: YAML syntax error: {exc.problem or exc}", hint="fix the YAML at that line and column") from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow (control characters, NUL)
+        line, column = _line_column(text, exc.position)
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        raise error(
+            f"{path}:{line}:{column}: character U+{code:04X} at character offset {exc.position} is not allowed in YAML ({exc.reason})",
+            hint="remove it; a configuration file is printable UTF-8 text",
+        ) from None
+    except yaml.YAMLError as exc:
+        raise error(f"{path}: YAML error: {exc}", hint="fix the YAML") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return data, loader.positions
+
+
+def _line_column(text: str, offset: int) -> tuple[int, int]:
+    """1-based line and column of character ``offset`` in ``text``."""
+    line_start = text.rfind("\n", 0, offset) + 1
+    return text.count("\n", 0, offset) + 1, offset - line_start + 1
+
+
+def _read_text(path: Path, error: type[ConfigError], what: str) -> str:
+    """The file's UTF-8 text; too large a file, or bytes that are not UTF-8, raise ``error``."""
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise error(
+            f"{path}: the {what} is {size:,} bytes; configuration files are read up to {MAX_CONFIG_BYTES:,} bytes",
+            hint="is this the right file? Put large data (class lists, vocabularies) in a file that a data or model callable reads",
+        )
+    with path.open("rb") as handle:
+        raw = handle.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:  # it grew after stat
+        raise error(f"{path}: the {what} is larger than {MAX_CONFIG_BYTES:,} bytes", hint="is this the right file?")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise error(
+            f"{path}:{line}:{column}: byte 0x{raw[exc.start]:02x} at byte offset {exc.start} is not UTF-8 ({exc.reason})",
+            hint=f"save the {what} as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)",
+        ) from None
 
 
 def _unwrap(annotation: Any) -> list[Any]:
