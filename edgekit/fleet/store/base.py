@@ -1,7 +1,8 @@
 """The fleet store interface: one small contract, implemented by SQLite (default) and PostgreSQL.
 
 Records are plain frozen dataclasses with units in their names. Writers are idempotent where MQTT
-redelivers: a telemetry window is keyed by (fleet, device, seq) and stored once.
+redelivers: a telemetry window is keyed by (fleet, device, seq) and stored once, also after retention rolled
+it up (the store keeps the rolled-up seqs).
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ class FleetStore(abc.ABC):
     # writes ---------------------------------------------------------------------------------
     @abc.abstractmethod
     def add_windows(self, windows: Sequence[TelemetryWindow]) -> int:
-        """Insert windows, ignoring (fleet, device, seq) already stored; returns how many were new."""
+        """Insert windows, ignoring (fleet, device, seq) already stored or rolled up; returns how many were new."""
 
     @abc.abstractmethod
     def upsert_status(self, status: DeviceStatus) -> None:
@@ -209,9 +210,12 @@ class FleetStore(abc.ABC):
 
     # maintenance ----------------------------------------------------------------------------
     @abc.abstractmethod
-    def apply_retention(self, raw_for: dt.timedelta, rollup_minutes: int = 5, now: dt.datetime | None = None) -> int:
+    def apply_retention(self, raw_for: dt.timedelta, rollup_minutes: int = 5, now: dt.datetime | None = None, *,
+                        gaps_open_for: dt.timedelta = dt.timedelta(days=7)) -> int:  # fmt: skip
         """Roll raw windows older than ``raw_for`` up into ``rollup_minutes`` buckets (per device and bundle)
-        and delete them; returns how many raw windows were rolled up."""
+        and delete them; returns how many raw windows were rolled up. The rolled-up (fleet, device, seq) keys are
+        remembered, so :meth:`add_windows` still ignores those windows when they come again; a gap in a device's
+        rolled-up seqs stays open for a late window ``gaps_open_for`` (then such a window counts as seen)."""
 
     @property
     @abc.abstractmethod

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from edgekit.fleet.errors import StoreError, StoreUnavailableError
 from edgekit.fleet.store import queries
-from edgekit.fleet.store.sql import SqlFleetStore, named_to_pyformat
+from edgekit.fleet.store.sql import SeqRun, SqlFleetStore, named_to_pyformat
 
 CONNECT_TIMEOUT_S = 10
 _ROLLED_COLUMNS = ("fleet, device, seq, bundle_id, window_start, window_end, received_at, inferences, errors, p50_ms, "
@@ -21,6 +21,8 @@ _ROLLED_COLUMNS = ("fleet, device, seq, bundle_id, window_start, window_end, rec
                    "memory_used_mb")  # fmt: skip
 #: Session-level advisory lock key that serialises migrations of one database ("edgekit" in ASCII).
 MIGRATION_LOCK_KEY = 0x6564_6765_6B69_74
+#: Transaction-level advisory lock key between window inserts (shared) and retention (exclusive): "rolled".
+ROLLED_SEQS_LOCK_KEY = 0x726F_6C6C_6564
 
 
 class PostgresStore(SqlFleetStore):
@@ -112,14 +114,20 @@ class PostgresStore(SqlFleetStore):
     def least_sql(self, a: str, b: str) -> str:
         return f"LEAST({a}, {b})"
 
-    def _retain(self, cursor: Any, cutoff: Any, bucket_s: int) -> int:
+    def _lock_rolled_seqs(self, cursor: Any, exclusive: bool) -> None:
+        # Writers share the lock; retention takes it alone, so no window is checked against the rolled seqs
+        # while its raw row is being rolled up (it would be found in neither).
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)" if exclusive else "SELECT pg_advisory_xact_lock_shared(%s)",
+                       (ROLLED_SEQS_LOCK_KEY,))  # fmt: skip
+
+    def _retain(self, cursor: Any, cutoff: Any, bucket_s: int) -> list[SeqRun]:
         # One statement: only the rows this DELETE removed are summed, so collectors running retention at the
         # same time never roll a window up twice.
         insert = queries.rollup_insert_sql(self, "moved w", "1 = 1")
         sql = (f"WITH moved AS (DELETE FROM telemetry_windows WHERE window_end < :cutoff RETURNING {_ROLLED_COLUMNS}),\n"
-               f"rolled AS ({insert})\nSELECT COUNT(*) FROM moved")  # fmt: skip
+               f"rolled AS ({insert})\n{queries.ISLANDS_SQL.format(source='moved w', where='1 = 1')}")  # fmt: skip
         cursor.execute(self._sql(sql), {"cutoff": cutoff, "bucket_s": bucket_s})
-        return int(cursor.fetchone()[0])
+        return [SeqRun(*row) for row in cursor.fetchall()]
 
     def _close_connection(self) -> None:
         if self._connection is not None:

@@ -46,6 +46,17 @@ JOIN (SELECT fleet, device, MAX(seq) AS seq FROM telemetry_windows WHERE {fleet_
     ON w.fleet = m.fleet AND w.device = m.device AND w.seq = m.seq"""
 SUMMARY_TARGETS = "SELECT fleet, device, target FROM device_targets WHERE {fleet_filter}"
 
+SELECT_ROLLED_SEQS = "SELECT r.fleet, r.device, r.seq_first, r.seq_last, r.window_end_max, r.rolled_at FROM telemetry_rolled_seqs r"
+INSERT_ROLLED_SEQS = """INSERT INTO telemetry_rolled_seqs (fleet, device, seq_first, seq_last, window_end_max, rolled_at)
+VALUES (?, ?, ?, ?, ?, ?)"""
+#: Runs of consecutive seqs among windows ``w`` (per device: first, last, latest window end, count); {source}
+#: and {where} name the rows.
+ISLANDS_SQL = """SELECT fleet, device, MIN(seq), MAX(seq), MAX(window_end), COUNT(*) FROM (
+    SELECT w.fleet, w.device, w.seq, w.window_end,
+           w.seq - ROW_NUMBER() OVER (PARTITION BY w.fleet, w.device ORDER BY w.seq) AS island
+    FROM {source} WHERE {where}
+) numbered GROUP BY fleet, device, island"""
+
 MISSING_SEQS = """SELECT prev + 1, seq - 1 FROM (
     SELECT seq, LAG(seq) OVER (ORDER BY seq) AS prev FROM telemetry_windows WHERE fleet = :fleet AND device = :device
 ) gaps WHERE seq - prev > 1 ORDER BY seq"""
@@ -112,8 +123,8 @@ def rollup_insert_sql(store: SqlFleetStore, source: str, where: str) -> str:
             f"ON CONFLICT (fleet, device, bundle_id, bucket_s, bucket_start) DO UPDATE SET {', '.join(merges)}")  # fmt: skip
 
 
-def _device_filter(store: SqlFleetStore, alias: str, params: dict[str, Any],
-                   devices: Sequence[tuple[str, str]]) -> str:
+def device_filter(store: SqlFleetStore, alias: str, params: dict[str, Any],
+                  devices: Sequence[tuple[str, str]]) -> str:
     """``fleet = :f AND device IN (...)`` per fleet: plain column filters, so the (fleet, device, time) indexes apply."""
     by_fleet: dict[str, list[str]] = {}
     for fleet_id, device in devices:
@@ -141,7 +152,7 @@ def _filters(store: SqlFleetStore, alias: str, time_column: str, params: dict[st
         clauses.append(f"{alias}.fleet = :fleet")
         params["fleet"] = fleet
     if devices is not None:
-        clauses.append(_device_filter(store, alias, params, devices))
+        clauses.append(device_filter(store, alias, params, devices))
     if bundle_id is not None:
         clauses.append(f"{alias}.bundle_id = :bundle_id")
         params["bundle_id"] = bundle_id

@@ -13,7 +13,7 @@ import datetime as dt
 import re
 import threading
 from collections import Counter
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 from edgekit.fleet.errors import StoreError
 from edgekit.fleet.store import queries
@@ -32,6 +32,45 @@ from edgekit.fleet.store.migrate import pending
 
 #: Rows fetched per query when iterating windows.
 PAGE_ROWS = 5000
+#: How long a gap between a device's rolled-up seqs stays open for a late window (see :func:`merge_rolled_seqs`).
+DEFAULT_GAPS_OPEN_FOR = dt.timedelta(days=7)
+
+
+class SeqRun(NamedTuple):
+    """Consecutive seqs of one device that a retention run rolled up (``window_end_max`` as the store keeps times)."""
+
+    fleet: str
+    device: str
+    seq_first: int
+    seq_last: int
+    window_end_max: Any
+    windows: int
+
+
+class RolledSeqs(NamedTuple):
+    """A row of ``telemetry_rolled_seqs``: seqs ``seq_first``..``seq_last`` of a device are counted in rollups.
+    Times are as the store keeps them (comparable with each other)."""
+
+    seq_first: int
+    seq_last: int
+    window_end_max: Any
+    rolled_at: Any
+
+
+def merge_rolled_seqs(runs: Sequence[RolledSeqs], gaps_closed_before: Any) -> list[RolledSeqs]:
+    """One device's runs, merged where they touch or overlap, and across a gap whose lower run last grew before
+    ``gaps_closed_before``: a window that late (QoS 1 redelivery and spool replay come sooner) is taken for a
+    redelivery, which keeps a device's rows few. Ordered by seq."""
+    merged: list[RolledSeqs] = []
+    for run in sorted(runs):
+        if merged:
+            last = merged[-1]
+            if run.seq_first <= last.seq_last + 1 or last.rolled_at < gaps_closed_before:
+                merged[-1] = RolledSeqs(last.seq_first, max(last.seq_last, run.seq_last),
+                                        max(last.window_end_max, run.window_end_max), max(last.rolled_at, run.rolled_at))  # fmt: skip
+                continue
+        merged.append(run)
+    return merged
 
 WINDOW_COLUMNS = ("fleet", "device", "seq", "window_start", "window_end", "received_at", "bundle_id", "bundle_sha256",
                   "inferences", "errors", "p50_ms", "p90_ms", "p99_ms", "max_ms", "mean_ms", "throughput_per_s",
@@ -110,8 +149,13 @@ class SqlFleetStore(FleetStore):
     def least_sql(self, a: str, b: str) -> str: ...
 
     @abc.abstractmethod
-    def _retain(self, cursor: Any, cutoff: Any, bucket_s: int) -> int:
-        """Roll windows ending before ``cutoff`` into rollups and delete them, in the open transaction."""
+    def _retain(self, cursor: Any, cutoff: Any, bucket_s: int) -> list[SeqRun]:
+        """Roll windows ending before ``cutoff`` into rollups and delete them, in the open transaction; return
+        the runs of consecutive seqs rolled up (:data:`ISLANDS_SQL` over the windows moved)."""
+
+    def _lock_rolled_seqs(self, cursor: Any, exclusive: bool) -> None:
+        """Keep retention (``exclusive``) from moving windows while another process checks a batch against the
+        rolled seqs and inserts it (SQLite's BEGIN IMMEDIATE already serialises every write)."""
 
     # -- plumbing -----------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -169,10 +213,29 @@ class SqlFleetStore(FleetStore):
         start, end = self.insert_ignore
         columns = ", ".join(WINDOW_COLUMNS)
         sql = f"{start} telemetry_windows ({columns}) VALUES ({', '.join('?' * len(WINDOW_COLUMNS))}) {end}"
-        rows = [self._window_row(w) for w in windows]
-        with self._transaction(f"storing {len(rows)} telemetry windows") as cursor:
-            cursor.executemany(self._sql(sql), rows)
+        with self._transaction(f"storing {len(windows)} telemetry windows") as cursor:
+            self._lock_rolled_seqs(cursor, exclusive=False)
+            fresh = self._not_rolled_up(cursor, windows)
+            if not fresh:
+                return 0
+            cursor.executemany(self._sql(sql), [self._window_row(w) for w in fresh])
             return max(int(cursor.rowcount), 0)
+
+    def _not_rolled_up(self, cursor: Any, windows: Sequence[TelemetryWindow]) -> Sequence[TelemetryWindow]:
+        """``windows`` less those already rolled up: seq in a device's rolled run, ending no later than its windows."""
+        devices = sorted({(w.fleet, w.device) for w in windows})
+        params: dict[str, Any] = {"seq_low": min(w.seq for w in windows), "seq_high": max(w.seq for w in windows)}
+        where = queries.device_filter(self, "r", params, devices)
+        cursor.execute(self._sql(f"{queries.SELECT_ROLLED_SEQS} WHERE {where} AND r.seq_last >= :seq_low "
+                                 "AND r.seq_first <= :seq_high"), params)  # fmt: skip
+        runs: dict[tuple[str, str], list[tuple[int, int, Any]]] = {}
+        for fleet, device, first, last, window_end_max, _ in cursor.fetchall():
+            runs.setdefault((fleet, device), []).append((int(first), int(last), window_end_max))
+        if not runs:
+            return windows
+        # Times compared as the store keeps them (epoch floats, timestamptz), exactly as they were written.
+        return [w for w in windows if not any(first <= w.seq <= last and self.time_in(w.window_end) <= window_end_max
+                                              for first, last, window_end_max in runs.get((w.fleet, w.device), ()))]  # fmt: skip
 
     def _window_row(self, w: TelemetryWindow) -> tuple[Any, ...]:
         return (w.fleet, w.device, w.seq, self.time_in(w.window_start), self.time_in(w.window_end),
@@ -357,17 +420,41 @@ class SqlFleetStore(FleetStore):
                 for r in self._query("reading bundle spans", sql, params)]  # fmt: skip
 
     # -- maintenance --------------------------------------------------------------------------
-    def apply_retention(self, raw_for: dt.timedelta, rollup_minutes: int = 5, now: dt.datetime | None = None) -> int:
-        if not isinstance(raw_for, dt.timedelta) or raw_for.total_seconds() < 0:
-            raise StoreError(f"retention time must be a non-negative timedelta, got {raw_for!r}",
-                             hint="for example datetime.timedelta(hours=48)")  # fmt: skip
+    def apply_retention(self, raw_for: dt.timedelta, rollup_minutes: int = 5, now: dt.datetime | None = None, *,
+                        gaps_open_for: dt.timedelta = DEFAULT_GAPS_OPEN_FOR) -> int:  # fmt: skip
+        for label, value in (("retention time", raw_for), ("gaps_open_for", gaps_open_for)):
+            if not isinstance(value, dt.timedelta) or value.total_seconds() < 0:
+                raise StoreError(f"{label} must be a non-negative timedelta, got {value!r}",
+                                 hint="for example datetime.timedelta(hours=48)")  # fmt: skip
         if isinstance(rollup_minutes, bool) or not isinstance(rollup_minutes, int) or rollup_minutes < 1:
             raise StoreError(f"rollup_minutes must be a whole number >= 1, got {rollup_minutes!r}")
-        cutoff = (now if now is not None else _now()) - raw_for
+        now = now if now is not None else _now()
+        cutoff = now - raw_for
         with self._transaction("rolling up old telemetry windows") as cursor:
-            rolled = self._retain(cursor, self.time_in(cutoff), rollup_minutes * 60)
+            self._lock_rolled_seqs(cursor, exclusive=True)
+            runs = self._retain(cursor, self.time_in(cutoff), rollup_minutes * 60)
+            if runs:
+                self._record_rolled_seqs(cursor, runs, self.time_in(now), self.time_in(now - gaps_open_for))
             cursor.execute(self._sql("DELETE FROM rejected_messages WHERE at < ?"), (self.time_in(cutoff),))
-            return rolled
+            return sum(run.windows for run in runs)
+
+    def _record_rolled_seqs(self, cursor: Any, runs: Sequence[SeqRun], now: Any, gaps_closed_before: Any) -> None:
+        """Merge ``runs`` into the devices' rolled seq runs, closing gaps older than ``gaps_closed_before`` (times
+        as the store keeps them)."""
+        by_device: dict[tuple[str, str], list[RolledSeqs]] = {}
+        for run in runs:
+            by_device.setdefault((run.fleet, run.device), []).append(
+                RolledSeqs(int(run.seq_first), int(run.seq_last), run.window_end_max, now))
+        params: dict[str, Any] = {}
+        where = queries.device_filter(self, "r", params, sorted(by_device))
+        cursor.execute(self._sql(f"{queries.SELECT_ROLLED_SEQS} WHERE {where}"), params)
+        for fleet, device, first, last, window_end_max, rolled_at in cursor.fetchall():
+            by_device[(fleet, device)].append(RolledSeqs(int(first), int(last), window_end_max, rolled_at))
+        cursor.execute(self._sql(f"DELETE FROM telemetry_rolled_seqs AS r WHERE {where}"), params)
+        rows = [(fleet, device, merged.seq_first, merged.seq_last, merged.window_end_max, merged.rolled_at)
+                for (fleet, device), found in sorted(by_device.items())
+                for merged in merge_rolled_seqs(found, gaps_closed_before)]  # fmt: skip
+        cursor.executemany(self._sql(queries.INSERT_ROLLED_SEQS), rows)
 
     def close(self) -> None:
         with self._lock:
@@ -449,4 +536,7 @@ def named_to_pyformat(text: str) -> str:
     return _NAMED_RE.sub(r"%(\1)s", text.replace("?", "%s"))
 
 
-__all__ = ["PAGE_ROWS", "SqlFleetStore", "WINDOW_COLUMNS", "named_to_pyformat"]
+__all__ = [
+    "DEFAULT_GAPS_OPEN_FOR", "PAGE_ROWS", "RolledSeqs", "SeqRun", "SqlFleetStore", "WINDOW_COLUMNS", "merge_rolled_seqs",
+    "named_to_pyformat",
+]  # fmt: skip

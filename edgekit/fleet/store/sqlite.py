@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from edgekit.fleet.errors import StoreError, StoreUnavailableError
 from edgekit.fleet.store import queries
-from edgekit.fleet.store.sql import SqlFleetStore
+from edgekit.fleet.store.sql import SeqRun, SqlFleetStore
 
 #: How long a write waits for another process's write lock before giving up.
 BUSY_TIMEOUT_S = 10.0
@@ -111,12 +111,14 @@ class SqliteStore(SqlFleetStore):
     def least_sql(self, a: str, b: str) -> str:
         return f"MIN(COALESCE({a}, {b}), COALESCE({b}, {a}))"
 
-    def _retain(self, cursor: Any, cutoff: Any, bucket_s: int) -> int:
-        # BEGIN IMMEDIATE holds the write lock, so both statements see the same windows.
+    def _retain(self, cursor: Any, cutoff: Any, bucket_s: int) -> list[SeqRun]:
+        # BEGIN IMMEDIATE holds the write lock, so all three statements see the same windows.
         params = {"cutoff": cutoff, "bucket_s": bucket_s}
+        cursor.execute(queries.ISLANDS_SQL.format(source="telemetry_windows w", where="w.window_end < :cutoff"), params)
+        runs = [SeqRun(*row) for row in cursor.fetchall()]
         cursor.execute(queries.rollup_insert_sql(self, "telemetry_windows w", "w.window_end < :cutoff"), params)
         cursor.execute("DELETE FROM telemetry_windows WHERE window_end < :cutoff", params)
-        return int(cursor.rowcount)
+        return runs
 
     def _close_connection(self) -> None:
         self._connection.close()
