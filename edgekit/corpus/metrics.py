@@ -1,0 +1,79 @@
+"""Task metrics of the corpus, each against the FP32 model's own outputs (third-party models come with
+no labels here): higher is better, 1.0 means the quantized model decides as FP32 does.
+
+These are the corpus's until ``edgekit.evaluate`` has task metrics of its own; each also reports the
+mean cosine of the raw outputs, the number the pipeline's ``cosine`` metric gives.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+
+def cosine(outputs: list[np.ndarray], reference: list[np.ndarray]) -> float:
+    """Mean cosine similarity per sample (first axis), over all batches."""
+    values = []
+    for out, ref in zip(outputs, reference):
+        a = out.reshape(out.shape[0], -1).astype(np.float64)
+        b = ref.reshape(ref.shape[0], -1).astype(np.float64)
+        values.extend((a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12))
+    return float(np.mean(values))
+
+
+def decision_agreement(outputs: list[np.ndarray], reference: list[np.ndarray]) -> float:
+    """Fraction of samples whose decision matches FP32's: the arg-max class over the last axis, or for a
+    single probability (last axis of 1, a VAD's speech score) whether it is over 0.5."""
+    same = [(out > 0.5) == (ref > 0.5) if out.shape[-1] == 1 else out.argmax(-1) == ref.argmax(-1) for out, ref in zip(outputs, reference)]
+    return float(np.mean(np.concatenate([s.ravel() for s in same])))
+
+
+def text_map_iou(outputs: list[np.ndarray], reference: list[np.ndarray], threshold: float = 0.3) -> float:
+    """IoU of the text pixels (probability > threshold, DBNet's binarisation) with FP32's."""
+    inter = union = 0
+    for out, ref in zip(outputs, reference):
+        a, b = out > threshold, ref > threshold
+        inter += int(np.logical_and(a, b).sum())
+        union += int(np.logical_or(a, b).sum())
+    return inter / union if union else 1.0
+
+
+def ctc_greedy(probabilities: np.ndarray, blank: int = 0) -> list[tuple[int, ...]]:
+    """Greedy CTC decoding of (batch, time, classes): arg-max, repeats collapsed, blanks dropped."""
+    decoded = []
+    for row in probabilities.argmax(-1):
+        keep = np.ones(len(row), dtype=bool)
+        keep[1:] = row[1:] != row[:-1]
+        decoded.append(tuple(int(t) for t in row[keep] if t != blank))
+    return decoded
+
+
+def _edit_distance(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    previous = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        current = [i]
+        for j, y in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y)))
+        previous = current
+    return previous[-1]
+
+
+def ctc_text_agreement(outputs: list[np.ndarray], reference: list[np.ndarray]) -> float:
+    """1 - character error rate of the greedy CTC transcripts against FP32's."""
+    errors = length = 0
+    for out, ref in zip(outputs, reference):
+        for got, want in zip(ctc_greedy(out), ctc_greedy(ref)):
+            errors += _edit_distance(got, want)
+            length += max(len(want), 1)
+    return 1.0 - errors / length if length else 1.0
+
+
+#: task -> (metric name, metric)
+TASK_METRICS: dict[str, tuple[str, Callable[[list[np.ndarray], list[np.ndarray]], float]]] = {
+    "text_map": ("text-pixel IoU", text_map_iou),
+    "ctc_text": ("1 - CER", ctc_text_agreement),
+    "binary_decision": ("decision agreement", decision_agreement),
+    "classification": ("top-1 agreement", decision_agreement),
+    "embedding": ("cosine", cosine),
+}
