@@ -13,7 +13,6 @@ import importlib
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 from typing import Any, Callable
@@ -37,6 +36,12 @@ DEFAULT_METRICS_PORT = 9108
 DEFAULT_RETENTION_HOURS = 1.0
 #: Shared subscription group of ``fleet collect --workers N`` when no --shared-group is given.
 DEFAULT_WORKER_GROUP = "edgekit-collectors"
+#: ``fleet collect``'s --session-expiry default (seconds): a day, as edgekit.fleet.collector.DEFAULT_SESSION_EXPIRY_S.
+DEFAULT_SESSION_EXPIRY_S = 24 * 3600
+#: A dead ``--workers`` process is started again after this long, doubled on each quick death up to the maximum.
+WORKER_RESTART_DELAY_S, WORKER_RESTART_MAX_DELAY_S = 1.0, 30.0
+#: A worker that ran this long before it died is restarted after the first delay again.
+WORKER_STABLE_S = 60.0
 
 RegisterFn = Callable[[argparse._SubParsersAction], None]
 _EXTRA_SUBCOMMANDS: dict[str, RegisterFn] = {}
@@ -87,7 +92,13 @@ def _register_collect(fleet_subparsers: argparse._SubParsersAction) -> None:
     _store_option(parser)
     parser.add_argument("--fleet", metavar="F", help="collect only this fleet (default: every fleet)")
     parser.add_argument("--shared-group", metavar="G", help="MQTT 5 shared subscription group ($share/G/...)")
-    parser.add_argument("--client-id", metavar="ID", help="MQTT client id (default edgekit-collector-HOST-PID)")
+    parser.add_argument("--client-id", metavar="ID",
+                        help="MQTT client id, the same at every start so the broker keeps the session (default "
+                             "edgekit-collector-HOST-FLEET[-GROUP]; workers add -0, -1, ...)")  # fmt: skip
+    parser.add_argument("--session-expiry", type=int, default=DEFAULT_SESSION_EXPIRY_S, metavar="S",
+                        help="keep the MQTT session S seconds after a disconnect, so messages published while the "
+                             f"collector is down wait for it (default {DEFAULT_SESSION_EXPIRY_S}; MQTT 3.1.1: a "
+                             "clean_session=false session; 0: a clean session, which loses them)")  # fmt: skip
     parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT, metavar="P",
                         help=f"serve Prometheus /metrics on this port (default {DEFAULT_METRICS_PORT}; 0 picks a free one)")
     parser.add_argument("--metrics-host", default="127.0.0.1", metavar="ADDR", help="address of /metrics (default loopback)")
@@ -113,21 +124,35 @@ def _register_collect(fleet_subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: run until Ctrl-C)")
     parser.add_argument("--workers", type=int, default=1, metavar="N",
                         help="run N collector processes in one shared subscription group (--shared-group, default "
-                             f"{DEFAULT_WORKER_GROUP}) to use N cores; worker i serves /metrics on P+i (default 1)")  # fmt: skip
+                             f"{DEFAULT_WORKER_GROUP}) to use N cores, and start again any that dies; worker i serves "
+                             "/metrics on P+i (default 1)")  # fmt: skip
     parser.set_defaults(func=run_collect)
 
 
 def run_collect(args: argparse.Namespace) -> int:
-    from edgekit.fleet.collector import Collector
+    if getattr(args, "workers", 1) != 1:
+        return _run_collect_workers(args)
+    return _collect(args)
+
+
+def _check_collect_options(args: argparse.Namespace) -> None:
     from edgekit.fleet.errors import FleetError
-    from edgekit.fleet.metrics import IngestMetrics, MetricsServer
-    from edgekit.fleet.store import open_store
 
     if args.retention_hours < 0:
         raise FleetError(f"--retention-hours must be >= 0, got {args.retention_hours:g}", hint="0 keeps raw windows forever")
-    if getattr(args, "workers", 1) != 1:
-        return _run_collect_workers(args)
-    client_id = args.client_id or f"edgekit-collector-{socket.gethostname()}-{os.getpid()}"
+    if args.session_expiry < 0:
+        raise FleetError(f"--session-expiry must be >= 0 seconds, got {args.session_expiry}",
+                         hint=f"0 is a clean session (messages sent while the collector is down are lost); the "
+                              f"default {DEFAULT_SESSION_EXPIRY_S} keeps them a day")  # fmt: skip
+
+
+def _collect(args: argparse.Namespace, on_started: Callable[[], None] | None = None) -> int:
+    from edgekit.fleet.collector import Collector, default_client_id
+    from edgekit.fleet.metrics import IngestMetrics, MetricsServer
+    from edgekit.fleet.store import open_store
+
+    _check_collect_options(args)
+    client_id = args.client_id or default_client_id(args.fleet, args.shared_group)
     retention = dt.timedelta(hours=args.retention_hours) if args.retention_hours > 0 else None
     metrics = IngestMetrics()
     with open_store(args.store) as store:
@@ -137,13 +162,17 @@ def run_collect(args: argparse.Namespace) -> int:
                 args.broker, store, client_id=client_id, fleet=args.fleet, shared_group=args.shared_group,
                 max_payload_bytes=args.max_payload_kib * 1024, batch_size=args.batch_size, username=args.username,
                 password_file=args.password_file, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
-                retention=retention, rollup_minutes=args.rollup_minutes, metrics=metrics,
-                ack_after_store=args.ack_after_store, mqtt_version=args.mqtt_version,
+                session_expiry_s=args.session_expiry, retention=retention, rollup_minutes=args.rollup_minutes,
+                metrics=metrics, ack_after_store=args.ack_after_store, mqtt_version=args.mqtt_version,
             ).start()  # fmt: skip
-            console.print(f"collecting from {escape(collector.broker_url)} into {escape(store.url)} "
-                          f"({', '.join(collector.subscriptions)})" + (f"; metrics on {server.url}" if server else ""))
+            if on_started is not None:
+                on_started()
+            console.print(f"collecting from {escape(collector.broker_url)} into {escape(store.url)} as "
+                          f"{escape(client_id)} ({', '.join(collector.subscriptions)})"
+                          + (f"; metrics on {server.url}" if server else ""))  # fmt: skip
             if args.json:
                 print_json({"event": "started", "broker": collector.broker_url, "store": store.url,
+                            "client_id": client_id, "session_expiry_s": args.session_expiry, "pid": os.getpid(),
                             "subscriptions": list(collector.subscriptions),
                             "metrics_url": server.url if server else None})  # fmt: skip
             deadline = None if args.duration is None else time.monotonic() + args.duration
@@ -169,51 +198,142 @@ def run_collect(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Worker:
+    """One ``--workers`` process, started again (same client id, same session) whenever it dies."""
+
+    def __init__(self, index: int, options: dict[str, Any], context: Any) -> None:
+        self.index, self.options, self._context = index, options, context
+        self.process: Any = None
+        self.started = context.Event()  # set by the worker once subscribed
+        self.ever_started = False
+        self.starts = 0
+        self.delay_s = WORKER_RESTART_DELAY_S
+        self.restart_at: float | None = None
+        self._began = 0.0
+
+    def start(self, deadline: float | None) -> None:
+        options = dict(self.options)
+        if deadline is not None:
+            options["duration"] = max(deadline - time.monotonic(), 0.0)
+        self.started.clear()
+        self.process = self._context.Process(target=_collect_worker, args=(options, self.started),
+                                             name=f"edgekit-collector-{self.index}")  # fmt: skip
+        self.process.start()
+        self.starts += 1
+        self._began, self.restart_at = time.monotonic(), None
+
+    def died(self) -> None:
+        """Plan the next start: after the delay, doubled while the worker keeps dying young."""
+        if time.monotonic() - self._began >= WORKER_STABLE_S:
+            self.delay_s = WORKER_RESTART_DELAY_S
+        self.restart_at = time.monotonic() + self.delay_s
+        self.delay_s = min(self.delay_s * 2, WORKER_RESTART_MAX_DELAY_S)
+
+
 def _run_collect_workers(args: argparse.Namespace) -> int:
-    """``--workers N``: N collector processes (one per core) splitting the load through one shared group."""
+    """``--workers N``: N collector processes (one per core) splitting the load through one shared group, each
+    started again if it dies (a crash, the OOM killer, ``kill -9``) with the same client id, so it resumes its
+    persistent session and the messages the broker holds for it."""
     import multiprocessing
 
+    from edgekit.fleet.collector import default_client_id
     from edgekit.fleet.errors import FleetError
 
     if args.workers < 1:
         raise FleetError(f"--workers must be >= 1, got {args.workers}", hint="use one worker per core, e.g. --workers 2")
+    _check_collect_options(args)
     from edgekit.fleet.store import open_store
 
     with open_store(args.store):  # create or migrate the schema once, before the workers race to
         pass
     group = args.shared_group or DEFAULT_WORKER_GROUP
-    base_id = args.client_id or f"edgekit-collector-{socket.gethostname()}-{os.getpid()}"
+    base_id = args.client_id or default_client_id(args.fleet, group)
     context = multiprocessing.get_context("spawn")  # no forked paho/sqlite state
     workers = []
     for index in range(args.workers):
         options = dict(vars(args), workers=1, shared_group=group, client_id=f"{base_id}-{index}")
+        options.pop("func", None)
         if args.metrics_port:
             options["metrics_port"] = args.metrics_port + index
-        workers.append(context.Process(target=_collect_worker, args=(options,), name=f"edgekit-collector-{index}"))
-    console.print(f"starting {args.workers} collector workers in shared group {escape(group)}")
-
-    def stop_workers(*_: object) -> None:  # SIGTERM: each worker stores what it holds, then exits
-        for worker in workers:
-            if worker.is_alive():
-                worker.terminate()
-
-    previous = signal.signal(signal.SIGTERM, stop_workers)
+        workers.append(_Worker(index, options, context))
+    console.print(f"starting {args.workers} collector workers in shared group {escape(group)} as {escape(base_id)}-<i>")
+    stopping = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stopping.set())  # each worker stores what it holds, then exits
+    deadline = None if args.duration is None else time.monotonic() + args.duration
+    failure = 0
     try:
         for worker in workers:
-            worker.start()
-        for worker in workers:
-            try:
-                worker.join()
-            except KeyboardInterrupt:  # Ctrl-C reached the workers too (same process group); wait for them to store
-                worker.join()
+            worker.start(deadline)
+        while not stopping.is_set():
+            running = False
+            for worker in workers:
+                if worker.started.is_set():
+                    worker.ever_started = True
+                if worker.process.is_alive():
+                    running = True
+                    continue
+                code = worker.process.exitcode
+                if worker.restart_at is None and worker.process.exitcode is not None:
+                    worker.process.join()
+                    if code == 0:
+                        continue  # --duration reached: done
+                    if not worker.ever_started:  # it never subscribed: a usage or connection error, not a crash
+                        failure = code if code and code > 0 else 1
+                        stopping.set()
+                        break
+                    console.print(f"[yellow]collector worker {worker.index} (pid {worker.process.pid}) died "
+                                  f"({_exit_reason(code)}); starting it again in {worker.delay_s:g} s[/]")  # fmt: skip
+                    worker.died()
+                running = True
+                if worker.restart_at is not None and time.monotonic() >= worker.restart_at:
+                    worker.start(deadline)
+            if not running:
+                break
+            stopping.wait(0.2)
+    except KeyboardInterrupt:  # Ctrl-C reached the workers too (same process group); wait for them to store
+        pass
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return max((worker.exitcode or 0 for worker in workers if (worker.exitcode or 0) > 0), default=0)
+        for worker in workers:
+            if worker.process is not None and worker.process.is_alive():
+                worker.process.terminate()
+        for worker in workers:
+            if worker.process is not None:
+                _join_ignoring_ctrl_c(worker.process)
+    codes = [worker.process.exitcode or 0 for worker in workers if worker.restart_at is None]
+    return failure or max((code for code in codes if code > 0), default=0)
 
 
-def _collect_worker(options: dict[str, Any]) -> None:
+def _join_ignoring_ctrl_c(process: Any) -> None:
+    try:
+        process.join()
+    except KeyboardInterrupt:
+        process.join()
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def _collect_worker(options: dict[str, Any], started: Any) -> None:
     """One ``--workers`` process: a plain ``fleet collect`` with its own client id (and metrics port)."""
-    raise SystemExit(run_collect(argparse.Namespace(**options)))
+    from edgekit.errors import EdgekitError
+
+    try:
+        code = _collect(argparse.Namespace(**options), on_started=started.set)
+    except EdgekitError as exc:
+        console.print(f"[bold red]error:[/] {escape(exc.message)}", soft_wrap=True)
+        if exc.hint:
+            console.print(f"  [yellow]hint:[/] {escape(exc.hint)}", soft_wrap=True)
+        code = 2
+    except KeyboardInterrupt:
+        code = 0
+    raise SystemExit(code)
 
 
 # -- status -------------------------------------------------------------------------------------

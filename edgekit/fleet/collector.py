@@ -50,9 +50,25 @@ DEFAULT_RETENTION = dt.timedelta(hours=1)
 #: With ack_after_store: a pause in arrivals this long stores (and acknowledges) the batch held so far,
 #: since the broker may be waiting for those acknowledgements before it sends more.
 ACK_IDLE_FLUSH_S = 0.005
+#: Session expiry of ``edgekit fleet collect`` (1 day): a collector away for less than this finds every message
+#: the broker accepted meanwhile queued for it (within the broker's own queue bound, ``max_queued_messages``).
+DEFAULT_SESSION_EXPIRY_S = 24 * 3600
+#: The longest MQTT 5 session expiry (about 136 years).
+MAX_SESSION_EXPIRY_S = 0xFFFF_FFFF
 #: Rejections logged per reason before logging only every LOG_EVERY-th.
 LOG_FIRST, LOG_EVERY = 10, 1000
 _STOP = object()
+
+
+def default_client_id(fleet: str | None = None, shared_group: str | None = None, host: str | None = None) -> str:
+    """The client id ``edgekit fleet collect`` uses unless given one: the same on every start on this host for
+    this fleet (and shared group), so that a restarted collector gets back its persistent session and with it
+    what the broker queued, or had sent unacknowledged, while it was away."""
+    import re
+    import socket
+
+    host_name = re.sub(r"[^A-Za-z0-9_.-]+", "-", host if host is not None else socket.gethostname()) or "host"
+    return "-".join(["edgekit-collector", host_name, fleet or "all"] + ([shared_group] if shared_group else []))
 
 
 class _Item(NamedTuple):
@@ -177,6 +193,14 @@ class Collector:
                                  hint="use '3.1.1' (the default, cheaper to receive) or '5'")  # fmt: skip
         if not flush_interval_s > 0:
             raise CollectorError(f"collector flush_interval_s must be > 0, got {flush_interval_s!r}")
+        if (isinstance(session_expiry_s, bool) or not isinstance(session_expiry_s, int)
+                or not 0 <= session_expiry_s <= MAX_SESSION_EXPIRY_S):  # fmt: skip
+            raise CollectorError(f"collector session_expiry_s must be an integer from 0 to {MAX_SESSION_EXPIRY_S}, "
+                                 f"got {session_expiry_s!r}",
+                                 hint="0 is a clean session; a day (86400) rides out restarts and outages")  # fmt: skip
+        if not client_id and session_expiry_s:
+            raise CollectorError("collector with a persistent session (session_expiry_s > 0) needs a client_id",
+                                 hint="give a fixed client id, e.g. default_client_id(fleet)")  # fmt: skip
         self.broker_url, self.store, self.client_id = self.address.url, store, client_id
         self.fleet, self.shared_group = fleet, shared_group
         self.max_payload_bytes, self.batch_size, self.flush_interval_s = max_payload_bytes, batch_size, flush_interval_s
@@ -486,4 +510,7 @@ class Collector:
                         self.retention, self.rollup_minutes)  # fmt: skip
 
 
-__all__ = ["ACK_IDLE_FLUSH_S", "Collector", "DEFAULT_MQTT_VERSION", "DEFAULT_RETENTION", "MQTT_VERSIONS"]
+__all__ = [
+    "ACK_IDLE_FLUSH_S", "Collector", "DEFAULT_MQTT_VERSION", "DEFAULT_RETENTION", "DEFAULT_SESSION_EXPIRY_S",
+    "MAX_SESSION_EXPIRY_S", "MQTT_VERSIONS", "default_client_id",
+]  # fmt: skip
