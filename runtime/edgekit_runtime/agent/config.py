@@ -174,6 +174,19 @@ class HealthConfig:
 
 
 @dataclass(frozen=True)
+class CommandsConfig:
+    """Replay protection for fleet commands (see ``agent/replay.py``): a command runs only when its
+    ``issued_at`` is at most ``replay_window_s`` old and ``max_clock_skew_s`` ahead, and its id was not
+    seen inside the window; ids are kept at ``replay_path`` (default: ``commands.db`` beside the spool)."""
+
+    replay_path: Path | None = None
+    replay_window_s: float = 24 * 3600.0
+    max_clock_skew_s: float = 300.0
+    require_issued_at: bool = True
+    max_remembered: int = 10_000
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     device_id: str
     fleet: str
@@ -185,7 +198,13 @@ class AgentConfig:
     health: HealthConfig = field(default_factory=HealthConfig)
     probe: ProbeConfig | None = None
     batching: BatchingConfig | None = None
+    commands: CommandsConfig = field(default_factory=CommandsConfig)
     source: Path | None = None
+
+    @property
+    def replay_path(self) -> Path:
+        """Where the command replay record lives (``commands.replay_path``, else beside the spool)."""
+        return self.commands.replay_path or self.telemetry.spool.path.parent / "commands.db"
 
 
 # -- reading ------------------------------------------------------------------------------------------
@@ -305,7 +324,8 @@ def parse_config(data: object, *, file: Path) -> AgentConfig:
         data,
         file=file,
         prefix="",
-        known=("device_id", "fleet", "broker", "bundles", "api", "telemetry", "power", "probe", "batching", "health"),
+        known=("device_id", "fleet", "broker", "bundles", "api", "telemetry", "power", "probe", "batching", "health",
+               "commands"),
     )
     bundles = _parse_bundles(top.section("bundles", ("dir", "public_key", "allow_unsigned", "max_download_mb", "download_timeout_s")))
     return AgentConfig(
@@ -321,6 +341,8 @@ def parse_config(data: object, *, file: Path) -> AgentConfig:
         batching=_parse_batching(top.section("batching", ("max_batch", "max_delay_ms", "dim")))
         if top.has("batching")
         else None,
+        commands=_parse_commands(top.section("commands", ("replay_path", "replay_window_h", "max_clock_skew_s",
+                                                          "require_issued_at", "max_remembered"))),
         source=file,
     )
 
@@ -438,6 +460,18 @@ def _parse_batching(section: _Section) -> BatchingConfig:
         max_batch=section.number("max_batch", minimum=1, integer=True, example="8"),
         max_delay_ms=section.number("max_delay_ms", minimum=0, example="2"),
         dim=section.string("dim", "batch"),
+    )
+
+
+def _parse_commands(section: _Section) -> CommandsConfig:
+    window_h = section.number("replay_window_h", 24, minimum=0, exclusive_minimum=True, maximum=24 * 30, example="24")
+    return CommandsConfig(
+        replay_path=section.path("replay_path", None, example="/var/lib/edgekit/commands.db"),
+        replay_window_s=float(window_h) * 3600.0,
+        max_clock_skew_s=section.number("max_clock_skew_s", 300.0, minimum=0, maximum=86400, example="300"),
+        require_issued_at=section.boolean("require_issued_at", True),
+        max_remembered=section.number("max_remembered", 10_000, minimum=100, integer=True, maximum=1_000_000,
+                                      example="10000"),
     )
 
 

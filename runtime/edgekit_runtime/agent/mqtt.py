@@ -15,21 +15,30 @@ Delivery contract:
   :meth:`MqttLink.stop` publishes offline itself, then disconnects cleanly.
 * Failed connects wait :class:`~edgekit_runtime.agent.backoff.Backoff` delays (exponential, with
   jitter); the backoff resets when the broker accepts a connection.
-* Commands on ``.../cmd`` are parsed as JSON and checked against ``command.v1``. A malformed one is
-  answered by a ``command_rejected`` event naming the problem; ``ping`` is answered by a ``pong``
+* Commands on ``.../cmd`` are untrusted. Each is parsed with size and depth limits
+  (:data:`MAX_COMMAND_BYTES`, :data:`MAX_COMMAND_DEPTH`), checked against ``command.v1``, then against
+  the :class:`~edgekit_runtime.agent.replay.ReplayWindow` (``issued_at`` inside the window, id not seen
+  before, persisted across restarts). A command that fails any check is answered by one bounded
+  ``command_rejected`` event (ids and payloads quoted in at most 200 characters) and acknowledged, so
+  it is consumed; a *retained* or redelivered payload that was answered before is dropped quietly, so a
+  retained poison message does not come back after a restart. ``ping`` is answered by a ``pong``
   event; the rest go to ``on_command`` on a separate thread (so a slow deploy does not stall the
-  network), and a handler that raises is answered by a ``command_failed`` event. The last 256
-  command ids are remembered, so a QoS 1 redelivery of a command is not carried out twice.
+  network), and a handler that raises is answered by a ``command_failed`` event.
+* No exception leaves a paho callback: an unexpected one is logged once per callback and type,
+  counted in ``callback_errors`` and reported as an ``error`` event. (An exception out of
+  ``on_message`` would make paho handle the same packet again on every loop, forever.)
+* Every event is at most :data:`~edgekit_runtime.agent.bounded.MAX_EVENT_BYTES` of JSON.
+* :attr:`MqttLink.link_state` is the link as it is: connected or not, since when, the last error;
+  a network thread that died or stopped looping counts as not connected.
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import logging
 import queue
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -44,6 +53,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from edgekit_runtime import __version__ as AGENT_VERSION
 from edgekit_runtime.agent.backoff import Backoff
+from edgekit_runtime.agent.bounded import bound_event, excerpt, excerpt_bytes
 from edgekit_runtime.agent.broker import (
     BrokerConnectionError,
     describe_connect_failure,
@@ -51,18 +61,22 @@ from edgekit_runtime.agent.broker import (
     parse_broker_url,
     read_password_file,
 )
+from edgekit_runtime.agent.replay import ReplayError, ReplayWindow
 from edgekit_runtime.agent.spool import Spool
 from edgekit_runtime.agent.telemetry import (
     EVENT_COMMAND_FAILED,
     EVENT_COMMAND_REJECTED,
+    EVENT_ERROR,
     EVENT_PONG,
     BundleRef,
     EventLevel,
     build_event,
     build_status,
     encode_message,
+    utc_timestamp,
 )
 from edgekit_runtime.agent.topics import DeviceTopics, TelemetryError, validate_id
+from edgekit_runtime.agent.wire import JsonLimitError, loads_limited
 from edgekit_runtime.schemas import schema_problems, validate_message
 
 logger = logging.getLogger(__name__)
@@ -70,9 +84,13 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_INFLIGHT = 16
 _LOOP_TIMEOUT_S = 0.05
 _STOP_FLUSH_S = 2.0
-_REMEMBERED_COMMAND_IDS = 256
-_PAYLOAD_EXCERPT_CHARS = 200
 _UNSPECIFIED_ERROR = 0x80
+#: Largest command payload the agent parses (a deploy command is under 3 KB).
+MAX_COMMAND_BYTES = 64 * 1024
+#: Deepest JSON nesting a command may have (command.v1 needs 3).
+MAX_COMMAND_DEPTH = 16
+_LISTED_SCHEMA_PROBLEMS = 5
+_REPORTED_CALLBACK_FAILURES = 32
 
 
 @dataclass(frozen=True)
@@ -88,6 +106,21 @@ class LinkCounters:
     backlog: int
     commands_received: int
     commands_rejected: int
+    commands_duplicate: int
+    callback_errors: int
+
+
+@dataclass(frozen=True)
+class LinkState:
+    """The link as it is now: ``since`` is when it last connected or went down (UTC, None before the
+    first attempt), ``last_error`` why it went down or failed to connect (None while connected)."""
+
+    connected: bool
+    since: str | None
+    last_error: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"connected": self.connected, "since": self.since, "last_error": self.last_error}
 
 
 class _State(Enum):
@@ -122,7 +155,10 @@ class MqttLink:
         connect_timeout_s: float = 10.0,
         agent_version: str = AGENT_VERSION,
         bundle: BundleRef | None = None,
+        replay: ReplayWindow | None = None,
     ) -> None:
+        """``replay``: the persisted record of command ids (the link closes it on :meth:`stop`); without one
+        the record lives in memory, so replays are refused only until the process ends."""
         self.address = parse_broker_url(broker_url)
         self.topics = DeviceTopics(validate_id(fleet, "fleet id"), validate_id(device, "device id"))
         if not isinstance(client_id, str) or not client_id:
@@ -147,6 +183,8 @@ class MqttLink:
         self._keepalive_s = keepalive_s
         self._connect_timeout_s = float(connect_timeout_s)
         self._bundle = bundle
+        # Without a record on disk the window lives in memory: replays are refused until the process ends.
+        self.replay = replay if replay is not None else ReplayWindow(":memory:")
         self._client = self._make_client(tls_ca, tls_cert, tls_key, username, password_file)
         self._json_properties = Properties(PacketTypes.PUBLISH)
         self._json_properties.PayloadFormatIndicator = 1
@@ -161,11 +199,14 @@ class MqttLink:
         self._pubacks: list[tuple[int, ReasonCode]] = []
         self._drop_reason: tuple[str, str] | None = None
         self._status_dirty = False
-        self._recent_command_ids: OrderedDict[str, None] = OrderedDict()
+        self._state_since: str | None = None
+        self._last_loop_monotonic = time.monotonic()
+        self._reported_failures: set[tuple[str, str]] = set()
 
         self._counts = dict.fromkeys(
-            ("published", "acked", "rejected", "connects", "reconnects", "commands_received", "commands_rejected"), 0
-        )
+            ("published", "acked", "rejected", "connects", "reconnects", "commands_received", "commands_rejected",
+             "commands_duplicate", "callback_errors"), 0
+        )  # fmt: skip
         self._counts_lock = threading.Lock()
         self._last_error: tuple[str, str] | None = None
         self._connected_event = threading.Event()
@@ -178,8 +219,23 @@ class MqttLink:
 
     @property
     def connected(self) -> bool:
-        """Whether the broker has accepted the current connection."""
-        return self._state is _State.CONNECTED
+        """Whether the broker has accepted the current connection and the network thread is serving it."""
+        if self._state is not _State.CONNECTED:
+            return False
+        thread = self._network_thread
+        if thread is None or not thread.is_alive():
+            return False
+        # A loop step takes _LOOP_TIMEOUT_S; one that has not finished in a keepalive period is stuck.
+        return time.monotonic() - self._last_loop_monotonic < self._keepalive_s
+
+    @property
+    def link_state(self) -> LinkState:
+        """Connected or not, since when, and the last error (for the agent's health)."""
+        connected = self.connected
+        last_error = self.last_error
+        if not connected and last_error is None and self._state is _State.CONNECTED:
+            last_error = "the MQTT network thread stopped serving the connection; see the agent log"
+        return LinkState(connected, self._state_since, None if connected else last_error)
 
     @property
     def last_error(self) -> str | None:
@@ -214,6 +270,8 @@ class MqttLink:
         if self._command_thread is not None and self._command_thread.is_alive():
             self._commands.put(None)
             self._command_thread.join(timeout_s)
+        if self._network_thread is None or not self._network_thread.is_alive():
+            self.replay.close()
 
     def __enter__(self) -> MqttLink:
         return self.start()
@@ -245,9 +303,10 @@ class MqttLink:
         return self._spool_message(message, self.topics.telemetry)
 
     def publish_event(self, message: Mapping[str, Any]) -> int:
-        """Validate an ``event.v1`` message, commit it to the spool (QoS 1); returns its spool id."""
+        """Validate an ``event.v1`` message, bound it to ``MAX_EVENT_BYTES``, commit it to the spool (QoS 1);
+        returns its spool id."""
         validate_message(message, "event.v1", what=f"event {message.get('kind')!r}")
-        return self._spool_message(message, self.topics.events)
+        return self._spool_message(bound_event(message), self.topics.events)
 
     def emit_event(self, kind: str, message: str, *, level: EventLevel = "info", command_id: str | None = None,
                    details: Mapping[str, Any] | None = None) -> int:  # fmt: skip
@@ -282,13 +341,47 @@ class MqttLink:
             client.username_pw_set(username, password)
         client.max_inflight_messages_set(self._max_inflight + 4)  # room for status beside the spool window
         client.connect_timeout = self._connect_timeout_s
-        client.on_connect = self._on_connect
-        client.on_disconnect = self._on_disconnect
-        client.on_publish = self._on_publish
-        client.on_message = self._on_message
-        client.on_subscribe = self._on_subscribe
+        client.on_connect = self._guarded("on_connect", self._on_connect)
+        client.on_disconnect = self._guarded("on_disconnect", self._on_disconnect)
+        client.on_publish = self._guarded("on_publish", self._on_publish)
+        client.on_message = self._guarded("on_message", self._on_message)
+        client.on_subscribe = self._guarded("on_subscribe", self._on_subscribe)
         client.connect_async(self.address.host, self.address.port, keepalive=self._keepalive_s, clean_start=True)
         return client
+
+    def _guarded(self, name: str, callback: Callable[..., None]) -> Callable[..., None]:
+        """``callback`` such that no exception leaves it into paho (see the module docstring)."""
+
+        def guarded(*args: Any) -> None:
+            try:
+                callback(*args)
+            except Exception as exc:  # noqa: BLE001 - the boundary: log, count, report, carry on
+                self._callback_failed(name, exc)
+
+        return guarded
+
+    def _callback_failed(self, name: str, exc: Exception) -> None:
+        with self._counts_lock:
+            self._counts["callback_errors"] += 1
+        key = (name, type(exc).__name__)
+        if key in self._reported_failures:
+            logger.debug("MQTT %s failed again: %s: %s", name, type(exc).__name__, exc)
+            return
+        if len(self._reported_failures) < _REPORTED_CALLBACK_FAILURES:
+            self._reported_failures.add(key)
+        logger.error("MQTT %s failed; the message is dropped and the link carries on (reported once per error "
+                     "type)", name, exc_info=exc)  # fmt: skip
+        try:
+            self.emit_event(EVENT_ERROR, f"MQTT {name} failed: {type(exc).__name__}: {exc}", level="error",
+                            details={"code": "mqtt.callback_failed", "callback": name, "error": type(exc).__name__})  # fmt: skip
+        except Exception:  # noqa: BLE001 - reporting must not fail the boundary either
+            logger.exception("cannot report the failure of MQTT %s", name)
+
+    def _set_state(self, state: _State) -> None:
+        up = state is _State.CONNECTED
+        if self._state_since is None or up != (self._state is _State.CONNECTED):
+            self._state_since = utc_timestamp()  # connecting again after a failure is still "down"
+        self._state = state
 
     def _status_payload(self, state: str, reason: str | None) -> bytes:
         status = build_status(device=self.topics.device, fleet=self.topics.fleet, state=state,  # type: ignore[arg-type]
@@ -318,6 +411,7 @@ class MqttLink:
             self._shutdown()
 
     def _step(self) -> None:
+        self._last_loop_monotonic = time.monotonic()
         if self._state is _State.DISCONNECTED and not self._begin_connect():
             self._pause_before_retry()
             return
@@ -352,11 +446,13 @@ class MqttLink:
             self._record_error(f"cannot send CONNECT to {self.address.url}: {paho.error_string(rc)}",
                                "check the broker URL and the network")  # fmt: skip
             return False
-        self._state = _State.CONNECTING
+        self._set_state(_State.CONNECTING)
         self._connack_deadline = time.monotonic() + self._connect_timeout_s
         return True
 
     def _pause_before_retry(self) -> None:
+        if self._state_since is None:  # the first attempt failed: down since now
+            self._state_since = utc_timestamp()
         delay_s = self.backoff.next_delay_s()
         logger.warning("MQTT link %s: %s; retrying in %.1f s (failure %d in a row)",
                        self.address.url, self.last_error, delay_s, self.backoff.failures)  # fmt: skip
@@ -367,7 +463,7 @@ class MqttLink:
 
     def _link_down(self, message: str, hint: str) -> None:
         was_connected = self._state is _State.CONNECTED
-        self._state = _State.DISCONNECTED
+        self._set_state(_State.DISCONNECTED)
         self._connected_event.clear()
         self._record_error(*(self._drop_reason or (message, hint)))
         # The spool is the only queue: forget paho's copies, resend from the oldest unacknowledged.
@@ -386,7 +482,7 @@ class MqttLink:
                 "check username, password_file and the broker's ACL for this device",
             )
             return
-        self._state = _State.CONNECTED
+        self._set_state(_State.CONNECTED)
         self.backoff.reset()
         self._last_error = None
         with self._counts_lock:
@@ -476,7 +572,8 @@ class MqttLink:
                 self._settle_acks()
             self._settle_acks()
             self._client.disconnect()  # sent at once: no paho thread, so paho writes it right here
-        self._state = _State.DISCONNECTED
+        self._set_state(_State.DISCONNECTED)
+        self._record_error("the link was stopped", "start the agent again")
         self._connected_event.clear()
         logger.info("MQTT link to %s stopped (backlog %d)", self.address.url, self.spool.backlog())
 
@@ -489,44 +586,74 @@ class MqttLink:
         with self._counts_lock:
             self._counts["commands_received"] += 1
         try:
-            self._handle_command(message.payload)
-        except TelemetryError:
+            self._handle_command(bytes(message.payload), redelivered=bool(message.retain or message.dup))
+        except (TelemetryError, ReplayError):
             logger.exception("cannot answer a command on %s", message.topic)
 
-    def _handle_command(self, payload: bytes) -> None:
-        try:
-            command = json.loads(payload.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            self._reject_command(f"command payload is not valid UTF-8 JSON: {exc}", payload, None)
+    def _handle_command(self, payload: bytes, *, redelivered: bool = False) -> None:
+        digest = hashlib.sha256(payload).hexdigest()
+        if redelivered and self.replay.payload_seen(digest):
+            with self._counts_lock:
+                self._counts["commands_duplicate"] += 1
+            logger.info("retained or redelivered command %s... on %s was answered before; dropped", digest[:12],
+                        self.topics.cmd)  # fmt: skip
             return
-        command_id = command.get("id") if isinstance(command, dict) and isinstance(command.get("id"), str) else None
-        problems = schema_problems(command, "command.v1")
-        if problems:
-            self._reject_command(f"command does not match schema command.v1: {'; '.join(problems[:5])}",
-                                 payload, command_id)  # fmt: skip
+        command = self._checked_command(payload, digest)
+        if command is None:
             return
-        if command["id"] in self._recent_command_ids:
-            logger.info("command %s (%s) delivered again; ignoring the duplicate", command["id"], command["command"])
-            return
-        self._recent_command_ids[command["id"]] = None
-        while len(self._recent_command_ids) > _REMEMBERED_COMMAND_IDS:
-            self._recent_command_ids.popitem(last=False)
         if command["command"] == "ping":
             self.emit_event(EVENT_PONG, "pong", command_id=command["id"])
         elif self._on_command is None:
-            self._reject_command(f"this agent has no handler for command '{command['command']}'", payload,
+            self._reject_command(f"this agent has no handler for command '{command['command']}'", payload, digest,
                                  command["id"], kind=EVENT_COMMAND_FAILED)  # fmt: skip
         else:
             self._commands.put(command)
+        self.replay.remember_payload(digest)
 
-    def _reject_command(self, problem: str, payload: bytes, command_id: str | None,
-                        kind: str = EVENT_COMMAND_REJECTED) -> None:  # fmt: skip
+    def _checked_command(self, payload: bytes, digest: str) -> dict[str, Any] | None:
+        """The command in ``payload`` when it passes every check, else None (after rejecting it)."""
+        try:
+            command = loads_limited(payload, what="command payload", max_bytes=MAX_COMMAND_BYTES,
+                                    max_depth=MAX_COMMAND_DEPTH)  # fmt: skip
+        except JsonLimitError as err:
+            self._reject_command(err.message, payload, digest, None, reason="unparsable")
+            return None
+        raw_id = command.get("id") if isinstance(command, dict) else None
+        problems = schema_problems(command, "command.v1", limit=_LISTED_SCHEMA_PROBLEMS)
+        if problems:
+            self._reject_command(f"command does not match schema command.v1: {'; '.join(problems)}", payload, digest,
+                                 raw_id, reason="schema")  # fmt: skip
+            return None
+        try:
+            refusal = self.replay.admit(command["id"], command.get("issued_at"))
+        except ReplayError as err:  # an impossible date, or the record cannot be written: refuse, fail closed
+            self._reject_command(f"command {command['command']!r} refused: {err.message}", payload, digest,
+                                 command["id"], reason="replay_record")  # fmt: skip
+            return None
+        if refusal is not None:
+            self._reject_command(f"command {command['command']!r} refused: {refusal.message}", payload, digest,
+                                 command["id"], reason=refusal.reason, level="warning")  # fmt: skip
+            return None
+        return dict(command)
+
+    def _reject_command(self, problem: str, payload: bytes, digest: str, raw_id: object, *,
+                        kind: str = EVENT_COMMAND_REJECTED, reason: str | None = None,
+                        level: EventLevel = "error") -> None:  # fmt: skip
         with self._counts_lock:
             self._counts["commands_rejected"] += 1
-        excerpt = payload[:_PAYLOAD_EXCERPT_CHARS].decode("utf-8", errors="replace")
-        logger.warning("command on %s rejected: %s", self.topics.cmd, problem)
-        self.emit_event(kind, problem, level="error", command_id=command_id,
-                        details={"topic": self.topics.cmd, "payload_excerpt": excerpt})  # fmt: skip
+        try:  # remembered first: a retained or redelivered copy is then dropped, not answered again
+            self.replay.remember_payload(digest)
+        except ReplayError as err:
+            logger.error("rejected command %s... not remembered: %s", digest[:12], err)
+        command_id = raw_id if isinstance(raw_id, str) and 1 <= len(raw_id) <= 128 else None
+        details: dict[str, Any] = {"topic": self.topics.cmd, "payload_excerpt": excerpt_bytes(payload),
+                                   "payload_bytes": len(payload), "payload_sha256": digest}  # fmt: skip
+        if reason is not None:
+            details["reason"] = reason
+        if command_id is None and isinstance(raw_id, str):
+            details["id_excerpt"] = excerpt(raw_id, 80)
+        logger.warning("command on %s rejected: %s", self.topics.cmd, excerpt(problem, 500))
+        self.emit_event(kind, problem, level=level, command_id=command_id, details=details)
 
     def _dispatch_commands(self) -> None:
         while True:

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from edgekit_runtime.agent.api import AgentApi
+from edgekit_runtime.agent.bounded import bound_event
 from edgekit_runtime.agent.config import AgentConfig
 from edgekit_runtime.agent.ota import Deployer, DeployRequest
 from edgekit_runtime.agent.serving import InferenceServer
@@ -230,6 +231,7 @@ class AgentService:
             spool=self._spool,
             on_command=self.handle_command,
             bundle=self._bundle_ref(),
+            replay=self._open_replay_window(),
         )
         self._link.start()
         with self._events_lock:  # events from the start-up go out first, in order
@@ -238,12 +240,21 @@ class AgentService:
             for event in pending:
                 self._link.publish_event(event)
 
+    def _open_replay_window(self) -> Any:
+        from edgekit_runtime.agent.replay import ReplayPolicy, ReplayWindow
+
+        commands = self.config.commands
+        policy = ReplayPolicy(window_s=commands.replay_window_s, max_clock_skew_s=commands.max_clock_skew_s,
+                              require_issued_at=commands.require_issued_at, max_entries=commands.max_remembered)  # fmt: skip
+        return ReplayWindow(self.config.replay_path, policy)
+
     # -- events and health ----------------------------------------------------------------------------
 
     def _emit(self, partial: dict[str, Any]) -> None:
-        """Wrap a ``{kind, level, message, command_id, details}`` dict as an event.v1 and publish it."""
+        """Wrap a ``{kind, level, message, command_id, details}`` dict as an event.v1, bounded to
+        ``MAX_EVENT_BYTES`` (details cut with a marker), and publish it."""
         try:
-            event = build_event(device=self.config.device_id, fleet=self.config.fleet, **partial)
+            event = bound_event(build_event(device=self.config.device_id, fleet=self.config.fleet, **partial))
         except EdgekitError as err:  # a malformed event is a bug; never let it break a deploy
             logger.error("event %s not published: %s", partial.get("kind"), err)
             return
@@ -268,7 +279,7 @@ class AgentService:
 
     def health(self) -> dict[str, Any]:
         served = self.deployer.served
-        link_connected = bool(getattr(self._link, "connected", False)) if self._link is not None else None
+        link_state = self._link.link_state.to_dict() if self._link is not None else None
         return {
             "status": "ok" if served is not None else "no_model",
             "model": served.name if served else None,
@@ -277,7 +288,8 @@ class AgentService:
             "signed_by": served.signed_by if served else None,
             "self_check_passed": self.deployer.last_self_check_passed,
             "deploying": self.deployer.busy,
-            "broker_connected": link_connected,
+            "broker_connected": link_state["connected"] if link_state is not None else None,
+            "broker": link_state,
             "uptime_s": round(time.monotonic() - self._started_monotonic_s, 3),
             "device": self.config.device_id,
             "fleet": self.config.fleet,
@@ -402,6 +414,10 @@ class AgentService:
         except EdgekitError as err:
             self._emit({"kind": "command_rejected", "level": "error", "command_id": command_id, "message": err.message,
                         "details": {"command": name, "hint": err.hint}})  # fmt: skip
+        except Exception as exc:  # a bug: answer the command rather than leave the host waiting
+            logger.exception("command %s (%s) failed", command_id, name)
+            self._emit({"kind": "command_failed", "level": "error", "command_id": command_id,
+                        "message": f"command '{name}' failed: {type(exc).__name__}: {exc}", "details": {"command": name}})  # fmt: skip
 
     def _command_deploy(self, args: dict[str, Any], command_id: str | None) -> None:
         request = DeployRequest.from_args(args, command_id=command_id)

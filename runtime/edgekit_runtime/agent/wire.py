@@ -20,19 +20,25 @@ Binary (``application/x-edgekit-tensors``), all integers little-endian::
 
 ``dtype`` is a numpy dtype name from :data:`WIRE_DTYPES` (``bool`` is one byte, 0 or 1). Arrays
 decoded from a request body are writable views into that body (no copy).
+
+Untrusted JSON (the binary header here, MQTT commands in :mod:`~edgekit_runtime.agent.mqtt`) goes
+through :func:`loads_limited`, which checks size and nesting depth before ``json.loads`` runs, so a
+payload of 5,000 ``[`` is a :class:`JsonLimitError` rather than a ``RecursionError``.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import struct
+from itertools import accumulate
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from edgekit_runtime.errors import InputSignatureError
+from edgekit_runtime.errors import EdgekitError, InputSignatureError
 
 JSON_CONTENT_TYPE = "application/json"
 BINARY_CONTENT_TYPE = "application/x-edgekit-tensors"
@@ -42,6 +48,50 @@ WIRE_DTYPES = frozenset(
     {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64"}
 )
 _PREFIX = struct.Struct("<4sI")
+#: Deepest nesting of a binary header (``{"tensors": [{"shape": [...]}]}`` is 4).
+MAX_HEADER_DEPTH = 8
+_JSON_STRING_RE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
+_NOT_BRACKET_RE = re.compile(r"[^\[\]{}]+")
+
+
+class JsonLimitError(EdgekitError):
+    """Untrusted JSON is not UTF-8, not JSON, larger or deeper than its limit; never a ``RecursionError``."""
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of arrays and objects in JSON ``text``, brackets inside strings not counted.
+    Linear in the length; meant to run *before* ``json.loads`` (whose recursion it guards)."""
+    brackets = _NOT_BRACKET_RE.sub("", _JSON_STRING_RE.sub("", text))
+    if not brackets:
+        return 0
+    return max(accumulate(1 if bracket in "[{" else -1 for bracket in brackets))
+
+
+def loads_limited(data: bytes | bytearray | memoryview | str, *, what: str, max_bytes: int, max_depth: int) -> Any:
+    """``json.loads`` for untrusted input: at most ``max_bytes`` (UTF-8) and ``max_depth`` levels of
+    nesting, checked first. Every failure is a :class:`JsonLimitError` naming ``what`` and the limit."""
+    size = len(data.encode("utf-8", "surrogatepass")) if isinstance(data, str) else len(data)
+    if size > max_bytes:
+        raise JsonLimitError(f"{what} is {size} bytes, more than the limit of {max_bytes} bytes",
+                             hint=f"send at most {max_bytes} bytes of JSON")  # fmt: skip
+    if isinstance(data, str):
+        text = data
+    else:
+        try:
+            text = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise JsonLimitError(f"{what} is not UTF-8: byte {err.start} ({err.reason})",
+                                 hint="encode the JSON as UTF-8")  # fmt: skip
+    depth = json_depth(text)
+    if depth > max_depth:
+        raise JsonLimitError(f"{what} nests arrays and objects {depth} levels deep, more than the limit of {max_depth}",
+                             hint=f"flatten the JSON to at most {max_depth} levels")  # fmt: skip
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise JsonLimitError(f"{what} is not valid JSON: {err}", hint="send one JSON value, UTF-8 encoded") from err
+    except RecursionError as err:  # unreachable with a sane max_depth; never let it escape
+        raise JsonLimitError(f"{what} nests too deeply for the JSON parser", hint=f"use max_depth <= {max_depth // 2}") from err
 
 
 def _wire_dtype(name: object, *, tensor: str) -> np.dtype:
@@ -90,10 +140,13 @@ def decode_binary(body: bytes | bytearray | memoryview) -> dict[str, np.ndarray]
     if data_start > len(view):
         raise InputSignatureError(f"{BINARY_CONTENT_TYPE} header length {header_len} runs past the body ({len(view)} bytes)", hint=hint)
     try:
-        header = json.loads(bytes(view[_PREFIX.size : data_start]).decode("utf-8"))
+        header = loads_limited(view[_PREFIX.size : data_start], what=f"{BINARY_CONTENT_TYPE} header",
+                               max_bytes=header_len, max_depth=MAX_HEADER_DEPTH)  # fmt: skip
         entries = header["tensors"]
         if not isinstance(entries, list):
             raise TypeError("tensors is not a list")
+    except JsonLimitError as err:
+        raise InputSignatureError(err.message, hint=hint) from err
     except (ValueError, KeyError, TypeError) as err:
         raise InputSignatureError(f"{BINARY_CONTENT_TYPE} header is not valid: {err}", hint=hint) from err
     data = view[data_start:]

@@ -20,6 +20,7 @@ import copy
 import json
 from functools import lru_cache
 from importlib import resources
+from itertools import islice
 from typing import Any
 
 from edgekit_runtime.errors import EdgekitError
@@ -62,9 +63,10 @@ def load_schema(name: str) -> dict[str, Any]:
     return copy.deepcopy(_cached_schema(_normalise_name(name)))
 
 
-def schema_problems(instance: Any, name: str) -> list[str]:
-    """Every way ``instance`` breaks schema ``name`` (empty when it validates)."""
-    return list(iter_errors(instance, _cached_schema(_normalise_name(name))))
+def schema_problems(instance: Any, name: str, *, limit: int | None = None) -> list[str]:
+    """Every way ``instance`` breaks schema ``name`` (empty when it validates); the first ``limit`` only
+    when given, which also stops the search there (for untrusted messages)."""
+    return list(islice(iter_errors(instance, _cached_schema(_normalise_name(name))), limit))
 
 
 def validate_message(instance: Any, name: str, *, what: str | None = None) -> None:

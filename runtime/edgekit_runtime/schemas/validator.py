@@ -13,7 +13,8 @@ carries this subset instead of ``jsonschema``. It understands:
   ``description``, ``format``, ``default``, ``examples``, ``deprecated``, ``readOnly``, ``writeOnly``.
 
 Any other keyword is refused up front by :func:`check_supported`, so a schema can never silently
-validate less than it says. The host side validates the same files with ``jsonschema``; a test
+validate less than it says. Problems quote values in at most :data:`MAX_QUOTED_CHARS` characters
+(``...`` marks the cut), so the problems found in an untrusted message stay small. The host side validates the same files with ``jsonschema``; a test
 checks that both agree.
 """
 
@@ -36,6 +37,8 @@ ASSERTIONS = frozenset(
      "maxItems", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength",
      "pattern", "$ref", "allOf", "anyOf", "oneOf", "not", "if", "then", "else"}  # fmt: skip
 )
+#: Longest quotation of a value in a problem; longer ``repr``s end in ``...``.
+MAX_QUOTED_CHARS = 120
 _SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf")
 _SUBSCHEMA_SINGLE = ("additionalProperties", "items", "not", "if", "then", "else")
 
@@ -58,6 +61,14 @@ def check_supported(schema: Mapping[str, Any], where: str = "#") -> None:
 def iter_errors(instance: Any, schema: Mapping[str, Any]) -> Iterator[str]:
     """Every way ``instance`` breaks ``schema``, as ``"<path>: <problem>"`` strings."""
     yield from _Validation(schema).errors(instance, schema, "")
+
+
+def _quote(value: Any) -> str:
+    """``repr(value)`` cut to :data:`MAX_QUOTED_CHARS` (without building the ``repr`` of a huge container)."""
+    if isinstance(value, (Mapping, list, tuple)) and len(value) > MAX_QUOTED_CHARS:
+        return f"<{type(value).__name__} of {len(value)} items>"
+    text = repr(value)
+    return text if len(text) <= MAX_QUOTED_CHARS else text[: MAX_QUOTED_CHARS - 3] + "..."
 
 
 def _is_number(value: Any) -> bool:
@@ -134,12 +145,12 @@ class _Validation:
         if "type" in schema:
             types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
             if not any(_json_type_matches(instance, t) for t in types):
-                yield f"{where}: {instance!r} is not of type {' or '.join(types)}"
+                yield f"{where}: {_quote(instance)} is not of type {' or '.join(types)}"
                 return
         if "const" in schema and not _json_equal(instance, schema["const"]):
-            yield f"{where}: expected {schema['const']!r}, got {instance!r}"
+            yield f"{where}: expected {schema['const']!r}, got {_quote(instance)}"
         if "enum" in schema and not any(_json_equal(instance, option) for option in schema["enum"]):
-            yield f"{where}: {instance!r} is not one of {schema['enum']!r}"
+            yield f"{where}: {_quote(instance)} is not one of {schema['enum']!r}"
         if _is_number(instance):
             yield from self._number_errors(instance, schema, where)
         elif isinstance(instance, str):
@@ -152,21 +163,21 @@ class _Validation:
 
     def _number_errors(self, value: float, schema: Mapping[str, Any], where: str) -> Iterator[str]:
         if "minimum" in schema and value < schema["minimum"]:
-            yield f"{where}: {value!r} is less than the minimum of {schema['minimum']!r}"
+            yield f"{where}: {_quote(value)} is less than the minimum of {schema['minimum']!r}"
         if "maximum" in schema and value > schema["maximum"]:
-            yield f"{where}: {value!r} is more than the maximum of {schema['maximum']!r}"
+            yield f"{where}: {_quote(value)} is more than the maximum of {schema['maximum']!r}"
         if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
-            yield f"{where}: {value!r} must be more than {schema['exclusiveMinimum']!r}"
+            yield f"{where}: {_quote(value)} must be more than {schema['exclusiveMinimum']!r}"
         if "exclusiveMaximum" in schema and value >= schema["exclusiveMaximum"]:
-            yield f"{where}: {value!r} must be less than {schema['exclusiveMaximum']!r}"
+            yield f"{where}: {_quote(value)} must be less than {schema['exclusiveMaximum']!r}"
 
     def _string_errors(self, value: str, schema: Mapping[str, Any], where: str) -> Iterator[str]:
         if "minLength" in schema and len(value) < schema["minLength"]:
-            yield f"{where}: {value!r} is shorter than {schema['minLength']} characters"
+            yield f"{where}: {_quote(value)} is shorter than {schema['minLength']} characters"
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             yield f"{where}: string of {len(value)} characters is longer than {schema['maxLength']}"
         if "pattern" in schema and _compiled(schema["pattern"]).search(value) is None:
-            yield f"{where}: {value!r} does not match the pattern {schema['pattern']!r}"
+            yield f"{where}: {_quote(value)} does not match the pattern {schema['pattern']!r}"
 
     def _object_errors(self, value: Mapping[str, Any], schema: Mapping[str, Any], path: str) -> Iterator[str]:
         where = path or "(root)"
@@ -182,7 +193,7 @@ class _Validation:
             if name in properties:
                 continue
             if extra is False:
-                yield f"{where}: unexpected property '{name}'"
+                yield f"{where}: unexpected property {_quote(name)}"
             elif isinstance(extra, Mapping):
                 yield from self.errors(value[name], extra, _join(path, name))
 
@@ -201,13 +212,13 @@ class _Validation:
         for sub in schema.get("allOf", ()):
             yield from self.errors(instance, sub, path)
         if "anyOf" in schema and not any(self.is_valid(instance, sub) for sub in schema["anyOf"]):
-            yield f"{where}: {instance!r} matches none of the allowed forms"
+            yield f"{where}: {_quote(instance)} matches none of the allowed forms"
         if "oneOf" in schema:
             matches = sum(self.is_valid(instance, sub) for sub in schema["oneOf"])
             if matches != 1:
-                yield f"{where}: {instance!r} matches {matches} of the forms, expected exactly one"
+                yield f"{where}: {_quote(instance)} matches {matches} of the forms, expected exactly one"
         if "not" in schema and self.is_valid(instance, schema["not"]):
-            yield f"{where}: {instance!r} matches a form that is not allowed"
+            yield f"{where}: {_quote(instance)} matches a form that is not allowed"
         if "if" in schema:
             branch = "then" if self.is_valid(instance, schema["if"]) else "else"
             if branch in schema:

@@ -16,6 +16,7 @@ from edgekit_runtime.agent.backoff import Backoff
 from edgekit_runtime.agent.broker import BrokerConnectionError
 from edgekit_runtime.agent.mqtt import MqttLink
 from edgekit_runtime.agent.spool import Spool
+from edgekit_runtime.agent.telemetry import utc_timestamp
 from edgekit_runtime.agent.topics import TelemetryError
 from edgekit_runtime.schemas import SchemaValidationError, load_schema
 from tests.runtime.agent.mosquitto import MessageRecorder, MosquittoBroker, ReceivedMessage, free_port
@@ -91,7 +92,7 @@ def test_bad_messages_are_refused_before_the_spool(mosquitto: MosquittoBroker, t
 
 
 def _command(**fields: Any) -> bytes:
-    return json.dumps({"schema": "edgekit.command/1", **fields}).encode()
+    return json.dumps({"schema": "edgekit.command/1", "issued_at": utc_timestamp(), **fields}).encode()
 
 
 def test_commands_malformed_ones_become_error_events(mosquitto: MosquittoBroker, tmp_path: Path) -> None:
@@ -116,7 +117,7 @@ def test_commands_malformed_ones_become_error_events(mosquitto: MosquittoBroker,
             send(CMD_TOPIC, _command(id="c-4", command="set_interval", args={"interval_s": 30}), qos=1)
             send(CMD_TOPIC, _command(id="c-4", command="set_interval", args={"interval_s": 30}), qos=1)  # again
             send(CMD_TOPIC, _command(id="c-5", command="rollback"), qos=1)
-            assert recorder.wait_for(lambda ms: len([m for m in ms if m.topic.endswith("/events")]) == 6)
+            assert recorder.wait_for(lambda ms: len([m for m in ms if m.topic.endswith("/events")]) == 7)
             assert handled.wait(5)
             link.publish_telemetry(sample_telemetry(spool.next_seq()))  # still alive and publishing
             assert recorder.wait_for(lambda ms: _seqs(ms) == [1])
@@ -127,18 +128,21 @@ def test_commands_malformed_ones_become_error_events(mosquitto: MosquittoBroker,
             validator.validate(event)
         by_kind = [(e["kind"], e["command_id"]) for e in events]
         assert by_kind == [("command_rejected", None), ("command_rejected", None), ("command_rejected", "c-1"),
-                           ("command_rejected", "c-2"), ("pong", "c-3"), ("command_failed", "c-5")]  # fmt: skip
-        assert events[0]["message"].startswith("command payload is not valid UTF-8 JSON: Expecting property name")
+                           ("command_rejected", "c-2"), ("pong", "c-3"), ("command_rejected", "c-4"),
+                           ("command_failed", "c-5")]  # fmt: skip
+        assert events[0]["message"].startswith("command payload is not valid JSON: Expecting property name")
         assert events[0]["details"]["payload_excerpt"] == "{not json"
-        assert "not valid UTF-8 JSON: 'utf-8' codec can't decode" in events[1]["message"]
+        assert events[1]["message"] == "command payload is not UTF-8: byte 0 (invalid start byte)"
         assert events[2]["message"] == ("command does not match schema command.v1: "
                                         "args.interval_s: 0 is less than the minimum of 1")  # fmt: skip
         assert "command: 'reboot' is not one of ['deploy', 'rollback', 'set_interval', 'ping']" in events[3]["message"]
-        assert events[5]["message"] == "command 'rollback' failed: RuntimeError: no previous bundle to roll back to"
-        assert all(e["level"] == "error" for e in events if e["kind"] != "pong")
+        assert events[5]["message"].startswith("command 'set_interval' refused: command id 'c-4' was already received at ")
+        assert events[5]["level"] == "warning" and events[5]["details"]["reason"] == "replayed"
+        assert events[6]["message"] == "command 'rollback' failed: RuntimeError: no previous bundle to roll back to"
+        assert all(e["level"] == "error" for e in events if e["kind"] != "pong" and e["command_id"] != "c-4")
         assert [c["id"] for c in received] == ["c-4"]  # the duplicate delivery was dropped
         assert received[0]["args"] == {"interval_s": 30}
-        assert counters.commands_received == 8 and counters.commands_rejected == 4
+        assert counters.commands_received == 8 and counters.commands_rejected == 5
 
 
 def test_without_a_handler_commands_fail_with_an_event(mosquitto: MosquittoBroker, tmp_path: Path) -> None:

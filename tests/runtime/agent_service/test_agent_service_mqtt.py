@@ -20,6 +20,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from edgekit_runtime.agent.client import AgentClient
 from edgekit_runtime.agent.config import load_config
 from edgekit_runtime.agent.service import AgentService, synthetic_feeds
+from edgekit_runtime.agent.telemetry import utc_timestamp
 from edgekit_runtime.bundle import open_bundle
 from edgekit_runtime.schemas import validate_message
 from tests.runtime.agent_service.bundles import pack_tar
@@ -66,7 +67,8 @@ class Listener:
 
     def command(self, command: str, args: dict[str, Any] | None = None) -> str:
         command_id = uuid.uuid4().hex
-        payload = {"schema": "edgekit.command/1", "id": command_id, "command": command, **({"args": args} if args is not None else {})}
+        payload = {"schema": "edgekit.command/1", "id": command_id, "command": command, "issued_at": utc_timestamp(),
+                   **({"args": args} if args is not None else {})}
         self.client.publish(f"{self.prefix}/cmd", json.dumps(payload), qos=1).wait_for_publish(5)
         return command_id
 
