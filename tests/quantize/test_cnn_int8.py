@@ -1,0 +1,111 @@
+"""Static int8 on convolutional graphs the way third-party CNNs are built (PP-OCR, MobileNet): float
+consumers must not read past a Q/DQ pair that applies a folded Relu, and a quantized Conv keeps its output
+quantized so that ONNX Runtime runs it as ``QLinearConv`` instead of a float Conv on dequantized weights."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from edgekit.precision import Backend, Precision
+from edgekit.quantize.stage import quantize_model
+from edgekit.recipe import QuantizationSpec
+from edgekit.target import get_target
+
+
+def _save(nodes: list, inits: list, outputs: list[tuple[str, list]], path: Path, channels: int = 8) -> Path:
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", channels, 12, 12])],
+                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in outputs], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.save(model, str(path))
+    return path
+
+
+def _conv(rng: np.random.Generator, name: str, cin: int, cout: int, k: int, inits: list, x: str, y: str) -> object:
+    inits.append(numpy_helper.from_array(rng.normal(0, 0.3, (cout, cin, k, k)).astype(np.float32), f"{name}_w"))
+    inits.append(numpy_helper.from_array(rng.normal(0, 0.2, cout).astype(np.float32), f"{name}_b"))
+    return helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [y], name=name, pads=[k // 2] * 4, kernel_shape=[k, k])
+
+
+def se_like(path: Path) -> Path:
+    """conv1 -> Relu -> {conv2 (kept float by the recipe), conv3}: PP-OCR's squeeze-excite convolutions."""
+    rng = np.random.default_rng(0)
+    inits: list = []
+    nodes = [
+        _conv(rng, "conv1", 8, 16, 3, inits, "image", "c1"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        _conv(rng, "conv2", 16, 4, 1, inits, "r1", "squeezed"),
+        _conv(rng, "conv3", 16, 8, 3, inits, "r1", "features"),
+    ]
+    return _save(nodes, inits, [("squeezed", ["N", 4, 12, 12]), ("features", ["N", 8, 12, 12])], path)
+
+
+def silu_between(path: Path) -> Path:
+    """conv1 -> x * Sigmoid(x) (float ops only) -> conv2: conv1's output has no quantized reader."""
+    rng = np.random.default_rng(1)
+    inits: list = []
+    nodes = [
+        _conv(rng, "conv1", 8, 16, 3, inits, "image", "c1"),
+        helper.make_node("Sigmoid", ["c1"], ["gate"], name="sigmoid"),
+        helper.make_node("Mul", ["c1", "gate"], ["silu"], name="silu"),
+        _conv(rng, "conv2", 16, 8, 3, inits, "silu", "features"),
+    ]
+    return _save(nodes, inits, [("features", ["N", 8, 12, 12])], path)
+
+
+def _batches(count: int, seed: int = 2) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"image": rng.normal(0, 1, (8, 8, 12, 12)).astype(np.float32)} for _ in range(count)]
+
+
+def _quantize(fp32: Path, tmp_path: Path, **spec: object) -> Path:
+    out = tmp_path / "int8.onnx"
+    quantize_model(fp32, out, QuantizationSpec(calibrator="minmax", **spec), get_target("x86-64-cpu"), Backend.ONNXRUNTIME, Precision.INT8,
+                   _batches(4), tmp_path, cache_dir=tmp_path / "cache")
+    return out
+
+
+def _run(path: Path, feeds: dict[str, np.ndarray], optimized: Path | None = None) -> dict[str, np.ndarray]:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    if optimized is not None:
+        options.optimized_model_filepath = str(optimized)
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float((a * b).sum() / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_float_consumer_of_a_folded_relu_reads_the_relu_output(tmp_path):
+    """conv2 (float) reads conv1's output after the Relu the quantizer folded into conv1's Q: reading the
+    tensor before the Q would skip the Relu (negative values leak into conv2)."""
+    fp32 = se_like(tmp_path / "fp32.onnx")
+    int8 = _quantize(fp32, tmp_path, exclude_nodes=("conv2",))
+    feeds = _batches(1, seed=9)[0]
+    want, got = _run(fp32, feeds), _run(int8, feeds)
+    assert _cosine(got["squeezed"], want["squeezed"]) > 0.99
+    assert _cosine(got["features"], want["features"]) > 0.99
+    conv2 = next(n for n in onnx.load(str(int8)).graph.node if n.name == "conv2")
+    assert conv2.input[1] == "conv2_w", "conv2 was excluded: float weights"
+
+
+def test_quantized_conv_with_only_float_readers_keeps_its_output_quantized(tmp_path):
+    """conv1's readers (Sigmoid, Mul) are float; its output keeps a Q/DQ pair all the same, so ONNX Runtime
+    fuses both convolutions into QLinearConv (without it conv1 ran as a float Conv on dequantized weights)."""
+    fp32 = silu_between(tmp_path / "fp32.onnx")
+    int8 = _quantize(fp32, tmp_path)
+    feeds = _batches(1, seed=9)[0]
+    optimized = tmp_path / "optimized.onnx"
+    got = _run(int8, feeds, optimized)["features"]
+    assert _cosine(got, _run(fp32, feeds)["features"]) > 0.99
+    ops = collections.Counter(n.op_type for n in onnx.load(str(optimized)).graph.node)
+    assert ops["QLinearConv"] == 2, ops
+    assert ops["Conv"] == 0 and ops["FusedConv"] == 0, ops
