@@ -87,7 +87,7 @@ def fit_batch(recipe: Recipe, batch: Batch, dims: dict[str, int]) -> Batch:
         for axis, dim in enumerate(spec.shape):
             if isinstance(dim, str):
                 array = fit_axis(array, axis, dims[dim])
-        out[spec.name] = np.ascontiguousarray(array)
+        out[spec.name] = np.require(array, requirements="C")  # ascontiguousarray would make a rank-0 input rank 1
     return out
 
 

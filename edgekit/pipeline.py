@@ -20,10 +20,11 @@ from typing import Any, Callable
 import numpy as np
 
 from edgekit.bundle.golden import write_golden
-from edgekit.bundle.manifest import SCHEMA_VERSION, file_hashes, host_description, toolchain_versions, write_manifest
+from edgekit.bundle.manifest import SCHEMA_VERSION, file_hashes, host_description, model_opset, toolchain_versions, write_manifest
 from edgekit.bundle.staging import BundleStaging, check_destination
 from edgekit.data import Batch, dims_at, fit_batch, load_batches, model_inputs
 from edgekit.engines import BUILDERS, EngineBuild
+from edgekit.engines.onnxruntime import device_threads
 from edgekit.errors import BuildError
 from edgekit.evaluate import AccuracyResult, check_budget, evaluate_accuracy
 from edgekit.export import check_and_infer, check_parity, export_onnx
@@ -215,11 +216,12 @@ def stage_prune(state: BuildState) -> None:
     state.prune = report.to_dict()
 
 
-def stage_export(state: BuildState) -> None:
+def stage_export(state: BuildState) -> str | None:
     recipe, loaded = state.recipe, state.loaded
     assert loaded is not None
     state.opset = recipe.export.opset or state.target.build.opset
     state.fp32_path = state.workdir / "exported.onnx"
+    note = ""
     if loaded.onnx_path is None or state.prune is not None:
         result = export_onnx(state.export_module, recipe, model_inputs(recipe, state.samples[0]), state.opset, state.fp32_path)
         state.opset = result.opset
@@ -228,10 +230,18 @@ def stage_export(state: BuildState) -> None:
         import onnx
 
         onnx.save(onnx.load(str(loaded.onnx_path), load_external_data=True), str(state.fp32_path))
-        check_and_infer(state.fp32_path)
         state.export = {"exporter": loaded.exporter or "none", "opset": loaded.details.get("opset", state.opset), "seconds": 0.0, "fallback_reason": None}
-    state.signature_dict = io_section(recipe, state.fp32_path)
+        if loaded.kind == "onnx":  # a file from another toolchain: named dims, the opset the precision needs
+            from edgekit.sources.onnx_file import upgrade_source_opset
+
+            feeds = [model_inputs(recipe, batch) for batch in state.samples]
+            state.recipe, conversion = upgrade_source_opset(state.fp32_path, recipe, state.precision, state.auto, feeds)
+            state.export.update(source_notes=loaded.details.get("notes") or [], opset_conversion=conversion.to_manifest() if conversion else None)
+            note = "; ".join([*state.export["source_notes"], *([conversion.describe()] if conversion else [])])
+        check_and_infer(state.fp32_path)
+    state.signature_dict = io_section(state.recipe, state.fp32_path)
     state.model_path = state.fp32_path
+    return note or None
 
 
 def stage_parity(state: BuildState) -> str | None:
@@ -382,13 +392,13 @@ def assemble_manifest(state: BuildState, stages: list[dict[str, Any]]) -> dict[s
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "recipe": {"name": recipe.name, "path": str(recipe.path), "sha256": recipe.sha256},
         "target": target.to_json(),
-        "backend": {**engine.to_manifest(state.threads), "selected_because": state.backend_reason},
+        "backend": {**engine.to_manifest(device_threads(recipe, target)), "selected_because": state.backend_reason},
         "precision": state.precision.value,
         "precision_decision": {**state.decision.to_manifest(), **({"requested": "auto"} if state.auto else {})},
         "model": {
             "path": "model.onnx",
             "external_data": "model.onnx.data" if (state.staging_dir / "model.onnx.data").exists() else None,
-            "opset": state.opset,
+            "opset": model_opset(state.staging_dir / "model.onnx") or state.opset,  # the bundle's graph, not the one asked for
             "size_bytes": sum(p.stat().st_size for p in state.staging_dir.glob("model.onnx*")),
             "fp32_size_bytes": sum(p.stat().st_size for p in state.workdir.glob("exported.onnx*")),
             "source": {"kind": loaded.kind, "description": loaded.description, "sha256": loaded.file_sha256},
@@ -408,7 +418,7 @@ def assemble_manifest(state: BuildState, stages: list[dict[str, Any]]) -> dict[s
             **{k: round(v, 4) for k, v in bench.stats.to_dict().items() if k.endswith("_ms")},
             "throughput_per_s": round(bench.throughput_per_s, 2),
             "peak_rss_mb": round(bench.peak_rss_mb, 1),
-            "threads": state.threads,
+            "threads": state.threads,  # this host's run: the target's thread count, capped at this host's cores
             "providers": state.bench_providers,
         },
         "golden": state.golden,
@@ -444,7 +454,7 @@ def build(
             with progress.stage("prune", state.recipe.build.prune.method):
                 stage_prune(state)
         with progress.stage("export", f"opset {state.recipe.export.opset or state.target.build.opset}"):
-            stage_export(state)
+            _note(progress, stage_export(state))
         with progress.stage("parity", "PyTorch vs ONNX at min/opt/max"):
             _note(progress, stage_parity(state))
         if state.auto:

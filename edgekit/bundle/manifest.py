@@ -44,6 +44,16 @@ def host_description() -> dict[str, Any]:
             "os": f"{platform.system()} {platform.release()}", "python": sys.version.split()[0]}
 
 
+def model_opset(path: Path) -> int | None:
+    """The default-domain opset of the ONNX model at ``path`` (None if it has none or is not there)."""
+    import onnx
+
+    if not path.is_file():
+        return None
+    model = onnx.load(str(path), load_external_data=False)
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=None)
+
+
 def file_hashes(root: Path, known: dict[str, str] | None = None) -> dict[str, str]:
     """sha256 of every file under ``root`` except the manifest, keyed by POSIX relative path;
     files already in ``known`` (hashed earlier in the same build) are not read again."""

@@ -34,6 +34,12 @@ class EngineBuild:
         }
 
 
+def device_threads(recipe: Recipe, target: TargetProfile) -> int:
+    """The intra-op threads the device runs with: the recipe's ``build.benchmark.threads``, else the
+    target's CPU cores (never this host's: a Raspberry Pi 5 bundle built here gets the Pi's 4)."""
+    return recipe.build.benchmark.threads or target.cpu.cores
+
+
 def _node_count(model: Any) -> int:
     return len(model.graph.node)
 
@@ -56,7 +62,14 @@ def optimize_portable(src: Path, dst: Path) -> None:
     try:
         ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
     except Exception as exc:
-        raise BuildError(f"ONNX Runtime cannot load the exported model {src}: {exc}", hint="check the export step's opset against the installed onnxruntime") from None
+        import onnx
+
+        opset = max((o.version for o in onnx.load(str(src), load_external_data=False).opset_import if o.domain in ("", "ai.onnx")), default=None)
+        raise BuildError(
+            f"ONNX Runtime {ort.__version__} cannot load the graph for the bundle ({src}, opset {opset}): {exc}",
+            hint="an operator or attribute the error names is missing at this opset or in this onnxruntime: for a model from "
+            "PyTorch set export.opset; for an ONNX file, precisions that need a newer opset upgrade it (manifest export.opset_conversion)",
+        ) from None
 
 
 def build_onnxruntime(model_path: Path, out_path: Path, target: TargetProfile, recipe: Recipe, precision: Precision) -> EngineBuild:

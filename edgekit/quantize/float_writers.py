@@ -190,7 +190,8 @@ def _convert_opset(model: Any, opset: int, path: Path) -> Any:
     except Exception as exc:
         raise QuantizationError(
             f"{path}: converting the graph from opset {current} to {opset} (needed by this format's DequantizeLinear) failed: {exc}",
-            hint=f"export at opset {opset} (recipe export.opset) so no conversion is needed",
+            hint=f"for a PyTorch model, export at opset {opset} (recipe export.opset) so no conversion is needed; an ONNX file must "
+            f"already be opset {opset}: upgrade it with the tool that produced it",
         ) from exc
     if converted.ir_version < 10:
         converted.ir_version = 10 if opset < 23 else 11

@@ -310,7 +310,7 @@ def add_quantization_switches(model: Any, groups: Sequence[NodeGroup], plan: Qua
     graph.node.extend(new_nodes)
     graph.initializer.extend(new_initializers)
     if not any(opset.domain in ("", "ai.onnx") and opset.version >= 13 for opset in model.opset_import):
-        raise QuantizationError("sensitivity analysis needs an ONNX model with opset >= 13 (per-axis QuantizeLinear, Where on bool)", hint="re-export with a newer opset")
+        raise QuantizationError("sensitivity analysis needs an ONNX model with opset >= 13 (per-axis QuantizeLinear, Where on bool)", hint="upgrade the graph to opset 13 or newer (export.opset for a PyTorch model; an ONNX file is upgraded by the build's export stage)")
     return flags
 
 

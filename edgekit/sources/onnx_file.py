@@ -1,14 +1,52 @@
 """Model source: an existing ``.onnx`` file. Export is skipped; there is no PyTorch reference, so
-parity is not checked and accuracy is measured against this FP32 graph run by ONNX Runtime."""
+parity is not checked and accuracy is measured against this FP32 graph run by ONNX Runtime.
+
+Files from other toolchains (Paddle2ONNX, older exporters) need two repairs that an export never does:
+
+* dims written as ``dim_value: -1`` (or 0, or neither value nor name) are dynamic dims without a name;
+  they are named (inputs after the recipe's dim names, outputs by shape inference or after the output)
+  and each renaming is noted in the manifest's ``export.source_notes``.
+* a graph below the opset a precision needs (per-channel int8's ``DequantizeLinear(axis)`` is opset 13)
+  is upgraded with onnx's version converter and checked against the original on the sample batches;
+  if that fails, static int8 falls back to per-tensor scales, which older opsets support. Both are
+  recorded in ``export.opset_conversion``. The user of a third-party file cannot re-export it, so no
+  message here tells them to.
+"""
 
 from __future__ import annotations
 
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from edgekit.errors import SourceError
+import numpy as np
+
+from edgekit.errors import BuildError, SourceError
+from edgekit.precision import Precision
+from edgekit.quantize.float_writers import FORMAT_OPSET
 from edgekit.recipe import OnnxSource, Recipe
 from edgekit.sources.base import LoadedModel
+from edgekit_runtime.golden import row_cosine_min
 from edgekit_runtime.hashing import sha256_file
+
+log = logging.getLogger(__name__)
+
+#: The lowest main-domain opset the graph handed to each precision's writer must have, and why.
+OPSET_NEEDED: dict[Precision | str, tuple[int, str]] = {
+    Precision.INT8: (13, "per-channel int8 writes DequantizeLinear with an axis attribute (opset 13)"),
+    "auto": (13, "--precision auto's sensitivity analysis writes per-axis QuantizeLinear (opset 13)"),
+    **{p: (opset, f"{p.value} writes its DequantizeLinear at opset {opset}") for p, (opset, _) in FORMAT_OPSET.items()},
+}
+#: Precisions that can still be built when the upgrade fails, and the recipe change that makes them work.
+PER_TENSOR_FALLBACK = {Precision.INT8: "per-tensor int8 (quantization.per_channel: false): opset 10+ QuantizeLinear/DequantizeLinear have no axis"}
+
+
+def main_opset(model: Any) -> int | None:
+    """The model's opset of the default ONNX domain (None if it imports none)."""
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=None)
 
 
 def load_onnx_file(spec: OnnxSource, recipe: Recipe, workdir: Path) -> LoadedModel:
@@ -24,13 +62,200 @@ def load_onnx_file(spec: OnnxSource, recipe: Recipe, workdir: Path) -> LoadedMod
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SourceError(
             f"{recipe.path}: model.path {path} is not a valid ONNX model: {first_line}",
-            hint="re-export the model, or check that the file was copied completely (size, hash)",
+            hint="check that the file was copied completely (size, hash), or open it with onnx.load to see what its producer wrote",
         ) from None
+    notes = name_dynamic_dims(model, recipe)
+    onnx_path = path
+    if notes:  # the bundle's graph is the repaired copy; the source hash stays the user's file
+        onnx_path = workdir / "source.onnx"
+        large = model.ByteSize() > 1_800_000_000
+        onnx.save(model, str(onnx_path), save_as_external_data=large, location=onnx_path.name + ".data" if large else None)
     return LoadedModel(
         kind="onnx",
         description=str(path),
-        onnx_path=path,
+        onnx_path=onnx_path,
         exporter="none",
         file_sha256=sha256_file(path),
-        details={"opset": max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=None)},
+        details={"opset": main_opset(model), "notes": notes, "producer": " ".join(filter(None, (model.producer_name, model.producer_version))) or None},
     )
+
+
+# ---------------------------------------------------------------------------------------------- dims
+
+
+def _unnamed(dim: Any) -> bool:
+    """``dim_value`` -1 or 0, or neither a value nor a name: a dynamic dim some exporters leave unnamed."""
+    return not dim.dim_param and (not dim.HasField("dim_value") or dim.dim_value <= 0)
+
+
+def _written(dim: Any) -> str:
+    return f"dim_value: {dim.dim_value}" if dim.HasField("dim_value") else "no dim_value or dim_param"
+
+
+def _dim_name(tensor: str, axis: int) -> str:
+    return f"{re.sub(r'[^0-9A-Za-z_]', '_', tensor)}_dim{axis}"
+
+
+def name_dynamic_dims(model: Any, recipe: Recipe) -> list[str]:
+    """Name every unnamed dynamic dim of the graph's inputs and outputs, in place; returns one note per
+    renamed dim. An input dim takes the recipe's dim name at that axis (``<input>_dim<axis>`` where the
+    recipe fixes a size there); an output dim takes what shape inference derives from the named inputs
+    (e.g. ``batch``), else ``<output>_dim<axis>``."""
+    import onnx
+
+    graph = model.graph
+    specs = {spec.name: spec for spec in recipe.inputs}
+    initializers = {init.name for init in graph.initializer}
+    notes: list[str] = []
+    for value in graph.input:
+        if value.name in initializers or not value.type.HasField("tensor_type"):
+            continue
+        spec = specs.get(value.name)
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if not _unnamed(dim):
+                continue
+            recipe_dim = spec.shape[axis] if spec is not None and axis < len(spec.shape) else None
+            name = recipe_dim if isinstance(recipe_dim, str) else _dim_name(value.name, axis)
+            notes.append(f"input '{value.name}' axis {axis}: {_written(dim)} in the file, treated as the dynamic dim '{name}'")
+            dim.Clear()
+            dim.dim_param = name
+    unnamed_outputs = [(value, axis) for value in graph.output if value.type.HasField("tensor_type")
+                       for axis, dim in enumerate(value.type.tensor_type.shape.dim) if _unnamed(dim)]
+    if not unnamed_outputs:
+        return notes
+    written = {(value.name, axis): _written(value.type.tensor_type.shape.dim[axis]) for value, axis in unnamed_outputs}
+    for value, axis in unnamed_outputs:
+        value.type.tensor_type.shape.dim[axis].Clear()  # unknown, so inference may fill it in
+    try:
+        inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(model).graph.output}
+    except Exception as exc:  # inference is a nicety here; the names below are still valid
+        log.info("shape inference of the ONNX source failed while naming output dims: %s", exc)
+        inferred = {}
+    for value, axis in unnamed_outputs:
+        dim = value.type.tensor_type.shape.dim[axis]
+        found = inferred.get(value.name)
+        found_dims = found.type.tensor_type.shape.dim if found is not None else []
+        if axis < len(found_dims) and found_dims[axis].dim_param:
+            name, how = found_dims[axis].dim_param, "inferred from the inputs as"
+        elif axis < len(found_dims) and found_dims[axis].dim_value > 0:
+            dim.dim_value = found_dims[axis].dim_value
+            notes.append(f"output '{value.name}' axis {axis}: {written[(value.name, axis)]} in the file, inferred from the inputs as size {dim.dim_value}")
+            continue
+        else:
+            name, how = _dim_name(value.name, axis), "named"
+        dim.dim_param = name
+        notes.append(f"output '{value.name}' axis {axis}: {written[(value.name, axis)]} in the file, {how} the dynamic dim '{name}'")
+    return notes
+
+
+# ---------------------------------------------------------------------------------------------- opset
+
+
+@dataclass(frozen=True)
+class OpsetConversion:
+    """What happened to an ONNX source's opset for the chosen precision (``export.opset_conversion``)."""
+
+    original_opset: int
+    needed_opset: int
+    reason: str
+    converted_opset: int | None = None
+    max_abs_diff: float | None = None  # converted vs original graph on the sample batches
+    error: str | None = None
+    fallback: str | None = None
+
+    def describe(self) -> str:
+        if self.fallback is not None:
+            return f"opset {self.original_opset} kept (upgrade to {self.needed_opset} failed: {self.error}); {self.fallback}"
+        return f"opset {self.original_opset} upgraded to {self.converted_opset} ({self.reason}); max abs diff {self.max_abs_diff:.2g} on the samples"
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {
+            "original_opset": self.original_opset,
+            "needed_opset": self.needed_opset,
+            "converted_opset": self.converted_opset,
+            "reason": self.reason,
+            "max_abs_diff": self.max_abs_diff,
+            "error": self.error,
+            "fallback": self.fallback,
+        }
+
+
+def upgrade_source_opset(path: Path, recipe: Recipe, precision: Precision, auto: bool,
+                         feeds: Sequence[Mapping[str, np.ndarray]]) -> tuple[Recipe, OpsetConversion | None]:
+    """Upgrade the ONNX source at ``path`` in place to the opset the precision needs (None when it has it).
+
+    The converted graph must load in ONNX Runtime and match the original on ``feeds`` within the recipe's
+    parity tolerance; otherwise the original stays, and static int8 continues per-tensor (the returned
+    recipe says so), while precisions without a fallback raise :class:`BuildError`."""
+    import onnx
+
+    needed = OPSET_NEEDED.get("auto" if auto else precision)
+    if needed is None:
+        return recipe, None
+    opset, reason = needed
+    model = onnx.load(str(path), load_external_data=True)
+    original = main_opset(model) or 0
+    if original >= opset:
+        return recipe, None
+    try:
+        converted = _convert(model, opset)
+        onnx.checker.check_model(converted, full_check=True)
+        max_abs_diff = _compare_graphs(model, converted, feeds, recipe)
+    except _ConversionMismatch as exc:
+        error = str(exc)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    else:
+        onnx.save(converted, str(path))
+        log.info("ONNX source upgraded from opset %d to %d: %s", original, opset, reason)
+        return recipe, OpsetConversion(original, opset, reason, converted_opset=main_opset(converted), max_abs_diff=max_abs_diff)
+    where = f"{recipe.path}: model.path {recipe.resolve(recipe.model.path)}"  # type: ignore[union-attr]
+    fallback = PER_TENSOR_FALLBACK.get(precision) if not auto else None
+    if fallback is None:
+        what = "--precision auto" if auto else f"precision {precision.value}"
+        raise BuildError(
+            f"{where} is opset {original}; {what} needs opset {opset} ({reason}), and onnx's version converter "
+            f"could not upgrade it: {error}",
+            hint="build an explicit precision that opset " + str(original) + " supports (fp32, fp16, int8 with per-tensor scales, "
+            "int8-dynamic), or upgrade the file with the tool that produced it (for Paddle models: paddle2onnx --opset_version 13)",
+        )
+    log.warning("opset %d -> %d conversion failed (%s); %s", original, opset, error, fallback)
+    quantization = recipe.build.quantization.model_copy(update={"per_channel": False})
+    recipe = recipe.model_copy(update={"build": recipe.build.model_copy(update={"quantization": quantization})})
+    return recipe, OpsetConversion(original, opset, reason, error=error, fallback=fallback)
+
+
+class _ConversionMismatch(Exception):
+    pass
+
+
+def _convert(model: Any, opset: int) -> Any:
+    from onnx import version_converter
+
+    converted = version_converter.convert_version(model, opset)
+    if converted.ir_version < 7:  # opset 13 needs IR 7
+        converted.ir_version = 7
+    return converted
+
+
+def _compare_graphs(original: Any, converted: Any, feeds: Sequence[Mapping[str, np.ndarray]], recipe: Recipe) -> float:
+    """Run both graphs on ``feeds``; the largest difference, or :class:`_ConversionMismatch` past parity."""
+    import onnxruntime as ort
+
+    sessions = [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]) for m in (original, converted)]
+    parity = recipe.export.parity
+    worst = 0.0
+    for feed in feeds:
+        before, after = (dict(zip([o.name for o in s.get_outputs()], s.run(None, dict(feed)))) for s in sessions)
+        for name, expected in before.items():
+            got = after.get(name)
+            if got is None or np.shape(got) != np.shape(expected):
+                raise _ConversionMismatch(f"output '{name}' changed shape ({np.shape(expected)} -> {np.shape(got)}) after conversion")
+            e, g = np.asarray(expected, dtype=np.float64), np.asarray(got, dtype=np.float64)
+            diff = float(np.abs(e - g).max(initial=0.0))
+            worst = max(worst, diff)
+            if not np.allclose(g, e, atol=parity.atol, rtol=parity.rtol, equal_nan=True) or (
+                    np.asarray(expected).dtype.kind == "f" and row_cosine_min(g, e) < parity.min_cosine):
+                raise _ConversionMismatch(f"the converted graph's output '{name}' differs from the original's by up to {diff:.3g} "
+                                          f"(parity atol {parity.atol:g}, rtol {parity.rtol:g})")
+    return worst
