@@ -23,6 +23,7 @@ from tests.runtime.agent.mosquitto import MosquittoBroker
 REPO = Path(__file__).resolve().parents[2]
 DEVICE, FLEET = "dev-kill", "lab"  # what producer_process publishes as
 INFERENCES_PER_WINDOW = 5  # sample_telemetry's latency samples
+QUEUE_ALL = ["max_queued_messages 0"]
 
 
 def _collect(broker: MosquittoBroker, store_url: str, *extra: str) -> subprocess.Popen[str]:
@@ -81,7 +82,9 @@ def _check_stored_once(store_url: str, produced: int) -> None:
 
 
 def test_killed_collector_restarted_with_cli_defaults_loses_and_duplicates_nothing(tmp_path: Path) -> None:
-    broker = MosquittoBroker(tmp_path / "mosquitto").start()  # Mosquitto's own defaults (max_queued_messages 1000)
+    # The broker as docs/fleet.md configures it for collectors: queue for an absent collector without bound
+    # (Mosquitto's default of 1000 drops what a restart under load takes longer than that to collect).
+    broker = MosquittoBroker(tmp_path / "mosquitto", extra_config=QUEUE_ALL).start()
     db = tmp_path / "fleet.db"
     store_url = f"sqlite:///{db}"
     produced = 600
@@ -117,7 +120,7 @@ def test_killed_collector_restarted_with_cli_defaults_loses_and_duplicates_nothi
 
 
 def test_two_workers_one_killed_is_restarted_and_nothing_is_lost(tmp_path: Path) -> None:
-    broker = MosquittoBroker(tmp_path / "mosquitto").start()
+    broker = MosquittoBroker(tmp_path / "mosquitto", extra_config=QUEUE_ALL).start()
     db = tmp_path / "fleet.db"
     store_url = f"sqlite:///{db}"
     produced = 600
