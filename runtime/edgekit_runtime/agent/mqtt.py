@@ -591,6 +591,9 @@ class MqttLink:
             logger.exception("cannot answer a command on %s", message.topic)
 
     def _handle_command(self, payload: bytes, *, redelivered: bool = False) -> None:
+        if not payload:  # how a host deletes a retained command; nothing to answer
+            logger.debug("empty message on %s (a retained command was cleared)", self.topics.cmd)
+            return
         digest = hashlib.sha256(payload).hexdigest()
         if redelivered and self.replay.payload_seen(digest):
             with self._counts_lock:
