@@ -12,29 +12,48 @@ GET      ``/v1/stats``    the open statistics window and the counters since star
 GET      ``/v1/signature`` the served model's inputs, outputs and dim bounds
 =======  ===============  ===========================================================================
 
-Errors are JSON ``{"error": kind, "message": ..., "hint": ...}``: 400 for inputs that do not match the
-signature (with the expected ``signature``), 413 for a body over the limit, 503 without a model,
-500 when the model fails to run.
+Errors are JSON ``{"error": kind, "message": ..., "hint": ...}``: 400 for a malformed request or inputs
+that do not match the signature (with the expected ``signature``), 408 for a client too slow to send
+its request, 413 for a body over the limit, 431 for headers over the limit, 503 without a model or
+with every connection slot taken, 500 when the model fails to run.
 
-Connections are HTTP/1.1 keep-alive (one thread each, closed after ``idle_timeout_s`` without a request,
-and all closed by ``stop()``); each reply leaves in one write.
+Replies are valid JSON: a NaN or infinite output value is written as the string ``"NaN"``,
+``"Infinity"`` or ``"-Infinity"`` (what ``float()``, numpy's ``np.array(data, dtype=...)`` and
+JavaScript's ``Number()`` read back exactly; Triton's bare ``NaN`` tokens are not JSON), and the reply
+carries ``X-Edgekit-Non-Finite: <count>``. The binary encoding carries such values as they are.
+
+Connections are HTTP/1.1 keep-alive, one thread each, at most ``max_connections`` at a time (past it a
+new connection gets a 503 and is closed). Limits against slow or greedy clients, all enforced on the
+bytes that arrive (nothing is allocated from what a header claims):
+
+* a kept-alive connection with no request for ``idle_timeout_s`` is closed;
+* the request line and headers must arrive within ``header_timeout_s`` of their first byte and fit in
+  ``max_header_bytes`` (else 408 / 431);
+* a body over ``max_request_bytes`` is refused (413) from its ``Content-Length`` before a byte of it is
+  read; a body is read as it arrives, into a buffer that grows with it, and must arrive within
+  ``body_timeout_s`` (else 408); a reply must be taken within ``body_timeout_s`` too.
+
+``stop()`` closes every connection; each reply leaves in one write.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import math
 import os
 import socket
 import socketserver
 import threading
+import time
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from edgekit_runtime.agent.config import ApiAddress, parse_api_address
+from edgekit_runtime.agent.config import ApiAddress, ApiConfig, parse_api_address
 from edgekit_runtime.agent.errors import AgentApiError, NoModelError
 from edgekit_runtime.agent.serving import InferenceServer
 from edgekit_runtime.agent.wire import (
@@ -53,6 +72,37 @@ HealthProvider = Callable[[], dict[str, Any]]
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 #: a kept-alive connection with no request for this long is closed (its thread ends)
 DEFAULT_IDLE_TIMEOUT_S = 60.0
+DEFAULT_MAX_HEADER_BYTES = 16 * 1024
+DEFAULT_MAX_CONNECTIONS = 64
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 60.0
+#: a body's buffer starts at most this big and doubles as bytes arrive (never sized from Content-Length)
+_FIRST_BODY_BUFFER_BYTES = 64 * 1024
+#: how often the server closes connections that ran past a deadline
+_REAP_INTERVAL_S = 0.25
+_NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
+
+
+def _json_canned(status: HTTPStatus, kind: str, message: str, hint: str) -> bytes:
+    """A whole HTTP/1.1 error reply, for answers sent outside a handler (busy, too slow)."""
+    body = json.dumps({"error": kind, "message": message, "hint": hint}).encode("utf-8")
+    head = (f"HTTP/1.1 {status.value} {status.phrase}\r\nContent-Type: {JSON_CONTENT_TYPE}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")  # fmt: skip
+    return head.encode("ascii") + body
+
+
+def _finite_json(value: Any, counter: list[int]) -> Any:
+    """``value`` with every non-finite float spelled as a string (``"NaN"``, ``"Infinity"``, ``"-Infinity"``)."""
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        counter[0] += 1
+        return _NON_FINITE.get(value, "NaN")
+    if isinstance(value, dict):
+        return {key: _finite_json(item, counter) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_json(item, counter) for item in value]
+    return value
 
 
 class _ApiError(Exception):
@@ -78,6 +128,7 @@ class _Handler(BaseHTTPRequestHandler):
         logger.debug("%s %s", self.address_string(), format % args)
 
     def _send(self, status: HTTPStatus, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
+        self.server.set_deadline(self.connection, self.api.body_timeout_s, "reply")  # type: ignore[attr-defined]
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -87,11 +138,69 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _send_json(self, status: HTTPStatus, payload: Any, headers: dict[str, str] | None = None) -> None:
-        self._send(status, json.dumps(payload).encode("utf-8"), JSON_CONTENT_TYPE, headers)
+        try:
+            body = json.dumps(payload, allow_nan=False).encode("utf-8")
+        except ValueError:  # NaN or an infinity somewhere: spelled as strings, counted in a header
+            counter = [0]
+            body = json.dumps(_finite_json(payload, counter), allow_nan=False).encode("utf-8")
+            headers = {**(headers or {}), "X-Edgekit-Non-Finite": str(counter[0])}
+        self._send(status, body, JSON_CONTENT_TYPE, headers)
 
     def _send_error(self, err: _ApiError) -> None:
         payload = {"error": err.kind, "message": err.message, "hint": err.hint, **err.extra}
         self._send_json(err.status, payload)
+
+    def handle_one_request(self) -> None:
+        """One request: wait (idle timeout) for its first byte, read the request line and headers within
+        the header limits, then the ``do_*`` method. Deadlines are enforced by the server's reaper."""
+        server = self.server
+        try:
+            if not self.rfile.peek(1):  # the client closed the connection; the socket timeout is the idle timeout
+                self.close_connection = True
+                return
+            server.set_deadline(self.connection, self.api.header_timeout_s, "headers")  # type: ignore[attr-defined]
+            if not self._read_request_head():
+                self.close_connection = True
+                return
+            method = getattr(self, f"do_{self.command}", None)
+            if method is None:
+                self.send_error(HTTPStatus.NOT_IMPLEMENTED, f"Unsupported method ({self.command!r})")
+                return
+            method()
+            self.wfile.flush()
+        except (TimeoutError, OSError) as err:  # idle timeout, a deadline's shutdown, or the client went away
+            logger.debug("API connection from %s closed: %s", self.address_string(), err)
+            self.close_connection = True
+        finally:
+            server.clear_deadline(self.connection)  # type: ignore[attr-defined]
+
+    def _read_request_head(self) -> bool:
+        """Read the request line and headers (at most ``max_header_bytes``) and parse them; False when
+        the connection is to be closed (an error was answered, or the client went away)."""
+        self.command, self.request_version, self.requestline = None, "HTTP/1.1", ""  # type: ignore[assignment]
+        limit = self.api.max_header_bytes
+        lines: list[bytes] = []
+        size = 0
+        while True:
+            line = self.rfile.readline(limit - size + 1)
+            size += len(line)
+            if size > limit:
+                self.close_connection = True
+                self._send_error(_ApiError(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "headers_too_large",
+                                           f"request line and headers are over the limit of {limit} bytes",
+                                           hint="send fewer or shorter headers, or raise api.max_header_kb"))  # fmt: skip
+                return False
+            if not line.endswith(b"\n"):
+                return False  # the client closed the connection mid-request
+            lines.append(line)
+            if line in (b"\r\n", b"\n"):
+                break
+        self.raw_requestline = lines[0]
+        socket_file, self.rfile = self.rfile, io.BytesIO(b"".join(lines[1:]))
+        try:
+            return bool(self.parse_request())  # answers 400 / 431 / 505 itself when it returns False
+        finally:
+            self.rfile = socket_file
 
     def _dispatch(self, routes: dict[str, Callable[[], None]]) -> None:
         path = self.path.split("?", 1)[0]
@@ -124,9 +233,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch({path: lambda fn=fn: fn(self) for path, fn in self.api.post_routes.items()})
 
     def read_body(self) -> bytearray:
+        """The request body, read as it arrives: refused (413) from Content-Length when over the limit,
+        held in a buffer that starts small and doubles with the bytes received, due within ``body_timeout_s``."""
         length_text = self.headers.get("Content-Length")
-        if length_text is None or not length_text.isdigit():
-            raise _ApiError(HTTPStatus.LENGTH_REQUIRED, "length_required", "send a Content-Length header")
+        if length_text is None or not length_text.isdigit() or not length_text.isascii():
+            raise _ApiError(HTTPStatus.LENGTH_REQUIRED, "length_required", "send a Content-Length header with the body's size in bytes")
         length = int(length_text)
         if length > self.api.max_request_bytes:
             raise _ApiError(
@@ -135,15 +246,18 @@ class _Handler(BaseHTTPRequestHandler):
                 f"request body of {length} bytes is over the limit of {self.api.max_request_bytes}",
                 hint="split the batch, or raise api.max_request_mb in the agent config",
             )
-        body = bytearray(length)
-        view = memoryview(body)
+        self.server.set_deadline(self.connection, self.api.body_timeout_s, "body")  # type: ignore[attr-defined]
+        body = bytearray(min(length, _FIRST_BODY_BUFFER_BYTES))
         received = 0
         while received < length:
-            count = self.rfile.readinto(view[received:])
+            if received == len(body):
+                body.extend(bytes(min(len(body), length - len(body))))
+            count = self.rfile.readinto1(memoryview(body)[received:])
             if not count:
                 raise _ApiError(HTTPStatus.BAD_REQUEST, "truncated", f"body ended after {received} of {length} bytes")
             received += count
         self._body_read = True
+        self.server.clear_deadline(self.connection)  # type: ignore[attr-defined]  # inference has no deadline
         return body
 
 
@@ -167,14 +281,7 @@ def _infer(handler: _Handler) -> None:
     reply_type = accept if accept in (JSON_CONTENT_TYPE, BINARY_CONTENT_TYPE) else content_type
     signature = api.server.signature
     try:
-        if content_type == BINARY_CONTENT_TYPE:
-            feeds = decode_binary(body)
-        else:
-            try:
-                payload = json.loads(body.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as err:
-                raise InputSignatureError(f"request body is not valid JSON: {err}", hint='send {"inputs": {...}}') from err
-            feeds = decode_json_tensors(payload.get("inputs") if isinstance(payload, dict) else None)
+        feeds = _decode_request(body, content_type)
         result = api.server.infer(feeds)
     except InputSignatureError as err:
         raise _ApiError(
@@ -193,6 +300,27 @@ def _infer(handler: _Handler) -> None:
     else:
         payload = {"model": api.server.model_name, "outputs": encode_json_tensors(result.outputs), "timing": timing.to_dict()}
         handler._send_json(HTTPStatus.OK, payload, headers)
+
+
+def _decode_request(body: bytearray, content_type: str) -> dict[str, Any]:
+    """The request's tensors; whatever is wrong with the body is an :class:`InputSignatureError` (a 400)."""
+    try:
+        if content_type == BINARY_CONTENT_TYPE:
+            return decode_binary(body)
+        try:
+            payload = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise InputSignatureError(f"request body is not valid JSON: {err}", hint='send {"inputs": {...}}') from err
+        except RecursionError as err:
+            raise InputSignatureError("request body nests JSON arrays or objects too deeply to parse",
+                                      hint='send {"inputs": {"NAME": {"dtype", "shape", "data"}}} with data nested once per dim') from err  # fmt: skip
+        return decode_json_tensors(payload.get("inputs") if isinstance(payload, dict) else None)
+    except InputSignatureError:
+        raise
+    except (ValueError, TypeError, OverflowError, MemoryError, RecursionError) as err:
+        # numpy's own complaint about a shape or nesting it cannot build (e.g. a dim of 1e30)
+        raise InputSignatureError(f"malformed {content_type} request: {type(err).__name__}: {err}",
+                                  hint="check every tensor's dtype, shape (integers >= 0) and data nesting") from err  # fmt: skip
 
 
 def _health(handler: _Handler) -> None:
@@ -226,12 +354,72 @@ def _signature(handler: _Handler) -> None:
 
 class _ConnectionTracking:
     """Keeps the open connections of a threading server, so that ``close_connections()`` can end the
-    kept-alive ones (whose threads would otherwise go on serving after ``shutdown()``)."""
+    kept-alive ones (whose threads would otherwise go on serving after ``shutdown()``); refuses
+    connections past ``max_connections``; closes connections that run past their phase's deadline
+    (checked from the serving loop, so no thread of its own)."""
+
+    max_connections = DEFAULT_MAX_CONNECTIONS
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
+        self._deadlines: dict[socket.socket, tuple[float, str]] = {}
+        self._next_reap_s = 0.0
+        self.refused_connections = 0
+        self.timed_out_connections = 0
         super().__init__(*args, **kwargs)
+
+    def set_deadline(self, connection: socket.socket, seconds: float, phase: str) -> None:
+        """Close ``connection`` unless its ``phase`` (headers, body, reply) ends within ``seconds``."""
+        self._deadlines[connection] = (time.monotonic() + seconds, phase)
+
+    def clear_deadline(self, connection: socket.socket) -> None:
+        self._deadlines.pop(connection, None)
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        if self.open_connections <= self.max_connections:
+            return True
+        self.refused_connections += 1
+        logger.info("API: refused a connection, %d are open (api.max_connections)", self.max_connections)
+        reply = _json_canned(HTTPStatus.SERVICE_UNAVAILABLE, "busy",
+                             f"the agent already serves {self.max_connections} connections, its limit",
+                             "reuse keep-alive connections (AgentClient does), or raise api.max_connections")  # fmt: skip
+        try:
+            request.setblocking(False)
+            for _ in range(16):  # read what already arrived, so that closing sends a FIN and not a reset
+                if not request.recv(65536):
+                    break
+        except OSError:
+            pass
+        try:
+            request.send(reply)
+        except OSError:
+            pass
+        return False
+
+    def service_actions(self) -> None:
+        super().service_actions()  # type: ignore[misc]
+        now = time.monotonic()
+        if now < self._next_reap_s:
+            return
+        self._next_reap_s = now + _REAP_INTERVAL_S
+        for connection, (deadline, phase) in list(self._deadlines.items()):
+            if now < deadline or self._deadlines.get(connection) != (deadline, phase):
+                continue
+            self._deadlines.pop(connection, None)
+            self.timed_out_connections += 1
+            logger.info("API: closed a connection that took too long to send its %s", phase)
+            if phase != "reply":  # the handler is waiting to read: tell the client why
+                try:
+                    connection.send(_json_canned(HTTPStatus.REQUEST_TIMEOUT, "too_slow", f"the request's {phase} did not arrive in time",
+                                                 "send the whole request at once (api.header_timeout_s, api.body_timeout_s)"),
+                                    socket.MSG_DONTWAIT)  # fmt: skip
+                except OSError:
+                    pass
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed
 
     def get_request(self) -> tuple[socket.socket, Any]:
         request, client_address = super().get_request()  # type: ignore[misc]
@@ -242,6 +430,7 @@ class _ConnectionTracking:
     def shutdown_request(self, request: Any) -> None:
         with self._connections_lock:
             self._connections.discard(request)
+        self._deadlines.pop(request, None)
         super().shutdown_request(request)  # type: ignore[misc]
 
     @property
@@ -289,6 +478,10 @@ class AgentApi:
         health_provider: HealthProvider | None = None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+        body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     ) -> None:
         self.server = server
         # Re-checked here, so that code that builds the API directly cannot bind to the network either.
@@ -298,6 +491,10 @@ class AgentApi:
         self.health_provider = health_provider
         self.max_request_bytes = max_request_bytes
         self.idle_timeout_s = idle_timeout_s
+        self.max_header_bytes = max_header_bytes
+        self.max_connections = max_connections
+        self.header_timeout_s = header_timeout_s
+        self.body_timeout_s = body_timeout_s
         self._httpd: _UnixHTTPServer | _TcpHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -311,10 +508,28 @@ class AgentApi:
         host, port = self._httpd.server_address[:2]  # type: ignore[attr-defined]
         return str(ApiAddress(host=str(host), port=int(port)))
 
+    @classmethod
+    def from_config(cls, server: InferenceServer, config: ApiConfig, *, health_provider: HealthProvider | None = None) -> AgentApi:
+        """The API as the agent config's ``api`` section describes it."""
+        return cls(server, config.address, health_provider=health_provider, max_request_bytes=config.max_request_bytes,
+                   idle_timeout_s=config.idle_timeout_s, max_header_bytes=config.max_header_bytes,
+                   max_connections=config.max_connections, header_timeout_s=config.header_timeout_s,
+                   body_timeout_s=config.body_timeout_s)  # fmt: skip
+
     @property
     def open_connections(self) -> int:
         """Client connections open now (kept alive between requests)."""
         return 0 if self._httpd is None else self._httpd.open_connections
+
+    @property
+    def refused_connections(self) -> int:
+        """Connections refused (503) because ``max_connections`` were open."""
+        return 0 if self._httpd is None else self._httpd.refused_connections
+
+    @property
+    def timed_out_connections(self) -> int:
+        """Connections closed for sending their headers or body, or taking their reply, too slowly."""
+        return 0 if self._httpd is None else self._httpd.timed_out_connections
 
     def start(self) -> AgentApi:
         # Nagle off on TCP, so that a reply does not wait for the client's delayed ACK (no such option on Unix sockets).
@@ -340,6 +555,7 @@ class AgentApi:
                 hint="another process (an agent already running?) holds the address, or the socket's "
                 "directory is not writable; change api.address",
             ) from err
+        httpd.max_connections = self.max_connections
         self._httpd = httpd
         self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.2}, name="edgekit-api", daemon=True)
         self._thread.start()

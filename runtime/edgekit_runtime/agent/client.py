@@ -38,6 +38,18 @@ ENCODINGS = {"binary": BINARY_CONTENT_TYPE, "json": JSON_CONTENT_TYPE}
 _STALE_CONNECTION_ERRORS = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 
 
+def _restore_non_finite(outputs: Any) -> Any:
+    """Float outputs whose data spells NaN or an infinity as a string (see ``agent/api.py``) as numbers."""
+    if not isinstance(outputs, dict):
+        return outputs
+    restored = {}
+    for name, spec in outputs.items():
+        if isinstance(spec, dict) and str(spec.get("dtype", "")).startswith("float") and "data" in spec:
+            spec = {**spec, "data": np.array(spec["data"], dtype=np.float64)}  # float("NaN"), float("-Infinity")
+        restored[name] = spec
+    return restored
+
+
 class _UnixHTTPConnection(http.client.HTTPConnection):
     def __init__(self, path: str, timeout: float) -> None:
         super().__init__("localhost", timeout=timeout)
@@ -164,7 +176,10 @@ class AgentClient:
         }
         if content_type == BINARY_CONTENT_TYPE:
             return decode_binary(bytearray(response))
-        return decode_json_tensors(json.loads(response.decode("utf-8"))["outputs"], section="outputs")
+        outputs = json.loads(response.decode("utf-8"))["outputs"]
+        if "x-edgekit-non-finite" in response_headers:
+            outputs = _restore_non_finite(outputs)
+        return decode_json_tensors(outputs, section="outputs")
 
     def health(self) -> dict[str, Any]:
         """``/v1/health``; a 503 (no model, degraded) still returns the payload rather than raising."""

@@ -121,8 +121,15 @@ class BundlesConfig:
 
 @dataclass(frozen=True)
 class ApiConfig:
+    """The local API's address and its limits against slow or greedy clients (see ``agent/api.py``)."""
+
     address: ApiAddress = field(default_factory=lambda: parse_api_address(DEFAULT_API_ADDRESS))
     max_request_bytes: int = 64 * 1024 * 1024
+    max_header_bytes: int = 16 * 1024
+    max_connections: int = 64
+    idle_timeout_s: float = 60.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -130,6 +137,8 @@ class SpoolConfig:
     path: Path
     max_messages: int = 10_000
     max_bytes: int = 50 * 1024 * 1024
+    #: messages kept in memory while the spool cannot be written (a full disk); past it the oldest go, counted
+    overflow_messages: int = 1000
 
 
 @dataclass(frozen=True)
@@ -333,7 +342,8 @@ def parse_config(data: object, *, file: Path) -> AgentConfig:
         fleet=top.identifier("fleet", example="warehouse-a"),
         broker=_parse_broker(top) if top.has("broker") else None,
         bundles=bundles,
-        api=_parse_api(top.section("api", ("address", "max_request_mb"))),
+        api=_parse_api(top.section("api", ("address", "max_request_mb", "max_header_kb", "max_connections",
+                                           "idle_timeout_s", "header_timeout_s", "body_timeout_s"))),
         telemetry=_parse_telemetry(top.section("telemetry", ("interval_s", "spool"))),
         power=_parse_power(top.section("power", ("sensor", "root", "sample_interval_s"))),
         health=_parse_health(top.section("health", ("window_s", "max_error_rate", "min_requests"))),
@@ -411,17 +421,27 @@ def _parse_bundles(section: _Section) -> BundlesConfig:
 def _parse_api(section: _Section) -> ApiConfig:
     address = parse_api_address(section.string("address", DEFAULT_API_ADDRESS), where=f"{section.file}: api.address")
     max_mb = section.number("max_request_mb", 64, minimum=0, exclusive_minimum=True, example="64")
-    return ApiConfig(address=address, max_request_bytes=int(max_mb * 1024 * 1024))
+    max_header_kb = section.number("max_header_kb", 16, minimum=1, example="16")
+    return ApiConfig(
+        address=address,
+        max_request_bytes=int(max_mb * 1024 * 1024),
+        max_header_bytes=int(max_header_kb * 1024),
+        max_connections=section.number("max_connections", 64, minimum=1, integer=True, example="64"),
+        idle_timeout_s=section.number("idle_timeout_s", 60.0, minimum=0, exclusive_minimum=True, example="60"),
+        header_timeout_s=section.number("header_timeout_s", 10.0, minimum=0, exclusive_minimum=True, example="10"),
+        body_timeout_s=section.number("body_timeout_s", 60.0, minimum=0, exclusive_minimum=True, example="60"),
+    )
 
 
 def _parse_telemetry(section: _Section) -> TelemetryConfig:
-    spool = section.section("spool", ("path", "max_messages", "max_bytes"))
+    spool = section.section("spool", ("path", "max_messages", "max_bytes", "overflow_messages"))
     return TelemetryConfig(
         interval_s=section.number("interval_s", 10.0, minimum=0, exclusive_minimum=True, example="10"),
         spool=SpoolConfig(
             path=spool.path("path", example="/var/lib/edgekit/spool"),
             max_messages=spool.number("max_messages", 10_000, minimum=1, integer=True, example="10000"),
             max_bytes=spool.number("max_bytes", 50 * 1024 * 1024, minimum=1024, integer=True, example="52428800"),
+            overflow_messages=spool.number("overflow_messages", 1000, minimum=1, integer=True, example="1000"),
         ),
     )
 

@@ -14,6 +14,18 @@
   run on a thread of their own so pings are answered during a deploy's health watch);
 * optionally a probe thread that sends a synthetic request every ``probe.interval_s``.
 
+Each of these threads runs under a supervisor (:meth:`AgentService._spawn`): a thread that dies of an
+unexpected exception is restarted after an exponential backoff (0.5 s doubling to 30 s, reset after a
+minute of good running), and the crash is reported as a ``thread_restarted`` event, a
+``agent.thread_restarted`` problem in the next telemetry window and ``threads`` in ``health()``.
+
+Telemetry windows and events reach the spool through one ordered outbox. When the spool cannot be
+written (a full disk) they wait in memory (at most ``telemetry.spool.overflow_messages``; past that
+the oldest are dropped and added to the spool's ``dropped`` counter once it can be written again),
+and go to the spool in order when space returns. A window's ``seq`` is taken in the same commit that
+stores it, so windows kept in memory get their numbers then: no gaps, no number used twice.
+``health()`` reports the state (``problems``, ``spool``) meanwhile, and serving goes on.
+
 ``stop()`` (SIGTERM in ``edgekit-agent run``) publishes a last window and shuts everything down.
 """
 
@@ -33,12 +45,21 @@ import numpy as np
 
 from edgekit_runtime.agent.api import AgentApi
 from edgekit_runtime.agent.bounded import bound_event
+from edgekit_runtime.agent.backoff import Backoff
 from edgekit_runtime.agent.config import AgentConfig
 from edgekit_runtime.agent.ota import Deployer, DeployRequest
 from edgekit_runtime.agent.serving import InferenceServer
 from edgekit_runtime.agent.store import BundleStore
-from edgekit_runtime.agent.telemetry import BundleRef, TelemetryProblem, build_event, build_telemetry
+from edgekit_runtime.agent.telemetry import (
+    EVENT_THREAD_RESTARTED,
+    BundleRef,
+    TelemetryProblem,
+    build_event,
+    build_telemetry,
+    encode_message,
+)
 from edgekit_runtime.errors import EdgekitError
+from edgekit_runtime.schemas import validate_message
 from edgekit_runtime.sensors import DeviceStateReader, PowerIntegrator, PowerSensor, create_sensor
 from edgekit_runtime.signature import ANONYMOUS_DIM, IOSignature
 
@@ -47,6 +68,13 @@ logger = logging.getLogger(__name__)
 LinkFactory = Callable[..., Any]
 MAX_RECENT_EVENTS = 200
 _COMMAND_POLL_S = 0.2
+#: a supervised thread that crashes waits this long before its restart, doubling up to the max
+RESTART_INITIAL_S = 0.5
+RESTART_MAX_S = 30.0
+#: a thread that ran this long before crashing restarts after RESTART_INITIAL_S again
+_RESTART_RESET_AFTER_S = 60.0
+#: how often messages waiting in memory (the spool could not be written) are tried again
+_OUTBOX_RETRY_S = 1.0
 
 
 def synthetic_feeds(signature: IOSignature, dims: Mapping[str, int], *, seed: int = 0) -> dict[str, np.ndarray]:
@@ -108,6 +136,12 @@ class AgentService:
         self._link: Any = None
         self._link_started = False
         self._spool: Any = None
+        # Messages not yet on disk, oldest first: ("telemetry" | "event", message); guarded by _events_lock.
+        self._outbox: deque[tuple[str, dict[str, Any]]] = deque()
+        self._outbox_dropped_unrecorded = 0
+        self._outbox_dropped_total = 0
+        self._outbox_retry_at = 0.0
+        self._threads_health: dict[str, dict[str, Any]] = {}
         self._sensor: PowerSensor | None = None
         self._window_start = datetime.now(timezone.utc)
 
@@ -115,8 +149,7 @@ class AgentService:
         self.store = BundleStore(config.bundles.dir)
         self.deployer = Deployer(self.store, config.bundles, config.health, self.server, self._emit, stop=self._stop,
                                  on_change=self._served_changed)  # fmt: skip
-        self.api = AgentApi(self.server, config.api.address, health_provider=self.health,
-                            max_request_bytes=config.api.max_request_bytes)  # fmt: skip
+        self.api = AgentApi.from_config(self.server, config.api, health_provider=self.health)
         self.state_reader = DeviceStateReader(config.power.root)
         self.integrator: PowerIntegrator | None = None
 
@@ -175,6 +208,9 @@ class AgentService:
             except EdgekitError as err:
                 logger.warning("last telemetry window not published: %s", err)
         self.api.stop()
+        if self._outbox and not self.retry_outbox():
+            logger.error("%d message(s) were never written to the spool (it could not be written) and are lost",
+                         len(self._outbox))  # fmt: skip
         if self._link is not None and self._link_started:
             self._link.stop()
             self._link_started = False
@@ -192,9 +228,45 @@ class AgentService:
         self.stop()
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
-        thread = threading.Thread(target=target, name=name, daemon=True)
+        """Run ``target`` on a supervised daemon thread (restarted with backoff when it raises)."""
+        self._threads_health[name] = {"state": "running", "restarts": 0, "last_error": None}
+        thread = threading.Thread(target=self._supervise, args=(name, target), name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
+
+    def _supervise(self, name: str, target: Callable[[], None]) -> None:
+        record = self._threads_health[name]
+        backoff = Backoff(RESTART_INITIAL_S, RESTART_MAX_S)
+        try:
+            while not self._stop.is_set():
+                started_s = time.monotonic()
+                try:
+                    target()
+                    return  # the loops return when the agent stops (or have nothing to do)
+                except Exception as exc:
+                    if time.monotonic() - started_s >= _RESTART_RESET_AFTER_S:
+                        backoff.reset()
+                    delay_s = backoff.next_delay_s()
+                    record["restarts"] += 1
+                    record["last_error"] = f"{type(exc).__name__}: {exc}"[:500]
+                    logger.exception("agent thread %s crashed; restarting it in %.1f s (restart %d)", name, delay_s,
+                                     record["restarts"])  # fmt: skip
+                    record["state"] = "restarting"
+                    self._report_crash(name, record, delay_s)
+                if self._stop.wait(delay_s):
+                    return
+                record["state"] = "running"
+        finally:
+            record["state"] = "stopped" if self._stop.is_set() else "finished"
+
+    def _report_crash(self, name: str, record: dict[str, Any], delay_s: float) -> None:
+        message = f"agent thread {name} crashed ({record['last_error']}); restart {record['restarts']} in {delay_s:.1f} s"
+        try:
+            self._problem("agent.thread_restarted", message)
+            self._emit({"kind": EVENT_THREAD_RESTARTED, "level": "error", "message": message,
+                        "details": {"thread": name, "restarts": record["restarts"], "error": record["last_error"]}})  # fmt: skip
+        except Exception:  # reporting must never stop the restart
+            logger.exception("cannot report the crash of thread %s", name)
 
     def _start_sensor(self) -> None:
         power = self.config.power
@@ -238,7 +310,7 @@ class AgentService:
             self._link_started = True
             pending, self._pending_events = self._pending_events, []
             for event in pending:
-                self._link.publish_event(event)
+                self._send("event", event)
 
     def _open_replay_window(self) -> Any:
         from edgekit_runtime.agent.replay import ReplayPolicy, ReplayWindow
@@ -261,7 +333,7 @@ class AgentService:
         self.recent_events.append(event)
         with self._events_lock:
             if self._link_started:
-                self._link.publish_event(event)  # a spool append: quick, and keeps events in order
+                self._send("event", event)  # a spool append: quick, and keeps events in order
             elif self.config.broker is not None:
                 self._pending_events.append(event)
 
@@ -293,7 +365,91 @@ class AgentService:
             "uptime_s": round(time.monotonic() - self._started_monotonic_s, 3),
             "device": self.config.device_id,
             "fleet": self.config.fleet,
+            "problems": [problem.to_dict() for problem in self._current_problems()],
+            "spool": self._spool_health(),
+            "threads": {name: dict(record) for name, record in self._threads_health.items()},
         }
+
+    def _current_problems(self) -> list[TelemetryProblem]:
+        """What is wrong now (health's ``problems``; also added to each telemetry window built meanwhile)."""
+        problems = []
+        spool = self._spool
+        error = spool.write_error if spool is not None else None
+        with self._events_lock:
+            waiting, dropped = len(self._outbox), self._outbox_dropped_total
+        if error is not None:
+            code = "spool.disk_full" if spool.disk_full else "spool.write_failed"
+            problems.append(TelemetryProblem(code, f"{error.message}; {waiting} message(s) wait in memory "
+                                             f"(at most {self.config.telemetry.spool.overflow_messages}), {dropped} dropped"))  # fmt: skip
+        return problems
+
+    def _spool_health(self) -> dict[str, Any] | None:
+        spool = self._spool
+        if spool is None:
+            return None
+        error = spool.write_error
+        with self._events_lock:
+            waiting, dropped = len(self._outbox), self._outbox_dropped_total
+        return {
+            "state": "ok" if error is None else ("disk_full" if spool.disk_full else "write_failed"),
+            "error": None if error is None else error.message,
+            "in_memory": waiting,
+            "in_memory_max": self.config.telemetry.spool.overflow_messages,
+            "in_memory_dropped": dropped,
+            "backlog": spool.backlog(),
+        }
+
+    # -- the outbox: spool writes in order, kept in memory while the spool cannot be written -----------
+
+    def _send(self, kind: str, message: dict[str, Any]) -> None:
+        """Under ``_events_lock``: queue ``message`` behind any waiting ones and move what can go to the spool."""
+        self._outbox.append((kind, message))
+        limit = self.config.telemetry.spool.overflow_messages
+        if len(self._outbox) > limit:
+            dropped_kind, _ = self._outbox.popleft()
+            self._outbox_dropped_unrecorded += 1
+            self._outbox_dropped_total += 1
+            logger.warning("spool not writable and %d messages wait in memory: dropped the oldest (%s; %d dropped so far)",
+                           limit, dropped_kind, self._outbox_dropped_total)  # fmt: skip
+        if len(self._outbox) == 1 or time.monotonic() >= self._outbox_retry_at:
+            self._flush_outbox()
+
+    def _flush_outbox(self) -> bool:
+        """Under ``_events_lock``: spool waiting messages, oldest first; False while the spool refuses writes."""
+        from edgekit_runtime.agent.spool import SpoolError
+
+        while self._outbox:
+            kind, message = self._outbox[0]
+            try:
+                if self._outbox_dropped_unrecorded:
+                    self._spool.add_dropped(self._outbox_dropped_unrecorded)
+                    self._outbox_dropped_unrecorded = 0
+                if kind == "telemetry":
+                    self._store_telemetry(message)
+                else:
+                    self._link.publish_event(message)
+            except SpoolError:
+                self._outbox_retry_at = time.monotonic() + _OUTBOX_RETRY_S
+                return False  # logged by the spool once; retried by the telemetry thread and the next send
+            except EdgekitError as err:  # a message that can never be stored (a bug): do not block the rest
+                logger.error("%s message dropped: %s", kind, err)
+            self._outbox.popleft()
+        return True
+
+    def _store_telemetry(self, message: dict[str, Any]) -> None:
+        """Spool a window, taking its ``seq`` in the same commit (a window that is not stored uses no number)."""
+
+        def encode(seq: int) -> bytes:
+            message["seq"] = seq
+            validate_message(message, "telemetry.v1", what=f"telemetry message seq {seq}")
+            return encode_message(message)
+
+        self._spool.append_numbered(self._link.topics.telemetry, encode)
+
+    def retry_outbox(self) -> bool:
+        """Try now to spool the messages waiting in memory; True when none wait any more."""
+        with self._events_lock:
+            return self._flush_outbox() if self._link_started else not self._outbox
 
     # -- telemetry ------------------------------------------------------------------------------------
 
@@ -316,6 +472,8 @@ class AgentService:
                 if self._interval_changed.wait(min(_COMMAND_POLL_S, max(deadline - time.monotonic(), 0))):
                     self._interval_changed.clear()
                     deadline = time.monotonic() + self._interval_s
+                if self._outbox and time.monotonic() >= self._outbox_retry_at:
+                    self.retry_outbox()
             if self._stop.is_set():
                 return
             try:
@@ -331,6 +489,7 @@ class AgentService:
             power = self.integrator.take_window() if self.integrator is not None else None
             with self._problems_lock:
                 problems, self._problems = self._problems, []
+            problems.extend(problem for problem in self._current_problems() if problem.code.startswith("spool."))
             try:
                 state = self.state_reader.read()
             except EdgekitError as err:
@@ -343,7 +502,7 @@ class AgentService:
 
                 power = PowerStats(None, None, None, 0.0, 0, "none", reason="no power sensor started")
             message = build_telemetry(
-                seq=self._spool.next_seq() if self._spool is not None else 1,
+                seq=self._spool.last_seq() + 1 if self._spool is not None else 1,  # taken when stored
                 device=self.config.device_id,
                 fleet=self.config.fleet,
                 window_start=self._window_start,
@@ -363,10 +522,14 @@ class AgentService:
             return message
 
     def publish_telemetry(self) -> dict[str, Any]:
-        """Close the window and publish it (spooled until the broker acknowledges it)."""
+        """Close the window and publish it (spooled until the broker acknowledges it).
+
+        The window's ``seq`` is taken when it is stored; while the spool cannot be written it waits in
+        memory (see the module docstring) and the returned message's ``seq`` is only a guess."""
         message = self.build_telemetry_window()
-        if self._link is not None and self._link_started:
-            self._link.publish_telemetry(message)
+        with self._events_lock:
+            if self._link is not None and self._link_started:
+                self._send("telemetry", message)
         return message
 
     def _probe_loop(self) -> None:

@@ -5,7 +5,14 @@ acknowledges it (:meth:`Spool.ack`). The queue is bounded by message count and p
 an append goes over, the oldest messages are dropped and counted in :meth:`Spool.dropped_total`, a
 counter kept in the same database. :meth:`Spool.next_seq` hands out per-device sequence numbers
 that are committed before they are returned, so a number is never handed out twice, even after
-the process is killed.
+the process is killed; :meth:`Spool.append_numbered` takes the number and queues the message in one
+commit, so a number is used only by a message that is on disk.
+
+A full disk is a state, not a crash: a write that fails for want of space is rolled back (no message,
+no number used) and raises :class:`SpoolFullError`; :attr:`Spool.disk_full` and
+:attr:`Spool.write_error` say so until a write succeeds again. Acknowledgements that cannot be
+committed while the disk is full are kept in memory and committed with the next write that succeeds
+(their messages are not handed out by :meth:`Spool.peek` meanwhile).
 
 ``synchronous=FULL`` (the default) also keeps the last commits across a power cut; ``NORMAL`` is
 faster and still survives the process being killed. One process at a time may open a spool (an
@@ -20,7 +27,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -47,6 +54,20 @@ _SCHEMA = (
 
 class SpoolError(TelemetryError):
     """The spool file cannot be opened, is in use, or a message cannot be queued."""
+
+
+class SpoolFullError(SpoolError):
+    """The spool's file system is full: the write was rolled back; it succeeds again once space is freed."""
+
+
+_FREE_SPACE_HINT = "free space on the spool's file system (the agent keeps new messages in memory meanwhile)"
+
+
+def _is_disk_full(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF == sqlite3.SQLITE_FULL
+    return "disk is full" in str(exc)
 
 
 @dataclass(frozen=True)
@@ -80,6 +101,8 @@ class Spool:
         self.max_messages = max_messages
         self.max_bytes = max_bytes
         self._lock = threading.RLock()
+        self._deferred_acks: set[int] = set()
+        self._write_error: SpoolError | None = None
         self._lock_file = self._acquire_process_lock()
         try:
             self._db = self._open_database(synchronous)
@@ -144,7 +167,28 @@ class Spool:
     # -- queue ----------------------------------------------------------------------------------
 
     def append(self, topic: str, payload: bytes, qos: int = 1) -> int:
-        """Commit one message and return its id; drop the oldest messages if now over the bound."""
+        """Commit one message and return its id; drop the oldest messages if now over the bound.
+
+        Raises :class:`SpoolFullError` (nothing queued) when the file system is full."""
+        payload = self._checked_payload(topic, payload, qos)
+        with self._lock:
+            with self._writing(f"cannot queue a message for {topic!r}"):
+                return self._insert(topic, payload, qos)
+
+    def append_numbered(
+        self, topic: str, make_payload: Callable[[int], bytes], *, counter: str = TELEMETRY_COUNTER, qos: int = 1
+    ) -> tuple[int, int]:
+        """Take the next number of ``counter``, queue ``make_payload(number)`` and return ``(id, number)``.
+
+        Both happen in one commit: when it fails (a full disk raises :class:`SpoolFullError`) the number
+        is not used, so numbers on disk have no gaps and none is handed out twice."""
+        with self._lock:
+            with self._writing(f"cannot queue a numbered message for {topic!r}"):
+                number = self._add_to_counter(counter, 1)
+                payload = self._checked_payload(topic, make_payload(number), qos)
+                return self._insert(topic, payload, qos), number
+
+    def _checked_payload(self, topic: str, payload: object, qos: int) -> bytes:
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise SpoolError(f"spool payload for {topic!r} must be bytes, got {type(payload).__name__}",
                              hint="encode the message first (edgekit_runtime.agent.telemetry.encode_message)")  # fmt: skip
@@ -156,22 +200,31 @@ class Spool:
                 f"message for {topic!r} is {len(payload)} bytes, more than the spool's max_bytes={self.max_bytes}",
                 hint="raise the spool's max_bytes or send a smaller message",
             )
-        with self._lock:
-            try:
-                with _transaction(self._checked_db()):
-                    cursor = self._db.execute(
-                        "INSERT INTO messages (topic, payload, qos, created_at) VALUES (?, ?, ?, ?)",
-                        (topic, payload, qos, time.time()),
-                    )
-                    entry_id = int(cursor.lastrowid or 0)
-                    self._count += 1
-                    self._bytes += len(payload)
-                    self._enforce_bound()
-            except sqlite3.DatabaseError as exc:
-                self._reload_sizes()
-                raise SpoolError(f"spool {self.path}: cannot queue a message for {topic!r}: {exc}",
-                                 hint="check free disk space and the spool file's permissions") from exc  # fmt: skip
-        return entry_id
+        return payload
+
+    def _insert(self, topic: str, payload: bytes, qos: int) -> int:
+        """Inside :meth:`_writing`: insert one message and keep the bound."""
+        cursor = self._db.execute(
+            "INSERT INTO messages (topic, payload, qos, created_at) VALUES (?, ?, ?, ?)",
+            (topic, payload, qos, time.time()),
+        )
+        self._count += 1
+        self._bytes += len(payload)
+        self._enforce_bound()
+        return int(cursor.lastrowid or 0)
+
+    def _writing(self, what: str) -> _write:
+        return _write(self, what)
+
+    @property
+    def disk_full(self) -> bool:
+        """Whether the last write failed because the file system is full (False again after a write succeeds)."""
+        return isinstance(self._write_error, SpoolFullError)
+
+    @property
+    def write_error(self) -> SpoolError | None:
+        """Why the last write failed; None once a write has succeeded since."""
+        return self._write_error
 
     def _enforce_bound(self) -> None:
         dropped = 0
@@ -194,13 +247,16 @@ class Spool:
             logger.warning("spool %s over its bound: dropped the %d oldest message(s)", self.path, dropped)
 
     def peek(self, n: int, *, after_id: int = 0) -> list[SpoolEntry]:
-        """Up to ``n`` queued messages with ``id > after_id``, oldest first; nothing is removed."""
+        """Up to ``n`` queued messages with ``id > after_id``, oldest first; nothing is removed.
+
+        Messages acknowledged while the disk was full (removal deferred) are left out."""
         with self._lock:
             rows = self._checked_db().execute(
                 "SELECT id, topic, payload, qos, created_at FROM messages WHERE id > ? ORDER BY id LIMIT ?",
                 (after_id, max(n, 0)),
             ).fetchall()
-        return [SpoolEntry(int(r[0]), str(r[1]), bytes(r[2]), int(r[3]), float(r[4])) for r in rows]
+            deferred = self._deferred_acks
+        return [SpoolEntry(int(r[0]), str(r[1]), bytes(r[2]), int(r[3]), float(r[4])) for r in rows if r[0] not in deferred]
 
     def ack(self, entry_id: int) -> bool:
         """Remove message ``entry_id`` (delivered); False when it was already gone."""
@@ -214,7 +270,7 @@ class Spool:
         removed = 0
         with self._lock:
             try:
-                with _transaction(self._checked_db()):
+                with self._writing("cannot remove acknowledged messages"):
                     for start in range(0, len(ids), _ACK_CHUNK):
                         chunk = ids[start : start + _ACK_CHUNK]
                         placeholders = ",".join("?" * len(chunk))
@@ -227,10 +283,10 @@ class Spool:
                         self._count -= int(count)
                         self._bytes -= int(size)
                         removed += int(count)
-            except sqlite3.DatabaseError as exc:
-                self._reload_sizes()
-                raise SpoolError(f"spool {self.path}: cannot remove acknowledged messages: {exc}",
-                                 hint="check free disk space and the spool file's permissions") from exc  # fmt: skip
+            except SpoolFullError:
+                # Delivered, but not yet removed: remembered, removed by the next write that succeeds.
+                self._deferred_acks.update(ids)
+                return 0
         return removed
 
     def backlog(self) -> int:
@@ -248,8 +304,16 @@ class Spool:
 
     def next_seq(self, counter: str = TELEMETRY_COUNTER) -> int:
         """The next number of ``counter`` (1, 2, ...), committed before it is returned."""
-        with self._lock, _transaction(self._checked_db()):
+        with self._lock, self._writing(f"cannot take the next {counter!r} number"):
             return self._add_to_counter(counter, 1)
+
+    def add_dropped(self, count: int) -> int:
+        """Add ``count`` messages dropped before they reached the spool (e.g. an in-memory overflow)
+        to :meth:`dropped_total`; returns the new total."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise SpoolError(f"add_dropped count must be an int >= 0, got {count!r}")
+        with self._lock, self._writing("cannot count dropped messages"):
+            return self._add_to_counter(_DROPPED_COUNTER, count)
 
     def last_seq(self, counter: str = TELEMETRY_COUNTER) -> int:
         """The last number :meth:`next_seq` handed out for ``counter`` (0 when none)."""
@@ -273,6 +337,15 @@ class Spool:
         return int(row[0]) if row else 0
 
     # -- lifetime -------------------------------------------------------------------------------
+
+    def _settle_deferred_acks(self) -> None:
+        """Inside a write: remove the messages acknowledged while the disk was full."""
+        ids = sorted(self._deferred_acks)
+        for start in range(0, len(ids), _ACK_CHUNK):
+            chunk = ids[start : start + _ACK_CHUNK]
+            placeholders = ",".join("?" * len(chunk))
+            self._db.execute(f"DELETE FROM messages WHERE id IN ({placeholders})", chunk)
+        self._reload_sizes()
 
     def _reload_sizes(self) -> None:
         count, size = self._db.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM messages").fetchone()
@@ -309,6 +382,64 @@ class Spool:
         return f"Spool({str(self.path)!r}, max_messages={self.max_messages}, max_bytes={self.max_bytes}, {state})"
 
 
+class _write:
+    """A write transaction on the spool: SQLite errors become :class:`SpoolError` (:class:`SpoolFullError`
+    for a full disk) and are remembered in ``spool.write_error``; a commit also settles deferred acks."""
+
+    def __init__(self, spool: Spool, what: str) -> None:
+        self._spool, self._what = spool, what
+        self._transaction = _transaction(spool._checked_db())
+
+    def __enter__(self) -> sqlite3.Connection:
+        spool = self._spool
+        try:
+            db = self._transaction.__enter__()
+            if spool._deferred_acks:
+                spool._settle_deferred_acks()
+            return db
+        except sqlite3.DatabaseError as exc:
+            raise self._failed(exc) from exc
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        spool = self._spool
+        try:
+            self._transaction.__exit__(exc_type, exc, traceback)
+        except sqlite3.DatabaseError as commit_exc:
+            cause = exc if isinstance(exc, sqlite3.DatabaseError) else commit_exc
+            raise self._failed(cause) from cause
+        if exc_type is None:
+            spool._deferred_acks.clear()
+            if spool._write_error is not None:
+                logger.warning("spool %s: writes succeed again", spool.path)
+            spool._write_error = None
+        elif isinstance(exc, sqlite3.DatabaseError):
+            spool._reload_sizes()
+            raise self._failed(exc) from exc
+        else:
+            spool._reload_sizes()
+
+    def _failed(self, exc: sqlite3.DatabaseError) -> SpoolError:
+        spool = self._spool
+        try:
+            if spool._db.in_transaction:
+                spool._db.execute("ROLLBACK")
+            spool._reload_sizes()
+        except sqlite3.DatabaseError:
+            pass  # the next write tries again
+        if _is_disk_full(exc):
+            error: SpoolError = SpoolFullError(f"spool {spool.path}: {self._what}: the file system is full ({exc})",
+                                               hint=_FREE_SPACE_HINT)  # fmt: skip
+        else:
+            error = SpoolError(f"spool {spool.path}: {self._what}: {exc}",
+                               hint="check free disk space and the spool file's permissions")  # fmt: skip
+        if spool._write_error is None:
+            logger.error("%s", error.message)
+        spool._write_error = error
+        return error
+
+
 class _transaction:
     """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on error) on an autocommit connection."""
 
@@ -322,4 +453,7 @@ class _transaction:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        if exc_type is None:
+            self._db.execute("COMMIT")
+        elif self._db.in_transaction:  # SQLite may already have rolled back (e.g. SQLITE_FULL)
+            self._db.execute("ROLLBACK")

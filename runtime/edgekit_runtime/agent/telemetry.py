@@ -40,6 +40,7 @@ EVENT_COMMAND_REJECTED = "command_rejected"
 EVENT_COMMAND_FAILED = "command_failed"
 EVENT_PONG = "pong"
 EVENT_ERROR = "error"
+EVENT_THREAD_RESTARTED = "thread_restarted"
 
 MAX_ERRORS = 64
 MAX_ERROR_MESSAGE_CHARS = 1024
