@@ -14,6 +14,7 @@ that are not UTF-8 are a named error with their byte offset.
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -28,6 +29,15 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 Location = tuple[str | int, ...]
 
 
+class FieldError(ValueError):
+    """Raised by a model validator about one field below the model (``loc``, e.g. ``("dims", "batch", "max")``),
+    so the error names that field and its line instead of the whole model."""
+
+    def __init__(self, loc: Location, message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+
+
 class StrictModel(BaseModel):
     """Base for every configuration model: unknown keys are errors, instances are immutable, and
     numbers are finite (``.inf`` and ``.nan`` are errors)."""
@@ -35,12 +45,17 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
 #: The largest configuration file read (recipes and target profiles are a few KB).
 MAX_CONFIG_BYTES = 1 << 20
 #: The deepest nesting of mappings and sequences (aliases expanded); recipes need about 8.
 MAX_CONFIG_DEPTH = 48
 #: The most nodes a document may have with every alias expanded (the shipped recipes have under 300).
 MAX_CONFIG_NODES = 100_000
+
+
+class _LimitError(yaml.composer.ComposerError):
+    """The document breaks one of the reader's limits (nesting, size with aliases, recursive alias)."""
 
 
 class _PositionLoader(yaml.SafeLoader):
@@ -60,7 +75,7 @@ class _PositionLoader(yaml.SafeLoader):
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent):
             if event.anchor in self._open_anchors:
-                raise yaml.composer.ComposerError(
+                raise _LimitError(
                     None, None, f"alias *{event.anchor} is inside the collection &{event.anchor} it refers to (a recursive alias)", event.start_mark
                 )
             node = super().compose_node(parent, index)
@@ -87,11 +102,11 @@ class _PositionLoader(yaml.SafeLoader):
         self._nodes += nodes
         self._deepest = max(self._deepest, deepest)
         if deepest > MAX_CONFIG_DEPTH:
-            raise yaml.composer.ComposerError(
+            raise _LimitError(
                 None, None, f"{what} nests deeper than {MAX_CONFIG_DEPTH} levels of mappings and sequences (aliases expanded)", mark
             )
         if self._nodes > MAX_CONFIG_NODES:
-            raise yaml.composer.ComposerError(
+            raise _LimitError(
                 None, None,
                 f"{what} makes the document larger than {MAX_CONFIG_NODES:,} values with its aliases expanded "
                 "(an alias bomb: anchors that repeat other anchors)",
@@ -100,9 +115,14 @@ class _PositionLoader(yaml.SafeLoader):
 
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
         try:
-            return super().construct_object(node, deep=deep)
-        except (ValueError, TypeError, OverflowError) as exc:  # e.g. a timestamp such as 2024-02-30
+            data = super().construct_object(node, deep=deep)
+        except (ValueError, TypeError, OverflowError, AttributeError, KeyError, IndexError) as exc:  # e.g. a timestamp 2024-02-30
             raise yaml.constructor.ConstructorError(None, None, f"cannot read this {node.tag.rsplit(':', 1)[-1]} value: {exc}", node.start_mark) from None
+        if isinstance(data, str) and _SURROGATE.search(data):  # "\ud800" escapes: not text, cannot be UTF-8
+            raise yaml.constructor.ConstructorError(
+                None, None, f"this string holds a lone surrogate escape (U+{ord(_SURROGATE.search(data).group()):04X}), which is not a character", node.start_mark
+            )
+        return data
 
     def record(self, node: yaml.Node, loc: Location) -> None:
         self.positions[loc] = (node.start_mark.line + 1, node.start_mark.column + 1)
@@ -161,6 +181,12 @@ def read_yaml(path: Path, error: type[ConfigError] = ConfigError, what: str = "f
         _duplicate_key_check(loader, node, path, error)
         loader.record(node, ())
         data = loader.construct_document(node)
+    except _LimitError as exc:
+        mark = exc.problem_mark
+        raise error(
+            f"{path}:{mark.line + 1}:{mark.column + 1}: {exc.problem}",
+            hint=f"a {what} is a small hand-written file: write the values out instead of nesting anchors and aliases",
+        ) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -270,6 +296,9 @@ def validation_message(exc: ValidationError, model: type[BaseModel], path: Path,
     for err in exc.errors():
         # pydantic appends the union member or validator name to loc for tagged unions; keep data keys.
         loc: Location = tuple(p for p in err["loc"] if isinstance(p, int) or not str(p).startswith("function-"))
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, FieldError):
+            loc = (*loc, *cause.loc)
         pos = _position_for(loc, positions)
         where = f"{path}:{pos[0]}:{pos[1]}" if pos else str(path)
         field = _format_loc(loc)
@@ -286,6 +315,8 @@ def validation_message(exc: ValidationError, model: type[BaseModel], path: Path,
             lines.append(msg)
         elif err["type"] == "missing":
             lines.append(f"{where}: missing required field '{field}'")
+        elif isinstance(cause, FieldError):
+            lines.append(f"{where}: field '{field}': {cause}")
         else:
             given = err.get("input")
             shown = repr(given)

@@ -152,8 +152,8 @@ def choose_backend(recipe: Recipe, target: TargetProfile) -> tuple[Backend, str]
 
 
 def stage_load(recipe_path: Path | str, target_name: str, precision: Precision | str | None, out: Path | str | None, force: bool,
-               backend_name: Backend | str | None = None) -> BuildState:
-    recipe = load_recipe(recipe_path)
+               backend_name: Backend | str | None = None, trust_code: bool = False) -> BuildState:
+    recipe = load_recipe(recipe_path, trust_code=trust_code)
     target = get_target(target_name)
     recipe = recipe.for_target(target.name)
     if backend_name is not None:
@@ -437,11 +437,15 @@ def build(
     force: bool = False,
     progress: StageReporter | None = None,
     backend: Backend | str | None = None,
+    trust_code: bool = False,
 ) -> BuildResult:
-    """``edgekit build``: everything from a recipe file to a bundle directory."""
+    """``edgekit build``: everything from a recipe file to a bundle directory.
+
+    ``trust_code`` lets the recipe name callables outside its own folder (``edgekit.code_trust``).
+    """
     progress = progress or StageReporter()
     with progress.stage("load", str(recipe_path)):
-        state = stage_load(recipe_path, target_name, precision, out, force, backend)
+        state = stage_load(recipe_path, target_name, precision, out, force, backend, trust_code)
         decision = state.decision
         used = decision.used.value if decision.used is decision.requested else f"{decision.used.value} (fallback from {decision.requested.value}: {decision.reason})"
         progress.note(f"recipe {state.recipe.name} → target {state.target.name} ({state.backend.value}: {state.backend_reason}; {used})")

@@ -13,14 +13,32 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from edgekit.config import StrictModel, load_model, validation_message
+from edgekit.code_trust import CodeTrust
+from edgekit.config import FieldError, StrictModel, load_model, validation_message
 from edgekit.errors import RecipeError
 from edgekit.precision import Backend, Precision
 
 CALLABLE_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool")
+#: The values each dtype holds ([low, high] inclusive): bounds of random inputs and constant values must fit.
+DTYPE_RANGES: dict[str, tuple[float, float]] = {
+    "float32": (-3.4028234663852886e38, 3.4028234663852886e38), "float16": (-65504.0, 65504.0),
+    "bfloat16": (-3.3895313892515355e38, 3.3895313892515355e38), "int64": (-(2**63), 2**63 - 1),
+    "int32": (-(2**31), 2**31 - 1), "int8": (-128, 127), "uint8": (0, 255), "bool": (0, 1),
+}
+#: Bytes per element of the arrays edgekit makes for each dtype (bfloat16 test inputs are made as float32).
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 4, "int64": 8, "int32": 4, "int8": 1, "uint8": 1, "bool": 1}
+#: The largest dimension (TensorRT and many kernels index with int32).
+MAX_DIM = 2**31 - 1
+#: The most bytes one batch of inputs may take at the max shape: test, golden and benchmark batches are made
+#: at these shapes, so a typo such as a batch of 10**9 fails here, not after minutes of export.
+MAX_BATCH_BYTES = 4 << 30
+#: Names that become file or folder names (the recipe's, hence the bundle's and its output folder's).
+SAFE_NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
+#: Tensor names: they become keys (member names) of the golden .npz archives.
+TENSOR_NAME_PATTERN = r"^[A-Za-z0-9_][\w.:/-]*$"
 
 
 # ---------------------------------------------------------------- model sources
@@ -82,9 +100,9 @@ ModelSource = Annotated[
 
 
 class DynamicDim(StrictModel):
-    min: int = Field(ge=1)
-    opt: int = Field(ge=1)
-    max: int = Field(ge=1)
+    min: int = Field(ge=1, le=MAX_DIM)
+    opt: int = Field(ge=1, le=MAX_DIM)
+    max: int = Field(ge=1, le=MAX_DIM)
 
     @model_validator(mode="after")
     def _ordered(self) -> "DynamicDim":
@@ -94,7 +112,7 @@ class DynamicDim(StrictModel):
 
 
 class TensorSpec(StrictModel):
-    name: str = Field(pattern=r"^[A-Za-z_][\w.:/-]*$")
+    name: str = Field(pattern=r"^[A-Za-z_][\w.:/-]*$", max_length=256)
     dtype: Literal[DTYPES]  # type: ignore[valid-type]
     shape: tuple[int | str, ...] = Field(description="ints for fixed dims, names for dynamic dims")
     low: float | None = Field(default=None, description="lower bound for random test inputs")
@@ -106,9 +124,32 @@ class TensorSpec(StrictModel):
         for dim in shape:
             if isinstance(dim, int) and dim < 1:
                 raise ValueError(f"fixed dimensions must be >= 1, got {dim}")
+            if isinstance(dim, int) and dim > MAX_DIM:
+                raise ValueError(f"fixed dimension {dim} is larger than {MAX_DIM} (2**31 - 1); is it a typo?")
             if isinstance(dim, str) and not re.match(r"^[A-Za-z_]\w*$", dim):
                 raise ValueError(f"dynamic dimension names must be identifiers, got '{dim}'")
+        if len(shape) > 16:
+            raise ValueError(f"rank {len(shape)} is more than 16 dimensions; is the shape a typo?")
         return shape
+
+    @model_validator(mode="after")
+    def _bounds_fit_dtype(self) -> "TensorSpec":
+        """low/high/value are numbers the dtype holds (whole numbers for integer dtypes)."""
+        if self.dtype == "bool" and (self.low is not None or self.high is not None):
+            raise ValueError(f"input '{self.name}' is bool: low/high do not apply (random bools are 0 or 1); remove them")
+        lowest, highest = DTYPE_RANGES[self.dtype]
+        integer = self.dtype.startswith(("int", "uint"))
+        for field, value, top in (("low", self.low, highest), ("high", self.high, highest + 1 if integer else highest),
+                                  ("value", getattr(self, "value", None), highest)):
+            if value is None or isinstance(value, bool):
+                continue
+            if integer and not float(value).is_integer():
+                raise ValueError(f"input '{self.name}' is {self.dtype}: {field} must be a whole number, got {value}")
+            if not lowest <= value <= top:
+                raise ValueError(f"input '{self.name}': {field} {value:g} does not fit {self.dtype} ({lowest:g} .. {top:g})")
+        if self.low is not None and self.high is not None and not self.low < self.high:
+            raise ValueError(f"input '{self.name}': need low < high, got low={self.low} high={self.high}")
+        return self
 
 
 # ---------------------------------------------------------------- data
@@ -183,8 +224,8 @@ class ParitySpec(StrictModel):
     atol: float = Field(default=1e-4, gt=0)
     rtol: float = Field(default=1e-3, ge=0)
     min_cosine: float = Field(default=0.9999, gt=0, le=1)
-    random_inputs: int = Field(default=1, ge=0, description="random batches per shape on top of the samples")
-    seed: int = 0
+    random_inputs: int = Field(default=1, ge=0, le=1000, description="random batches per shape on top of the samples")
+    seed: int = Field(default=0, ge=0, lt=2**64)
 
 
 class ExportSpec(StrictModel):
@@ -197,10 +238,10 @@ class ExportSpec(StrictModel):
 
 
 class BenchmarkSpec(StrictModel):
-    warmup: int = Field(default=10, ge=0)
-    iterations: int = Field(default=50, ge=1)
+    warmup: int = Field(default=10, ge=0, le=1_000_000)
+    iterations: int = Field(default=50, ge=1, le=1_000_000)
     dims: dict[str, int] = Field(default_factory=dict, description="dynamic dim values to time at (default: opt)")
-    threads: int | None = Field(default=None, ge=1, description="intra-op threads (default: the target's cores)")
+    threads: int | None = Field(default=None, ge=1, le=1024, description="intra-op threads (default: the target's cores)")
 
 
 class Int4Spec(StrictModel):
@@ -298,11 +339,11 @@ class BuildOverride(StrictModel):
 
 class Recipe(StrictModel):
     schema_version: Literal[1] = 1
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    name: str = Field(pattern=SAFE_NAME_PATTERN, max_length=100, description="names the bundle and its folder: lowercase letters, digits, '.', '_', '-'")
     description: str | None = None
     model: ModelSource
     inputs: tuple[TensorSpec, ...] = Field(min_length=1)
-    outputs: tuple[str, ...] = Field(min_length=1)
+    outputs: tuple[Annotated[str, Field(pattern=TENSOR_NAME_PATTERN, max_length=256)], ...] = Field(min_length=1)
     dims: dict[str, DynamicDim] = Field(default_factory=dict, description="min/opt/max of each named dynamic dim")
     data: DataSpec
     evaluation: EvaluationSpec | None = None
@@ -313,6 +354,8 @@ class Recipe(StrictModel):
     # Set by the loader, not by the YAML.
     path: Path | None = Field(default=None, exclude=True)
     sha256: str | None = Field(default=None, exclude=True)
+    #: The code-trust decision load_recipe made (None for a Recipe built in Python: its caller's code).
+    _code_trust: CodeTrust | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _dims_declared(self) -> "Recipe":
@@ -328,6 +371,37 @@ class Recipe(StrictModel):
             raise ValueError(f"input names must be unique, got {names}")
         if self.evaluation and self.evaluation.output and self.evaluation.output not in self.outputs:
             raise ValueError(f"evaluation.output '{self.evaluation.output}' is not one of outputs {list(self.outputs)}")
+        return self
+
+    @model_validator(mode="after")
+    def _batches_fit_budget(self) -> "Recipe":
+        """A batch of inputs at the max shape fits MAX_BATCH_BYTES; benchmark dims are declared and in range."""
+        total, largest = 0, (0, "", ())
+        for spec in self.inputs:
+            shape = tuple(d if isinstance(d, int) else self.dims[d].max for d in spec.shape if isinstance(d, int) or d in self.dims)
+            size = DTYPE_BYTES[spec.dtype]
+            for dim in shape:
+                size *= dim
+            total += size
+            largest = max(largest, (size, spec.name, shape))
+        if total > MAX_BATCH_BYTES:
+            size, name, shape = largest
+            spec = next(s for s in self.inputs if s.name == name)
+            dynamic = [f"dims.{d}.max ({self.dims[d].max})" for d in spec.shape if isinstance(d, str) and d in self.dims]
+            index = self.inputs.index(spec)
+            biggest = max((d for d in spec.shape if isinstance(d, str) and d in self.dims), key=lambda d: self.dims[d].max, default=None)
+            raise FieldError(
+                ("dims", biggest, "max") if biggest else ("inputs", index, "shape"),
+                f"one batch of inputs at the max shape takes {total / 2**30:.1f} GiB (input '{name}' {list(shape)} {spec.dtype}: "
+                f"{size / 2**30:.1f} GiB); the limit is {MAX_BATCH_BYTES / 2**30:.0f} GiB: "
+                + (f"lower {' or '.join(dynamic)}" if dynamic else f"check the shape of input '{name}'"),
+            )
+        for dim, value in self.build.benchmark.dims.items():
+            if dim not in self.dims:
+                raise FieldError(("build", "benchmark", "dims", dim), f"'{dim}' is not a dynamic dim (dims: {sorted(self.dims) or 'none'})")
+            low, high = self.dims[dim].min, self.dims[dim].max
+            if not low <= value <= high:
+                raise FieldError(("build", "benchmark", "dims", dim), f"{value} is outside dims.{dim} ({low} .. {high})")
         return self
 
     @property
@@ -355,7 +429,11 @@ class Recipe(StrictModel):
                 f"overrides.{target_name} makes the recipe invalid:\n{message}",
                 hint=hint or "check the keys under overrides against the build and export sections",
             ) from None
-        return merged.model_copy(update={"path": self.path, "sha256": self.sha256})
+        merged = merged.model_copy(update={"path": self.path, "sha256": self.sha256})
+        if self._code_trust is not None:  # an override may name a callable too (prune.fine_tune)
+            self._code_trust.check(merged, self.base_dir, f"{self.path} (overrides.{target_name})")
+            merged._code_trust = self._code_trust
+        return merged
 
     def shape_at(self, spec: TensorSpec, point: Literal["min", "opt", "max"] | dict[str, int]) -> tuple[int, ...]:
         """The concrete shape of ``spec`` with dynamic dims at min/opt/max or given values."""
@@ -380,12 +458,20 @@ def _deep_merge(base: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_recipe(path: Path | str) -> Recipe:
-    """Load and validate a recipe file."""
+def load_recipe(path: Path | str, trust_code: bool = False) -> Recipe:
+    """Load and validate a recipe file.
+
+    The callables it names must live in the recipe's folder or edgekit's demos (or a folder in
+    ``EDGEKIT_TRUSTED_CODE_DIRS``) unless ``trust_code`` is set: see :mod:`edgekit.code_trust`.
+    """
     path = Path(path)
     recipe = load_model(path, Recipe, RecipeError, "recipe")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    return recipe.model_copy(update={"path": path.resolve(), "sha256": digest})
+    recipe = recipe.model_copy(update={"path": path.resolve(), "sha256": digest})
+    trust = CodeTrust.for_recipe(recipe.base_dir, trust_code)
+    trust.check(recipe, recipe.base_dir, str(recipe.path))
+    recipe._code_trust = trust
+    return recipe
 
 
 def recipe_json_schema() -> dict[str, Any]:

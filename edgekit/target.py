@@ -24,7 +24,7 @@ TARGETS_DIR = Path(__file__).resolve().parent.parent / "targets"
 
 class CPU(StrictModel):
     arch: Literal["x86_64", "arm64"]
-    cores: int = Field(gt=0, description="CPU cores the OS sees (sets default intra-op threads)")
+    cores: int = Field(gt=0, le=4096, description="CPU cores the OS sees (sets default intra-op threads)")
     model: str | None = Field(default=None, description="CPU model and clocks, as the vendor names them")
     isa: list[str] | Literal["host"] | None = Field(
         default=None,
@@ -115,9 +115,9 @@ class BackendSupport(StrictModel):
 
 
 class BuildLimits(StrictModel):
-    workspace_mb: int = Field(default=1024, gt=0, description="TensorRT builder workspace limit")
+    workspace_mb: int = Field(default=1024, gt=0, le=1 << 22, description="TensorRT builder workspace limit")
     opset: int = Field(default=18, ge=13, le=23, description="ONNX opset to export at for this target")
-    max_batch: int | None = Field(default=None, gt=0)
+    max_batch: int | None = Field(default=None, gt=0, le=2**31 - 1)
 
 
 #: Precisions whose TensorRT kernels need a minimum GPU generation: BF16 from Ampere (8.0), FP8 from
@@ -133,13 +133,13 @@ TENSORRT_MIN_COMPUTE_CAPABILITY: dict[Precision, tuple[int, int]] = {
 
 class TargetProfile(StrictModel):
     schema_version: Literal[1] = 1
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=64, description="the file's stem; names output folders")
     display_name: str
     vendor: str
     family: str
     cpu: CPU
     gpu: GPU | None = None
-    dla_cores: int = Field(default=0, ge=0, description="NVIDIA Deep Learning Accelerator cores (0 where none)")
+    dla_cores: int = Field(default=0, ge=0, le=16, description="NVIDIA Deep Learning Accelerator cores (0 where none)")
     npu: NPU | None = None
     memory: Memory
     peak_throughput: tuple[PeakThroughput, ...] = Field(

@@ -13,6 +13,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Test recipes are written to tmp_path and name callables in tests/ (tests.fixtures...): trust that
+# folder the way a user would (edgekit.code_trust), for this process and the CLIs it starts.
+os.environ["EDGEKIT_TRUSTED_CODE_DIRS"] = os.pathsep.join(p for p in (os.environ.get("EDGEKIT_TRUSTED_CODE_DIRS"), str(REPO / "tests")) if p)
 
 TINY_RECIPE = """\
 name: tiny

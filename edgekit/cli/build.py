@@ -20,6 +20,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--precision", "-p", choices=[p.value for p in Precision] + ["auto"],
                         help="override the recipe's build.precision (auto: the fastest plan inside the accuracy budget)")
     parser.add_argument("--backend", "-b", choices=[b.value for b in Backend], help="override the recipe's build.backend and the target's preference")
+    parser.add_argument("--trust-code", action="store_true",
+                        help="let the recipe run callables outside its own folder and edgekit's demos (installed packages, "
+                        "other folders); only for recipes you trust, as you would a setup.py")
     parser.set_defaults(func=run)
 
 
@@ -28,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from edgekit.progress import RichStageReporter
 
     result = build(args.recipe, args.target, precision=args.precision, out=args.out, force=args.force, progress=RichStageReporter(console),
-                   backend=args.backend)
+                   backend=args.backend, trust_code=args.trust_code)
     manifest = result.manifest
     bench = manifest["benchmark"]
     parity = manifest["export"]["parity"] or {}

@@ -1,0 +1,116 @@
+"""The recipe trust model: callables outside the recipe's folder and edgekit's demos need --trust-code."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgekit.cli.main import main
+from edgekit.code_trust import TRUSTED_DIRS_ENV, module_files
+from edgekit.errors import RecipeError
+from edgekit.recipe import load_recipe
+from tests.conftest import TINY_RECIPE
+
+TINY = TINY_RECIPE.format(factory="tiny_net")
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+FACTORY = "factory: tests.fixtures.tiny_models:tiny_net"
+
+
+def test_a_stdlib_callable_is_refused_naming_field_callable_and_flag(tiny_recipe):
+    path = tiny_recipe(text=TINY.replace(FACTORY, "factory: os:system").replace("kind: factory", "kind: factory\n  kwargs: {command: 'touch pwned'}"))
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    message = str(info.value)
+    assert f"{path}: model.factory 'os:system' is code outside the recipe's folder ({path.parent})" in message
+    assert "--trust-code" in message and "trust_code=True" in message and TRUSTED_DIRS_ENV in message
+    recipe = load_recipe(path, trust_code=True)
+    assert recipe.model.factory == "os:system"
+    assert not (path.parent / "pwned").exists()  # loading never calls anything
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "named"),
+    [
+        ('samples: {callable: "tests.fixtures.tiny_models:tiny_batches"}', 'samples: {callable: "shutil:rmtree", kwargs: {path: "/"}}',
+         "data.samples.callable 'shutil:rmtree'"),
+        ("metric: top1", "metric: callable\n  callable: subprocess:run", "evaluation.callable 'subprocess:run'"),
+        (FACTORY, "factory: edgekit.bundle.pack:pack_bundle", "model.factory 'edgekit.bundle.pack:pack_bundle'"),  # edgekit, not its demos
+    ],
+)
+def test_every_callable_field_is_checked(tiny_recipe, old, new, named):
+    with pytest.raises(RecipeError) as info:
+        load_recipe(tiny_recipe(text=TINY.replace(old, new)))
+    assert f"{named} is code outside the recipe's folder" in str(info.value)
+
+
+def test_code_in_the_recipes_folder_is_trusted(tmp_path, monkeypatch):
+    monkeypatch.delenv(TRUSTED_DIRS_ENV, raising=False)
+    (tmp_path / "my_models").mkdir()
+    (tmp_path / "my_models" / "__init__.py").write_text("")
+    (tmp_path / "my_models" / "net.py").write_text("from tests.fixtures.tiny_models import tiny_net, tiny_batches\n")
+    text = TINY.replace("tests.fixtures.tiny_models", "my_models.net")
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    recipe = load_recipe(path)
+    assert recipe.model.factory == "my_models.net:tiny_net"
+    assert "my_models.net" not in sys.modules  # located by the finders, not imported
+
+
+def test_code_elsewhere_is_located_without_running_it(tmp_path, monkeypatch):
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "evil_pkg").mkdir(parents=True)
+    marker = tmp_path / "ran"
+    (elsewhere / "evil_pkg" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (elsewhere / "evil_pkg" / "models.py").write_text(f"open({str(marker)!r}, 'w').close()\ndef net(): pass\n")
+    monkeypatch.syspath_prepend(str(elsewhere))
+    recipe_dir = tmp_path / "recipe"
+    recipe_dir.mkdir()
+    path = recipe_dir / "recipe.yaml"
+    path.write_text(TINY.replace(FACTORY, "factory: evil_pkg.models:net"))
+    with pytest.raises(RecipeError, match=r"model\.factory 'evil_pkg\.models:net' is code outside .*evil_pkg/models\.py"):
+        load_recipe(path)
+    assert module_files("evil_pkg.models", recipe_dir) == [elsewhere / "evil_pkg" / "__init__.py", elsewhere / "evil_pkg" / "models.py"]
+    assert not marker.exists() and "evil_pkg" not in sys.modules
+    monkeypatch.setenv(TRUSTED_DIRS_ENV, f"{os.environ[TRUSTED_DIRS_ENV]}{os.pathsep}{elsewhere}")
+    assert load_recipe(path).model.factory == "evil_pkg.models:net"  # its folder is listed as trusted
+
+
+def test_the_tests_recipes_load_through_the_trusted_dirs_variable(tiny_recipe, monkeypatch):
+    load_recipe(tiny_recipe())  # tests/conftest.py lists tests/ in EDGEKIT_TRUSTED_CODE_DIRS
+    monkeypatch.delenv(TRUSTED_DIRS_ENV)
+    with pytest.raises(RecipeError, match=r"model\.factory 'tests\.fixtures\.tiny_models:tiny_net' is code outside .*tiny_models\.py"):
+        load_recipe(tiny_recipe())
+    assert load_recipe(tiny_recipe(), trust_code=True).name == "tiny"
+
+
+def test_the_demo_recipes_need_no_flag(monkeypatch):
+    monkeypatch.delenv(TRUSTED_DIRS_ENV, raising=False)
+    for path in sorted(RECIPES.glob("*.yaml")):
+        recipe = load_recipe(path)
+        for target in recipe.overrides:
+            recipe.for_target(target)
+
+
+def test_an_override_naming_code_elsewhere_is_checked_for_that_target(tiny_recipe):
+    text = TINY + "overrides:\n  x86-64-cpu:\n    build: {prune: {method: magnitude, sparsity: 0.5, fine_tune: {callable: 'os:system'}}}\n"
+    recipe = load_recipe(tiny_recipe(text=text))
+    assert recipe.for_target("arm64-cpu").build.prune is None
+    with pytest.raises(RecipeError, match=r"\(overrides\.x86-64-cpu\): build\.prune\.fine_tune\.callable 'os:system' is code outside"):
+        recipe.for_target("x86-64-cpu")
+    trusted = load_recipe(tiny_recipe(text=text), trust_code=True)
+    assert trusted.for_target("x86-64-cpu").build.prune.fine_tune.callable == "os:system"
+
+
+def test_build_cli_refuses_without_trust_code_and_goes_on_with_it(tiny_recipe, tmp_path, capsys):
+    path = tiny_recipe(text=TINY.replace(FACTORY, "factory: json:dumps"))
+    args = ["build", str(path), "--target", "x86-64-cpu", "--out", str(tmp_path / "out")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "model.factory 'json:dumps' is code outside the recipe's folder" in err and "--trust-code" in err
+    assert main([*args, "--trust-code"]) == 2  # now loaded and called: json.dumps() is no model factory
+    err = capsys.readouterr().err
+    assert "json:dumps" in err and "is code outside" not in err
+    assert not (tmp_path / "out").exists()
