@@ -144,7 +144,7 @@ def test_corrupt_onnx_input(tiny_recipe, tmp_path):
     model = tmp_path / "broken.onnx"
     model.write_bytes(b"\x08\x07this is not a protobuf model" * 10)
     text = TINY_RECIPE.format(factory="tiny_net").replace("kind: factory\n  factory: tests.fixtures.tiny_models:tiny_net", "kind: onnx\n  path: broken.onnx")
-    with pytest.raises(SourceError, match=r"broken\.onnx is not a valid ONNX model(?s:.*)hint: re-export"):
+    with pytest.raises(SourceError, match=r"broken\.onnx is not a valid ONNX model(?s:.*)hint: check that the file was copied completely"):
         build(tiny_recipe(text=text), "x86-64-cpu", out=tmp_path / "b")
 
 
