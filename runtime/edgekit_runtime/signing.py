@@ -126,6 +126,35 @@ def read_signature(bundle_dir: str | os.PathLike[str]) -> bytes | None:
     return decode_signature(path.read_bytes(), where=str(path))
 
 
+def verify_signature_bytes(manifest_bytes: bytes, signature: bytes | None, public_key: Any, *, where: str) -> str:
+    """Check ``signature`` over the exact ``manifest_bytes``; returns the key's fingerprint.
+
+    ``public_key`` is a key from :func:`load_public_key` or the path of its PEM file; ``where`` names
+    the bundle or archive in errors. A missing signature or one that does not match raises
+    :class:`BundleSignatureError`.
+    """
+    _ed25519()  # a clear error when cryptography is missing
+    from cryptography.exceptions import InvalidSignature
+
+    if isinstance(public_key, (str, os.PathLike)):
+        public_key = load_public_key(public_key)
+    fingerprint = public_key_fingerprint(public_key)
+    if signature is None:
+        raise BundleSignatureError(
+            f"bundle '{where}' is not signed (no {SIGNATURE_NAME}); the fleet accepts only signed bundles",
+            hint="sign it on the build host: edgekit sign BUNDLE --key fleet.key.pem",
+        )
+    try:
+        public_key.verify(signature, manifest_bytes)
+    except InvalidSignature as err:
+        raise BundleSignatureError(
+            f"bundle '{where}': the signature in {SIGNATURE_NAME} does not match {MANIFEST_NAME} under the fleet "
+            f"key {fingerprint}: the manifest was changed after signing, or it was signed with another key",
+            hint="refusing a possibly tampered bundle; rebuild and sign it again with the fleet's private key",
+        ) from err
+    return fingerprint
+
+
 def verify_manifest_signature(
     bundle_dir: str | os.PathLike[str], public_key: Any, *, signature: bytes | None = None
 ) -> str:
@@ -136,30 +165,15 @@ def verify_manifest_signature(
     signature that does not match raises :class:`BundleSignatureError`. Check the files with
     :func:`~edgekit_runtime.bundle.verify_files` as well: the signature only covers the manifest.
     """
-    _ed25519()  # a clear error when cryptography is missing
-    from cryptography.exceptions import InvalidSignature
-
     root = Path(bundle_dir)
     if isinstance(public_key, (str, os.PathLike)):
         public_key = load_public_key(public_key)
-    fingerprint = public_key_fingerprint(public_key)
     if signature is None:
         signature = read_signature(root)
     if signature is None:
-        raise BundleSignatureError(
-            f"bundle '{root}' is not signed (no {SIGNATURE_NAME}); the fleet accepts only signed bundles",
-            hint="sign it on the build host: edgekit sign BUNDLE --key fleet.key.pem",
-        )
+        return verify_signature_bytes(b"", None, public_key, where=str(root))
     try:
         manifest_bytes = (root / MANIFEST_NAME).read_bytes()
     except OSError as err:
         raise BundleSignatureError(f"bundle '{root}': {MANIFEST_NAME} cannot be read: {err.strerror or err}") from err
-    try:
-        public_key.verify(signature, manifest_bytes)
-    except InvalidSignature as err:
-        raise BundleSignatureError(
-            f"bundle '{root}': the signature in {SIGNATURE_NAME} does not match {MANIFEST_NAME} under the fleet "
-            f"key {fingerprint}: the manifest was changed after signing, or it was signed with another key",
-            hint="refusing a possibly tampered bundle; rebuild and sign it again with the fleet's private key",
-        ) from err
-    return fingerprint
+    return verify_signature_bytes(manifest_bytes, signature, public_key, where=str(root))

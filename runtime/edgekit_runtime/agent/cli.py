@@ -172,7 +172,7 @@ def _cmd_install(args: argparse.Namespace) -> int:
         request = DeployRequest.from_args(
             {"url": str(args.bundle), "sha256": args.sha256, "signature": args.signature}, require_sha256=False
         )
-        outcome = Deployer(store, config.bundles, config.health, server, emit).deploy(request, watch=False)
+        outcome = Deployer(store, config.bundles, config.health, server, emit).deploy(request, watch=False, check_source=False)
     except EdgekitError as err:
         _print_error(err)
         return EXIT_PROBLEMS

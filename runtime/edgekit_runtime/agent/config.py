@@ -112,11 +112,20 @@ class BrokerConfig:
 
 @dataclass(frozen=True)
 class BundlesConfig:
+    """``max_download_bytes`` caps the download and the unpacked bundle; deploy commands may fetch only
+    from ``inbox`` (default ``<dir>/inbox``) and the prefixes in ``allowed_sources``."""
+
     dir: Path
     public_key: Path | None = None
     allow_unsigned: bool = False
-    max_download_bytes: int = 4 * 1024**3
+    max_download_bytes: int = 1024**3
     download_timeout_s: float = 60.0
+    inbox: Path | None = None
+    allowed_sources: tuple[str, ...] = ()
+
+    @property
+    def inbox_dir(self) -> Path:
+        return self.inbox if self.inbox is not None else self.dir / "inbox"
 
 
 @dataclass(frozen=True)
@@ -336,7 +345,7 @@ def parse_config(data: object, *, file: Path) -> AgentConfig:
         known=("device_id", "fleet", "broker", "bundles", "api", "telemetry", "power", "probe", "batching", "health",
                "commands"),
     )
-    bundles = _parse_bundles(top.section("bundles", ("dir", "public_key", "allow_unsigned", "max_download_mb", "download_timeout_s")))
+    bundles = _parse_bundles(top.section("bundles", ("dir", "public_key", "allow_unsigned", "max_download_mb", "download_timeout_s", "inbox", "allowed_sources")))
     return AgentConfig(
         device_id=top.identifier("device_id", example="jetson-07"),
         fleet=top.identifier("fleet", example="warehouse-a"),
@@ -408,7 +417,7 @@ def _parse_bundles(section: _Section) -> BundlesConfig:
         )
     if public_key is not None and not public_key.is_file():
         raise section.error("bundles.public_key", f"file '{public_key}' does not exist", hint="copy the fleet public key there")
-    max_mb = section.number("max_download_mb", 4096, minimum=0, exclusive_minimum=True, example="4096")
+    max_mb = section.number("max_download_mb", 1024, minimum=0, exclusive_minimum=True, example="1024")
     return BundlesConfig(
         dir=section.path("dir", example="/var/lib/edgekit/bundles"),
         public_key=public_key,
@@ -418,9 +427,26 @@ def _parse_bundles(section: _Section) -> BundlesConfig:
     )
 
 
+        inbox=section.path("inbox", None, example="/var/lib/edgekit/inbox"),
+        allowed_sources=_parse_allowed_sources(section),
 def _parse_api(section: _Section) -> ApiConfig:
     address = parse_api_address(section.string("address", DEFAULT_API_ADDRESS), where=f"{section.file}: api.address")
     max_mb = section.number("max_request_mb", 64, minimum=0, exclusive_minimum=True, example="64")
+def _parse_allowed_sources(section: _Section) -> tuple[str, ...]:
+    from edgekit_runtime.agent.fetch import parse_allowed_source
+
+    hint = "e.g. allowed_sources: [https://bundles.example.com/fleet-a/, /mnt/usb/bundles]"
+    entries = section.data.get("allowed_sources") or []
+    if not isinstance(entries, list):
+        raise section.error("bundles.allowed_sources", f"expected a list of URL prefixes and directories, got {entries!r}", hint=hint)
+    for index, entry in enumerate(entries):
+        try:
+            parse_allowed_source(entry if isinstance(entry, str) else "")
+        except ValueError as err:
+            raise section.error(f"bundles.allowed_sources[{index}]", str(err) if isinstance(entry, str) else f"expected a string, got {entry!r}", hint=hint) from err
+    return tuple(entries)
+
+
     max_header_kb = section.number("max_header_kb", 16, minimum=1, example="16")
     return ApiConfig(
         address=address,

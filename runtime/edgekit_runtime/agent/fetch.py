@@ -1,26 +1,42 @@
-"""Getting a bundle into the staging directory: copy or download, hash-check, unpack safely.
+"""Getting a bundle into the staging directory: admit the URL, copy or download, hash-check, unpack safely.
 
-``url`` is an ``http(s)://`` URL of a tar made by ``edgekit pack``, or a ``file://`` URL or plain path
-of such a tar or of a bundle directory. ``sha256`` is the hash of the tar file, or for a directory
-the hash of its ``manifest.json`` (whose ``files`` hashes cover the rest). Downloads are capped at
-``max_bytes``; tar members that are links, devices, absolute or climb out with ``..`` are refused.
+``url`` is an ``http(s)://`` URL of a tar made by ``edgekit pack``, or a ``file://`` URL or absolute
+path of such a tar or of a bundle directory. A deploy command may only name the agent's inbox
+directory (``bundles.inbox``) or a prefix in ``bundles.allowed_sources`` (:class:`SourcePolicy`);
+anything else is refused with the same text whether or not it exists, before it is opened or
+fetched, and redirects are held to the same list.
+
+``sha256`` is the hash of the tar file, or for a directory the hash of its ``manifest.json`` (whose
+``files`` hashes cover the rest). Downloads are capped at ``max_bytes``; a tar is read with
+:mod:`edgekit_runtime.archive` (regular files and folders only, no ``..``, links or devices, at
+most ``max_bytes`` unpacked), and its manifest and signature are checked before its files are
+written.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import shutil
-import tarfile
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
+from edgekit_runtime.agent.config import BundlesConfig
 from edgekit_runtime.agent.errors import DeployError
-from edgekit_runtime.bundle import MANIFEST_NAME
+from edgekit_runtime.archive import (
+    MANIFEST_MAX_BYTES,
+    SIGNATURE_MAX_BYTES,
+    ArchiveLimits,
+    extract_bundle_archive,
+    scan_bundle_archive,
+)
+from edgekit_runtime.bundle import MANIFEST_NAME, SIGNATURE_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -53,11 +69,12 @@ def _check_sha256(actual: str, expected: str | None, *, what: str) -> None:
         )
 
 
-def _download(url: str, destination: Path, *, max_bytes: int, timeout_s: float) -> tuple[int, str]:
+def _download(url: str, destination: Path, *, max_bytes: int, timeout_s: float, policy: SourcePolicy | None = None) -> tuple[int, str]:
     digest = hashlib.sha256()
     size = 0
+    opener = urllib.request.build_opener(_CheckedRedirects(policy))
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response, destination.open("wb") as out:  # noqa: S310
+        with opener.open(url, timeout=timeout_s) as response, destination.open("wb") as out:
             declared = response.headers.get("Content-Length")
             if declared is not None and declared.isdigit() and int(declared) > max_bytes:
                 raise _size_error(url, max_bytes)
@@ -86,32 +103,6 @@ def _copy_file(source: Path, destination: Path, *, url: str, max_bytes: int) -> 
             digest.update(chunk)
             out.write(chunk)
     return size, digest.hexdigest()
-
-
-def _check_member(member: tarfile.TarInfo, archive: str) -> None:
-    name = member.name
-    parts = PurePosixPath(name).parts
-    if name.startswith("/") or ".." in parts or "\\" in name:
-        raise DeployError(f"{archive}: member '{name}' has an absolute or '..' path", hint="refusing a tar that writes outside its folder")
-    if not (member.isfile() or member.isdir()):
-        raise DeployError(f"{archive}: member '{name}' is a link or special file", hint="bundles hold only plain files and folders")
-
-
-def _unpack(archive: Path, destination: Path, *, url: str, max_bytes: int) -> Path:
-    try:
-        with tarfile.open(archive) as tar:
-            members = tar.getmembers()
-            total = 0
-            for member in members:
-                _check_member(member, url)
-                total += member.size
-            if total > max_bytes:
-                raise _size_error(url, max_bytes)
-            extract_kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-            tar.extractall(destination, members=members, **extract_kwargs)  # noqa: S202 - members checked above
-    except (tarfile.TarError, EOFError) as err:
-        raise DeployError(f"bundle at {url} is not a readable tar: {err}", hint="make it with `edgekit pack`") from err
-    return _bundle_root(destination, url)
 
 
 def _bundle_root(directory: Path, url: str) -> Path:
@@ -143,41 +134,225 @@ def _copy_directory(source: Path, destination: Path, *, url: str, max_bytes: int
         shutil.copyfile(path, destination / relative)
 
 
-def _local_path(url: str) -> Path | None:
-    parsed = urllib.parse.urlparse(url)
-    if parsed.scheme in ("http", "https"):
+
+
+# -- where a deploy may fetch from ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AllowedSource:
+    """One entry of ``bundles.allowed_sources``: a local directory, or an ``http(s)://`` URL prefix."""
+
+    text: str
+    directory: Path | None = None
+    scheme: str | None = None
+    host: str | None = None
+    port: int | None = None
+    path_prefix: str = "/"
+
+    def admits_url(self, parsed: urllib.parse.SplitResult) -> bool:
+        if self.directory is not None or parsed.scheme != self.scheme:
+            return False
+        if (parsed.hostname or "").lower() != self.host or _port(parsed) != self.port:
+            return False
+        return _clean_url_path(parsed.path).startswith(self.path_prefix)
+
+    def admits_path(self, path: Path) -> bool:
+        return self.directory is not None and (path == self.directory or self.directory in path.parents)
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _port(parsed: urllib.parse.SplitResult) -> int | None:
+    try:
+        return parsed.port or _DEFAULT_PORTS.get(parsed.scheme)
+    except ValueError:
         return None
+
+
+def _has_dot_segments(path: str) -> bool:
+    return any(part in (".", "..") for part in path.split("/"))
+
+
+def _clean_url_path(path: str) -> str:
+    """The URL path with ``%xx`` decoded; a path with ``.``/``..`` segments matches no prefix."""
+    decoded = urllib.parse.unquote(path or "/")
+    return "\x00" if _has_dot_segments(decoded) or "\\" in decoded else decoded
+
+
+def parse_allowed_source(text: str) -> AllowedSource:
+    """``https://bundles.example.com/fleet-a/``, ``file:///mnt/usb/bundles`` or ``/mnt/usb/bundles``.
+
+    Raises ValueError with the problem, for the config loader to report with the file and key.
+    """
+    parsed = urllib.parse.urlsplit(text)
+    if parsed.scheme in _DEFAULT_PORTS:
+        if not parsed.hostname or parsed.username is not None or parsed.password is not None:
+            raise ValueError(f"{text!r} needs a host name and no user:password@ part")
+        if _port(parsed) is None:
+            raise ValueError(f"{text!r} has an invalid port")
+        prefix = urllib.parse.unquote(parsed.path or "/")
+        if _has_dot_segments(prefix) or parsed.query or parsed.fragment:
+            raise ValueError(f"{text!r} must be a plain URL prefix, without '..', query or fragment")
+        prefix = prefix if prefix.endswith("/") else prefix + "/"
+        return AllowedSource(text, scheme=parsed.scheme, host=parsed.hostname.lower(), port=_port(parsed), path_prefix=prefix)
     if parsed.scheme == "file":
-        return Path(urllib.parse.unquote(parsed.path))
-    if parsed.scheme and len(parsed.scheme) > 1:
-        raise DeployError(f"bundle url {url!r} has an unsupported scheme '{parsed.scheme}'", hint="use http(s)://, file:// or a path")
-    return Path(url)
+        if parsed.netloc not in ("", "localhost"):
+            raise ValueError(f"{text!r}: file:// URLs name this device's files; use file:///ABSOLUTE/DIR")
+        path_text = urllib.parse.unquote(parsed.path)
+    elif parsed.scheme and len(parsed.scheme) > 1:
+        raise ValueError(f"{text!r} has an unsupported scheme '{parsed.scheme}'; use https://, http://, file:// or a path")
+    else:
+        path_text = text
+    if not path_text.startswith("/") or _has_dot_segments(path_text):
+        raise ValueError(f"{text!r} must be an absolute directory path without '.' or '..' parts")
+    return AllowedSource(text, directory=Path(os.path.normpath(path_text)))
 
 
-def fetch_bundle(url: str, staging: Path, *, expected_sha256: str | None, max_bytes: int, timeout_s: float = 60.0) -> FetchedBundle:
-    """Bring the bundle at ``url`` into ``staging`` (an empty directory) and check its sha256."""
+@dataclass(frozen=True)
+class SourcePolicy:
+    """Where deploys may fetch bundles from: the inbox directory plus ``bundles.allowed_sources``.
+
+    A refused URL gets one text that depends only on the URL and the config, never on the device's
+    files or network: nothing is opened, resolved or fetched before the URL is admitted.
+    """
+
+    inbox: Path
+    sources: tuple[AllowedSource, ...] = ()
+
+    @classmethod
+    def from_config(cls, config: BundlesConfig) -> SourcePolicy:
+        return cls(config.inbox_dir, tuple(parse_allowed_source(text) for text in config.allowed_sources))
+
+    def _directories(self) -> list[Path]:
+        return [Path(os.path.normpath(self.inbox)), *(s.directory for s in self.sources if s.directory is not None)]
+
+    def refused(self, url: str) -> DeployError:
+        servers = [s.text for s in self.sources if s.directory is None]
+        return DeployError(
+            f"deploy source refused: {url!r} is not under the agent's inbox '{self.inbox}' or a prefix in "
+            "bundles.allowed_sources; nothing was read or fetched",
+            hint="copy the bundle into the inbox, or add its directory or server to bundles.allowed_sources "
+            "in the agent config" + (f" (allowed servers: {', '.join(servers)})" if servers else ""),
+        )
+
+    def admit(self, url: str) -> Path | str:
+        """The local path or the URL to fetch, or :meth:`refused` when ``url`` is not allowed."""
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme in _DEFAULT_PORTS:
+            if parsed.username is not None or parsed.password is not None or parsed.fragment:
+                raise self.refused(url)
+            if any(source.admits_url(parsed) for source in self.sources):
+                return url
+            raise self.refused(url)
+        if parsed.scheme == "file":
+            if parsed.netloc not in ("", "localhost"):
+                raise self.refused(url)
+            path_text = urllib.parse.unquote(parsed.path)
+        elif parsed.scheme and len(parsed.scheme) > 1:
+            raise self.refused(url)
+        else:
+            path_text = url
+        if not path_text.startswith("/") or _has_dot_segments(path_text) or "\x00" in path_text:
+            raise self.refused(url)
+        path = Path(os.path.normpath(path_text))
+        for directory in self._directories():
+            if path == directory or directory in path.parents:
+                real_directory = directory.resolve()
+                real = path.resolve()  # a link inside an allowed directory must not lead out of it
+                if real == real_directory or real_directory in real.parents:
+                    return real
+        raise self.refused(url)
+
+
+class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to a URL the policy admits (an allowed server cannot bounce us elsewhere)."""
+
+    def __init__(self, policy: SourcePolicy | None) -> None:
+        self._policy = policy
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN201
+        if self._policy is not None and not isinstance(self._policy.admit(newurl), str):
+            raise self._policy.refused(newurl)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+# -- fetching -----------------------------------------------------------------------------------------
+
+#: Called with manifest.json's bytes and manifest.sig's (or ``None``) before the bundle is written
+#: out: it verifies the signature and whatever else the caller decides from the signed manifest.
+ManifestCheck = Callable[[bytes, "bytes | None"], None]
+
+
+def _read_capped(path: Path, cap: int, *, what: str) -> bytes:
+    with path.open("rb") as handle:
+        data = handle.read(cap + 1)
+    if len(data) > cap:
+        raise DeployError(f"{what} is larger than {cap} bytes", hint="this is not a bundle edgekit wrote")
+    return data
+
+
+def fetch_bundle(
+    url: str,
+    staging: Path,
+    *,
+    expected_sha256: str | None,
+    max_bytes: int,
+    timeout_s: float = 60.0,
+    policy: SourcePolicy | None = None,
+    check_manifest: ManifestCheck | None = None,
+) -> FetchedBundle:
+    """Bring the bundle at ``url`` into ``staging`` (an empty directory) and check its sha256.
+
+    With a ``policy``, a URL it does not admit is refused before anything is touched. A tar is
+    scanned (every member checked, :mod:`edgekit_runtime.archive`), ``check_manifest`` runs on its
+    manifest and signature, and only then are the files the manifest lists written, each against
+    its hash, with at most ``max_bytes`` unpacked.
+    """
     started = time.monotonic()
-    local = _local_path(url)
-    if local is not None and local.is_dir():
+    target = policy.admit(url) if policy is not None else _unchecked_target(url)
+    if isinstance(target, Path) and target.is_dir():
+        root = _bundle_root(target, url)
+        if check_manifest is not None:
+            signature = root / SIGNATURE_NAME
+            check_manifest(_read_capped(root / MANIFEST_NAME, MANIFEST_MAX_BYTES, what=f"{MANIFEST_NAME} of {url}"),
+                           _read_capped(signature, SIGNATURE_MAX_BYTES, what=f"{SIGNATURE_NAME} of {url}") if signature.is_file() else None)  # fmt: skip
         bundle_dir = staging / "bundle"
         bundle_dir.mkdir()
-        _copy_directory(_bundle_root(local, url), bundle_dir, url=url, max_bytes=max_bytes)
+        _copy_directory(root, bundle_dir, url=url, max_bytes=max_bytes)
         manifest = bundle_dir / MANIFEST_NAME
         sha256 = hashlib.sha256(manifest.read_bytes()).hexdigest()
         _check_sha256(sha256, expected_sha256, what=f"{MANIFEST_NAME} of {url}")
         size = sum(p.stat().st_size for p in bundle_dir.rglob("*") if p.is_file())
         return FetchedBundle(bundle_dir, "directory", size, sha256, time.monotonic() - started)
-    archive = staging / "bundle.tar"
-    if local is not None:
-        if not local.is_file():
+    archive_path = staging / "bundle.tar"
+    if isinstance(target, Path):
+        if not target.is_file():
             raise DeployError(f"bundle {url} does not exist on this device", hint="check the deploy command's url")
-        size, sha256 = _copy_file(local, archive, url=url, max_bytes=max_bytes)
+        size, sha256 = _copy_file(target, archive_path, url=url, max_bytes=max_bytes)
     else:
-        size, sha256 = _download(url, archive, max_bytes=max_bytes, timeout_s=timeout_s)
+        size, sha256 = _download(target, archive_path, max_bytes=max_bytes, timeout_s=timeout_s, policy=policy)
     _check_sha256(sha256, expected_sha256, what=url)
+    limits = ArchiveLimits(max_unpacked_bytes=max_bytes)
+    archive = scan_bundle_archive(archive_path, limits, where=url)
+    if check_manifest is not None:
+        check_manifest(archive.manifest_bytes, archive.signature_bytes)
     unpacked = staging / "unpacked"
     unpacked.mkdir()
-    bundle_dir = _unpack(archive, unpacked, url=url, max_bytes=max_bytes)
-    archive.unlink()
+    bundle_dir = extract_bundle_archive(archive, unpacked, limits)
+    archive_path.unlink()
     logger.info("fetched %s (%d bytes) into %s", url, size, bundle_dir)
     return FetchedBundle(bundle_dir, "tar", size, sha256, time.monotonic() - started)
+
+
+def _unchecked_target(url: str) -> Path | str:
+    """Without a policy (``edgekit-agent install`` by the device's operator): any path or URL."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme in _DEFAULT_PORTS:
+        return url
+    if parsed.scheme == "file":
+        return Path(urllib.parse.unquote(parsed.path))
+    if parsed.scheme and len(parsed.scheme) > 1:
+        raise DeployError(f"bundle url {url!r} has an unsupported scheme '{parsed.scheme}'", hint="use http(s)://, file:// or a path")
+    return Path(url)

@@ -19,7 +19,7 @@ from edgekit_runtime.agent.config import BundlesConfig
 from edgekit_runtime.backends import create_runner
 from edgekit_runtime.backends.base import Runner
 from edgekit_runtime.bundle import Bundle, SelfCheckResult, open_bundle, self_check
-from edgekit_runtime.signing import read_signature, verify_manifest_signature
+from edgekit_runtime.signing import read_signature, verify_manifest_signature, verify_signature_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -51,16 +51,25 @@ class LoadedBundle:
         }  # fmt: skip
 
 
+def check_signature_bytes(manifest_bytes: bytes, signature: bytes | None, config: BundlesConfig, *, where: str) -> str | None:
+    """Verify ``signature`` over ``manifest_bytes`` per ``config``; the key fingerprint, ``None`` if skipped."""
+    if signature is None and config.allow_unsigned:
+        logger.warning("bundle %s is unsigned; accepted because bundles.allow_unsigned is true", where)
+        return None
+    if config.public_key is None:  # allow_unsigned without a key, and the bundle is signed: cannot check
+        logger.warning("bundle %s is signed but bundles.public_key is not set; signature not checked", where)
+        return None
+    return verify_signature_bytes(manifest_bytes, signature, config.public_key, where=where)
+
+
 def check_signature(root: Path, config: BundlesConfig, *, signature: bytes | None = None) -> str | None:
     """Verify the bundle's signature per ``config``; returns the key fingerprint, ``None`` if skipped."""
     if signature is None:
         signature = read_signature(root)
     if signature is None and config.allow_unsigned:
-        logger.warning("bundle %s is unsigned; accepted because bundles.allow_unsigned is true", root)
-        return None
-    if config.public_key is None:  # allow_unsigned without a key, and the bundle is signed: cannot check
-        logger.warning("bundle %s is signed but bundles.public_key is not set; signature not checked", root)
-        return None
+        return check_signature_bytes(b"", None, config, where=str(root))
+    if config.public_key is None:
+        return check_signature_bytes(b"", signature, config, where=str(root))
     return verify_manifest_signature(root, config.public_key, signature=signature)
 
 

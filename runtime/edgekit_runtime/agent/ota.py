@@ -4,11 +4,15 @@ A deploy (:meth:`Deployer.deploy`) goes through these steps, each reported as a 
 event with ``details.step``, and ends with one ``deploy_result`` event (``details.outcome``
 ``succeeded``, ``failed`` or ``rolled_back``):
 
-``started`` -> ``downloaded`` (copy or HTTP into staging, size limit, sha256 of the tar or of the
-directory's manifest) -> ``signature_verified`` (Ed25519 over manifest.json, fleet key; or
-``signature_skipped`` for an unsigned bundle under ``allow_unsigned``) -> ``files_verified`` ->
+``started`` -> ``downloaded`` (the URL admitted by ``bundles.inbox`` / ``bundles.allowed_sources``,
+copy or HTTP into staging, size limit, sha256 of the tar or of the directory's manifest; then,
+before a tar's files are written, its manifest's signature, its ``bundle_version`` against the
+versions this device accepted and its inputs/outputs against the served ones: see
+:mod:`~edgekit_runtime.agent.deploy_checks`) -> ``signature_verified`` (Ed25519 over manifest.json,
+fleet key; or ``signature_skipped`` for an unsigned bundle under ``allow_unsigned``) -> ``files_verified`` ->
 ``self_check_passed`` (golden outputs) -> ``switched`` (``current`` link renamed into place,
-``previous`` kept) -> ``watching`` (``health.window_s``: error rate of live requests, then the
+``previous`` kept) -> ``watching`` (``health.window_s``: error rate of live requests, where a request
+rejected for not matching the new inputs counts as an error when the deploy changed them; then the
 self-check again on the live runner) -> ``deploy_result``. A failure before the switch leaves the
 device untouched; a failure while watching switches back to ``previous`` (``rolling_back``).
 
@@ -22,6 +26,7 @@ Events are dicts ``{kind, level, message, command_id, details}``; the service ad
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import shutil
 import threading
@@ -31,13 +36,15 @@ from pathlib import Path
 from typing import Any
 
 from edgekit_runtime.agent.config import BundlesConfig, HealthConfig
+from edgekit_runtime.agent.deploy_checks import LEDGER_NAME, VersionLedger, bundle_version, signature_changes
 from edgekit_runtime.agent.errors import DeployError
-from edgekit_runtime.agent.fetch import fetch_bundle
-from edgekit_runtime.agent.loading import LoadedBundle, load_bundle
+from edgekit_runtime.agent.fetch import SourcePolicy, fetch_bundle
+from edgekit_runtime.agent.loading import LoadedBundle, check_signature_bytes, load_bundle
 from edgekit_runtime.agent.serving import InferenceServer
 from edgekit_runtime.agent.store import BundleStore, version_name
 from edgekit_runtime.bundle import MANIFEST_NAME, SIGNATURE_NAME, self_check
 from edgekit_runtime.errors import EdgekitError
+from edgekit_runtime.signature import IOSignature
 from edgekit_runtime.signing import decode_signature, encode_signature
 
 logger = logging.getLogger(__name__)
@@ -48,20 +55,23 @@ EventSink = Callable[[dict[str, Any]], None]
 @dataclass(frozen=True)
 class DeployRequest:
     """The ``args`` of a ``deploy`` command (``command.v1``), plus an optional base64 ``signature``
-    over manifest.json for bundles shipped without their ``manifest.sig``."""
+    over manifest.json for bundles shipped without their ``manifest.sig``. ``allow_downgrade`` lets
+    an older ``bundle_version`` in, ``allow_signature_change`` other inputs or outputs."""
 
     url: str
     sha256: str | None
     bundle_id: str | None = None
     signature: bytes | None = None
     command_id: str | None = None
+    allow_downgrade: bool = False
+    allow_signature_change: bool = False
 
     @classmethod
     def from_args(cls, args: object, *, command_id: str | None = None, require_sha256: bool = True) -> DeployRequest:
         hint = 'send args {"bundle_id": ..., "url": "https://.../bundle.tar", "sha256": "<64 hex>"}'
         if not isinstance(args, Mapping):
             raise DeployError(f"deploy: args must be an object, got {type(args).__name__}", hint=hint)
-        known = {"bundle_id", "url", "sha256", "size_bytes", "signature"}
+        known = {"bundle_id", "url", "sha256", "size_bytes", "signature", "allow_downgrade", "allow_signature_change"}
         unknown = sorted(set(args) - known)
         if unknown:
             raise DeployError(f"deploy: unknown args {unknown}", hint=f"known args: {', '.join(sorted(known))}")
@@ -78,7 +88,13 @@ class DeployRequest:
             raise DeployError(f"deploy: args.bundle_id must be a string, got {bundle_id!r}", hint=hint)
         signature = args.get("signature")
         raw_signature = None if signature is None else decode_signature(str(signature), where="deploy: args.signature")
-        return cls(url, None if sha256 is None else sha256.lower(), bundle_id, raw_signature, command_id)
+        flags = {}
+        for flag in ("allow_downgrade", "allow_signature_change"):
+            value = args.get(flag, False)
+            if not isinstance(value, bool):
+                raise DeployError(f"deploy: args.{flag} must be true or false, got {value!r}", hint=f'e.g. "{flag}": true')
+            flags[flag] = value
+        return cls(url, None if sha256 is None else sha256.lower(), bundle_id, raw_signature, command_id, **flags)
 
 
 @dataclass(frozen=True)
@@ -122,6 +138,8 @@ class Deployer:
         self._lock = threading.Lock()
         self._served: ServedBundle | None = None
         self.last_self_check_passed: bool | None = None
+        self.ledger = VersionLedger(store.root / LEDGER_NAME)
+        self._sources = SourcePolicy.from_config(bundles)
 
     @property
     def served(self) -> ServedBundle | None:
@@ -178,6 +196,7 @@ class Deployer:
                     self._event("startup_fallback", f"current bundle failed its checks; serving previous {loaded.name}",
                                 level="warning", path=str(path))  # fmt: skip
                 self._serve(loaded, path)
+                self._remember_version(loaded)
                 self._event("serving", f"serving bundle {loaded.name}", **loaded.summary())
                 return self._served
             self._event("no_bundle", f"no working bundle in {self.store.root}; waiting for a deploy", level="warning")
@@ -185,18 +204,62 @@ class Deployer:
 
     # -- deploy -------------------------------------------------------------------------------------
 
-    def deploy(self, request: DeployRequest, *, watch: bool = True) -> str:
-        """Carry out a deploy; returns the outcome: ``succeeded``, ``failed`` or ``rolled_back``."""
+    def deploy(self, request: DeployRequest, *, watch: bool = True, check_source: bool = True) -> str:
+        """Carry out a deploy; returns the outcome: ``succeeded``, ``failed`` or ``rolled_back``.
+
+        ``check_source=False`` skips the allowed-sources check, for ``edgekit-agent install`` run by
+        the device's operator; every other check still applies.
+        """
         if not self._lock.acquire(blocking=False):
             self._event("deploy_result", "another deploy or rollback is in progress; try again later",
                         level="error", command_id=request.command_id, outcome="failed", step="queued", url=request.url)  # fmt: skip
             return "failed"
         try:
-            return self._deploy_locked(request, watch=watch)
+            return self._deploy_locked(request, watch=watch, check_source=check_source)
         finally:
             self._lock.release()
 
-    def _deploy_locked(self, request: DeployRequest, *, watch: bool) -> str:
+    def _remember_version(self, loaded: LoadedBundle) -> None:
+        manifest_sha256 = hashlib.sha256(loaded.bundle.manifest_path.read_bytes()).hexdigest()
+        try:
+            version = bundle_version(loaded.bundle.manifest, where=str(loaded.bundle.manifest_path))
+            self.ledger.record(loaded.name, version, manifest_sha256=manifest_sha256)
+        except EdgekitError as err:
+            self._event("version_not_recorded", f"the version of {loaded.name} was not recorded: {err.message}",
+                        level="warning", bundle=loaded.name, error=str(err))  # fmt: skip
+
+    def _vet_manifest(self, request: DeployRequest, manifest_bytes: bytes, signature_bytes: bytes | None, on_step: Callable[[str], None]) -> None:
+        """The checks on the signed manifest, before any of the bundle's files is written."""
+        on_step("signature")
+        signature = request.signature
+        if signature is None and signature_bytes is not None:
+            signature = decode_signature(signature_bytes, where=f"{request.url}: {SIGNATURE_NAME}")
+        check_signature_bytes(manifest_bytes, signature, self.bundles, where=request.url)
+        try:
+            manifest = json.loads(manifest_bytes.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as err:
+            raise DeployError(f"{request.url}: {MANIFEST_NAME} is not valid JSON: {err}", hint="rebuild the bundle") from err
+        name = manifest.get("name") if isinstance(manifest, dict) else None
+        if not isinstance(name, str):
+            raise DeployError(f"{request.url}: {MANIFEST_NAME} has no name", hint="see docs/bundle-format.md; rebuild the bundle")
+        on_step("version")
+        version = bundle_version(manifest, where=f"{request.url}: {MANIFEST_NAME}")
+        self.ledger.check(name, version, allow_downgrade=request.allow_downgrade, where=request.url)
+        on_step("io_signature")
+        served = self.server.signature
+        if served is None or request.allow_signature_change:
+            on_step("download")
+            return
+        changes = signature_changes(served, IOSignature.from_manifest(manifest.get("io"), where=f"{request.url}: {MANIFEST_NAME}"))
+        if changes:
+            raise DeployError(
+                f"{request.url}: bundle '{name}' changes the served inputs/outputs ({'; '.join(changes)}); clients of "
+                f"{self.server.model_name} would have their requests rejected",
+                hint="update the clients, then send the deploy again with allow_signature_change: true",
+            )
+        on_step("download")  # what follows is writing out the files
+
+    def _deploy_locked(self, request: DeployRequest, *, watch: bool, check_source: bool = True) -> str:
         def progress(step: str, message: str, **details: Any) -> None:
             self._event("deploy_progress", message, command_id=request.command_id, step=step, **details)
 
@@ -204,10 +267,19 @@ class Deployer:
         progress(step, f"deploying {request.url}", url=request.url, bundle_id=request.bundle_id)
         staging = self.store.new_staging_dir()
         loaded: LoadedBundle | None = None
+        old_signature = self.server.signature
         try:
             step = "download"
+
+            def vet_step(name: str) -> None:
+                nonlocal step
+                step = name
+
             fetched = fetch_bundle(request.url, staging, expected_sha256=request.sha256,
-                                   max_bytes=self.bundles.max_download_bytes, timeout_s=self.bundles.download_timeout_s)  # fmt: skip
+                                   max_bytes=self.bundles.max_download_bytes, timeout_s=self.bundles.download_timeout_s,
+                                   policy=self._sources if check_source else None,
+                                   check_manifest=lambda manifest, sig: self._vet_manifest(request, manifest, sig, vet_step))  # fmt: skip
+            step = "download"
             progress("downloaded", f"fetched {fetched.size_bytes} bytes, sha256 verified" if request.sha256 else f"fetched {fetched.size_bytes} bytes",
                      size_bytes=fetched.size_bytes, sha256=fetched.sha256, sha256_verified=request.sha256 is not None,
                      seconds=round(fetched.seconds, 3))  # fmt: skip
@@ -250,21 +322,24 @@ class Deployer:
         self._serve(loaded, version_dir)
         progress("switched", f"now serving {loaded.name}", bundle=loaded.name, to=version_dir.name,
                  previous=None if old_current is None else old_current.name)  # fmt: skip
+        signature_changed = old_signature is not None and bool(signature_changes(old_signature, loaded.bundle.io))
         if watch and self.health.window_s > 0:
-            healthy, details = self._watch(loaded, request)
+            healthy, details = self._watch(loaded, request, signature_changed=signature_changed)
             if details["interrupted"]:  # the agent is stopping; the new bundle passed every check and stays
+                self._remember_version(loaded)
                 self._event("deploy_result", f"deployed {loaded.name}; its health watch was cut short by shutdown",
                             level="warning", command_id=request.command_id, outcome="succeeded", bundle=loaded.name,
                             health=details)  # fmt: skip
                 return "succeeded"
             if not healthy:
                 return self._roll_back_after_watch(request, loaded, previous_served, details)
+        self._remember_version(loaded)
         self.store.prune()
         self._event("deploy_result", f"deployed {loaded.name}", command_id=request.command_id,
                     outcome="succeeded", bundle=loaded.name, bundle_id=self._served.bundle_id if self._served else None)  # fmt: skip
         return "succeeded"
 
-    def _watch(self, loaded: LoadedBundle, request: DeployRequest) -> tuple[bool, dict[str, Any]]:
+    def _watch(self, loaded: LoadedBundle, request: DeployRequest, *, signature_changed: bool = False) -> tuple[bool, dict[str, Any]]:
         window_s = self.health.window_s
         self._event("deploy_progress", f"watching {loaded.name} for {window_s:g} s", command_id=request.command_id,
                     step="watching", window_s=window_s, max_error_rate=self.health.max_error_rate)  # fmt: skip
@@ -274,12 +349,16 @@ class Deployer:
         if interrupted:
             return True, {"interrupted": True, "requests": after.requests - before.requests, "errors": after.errors - before.errors}
         requests, errors = after.requests - before.requests, after.errors - before.errors
+        rejected = after.rejected - before.rejected
+        if signature_changed:  # the old clients' requests no longer fit: the deploy's fault, not theirs
+            errors += rejected
         attempts = requests + errors
         error_rate = errors / attempts if attempts else None
         check = self.server.call_runner(lambda runner: self_check(loaded.bundle, runner, raise_on_failure=False))
         self.last_self_check_passed = check.passed
         details = {"requests": requests, "errors": errors, "error_rate": error_rate, "self_check_passed": check.passed,
-                   "window_s": window_s, "interrupted": False}  # fmt: skip
+                   "window_s": window_s, "interrupted": False, "rejected": rejected,
+                   "rejected_count_as_errors": signature_changed}  # fmt: skip
         too_many_errors = error_rate is not None and attempts >= self.health.min_requests and error_rate > self.health.max_error_rate
         return (check.passed and not too_many_errors), details
 
@@ -291,6 +370,8 @@ class Deployer:
         else:
             attempts = details["requests"] + details["errors"]
             reason = f"error rate {details['error_rate']:.1%} over {attempts} request(s) is above {self.health.max_error_rate:.1%}"
+            if details.get("rejected_count_as_errors") and details.get("rejected"):
+                reason += f", counting {details['rejected']} request(s) rejected for not fitting its changed inputs"
         if previous_served is None or self.store.previous is None:
             self._event("deploy_result", f"{failed.name} is unhealthy ({reason}) but there is no previous bundle to roll back to; "
                         "it keeps serving", level="error", command_id=request.command_id, outcome="failed", step="watching",

@@ -3,7 +3,9 @@
 ``make_bundle`` writes a complete bundle (per docs/bundle-format.md) with its own name, so that two
 of them are two versions; ``model="even_batches"`` builds a model that fails at run time on odd
 batch sizes (its golden batches are even, so it passes the self-check and fails only on live
-traffic); ``corrupt_golden=True`` stores wrong golden outputs, so the self-check fails.
+traffic); ``model="flat_input"`` takes ``image`` as float32[batch, 64] (another served signature);
+``corrupt_golden=True`` stores wrong golden outputs, so the self-check fails; ``bundle_version``
+is written into the manifest when given.
 """
 
 from __future__ import annotations
@@ -46,6 +48,25 @@ def write_even_batch_model(path: Path) -> Path:
     return path
 
 
+def write_flat_input_model(path: Path) -> Path:
+    """``image`` float32[batch, 64] -> linear: the same numbers as the linear model, another signature."""
+    weight, bias = linear_weights()
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["image", "weight"], ["product"]), helper.make_node("Add", ["product", "bias"], ["logits"])],
+        "flat_input",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", 64])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
+        initializer=[numpy_helper.from_array(weight, "weight"), numpy_helper.from_array(bias, "bias")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 9
+    onnx.save(model, str(path))
+    return path
+
+
+MODEL_WRITERS = {"linear": write_linear_model, "even_batches": write_even_batch_model, "flat_input": write_flat_input_model}
+
+
 def make_bundle(
     root: Path,
     *,
@@ -53,14 +74,15 @@ def make_bundle(
     model: str = "linear",
     golden_batch_sizes: tuple[int, ...] = (2, 4),
     corrupt_golden: bool = False,
+    bundle_version: int | None = None,
 ) -> Path:
     root.mkdir(parents=True)
-    (write_even_batch_model if model == "even_batches" else write_linear_model)(root / "model.onnx")
+    MODEL_WRITERS[model](root / "model.onnx")
     (root / "golden").mkdir()
     rng = np.random.default_rng(5)
     batches = []
     for index, size in enumerate(golden_batch_sizes):
-        image = rng.standard_normal((size, 1, 8, 8)).astype(np.float32)
+        image = rng.standard_normal((size, 64) if model == "flat_input" else (size, 1, 8, 8)).astype(np.float32)
         logits = reference_logits(image) + (np.float32(1.0) if corrupt_golden else np.float32(0.0))
         np.savez(root / f"golden/inputs_{index:03d}.npz", image=image)
         np.savez(root / f"golden/outputs_{index:03d}.npz", logits=logits)
@@ -78,6 +100,10 @@ def make_bundle(
         "io": io_section(),
         "golden": {"batches": batches, "atol": ATOL, "rtol": RTOL, "min_cosine": MIN_COSINE},
     }
+    if model == "flat_input":
+        manifest["io"]["inputs"][0]["shape"] = ["batch", 64]
+    if bundle_version is not None:
+        manifest["bundle_version"] = bundle_version
     write_manifest(root, manifest)
     return root
 

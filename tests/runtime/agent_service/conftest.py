@@ -42,7 +42,7 @@ def agent_config(tmp_path: Path, fleet_keys: tuple[Path, Path]) -> Callable[...,
         data: dict[str, Any] = {
             "device_id": "dev-1",
             "fleet": "lab",
-            "bundles": {"dir": str(tmp_path / "bundles"), "public_key": str(fleet_keys[1])},
+            "bundles": {"dir": str(tmp_path / "bundles"), "public_key": str(fleet_keys[1]), "allowed_sources": [str(tmp_path)]},
             "api": {"address": "127.0.0.1:0"},
             "telemetry": {"interval_s": 60, "spool": {"path": str(tmp_path / "spool.db")}},
             "power": {"sensor": "none"},

@@ -145,7 +145,7 @@ def test_agent_end_to_end_over_mqtt(
 
         bad_id = listener.command("deploy", {"bundle_id": "x", "url": "file:///nonexistent.tar", "sha256": "0" * 64})
         failed = listener.next("events", lambda m: m["kind"] == "deploy_result" and m["command_id"] == bad_id, timeout_s=20)
-        assert failed["level"] == "error" and "does not exist on this device" in failed["message"]
+        assert failed["level"] == "error" and "deploy source refused" in failed["message"]  # not in allowed_sources
     finally:
         service.stop()
     assert listener.next("status", lambda m: m["state"] == "offline")["reason"] == "agent stopped"

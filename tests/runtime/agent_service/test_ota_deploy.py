@@ -55,9 +55,9 @@ def make_device(tmp_path: Path, fleet_keys: tuple[Path, Path]) -> Iterator[Calla
     made: list[Device] = []
 
     def make(*, allow_unsigned: bool = False, window_s: float = 0.0, max_error_rate: float = 0.1,
-             max_download_bytes: int = 50_000_000, stop: threading.Event | None = None) -> Device:  # fmt: skip
+             max_download_bytes: int = 50_000_000, stop: threading.Event | None = None, sources: tuple[str, ...] = ()) -> Device:  # fmt: skip
         bundles = BundlesConfig(dir=tmp_path / "device" / "bundles", public_key=fleet_keys[1], allow_unsigned=allow_unsigned,
-                                max_download_bytes=max_download_bytes)  # fmt: skip
+                                max_download_bytes=max_download_bytes, allowed_sources=(str(tmp_path), *sources))  # fmt: skip
         server = InferenceServer()
         store = BundleStore(bundles.dir)
         device = Device(deployer=None, server=server, store=store)  # type: ignore[arg-type]
@@ -170,7 +170,7 @@ def test_deploy_over_http(make_device: Callable[..., Device], signed_bundle: Cal
         thread = threading.Thread(target=httpd.serve_forever, daemon=True)
         thread.start()
         base = f"http://127.0.0.1:{httpd.server_address[1]}"
-        device = make_device()
+        device = make_device(sources=(base,))
         sha256 = hashlib.sha256(tar.read_bytes()).hexdigest()
         assert device.deployer.deploy(DeployRequest.from_args({"url": f"{base}/tiny-h.tar", "sha256": sha256})) == "succeeded"
         assert device.deployer.deploy(DeployRequest.from_args({"url": f"{base}/nope.tar", "sha256": sha256})) == "failed"
