@@ -107,3 +107,68 @@ def test_an_older_database_learns_its_rolled_seqs_from_its_rollups(store_url: st
         store.apply_retention(HOUR, rollup_minutes=1, now=NOW)
         assert _rolled_rows(store) == [("dev-1", 1, 31)]
         assert _totals(store) == (31, 155)
+
+
+def test_writers_and_retention_at_once_count_each_window_once(store_url: str) -> None:
+    """A collector storing redelivered windows while another runs retention (two connections, two threads)."""
+    import threading
+
+    batch = [window(seq, device=f"dev-{seq % 3}") for seq in range(1, 301)]
+    with open_store(store_url) as writer, open_store(store_url) as roller:
+        writer.add_windows(batch[:150])
+        stop = threading.Event()
+        errors: list[BaseException] = []
+
+        def roll() -> None:
+            try:
+                while not stop.is_set():
+                    roller.apply_retention(dt.timedelta(0), now=NOW)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        thread = threading.Thread(target=roll)
+        thread.start()
+        try:
+            for _ in range(4):  # everything again and again, in batches, while windows move to rollups
+                for start in range(0, 300, 50):
+                    writer.add_windows(batch[start:start + 50])
+        finally:
+            stop.set()
+            thread.join(60)
+        assert errors == []
+        roller.apply_retention(dt.timedelta(0), now=NOW)
+        found = {a.device: (a.windows, a.inferences) for a in roller.aggregate(("device",))}
+    assert found == {f"dev-{d}": (100, 500) for d in range(3)}
+
+
+def test_a_collector_does_not_count_windows_redelivered_after_its_rollup(fleet_broker, store: FleetStore) -> None:  # type: ignore[no-untyped-def]
+    """The issue's case end to end: 50 windows (250 inferences) rolled up by the collector's own retention, then
+    published again: still 50 / 250, and the collector counts 50 duplicates."""
+    import time
+
+    from edgekit.fleet.collector import Collector
+    from edgekit_runtime.agent.telemetry import encode_message
+    from tests.fleet.messages import Publisher, telemetry, topic
+
+    messages = [(topic("telemetry", fleet="rolled"), encode_message(telemetry(seq, fleet="rolled")))
+                for seq in range(1, 51)]  # fmt: skip
+    collector = Collector(fleet_broker.url, store, client_id="rolled-dedupe", fleet="rolled", flush_interval_s=0.05,
+                          retention=dt.timedelta(hours=1), retention_interval_s=0.2).start()  # fmt: skip
+    try:
+        with Publisher(fleet_broker) as device:
+            device.publish_many(messages)
+            deadline = time.monotonic() + 20
+            while (list(store.windows(fleet="rolled")) or not store.aggregate((), fleet="rolled")) \
+                    and time.monotonic() < deadline:  # fmt: skip
+                time.sleep(0.1)
+            assert list(store.windows(fleet="rolled")) == [], "the collector's retention did not roll the windows up"
+            device.publish_many(messages)  # the same 50 again, as a spool replay sends them
+            deadline = time.monotonic() + 20
+            while collector.metrics.snapshot()["received"].get("telemetry", 0) < 100 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert collector.flush()
+    finally:
+        collector.stop()
+    (totals,) = store.aggregate((), fleet="rolled")
+    assert (totals.windows, totals.inferences) == (50, 250)
+    assert collector.metrics.snapshot()["duplicates"]["telemetry"] == 50
