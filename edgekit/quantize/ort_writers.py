@@ -119,6 +119,38 @@ def static_int8_plan(plan: QuantizationPlan, model_path: Path) -> QuantizationPl
                    excluded=excluded, channels_last_flatten=on_ort, channels_last_stem=on_ort, notes=tuple(notes))
 
 
+#: Ops between an output head's last weighted op and the graph output that leave it the head (activations
+#: and reshapes: DBNet's ConvTranspose -> Sigmoid, a recognizer's MatMul -> Softmax).
+HEAD_TAIL_OPS = frozenset({"Sigmoid", "Softmax", "LogSoftmax", "Relu", "Clip", "BatchNormalization", "Reshape", "Transpose", "Squeeze",
+                           "Unsqueeze", "Flatten", "Identity", "Cast", "Add", "Mul", "Div", "HardSigmoid"})
+HEAD_OP_TYPES = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+
+
+def output_heads(model_path: Path) -> dict[str, str]:
+    """Node name -> why it stays float, for the last Conv/ConvTranspose/MatMul/Gemm before each graph output
+    (through activations and reshapes only). A head's output is what users threshold and decode (a text
+    probability map, box coordinates beside class scores, CTC logits): its range mixes quantities an 8-bit
+    scale cannot serve at once, and it is one layer of many, so it costs little to keep in float."""
+    import onnx
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    producers = {out: node for node in graph.node for out in node.output}
+    constants = {i.name for i in graph.initializer}
+    heads: dict[str, str] = {}
+    for output in graph.output:
+        stack, seen = [output.name], set()
+        while stack:
+            node = producers.get(stack.pop())
+            if node is None or node.name in seen:
+                continue
+            seen.add(node.name)
+            if node.op_type in HEAD_OP_TYPES:
+                heads[node.name] = f"output head of '{output.name}' (its last {node.op_type}): kept float so the output keeps its full range"
+            elif node.op_type in HEAD_TAIL_OPS:
+                stack.extend(name for name in node.input if name and name not in constants)
+    return heads
+
+
 def quantizable_op_types(model_path: Path) -> set[str]:
     """The op types of the graph's nodes (a set, to ask whether a plan's op type occurs at all)."""
     import onnx
@@ -281,6 +313,48 @@ def rewire_float_consumers(model: Any, quantized_nodes: set[str], activations: M
                 node.input[position] = float_source[name]
                 rewired += 1
     return rewired
+
+
+#: Ops whose constant weights int8 can store: their share of a model's weights says what a plan covers.
+WEIGHTED_OP_TYPES = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+
+
+def weight_elements_by_op(model_path: Path, excluded: Sequence[str] = ()) -> dict[str, tuple[int, int]]:
+    """Op type -> (nodes, weight elements) over the nodes of :data:`WEIGHTED_OP_TYPES` that read a constant
+    weight (input 1), leaving out ``excluded`` nodes."""
+    import onnx
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    sizes = {init.name: int(np.prod(init.dims)) for init in graph.initializer}
+    skip = set(excluded)
+    counts: dict[str, tuple[int, int]] = {}
+    for node in graph.node:
+        if node.op_type in WEIGHTED_OP_TYPES and len(node.input) > 1 and node.input[1] in sizes and node.name not in skip:
+            nodes, elements = counts.get(node.op_type, (0, 0))
+            counts[node.op_type] = (nodes + 1, elements + sizes[node.input[1]])
+    return counts
+
+
+#: int8-dynamic leaves convolutions float: measured on this project's AVX-512 VNNI host (2 threads), ONNX
+#: Runtime's ``quantize_dynamic`` with Conv (``ConvInteger`` + a float rescale, NCHW) ran PP-OCR's
+#: direction classifier at 6.3x the FP32 latency, against static int8's fused ``QLinearConv``.
+DYNAMIC_CONV_WHY = ("ONNX Runtime's dynamic convolution (ConvInteger, activations quantized per call) is far slower than float "
+                    "(PP-OCR's classifier: 6.3x FP32)")
+
+
+def dynamic_coverage_note(model_path: Path, plan: QuantizationPlan) -> str | None:
+    """A note (and the build's warning) when an int8-dynamic plan leaves most of a model's weights float:
+    what it quantized, what it did not, why, and what to use instead. None when it covers most weights."""
+    counts = weight_elements_by_op(model_path, tuple(plan.excluded))
+    total = sum(elements for _, elements in counts.values())
+    covered = sum(elements for op, (_, elements) in counts.items() if op in plan.op_types)
+    if total == 0 or covered >= total / 2:
+        return None
+    left = ", ".join(f"{nodes} {op}" for op, (nodes, _) in counts.items() if op not in plan.op_types)
+    done = sum(nodes for op, (nodes, _) in counts.items() if op in plan.op_types)
+    what = "quantized nothing" if done == 0 else f"quantized {done} MatMul/Gemm node(s), {covered / total:.1%} of the weights"
+    return (f"int8-dynamic {what}: {left} node(s) hold the rest and stay float, because {DYNAMIC_CONV_WHY}; "
+            "for a convolutional model use int8 (static, calibrated)")
 
 
 def write_dynamic(fp32_path: Path, out_path: Path, plan: QuantizationPlan, nodes: list[str] | None = None) -> Path:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +105,11 @@ def quantize_model(fp32_path: Path, out_path: Path, spec: QuantizationSpec, targ
         return QuantizedModel(out_path, plan, section, cache_file)
     if precision is Precision.INT8_DYNAMIC:
         ort_writers.write_dynamic(pre, out_path, plan)
-        return QuantizedModel(out_path, plan)
+        note = ort_writers.dynamic_coverage_note(pre, plan)
+        if note:  # never a silent no-op: the manifest's plan says it, and so does the build's log
+            log.warning("%s: %s", fp32_path.name, note)
+            plan = replace(plan, notes=(*plan.notes, note))
+        return QuantizedModel(out_path, plan, details={"warnings": [note]} if note else {})
     ort_writers.write_int4(pre, out_path, plan)
     return QuantizedModel(out_path, plan)
 

@@ -109,3 +109,50 @@ def test_quantized_conv_with_only_float_readers_keeps_its_output_quantized(tmp_p
     ops = collections.Counter(n.op_type for n in onnx.load(str(optimized)).graph.node)
     assert ops["QLinearConv"] == 2, ops
     assert ops["Conv"] == 0 and ops["FusedConv"] == 0, ops
+
+
+def _dynamic(fp32: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
+    return quantize_model(fp32, tmp_path / "dynamic.onnx", QuantizationSpec(), get_target("x86-64-cpu"), Backend.ONNXRUNTIME,
+                          Precision.INT8_DYNAMIC, None, tmp_path)
+
+
+def test_int8_dynamic_on_a_cnn_says_it_quantized_nothing(tmp_path, caplog):
+    """A graph whose weights are all in Conv nodes: int8-dynamic leaves them float (ConvInteger is slower than
+    float on ONNX Runtime's CPU) and says so in the plan, the manifest details and the log."""
+    fp32 = silu_between(tmp_path / "fp32.onnx")
+    with caplog.at_level("WARNING", logger="edgekit.quantize.stage"):
+        result = _dynamic(fp32, tmp_path)
+    note = result.plan.notes[-1]
+    assert note.startswith("int8-dynamic quantized nothing: 2 Conv node(s) hold the rest and stay float")
+    assert "ConvInteger" in note and "use int8 (static, calibrated)" in note
+    assert result.to_manifest()["warnings"] == [note]
+    assert note in caplog.text and "fp32.onnx" in caplog.text
+    ops = {n.op_type for n in onnx.load(str(result.path)).graph.node}
+    assert "ConvInteger" not in ops and "DynamicQuantizeLinear" not in ops
+
+
+def test_int8_dynamic_names_the_share_it_quantized(tmp_path):
+    """Convolutions holding most weights beside one classifier Gemm: the note gives the Gemm's share."""
+    from tests.quantize.test_ort_layout import cnn
+
+    result = _dynamic(cnn(tmp_path / "fp32.onnx", 8), tmp_path)
+    note = result.plan.notes[-1]
+    # weights: conv1 8*8*9 = 576, conv2 8*8*9 = 576, classifier 5*72 = 360 -> 360 / 1512 = 23.8 %
+    assert note.startswith("int8-dynamic quantized 1 MatMul/Gemm node(s), 23.8% of the weights: 2 Conv node(s) hold the rest"), note
+    assert "MatMulInteger" in {n.op_type for n in onnx.load(str(result.path)).graph.node} or "DynamicQuantizeLinear" in {
+        n.op_type for n in onnx.load(str(result.path)).graph.node}
+
+
+def test_int8_dynamic_on_a_transformer_has_no_warning(tmp_path):
+    """MatMul weights only: nothing to say."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.2, (16, 16)).astype(np.float32), "w")]
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.save(model, str(tmp_path / "fp32.onnx"))
+    result = _dynamic(tmp_path / "fp32.onnx", tmp_path)
+    assert not any(note.startswith("int8-dynamic quantized") for note in result.plan.notes)
+    assert "warnings" not in result.to_manifest()
