@@ -146,7 +146,9 @@ def _check_collect_options(args: argparse.Namespace) -> None:
                               f"default {DEFAULT_SESSION_EXPIRY_S} keeps them a day")  # fmt: skip
 
 
-def _collect(args: argparse.Namespace, on_started: Callable[[], None] | None = None) -> int:
+def _collect(args: argparse.Namespace, on_started: Callable[[], None] | None = None,
+             orphaned: Callable[[], bool] | None = None) -> int:
+    """One collector until SIGTERM, Ctrl-C, ``--duration`` or (a worker) ``orphaned()``."""
     from edgekit.fleet.collector import Collector, default_client_id
     from edgekit.fleet.metrics import IngestMetrics, MetricsServer
     from edgekit.fleet.store import open_store
@@ -180,6 +182,9 @@ def _collect(args: argparse.Namespace, on_started: Callable[[], None] | None = N
             previous = signal.signal(signal.SIGTERM, lambda *_: terminated.set())  # systemd, docker stop: store, then exit
             try:
                 while not terminated.is_set() and (deadline is None or time.monotonic() < deadline):
+                    if orphaned is not None and orphaned():
+                        console.print("[yellow]the --workers parent is gone[/]")
+                        break
                     terminated.wait(0.2 if deadline is None else max(min(0.2, deadline - time.monotonic()), 0.0))
             except KeyboardInterrupt:
                 pass
@@ -216,7 +221,7 @@ class _Worker:
         if deadline is not None:
             options["duration"] = max(deadline - time.monotonic(), 0.0)
         self.started.clear()
-        self.process = self._context.Process(target=_collect_worker, args=(options, self.started),
+        self.process = self._context.Process(target=_collect_worker, args=(options, self.started, os.getpid()),
                                              name=f"edgekit-collector-{self.index}")  # fmt: skip
         self.process.start()
         self.starts += 1
@@ -320,12 +325,14 @@ def _exit_reason(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def _collect_worker(options: dict[str, Any], started: Any) -> None:
-    """One ``--workers`` process: a plain ``fleet collect`` with its own client id (and metrics port)."""
+def _collect_worker(options: dict[str, Any], started: Any, parent_pid: int) -> None:
+    """One ``--workers`` process: a plain ``fleet collect`` with its own client id (and metrics port). It stops
+    (storing what it holds) when its parent is gone, so that a restarted command's new worker with the same
+    client id does not fight an orphan for the session."""
     from edgekit.errors import EdgekitError
 
     try:
-        code = _collect(argparse.Namespace(**options), on_started=started.set)
+        code = _collect(argparse.Namespace(**options), on_started=started.set, orphaned=lambda: os.getppid() != parent_pid)
     except EdgekitError as exc:
         console.print(f"[bold red]error:[/] {escape(exc.message)}", soft_wrap=True)
         if exc.hint:

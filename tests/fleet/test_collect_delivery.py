@@ -179,3 +179,33 @@ def test_default_client_id_is_stable_and_names_host_fleet_and_group() -> None:
     assert default_client_id("lab", host="edge box/1") == "edgekit-collector-edge-box-1-lab"
     assert default_client_id(None, "ingest", host="h") == "edgekit-collector-h-all-ingest"
     assert default_client_id("lab") == default_client_id("lab")
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or only its zombie left (a reaper without wait() keeps those)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return True
+    return fields[0] in ("Z", "X")
+
+
+def test_workers_stop_when_their_parent_is_killed(tmp_path: Path) -> None:
+    broker = MosquittoBroker(tmp_path / "mosquitto").start()
+    store_url = f"sqlite:///{tmp_path / 'fleet.db'}"
+    parent = _collect(broker, store_url, "--workers", "2")
+    try:
+        pids = [_next_json(parent.stdout, "started")["pid"] for _ in range(2)]
+        parent.send_signal(signal.SIGKILL)  # the supervisor dies without telling its workers
+        parent.wait(10)
+        deadline = time.monotonic() + 20
+        while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(_gone(pid) for pid in pids), "orphaned workers kept running (they would fight a restart's workers)"
+    finally:
+        for pid in pids if "pids" in locals() else []:
+            if not _gone(pid):
+                subprocess.run(["kill", "-9", str(pid)], check=False)
+        if parent.poll() is None:
+            parent.kill()
+        broker.stop()
