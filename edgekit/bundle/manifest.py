@@ -9,6 +9,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from edgekit_runtime.bundle import check_bundle_name
 from edgekit_runtime.hashing import sha256_file
 
 SCHEMA_VERSION = 1
@@ -67,8 +68,10 @@ def file_hashes(root: Path, known: dict[str, str] | None = None) -> dict[str, st
 
 
 def write_manifest(root: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """Fill in ``files`` (and the model's sha256) and write ``manifest.json``; returns the manifest written."""
+    """Fill in ``files`` (and the model's sha256) and write ``manifest.json``; returns the manifest written.
+    The name must be a safe bundle name (it becomes the packed tar's folder): the reader refuses others."""
     manifest = dict(manifest)
+    check_bundle_name(manifest.get("name"), str(root / MANIFEST))
     manifest["files"] = file_hashes(root, manifest.get("files"))
     model = manifest.get("model")
     if isinstance(model, dict) and model.get("path") in manifest["files"]:

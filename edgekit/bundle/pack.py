@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Iterator
 
 from edgekit.errors import BundleError
-from edgekit_runtime.bundle import SIGNATURE_NAME, open_bundle
+from edgekit_runtime.bundle import SIGNATURE_NAME, check_bundle_name, open_bundle
 
 
 def pack_bundle(bundle_dir: Path, out: Path | None = None, force: bool = False) -> Path:
@@ -25,9 +25,22 @@ def pack_bundle(bundle_dir: Path, out: Path | None = None, force: bool = False) 
         if signature.is_file():
             members.append(signature)
         for path in sorted(members):
-            tar.add(path, arcname=f"{bundle.manifest['name']}/{path.relative_to(bundle_dir).as_posix()}", recursive=False)
+            tar.add(path, arcname=member_name(bundle.manifest["name"], path.relative_to(bundle_dir).as_posix()), recursive=False)
     partial.replace(out)
     return out
+
+
+def member_name(bundle_name: str, relative: str) -> str:
+    """The tar member name of a bundle file: ``<name>/<relative>``, refused (BundleError) when it could
+    land outside the folder it is unpacked into (absolute, '..', backslashes, an unsafe bundle name)."""
+    check_bundle_name(bundle_name, "manifest.json")
+    parts = relative.split("/")
+    if not relative or relative.startswith("/") or "\\" in relative or "\x00" in relative or any(p in ("", ".", "..") for p in parts):
+        raise BundleError(
+            f"refusing to pack '{relative}' as a tar member: it is absolute or has an empty, '.' or '..' part",
+            hint="bundle files are plain relative paths inside the bundle; rebuild the bundle",
+        )
+    return f"{bundle_name}/{relative}"
 
 
 @contextlib.contextmanager

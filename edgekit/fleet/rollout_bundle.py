@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,8 @@ from typing import Any
 
 from edgekit.fleet.errors import FleetError
 from edgekit_runtime.agent.store import version_name
-from edgekit_runtime.bundle import MANIFEST_NAME, SIGNATURE_NAME
+from edgekit_runtime.bundle import MANIFEST_NAME, MAX_MANIFEST_BYTES, SIGNATURE_NAME, check_bundle_name, parse_manifest_json
+from edgekit_runtime.errors import BundleError
 from edgekit_runtime.signing import decode_signature
 
 
@@ -64,6 +64,9 @@ def _read_tar(path: Path) -> tuple[bytes, bytes | None]:
                 raise BundleArtifactError(f"{path}: expected one {MANIFEST_NAME} at the top of the tar, found {len(manifests)}",
                                           hint="pack the bundle with `edgekit pack BUNDLE_DIR`")  # fmt: skip
             prefix = manifests[0][: -len(MANIFEST_NAME)]
+            if members[manifests[0]].size > MAX_MANIFEST_BYTES:
+                raise BundleArtifactError(f"{path}: {manifests[0]} is {members[manifests[0]].size:,} bytes, more than a manifest's "
+                                          f"{MAX_MANIFEST_BYTES:,}", hint="pack the bundle with `edgekit pack BUNDLE_DIR`")  # fmt: skip
             manifest = tar.extractfile(members[manifests[0]]).read()  # type: ignore[union-attr]
             signature_member = members.get(prefix + SIGNATURE_NAME)
             signature = tar.extractfile(signature_member).read() if signature_member else None  # type: ignore[union-attr]
@@ -102,11 +105,11 @@ def prepare_bundle(path: str | Path, *, url_base: str | None = None, key: str | 
     else:
         manifest_bytes, signature_bytes = _read_tar(path)
         sha256, size_bytes = _sha256_file(path), path.stat().st_size
-    try:
-        manifest = json.loads(manifest_bytes)
-    except json.JSONDecodeError as err:
-        raise BundleArtifactError(f"{path}: {MANIFEST_NAME} is not valid JSON: {err}", hint="rebuild the bundle") from err
-    name = str(manifest.get("name") or path.stem)
+    try:  # bounded size and nesting, a JSON object, a safe name: the name becomes the bundle id devices store
+        manifest = parse_manifest_json(manifest_bytes, f"{path}: {MANIFEST_NAME}")
+        name = check_bundle_name(manifest.get("name"), f"{path}: {MANIFEST_NAME}")
+    except BundleError as err:
+        raise BundleArtifactError(err.message, hint=err.hint or "rebuild the bundle") from err
     if signature_bytes is None:
         raise BundleNotSignedError(
             f"bundle {path} is not signed (no {SIGNATURE_NAME}); agents accept only bundles signed with the fleet key",

@@ -24,7 +24,6 @@ import bz2
 import gzip
 import hashlib
 import io
-import json
 import lzma
 import os
 import tarfile
@@ -100,17 +99,16 @@ class BundleArchive:
     compression: str
 
     def manifest(self) -> dict[str, Any]:
-        """``manifest.json`` parsed (its keys are checked later by :func:`~edgekit_runtime.bundle.read_manifest`)."""
+        """``manifest.json`` parsed (its keys are checked later by :func:`~edgekit_runtime.bundle.read_manifest`),
+        with bounded nesting (:func:`~edgekit_runtime.bundle.parse_manifest_json`)."""
+        from edgekit_runtime.bundle import parse_manifest_json
+
         try:
-            manifest = json.loads(self.manifest_bytes.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            return parse_manifest_json(self.manifest_bytes, f"{self.where}: {self._manifest_name}")
+        except BundleError as err:
             raise UnsafeArchiveError(
-                f"{self.where}: {self._manifest_name} is not valid JSON: {err}",
-                hint="the archive is damaged or was not made by `edgekit pack`; pack the bundle again",
+                err.message, hint="the archive is damaged or was not made by `edgekit pack`; pack the bundle again"
             ) from err
-        if not isinstance(manifest, dict):
-            raise UnsafeArchiveError(f"{self.where}: {self._manifest_name} must hold a JSON object, got {type(manifest).__name__}")
-        return manifest
 
     @property
     def _manifest_name(self) -> str:

@@ -8,7 +8,6 @@ outputs under the manifest's tolerances.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -36,9 +35,47 @@ SIGNATURE_NAME = "manifest.sig"
 SUPPORTED_SCHEMA_VERSIONS = (1,)
 HASH_PREFIX_CHARS = 12
 _SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+#: The largest manifest.json read (edgekit writes a few KB; ``archive.MANIFEST_MAX_BYTES`` is the same).
+MAX_MANIFEST_BYTES = 16 << 20
+#: The deepest nesting of arrays and objects in a manifest (edgekit writes about 6 levels).
+MAX_MANIFEST_DEPTH = 32
+#: A bundle name becomes a folder name (the packed tar's top folder, output folders): one safe path component.
+BUNDLE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 # -- manifest ---------------------------------------------------------------------------------------
+
+
+def check_bundle_name(name: object, where: str) -> str:
+    """``name`` if it is a safe bundle name (1-128 of letters, digits, '.', '_', '-', not starting with
+    '.' or '-'), else :class:`BundleError`: no '/', '..', NUL or absolute path can reach a file name."""
+    if not isinstance(name, str) or not BUNDLE_NAME_PATTERN.match(name):
+        shown = repr(name) if len(repr(name)) <= 80 else repr(name)[:77] + "..."
+        raise BundleError(
+            f"'{where}': name {shown} is not a safe bundle name (it becomes a folder and tar member name)",
+            hint="a bundle name is 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit; "
+            "the manifest was tampered with or hand-edited: rebuild the bundle",
+        )
+    return name
+
+
+def parse_manifest_json(data: bytes | str, where: str) -> dict[str, Any]:
+    """Parse untrusted manifest JSON: at most :data:`MAX_MANIFEST_BYTES` and :data:`MAX_MANIFEST_DEPTH`
+    levels of nesting, both checked before ``json.loads`` runs (never a ``RecursionError``), UTF-8,
+    one JSON object. Anything else is a :class:`BundleError` naming ``where``."""
+    from edgekit_runtime.agent.wire import JsonLimitError, loads_limited
+
+    try:
+        manifest = loads_limited(data, what=f"'{where}'", max_bytes=MAX_MANIFEST_BYTES, max_depth=MAX_MANIFEST_DEPTH)
+    except JsonLimitError as err:
+        raise BundleError(
+            err.message,
+            hint="the file is truncated, hand-edited or hostile: copy the bundle again or rebuild it with `edgekit build`",
+        ) from None
+    if not isinstance(manifest, dict):
+        raise BundleError(f"'{where}' must hold a JSON object, got {type(manifest).__name__}")
+    return manifest
+
 
 
 def read_manifest(root: str | os.PathLike[str]) -> dict[str, Any]:
@@ -59,15 +96,13 @@ def read_manifest(root: str | os.PathLike[str]) -> dict[str, Any]:
             f"'{manifest_path}' is missing: '{root}' is not an edgekit bundle",
             hint="point at the directory `edgekit build` wrote (it holds manifest.json and model.onnx)",
         )
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    size = manifest_path.stat().st_size
+    if size > MAX_MANIFEST_BYTES:  # refused before it is read into memory
         raise BundleError(
-            f"'{manifest_path}' is not valid JSON: {err}",
-            hint="the file is truncated or was edited by hand: copy the bundle again or rebuild it",
-        ) from err
-    if not isinstance(manifest, dict):
-        raise BundleError(f"'{manifest_path}' must hold a JSON object, got {type(manifest).__name__}")
+            f"'{manifest_path}' is {size:,} bytes; a manifest is read up to {MAX_MANIFEST_BYTES:,} bytes",
+            hint="this is not a manifest edgekit wrote: copy the bundle again or rebuild it",
+        )
+    manifest = parse_manifest_json(manifest_path.read_bytes(), str(manifest_path))
     _check_manifest(manifest, manifest_path)
     return manifest
 
@@ -99,6 +134,7 @@ def _check_manifest(manifest: Mapping[str, Any], manifest_path: Path) -> None:
                 f"'{where}': key '{key}' is missing or not a {'string' if kind is str else 'JSON object'}",
                 hint="see docs/bundle-format.md for the manifest keys; rebuild the bundle",
             )
+    check_bundle_name(manifest["name"], where)
     files: Mapping[str, Any] = manifest["files"]
     for rel, digest in files.items():
         if not isinstance(digest, str) or not _SHA256_PATTERN.match(digest):
