@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import platform
 import sys
@@ -67,10 +68,29 @@ def file_hashes(root: Path, known: dict[str, str] | None = None) -> dict[str, st
     return hashes
 
 
+def default_bundle_version(created: object = None) -> int:
+    """A bundle's version: its build time in milliseconds since the Unix epoch (UTC), from the
+    manifest's ``created`` when that is an ISO time, else now. Devices refuse a lower version of a
+    bundle name than they already accepted."""
+    moment = None
+    if isinstance(created, str):
+        try:
+            moment = dt.datetime.fromisoformat(created)
+        except ValueError:
+            moment = None
+    if moment is None:
+        moment = dt.datetime.now(dt.timezone.utc)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.timezone.utc)
+    return int(moment.timestamp() * 1000)
+
+
 def write_manifest(root: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     """Fill in ``files`` (and the model's sha256) and write ``manifest.json``; returns the manifest written.
     The name must be a safe bundle name (it becomes the packed tar's folder): the reader refuses others."""
     manifest = dict(manifest)
+    if manifest.get("bundle_version") is None:  # the device's anti-rollback compares it (edgekit_runtime.agent.deploy_checks)
+        manifest["bundle_version"] = default_bundle_version(manifest.get("created"))
     check_bundle_name(manifest.get("name"), str(root / MANIFEST))
     manifest["files"] = file_hashes(root, manifest.get("files"))
     model = manifest.get("model")

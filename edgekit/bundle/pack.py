@@ -6,9 +6,10 @@ import contextlib
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from edgekit.errors import BundleError
+from edgekit_runtime.archive import MANIFEST_MEMBER, ArchiveLimits, extract_bundle_archive, scan_bundle_archive
 from edgekit_runtime.bundle import SIGNATURE_NAME, check_bundle_name, open_bundle
 
 
@@ -43,18 +44,32 @@ def member_name(bundle_name: str, relative: str) -> str:
     return f"{bundle_name}/{relative}"
 
 
+#: What ``edgekit inspect`` unpacks at most (``--max-unpacked-mb``); the agent has its own, smaller limit.
+DEFAULT_UNPACK_LIMITS = ArchiveLimits(max_unpacked_bytes=4 << 30)
+
+#: Receives manifest.json's bytes and manifest.sig's (or ``None``) before a tar's files are written.
+ManifestCheck = Callable[[bytes, "bytes | None"], None]
+
+
 @contextlib.contextmanager
-def opened_bundle_path(path: Path) -> Iterator[Path]:
-    """Yield a bundle directory for ``path``: the directory itself, or a tar safely extracted to a temp dir."""
+def opened_bundle_path(
+    path: Path, *, limits: ArchiveLimits | None = None, check_manifest: ManifestCheck | None = None
+) -> Iterator[Path]:
+    """Yield a bundle directory for ``path``: the directory itself, or a tar unpacked into a temporary
+    directory by :mod:`edgekit_runtime.archive` (every member checked, at most ``limits``, only the
+    files the manifest lists, each against its hash). ``check_manifest`` runs on the manifest and
+    signature first: for a tar, before any of its files is written."""
     path = Path(path)
     if path.is_dir() or not path.exists():
+        manifest = path / MANIFEST_MEMBER
+        if check_manifest is not None and manifest.is_file():
+            signature = path / SIGNATURE_NAME
+            check_manifest(manifest.read_bytes(), signature.read_bytes() if signature.is_file() else None)
         yield path
         return
-    if not tarfile.is_tarfile(path):
-        raise BundleError(f"{path} is neither a bundle directory nor a tar file", hint="pass the folder `edgekit build` wrote, or the .tar from `edgekit pack`")
-    with tempfile.TemporaryDirectory(prefix="edgekit-bundle-") as tmp, tarfile.open(path) as tar:
-        tar.extractall(tmp, filter="data")  # refuses absolute paths, '..' and links out of the folder
-        entries = [p for p in Path(tmp).iterdir() if p.is_dir()]
-        if len(entries) != 1:
-            raise BundleError(f"{path}: expected one bundle folder in the tar, found {len(entries)}")
-        yield entries[0]
+    limits = limits or DEFAULT_UNPACK_LIMITS
+    archive = scan_bundle_archive(path, limits)
+    if check_manifest is not None:
+        check_manifest(archive.manifest_bytes, archive.signature_bytes)
+    with tempfile.TemporaryDirectory(prefix="edgekit-bundle-") as tmp:
+        yield extract_bundle_archive(archive, tmp, limits)

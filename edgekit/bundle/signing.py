@@ -8,16 +8,20 @@ repository: whoever holds it can ship models to the whole fleet.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from edgekit.errors import BundleError
 from edgekit_runtime.bundle import MANIFEST_NAME, SIGNATURE_NAME, open_bundle
 from edgekit_runtime.signing import (
+    BundleSignatureError,
     SigningKeyError,
+    decode_signature,
     encode_signature,
     load_private_key,
     public_key_fingerprint,
     verify_manifest_signature,
+    verify_signature_bytes,
 )
 
 PRIVATE_KEY_NAME = "fleet.key.pem"
@@ -75,3 +79,50 @@ def sign_bundle(bundle_dir: str | os.PathLike[str], private_key_path: str | os.P
     partial.replace(root / SIGNATURE_NAME)
     verify_manifest_signature(root, key.public_key())
     return root / SIGNATURE_NAME
+
+
+@dataclass(frozen=True)
+class SignatureCheck:
+    """What ``edgekit inspect`` found out about a bundle's signature.
+
+    ``status``: ``verified`` (by the key ``key``), ``unsigned``, or ``not_checked`` (signed, but no
+    public key was given, so the signature proves nothing yet).
+    """
+
+    status: str
+    key: str | None = None
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {"status": self.status, "key": self.key}
+
+
+def check_bundle_signature(
+    manifest_bytes: bytes,
+    signature_bytes: bytes | None,
+    *,
+    public_key: str | os.PathLike[str] | None = None,
+    require: bool = False,
+    where: str,
+) -> SignatureCheck:
+    """Check the signature over ``manifest_bytes`` against ``public_key`` (a PEM path).
+
+    A signature that does not verify always raises :class:`BundleSignatureError`; an unsigned bundle
+    raises it only with ``require``, which needs ``public_key`` (a signature nobody checked proves
+    nothing).
+    """
+    if require and public_key is None:
+        raise SigningKeyError(
+            "requiring a signature needs the fleet's public key to check it against",
+            hint="pass --key fleet.pub.pem (from `edgekit keygen`) with --require-signature",
+        )
+    signature = None if signature_bytes is None else decode_signature(signature_bytes, where=f"{where}: {SIGNATURE_NAME}")
+    if signature is None:
+        if require:
+            raise BundleSignatureError(
+                f"bundle '{where}' is not signed (no {SIGNATURE_NAME}) and a signature is required",
+                hint="sign it on the build host: edgekit sign BUNDLE --key fleet.key.pem, then pack it again",
+            )
+        return SignatureCheck("unsigned")
+    if public_key is None:
+        return SignatureCheck("not_checked")
+    return SignatureCheck("verified", verify_signature_bytes(manifest_bytes, signature, public_key, where=where))

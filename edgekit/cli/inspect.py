@@ -1,54 +1,111 @@
-"""``edgekit inspect BUNDLE``: print a bundle's manifest and verify every file hash."""
+"""``edgekit inspect BUNDLE``: print a bundle's manifest, verify every file hash and, with ``--key``,
+its signature.
+
+A ``.tar`` is unpacked by the shared checker (:mod:`edgekit_runtime.archive`): hostile members, a
+truncated file or one over ``--max-unpacked-mb`` end with an error that names the member and the
+limit (exit 2), and with ``--key`` the signature is checked before any file is written.
+"""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from edgekit.cli.options import console, json_parent, print_json
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("inspect", parents=[json_parent()], help="show a bundle's manifest and verify its file hashes")
+    parser = subparsers.add_parser("inspect", parents=[json_parent()], help="show a bundle's manifest and verify its file hashes and signature")
     parser.add_argument("bundle", type=Path, help="bundle directory (or a .tar made by `edgekit pack`)")
+    parser.add_argument("--key", "-k", type=Path, metavar="PUBLIC.pem", help="the fleet public key: verify manifest.sig against it")
+    parser.add_argument("--require-signature", action="store_true", help="fail (exit 2) when the bundle is not signed; needs --key")
+    parser.add_argument("--max-unpacked-mb", type=float, default=4096, metavar="MB", help="refuse a tar that unpacks to more (default 4096)")
     parser.set_defaults(func=run)
 
 
+def _dig(data: Any, *keys: str, default: Any = "n/a") -> Any:
+    for key in keys:
+        if not isinstance(data, dict) or key not in data:
+            return default
+        data = data[key]
+    return data
+
+
+def _tensors(manifest: dict[str, Any], kind: str) -> str:
+    tensors = _dig(manifest, "io", kind, default=[])
+    return ", ".join(f"{_dig(t, 'name')}: {_dig(t, 'dtype')}{_dig(t, 'shape')}" for t in tensors if isinstance(t, dict))
+
+
+def _fmt(value: Any, spec: str) -> str:
+    """``value`` formatted with ``spec`` when it is a number (a hostile manifest may hold anything)."""
+    return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
+def _ms(bench: Any, key: str) -> str:
+    value = _dig(bench, key, default=None)
+    return f"{_fmt(value, '.2f')} ms" if isinstance(value, (int, float)) else "n/a"
+
+
 def run(args: argparse.Namespace) -> int:
+    from rich.markup import escape
     from rich.table import Table
 
     from edgekit.bundle.pack import opened_bundle_path
+    from edgekit.bundle.signing import SignatureCheck, check_bundle_signature
+    from edgekit.errors import BundleError
+    from edgekit_runtime.archive import ArchiveLimits
     from edgekit_runtime.bundle import open_bundle
 
-    with opened_bundle_path(args.bundle) as root:
+    if args.max_unpacked_mb <= 0:
+        raise BundleError(f"--max-unpacked-mb must be positive, got {args.max_unpacked_mb:g}")
+    limits = ArchiveLimits(max_unpacked_bytes=int(args.max_unpacked_mb * 1024 * 1024))
+    checks: list[SignatureCheck] = []
+
+    def check_manifest(manifest_bytes: bytes, signature_bytes: bytes | None) -> None:
+        checks.append(check_bundle_signature(manifest_bytes, signature_bytes, public_key=args.key,
+                                             require=args.require_signature, where=str(args.bundle)))  # fmt: skip
+
+    with opened_bundle_path(args.bundle, limits=limits, check_manifest=check_manifest) as root:
         bundle = open_bundle(root, verify=True)
+    signature = checks[0] if checks else SignatureCheck("unsigned")
     manifest = bundle.manifest
     if args.json:
-        print_json({"verified": True, "files": len(manifest["files"]), "manifest": manifest})
+        print_json({"verified": True, "files": len(manifest["files"]), "signature": signature.to_dict(), "manifest": manifest})
         return 0
-    table = Table(title=f"{manifest['name']}  [green](all {len(manifest['files'])} file hashes verified)[/]", show_header=False)
+    signed = {
+        "verified": f"[green]signature verified (key {signature.key})[/]",
+        "unsigned": "[yellow]unsigned[/]",
+        "not_checked": "[yellow]signed, signature not checked: pass --key PUBLIC.pem[/]",
+    }[signature.status]
+    title = f"{escape(str(manifest['name']))}  [green](all {len(manifest['files'])} file hashes verified)[/], {signed}"
+    table = Table(title=title, show_header=False)
     table.add_column(style="bold")
     table.add_column()
-    target = manifest["target"]
-    parity = (manifest.get("export") or {}).get("parity") or {}
+    parity = _dig(manifest, "export", "parity", default=None) or {}
     accuracy = manifest.get("accuracy")
     bench = manifest.get("benchmark") or {}
+    providers = [_dig(p, "name") for p in _dig(manifest, "backend", "execution_providers", default=[]) if isinstance(p, dict)]
     rows = [
-        ("created", manifest["created"]),
-        ("recipe", f"{manifest['recipe']['name']} ({manifest['recipe']['sha256'][:12]})"),
-        ("target", f"{target['name']} — {target['display_name']}"),
-        ("backend", f"{manifest['backend']['name']} {[p['name'] for p in manifest['backend'].get('execution_providers', [])]}"),
+        ("created", _dig(manifest, "created")),
+        ("bundle_version", _dig(manifest, "bundle_version")),
+        ("recipe", f"{_dig(manifest, 'recipe', 'name')} ({str(_dig(manifest, 'recipe', 'sha256'))[:12]})"),
+        ("target", f"{_dig(manifest, 'target', 'name')} — {_dig(manifest, 'target', 'display_name')}"),
+        ("backend", f"{_dig(manifest, 'backend', 'name')} {providers}"),
         ("precision", manifest["precision"]),
-        ("model", f"{manifest['model']['size_bytes'] / 1e6:.2f} MB, opset {manifest['model']['opset']}"),
-        ("inputs", ", ".join(f"{t['name']}: {t['dtype']}{t['shape']}" for t in manifest["io"]["inputs"])),
-        ("outputs", ", ".join(f"{t['name']}: {t['dtype']}{t['shape']}" for t in manifest["io"]["outputs"])),
-        ("exporter", f"{manifest['export']['exporter']} (opset {manifest['export']['opset']})"),
-        ("parity", "skipped" if parity.get("passed") is None else f"max abs diff {parity['max_abs_diff']:.2e}, cosine min {parity['cosine_min']:.6f}, passed {parity['passed']}"),
-        ("accuracy", "n/a" if not accuracy else f"{accuracy['metric']} {accuracy['value']:.4f} (reference {accuracy['reference']:.4f}), passed {accuracy['passed']}"),
-        ("latency", f"p50 {bench.get('p50_ms', float('nan')):.2f} ms, p99 {bench.get('p99_ms', float('nan')):.2f} ms at {bench.get('shape')}"),
-        ("toolchain", ", ".join(f"{k} {v}" for k, v in manifest["toolchain"].items() if v)),
-    ]
+        ("model", f"{_dig(manifest, 'model', 'size_bytes', default=0) / 1e6:.2f} MB, opset {_dig(manifest, 'model', 'opset')}"
+         if isinstance(_dig(manifest, "model", "size_bytes", default=None), (int, float)) else f"opset {_dig(manifest, 'model', 'opset')}"),
+        ("inputs", _tensors(manifest, "inputs")),
+        ("outputs", _tensors(manifest, "outputs")),
+        ("exporter", f"{_dig(manifest, 'export', 'exporter')} (opset {_dig(manifest, 'export', 'opset')})"),
+        ("parity", "skipped" if not isinstance(parity, dict) or parity.get("passed") is None else
+         f"max abs diff {_fmt(parity.get('max_abs_diff'), '.2e')}, cosine min {_fmt(parity.get('cosine_min'), '.6f')}, passed {parity['passed']}"),
+        ("accuracy", "n/a" if not isinstance(accuracy, dict) else
+         f"{accuracy.get('metric')} {_fmt(accuracy.get('value'), '.4f')} (reference {_fmt(accuracy.get('reference'), '.4f')}), passed {accuracy.get('passed')}"),
+        ("latency", f"p50 {_ms(bench, 'p50_ms')}, p99 {_ms(bench, 'p99_ms')} at {_dig(bench, 'shape')}"),
+        ("toolchain", ", ".join(f"{k} {v}" for k, v in (_dig(manifest, "toolchain", default={}) or {}).items() if v)),
+    ]  # fmt: skip
     for key, value in rows:
-        table.add_row(key, str(value))
+        table.add_row(key, escape(str(value)))
     console.print(table)
     return 0

@@ -128,6 +128,12 @@ def _check_manifest(manifest: Mapping[str, Any], manifest_path: Path) -> None:
         ("backend", dict),
         ("golden", dict),
     )
+    bundle_version = manifest.get("bundle_version")
+    if bundle_version is not None and (isinstance(bundle_version, bool) or not isinstance(bundle_version, int) or bundle_version < 0):
+        raise BundleError(
+            f"'{where}': bundle_version must be a non-negative integer (the build time in milliseconds), got {bundle_version!r}",
+            hint="rebuild the bundle with `edgekit build`",
+        )
     for key, kind in required:
         if not isinstance(manifest.get(key), kind):
             raise BundleError(
