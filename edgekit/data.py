@@ -6,42 +6,149 @@ A batch is a ``dict[str, np.ndarray]`` keyed by input name; evaluation batches m
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 
 from edgekit.errors import RecipeError
-from edgekit.recipe import CallableData, DataSource, NpzData, Recipe, TensorSpec
+from edgekit.recipe import CallableData, DataSource, NpzData, Recipe, StateSpec, TensorSpec
 from edgekit.sources._util import import_callable
 
 Batch = dict[str, np.ndarray]
+RunFn = Callable[[Batch], dict[str, np.ndarray]]
+
+#: Key of the sequence number in the chunks of a stateful recipe's data (never a valid input name).
+SEQUENCE_KEY = "#sequence"
 
 
 def load_batches(recipe: Recipe, source: DataSource, field: str) -> list[Batch]:
-    """Load ``data.<field>`` of the recipe, checking every batch against the recipe's inputs."""
+    """Load ``data.<field>`` of the recipe, checking every batch against the recipe's inputs.
+
+    A recipe with a ``state`` section reads sequences (lists of consecutive chunks) instead; they come
+    back as one flat list of chunks, each carrying its sequence number under :data:`SEQUENCE_KEY` and
+    its state inputs (the initial zeros unless the first chunk of its sequence gives them)."""
     where = f"{recipe.path}: data.{field}"
     if isinstance(source, CallableData):
         fn = import_callable(source.callable, RecipeError, where, recipe.base_dir)
         try:
-            batches = list(fn(**source.kwargs))
+            items = list(fn(**source.kwargs))
         except Exception as exc:
             raise RecipeError(f"{where}: '{source.callable}' raised {type(exc).__name__}: {exc}") from exc
     elif isinstance(source, NpzData):
-        directory = recipe.resolve(source.npz_dir)
-        files = sorted(directory.glob("*.npz")) if directory.is_dir() else []
-        if not files:
-            raise RecipeError(f"{where}: no .npz files in {directory}", hint="one .npz per batch, arrays keyed by input name")
-        batches = []
-        for path in files:
-            with np.load(path, allow_pickle=False) as npz:
-                batches.append({k: npz[k] for k in npz.files})
+        items = _load_npz_dir(recipe, recipe.resolve(source.npz_dir), where)
     else:  # pragma: no cover - the schema admits only the two kinds
         raise TypeError(source)
-    if not batches:
+    if not items:
         raise RecipeError(f"{where}: the data source returned no batches")
-    for index, batch in enumerate(batches):
+    if recipe.state:
+        return _flatten_sequences(recipe, items, where)
+    for index, batch in enumerate(items):
         check_batch(recipe, batch, f"{where} batch {index}")
-    return batches
+    return items
+
+
+def _load_npz(path: Path) -> Batch:
+    with np.load(path, allow_pickle=False) as npz:
+        return {k: npz[k] for k in npz.files}
+
+
+def _load_npz_dir(recipe: Recipe, directory: Path, where: str) -> list[Any]:
+    if recipe.state:  # one subdirectory per sequence, one .npz per chunk, in name order
+        folders = sorted(d for d in directory.iterdir() if d.is_dir() and any(d.glob("*.npz"))) if directory.is_dir() else []
+        if not folders:
+            raise RecipeError(f"{where}: no sequence folders with .npz files in {directory}",
+                              hint="the recipe has a state section: one subfolder per sequence, one .npz per chunk (sorted by name)")
+        return [[_load_npz(path) for path in sorted(folder.glob("*.npz"))] for folder in folders]
+    files = sorted(directory.glob("*.npz")) if directory.is_dir() else []
+    if not files:
+        raise RecipeError(f"{where}: no .npz files in {directory}", hint="one .npz per batch, arrays keyed by input name")
+    return [_load_npz(path) for path in files]
+
+
+def _flatten_sequences(recipe: Recipe, sequences: list[Any], where: str) -> list[Batch]:
+    chunks: list[Batch] = []
+    for number, sequence in enumerate(sequences):
+        if not isinstance(sequence, (list, tuple)) or not sequence:
+            got = "an empty list" if isinstance(sequence, (list, tuple)) else type(sequence).__name__
+            raise RecipeError(
+                f"{where}: sequence {number} is {got}: the recipe has a state section, so the data are sequences",
+                hint="return a list of sequences, each a list of consecutive chunks (dicts of input name -> array) without the state inputs",
+            )
+        for step, chunk in enumerate(sequence):
+            place = f"{where} sequence {number} chunk {step}"
+            if not isinstance(chunk, dict):
+                raise RecipeError(f"{place}: expected a dict of input name -> array, got {type(chunk).__name__}")
+            chunk = dict(chunk)
+            for state in recipe.state:
+                if state.input in chunk and step > 0:
+                    raise RecipeError(f"{place}: gives state input '{state.input}', which the previous call's output '{state.output}' provides",
+                                      hint="leave state inputs out of the chunks (the first chunk may give a sequence's initial state)")
+                if state.input not in chunk:
+                    chunk[state.input] = initial_state(recipe, state, chunk)
+            check_batch(recipe, chunk, place)
+            chunk[SEQUENCE_KEY] = np.array(number, dtype=np.int64)
+            chunks.append(chunk)
+    return chunks
+
+
+def initial_state(recipe: Recipe, state: StateSpec, chunk: Batch) -> np.ndarray:
+    """Zeros for ``state.input``: its ``zeros`` shape, else its input shape; named dims take the size
+    they have in the chunk's other inputs, else their ``opt``."""
+    spec = next(s for s in recipe.inputs if s.name == state.input)
+    sizes: dict[str, int] = {}
+    for other in recipe.inputs:
+        array = chunk.get(other.name)
+        if other.name == state.input or not isinstance(array, np.ndarray) or array.ndim != len(other.shape):
+            continue
+        for dim, size in zip(other.shape, array.shape):
+            if isinstance(dim, str):
+                sizes.setdefault(dim, int(size))
+    shape = tuple(d if isinstance(d, int) else sizes.get(d, recipe.dims[d].opt) for d in (state.zeros or spec.shape))
+    return np.zeros(shape, dtype=np.dtype(spec.dtype))
+
+
+def run_batches(recipe: Recipe, run: RunFn, batches: list[Batch]) -> tuple[list[Batch], list[dict[str, np.ndarray]]]:
+    """``run`` over the batches: the feeds it got and its outputs, one per batch.
+
+    For a stateful recipe, the chunks of one sequence run in order and each call's state outputs are
+    the next call's state inputs (the first chunk keeps its initial state)."""
+    feeds_used: list[Batch] = []
+    outputs: list[dict[str, np.ndarray]] = []
+    previous: dict[str, np.ndarray] | None = None
+    previous_sequence: int | None = None
+    for index, batch in enumerate(batches):
+        feeds = model_inputs(recipe, batch)
+        sequence = int(batch[SEQUENCE_KEY]) if recipe.state and SEQUENCE_KEY in batch else None
+        if previous is not None and sequence is not None and sequence == previous_sequence:
+            for state in recipe.state:
+                carried = np.asarray(previous[state.output])
+                expected = feeds[state.input]
+                if carried.dtype != expected.dtype or carried.shape != expected.shape:
+                    raise RecipeError(
+                        f"{recipe.path}: state: output '{state.output}' is {carried.dtype}{list(carried.shape)} but feeds input "
+                        f"'{state.input}', which is {expected.dtype}{list(expected.shape)} (sequence {sequence}, chunk {index})",
+                        hint="pair each state input with the output of the same dtype and shape (state[].input / state[].output)",
+                    )
+                feeds[state.input] = carried
+        result = run(feeds)
+        feeds_used.append(feeds)
+        outputs.append(result)
+        previous, previous_sequence = result, sequence
+    return feeds_used, outputs
+
+
+def sequence_steps(batches: list[Batch]) -> list[tuple[int, int]] | None:
+    """(sequence, step) of each chunk of a stateful recipe's data; None for stateless batches."""
+    if not batches or SEQUENCE_KEY not in batches[0]:
+        return None
+    steps: list[tuple[int, int]] = []
+    for batch in batches:
+        sequence = int(batch[SEQUENCE_KEY])
+        step = steps[-1][1] + 1 if steps and steps[-1][0] == sequence else 0
+        steps.append((sequence, step))
+    return steps
 
 
 def check_batch(recipe: Recipe, batch: object, where: str) -> None:
@@ -102,16 +209,18 @@ def random_batch(recipe: Recipe, dims: dict[str, int], rng: np.random.Generator)
 
 def random_tensor(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     dtype = np.dtype(spec.dtype) if spec.dtype != "bfloat16" else np.dtype(np.float32)
+    if spec.value is not None:  # a pinned value (a sample rate): every test input uses it
+        return np.full(shape, spec.value, dtype=dtype)
     if dtype.kind == "f":
         low = 0.0 if spec.low is None else spec.low
         high = 1.0 if spec.high is None else spec.high
-        return rng.uniform(low, high, size=shape).astype(dtype)
+        return np.asarray(rng.uniform(low, high, size=shape), dtype=dtype)  # asarray: size () gives a scalar
     if dtype.kind == "b":
-        return rng.integers(0, 2, size=shape).astype(bool)
+        return np.asarray(rng.integers(0, 2, size=shape), dtype=bool)
     info = np.iinfo(dtype)
     low = 0 if spec.low is None else int(spec.low)
     high = min(int(info.max), 100) if spec.high is None else int(spec.high)
-    return rng.integers(low, high, size=shape, dtype=np.int64).astype(dtype)
+    return np.asarray(rng.integers(low, high, size=shape, dtype=np.int64), dtype=dtype)
 
 
 def dims_at(recipe: Recipe, point: Literal["min", "opt", "max"]) -> dict[str, int]:

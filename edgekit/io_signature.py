@@ -29,7 +29,11 @@ def io_section(recipe: Recipe, onnx_path: Path) -> dict[str, Any]:
                 f"{recipe.path}: input '{spec.name}' is not an input of the ONNX graph (it has {sorted(graph_inputs)})",
                 hint="make the recipe's inputs match the model's forward() arguments, in order",
             )
-        inputs.append({"name": spec.name, "dtype": spec.dtype, "shape": list(spec.shape)})
+        _check_rank(recipe, spec.name, list(spec.shape), graph_inputs[spec.name].type.tensor_type)
+        entry: dict[str, Any] = {"name": spec.name, "dtype": spec.dtype, "shape": list(spec.shape)}
+        if spec.value is not None:  # what probes and benchmarks feed (a sample rate)
+            entry["value"] = spec.value if isinstance(spec.value, bool) or spec.dtype.startswith(("float", "bfloat")) else int(spec.value)
+        inputs.append(entry)
     extra = sorted(set(graph_inputs) - {s.name for s in recipe.inputs})
     if extra:
         raise ExportError(f"{recipe.path}: the ONNX graph has inputs the recipe does not list: {extra}", hint="add them under inputs")
@@ -42,8 +46,27 @@ def io_section(recipe: Recipe, onnx_path: Path) -> dict[str, Any]:
         tensor = graph_outputs[name].type.tensor_type
         shape: list[int | str] = [d.dim_param or (d.dim_value if d.HasField("dim_value") else "?") for d in tensor.shape.dim]
         outputs.append({"name": name, "dtype": _onnx_dtype(tensor.elem_type), "shape": shape})
-    return {
+    section: dict[str, Any] = {
         "inputs": inputs,
         "outputs": outputs,
         "dims": {name: {"min": d.min, "opt": d.opt, "max": d.max} for name, d in recipe.dims.items()},
     }
+    if recipe.state:
+        section["state"] = [{"input": s.input, "output": s.output} for s in recipe.state]
+    constants = getattr(recipe.model, "constant_args", None)
+    if constants:
+        section["constant_args"] = {name: list(v) if isinstance(v, tuple) else v for name, v in constants.items()}
+    return section
+
+
+def _check_rank(recipe: Recipe, name: str, shape: list[int | str], tensor: Any) -> None:
+    """A recipe input of another rank than the graph's (``[]`` against ``[1]``) fails here, not at the first call."""
+    if not tensor.HasField("shape"):
+        return
+    graph_shape = [d.dim_param or (d.dim_value if d.HasField("dim_value") else "?") for d in tensor.shape.dim]
+    if len(graph_shape) != len(shape):
+        raise ExportError(
+            f"{recipe.path}: input '{name}' has shape {shape} (rank {len(shape)}) in the recipe but {graph_shape} "
+            f"(rank {len(graph_shape)}) in the ONNX graph",
+            hint="write the graph's shape under inputs (a scalar is shape: [])",
+        )

@@ -19,14 +19,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from edgekit.bundle.golden import write_golden
+from edgekit.bundle.golden import golden_batches, write_golden
 from edgekit.bundle.manifest import SCHEMA_VERSION, file_hashes, host_description, model_opset, toolchain_versions, write_manifest
 from edgekit.bundle.staging import BundleStaging, check_destination
-from edgekit.data import Batch, dims_at, fit_batch, load_batches, model_inputs
+from edgekit.data import Batch, dims_at, fit_batch, load_batches, model_inputs, run_batches, sequence_steps
 from edgekit.engines import BUILDERS, EngineBuild
 from edgekit.engines.onnxruntime import device_threads
 from edgekit.errors import BuildError
 from edgekit.evaluate import AccuracyResult, check_budget, evaluate_accuracy
+from edgekit.evaluate.accuracy import run_reference
 from edgekit.export import check_and_infer, check_parity, export_onnx
 from edgekit.export.parity import row_cosines
 from edgekit.io_signature import io_section
@@ -175,6 +176,9 @@ def stage_load(recipe_path: Path | str, target_name: str, precision: Precision |
     check_destination(out_dir.resolve(), force)
     samples = load_batches(recipe, recipe.data.samples, "samples")
     evaluation = load_batches(recipe, recipe.data.evaluation, "evaluation") if recipe.evaluation and recipe.data.evaluation else None
+    if auto and recipe.state:
+        raise BuildError(f"{recipe.path}: --precision auto does not run stateful sequences (the recipe has a state section) yet",
+                         hint="choose the precision (e.g. --precision int8); evaluation then runs the sequences with state")
     if auto and (recipe.evaluation is None or evaluation is None):
         raise BuildError(f"{recipe.path}: --precision auto needs evaluation data and a metric with a budget",
                          hint="add data.evaluation and an evaluation section (metric and budget) to the recipe")
@@ -279,8 +283,12 @@ def stage_auto(state: BuildState) -> str:
 def stage_quantize(state: BuildState) -> str:
     from edgekit.quantize.stage import copy_calibration, quantize_model
 
+    calibration = state.calibration
+    if state.recipe.state and calibration:  # state inputs as the FP32 model carries them through each sequence
+        assert state.reference is not None
+        calibration = run_batches(state.recipe, state.reference, calibration)[0]
     quantized = quantize_model(state.fp32_path, state.workdir / "quantized.onnx", state.recipe.build.quantization, state.target,
-                               state.backend, state.precision, state.calibration, state.workdir)
+                               state.backend, state.precision, calibration, state.workdir)
     state.model_path = quantized.path
     state.host_twin = quantized.host_twin
     state.quantization = quantized.to_manifest()
@@ -324,7 +332,7 @@ def stage_evaluate(state: BuildState, runner: OnnxRuntimeRunner) -> str | None:
         return None
     assert state.reference is not None
     batches = state.evaluation or state.samples
-    reference_outputs = [state.reference(model_inputs(recipe, b)) for b in batches]
+    reference_outputs = run_reference(recipe, state.reference, batches)  # sequences call by call for a stateful recipe
     state.accuracy = evaluate_accuracy(recipe, runner.infer, reference_outputs, batches, state.reference_source)
     check_budget(recipe, state.accuracy, state.precision.value)
     trt = (state.engine.details.get("tensorrt") if state.engine else None) or {}
@@ -346,9 +354,10 @@ def stage_golden(state: BuildState, runner: OnnxRuntimeRunner) -> None:
     assert state.reference is not None
     pairs = []
     worst_abs, worst_cos = 0.0, 1.0
-    for batch in state.samples[: recipe.build.golden_batches]:
-        feeds = model_inputs(recipe, batch)
-        expected, got = state.reference(feeds), runner.infer(feeds)
+    batches = golden_batches(recipe, state.samples)
+    # A stateful model's sequences run call by call; the runner carries its own state, as the device will.
+    feeds_used, expected_all = run_batches(recipe, state.reference, batches)
+    for feeds, expected, got in zip(feeds_used, expected_all, run_batches(recipe, runner.infer, batches)[1]):
         pairs.append((feeds, {name: np.asarray(expected[name]) for name in recipe.outputs}))
         for name in recipe.outputs:
             e, g = np.asarray(expected[name], dtype=np.float64), np.asarray(got[name], dtype=np.float64)
@@ -366,7 +375,7 @@ def stage_golden(state: BuildState, runner: OnnxRuntimeRunner) -> None:
         extra_rtol, extra_cosine = DEVICE_APPLIED_TOLERANCE[state.precision]
         largest = max(float(np.abs(np.asarray(out[name])).max(initial=0.0)) for _, out in pairs for name in out)
         atol, rtol, min_cosine = max(atol, extra_rtol * largest), max(rtol, extra_rtol), min(min_cosine, extra_cosine)
-    state.golden = write_golden(state.staging_dir, pairs, atol=atol, rtol=rtol, min_cosine=min_cosine)
+    state.golden = write_golden(state.staging_dir, pairs, atol=atol, rtol=rtol, min_cosine=min_cosine, steps=sequence_steps(batches), state=recipe.state)
 
 
 def bench_dims(recipe: Recipe) -> dict[str, int]:

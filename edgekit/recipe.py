@@ -48,17 +48,27 @@ class _SourceBase(StrictModel):
     pass
 
 
+#: A non-tensor forward() argument pinned for export (``sr: 16000``); recorded in the manifest.
+ConstantArg = Union[bool, int, float, str, None, tuple[Union[bool, int, float], ...]]
+CONSTANT_ARGS_HELP = (
+    "forward() arguments that are not tensors, bound to these values before export (e.g. sr: 16000); "
+    "the exported graph has no input for them and the manifest records them"
+)
+
+
 class FactorySource(_SourceBase):
     """A Python callable ``package.module:function`` returning a ``torch.nn.Module``."""
 
     kind: Literal["factory"]
     factory: str = Field(pattern=CALLABLE_PATTERN, description="package.module:function")
     kwargs: dict[str, Any] = Field(default_factory=dict)
+    constant_args: dict[str, ConstantArg] = Field(default_factory=dict, description=CONSTANT_ARGS_HELP)
 
 
 class TorchScriptSource(_SourceBase):
     kind: Literal["torchscript"]
     path: Path
+    constant_args: dict[str, ConstantArg] = Field(default_factory=dict, description=CONSTANT_ARGS_HELP)
 
 
 class ExportedProgramSource(_SourceBase):
@@ -114,9 +124,12 @@ class DynamicDim(StrictModel):
 class TensorSpec(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z_][\w.:/-]*$", max_length=256)
     dtype: Literal[DTYPES]  # type: ignore[valid-type]
-    shape: tuple[int | str, ...] = Field(description="ints for fixed dims, names for dynamic dims")
+    shape: tuple[int | str, ...] = Field(description="ints for fixed dims, names for dynamic dims; [] for a scalar (rank 0)")
     low: float | None = Field(default=None, description="lower bound for random test inputs")
     high: float | None = Field(default=None, description="upper bound (exclusive for ints) for random test inputs")
+    value: float | bool | None = Field(
+        default=None, description="the one value test, benchmark and probe inputs use (e.g. a sample rate of 16000): instead of low/high"
+    )
 
     @field_validator("shape")
     @classmethod
@@ -147,6 +160,15 @@ class TensorSpec(StrictModel):
                 raise ValueError(f"input '{self.name}' is {self.dtype}: {field} must be a whole number, got {value}")
             if not lowest <= value <= top:
                 raise ValueError(f"input '{self.name}': {field} {value:g} does not fit {self.dtype} ({lowest:g} .. {top:g})")
+        if self.low is not None and self.high is not None and not self.low < self.high:
+            raise ValueError(f"input '{self.name}': need low < high, got low={self.low} high={self.high}")
+        return self
+
+    @model_validator(mode="after")
+    def _value_or_range(self) -> "TensorSpec":
+        if self.value is not None:
+            if self.low is not None or self.high is not None:
+                raise ValueError(f"input '{self.name}': give either value ({self.value}) or low/high, not both")
         if self.low is not None and self.high is not None and not self.low < self.high:
             raise ValueError(f"input '{self.name}': need low < high, got low={self.low} high={self.high}")
         return self
@@ -194,12 +216,73 @@ class AccuracyBudget(StrictModel):
         return self
 
 
+class OutputSlice(StrictModel):
+    """Part of one output: ``channels`` [start, stop) along ``channel_axis``; the other non-batch axes are items."""
+
+    output: str
+    channels: tuple[int, int] | None = Field(default=None, description="[start, stop) along channel_axis (default: all)")
+    channel_axis: int = Field(default=-1, description="the axis holding box coordinates / class scores (-1: last; 1 for [batch, 84, anchors])")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "OutputSlice":
+        if self.channels is not None and not 0 <= self.channels[0] < self.channels[1]:
+            raise ValueError(f"output '{self.output}': channels must be [start, stop) with 0 <= start < stop, got {list(self.channels)}")
+        if self.channel_axis == 0:
+            raise ValueError(f"output '{self.output}': channel_axis 0 is the batch axis; use 1, 2, ... or -1")
+        return self
+
+
+class DetectionOptions(StrictModel):
+    """``metric: detection``: mAP of the candidate's detections, with the FP32 model's detections as ground truth."""
+
+    boxes: OutputSlice = Field(description="where the 4 box coordinates are")
+    scores: OutputSlice = Field(description="where the class scores are (one channel: a single class)")
+    format: Literal["xyxy", "cxcywh"] = "xyxy"
+    score_threshold: float = Field(default=0.25, ge=0, description="detections scoring below this are dropped")
+    nms_iou: float = Field(default=0.45, gt=0, le=1, description="per-class non-maximum suppression IoU")
+    match_iou: float = Field(default=0.5, gt=0, le=1, description="IoU at which a detection matches a reference box (mAP@0.5)")
+    max_detections: int = Field(default=300, ge=1, description="per image, after NMS")
+
+
+class SegmentationOptions(StrictModel):
+    """``metric: segmentation``: mean IoU of the candidate's masks against the FP32 model's masks."""
+
+    class_axis: int = Field(default=1, description="the axis of class logits (argmax); ignored with threshold")
+    threshold: float | None = Field(default=None, description="binary masks: output > threshold (instead of argmax)")
+    ignore_classes: tuple[int, ...] = Field(default=(), description="classes left out of the mean (e.g. background 0)")
+
+
+class CtcTextOptions(StrictModel):
+    """``metric: ctc_text``: greedy CTC decoding of candidate and FP32 outputs, compared line by line."""
+
+    blank: int = Field(default=0, ge=0, description="index of the CTC blank class")
+    time_axis: int = Field(default=1, description="the axis of time steps ([batch, T, classes]: 1; [T, batch, classes]: 0)")
+    class_axis: int = Field(default=-1)
+    report: Literal["cer", "line_agreement"] = Field(
+        default="cer", description="the number the budget reads: character error rate (lower is better) or exact line agreement"
+    )
+
+
+class BinaryDecisionOptions(StrictModel):
+    """``metric: binary_decision``: fraction of elements whose decision (output > threshold) agrees with FP32."""
+
+    threshold: float = 0.5
+
+
+#: metrics the recipe can name; "callable" is ``package.module:function``.
+METRIC_NAMES = ("top1", "cosine", "mse", "detection", "segmentation", "ctc_text", "binary_decision", "callable")
+
+
 class EvaluationSpec(StrictModel):
-    metric: Literal["top1", "cosine", "mse", "callable"]
+    metric: Literal[METRIC_NAMES]  # type: ignore[valid-type]
     output: str | None = Field(default=None, description="which output the metric reads (default: the first)")
     labels: str = Field(default="labels", description="key of the labels array in evaluation batches (top1)")
     callable: str | None = Field(default=None, pattern=CALLABLE_PATTERN)
     higher_is_better: bool | None = None
+    detection: DetectionOptions | None = None
+    segmentation: SegmentationOptions | None = None
+    ctc_text: CtcTextOptions | None = None
+    binary_decision: BinaryDecisionOptions | None = None
     budget: AccuracyBudget
 
     @model_validator(mode="after")
@@ -208,13 +291,43 @@ class EvaluationSpec(StrictModel):
             raise ValueError("metric 'callable' needs 'callable: package.module:function'")
         if self.metric != "callable" and self.callable is not None:
             raise ValueError(f"'callable' is only used with metric 'callable', not '{self.metric}'")
+        for name in ("detection", "segmentation", "ctc_text", "binary_decision"):
+            if getattr(self, name) is not None and self.metric != name:
+                raise ValueError(f"options '{name}' are only used with metric '{name}', not '{self.metric}'")
+        if self.metric == "detection" and self.detection is None:
+            raise ValueError("metric 'detection' needs options: detection: {boxes: {output: ..., channels: [0, 4]}, scores: {output: ..., channels: [4, 84]}}")
         return self
+
+    @property
+    def options(self) -> StrictModel | None:
+        """The options of the chosen metric, defaults filled in (None for top1/cosine/mse/callable)."""
+        defaults = {"segmentation": SegmentationOptions, "ctc_text": CtcTextOptions, "binary_decision": BinaryDecisionOptions}
+        given = getattr(self, self.metric, None) if self.metric in defaults or self.metric == "detection" else None
+        if given is None and self.metric in defaults:
+            return defaults[self.metric]()
+        return given
 
     @property
     def better_is_higher(self) -> bool:
         if self.higher_is_better is not None:
             return self.higher_is_better
-        return self.metric != "mse"
+        if self.metric == "ctc_text":
+            options = self.options
+            return isinstance(options, CtcTextOptions) and options.report == "line_agreement"
+        return bool(self.metric != "mse")
+
+
+# ---------------------------------------------------------------- state
+
+
+class StateSpec(StrictModel):
+    """A recurrent state: the output that one call returns is the input of the next call of a sequence."""
+
+    input: str = Field(description="the state input (listed under inputs)")
+    output: str = Field(description="the output that feeds it on the next call (listed under outputs)")
+    zeros: tuple[int | str, ...] | None = Field(
+        default=None, description="shape of the initial zeros (default: the input's shape, dims sized from the call's other inputs)"
+    )
 
 
 # ---------------------------------------------------------------- export and build
@@ -350,6 +463,9 @@ class Recipe(StrictModel):
     export: ExportSpec = ExportSpec()
     build: BuildSpec = BuildSpec()
     overrides: dict[str, BuildOverride] = Field(default_factory=dict, description="target name -> changes")
+    state: tuple[StateSpec, ...] = Field(
+        default=(), description="recurrent state: data are sequences of consecutive chunks, each call's state outputs feed the next call's state inputs"
+    )
 
     # Set by the loader, not by the YAML.
     path: Path | None = Field(default=None, exclude=True)
@@ -403,6 +519,44 @@ class Recipe(StrictModel):
             if not low <= value <= high:
                 raise FieldError(("build", "benchmark", "dims", dim), f"{value} is outside dims.{dim} ({low} .. {high})")
         return self
+
+    @model_validator(mode="after")
+    def _state_and_metric_outputs(self) -> "Recipe":
+        inputs = {spec.name: spec for spec in self.inputs}
+        model = self.model
+        for name in getattr(model, "constant_args", {}):
+            if name in inputs:
+                raise ValueError(f"model.constant_args.{name}: '{name}' is also listed under inputs; a forward() argument is either a tensor input or a constant")
+        seen: set[str] = set()
+        for index, state in enumerate(self.state):
+            where = f"state[{index}]"
+            if state.input not in inputs:
+                raise ValueError(f"{where}.input '{state.input}' is not one of inputs {list(inputs)}")
+            if state.output not in self.outputs:
+                raise ValueError(f"{where}.output '{state.output}' is not one of outputs {list(self.outputs)}")
+            if state.input in seen:
+                raise ValueError(f"{where}.input '{state.input}' is listed twice under state")
+            seen.add(state.input)
+            spec = inputs[state.input]
+            if state.zeros is not None:
+                if len(state.zeros) != len(spec.shape):
+                    raise ValueError(f"{where}.zeros {list(state.zeros)} has rank {len(state.zeros)}; input '{spec.name}' has shape {list(spec.shape)}")
+                for axis, (dim, size) in enumerate(zip(spec.shape, state.zeros)):
+                    if isinstance(dim, int) and size != dim:
+                        raise ValueError(f"{where}.zeros axis {axis} is {size}; input '{spec.name}' fixes it at {dim}")
+                    if isinstance(size, str) and size not in self.dims:
+                        raise ValueError(f"{where}.zeros names dim '{size}', which is not under dims {sorted(self.dims)}")
+        if self.evaluation is not None and self.evaluation.detection is not None:
+            for field in ("boxes", "scores"):
+                output = getattr(self.evaluation.detection, field).output
+                if output not in self.outputs:
+                    raise ValueError(f"evaluation.detection.{field}.output '{output}' is not one of outputs {list(self.outputs)}")
+        return self
+
+    @property
+    def state_inputs(self) -> dict[str, StateSpec]:
+        """State input name -> its state entry (empty for a stateless model)."""
+        return {state.input: state for state in self.state}
 
     @property
     def base_dir(self) -> Path:

@@ -57,7 +57,7 @@ def feeds_at(bundle: Bundle, signature: IOSignature, dims: dict[str, int]) -> di
         for axis, dim in enumerate(tensor.shape):
             if isinstance(dim, str):
                 array = fit_axis(array, axis, dims[dim])
-        feeds[tensor.name] = np.ascontiguousarray(array)
+        feeds[tensor.name] = np.require(array, requirements="C")  # ascontiguousarray would make a rank-0 input rank 1
     return feeds
 
 
@@ -108,7 +108,7 @@ def bench_bundle(bundle_dir: Path, dims: dict[str, int] | None = None, iteration
     all_dims.update(dims or {})
     threads = threads or min(os.cpu_count() or 1, bundle.manifest["target"]["cpu"]["cores"])
     feeds = feeds_at(bundle, signature, all_dims)
-    batch = next(iter(feeds.values())).shape[0] if feeds else 1
+    batch = next((array.shape[0] for array in feeds.values() if array.ndim), 1)  # a scalar input has no batch axis
     runner = host_runner(bundle, signature, threads)
     contenders: dict[str, Any] = {"bundle": lambda: runner.infer(feeds)}
     if vs_pytorch:

@@ -29,6 +29,8 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-p99-ratio", type=float, default=1.5, help="canary p99 after/before limit (default 1.5)")
     parser.add_argument("--url-base", metavar="URL", help="where devices download the .tar (default: its file:// URL)")
     parser.add_argument("--key", type=Path, metavar="fleet.key.pem", help="fleet key (private or public PEM) to check the signature with first")
+    parser.add_argument("--sign-commands", type=Path, metavar="fleet.key.pem",
+                        help="sign every command with the fleet's private key (agents with commands.require_signed need it)")
     parser.add_argument("--bundle-id", help="bundle id to deploy as (default <name>-<12 hex of the manifest hash>)")
     parser.add_argument("--mqtt-version", choices=("5", "3.1.1"), default="5", help="3.1.1 for brokers such as amqtt")
     parser.set_defaults(func=run)
@@ -52,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
 
     devices = [d.strip() for d in args.devices.split(",") if d.strip()] if args.devices else None
     record = run_rollout(artifact, broker_url=args.broker, store_url=args.store, devices=devices, target=args.target,
-                         fleet=args.fleet, policy=policy, mqtt_version=args.mqtt_version, on_update=show)  # fmt: skip
+                         fleet=args.fleet, policy=policy, mqtt_version=args.mqtt_version, on_update=show,
+                         publisher_options={"signing_key": args.sign_commands} if args.sign_commands else None)  # fmt: skip
     ok = record.state == "completed"
     colour = "green" if ok else "red"
     console.print(f"[{colour}]rollout {record.rollout_id} {record.state}[/]" + (f": {record.reason}" if record.reason else ""))

@@ -7,9 +7,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from edgekit.data import Batch, model_inputs
+from edgekit.data import Batch, run_batches
 from edgekit.errors import AccuracyBudgetError, EvaluationError
 from edgekit.evaluate.metrics import METRICS, Metric, cosine_min
+from edgekit.evaluate.task_metrics import TASK_METRICS
 from edgekit.recipe import Recipe
 from edgekit.sources._util import import_callable
 
@@ -29,6 +30,7 @@ class AccuracyResult:
     cosine_min: float | None = None
     reference_source: str = "pytorch-fp32"
     note: str | None = None
+    details: dict[str, Any] | None = None  # a task metric's other numbers (detections, per-class IoU, CER and line agreement)
 
     def to_manifest(self) -> dict[str, Any]:
         return asdict(self)
@@ -43,20 +45,36 @@ def _metric(recipe: Recipe) -> Metric:
     return METRICS[spec.metric]
 
 
+def run_reference(recipe: Recipe, reference: RunFn, batches: list[Batch]) -> list[dict[str, np.ndarray]]:
+    """The FP32 reference's outputs over the evaluation batches (sequences call by call, with state, for a stateful recipe)."""
+    return run_batches(recipe, reference, batches)[1]
+
+
 def evaluate_accuracy(recipe: Recipe, candidate: RunFn, reference_outputs: list[dict[str, np.ndarray]], batches: list[Batch], reference_source: str) -> AccuracyResult:
-    """Run ``candidate`` over the evaluation batches and score it; ``reference_outputs`` are FP32's."""
+    """Run ``candidate`` over the evaluation batches and score it; ``reference_outputs`` are FP32's.
+
+    A stateful recipe's sequences run call by call, the candidate carrying its own state (as on the device)."""
     spec = recipe.evaluation
     assert spec is not None, "evaluate_accuracy needs a recipe with an evaluation section"
     output = spec.output or recipe.outputs[0]
-    metric = _metric(recipe)
     labels = [batch.get(spec.labels) for batch in batches]
-    got = [candidate(model_inputs(recipe, b))[output] for b in batches]
+    got_all = run_batches(recipe, candidate, batches)[1]
+    got = [g[output] for g in got_all]
     ref = [r[output] for r in reference_outputs]
+    details = None
     try:
-        value = float(metric(got, ref, labels))
-        reference = float(metric(ref, ref, labels))
-    except EvaluationError:
-        raise
+        if spec.metric in TASK_METRICS:
+            task = TASK_METRICS[spec.metric](spec, output)
+            value, details = task(got_all, reference_outputs)
+            reference = task(reference_outputs, reference_outputs)[0]
+        else:
+            metric = _metric(recipe)
+            value = float(metric(got, ref, labels))
+            reference = float(metric(ref, ref, labels))
+    except EvaluationError as exc:
+        if recipe.path is None or str(recipe.path) in exc.message:
+            raise
+        raise EvaluationError(f"{recipe.path}: {exc.message}", hint=exc.hint) from None
     except Exception as exc:
         raise EvaluationError(f"{recipe.path}: evaluation metric '{spec.metric}' failed: {type(exc).__name__}: {exc}") from exc
     drop = (reference - value) if spec.better_is_higher else (value - reference)
@@ -76,9 +94,10 @@ def evaluate_accuracy(recipe: Recipe, candidate: RunFn, reference_outputs: list[
         drop=drop,
         budget=budget.model_dump(),
         passed=passed,
-        samples=int(sum(g.shape[0] for g in got)),
+        samples=int(sum(g.shape[0] if g.ndim else 1 for g in got)),
         cosine_min=cosine_min(got, ref) if got and got[0].dtype.kind == "f" else None,
         reference_source=reference_source,
+        details=details,
     )
 
 

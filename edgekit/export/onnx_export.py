@@ -36,7 +36,7 @@ class ExportResult:
 def _example_args(recipe: Recipe, batch: dict[str, np.ndarray]) -> tuple["torch.Tensor", ...]:
     import torch
 
-    return tuple(torch.from_numpy(np.ascontiguousarray(batch[s.name])) for s in recipe.inputs)
+    return tuple(torch.from_numpy(np.require(batch[s.name], requirements="C")) for s in recipe.inputs)  # keeps rank 0
 
 
 def _dynamo_shapes(recipe: Recipe) -> tuple[dict[int, Any], ...]:
@@ -92,11 +92,21 @@ def _export_dynamo(module: Any, args: tuple[Any, ...], recipe: Recipe, opset: in
     program.save(str(path), external_data=large)
 
 
+def _traceable(module: Any, args: tuple[Any, ...]) -> Any:
+    """The legacy exporter cannot trace into a TorchScript submodule of a Python module (a loaded ``.pt``
+    with ``model.constant_args`` bound around it); ``torch.jit.trace`` can, and the exporter takes its result."""
+    import torch
+
+    if isinstance(module, torch.jit.ScriptModule) or not any(isinstance(m, torch.jit.ScriptModule) for m in module.modules()):
+        return module
+    return torch.jit.trace(module, args, check_trace=False)
+
+
 def _export_legacy(module: Any, args: tuple[Any, ...], recipe: Recipe, opset: int, path: Path) -> None:
     import torch
 
     torch.onnx.export(
-        module,
+        _traceable(module, args),
         args,
         str(path),
         dynamo=False,

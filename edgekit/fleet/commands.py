@@ -1,5 +1,7 @@
-"""Sending ``command.v1`` messages to devices: QoS 1 on ``edgekit/v1/<fleet>/<device>/cmd``, never retained
-(a retained command would run again on every reconnect), each with a fresh id."""
+"""Sending ``command.v1`` messages to devices: QoS 1 on ``edgekit/v1/<fleet>/<device>/cmd``, never retained,
+each with a fresh id and ``issued_at`` (devices refuse replays and stale commands). With a ``signing_key``
+each command is signed for the device it goes to (:mod:`edgekit_runtime.agent.command_signing`), as
+agents with ``commands.require_signed`` demand."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersi
 
 from edgekit.fleet.errors import FleetError
 from edgekit_runtime.agent.broker import make_tls_context, parse_broker_url, read_password_file
+from edgekit_runtime.agent.command_signing import sign_command
 from edgekit_runtime.agent.telemetry import COMMAND_SCHEMA, encode_message, utc_timestamp
 from edgekit_runtime.agent.topics import DeviceTopics
 from edgekit_runtime.schemas import validate_message
@@ -42,8 +45,13 @@ class CommandPublisher:
     """One MQTT connection that publishes commands and waits for the broker's PUBACK."""
 
     def __init__(self, broker_url: str, *, mqtt_version: Literal["5", "3.1.1"] = "5", tls_ca: Path | None = None,
-                 username: str | None = None, password_file: Path | None = None, client_id: str | None = None) -> None:  # fmt: skip
+                 username: str | None = None, password_file: Path | None = None, client_id: str | None = None,
+                 signing_key: Path | None = None) -> None:  # fmt: skip
+        """``signing_key``: the fleet's private key (PEM from ``edgekit keygen``); every command sent is signed."""
+        from edgekit_runtime.signing import load_private_key
+
         self.address = parse_broker_url(broker_url)
+        self._signing_key = load_private_key(signing_key) if signing_key is not None else None
         protocol = MQTTProtocolVersion.MQTTv5 if mqtt_version == "5" else MQTTProtocolVersion.MQTTv311
         self._client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id or f"edgekit-deploy-{uuid.uuid4().hex[:8]}",
                                    protocol=protocol)  # fmt: skip
@@ -75,6 +83,8 @@ class CommandPublisher:
 
     def send(self, fleet: str, device: str, message: Mapping[str, Any], timeout_s: float = 10.0) -> None:
         topic = DeviceTopics(fleet, device).cmd
+        if self._signing_key is not None:
+            message = sign_command(message, self._signing_key, fleet=fleet, device=device)
         info = self._client.publish(topic, encode_message(message), qos=1, retain=False)
         if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
             raise CommandError(f"cannot publish {message.get('command')} to {topic}: {paho.error_string(info.rc)}")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from edgekit.errors import SourceError
 from edgekit.recipe import FactorySource, Recipe
 from edgekit.sources._util import import_callable
 from edgekit.sources.base import LoadedModel
+from edgekit.sources.constant_args import bind_constant_args
 
 
 def load_factory(spec: FactorySource, recipe: Recipe, workdir: Path) -> LoadedModel:
@@ -29,4 +31,8 @@ def load_factory(spec: FactorySource, recipe: Recipe, workdir: Path) -> LoadedMo
             hint="the factory must return the model (an nn.Module instance), e.g. `return MyNet().eval()`",
         )
     module.eval()
-    return LoadedModel(kind="factory", description=spec.factory, module=module, details={"kwargs": dict(spec.kwargs)})
+    details: dict[str, Any] = {"kwargs": dict(spec.kwargs)}
+    if spec.constant_args:
+        module = bind_constant_args(module, dict(spec.constant_args), recipe)
+        details["constant_args"] = dict(spec.constant_args)
+    return LoadedModel(kind="factory", description=spec.factory, module=module, details=details)

@@ -7,6 +7,7 @@ from pathlib import Path
 from edgekit.errors import SourceError
 from edgekit.recipe import ExportedProgramSource, Recipe, TorchScriptSource
 from edgekit.sources.base import LoadedModel
+from edgekit.sources.constant_args import bind_constant_args
 from edgekit_runtime.hashing import sha256_file
 
 
@@ -29,7 +30,11 @@ def load_torchscript(spec: TorchScriptSource, recipe: Recipe, workdir: Path) -> 
             hint="save it with torch.jit.save(torch.jit.script(model), path); for torch.export programs use kind: exported_program",
         ) from None
     module.eval()
-    return LoadedModel(kind="torchscript", description=str(path), module=module, file_sha256=sha256_file(path))
+    details = {}
+    if spec.constant_args:
+        module = bind_constant_args(module, dict(spec.constant_args), recipe)
+        details["constant_args"] = dict(spec.constant_args)
+    return LoadedModel(kind="torchscript", description=str(path), module=module, file_sha256=sha256_file(path), details=details)
 
 
 def load_exported_program(spec: ExportedProgramSource, recipe: Recipe, workdir: Path) -> LoadedModel:

@@ -9,11 +9,13 @@ int8 build is compared with its FP32 reference directly.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+
+from edgekit_runtime.errors import BundleError
 
 
 @dataclass(frozen=True)
@@ -138,3 +140,65 @@ def merge_checks(checks: Sequence[OutputCheck]) -> OutputCheck:
         total_elements=sum(check.total_elements for check in checks),
         passed=not failing,
     )
+
+
+# -- golden sequences of stateful models ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StatePair:
+    """A state input of a recurrent model and the output that feeds it on the next call."""
+
+    input: str
+    output: str
+
+
+def parse_golden_state(golden: Mapping[str, Any], *, where: str) -> tuple[StatePair, ...]:
+    """The manifest's ``golden.state`` (``[{input, output}]``, absent for stateless models), checked
+    together with each batch's ``sequence`` and ``step`` (ints >= 0, steps counting up within a sequence)."""
+    raw = golden.get("state")
+    if raw is None:
+        return ()
+    if not isinstance(raw, Sequence) or isinstance(raw, str) or not raw:
+        raise BundleError(f"'{where}': golden.state must be a non-empty list of {{input, output}}, got {raw!r}")
+    pairs = []
+    for index, entry in enumerate(raw):
+        names = [entry.get(key) if isinstance(entry, Mapping) else None for key in ("input", "output")]
+        if not all(isinstance(name, str) and name for name in names):
+            raise BundleError(f"'{where}': golden.state[{index}] must be {{input: name, output: name}}, got {entry!r}")
+        pairs.append(StatePair(str(names[0]), str(names[1])))
+    previous: tuple[int, int] | None = None
+    for index, batch in enumerate(golden.get("batches") or []):
+        sequence, step = (batch.get("sequence"), batch.get("step")) if isinstance(batch, Mapping) else (None, None)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (sequence, step)):
+            raise BundleError(f"'{where}': golden.batches[{index}] needs sequence and step (ints >= 0) when golden.state is set, "
+                              f"got sequence={sequence!r} step={step!r}", hint="rebuild the bundle")
+        expected_step = previous[1] + 1 if previous is not None and previous[0] == sequence else 0
+        if step != expected_step:
+            raise BundleError(f"'{where}': golden.batches[{index}] is step {step} of sequence {sequence}; expected step {expected_step} "
+                              "(the chunks of a sequence are listed in order)", hint="rebuild the bundle")
+        previous = (int(sequence), int(step))  # type: ignore[arg-type]
+    return tuple(pairs)
+
+
+class StateCarrier:
+    """Replays golden sequences as the device runs them: from step 1 on, each call's state inputs are
+    the state outputs this device computed on the previous call (the recorded ones are the host's)."""
+
+    def __init__(self, pairs: Sequence[StatePair]) -> None:
+        self.pairs = tuple(pairs)
+        self._previous: Mapping[str, np.ndarray] | None = None
+
+    def feeds(self, step: int | None, inputs: dict[str, np.ndarray], *, where: str) -> dict[str, np.ndarray]:
+        if not self.pairs or not step or self._previous is None:
+            return inputs
+        carried = dict(inputs)
+        for pair in self.pairs:
+            if pair.output not in self._previous:
+                raise BundleError(f"{where}: state output '{pair.output}' (for input '{pair.input}') is not among the model's outputs "
+                                  f"({', '.join(self._previous)})", hint="the manifest's golden.state and io disagree; rebuild the bundle")
+            carried[pair.input] = np.asarray(self._previous[pair.output])
+        return carried
+
+    def remember(self, outputs: Mapping[str, np.ndarray]) -> None:
+        self._previous = outputs

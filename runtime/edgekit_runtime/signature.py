@@ -86,11 +86,14 @@ class DimRange:
 
 @dataclass(frozen=True)
 class TensorSignature:
-    """One named tensor: numpy dtype name and a shape of fixed sizes and dim names."""
+    """One named tensor: numpy dtype name and a shape of fixed sizes and dim names (``()`` for a scalar).
+
+    ``value`` is the one value the recipe pins for an input (a sample rate): synthetic feeds use it."""
 
     name: str
     dtype: str
     shape: tuple[Dim, ...]
+    value: float | int | bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(self.shape))
@@ -108,7 +111,10 @@ class TensorSignature:
         return f"{self.dtype}[{', '.join(str(dim) for dim in self.shape)}]"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+        data: dict[str, Any] = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+        if self.value is not None:
+            data["value"] = self.value
+        return data
 
     @classmethod
     def from_dict(cls, data: object, *, where: str) -> TensorSignature:
@@ -130,7 +136,10 @@ class TensorSignature:
                     f"{where}.shape: entry {dim!r} is neither a size (int >= 0) nor a dim name",
                     hint="name every dynamic dimension (e.g. 'batch') and bound it in io.dims",
                 )
-        return cls(name=name, dtype=dtype, shape=tuple(shape))
+        value = data.get("value")
+        if value is not None and not isinstance(value, (int, float, bool)):
+            raise BundleError(f"{where}.value: expected a number or a boolean, got {value!r}")
+        return cls(name=name, dtype=dtype, shape=tuple(shape), value=value)
 
 
 def _size_field(data: Mapping[str, Any], key: str, *, where: str) -> int:

@@ -202,6 +202,8 @@ class CommandsConfig:
     max_clock_skew_s: float = 300.0
     require_issued_at: bool = True
     max_remembered: int = 10_000
+    #: refuse commands without a valid Ed25519 signature by the fleet key (``bundles.public_key``)
+    require_signed: bool = False
 
 
 @dataclass(frozen=True)
@@ -361,7 +363,8 @@ def parse_config(data: object, *, file: Path) -> AgentConfig:
         if top.has("batching")
         else None,
         commands=_parse_commands(top.section("commands", ("replay_path", "replay_window_h", "max_clock_skew_s",
-                                                          "require_issued_at", "max_remembered"))),
+                                                          "require_issued_at", "max_remembered", "require_signed")),
+                                 bundles),
         source=file,
     )
 
@@ -424,14 +427,11 @@ def _parse_bundles(section: _Section) -> BundlesConfig:
         allow_unsigned=allow_unsigned,
         max_download_bytes=int(max_mb * 1024 * 1024),
         download_timeout_s=section.number("download_timeout_s", 60.0, minimum=0, exclusive_minimum=True, example="60"),
+        inbox=section.path("inbox", None, example="/var/lib/edgekit/inbox"),
+        allowed_sources=_parse_allowed_sources(section),
     )
 
 
-        inbox=section.path("inbox", None, example="/var/lib/edgekit/inbox"),
-        allowed_sources=_parse_allowed_sources(section),
-def _parse_api(section: _Section) -> ApiConfig:
-    address = parse_api_address(section.string("address", DEFAULT_API_ADDRESS), where=f"{section.file}: api.address")
-    max_mb = section.number("max_request_mb", 64, minimum=0, exclusive_minimum=True, example="64")
 def _parse_allowed_sources(section: _Section) -> tuple[str, ...]:
     from edgekit_runtime.agent.fetch import parse_allowed_source
 
@@ -447,6 +447,9 @@ def _parse_allowed_sources(section: _Section) -> tuple[str, ...]:
     return tuple(entries)
 
 
+def _parse_api(section: _Section) -> ApiConfig:
+    address = parse_api_address(section.string("address", DEFAULT_API_ADDRESS), where=f"{section.file}: api.address")
+    max_mb = section.number("max_request_mb", 64, minimum=0, exclusive_minimum=True, example="64")
     max_header_kb = section.number("max_header_kb", 16, minimum=1, example="16")
     return ApiConfig(
         address=address,
@@ -509,7 +512,12 @@ def _parse_batching(section: _Section) -> BatchingConfig:
     )
 
 
-def _parse_commands(section: _Section) -> CommandsConfig:
+def _parse_commands(section: _Section, bundles: BundlesConfig) -> CommandsConfig:
+    require_signed = section.boolean("require_signed", False)
+    if require_signed and bundles.public_key is None:
+        raise section.error("commands.require_signed", "is true but bundles.public_key is not set: signatures are "
+                            "checked against the fleet's public key", hint="set bundles.public_key to the fleet's "
+                            ".pub.pem (from `edgekit keygen`)")  # fmt: skip
     window_h = section.number("replay_window_h", 24, minimum=0, exclusive_minimum=True, maximum=24 * 30, example="24")
     return CommandsConfig(
         replay_path=section.path("replay_path", None, example="/var/lib/edgekit/commands.db"),
@@ -518,6 +526,7 @@ def _parse_commands(section: _Section) -> CommandsConfig:
         require_issued_at=section.boolean("require_issued_at", True),
         max_remembered=section.number("max_remembered", 10_000, minimum=100, integer=True, maximum=1_000_000,
                                       example="10000"),
+        require_signed=require_signed,
     )
 
 

@@ -17,8 +17,9 @@ Delivery contract:
   jitter); the backoff resets when the broker accepts a connection.
 * Commands on ``.../cmd`` are untrusted. Each is parsed with size and depth limits
   (:data:`MAX_COMMAND_BYTES`, :data:`MAX_COMMAND_DEPTH`), checked against ``command.v1``, then against
-  the :class:`~edgekit_runtime.agent.replay.ReplayWindow` (``issued_at`` inside the window, id not seen
-  before, persisted across restarts). A command that fails any check is answered by one bounded
+  the fleet key when signed or when signatures are required (:mod:`~edgekit_runtime.agent.command_signing`),
+  then against the :class:`~edgekit_runtime.agent.replay.ReplayWindow` (``issued_at`` inside the
+  window, id not seen before, persisted across restarts). A command that fails any check is answered by one bounded
   ``command_rejected`` event (ids and payloads quoted in at most 200 characters) and acknowledged, so
   it is consumed; a *retained* or redelivered payload that was answered before is dropped quietly, so a
   retained poison message does not come back after a restart. ``ping`` is answered by a ``pong``
@@ -61,6 +62,7 @@ from edgekit_runtime.agent.broker import (
     parse_broker_url,
     read_password_file,
 )
+from edgekit_runtime.agent.command_signing import SIGNATURE_FIELD, CommandSignatureError, verify_command
 from edgekit_runtime.agent.replay import ReplayError, ReplayWindow
 from edgekit_runtime.agent.spool import Spool
 from edgekit_runtime.agent.telemetry import (
@@ -156,9 +158,13 @@ class MqttLink:
         agent_version: str = AGENT_VERSION,
         bundle: BundleRef | None = None,
         replay: ReplayWindow | None = None,
+        command_key: Any = None,
+        require_signed_commands: bool = False,
     ) -> None:
         """``replay``: the persisted record of command ids (the link closes it on :meth:`stop`); without one
-        the record lives in memory, so replays are refused only until the process ends."""
+        the record lives in memory, so replays are refused only until the process ends. ``command_key``:
+        the fleet's Ed25519 public key; a command's ``signature`` is checked against it when present, and
+        required with ``require_signed_commands``."""
         self.address = parse_broker_url(broker_url)
         self.topics = DeviceTopics(validate_id(fleet, "fleet id"), validate_id(device, "device id"))
         if not isinstance(client_id, str) or not client_id:
@@ -185,6 +191,11 @@ class MqttLink:
         self._bundle = bundle
         # Without a record on disk the window lives in memory: replays are refused until the process ends.
         self.replay = replay if replay is not None else ReplayWindow(":memory:")
+        if require_signed_commands and command_key is None:
+            raise TelemetryError("require_signed_commands needs the fleet's public key as command_key",
+                                 hint="pass command_key=load_public_key('fleet.pub.pem')")  # fmt: skip
+        self._command_key = command_key
+        self._require_signed = require_signed_commands
         self._client = self._make_client(tls_ca, tls_cert, tls_key, username, password_file)
         self._json_properties = Properties(PacketTypes.PUBLISH)
         self._json_properties.PayloadFormatIndicator = 1
@@ -627,6 +638,13 @@ class MqttLink:
             self._reject_command(f"command does not match schema command.v1: {'; '.join(problems)}", payload, digest,
                                  raw_id, reason="schema")  # fmt: skip
             return None
+        if self._command_key is not None and (self._require_signed or SIGNATURE_FIELD in command):
+            try:
+                verify_command(command, self._command_key, fleet=self.topics.fleet, device=self.topics.device)
+            except CommandSignatureError as err:
+                self._reject_command(f"command {command['command']!r} refused: {err.message}", payload, digest,
+                                     command["id"], reason="unsigned" if SIGNATURE_FIELD not in command else "bad_signature")  # fmt: skip
+                return None
         try:
             refusal = self.replay.admit(command["id"], command.get("issued_at"))
         except ReplayError as err:  # an impossible date, or the record cannot be written: refuse, fail closed

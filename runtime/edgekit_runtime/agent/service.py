@@ -304,6 +304,8 @@ class AgentService:
             on_command=self.handle_command,
             bundle=self._bundle_ref(),
             replay=self._open_replay_window(),
+            command_key=self._command_key(),
+            require_signed_commands=self.config.commands.require_signed,
         )
         self._link.start()
         with self._events_lock:  # events from the start-up go out first, in order
@@ -311,6 +313,13 @@ class AgentService:
             pending, self._pending_events = self._pending_events, []
             for event in pending:
                 self._send("event", event)
+
+    def _command_key(self) -> Any:
+        """The fleet's public key: command signatures are checked against it whenever present."""
+        from edgekit_runtime.signing import load_public_key
+
+        key_path = self.config.bundles.public_key
+        return load_public_key(key_path) if key_path is not None else None
 
     def _open_replay_window(self) -> Any:
         from edgekit_runtime.agent.replay import ReplayPolicy, ReplayWindow

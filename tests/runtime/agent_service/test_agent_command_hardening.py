@@ -199,3 +199,36 @@ def test_the_commands_section(agent_config: Callable[..., Path], tmp_path: Path)
         load_config(agent_config(commands={"replay_window_h": 0}))
     with pytest.raises(AgentConfigError, match=r"commands\.require_issued_at: expected true or false, got 'no'"):
         load_config(agent_config(commands={"require_issued_at": "no"}))
+
+
+def test_require_signed_needs_the_fleet_public_key(agent_config: Callable[..., Path], tmp_path: Path) -> None:
+    assert load_config(agent_config(commands={"require_signed": True})).commands.require_signed is True
+    with pytest.raises(AgentConfigError) as info:
+        load_config(agent_config(bundles={"dir": str(tmp_path / "bundles"), "allow_unsigned": True},
+                                 commands={"require_signed": True}))  # fmt: skip
+    assert ("commands.require_signed: is true but bundles.public_key is not set: signatures are checked against the "
+            "fleet's public key") in str(info.value)  # fmt: skip
+
+
+def test_a_service_that_requires_signed_commands_refuses_unsigned_ones(
+    mosquitto_factory: Callable[..., MosquittoBroker],  # noqa: F811
+    agent_config: Callable[..., Path], fleet_keys: tuple[Path, Path], tmp_path: Path,
+) -> None:  # fmt: skip
+    from edgekit.fleet.commands import CommandPublisher, build_command
+
+    broker = mosquitto_factory()
+    fleet = Fleet(broker)
+    service = AgentService(_config(agent_config, tmp_path, broker, commands={"require_signed": True})).start()
+    try:
+        service.link.wait_connected(10)
+        fleet.send(_command("unsigned-1", "set_interval", {"interval_s": 5}))
+        _, unsigned = fleet.next_event(lambda e: e["command_id"] == "unsigned-1")
+        with CommandPublisher(broker.url, signing_key=fleet_keys[0]) as publisher:
+            publisher.send(FLEET, DEVICE, build_command("set_interval", {"interval_s": 7}, command_id="signed-1"))
+        _, signed = fleet.next_event(lambda e: e["command_id"] == "signed-1")
+        assert service.telemetry_interval_s == 7
+    finally:
+        service.stop()
+        fleet.close()
+    assert json.loads(unsigned)["details"]["reason"] == "unsigned"
+    assert json.loads(signed)["kind"] == "interval_changed"
