@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgekit_runtime.errors import BundleError, InputSignatureError
-from edgekit_runtime.golden import OutputCheck, compare_output, merge_checks
+from edgekit_runtime.golden import OutputCheck, StateCarrier, StatePair, compare_output, merge_checks, parse_golden_state
 from edgekit_runtime.hashing import sha256_file
 from edgekit_runtime.signature import IOSignature
 
@@ -172,6 +172,7 @@ def _check_manifest(manifest: Mapping[str, Any], manifest_path: Path) -> None:
         ):
             bounds = f"in {low}..{high}" if high is not None else f">= {low}"
             raise BundleError(f"'{where}': golden.{key} must be a number {bounds}, got {value!r}")
+    parse_golden_state(golden, where=where)  # a stateful model's sequences: state pairs, ordered steps
     for field_name, rel in listed:
         if rel not in files:
             raise BundleError(
@@ -285,6 +286,8 @@ class GoldenBatch:
     index: int
     inputs_path: Path
     outputs_path: Path
+    sequence: int | None = None  # stateful models: which golden sequence, and the call's step in it
+    step: int | None = None
 
     def load(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         return _load_npz(self.inputs_path), _load_npz(self.outputs_path)
@@ -345,9 +348,14 @@ class Bundle:
     @property
     def golden_batches(self) -> tuple[GoldenBatch, ...]:
         return tuple(
-            GoldenBatch(index, self.root / batch["inputs"], self.root / batch["outputs"])
+            GoldenBatch(index, self.root / batch["inputs"], self.root / batch["outputs"], batch.get("sequence"), batch.get("step"))
             for index, batch in enumerate(self.manifest["golden"]["batches"])
         )
+
+    @property
+    def golden_state(self) -> tuple[StatePair, ...]:
+        """State input/output pairs of a recurrent model (empty when stateless): the self-check replays sequences."""
+        return parse_golden_state(self.manifest["golden"], where=str(self.manifest_path))
 
     @property
     def golden_tolerances(self) -> tuple[float, float, float]:
@@ -403,6 +411,9 @@ class SelfCheckResult:
 def self_check(bundle: Bundle, runner: Runner, *, raise_on_failure: bool = True) -> SelfCheckResult:
     """Run every golden batch through ``runner`` and compare with the golden outputs.
 
+    A stateful model's golden sequences are replayed call by call: each call after the first of its
+    sequence gets the state outputs this runner computed on the previous call (``golden.state``).
+
     A runner that is not loaded yet is loaded for the check and closed afterwards. A failed check
     raises :class:`BundleError` with the numbers, unless ``raise_on_failure=False``.
     """
@@ -410,11 +421,14 @@ def self_check(bundle: Bundle, runner: Runner, *, raise_on_failure: bool = True)
     checks: dict[str, list[OutputCheck]] = {}
     loaded_here = not runner.is_loaded
     runner.load()
+    carrier = StateCarrier(bundle.golden_state)
     try:
         for batch in bundle.golden_batches:
             inputs, expected = batch.load()
+            inputs = carrier.feeds(batch.step, inputs, where=f"bundle '{bundle.root}'")
             try:
                 actual = runner.infer(inputs)
+                carrier.remember(actual)
             except InputSignatureError as err:
                 raise BundleError(
                     f"golden inputs '{batch.inputs_path}' do not match the model signature: {err.message}",

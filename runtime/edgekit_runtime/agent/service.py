@@ -79,7 +79,8 @@ _OUTBOX_RETRY_S = 1.0
 
 def synthetic_feeds(signature: IOSignature, dims: Mapping[str, int], *, seed: int = 0) -> dict[str, np.ndarray]:
     """Feeds that match ``signature``: named dims from ``dims``, else their ``opt`` (or ``min``), else 1;
-    floats are standard normal, integers and booleans zero (valid indices for any embedding)."""
+    an input with a pinned ``value`` holds it, other floats are standard normal, integers and booleans
+    zero (valid indices for any embedding). A scalar input (shape ``[]``) gets a rank-0 array."""
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     for tensor in signature.inputs:
@@ -95,7 +96,10 @@ def synthetic_feeds(signature: IOSignature, dims: Mapping[str, int], *, seed: in
             else:
                 shape.append(1)
         dtype = np.dtype(tensor.dtype)
-        feeds[tensor.name] = rng.standard_normal(shape).astype(dtype) if dtype.kind == "f" else np.zeros(shape, dtype)
+        if tensor.value is not None:  # the recipe pins it (a sample rate)
+            feeds[tensor.name] = np.full(shape, tensor.value, dtype)
+        else:
+            feeds[tensor.name] = np.asarray(rng.standard_normal(shape), dtype) if dtype.kind == "f" else np.zeros(shape, dtype)
     return feeds
 
 
