@@ -152,9 +152,10 @@ def search_auto_precision(fp32_path: Path, out_path: Path, recipe: Any, target: 
     from edgekit.quantize.gating import supported_precisions
 
     spec = recipe.evaluation
-    if spec is None or spec.metric == "callable":
+    if spec is None or spec.metric not in METRICS:  # callable and task metrics (detection, ...) read more than one output array
         raise QuantizationError(
-            f"{recipe.path}: --precision auto needs an evaluation section with metric top1, cosine or mse",
+            f"{recipe.path}: --precision auto needs an evaluation section with metric top1, cosine or mse"
+            + (f", not '{spec.metric}'" if spec is not None else ""),
             hint="add evaluation: {metric: cosine, budget: {min_value: 0.99}} (or choose a precision)",
         )
     if not calibration_batches:

@@ -129,3 +129,15 @@ def test_the_fp32_detector_scores_itself_perfectly(tmp_path, detectors):
     _, result = _evaluate(tmp_path, DETECTION, good, good)
     assert result.passed and result.value == 1.0 and result.drop == 0.0
     assert result.to_manifest()["details"]["map_iou"] == 0.5
+
+
+def test_auto_precision_says_it_cannot_search_with_a_task_metric(tmp_path):
+    from edgekit.errors import QuantizationError
+    from edgekit.pipeline import build
+
+    _detector(tmp_path / "good.onnx", scramble=False)
+    text = (RECIPE % DETECTION).replace("data:\n", 'data:\n  calibration: {callable: "tests.evaluate.test_detection_budget:detector_batches"}\n'
+                                         '  evaluation: {callable: "tests.evaluate.test_detection_budget:detector_batches", kwargs: {seed: 1}}\n')
+    (tmp_path / "detector.yaml").write_text(text)
+    with pytest.raises(QuantizationError, match=r"--precision auto needs an evaluation section with metric top1, cosine or mse, not 'detection'"):
+        build(tmp_path / "detector.yaml", "x86-64-cpu", precision="auto", out=tmp_path / "auto")
