@@ -359,6 +359,8 @@ class _ConnectionTracking:
     (checked from the serving loop, so no thread of its own)."""
 
     max_connections = DEFAULT_MAX_CONNECTIONS
+    #: the listen backlog (socketserver's default of 5 makes a burst of clients wait for SYN retries)
+    request_queue_size = 128
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._connections: set[socket.socket] = set()

@@ -1,0 +1,196 @@
+"""The local API against slow, greedy and malformed clients, over real sockets and a real ONNX Runtime
+session: bodies are read as they arrive (memory follows the bytes received, not Content-Length), and
+every limit answers with a status and a reason."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgekit_runtime.agent.api import AgentApi
+from edgekit_runtime.agent.client import AgentClient
+from edgekit_runtime.agent.serving import InferenceServer
+from edgekit_runtime.agent.wire import BINARY_CONTENT_TYPE, encode_binary
+from edgekit_runtime.backends import create_runner
+from edgekit_runtime.bundle import open_bundle
+from tests.runtime.tiny_bundle import build_bundle
+
+MB = 1024 * 1024
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[InferenceServer]:
+    bundle = open_bundle(build_bundle(tmp_path / "bundle"))
+    server = InferenceServer(create_runner(bundle).load(), model_name=bundle.name)
+    yield server
+    server.close()
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+def connect(api: AgentApi) -> socket.socket:
+    host, port = api.bound_address.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def reply(sock: socket.socket) -> tuple[int, dict]:
+    response = http.client.HTTPResponse(sock)
+    response.begin()
+    return response.status, json.loads(response.read())
+
+
+def post(api: AgentApi, body: bytes, content_type: str = "application/json", accept: str | None = None) -> tuple[int, dict, dict]:
+    host, port = api.bound_address.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        headers = {"Content-Type": content_type, **({"Accept": accept} if accept else {})}
+        connection.request("POST", "/v1/infer", body=body, headers=headers)
+        response = connection.getresponse()
+        raw = response.read()
+        return response.status, json.loads(raw), dict(response.getheaders())  # strict: json.loads(NaN) would pass
+    finally:
+        connection.close()
+
+
+def test_sixteen_64_mb_claims_do_not_allocate_64_mb_each(server: InferenceServer) -> None:
+    with AgentApi(server, "127.0.0.1:0", max_request_bytes=64 * MB) as api:
+        before = rss_mb()
+        sockets = []
+        for _ in range(16):
+            sock = connect(api)
+            sock.sendall(b"POST /v1/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n{" % (64 * MB))  # fmt: skip
+            sockets.append(sock)
+        assert wait_until(lambda: api.open_connections == 16)
+        time.sleep(0.5)  # let every handler block in its body read
+        grown = rss_mb() - before
+        for sock in sockets:
+            sock.close()
+        # 16 x 64 MB preallocated would be over 1 GB; buffers that follow the bytes stay small.
+        assert grown < 48, f"RSS grew {grown:.0f} MB for 16 connections that each sent one body byte"
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read(server: InferenceServer) -> None:
+    with AgentApi(server, "127.0.0.1:0", max_request_bytes=1 * MB) as api:
+        sock = connect(api)
+        sock.sendall(b"POST /v1/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (2 * MB))
+        status, payload = reply(sock)  # no byte of the body was sent
+        assert status == 413 and payload["error"] == "too_large"
+        assert f"request body of {2 * MB} bytes is over the limit of {1 * MB}" in payload["message"]
+        assert "api.max_request_mb" in payload["hint"]
+        sock.close()
+
+
+def test_slow_headers_and_bodies_are_cut_off_with_408(server: InferenceServer) -> None:
+    with AgentApi(server, "127.0.0.1:0", header_timeout_s=0.6, body_timeout_s=0.6) as api:
+        slow = connect(api)
+        started = time.monotonic()
+        slow.sendall(b"GET /v1/health HTTP/1.1\r\n")
+        for _ in range(20):  # a header byte every 0.2 s: each recv is quick, the whole is not
+            try:
+                slow.sendall(b"X")
+            except OSError:
+                break
+            time.sleep(0.2)
+        status, payload = reply(slow)
+        assert status == 408 and payload["error"] == "too_slow" and "headers did not arrive in time" in payload["message"]
+        assert time.monotonic() - started < 3
+        slow.close()
+
+        body = connect(api)
+        body.sendall(b"POST /v1/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+        status, payload = reply(body)
+        assert status == 408 and "body did not arrive in time" in payload["message"]
+        body.close()
+        assert api.timed_out_connections == 2
+        assert AgentClient(api.bound_address).health()["status"] == "ok"  # well-behaved clients are served
+
+
+def test_headers_over_the_limit_answer_431(server: InferenceServer) -> None:
+    with AgentApi(server, "127.0.0.1:0", max_header_bytes=4096) as api:
+        sock = connect(api)
+        sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: " + b"a" * 8000 + b"\r\n\r\n")
+        status, payload = reply(sock)
+        assert status == 431 and payload["error"] == "headers_too_large"
+        assert "over the limit of 4096 bytes" in payload["message"] and "api.max_header_kb" in payload["hint"]
+        sock.close()
+
+
+def test_connections_past_the_cap_get_503(server: InferenceServer) -> None:
+    with AgentApi(server, "127.0.0.1:0", max_connections=4) as api:
+        held = [connect(api) for _ in range(4)]
+        assert wait_until(lambda: api.open_connections == 4)
+        extra = connect(api)
+        status, payload = reply(extra)
+        assert status == 503 and payload["error"] == "busy" and "4 connections, its limit" in payload["message"]
+        assert "api.max_connections" in payload["hint"] and api.refused_connections == 1
+        extra.close()
+        held.pop().close()
+        assert wait_until(lambda: api.open_connections == 3)
+        assert AgentClient(api.bound_address).health()["status"] == "ok"
+        for sock in held:
+            sock.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "fragment"),
+    [
+        (b'{"inputs": {"image": {"dtype": "float32", "data": ' + b"[" * 100_000 + b"]" * 100_000 + b"}}}",
+         "application/json", "nests JSON arrays or objects too deeply"),
+        (b'{"inputs": {"image": {"dtype": "float32", "shape": [0, 1e30], "data": []}}}', "application/json", "malformed application/json request"),
+        (b'{"inputs": {"image": {"dtype": "float32", "shape": [0, 1000000000000000000000000000000], "data": []}}}',
+         "application/json", "malformed application/json request"),
+        (b'{"inputs": {"image": {"dtype": "complex64", "data": [1]}}}', "application/json", "dtype 'complex64' cannot be sent"),
+        (b'{"inputs": {"image": {"dtype": "float32", "data": [["a"]]}}}', "application/json", "do not fit dtype float32"),
+    ],
+    ids=["deep-json", "float-dim", "huge-dim", "dtype", "strings"],
+)
+def test_malformed_requests_answer_400_with_the_reason(server: InferenceServer, body: bytes, content_type: str, fragment: str) -> None:
+    with AgentApi(server, "127.0.0.1:0") as api:
+        status, payload, _ = post(api, body, content_type)
+        assert status == 400 and payload["error"] == "input_signature" and fragment in payload["message"], payload
+
+
+def test_a_binary_header_with_an_absurd_shape_answers_400(server: InferenceServer) -> None:
+    header = json.dumps({"tensors": [{"name": "image", "dtype": "float32", "shape": [0, 10**30], "offset": 0, "nbytes": 0}]}).encode()
+    header += b" " * (-(8 + len(header)) % 8)
+    with AgentApi(server, "127.0.0.1:0") as api:
+        status, payload, _ = post(api, struct.pack("<4sI", b"EKT1", len(header)) + header, BINARY_CONTENT_TYPE)
+        assert status == 400 and payload["error"] == "input_signature", payload
+
+
+def test_non_finite_outputs_are_valid_json_and_round_trip(server: InferenceServer) -> None:
+    x = np.zeros((2, 1, 8, 8), np.float32)
+    x[0, 0, 0, 0], x[1, 0, 0, 0] = np.nan, np.inf
+    with AgentApi(server, "127.0.0.1:0") as api:
+        status, payload, headers = post(api, encode_binary({"image": x}), BINARY_CONTENT_TYPE, accept="application/json")
+        assert status == 200
+        data = payload["outputs"]["logits"]["data"]
+        assert {value for row in data for value in row} <= {"NaN", "Infinity", "-Infinity"} | {v for row in data for v in row if isinstance(v, float)}
+        assert int(headers["X-Edgekit-Non-Finite"]) == sum(isinstance(v, str) for row in data for v in row) > 0
+        binary = AgentClient(api.bound_address).infer({"image": x})["logits"]
+        via_json = AgentClient(api.bound_address).infer({"image": x}, encoding="json")["logits"]
+        np.testing.assert_array_equal(via_json, binary)  # NaN == NaN and the signs of infinities kept
+        assert not np.isfinite(binary).all()
+
+
+def wait_until(condition, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
