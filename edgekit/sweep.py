@@ -55,12 +55,12 @@ def _variants(recipe: Any, target: Any, backend: Any) -> list[tuple[str, Precisi
 
 
 def sweep(recipe_path: Path | str, target_name: str, out: Path | str, force: bool = False, iterations: int = 30,
-          progress: StageReporter | None = None) -> SweepResult:
+          progress: StageReporter | None = None, trust_code: bool = False) -> SweepResult:
     from edgekit.bench.compare import time_bundles_interleaved
     from edgekit.pipeline import build, choose_backend
 
     progress = progress or StageReporter()
-    recipe = load_recipe(recipe_path)
+    recipe = load_recipe(recipe_path, trust_code=trust_code)
     target = get_target(target_name)
     recipe_t = recipe.for_target(target.name)
     backend, _ = choose_backend(recipe_t, target)
@@ -75,7 +75,7 @@ def sweep(recipe_path: Path | str, target_name: str, out: Path | str, force: boo
             try:
                 if buildable:
                     path = _variant_recipe(recipe.path, pruned) if recipe.build.prune is not None else recipe.path
-                    result = build(path, target.name, precision=precision, out=out_dir / label, force=force)
+                    result = build(path, target.name, precision=precision, out=out_dir / label, force=force, trust_code=trust_code)
                     manifest = result.manifest
                     accuracy = manifest.get("accuracy") or {}
                     row.update(status="built", size_bytes=manifest["model"]["size_bytes"], metric_value=accuracy.get("value"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -114,3 +115,14 @@ def test_build_cli_refuses_without_trust_code_and_goes_on_with_it(tiny_recipe, t
     err = capsys.readouterr().err
     assert "json:dumps" in err and "is code outside" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_sweep_cli_takes_the_same_flag(tiny_recipe, tmp_path, capsys):
+    path = tiny_recipe(text=TINY.replace(FACTORY, "factory: json:dumps"))
+    args = ["sweep", str(path), "--target", "x86-64-cpu", "--out", str(tmp_path / "sweep"), "--iterations", "1"]
+    assert main(args) == 2
+    assert "model.factory 'json:dumps' is code outside the recipe's folder" in capsys.readouterr().err
+    assert main([*args, "--trust-code"]) == 0  # loaded, and every variant's build called json.dumps, which builds no model
+    assert "is code outside" not in capsys.readouterr().err
+    variants = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["variants"]
+    assert variants[0]["status"] == "failed" and "model.factory 'json:dumps' rejected its kwargs" in variants[0]["reason"]

@@ -13,6 +13,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                    help="build every precision the target allows; table and Pareto plot of size × latency × accuracy")
     parser.add_argument("recipe", help="recipe YAML file")
     parser.add_argument("--iterations", type=int, default=30, help="timed runs per variant in the interleaved timing (default 30)")
+    parser.add_argument("--trust-code", action="store_true", help="let the recipe run callables outside its own folder and edgekit's demos (as edgekit build)")
     parser.set_defaults(func=run)
 
 
@@ -23,7 +24,8 @@ def run(args: argparse.Namespace) -> int:
     from edgekit.sweep import sweep
 
     out = Path(args.out) if args.out else Path("bundles") / f"sweep-{Path(args.recipe).stem}-{args.target}"
-    result = sweep(args.recipe, args.target, out, force=args.force, iterations=args.iterations, progress=RichStageReporter(console))
+    result = sweep(args.recipe, args.target, out, force=args.force, iterations=args.iterations, progress=RichStageReporter(console),
+                   trust_code=args.trust_code)
     table = Table(title=f"sweep of {args.recipe} on {args.target}")
     for column in ("variant", "status", "size MB", "p50 ms", "× fp32", result.metric or "metric", "note"):
         table.add_column(column)
