@@ -42,6 +42,8 @@ DEFAULT_SESSION_EXPIRY_S = 24 * 3600
 WORKER_RESTART_DELAY_S, WORKER_RESTART_MAX_DELAY_S = 1.0, 30.0
 #: A worker that ran this long before it died is restarted after the first delay again.
 WORKER_STABLE_S = 60.0
+#: ``--workers N`` retires the sessions of workers N, N+1, ... left by a run with more, up to the first without one.
+MAX_SURPLUS_WORKERS = 64
 
 RegisterFn = Callable[[argparse._SubParsersAction], None]
 _EXTRA_SUBCOMMANDS: dict[str, RegisterFn] = {}
@@ -122,6 +124,10 @@ def _register_collect(fleet_subparsers: argparse._SubParsersAction) -> None:
                              "give the broker a max_inflight_messages well above --batch-size); --no-ack-after-store "
                              "acknowledges on arrival")  # fmt: skip
     parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: run until Ctrl-C)")
+    parser.add_argument("--retire", action="store_true",
+                        help="end this collector's persistent session for good (scale-in): resume it, stop the broker "
+                             "routing to it, store what it holds, then end it and exit; same --client-id (or "
+                             "--fleet/--shared-group for the default id) as the collector ran with")  # fmt: skip
     parser.add_argument("--workers", type=int, default=1, metavar="N",
                         help="run N collector processes in one shared subscription group (--shared-group, default "
                              f"{DEFAULT_WORKER_GROUP}) to use N cores, and start again any that dies; worker i serves "
@@ -130,9 +136,46 @@ def _register_collect(fleet_subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_collect(args: argparse.Namespace) -> int:
+    if getattr(args, "retire", False):
+        return _retire(args)
     if getattr(args, "workers", 1) != 1:
         return _run_collect_workers(args)
     return _collect(args)
+
+
+def _retire_session(args: argparse.Namespace, store: Any, client_id: str, shared_group: str | None) -> int | None:
+    """Drain and end ``client_id``'s session (see ``Collector.retire``); None when the broker had none."""
+    from edgekit.fleet.collector import Collector
+
+    return Collector(
+        args.broker, store, client_id=client_id, fleet=args.fleet, shared_group=shared_group,
+        max_payload_bytes=args.max_payload_kib * 1024, batch_size=args.batch_size, username=args.username,
+        password_file=args.password_file, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
+        session_expiry_s=args.session_expiry, retention=None, mqtt_version=args.mqtt_version,
+    ).retire()  # fmt: skip
+
+
+def _retire(args: argparse.Namespace) -> int:
+    from edgekit.fleet.collector import default_client_id
+    from edgekit.fleet.errors import FleetError
+    from edgekit.fleet.store import open_store
+
+    _check_collect_options(args)
+    if args.session_expiry == 0:
+        raise FleetError("--retire needs the persistent session the collector ran with, not --session-expiry 0",
+                         hint="leave --session-expiry out (or give the value the collector used)")  # fmt: skip
+    if args.workers != 1:
+        raise FleetError("--retire ends one session; --workers retires the sessions of workers it no longer has "
+                         "by itself", hint="run --retire with the --client-id of the session to end")  # fmt: skip
+    client_id = args.client_id or default_client_id(args.fleet, args.shared_group)
+    with open_store(args.store) as store:
+        drained = _retire_session(args, store, client_id, args.shared_group)
+    console.print(f"no session for {escape(client_id)} on {escape(args.broker)}" if drained is None else
+                  f"retired the session of {escape(client_id)}: stored what it held ({drained} messages)")  # fmt: skip
+    if args.json:
+        print_json({"event": "retired", "client_id": client_id, "session_found": drained is not None,
+                    "drained": drained or 0})  # fmt: skip
+    return 0
 
 
 def _check_collect_options(args: argparse.Namespace) -> None:
@@ -167,20 +210,21 @@ def _collect(args: argparse.Namespace, on_started: Callable[[], None] | None = N
                 session_expiry_s=args.session_expiry, retention=retention, rollup_minutes=args.rollup_minutes,
                 metrics=metrics, ack_after_store=args.ack_after_store, mqtt_version=args.mqtt_version,
             ).start()  # fmt: skip
-            if on_started is not None:
-                on_started()
-            console.print(f"collecting from {escape(collector.broker_url)} into {escape(store.url)} as "
-                          f"{escape(client_id)} ({', '.join(collector.subscriptions)})"
-                          + (f"; metrics on {server.url}" if server else ""))  # fmt: skip
-            if args.json:
-                print_json({"event": "started", "broker": collector.broker_url, "store": store.url,
-                            "client_id": client_id, "session_expiry_s": args.session_expiry, "pid": os.getpid(),
-                            "subscriptions": list(collector.subscriptions),
-                            "metrics_url": server.url if server else None})  # fmt: skip
-            deadline = None if args.duration is None else time.monotonic() + args.duration
+            # SIGTERM (systemd, docker stop): store, then exit; set before "started" is announced.
             terminated = threading.Event()
-            previous = signal.signal(signal.SIGTERM, lambda *_: terminated.set())  # systemd, docker stop: store, then exit
+            previous = signal.signal(signal.SIGTERM, lambda *_: terminated.set())
             try:
+                if on_started is not None:
+                    on_started()
+                console.print(f"collecting from {escape(collector.broker_url)} into {escape(store.url)} as "
+                              f"{escape(client_id)} ({', '.join(collector.subscriptions)})"
+                              + (f"; metrics on {server.url}" if server else ""))  # fmt: skip
+                if args.json:
+                    print_json({"event": "started", "broker": collector.broker_url, "store": store.url,
+                                "client_id": client_id, "session_expiry_s": args.session_expiry, "pid": os.getpid(),
+                                "subscriptions": list(collector.subscriptions),
+                                "metrics_url": server.url if server else None})  # fmt: skip
+                deadline = None if args.duration is None else time.monotonic() + args.duration
                 while not terminated.is_set() and (deadline is None or time.monotonic() < deadline):
                     if orphaned is not None and orphaned():
                         console.print("[yellow]the --workers parent is gone[/]")
@@ -261,6 +305,17 @@ def _run_collect_workers(args: argparse.Namespace) -> int:
         if args.metrics_port:
             options["metrics_port"] = args.metrics_port + index
         workers.append(_Worker(index, options, context))
+    if args.session_expiry:
+        with open_store(args.store) as store:  # the sessions of workers a run with more of them left behind
+            for index in range(args.workers, args.workers + MAX_SURPLUS_WORKERS):
+                drained = _retire_session(args, store, f"{base_id}-{index}", group)
+                if drained is None:
+                    break
+                console.print(f"retired the session of {escape(base_id)}-{index} (a worker of an earlier run with more "
+                              f"workers): stored the {drained} messages it held")  # fmt: skip
+                if args.json:
+                    print_json({"event": "retired", "client_id": f"{base_id}-{index}", "session_found": True,
+                                "drained": drained})  # fmt: skip
     console.print(f"starting {args.workers} collector workers in shared group {escape(group)} as {escape(base_id)}-<i>")
     stopping = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stopping.set())  # each worker stores what it holds, then exits

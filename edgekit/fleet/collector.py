@@ -217,6 +217,8 @@ class Collector:
         self._generation = 0
         self._subscribed = threading.Event()
         self._unsubscribed = threading.Event()
+        self._retiring = False
+        self._session_present = False
         self._connect_problem: str | None = None
         self._stopping = threading.Event()
         self._rejections_logged: dict[str, int] = {}
@@ -266,6 +268,62 @@ class Collector:
         client.loop_stop()
         self._stop_writer(timeout_s)
 
+    def retire(self, idle_s: float = 2.0, timeout_s: float = 600.0) -> int | None:
+        """Instead of :meth:`start`: end this client id's persistent session for good, storing what it holds.
+
+        Connects to the session, unsubscribes at once (the broker routes nothing new to it: the other members
+        of a shared group get everything), stores and acknowledges what the broker had queued for it until
+        nothing has come for ``idle_s`` (or ``timeout_s`` passed), then ends the session (MQTT 5: session expiry
+        0 on DISCONNECT; 3.1.1: a clean-session connection). Returns how many messages it drained, or None
+        when the broker held no session for this client id."""
+        if self._client is not None:
+            raise CollectorError(f"collector {self.client_id} is already started; retire() is used instead of start()")
+        if not self._session_expiry_s:
+            raise CollectorError(f"collector {self.client_id}: retire() needs session_expiry_s > 0 (it resumes the "
+                                 "session to drain it)", hint="pass the session_expiry_s the collector ran with")  # fmt: skip
+        self._retiring = True
+        self.start()
+        deadline = time.monotonic() + timeout_s
+        last, quiet_since = -1, time.monotonic()
+        while self._session_present and time.monotonic() < deadline:
+            received = sum(self.metrics.snapshot()["received"].values())
+            if received != last:
+                last, quiet_since = received, time.monotonic()
+            elif time.monotonic() - quiet_since >= idle_s:
+                break
+            time.sleep(0.05)
+        self.flush()
+        drained = sum(self.metrics.snapshot()["received"].values())
+        self._end_session()
+        logger.info("collector %s retired its session (%s)", self.client_id,
+                    f"{drained} messages drained" if self._session_present else "there was none")  # fmt: skip
+        return drained if self._session_present else None
+
+    def _end_session(self) -> None:
+        client = self._client
+        self._stopping.set()
+        if self.mqtt_version == "5":
+            from paho.mqtt.packettypes import PacketTypes
+            from paho.mqtt.properties import Properties
+
+            properties = Properties(PacketTypes.DISCONNECT)
+            properties.SessionExpiryInterval = 0
+            client.disconnect(properties=properties)
+        else:
+            client.disconnect()
+        client.loop_stop()
+        self._stop_writer()
+        if self.mqtt_version != "5":  # 3.1.1 ends a session by connecting with a clean one (it is empty by now)
+            connected = threading.Event()
+            clean = self._make_client(clean_session=True)
+            clean.on_connect = lambda *args: connected.set()
+            clean.on_subscribe = clean.on_unsubscribe = clean.on_message = clean.on_disconnect = None
+            clean.connect(self.address.host, self.address.port, keepalive=self._keepalive_s)
+            clean.loop_start()
+            connected.wait(10.0)
+            clean.disconnect()
+            clean.loop_stop()
+
     def _stop_writer(self, timeout_s: float = 10.0) -> None:
         self._stopping.set()
         if self._writer.is_alive():
@@ -298,7 +356,7 @@ class Collector:
         self.stop()
 
     # -- MQTT ---------------------------------------------------------------------------------
-    def _make_client(self) -> Any:
+    def _make_client(self, clean_session: bool | None = None) -> Any:
         from edgekit_runtime.agent.broker import make_tls_context, read_password_file
         from edgekit_runtime.agent.topics import TelemetryError
         from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
@@ -311,7 +369,8 @@ class Collector:
                                     protocol=MQTTProtocolVersion.MQTTv5, manual_ack=self.ack_after_store)  # fmt: skip
         else:
             client = BufferedClient(CallbackAPIVersion.VERSION2, client_id=self.client_id,
-                                    protocol=MQTTProtocolVersion.MQTTv311, clean_session=self._session_expiry_s == 0,
+                                    protocol=MQTTProtocolVersion.MQTTv311,
+                                    clean_session=self._session_expiry_s == 0 if clean_session is None else clean_session,
                                     manual_ack=self.ack_after_store)  # fmt: skip
         try:
             if username is not None:
@@ -324,7 +383,7 @@ class Collector:
         client.on_connect = self._on_connect
         client.on_subscribe = self._on_subscribe
         client.on_disconnect = self._on_disconnect
-        client.on_unsubscribe = lambda *args: self._unsubscribed.set()
+        client.on_unsubscribe = self._on_unsubscribe
         client.on_message = self._on_message
         return client
 
@@ -346,7 +405,16 @@ class Collector:
             return
         self._generation += 1
         self.metrics.connected = True
+        if self._retiring:  # drain what the session holds, receive nothing new
+            self._session_present = self._session_present or bool(flags.session_present)
+            client.unsubscribe(list(self.subscriptions))
+            return
         client.subscribe([(topic, 1) for topic in self.subscriptions])
+
+    def _on_unsubscribe(self, client: Any, userdata: Any, mid: int, reason_codes: Any, properties: Any) -> None:
+        self._unsubscribed.set()
+        if self._retiring:
+            self._subscribed.set()  # what start() waits for
 
     def _on_subscribe(self, client: Any, userdata: Any, mid: int, reason_codes: Any, properties: Any) -> None:
         refused = [f"{topic}: {code}" for topic, code in zip(self.subscriptions, reason_codes) if code.is_failure]

@@ -209,3 +209,74 @@ def test_workers_stop_when_their_parent_is_killed(tmp_path: Path) -> None:
         if parent.poll() is None:
             parent.kill()
         broker.stop()
+
+
+def test_fewer_workers_than_last_time_retire_the_sessions_of_the_others(tmp_path: Path) -> None:
+    """``--workers 3`` stopped, messages published (the broker queues a share for each worker's session), then
+    ``--workers 2``: the parent drains and ends worker 2's session, so its share is stored, not stranded."""
+    from tests.fleet.messages import Publisher, telemetry, topic
+
+    from edgekit_runtime.agent.telemetry import encode_message
+
+    broker = MosquittoBroker(tmp_path / "mosquitto", extra_config=QUEUE_ALL).start()
+    db = tmp_path / "fleet.db"
+    store_url = f"sqlite:///{db}"
+    messages = [(topic("telemetry", device=f"d{d}", fleet=FLEET), encode_message(telemetry(seq, device=f"d{d}", fleet=FLEET)))
+                for seq in range(1, 31) for d in range(3)]  # fmt: skip
+    processes: list[subprocess.Popen[str]] = []
+    try:
+        three = _collect(broker, store_url, "--workers", "3")
+        processes.append(three)
+        ids = sorted(_next_json(three.stdout, "started")["client_id"] for _ in range(3))
+        _stop(three)
+        with Publisher(broker) as device:
+            device.publish_many(messages)  # nobody connected: queued in the three sessions
+        two = _collect(broker, store_url, "--workers", "2")
+        processes.append(two)
+        retired = _next_json(two.stdout, "retired")
+        assert retired["client_id"] == ids[2] and retired["drained"] > 0
+        assert _wait_for_rows(db, len(messages), 30) == len(messages)
+        _stop(two)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
+        broker.stop()
+    with open_store(store_url) as store:
+        assert sorted((w.device, w.seq) for w in store.windows()) == sorted((f"d{d}", s) for s in range(1, 31) for d in range(3))
+
+
+def test_retire_needs_the_persistent_session(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["fleet", "collect", "--broker", "mqtt://127.0.0.1:1", "--store", f"sqlite:///{tmp_path / 'f.db'}",
+                 "--retire", "--session-expiry", "0"])  # fmt: skip
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 2 and "--retire needs the persistent session the collector ran with" in err
+
+
+def test_retire_stores_what_the_session_held_and_ends_it(tmp_path: Path) -> None:
+    from tests.fleet.messages import Publisher, telemetry, topic
+
+    from edgekit_runtime.agent.telemetry import encode_message
+
+    broker = MosquittoBroker(tmp_path / "mosquitto", extra_config=QUEUE_ALL).start()
+    store_url = f"sqlite:///{tmp_path / 'fleet.db'}"
+    try:
+        first = _collect(broker, store_url)
+        _next_json(first.stdout, "started")
+        _stop(first)
+        with Publisher(broker) as device:
+            device.publish_many([(topic("telemetry", fleet=FLEET), encode_message(telemetry(seq, fleet=FLEET)))
+                                 for seq in range(1, 21)])  # fmt: skip
+        retire = [sys.executable, "-m", "edgekit.cli.main", "fleet", "collect", "--broker", broker.url, "--store",
+                  store_url, "--fleet", FLEET, "--no-metrics", "--json", "--retire"]  # fmt: skip
+        done = subprocess.run(retire, cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout.splitlines()[-1]) == {"event": "retired", "client_id": default_client_id(FLEET),
+                                                            "session_found": True, "drained": 20}  # fmt: skip
+        again = subprocess.run(retire, cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert json.loads(again.stdout.splitlines()[-1])["session_found"] is False
+    finally:
+        broker.stop()
+    with open_store(store_url) as store:
+        assert [w.seq for w in store.windows()] == list(range(1, 21))
