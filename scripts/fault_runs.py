@@ -290,6 +290,25 @@ def worker_kill(result: Result) -> Result:
         return count(result, s.store_url, {f"dev-{i}": spooled(link) for i, link in enumerate(links)}, [parent])
 
 
+def scale_in(result: Result) -> Result:
+    with stack() as s:
+        three = s.collector("--workers", "3", name="collector-3")
+        for _ in range(3):
+            three.next_json("started")
+        links = _links(s)
+        s.wait_rows(DEVICES * WINDOWS // 4, 60)
+        three.stop()  # SIGTERM: the workers store what they hold; their sessions stay, each with a share
+        time.sleep(2)
+        two = s.collector("--workers", "2", name="collector-2")
+        retired = two.next_json("retired")
+        two.next_json("started")
+        result.notes.append(f"{retired['client_id']} retired, {retired['drained']} messages drained from its session")
+        wait_drained(links)
+        s.wait_quiet()
+        two.stop()
+        return count(result, s.store_url, {f"dev-{i}": spooled(link) for i, link in enumerate(links)}, [three, two])
+
+
 def broker_restart(result: Result) -> Result:
     with stack() as s:
         collector = s.collector()
@@ -471,6 +490,8 @@ RUNS: dict[str, tuple[str, str, Callable[[Result], Result]]] = {
     "collector_kill_clean_session": ("the same with --session-expiry 0 (the old default: a clean session)",
                                      "link x4", collector_kill_clean_session),  # fmt: skip
     "worker_kill": ("--workers 2, one worker kill -9 (the supervisor starts it again)", "link x4", worker_kill),
+    "scale_in": ("--workers 3 stopped mid-stream, started again as --workers 2 (worker 2's session retired)",
+                 "link x4", scale_in),  # fmt: skip
     "broker_restart": ("Mosquitto stopped mid-stream, started 2 s later (persistence true)", "link x4",
                        broker_restart),  # fmt: skip
     "agent_kill_broker_down": ("broker down, agent kill -9 with a spool backlog, broker back, agent restarted",
