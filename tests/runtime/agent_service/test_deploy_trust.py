@@ -350,3 +350,46 @@ def test_inbox_listing_does_not_change_with_a_refusal(make_device: Callable[...,
     before = sorted(os.listdir(tmp_path))
     assert device.deploy("file:///etc/shadow", sha256="0" * 64) == "failed"
     assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_the_issue_scenario_over_the_local_api(
+    agent_config: Callable[..., Path], signed_bundle: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Clients of the old model keep calling the HTTP API (HTTP 400 after the switch); the watch rolls back."""
+    from edgekit_runtime.agent.cli import main as agent_main
+    from edgekit_runtime.agent.client import AgentClient
+    from edgekit_runtime.agent.service import AgentService
+
+    path = agent_config(health={"window_s": 1.0, "max_error_rate": 0.2, "min_requests": 5})
+    assert agent_main(["install", str(signed_bundle("tiny-a")), "--config", str(path)]) == 0
+    service = AgentService(load_config(path)).start()
+    client = AgentClient(service.api_address)
+    stop, answered, rejected = threading.Event(), [0], [0]
+
+    def old_clients() -> None:
+        while not stop.is_set():
+            try:
+                client.infer({"image": ONE})
+                answered[0] += 1
+            except InputSignatureError:
+                rejected[0] += 1
+            time.sleep(0.005)
+
+    flat = signed_bundle("tiny-flat", model="flat_input")
+    thread = threading.Thread(target=old_clients)
+    thread.start()
+    try:
+        time.sleep(0.2)
+        service.dispatch_command({"id": "d1", "command": "deploy", "args": {
+            "url": str(flat), "sha256": hashlib.sha256((flat / "manifest.json").read_bytes()).hexdigest(), "allow_signature_change": True}})  # fmt: skip
+        deadline = time.monotonic() + 30
+        while not [e for e in service.recent_events if e["kind"] == "deploy_result"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        thread.join()
+        result = [e for e in service.recent_events if e["kind"] == "deploy_result"]
+        service.stop()
+    assert result and result[-1]["details"]["outcome"] == "rolled_back", result
+    assert rejected[0] > 0 and answered[0] > 0  # HTTP 400 while tiny-flat served, answers before and after
+    assert result[-1]["details"]["health"]["rejected"] > 0 and service.server.model_name == "tiny-a"
