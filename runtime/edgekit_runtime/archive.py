@@ -31,7 +31,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, BinaryIO
+from typing import Any
 
 from edgekit_runtime.errors import BundleError
 
@@ -121,7 +121,7 @@ class BundleArchive:
 class _CountingReader(io.RawIOBase):
     """The archive file, counting the (compressed) bytes read from it."""
 
-    def __init__(self, handle: BinaryIO) -> None:
+    def __init__(self, handle: io.BufferedIOBase) -> None:
         self._handle = handle
         self.consumed = 0
 
@@ -151,7 +151,7 @@ class _BoundedStream(io.RawIOBase):
     compressed stream decompress through :meth:`read`, so nothing gets around the count.
     """
 
-    def __init__(self, inner: IO[bytes], counter: _CountingReader | None, limits: ArchiveLimits, where: str) -> None:
+    def __init__(self, inner: io.BufferedIOBase, counter: _CountingReader | None, limits: ArchiveLimits, where: str) -> None:
         self._inner = inner
         self._counter = counter
         self._limits = limits
@@ -223,11 +223,11 @@ class _BoundedStream(io.RawIOBase):
         return self._position
 
 
-def _open_stream(handle: BinaryIO, limits: ArchiveLimits, where: str) -> tuple[_BoundedStream, str]:
+def _open_stream(handle: io.BufferedIOBase, limits: ArchiveLimits, where: str) -> tuple[_BoundedStream, str]:
     magic = handle.read(6)
     handle.seek(0)
     counter = _CountingReader(handle)
-    inner: IO[bytes]
+    inner: io.BufferedIOBase
     if magic.startswith(b"\x1f\x8b"):
         kind, inner = "gzip", gzip.GzipFile(fileobj=io.BufferedReader(counter), mode="rb")
     elif magic.startswith(b"BZh"):
@@ -356,7 +356,7 @@ def scan_bundle_archive(path: str | os.PathLike[str], limits: ArchiveLimits, *, 
     try:
         with path.open("rb") as handle:
             stream, compression = _open_stream(handle, limits, where)
-            with tarfile.open(fileobj=stream, mode="r:") as tar:  # type: ignore[call-overload]
+            with tarfile.open(fileobj=stream, mode="r:") as tar:
                 while True:
                     info = tar.next()
                     if info is None:
@@ -434,7 +434,7 @@ def extract_bundle_archive(
     try:
         with archive.path.open("rb") as handle:
             stream, _ = _open_stream(handle, limits, where)
-            with tarfile.open(fileobj=stream, mode="r:") as tar:  # type: ignore[call-overload]
+            with tarfile.open(fileobj=stream, mode="r:") as tar:
                 while True:
                     info = tar.next()
                     if info is None:
