@@ -91,6 +91,9 @@ _UNSPECIFIED_ERROR = 0x80
 MAX_COMMAND_BYTES = 64 * 1024
 #: Deepest JSON nesting a command may have (command.v1 needs 3).
 MAX_COMMAND_DEPTH = 16
+#: Largest MQTT packet the agent accepts (announced in CONNECT): bigger commands never reach it at all;
+#: those up to this size get a command_rejected event naming the size.
+MAX_PACKET_BYTES = 1024 * 1024
 _LISTED_SCHEMA_PROBLEMS = 5
 _REPORTED_CALLBACK_FAILURES = 32
 
@@ -357,7 +360,11 @@ class MqttLink:
         client.on_publish = self._guarded("on_publish", self._on_publish)
         client.on_message = self._guarded("on_message", self._on_message)
         client.on_subscribe = self._guarded("on_subscribe", self._on_subscribe)
-        client.connect_async(self.address.host, self.address.port, keepalive=self._keepalive_s, clean_start=True)
+        connect_properties = Properties(PacketTypes.CONNECT)
+        # The broker drops anything larger for us instead of making paho hold it in memory (MQTT 5).
+        connect_properties.MaximumPacketSize = MAX_PACKET_BYTES
+        client.connect_async(self.address.host, self.address.port, keepalive=self._keepalive_s, clean_start=True,
+                             properties=connect_properties)  # fmt: skip
         return client
 
     def _guarded(self, name: str, callback: Callable[..., None]) -> Callable[..., None]:
@@ -622,7 +629,6 @@ class MqttLink:
                                  command["id"], kind=EVENT_COMMAND_FAILED)  # fmt: skip
         else:
             self._commands.put(command)
-        self.replay.remember_payload(digest)
 
     def _checked_command(self, payload: bytes, digest: str) -> dict[str, Any] | None:
         """The command in ``payload`` when it passes every check, else None (after rejecting it)."""
@@ -646,7 +652,7 @@ class MqttLink:
                                      command["id"], reason="unsigned" if SIGNATURE_FIELD not in command else "bad_signature")  # fmt: skip
                 return None
         try:
-            refusal = self.replay.admit(command["id"], command.get("issued_at"))
+            refusal = self.replay.admit(command["id"], command.get("issued_at"), payload_digest=digest)
         except ReplayError as err:  # an impossible date, or the record cannot be written: refuse, fail closed
             self._reject_command(f"command {command['command']!r} refused: {err.message}", payload, digest,
                                  command["id"], reason="replay_record")  # fmt: skip

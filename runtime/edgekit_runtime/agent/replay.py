@@ -122,9 +122,9 @@ class ReplayWindow:
             row = self._db.execute("SELECT value FROM meta WHERE name = 'floor'").fetchone()
         return float(row[0]) if row else float("-inf")
 
-    def admit(self, command_id: str, issued_at: str | None) -> Refusal | None:
-        """Check a command and, when it may run, record its id (committed before this returns).
-        Returns ``None`` to run it, or the :class:`Refusal`."""
+    def admit(self, command_id: str, issued_at: str | None, *, payload_digest: str | None = None) -> Refusal | None:
+        """Check a command and, when it may run, record its id, and its payload's digest when given, in one
+        commit before this returns. Returns ``None`` to run it, or the :class:`Refusal`."""
         now = self._clock()
         policy = self.policy
         if issued_at is None:
@@ -154,14 +154,17 @@ class ReplayWindow:
                                f"this agent still remembers (over {policy.max_entries} commands arrived inside the "
                                "window); send a new command")  # fmt: skip
             expires = (issued if issued is not None else now) + policy.window_s
-            self._insert_locked(_ID_PREFIX + command_id, issued, now, expires)
+            records = [(_ID_PREFIX + command_id, issued, expires)]
+            if payload_digest is not None:
+                records.append((_PAYLOAD_PREFIX + payload_digest, None, now + policy.window_s))
+            self._insert_locked(records, now)
         return None
 
     def remember_payload(self, digest: str) -> None:
         """Record that the payload with this sha256 was answered (for :meth:`payload_seen`)."""
         now = self._clock()
         with self._lock:
-            self._insert_locked(_PAYLOAD_PREFIX + digest, None, now, now + self.policy.window_s)
+            self._insert_locked([(_PAYLOAD_PREFIX + digest, None, now + self.policy.window_s)], now)
 
     def payload_seen(self, digest: str) -> bool:
         """Whether a payload with this sha256 was answered inside the window."""
@@ -190,12 +193,13 @@ class ReplayWindow:
         row = self._db.execute("SELECT value FROM meta WHERE name = 'floor'").fetchone()
         return float(row[0]) if row else float("-inf")
 
-    def _insert_locked(self, key: str, issued: float | None, now: float, expires: float) -> None:
+    def _insert_locked(self, records: list[tuple[str, float | None, float]], now: float) -> None:
+        """Store ``(key, issued_at, expires_at)`` records in one commit, pruning and evicting as needed."""
         try:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute("DELETE FROM seen WHERE expires_at < ?", (now,))
-            self._db.execute("INSERT OR REPLACE INTO seen (key, issued_at, seen_at, expires_at) VALUES (?, ?, ?, ?)",
-                             (key, issued, now, expires))  # fmt: skip
+            self._db.executemany("INSERT OR REPLACE INTO seen (key, issued_at, seen_at, expires_at) VALUES (?, ?, ?, ?)",
+                                 [(key, issued, now, expires) for key, issued, expires in records])  # fmt: skip
             excess = int(self._db.execute("SELECT COUNT(*) FROM seen").fetchone()[0]) - self.policy.max_entries
             if excess > 0:
                 self._evict_locked(excess)

@@ -17,7 +17,7 @@ import pytest
 
 from edgekit_runtime.agent.backoff import Backoff
 from edgekit_runtime.agent.bounded import MAX_EVENT_BYTES
-from edgekit_runtime.agent.mqtt import MqttLink
+from edgekit_runtime.agent.mqtt import MAX_PACKET_BYTES, MqttLink
 from edgekit_runtime.agent.replay import ReplayWindow
 from edgekit_runtime.agent.spool import Spool
 from edgekit_runtime.agent.telemetry import utc_timestamp
@@ -88,6 +88,18 @@ def test_a_too_long_id_and_a_deep_payload_are_rejected_once_and_the_link_goes_on
     assert counters.commands_received == 4 and counters.commands_rejected == 3 and counters.callback_errors == 0
     assert len([r for r in caplog.records if "rejected" in r.getMessage()]) == 3  # logged once each, bounded
     assert max(len(r.getMessage()) for r in caplog.records) < 1000
+
+
+def test_a_packet_over_the_announced_maximum_never_reaches_the_agent(mosquitto: MosquittoBroker, tmp_path: Path) -> None:
+    with MessageRecorder(mosquitto, [EVENTS_TOPIC]) as recorder, Spool(tmp_path / "spool.db") as spool:
+        with _link(mosquitto.url, spool) as link:
+            link.wait_connected(10)
+            recorder.client.publish(CMD_TOPIC, b"[" * (MAX_PACKET_BYTES + 1), qos=1).wait_for_publish(5)
+            recorder.client.publish(CMD_TOPIC, _command("after-big"), qos=1)
+            events = _wait_events(recorder, 1)
+            counters = link.counters
+    assert [(e["kind"], e["command_id"]) for e in events] == [("pong", "after-big")]
+    assert counters.commands_received == 1  # the broker dropped the big one for this client
 
 
 def test_retained_poison_is_consumed_once_even_across_restarts(

@@ -99,6 +99,8 @@ def test_payload_digests_are_remembered(tmp_path: Path) -> None:
     with _window(tmp_path / "commands.db", clock, window_s=60) as window:
         assert not window.payload_seen("ab" * 32)
         window.remember_payload("ab" * 32)
+        assert window.admit("c-1", "2026-03-01T12:00:00Z", payload_digest="cd" * 32) is None  # one commit for both
+        assert window.payload_seen("cd" * 32)
     with _window(tmp_path / "commands.db", clock, window_s=60) as reopened:
         assert reopened.payload_seen("ab" * 32)
         clock.now += 61
