@@ -236,7 +236,7 @@ class DetectionOptions(StrictModel):
     """``metric: detection``: mAP of the candidate's detections, with the FP32 model's detections as ground truth."""
 
     boxes: OutputSlice = Field(description="where the 4 box coordinates are")
-    scores: OutputSlice = Field(description="where the class scores are (one channel: a single class)")
+    scores: OutputSlice = Field(description="where the class scores are (one channel, or a [batch, candidates] output: a single class)")
     format: Literal["xyxy", "cxcywh"] = "xyxy"
     score_threshold: float = Field(default=0.25, ge=0, description="detections scoring below this are dropped")
     nms_iou: float = Field(default=0.45, gt=0, le=1, description="per-class non-maximum suppression IoU")

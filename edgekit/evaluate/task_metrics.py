@@ -95,6 +95,8 @@ class DetectionMetric:
 
     def _items(self, batch: dict[str, np.ndarray], where: OutputSlice, field: str) -> np.ndarray:
         array = _output(batch, where.output, "detection")
+        if field == "scores" and array.ndim == 2 and where.channels is None:  # [batch, candidates]: one class
+            array = array[..., None]
         if array.ndim < 2:
             raise EvaluationError(f"metric detection: evaluation.detection.{field}: output '{where.output}' has shape {list(array.shape)}; "
                                   "it needs a batch axis and a channel axis")

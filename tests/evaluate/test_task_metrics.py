@@ -167,3 +167,15 @@ def test_binary_decision_agreement_by_hand():
 
 def test_every_recipe_metric_is_built_in_or_a_task_metric():
     assert set(METRIC_NAMES) == {"top1", "cosine", "mse", "callable"} | set(TASK_METRICS)
+
+
+def test_detection_xyxy_boxes_and_one_class_scores_in_separate_outputs():
+    options = DetectionOptions(boxes=OutputSlice(output="boxes"), scores=OutputSlice(output="scores"), score_threshold=0.5)
+    reference = {"boxes": np.array([[[0, 0, 10, 10], [20, 20, 40, 40], [50, 50, 60, 60]]], np.float32),
+                 "scores": np.array([[0.9, 0.8, 0.1]], np.float32)}  # [batch, candidates]: one class
+    shifted = {"boxes": reference["boxes"], "scores": np.array([[0.9, 0.4, 0.1]], np.float32)}
+    metric = DetectionMetric(options)
+    (image,) = metric.decode(reference)
+    assert image.classes.tolist() == [0, 0] and len(image.boxes) == 2
+    assert metric([reference], [reference])[0] == 1.0
+    assert metric([shifted], [reference])[0] == pytest.approx(0.5)  # the second box fell under the threshold
