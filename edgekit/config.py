@@ -332,10 +332,41 @@ def load_model(path: Path, model: type[ModelT], error: type[ConfigError], what: 
     if not isinstance(data, dict):
         raise error(f"{path}: a {what} must be a mapping of keys to values, got {type(data).__name__}")
     try:
-        return model.model_validate(data, context=context)
+        instance = model.model_validate(data, context=context)
     except ValidationError as exc:
         message, hint = validation_message(exc, model, path, positions)
         raise error(f"invalid {what}:\n{message}", hint=hint) from None
+    _check_local_paths(instance, (), Path(path).parent, path, positions, error)
+    return instance
+
+
+def _check_local_paths(value: Any, loc: Location, base_dir: Path, path: Path, positions: dict[Location, tuple[int, int]],
+                       error: type[ConfigError]) -> None:
+    """Every path the file names (relative ones against its folder) that exists is a regular file or a
+    folder: a device such as /dev/zero or a FIFO would be read without end or block the build."""
+    if isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            _check_local_paths(getattr(value, name), (*loc, name), base_dir, path, positions, error)
+    elif isinstance(value, (tuple, list)):
+        for index, item in enumerate(value):
+            _check_local_paths(item, (*loc, index), base_dir, path, positions, error)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, BaseModel):
+                _check_local_paths(item, (*loc, key), base_dir, path, positions, error)
+    elif isinstance(value, Path):
+        target = value.expanduser() if value.is_absolute() or str(value).startswith("~") else base_dir / value
+        try:
+            special = target.exists() and not (target.is_file() or target.is_dir())
+        except OSError:  # too long, a loop of links: the stage that opens it says so
+            special = False
+        if special:
+            pos = _position_for(loc, positions)
+            where = f"{path}:{pos[0]}:{pos[1]}" if pos else str(path)
+            raise error(
+                f"{where}: field '{_format_loc(loc)}': '{value}' is not a regular file or folder (a device, FIFO or socket)",
+                hint="point it at the model or data file itself",
+            )
 
 
 def closest(name: str, choices: typing.Iterable[str], n: int = 3) -> list[str]:

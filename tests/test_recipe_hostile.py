@@ -18,6 +18,7 @@ from edgekit.target import load_target_file
 from tests.conftest import TINY_RECIPE
 
 TINY = TINY_RECIPE.format(factory="tiny_net")
+FACTORY_LINES = "kind: factory\n  factory: tests.fixtures.tiny_models:tiny_net"
 TARGETS = Path(__file__).resolve().parent.parent / "targets"
 
 
@@ -227,3 +228,22 @@ def test_fuzzed_values_give_a_recipe_or_an_edgekit_error(tiny_recipe, where, val
         assert isinstance(load_recipe(path), Recipe)
     except EdgekitError as err:
         assert str(path) in str(err)
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/null"])
+def test_a_model_path_to_a_device_is_refused_at_load_time(tiny_recipe, tmp_path, device):
+    link = tmp_path / "model.onnx"
+    link.symlink_to(device)
+    for target in (device, "model.onnx"):  # named directly, or through a link next to the recipe
+        path = tiny_recipe(text=TINY.replace(FACTORY_LINES, f"kind: onnx\n  path: {target}"))
+        message = load_error(path)
+        assert f"{path}:4:3: field 'model.path': '{target}' is not a regular file or folder" in message
+
+
+def test_a_data_folder_that_is_a_fifo_is_refused(tiny_recipe, tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "batches")
+    text = TINY.replace('samples: {callable: "tests.fixtures.tiny_models:tiny_batches"}', "samples: {npz_dir: batches}")
+    message = load_error(tiny_recipe(text=text))
+    assert "field 'data.samples.npz_dir': 'batches' is not a regular file or folder" in message
