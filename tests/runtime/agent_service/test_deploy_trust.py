@@ -393,3 +393,31 @@ def test_the_issue_scenario_over_the_local_api(
     assert result and result[-1]["details"]["outcome"] == "rolled_back", result
     assert rejected[0] > 0 and answered[0] > 0  # HTTP 400 while tiny-flat served, answers before and after
     assert result[-1]["details"]["health"]["rejected"] > 0 and service.server.model_name == "tiny-a"
+
+
+def test_a_forged_or_bombed_tar_is_refused_before_its_files_are_written(
+    make_device: Callable[..., Device], bundle: Callable[..., Path], tmp_path: Path, fleet_keys: tuple[Path, Path]
+) -> None:
+    import io
+    import tarfile
+
+    device = make_device()
+    forged = bundle("tiny-a")
+    (forged / "payload.bin").write_bytes(b"\x00" * 1000)  # unlisted: extracting would be refused for that ...
+    manifest = json.loads((forged / "manifest.json").read_text())
+    manifest["name"] = "tiny-forged"  # ... but the manifest no longer matches its signature, which is checked first
+    (forged / "manifest.json").write_text(json.dumps(manifest))
+    assert device.deploy(pack_tar(forged, tmp_path / "src" / "forged.tar")) == "failed"
+    assert device.result()["details"]["step"] == "signature" and "does not match manifest.json" in device.result()["message"]
+    assert "payload.bin" not in device.result()["message"]
+
+    bomb = tmp_path / "src" / "bomb.tar.gz"
+    with tarfile.open(bomb, "w:gz", compresslevel=1) as tar:
+        data = (bundle("tiny-b") / "manifest.json").read_bytes()
+        for name, payload in (("bundle/manifest.json", data), ("bundle/zeros.bin", bytes(8 << 20))):
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    assert device.deploy(bomb) == "failed"
+    assert "compression ratio" in device.result()["message"] and "at member 'bundle/zeros.bin'" in device.result()["message"]
+    assert list(device.store.staging_dir.iterdir()) == [] and device.deployer.served is None
