@@ -293,7 +293,11 @@ def validation_message(exc: ValidationError, model: type[BaseModel], path: Path,
     """Turn a pydantic ValidationError into (message, hint) naming file, line, field and fix."""
     lines: list[str] = []
     hints: list[str] = []
-    for err in exc.errors():
+    errors = exc.errors()
+    all_locs = [tuple(err["loc"]) for err in errors]
+    for err in errors:
+        if err["type"] == "too_short" and any(other[: len(err["loc"])] == tuple(err["loc"]) and len(other) > len(err["loc"]) for other in all_locs):
+            continue  # "0 items after validation" only repeats that an item below failed
         # pydantic appends the union member or validator name to loc for tagged unions; keep data keys.
         loc: Location = tuple(p for p in err["loc"] if isinstance(p, int) or not str(p).startswith("function-"))
         cause = (err.get("ctx") or {}).get("error")
@@ -322,7 +326,10 @@ def validation_message(exc: ValidationError, model: type[BaseModel], path: Path,
             shown = repr(given)
             if len(shown) > 60:
                 shown = shown[:57] + "..."
-            lines.append(f"{where}: field '{field}': {err['msg']} (got {shown})")
+            if err["type"] == "value_error" and isinstance(given, dict):  # a whole section: the message says what
+                lines.append(f"{where}: field '{field}': {err['msg']}")
+            else:
+                lines.append(f"{where}: field '{field}': {err['msg']} (got {shown})")
     return "\n".join(lines), ("; ".join(hints) if hints else None)
 
 

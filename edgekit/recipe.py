@@ -149,7 +149,7 @@ class TensorSpec(StrictModel):
     def _bounds_fit_dtype(self) -> "TensorSpec":
         """low/high/value are numbers the dtype holds (whole numbers for integer dtypes)."""
         if self.dtype == "bool" and (self.low is not None or self.high is not None):
-            raise ValueError(f"input '{self.name}' is bool: low/high do not apply (random bools are 0 or 1); remove them")
+            raise FieldError(("low" if self.low is not None else "high",), f"input '{self.name}' is bool: low/high do not apply (random bools are 0 or 1); remove them")
         lowest, highest = DTYPE_RANGES[self.dtype]
         integer = self.dtype.startswith(("int", "uint"))
         for field, value, top in (("low", self.low, highest), ("high", self.high, highest + 1 if integer else highest),
@@ -157,11 +157,11 @@ class TensorSpec(StrictModel):
             if value is None or isinstance(value, bool):
                 continue
             if integer and not float(value).is_integer():
-                raise ValueError(f"input '{self.name}' is {self.dtype}: {field} must be a whole number, got {value}")
+                raise FieldError((field,), f"input '{self.name}' is {self.dtype}: {field} must be a whole number, got {value}")
             if not lowest <= value <= top:
-                raise ValueError(f"input '{self.name}': {field} {value:g} does not fit {self.dtype} ({lowest:g} .. {top:g})")
+                raise FieldError((field,), f"input '{self.name}': {field} {value:g} does not fit {self.dtype} ({lowest:g} .. {top:g})")
         if self.low is not None and self.high is not None and not self.low < self.high:
-            raise ValueError(f"input '{self.name}': need low < high, got low={self.low} high={self.high}")
+            raise FieldError(("high",), f"input '{self.name}': need low < high, got low={self.low} high={self.high}")
         return self
 
     @model_validator(mode="after")
