@@ -26,7 +26,7 @@ import numpy as np
 from edgekit.engines.fusion import transformer_fusion
 from edgekit.errors import QuantizationError
 from edgekit.precision import Backend, Precision
-from edgekit.quantize import ort_layout, ort_writers
+from edgekit.quantize import cnn_folding, ort_layout, ort_writers
 from edgekit.quantize.auto import (
     EXPORTED,
     AutoResult,
@@ -75,8 +75,9 @@ class OrtCandidateBuilder:
     def graph_model(self, graph: str) -> Path | None:
         """The FP32 model of a graph variant (``None`` when the variant does not apply to this model)."""
         if graph not in self._graphs:
-            if graph == EXPORTED:
-                self._graphs[graph] = ort_writers.preprocess(self.fp32_path, self.work_dir / "fp32-exported.onnx")
+            if graph == EXPORTED:  # with the exact CNN rewrites static int8 gets (edgekit.quantize.cnn_folding)
+                pre = ort_writers.preprocess(self.fp32_path, self.work_dir / "fp32-exported.onnx")
+                self._graphs[graph] = cnn_folding.fold_for_int8(pre, self.work_dir / "fp32-exported-folded.onnx")[0]
             elif graph == TRANSFORMER_FUSION:
                 target = self.work_dir / "fp32-transformer-fusion.onnx"
                 self.fusion_stats = transformer_fusion(self.fp32_path, target)

@@ -44,9 +44,12 @@ _LAYOUT_KEEPING_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "MaxPool"
 
 
 def stem_convolutions(model_path: Path) -> dict[str, str]:
-    """Conv node name -> why it stays float, for convolutions with a reduction shorter than
-    :data:`STEM_MAX_REDUCTION`."""
+    """Conv node name -> why it stays float, for ungrouped convolutions with a reduction shorter than
+    :data:`STEM_MAX_REDUCTION`. A grouped (depthwise) convolution reduces over few values per group by design
+    and sits inside the chain, not at its start: kept float, it cut MobileNet-style chains (PP-OCR's
+    detector: six 3x3 depthwise convolutions, each a DequantizeLinear -> Conv -> QuantizeLinear detour)."""
     import onnx
+    from onnx import helper
 
     graph = onnx.load(str(model_path), load_external_data=False).graph
     weights = {init.name: tuple(init.dims) for init in graph.initializer}
@@ -54,6 +57,8 @@ def stem_convolutions(model_path: Path) -> dict[str, str]:
     for node in graph.node:
         shape = weights.get(node.input[1]) if node.op_type == "Conv" and len(node.input) > 1 else None
         if shape is None or len(shape) < 3:
+            continue
+        if any(a.name == "group" and helper.get_attribute_value(a) > 1 for a in node.attribute):
             continue
         reduction = int(np.prod(shape[1:]))
         if reduction < STEM_MAX_REDUCTION:

@@ -17,7 +17,7 @@ import numpy as np
 
 from edgekit.errors import QuantizationError
 from edgekit.precision import Backend, Precision
-from edgekit.quantize import float_writers, ort_writers
+from edgekit.quantize import cnn_folding, float_writers, ort_writers
 from edgekit.quantize.plan import QuantizationPlan, make_plan
 from edgekit.recipe import QuantizationSpec
 from edgekit.target import TargetProfile
@@ -96,6 +96,10 @@ def quantize_model(fp32_path: Path, out_path: Path, spec: QuantizationSpec, targ
     if precision in float_writers.WRITTEN:
         return _write_float_format(pre, out_path, plan, spec, calibration_batches, workdir, cache_dir)
     if precision is Precision.INT8:
+        if backend is Backend.ONNXRUNTIME:
+            pre, folds = cnn_folding.fold_for_int8(pre, workdir / "folded.onnx")
+            if folds.note() and refine:
+                plan = replace(plan, notes=(*plan.notes, folds.note()))
         if refine:
             plan = ort_writers.static_int8_plan(plan, pre)
         if not calibration_batches:

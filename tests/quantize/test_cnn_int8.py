@@ -156,3 +156,52 @@ def test_int8_dynamic_on_a_transformer_has_no_warning(tmp_path):
     result = _dynamic(tmp_path / "fp32.onnx", tmp_path)
     assert not any(note.startswith("int8-dynamic quantized") for note in result.plan.notes)
     assert "warnings" not in result.to_manifest()
+
+
+def residual_with_depthwise(path: Path) -> Path:
+    """conv1 -> Relu -> depthwise conv2 (3x3, 16 groups) -> Add(residual) -> conv3, beside a MatMul + bias Add
+    on a second input that no convolution reaches."""
+    rng = np.random.default_rng(4)
+    inits: list = []
+    nodes = [
+        _conv(rng, "conv1", 8, 16, 3, inits, "image", "c1"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+    ]
+    inits.append(numpy_helper.from_array(rng.normal(0, 0.3, (16, 1, 3, 3)).astype(np.float32), "dw_w"))
+    nodes.append(helper.make_node("Conv", ["r1", "dw_w"], ["c2"], name="depthwise", pads=[1, 1, 1, 1], kernel_shape=[3, 3], group=16))
+    nodes.append(helper.make_node("Add", ["r1", "c2"], ["res"], name="residual"))
+    nodes.append(_conv(rng, "conv3", 16, 8, 1, inits, "res", "features"))
+    inits.append(numpy_helper.from_array(rng.normal(0, 0.3, (16, 16)).astype(np.float32), "proj_w"))
+    inits.append(numpy_helper.from_array(rng.normal(0, 0.1, 16).astype(np.float32), "proj_b"))
+    nodes.append(helper.make_node("MatMul", ["tokens", "proj_w"], ["mm"], name="proj"))
+    nodes.append(helper.make_node("Add", ["mm", "proj_b"], ["projected"], name="proj_bias"))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 8, 12, 12]),
+                                           helper.make_tensor_value_info("tokens", TensorProto.FLOAT, ["N", 16])],
+                              [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["N", 8, 12, 12]),
+                               helper.make_tensor_value_info("projected", TensorProto.FLOAT, ["N", 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.save(model, str(path))
+    return path
+
+
+def test_residual_add_and_depthwise_conv_stay_in_the_integer_chain(tmp_path):
+    """The residual Add runs as QLinearAdd and the depthwise 3x3 (reduction 9) as QLinearConv: it is not a
+    stem. The MatMul's bias Add, which no convolution reaches, keeps float inputs and output."""
+    fp32 = residual_with_depthwise(tmp_path / "fp32.onnx")
+    rng = np.random.default_rng(5)
+    batches = [{"image": rng.normal(0, 1, (8, 8, 12, 12)).astype(np.float32), "tokens": rng.normal(0, 1, (8, 16)).astype(np.float32)}
+               for _ in range(4)]
+    out = tmp_path / "int8.onnx"
+    result = quantize_model(fp32, out, QuantizationSpec(calibrator="minmax"), get_target("x86-64-cpu"), Backend.ONNXRUNTIME, Precision.INT8,
+                            batches, tmp_path, cache_dir=tmp_path / "cache")
+    assert "depthwise" not in result.plan.excluded
+    quantized_inputs = {n.input[0] for n in onnx.load(str(out)).graph.node if n.op_type == "QuantizeLinear"}
+    assert "res" in quantized_inputs and "projected" not in quantized_inputs and "mm" not in quantized_inputs
+    optimized = tmp_path / "optimized.onnx"
+    feeds = {"image": batches[0]["image"][:2], "tokens": batches[0]["tokens"][:2]}
+    got, want = _run(out, feeds, optimized), _run(fp32, feeds)
+    assert _cosine(got["features"], want["features"]) > 0.99
+    assert _cosine(got["projected"], want["projected"]) > 0.99
+    ops = collections.Counter(n.op_type for n in onnx.load(str(optimized)).graph.node)
+    assert ops["QLinearConv"] == 3 and ops["QLinearAdd"] == 1, ops
