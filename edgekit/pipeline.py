@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from edgekit.bundle.golden import golden_batches, write_golden
+from edgekit.bundle.golden import derive_tolerances, golden_batches, write_golden
 from edgekit.bundle.manifest import SCHEMA_VERSION, file_hashes, host_description, model_opset, toolchain_versions, write_manifest
 from edgekit.bundle.staging import BundleStaging, check_destination
 from edgekit.data import Batch, dims_at, fit_batch, load_batches, model_inputs, run_batches, sequence_steps
@@ -29,7 +29,6 @@ from edgekit.errors import BuildError
 from edgekit.evaluate import AccuracyResult, check_budget, evaluate_accuracy
 from edgekit.evaluate.accuracy import run_reference
 from edgekit.export import check_and_infer, check_parity, export_onnx
-from edgekit.export.parity import row_cosines
 from edgekit.io_signature import io_section
 from edgekit.precision import Backend, Precision
 from edgekit.progress import StageReporter
@@ -348,34 +347,23 @@ def stage_evaluate(state: BuildState, runner: OnnxRuntimeRunner) -> str | None:
 
 
 def stage_golden(state: BuildState, runner: OnnxRuntimeRunner) -> None:
-    """Golden inputs with FP32 reference outputs; tolerances cover what this precision really deviates
-    on the host (with margin), never less than the recipe's parity tolerance."""
+    """Golden inputs with FP32 reference outputs; tolerances per output cover what this precision really
+    deviates on the host (with margin), never less than the recipe's parity tolerance."""
     recipe = state.recipe
     assert state.reference is not None
-    pairs = []
-    worst_abs, worst_cos = 0.0, 1.0
+    pairs, built = [], []
     batches = golden_batches(recipe, state.samples)
     # A stateful model's sequences run call by call; the runner carries its own state, as the device will.
     feeds_used, expected_all = run_batches(recipe, state.reference, batches)
     for feeds, expected, got in zip(feeds_used, expected_all, run_batches(recipe, runner.infer, batches)[1]):
         pairs.append((feeds, {name: np.asarray(expected[name]) for name in recipe.outputs}))
-        for name in recipe.outputs:
-            e, g = np.asarray(expected[name], dtype=np.float64), np.asarray(got[name], dtype=np.float64)
-            worst_abs = max(worst_abs, float(np.abs(e - g).max(initial=0.0)))
-            if e.size and expected[name].dtype.kind == "f":
-                worst_cos = min(worst_cos, float(row_cosines(e, g).min()))
-    parity = recipe.export.parity
-    margin = 2 if state.precision is Precision.FP32 and state.prune is None else 4
-    atol, rtol = max(parity.atol, margin * worst_abs), parity.rtol
-    min_cosine = min(parity.min_cosine, 1 - margin * (1 - worst_cos))
+        built.append({name: np.asarray(got[name]) for name in recipe.outputs})
     trt = (state.engine.details.get("tensorrt") if state.engine else None) or {}
-    if trt and trt.get("onnx_precision") == "as-exported" and state.precision in DEVICE_APPLIED_TOLERANCE:
-        # The engine applies this precision on the device (builder flags); this host could not measure its
-        # deviation, so the self-check uses the format's own tolerance instead.
-        extra_rtol, extra_cosine = DEVICE_APPLIED_TOLERANCE[state.precision]
-        largest = max(float(np.abs(np.asarray(out[name])).max(initial=0.0)) for _, out in pairs for name in out)
-        atol, rtol, min_cosine = max(atol, extra_rtol * largest), max(rtol, extra_rtol), min(min_cosine, extra_cosine)
-    state.golden = write_golden(state.staging_dir, pairs, atol=atol, rtol=rtol, min_cosine=min_cosine, steps=sequence_steps(batches), state=recipe.state)
+    # A precision the engine applies on the device (builder flags) deviates in ways this host cannot measure:
+    # the self-check then allows at least the format's own tolerance.
+    device_applied = DEVICE_APPLIED_TOLERANCE.get(state.precision) if trt and trt.get("onnx_precision") == "as-exported" else None
+    tolerances, measured = derive_tolerances([out for _, out in pairs], built, recipe.export.parity, device_applied=device_applied)
+    state.golden = write_golden(state.staging_dir, pairs, tolerances, measured=measured, steps=sequence_steps(batches), state=recipe.state)
 
 
 def bench_dims(recipe: Recipe) -> dict[str, int]:

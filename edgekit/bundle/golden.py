@@ -1,14 +1,32 @@
-"""Golden files: a few recipe inputs with their FP32 reference outputs, for the device's self-check."""
+"""Golden files: a few recipe inputs with their FP32 reference outputs, for the device's self-check.
+
+Tolerances are derived per output from what the built model does on the golden inputs: its largest
+element error and smallest row cosine against the reference, measured with the runtime's own
+:func:`compare_output`, widened by :data:`MARGIN` and kept in sane ranges (never tighter than the recipe's
+parity tolerance, ``atol`` no wider than the output's own magnitude unless the built model already
+deviates that much, ``min_cosine`` within 0..1). A model of the same signature with other weights then
+fails the device's self-check, while the bundle that was built passes it. The section is parsed with the
+runtime's :func:`parse_tolerances` before it is written, so the host never writes what the device refuses.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edgekit.data import Batch, sequence_steps
-from edgekit.recipe import Recipe, StateSpec
+from edgekit.errors import BuildError, InternalError
+from edgekit.recipe import ParitySpec, Recipe, StateSpec
+from edgekit_runtime.errors import BundleError
+from edgekit_runtime.golden import GoldenTolerances, Tolerance, compare_output, merge_checks, parse_tolerances
+
+#: How much wider than the measured deviation a tolerance is: room for the device's kernels and threads,
+#: which round differently from this host's.
+MARGIN = 2.0
 
 
 def golden_batches(recipe: Recipe, samples: list[Batch]) -> list[Batch]:
@@ -22,9 +40,47 @@ def golden_batches(recipe: Recipe, samples: list[Batch]) -> list[Batch]:
     return [batch for batch, (sequence, _) in zip(samples, steps) if sequence in first]
 
 
-def write_golden(root: Path, pairs: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]], atol: float, rtol: float, min_cosine: float,
-                 *, steps: list[tuple[int, int]] | None = None, state: tuple[StateSpec, ...] = ()) -> dict[str, Any]:
-    """Write ``golden/inputs_NNN.npz`` and ``golden/outputs_NNN.npz``; return the manifest section.
+def derive_tolerances(expected: Sequence[Mapping[str, np.ndarray]], built: Sequence[Mapping[str, np.ndarray]], parity: ParitySpec,
+                      *, device_applied: tuple[float, float] | None = None, margin: float = MARGIN) -> tuple[GoldenTolerances, dict[str, Any]]:
+    """Per-output tolerances from the built model's outputs (``built``) against the reference (``expected``),
+    one mapping per golden batch; returns them with the measurements they came from (for the manifest).
+
+    ``device_applied`` is ``(rtol, min_cosine)`` of a precision the device applies (TensorRT builder flags),
+    which this host cannot measure: the tolerance is then at least that wide."""
+    outputs: dict[str, Tolerance] = {}
+    measured: dict[str, Any] = {}
+    for name in expected[0]:
+        checks = [compare_output(name, e[name], b[name], atol=0.0, rtol=0.0, min_cosine=-1.0, batch=i) for i, (e, b) in enumerate(zip(expected, built))]
+        check = merge_checks(checks)
+        if check.shape_error is not None:
+            raise InternalError(f"golden output '{name}': the built model's {check.shape_error} (batch {check.worst_batch})")
+        error, cosine = check.max_abs_diff, check.cosine_min
+        scale = max(float(np.abs(np.nan_to_num(np.asarray(e[name], dtype=np.float64))).max(initial=0.0)) for e in expected)
+        if not math.isfinite(error):
+            raise BuildError(f"golden output '{name}': the built model computes NaN or infinity where the reference is finite (golden batch {check.worst_batch})",
+                             hint="the precision overflows on this model: build a wider precision (fp16 -> fp32) or exclude the overflowing nodes from quantization")
+        if cosine < 0:
+            raise BuildError(f"golden output '{name}': the built model's rows point away from the reference (cosine {cosine:.3f}, golden batch "
+                             f"{check.worst_batch}), so no self-check could accept it and still reject a wrong model",
+                             hint="the accuracy budget let a broken build through: tighten evaluation.budget, or build a wider precision")
+        atol = max(parity.atol, min(margin * error, max(error, scale)))
+        min_cosine = min(parity.min_cosine, max(0.0, cosine - (margin - 1) * (1 - cosine)))
+        rtol = parity.rtol
+        if device_applied is not None:
+            extra_rtol, extra_cosine = device_applied
+            atol, rtol, min_cosine = max(atol, extra_rtol * scale), max(rtol, extra_rtol), min(min_cosine, extra_cosine)
+        outputs[name] = Tolerance(atol=atol, rtol=rtol, min_cosine=min_cosine)
+        measured[name] = {"max_abs_diff": error, "cosine_min": cosine, "max_abs_reference": scale}
+    default = Tolerance(atol=max(t.atol for t in outputs.values()), rtol=max(t.rtol for t in outputs.values()),
+                        min_cosine=min(t.min_cosine for t in outputs.values()))
+    return GoldenTolerances(default, outputs), measured
+
+
+def write_golden(root: Path, pairs: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]], tolerances: GoldenTolerances,
+                 *, measured: Mapping[str, Any] | None = None, steps: list[tuple[int, int]] | None = None,
+                 state: tuple[StateSpec, ...] = ()) -> dict[str, Any]:
+    """Write ``golden/inputs_NNN.npz`` and ``golden/outputs_NNN.npz`` (compressed); return the manifest section:
+    ``atol/rtol/min_cosine`` (the loosest, for runtimes that read only those) and per output ``outputs[name]``.
 
     For a stateful model ``steps`` gives each pair's (sequence, step) and ``state`` the state pairs: the
     manifest then lists them so that the self-check feeds each call's state outputs to the next call of
@@ -36,13 +92,19 @@ def write_golden(root: Path, pairs: list[tuple[dict[str, np.ndarray], dict[str, 
     for index, (inputs, outputs) in enumerate(pairs):
         inputs_name = f"golden/inputs_{index:03d}.npz"
         outputs_name = f"golden/outputs_{index:03d}.npz"
-        np.savez(root / inputs_name, **inputs)
-        np.savez(root / outputs_name, **outputs)
+        np.savez_compressed(root / inputs_name, **inputs)
+        np.savez_compressed(root / outputs_name, **outputs)
         entry: dict[str, Any] = {"inputs": inputs_name, "outputs": outputs_name}
         if steps is not None and state:
             entry["sequence"], entry["step"] = steps[index]
         batches.append(entry)
-    section: dict[str, Any] = {"batches": batches, "atol": atol, "rtol": rtol, "min_cosine": min_cosine}
+    section: dict[str, Any] = {"batches": batches, **tolerances.default.to_dict(),
+                               "outputs": {name: {**t.to_dict(), **({"measured": measured[name]} if measured and name in measured else {})}
+                                           for name, t in tolerances.outputs.items()}}
     if steps is not None and state:
         section["state"] = [{"input": s.input, "output": s.output} for s in state]
+    try:
+        parse_tolerances(section, where=str(root / "manifest.json"))
+    except BundleError as err:  # the runtime would refuse to open the bundle
+        raise InternalError(f"the golden section this build derived is one the runtime refuses: {err}") from err
     return section

@@ -20,7 +20,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgekit_runtime.errors import BundleError, InputSignatureError
-from edgekit_runtime.golden import OutputCheck, StateCarrier, StatePair, compare_output, merge_checks, parse_golden_state
+from edgekit_runtime.golden import (
+    GoldenTolerances,
+    OutputCheck,
+    StateCarrier,
+    StatePair,
+    compare_output,
+    merge_checks,
+    parse_golden_state,
+    parse_tolerances,
+)
 from edgekit_runtime.hashing import sha256_file
 from edgekit_runtime.signature import IOSignature
 
@@ -165,13 +174,7 @@ def _check_manifest(manifest: Mapping[str, Any], manifest_path: Path) -> None:
             if not isinstance(value, str):
                 raise BundleError(f"'{where}': golden.batches[{index}].{key} must be a file path")
             listed.append((f"golden.batches[{index}].{key}", value))
-    for key, low, high in (("atol", 0.0, None), ("rtol", 0.0, None), ("min_cosine", -1.0, 1.0)):
-        value = golden.get(key)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < low or (
-            high is not None and value > high
-        ):
-            bounds = f"in {low}..{high}" if high is not None else f">= {low}"
-            raise BundleError(f"'{where}': golden.{key} must be a number {bounds}, got {value!r}")
+    parse_tolerances(golden, where=where)  # golden.atol/rtol/min_cosine, and per output golden.outputs
     parse_golden_state(golden, where=where)  # a stateful model's sequences: state pairs, ordered steps
     for field_name, rel in listed:
         if rel not in files:
@@ -359,9 +362,14 @@ class Bundle:
 
     @property
     def golden_tolerances(self) -> tuple[float, float, float]:
-        """``(atol, rtol, min_cosine)`` for the self-check."""
+        """``(atol, rtol, min_cosine)`` for the self-check of outputs without their own (``output_tolerances``)."""
         golden = self.manifest["golden"]
         return float(golden["atol"]), float(golden["rtol"]), float(golden["min_cosine"])
+
+    @property
+    def output_tolerances(self) -> GoldenTolerances:
+        """The self-check's tolerances per output (``golden.outputs``), the defaults for the rest."""
+        return parse_tolerances(self.manifest["golden"], where=str(self.manifest_path))
 
 
 def open_bundle(root: str | os.PathLike[str], verify: bool = True) -> Bundle:
@@ -418,6 +426,7 @@ def self_check(bundle: Bundle, runner: Runner, *, raise_on_failure: bool = True)
     raises :class:`BundleError` with the numbers, unless ``raise_on_failure=False``.
     """
     atol, rtol, min_cosine = bundle.golden_tolerances
+    tolerances = bundle.output_tolerances
     checks: dict[str, list[OutputCheck]] = {}
     loaded_here = not runner.is_loaded
     runner.load()
@@ -441,9 +450,7 @@ def self_check(bundle: Bundle, runner: Runner, *, raise_on_failure: bool = True)
                         f"produce (its outputs: {', '.join(actual)})",
                         hint="the golden files and the manifest's io section disagree; rebuild the bundle",
                     )
-                check = compare_output(
-                    name, reference, actual[name], atol=atol, rtol=rtol, min_cosine=min_cosine, batch=batch.index
-                )
+                check = compare_output(name, reference, actual[name], **tolerances.for_output(name).to_dict(), batch=batch.index)
                 checks.setdefault(name, []).append(check)
         providers = runner.providers
     finally:
@@ -463,7 +470,7 @@ def self_check(bundle: Bundle, runner: Runner, *, raise_on_failure: bool = True)
     )
     if not result.passed and raise_on_failure:
         failures = "; ".join(
-            check.describe(atol=atol, rtol=rtol, min_cosine=min_cosine)
+            check.describe(**tolerances.for_output(check.name).to_dict())
             for check in outputs
             if not check.passed
         )

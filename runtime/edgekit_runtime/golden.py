@@ -202,3 +202,65 @@ class StateCarrier:
 
     def remember(self, outputs: Mapping[str, np.ndarray]) -> None:
         self._previous = outputs
+
+
+# -- tolerances ----------------------------------------------------------------------------------------
+
+#: The range of each tolerance key this runtime accepts. The host derives per-output tolerances inside
+#: these (min_cosine within 0..1) and parses its section with :func:`parse_tolerances` before writing it.
+TOLERANCE_BOUNDS: dict[str, tuple[float, float | None]] = {"atol": (0.0, None), "rtol": (0.0, None), "min_cosine": (-1.0, 1.0)}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How close one output must stay to its golden reference: every element within
+    ``atol + rtol * |golden|`` and every row's cosine similarity at least ``min_cosine``."""
+
+    atol: float
+    rtol: float
+    min_cosine: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"atol": self.atol, "rtol": self.rtol, "min_cosine": self.min_cosine}
+
+
+@dataclass(frozen=True)
+class GoldenTolerances:
+    """The manifest's ``golden`` tolerances: ``default`` (``golden.atol/rtol/min_cosine``) and, per output,
+    ``golden.outputs[name]``, which bundles built since the host derived tolerances per output carry."""
+
+    default: Tolerance
+    outputs: Mapping[str, Tolerance]
+
+    def for_output(self, name: str) -> Tolerance:
+        return self.outputs.get(name, self.default)
+
+
+def _tolerance(section: Mapping[str, Any], *, where: str, prefix: str, default: Tolerance | None = None) -> Tolerance:
+    values: dict[str, float] = {}
+    for key, (low, high) in TOLERANCE_BOUNDS.items():
+        value = section.get(key, None if default is None else getattr(default, key))
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < low or (
+            high is not None and value > high
+        ):
+            bounds = f"in {low}..{high}" if high is not None else f">= {low}"
+            raise BundleError(f"'{where}': {prefix}.{key} must be a number {bounds}, got {value!r}",
+                              hint="rebuild the bundle with edgekit build, which derives the golden tolerances")
+        values[key] = float(value)
+    return Tolerance(**values)
+
+
+def parse_tolerances(golden: Mapping[str, Any], *, where: str) -> GoldenTolerances:
+    """Check and read the ``golden`` section's tolerances; :class:`BundleError` names the bad key."""
+    default = _tolerance(golden, where=where, prefix="golden")
+    raw = golden.get("outputs")
+    if raw is None:
+        return GoldenTolerances(default, {})
+    if not isinstance(raw, Mapping):
+        raise BundleError(f"'{where}': golden.outputs must map output names to {{atol, rtol, min_cosine}}, got {raw!r}")
+    outputs = {}
+    for name, entry in raw.items():
+        if not isinstance(entry, Mapping):
+            raise BundleError(f"'{where}': golden.outputs['{name}'] must be {{atol, rtol, min_cosine}}, got {entry!r}")
+        outputs[str(name)] = _tolerance(entry, where=where, prefix=f"golden.outputs['{name}']", default=default)
+    return GoldenTolerances(default, outputs)

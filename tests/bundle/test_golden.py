@@ -1,0 +1,140 @@
+"""Golden files and their tolerances: derived per output from the built model, tight enough that another
+model of the same signature fails the device's self-check, compressed on disk, and always in ranges the
+runtime accepts."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from edgekit.bundle.golden import MARGIN, derive_tolerances
+from edgekit.bundle.manifest import write_manifest
+from edgekit.errors import BuildError, BundleError
+from edgekit.pipeline import build
+from edgekit.recipe import ParitySpec
+from edgekit_runtime.backends.onnxruntime import OnnxRuntimeRunner
+from edgekit_runtime.bundle import open_bundle, self_check
+from edgekit_runtime.golden import parse_tolerances
+from tests.sources.onnx_models import paddle_style_cnn, write_recipe
+
+
+def _two_outputs(seed: int) -> onnx.ModelProto:
+    """The CNN with its logits as a second output: two outputs of very different magnitude."""
+    model = paddle_style_cnn(opset=13, seed=seed, batch_dim="batch")
+    model.graph.output.append(helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 4]))
+    return model
+
+
+def _build(tmp_path: Path, precision: str, model: onnx.ModelProto) -> Path:
+    recipe = write_recipe(tmp_path, model)
+    text = recipe.read_text().replace("outputs: [prob]", "outputs: [prob, logits]") if len(model.graph.output) == 2 else recipe.read_text()
+    recipe.write_text(text)
+    out = tmp_path / f"bundle-{precision}"
+    build(recipe, "x86-64-cpu", precision=precision, out=out)
+    return out
+
+
+def _check(bundle_dir: Path, verify: bool = True):
+    bundle = open_bundle(bundle_dir, verify=verify)
+    return self_check(bundle, OnnxRuntimeRunner.from_bundle(bundle), raise_on_failure=False)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_the_built_bundle_passes_and_another_model_of_its_signature_fails(tmp_path: Path, precision: str) -> None:
+    bundle_dir = _build(tmp_path, precision, _two_outputs(seed=0))
+    passed = _check(bundle_dir)
+    assert passed.passed, passed.to_dict()
+    # The same signature with other weights, as a device that got the wrong model.onnx would run it.
+    onnx.save(_two_outputs(seed=1), str(bundle_dir / "model.onnx"))
+    failed = _check(bundle_dir, verify=False)
+    assert not failed.passed
+    assert {check.name for check in failed.outputs if not check.passed} == {"prob", "logits"}
+    with pytest.raises(BundleError, match=r"self-check of bundle .* failed .*output 'prob': max_abs_diff"):
+        bundle = open_bundle(bundle_dir, verify=False)
+        self_check(bundle, OnnxRuntimeRunner.from_bundle(bundle))
+
+
+def test_tolerances_are_per_output_and_come_from_the_measured_deviation(tmp_path: Path) -> None:
+    bundle_dir = _build(tmp_path, "int8", _two_outputs(seed=0))
+    golden = json.loads((bundle_dir / "manifest.json").read_text())["golden"]
+    prob, logits = golden["outputs"]["prob"], golden["outputs"]["logits"]
+    for entry in (prob, logits):
+        measured = entry["measured"]
+        assert measured["max_abs_diff"] > 0  # int8 deviates, and the tolerance is built from that
+        assert entry["atol"] == pytest.approx(max(1e-4, min(MARGIN * measured["max_abs_diff"], max(measured["max_abs_diff"], measured["max_abs_reference"]))))
+        assert 0 <= entry["min_cosine"] <= measured["cosine_min"] <= 1
+    assert prob["atol"] < logits["atol"]  # a probability's tolerance is not the logits'
+    assert prob["atol"] <= prob["measured"]["max_abs_reference"]
+    assert golden["atol"] == max(prob["atol"], logits["atol"])  # the loosest, for runtimes that read only these
+    assert golden["min_cosine"] == min(prob["min_cosine"], logits["min_cosine"])
+
+
+def test_golden_files_are_compressed_and_uncompressed_ones_still_read(tmp_path: Path) -> None:
+    bundle_dir = _build(tmp_path, "fp32", paddle_style_cnn(opset=13, batch_dim="batch"))
+    files = sorted((bundle_dir / "golden").glob("*.npz"))
+    assert len(files) == 4
+    for path in files:
+        with zipfile.ZipFile(path) as archive:
+            assert {info.compress_type for info in archive.infolist()} == {zipfile.ZIP_DEFLATED}
+    for path in files:  # as bundles built before compression hold them
+        with np.load(path) as archive:
+            arrays = {name: archive[name] for name in archive.files}
+        np.savez(path, **arrays)
+    manifest = json.loads((bundle_dir / "manifest.json").read_text())
+    write_manifest(bundle_dir, {**manifest, "files": {}})  # the new hashes
+    assert _check(bundle_dir).passed
+
+
+# ---------------------------------------------------------------------------------------------- derivation
+
+
+def _rows(cosine: float, rows: int = 3, width: int = 64, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A reference and a 'built' output whose every row has exactly ``cosine`` to the reference row."""
+    rng = np.random.default_rng(seed)
+    reference = rng.normal(size=(rows, width))
+    noise = rng.normal(size=(rows, width))
+    noise -= (np.einsum("ij,ij->i", noise, reference) / np.einsum("ij,ij->i", reference, reference))[:, None] * reference
+    noise *= (np.linalg.norm(reference, axis=1) / np.linalg.norm(noise, axis=1))[:, None]
+    angle = np.arccos(cosine)
+    return reference.astype(np.float32), (np.cos(angle) * reference + np.sin(angle) * noise).astype(np.float32)
+
+
+def test_a_loose_budget_never_writes_min_cosine_below_zero() -> None:
+    """The build that wrote min_cosine -2.69: its int8 output had cosine 0.08 with the reference."""
+    reference, built = _rows(0.08)
+    tolerances, measured = derive_tolerances([{"y": reference}], [{"y": built}], ParitySpec())
+    assert measured["y"]["cosine_min"] == pytest.approx(0.08, abs=1e-4)
+    assert tolerances.outputs["y"].min_cosine == 0.0
+    section = {"batches": [], **tolerances.default.to_dict(), "outputs": {"y": tolerances.outputs["y"].to_dict()}}
+    assert parse_tolerances(section, where="manifest.json").for_output("y") == tolerances.outputs["y"]
+
+
+def test_close_outputs_keep_the_recipe_s_parity_tolerance_as_the_floor() -> None:
+    reference, built = _rows(0.9999999)
+    tolerances, _ = derive_tolerances([{"y": reference}], [{"y": reference}], ParitySpec(atol=1e-4, rtol=1e-3, min_cosine=0.9999))
+    assert tolerances.outputs["y"].to_dict() == {"atol": 1e-4, "rtol": 1e-3, "min_cosine": 0.9999}
+    tolerances, _ = derive_tolerances([{"y": reference}], [{"y": built}], ParitySpec(min_cosine=0.9999))
+    assert tolerances.outputs["y"].min_cosine == 0.9999
+
+
+def test_anticorrelated_or_non_finite_outputs_fail_the_build() -> None:
+    reference, built = _rows(-0.5)
+    with pytest.raises(BuildError, match=r"golden output 'y': the built model's rows point away from the reference \(cosine -0\.500"):
+        derive_tolerances([{"y": reference}], [{"y": built}], ParitySpec())
+    broken = reference.copy()
+    broken[1, 3] = np.inf
+    with pytest.raises(BuildError, match=r"golden output 'y': the built model computes NaN or infinity .*golden batch 0") as caught:
+        derive_tolerances([{"y": reference}], [{"y": broken}], ParitySpec())
+    assert "build a wider precision" in caught.value.hint
+
+
+def test_a_device_applied_precision_widens_to_the_format_s_tolerance() -> None:
+    reference = np.linspace(-300, 300, 64, dtype=np.float32).reshape(2, 32)
+    tolerances, _ = derive_tolerances([{"boxes": reference}], [{"boxes": reference}], ParitySpec(), device_applied=(0.02, 0.999))
+    assert tolerances.outputs["boxes"].to_dict() == {"atol": pytest.approx(0.02 * 300), "rtol": 0.02, "min_cosine": 0.999}
