@@ -82,7 +82,9 @@ def build_onnxruntime(model_path: Path, out_path: Path, target: TargetProfile, r
     on_cpu = all(p["name"] == "CPUExecutionProvider" for p in providers)
     details: dict[str, Any] = {"offline_optimization": "basic", "denormal_as_zero": providers[0]["name"] == "CPUExecutionProvider"}
     if precision is Precision.FP32 and on_cpu:
-        model_path, details["transformer_fusion"] = _fuse_transformer(model_path, out_path)
+        model_path, details["transformer_fusion"], skipped = _fuse_transformer(model_path, out_path)
+        if skipped:
+            details["transformer_fusion_skipped"] = skipped
     model = onnx.load(str(model_path), load_external_data=True)
     nodes_in = _node_count(model)
     if precision is Precision.FP16:
@@ -91,6 +93,7 @@ def build_onnxruntime(model_path: Path, out_path: Path, target: TargetProfile, r
     large = model.ByteSize() > recipe.export.external_data_mb * 2**20
     onnx.save(model, str(staged), save_as_external_data=large, location=staged.name + ".data" if large else None)
     optimize_portable(staged, out_path)
+    details["shared_constants"] = _share_folded_constants(out_path)
     fused = out_path.with_name(out_path.stem + ".fused.onnx")
     for leftover in (staged, staged.with_name(staged.name + ".data"), fused, fused.with_name(fused.name + ".data")):
         leftover.unlink(missing_ok=True)
@@ -105,11 +108,33 @@ def build_onnxruntime(model_path: Path, out_path: Path, target: TargetProfile, r
     )
 
 
-def _fuse_transformer(model_path: Path, out_path: Path) -> tuple[Path, dict[str, int] | None]:
-    """The FP32 graph with ONNX Runtime's transformer fusions when it is a BERT-like encoder (CPU targets:
-    the fused ops are ONNX Runtime contrib ops that NPU providers may lack); else the graph as it is."""
-    from edgekit.engines.fusion import transformer_fusion
+def _share_folded_constants(path: Path) -> dict[str, int] | None:
+    """Store once the constants ONNX Runtime's folding duplicated (one copy per If branch); None when the
+    graph keeps its weights in external data (left as ONNX Runtime wrote it)."""
+    import onnx
 
+    from edgekit.engines.shared_constants import share_constants
+
+    model = onnx.load(str(path), load_external_data=False)
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        return None
+    shared = share_constants(model)
+    if shared["initializers_shared"]:
+        onnx.save(model, str(path))
+        log.info("%s: %d duplicated constants stored once (%d bytes)", path, shared["initializers_shared"], shared["bytes_saved"])
+    return shared
+
+
+def _fuse_transformer(model_path: Path, out_path: Path) -> tuple[Path, dict[str, int] | None, str | None]:
+    """The FP32 graph with ONNX Runtime's transformer fusions when it is a BERT-like encoder (CPU targets:
+    the fused ops are ONNX Runtime contrib ops that NPU providers may lack); else the graph as it is.
+    The third item says why no fusion was tried (a graph without attention), for the manifest."""
+    import onnx
+
+    from edgekit.engines.fusion import NO_ATTENTION, attention_softmaxes, transformer_fusion
+
+    if not attention_softmaxes(onnx.load(str(model_path), load_external_data=False)):
+        return model_path, None, NO_ATTENTION
     fused_path = out_path.with_name(out_path.stem + ".fused.onnx")  # removed by build_onnxruntime once used
     fused = transformer_fusion(model_path, fused_path)
-    return (fused_path, fused) if fused else (model_path, None)
+    return (fused_path, fused, None) if fused else (model_path, None, None)
