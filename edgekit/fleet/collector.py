@@ -21,6 +21,12 @@ as soon as nothing has arrived for ``ACK_IDLE_FLUSH_S``; a ``max_inflight_messag
 ``batch_size`` still gives the best rate. ``ack_after_store=False`` acknowledges each message as it
 arrives (with the others of the same socket read), before it is stored, so what a collector holds in
 memory when it is killed is lost (the agents' spools cover broker outages, not this).
+
+Sessions: with ``session_expiry_s`` > 0 and a fixed ``client_id`` (``edgekit fleet collect`` uses
+:func:`default_client_id` and a day), the broker queues for a stopped collector, and a shared group keeps
+routing a share to it; :meth:`Collector.retire` drains and ends such a session for good (scale-in).
+Telemetry redelivered after retention rolled it up is still recognised (the store keeps the rolled-up
+seqs), so nothing is counted twice.
 """
 
 from __future__ import annotations
