@@ -132,6 +132,45 @@ def float_output_op_types(model_path: Path, op_types: Sequence[str]) -> tuple[st
     return tuple(op for op in op_types if op not in chained)
 
 
+#: Recurrent and control-flow ops: int8 leaves them (and the ops inside their subgraphs) float.
+RECURRENT_OPS = ("LSTM", "GRU", "RNN")
+CONTROL_FLOW_OPS = ("If", "Loop", "Scan")
+
+
+def recurrent_nodes(model_path: Path) -> dict[str, str]:
+    """Recurrent and control-flow nodes (main graph, and recurrent ones inside subgraphs) -> why they stay float."""
+    import onnx
+
+    found: dict[str, str] = {}
+
+    def walk(graph: Any, where: str) -> None:
+        for node in graph.node:
+            name = node.name or f"{node.op_type}:{node.output[0]}"
+            if node.op_type in RECURRENT_OPS:
+                found[name] = (f"{node.op_type}{where}: recurrent, kept float (its state feeds back each step, so quantization "
+                               "error accumulates; the int8 writers quantize MatMul/Gemm/Conv only)")
+            elif node.op_type in CONTROL_FLOW_OPS and not where:
+                found[name] = f"{node.op_type}: control flow, its branches/body kept float (the QDQ writer quantizes the main graph)"
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    walk(attribute.g, f" inside {node.op_type} '{name}'")
+
+    walk(onnx.load(str(model_path), load_external_data=False).graph, "")
+    return found
+
+
+def recurrent_note(model_path: Path) -> str | None:
+    nodes = recurrent_nodes(model_path)
+    if not nodes:
+        return None
+    counts: dict[str, int] = {}
+    for why in nodes.values():
+        op = why.split(":")[0].split(" ")[0]
+        counts[op] = counts.get(op, 0) + 1
+    return ("kept float: " + ", ".join(f"{n} {op}" for op, n in counts.items()) +
+            " (recurrent state would accumulate quantization error; control-flow bodies are not quantized)")
+
+
 def static_int8_plan(plan: QuantizationPlan, model_path: Path) -> QuantizationPlan:
     """The static int8 plan for this graph: no Q/DQ on op outputs that no quantized op reads (a transformer's
     MatMul -> bias Add), and float consumers (residual Adds, LayerNorms) reading float tensors. Without them,
@@ -139,6 +178,9 @@ def static_int8_plan(plan: QuantizationPlan, model_path: Path) -> QuantizationPl
     and feature maps flatten channels-last (:mod:`edgekit.quantize.ort_layout`)."""
     notes = [*plan.notes, "Q/DQ only where a quantized op reads it; float consumers read float tensors"]
     excluded = dict(plan.excluded)
+    recurrent = recurrent_note(model_path)
+    if recurrent:
+        notes.append(recurrent)
     if plan.backend is Backend.ONNXRUNTIME:
         excluded.update({name: why for name, why in ort_layout.stem_convolutions(model_path).items() if name not in excluded})
         notes.append("conv feature maps flatten in channels-last order, matching ONNX Runtime's NHWC int8 convolutions")

@@ -110,9 +110,10 @@ def quantize_model(fp32_path: Path, out_path: Path, spec: QuantizationSpec, targ
     if precision is Precision.INT8_DYNAMIC:
         ort_writers.write_dynamic(pre, out_path, plan)
         note = ort_writers.dynamic_coverage_note(pre, plan)
+        recurrent = ort_writers.recurrent_note(pre)
+        plan = replace(plan, notes=(*plan.notes, *([recurrent] if recurrent else []), *([note] if note else [])))
         if note:  # never a silent no-op: the manifest's plan says it, and so does the build's log
             log.warning("%s: %s", fp32_path.name, note)
-            plan = replace(plan, notes=(*plan.notes, note))
         return QuantizedModel(out_path, plan, details={"warnings": [note]} if note else {})
     ort_writers.write_int4(pre, out_path, plan)
     return QuantizedModel(out_path, plan)

@@ -205,3 +205,35 @@ def test_residual_add_and_depthwise_conv_stay_in_the_integer_chain(tmp_path):
     assert _cosine(got["projected"], want["projected"]) > 0.99
     ops = collections.Counter(n.op_type for n in onnx.load(str(optimized)).graph.node)
     assert ops["QLinearConv"] == 3 and ops["QLinearAdd"] == 1, ops
+
+
+def test_recurrent_and_control_flow_ops_are_named_in_the_plan(tmp_path):
+    """An LSTM inside an If branch and the If itself: both plans say they stay float and why."""
+    from onnx import numpy_helper as nh
+
+    rng = np.random.default_rng(6)
+    hidden, features = 4, 3
+    lstm_inits = [nh.from_array(rng.normal(0, 0.3, (1, 4 * hidden, features)).astype(np.float32), "W"),
+                  nh.from_array(rng.normal(0, 0.3, (1, 4 * hidden, hidden)).astype(np.float32), "R")]
+    branch = helper.make_graph([helper.make_node("LSTM", ["seq", "W", "R"], ["lstm_y"], name="decoder_lstm", hidden_size=hidden)], "then",
+                               [], [helper.make_tensor_value_info("lstm_y", TensorProto.FLOAT, None)], lstm_inits)
+    other = helper.make_graph([helper.make_node("Identity", ["zeros"], ["other_y"], name="passthrough")], "else", [],
+                              [helper.make_tensor_value_info("other_y", TensorProto.FLOAT, None)],
+                              [nh.from_array(np.zeros((2, 1, 1, hidden), np.float32), "zeros")])
+    nodes = [helper.make_node("If", ["flag"], ["y"], name="by_rate", then_branch=branch, else_branch=other),
+             helper.make_node("MatMul", ["seq", "proj_w"], ["z"], name="proj")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("seq", TensorProto.FLOAT, [2, 1, features]),
+                                           helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None), helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 1, 5])],
+                              [nh.from_array(rng.normal(0, 0.3, (features, 5)).astype(np.float32), "proj_w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.save(model, str(tmp_path / "fp32.onnx"))
+    batches = [{"seq": rng.normal(0, 1, (2, 1, features)).astype(np.float32), "flag": np.array(True)} for _ in range(2)]
+    static = quantize_model(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", QuantizationSpec(calibrator="minmax"), get_target("x86-64-cpu"),
+                            Backend.ONNXRUNTIME, Precision.INT8, batches, tmp_path, cache_dir=tmp_path / "cache")
+    dynamic = _dynamic(tmp_path / "fp32.onnx", tmp_path)
+    want = "kept float: 1 If, 1 LSTM (recurrent state would accumulate quantization error; control-flow bodies are not quantized)"
+    assert want in static.plan.notes and want in dynamic.plan.notes
+    feeds = batches[0]
+    np.testing.assert_allclose(_run(tmp_path / "int8.onnx", feeds)["y"], _run(tmp_path / "fp32.onnx", feeds)["y"], rtol=1e-5, atol=1e-6)
