@@ -210,14 +210,15 @@ def upgrade_source_opset(path: Path, recipe: Recipe, precision: Precision, auto:
         log.info("ONNX source upgraded from opset %d to %d: %s", original, opset, reason)
         return recipe, OpsetConversion(original, opset, reason, converted_opset=main_opset(converted), max_abs_diff=max_abs_diff)
     where = f"{recipe.path}: model.path {recipe.resolve(recipe.model.path)}"  # type: ignore[union-attr]
-    fallback = PER_TENSOR_FALLBACK.get(precision) if not auto else None
+    fallback = PER_TENSOR_FALLBACK.get(precision) if not auto and original >= 10 else None  # QuantizeLinear is opset 10
     if fallback is None:
         what = "--precision auto" if auto else f"precision {precision.value}"
+        supported = "fp32, fp16" + (", int8 with per-tensor scales (quantization.per_channel: false), int8-dynamic" if original >= 11 else "")
         raise BuildError(
             f"{where} is opset {original}; {what} needs opset {opset} ({reason}), and onnx's version converter "
             f"could not upgrade it: {error}",
-            hint="build an explicit precision that opset " + str(original) + " supports (fp32, fp16, int8 with per-tensor scales, "
-            "int8-dynamic), or upgrade the file with the tool that produced it (for Paddle models: paddle2onnx --opset_version 13)",
+            hint=f"build an explicit precision that opset {original} supports ({supported}), or upgrade the file with the tool "
+            "that produced it (for Paddle models: paddle2onnx --opset_version 13)",
         )
     log.warning("opset %d -> %d conversion failed (%s); %s", original, opset, error, fallback)
     quantization = recipe.build.quantization.model_copy(update={"per_channel": False})

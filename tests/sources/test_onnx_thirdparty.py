@@ -149,3 +149,11 @@ def test_paddle2onnx_direction_classifier_builds_int8(tmp_path: Path) -> None:
     assert manifest["model"]["opset"] == 13
     assert "input 'x' axis 0: dim_value: -1 in the file, treated as the dynamic dim 'batch'" in manifest["export"]["source_notes"]
     assert _self_check(tmp_path / "bundle").passed
+
+
+def test_int8_below_opset_10_has_no_per_tensor_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(onnx_file, "_convert", _failing_converter)
+    recipe = write_recipe(tmp_path, paddle_style_cnn(opset=9))
+    with pytest.raises(BuildError, match=r"thirdparty\.onnx is opset 9; precision int8 needs opset 13 \(per-channel int8") as caught:
+        build(recipe, "x86-64-cpu", precision="int8", out=tmp_path / "bundle")
+    assert "an explicit precision that opset 9 supports (fp32, fp16)," in caught.value.hint
