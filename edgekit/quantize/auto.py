@@ -373,6 +373,11 @@ class _Search:
             timing = self._time(candidate, built.path)
         row = _result(candidate, "passed" if passed else "failed", timing, value=float(accuracy.value),
                       cosine_min=getattr(accuracy, "cosine_min", None), passed=passed)
+        if passed and timing is not None and candidate.precision is not Precision.FP32 and timing.latency_ratio >= 1.0:
+            # Inside the budget but no faster than FP32 on this host: never chosen over FP32 (PP-OCR's classifier
+            # got an int8 plan at 1.3x FP32 that way), and it sets no bar that would skip FP32 itself.
+            return self._row(replace(row, status="slower", detail=f"inside the budget, but {timing.latency_ratio:.3f}x FP32 on this host: "
+                                     "a quantized plan is chosen only when it is faster than FP32"), started, candidate)
         if passed and timing is not None and timing.latency_ratio < self.best_ratio:
             self.best, self.best_ratio = (candidate, built), timing.latency_ratio
         return self._row(row, started, candidate)

@@ -123,6 +123,9 @@ class OrtCandidateBuilder:
         if candidate.precision is Precision.INT8:
             ranges = self.ranges(candidate.graph, plan)
             ort_writers.write_static_qdq(model, out, plan, ranges)  # type: ignore[arg-type]  # TensorRange has min/max
+            if not ort_writers.quantized_ops(out):
+                raise QuantizationError(f"{candidate.name}: the plan quantized nothing (no Q/DQ or integer op written), so it is not an int8 plan",
+                                        hint="every quantizable node is kept in higher precision; the FP32 candidate covers this")
             missed = unquantized_nodes(out, plan)
             if missed:
                 raise QuantizationError(
@@ -132,7 +135,11 @@ class OrtCandidateBuilder:
             used = {name: ranges[name] for name in ort_writers.calibration_tensors(model, _int8_only(plan))}
             return BuiltCandidate(out, used)
         if candidate.precision is Precision.INT8_DYNAMIC:
-            return BuiltCandidate(ort_writers.write_dynamic(model, out, plan))
+            written = ort_writers.write_dynamic(model, out, plan)
+            if not ort_writers.quantized_ops(written):
+                raise QuantizationError(f"{candidate.name}: int8-dynamic quantized nothing in this graph, so it is not an int8-dynamic plan",
+                                        hint=ort_writers.dynamic_coverage_note(model, plan) or "the graph has no MatMul/Gemm weights")
+            return BuiltCandidate(written)
         if candidate.precision is Precision.INT4:
             return BuiltCandidate(ort_writers.write_int4(model, out, plan))
         raise QuantizationError(f"the ONNX Runtime candidate builder cannot write {candidate.precision.value}", hint="use a backend that builds it")

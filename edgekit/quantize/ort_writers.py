@@ -394,6 +394,22 @@ def rewire_float_consumers(model: Any, quantized_nodes: set[str], activations: M
     return rewired
 
 
+#: Ops a quantized graph contains and a float one does not (QDQ pairs, ONNX Runtime's integer and weight-only ops).
+QUANTIZED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "MatMulNBits",
+                           "GatherBlockQuantized", "DynamicQuantizeMatMul", "QLinearConv", "QLinearMatMul", "QAttention"})
+
+
+def quantized_ops(model_path: Path) -> dict[str, int]:
+    """Counts of :data:`QUANTIZED_OPS` in a model's main graph (empty: it quantized nothing)."""
+    import onnx
+
+    counts: dict[str, int] = {}
+    for node in onnx.load(str(model_path), load_external_data=False).graph.node:
+        if node.op_type in QUANTIZED_OPS:
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
+
+
 #: Ops whose constant weights int8 can store: their share of a model's weights says what a plan covers.
 WEIGHTED_OP_TYPES = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 

@@ -1,0 +1,49 @@
+"""``--precision auto`` never returns a quantized plan that is slower than FP32 on the host, nor one that
+quantized nothing: the first through the search rule (scripted latencies), the second through the real
+ONNX Runtime candidate builder on a convolutional graph."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edgekit.errors import QuantizationError
+from edgekit.precision import Backend, Precision
+from edgekit.quantize.auto import Candidate
+from edgekit.quantize.auto_ort import OrtCandidateBuilder
+from edgekit.quantize.calibration import CalibratorSpec
+from edgekit.quantize.plan import make_plan
+from edgekit.recipe import QuantizationSpec
+from edgekit.target import get_target
+from tests.quantize.test_auto import Scripted, other, static
+from tests.quantize.test_cnn_int8 import _batches, silu_between
+
+
+def test_a_passing_plan_slower_than_fp32_loses_to_fp32(tmp_path: Path) -> None:
+    """int8 inside the budget at 1.02x FP32: before, it was the best and FP32 (floor 1.0 within the 5 % margin)
+    was skipped; now int8 is 'slower' and FP32 is built, timed and chosen."""
+    engine = Scripted(tmp_path, {"static": 0.995, "fp32": 1.0}, {"static": 102, "fp32": 100})
+    result = engine.search([static("static"), other("fp32", Precision.FP32)])
+    rows = {row.name: row for row in result.table}
+    assert rows["static"].status == "slower" and rows["static"].passed
+    assert "1.020x FP32 on this host: a quantized plan is chosen only when it is faster than FP32" in rows["static"].detail
+    assert result.chosen.name == "fp32" and rows["fp32"].status == "chosen"
+
+
+def test_a_faster_plan_is_still_chosen(tmp_path: Path) -> None:
+    engine = Scripted(tmp_path, {"static": 0.995, "fp32": 1.0}, {"static": 70, "fp32": 100})
+    result = engine.search([static("static"), other("fp32", Precision.FP32)])
+    assert result.chosen.name == "static" and {row.name: row.status for row in result.table}["fp32"] == "skipped"
+
+
+def test_an_int8_dynamic_candidate_that_quantized_nothing_is_an_error_row(tmp_path: Path) -> None:
+    """A conv-only graph: ONNX Runtime's dynamic quantizer leaves it unchanged; the builder refuses to call
+    that an int8-dynamic plan and names why."""
+    fp32 = silu_between(tmp_path / "fp32.onnx")
+    target = get_target("x86-64-cpu")
+    builder = OrtCandidateBuilder(fp32, tmp_path / "work", _batches(2), {"minmax": CalibratorSpec.create("minmax")})
+    plan = make_plan(QuantizationSpec(), target, Backend.ONNXRUNTIME, Precision.INT8_DYNAMIC)
+    with pytest.raises(QuantizationError, match=r"int8-dynamic quantized nothing in this graph, so it is not an int8-dynamic plan") as info:
+        builder(Candidate("dynamic", Precision.INT8_DYNAMIC, plan))
+    assert "2 Conv node(s) hold the rest and stay float" in (info.value.hint or "")
