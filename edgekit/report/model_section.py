@@ -115,6 +115,9 @@ def device_section(manifest: dict[str, Any], model: dict[str, Any]) -> dict[str,
             ("atol", fmt_sci(dig(golden, "atol"))),
             ("rtol", fmt_sci(dig(golden, "rtol"))),
             ("min cosine", fmt_cosine(dig(golden, "min_cosine"))),
+            *((f"output {name}", f"atol {fmt_sci(dig(entry, 'atol'))}, min cosine {fmt_cosine(dig(entry, 'min_cosine'))} "
+               f"(measured: max abs diff {fmt_sci(dig(entry, 'measured', 'max_abs_diff'))}, cosine {fmt_cosine(dig(entry, 'measured', 'cosine_min'))})")
+              for name, entry in _as_dict(dig(golden, "outputs")).items()),
         ],
     }
 

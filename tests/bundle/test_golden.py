@@ -73,6 +73,8 @@ def test_tolerances_are_per_output_and_come_from_the_measured_deviation(tmp_path
     assert prob["atol"] <= prob["measured"]["max_abs_reference"]
     assert golden["atol"] == max(prob["atol"], logits["atol"])  # the loosest, for runtimes that read only these
     assert golden["min_cosine"] == min(prob["min_cosine"], logits["min_cosine"])
+    report = (bundle_dir / "report.html").read_text()
+    assert f"atol {prob['atol']:.2e}" in report and "output logits" in report  # the report lists each output's tolerance
 
 
 def test_golden_files_are_compressed_and_uncompressed_ones_still_read(tmp_path: Path) -> None:
