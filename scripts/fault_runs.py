@@ -421,6 +421,30 @@ def agent_kill_broker_down(result: Result) -> Result:
         return count(result, s.store_url, {agent.device: agent.produced()}, [collector])
 
 
+def agent_drains_while_collector_away(result: Result) -> Result:
+    """The issue's second report: the agent empties its spool into the broker while no collector is there."""
+    with stack() as s:
+        first = s.collector(name="collector-1")
+        first.next_json("started")
+        agent = Agent(s, "agent-1", s.workdir / "agent").start()
+        s.wait_rows(5, 60)
+        s.broker.stop()
+        time.sleep(3)  # the agent spools
+        backlog = agent.backlog()
+        first.kill()  # kill -9 while the broker is down
+        s.broker.start()
+        agent.wait_drained()  # the broker acknowledged the backlog: only the collector's session holds it now
+        time.sleep(1)
+        second = s.collector(name="collector-2")
+        second.next_json("started")
+        assert agent.child is not None
+        agent.child.stop()
+        s.wait_quiet()
+        second.stop()
+        result.notes.append(f"{backlog} windows in the agent's spool when the collector was killed")
+        return count(result, s.store_url, {agent.device: agent.produced()}, [second])
+
+
 def disk_full_spool(result: Result) -> Result:
     from tests.runtime.agent.small_fs import fill
 
@@ -496,6 +520,9 @@ RUNS: dict[str, tuple[str, str, Callable[[Result], Result]]] = {
                        broker_restart),  # fmt: skip
     "agent_kill_broker_down": ("broker down, agent kill -9 with a spool backlog, broker back, agent restarted",
                                "edgekit-agent", agent_kill_broker_down),  # fmt: skip
+    "agent_drains_while_collector_away": ("broker down, collector kill -9, broker back: the agent drains its spool "
+                                          "before the collector is restarted", "edgekit-agent",
+                                          agent_drains_while_collector_away),  # fmt: skip
     "disk_full_spool": ("the agent's spool file system (2 MiB tmpfs) filled, then freed", "edgekit-agent",
                         disk_full_spool),  # fmt: skip
     "replay_after_rollup": ("50 windows rolled up, then delivered again (store API)", "store", replay_after_rollup),
