@@ -163,11 +163,14 @@ class MqttLink:
         replay: ReplayWindow | None = None,
         command_key: Any = None,
         require_signed_commands: bool = False,
+        event_sink: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         """``replay``: the persisted record of command ids (the link closes it on :meth:`stop`); without one
         the record lives in memory, so replays are refused only until the process ends. ``command_key``:
         the fleet's Ed25519 public key; a command's ``signature`` is checked against it when present, and
-        required with ``require_signed_commands``."""
+        required with ``require_signed_commands``. ``event_sink``: where the events the link raises itself
+        (pong, command_rejected, ...) go instead of :meth:`publish_event`; the agent passes its ordered
+        outbox, which keeps them in memory while the spool cannot be written (a full disk)."""
         self.address = parse_broker_url(broker_url)
         self.topics = DeviceTopics(validate_id(fleet, "fleet id"), validate_id(device, "device id"))
         if not isinstance(client_id, str) or not client_id:
@@ -188,6 +191,7 @@ class MqttLink:
         self.backoff = backoff if backoff is not None else Backoff(initial_s=1.0, max_s=60.0)
         self.agent_version = agent_version
         self._on_command = on_command
+        self._event_sink = event_sink
         self._max_inflight = max_inflight
         self._keepalive_s = keepalive_s
         self._connect_timeout_s = float(connect_timeout_s)
@@ -324,11 +328,15 @@ class MqttLink:
 
     def emit_event(self, kind: str, message: str, *, level: EventLevel = "info", command_id: str | None = None,
                    details: Mapping[str, Any] | None = None) -> int:  # fmt: skip
-        """Build an event for this device and :meth:`publish_event` it."""
-        return self.publish_event(build_event(
+        """Build an event for this device and :meth:`publish_event` it (or hand it to ``event_sink``; then 0)."""
+        event = build_event(
             device=self.topics.device, fleet=self.topics.fleet, kind=kind, message=message, level=level,
             command_id=command_id, details=details, agent_version=self.agent_version,
-        ))  # fmt: skip
+        )  # fmt: skip
+        if self._event_sink is not None:
+            self._event_sink(event)
+            return 0
+        return self.publish_event(event)
 
     def set_bundle(self, bundle: BundleRef | None) -> None:
         """The bundle now running: republished in the retained status and used in the will."""

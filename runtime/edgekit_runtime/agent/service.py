@@ -306,6 +306,7 @@ class AgentService:
             backoff=Backoff(),
             spool=self._spool,
             on_command=self.handle_command,
+            event_sink=self._link_event,
             bundle=self._bundle_ref(),
             replay=self._open_replay_window(),
             command_key=self._command_key(),
@@ -348,6 +349,15 @@ class AgentService:
             if self._link_started:
                 self._send("event", event)  # a spool append: quick, and keeps events in order
             elif self.config.broker is not None:
+                self._pending_events.append(event)
+
+    def _link_event(self, event: dict[str, Any]) -> None:
+        """The link's ``event_sink``: its own events (pong, command_rejected) join the ordered outbox."""
+        self.recent_events.append(event)
+        with self._events_lock:
+            if self._link_started:
+                self._send("event", event)
+            else:
                 self._pending_events.append(event)
 
     def _bundle_ref(self) -> BundleRef | None:

@@ -95,6 +95,10 @@ def test_disk_full_is_reported_served_through_and_recovered_without_gaps(
                 m["kind"] == "error" and "edgekit-deploy" in m["message"])
 
         wait_until(lambda: any(deploy_failure(e) for e in service.recent_events), "the deploy to end", 30)
+        # A command over MQTT is answered by the link itself (a pong, or command_rejected when the link
+        # cannot record the command on the full disk): that answer waits in memory too.
+        ping_id = listener.command("ping")
+        wait_until(lambda: any(e.get("command_id") == ping_id for e in service.recent_events), "an answer to the ping")
         wait_until(lambda: service.health()["spool"]["in_memory"] >= 7, "windows to wait in memory")
         assert service.health()["spool"]["in_memory_dropped"] == 0
 
@@ -104,6 +108,8 @@ def test_disk_full_is_reported_served_through_and_recovered_without_gaps(
         assert service.health()["problems"] == []
         result = listener.next("events", deploy_failure)
         assert result["level"] == "error", result
+        answer = listener.next("events", lambda m: m.get("command_id") == ping_id)
+        assert answer["kind"] in {"pong", "command_rejected"}, answer
         seqs = [first["seq"]]
         full_windows = []
         while True:  # every window up to one built after recovery, in order
