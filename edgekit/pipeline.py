@@ -454,7 +454,8 @@ def build(
         if state.recipe.build.prune is not None:
             with progress.stage("prune", state.recipe.build.prune.method):
                 stage_prune(state)
-        with progress.stage("export", f"opset {state.recipe.export.opset or state.target.build.opset}"):
+        export_what = "ONNX file" if state.recipe.model.kind == "onnx" else f"opset {state.recipe.export.opset or state.target.build.opset}"
+        with progress.stage("export", export_what):
             _note(progress, stage_export(state))
         with progress.stage("parity", "PyTorch vs ONNX at min/opt/max"):
             _note(progress, stage_parity(state))

@@ -157,3 +157,12 @@ def test_int8_below_opset_10_has_no_per_tensor_fallback(tmp_path: Path, monkeypa
     with pytest.raises(BuildError, match=r"thirdparty\.onnx is opset 9; precision int8 needs opset 13 \(per-channel int8") as caught:
         build(recipe, "x86-64-cpu", precision="int8", out=tmp_path / "bundle")
     assert "an explicit precision that opset 9 supports (fp32, fp16)," in caught.value.hint
+
+
+def test_auto_upgrades_an_opset_11_file_for_its_search(tmp_path: Path) -> None:
+    recipe = write_recipe(tmp_path, paddle_style_cnn(opset=11))
+    manifest = build(recipe, "x86-64-cpu", precision="auto", out=tmp_path / "bundle").manifest
+    conversion = manifest["export"]["opset_conversion"]
+    assert conversion["converted_opset"] == 13 and "sensitivity analysis" in conversion["reason"]
+    assert manifest["precision_decision"]["requested"] == "auto"
+    assert _self_check(tmp_path / "bundle").passed
