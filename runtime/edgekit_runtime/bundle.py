@@ -151,7 +151,9 @@ def _check_manifest(manifest: Mapping[str, Any], manifest_path: Path) -> None:
             )
     check_bundle_name(manifest["name"], where)
     files: Mapping[str, Any] = manifest["files"]
+    root_resolved = manifest_path.parent.resolve()
     for rel, digest in files.items():
+        _check_listed_path(rel, root_resolved, where)  # no absolute or '..' path, even with verify=False
         if not isinstance(digest, str) or not _SHA256_PATTERN.match(digest):
             raise BundleError(f"'{where}': files['{rel}'] must be a lowercase hex sha256, got {digest!r}")
     model = manifest["model"]
@@ -159,6 +161,8 @@ def _check_manifest(manifest: Mapping[str, Any], manifest_path: Path) -> None:
         raise BundleError(f"'{where}': model.path must name the model file, e.g. 'model.onnx'")
     listed = [("model.path", model["path"])]
     if model.get("external_data") is not None:
+        if not isinstance(model["external_data"], str):
+            raise BundleError(f"'{where}': model.external_data must name the weights file or be null, got {model['external_data']!r}"[:300])
         listed.append(("model.external_data", model["external_data"]))
     if model.get("sha256") is not None and files.get(model["path"]) not in (None, model["sha256"]):
         raise BundleError(f"'{where}': model.sha256 differs from files['{model['path']}']")
@@ -205,6 +209,8 @@ def _check_listed_path(rel: object, root_resolved: Path, where: str) -> None:
         raise BundleError(f"'{where}': files entry '{rel}' is not a normalized path; write it as '{normalized}'")
     if rel in (MANIFEST_NAME, SIGNATURE_NAME):
         raise BundleError(f"'{where}': files lists {rel}, which cannot hold its own hash")
+    if "\x00" in rel or len(rel) > 4096:
+        raise BundleError(f"'{where}': files entry {rel[:80]!r} holds a NUL character or is longer than 4096 characters")
     resolved = (root_resolved / rel).resolve()
     if resolved != root_resolved and root_resolved not in resolved.parents:
         raise BundleError(

@@ -10,10 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from edgekit_runtime.archive import ArchiveLimits, UnsafeArchiveError, scan_bundle_archive
 from edgekit_runtime.bundle import MAX_MANIFEST_BYTES, MAX_MANIFEST_DEPTH, check_bundle_name, open_bundle, read_manifest
-from edgekit_runtime.errors import BundleError
+from edgekit_runtime.errors import BundleError, InputSignatureError
 from tests.runtime.tiny_bundle import load_manifest, save_manifest
 
 
@@ -89,3 +91,53 @@ def test_every_manifest_edgekit_writes_is_well_inside_the_depth_limit(bundle_dir
         return 0
 
     assert depth(json.loads((bundle_dir / "manifest.json").read_text())) <= MAX_MANIFEST_DEPTH // 4
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=12,
+)
+PRISTINE: dict[Path, bytes] = {}
+MANIFEST_PATHS = st.sampled_from(
+    ["name", "schema_version", "precision", "files", "model", "model.path", "model.sha256", "model.external_data", "io",
+     "io.inputs", "io.inputs.0", "io.inputs.0.shape", "io.dims", "backend", "backend.name", "backend.execution_providers",
+     "golden", "golden.batches", "golden.batches.0", "golden.batches.0.inputs", "golden.atol", "golden.min_cosine",
+     "golden.outputs", "golden.state", "bundle_version", "target"]
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(where=MANIFEST_PATHS, value=JSON_VALUES)
+def test_fuzzed_manifests_open_or_raise_a_bundle_error(bundle_dir: Path, where: str, value: object) -> None:
+    pristine = PRISTINE.setdefault(bundle_dir, (bundle_dir / "manifest.json").read_bytes())  # the fixture is shared by examples
+    (bundle_dir / "manifest.json").write_bytes(pristine)
+    manifest = load_manifest(bundle_dir)
+    holder: object = manifest
+    *parents, last = where.split(".")
+    for part in parents:
+        holder = holder[int(part)] if isinstance(holder, list) else holder.setdefault(part, {})  # type: ignore[index,union-attr]
+    if isinstance(holder, list):
+        holder[int(last)] = value
+    else:
+        holder[last] = value  # type: ignore[index]
+    save_manifest(bundle_dir, manifest)
+    try:
+        bundle = open_bundle(bundle_dir, verify=False)
+        bundle.golden_batches, bundle.golden_tolerances, bundle.output_tolerances, bundle.golden_state  # noqa: B018
+        bundle.io, bundle.external_data_path  # noqa: B018
+        assert bundle.model_path.resolve().is_relative_to(bundle_dir.resolve())
+    except (BundleError, InputSignatureError) as err:
+        assert "manifest.json" in str(err) or "io" in str(err) or str(bundle_dir) in str(err), err
+
+
+@pytest.mark.parametrize(("rel", "fragment"), [("../../etc/passwd", "climbs out of the bundle"), ("/etc/passwd", "is an absolute path"),
+                                              ("model\x00.onnx", "holds a NUL character")])
+def test_file_paths_are_checked_when_the_manifest_is_read_even_without_verify(bundle_dir: Path, rel: str, fragment: str) -> None:
+    manifest = load_manifest(bundle_dir)
+    manifest["files"][rel] = manifest["files"]["model.onnx"]
+    manifest["model"]["path"] = rel
+    manifest["model"].pop("sha256")
+    save_manifest(bundle_dir, manifest)
+    with pytest.raises(BundleError, match=fragment):
+        open_bundle(bundle_dir, verify=False)
