@@ -87,8 +87,11 @@ class _Graph:
         return fresh
 
 
-def _per_channel(constant: np.ndarray, channels: int) -> np.ndarray | None:
-    """A constant that broadcasts over [N, C, H, W] as one value per channel (or one value), as shape [C]."""
+def _per_channel(constant: np.ndarray, channels: int, rank: int) -> np.ndarray | None:
+    """A constant that broadcasts over a rank-``rank`` [N, C, ...] map as one value per channel (or one value)
+    without changing its shape, as shape [C]."""
+    if constant.ndim > rank:
+        return None
     if constant.size == 1:
         return np.full(channels, float(constant.reshape(-1)[0]), np.float64)
     squeezed = constant.reshape(-1)
@@ -120,15 +123,6 @@ def _set_conv(g: _Graph, conv: Any, weight: np.ndarray, bias: np.ndarray) -> Non
         conv.input.append(bias_name)
 
 
-def _bypass(g: _Graph, node: Any, replacement: str) -> None:
-    """Remove ``node`` (one output), making its readers read ``replacement``."""
-    for reader in g.consumers.get(node.output[0], []):
-        for position, name in enumerate(reader.input):
-            if name == node.output[0]:
-                reader.input[position] = replacement
-    g.graph.node.remove(node)
-
-
 def fold_conv_affine(model: Any) -> int:
     """Fold ``Conv -> Mul(c) [-> Add(d)]`` into the Conv; returns the Convs changed."""
     folded = 0
@@ -141,7 +135,7 @@ def fold_conv_affine(model: Any) -> int:
                 continue
             operand = g.constant_operand(step)
             channels = parts[0].shape[0]
-            values = _per_channel(operand[1], channels) if operand else None
+            values = _per_channel(operand[1], channels, parts[0].ndim) if operand else None
             if values is None:
                 continue
             weight, bias = parts
@@ -167,7 +161,7 @@ def hardswish_as_hardsigmoid(model: Any) -> int:
     rewritten = 0
     for add in list(g.graph.node):
         operand = g.constant_operand(add) if add.op_type == "Add" else None
-        if operand is None or operand[1].size != 1 or float(operand[1].reshape(-1)[0]) != 3.0:
+        if operand is None or operand[1].size != 1 or operand[1].ndim > 1 or float(operand[1].reshape(-1)[0]) != 3.0:
             continue
         x = operand[0]
         clip = g.only_consumer(add.output[0])

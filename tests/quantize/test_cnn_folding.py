@@ -81,3 +81,18 @@ def test_a_graph_without_the_patterns_is_not_rewritten(tmp_path):
     fp32 = cnn(tmp_path / "fp32.onnx", 3)
     folded, counts = fold_for_int8(fp32, tmp_path / "folded.onnx")
     assert folded == fp32 and counts.note() is None and not (tmp_path / "folded.onnx").exists()
+
+
+def test_a_constant_that_would_change_the_rank_is_not_folded(tmp_path):
+    """Conv1d [N, 4, 10] times a [1, 1, 1, 1] constant broadcasts to rank 4: folding it would change the shape."""
+    inits: list = []
+    w = _const(inits, "w", np.ones((4, 4, 3), np.float32))
+    nodes = [helper.make_node("Conv", ["x", w], ["c"], name="conv", pads=[1, 1], kernel_shape=[3]),
+             helper.make_node("Mul", ["c", _const(inits, "k", np.full((1, 1, 1, 1), 2.0))], ["y"], name="scale")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 10])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "N", 4, 10])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "fp32.onnx"))
+    folded, counts = fold_for_int8(tmp_path / "fp32.onnx", tmp_path / "folded.onnx")
+    assert counts.conv_affine == 0 and folded == tmp_path / "fp32.onnx"
