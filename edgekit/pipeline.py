@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from edgekit.bundle.golden import derive_tolerances, golden_batches, write_golden
+from edgekit.bundle.golden import derive_tolerances, golden_batches, margin_for, write_golden
 from edgekit.bundle.manifest import SCHEMA_VERSION, file_hashes, host_description, model_opset, toolchain_versions, write_manifest
 from edgekit.bundle.staging import BundleStaging, check_destination
 from edgekit.data import Batch, dims_at, fit_batch, load_batches, model_inputs, run_batches, sequence_steps
@@ -362,7 +362,8 @@ def stage_golden(state: BuildState, runner: OnnxRuntimeRunner) -> None:
     # A precision the engine applies on the device (builder flags) deviates in ways this host cannot measure:
     # the self-check then allows at least the format's own tolerance.
     device_applied = DEVICE_APPLIED_TOLERANCE.get(state.precision) if trt and trt.get("onnx_precision") == "as-exported" else None
-    tolerances, measured = derive_tolerances([out for _, out in pairs], built, recipe.export.parity, device_applied=device_applied)
+    tolerances, measured = derive_tolerances([out for _, out in pairs], built, recipe.export.parity, device_applied=device_applied,
+                                             margin=margin_for(state.precision))
     state.golden = write_golden(state.staging_dir, pairs, tolerances, measured=measured, steps=sequence_steps(batches), state=recipe.state)
 
 

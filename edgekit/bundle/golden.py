@@ -2,7 +2,7 @@
 
 Tolerances are derived per output from what the built model does on the golden inputs: its largest
 element error and smallest row cosine against the reference, measured with the runtime's own
-:func:`compare_output`, widened by :data:`MARGIN` and kept in sane ranges (never tighter than the recipe's
+:func:`compare_output`, widened by a margin (:func:`margin_for`) and kept in sane ranges (never tighter than the recipe's
 parity tolerance, ``atol`` no wider than the output's own magnitude unless the built model already
 deviates that much, ``min_cosine`` within 0..1). A model of the same signature with other weights then
 fails the device's self-check, while the bundle that was built passes it. The section is parsed with the
@@ -20,13 +20,20 @@ import numpy as np
 
 from edgekit.data import Batch, sequence_steps
 from edgekit.errors import BuildError, InternalError
+from edgekit.precision import Precision
 from edgekit.recipe import ParitySpec, Recipe, StateSpec
 from edgekit_runtime.errors import BundleError
 from edgekit_runtime.golden import GoldenTolerances, Tolerance, compare_output, merge_checks, parse_tolerances
 
 #: How much wider than the measured deviation a tolerance is: room for the device's kernels and threads,
-#: which round differently from this host's.
+#: which round differently from this host's. Reduced-precision kernels (int8, fp16) differ more between
+#: instruction sets (VNNI or not, native fp16 on Arm) than FP32 ones.
 MARGIN = 2.0
+REDUCED_PRECISION_MARGIN = 3.0
+
+
+def margin_for(precision: Precision) -> float:
+    return MARGIN if precision is Precision.FP32 else REDUCED_PRECISION_MARGIN
 
 
 def golden_batches(recipe: Recipe, samples: list[Batch]) -> list[Batch]:

@@ -13,7 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from edgekit.bundle.golden import MARGIN, derive_tolerances
+from edgekit.bundle.golden import REDUCED_PRECISION_MARGIN, derive_tolerances
 from edgekit.bundle.manifest import write_manifest
 from edgekit.errors import BuildError, BundleError
 from edgekit.pipeline import build
@@ -67,8 +67,10 @@ def test_tolerances_are_per_output_and_come_from_the_measured_deviation(tmp_path
     for entry in (prob, logits):
         measured = entry["measured"]
         assert measured["max_abs_diff"] > 0  # int8 deviates, and the tolerance is built from that
-        assert entry["atol"] == pytest.approx(max(1e-4, min(MARGIN * measured["max_abs_diff"], max(measured["max_abs_diff"], measured["max_abs_reference"]))))
-        assert 0 <= entry["min_cosine"] <= measured["cosine_min"] <= 1
+        assert entry["atol"] == pytest.approx(max(1e-4, min(REDUCED_PRECISION_MARGIN * measured["max_abs_diff"], max(measured["max_abs_diff"], measured["max_abs_reference"]))))
+        cosine = measured["cosine_min"]
+        assert entry["min_cosine"] == pytest.approx(min(0.9999, max(0.0, cosine - (REDUCED_PRECISION_MARGIN - 1) * (1 - cosine))))
+        assert 0 <= entry["min_cosine"] <= cosine <= 1
     assert prob["atol"] < logits["atol"]  # a probability's tolerance is not the logits'
     assert prob["atol"] <= prob["measured"]["max_abs_reference"]
     assert golden["atol"] == max(prob["atol"], logits["atol"])  # the loosest, for runtimes that read only these
