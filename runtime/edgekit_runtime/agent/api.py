@@ -115,6 +115,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "edgekit-agent"
     protocol_version = "HTTP/1.1"
     api: AgentApi  # set on the per-server subclass, with ``timeout`` (the idle timeout)
+    _requests_started = 0  # per connection (set on the instance)
     #: buffered, so that a reply's status line, headers and body leave in one write (http.server flushes
     #: after each request); a body larger than this goes out in a write of its own
     wbufsize = 64 * 1024
@@ -152,9 +153,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def handle_one_request(self) -> None:
         """One request: wait (idle timeout) for its first byte, read the request line and headers within
-        the header limits, then the ``do_*`` method. Deadlines are enforced by the server's reaper."""
+        the header limits, then the ``do_*`` method. Deadlines are enforced by the server's reaper.
+        A new connection's first request must start within ``header_timeout_s`` too, so that idle
+        connections cannot hold the connection slots for the whole idle timeout."""
         server = self.server
         try:
+            if not self._requests_started:
+                server.set_deadline(self.connection, self.api.header_timeout_s, "headers")  # type: ignore[attr-defined]
+            self._requests_started += 1
             if not self.rfile.peek(1):  # the client closed the connection; the socket timeout is the idle timeout
                 self.close_connection = True
                 return
@@ -401,6 +407,12 @@ class _ConnectionTracking:
 
     def service_actions(self) -> None:
         super().service_actions()  # type: ignore[misc]
+        try:
+            self._reap()
+        except Exception:  # never let it end serve_forever
+            logger.exception("API: closing slow connections failed")
+
+    def _reap(self) -> None:
         now = time.monotonic()
         if now < self._next_reap_s:
             return

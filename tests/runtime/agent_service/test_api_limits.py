@@ -194,3 +194,37 @@ def wait_until(condition, timeout_s: float = 5.0) -> bool:
             return False
         time.sleep(0.01)
     return True
+
+
+def test_a_new_connection_that_sends_nothing_is_closed_after_the_header_timeout(server: InferenceServer) -> None:
+    with AgentApi(server, "127.0.0.1:0", header_timeout_s=0.5, idle_timeout_s=60, max_connections=2) as api:
+        silent = [connect(api), connect(api)]
+        started = time.monotonic()
+        for sock in silent:
+            status, payload = reply(sock)
+            assert status == 408 and payload["error"] == "too_slow"
+        assert wait_until(lambda: api.open_connections == 0)
+        assert time.monotonic() - started < 3  # not the 60 s idle timeout: the slots are free again
+        assert AgentClient(api.bound_address).health()["status"] == "ok"
+        for sock in silent:
+            sock.close()
+
+
+def test_limits_hold_on_a_unix_socket(server: InferenceServer, tmp_path: Path) -> None:
+    path = tmp_path / "agent.sock"
+    with AgentApi(server, f"unix:{path}", header_timeout_s=0.5, max_connections=1) as api:
+        first = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        first.connect(str(path))
+        first.sendall(b"GET /v1/health HTTP/1.1\r\n")  # and never the rest
+        assert wait_until(lambda: api.open_connections == 1)
+        second = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        second.settimeout(10)
+        second.connect(str(path))
+        assert reply(second)[0] == 503
+        first.settimeout(10)
+        status, payload = reply(first)
+        assert status == 408 and "headers did not arrive in time" in payload["message"]
+        for sock in (first, second):
+            sock.close()
+        assert wait_until(lambda: api.open_connections == 0)
+        assert AgentClient(api.bound_address).health()["status"] == "ok"
