@@ -206,7 +206,8 @@ JSON_VALUES = st.recursive(
 RECIPE_PATHS = st.sampled_from(
     ["name", "inputs", "inputs.0", "inputs.0.shape", "inputs.0.shape.0", "inputs.0.low", "inputs.0.dtype", "dims",
      "dims.batch", "dims.batch.max", "outputs", "outputs.0", "data", "data.samples", "evaluation", "evaluation.budget",
-     "build", "build.benchmark", "build.benchmark.dims", "export", "overrides", "model", "model.kwargs"]
+     "build", "build.benchmark", "build.benchmark.dims", "export", "overrides", "model", "model.kwargs",
+     "overrides.x86-64-cpu", "overrides.x86-64-cpu.build", "overrides.x86-64-cpu.build.prune", "overrides.x86-64-cpu.export"]
 )
 
 
@@ -221,12 +222,14 @@ def test_fuzzed_values_give_a_recipe_or_an_edgekit_error(tiny_recipe, where, val
     node, *parts = where.split(".")
     holder, key = data, node
     for part in parts:
-        holder = holder[key]
+        holder = holder.setdefault(key, {}) if isinstance(holder, dict) else holder[key]
         key = int(part) if isinstance(holder, list) else part
     holder[key] = value
     path = tiny_recipe(text=json.dumps(data))  # JSON is YAML
     try:
-        assert isinstance(load_recipe(path), Recipe)
+        recipe = load_recipe(path)
+        for target in recipe.overrides:
+            assert isinstance(recipe.for_target(target), Recipe)
     except EdgekitError as err:
         assert str(path) in str(err)
 
@@ -248,3 +251,37 @@ def test_a_data_folder_that_is_a_fifo_is_refused(tiny_recipe, tmp_path):
     text = TINY.replace('samples: {callable: "tests.fixtures.tiny_models:tiny_batches"}', "samples: {npz_dir: batches}")
     message = load_error(tiny_recipe(text=text))
     assert "field 'data.samples.npz_dir': 'batches' is not a regular file or folder" in message
+
+
+TARGET_PATHS = st.sampled_from(
+    ["name", "cpu", "cpu.cores", "cpu.isa", "cpu.arch", "gpu", "gpu.compute_capability", "memory", "memory.gb", "dla_cores",
+     "npu", "peak_throughput", "power_modes", "software", "backends", "backends.0", "backends.0.precisions",
+     "backends.0.execution_providers", "backends.0.execution_providers.0.options", "build", "build.opset", "build.max_batch"]
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(where=TARGET_PATHS, value=JSON_VALUES)
+def test_fuzzed_target_profiles_give_a_profile_or_a_target_error(tmp_path, where, value):
+    import json
+
+    import yaml
+
+    data = yaml.safe_load((TARGETS / "jetson-orin-nano-8gb.yaml").read_text())
+    holder, key = data, None
+    *parents, last = where.split(".")
+    for part in parents:
+        holder = holder[int(part)] if isinstance(holder, list) else holder.setdefault(part, {})
+        if not isinstance(holder, (dict, list)):
+            return
+    if isinstance(holder, list):
+        holder[int(last)] = value
+    else:
+        holder[last] = value
+    path = tmp_path / "jetson-orin-nano-8gb.yaml"
+    path.write_text(json.dumps(data))
+    try:
+        profile = load_target_file(path)
+        profile.precisions(), profile.default_backend  # noqa: B018
+    except TargetError as err:
+        assert str(path) in str(err)
