@@ -78,9 +78,10 @@ def _content_key(tensor: Any) -> tuple[Any, ...] | None:
 def share_constants(model: Any) -> dict[str, int]:
     """Store each group of identical initializers (equal dtype, dims and bytes, at least
     :data:`MIN_SHARED_BYTES`) once in the main graph, in place; returns how many copies were removed and
-    the bytes they held. Initializers that are also graph inputs (overridable at run time) are left alone."""
+    the bytes they held. Initializers that are also graph inputs (overridable at run time) or graph outputs
+    (names callers use) are left alone."""
     main = model.graph
-    overridable = {value.name for value in main.input}
+    overridable = {value.name for value in (*main.input, *main.output)}
     groups: dict[tuple[Any, ...], list[_Member]] = {}
     for graph in _graphs(main):
         for tensor in graph.initializer:
