@@ -19,7 +19,9 @@ import importlib.machinery
 import importlib.util
 import os
 import re
+import site
 import sys
+import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,38 +35,62 @@ from edgekit.errors import RecipeError
 TRUSTED_DIRS_ENV = "EDGEKIT_TRUSTED_CODE_DIRS"
 #: edgekit's own recipe code (the demo models and data): trusted like the recipe's folder.
 EDGEKIT_DEMOS_DIR = Path(__file__).resolve().parent / "demos"
+#: What :func:`module_files` returns for a built-in or frozen module (no file: never trusted).
+BUILT_IN = Path("(built-in)")
 
 
 @dataclass(frozen=True)
 class CodeTrust:
-    """The trust decision a recipe was loaded with: everything (``trust_code``), or these folders."""
+    """The trust decision a recipe was loaded with: everything (``trust_code``), or code in the recipe's
+    folder (except Python's own and installed packages, should they lie inside it) and in ``folders``."""
 
     trust_code: bool
-    folders: tuple[Path, ...]
+    recipe_dir: Path
+    folders: tuple[Path, ...]  # trusted wherever they are: edgekit's demos, EDGEKIT_TRUSTED_CODE_DIRS
+    installed: tuple[Path, ...]  # the standard library, site-packages, the environment: never "the recipe's code"
 
     @classmethod
-    def for_recipe(cls, recipe_dir: Path, trust_code: bool = False) -> "CodeTrust":
+    def for_recipe(cls, recipe_dir: Path, trust_code: bool = False, installed: tuple[Path, ...] | None = None) -> "CodeTrust":
         extra = [Path(p) for p in os.environ.get(TRUSTED_DIRS_ENV, "").split(os.pathsep) if p.strip()]
-        folders = [recipe_dir, EDGEKIT_DEMOS_DIR, *extra]
-        return cls(trust_code, tuple(dict.fromkeys(_real(folder) for folder in folders)))
+        folders = tuple(dict.fromkeys(_real(folder) for folder in (EDGEKIT_DEMOS_DIR, *extra)))
+        installed = installation_roots() if installed is None else tuple(_real(p) for p in installed)
+        return cls(trust_code, _real(recipe_dir), folders, installed)
+
+    def trusts(self, file: Path) -> bool:
+        """Whether code in ``file`` may run without --trust-code."""
+        if file == BUILT_IN:
+            return False
+        if any(_inside(file, folder) for folder in self.folders):
+            return True
+        return _inside(file, self.recipe_dir) and not any(_inside(file, root) for root in self.installed)
 
     def check(self, recipe: BaseModel, recipe_dir: Path, where: str) -> None:
-        """Raise :class:`RecipeError` naming the first callable of ``recipe`` outside the trusted folders."""
+        """Raise :class:`RecipeError` naming the first callable of ``recipe`` whose code is not trusted."""
         if self.trust_code:
             return
         for field, reference in callable_references(recipe):
             files = module_files(reference.partition(":")[0], recipe_dir)
             if files is None:
                 continue  # not found: importing it fails later with the import error itself
-            outside = [f for f in files if not any(_inside(f, folder) for folder in self.folders)]
+            outside = [f for f in files if not self.trusts(f)]
             if outside:
-                shown = outside[-1] if outside[-1] != Path("(built-in)") else "a built-in module"
+                shown = "a built-in module" if outside[-1] == BUILT_IN else str(outside[-1])
+                if outside[-1] != BUILT_IN and any(_inside(outside[-1], root) for root in self.installed):
+                    shown += " (installed Python code)"
                 raise RecipeError(
-                    f"{where}: {field} '{reference}' is code outside the recipe's folder ({recipe_dir}) "
+                    f"{where}: {field} '{reference}' is code outside the recipe's folder ({self.recipe_dir}) "
                     f"and edgekit's demos: {shown}. A recipe runs the code it names; this one is not trusted",
-                    hint="if you trust this recipe, pass --trust-code (edgekit build) or trust_code=True "
+                    hint="if you trust this recipe, pass --trust-code (edgekit build, edgekit sweep) or trust_code=True "
                     f"(load_recipe, build); or list the code's folder in {TRUSTED_DIRS_ENV}",
                 )
+
+
+def installation_roots() -> tuple[Path, ...]:
+    """Where Python's own modules and installed packages live (and the environment's prefix)."""
+    paths = sysconfig.get_paths()
+    roots = [paths.get(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")]
+    roots += [sys.prefix, sys.base_prefix, sys.exec_prefix, *getattr(site, "getsitepackages", lambda: [])()]
+    return tuple(dict.fromkeys(_real(Path(root)) for root in roots if root))
 
 
 def callable_references(model: BaseModel, loc: str = "") -> Iterator[tuple[str, str]]:
@@ -113,7 +139,7 @@ def module_files(module_name: str, search_dir: Path) -> list[Path] | None:
             if module is not None:
                 spec = getattr(module, "__spec__", None)
                 if spec is None:
-                    return [Path("(built-in)")]
+                    return [BUILT_IN]
             elif index == 0:
                 spec = importlib.util.find_spec(name)  # a top-level name: nothing is imported
             else:
@@ -137,7 +163,7 @@ def _spec_files(spec: importlib.machinery.ModuleSpec, locations: list[str]) -> l
     if spec.origin in (None, "namespace") and locations:  # a namespace package: its folders
         return [Path(p) for p in locations]
     if spec.origin is None or spec.origin in ("built-in", "frozen") or not spec.has_location:
-        return [Path("(built-in)")]
+        return [BUILT_IN]
     return [Path(spec.origin)]
 
 
@@ -149,7 +175,7 @@ def _real(path: Path) -> Path:
 
 
 def _inside(path: Path, folder: Path) -> bool:
-    if path == Path("(built-in)"):
+    if path == BUILT_IN:
         return False
     real = _real(path)
     return real == folder or folder in real.parents

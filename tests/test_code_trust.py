@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from edgekit.cli.main import main
-from edgekit.code_trust import TRUSTED_DIRS_ENV, module_files
+from edgekit.code_trust import BUILT_IN, EDGEKIT_DEMOS_DIR, TRUSTED_DIRS_ENV, CodeTrust, installation_roots, module_files
 from edgekit.errors import RecipeError
-from edgekit.recipe import load_recipe
+from edgekit.recipe import Recipe, load_recipe
 from tests.conftest import TINY_RECIPE
 
 TINY = TINY_RECIPE.format(factory="tiny_net")
@@ -126,3 +127,28 @@ def test_sweep_cli_takes_the_same_flag(tiny_recipe, tmp_path, capsys):
     assert "is code outside" not in capsys.readouterr().err
     variants = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["variants"]
     assert variants[0]["status"] == "failed" and "model.factory 'json:dumps' rejected its kwargs" in variants[0]["reason"]
+
+
+def test_installed_packages_inside_the_recipes_folder_are_not_its_code(tmp_path, monkeypatch):
+    """A recipe at a project's root, next to its .venv: site-packages is in the folder but is not the recipe's code."""
+    monkeypatch.delenv(TRUSTED_DIRS_ENV, raising=False)
+    site_packages = tmp_path / ".venv" / "lib" / "site-packages"
+    (site_packages / "somepkg").mkdir(parents=True)
+    (site_packages / "somepkg" / "__init__.py").write_text("def run(**kwargs): pass\n")
+    (tmp_path / "local_models.py").write_text("def net(): pass\n")
+    trust = CodeTrust.for_recipe(tmp_path, installed=(tmp_path / ".venv",))
+    assert trust.trusts(tmp_path / "local_models.py")
+    assert not trust.trusts(site_packages / "somepkg" / "__init__.py")
+    assert trust.trusts(EDGEKIT_DEMOS_DIR / "digits_cnn.py") and not trust.trusts(BUILT_IN)
+    monkeypatch.syspath_prepend(str(site_packages))
+    recipe = Recipe.model_validate(yaml.safe_load(TINY.replace(FACTORY, "factory: somepkg:run")))
+    with pytest.raises(RecipeError, match=r"model\.factory 'somepkg:run' is code outside .*somepkg/__init__\.py \(installed Python code\)"):
+        trust.check(recipe, tmp_path, "recipe.yaml")
+    assert "somepkg" not in sys.modules
+
+
+def test_this_environments_installation_roots_include_site_packages():
+    import sysconfig
+
+    roots = installation_roots()
+    assert Path(sysconfig.get_paths()["purelib"]).resolve() in roots and Path(sys.prefix).resolve() in roots
