@@ -1,19 +1,25 @@
-"""``edgekit fleet deploy BUNDLE --broker URL --store URL --devices a,b|--target T [--canary 10%]``."""
+"""``edgekit fleet deploy BUNDLE --broker URL --store URL --key KEY --devices a,b|--target T [--waves 1,10%,100%]``."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edgekit.cli.options import console, json_parent, print_json
+
+if TYPE_CHECKING:
+    from edgekit.fleet.rollout_state import RolloutRecord
 
 
 def register(fleet_subparsers: argparse._SubParsersAction) -> None:
     parser = fleet_subparsers.add_parser(
-        "deploy", parents=[json_parent()], help="roll a signed bundle out to devices: canary first, widen only if healthy",
-        description="Publishes signed deploy commands (command.v1) to a canary, watches their deploy results and "
-        "telemetry in the fleet store (a collector must be writing to it), widens to the rest when healthy and "
-        "rolls the canary back when not. Exit code 0 when every device took the bundle, 1 otherwise.",
+        "deploy", parents=[json_parent()], help="roll a verified, signed bundle out to devices in waves, with a health gate between them",
+        description="Verifies the bundle first (every file against its sha256, the signature with --key) and checks that "
+        "every device reports the bundle's target (--force deploys anyway). Then publishes deploy commands (command.v1) "
+        "wave by wave, waits for each device's deploy_result in the fleet store (a collector must be writing to it), "
+        "and between waves watches the telemetry of the devices switched so far; a failed wave or gate rolls all of "
+        "them back and leaves later waves untouched. Exit code 0 when every device took the bundle, 1 otherwise.",
     )  # fmt: skip
     parser.add_argument("bundle", type=Path, help="signed bundle directory, or the .tar from `edgekit pack`")
     parser.add_argument("--broker", required=True, metavar="URL", help="mqtt://HOST:1883 or mqtts://HOST:8883")
@@ -22,13 +28,26 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
     selection.add_argument("--devices", metavar="A,B", help="device ids")
     selection.add_argument("--target", metavar="NAME", help="every device of this target profile")
     parser.add_argument("--fleet", help="fleet id (needed when a device id exists in several fleets)")
-    parser.add_argument("--canary", default="10%", help="share ('10%%') or number ('1') of devices to try first")
-    parser.add_argument("--health-window-s", type=float, default=60.0, help="how long the canary is watched (default 60)")
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument("--waves", metavar="W1,W2,...", help="cumulative wave sizes, shares or counts, ending with 100%% "
+                       "(e.g. 1,10%%,50%%,100%%); a health gate runs after every wave but the last")  # fmt: skip
+    sizes.add_argument("--canary", default="10%", help="shorthand for --waves CANARY,100%% (default 10%%)")
+    parser.add_argument("--health-window-s", type=float, default=60.0, help="how long each gate watches (default 60)")
     parser.add_argument("--deploy-timeout-s", type=float, default=180.0, help="wait this long for each deploy result")
-    parser.add_argument("--max-error-rate", type=float, default=0.02, help="canary error-rate limit (default 0.02)")
-    parser.add_argument("--max-p99-ratio", type=float, default=1.5, help="canary p99 after/before limit (default 1.5)")
-    parser.add_argument("--url-base", metavar="URL", help="where devices download the .tar (default: its file:// URL)")
-    parser.add_argument("--key", type=Path, metavar="fleet.key.pem", help="fleet key (private or public PEM) to check the signature with first")
+    parser.add_argument("--max-error-rate", type=float, default=0.02, help="gate: error-rate limit (default 0.02)")
+    parser.add_argument("--max-p99-ratio", type=float, default=1.5, help="gate: p99 after/before limit (default 1.5)")
+    parser.add_argument("--force", action="store_true",
+                        help="deploy to devices that report another target than the bundle's, or none (recorded in the rollout)")
+    parser.add_argument("--allow-downgrade", action="store_true", help="let devices that ran a newer bundle_version take this one")
+    parser.add_argument("--allow-signature-change", action="store_true", help="let the bundle change the served inputs/outputs")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--url-base", metavar="URL", help="devices download the .tar from URL/<tar name> (an allowed source of theirs)")
+    where.add_argument("--inbox", type=Path, metavar="DIR",
+                       help="copy the .tar into DIR (the agents' bundles.inbox or an allowed_sources directory) and send its file:// URL")
+    parser.add_argument("--key", type=Path, metavar="fleet.pub.pem",
+                        help="fleet key (public or private PEM) to check the bundle's signature with before publishing; required "
+                        "unless --sign-commands gives the private key or --skip-signature-check")  # fmt: skip
+    parser.add_argument("--skip-signature-check", action="store_true", help="leave the signature check to the devices alone")
     parser.add_argument("--sign-commands", type=Path, metavar="fleet.key.pem",
                         help="sign every command with the fleet's private key (agents with commands.require_signed need it)")
     parser.add_argument("--bundle-id", help="bundle id to deploy as (default <name>-<12 hex of the manifest hash>)")
@@ -37,30 +56,59 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from edgekit.fleet.rollout import RolloutPolicy, run_rollout
+    from edgekit.fleet.rollout import RolloutPolicy, parse_waves, run_rollout
     from edgekit.fleet.rollout_bundle import prepare_bundle
 
-    artifact = prepare_bundle(args.bundle, url_base=args.url_base, key=args.key, bundle_id=args.bundle_id)
-    policy = RolloutPolicy(canary=args.canary, health_window_s=args.health_window_s, deploy_timeout_s=args.deploy_timeout_s,
-                           max_error_rate=args.max_error_rate, max_p99_ratio=args.max_p99_ratio)  # fmt: skip
-    console.print(f"deploying {artifact.bundle_id} ({artifact.url}, sha256 {artifact.sha256[:12]}…, {artifact.size_bytes} bytes)")
-    last_state: list[str] = []
+    key = args.key if args.key is not None else args.sign_commands
+    artifact = prepare_bundle(args.bundle, url_base=args.url_base, key=key, bundle_id=args.bundle_id,
+                              skip_signature_check=args.skip_signature_check, inbox=args.inbox)  # fmt: skip
+    policy = RolloutPolicy(canary=args.canary, waves=parse_waves(args.waves) if args.waves else None,
+                           health_window_s=args.health_window_s, deploy_timeout_s=args.deploy_timeout_s,
+                           max_error_rate=args.max_error_rate, max_p99_ratio=args.max_p99_ratio, force=args.force,
+                           allow_downgrade=args.allow_downgrade, allow_signature_change=args.allow_signature_change)  # fmt: skip
+    signature = f"signature verified (key {artifact.signed_by})" if artifact.signed_by else "signature NOT checked here"
+    console.print(f"verified {artifact.bundle_id}: {artifact.files_verified} file(s) match manifest.json, {signature}; "
+                  f"target {artifact.target or 'none'}", soft_wrap=True)  # fmt: skip
+    console.print(f"deploying {artifact.url} (sha256 {artifact.sha256[:12]}…, {artifact.size_bytes} bytes)", soft_wrap=True)
+    seen: list[tuple[str, int]] = []
 
-    def show(record: object) -> None:
-        state = getattr(record, "state")
-        if not last_state or last_state[-1] != state:
-            last_state.append(state)
-            console.print(f"  {state}" + (f": {record.reason}" if getattr(record, "reason", None) else ""))  # type: ignore[attr-defined]
+    def show(record: RolloutRecord) -> None:
+        active = next((w for w in record.waves if w["state"] in ("deploying", "watching")), None)
+        key = (record.state, active["index"] if active else 0)
+        if not seen or seen[-1] != key:
+            seen.append(key)
+            where = f" wave {active['index']}/{len(record.waves)} ({active['spec']}: {len(active['devices'])} device(s))" if active else ""
+            console.print(f"  {record.state}{where}" + (f": {record.reason}" if record.reason else ""), soft_wrap=True)
 
     devices = [d.strip() for d in args.devices.split(",") if d.strip()] if args.devices else None
     record = run_rollout(artifact, broker_url=args.broker, store_url=args.store, devices=devices, target=args.target,
                          fleet=args.fleet, policy=policy, mqtt_version=args.mqtt_version, on_update=show,
                          publisher_options={"signing_key": args.sign_commands} if args.sign_commands else None)  # fmt: skip
-    ok = record.state == "completed"
-    colour = "green" if ok else "red"
-    console.print(f"[{colour}]rollout {record.rollout_id} {record.state}[/]" + (f": {record.reason}" if record.reason else ""))
-    for device, outcome in sorted(record.outcomes.items()):
-        console.print(f"  {device}: {outcome}{' (canary)' if device in record.canary else ''}")
+    print_record(record)
     if args.json:
         print_json(record.to_json())
-    return 0 if ok else 1
+    return 0 if record.state == "completed" else 1
+
+
+def print_record(record: RolloutRecord) -> None:
+    """A rollout's outcome for people: the state, each wave, each device that did not take the bundle and why."""
+    from rich.markup import escape
+
+    colour = "green" if record.state == "completed" else "red"
+    console.print(f"[{colour}]rollout {record.rollout_id} {record.state}[/]" + (f": {escape(record.reason)}" if record.reason else ""),
+                  soft_wrap=True)  # fmt: skip
+    for wave in record.waves:
+        seconds = f", {wave['seconds']:.1f} s" if wave.get("seconds") is not None else ""
+        console.print(f"  wave {wave['index']} ({wave['spec']}, {len(wave['devices'])} device(s)): {wave['state']}{seconds}"
+                      + (f": {escape(wave['reason'])}" if wave.get("reason") else ""), soft_wrap=True)  # fmt: skip
+    for device, why in record.forced.items():
+        console.print(f"  [yellow]forced[/] {device}: {escape(why)}, bundle target {record.target or 'none'}", soft_wrap=True)
+    for device, outcome in sorted(record.outcomes.items()):
+        result = record.device_results.get(device, {})
+        wave = f" (wave {result['wave']})" if result.get("wave") else ""
+        line = f"  {device}: {outcome}{wave}"
+        if result.get("reason") and outcome not in ("succeeded", "pending", "skipped_offline"):
+            line += f": {escape(str(result['reason']))}"
+            if result.get("hint"):
+                line += f"\n      hint: {escape(str(result['hint']))}"
+        console.print(line, soft_wrap=True)

@@ -1,20 +1,26 @@
-"""Fleet-wide rollout of a signed bundle: canary first, widen only when the canary is healthy.
+"""Fleet-wide rollout of a verified, signed bundle in waves, with a health gate between waves.
 
-:func:`run_rollout` (``edgekit fleet deploy``) goes through these states, saving the
-:class:`~edgekit.fleet.rollout_state.RolloutRecord` at each step:
+:func:`run_rollout` (``edgekit fleet deploy``) first checks that every selected device reports the
+bundle's target (:func:`check_targets`; ``force`` deploys anyway and records why), then goes through
+the waves of :class:`RolloutPolicy` (cumulative: ``1,10%,50%,100%`` is one device, then up to a
+tenth, half, all), saving the :class:`~edgekit.fleet.rollout_state.RolloutRecord` at each step:
 
-``canary``      deploy commands (``command.v1``, QoS 1) to the canary devices; wait for each one's
-                ``deploy_result`` event in the fleet store (the collector writes it there).
-``watching``    for ``health_window_s``: the canary's telemetry on the new bundle (from the store)
-                against the same devices' windows before the rollout. Unhealthy when a canary's
-                deploy failed or rolled itself back, when an error-level event arrives from a canary,
-                when the error rate is above ``max_error_rate``, when p99 grew by more than
-                ``max_p99_ratio``, or when a canary sent no telemetry on the new bundle at all.
-``widening``    healthy: deploy commands to every other selected device; wait for their results.
-``rolling_back`` unhealthy: ``rollback`` (to the bundle each canary ran before) to every canary device
-                that switched; the rest of the fleet is never touched.
+``deploying``    deploy commands (``command.v1``, QoS 1) to the wave's devices; wait for each one's
+                 ``deploy_result`` event in the fleet store (the collector writes it there). A device
+                 whose deploy failed, was refused or rolled itself back fails the wave.
+``watching``     the gate, for ``health_window_s``: the telemetry of every device switched so far on
+                 the new bundle (from the store) against the same devices' windows before the
+                 rollout. It fails when an error-level event arrives from one of them, when the error
+                 rate is above ``max_error_rate``, when p99 grew by more than ``max_p99_ratio``, or
+                 when a switched device sent no telemetry on the new bundle at all.
+``rolling_back`` a wave or its gate failed: ``rollback`` (to the bundle each ran before) to every
+                 device this rollout switched, in every wave so far; later waves are never touched.
 
-Final states: ``completed``, ``completed_with_failures``, ``rolled_back``, ``stopped``.
+The last wave has no gate after it (nothing is left to protect); its failed devices are listed and
+the rollout ends ``completed_with_failures``. Final states: ``completed``, ``completed_with_failures``,
+``rolled_back``, ``stopped`` (a failure before any device switched). Every device that did not take
+the bundle keeps the reason its agent gave (the ``deploy_result`` or ``command_rejected`` message) and
+a hint from :data:`FAILURE_HINTS`.
 """
 
 from __future__ import annotations
@@ -26,13 +32,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from edgekit.fleet.commands import CommandPublisher, build_command
 from edgekit.fleet.rollout_bundle import BundleArtifact, RolloutError
 from edgekit.fleet.rollout_state import RolloutLog, RolloutRecord
-from edgekit.fleet.store.base import DeviceSummary, FleetStore
+from edgekit.fleet.store.base import DeviceEvent, DeviceSummary, FleetStore
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +51,77 @@ class NoDevicesMatchError(RolloutError):
     """The selection (``--devices`` / ``--target``) leaves no device to deploy to."""
 
 
+class TargetMismatchError(RolloutError):
+    """Selected devices report another target than the bundle's, or none (``--force`` deploys anyway)."""
+
+
+#: What to do about a device's failure: (``details.step`` of its ``deploy_result``, or ``details.reason``
+#: of its ``command_rejected``; text its message contains, or ""; the hint). The first match wins.
+FAILURE_HINTS: tuple[tuple[str, str, str], ...] = (
+    ("download", "deploy source refused",
+     "the agent takes deploys only from its bundles.inbox or bundles.allowed_sources: deploy with --inbox DIR "
+     "(a directory it accepts) or --url-base URL (under an allowed https:// prefix), or add the tar's directory "
+     "to bundles.allowed_sources"),
+    ("download", "", "check that the device can reach the URL and that the tar there is the one deployed"),
+    ("version", "", "the device already runs a newer version of this bundle: pass --allow-downgrade to go back on purpose"),
+    ("io_signature", "", "the bundle changes the inputs or outputs clients use: update the clients, then pass "
+     "--allow-signature-change"),
+    ("signature", "", "the device's bundles.public_key is not the key that signed the bundle: sign it with the fleet key"),
+    ("self_check", "", "the bundle does not reproduce its golden outputs on this device: check the target and rebuild"),
+    ("watching", "", "the device's own health watch found the new bundle unhealthy; see its events"),
+    ("unsigned", "", "the agent requires signed commands (commands.require_signed): pass --sign-commands fleet.key.pem"),
+    ("bad_signature", "", "the command was signed with another key than the device's bundles.public_key"),
+    ("expired", "", "the device clock and this host's disagree: check NTP on both"),
+    ("future", "", "the device clock and this host's disagree: check NTP on both"),
+    ("queued", "", "another deploy or rollback was running on the device: deploy again when it has finished"),
+)  # fmt: skip
+
+
+def failure_hint(step: str | None, message: str) -> str | None:
+    """The first :data:`FAILURE_HINTS` entry for ``step`` whose text is in ``message``."""
+    for hint_step, contains, hint in FAILURE_HINTS:
+        if step == hint_step and contains in message:
+            return hint
+    return None
+
+
+def _count(spec: str, total: int, option: str) -> int:
+    text = str(spec).strip()
+    try:
+        if text.endswith("%"):
+            share = float(text[:-1])
+            if not 0 < share <= 100:
+                raise ValueError
+            return min(total, max(1, math.ceil(total * share / 100.0)))
+        count = int(text)
+        if count < 1:
+            raise ValueError
+        return min(total, count)
+    except ValueError:
+        raise RolloutError(f"{option} {spec!r} is neither a share like '10%' nor a device count like '2'",
+                           hint=f"e.g. {option} 10% (at least one device) or {option} 1") from None  # fmt: skip
+
+
+def parse_waves(text: str) -> tuple[str, ...]:
+    """``"1,10%,50%,100%"`` -> ``("1", "10%", "50%", "100%")``, each checked (sizes are resolved later)."""
+    specs = tuple(part.strip() for part in str(text).split(","))
+    if not specs or any(not s for s in specs):
+        raise RolloutError(f"--waves {text!r} has an empty wave", hint="e.g. --waves 1,10%,50%,100%")
+    for spec in specs:
+        _count(spec, 100, "--waves")
+    return specs
+
+
 @dataclass(frozen=True)
 class RolloutPolicy:
-    """When to widen and when to stop. ``canary`` is a share (``"10%"``) or a device count (``"2"``)."""
+    """How to roll out, when to go on and when to stop.
+
+    ``waves``: cumulative sizes, each a share (``"10%"``) or a device count (``"2"``) of the devices
+    deployed to; the last must reach all of them. Without ``waves``, ``(canary, "100%")``.
+    """
 
     canary: str = "10%"
+    waves: tuple[str, ...] | None = None
     health_window_s: float = 60.0
     deploy_timeout_s: float = 180.0
     max_error_rate: float = 0.02
@@ -57,22 +129,39 @@ class RolloutPolicy:
     baseline_s: float = 900.0
     poll_s: float = 0.5
     include_offline: bool = False
+    force: bool = False
+    allow_downgrade: bool = False
+    allow_signature_change: bool = False
 
     def canary_count(self, total: int) -> int:
-        text = str(self.canary).strip()
-        try:
-            if text.endswith("%"):
-                share = float(text[:-1])
-                if not 0 < share <= 100:
-                    raise ValueError
-                return min(total, max(1, math.ceil(total * share / 100.0)))
-            count = int(text)
-            if count < 1:
-                raise ValueError
-            return min(total, count)
-        except ValueError:
-            raise RolloutError(f"--canary {self.canary!r} is neither a share like '10%' nor a device count like '2'",
-                               hint="e.g. --canary 10% (at least one device) or --canary 1") from None  # fmt: skip
+        return _count(self.canary, total, "--canary")
+
+    def wave_specs(self) -> tuple[str, ...]:
+        return tuple(self.waves) if self.waves else (self.canary, "100%")
+
+    def plan(self, devices: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
+        """(spec, devices) per wave, in order: each wave adds the devices up to its cumulative size; a
+        wave that adds none (``1,10%`` of 5 devices) is left out."""
+        total, specs = len(devices), self.wave_specs()
+        option = "--waves" if self.waves else "--canary"
+        sizes = [_count(spec, total, option) if self.waves else (self.canary_count(total) if i == 0 else total)
+                 for i, spec in enumerate(specs)]  # fmt: skip
+        for index in range(1, len(sizes)):
+            if sizes[index] < sizes[index - 1]:
+                raise RolloutError(
+                    f"--waves {','.join(specs)}: waves are cumulative, but wave {index + 1} ({specs[index]} = {sizes[index]} "
+                    f"device(s)) is smaller than wave {index} ({specs[index - 1]} = {sizes[index - 1]})",
+                    hint="list growing sizes, e.g. --waves 1,10%,50%,100%",
+                )  # fmt: skip
+        if sizes[-1] < total:
+            raise RolloutError(f"--waves {','.join(specs)}: the last wave reaches {sizes[-1]} of the {total} device(s)",
+                               hint="end the waves with 100%, or select fewer devices with --devices")  # fmt: skip
+        plan, done = [], 0
+        for spec, size in zip(specs, sizes):
+            if size > done:
+                plan.append((spec, tuple(devices[done:size])))
+                done = size
+        return plan
 
 
 def select_devices(store: FleetStore, *, devices: Sequence[str] | None = None, target: str | None = None,
@@ -108,10 +197,40 @@ def select_devices(store: FleetStore, *, devices: Sequence[str] | None = None, t
         raise NoDevicesMatchError(
             f"no devices match target {target!r}" + (f" in fleet {fleet!r}" if fleet else "")
             + f" ({len(known)} device(s) known; their targets: {', '.join(targets) or 'none recorded'})",
-            hint="agents do not report their target: name devices with --devices, or record targets first "
-            "(a deploy by --devices or `edgekit fleet simulate --store` records them)",
+            hint="only devices whose target is recorded in the store can be selected by --target (simulated devices "
+            "record theirs); name devices with --devices instead (and pass --force if they report no target)",
         )  # fmt: skip
     return chosen
+
+
+def check_targets(devices: Sequence[DeviceSummary], bundle_target: str | None, *, bundle: str, force: bool) -> dict[str, str]:
+    """device -> why its target does not match ``bundle_target`` (none when all match). Raises
+    :class:`TargetMismatchError` naming them unless ``force``."""
+    problems: dict[str, str] = {}
+    for device in devices:
+        if bundle_target is None:
+            problems[device.device] = "the bundle's manifest names no target"
+        elif device.target is None:
+            problems[device.device] = "reports no target"
+        elif device.target != bundle_target:
+            problems[device.device] = f"reports target {device.target!r}"
+    if problems and not force:
+        if bundle_target is None:
+            raise TargetMismatchError(f"bundle {bundle} names no target, so no device can be matched to it; nothing was sent",
+                                      hint="rebuild it with `edgekit build --target NAME`, or pass --force to deploy it anyway")  # fmt: skip
+        listed = "; ".join(f"{d} {why}" for d, why in list(problems.items())[:10])
+        more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
+        raise TargetMismatchError(
+            f"bundle {bundle} is built for target {bundle_target!r}, but {len(problems)} of the {len(devices)} selected "
+            f"device(s) do not report it: {listed}{more}; nothing was sent",
+            hint=f"select devices of that target (--target {bundle_target}); a device that reports no target (agents do "
+            "not report one yet) or another one takes the bundle only with --force",
+        )
+    return problems
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
 
 
 class Rollout:
@@ -119,7 +238,8 @@ class Rollout:
 
     def __init__(self, store: FleetStore, publisher: CommandPublisher, log: RolloutLog, artifact: BundleArtifact,
                  devices: Sequence[DeviceSummary], policy: RolloutPolicy = RolloutPolicy(), *,
-                 on_update: Callable[[RolloutRecord], None] | None = None, stop: threading.Event | None = None) -> None:  # fmt: skip
+                 on_update: Callable[[RolloutRecord], None] | None = None, stop: threading.Event | None = None,
+                 signed_commands: bool = False) -> None:  # fmt: skip
         fleets = {d.fleet for d in devices}
         if len(fleets) != 1:
             raise RolloutError(f"a rollout goes to one fleet, but the devices are in {len(fleets)}: {', '.join(sorted(fleets))}",
@@ -132,41 +252,68 @@ class Rollout:
         if not online:
             raise NoDevicesMatchError(f"none of the {len(devices)} selected device(s) is online",
                                       hint="start the agents (or pass include_offline) and try again")  # fmt: skip
+        forced = check_targets(online, artifact.target, bundle=artifact.bundle_id, force=policy.force)
         ordered = sorted(online, key=lambda d: d.device)
-        canary = ordered[: policy.canary_count(len(ordered))]
-        now = dt.datetime.now(dt.timezone.utc)
+        plan = policy.plan([d.device for d in ordered])
+        now = _now()
         outcomes = {d.device: "pending" for d in ordered}
         outcomes.update({d.device: "skipped_offline" for d in devices if d not in online})
+        waves = tuple({"index": i + 1, "spec": spec, "devices": list(members), "state": "pending", "started_at": None,
+                       "finished_at": None, "seconds": None, "health": {}, "reason": None}
+                      for i, (spec, members) in enumerate(plan))  # fmt: skip
+        options = {"allow_downgrade": policy.allow_downgrade, "allow_signature_change": policy.allow_signature_change,
+                   "force": policy.force, "signed_commands": signed_commands, "health_window_s": policy.health_window_s,
+                   "max_error_rate": policy.max_error_rate, "max_p99_ratio": policy.max_p99_ratio,
+                   "files_verified": artifact.files_verified, "signed_by": artifact.signed_by}  # fmt: skip
+        if forced:
+            logger.warning("deploying %s with --force to %d device(s) whose target does not match: %s", artifact.bundle_id,
+                           len(forced), "; ".join(f"{d} {why}" for d, why in forced.items()))  # fmt: skip
         self.record = RolloutRecord(
             rollout_id=uuid.uuid4().hex[:12], fleet=self.fleet, bundle_id=artifact.bundle_id, url=artifact.url,
-            sha256=artifact.sha256, state="canary", canary=tuple(d.device for d in canary),
-            devices=tuple(d.device for d in ordered), started_at=now, updated_at=now,
-            previous_bundles={d.device: d.bundle_id for d in ordered}, outcomes=outcomes,
+            sha256=artifact.sha256, state="deploying", canary=plan[0][1], devices=tuple(d.device for d in ordered),
+            started_at=now, updated_at=now, previous_bundles={d.device: d.bundle_id for d in ordered}, outcomes=outcomes,
+            target=artifact.target, waves=waves, forced=forced, options=options,
         )  # fmt: skip
-        self._targets_unknown = {d.device for d in ordered if d.target is None}
 
     # -- the state machine ----------------------------------------------------------------------------
 
     def run(self) -> RolloutRecord:
         self._save(self.record)
-        canary = list(self.record.canary)
-        self._deploy(canary)
-        failed = {d: o for d, o in self._outcomes(canary).items() if o != "succeeded"}
-        if failed:
-            return self._roll_back(f"canary deploy did not succeed on {len(failed)} of {len(canary)} device(s): "
-                                   + ", ".join(f"{d} {o}" for d, o in sorted(failed.items())))  # fmt: skip
-        self._save(self.record.with_state("watching"))
-        problem = self._watch_health(canary)
-        if problem is not None:
-            return self._roll_back(problem)
-        rest = [d for d in self.record.devices if d not in canary]
-        self._save(self.record.with_state("widening"))
-        if rest:
-            self._deploy(rest)
-        bad = {d: o for d, o in self.record.outcomes.items() if o not in ("succeeded", "skipped_offline")}
-        final = "completed" if not bad else "completed_with_failures"
-        reason = None if not bad else f"{len(bad)} device(s) did not take the bundle: " + ", ".join(f"{d} {o}" for d, o in sorted(bad.items()))
-        return self._save(self.record.with_state(final, reason=reason))
+        switched: list[str] = []
+        last = len(self.record.waves) - 1
+        for index, wave in enumerate(self.record.waves):
+            devices = list(wave["devices"])
+            self._set_wave(index, state="deploying", started_at=_now().isoformat())
+            self._save(self.record.with_state("deploying"))
+            self._deploy(devices, index + 1)
+            switched += [d for d in devices if self.record.outcomes[d] == "succeeded"]
+            failed = {d: o for d, o in self._outcomes(devices).items() if o != "succeeded"}
+            if failed and index < last:
+                reason = (f"wave {index + 1} ({wave['spec']}): the deploy did not succeed on {len(failed)} of {len(devices)} "
+                          "device(s): " + "; ".join(self._describe(d) for d in sorted(failed)))  # fmt: skip
+                self._end_wave(index, "failed", reason)
+                return self._roll_back(reason, switched)
+            if index == last:
+                self._end_wave(index, "failed" if failed else "passed",
+                               None if not failed else f"{len(failed)} device(s) did not take the bundle")  # fmt: skip
+                break
+            self._set_wave(index, state="watching")
+            self._save(self.record.with_state("watching"))
+            problem = self._watch_health(switched, index)
+            if problem is not None:
+                self._end_wave(index, "failed", problem)
+                return self._roll_back(f"wave {index + 1} ({wave['spec']}) gate: {problem}", switched)
+            self._end_wave(index, "passed", None)
+        bad = self.record.failed_devices()
+        if not bad:
+            return self._save(self.record.with_state("completed", reason=None))
+        reason = f"{len(bad)} device(s) did not take the bundle: " + "; ".join(self._describe(d) for d in bad)
+        return self._save(self.record.with_state("completed_with_failures", reason=reason))
+
+    def _describe(self, device: str) -> str:
+        result = self.record.device_results.get(device, {})
+        outcome = self.record.outcomes.get(device)
+        return f"{device} {outcome}" + (f" ({result['reason']})" if result.get("reason") else "")
 
     def _save(self, record: RolloutRecord) -> RolloutRecord:
         self.record = record
@@ -176,86 +323,117 @@ class Rollout:
             self._on_update(record)
         return record
 
+    def _set_wave(self, index: int, **changes: Any) -> None:
+        waves = list(self.record.waves)
+        waves[index] = {**waves[index], **changes}
+        self.record = replace(self.record, waves=tuple(waves))
+
+    def _end_wave(self, index: int, state: str, reason: str | None) -> None:
+        started = self.record.waves[index].get("started_at")
+        finished = _now()
+        seconds = round((finished - dt.datetime.fromisoformat(started)).total_seconds(), 3) if started else None
+        self._set_wave(index, state=state, reason=reason, finished_at=finished.isoformat(), seconds=seconds)
+        self._save(self.record.with_state(self.record.state))
+
     def _outcomes(self, devices: Sequence[str]) -> dict[str, str]:
         return {d: self.record.outcomes[d] for d in devices}
 
-    def _set_outcomes(self, changes: dict[str, str]) -> None:
-        if changes:
-            self._save(self.record.with_state(self.record.state, outcomes={**self.record.outcomes, **changes}))
+    def _update_devices(self, outcomes: dict[str, str], results: dict[str, dict[str, Any]]) -> None:
+        merged = dict(self.record.device_results)
+        for device, result in results.items():
+            merged[device] = {**merged.get(device, {}), **result}
+        self._save(self.record.with_state(self.record.state, outcomes={**self.record.outcomes, **outcomes},
+                                          device_results=merged))  # fmt: skip
 
-    def _deploy(self, devices: Sequence[str]) -> None:
+    def _deploy(self, devices: Sequence[str], wave: int) -> None:
         """Send deploy commands and wait for every device's ``deploy_result`` (or the timeout)."""
         command_ids: dict[str, str] = {}
+        sent: dict[str, dict[str, Any]] = {}
+        args = self.artifact.deploy_args(allow_downgrade=self.policy.allow_downgrade,
+                                         allow_signature_change=self.policy.allow_signature_change)  # fmt: skip
         for device in devices:
-            command = build_command("deploy", self.artifact.deploy_args())
+            command = build_command("deploy", args)
             self.publisher.send(self.fleet, device, command)
             command_ids[command["id"]] = device
-        self._set_outcomes({d: "deploying" for d in devices})
-        results = self._await_results(command_ids, "deploy_result", self.policy.deploy_timeout_s)
-        self._set_outcomes({d: results.get(d, "timeout") for d in devices})
+            sent[device] = {"wave": wave, "command_id": command["id"], "sent_at": _now().isoformat(), "outcome": "deploying",
+                            "reason": None, "step": None, "hint": None}  # fmt: skip
+        self._update_devices({d: "deploying" for d in devices}, sent)
+        answers = self._await_results(command_ids, "deploy_result", self.policy.deploy_timeout_s)
+        results: dict[str, dict[str, Any]] = {}
         for device in devices:
-            if results.get(device) == "succeeded" and device in self._targets_unknown and self.artifact.target:
-                self.store.set_device_target(self.fleet, device, self.artifact.target)
+            answer = answers.get(device) or {
+                "outcome": "timeout", "step": None, "answered_at": None,
+                "reason": f"no deploy_result from the device within {self.policy.deploy_timeout_s:g} s (offline, busy, or the "
+                          "collector is not writing its events to this store)",
+                "hint": "check `edgekit fleet status` and the device's log; raise --deploy-timeout-s for large bundles",
+            }  # fmt: skip
+            started = dt.datetime.fromisoformat(sent[device]["sent_at"])
+            answered = answer.get("answered_at")
+            seconds = round((dt.datetime.fromisoformat(answered) - started).total_seconds(), 3) if answered else None
+            results[device] = {**answer, "seconds": seconds}
+        self._update_devices({d: results[d]["outcome"] for d in devices}, results)
 
-    def _await_results(self, command_ids: dict[str, str], kind: str, timeout_s: float) -> dict[str, str]:
-        """device -> ``details.outcome`` of the ``kind`` event answering its command."""
+    def _await_results(self, command_ids: dict[str, str], kind: str, timeout_s: float) -> dict[str, dict[str, Any]]:
+        """device -> outcome, reason, step, hint and answered_at of the ``kind`` event answering its command."""
         since = self.record.started_at - dt.timedelta(minutes=5)  # device clocks may lag the host's
-        results: dict[str, str] = {}
+        results: dict[str, dict[str, Any]] = {}
         deadline = time.monotonic() + timeout_s
         while len(results) < len(command_ids) and time.monotonic() < deadline and not self._stop.is_set():
             for event in self.store.events(fleet=self.fleet, since=since, limit=100_000):
                 device = command_ids.get(event.command_id or "")
                 if device is None or event.kind not in (kind, "command_rejected", "command_failed"):
                     continue
-                details = event.payload.get("details") or {}
-                results[device] = str(details.get("outcome") or ("rejected" if event.kind != kind else "failed"))
+                results[device] = _answer(event, kind)
             if len(results) < len(command_ids):
                 self._stop.wait(self.policy.poll_s)
         return results
 
-    def _watch_health(self, canary: list[str]) -> str | None:
-        """Wait out the health window; return why the canary is unhealthy, or None when it is healthy."""
+    def _watch_health(self, devices: list[str], index: int) -> str | None:
+        """Wait out the health window; return why the switched devices are unhealthy, or None when healthy."""
         policy = self.policy
-        watch_start = dt.datetime.now(dt.timezone.utc)
+        watch_start = _now()
         deadline = time.monotonic() + policy.health_window_s
         while True:
-            problem = self._error_events(canary, watch_start) or None
+            problem = self._error_events(devices, watch_start)
             if problem is not None:
                 return problem
             if time.monotonic() >= deadline or self._stop.is_set():
                 break
             self._stop.wait(min(policy.poll_s, max(0.0, deadline - time.monotonic())))
-        pairs = [(self.fleet, d) for d in canary]
+        pairs = [(self.fleet, d) for d in devices]
         after = self.store.aggregate(("device",), devices=pairs, bundle_id=self.artifact.bundle_id, since=self.record.started_at)
         before = self.store.aggregate(("device",), devices=pairs, since=self.record.started_at - dt.timedelta(seconds=policy.baseline_s),
                                       until=self.record.started_at)  # fmt: skip
-        silent = sorted(set(canary) - {a.device for a in after if a.windows > 0})
+        silent = sorted(set(devices) - {a.device for a in after if a.windows > 0})
         inferences, errors = sum(a.inferences for a in after), sum(a.errors for a in after)
         error_rate = errors / (inferences + errors) if inferences + errors else None
         p99_after, p99_before = _weighted_p99(after), _weighted_p99(before)
         ratio = p99_after / p99_before if p99_after is not None and p99_before else None
-        health = {"windows": sum(a.windows for a in after), "inferences": inferences, "errors": errors, "error_rate": error_rate,
-                  "p99_before_ms": p99_before, "p99_after_ms": p99_after, "p99_ratio": ratio,
+        health = {"devices": len(devices), "windows": sum(a.windows for a in after), "inferences": inferences, "errors": errors,
+                  "error_rate": error_rate, "p99_before_ms": p99_before, "p99_after_ms": p99_after, "p99_ratio": ratio,
                   "max_error_rate": policy.max_error_rate, "max_p99_ratio": policy.max_p99_ratio}  # fmt: skip
+        self._set_wave(index, health=health)
         self._save(self.record.with_state("watching", health=health))
         if silent:
-            return f"no telemetry on {self.artifact.bundle_id} from canary device(s) {', '.join(silent)} within the health window"
+            return f"no telemetry on {self.artifact.bundle_id} from device(s) {', '.join(silent)} within the health window"
         if error_rate is not None and error_rate > policy.max_error_rate:
-            return f"canary error rate {error_rate:.1%} is above the limit of {policy.max_error_rate:.1%}"
+            return f"error rate {error_rate:.1%} is above the limit of {policy.max_error_rate:.1%}"
         if ratio is not None and ratio > policy.max_p99_ratio:
-            return f"canary p99 grew from {p99_before:.2f} ms to {p99_after:.2f} ms ({ratio:.2f}x, limit {policy.max_p99_ratio:.2f}x)"
+            return f"p99 grew from {p99_before:.2f} ms to {p99_after:.2f} ms ({ratio:.2f}x, limit {policy.max_p99_ratio:.2f}x)"
         return None
 
-    def _error_events(self, canary: list[str], since: dt.datetime) -> str | None:
+    def _error_events(self, devices: list[str], since: dt.datetime) -> str | None:
         for event in self.store.events(fleet=self.fleet, since=since - dt.timedelta(seconds=1), limit=10_000):
-            if event.device in canary and event.level == "error":
-                return f"canary device {event.device} reported an error event ({event.kind}): {event.message}"
+            if event.device in devices and event.level == "error":
+                return f"device {event.device} reported an error event ({event.kind}): {event.message}"
         return None
 
-    def _roll_back(self, reason: str) -> RolloutRecord:
-        """Stop: send rollback to every canary that switched to the new bundle; the rest stays untouched."""
-        switched = [d for d in self.record.canary if self.record.outcomes.get(d) == "succeeded"]
-        logger.warning("rollout %s unhealthy: %s; rolling back %d device(s)", self.record.rollout_id, reason, len(switched))
+    def _roll_back(self, reason: str, switched: list[str]) -> RolloutRecord:
+        """Stop: send rollback to every device this rollout switched; devices of later waves stay untouched."""
+        for wave_index, wave in enumerate(self.record.waves):
+            if wave["state"] == "pending":
+                self._set_wave(wave_index, state="not_started")
+        logger.warning("rollout %s stopped: %s; rolling back %d device(s)", self.record.rollout_id, reason, len(switched))
         if not switched:
             return self._save(self.record.with_state("stopped", reason=reason))
         self._save(self.record.with_state("rolling_back", reason=reason))
@@ -265,10 +443,32 @@ class Rollout:
             command = build_command("rollback", {"bundle_id": previous} if previous else {})
             self.publisher.send(self.fleet, device, command)
             command_ids[command["id"]] = device
-        results = self._await_results(command_ids, "rollback_result", self.policy.deploy_timeout_s)
-        self._set_outcomes({d: "rolled_back" if results.get(d) == "succeeded" else f"rollback_{results.get(d, 'timeout')}"
-                            for d in switched})  # fmt: skip
+        answers = self._await_results(command_ids, "rollback_result", self.policy.deploy_timeout_s)
+        outcomes, results = {}, {}
+        for device in switched:
+            answer = answers.get(device)
+            if answer is not None and answer["outcome"] == "succeeded":
+                outcomes[device] = "rolled_back"
+                results[device] = {"rollback": "succeeded", "reason": f"rolled back: {reason}"}
+            else:
+                outcomes[device] = "rollback_failed" if answer is not None else "rollback_timeout"
+                results[device] = {"rollback": outcomes[device], "reason": (answer or {}).get("reason") or
+                                   f"no rollback_result within {self.policy.deploy_timeout_s:g} s",
+                                   "hint": "the device still runs the new bundle: send `rollback` again or deploy the old bundle"}  # fmt: skip
+        self._update_devices(outcomes, results)
         return self._save(self.record.with_state("rolled_back", reason=reason))
+
+
+def _answer(event: DeviceEvent, kind: str) -> dict[str, Any]:
+    """What a device's answer to a command says: outcome, its own reason, the failed step and a hint."""
+    details = event.payload.get("details") or {}
+    step = details.get("step") if event.kind == kind else details.get("reason")
+    outcome = str(details.get("outcome") or ("rejected" if event.kind != kind else "failed"))
+    if outcome == "rolled_back" and not step:
+        step = "watching"  # the agent's own health watch rolled it back
+    reason = None if outcome == "succeeded" else event.message
+    return {"outcome": outcome, "reason": reason, "step": step if isinstance(step, str) else None,
+            "hint": failure_hint(step, event.message) if reason else None, "answered_at": event.at.isoformat()}  # fmt: skip
 
 
 def _weighted_p99(rows: Sequence[Any]) -> float | None:
@@ -281,12 +481,23 @@ def run_rollout(artifact: BundleArtifact, *, broker_url: str, store_url: str, de
                 target: str | None = None, fleet: str | None = None, policy: RolloutPolicy = RolloutPolicy(),
                 mqtt_version: str = "5", on_update: Callable[[RolloutRecord], None] | None = None,
                 publisher_options: dict[str, Any] | None = None) -> RolloutRecord:  # fmt: skip
-    """Select devices in the store at ``store_url``, then run a :class:`Rollout` through ``broker_url``."""
+    """Select devices in the store at ``store_url``, check their targets, then run a :class:`Rollout`
+    through ``broker_url``. Selection, target and wave errors are raised before anything is sent."""
     from edgekit.fleet.rollout_state import open_rollout_log
     from edgekit.fleet.store import open_store
 
     with open_store(store_url) as store:
         selected = select_devices(store, devices=devices, target=target, fleet=fleet)
+        online = [d for d in selected if policy.include_offline or d.state == "online"]
+        check_targets(online, artifact.target, bundle=artifact.bundle_id, force=policy.force)
+        if online:
+            policy.plan(sorted(d.device for d in online))
+        signed = bool((publisher_options or {}).get("signing_key"))
         with open_rollout_log(store_url) as log, CommandPublisher(broker_url, mqtt_version=mqtt_version,  # type: ignore[arg-type]
                                                                   **(publisher_options or {})) as publisher:  # fmt: skip
-            return Rollout(store, publisher, log, artifact, selected, policy, on_update=on_update).run()
+            return Rollout(store, publisher, log, artifact, selected, policy, on_update=on_update,
+                           signed_commands=signed).run()  # fmt: skip
+
+
+__all__ = ["FAILURE_HINTS", "NoDevicesMatchError", "Rollout", "RolloutPolicy", "TargetMismatchError", "UnknownDeviceError",
+           "check_targets", "failure_hint", "parse_waves", "run_rollout", "select_devices"]  # fmt: skip

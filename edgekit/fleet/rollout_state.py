@@ -18,9 +18,10 @@ from typing import Any
 
 from edgekit.fleet.errors import StoreError
 
-#: States a rollout passes through; the last four are final.
-ROLLOUT_STATES = ("canary", "watching", "widening", "rolling_back", "completed", "completed_with_failures",
-                  "rolled_back", "stopped")  # fmt: skip
+#: States a rollout passes through; the last four are final. ``canary`` and ``widening`` appear only in
+#: records written before waves (a canary then everyone), which still load.
+ROLLOUT_STATES = ("deploying", "watching", "rolling_back", "completed", "completed_with_failures", "rolled_back",
+                  "stopped", "canary", "widening")  # fmt: skip
 FINAL_STATES = ("completed", "completed_with_failures", "rolled_back", "stopped")
 
 _SQLITE_TABLE = (
@@ -34,10 +35,24 @@ _POSTGRES_TABLE = (
 )
 
 
+def _time(value: dt.datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
 @dataclass(frozen=True)
 class RolloutRecord:
-    """One rollout as stored. ``outcomes`` maps device -> its last outcome (``deploying``, ``succeeded``,
-    ``failed``, ``rolled_back``, ``timeout``, ``skipped_offline``, ``pending``)."""
+    """One rollout as stored. ``outcomes`` maps device -> its last outcome (``pending``, ``deploying``,
+    ``succeeded``, ``failed``, ``rejected``, ``rolled_back``, ``timeout``, ``rollback_failed``,
+    ``skipped_offline``); ``canary`` is the first wave.
+
+    ``waves``: one dict per wave, in order: ``index`` (1-based), ``spec`` (as given, ``"10%"``),
+    ``devices``, ``state`` (``pending``, ``deploying``, ``watching``, ``passed``, ``failed``,
+    ``not_started``), ``started_at`` / ``finished_at`` (ISO), ``seconds``, ``health`` (the gate's
+    figures) and ``reason`` (why its gate failed). ``device_results``: device -> ``wave``, ``outcome``,
+    ``reason`` (the device's own message from its ``deploy_result`` event), ``step`` (the check that
+    failed), ``hint`` (what to do), ``command_id``, ``sent_at``, ``answered_at``, ``seconds``.
+    ``forced``: device -> why its target did not match the bundle's (deployed with ``--force``).
+    """
 
     rollout_id: str
     fleet: str
@@ -53,22 +68,41 @@ class RolloutRecord:
     previous_bundles: dict[str, str | None] = field(default_factory=dict)
     outcomes: dict[str, str] = field(default_factory=dict)
     health: dict[str, Any] = field(default_factory=dict)
+    target: str | None = None
+    waves: tuple[dict[str, Any], ...] = ()
+    device_results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    forced: dict[str, str] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    finished_at: dt.datetime | None = None
 
     def with_state(self, state: str, **changes: Any) -> RolloutRecord:
-        return replace(self, state=state, updated_at=dt.datetime.now(dt.timezone.utc), **changes)
+        now = dt.datetime.now(dt.timezone.utc)
+        if state in FINAL_STATES and "finished_at" not in changes:
+            changes["finished_at"] = now
+        return replace(self, state=state, updated_at=now, **changes)
+
+    def failed_devices(self) -> dict[str, dict[str, Any]]:
+        """device -> its result, for every device that was sent the bundle and did not keep it."""
+        return {d: {"outcome": o, **self.device_results.get(d, {})} for d, o in sorted(self.outcomes.items())
+                if o not in ("succeeded", "pending", "skipped_offline", "deploying")}  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        data["canary"], data["devices"] = list(self.canary), list(self.devices)
+        data["canary"], data["devices"], data["waves"] = list(self.canary), list(self.devices), list(data["waves"])
         data["started_at"], data["updated_at"] = self.started_at.isoformat(), self.updated_at.isoformat()
+        data["finished_at"] = _time(self.finished_at)
+        data["seconds"] = round(((self.finished_at or self.updated_at) - self.started_at).total_seconds(), 3)
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RolloutRecord:
-        values = dict(data)
+        values = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         values["canary"], values["devices"] = tuple(values["canary"]), tuple(values["devices"])
+        values["waves"] = tuple(values.get("waves") or ())
         values["started_at"] = dt.datetime.fromisoformat(values["started_at"])
         values["updated_at"] = dt.datetime.fromisoformat(values["updated_at"])
+        if values.get("finished_at"):
+            values["finished_at"] = dt.datetime.fromisoformat(values["finished_at"])
         return cls(**values)
 
 
@@ -80,11 +114,22 @@ class RolloutLog(abc.ABC):
         """Insert or replace the record with this ``rollout_id``."""
 
     @abc.abstractmethod
-    def recent(self, limit: int = 20, fleet: str | None = None) -> list[RolloutRecord]:
-        """The newest rollouts first."""
+    def recent(self, limit: int = 20, fleet: str | None = None, *, bundle_id: str | None = None,
+               since: dt.datetime | None = None, until: dt.datetime | None = None) -> list[RolloutRecord]:  # fmt: skip
+        """The newest rollouts first; ``bundle_id``, ``since`` and ``until`` (on ``started_at``) narrow them."""
+
+    @staticmethod
+    def _filters(fleet: str | None, bundle_id: str | None, since: dt.datetime | None, until: dt.datetime | None,
+                 placeholder: str, time_in: Any) -> tuple[str, tuple[Any, ...]]:  # fmt: skip
+        clauses, params = [], []
+        for clause, value in (("fleet = ", fleet), ("bundle_id = ", bundle_id), ("started_at >= ", since), ("started_at < ", until)):
+            if value is not None:
+                clauses.append(clause + placeholder)
+                params.append(time_in(value) if isinstance(value, dt.datetime) else value)
+        return (" WHERE " + " AND ".join(clauses) if clauses else ""), tuple(params)
 
     def get(self, rollout_id: str) -> RolloutRecord | None:
-        return next((r for r in self.recent(limit=1000) if r.rollout_id == rollout_id), None)
+        return next((r for r in self.recent(limit=100_000) if r.rollout_id == rollout_id), None)
 
     @abc.abstractmethod
     def close(self) -> None: ...
@@ -114,10 +159,12 @@ class SqliteRolloutLog(RolloutLog):
                  record.updated_at.timestamp(), json.dumps(record.to_json())),
             )  # fmt: skip
 
-    def recent(self, limit: int = 20, fleet: str | None = None) -> list[RolloutRecord]:
-        query = "SELECT record FROM edgekit_rollouts" + (" WHERE fleet = ?" if fleet else "") + " ORDER BY started_at DESC LIMIT ?"
+    def recent(self, limit: int = 20, fleet: str | None = None, *, bundle_id: str | None = None,
+               since: dt.datetime | None = None, until: dt.datetime | None = None) -> list[RolloutRecord]:  # fmt: skip
+        where, params = self._filters(fleet, bundle_id, since, until, "?", lambda t: t.timestamp())
         with self._lock:
-            rows = self._db.execute(query, ((fleet,) if fleet else ()) + (limit,)).fetchall()
+            rows = self._db.execute(f"SELECT record FROM edgekit_rollouts{where} ORDER BY started_at DESC LIMIT ?",
+                                    params + (limit,)).fetchall()  # fmt: skip
         return [RolloutRecord.from_json(json.loads(row[0])) for row in rows]
 
     def close(self) -> None:
@@ -144,10 +191,12 @@ class PostgresRolloutLog(RolloutLog):
                  json.dumps(record.to_json())),
             )  # fmt: skip
 
-    def recent(self, limit: int = 20, fleet: str | None = None) -> list[RolloutRecord]:
-        query = "SELECT record FROM edgekit_rollouts" + (" WHERE fleet = %s" if fleet else "") + " ORDER BY started_at DESC LIMIT %s"
+    def recent(self, limit: int = 20, fleet: str | None = None, *, bundle_id: str | None = None,
+               since: dt.datetime | None = None, until: dt.datetime | None = None) -> list[RolloutRecord]:  # fmt: skip
+        where, params = self._filters(fleet, bundle_id, since, until, "%s", lambda t: t)
         with self._lock:
-            rows = self._db.execute(query, ((fleet,) if fleet else ()) + (limit,)).fetchall()
+            rows = self._db.execute(f"SELECT record FROM edgekit_rollouts{where} ORDER BY started_at DESC LIMIT %s",
+                                    params + (limit,)).fetchall()  # fmt: skip
         return [RolloutRecord.from_json(row[0] if isinstance(row[0], dict) else json.loads(row[0])) for row in rows]
 
     def close(self) -> None:

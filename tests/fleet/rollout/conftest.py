@@ -42,13 +42,13 @@ def live_fleet(mosquitto: MosquittoBroker, tmp_path: Path) -> Iterator[Callable[
 
     started: list[LiveFleet] = []
 
-    def start(devices: int = 4, **simulation: Any) -> LiveFleet:
+    def start(devices: int = 4, targets: tuple[str, ...] = ("x86-64-cpu",), **simulation: Any) -> LiveFleet:
         store_url = f"sqlite:///{tmp_path}/fleet.db"
         store = open_store(store_url)
         collector = Collector(mosquitto.url, store, client_id="test-collector", flush_interval_s=0.05).start()
         simulation.setdefault("deploy_timing", DeployTiming(step_s=0.01, watch_s=0.3))
-        config = SimulationConfig(mosquitto.url, devices=devices, rate_per_s=10.0, targets=("jetson-orin-nano-8gb",),
-                                  verify_downloads=True, **simulation)  # fmt: skip
+        config = SimulationConfig(mosquitto.url, devices=devices, rate_per_s=10.0, targets=targets, verify_downloads=True,
+                                  **simulation)  # fmt: skip
         simulator = FleetSimulator(config)
         simulator.record_targets(store)
         simulator.start()
@@ -75,11 +75,12 @@ def fleet_keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.fixture
 def signed_bundle(tmp_path: Path, fleet_keys: tuple[Path, Path]) -> Callable[[str], Path]:
-    """``signed_bundle(name)``: a real bundle directory, signed with the test fleet key."""
+    """``signed_bundle(name, **make_bundle_options)``: a real bundle directory (target x86-64-cpu), signed with
+    the test fleet key."""
     from edgekit.bundle.signing import sign_bundle
 
-    def build(name: str) -> Path:
-        root = make_bundle(tmp_path / name, name=name)
+    def build(name: str, **options: Any) -> Path:
+        root = make_bundle(tmp_path / name, name=name, **options)
         sign_bundle(root, fleet_keys[0])
         return root
 

@@ -11,7 +11,14 @@ import pytest
 from edgekit.bundle.pack import pack_bundle
 from edgekit.fleet.commands import build_command
 from edgekit.fleet.rollout import RolloutPolicy
-from edgekit.fleet.rollout_bundle import BundleArtifactError, BundleNotSignedError, RolloutError, prepare_bundle
+from edgekit.fleet.rollout_bundle import (
+    BundleArtifactError,
+    BundleNotSignedError,
+    BundleVerificationError,
+    RolloutError,
+    SignatureKeyMissingError,
+    prepare_bundle,
+)
 from edgekit_runtime.schemas import schema_problems
 from edgekit_runtime.signing import BundleSignatureError
 from tests.runtime.agent_service.bundles import make_bundle
@@ -36,10 +43,10 @@ def test_packed_bundle_is_hashed_as_a_tar_and_served_from_url_base(signed_bundle
     assert len(artifact.signature_b64) == 88  # 64 bytes of Ed25519 signature, base64
 
 
-def test_unsigned_bundle_is_refused(tmp_path: Path) -> None:
+def test_unsigned_bundle_is_refused(tmp_path: Path, fleet_keys) -> None:
     root = make_bundle(tmp_path / "plain", name="plain")
     with pytest.raises(BundleNotSignedError, match=r"is not signed \(no manifest.sig\).*") as info:
-        prepare_bundle(root)
+        prepare_bundle(root, key=fleet_keys[1])
     assert "edgekit sign" in info.value.hint
 
 
@@ -60,8 +67,85 @@ def test_url_base_needs_a_tar_and_paths_must_be_bundles(signed_bundle, tmp_path:
         prepare_bundle(tmp_path)
     with tarfile.open(tmp_path / "empty.tar", "w"):
         pass
-    with pytest.raises(BundleArtifactError, match="expected one manifest.json at the top of the tar, found 0"):
-        prepare_bundle(tmp_path / "empty.tar")
+    with pytest.raises(BundleVerificationError, match=r"refusing to publish tar .*empty.tar: .*has no manifest.json at its top"):
+        prepare_bundle(tmp_path / "empty.tar", skip_signature_check=True)
+
+
+def _repack(tar: Path, out: Path, change: dict[str, bytes], extra: dict[str, bytes] | None = None) -> Path:
+    """A copy of ``tar`` with the members in ``change`` holding other bytes (manifest and signature kept)."""
+    import io
+
+    with tarfile.open(tar) as source, tarfile.open(out, "w") as target:
+        for member in source.getmembers():
+            data = source.extractfile(member).read() if member.isfile() else None  # type: ignore[union-attr]
+            if member.name in change:
+                data = change[member.name]
+                member.size = len(data)
+            target.addfile(member, io.BytesIO(data) if data is not None else None)
+        for name, data in (extra or {}).items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            target.addfile(info, io.BytesIO(data))
+    return out
+
+
+def test_tar_with_a_modified_model_is_refused_before_publishing(signed_bundle, fleet_keys, tmp_path: Path) -> None:
+    tar = pack_bundle(signed_bundle("vision"), tmp_path / "vision.tar")
+    original = prepare_bundle(tar, key=fleet_keys[1])
+    assert original.files_verified == 5  # model.onnx and two golden batches of inputs and outputs
+    model = tarfile.open(tar).extractfile("vision/model.onnx").read()  # type: ignore[union-attr]
+    tampered = _repack(tar, tmp_path / "tampered.tar", {"vision/model.onnx": model[:-1] + bytes([model[-1] ^ 1])})
+    with pytest.raises(BundleVerificationError) as info:
+        prepare_bundle(tampered, key=fleet_keys[1])  # the signature is fine: it covers manifest.json, which is unchanged
+    message = str(info.value)
+    assert f"refusing to publish tar {tampered}" in message
+    assert "member 'vision/model.onnx' does not match its sha256 in manifest.json" in message
+    assert "nothing was sent to any device" in info.value.hint and "edgekit pack" in info.value.hint
+    smuggled = _repack(tar, tmp_path / "smuggled.tar", {}, extra={"vision/run.sh": b"#!/bin/sh\n"})
+    with pytest.raises(BundleVerificationError, match="member 'vision/run.sh' is not listed in manifest.json files"):
+        prepare_bundle(smuggled, key=fleet_keys[1])
+
+
+def test_directory_with_a_modified_or_missing_file_is_refused(signed_bundle, fleet_keys) -> None:
+    root = signed_bundle("vision")
+    with (root / "model.onnx").open("ab") as handle:
+        handle.write(b"\0")
+    (root / "golden" / "outputs_001.npz").unlink()
+    with pytest.raises(BundleVerificationError) as info:
+        prepare_bundle(root, key=fleet_keys[1])
+    message = str(info.value)
+    assert f"refusing to publish bundle directory {root}" in message
+    assert "modified: model.onnx (expected sha256" in message and "missing: golden/outputs_001.npz" in message
+
+
+def test_a_key_is_required_unless_the_check_is_skipped(signed_bundle) -> None:
+    root = signed_bundle("vision")
+    with pytest.raises(SignatureKeyMissingError, match=f"no fleet key to check the signature of {root}") as info:
+        prepare_bundle(root)
+    assert "--key fleet.pub.pem" in info.value.hint and "--skip-signature-check" in info.value.hint
+    assert prepare_bundle(root, skip_signature_check=True).signed_by is None
+
+
+def test_inbox_gets_a_checked_copy_of_the_tar(signed_bundle, fleet_keys, tmp_path: Path) -> None:
+    tar = pack_bundle(signed_bundle("vision"), tmp_path / "vision.tar")
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    artifact = prepare_bundle(tar, key=fleet_keys[1], inbox=inbox)
+    assert artifact.url == (inbox / "vision.tar").as_uri() and (inbox / "vision.tar").read_bytes() == tar.read_bytes()
+    assert [p.name for p in inbox.iterdir()] == ["vision.tar"]  # no partial file left
+    with pytest.raises(BundleArtifactError, match=r"--inbox .*nowhere is not a directory"):
+        prepare_bundle(tar, key=fleet_keys[1], inbox=tmp_path / "nowhere")
+    with pytest.raises(BundleArtifactError, match="--inbox needs a packed bundle"):
+        prepare_bundle(signed_bundle("other"), key=fleet_keys[1], inbox=inbox)
+
+
+def test_deploy_args_carry_the_downgrade_and_signature_change_flags_only_when_set(signed_bundle, fleet_keys) -> None:
+    artifact = prepare_bundle(signed_bundle("vision", bundle_version=7), key=fleet_keys[1])
+    assert artifact.bundle_version == 7
+    assert "allow_downgrade" not in artifact.deploy_args() and "allow_signature_change" not in artifact.deploy_args()
+    args = artifact.deploy_args(allow_downgrade=True, allow_signature_change=True)
+    assert args["allow_downgrade"] is True and args["allow_signature_change"] is True
+    assert schema_problems(build_command("deploy", args), "command.v1") == []
 
 
 @pytest.mark.parametrize(("spec", "total", "expected"), [("10%", 20, 2), ("10%", 3, 1), ("1", 5, 1), ("50%", 5, 3), ("9", 4, 4)])

@@ -15,7 +15,7 @@ def test_deploy_with_sign_commands_signs_each_command_for_its_device(live_fleet,
     fleet = live_fleet(devices=2)
     bundle = signed_bundle("vision-signed")
     args = _parser().parse_args(["deploy", str(bundle), "--broker", fleet.broker.url, "--store", fleet.store_url,
-                                 "--target", "jetson-orin-nano-8gb", "--canary", "1", "--health-window-s", "1",
+                                 "--target", "x86-64-cpu", "--canary", "1", "--health-window-s", "1",
                                  "--deploy-timeout-s", "10", "--sign-commands", str(fleet_keys[0])])  # fmt: skip
     with MessageRecorder(fleet.broker, ["edgekit/v1/sim/+/cmd"]) as recorder:
         assert args.func(args) == 0
