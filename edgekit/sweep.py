@@ -10,7 +10,6 @@ A variant that fails (over budget, a refusal) is a row with its reason, not the 
 
 from __future__ import annotations
 
-import html
 import json
 import logging
 import tempfile
@@ -36,9 +35,13 @@ class SweepResult:
     out_dir: Path
     rows: list[dict[str, Any]]
     metric: str | None
+    recipe: str | None = None  # the recipe's name
+    target: str | None = None  # the target's display name
+    batch: int | None = None  # the batch every variant was timed at
 
     def to_json(self) -> dict[str, Any]:
-        return {"out": str(self.out_dir), "metric": self.metric, "variants": self.rows}
+        return {"out": str(self.out_dir), "metric": self.metric, "recipe": self.recipe, "target": self.target,
+                "batch": self.batch, "variants": self.rows}  # fmt: skip
 
 
 def _variants(recipe: Any, target: Any, backend: Any) -> list[tuple[str, Precision, bool, bool]]:
@@ -80,7 +83,7 @@ def sweep(recipe_path: Path | str, target_name: str, out: Path | str, force: boo
                     accuracy = manifest.get("accuracy") or {}
                     row.update(status="built", size_bytes=manifest["model"]["size_bytes"], metric_value=accuracy.get("value"),
                                metric_reference=accuracy.get("reference"), cosine_min=accuracy.get("cosine_min"), passed=accuracy.get("passed"),
-                               bundle=str(result.bundle_dir))
+                               bundle=str(result.bundle_dir), batch=manifest["benchmark"].get("batch"))
                     if precision in HOST_TIMED:
                         built[label] = result.bundle_dir
                     else:
@@ -111,7 +114,9 @@ def sweep(recipe_path: Path | str, target_name: str, out: Path | str, force: boo
             budget_line = fp32_row["metric_reference"] - budget.max_drop if recipe_t.evaluation.better_is_higher else fp32_row["metric_reference"] + budget.max_drop
     for row in rows:
         row["budget_line"] = budget_line
-    result = SweepResult(out_dir, rows, metric)
+    batches = [manifest_batch for row in rows if (manifest_batch := row.pop("batch", None)) is not None]
+    result = SweepResult(out_dir, rows, metric, recipe=recipe_t.name, target=target.display_name,
+                         batch=batches[0] if batches else None)
     write_sweep_report(result, recipe_t.evaluation.better_is_higher if recipe_t.evaluation else True)
     return result
 
@@ -187,28 +192,12 @@ def _estimate(recipe: Any, target: Any, precision: Precision) -> dict[str, Any]:
 
 
 def write_sweep_report(result: SweepResult, higher_is_better: bool) -> Path:
-    from edgekit.report.sweep_plot import sweep_pareto_svg
+    from edgekit.report.sweep_plot import render_sweep_html
 
     (result.out_dir / "sweep.json").write_text(json.dumps(result.to_json(), indent=2, default=str) + "\n")
-    svg = sweep_pareto_svg(result.rows, result.metric or "metric", higher_is_better) or "<p>nothing to plot</p>"
-    cells = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_fmt(row.get(k)))}</td>" for k in ("variant", "status", "size_bytes", "p50_ms", "latency_vs_fp32", "metric_value", "cosine_min", "reason")) + "</tr>"
-        for row in result.rows
-    )
-    page = (
-        "<!doctype html><html><head><meta charset='utf-8'><title>edgekit sweep</title>"
-        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px}</style>"
-        f"</head><body><h1>Sweep</h1>{svg}<table><tr><th>variant</th><th>status</th><th>size bytes</th><th>p50 ms</th><th>× fp32</th>"
-        f"<th>{html.escape(result.metric or 'metric')}</th><th>cosine min</th><th>note</th></tr>{cells}</table></body></html>"
-    )
+    page = render_sweep_html(result.rows, result.metric, higher_is_better, recipe=result.recipe, target=result.target,
+                             batch=result.batch)  # fmt: skip
     path = result.out_dir / "sweep.html"
     path.write_text(page, encoding="utf-8")
     return path
 
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)

@@ -5,18 +5,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from edgekit.cli.options import console, json_parent, print_json
+from edgekit.cli.options import json_parent, print_json, results
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("bench", parents=[json_parent()], help="benchmark a bundle on this host")
-    parser.add_argument("bundle", type=Path, help="bundle directory")
+    parser = subparsers.add_parser("bench", parents=[json_parent()], help="benchmark a bundle on this host",
+                                   description="Time a bundle on this host (p50/p90/p99, throughput), optionally side "
+                                               "by side with PyTorch eager on the same inputs, interleaved.")  # fmt: skip
+    parser.add_argument("bundle", type=Path, metavar="BUNDLE", help="bundle directory")
     parser.add_argument("--shape", metavar="DIMS", help="dynamic dims to time at, e.g. batch=8,seq=128 (default: opt)")
-    parser.add_argument("--iterations", "-n", type=int, default=50, help="timed runs per variant (default 50)")
-    parser.add_argument("--warmup", type=int, default=10, help="untimed runs first (default 10)")
-    parser.add_argument("--threads", type=int, help="intra-op threads for both ONNX Runtime and PyTorch")
+    parser.add_argument("--iterations", "-n", type=int, default=50, metavar="N", help="timed runs per variant (default 50)")
+    parser.add_argument("--warmup", type=int, default=10, metavar="N", help="untimed runs first (default 10)")
+    parser.add_argument("--threads", type=int, metavar="N", help="intra-op threads for both ONNX Runtime and PyTorch")
     parser.add_argument("--vs-pytorch", action="store_true", help="also time PyTorch eager on the same inputs (needs the recipe)")
-    parser.add_argument("--recipe", type=Path, help="recipe file, when it moved since the build")
+    parser.add_argument("--recipe", type=Path, metavar="FILE", help="recipe file, when it moved since the build")
     parser.set_defaults(func=run)
 
 
@@ -32,9 +34,10 @@ def run(args: argparse.Namespace) -> int:
         table.add_column(column, justify="right" if column != "variant" else "left")
     for name, v in report.variants.items():
         table.add_row(name, f"{v['p50_ms']:.3f}", f"{v['p90_ms']:.3f}", f"{v['p99_ms']:.3f}", f"{v['mean_ms']:.3f}", f"{v['throughput_per_s']:.1f}")
-    console.print(table)
+    printer = results(args)
+    printer.print(table)
     if "ratio_vs_pytorch_p50" in report.variants.get("bundle", {}):
-        console.print(f"bundle / PyTorch eager (p50): [bold]{report.variants['bundle']['ratio_vs_pytorch_p50']:.2f}×[/]")
+        printer.print(f"bundle / PyTorch eager (p50): [bold]{report.variants['bundle']['ratio_vs_pytorch_p50']:.2f}×[/]")
     if args.json:
         print_json(report.to_json())
     return 0

@@ -4,8 +4,22 @@ from __future__ import annotations
 
 import argparse
 
-from edgekit.cli.options import console, json_parent, output_parent, print_json, target_parent
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+
+from edgekit.cli.options import console, json_parent, output_parent, print_json, results, target_parent
 from edgekit.precision import Backend, Precision
+from edgekit.report.formatting import (
+    bundle_vs_fp32,
+    fmt_bytes,
+    fmt_cosine,
+    fmt_ms,
+    fmt_sci,
+    measured_on_target,
+    where_measured,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,25 +47,44 @@ def run(args: argparse.Namespace) -> int:
     result = build(args.recipe, args.target, precision=args.precision, out=args.out, force=args.force, progress=RichStageReporter(console),
                    backend=args.backend, trust_code=args.trust_code)
     manifest = result.manifest
-    bench = manifest["benchmark"]
-    parity = manifest["export"]["parity"] or {}
-    accuracy = manifest["accuracy"]
-    console.print(f"[bold green]bundle[/] {result.bundle_dir}")
-    console.print(f"  model      {manifest['model']['size_bytes'] / 1e6:.2f} MB ({manifest['precision']}, {manifest['backend']['name']})")
-    if parity.get("passed") is not None:
-        console.print(f"  parity     max abs diff {parity['max_abs_diff']:.2e} (atol {parity['atol']:g}), cosine min {parity['cosine_min']:.6f}")
-    if accuracy:
-        console.print(f"  accuracy   {accuracy['metric']} {accuracy['value']:.4f} (reference {accuracy['reference']:.4f}, drop {accuracy['drop']:+.4f})")
-    console.print(f"  latency    p50 {bench['p50_ms']:.2f} ms  p99 {bench['p99_ms']:.2f} ms  at {bench['shape']} on this host")
-    console.print(f"  report     {result.bundle_dir / 'report.html'}")
+    results(args).print(summary_text(manifest, result.bundle_dir), soft_wrap=True, highlight=False)
     if args.json:
         print_json({
             "bundle": str(result.bundle_dir),
             "name": manifest["name"],
             "precision": manifest["precision"],
             "size_bytes": manifest["model"]["size_bytes"],
-            "parity": parity,
-            "accuracy": accuracy,
-            "benchmark": bench,
+            "parity": manifest["export"]["parity"] or {},
+            "vs_fp32": bundle_vs_fp32(manifest),
+            "accuracy": manifest["accuracy"],
+            "benchmark": manifest["benchmark"],
+            "measured_on_target": measured_on_target(manifest),
         })
     return 0
+
+
+def summary_text(manifest: dict[str, Any], bundle_dir: Path) -> str:
+    """The build's summary for people (rich markup): what was built, how close it is to FP32, and the numbers
+    measured on this host, labelled as the host's (its CPU named) when the target is another device."""
+    bench = manifest["benchmark"]
+    parity = manifest["export"]["parity"] or {}
+    accuracy = manifest["accuracy"]
+    on_host = "" if measured_on_target(manifest) else f" [yellow]({escape(where_measured(manifest))})[/]"
+    lines = [
+        f"[bold green]bundle[/] {escape(str(bundle_dir))}",
+        f"  model      {fmt_bytes(manifest['model']['size_bytes'])} ({manifest['precision']}, {manifest['backend']['name']})",
+    ]
+    if parity.get("passed") is not None:
+        lines.append(f"  export     ONNX vs PyTorch: max abs diff {fmt_sci(parity['max_abs_diff'])} (atol {parity['atol']:g}), "
+                     f"cosine min {fmt_cosine(parity['cosine_min'])}")  # fmt: skip
+    own = bundle_vs_fp32(manifest)
+    if manifest["precision"] != "fp32" and own is not None:
+        lines.append(f"  vs FP32    {manifest['precision']} bundle on the golden inputs: max abs diff "
+                     f"{fmt_sci(own['max_abs_diff'])}, cosine min {fmt_cosine(own['cosine_min'])}")  # fmt: skip
+    if accuracy:
+        lines.append(f"  accuracy   {accuracy['metric']} {accuracy['value']:.4f} (reference {accuracy['reference']:.4f}, "
+                     f"drop {accuracy['drop']:+.4f}){on_host}")  # fmt: skip
+    lines.append(f"  latency    p50 {fmt_ms(bench['p50_ms'])}  p99 {fmt_ms(bench['p99_ms'])} at {escape(str(bench['shape']))}"
+                 + (on_host or f" {escape(where_measured(manifest))}"))
+    lines.append(f"  report     {escape(str(bundle_dir / 'report.html'))}")
+    return "\n".join(lines)

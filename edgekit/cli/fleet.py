@@ -2,7 +2,8 @@
 
 Other fleet commands live in their own modules (:data:`FLEET_SUBCOMMAND_MODULES`), each exposing
 ``register(fleet_subparsers)``; code outside edgekit can add one with :func:`register_subcommand`.
-Tables go to stderr; ``--json`` prints one JSON document as the last line of stdout.
+Tables go to stdout (full width when piped), progress to stderr; ``--json`` prints one JSON document as the last
+line of stdout and ``--csv`` (status, report) the table as CSV.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Callable
 from rich.markup import escape
 from rich.table import Table
 
-from edgekit.cli.options import console, json_parent, print_json
+from edgekit.cli.options import console, json_parent, print_csv, print_json, results, table_output_parent
 
 #: Modules that each add fleet subcommands with ``register(fleet_subparsers)``, in ``--help`` order.
 FLEET_SUBCOMMAND_MODULES = (
@@ -400,9 +401,16 @@ def _collect_worker(options: dict[str, Any], started: Any, parent_pid: int) -> N
 
 # -- status -------------------------------------------------------------------------------------
 
+#: ``fleet status --csv`` and ``fleet report --csv``: the JSON fields of a row, raw (times ISO 8601, UTC).
+STATUS_CSV_COLUMNS = ("fleet", "device", "state", "bundle_id", "target", "p50_ms", "p99_ms", "power_mean_mw",
+                      "energy_per_inference_mj", "temperature_max_c", "last_seen", "windows", "missing_seqs")
+REPORT_CSV_COLUMNS = ("bundle_id", "target", "devices", "windows", "inferences", "errors", "p50_ms", "p99_ms", "p99_max_ms",
+                      "power_mean_mw", "energy_mj", "energy_per_inference_mj", "temperature_max_c", "first_window_start",
+                      "last_window_end")
+
 
 def _register_status(fleet_subparsers: argparse._SubParsersAction) -> None:
-    parser = fleet_subparsers.add_parser("status", parents=[json_parent()], help="devices: online, bundle, latency, power",
+    parser = fleet_subparsers.add_parser("status", parents=[table_output_parent()], help="devices: online, bundle, latency, power",
                                          description="One line per device: online, bundle, p50/p99 of its newest "
                                                      "window, power, energy per inference, temperature, last seen.")  # fmt: skip
     _store_option(parser)
@@ -418,6 +426,10 @@ def run_status(args: argparse.Namespace) -> int:
         summaries = store.device_summaries(args.fleet)
     if args.json:
         print_json({"devices": [summary_to_json(s) for s in summaries]})
+        return 0
+    if args.csv:
+        rows = [summary_to_json(s) for s in summaries]
+        print_csv(STATUS_CSV_COLUMNS, ([row[column] for column in STATUS_CSV_COLUMNS] for row in rows))
         return 0
     if not summaries:
         console.print(f"no devices in {escape(args.store)}" + (f" for fleet {escape(args.fleet)}" if args.fleet else ""))
@@ -435,7 +447,7 @@ def run_status(args: argparse.Namespace) -> int:
         table.add_row(escape(name), state, escape(s.bundle_id or "-"), escape(s.target or "-"),
                       _num(s.p50_ms, 2), _num(s.p99_ms, 2), _num(s.power_mean_mw, 0), _num(s.energy_per_inference_mj, 2),
                       _num(s.temperature_max_c, 1), _ago(s.last_seen, now), str(s.windows), str(s.missing_seqs))  # fmt: skip
-    console.print(table)
+    results(args).print(table)
     return 0
 
 
@@ -443,22 +455,24 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def _register_report(fleet_subparsers: argparse._SubParsersAction) -> None:
-    parser = fleet_subparsers.add_parser("report", parents=[json_parent()], help="aggregates by bundle and target; "
+    parser = fleet_subparsers.add_parser("report", parents=[table_output_parent()], help="aggregates by bundle and target; "
                                          "before/after of rollouts",
                                          description="Latency, power and energy per bundle and target over a time "
                                                      "range, and for every set of devices that switched bundle, their "
-                                                     "figures before and after the switch.")  # fmt: skip
+                                                     "figures before and after the switch. --csv prints the "
+                                                     "by-bundle-and-target table; --json has the rollouts too.")  # fmt: skip
     _store_option(parser)
     parser.add_argument("--fleet", metavar="F", help="only this fleet")
     parser.add_argument("--bundle", metavar="ID", help="only this bundle (and rollouts from or to it)")
     parser.add_argument("--target", metavar="NAME", help="only devices of this target")
-    parser.add_argument("--since", default="24h", help="start: a duration ago (24h, 30m, 7d) or an ISO time (default 24h)")
-    parser.add_argument("--until", help="end: a duration ago or an ISO time (default now)")
+    parser.add_argument("--since", default="24h", metavar="WHEN",
+                        help="start: a duration ago (24h, 30m, 7d) or an ISO time (default 24h)")
+    parser.add_argument("--until", metavar="WHEN", help="end: a duration ago or an ISO time (default now)")
     parser.set_defaults(func=run_report)
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from edgekit.fleet.report import build_report, parse_since
+    from edgekit.fleet.report import aggregate_to_json, build_report, parse_since
     from edgekit.fleet.store import open_store
 
     now = dt.datetime.now(dt.timezone.utc)
@@ -468,6 +482,10 @@ def run_report(args: argparse.Namespace) -> int:
         report = build_report(store, fleet=args.fleet, bundle_id=args.bundle, target=args.target, since=since, until=until)
     if args.json:
         print_json(report.to_json())
+        return 0
+    if args.csv:
+        rows = [aggregate_to_json(group) for group in report.groups]
+        print_csv(REPORT_CSV_COLUMNS, ([row[column] for column in REPORT_CSV_COLUMNS] for row in rows))
         return 0
     if not report.groups:
         console.print(f"no telemetry in {escape(args.store)} since {since:%Y-%m-%d %H:%M} UTC")
@@ -480,11 +498,12 @@ def run_report(args: argparse.Namespace) -> int:
         table.add_row(escape(g.bundle_id or "-"), escape(g.target or "-"), str(g.devices), str(g.windows),
                       str(g.inferences), str(g.errors), _num(g.p50_ms, 2), _num(g.p99_ms, 2), _num(g.p99_max_ms, 2),
                       _num(g.power_mean_mw, 0), _num(g.energy_per_inference_mj, 2), _num(g.temperature_max_c, 1))  # fmt: skip
-    console.print(table)
+    out = results(args)
+    out.print(table)
     for rollout in report.rollouts:
-        console.print(f"\n[bold]rollout {escape(rollout.from_bundle)} -> {escape(rollout.to_bundle)} on "
-                      f"{escape(rollout.target or 'unknown target')}: {len(rollout.devices)} devices[/]", soft_wrap=True)
-        console.print(_rollout_table(rollout))
+        out.print(f"\n[bold]rollout {escape(rollout.from_bundle)} -> {escape(rollout.to_bundle)} on "
+                  f"{escape(rollout.target or 'unknown target')}: {len(rollout.devices)} devices[/]", soft_wrap=True)
+        out.print(_rollout_table(rollout))
     return 0
 
 

@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from edgekit.cli.options import console, json_parent, print_json
+from edgekit.cli.options import json_parent, print_json, results
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from edgekit.bundle.pack import opened_bundle_path
     from edgekit.bundle.signing import SignatureCheck, check_bundle_signature
     from edgekit.errors import BundleError
+    from edgekit.report.formatting import fmt_bytes
     from edgekit_runtime.archive import ArchiveLimits
     from edgekit_runtime.bundle import open_bundle
 
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         ("target", f"{_dig(manifest, 'target', 'name')} — {_dig(manifest, 'target', 'display_name')}"),
         ("backend", f"{_dig(manifest, 'backend', 'name')} {providers}"),
         ("precision", manifest["precision"]),
-        ("model", f"{_dig(manifest, 'model', 'size_bytes', default=0) / 1e6:.2f} MB, opset {_dig(manifest, 'model', 'opset')}"
+        ("model", f"{fmt_bytes(_dig(manifest, 'model', 'size_bytes'))}, opset {_dig(manifest, 'model', 'opset')}"
          if isinstance(_dig(manifest, "model", "size_bytes", default=None), (int, float)) else f"opset {_dig(manifest, 'model', 'opset')}"),
         ("inputs", _tensors(manifest, "inputs")),
         ("outputs", _tensors(manifest, "outputs")),
@@ -107,5 +108,5 @@ def run(args: argparse.Namespace) -> int:
     ]  # fmt: skip
     for key, value in rows:
         table.add_row(key, escape(str(value)))
-    console.print(table)
+    results(args).print(table)
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from edgekit.cli.options import console, json_parent, print_json
+from edgekit.cli.options import json_parent, print_json, results
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,8 +20,9 @@ def run(args: argparse.Namespace) -> int:
 
     private_path, public_path = args.out / PRIVATE_KEY_NAME, args.out / PUBLIC_KEY_NAME
     fingerprint = generate_keypair(private_path, public_path, force=args.force)
-    console.print(f"[green]private key[/] {private_path} (keep it secret; sign with `edgekit sign BUNDLE --key {private_path}`)")
-    console.print(f"[green]public key[/]  {public_path} (fingerprint {fingerprint}; copy it to the devices as bundles.public_key)")
+    printer = results(args)
+    printer.print(f"[green]private key[/] {private_path} (keep it secret; sign with `edgekit sign BUNDLE --key {private_path}`)", soft_wrap=True)
+    printer.print(f"[green]public key[/]  {public_path} (fingerprint {fingerprint}; copy it to the devices as bundles.public_key)", soft_wrap=True)
     if args.json:
         print_json({"private_key": str(private_path), "public_key": str(public_path), "fingerprint": fingerprint})
     return 0

@@ -64,5 +64,6 @@ def run_schema(args: argparse.Namespace) -> int:
             f"cannot write the {args.kind} schema to {out}: {exc.strerror or exc}",
             hint="choose a writable path with --out, or leave --out off to print to stdout",
         ) from None
-    options.console.print(f"wrote the {args.kind} JSON Schema to [bold]{escape(str(out))}[/]")
+    # The schema itself is the result (stdout without --out); this confirmation is a log line.
+    options.console.print(f"wrote the {args.kind} JSON Schema to [bold]{escape(str(out))}[/]", soft_wrap=True)
     return 0

@@ -5,14 +5,25 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from edgekit.cli.options import console, json_parent, output_parent, print_json, target_parent
+from rich.markup import escape
+
+from edgekit.cli.options import console, output_parent, print_csv, print_json, results, table_output_parent, target_parent
+
+#: ``edgekit sweep --csv``: the raw fields of each variant.
+CSV_COLUMNS = ("variant", "precision", "pruned", "status", "size_bytes", "p50_ms", "p99_ms", "latency_vs_fp32", "metric_value",
+               "metric_reference", "cosine_min", "passed", "budget_line", "bundle", "reason")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("sweep", parents=[target_parent(), output_parent(), json_parent()],
-                                   help="build every precision the target allows; table and Pareto plot of size × latency × accuracy")
-    parser.add_argument("recipe", help="recipe YAML file")
-    parser.add_argument("--iterations", type=int, default=30, help="timed runs per variant in the interleaved timing (default 30)")
+    parser = subparsers.add_parser(
+        "sweep", parents=[target_parent(), output_parent("DIR", "directory for the variants' bundles, sweep.json and sweep.html "
+                                                          "(default bundles/sweep-RECIPE-TARGET)"), table_output_parent()],
+        help="build every precision the target allows; table and Pareto plot of size × latency × accuracy",
+        description="Build every precision (and pruning option) the target allows, time the ones this host runs "
+                    "interleaved, and write a table and a Pareto plot (sweep.html) of size, latency and accuracy.",
+    )  # fmt: skip
+    parser.add_argument("recipe", metavar="RECIPE", help="recipe YAML file")
+    parser.add_argument("--iterations", type=int, default=30, metavar="N", help="timed runs per variant in the interleaved timing (default 30)")
     parser.add_argument("--trust-code", action="store_true", help="let the recipe run callables outside its own folder and edgekit's demos (as edgekit build)")
     parser.set_defaults(func=run)
 
@@ -21,25 +32,23 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from edgekit.progress import RichStageReporter
+    from edgekit.report.sweep_plot import sweep_cells, sweep_title
     from edgekit.sweep import sweep
 
     out = Path(args.out) if args.out else Path("bundles") / f"sweep-{Path(args.recipe).stem}-{args.target}"
     result = sweep(args.recipe, args.target, out, force=args.force, iterations=args.iterations, progress=RichStageReporter(console),
                    trust_code=args.trust_code)
-    table = Table(title=f"sweep of {args.recipe} on {args.target}")
-    for column in ("variant", "status", "size MB", "p50 ms", "× fp32", result.metric or "metric", "note"):
-        table.add_column(column)
-    for row in result.rows:
-        size = row.get("size_bytes")
-        table.add_row(
-            row["variant"], row["status"], f"{size / 1e6:.2f}" if size else "n/a",
-            f"{row['p50_ms']:.2f}" if row.get("p50_ms") else "n/a",
-            f"{row['latency_vs_fp32']:.2f}" if row.get("latency_vs_fp32") else "n/a",
-            f"{row['metric_value']:.4f}" if row.get("metric_value") is not None else "n/a",
-            row.get("reason", ""),
-        )
-    console.print(table)
-    console.print(f"report: {result.out_dir / 'sweep.html'}  data: {result.out_dir / 'sweep.json'}")
     if args.json:
         print_json(result.to_json())
+    elif args.csv:
+        print_csv(CSV_COLUMNS, ([row.get(column) for column in CSV_COLUMNS] for row in result.rows))
+    table = Table(title=f"sweep of {escape(sweep_title(result.recipe, result.target, result.batch))}")
+    for column in ("variant", "status", "size", "p50 ms", "× fp32", result.metric or "metric", "cosine min", "note"):
+        table.add_column(escape(column), justify="right" if column not in ("variant", "status", "note") else "left")
+    for row in result.rows:
+        table.add_row(*(escape(cell) for cell in sweep_cells(row)))
+    printer = results(args)
+    printer.print(table)
+    printer.print(f"report: {escape(str(result.out_dir / 'sweep.html'))}  data: {escape(str(result.out_dir / 'sweep.json'))}",
+                  soft_wrap=True)  # fmt: skip
     return 0

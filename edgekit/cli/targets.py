@@ -1,7 +1,8 @@
 """``edgekit targets``: list the shipped target profiles, or show one in full.
 
-``edgekit targets`` prints a table (to stderr); with ``--json`` the last stdout line is a JSON list with
-every profile's full fields. ``edgekit targets show NAME`` prints one profile (a name or a ``.yaml`` path).
+``edgekit targets`` prints a table on stdout (full width when piped); ``--json`` prints a JSON list with
+every profile's full fields, ``--csv`` the table's columns as CSV. ``edgekit targets show NAME`` prints one
+profile (a name or a ``.yaml`` path).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from edgekit.target import TargetProfile, default_registry
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "targets",
-        parents=[options.json_parent()],
+        parents=[options.table_output_parent()],
         help="list target profiles (devices edgekit builds for)",
         description="List the shipped target profiles, or show one with `edgekit targets show NAME`.",
     )
@@ -47,10 +48,14 @@ def list_targets(args: argparse.Namespace) -> int:
     if args.json:
         options.print_json([profile.to_json() for profile in profiles])
         return 0
-    # The display names need a wide terminal; under it they stay in `targets show` and --json.
+    if args.csv:
+        options.print_csv(CSV_COLUMNS, (csv_row(profile) for profile in profiles))
+        return 0
+    out = options.results(args)
+    # The display names need a wide terminal; under it they stay in `targets show`, --json and --csv.
     widest = max((len(p.display_name) for p in profiles), default=0)
-    display_names = options.console.width >= widest + TABLE_COLUMNS_WIDTH
-    options.console.print(targets_table(profiles, display_names=display_names))
+    display_names = out.width >= widest + TABLE_COLUMNS_WIDTH
+    out.print(targets_table(profiles, display_names=display_names))
     return 0
 
 
@@ -59,7 +64,7 @@ def show_target(args: argparse.Namespace) -> int:
     if args.json:
         options.print_json(profile.to_json())
         return 0
-    options.console.print(profile_tree(profile))
+    options.results(args).print(profile_tree(profile))
     return 0
 
 
@@ -67,6 +72,17 @@ def show_target(args: argparse.Namespace) -> int:
 
 #: Columns the table needs besides the name column, with a readable precisions column.
 TABLE_COLUMNS_WIDTH = 80
+#: ``edgekit targets --csv``: the table's columns, one value each.
+CSV_COLUMNS = ("name", "display_name", "arch", "gpu_compute_capability", "gpu_memory_gb", "dla_cores", "npu_execution_provider",
+               "memory_gb", "default_backend", "precisions")
+
+
+def csv_row(profile: TargetProfile) -> tuple[Any, ...]:
+    """One profile as the values of :data:`CSV_COLUMNS` (precisions space-separated)."""
+    gpu, npu = profile.gpu, profile.npu
+    return (profile.name, profile.display_name, profile.cpu.arch, gpu.compute_capability if gpu else None,
+            gpu.memory_gb if gpu else None, profile.dla_cores, npu.execution_provider if npu else None, profile.memory.gb,
+            profile.default_backend.value, " ".join(p.value for p in profile.precisions()))  # fmt: skip
 
 
 def targets_table(profiles: list[TargetProfile], *, display_names: bool = True) -> Table:

@@ -82,20 +82,47 @@ def fmt_seconds(value: Any) -> str:
     return f"{x * 1000:.0f} ms" if abs(x) < 1 else f"{x:.2f} s"
 
 
-def fmt_bytes(value: Any) -> str:
-    """Decimal units (1 MB = 10^6 bytes), as the rest of the report uses."""
+#: Units of :func:`fmt_bytes`, decimal (1 MB = 10^6 bytes) as everywhere in edgekit's output.
+BYTE_UNITS = (("B", 1.0), ("KB", 1e3), ("MB", 1e6), ("GB", 1e9), ("TB", 1e12))
+
+
+def fmt_bytes(value: Any, unit: str | None = None) -> str:
+    """A size for people, the one way edgekit writes sizes (CLI, report, sweep): ``8 B``, ``1.5 KB``,
+    ``90.5 MB``, ``1.23 GB``; three significant digits, never an exponent, whole bytes below 1 KB.
+    ``unit`` ("MB", ...) fixes the unit, for columns that compare sizes."""
     x = number(value)
     if x is None:
         return fmt_value(value)
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(x) >= scale:
-            return f"{x / scale:.3g} {unit}"
-    return f"{x:.0f} B"
+    scales = dict(BYTE_UNITS)
+    if unit is not None:
+        if unit not in scales:
+            raise ValueError(f"fmt_bytes: unit {unit!r} is not one of {', '.join(scales)}")
+        return f"{_three_digits(x / scales[unit], whole=unit == 'B')} {unit}"
+    chosen, scale = BYTE_UNITS[0]
+    for name, size in BYTE_UNITS:
+        if abs(x) >= size:
+            chosen, scale = name, size
+    text = _three_digits(x / scale, whole=chosen == "B")
+    if chosen != BYTE_UNITS[-1][0] and float(text.replace(",", "")) >= 1000:  # 999.96 KB rounds to 1000 KB: say 1 MB
+        index = [name for name, _ in BYTE_UNITS].index(chosen) + 1
+        chosen, scale = BYTE_UNITS[index]
+        text = _three_digits(x / scale, whole=False)
+    return f"{text} {chosen}"
+
+
+def _three_digits(x: float, *, whole: bool) -> str:
+    """``x`` to three significant digits in fixed notation (``0.00012``, ``1.5``, ``90.5``, ``1,234``)."""
+    if whole or x == 0:
+        return f"{x:,.0f}"
+    magnitude = math.floor(math.log10(abs(x)))
+    decimals = max(0, 2 - magnitude)
+    return f"{x:,.{decimals}f}".rstrip("0").rstrip(".") if decimals else f"{x:,.0f}"
 
 
 def fmt_mb(value: Any) -> str:
+    """A figure recorded in MB (``peak_rss_mb``) written as :func:`fmt_bytes` writes sizes."""
     x = number(value)
-    return fmt_value(value) if x is None else f"{x:,.0f} MB" if x >= 100 else f"{x:.3g} MB"
+    return fmt_value(value) if x is None else fmt_bytes(x * 1e6)
 
 
 def fmt_percent(part: float | None, whole: float | None) -> str:
@@ -136,6 +163,43 @@ def fmt_host(host: Any, short: bool = False) -> str:
         parts += [host.get("os"), f"Python {host['python']}" if host.get("python") else None]
         parts += [f"{key}={fmt_value(value)}" for key, value in host.items() if key not in known and value is not None]
     return ", ".join(str(part) for part in parts if part) or NA
+
+
+def measured_on_target(manifest: Any) -> bool:
+    """Whether the build host's numbers (benchmark, accuracy) are the target's own: only for a profile that
+    describes the build host itself (``cpu.isa: host``, as ``x86-64-cpu``)."""
+    return dig(manifest, "target", "cpu", "isa") == "host"
+
+
+def host_cpu(manifest: Any) -> str:
+    """The build host's CPU as the manifest's benchmark recorded it, e.g. ``Intel(R) Xeon(R) ..., 2 cores``."""
+    return fmt_host(dig(manifest, "benchmark", "host"), short=True)
+
+
+def where_measured(manifest: Any) -> str:
+    """Where the benchmark and accuracy numbers come from, for a label: ``on this host (CPU, 2 cores)``,
+    plus ``, not on <target>`` when the target is another device."""
+    host = dig(manifest, "benchmark", "host")
+    where = f"on this host ({host_cpu(manifest)})" if host else "on this host"
+    if measured_on_target(manifest):
+        return where
+    target = dig(manifest, "target", "display_name") or dig(manifest, "target", "name")
+    return f"{where}, not on the {target}" if target else where
+
+
+def bundle_vs_fp32(manifest: Any) -> dict[str, Any] | None:
+    """The built model's own deviation from the FP32 reference, as the golden self-check measured it on the
+    golden inputs: ``{max_abs_diff, cosine_min, outputs}`` over all outputs (worst of each); ``None`` when the
+    manifest has no measurements (older bundles, a build that stopped before the golden stage)."""
+    outputs = dig(manifest, "golden", "outputs")
+    if not isinstance(outputs, Mapping):
+        return None
+    diffs = [d for entry in outputs.values() if (d := number(dig(entry, "measured", "max_abs_diff"))) is not None]
+    cosines = [c for entry in outputs.values() if (c := number(dig(entry, "measured", "cosine_min"))) is not None]
+    if not diffs and not cosines:
+        return None
+    return {"max_abs_diff": max(diffs) if diffs else None, "cosine_min": min(cosines) if cosines else None,
+            "outputs": len(outputs)}  # fmt: skip
 
 
 def status(passed: Any) -> tuple[str, str]:

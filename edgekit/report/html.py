@@ -18,7 +18,20 @@ from typing import TYPE_CHECKING, Any
 
 from edgekit import __version__
 from edgekit.errors import BuildError, BundleError
-from edgekit.report.formatting import NA, dig, fmt_mb, fmt_ms, fmt_number, fmt_value, number
+from edgekit.report.formatting import (
+    NA,
+    bundle_vs_fp32,
+    dig,
+    fmt_cosine,
+    fmt_mb,
+    fmt_ms,
+    fmt_number,
+    fmt_sci,
+    fmt_value,
+    measured_on_target,
+    number,
+    where_measured,
+)
 from edgekit.report.model_section import device_section, model_section
 from edgekit.report.precision_section import precision_section
 from edgekit.report.sections import accuracy_section, benchmark_section, parity_section, stages_section
@@ -123,7 +136,7 @@ def _header(manifest: dict[str, Any], parity: dict[str, Any], accuracy: dict[str
         "backend": fmt_value(dig(manifest, "backend", "name")),
         "precision": fmt_value(dig(manifest, "precision")),
         "recipe": fmt_value(dig(manifest, "recipe", "name")),
-        "badges": [("Parity", *parity["status"]), ("Accuracy", *accuracy["status"])],
+        "badges": [("Export parity", *parity["status"]), ("Accuracy", *accuracy["status"])],
     }
 
 
@@ -137,18 +150,32 @@ def _cards(
     """The summary row: (title, big value, small print, css class) per card."""
     bench = dig(manifest, "benchmark")
     batch = dig(bench, "batch")
+    host_note = "" if measured_on_target(manifest) else " (this host)"
     return [
         _card("Model size", model["size"], model["size_note"]),
-        _card("Parity max |diff|", parity["max_abs_diff"], f"atol {parity['atol']}", parity["status"][1]),
-        _card("Accuracy", accuracy["value"], accuracy["card_note"], accuracy["status"][1]),
-        _card("Latency p50 / p99", f"{fmt_ms(dig(bench, 'p50_ms'))} / {fmt_ms(dig(bench, 'p99_ms'))}", benchmark["where"]),
+        _parity_card(manifest, parity),
+        _card("Accuracy" + host_note, accuracy["value"], accuracy["card_note"], accuracy["status"][1]),
+        _card("Latency p50 / p99" + host_note, f"{fmt_ms(dig(bench, 'p50_ms'))} / {fmt_ms(dig(bench, 'p99_ms'))}",
+              benchmark["where"]),
         _card(
-            "Throughput",
+            "Throughput" + host_note,
             f"{fmt_number(dig(bench, 'throughput_per_s'), 3)} /s" if number(dig(bench, "throughput_per_s")) else NA,
             f"batch {fmt_value(batch)}" if batch is not None else "",
         ),
-        _card("Peak RSS", fmt_mb(dig(bench, "peak_rss_mb")), "resident memory while benchmarking"),
+        _card("Peak RSS" + host_note, fmt_mb(dig(bench, "peak_rss_mb")), "resident memory while benchmarking"),
     ]
+
+
+def _parity_card(manifest: dict[str, Any], parity: dict[str, Any]) -> dict[str, str]:
+    """The headline parity: for an FP32 build the export's (ONNX vs PyTorch); for any other precision the
+    bundle's own deviation from FP32 on the golden inputs, since the export parity is the FP32 graph's."""
+    precision = dig(manifest, "precision")
+    own = bundle_vs_fp32(manifest)
+    if precision in (None, "fp32") or own is None:
+        return _card("Parity max |diff|", parity["max_abs_diff"], f"atol {parity['atol']}", parity["status"][1])
+    cosine = f"cosine min {fmt_cosine(own['cosine_min'])}; " if own["cosine_min"] is not None else ""
+    return _card(f"{str(precision).upper()} vs FP32 max |diff|", fmt_sci(own["max_abs_diff"]),
+                 f"{cosine}on the golden inputs (export parity {parity['max_abs_diff']})")  # fmt: skip
 
 
 def _card(title: str, value: str, note: str, css: str = "") -> dict[str, str]:

@@ -24,8 +24,10 @@ from edgekit.report.formatting import (
     fmt_sci,
     fmt_seconds,
     fmt_value,
+    measured_on_target,
     number,
     status,
+    where_measured,
 )
 
 __all__ = ["accuracy_section", "benchmark_section", "parity_section", "stages_section"]
@@ -104,7 +106,9 @@ def accuracy_section(manifest: dict[str, Any]) -> dict[str, Any]:
         "budget": budget,
         "samples": fmt_number(dig(accuracy, "samples")),
         "card_note": f"reference {reference}; budget {budget}" if isinstance(accuracy, dict) else "no evaluation",
-        "note": "" if isinstance(accuracy, dict) else "The recipe has no evaluation, so accuracy was not measured.",
+        "note": ("The recipe has no evaluation, so accuracy was not measured." if not isinstance(accuracy, dict)
+                 else "" if measured_on_target(manifest) else
+                 f"Measured {where_measured(manifest)}: the device's own kernels may differ slightly."),
     }
     return section
 
@@ -137,7 +141,7 @@ def benchmark_section(manifest: dict[str, Any], latency_samples_ms: Sequence[flo
     plot = plots.latency_histogram_svg(samples, percentiles) if samples else None
     return {
         "available": isinstance(bench, dict),
-        "where": f"on {fmt_host(host, short=True)}" if host else "",
+        "where": where_measured(manifest) if host else "",
         "stats": stats,
         "setup": setup,
         "plot": _markup(plot),

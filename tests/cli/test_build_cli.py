@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import tarfile
 
 import pytest
@@ -33,7 +34,9 @@ def test_inspect_verifies_and_prints_manifest(built, capsys):
     assert payload["verified"] is True
     assert payload["manifest"]["name"] == "tiny-x86-64-cpu-fp32"
     assert main(["inspect", str(out)]) == 0
-    assert "file hashes verified" in capsys.readouterr().err
+    shown = capsys.readouterr()
+    assert "file hashes verified" in shown.out and shown.err == ""  # the result, on stdout
+    assert re.search(r"model +│ [0-9.]+ (B|KB|MB), opset", shown.out), shown.out
 
 
 def test_inspect_catches_a_modified_file(built, capsys):

@@ -55,7 +55,7 @@ def test_key_verifies_the_signature(signed: Path, keys: dict[str, tuple[Path, Pa
     code, payload, _ = inspect(capsys, str(signed))
     assert code == 0 and payload["signature"] == {"status": "not_checked", "key": None}
     assert main(["inspect", str(signed)]) == 0
-    assert "signature not checked: pass --key" in " ".join(capsys.readouterr().err.split())
+    assert "signature not checked: pass --key" in " ".join(capsys.readouterr().out.split())
 
 
 def test_a_rehashed_model_with_a_stale_signature_fails(

@@ -31,11 +31,15 @@ Run = Callable[..., CliResult]
 @pytest.fixture
 def run(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Run:
     """``run(*argv, width=200)``: main() with only the commands under test registered, so these tests do not
-    depend on the other command modules; the human output's console is ``width`` columns wide."""
+    depend on the other command modules; the results are ``width`` columns wide (COLUMNS), or as wide as they
+    need with ``width=None`` (stdout is a pipe here)."""
     monkeypatch.setattr(cli_main, "COMMAND_MODULES", ("edgekit.cli.targets", "edgekit.cli.schema"))
 
-    def invoke(*argv: str, width: int = 200) -> CliResult:
-        monkeypatch.setattr(options.console, "width", width)
+    def invoke(*argv: str, width: int | None = 200) -> CliResult:
+        if width is None:
+            monkeypatch.delenv("COLUMNS", raising=False)
+        else:
+            monkeypatch.setenv("COLUMNS", str(width))
         capsys.readouterr()
         code = cli_main.main(list(argv))
         captured = capsys.readouterr()
@@ -61,29 +65,65 @@ def test_targets_json_lists_every_profile_with_all_its_fields(run: Run):
 def test_targets_table_on_a_wide_terminal(run: Run):
     result = run("targets", width=200)
     assert result.code == 0
-    assert result.out == ""  # human output goes to stderr; stdout stays for --json
+    assert result.err == ""  # the table is the result: stdout, so `edgekit targets | less` shows it
     for profile in default_registry().all():
-        assert profile.name in result.err
-        assert profile.display_name in result.err
-    assert "11.0" in result.err and "nvfp4" in result.err  # Thor's compute capability and FP4
-    assert "OpenVINO" in result.err and "QNN" in result.err  # the NPU targets' providers
+        assert profile.name in result.out
+        assert profile.display_name in result.out
+    assert "11.0" in result.out and "nvfp4" in result.out  # Thor's compute capability and FP4
+    assert "OpenVINO" in result.out and "QNN" in result.out  # the NPU targets' providers
+    assert "\x1b[" not in result.out  # no colour codes into a pipe
+
+
+def test_targets_piped_is_never_cut(run: Run):
+    """Piped with no COLUMNS, the table is as wide as it needs: whole names, display names and precisions."""
+    result = run("targets", width=None)
+    assert result.code == 0
+    assert options.PIPED_WIDTH >= 200
+    lines = result.out.splitlines()
+    for profile in default_registry().all():
+        (row,) = [line for line in lines if line.startswith(profile.name + " ")]
+        assert " ".join(p.value for p in profile.precisions()) in row  # one line, nothing cut or wrapped
+        assert profile.display_name in result.out
+    assert "…" not in result.out
+
+
+def test_targets_csv(run: Run):
+    import csv
+    import io
+
+    result = run("targets", "--csv")
+    assert result.code == 0 and result.err == ""
+    rows = list(csv.DictReader(io.StringIO(result.out)))
+    assert [row["name"] for row in rows] == default_registry().names()
+    orin = next(row for row in rows if row["name"] == "jetson-agx-orin-64gb")
+    assert orin["gpu_compute_capability"] == "8.7" and orin["dla_cores"] == "2"
+    assert orin["display_name"] == "NVIDIA Jetson AGX Orin 64GB" and "int8" in orin["precisions"].split()
+    pi = next(row for row in rows if row["name"] == "raspberry-pi-5")
+    assert pi["gpu_compute_capability"] == "" and pi["npu_execution_provider"] == ""
+
+
+def test_targets_json_and_csv_exclude_each_other(run: Run, capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit) as info:
+        run("targets", "--json", "--csv")
+    assert info.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
 
 
 def test_targets_table_on_a_narrow_terminal_keeps_whole_names_and_precisions(run: Run):
     result = run("targets", width=80)
     assert result.code == 0
-    lines = result.err.splitlines()
+    lines = result.out.splitlines()
     assert max(len(line.rstrip()) for line in lines) <= 80
     for profile in default_registry().all():
         (row,) = [line for line in lines if line.startswith(profile.name + " ")]
         assert profile.precisions()[0].value in row  # the precisions column is not cut off
-    assert "NVIDIA Jetson AGX Orin 64GB" not in result.err  # display names wait for a wider terminal
+    assert "NVIDIA Jetson AGX Orin 64GB" not in result.out  # display names wait for a wider terminal
 
 
 def test_show_prints_every_section(run: Run):
     result = run("targets", "show", "jetson-agx-orin-64gb")
     assert result.code == 0
-    err = result.err
+    err = result.out
     for text in (
         "jetson-agx-orin-64gb", "NVIDIA Jetson AGX Orin 64GB", "compute_capability: 8.7", "dla_cores: 2",
         "bandwidth_gbps: 204.8", "int8: 275 TOPS (total, sparse, at MAXN)", "MODE_15W: 15", "jetpack: 6.2",
@@ -96,9 +136,9 @@ def test_show_prints_every_section(run: Run):
 def test_show_npu_target(run: Run):
     result = run("targets", "show", "qualcomm-qcs6490")
     assert result.code == 0
-    assert "architecture: Hexagon HTP v68" in result.err
-    assert "backend_path: libQnnHtp.so" in result.err
-    assert "power_modes: none" in result.err
+    assert "architecture: Hexagon HTP v68" in result.out
+    assert "backend_path: libQnnHtp.so" in result.out
+    assert "power_modes: none" in result.out
 
 
 @pytest.mark.parametrize("argv", [("targets", "show", "jetson-agx-thor", "--json"),

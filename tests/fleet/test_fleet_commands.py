@@ -72,11 +72,12 @@ def test_status_json_lists_every_device(seeded: str, capsys: pytest.CaptureFixtu
 def wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tables as a 200-column terminal shows them (not wrapped at 80)."""
     monkeypatch.setattr(options.console, "width", 200)
+    monkeypatch.setenv("COLUMNS", "200")
 
 
 def test_status_table_and_fleet_filter(seeded: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["fleet", "status", "--store", seeded]) == 0
-    table = capsys.readouterr().err
+    table = capsys.readouterr().out
     assert "fleet lab: 4 devices" in table
     assert re.search(r"nano-1 +│ online +│ minilm-int8-b +│ jetson-orin-nano +│ +2\.00 +│ +2\.00 +│ +4000 ", table), table
     assert _json_out(capsys, ["fleet", "status", "--store", seeded, "--fleet", "other", "--json"]) == {"devices": []}
@@ -112,7 +113,7 @@ def test_report_filters_by_bundle_target_and_time(seeded: str, capsys: pytest.Ca
     recent = _json_out(capsys, ["fleet", "report", "--store", seeded, "--json"])  # default: the last 24 h (none)
     assert recent["groups"] == [] and recent["rollouts"] == []
     assert main(["fleet", "report", "--store", seeded, "--since", SINCE]) == 0
-    assert "rollout minilm-int8-a -> minilm-int8-b on jetson-orin-nano: 2 devices" in capsys.readouterr().err
+    assert "rollout minilm-int8-a -> minilm-int8-b on jetson-orin-nano: 2 devices" in capsys.readouterr().out
 
 
 def test_report_after_retention_still_compares(seeded: str) -> None:

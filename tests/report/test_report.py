@@ -356,7 +356,7 @@ def test_onnx_source_without_accuracy_renders_na(tiny_model_path: Path) -> None:
     page = render_report(manifest, None, tiny_model_path)
     parser = _parse(page)
     text = _visible_text(parser)
-    assert "Parity n/a" in text and "Accuracy n/a" in text
+    assert "Export parity n/a" in text and "Accuracy n/a" in text
     assert "the model came as an ONNX file, so export parity was not checked" in text
     assert "The recipe has no evaluation, so accuracy was not measured." in text
     assert "No per-iteration latencies were recorded" in text
@@ -372,7 +372,7 @@ def test_failed_parity_is_flagged() -> None:
     parity["shapes"][3].update(cosine_min=0.99)  # within atol but under min_cosine 0.9999
     manifest["stages"] = []
     text = _visible_text(_parse(render_report(manifest, None, None)))
-    assert "Parity FAILED" in text and "2.50e-03" in text and "0.99 FAILED" in text
+    assert "Export parity FAILED" in text and "2.50e-03" in text and "0.99 FAILED" in text
     assert text.count("FAILED") == 2 + 2  # header and section badge, two comparisons
 
 
