@@ -116,7 +116,11 @@ class OrtCandidateBuilder:
 
             from edgekit.engines.onnxruntime import convert_fp16
 
-            converted = convert_fp16(onnx.load(str(model), load_external_data=True))
+            # The graph the pipeline builds when auto chooses fp16 (the FP32 export, converted by the engine
+            # builder), not the pre-processed one the int8 candidates start from: PP-OCR's detector passed
+            # as the latter and failed the bundle's own evaluation as the former (cosine 0.53).
+            source = self.fp32_path if candidate.graph == EXPORTED else model
+            converted = convert_fp16(onnx.load(str(source), load_external_data=True))
             return BuiltCandidate(ort_writers._save(converted, out))
         if plan is None:
             raise QuantizationError(f"candidate {candidate.name} ({candidate.precision.value}) has no quantization plan")

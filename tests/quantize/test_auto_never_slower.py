@@ -47,3 +47,22 @@ def test_an_int8_dynamic_candidate_that_quantized_nothing_is_an_error_row(tmp_pa
     with pytest.raises(QuantizationError, match=r"int8-dynamic quantized nothing in this graph, so it is not an int8-dynamic plan") as info:
         builder(Candidate("dynamic", Precision.INT8_DYNAMIC, plan))
     assert "2 Conv node(s) hold the rest and stay float" in (info.value.hint or "")
+
+
+def test_the_fp16_candidate_is_the_graph_the_pipeline_builds(tmp_path: Path) -> None:
+    """auto's fp16 candidate is the FP32 export converted, as the engine builder converts it when auto
+    chooses fp16, not the folded graph the int8 candidates start from (PP-OCR's detector passed as the
+    latter, failed as the former)."""
+    import collections
+
+    import onnx
+
+    from edgekit.engines.onnxruntime import convert_fp16
+    from tests.quantize.test_cnn_folding import ppocr_block
+
+    fp32 = ppocr_block(tmp_path / "fp32.onnx", pad_second=False)
+    builder = OrtCandidateBuilder(fp32, tmp_path / "work", [], {"minmax": CalibratorSpec.create("minmax")})
+    built = builder(Candidate("fp16", Precision.FP16, None))
+    got = collections.Counter(n.op_type for n in onnx.load(str(built.path)).graph.node)
+    want = collections.Counter(n.op_type for n in convert_fp16(onnx.load(str(fp32))).graph.node)
+    assert got == want and got["Clip"] == 1 and got["Div"] == 1, got  # the HardSwish expansion is still there
