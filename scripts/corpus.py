@@ -70,6 +70,19 @@ def markdown(rows: list, flags: tuple[str, ...], args: argparse.Namespace) -> st
     return "\n".join(lines) + "\n"
 
 
+BEGIN, END = "<!-- corpus:table -->", "<!-- /corpus:table -->"
+
+
+def write_table(path: Path, table: str) -> None:
+    """Write the table between the BEGIN/END markers, keeping the hand-written text around them."""
+    old = path.read_text() if path.is_file() else ""
+    if BEGIN in old and END in old:
+        head, rest = old.split(BEGIN, 1)
+        path.write_text(f"{head}{BEGIN}\n{table}{END}{rest.split(END, 1)[1]}")
+    else:
+        path.write_text(f"{BEGIN}\n{table}{END}\n")
+
+
 def main() -> int:
     import edgekit.corpus.run as corpus_run
     from edgekit.corpus import PROVIDERS
@@ -115,7 +128,7 @@ def main() -> int:
                 print(f"   {row.target} {row.variant}: x fp32 {_fmt(row.x_fp32, '.2f')}, {row.metric_name} {_fmt(row.metric, '.4f')}"
                       f"{', ' + row.error if row.error else ''}", file=sys.stderr, flush=True)
             rows.extend(model_rows)
-    args.out.write_text(markdown(rows, read_host_isa(), args))
+    write_table(args.out, markdown(rows, read_host_isa(), args))
     if args.json:
         args.json.write_text(json.dumps([r.to_json() for r in rows], indent=1))
     print(f"wrote {args.out}", file=sys.stderr)

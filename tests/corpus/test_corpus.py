@@ -88,6 +88,7 @@ def test_one_model_end_to_end(tmp_path):
 def test_script_writes_the_table(tmp_path):
     name = "ppocr-cls" if list(WHEELS.glob("rapidocr_onnxruntime-*.whl")) else "resnet"
     out = tmp_path / "corpus.md"
+    out.write_text("# Hand-written intro\n<!-- corpus:table -->\nold table\n<!-- /corpus:table -->\nHand-written analysis.\n")
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "corpus.py"), "--models", name, "--precisions", "fp32,int8", "--rounds", "1",
                            "--scale", "0.2", "--wheels", str(WHEELS), "--out", str(out), "--json", str(tmp_path / "rows.json")],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
@@ -95,3 +96,5 @@ def test_script_writes_the_table(tmp_path):
     text = out.read_text()
     assert "| model | target | variant | size MB |" in text and "CPU flags:" in text
     assert f"| {name} | x86-64-cpu | int8 |" in text and f"| {name} | x86-64-cpu | ort-quantize_static |" in text
+    assert text.startswith("# Hand-written intro\n") and text.endswith("<!-- /corpus:table -->\nHand-written analysis.\n")
+    assert "old table" not in text
