@@ -4,7 +4,9 @@
 * ``edgekit-agent check --config agent.yaml``: check the config, the bundles (signature, hashes,
   self-check), the power sensor and the paths, print what is wrong, exit non-zero on problems;
 * ``edgekit-agent install --config agent.yaml BUNDLE``: first provisioning of a device, the same
-  checks as a deploy, without a broker.
+  checks as a deploy, without a broker;
+* ``edgekit-agent detect [--root PATH] [--json]``: the device's identity, power mode and the edgekit
+  target profile it matches, with the evidence (exit 1 when none matches, saying why).
 
 Exit codes: 0 fine, 1 the check found problems (or ``run`` failed), 2 the config is invalid.
 """
@@ -203,6 +205,48 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_detect(args: argparse.Namespace) -> int:
+    from edgekit_runtime.sensors.target_detect import inspect_device
+
+    root = Path(args.root)
+    if not root.is_dir():
+        _print_error(AgentConfigError(f"detect --root {str(root)!r} is not a directory",
+                                      hint="point --root at a filesystem root: / (the default), a mounted device "
+                                           "image or a fixture tree"))  # fmt: skip
+        return EXIT_CONFIG
+    report = inspect_device(root)
+    if args.json:
+        sys.stdout.write(json.dumps(report.to_dict()) + "\n")
+    else:
+        sys.stdout.write("".join(f"{line}\n" for line in _detect_lines(report)))
+    return EXIT_OK if report.detection.target is not None else EXIT_PROBLEMS
+
+
+def _detect_lines(report: Any) -> list[str]:
+    identity, mode, detection = report.identity, report.power_mode, report.detection
+    lines = [f"target       {detection.target}" if detection.target else f"target       none: {detection.reason}"]
+    lines += [f"  evidence   {line}" for line in detection.evidence]
+    lines += [f"  note       {line}" for line in (*detection.notes, *identity.notes)]
+
+    def show(value: object) -> str:
+        return "-" if value in (None, "", ()) else str(value)
+
+    cpu = f"{show(identity.cpu_model)}, {show(identity.cpu_cores)} cores, {show(identity.cpu_arch)}"
+    if identity.isa_flags:
+        cpu += f" ({' '.join(identity.isa_flags)})"
+    memory = "-" if identity.memory_total_mb is None else f"{identity.memory_total_mb:.0f} MiB"
+    ort = show(identity.onnxruntime)
+    if identity.onnxruntime_providers:
+        ort += f" ({', '.join(identity.onnxruntime_providers)})"
+    power = "-" if mode.mode_name is None and mode.mode_id is None else f"{show(mode.mode_name)} (id {mode.mode_id}, {mode.mode_source})"
+    clocks = {True: "locked (min = max)", False: "not locked", None: "-"}[mode.clocks_locked]
+    lines += [f"board        {show(identity.board)}", f"soc          {show(identity.soc)}", f"os           {show(identity.os_name)}",
+              f"l4t          {show(identity.l4t)}", f"jetpack      {show(identity.jetpack)}", f"cuda         {show(identity.cuda)}",
+              f"tensorrt     {show(identity.tensorrt)}", f"onnxruntime  {ort}", f"cpu          {cpu}", f"memory       {memory}",
+              f"gpu          {show(identity.gpu_name)}", f"power mode   {power}", f"clocks       {clocks}"]  # fmt: skip
+    return lines
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgekit-agent", description="The edgekit device agent.")
     parser.add_argument("--version", action="version", version=f"edgekit-agent {__version__}")
@@ -224,6 +268,11 @@ def build_parser() -> argparse.ArgumentParser:
     install.add_argument("--sha256", help="expected sha256 of the tar (or of a directory's manifest.json)")
     install.add_argument("--signature", help="base64 signature over manifest.json, if the bundle has no manifest.sig")
     install.set_defaults(func=_cmd_install)
+
+    detect = commands.add_parser("detect", help="name the target profile this device matches, with the evidence")
+    detect.add_argument("--root", type=Path, default=Path("/"), help="filesystem root to read (default /)")
+    detect.add_argument("--json", action="store_true", help="print identity, power mode and target as one JSON line")
+    detect.set_defaults(func=_cmd_detect)
     return parser
 
 

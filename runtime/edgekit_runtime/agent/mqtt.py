@@ -196,6 +196,7 @@ class MqttLink:
         self._keepalive_s = keepalive_s
         self._connect_timeout_s = float(connect_timeout_s)
         self._bundle = bundle
+        self._status_fields: dict[str, Any] = {}  # identity, target, power_mode (set_status_fields)
         # Without a record on disk the window lives in memory: replays are refused until the process ends.
         self.replay = replay if replay is not None else ReplayWindow(":memory:")
         if require_signed_commands and command_key is None:
@@ -345,6 +346,12 @@ class MqttLink:
 
     # -- client setup ---------------------------------------------------------------------------
 
+    def set_status_fields(self, **fields: Mapping[str, Any] | None) -> None:
+        """Optional status.v1 fields (``identity``, ``target``, ``power_mode``): republished in the retained
+        status and used in the will; a field set to ``None`` is left out."""
+        self._status_fields = {**self._status_fields, **fields}
+        self._status_dirty = True
+
     def _make_client(
         self,
         tls_ca: str | Path | None,
@@ -411,7 +418,8 @@ class MqttLink:
 
     def _status_payload(self, state: str, reason: str | None) -> bytes:
         status = build_status(device=self.topics.device, fleet=self.topics.fleet, state=state,  # type: ignore[arg-type]
-                              bundle=self._bundle, reason=reason, agent_version=self.agent_version)  # fmt: skip
+                              bundle=self._bundle, reason=reason, agent_version=self.agent_version,
+                              **self._status_fields)  # fmt: skip
         return encode_message(status)
 
     def _spool_message(self, message: Mapping[str, Any], topic: str) -> int:

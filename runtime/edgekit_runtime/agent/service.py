@@ -61,6 +61,9 @@ from edgekit_runtime.agent.telemetry import (
 from edgekit_runtime.errors import EdgekitError
 from edgekit_runtime.schemas import validate_message
 from edgekit_runtime.sensors import DeviceStateReader, PowerIntegrator, PowerSensor, create_sensor
+from edgekit_runtime.sensors.identity import DeviceIdentity, read_identity
+from edgekit_runtime.sensors.power_mode import PowerModeReader, PowerModeState
+from edgekit_runtime.sensors.target_detect import TargetDetection, detect_target
 from edgekit_runtime.signature import ANONYMOUS_DIM, IOSignature
 
 logger = logging.getLogger(__name__)
@@ -156,6 +159,11 @@ class AgentService:
         self.api = AgentApi.from_config(self.server, config.api, health_provider=self.health)
         self.state_reader = DeviceStateReader(config.power.root)
         self.integrator: PowerIntegrator | None = None
+        # Device identity (read once at start) and power mode (re-read every telemetry window).
+        self.power_mode_reader = PowerModeReader(config.power.root)
+        self.identity: DeviceIdentity | None = None
+        self.target_detection: TargetDetection | None = None
+        self.power_mode: PowerModeState | None = None
 
     # -- life cycle ---------------------------------------------------------------------------------
 
@@ -174,6 +182,7 @@ class AgentService:
     def start(self) -> AgentService:
         """Serve the current bundle, open the API, connect to the broker and start the loops."""
         self._start_sensor()
+        self._read_identity()
         self.deployer.start()
         self.api.start()
         self._start_link()
@@ -281,6 +290,45 @@ class AgentService:
             logger.error("power sensor %s unavailable (%s); telemetry will carry no power", power.sensor, reason)
         self.integrator = PowerIntegrator.for_sensor(self._sensor)
 
+    def _read_identity(self) -> None:
+        """Identity, detected target and power mode, under ``power.root``; a failure is a problem, not fatal."""
+        root = self.config.power.root
+        try:
+            self.identity = read_identity(root)
+            self.target_detection = detect_target(self.identity, self.power_mode_reader.config)
+            self.power_mode = self.power_mode_reader.read()
+        except Exception as exc:  # identity is informative: never keep the agent from serving
+            logger.exception("device identity under %s not read", root)
+            self._problem("identity.read_failed", f"device identity under {root} not read: {type(exc).__name__}: {exc}")
+            return
+        detection = self.target_detection
+        logger.info("device %s: board %s, target %s, power mode %s", self.config.device_id, self.identity.board,
+                    detection.target or f"none ({detection.reason})", self.power_mode.label)  # fmt: skip
+
+    def _status_fields(self) -> dict[str, Any]:
+        """The optional status.v1 fields: identity, target, power_mode (``None`` when not read)."""
+        return {
+            "identity": self.identity.to_dict() if self.identity is not None else None,
+            "target": self.target_detection.to_status() if self.target_detection is not None else None,
+            "power_mode": self.power_mode.to_dict() if self.power_mode is not None else None,
+        }
+
+    def _refresh_power_mode(self) -> None:
+        """Re-read the power mode and clocks; republish the status when they changed."""
+        if self.identity is None:
+            return
+        try:
+            state = self.power_mode_reader.read()
+        except Exception as exc:  # a few small files; never fail a telemetry window over them
+            logger.warning("power mode not read: %s", exc)
+            return
+        if self.power_mode is not None and state.to_dict() == self.power_mode.to_dict():
+            return
+        logger.info("power mode now %s (was %s)", state.label, self.power_mode.label if self.power_mode else None)
+        self.power_mode = state
+        if self._link is not None:
+            self._link.set_status_fields(power_mode=state.to_dict())
+
     def _start_link(self) -> None:
         broker = self.config.broker
         if broker is None:
@@ -312,6 +360,7 @@ class AgentService:
             command_key=self._command_key(),
             require_signed_commands=self.config.commands.require_signed,
         )
+        self._link.set_status_fields(**self._status_fields())
         self._link.start()
         with self._events_lock:  # events from the start-up go out first, in order
             self._link_started = True
@@ -391,6 +440,7 @@ class AgentService:
             "problems": [problem.to_dict() for problem in self._current_problems()],
             "spool": self._spool_health(),
             "threads": {name: dict(record) for name, record in self._threads_health.items()},
+            **self._status_fields(),
         }
 
     def _current_problems(self) -> list[TelemetryProblem]:
@@ -507,6 +557,7 @@ class AgentService:
     def build_telemetry_window(self) -> dict[str, Any]:
         """Close the current window and return it as a telemetry.v1 message (without publishing)."""
         with self._telemetry_lock:
+            self._refresh_power_mode()
             window_end = datetime.now(timezone.utc)
             serving = self.server.take_window()
             power = self.integrator.take_window() if self.integrator is not None else None

@@ -189,8 +189,15 @@ def build_status(
     reason: str | None = None,
     at: datetime | None = None,
     agent_version: str = AGENT_VERSION,
+    identity: Mapping[str, Any] | None = None,
+    target: Mapping[str, Any] | None = None,
+    power_mode: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A ``status.v1`` message (retained on the status topic; the offline one is also the will)."""
+    """A ``status.v1`` message (retained on the status topic; the offline one is also the will).
+
+    ``identity``, ``target`` and ``power_mode`` (optional fields, left out when ``None``) come from
+    :meth:`DeviceIdentity.to_dict`, :meth:`TargetDetection.to_status` and :meth:`PowerModeState.to_dict`
+    in :mod:`edgekit_runtime.sensors`."""
     message: dict[str, Any] = {
         "schema": STATUS_SCHEMA,
         "state": state,
@@ -201,6 +208,9 @@ def build_status(
         "bundle": bundle.to_dict() if bundle is not None else None,
         "reason": reason,
     }
+    for name, value in (("identity", identity), ("target", target), ("power_mode", power_mode)):
+        if value is not None:
+            message[name] = dict(value)
     validate_message(message, "status.v1", what=f"status message for device {device!r}")
     return message
 

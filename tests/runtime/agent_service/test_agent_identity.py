@@ -1,0 +1,66 @@
+"""The agent reports what it is: identity, detected target and power mode in its retained status (real
+Mosquitto on 127.0.0.1:1883) and in /v1/health; a power mode change republishes the status."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from edgekit_runtime.agent.client import AgentClient
+from edgekit_runtime.agent.config import load_config
+from edgekit_runtime.agent.service import AgentService
+from edgekit_runtime.schemas import validate_message
+from tests.runtime.agent_service.test_agent_service_mqtt import Listener, broker_up
+
+IDENTITY = Path(__file__).resolve().parents[1] / "sensors" / "fixtures" / "identity"
+
+pytestmark = pytest.mark.skipif(not broker_up(), reason="no MQTT broker on 127.0.0.1:1883 (apt-get install mosquitto)")
+
+
+def test_status_and_health_carry_identity_and_follow_the_power_mode(agent_config: Callable[..., Path],
+                                                                      tmp_path: Path) -> None:  # fmt: skip
+    root = tmp_path / "board"
+    shutil.copytree(IDENTITY / "jetson_orin_nano_super_jp62", root, symlinks=True)
+    fleet, device = f"fleet-{uuid.uuid4().hex[:10]}", f"dev-{uuid.uuid4().hex[:10]}"
+    listener = Listener(fleet, device)
+    config = load_config(agent_config(
+        fleet=fleet, device_id=device, broker={"url": "mqtt://127.0.0.1:1883", "keepalive_s": 10},
+        power={"sensor": "none", "root": str(root)},
+        telemetry={"interval_s": 60, "spool": {"path": str(tmp_path / "spool.db")}},
+    ))  # fmt: skip
+    service = AgentService(config).start()
+    try:
+        online = listener.next("status", lambda m: m["state"] == "online")
+        validate_message(online, "status.v1")
+        assert online["target"]["name"] == "jetson-orin-nano-super"
+        assert "nvpmodel mode MAXN_SUPER offered (/etc/nvpmodel.conf)" in online["target"]["evidence"]
+        identity = online["identity"]
+        assert identity["board"] == "NVIDIA Jetson Orin Nano Engineering Reference Developer Kit Super"
+        assert (identity["l4t"], identity["jetpack"], identity["cuda"]) == ("36.4.3", "6.2", "12.6.68")
+        assert identity["cpu"] == {"arch": "arm64", "model": "Cortex-A78AE", "cores": 6,
+                                   "isa_flags": ["asimd", "asimdhp", "asimddp"]}  # fmt: skip
+        assert (online["power_mode"]["name"], online["power_mode"]["clocks_locked"]) == ("MAXN_SUPER", True)
+
+        health = AgentClient(service.api_address).health()
+        assert health["target"]["name"] == "jetson-orin-nano-super"
+        assert health["identity"]["soc"] == "nvidia,tegra234"
+        assert health["power_mode"]["id"] == 2
+
+        # `nvpmodel -m 3` (7W) and clocks released: the next telemetry window re-reads them and the
+        # retained status follows, identity unchanged.
+        (root / "var/lib/nvpmodel/status").write_text("pmode:0003 fmode:quiet\n")
+        (root / "sys/devices/system/cpu/cpufreq/policy0/scaling_min_freq").write_text("729600\n")
+        service.publish_telemetry()
+        changed = listener.next("status", lambda m: m["state"] == "online" and m["power_mode"]["id"] == 3)
+        assert (changed["power_mode"]["name"], changed["power_mode"]["clocks_locked"]) == ("7W", False)
+        assert changed["identity"] == identity
+        assert AgentClient(service.api_address).health()["power_mode"]["name"] == "7W"
+    finally:
+        service.stop()
+        listener.close()
+    offline = listener.next("status", lambda m: m["state"] == "offline")
+    assert offline["target"]["name"] == "jetson-orin-nano-super" and offline["power_mode"]["name"] == "7W"
