@@ -483,7 +483,7 @@ def run_rollout(artifact: BundleArtifact, *, broker_url: str, store_url: str, de
                 publisher_options: dict[str, Any] | None = None) -> RolloutRecord:  # fmt: skip
     """Select devices in the store at ``store_url``, check their targets, then run a :class:`Rollout`
     through ``broker_url``. Selection, target and wave errors are raised before anything is sent."""
-    from edgekit.fleet.rollout_state import open_rollout_log
+    from edgekit.fleet.rollout_state import StoreRolloutLog
     from edgekit.fleet.store import open_store
 
     with open_store(store_url) as store:
@@ -493,9 +493,8 @@ def run_rollout(artifact: BundleArtifact, *, broker_url: str, store_url: str, de
         if online:
             policy.plan(sorted(d.device for d in online))
         signed = bool((publisher_options or {}).get("signing_key"))
-        with open_rollout_log(store_url) as log, CommandPublisher(broker_url, mqtt_version=mqtt_version,  # type: ignore[arg-type]
-                                                                  **(publisher_options or {})) as publisher:  # fmt: skip
-            return Rollout(store, publisher, log, artifact, selected, policy, on_update=on_update,
+        with CommandPublisher(broker_url, mqtt_version=mqtt_version, **(publisher_options or {})) as publisher:  # type: ignore[arg-type]
+            return Rollout(store, publisher, StoreRolloutLog(store), artifact, selected, policy, on_update=on_update,
                            signed_commands=signed).run()  # fmt: skip
 
 

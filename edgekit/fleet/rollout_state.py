@@ -1,39 +1,26 @@
-"""The record of each rollout (state, canary, per-device outcomes, health figures), kept beside the
-fleet store in the same database: one small table, ``edgekit_rollouts``, created on first use.
+"""The record of each rollout (state, waves, per-device outcomes with the devices' reasons, health gates,
+timings), kept in the fleet store's database: table ``edgekit_rollouts`` (store migration 4), read and written
+through :meth:`FleetStore.save_rollout <edgekit.fleet.store.base.FleetStore.save_rollout>` and
+:meth:`FleetStore.rollouts <edgekit.fleet.store.base.FleetStore.rollouts>`.
 
 :func:`open_rollout_log` takes the fleet store's URL (``sqlite:///fleet.db`` or ``postgresql://...``);
-the dashboard reads the table, ``edgekit fleet deploy`` writes it.
+``edgekit fleet deploy`` writes the records, ``edgekit fleet report`` and the dashboard read them.
 """
 
 from __future__ import annotations
 
 import abc
 import datetime as dt
-import json
-import sqlite3
-import threading
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
-from edgekit.fleet.errors import StoreError
+from edgekit.fleet.store.base import FleetStore
 
 #: States a rollout passes through; the last four are final. ``canary`` and ``widening`` appear only in
 #: records written before waves (a canary then everyone), which still load.
 ROLLOUT_STATES = ("deploying", "watching", "rolling_back", "completed", "completed_with_failures", "rolled_back",
                   "stopped", "canary", "widening")  # fmt: skip
 FINAL_STATES = ("completed", "completed_with_failures", "rolled_back", "stopped")
-
-_SQLITE_TABLE = (
-    "CREATE TABLE IF NOT EXISTS edgekit_rollouts (rollout_id TEXT PRIMARY KEY, fleet TEXT NOT NULL,"
-    " bundle_id TEXT NOT NULL, state TEXT NOT NULL, started_at REAL NOT NULL, updated_at REAL NOT NULL, record TEXT NOT NULL)"
-)
-_POSTGRES_TABLE = (
-    "CREATE TABLE IF NOT EXISTS edgekit_rollouts (rollout_id TEXT PRIMARY KEY, fleet TEXT NOT NULL,"
-    " bundle_id TEXT NOT NULL, state TEXT NOT NULL, started_at TIMESTAMPTZ NOT NULL, updated_at TIMESTAMPTZ NOT NULL,"
-    " record JSONB NOT NULL)"
-)
-
 
 def _time(value: dt.datetime | None) -> str | None:
     return None if value is None else value.isoformat()
@@ -118,16 +105,6 @@ class RolloutLog(abc.ABC):
                since: dt.datetime | None = None, until: dt.datetime | None = None) -> list[RolloutRecord]:  # fmt: skip
         """The newest rollouts first; ``bundle_id``, ``since`` and ``until`` (on ``started_at``) narrow them."""
 
-    @staticmethod
-    def _filters(fleet: str | None, bundle_id: str | None, since: dt.datetime | None, until: dt.datetime | None,
-                 placeholder: str, time_in: Any) -> tuple[str, tuple[Any, ...]]:  # fmt: skip
-        clauses, params = [], []
-        for clause, value in (("fleet = ", fleet), ("bundle_id = ", bundle_id), ("started_at >= ", since), ("started_at < ", until)):
-            if value is not None:
-                clauses.append(clause + placeholder)
-                params.append(time_in(value) if isinstance(value, dt.datetime) else value)
-        return (" WHERE " + " AND ".join(clauses) if clauses else ""), tuple(params)
-
     def get(self, rollout_id: str) -> RolloutRecord | None:
         return next((r for r in self.recent(limit=100_000) if r.rollout_id == rollout_id), None)
 
@@ -141,77 +118,30 @@ class RolloutLog(abc.ABC):
         self.close()
 
 
-class SqliteRolloutLog(RolloutLog):
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-        try:
-            self._db = sqlite3.connect(str(path), timeout=30.0, check_same_thread=False, isolation_level=None)
-            self._db.execute(_SQLITE_TABLE)
-        except sqlite3.Error as err:
-            raise StoreError(f"cannot open the rollout table in {path}: {err}", hint="check the path and its permissions") from err
+class StoreRolloutLog(RolloutLog):
+    """Rollout records in a fleet store (the table migration 4 creates)."""
+
+    def __init__(self, store: FleetStore) -> None:
+        self.store = store
 
     def save(self, record: RolloutRecord) -> None:
-        with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO edgekit_rollouts VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (record.rollout_id, record.fleet, record.bundle_id, record.state, record.started_at.timestamp(),
-                 record.updated_at.timestamp(), json.dumps(record.to_json())),
-            )  # fmt: skip
+        self.store.save_rollout(record.to_json())
 
     def recent(self, limit: int = 20, fleet: str | None = None, *, bundle_id: str | None = None,
                since: dt.datetime | None = None, until: dt.datetime | None = None) -> list[RolloutRecord]:  # fmt: skip
-        where, params = self._filters(fleet, bundle_id, since, until, "?", lambda t: t.timestamp())
-        with self._lock:
-            rows = self._db.execute(f"SELECT record FROM edgekit_rollouts{where} ORDER BY started_at DESC LIMIT ?",
-                                    params + (limit,)).fetchall()  # fmt: skip
-        return [RolloutRecord.from_json(json.loads(row[0])) for row in rows]
+        rows = self.store.rollouts(fleet, bundle_id=bundle_id, since=since, until=until, limit=limit)
+        return [RolloutRecord.from_json(row) for row in rows]
+
+    def get(self, rollout_id: str) -> RolloutRecord | None:
+        rows = self.store.rollouts(rollout_id=rollout_id, limit=1)
+        return RolloutRecord.from_json(rows[0]) if rows else None
 
     def close(self) -> None:
-        self._db.close()
-
-
-class PostgresRolloutLog(RolloutLog):
-    def __init__(self, url: str) -> None:
-        import psycopg
-
-        self._lock = threading.Lock()
-        try:
-            self._db = psycopg.connect(url, autocommit=True)
-            self._db.execute(_POSTGRES_TABLE)
-        except psycopg.Error as err:
-            raise StoreError(f"cannot open the rollout table in PostgreSQL: {err}", hint="check the store URL and the server") from err
-
-    def save(self, record: RolloutRecord) -> None:
-        with self._lock:
-            self._db.execute(
-                "INSERT INTO edgekit_rollouts VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (rollout_id) DO UPDATE SET"
-                " state = EXCLUDED.state, updated_at = EXCLUDED.updated_at, record = EXCLUDED.record",
-                (record.rollout_id, record.fleet, record.bundle_id, record.state, record.started_at, record.updated_at,
-                 json.dumps(record.to_json())),
-            )  # fmt: skip
-
-    def recent(self, limit: int = 20, fleet: str | None = None, *, bundle_id: str | None = None,
-               since: dt.datetime | None = None, until: dt.datetime | None = None) -> list[RolloutRecord]:  # fmt: skip
-        where, params = self._filters(fleet, bundle_id, since, until, "%s", lambda t: t)
-        with self._lock:
-            rows = self._db.execute(f"SELECT record FROM edgekit_rollouts{where} ORDER BY started_at DESC LIMIT %s",
-                                    params + (limit,)).fetchall()  # fmt: skip
-        return [RolloutRecord.from_json(row[0] if isinstance(row[0], dict) else json.loads(row[0])) for row in rows]
-
-    def close(self) -> None:
-        self._db.close()
-
-
-def sqlite_path(url: str) -> Path:
-    """``sqlite:///fleet.db`` -> ``fleet.db``; ``sqlite:////abs/fleet.db`` -> ``/abs/fleet.db``."""
-    return Path(url[len("sqlite:///"):])
+        self.store.close()
 
 
 def open_rollout_log(store_url: str) -> RolloutLog:
-    """The rollout table in the database of the fleet store at ``store_url``."""
-    if store_url.startswith("sqlite:///"):
-        return SqliteRolloutLog(sqlite_path(store_url))
-    if store_url.startswith(("postgresql://", "postgres://")):
-        return PostgresRolloutLog(store_url)
-    raise StoreError(f"unknown store URL {store_url!r}", hint="use sqlite:///fleet.db or postgresql://user@host/db")
+    """The rollout records in the fleet store at ``store_url`` (migrated to this edgekit's schema first)."""
+    from edgekit.fleet.store import open_store
+
+    return StoreRolloutLog(open_store(store_url))

@@ -97,7 +97,7 @@ def test_an_older_database_learns_its_rolled_seqs_from_its_rollups(store_url: st
         with store._transaction("test") as cursor:  # type: ignore[attr-defined]
             # Back to schema version 2: rollups, but no record of the seqs they hold.
             cursor.execute("DROP TABLE telemetry_rolled_seqs")
-            cursor.execute("DELETE FROM schema_version WHERE version = 3")
+            cursor.execute("DELETE FROM schema_version WHERE version >= 3")  # later migrations run again too
     with open_store(store_url) as store:
         assert store.schema_version == latest_version(store.dialect)  # type: ignore[attr-defined]
         assert _rolled_rows(store) == [("dev-1", 1, 6), ("dev-1", 7, 12), ("dev-1", 13, 18), ("dev-1", 19, 24),

@@ -208,6 +208,17 @@ class FleetStore(abc.ABC):
     def set_device_target(self, fleet: str, device: str, target: str) -> None:
         """Record the target profile a device is (agents do not report it; deploy and simulate know it)."""
 
+    # rollouts -------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def save_rollout(self, record: dict[str, Any]) -> None:
+        """Insert or replace a rollout record (``RolloutRecord.to_json()`` of :mod:`edgekit.fleet.rollout_state`)."""
+
+    @abc.abstractmethod
+    def rollouts(self, fleet: str | None = None, *, rollout_id: str | None = None, bundle_id: str | None = None,
+                 since: dt.datetime | None = None, until: dt.datetime | None = None, limit: int = 50) -> list[dict[str, Any]]:  # fmt: skip
+        """Rollout records (JSON, as saved) newest first; ``since`` and ``until`` apply to their start. Each holds its
+        waves, every device's outcome with the reason its agent gave, the health gates and the timings."""
+
     # maintenance ----------------------------------------------------------------------------
     @abc.abstractmethod
     def apply_retention(self, raw_for: dt.timedelta, rollup_minutes: int = 5, now: dt.datetime | None = None, *,

@@ -28,6 +28,10 @@ WHERE excluded.updated_at >= device_status.updated_at"""
 UPSERT_TARGET = """INSERT INTO device_targets (fleet, device, target, updated_at) VALUES (?, ?, ?, ?)
 ON CONFLICT (fleet, device) DO UPDATE SET target = excluded.target, updated_at = excluded.updated_at"""
 
+UPSERT_ROLLOUT = """INSERT INTO edgekit_rollouts (rollout_id, fleet, bundle_id, state, started_at, updated_at, record)
+VALUES (?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (rollout_id) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at, record = excluded.record"""
+
 INSERT_REJECTED = "INSERT INTO rejected_messages (topic, reason, detail, size_bytes, at) VALUES (?, ?, ?, ?, ?)"
 
 ADD_REJECTED_TOTAL = """INSERT INTO rejected_totals (reason, count) VALUES (?, ?)

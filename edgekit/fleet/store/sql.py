@@ -419,6 +419,31 @@ class SqlFleetStore(FleetStore):
                            last_window_end=self.time_out(r[4]), windows=int(r[5]))
                 for r in self._query("reading bundle spans", sql, params)]  # fmt: skip
 
+    # -- rollouts -----------------------------------------------------------------------------
+    def save_rollout(self, record: dict[str, Any]) -> None:
+        missing = [key for key in ("rollout_id", "fleet", "bundle_id", "state", "started_at", "updated_at") if not record.get(key)]
+        if missing:
+            raise StoreError(f"a rollout record needs {', '.join(missing)}", hint="save RolloutRecord.to_json()")
+        times = [self.time_in(dt.datetime.fromisoformat(record[key])) for key in ("started_at", "updated_at")]
+        with self._transaction(f"storing rollout {record['rollout_id']}") as cursor:
+            cursor.execute(self._sql(queries.UPSERT_ROLLOUT), (record["rollout_id"], record["fleet"], record["bundle_id"],
+                                                               record["state"], *times, self.json_in(record)))  # fmt: skip
+
+    def rollouts(self, fleet: str | None = None, *, rollout_id: str | None = None, bundle_id: str | None = None,
+                 since: dt.datetime | None = None, until: dt.datetime | None = None, limit: int = 50) -> list[dict[str, Any]]:  # fmt: skip
+        clauses, params = [], {}
+        for column, value in (("fleet", fleet), ("rollout_id", rollout_id), ("bundle_id", bundle_id)):
+            if value is not None:
+                clauses.append(f"{column} = :{column}")
+                params[column] = value
+        for clause, name, moment in (("started_at >= :since", "since", since), ("started_at < :until", "until", until)):
+            if moment is not None:
+                clauses.append(clause)
+                params[name] = self.time_in(moment)
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        sql = f"SELECT record FROM edgekit_rollouts{where} ORDER BY started_at DESC, rollout_id LIMIT {int(limit)}"
+        return [self.json_out(row[0]) for row in self._query("reading rollouts", sql, params)]
+
     # -- maintenance --------------------------------------------------------------------------
     def apply_retention(self, raw_for: dt.timedelta, rollup_minutes: int = 5, now: dt.datetime | None = None, *,
                         gaps_open_for: dt.timedelta = DEFAULT_GAPS_OPEN_FOR) -> int:  # fmt: skip

@@ -175,5 +175,5 @@ def test_rollout_records_round_trip_through_the_table_beside_the_store(store_url
     assert stored[0].canary == ("d1",) and stored[0].started_at == now
     from edgekit.fleet.errors import StoreError
 
-    with pytest.raises(StoreError, match="unknown store URL 'mysql://x'"):
+    with pytest.raises(StoreError, match="fleet store URL 'mysql://x' is not usable: scheme 'mysql'"):
         open_rollout_log("mysql://x")

@@ -101,3 +101,18 @@ def test_records_with_waves_round_trip_and_old_records_still_load(store_url: str
     assert stored[0].failed_devices() == {"d2": {"outcome": "failed", "wave": 2, "reason": "deploy of file:///b failed at version: older",
                                                  "step": "version"}}  # fmt: skip
     assert stored[1].waves == () and stored[1].finished_at is None and stored[0].to_json()["seconds"] >= 0
+
+
+def test_the_store_keeps_rollouts_in_its_own_migrated_table(store_url: str) -> None:
+    from edgekit.fleet.errors import StoreError
+    from edgekit.fleet.store import open_store
+    from edgekit.fleet.store.migrate import latest_version, migrations
+
+    with open_store(store_url) as store:
+        assert {m.version: m.name for m in migrations(store.dialect)}[4] == "rollouts"  # type: ignore[attr-defined]
+        assert store.schema_version == latest_version(store.dialect)  # type: ignore[attr-defined]
+        assert store.rollouts() == []
+        with pytest.raises(StoreError, match="a rollout record needs fleet, state") as info:
+            store.save_rollout({"rollout_id": "r9", "bundle_id": "b", "started_at": "2026-01-01T00:00:00+00:00",
+                                "updated_at": "2026-01-01T00:00:00+00:00"})  # fmt: skip
+        assert "RolloutRecord.to_json()" in info.value.hint
