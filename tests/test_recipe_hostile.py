@@ -285,3 +285,14 @@ def test_fuzzed_target_profiles_give_a_profile_or_a_target_error(tmp_path, where
         profile.precisions(), profile.default_backend  # noqa: B018
     except TargetError as err:
         assert str(path) in str(err)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=400), insert_at=st.integers(0, len(TINY)))
+def test_fuzzed_bytes_give_a_recipe_or_an_edgekit_error(tmp_path, data, insert_at):
+    path = tmp_path / "bytes.yaml"
+    path.write_bytes(TINY.encode()[:insert_at] + data + TINY.encode()[insert_at:])
+    try:
+        assert isinstance(load_recipe(path), Recipe)
+    except EdgekitError as err:
+        assert str(path) in str(err)
