@@ -11,7 +11,10 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 def register(fleet_subparsers: argparse._SubParsersAction) -> None:
-    parser = fleet_subparsers.add_parser("dashboard", parents=[json_parent()], help="serve the fleet dashboard (web page)")
+    parser = fleet_subparsers.add_parser("dashboard", parents=[json_parent()], help="serve the fleet dashboard (web page)",
+                                         description="Serve a web page of the fleet store: device table, latency and power "
+                                                     "plots, bundles and rollouts. Read-only: the store must exist (`edgekit "
+                                                     "fleet collect` creates it).")  # fmt: skip
     parser.add_argument("--store", required=True, metavar="URL", help="sqlite:///fleet.db or postgresql://...")
     parser.add_argument("--port", type=int, default=8480, help="TCP port (default 8480; 0 picks a free one)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only)")
@@ -20,7 +23,10 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from edgekit.fleet.dashboard import DashboardServer
+    from edgekit.fleet.store import open_store
 
+    with open_store(args.store, must_exist=True):  # a read-only page: refuse a store that is not there (a typo)
+        pass
     if args.host not in LOOPBACK_HOSTS:
         console.print(f"[yellow]warning:[/] listening on {args.host}: the dashboard has no login; anyone who can reach "
                       "this address can read the fleet's telemetry. Put it behind a reverse proxy with authentication.")  # fmt: skip

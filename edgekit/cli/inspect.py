@@ -16,7 +16,9 @@ from edgekit.cli.options import json_parent, print_json, results
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("inspect", parents=[json_parent()], help="show a bundle's manifest and verify its file hashes and signature")
+    parser = subparsers.add_parser("inspect", parents=[json_parent()], help="show a bundle's manifest and verify its file hashes and signature",
+                                   description="Verify every file hash of a bundle (a directory or a .tar from `edgekit pack`) "
+                                               "and, with --key, its signature; then print its manifest.")  # fmt: skip
     parser.add_argument("bundle", type=Path, help="bundle directory (or a .tar made by `edgekit pack`)")
     parser.add_argument("--key", "-k", type=Path, metavar="PUBLIC.pem", help="the fleet public key: verify manifest.sig against it")
     parser.add_argument("--require-signature", action="store_true", help="fail (exit 2) when the bundle is not signed; needs --key")

@@ -9,7 +9,9 @@ from edgekit.cli.options import json_parent, print_json, results
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("keygen", parents=[json_parent()], help="create the Ed25519 key pair that signs a fleet's bundles")
+    parser = subparsers.add_parser("keygen", parents=[json_parent()], help="create the Ed25519 key pair that signs a fleet's bundles",
+                                   description="Write fleet.key.pem (private: keep it secret, sign bundles with it) and "
+                                               "fleet.pub.pem (public: copy it to the devices) into a directory.")  # fmt: skip
     parser.add_argument("--out", "-o", type=Path, required=True, metavar="DIR", help="directory for fleet.key.pem and fleet.pub.pem")
     parser.add_argument("--force", action="store_true", help="replace existing key files (devices trusting the old key will refuse new bundles)")
     parser.set_defaults(func=run)

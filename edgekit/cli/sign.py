@@ -9,7 +9,9 @@ from edgekit.cli.options import json_parent, print_json, results
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("sign", parents=[json_parent()], help="sign a bundle's manifest with the fleet's private key")
+    parser = subparsers.add_parser("sign", parents=[json_parent()], help="sign a bundle's manifest with the fleet's private key",
+                                   description="Verify a bundle's file hashes, then write manifest.sig: an Ed25519 signature "
+                                               "over manifest.json, whose hashes cover every file. Agents refuse unsigned bundles.")  # fmt: skip
     parser.add_argument("bundle", type=Path, metavar="BUNDLE", help="bundle directory")
     parser.add_argument("--key", "-k", type=Path, required=True, metavar="PRIVATE.pem", help="the fleet private key from `edgekit keygen`")
     parser.set_defaults(func=run)

@@ -27,6 +27,8 @@ from edgekit.fleet.store.base import (
 )
 
 ACCEPTED_FORMS = ("sqlite:///PATH.db", "sqlite:///:memory:", "postgresql://USER@HOST:PORT/DATABASE")
+#: What a read-only command's "does not exist" error suggests: the command that creates and fills a store.
+CREATED_BY = "edgekit fleet collect --broker URL --store {url}"
 
 
 def _open_sqlite(url: str, rest: str, must_exist: bool) -> FleetStore:
@@ -38,15 +40,45 @@ def _open_sqlite(url: str, rest: str, must_exist: bool) -> FleetStore:
         raise _bad_url(url, "a SQLite URL has three slashes and a path after them")
     path = rest[1:]
     if must_exist and path != ":memory:" and not Path(path).expanduser().is_file():
-        raise StoreError(f"fleet store {url} does not exist (no file {Path(path).expanduser().resolve()})",
-                         hint="point --store at the database `edgekit fleet collect` writes to")  # fmt: skip
+        raise StoreError(f"fleet store {url} does not exist (no file {Path(path).expanduser().resolve()}); this command "
+                         "only reads a store and does not create one",
+                         hint=f"point --store at the database `edgekit fleet collect` writes to, or create it: "
+                              f"`{CREATED_BY.format(url=url)}`")  # fmt: skip
     return SqliteStore(path, url=url)
 
 
 def _open_postgres(url: str, rest: str, must_exist: bool) -> FleetStore:
     from edgekit.fleet.store.postgres import PostgresStore
 
+    if must_exist:
+        _check_postgres_store_exists(url)
     return PostgresStore(url)
+
+
+def _check_postgres_store_exists(url: str) -> None:
+    """Refuse (for commands that only read) a PostgreSQL database that is missing or holds no fleet store yet,
+    instead of creating the store's tables in it."""
+    from edgekit.fleet.store.postgres import CONNECT_TIMEOUT_S, _import_psycopg, redact
+
+    psycopg = _import_psycopg(url)
+    shown = redact(url)
+    try:
+        connection = psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+    except psycopg.OperationalError as exc:
+        message = str(exc).strip()
+        if "does not exist" in message and "database" in message:
+            database = url.rsplit("/", 1)[-1].split("?", 1)[0]
+            raise StoreError(f"fleet store {shown} does not exist: {message.splitlines()[-1].strip()}; this command only "
+                             "reads a store and does not create one",
+                             hint=f"create the database (`createdb {database}` on the server), then fill it with "
+                                  f"`{CREATED_BY.format(url=shown)}`") from None  # fmt: skip
+        return  # unreachable, refused, bad password: PostgresStore says so with its own hint
+    with connection:
+        (found,) = connection.execute("SELECT to_regclass('schema_version')").fetchone()
+    if found is None:
+        raise StoreError(f"fleet store {shown} does not exist: the database has no edgekit fleet tables; this command "
+                         "only reads a store and does not create one",
+                         hint=f"check the database name in --store, or fill it with `{CREATED_BY.format(url=shown)}`")  # fmt: skip
 
 
 #: URL scheme -> opener(url, what follows "scheme://", must_exist).
