@@ -163,15 +163,12 @@ def _duplicate_key_check(loader: _PositionLoader, node: yaml.Node, path: Path, e
             _duplicate_key_check(loader, item, path, error)
 
 
-def read_yaml(path: Path, error: type[ConfigError] = ConfigError, what: str = "file") -> tuple[Any, dict[Location, tuple[int, int]]]:
-    """Parse a YAML file; return (data, positions). Missing files and syntax errors raise ``error``."""
+def read_yaml(path: Path, error: type[ConfigError] = ConfigError, what: str = "file",
+              raw: bytes | None = None) -> tuple[Any, dict[Location, tuple[int, int]]]:
+    """Parse a YAML file (or ``raw``, its bytes as :func:`read_config_bytes` read them); return (data,
+    positions). Missing files, files over the limits and syntax errors raise ``error``."""
     path = Path(path)
-    if not path.is_file():
-        raise error(
-            f"{what} not found: {path}" + (" (it is a directory)" if path.is_dir() else ""),
-            hint=f"check the path; the current directory is {Path.cwd()}",
-        )
-    text = _read_text(path, error, what)
+    text = _decode(read_config_bytes(path, error, what) if raw is None else raw, path, error, what)
     loader: _PositionLoader | None = None
     try:
         loader = _PositionLoader(text)  # checks that every character is printable
@@ -212,8 +209,15 @@ def _line_column(text: str, offset: int) -> tuple[int, int]:
     return text.count("\n", 0, offset) + 1, offset - line_start + 1
 
 
-def _read_text(path: Path, error: type[ConfigError], what: str) -> str:
-    """The file's UTF-8 text; too large a file, or bytes that are not UTF-8, raise ``error``."""
+def read_config_bytes(path: Path, error: type[ConfigError] = ConfigError, what: str = "file") -> bytes:
+    """The bytes of a configuration file, read once and at most :data:`MAX_CONFIG_BYTES` of them; a
+    missing file, a folder or too large a file raise ``error``."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(
+            f"{what} not found: {path}" + (" (it is a directory)" if path.is_dir() else ""),
+            hint=f"check the path; the current directory is {Path.cwd()}",
+        )
     size = path.stat().st_size
     if size > MAX_CONFIG_BYTES:
         raise error(
@@ -224,6 +228,11 @@ def _read_text(path: Path, error: type[ConfigError], what: str) -> str:
         raw = handle.read(MAX_CONFIG_BYTES + 1)
     if len(raw) > MAX_CONFIG_BYTES:  # it grew after stat
         raise error(f"{path}: the {what} is larger than {MAX_CONFIG_BYTES:,} bytes", hint="is this the right file?")
+    return raw
+
+
+def _decode(raw: bytes, path: Path, error: type[ConfigError], what: str) -> str:
+    """``raw`` as UTF-8 text; bytes that are not UTF-8 raise ``error`` naming line, column and byte offset."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -333,9 +342,10 @@ def validation_message(exc: ValidationError, model: type[BaseModel], path: Path,
     return "\n".join(lines), ("; ".join(hints) if hints else None)
 
 
-def load_model(path: Path, model: type[ModelT], error: type[ConfigError], what: str, context: dict[str, Any] | None = None) -> ModelT:
-    """Read ``path`` and validate it into ``model``; raise ``error`` naming file, line and field."""
-    data, positions = read_yaml(path, error, what)
+def load_model(path: Path, model: type[ModelT], error: type[ConfigError], what: str, context: dict[str, Any] | None = None,
+               raw: bytes | None = None) -> ModelT:
+    """Read ``path`` (or its bytes ``raw``) and validate it into ``model``; raise ``error`` naming file, line and field."""
+    data, positions = read_yaml(path, error, what, raw)
     if not isinstance(data, dict):
         raise error(f"{path}: a {what} must be a mapping of keys to values, got {type(data).__name__}")
     try:

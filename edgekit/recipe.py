@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from edgekit.code_trust import CodeTrust
-from edgekit.config import FieldError, StrictModel, load_model, validation_message
+from edgekit.config import FieldError, StrictModel, load_model, read_config_bytes, validation_message
 from edgekit.errors import RecipeError
 from edgekit.precision import Backend, Precision
 
@@ -619,8 +619,9 @@ def load_recipe(path: Path | str, trust_code: bool = False) -> Recipe:
     ``EDGEKIT_TRUSTED_CODE_DIRS``) unless ``trust_code`` is set: see :mod:`edgekit.code_trust`.
     """
     path = Path(path)
-    recipe = load_model(path, Recipe, RecipeError, "recipe")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    raw = read_config_bytes(path, RecipeError, "recipe")  # read once: the hash is of the bytes validated
+    recipe = load_model(path, Recipe, RecipeError, "recipe", raw=raw)
+    digest = hashlib.sha256(raw).hexdigest()
     recipe = recipe.model_copy(update={"path": path.resolve(), "sha256": digest})
     trust = CodeTrust.for_recipe(recipe.base_dir, trust_code)
     trust.check(recipe, recipe.base_dir, str(recipe.path))

@@ -296,3 +296,10 @@ def test_fuzzed_bytes_give_a_recipe_or_an_edgekit_error(tmp_path, data, insert_a
         assert isinstance(load_recipe(path), Recipe)
     except EdgekitError as err:
         assert str(path) in str(err)
+
+
+def test_the_recipe_hash_is_of_the_bytes_validated(tiny_recipe):
+    import hashlib
+
+    path = tiny_recipe()
+    assert load_recipe(path).sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
