@@ -8,17 +8,17 @@ import datetime as dt
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from edgekit.fleet.rollout_state import RolloutLog
 from edgekit.fleet.store.base import Aggregate, DeviceSummary, FleetStore
 
-DEFAULT_POINTS = 288
+DEFAULT_POINTS = 300
 MAX_POINTS = 2000
 MAX_HOURS = 24 * 90
 #: Bucket lengths the series snap to, in seconds (so neighbouring requests share buckets).
-NICE_BUCKETS_S = (10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
+NICE_BUCKETS_S = (1, 2, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
 
 
 def bucket_for(span_s: float, points: int) -> int:
@@ -76,7 +76,7 @@ def overview(store: FleetStore, rollouts: RolloutLog | None, *, fleet: str | Non
     }
 
 
-def _series(rows: Sequence[Aggregate], bucket_s: int, fields: Sequence[str]) -> dict[str, list[Any]]:
+def _series(rows: Sequence[Aggregate], fields: Sequence[str]) -> dict[str, list[Any]]:
     ordered = sorted((r for r in rows if r.bucket_start is not None), key=lambda r: r.bucket_start)  # type: ignore[arg-type, return-value]
     out: dict[str, list[Any]] = {"t": [int(r.bucket_start.timestamp() * 1000) for r in ordered]}  # type: ignore[union-attr]
     for name in fields:
@@ -84,30 +84,69 @@ def _series(rows: Sequence[Aggregate], bucket_s: int, fields: Sequence[str]) -> 
     return out
 
 
-SERIES_FIELDS = ("p50_ms", "p99_ms", "power_mean_mw", "energy_per_inference_mj", "temperature_max_c")
+#: Per bucket: p50 and p99 are inference-weighted means, ``p99_max_ms`` the worst window's p99 (a 20 s spike keeps
+#: its height in a 5-minute bucket), power the time-weighted mean, temperature the maximum.
+SERIES_FIELDS = ("p50_ms", "p99_ms", "p99_max_ms", "power_mean_mw", "energy_per_inference_mj", "temperature_max_c")
+FLEET_SERIES_FIELDS = ("p50_ms", "p99_ms", "p99_max_ms", "power_mean_mw")
+#: What the fleet chart can group by (a key of :meth:`FleetStore.aggregate`).
+FLEET_GROUPS = ("bundle_id", "target")
+
+
+@dataclass(frozen=True)
+class SeriesRange:
+    """The time a series covers and its bucket length. The span starts at the first window in the asked range
+    (not at the range's start), so a store holding 30 s of telemetry gets buckets of a second or two, not one
+    bucket of 5 minutes: resolution follows the data as well as the range."""
+
+    since: dt.datetime
+    until: dt.datetime
+    bucket_s: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"since": _iso(self.since), "until": _iso(self.until), "bucket_s": self.bucket_s,
+                "span_s": round((self.until - self.since).total_seconds(), 3)}  # fmt: skip
+
+
+def series_range(store: FleetStore, *, hours: float, points: int, now: dt.datetime, **filters: Any) -> SeriesRange:
+    """Bucket length for ``hours`` back from ``now``, or for the stretch of it that holds windows matching ``filters``."""
+    since = now - dt.timedelta(hours=hours)
+    totals = store.aggregate((), since=since, **filters)
+    first = totals[0].first_window_start if totals else None
+    start = max(since, first) if first is not None else since
+    return SeriesRange(start, now, bucket_for(max(1.0, (now - start).total_seconds()), points))
 
 
 def device_series(store: FleetStore, fleet: str, device: str, *, hours: float = 24.0, points: int = DEFAULT_POINTS,
                   now: dt.datetime | None = None) -> dict[str, Any]:  # fmt: skip
     """One device's latency, power, energy and temperature over the last ``hours``, at most ``points`` buckets."""
     now = now or dt.datetime.now(dt.timezone.utc)
-    bucket_s = bucket_for(hours * 3600.0, points)
-    rows = store.aggregate(("device",), devices=[(fleet, device)], since=now - dt.timedelta(hours=hours), bucket_s=bucket_s)
-    return {"fleet": fleet, "device": device, "hours": hours, "bucket_s": bucket_s, "series": _series(rows, bucket_s, SERIES_FIELDS)}
+    span = series_range(store, hours=hours, points=points, now=now, devices=[(fleet, device)])
+    rows = store.aggregate(("device",), devices=[(fleet, device)], since=now - dt.timedelta(hours=hours), bucket_s=span.bucket_s)
+    return {"fleet": fleet, "device": device, "hours": hours, **span.to_json(), "series": _series(rows, SERIES_FIELDS)}
+
+
+def fleet_series(store: FleetStore, *, fleet: str | None = None, by: str = "bundle_id", hours: float = 24.0,
+                 points: int = DEFAULT_POINTS, now: dt.datetime | None = None) -> dict[str, Any]:  # fmt: skip
+    """Fleet-wide latency and power per bundle (or per target) over time: what changed when a bundle rolled out."""
+    if by not in FLEET_GROUPS:
+        raise ValueError(f"by must be one of {FLEET_GROUPS}, got {by!r}")
+    now = now or dt.datetime.now(dt.timezone.utc)
+    span = series_range(store, hours=hours, points=points, now=now, fleet=fleet)
+    rows = store.aggregate((by,), fleet=fleet, since=now - dt.timedelta(hours=hours), bucket_s=span.bucket_s)
+    groups: dict[str, list[Aggregate]] = {}
+    for row in rows:
+        groups.setdefault(getattr(row, by) or "(none)", []).append(row)
+    return {"fleet": fleet, "by": by, "hours": hours, **span.to_json(),
+            "groups": {name: _series(group, FLEET_SERIES_FIELDS) | {"devices": max(r.devices for r in group)}
+                       for name, group in sorted(groups.items())}}  # fmt: skip
 
 
 def bundle_series(store: FleetStore, *, fleet: str | None = None, hours: float = 24.0, points: int = DEFAULT_POINTS,
                   now: dt.datetime | None = None) -> dict[str, Any]:  # fmt: skip
-    """Fleet-wide p99 and power per bundle over time: what changed when a bundle rolled out."""
-    now = now or dt.datetime.now(dt.timezone.utc)
-    bucket_s = bucket_for(hours * 3600.0, points)
-    rows = store.aggregate(("bundle_id",), fleet=fleet, since=now - dt.timedelta(hours=hours), bucket_s=bucket_s)
-    by_bundle: dict[str, list[Aggregate]] = {}
-    for row in rows:
-        by_bundle.setdefault(row.bundle_id or "(none)", []).append(row)
-    return {"fleet": fleet, "hours": hours, "bucket_s": bucket_s,
-            "bundles": {bundle: _series(group, bucket_s, ("p50_ms", "p99_ms", "power_mean_mw")) | {"devices": max(r.devices for r in group)}
-                        for bundle, group in by_bundle.items()}}  # fmt: skip
+    """:func:`fleet_series` by bundle, with the groups under ``bundles``."""
+    data = fleet_series(store, fleet=fleet, by="bundle_id", hours=hours, points=points, now=now)
+    data["bundles"] = data.pop("groups")
+    return data
 
 
 def aggregate_json(row: Aggregate) -> dict[str, Any]:

@@ -5,8 +5,9 @@
 ``/static/<file>``          the page's script and style sheet (no CDN: works offline)
 ``/api/overview``           device table, bundle versions, rollouts, rejected counts, recent events
 ``/api/devices``            the device table alone
-``/api/series``             ``?fleet=F&device=D&hours=24&points=288``: one device over time
-``/api/bundle-series``      ``?hours=24``: fleet-wide p50/p99/power per bundle over time
+``/api/series``             ``?fleet=F&device=D&hours=24&points=300``: one device over time
+``/api/fleet-series``       ``?by=bundle_id|target&hours=24``: fleet-wide p50/p99/worst p99/power per group
+``/api/bundle-series``      ``?hours=24``: the same by bundle, under ``bundles``
 ``/api/rollouts``           the latest rollouts with per-device outcomes and health figures
 ``/api/rejected``           rejected-message counts by reason
 ``/healthz``                ``ok``
@@ -127,6 +128,11 @@ class DashboardApp:
             if not device or not fleet:
                 return Response.error(400, "series needs ?fleet=F&device=D")
             payload = api.device_series(store, fleet, device, hours=hours, points=points)
+        elif endpoint == "fleet-series":
+            by = query.get("by", "bundle_id")
+            if by not in api.FLEET_GROUPS:
+                return Response.error(400, f"by must be one of {', '.join(api.FLEET_GROUPS)}, got {by!r}")
+            payload = api.fleet_series(store, fleet=fleet, by=by, hours=hours, points=points)
         elif endpoint == "bundle-series":
             payload = api.bundle_series(store, fleet=fleet, hours=hours, points=points)
         elif endpoint == "rollouts":

@@ -108,6 +108,11 @@ class HttpServer:
             loop.run_forever()
         finally:
             self._server.close()
+            # connections a browser keeps alive are still waiting for a request: end them while the loop runs
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.run_until_complete(self._server.wait_closed())
             loop.close()
 

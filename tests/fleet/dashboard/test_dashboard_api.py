@@ -66,7 +66,10 @@ def test_page_assets_are_served_offline_and_compressed(seeded_dashboard) -> None
     page = gzip.decompress(body).decode() if headers.get("Content-Encoding") == "gzip" else body.decode()
     assert status == 200 and "/static/app.js" in page and "http://" not in page and "https://" not in page
     script = _get(seeded_dashboard.url + "static/app.js")[2].decode()
-    assert "lineChart" in script and "https://" not in script  # no CDN
+    assert "timeChart" in script and "https://" not in script  # no CDN
+    library = _get(seeded_dashboard.url + "static/uPlot.iife.min.js")[2].decode()
+    assert library.startswith("/*! https://github.com/leeoniya/uPlot") and "uPlot.iife.min.js" in page
+    assert "MIT License" in _get(seeded_dashboard.url + "static/uPlot.LICENSE.txt")[2].decode()
     assert "default-src 'self'" in headers["Content-Security-Policy"]
 
 
@@ -84,7 +87,8 @@ def test_post_is_refused_and_keep_alive_works(seeded_dashboard) -> None:
 
 def test_bucket_for_snaps_to_nice_lengths() -> None:
     assert bucket_for(24 * 3600, 288) == 300
-    assert bucket_for(3600, 1000) == 10
+    assert bucket_for(3600, 1000) == 5
+    assert bucket_for(30, 300) == 1  # 30 s of quick-start telemetry: one point per window, not one 5-minute bucket
     assert bucket_for(90 * 86400, 10) == 9 * 86400  # past the largest nice bucket: exact
 
 

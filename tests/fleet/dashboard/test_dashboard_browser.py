@@ -1,41 +1,231 @@
-"""The dashboard in a real headless Chromium: the page loads, lists the seeded devices, and plots draw."""
+"""The dashboard in a real headless Chromium: devices listed, sorted and filtered, plots drawn by uPlot with
+the resolution the time range asks for, a 20 s spike kept at the 1 h range, the quick start's lines within
+30 s, the empty store's hint, and no horizontal overflow at 1,280 and 1,920 px (screenshots kept under
+``$EDGEKIT_SCREENSHOT_DIR`` when set, else in the test's tmp dir)."""
 
 from __future__ import annotations
 
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from edgekit.fleet.dashboard import DashboardServer
 from edgekit.fleet.dashboard.browser import HeadlessChromium, chromium_missing
+from tests.runtime.agent.mosquitto import mosquitto, mosquitto_factory  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.skipif(chromium_missing() is not None, reason=str(chromium_missing()))
 
+#: The plotted data of one chart, read from its uPlot instance: {series label: [values]} plus x in ms.
+PLOTTED = """const u = window.edgekitCharts[arguments[0]];
+if (!u) return null;
+const out = {x: u.data[0].map((t) => t * 1000), series: {}, titles: {}};
+u.series.slice(1).forEach((s, i) => { out.series[s.label] = u.data[i + 1]; });
+u.root.querySelectorAll('.u-legend .u-series').forEach((row, i) => { if (i > 0) out.titles[row.textContent.split(':')[0].trim()] = row.title; });
+return out;"""
+OVERFLOW = "return [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
 
-def test_page_shows_devices_and_draws_plots(seeded_dashboard) -> None:
+
+def _plotted(driver: Any, chart: str) -> dict[str, Any]:
+    return driver.execute_script(PLOTTED, chart)
+
+
+def _values(plotted: dict[str, Any], label: str) -> list[float]:
+    return [v for v in plotted["series"][label] if v is not None]
+
+
+def _wait(driver: Any, condition: str, timeout_s: float = 10.0) -> None:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, timeout_s).until(lambda d: d.execute_script(condition))
+
+
+def _settled(driver: Any) -> None:
+    _wait(driver, "return !document.body.dataset.loading")
+
+
+@pytest.fixture()
+def browser() -> Iterator[HeadlessChromium]:
+    with HeadlessChromium() as chromium:
+        yield chromium
+
+
+@pytest.fixture()
+def screenshot_dir(tmp_path: Path) -> Path:
+    folder = Path(os.environ.get("EDGEKIT_SCREENSHOT_DIR") or tmp_path / "screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def test_page_shows_devices_and_draws_plots(seeded_dashboard, browser) -> None:
     from selenium.webdriver.common.by import By
 
-    with HeadlessChromium() as browser:
-        timing = browser.load(seeded_dashboard.url)
-        driver = browser.driver
-        assert driver.execute_script("return document.body.dataset.error || null") is None
-        rows = driver.find_elements(By.CSS_SELECTOR, "#devices tbody tr")
-        assert sorted(r.get_attribute("data-device") for r in rows) == sorted(seeded_dashboard.devices)
-        first = driver.find_element(By.CSS_SELECTOR, "#devices tbody tr")
-        cells = [c.text for c in first.find_elements(By.TAG_NAME, "td")]
-        assert cells[1] == "online" and cells[2] in ("demo-v1", "demo-v2") and float(cells[5]) > 0  # p99 ms
-        for chart in ("chart-latency", "chart-power", "chart-bundles"):
-            figure = driver.find_element(By.ID, chart)
-            assert int(figure.get_attribute("data-points")) > 10, chart
-            paths = figure.find_elements(By.CSS_SELECTOR, "svg path.line")
-            assert paths and all(len(p.get_attribute("d")) > 50 for p in paths), chart
-        bundles = {p.get_attribute("data-series") for p in driver.find_elements(By.CSS_SELECTOR, "#chart-bundles path.line")}
-        assert bundles == {"demo-v1", "demo-v2"}
-        assert "malformed_json" in driver.find_element(By.ID, "rejected").text
-        assert "completed" in driver.find_element(By.ID, "rollouts").text
-        # clicking another device redraws its plots
-        from selenium.webdriver.support.ui import WebDriverWait
+    timing = browser.load(seeded_dashboard.url + "#range=24")
+    driver = browser.driver
+    assert driver.execute_script("return document.body.dataset.error || null") is None
+    rows = driver.find_elements(By.CSS_SELECTOR, "#devices tbody tr")
+    assert sorted(r.get_attribute("data-device") for r in rows) == sorted(seeded_dashboard.devices)
+    cells = [c.text for c in rows[0].find_elements(By.TAG_NAME, "td")]
+    assert cells[1] == "online" and cells[2] in ("demo-v1", "demo-v2") and float(cells[5]) > 0  # p99 ms
+    for chart in ("chart-latency", "chart-power", "chart-temperature", "chart-bundles", "chart-fleet-power"):
+        assert int(driver.find_element(By.ID, chart).get_attribute("data-points")) > 10, chart
+        assert driver.find_elements(By.CSS_SELECTOR, f"#{chart} canvas"), chart
+    latency = _plotted(driver, "chart-latency")
+    assert set(latency["series"]) == {"p50", "p99 (worst window)"}
+    assert min(_values(latency, "p99 (worst window)")) > max(_values(latency, "p50")) * 0.9
+    # the store holds 6 h: the 24 h range spreads its points over those 6 h (one per 2-minute window), not 1 in 4 h
+    assert 179 <= len(latency["x"]) <= 181 and latency["x"][1] - latency["x"][0] == 120_000
+    power, temperature = _plotted(driver, "chart-power"), _plotted(driver, "chart-temperature")
+    assert all(1.0 < w < 40.0 for w in _values(power, "mean power"))  # watts on their own chart, not mW or °C / 10
+    assert all(20.0 < c < 110.0 for c in _values(temperature, "hottest sensor"))
+    assert "(W)" in driver.find_element(By.CSS_SELECTOR, "#chart-power figcaption").text
+    assert "(°C)" in driver.find_element(By.CSS_SELECTOR, "#chart-temperature figcaption").text
+    assert set(_plotted(driver, "chart-bundles")["series"]) == {"demo-v1", "demo-v2"}
+    assert "24 h, one point per 2 min" in driver.find_element(By.ID, "resolution").text
+    assert "malformed_json" in driver.find_element(By.ID, "rejected").text
+    assert "completed" in driver.find_element(By.ID, "rollouts").text
+    assert timing.load_event_end_ms > 0 and timing.ready_ms is not None and timing.ready_ms < 10_000
 
-        other = rows[-1].get_attribute("data-device")
-        rows[-1].click()
-        WebDriverWait(driver, 10).until(lambda d: other in d.find_element(By.ID, "selected").text)
-        WebDriverWait(driver, 10).until(
-            lambda d: other in d.find_element(By.CSS_SELECTOR, "#chart-latency svg").get_attribute("aria-label"))
-        assert timing.load_event_end_ms > 0 and timing.ready_ms is not None and timing.ready_ms < 10_000
+    # the range picker: 15 min reads the raw 2-minute windows one by one
+    driver.find_element(By.CSS_SELECTOR, "#range button[data-hours='0.25']").click()
+    _wait(driver, "return document.getElementById('resolution').textContent.startsWith('15 min')")
+    _settled(driver)
+    recent = _plotted(driver, "chart-latency")
+    assert 6 <= len(recent["x"]) <= 8 and all(b - a == 120_000 for a, b in zip(recent["x"], recent["x"][1:]))
+    assert "range=0.25" in driver.current_url
+
+    # drill down: clicking another device redraws its plots and names it in the URL
+    other = rows[-1].get_attribute("data-device")
+    rows[-1].click()
+    _wait(driver, f"return document.querySelector('#chart-latency figcaption').textContent.startsWith('{other}:')")
+    assert other in driver.find_element(By.ID, "selected").text and other in driver.current_url
+    assert "selected" in driver.find_element(By.CSS_SELECTOR, f"#devices tr[data-device='{other}']").get_attribute("class")
+
+    # the fleet charts by target instead of bundle
+    from selenium.webdriver.support.ui import Select
+
+    Select(driver.find_element(By.ID, "group-by")).select_by_value("target")
+    _wait(driver, "return document.querySelector('#chart-bundles figcaption').textContent.includes('by target')")
+    _settled(driver)
+    targets = set(_plotted(driver, "chart-bundles")["series"])
+    assert targets == {"jetson-orin-nano-8gb", "jetson-orin-nx-16gb", "raspberry-pi-5"}
+
+
+def test_device_table_sorts_filters_and_scrolls(tmp_path, browser) -> None:
+    from selenium.webdriver.common.by import By
+
+    from edgekit.fleet.sim.seed import seed_history
+    from edgekit.fleet.store import open_store
+
+    store_url = f"sqlite:///{tmp_path}/fleet.db"
+    with open_store(store_url) as store:
+        seed_history(store, devices=60, hours=0.5, window_s=300.0)
+    with DashboardServer(store_url, port=0, cache_s=0.0) as server:
+        browser.driver.set_window_size(1280, 900)
+        browser.load(server.url)
+        driver = browser.driver
+        assert len(driver.find_elements(By.CSS_SELECTOR, "#devices tbody tr")) == 60  # all rows, in a scroller
+        scroller = driver.find_element(By.ID, "devices-scroll")
+        height, content = driver.execute_script("return [arguments[0].clientHeight, arguments[0].scrollHeight]", scroller)
+        assert height < content and height <= 0.6 * 900 + 1
+        driver.execute_script("arguments[0].scrollTop = arguments[0].scrollHeight", scroller)
+        header_top = driver.execute_script("return document.querySelector('#devices th').getBoundingClientRect().top")
+        assert abs(header_top - scroller.rect["y"]) < 3  # the header row stays in view while the rows scroll
+
+        header = driver.find_element(By.CSS_SELECTOR, "#devices th[data-key='p99_ms']")
+        header.click()
+        header.click()  # descending
+        assert header.get_attribute("aria-sort") == "descending"
+        p99 = [float(r.find_elements(By.TAG_NAME, "td")[5].text) for r in driver.find_elements(By.CSS_SELECTOR, "#devices tbody tr")]
+        assert p99 == sorted(p99, reverse=True) and p99[0] > p99[-1]
+
+        driver.find_element(By.ID, "filter").send_keys("raspberry")
+        shown = driver.find_elements(By.CSS_SELECTOR, "#devices tbody tr")
+        assert len(shown) == 20 and all(r.get_attribute("data-device").startswith("raspberry-pi-5-") for r in shown)
+        assert driver.find_element(By.ID, "device-count").text == "20 of 60 shown"
+
+
+def test_a_20_second_spike_keeps_its_height_at_the_1_hour_range(tmp_path, browser) -> None:
+    import json
+    import urllib.parse
+    import urllib.request
+
+    from edgekit.fleet.dashboard.scenes import seed_spike
+    from edgekit.fleet.store import open_store
+
+    store_url = f"sqlite:///{tmp_path}/fleet.db"
+    with open_store(store_url) as store:
+        spike = seed_spike(store, hours=1.0, window_s=10.0, spike_s=20.0)
+    with DashboardServer(store_url, port=0, cache_s=0.0) as server:
+        browser.load(server.url + "#range=1")
+        plotted = _plotted(browser.driver, "chart-latency")
+        query = urllib.parse.urlencode({"fleet": spike.fleet, "device": spike.device, "hours": 1})
+        with urllib.request.urlopen(server.url + f"api/series?{query}", timeout=10) as response:
+            data = json.loads(response.read())
+    assert data["bucket_s"] == 30  # three 10 s windows a point: the spike's two windows share a bucket with a normal one
+    assert max(_values(plotted, "p99 (worst window)")) == spike.p99_ms == pytest.approx(3 * spike.baseline_p99_max_ms, abs=1e-3)
+    assert max(v for v in data["series"]["p99_ms"] if v is not None) < 0.9 * spike.p99_ms  # what a bucket mean would show
+    assert sum(1 for v in _values(plotted, "p99 (worst window)") if v == spike.p99_ms) in (1, 2)
+
+
+def test_quick_start_draws_lines_within_30_seconds(tmp_path, browser, mosquitto) -> None:
+    from edgekit.fleet.local_stack import LocalStack, LocalStackConfig
+
+    config = LocalStackConfig(broker_url=mosquitto.url, store_url=f"sqlite:///{tmp_path}/fleet.db", dashboard_port=0,
+                              simulate=3)  # fmt: skip  # `fleet up --simulate 3`: one 10 s window per device
+    started = time.monotonic()
+    with LocalStack(config) as stack:
+        browser.driver.get(stack.dashboard_url)  # opened at once, as the quick start says; it refreshes itself
+        _wait(browser.driver, "const f = document.getElementById('chart-latency');"
+              "return !document.getElementById('device-charts').hidden && f && Number(f.dataset.points) > 2", 40)  # fmt: skip
+        elapsed = time.monotonic() - started
+        plotted = _plotted(browser.driver, "chart-latency")
+        fleet = _plotted(browser.driver, "chart-bundles")
+    assert elapsed <= 30.0, f"lines appeared after {elapsed:.1f} s"
+    assert len(_values(plotted, "p50")) > 1 and len(_values(plotted, "p99 (worst window)")) > 1
+    assert len(_values(fleet, "demo-v1")) > 1
+
+
+def test_empty_store_says_what_to_run(tmp_path, browser, screenshot_dir) -> None:
+    from selenium.webdriver.common.by import By
+
+    store_url = f"sqlite:///{tmp_path}/fleet.db"
+    with DashboardServer(store_url, port=0, cache_s=0.0) as server:
+        browser.load(server.url)
+        driver = browser.driver
+        hint = driver.find_element(By.ID, "empty")
+        assert hint.is_displayed() and "edgekit fleet up --simulate 20" in hint.text and store_url in hint.text
+        for section in ("devices-section", "device-charts", "fleet-charts", "cards"):
+            assert not driver.find_element(By.ID, section).is_displayed(), section
+        driver.save_screenshot(str(screenshot_dir / "empty-1280.png"))
+
+
+@pytest.mark.parametrize("width", [1280, 1920])
+def test_no_horizontal_overflow_and_distinct_legends(tmp_path, browser, screenshot_dir, width: int) -> None:
+    from selenium.webdriver.common.by import By
+
+    from edgekit.fleet.dashboard.scenes import LONG_BUNDLES, LONG_REASON, seed_long_names
+    from edgekit.fleet.store import open_store
+
+    store_url = f"sqlite:///{tmp_path}/fleet.db"
+    with open_store(store_url) as store:
+        seed_long_names(store)
+    with DashboardServer(store_url, port=0, cache_s=0.0) as server:
+        driver = browser.driver
+        driver.set_window_size(width, 1000)
+        browser.load(server.url + "#range=24")
+        scroll_width, client_width = driver.execute_script(OVERFLOW)
+        assert scroll_width <= client_width, f"page is {scroll_width} px wide in a {client_width} px window"
+        assert LONG_REASON.strip()[:60] in driver.find_element(By.ID, "rollouts").text  # wrapped, not cut or hidden
+        columns = driver.execute_script("return getComputedStyle(document.querySelector('.charts')).gridTemplateColumns.split(' ').length")
+        assert columns == (2 if width == 1280 else 3)
+        legend = _plotted(driver, "chart-bundles")
+        labels = list(legend["series"])
+        assert len(labels) == 2 and len(set(labels)) == 2 and all(len(label) <= 32 for label in labels)
+        assert sorted(legend["titles"].values()) == sorted(LONG_BUNDLES)  # full names in the tooltips
+        driver.set_window_size(width, driver.execute_script("return document.documentElement.scrollHeight") + 20)
+        driver.save_screenshot(str(screenshot_dir / f"long-names-{width}.png"))
+        assert driver.execute_script(OVERFLOW)[0] <= client_width

@@ -1,22 +1,19 @@
-// edgekit fleet dashboard: fetches /api/ JSON and draws tables and SVG line charts. No libraries.
+// edgekit fleet dashboard: fetches /api/ JSON, fills the tables and draws time series with uPlot (vendored in
+// /static, see uPlot.LICENSE.txt). State (time range, selected device, fleet grouping) lives in the URL hash.
 "use strict";
 
-const SVG_NS = "http://www.w3.org/2000/svg";
-const COLORS = ["#1b5e20", "#b71c1c", "#1565c0", "#e65100", "#6a1b9a", "#00838f", "#5d4037", "#ad1457"];
+const COLORS = ["#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#5d4037", "#ad1457", "#9e9d24", "#455a64"];
 const REFRESH_MS = 10000;
-const state = { overview: null, selected: null, sortKey: "device", sortUp: true, filter: "" };
+const RANGES = { "0.25": "15 min", "1": "1 h", "24": "24 h", "168": "7 d" };
+const LEGEND_MAX_CHARS = 32;
+const state = { overview: null, selected: null, sortKey: "device", sortUp: true, filter: "", hours: "1", by: "bundle_id" };
+const charts = {};  // figure id -> uPlot instance (the browser tests read the plotted data from here)
+window.edgekitCharts = charts;
 
 function el(tag, attrs, text) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
   if (text !== undefined && text !== null) node.textContent = String(text);
-  return node;
-}
-
-function svg(tag, attrs, text) {
-  const node = document.createElementNS(SVG_NS, tag);
-  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
-  if (text !== undefined) node.textContent = text;
   return node;
 }
 
@@ -34,82 +31,138 @@ function ago(iso) {
   return Math.round(s / 86400) + " d ago";
 }
 
+function duration(seconds) {
+  if (seconds < 60) return seconds + " s";
+  if (seconds < 3600) return seconds / 60 + " min";
+  if (seconds < 86400) return seconds / 3600 + " h";
+  return seconds / 86400 + " d";
+}
+
 async function getJSON(url) {
   const response = await fetch(url, { headers: { Accept: "application/json" } });
   if (!response.ok) throw new Error(url + ": HTTP " + response.status);
   return response.json();
 }
 
-// -- charts ---------------------------------------------------------------------------------------
+// -- URL hash: #range=1&device=fleet/device&by=target ------------------------------------------------
 
-function niceTicks(lo, hi, count) {
-  if (!(hi > lo)) { hi = lo + 1; }
-  const raw = (hi - lo) / count;
-  const mag = Math.pow(10, Math.floor(Math.log10(raw)));
-  const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= raw);
-  const ticks = [];
-  const top = Math.ceil(hi / step - 1e-9) * step;  // the last tick is at or above the highest value
-  for (let v = Math.ceil(lo / step) * step; v <= top + step * 1e-9; v += step) ticks.push(+v.toPrecision(12));
-  return ticks;
+function readHash() {
+  const params = new URLSearchParams(location.hash.slice(1));
+  if (params.get("range") in RANGES) state.hours = params.get("range");
+  if (["bundle_id", "target"].includes(params.get("by"))) state.by = params.get("by");
+  const device = params.get("device");
+  if (device && device.includes("/")) {
+    const cut = device.indexOf("/");
+    state.selected = { fleet: device.slice(0, cut), device: device.slice(cut + 1) };
+  }
 }
 
-// lines: [{name, t: [ms], v: [number|null]}]; draws an SVG into `figure`, gaps where v is null.
-function lineChart(figure, title, unit, lines) {
-  const W = 480, H = 220, L = 52, R = 10, T = 22, B = 40;
-  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": title });
-  root.appendChild(svg("text", { x: L, y: 14, class: "title" }, title + (unit ? ` (${unit})` : "")));
-  const points = lines.flatMap((line) => line.t.map((t, i) => [t, line.v[i]])).filter((p) => p[1] !== null && p[1] !== undefined);
-  figure.replaceChildren(root);
-  figure.dataset.points = String(points.length);
-  if (!points.length) {
-    root.appendChild(svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle", class: "empty" }, "no data"));
+function writeHash() {
+  const params = new URLSearchParams({ range: state.hours, by: state.by });
+  if (state.selected) params.set("device", `${state.selected.fleet}/${state.selected.device}`);
+  history.replaceState(null, "", "#" + params.toString());
+}
+
+// -- legends ----------------------------------------------------------------------------------------
+
+// Short legend labels that stay distinct: a prefix shared by every long name is cut to "…", and what is still
+// too long loses its middle (never its end, where versions and precisions differ). Full names go in tooltips.
+function legendLabels(names) {
+  if (names.every((n) => n.length <= LEGEND_MAX_CHARS)) return names.slice();
+  let prefix = names.length > 1 ? names.reduce((p, n) => { let i = 0; while (i < p.length && p[i] === n[i]) i++; return p.slice(0, i); }) : "";
+  const cut = Math.max(prefix.lastIndexOf("-"), prefix.lastIndexOf("_"), prefix.lastIndexOf("."), prefix.lastIndexOf("/")) + 1;
+  prefix = prefix.slice(0, cut);
+  const labels = names.map((n) => {
+    let label = prefix.length > 3 && n.length > prefix.length ? "…" + n.slice(prefix.length) : n;
+    if (label.length > LEGEND_MAX_CHARS) {
+      const tail = Math.ceil(LEGEND_MAX_CHARS * 0.6);
+      label = label.slice(0, LEGEND_MAX_CHARS - tail - 1) + "…" + label.slice(label.length - tail);
+    }
+    return label;
+  });
+  return new Set(labels).size === labels.length ? labels : names.slice();
+}
+
+// -- charts -----------------------------------------------------------------------------------------
+
+// lines: [{name, t: [ms], v: [number|null], color}] with different t allowed; returns uPlot's aligned data.
+function align(lines) {
+  const ts = [...new Set(lines.flatMap((l) => l.t))].sort((a, b) => a - b);
+  const index = new Map(ts.map((t, i) => [t, i]));
+  const data = [ts.map((t) => t / 1000)];
+  for (const line of lines) {
+    const column = new Array(ts.length).fill(null);
+    line.t.forEach((t, i) => { column[index.get(t)] = line.v[i] === undefined ? null : line.v[i]; });
+    data.push(column);
+  }
+  return data;
+}
+
+// Draw (or redraw) a time series chart into `figure`. spec: {title, unit, digits, zero, lines, since, until, empty}
+function timeChart(figure, spec) {
+  if (charts[figure.id]) { charts[figure.id].destroy(); delete charts[figure.id]; }
+  const caption = el("figcaption", { title: spec.title }, spec.title + (spec.unit ? ` (${spec.unit})` : ""));
+  const plot = el("div", { class: "plot" });
+  figure.replaceChildren(caption, plot);
+  const lines = spec.lines.filter((l) => l.v.some((v) => v !== null && v !== undefined));
+  const points = lines.reduce((n, l) => n + l.v.filter((v) => v !== null && v !== undefined).length, 0);
+  figure.dataset.points = String(points);
+  if (!points) {
+    plot.replaceWith(el("div", { class: "chart-empty" }, spec.empty));
     return;
   }
-  let t0 = Math.min(...points.map((p) => p[0])), t1 = Math.max(...points.map((p) => p[0]));
-  if (t1 === t0) { t0 -= 60000; t1 += 60000; }
-  const vMax = Math.max(...points.map((p) => p[1]));
-  const yTicks = niceTicks(0, vMax * 1.05 || 1, 4);
-  const v1 = yTicks[yTicks.length - 1];
-  const x = (t) => L + ((t - t0) / (t1 - t0)) * (W - L - R);
-  const y = (v) => H - B - (v / v1) * (H - B - T);
-  for (const tick of yTicks) {
-    root.appendChild(svg("line", { x1: L, x2: W - R, y1: y(tick), y2: y(tick), class: "grid" }));
-    root.appendChild(svg("text", { x: L - 4, y: y(tick) + 3, "text-anchor": "end" }, String(tick)));
-  }
-  const span = t1 - t0;
-  for (let i = 0; i <= 4; i++) {
-    const t = t0 + (span * i) / 4;
-    const d = new Date(t);
-    const label = span > 2 * 86400000 ? `${d.getMonth() + 1}/${d.getDate()}` : `${String(d.getHours()).padStart(2, "0")}:${String(d.getMinutes()).padStart(2, "0")}`;
-    root.appendChild(svg("text", { x: x(t), y: H - B + 14, "text-anchor": "middle" }, label));
-  }
-  root.appendChild(svg("line", { x1: L, x2: L, y1: T, y2: H - B, class: "axis" }));
-  root.appendChild(svg("line", { x1: L, x2: W - R, y1: H - B, y2: H - B, class: "axis" }));
-  lines.forEach((line, index) => {
-    const color = line.color || COLORS[index % COLORS.length];
-    let d = "", pen = false;
-    line.t.forEach((t, i) => {
-      const v = line.v[i];
-      if (v === null || v === undefined) { pen = false; return; }
-      d += `${pen ? "L" : "M"}${x(t).toFixed(1)},${y(v).toFixed(1)}`;
-      pen = true;
-    });
-    if (d) root.appendChild(svg("path", { d, class: "line", stroke: color, "data-series": line.name }));
-    const lx = L + 8 + index * 110;
-    root.appendChild(svg("rect", { x: lx, y: H - 14, width: 10, height: 3, fill: color }));
-    root.appendChild(svg("text", { x: lx + 14, y: H - 10 }, line.name.length > 16 ? line.name.slice(0, 15) + "…" : line.name));
+  const data = align(lines);
+  const labels = legendLabels(lines.map((l) => l.name));
+  const dense = data[0].length > 80;
+  const since = Date.parse(spec.since) / 1000, until = Date.parse(spec.until) / 1000;
+  const unit = spec.unit ? " " + spec.unit : "";
+  const opts = {
+    width: Math.max(280, plot.clientWidth), height: 210,
+    scales: {
+      x: { time: true, range: (u, lo, hi) => (until > since ? [Math.min(lo, since), Math.max(hi, until)] : [lo - 60, hi + 60]) },
+      y: { range: (u, lo, hi) => (spec.zero ? [0, hi > 0 ? hi * 1.12 : 1] : [lo - Math.max(1, (hi - lo) * 0.15), hi + Math.max(1, (hi - lo) * 0.15)]) },
+    },
+    axes: [
+      { stroke: "#555", grid: { stroke: "#eee" }, ticks: { stroke: "#ddd" } },
+      { stroke: "#555", grid: { stroke: "#eee" }, ticks: { stroke: "#ddd" }, label: spec.unit, labelSize: 18, size: 52,
+        values: (u, splits) => splits.map((v) => (Math.abs(v) >= 1000 ? (v / 1000).toFixed(1) + "k" : String(+v.toPrecision(4)))) },
+    ],
+    series: [{ value: (u, v) => (v === null ? "–" : new Date(v * 1000).toLocaleString()) }].concat(lines.map((line, i) => ({
+      label: labels[i], stroke: line.color || COLORS[i % COLORS.length], width: 1.6, spanGaps: false,
+      points: { show: !dense, size: 5 }, value: (u, v) => (v === null || v === undefined ? "–" : v.toFixed(spec.digits) + unit),
+    }))),
+    legend: { live: true },
+    cursor: { drag: { x: true, y: false } },
+  };
+  const chart = new uPlot(opts, data, plot);
+  charts[figure.id] = chart;
+  chart.root.querySelectorAll(".u-legend .u-series").forEach((row, i) => {
+    if (i > 0) { row.title = lines[i - 1].name; row.dataset.series = lines[i - 1].name; }
   });
 }
 
-// -- tables ---------------------------------------------------------------------------------------
+function resizeCharts() {
+  for (const [id, chart] of Object.entries(charts)) {
+    const plot = document.querySelector(`#${id} .plot`);
+    if (plot && Math.abs(plot.clientWidth - chart.width) > 4) chart.setSize({ width: Math.max(280, plot.clientWidth), height: 210 });
+  }
+}
+
+// -- tables -----------------------------------------------------------------------------------------
 
 function fill(tableId, rows) {
-  const body = document.querySelector(`#${tableId} tbody`);
-  body.replaceChildren(...rows);
+  document.querySelector(`#${tableId} tbody`).replaceChildren(...rows);
 }
 
 function cell(value, cls) {
   return el("td", cls ? { class: cls } : {}, value);
+}
+
+// A cell whose text is cut with an ellipsis when long; the whole text is in its tooltip.
+function clipped(value) {
+  const td = el("td");
+  td.appendChild(el("span", { class: "clip", title: value }, value));
+  return td;
 }
 
 function renderCards(overview) {
@@ -128,13 +181,19 @@ function renderDevices() {
   const overview = state.overview;
   if (!overview) return;
   const f = state.filter.toLowerCase();
-  const rows = overview.devices.filter((d) => !f || [d.device, d.bundle_id, d.target, d.state].some((v) => v && v.toLowerCase().includes(f)));
+  const rows = overview.devices.filter((d) => !f || [d.device, d.bundle_id, d.target, d.state, d.fleet].some((v) => v && v.toLowerCase().includes(f)));
   const key = state.sortKey, dir = state.sortUp ? 1 : -1;
   rows.sort((a, b) => (a[key] === b[key] ? 0 : a[key] === null ? 1 : b[key] === null ? -1 : a[key] < b[key] ? -dir : dir));
+  document.querySelectorAll("#devices th").forEach((th) => {
+    if (th.dataset.key === key) th.setAttribute("aria-sort", state.sortUp ? "ascending" : "descending");
+    else th.removeAttribute("aria-sort");
+  });
+  document.getElementById("device-count").textContent = rows.length === overview.devices.length
+    ? `${rows.length}` : `${rows.length} of ${overview.devices.length} shown`;
   fill("devices", rows.map((d) => {
     const tr = el("tr", { "data-device": d.device, "data-fleet": d.fleet });
     if (state.selected && state.selected.device === d.device && state.selected.fleet === d.fleet) tr.classList.add("selected");
-    tr.append(cell(d.device), cell(d.state, d.state === "online" ? "online" : "offline"), cell(d.bundle_id || "–"), cell(d.target || "–"),
+    tr.append(clipped(d.device), cell(d.state, d.state === "online" ? "online" : "offline"), clipped(d.bundle_id || "–"), clipped(d.target || "–"),
       cell(fmt(d.p50_ms, 2), "num"), cell(fmt(d.p99_ms, 2), "num"), cell(d.power_mw === null ? "–" : fmt(d.power_mw / 1000, 2), "num"),
       cell(fmt(d.energy_per_inference_mj, 1), "num"), cell(fmt(d.temperature_c, 1), "num"), cell(ago(d.last_seen)), cell(d.missing_seqs, "num"));
     tr.addEventListener("click", () => selectDevice(d.fleet, d.device));
@@ -144,67 +203,103 @@ function renderDevices() {
 
 function renderOverview(overview) {
   state.overview = overview;
+  const empty = overview.counts.devices === 0;
+  document.getElementById("empty").hidden = !empty;
+  for (const id of ["cards", "devices-section", "device-charts", "fleet-charts"]) document.getElementById(id).hidden = empty;
+  document.getElementById("empty-store").textContent = overview.store;
+  document.querySelectorAll(".store-url").forEach((node) => { node.textContent = overview.store; });
   document.getElementById("store").textContent = overview.store;
+  document.getElementById("store").title = overview.store;
   document.getElementById("updated").textContent = "updated " + new Date(overview.generated_at).toLocaleTimeString();
   renderCards(overview);
   renderDevices();
   fill("bundles", overview.bundles.map((b) => {
     const tr = el("tr");
-    tr.append(cell(b.bundle_id || "(none)"), cell(b.devices, "num"), cell(b.online, "num"), cell(b.targets.join(", ")));
+    tr.append(clipped(b.bundle_id || "(none)"), cell(b.devices, "num"), cell(b.online, "num"), cell(b.targets.join(", "), "wrap"));
     return tr;
   }));
   fill("rejected", Object.entries(overview.rejected || {}).map(([reason, count]) => {
     const tr = el("tr");
-    tr.append(cell(reason), cell(count, "num"));
+    tr.append(clipped(reason), cell(count, "num"));
     return tr;
   }));
   fill("rollouts", overview.rollouts.map((r) => {
     const tr = el("tr");
     const h = r.health || {};
     const health = h.error_rate === undefined ? "–" : `errors ${h.error_rate === null ? "–" : (100 * h.error_rate).toFixed(1) + "%"}, p99 ${fmt(h.p99_before_ms, 2)} → ${fmt(h.p99_after_ms, 2)} ms`;
-    tr.append(cell(new Date(r.started_at).toLocaleString()), cell(r.bundle_id), cell(r.state), cell(r.canary.join(", ")), cell(r.devices.length, "num"), cell(health), cell(r.reason || ""));
+    tr.append(cell(new Date(r.started_at).toLocaleString()), clipped(r.bundle_id), cell(r.state), cell(r.canary.join(", "), "wrap"),
+      cell(r.devices.length, "num"), cell(health, "wrap"), cell(r.reason || "", "wrap"));
     return tr;
   }));
   fill("events", overview.events.map((e) => {
     const tr = el("tr");
-    tr.append(cell(new Date(e.at).toLocaleTimeString()), cell(e.device), cell(e.kind), cell(e.level, "level-" + e.level), cell(e.message));
+    tr.append(cell(new Date(e.at).toLocaleTimeString()), clipped(e.device), cell(e.kind), cell(e.level, "level-" + e.level), cell(e.message, "wrap"));
     return tr;
   }));
 }
 
-// -- data flow ------------------------------------------------------------------------------------
+// -- data flow --------------------------------------------------------------------------------------
+
+function resolutionText(data) {
+  return `${RANGES[state.hours]}, one point per ${duration(data.bucket_s)}`;
+}
+
+async function loadDevice() {
+  const { fleet, device } = state.selected;
+  const query = new URLSearchParams({ fleet, device, hours: state.hours });
+  const data = await getJSON(`/api/series?${query}`);
+  if (!state.selected || state.selected.device !== device || state.selected.fleet !== fleet) return;  // clicked elsewhere meanwhile
+  const s = data.series, range = RANGES[state.hours];
+  const common = { since: data.since, until: data.until, empty: `no telemetry from ${device} in the last ${range}` };
+  document.getElementById("resolution").textContent = resolutionText(data);
+  timeChart(document.getElementById("chart-latency"), { ...common, title: `${device}: latency`, unit: "ms", digits: 2, zero: true, lines: [
+    { name: "p50", t: s.t, v: s.p50_ms, color: COLORS[2] }, { name: "p99 (worst window)", t: s.t, v: s.p99_max_ms, color: COLORS[1] }] });
+  timeChart(document.getElementById("chart-power"), { ...common, title: `${device}: power`, unit: "W", digits: 2, zero: true, lines: [
+    { name: "mean power", t: s.t, v: s.power_mean_mw.map((v) => (v === null ? null : v / 1000)), color: COLORS[0] }] });
+  timeChart(document.getElementById("chart-temperature"), { ...common, title: `${device}: temperature`, unit: "°C", digits: 1, zero: false, lines: [
+    { name: "hottest sensor", t: s.t, v: s.temperature_max_c, color: COLORS[3] }] });
+}
+
+async function loadFleet() {
+  const query = new URLSearchParams({ by: state.by, hours: state.hours });
+  const data = await getJSON(`/api/fleet-series?${query}`);
+  const groups = Object.entries(data.groups);
+  const what = state.by === "target" ? "target" : "bundle";
+  const common = { since: data.since, until: data.until, empty: `no telemetry in the last ${RANGES[state.hours]}` };
+  document.getElementById("fleet-resolution").textContent = resolutionText(data);
+  timeChart(document.getElementById("chart-bundles"), { ...common, title: `worst p99 by ${what}`, unit: "ms", digits: 2, zero: true,
+    lines: groups.map(([name, s], i) => ({ name, t: s.t, v: s.p99_max_ms, color: COLORS[i % COLORS.length] })) });
+  timeChart(document.getElementById("chart-fleet-power"), { ...common, title: `mean power per device by ${what}`, unit: "W", digits: 2, zero: true,
+    lines: groups.map(([name, s], i) => ({ name, t: s.t, v: s.power_mean_mw.map((v) => (v === null ? null : v / 1000)), color: COLORS[i % COLORS.length] })) });
+}
 
 async function selectDevice(fleet, device) {
   state.selected = { fleet, device };
   document.getElementById("selected").textContent = `${device} (${fleet})`;
+  writeHash();
   renderDevices();
-  const data = await getJSON(`/api/series?fleet=${encodeURIComponent(fleet)}&device=${encodeURIComponent(device)}&hours=24`);
-  const s = data.series;
-  lineChart(document.getElementById("chart-latency"), `${device}: latency`, "ms", [
-    { name: "p50", t: s.t, v: s.p50_ms, color: COLORS[0] }, { name: "p99", t: s.t, v: s.p99_ms, color: COLORS[1] }]);
-  lineChart(document.getElementById("chart-power"), `${device}: power`, "W", [
-    { name: "power", t: s.t, v: s.power_mean_mw.map((v) => (v === null ? null : v / 1000)), color: COLORS[2] },
-    { name: "temp °C / 10", t: s.t, v: s.temperature_max_c.map((v) => (v === null ? null : v / 10)), color: COLORS[3] }]);
+  await loadDevice();
 }
 
-async function loadBundleSeries() {
-  const data = await getJSON("/api/bundle-series?hours=24");
-  const lines = Object.entries(data.bundles).map(([bundle, s], i) => ({ name: bundle, t: s.t, v: s.p99_ms, color: COLORS[i % COLORS.length] }));
-  lineChart(document.getElementById("chart-bundles"), "fleet p99 by bundle", "ms", lines);
+function setRange(hours) {
+  state.hours = hours;
+  document.querySelectorAll("#range button").forEach((b) => b.setAttribute("aria-pressed", String(b.dataset.hours === hours)));
+  writeHash();
 }
 
 async function refresh(first) {
   try {
     const overview = await getJSON("/api/overview");
     renderOverview(overview);
-    const jobs = [loadBundleSeries()];
-    if (!state.selected && overview.devices.length) {
-      const d = overview.devices[0];
+    const jobs = [];
+    if (overview.devices.length) {
+      jobs.push(loadFleet());
+      const known = state.selected && overview.devices.some((d) => d.fleet === state.selected.fleet && d.device === state.selected.device);
+      const d = known ? state.selected : overview.devices[0];
       jobs.push(selectDevice(d.fleet, d.device));
-    } else if (state.selected && !first) {
-      jobs.push(selectDevice(state.selected.fleet, state.selected.device));
     }
     await Promise.all(jobs);
+    delete document.body.dataset.error;
     if (first) {
       document.body.dataset.ready = "1";
       window.edgekitReadyMs = performance.now();
@@ -216,6 +311,9 @@ async function refresh(first) {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
+  readHash();
+  setRange(state.hours);
+  document.getElementById("group-by").value = state.by;
   document.querySelectorAll("#devices th").forEach((th) => th.addEventListener("click", () => {
     const key = th.dataset.key;
     state.sortUp = state.sortKey === key ? !state.sortUp : true;
@@ -223,6 +321,18 @@ document.addEventListener("DOMContentLoaded", () => {
     renderDevices();
   }));
   document.getElementById("filter").addEventListener("input", (event) => { state.filter = event.target.value; renderDevices(); });
+  document.querySelectorAll("#range button").forEach((b) => b.addEventListener("click", () => {
+    setRange(b.dataset.hours);
+    document.body.dataset.loading = "1";
+    Promise.all([loadFleet(), state.selected ? loadDevice() : null]).finally(() => { delete document.body.dataset.loading; });
+  }));
+  document.getElementById("group-by").addEventListener("change", (event) => {
+    state.by = event.target.value;
+    writeHash();
+    document.body.dataset.loading = "1";
+    loadFleet().finally(() => { delete document.body.dataset.loading; });
+  });
+  if (window.ResizeObserver) new ResizeObserver(resizeCharts).observe(document.querySelector("main"));
   refresh(true);
   setInterval(() => refresh(false), REFRESH_MS);
 });
