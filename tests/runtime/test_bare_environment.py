@@ -221,8 +221,9 @@ def test_agent_checks_a_signed_bundle_and_serves_it_from_the_bare_venv(bare_venv
     started_s = time.perf_counter()
     installed = bare_venv.run([bare_venv.agent, "install", "--config", config, bundle_dir], cwd=tmp_path)
     assert installed.returncode == 0, installed.stdout + installed.stderr
-    for step in ("signature verified", "files verified", "self check passed", "deploy_result: deployed"):
-        assert step in installed.stdout, installed.stdout
+    for step in ("signature verified", "files verified", "self check passed"):  # progress: stderr
+        assert step in installed.stderr, installed.stderr
+    assert "deploy_result: deployed" in installed.stdout, installed.stdout  # the outcome: stdout
     _timed(bare_venv.timings_s, "edgekit-agent install", started_s)
 
     started_s = time.perf_counter()

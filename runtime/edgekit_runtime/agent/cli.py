@@ -2,7 +2,8 @@
 
 * ``edgekit-agent run --config agent.yaml``: run until SIGTERM or SIGINT (what systemd starts);
 * ``edgekit-agent check --config agent.yaml``: check the config, the bundles (signature, hashes,
-  self-check), the power sensor and the paths, print what is wrong, exit non-zero on problems;
+  self-check), the power sensor, the paths and the broker (a real connection with the config's TLS
+  settings and credentials), print what is wrong, exit non-zero on problems;
 * ``edgekit-agent install --config agent.yaml BUNDLE``: first provisioning of a device, the same
   checks as a deploy, without a broker;
 * ``edgekit-agent detect [--root PATH] [--json]``: the device's identity, power mode and the edgekit
@@ -52,8 +53,10 @@ class CheckReport:
         return {"ok": self.ok, "passed": self.passed, "problems": self.problems, "warnings": self.warnings}
 
 
-def check_agent(config: AgentConfig) -> CheckReport:
-    """Everything ``edgekit-agent check`` looks at, as a report (no output, no side effects on links)."""
+def check_agent(config: AgentConfig, *, broker_timeout_s: float = 5.0) -> CheckReport:
+    """Everything ``edgekit-agent check`` looks at, as a report (no output). The broker is probed with one
+    connection under its own client id (a running agent keeps its session), ``broker_timeout_s`` at most."""
+    from edgekit_runtime.agent.broker_check import probe_broker
     from edgekit_runtime.agent.loading import load_bundle
     from edgekit_runtime.agent.store import BundleStore
     from edgekit_runtime.sensors import create_sensor
@@ -106,9 +109,13 @@ def check_agent(config: AgentConfig) -> CheckReport:
     if config.broker is None:
         report.warnings.append("no broker configured: telemetry and fleet commands are off")
     else:
-        report.passed.append(f"broker {config.broker.url}" + (" (TLS)" if config.broker.uses_tls else " (no TLS)"))
         if config.broker.password_file is not None and not os.access(config.broker.password_file, os.R_OK):
             report.problems.append(f"broker.password_file '{config.broker.password_file}' is not readable by this user")
+        probe = probe_broker(config.broker, f"edgekit-{config.fleet}-{config.device_id}", broker_timeout_s)
+        if probe.ok:
+            report.passed.append(probe.message)
+        else:
+            report.problems.append(probe.message + (f"; {probe.hint}" if probe.hint else ""))
         spool_dir = config.telemetry.spool.path.parent
         if not spool_dir.is_dir() or not os.access(spool_dir, os.W_OK):
             report.problems.append(f"telemetry.spool.path: directory '{spool_dir}' is missing or not writable")
@@ -137,7 +144,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
     config = _load(args.config)
     if config is None:
         return EXIT_CONFIG
-    report = check_agent(config)
+    if args.broker_timeout_s <= 0:
+        _print_error(AgentConfigError(f"--broker-timeout-s must be positive, got {args.broker_timeout_s:g}",
+                                      hint="give the broker a few seconds, e.g. --broker-timeout-s 5"))  # fmt: skip
+        return EXIT_CONFIG
+    report = check_agent(config, broker_timeout_s=args.broker_timeout_s)
     if args.json:
         sys.stdout.write(json.dumps(report.to_dict()) + "\n")
     else:
@@ -166,7 +177,9 @@ def _cmd_install(args: argparse.Namespace) -> int:
     failures: list[str] = []
 
     def emit(event: dict[str, Any]) -> None:
-        sys.stdout.write(f"{event['kind']}: {event['message']}\n")
+        # progress to stderr; the outcome (deploy_result) and anything else to stdout
+        stream = sys.stderr if event["kind"] == "deploy_progress" else sys.stdout
+        stream.write(f"{event['kind']}: {event['message']}\n")
         if event["level"] == "error":
             failures.append(event["message"])
 
@@ -253,23 +266,34 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    run = commands.add_parser("run", help="run the agent until SIGTERM")
-    run.add_argument("--config", "-c", type=Path, required=True, help="agent YAML (see agent.example.yaml)")
+    run = commands.add_parser("run", help="run the agent until SIGTERM",
+                              description="Serve the current bundle on the local API, send telemetry to the broker and "
+                                          "answer fleet commands, until SIGTERM or SIGINT (what systemd starts).")  # fmt: skip
+    run.add_argument("--config", "-c", type=Path, required=True, metavar="CONFIG", help="agent YAML (see agent.example.yaml)")
     run.set_defaults(func=_cmd_run)
 
-    check = commands.add_parser("check", help="check config, bundles and sensors, then exit (non-zero on problems)")
-    check.add_argument("--config", "-c", type=Path, required=True)
+    check = commands.add_parser("check", help="check config, bundles, sensors and the broker, then exit (non-zero on problems)",
+                                description="Check the config, the bundles (signature, hashes, self-check), the power "
+                                            "sensor, the paths, and connect to the broker with the config's TLS settings "
+                                            "and credentials. Exit 0 when all pass, 1 on problems, 2 on an invalid config.")  # fmt: skip
+    check.add_argument("--config", "-c", type=Path, required=True, metavar="CONFIG", help="agent YAML (see agent.example.yaml)")
     check.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    check.add_argument("--broker-timeout-s", type=float, default=5.0, metavar="S",
+                       help="give up on the broker after S seconds (connect, TLS and login; default 5)")
     check.set_defaults(func=_cmd_check)
 
-    install = commands.add_parser("install", help="install a bundle (directory or .tar) as the current one")
-    install.add_argument("bundle", help="bundle directory, .tar from `edgekit pack`, or http(s) URL")
-    install.add_argument("--config", "-c", type=Path, required=True)
+    install = commands.add_parser("install", help="install a bundle (directory or .tar) as the current one",
+                                  description="First provisioning of a device: verify a bundle (signature, hashes, "
+                                              "self-check) as a deploy does, without a broker, and make it the current one.")  # fmt: skip
+    install.add_argument("bundle", metavar="BUNDLE", help="bundle directory, .tar from `edgekit pack`, or http(s) URL")
+    install.add_argument("--config", "-c", type=Path, required=True, metavar="CONFIG", help="agent YAML (see agent.example.yaml)")
     install.add_argument("--sha256", help="expected sha256 of the tar (or of a directory's manifest.json)")
     install.add_argument("--signature", help="base64 signature over manifest.json, if the bundle has no manifest.sig")
     install.set_defaults(func=_cmd_install)
 
-    detect = commands.add_parser("detect", help="name the target profile this device matches, with the evidence")
+    detect = commands.add_parser("detect", help="name the target profile this device matches, with the evidence",
+                                 description="Read the device's identity (board, SoC, JetPack, CPU, memory) and power mode "
+                                             "and name the edgekit target profile it matches, with the evidence.")  # fmt: skip
     detect.add_argument("--root", type=Path, default=Path("/"), help="filesystem root to read (default /)")
     detect.add_argument("--json", action="store_true", help="print identity, power mode and target as one JSON line")
     detect.set_defaults(func=_cmd_detect)
