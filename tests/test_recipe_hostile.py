@@ -3,11 +3,16 @@ ConfigError (file:line:column, field, fix), quickly and before any expensive wor
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import re
 import resource
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -145,8 +150,6 @@ def test_malformed_values_are_named_at_load_time(tiny_recipe, old, new, expected
     message = load_error(path)
     assert time.perf_counter() - start < 2  # refused while loading, before any export or allocation
     assert message.startswith("invalid recipe:\n" + str(path) + ":")
-    import re
-
     assert re.search(expected, message, re.MULTILINE), message
     assert "after validation" not in message  # no echo of the failed item as an empty tuple
 
@@ -214,10 +217,6 @@ RECIPE_PATHS = st.sampled_from(
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(where=RECIPE_PATHS, value=JSON_VALUES)
 def test_fuzzed_values_give_a_recipe_or_an_edgekit_error(tiny_recipe, where, value):
-    import json
-
-    import yaml
-
     data = yaml.safe_load(TINY)
     node, *parts = where.split(".")
     holder, key = data, node
@@ -245,8 +244,6 @@ def test_a_model_path_to_a_device_is_refused_at_load_time(tiny_recipe, tmp_path,
 
 
 def test_a_data_folder_that_is_a_fifo_is_refused(tiny_recipe, tmp_path):
-    import os
-
     os.mkfifo(tmp_path / "batches")
     text = TINY.replace('samples: {callable: "tests.fixtures.tiny_models:tiny_batches"}', "samples: {npz_dir: batches}")
     message = load_error(tiny_recipe(text=text))
@@ -263,10 +260,6 @@ TARGET_PATHS = st.sampled_from(
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(where=TARGET_PATHS, value=JSON_VALUES)
 def test_fuzzed_target_profiles_give_a_profile_or_a_target_error(tmp_path, where, value):
-    import json
-
-    import yaml
-
     data = yaml.safe_load((TARGETS / "jetson-orin-nano-8gb.yaml").read_text())
     holder, key = data, None
     *parents, last = where.split(".")
@@ -299,7 +292,5 @@ def test_fuzzed_bytes_give_a_recipe_or_an_edgekit_error(tmp_path, data, insert_a
 
 
 def test_the_recipe_hash_is_of_the_bytes_validated(tiny_recipe):
-    import hashlib
-
     path = tiny_recipe()
     assert load_recipe(path).sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
