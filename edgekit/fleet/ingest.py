@@ -20,7 +20,7 @@ from typing import Any, Callable, Union
 
 from fastjsonschema import JsonSchemaValueException as _JsonSchemaValueException
 
-from edgekit.fleet.store.base import DeviceEvent, DeviceStatus, RejectedMessage, TelemetryWindow
+from edgekit.fleet.store.base import DeviceEvent, DeviceIdentityRecord, DeviceStatus, RejectedMessage, TelemetryWindow
 
 logger = logging.getLogger(__name__)
 
@@ -309,9 +309,30 @@ def _telemetry(message: dict[str, Any], at: dt.datetime, text: str) -> Telemetry
 def _status(message: dict[str, Any], at: dt.datetime, text: str) -> DeviceStatus:
     _parse_utc_fast(message["at"], "at")
     bundle = message.get("bundle")
+    target = message.get("target")  # optional (issue 19): the profile the agent detected, name null when none
     return DeviceStatus(fleet=message["fleet"], device=message["device"], state=message["state"],
-                        bundle_id=bundle["id"] if bundle else None, target=None,
-                        agent_version=message["agent_version"], updated_at=at, payload=message)  # fmt: skip
+                        bundle_id=bundle["id"] if bundle else None, target=target.get("name") if target else None,
+                        agent_version=message["agent_version"], updated_at=at, payload=message,
+                        identity=_identity(message, at))  # fmt: skip
+
+
+def _identity(message: dict[str, Any], at: dt.datetime) -> DeviceIdentityRecord | None:
+    """The status's optional ``identity`` and ``power_mode``, flattened; ``None`` from agents that send neither."""
+    identity, mode = message.get("identity"), message.get("power_mode")
+    if identity is None and mode is None:
+        return None
+    from edgekit_runtime.sensors.power_mode import power_mode_label
+
+    identity, mode = identity or {}, mode or {}
+    label = power_mode_label(mode.get("name"), mode.get("clocks_locked"))
+    return DeviceIdentityRecord(
+        fleet=message["fleet"], device=message["device"], board=identity.get("board"), soc=identity.get("soc"),
+        os=(identity.get("os") or {}).get("name"), l4t=identity.get("l4t"), jetpack=identity.get("jetpack"),
+        cuda=identity.get("cuda"), tensorrt=identity.get("tensorrt"),
+        onnxruntime=(identity.get("onnxruntime") or {}).get("version"), power_mode=label,
+        clocks_locked=mode.get("clocks_locked"), updated_at=at,
+        payload={"identity": message.get("identity"), "power_mode": message.get("power_mode")},
+    )  # fmt: skip
 
 
 def _event(message: dict[str, Any], at: dt.datetime, text: str) -> DeviceEvent:

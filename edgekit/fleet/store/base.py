@@ -47,6 +47,29 @@ class TelemetryWindow:
 
 
 @dataclass(frozen=True)
+class DeviceIdentityRecord:
+    """What a device says it is (status.v1 ``identity`` and ``power_mode``), flattened for queries.
+
+    ``power_mode`` is the label reports group by: the nvpmodel mode name, with ``+clocks`` when
+    jetson_clocks pinned the clocks; ``None`` on a device without nvpmodel. ``payload`` keeps both objects."""
+
+    fleet: str
+    device: str
+    board: str | None
+    soc: str | None
+    os: str | None
+    l4t: str | None
+    jetpack: str | None
+    cuda: str | None
+    tensorrt: str | None
+    onnxruntime: str | None
+    power_mode: str | None
+    clocks_locked: bool | None
+    updated_at: dt.datetime
+    payload: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
 class DeviceStatus:
     fleet: str
     device: str
@@ -56,6 +79,8 @@ class DeviceStatus:
     agent_version: str | None
     updated_at: dt.datetime
     payload: dict[str, Any] = field(default_factory=dict, compare=False)
+    #: from agents that report it (status.v1 ``identity`` / ``power_mode``); stored by :meth:`FleetStore.upsert_status`
+    identity: DeviceIdentityRecord | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -100,7 +125,7 @@ class DeviceSummary:
 
 
 #: Keys :meth:`FleetStore.aggregate` can group by.
-AGGREGATE_KEYS = ("fleet", "device", "bundle_id", "target")
+AGGREGATE_KEYS = ("fleet", "device", "bundle_id", "target", "power_mode")
 
 
 @dataclass(frozen=True)
@@ -126,6 +151,8 @@ class Aggregate:
     temperature_max_c: float | None
     first_window_start: dt.datetime | None
     last_window_end: dt.datetime | None
+    #: the devices' power mode (their latest reported one, see DeviceIdentityRecord) when grouped by it
+    power_mode: str | None = None
 
 
 @dataclass(frozen=True)
@@ -153,7 +180,8 @@ class FleetStore(abc.ABC):
     @abc.abstractmethod
     def upsert_status(self, status: DeviceStatus) -> None:
         """Set a device's status unless a newer one (by ``updated_at``) is stored, so a lagging collector
-        never undoes a newer status; a non-None ``target`` is recorded as with :meth:`set_device_target`."""
+        never undoes a newer status; a non-None ``target`` is recorded as with :meth:`set_device_target`, a
+        non-None ``identity`` in the device's identity row (also only when newer)."""
 
     def upsert_statuses(self, statuses: Sequence[DeviceStatus]) -> None:
         """:meth:`upsert_status` for each, in order (SQL stores: in one transaction)."""
@@ -203,6 +231,10 @@ class FleetStore(abc.ABC):
     def bundle_spans(self, fleet: str | None = None, since: dt.datetime | None = None,
                      until: dt.datetime | None = None) -> list[BundleSpan]:
         """Per device and bundle, the first and last window seen; ordered by fleet, device, first window."""
+
+    @abc.abstractmethod
+    def device_identities(self, fleet: str | None = None) -> list[DeviceIdentityRecord]:
+        """The identity each device last reported (devices whose agent never did are left out), by fleet, device."""
 
     @abc.abstractmethod
     def set_device_target(self, fleet: str, device: str, target: str) -> None:

@@ -32,6 +32,17 @@ UPSERT_ROLLOUT = """INSERT INTO edgekit_rollouts (rollout_id, fleet, bundle_id, 
 VALUES (?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (rollout_id) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at, record = excluded.record"""
 
+UPSERT_IDENTITY = """INSERT INTO device_identity (fleet, device, board, soc, os, l4t, jetpack, cuda, tensorrt, onnxruntime,
+    power_mode, clocks_locked, identity, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (fleet, device) DO UPDATE SET board = excluded.board, soc = excluded.soc, os = excluded.os, l4t = excluded.l4t,
+    jetpack = excluded.jetpack, cuda = excluded.cuda, tensorrt = excluded.tensorrt, onnxruntime = excluded.onnxruntime,
+    power_mode = excluded.power_mode, clocks_locked = excluded.clocks_locked, identity = excluded.identity,
+    updated_at = excluded.updated_at
+WHERE excluded.updated_at >= device_identity.updated_at"""
+SELECT_IDENTITIES = """SELECT fleet, device, board, soc, os, l4t, jetpack, cuda, tensorrt, onnxruntime, power_mode,
+    clocks_locked, identity, updated_at FROM device_identity WHERE {fleet_filter} ORDER BY fleet, device"""
+
 INSERT_REJECTED = "INSERT INTO rejected_messages (topic, reason, detail, size_bytes, at) VALUES (?, ?, ?, ?, ?)"
 
 ADD_REJECTED_TOTAL = """INSERT INTO rejected_totals (reason, count) VALUES (?, ?)
@@ -190,12 +201,13 @@ SELECT r.fleet, r.device, NULLIF(r.bundle_id, ''), r.window_start_min, r.window_
 FROM telemetry_rollups r WHERE {rolled_where}"""
 
 
-_KEY_COLUMNS = {"fleet": "u.fleet", "device": "u.device", "bundle_id": "u.bundle_id", "target": "t.target"}
+_KEY_COLUMNS = {"fleet": "u.fleet", "device": "u.device", "bundle_id": "u.bundle_id", "target": "t.target",
+                "power_mode": "i.power_mode"}
 
 
 def aggregate_sql(store: SqlFleetStore, keys: Sequence[str], params: dict[str, Any], *, target: str | None,
                   bucket_s: int | None, **filters: Any) -> str:  # fmt: skip
-    """Columns: fleet, device, bundle_id, target (NULL unless grouped), bucket_start, devices, windows,
+    """Columns: fleet, device, bundle_id, target, power_mode (NULL unless grouped), bucket_start, devices, windows,
     inferences, errors, p50_ms, p99_ms, p99_max_ms, power_mean_mw, energy_mj, energy_per_inference_mj,
     temperature_max_c, first_window_start, last_window_end."""
     union = union_sql(store, params, **filters)
@@ -205,7 +217,7 @@ def aggregate_sql(store: SqlFleetStore, keys: Sequence[str], params: dict[str, A
     if bucket_s is not None:
         params["agg_bucket_s"] = bucket_s
         selected.append(store.bucket_sql("u.t_start", "agg_bucket_s"))
-        groups.append("5")
+        groups.append(str(len(_KEY_COLUMNS) + 1))
     else:
         selected.append("NULL")
     where = ""
@@ -219,6 +231,7 @@ def aggregate_sql(store: SqlFleetStore, keys: Sequence[str], params: dict[str, A
     SUM(u.energy_mj), SUM(u.energy_active_mj) / NULLIF(SUM(u.energy_count), 0), MAX(u.temperature_max_c),
     MIN(u.t_start), MAX(u.t_end)
 FROM ({union}) u LEFT JOIN device_targets t ON t.fleet = u.fleet AND t.device = u.device
+LEFT JOIN device_identity i ON i.fleet = u.fleet AND i.device = u.device
 {where} {group_by}"""
 
 

@@ -22,6 +22,7 @@ from edgekit.fleet.store.base import (
     Aggregate,
     BundleSpan,
     DeviceEvent,
+    DeviceIdentityRecord,
     DeviceStatus,
     DeviceSummary,
     FleetStore,
@@ -261,6 +262,19 @@ class SqlFleetStore(FleetStore):
                         self.time_in(status.updated_at), self.json_in(status.payload)))  # fmt: skip
         if status.target is not None:
             self._set_target(cursor, status.fleet, status.device, status.target)
+        if status.identity is not None:
+            i = status.identity
+            cursor.execute(self._sql(queries.UPSERT_IDENTITY),
+                           (i.fleet, i.device, i.board, i.soc, i.os, i.l4t, i.jetpack, i.cuda, i.tensorrt, i.onnxruntime,
+                            i.power_mode, i.clocks_locked, self.json_in(i.payload), self.time_in(i.updated_at)))  # fmt: skip
+
+    def device_identities(self, fleet: str | None = None) -> list[DeviceIdentityRecord]:
+        sql = queries.SELECT_IDENTITIES.format(fleet_filter="fleet = :fleet" if fleet is not None else "1 = 1")
+        rows = self._query("reading device identities", sql, {"fleet": fleet} if fleet is not None else {})
+        return [DeviceIdentityRecord(fleet=r[0], device=r[1], board=r[2], soc=r[3], os=r[4], l4t=r[5], jetpack=r[6],
+                                     cuda=r[7], tensorrt=r[8], onnxruntime=r[9], power_mode=r[10],
+                                     clocks_locked=None if r[11] is None else bool(r[11]), payload=self.json_out(r[12]),
+                                     updated_at=self.time_out(r[13])) for r in rows]  # fmt: skip
 
     def set_device_target(self, fleet: str, device: str, target: str) -> None:
         with self._transaction(f"storing the target of {fleet}/{device}") as cursor:
@@ -397,18 +411,21 @@ class SqlFleetStore(FleetStore):
         sql = queries.aggregate_sql(self, keys, params, fleet=fleet, devices=devices, bundle_id=bundle_id,
                                     target=target, since=since, until=until, bucket_s=bucket_s)  # fmt: skip
         rows = self._query("aggregating telemetry", sql, params)
-        return [self._aggregate_from_row(keys, row) for row in rows if row[5]]
+        return [self._aggregate_from_row(keys, row) for row in rows if row[len(AGGREGATE_KEYS) + 1]]
 
     def _aggregate_from_row(self, keys: tuple[str, ...], row: Sequence[Any]) -> Aggregate:
-        key_values = dict(zip(AGGREGATE_KEYS, row[:4]))
+        key_values = dict(zip(AGGREGATE_KEYS, row[: len(AGGREGATE_KEYS)]))
+        bucket, *figures = row[len(AGGREGATE_KEYS):]
         return Aggregate(
             fleet=key_values["fleet"], device=key_values["device"], bundle_id=key_values["bundle_id"] or None,
-            target=key_values["target"], bucket_start=self.time_out(row[4]) if row[4] is not None else None,
-            devices=int(row[5]), windows=int(row[6]), inferences=int(row[7]), errors=int(row[8]),
-            p50_ms=_float(row[9]), p99_ms=_float(row[10]), p99_max_ms=_float(row[11]), power_mean_mw=_float(row[12]),
-            energy_mj=_float(row[13]), energy_per_inference_mj=_float(row[14]), temperature_max_c=_float(row[15]),
-            first_window_start=self.time_out(row[16]) if row[16] is not None else None,
-            last_window_end=self.time_out(row[17]) if row[17] is not None else None,
+            target=key_values["target"], power_mode=key_values["power_mode"],
+            bucket_start=self.time_out(bucket) if bucket is not None else None,
+            devices=int(figures[0]), windows=int(figures[1]), inferences=int(figures[2]), errors=int(figures[3]),
+            p50_ms=_float(figures[4]), p99_ms=_float(figures[5]), p99_max_ms=_float(figures[6]),
+            power_mean_mw=_float(figures[7]), energy_mj=_float(figures[8]), energy_per_inference_mj=_float(figures[9]),
+            temperature_max_c=_float(figures[10]),
+            first_window_start=self.time_out(figures[11]) if figures[11] is not None else None,
+            last_window_end=self.time_out(figures[12]) if figures[12] is not None else None,
         )  # fmt: skip
 
     def bundle_spans(self, fleet: str | None = None, since: dt.datetime | None = None,

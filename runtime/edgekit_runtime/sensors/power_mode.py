@@ -94,9 +94,7 @@ class PowerModeState:
     @property
     def label(self) -> str | None:
         """How reports name the mode: ``"MAXN_SUPER"``, ``"15W+clocks"``; ``None`` without one."""
-        if self.mode_name is None:
-            return None
-        return f"{self.mode_name}+clocks" if self.clocks_locked else self.mode_name
+        return power_mode_label(self.mode_name, self.clocks_locked)
 
     def to_dict(self) -> dict[str, Any]:
         """The status message's ``power_mode`` object (see ``status.v1.json``)."""
@@ -105,6 +103,13 @@ class PowerModeState:
             "clocks_locked": self.clocks_locked,
             "clocks": [{"domain": c.domain, "min_khz": c.min_khz, "max_khz": c.max_khz} for c in self.clocks],
         }  # fmt: skip
+
+
+def power_mode_label(mode_name: str | None, clocks_locked: bool | None) -> str | None:
+    """The mode name, with ``+clocks`` when jetson_clocks pinned the clocks (the collector groups by it)."""
+    if mode_name is None:
+        return None
+    return f"{mode_name}+clocks" if clocks_locked else mode_name
 
 
 QueryRunner = Callable[[], str | None]
@@ -202,4 +207,5 @@ __all__ = [
     "PowerModeState",
     "parse_nvpmodel_conf",
     "parse_nvpmodel_query",
+    "power_mode_label",
 ]
