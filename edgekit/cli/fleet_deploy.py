@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 from edgekit.cli.options import console, json_parent, print_json
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from edgekit.fleet.rollout_state import RolloutRecord
 
 
@@ -75,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     def show(record: RolloutRecord) -> None:
         active = next((w for w in record.waves if w["state"] in ("deploying", "watching")), None)
         key = (record.state, active["index"] if active else 0)
-        if not seen or seen[-1] != key:
+        if (active or record.state == "rolling_back") and (not seen or seen[-1] != key):
             seen.append(key)
             where = f" wave {active['index']}/{len(record.waves)} ({active['spec']}: {len(active['devices'])} device(s))" if active else ""
             console.print(f"  {record.state}{where}" + (f": {record.reason}" if record.reason else ""), soft_wrap=True)
@@ -90,19 +92,23 @@ def run(args: argparse.Namespace) -> int:
     return 0 if record.state == "completed" else 1
 
 
-def print_record(record: RolloutRecord) -> None:
+def print_record(record: RolloutRecord, out: Console = console) -> None:
     """A rollout's outcome for people: the state, each wave, each device that did not take the bundle and why."""
     from rich.markup import escape
 
-    colour = "green" if record.state == "completed" else "red"
-    console.print(f"[{colour}]rollout {record.rollout_id} {record.state}[/]" + (f": {escape(record.reason)}" if record.reason else ""),
-                  soft_wrap=True)  # fmt: skip
+    from edgekit.fleet.rollout_state import FINAL_STATES
+
+    colour = "green" if record.state == "completed" else "red" if record.state in FINAL_STATES else "yellow"
+    took = record.to_json()["seconds"]
+    out.print(f"[{colour}]rollout {record.rollout_id} {record.state}[/] {escape(record.bundle_id)} (target "
+              f"{escape(record.target or 'none')}), started {record.started_at:%Y-%m-%d %H:%M:%S} UTC, {took:.1f} s"
+              + (f": {escape(record.reason)}" if record.reason else ""), soft_wrap=True)  # fmt: skip
     for wave in record.waves:
         seconds = f", {wave['seconds']:.1f} s" if wave.get("seconds") is not None else ""
-        console.print(f"  wave {wave['index']} ({wave['spec']}, {len(wave['devices'])} device(s)): {wave['state']}{seconds}"
-                      + (f": {escape(wave['reason'])}" if wave.get("reason") else ""), soft_wrap=True)  # fmt: skip
+        out.print(f"  wave {wave['index']} ({wave['spec']}, {len(wave['devices'])} device(s)): {wave['state']}{seconds}"
+                  + (f": {escape(wave['reason'])}" if wave.get("reason") else ""), soft_wrap=True)  # fmt: skip
     for device, why in record.forced.items():
-        console.print(f"  [yellow]forced[/] {device}: {escape(why)}, bundle target {record.target or 'none'}", soft_wrap=True)
+        out.print(f"  [yellow]forced[/] {device}: {escape(why)}, bundle target {escape(record.target or 'none')}", soft_wrap=True)
     for device, outcome in sorted(record.outcomes.items()):
         result = record.device_results.get(device, {})
         wave = f" (wave {result['wave']})" if result.get("wave") else ""
@@ -111,4 +117,4 @@ def print_record(record: RolloutRecord) -> None:
             line += f": {escape(str(result['reason']))}"
             if result.get("hint"):
                 line += f"\n      hint: {escape(str(result['hint']))}"
-        console.print(line, soft_wrap=True)
+        out.print(line, soft_wrap=True)

@@ -1,5 +1,6 @@
-"""Fleet status and reports from a store: per-device status, aggregates by bundle and target, and the
-before/after comparison of a rollout (devices that switched bundle, measured on each side of the switch).
+"""Fleet status and reports from a store: per-device status, aggregates by bundle and target, the
+before/after comparison of a rollout (devices that switched bundle, measured on each side of the switch),
+and the records ``edgekit fleet deploy`` kept of its rollouts (waves, per-device outcomes and reasons).
 
 Everything returns frozen records with ``to_json()``; the CLI (``edgekit fleet status|report``) and
 the dashboard print or serve them.
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgekit.fleet.errors import FleetError
+from edgekit.fleet.rollout_state import RolloutRecord
 from edgekit.fleet.store.base import Aggregate, BundleSpan, DeviceSummary, FleetStore
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -49,7 +51,8 @@ def summary_to_json(summary: DeviceSummary) -> dict[str, Any]:
 
 
 def aggregate_to_json(aggregate: Aggregate) -> dict[str, Any]:
-    return {"bundle_id": aggregate.bundle_id, "target": aggregate.target, "devices": aggregate.devices,
+    return {"bundle_id": aggregate.bundle_id, "target": aggregate.target, "power_mode": aggregate.power_mode,
+            "devices": aggregate.devices,
             "windows": aggregate.windows, "inferences": aggregate.inferences, "errors": aggregate.errors,
             "p50_ms": aggregate.p50_ms, "p99_ms": aggregate.p99_ms, "p99_max_ms": aggregate.p99_max_ms,
             "power_mean_mw": aggregate.power_mean_mw, "energy_mj": aggregate.energy_mj,
@@ -98,14 +101,16 @@ class FleetReport:
     fleet: str | None
     bundle_id: str | None
     target: str | None
-    groups: tuple[Aggregate, ...]  # by bundle and target
+    groups: tuple[Aggregate, ...]  # by bundle, target and power mode (the devices' latest reported one)
     rollouts: tuple[RolloutComparison, ...]
+    rollout_records: tuple[RolloutRecord, ...] = ()  # `fleet deploy` rollouts started in the range, newest first
 
     def to_json(self) -> dict[str, Any]:
         return {"since": _time(self.since), "until": _time(self.until), "fleet": self.fleet,
                 "bundle_id": self.bundle_id, "target": self.target,
                 "groups": [aggregate_to_json(group) for group in self.groups],
-                "rollouts": [rollout.to_json() for rollout in self.rollouts]}  # fmt: skip
+                "rollouts": [rollout.to_json() for rollout in self.rollouts],
+                "rollout_records": [record.to_json() for record in self.rollout_records]}  # fmt: skip
 
 
 def build_report(store: FleetStore, *, fleet: str | None = None, bundle_id: str | None = None,
@@ -115,11 +120,14 @@ def build_report(store: FleetStore, *, fleet: str | None = None, bundle_id: str 
 
     A device that ran bundle A and then B (by first window) counts as switched A -> B; its "before" is its
     windows on A in the range, its "after" those on B. ``bundle_id`` keeps switches from or to that bundle.
+    ``rollout_records`` are the deploys started in the range (of ``bundle_id`` and for ``target``, when given).
     """
-    groups = store.aggregate(("bundle_id", "target"), fleet=fleet, bundle_id=bundle_id, target=target, since=since,
+    groups = store.aggregate(("bundle_id", "target", "power_mode"), fleet=fleet, bundle_id=bundle_id, target=target, since=since,
                              until=until)  # fmt: skip
+    records = [RolloutRecord.from_json(row) for row in store.rollouts(fleet, bundle_id=bundle_id, since=since, until=until)]
     return FleetReport(since, until, fleet, bundle_id, target, tuple(groups),
-                       tuple(_rollouts(store, fleet=fleet, bundle_id=bundle_id, target=target, since=since, until=until)))
+                       tuple(_rollouts(store, fleet=fleet, bundle_id=bundle_id, target=target, since=since, until=until)),
+                       tuple(r for r in records if target is None or r.target == target))
 
 
 def _rollouts(store: FleetStore, *, fleet: str | None, bundle_id: str | None, target: str | None,

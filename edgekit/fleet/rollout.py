@@ -291,7 +291,7 @@ class Rollout:
             if failed and index < last:
                 reason = (f"wave {index + 1} ({wave['spec']}): the deploy did not succeed on {len(failed)} of {len(devices)} "
                           "device(s): " + "; ".join(self._describe(d) for d in sorted(failed)))  # fmt: skip
-                self._end_wave(index, "failed", reason)
+                self._end_wave(index, "failed", f"the deploy failed on {len(failed)} of {len(devices)} device(s)")
                 return self._roll_back(reason, switched)
             if index == last:
                 self._end_wave(index, "failed" if failed else "passed",

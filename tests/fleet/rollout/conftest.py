@@ -42,7 +42,7 @@ def live_fleet(mosquitto: MosquittoBroker, tmp_path: Path) -> Iterator[Callable[
 
     started: list[LiveFleet] = []
 
-    def start(devices: int = 4, targets: tuple[str, ...] = ("x86-64-cpu",), **simulation: Any) -> LiveFleet:
+    def start(devices: int = 4, targets: tuple[str, ...] = ("x86-64-cpu",), record_targets: bool = True, **simulation: Any) -> LiveFleet:
         store_url = f"sqlite:///{tmp_path}/fleet.db"
         store = open_store(store_url)
         collector = Collector(mosquitto.url, store, client_id="test-collector", flush_interval_s=0.05).start()
@@ -50,7 +50,8 @@ def live_fleet(mosquitto: MosquittoBroker, tmp_path: Path) -> Iterator[Callable[
         config = SimulationConfig(mosquitto.url, devices=devices, rate_per_s=10.0, targets=targets, verify_downloads=True,
                                   **simulation)  # fmt: skip
         simulator = FleetSimulator(config)
-        simulator.record_targets(store)
+        if record_targets:  # the simulator's devices report their target; real agents do not yet
+            simulator.record_targets(store)
         simulator.start()
         fleet = LiveFleet(mosquitto, store_url, store, collector, simulator)
         started.append(fleet)
