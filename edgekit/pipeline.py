@@ -346,7 +346,7 @@ def stage_evaluate(state: BuildState, runner: OnnxRuntimeRunner) -> str | None:
     return f"{state.accuracy.metric} {state.accuracy.value:.4f} (reference {state.accuracy.reference:.4f})"
 
 
-def stage_golden(state: BuildState, runner: OnnxRuntimeRunner) -> None:
+def stage_golden(state: BuildState, runner: OnnxRuntimeRunner) -> str | None:
     """Golden inputs with FP32 reference outputs; tolerances per output cover what this precision really
     deviates on the host (with margin), never less than the recipe's parity tolerance."""
     recipe = state.recipe
@@ -365,6 +365,9 @@ def stage_golden(state: BuildState, runner: OnnxRuntimeRunner) -> None:
     tolerances, measured = derive_tolerances([out for _, out in pairs], built, recipe.export.parity, device_applied=device_applied,
                                              margin=margin_for(state.precision))
     state.golden = write_golden(state.staging_dir, pairs, tolerances, measured=measured, steps=sequence_steps(batches), state=recipe.state)
+    for warning in state.golden.get("warnings", []):
+        log.warning("golden: %s", warning)
+    return "; ".join(state.golden.get("warnings", [])) or None
 
 
 def bench_dims(recipe: Recipe) -> dict[str, int]:
@@ -475,7 +478,7 @@ def build(
             with progress.stage("evaluate", state.recipe.evaluation.metric if state.recipe.evaluation else "no metric"):
                 _note(progress, stage_evaluate(state, runner))
             with progress.stage("golden"):
-                stage_golden(state, runner)
+                _note(progress, stage_golden(state, runner))
             with progress.stage("bench", ", ".join(f"{k}={v}" for k, v in bench_dims(state.recipe).items())):
                 _note(progress, stage_bench(state, runner))
         finally:

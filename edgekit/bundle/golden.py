@@ -32,6 +32,10 @@ MARGIN = 2.0
 REDUCED_PRECISION_MARGIN = 3.0
 
 
+#: Below this min_cosine the cosine check alone hardly separates two models (positive outputs, noise).
+WEAK_COSINE = 0.9
+
+
 def margin_for(precision: Precision) -> float:
     return MARGIN if precision is Precision.FP32 else REDUCED_PRECISION_MARGIN
 
@@ -78,6 +82,10 @@ def derive_tolerances(expected: Sequence[Mapping[str, np.ndarray]], built: Seque
             atol, rtol, min_cosine = max(atol, extra_rtol * scale), max(rtol, extra_rtol), min(min_cosine, extra_cosine)
         outputs[name] = Tolerance(atol=atol, rtol=rtol, min_cosine=min_cosine)
         measured[name] = {"max_abs_diff": error, "cosine_min": cosine, "max_abs_reference": scale}
+        if atol >= scale and min_cosine < WEAK_COSINE:
+            measured[name]["weak"] = (f"output '{name}': the golden outputs stay within atol {atol:.3g} of zero (largest {scale:.3g}) and "
+                                      f"min_cosine is {min_cosine:.3g}, so the self-check cannot tell this model from another on these "
+                                      "inputs; give data.samples the model responds to (real images, speech, text)")
     default = Tolerance(atol=max(t.atol for t in outputs.values()), rtol=max(t.rtol for t in outputs.values()),
                         min_cosine=min(t.min_cosine for t in outputs.values()))
     return GoldenTolerances(default, outputs), measured
@@ -110,6 +118,9 @@ def write_golden(root: Path, pairs: list[tuple[dict[str, np.ndarray], dict[str, 
                                            for name, t in tolerances.outputs.items()}}
     if steps is not None and state:
         section["state"] = [{"input": s.input, "output": s.output} for s in state]
+    weak = [entry["weak"] for entry in (measured or {}).values() if entry.get("weak")]
+    if weak:
+        section["warnings"] = weak
     try:
         parse_tolerances(section, where=str(root / "manifest.json"))
     except BundleError as err:  # the runtime would refuse to open the bundle

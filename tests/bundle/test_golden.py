@@ -4,6 +4,7 @@ runtime accepts."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import zipfile
 from pathlib import Path
@@ -142,3 +143,50 @@ def test_a_device_applied_precision_widens_to_the_format_s_tolerance() -> None:
     reference = np.linspace(-300, 300, 64, dtype=np.float32).reshape(2, 32)
     tolerances, _ = derive_tolerances([{"boxes": reference}], [{"boxes": reference}], ParitySpec(), device_applied=(0.02, 0.999))
     assert tolerances.outputs["boxes"].to_dict() == {"atol": pytest.approx(0.02 * 300), "rtol": 0.02, "min_cosine": 0.999}
+
+
+def test_outputs_near_zero_on_the_golden_inputs_are_flagged_as_a_weak_check() -> None:
+    """A text detector on random pixels: sigmoid maps of about 1e-6 everywhere, int8 cosine about 0.5."""
+    reference, built = _rows(0.5)
+    tolerances, measured = derive_tolerances([{"map": reference * 1e-6}], [{"map": built * 1e-6}], ParitySpec(), margin=3.0)
+    assert tolerances.outputs["map"].atol == 1e-4 and tolerances.outputs["map"].min_cosine == 0.0
+    assert "output 'map': the golden outputs stay within atol 0.0001 of zero" in measured["map"]["weak"]
+    assert "give data.samples the model responds to" in measured["map"]["weak"]
+    reference, built = _rows(0.999)
+    assert "weak" not in derive_tolerances([{"y": reference}], [{"y": built}], ParitySpec(), margin=3.0)[1]["y"]
+
+
+RAPIDOCR = importlib.util.find_spec("rapidocr_onnxruntime")
+DET_RECIPE = """\
+name: ppocr-det
+model: {kind: onnx, path: det.onnx}
+inputs:
+  - {name: x, dtype: float32, shape: [batch, 3, 96, 96]}
+outputs: [sigmoid_0.tmp_0]
+dims:
+  batch: {min: 1, opt: 1, max: 2}
+data:
+  samples: {npz_dir: samples}
+  calibration: {npz_dir: samples}
+build:
+  benchmark: {warmup: 1, iterations: 2}
+"""
+
+
+@pytest.mark.slow  # int8 calibration of a 4.7 MB detector: about 30 s
+@pytest.mark.skipif(RAPIDOCR is None or not RAPIDOCR.submodule_search_locations, reason="rapidocr-onnxruntime is not installed (pip install --no-deps rapidocr-onnxruntime)")
+def test_a_weak_golden_check_is_a_manifest_warning(tmp_path: Path) -> None:
+    """PP-OCRv4's text detector on random pixels finds no text: its int8 maps are about 1e-6 everywhere."""
+    assert RAPIDOCR is not None and RAPIDOCR.submodule_search_locations
+    models = Path(RAPIDOCR.submodule_search_locations[0]) / "models"
+    (tmp_path / "det.onnx").write_bytes((models / "ch_PP-OCRv4_det_infer.onnx").read_bytes())
+    (tmp_path / "samples").mkdir()
+    rng = np.random.default_rng(0)
+    for index in range(2):
+        np.savez(tmp_path / "samples" / f"{index}.npz", x=rng.uniform(-1, 1, (1, 3, 96, 96)).astype(np.float32))
+    (tmp_path / "det.yaml").write_text(DET_RECIPE)
+    manifest = build(tmp_path / "det.yaml", "x86-64-cpu", precision="int8", out=tmp_path / "bundle").manifest
+    golden = manifest["golden"]
+    assert [w.split(": ")[0] for w in golden["warnings"]] == ["output 'sigmoid_0.tmp_0'"]
+    assert golden["outputs"]["sigmoid_0.tmp_0"]["measured"]["max_abs_reference"] < 1e-4
+    assert _check(tmp_path / "bundle").passed  # weak, but still the bundle it was built as
