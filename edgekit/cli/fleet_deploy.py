@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edgekit.cli.options import console, json_parent, print_json
+from edgekit.cli.options import console, json_parent, print_json, results
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     record = run_rollout(artifact, broker_url=args.broker, store_url=args.store, devices=devices, target=args.target,
                          fleet=args.fleet, policy=policy, mqtt_version=args.mqtt_version, on_update=show,
                          publisher_options={"signing_key": args.sign_commands} if args.sign_commands else None)  # fmt: skip
-    print_record(record)
+    print_record(record, results(args))  # stdout, or stderr with --json
     if args.json:
         print_json(record.to_json())
     return 0 if record.state == "completed" else 1

@@ -124,7 +124,8 @@ def test_failed_devices_are_listed_with_their_agents_reason_in_deploy_and_in_rep
     args = _parser().parse_args(_deploy_cli(fleet, bundle, "--target", "x86-64-cpu", "--waves", "1,100%", "--key", str(fleet_keys[1])))
 
     assert args.func(args) == 1
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
+    err += out  # progress on stderr, the outcome on stdout
     canary = sorted(fleet.simulator.agents)[0]
     assert "deploying wave 1/2 (1: 1 device(s))" in err and "wave 2/2" not in err
     assert "stopped vision-golden" in err and "wave 1 (1): the deploy did not succeed on 1 of 1 device(s)" in err
@@ -134,7 +135,7 @@ def test_failed_devices_are_listed_with_their_agents_reason_in_deploy_and_in_rep
     assert "hint: the bundle does not reproduce its golden outputs on this device" in err
 
     assert main(["fleet", "report", "--store", fleet.store_url, "--since", "1h"]) == 0
-    report_err = capsys.readouterr().err
+    report_err = "".join(capsys.readouterr())
     assert "fleet deploy rollouts since" in report_err and f"{canary}: failed (wave 1): deploy of" in report_err
     assert main(["fleet", "report", "--store", fleet.store_url, "--since", "1h", "--json"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
