@@ -487,6 +487,12 @@ def run_report(args: argparse.Namespace) -> int:
         rows = [aggregate_to_json(group) for group in report.groups]
         print_csv(REPORT_CSV_COLUMNS, ([row[column] for column in REPORT_CSV_COLUMNS] for row in rows))
         return 0
+    if report.rollout_records:  # what `edgekit fleet deploy` recorded: waves, failed devices and their reasons
+        from edgekit.cli.fleet_deploy import print_record
+
+        results(args).print(f"[bold]fleet deploy rollouts since {since:%Y-%m-%d %H:%M} UTC[/]")
+        for record in report.rollout_records:
+            print_record(record, results(args))
     if not report.groups:
         console.print(f"no telemetry in {escape(args.store)} since {since:%Y-%m-%d %H:%M} UTC")
         return 0
