@@ -215,8 +215,8 @@ def upgrade_source_opset(path: Path, recipe: Recipe, precision: Precision, auto:
         what = "--precision auto" if auto else f"precision {precision.value}"
         supported = "fp32, fp16" + (", int8 with per-tensor scales (quantization.per_channel: false), int8-dynamic" if original >= 11 else "")
         raise BuildError(
-            f"{where} is opset {original}; {what} needs opset {opset} ({reason}), and onnx's version converter "
-            f"could not upgrade it: {error}",
+            f"{where} is opset {original}; {what} needs opset {opset} ({reason}), and upgrading it with onnx's "
+            f"version converter failed: {error}",
             hint=f"build an explicit precision that opset {original} supports ({supported}), or upgrade the file with the tool "
             "that produced it (for Paddle models: paddle2onnx --opset_version 13)",
         )
