@@ -134,6 +134,7 @@ def _fuse_transformer(model_path: Path, out_path: Path) -> tuple[Path, dict[str,
     from edgekit.engines.fusion import NO_ATTENTION, attention_softmaxes, transformer_fusion
 
     if not attention_softmaxes(onnx.load(str(model_path), load_external_data=False)):
+        log.info("transformer fusion skipped for %s: %s", model_path, NO_ATTENTION)
         return model_path, None, NO_ATTENTION
     fused_path = out_path.with_name(out_path.stem + ".fused.onnx")  # removed by build_onnxruntime once used
     fused = transformer_fusion(model_path, fused_path)
