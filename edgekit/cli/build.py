@@ -69,7 +69,7 @@ def summary_text(manifest: dict[str, Any], bundle_dir: Path) -> str:
     bench = manifest["benchmark"]
     parity = manifest["export"]["parity"] or {}
     accuracy = manifest["accuracy"]
-    on_host = "" if measured_on_target(manifest) else f" [yellow]({escape(where_measured(manifest))})[/]"
+    on_host = "" if measured_on_target(manifest) else f", [yellow]measured {escape(where_measured(manifest))}[/]"
     lines = [
         f"[bold green]bundle[/] {escape(str(bundle_dir))}",
         f"  model      {fmt_bytes(manifest['model']['size_bytes'])} ({manifest['precision']}, {manifest['backend']['name']})",
@@ -85,6 +85,6 @@ def summary_text(manifest: dict[str, Any], bundle_dir: Path) -> str:
         lines.append(f"  accuracy   {accuracy['metric']} {accuracy['value']:.4f} (reference {accuracy['reference']:.4f}, "
                      f"drop {accuracy['drop']:+.4f}){on_host}")  # fmt: skip
     lines.append(f"  latency    p50 {fmt_ms(bench['p50_ms'])}  p99 {fmt_ms(bench['p99_ms'])} at {escape(str(bench['shape']))}"
-                 + (on_host or f" {escape(where_measured(manifest))}"))
+                 + (on_host or f", measured {escape(where_measured(manifest))}"))
     lines.append(f"  report     {escape(str(bundle_dir / 'report.html'))}")
     return "\n".join(lines)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -178,8 +179,12 @@ def _parity_card(manifest: dict[str, Any], parity: dict[str, Any]) -> dict[str, 
                  f"{cosine}on the golden inputs (export parity {parity['max_abs_diff']})")  # fmt: skip
 
 
+#: A number and its unit in a card's value: kept on one line (a narrow card wraps "90.5 MB / 0.1 ms" only at " / ").
+_NUMBER_AND_UNIT = re.compile(r"(\d) (B|KB|MB|GB|TB|ms|s|/s)\b")
+
+
 def _card(title: str, value: str, note: str, css: str = "") -> dict[str, str]:
-    return {"title": title, "value": value, "note": note, "css": css}
+    return {"title": title, "value": _NUMBER_AND_UNIT.sub("\\1\u00a0\\2", value), "note": note, "css": css}
 
 
 def _pairs(mapping: Any) -> list[tuple[str, str]]:

@@ -124,13 +124,15 @@ def size_by_op_type_svg(size_bytes_by_op_type: Mapping[str, int], top: int = 12)
         tail = rows[top - 1 :]
         rows = [*rows[: top - 1], (f"other ({len(tail)} op types)", sum(v for _, v in tail))]
     total = sum(v for _, v in rows)
-    scale, unit = (1e6, "MB") if rows[0][1] >= 1e6 else (1e3, "KB")
+    from edgekit.report.formatting import BYTE_UNITS, fmt_bytes
+
+    unit, scale = [(name, size) for name, size in BYTE_UNITS if rows[0][1] >= size or size == 1.0][-1]  # the largest bar's unit
     values = [v / scale for _, v in rows]
     figure, axes = _figure(_bar_height(len(rows)))
     axes.barh(range(len(rows)), values, color=BLUE)
-    texts = [f"{v:.3g} {unit} ({_percent_text(b, total)})" for v, (_, b) in zip(values, rows)]
+    texts = [f"{fmt_bytes(b)} ({_percent_text(b, total)})" for _, b in rows]
     _label_bars(axes, [name for name, _ in rows], texts, max(values))
-    axes.set_title(f"Weight size by consuming op type (total {total / scale:.3g} {unit})")
+    axes.set_title(f"Weight size by consuming op type (total {fmt_bytes(total)})")
     axes.set_xlabel(f"initializer data ({unit})")
     return _to_svg(figure, "size", f"Bar chart of weight {unit} per ONNX op type")
 

@@ -69,7 +69,7 @@ def sweep_pareto_svg(rows: Sequence[dict[str, Any]], metric: str, higher_is_bett
     axes.set_xlabel("p50 latency on this host (ms)")
     axes.set_ylabel(metric)
     axes.set_title(("Sweep of " + title + "\n" if title else "Sweep\n") + "latency × accuracy, marker area ∝ model size")
-    axes.legend(loc="best", fontsize=8)
+    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)  # beside the points, never on them
     axes.grid(True, alpha=0.3)
     labels = [f"{row['variant']} ({fmt_bytes(row['size_bytes'])})" for row in measured]
     _place_labels(figure, axes, points, areas, labels)
@@ -88,9 +88,11 @@ def _place_labels(figure: "Figure", axes: "Axes", points: Sequence[tuple[float, 
                   labels: Sequence[str]) -> None:  # fmt: skip
     """Each point's label at the first of :data:`_LABEL_PLACES` where it overlaps no other label, no marker
     and stays inside the axes; the layout is fixed first, so the positions measured are the final ones."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(figure).get_renderer()  # measures text as the SVG writer lays it out
     figure.draw_without_rendering()  # constrained layout settles the axes now
     figure.set_layout_engine("none")
-    renderer = figure.canvas.get_renderer()
     to_pixels = figure.dpi / 72
     markers = []
     for (x, y), area in zip(points, areas):

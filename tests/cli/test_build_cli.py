@@ -119,3 +119,37 @@ def test_signed_bundle_keeps_its_signature_when_packed(built, tmp_path, capsys):
         assert "tiny-x86-64-cpu-fp32/manifest.sig" in tar.getnames()
         tar.extractall(tmp_path / "unpacked", filter="data")
     verify_manifest_signature(tmp_path / "unpacked" / "tiny-x86-64-cpu-fp32", keys / "fleet.pub.pem")
+
+
+def test_build_summary_on_stdout_labels_host_numbers_for_another_target(tiny_recipe, tmp_path, capsys):
+    """A Raspberry Pi bundle built here: accuracy and latency are this host's, and the summary says so,
+    naming this host's CPU; the report does too."""
+    from edgekit.bundle.manifest import host_description
+
+    from tests.conftest import TINY_RECIPE
+
+    text = TINY_RECIPE.format(factory="tiny_net").replace(
+        "  evaluation: {callable", '  calibration: {callable: "tests.fixtures.tiny_models:tiny_batches"}\n  evaluation: {callable'
+    ).replace("max_drop: 0.0", "max_drop: 1.0")
+    out = tmp_path / "pi-int8"
+    assert main(["build", str(tiny_recipe(text=text)), "--target", "raspberry-pi-5", "--precision", "int8", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    summary = " ".join(captured.out.split())
+    cpu = host_description()["cpu"]
+    where = f"on this host ({cpu}, {host_description()['cores']} cores), not on the Raspberry Pi 5 (8GB)"
+    assert "bundle " + str(out.resolve()) in summary and "int8, onnxruntime" in summary
+    assert re.search(r"model [0-9.]+ (B|KB|MB) \(int8", summary), summary  # a size with its unit, never 8e-06 MB
+    assert re.search(r"accuracy top1 [0-9.]+ \(reference [0-9.]+, drop [0-9.+-]+\), measured " + re.escape(where), summary), summary
+    assert re.search(r"latency p50 [0-9.]+ ms p99 [0-9.]+ ms at \{'batch': 4\}, measured " + re.escape(where), summary), summary
+    assert re.search(r"vs FP32 int8 bundle on the golden inputs: max abs diff [0-9.e+-]+, cosine min", summary), summary
+    assert "✓" in captured.err and "✓" not in captured.out  # stage progress on stderr
+    report = " ".join((out / "report.html").read_text().split())
+    assert f"Benchmark {where}" in report.replace("&#39;", "'")
+    assert "Latency p50 / p99 (this host)" in report and "INT8 vs FP32 max |diff|" in report
+
+
+def test_build_summary_for_the_host_target_has_no_other_device(built, capsys):
+    out, summary = built
+    assert summary["measured_on_target"] is True and summary["vs_fp32"] is not None
+    report = (out / "report.html").read_text()
+    assert "not on the" not in report and "(this host)</div>" not in report
