@@ -18,7 +18,7 @@ tenth, half, all), saving the :class:`~edgekit.fleet.rollout_state.RolloutRecord
 
 The last wave has no gate after it (nothing is left to protect); its failed devices are listed and
 the rollout ends ``completed_with_failures``. Final states: ``completed``, ``completed_with_failures``,
-``rolled_back``, ``stopped`` (a failure before any device switched). Every device that did not take
+``rolled_back``, ``stopped`` (no device switched: a first wave that failed, or one wave in which all failed). Every device that did not take
 the bundle keeps the reason its agent gave (the ``deploy_result`` or ``command_rejected`` message) and
 a hint from :data:`FAILURE_HINTS`.
 """
@@ -308,7 +308,7 @@ class Rollout:
         if not bad:
             return self._save(self.record.with_state("completed", reason=None))
         reason = f"{len(bad)} device(s) did not take the bundle: " + "; ".join(self._describe(d) for d in bad)
-        return self._save(self.record.with_state("completed_with_failures", reason=reason))
+        return self._save(self.record.with_state("completed_with_failures" if switched else "stopped", reason=reason))
 
     def _describe(self, device: str) -> str:
         result = self.record.device_results.get(device, {})

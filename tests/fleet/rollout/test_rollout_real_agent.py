@@ -1,0 +1,85 @@
+"""`edgekit fleet deploy` to a real agent (AgentService: MQTT, the allowed-sources policy, OTA checks, serving) through
+a real Mosquitto and collector into SQLite: the default file:// URL outside the agent's sources fails with the agent's
+reason and a hint, and --inbox puts the tar where the agent takes it from."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from edgekit.bundle.pack import pack_bundle
+from tests.fleet.simulate.test_fleet_cli import _parser
+from tests.runtime.agent.mosquitto import MosquittoBroker
+
+
+@pytest.fixture
+def real_agent_fleet(mosquitto: MosquittoBroker, tmp_path: Path, fleet_keys: tuple[Path, Path], signed_bundle):  # noqa: F811
+    from edgekit.fleet.collector import Collector
+    from edgekit.fleet.store import open_store
+    from edgekit_runtime.agent.cli import main as agent_main
+    from edgekit_runtime.agent.config import load_config
+    from edgekit_runtime.agent.service import AgentService
+
+    fleet, device = "lab", f"dev-{uuid.uuid4().hex[:6]}"
+    config_path = tmp_path / "agent.yaml"
+    config_path.write_text(yaml.safe_dump({
+        "device_id": device, "fleet": fleet, "broker": {"url": mosquitto.url, "keepalive_s": 10},
+        "bundles": {"dir": str(tmp_path / "device" / "bundles"), "public_key": str(fleet_keys[1])},  # no allowed_sources
+        "api": {"address": "127.0.0.1:0"},
+        "telemetry": {"interval_s": 0.3, "spool": {"path": str(tmp_path / "device" / "spool.db")}},
+        "power": {"sensor": "none"}, "health": {"window_s": 0.3, "max_error_rate": 0.5, "min_requests": 1},
+        "probe": {"interval_s": 0.1, "dims": {"batch": 2}},
+    }), encoding="utf-8")  # fmt: skip
+    assert agent_main(["install", str(signed_bundle("tiny-a")), "--config", str(config_path)]) == 0
+    store_url = f"sqlite:///{tmp_path}/fleet.db"
+    store = open_store(store_url)
+    collector = Collector(mosquitto.url, store, client_id=f"collector-{device}", flush_interval_s=0.05).start()
+    config = load_config(config_path)
+    service = AgentService(config).start()
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            summaries = [s for s in store.device_summaries(fleet) if s.device == device and s.state == "online" and s.windows >= 2]
+            if summaries:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"the real agent's telemetry did not reach the store: {store.device_summaries(fleet)}")
+        yield {"store_url": store_url, "broker": mosquitto.url, "device": device, "service": service, "config": config}
+    finally:
+        service.stop()
+        collector.stop()
+        store.close()
+
+
+def test_deploy_to_a_real_agent_needs_a_source_it_accepts(real_agent_fleet, signed_bundle, fleet_keys, tmp_path: Path,
+                                                          capsys) -> None:  # fmt: skip
+    from edgekit_runtime.agent.client import AgentClient
+
+    (tmp_path / "out").mkdir()
+    tar = pack_bundle(signed_bundle("tiny-b"), tmp_path / "out" / "tiny-b.tar")
+    base = ["deploy", str(tar), "--broker", real_agent_fleet["broker"], "--store", real_agent_fleet["store_url"], "--devices",
+            real_agent_fleet["device"], "--key", str(fleet_keys[1]), "--deploy-timeout-s", "30", "--force", "--json"]  # fmt: skip
+
+    refused = _parser().parse_args(base)
+    assert refused.func(refused) == 1
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    result = record["device_results"][real_agent_fleet["device"]]
+    assert record["state"] == "stopped" and result["outcome"] == "failed" and result["step"] == "download"
+    assert f"deploy source refused: '{tar.as_uri()}' is not under the agent's inbox" in result["reason"]
+    assert "--inbox DIR" in result["hint"]
+
+    inbox = real_agent_fleet["config"].bundles.inbox_dir
+    inbox.mkdir(parents=True, exist_ok=True)
+    accepted = _parser().parse_args(base + ["--inbox", str(inbox)])
+    assert accepted.func(accepted) == 0, capsys.readouterr().err
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["state"] == "completed" and record["url"] == (inbox / "tiny-b.tar").as_uri()
+    assert record["device_results"][real_agent_fleet["device"]]["outcome"] == "succeeded"
+    health = AgentClient(real_agent_fleet["service"].api_address).health()
+    assert health["model"] == "tiny-b" and health["bundle_id"] == record["bundle_id"]
