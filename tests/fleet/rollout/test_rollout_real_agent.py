@@ -83,3 +83,27 @@ def test_deploy_to_a_real_agent_needs_a_source_it_accepts(real_agent_fleet, sign
     assert record["device_results"][real_agent_fleet["device"]]["outcome"] == "succeeded"
     health = AgentClient(real_agent_fleet["service"].api_address).health()
     assert health["model"] == "tiny-b" and health["bundle_id"] == record["bundle_id"]
+
+
+def test_deploy_on_the_local_stack_of_fleet_up(signed_bundle, fleet_keys, tmp_path: Path, capsys) -> None:
+    """`edgekit fleet up --simulate 3` (embedded amqtt broker, MQTT 3.1.1) and `edgekit fleet deploy` against it."""
+    pytest.importorskip("amqtt", reason="amqtt is not installed (pip install amqtt)")
+    from edgekit.fleet.local_stack import LocalStack, LocalStackConfig
+    from edgekit.fleet.simulate import DeployTiming
+
+    store_url = f"sqlite:///{tmp_path}/fleet.db"
+    config = LocalStackConfig(broker_port=0, store_url=store_url, dashboard_port=0, simulate=3, simulate_rate_per_s=10.0,
+                              simulation={"targets": ("x86-64-cpu",), "verify_downloads": True,
+                                          "deploy_timing": DeployTiming(step_s=0.01, watch_s=0.3)})  # fmt: skip
+    with LocalStack(config) as stack:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and sum(s.windows >= 3 for s in stack.store.device_summaries("sim")) < 3:
+            time.sleep(0.1)
+        bundle = signed_bundle("vision-local")
+        args = _parser().parse_args(["deploy", str(bundle), "--broker", stack.broker_url, "--store", store_url, "--mqtt-version",
+                                     stack.mqtt_version, "--target", "x86-64-cpu", "--waves", "1,100%", "--health-window-s", "1",
+                                     "--deploy-timeout-s", "20", "--key", str(fleet_keys[1]), "--json"])  # fmt: skip
+        assert args.func(args) == 0, capsys.readouterr().err
+        record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert record["state"] == "completed" and [len(w["devices"]) for w in record["waves"]] == [1, 2]
+        assert set(stack.simulator.bundles().values()) == {record["bundle_id"]}
