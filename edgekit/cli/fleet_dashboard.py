@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from edgekit.cli.options import console, json_parent, print_json
+from edgekit.cli.options import console, json_parent, print_json, results
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -16,8 +16,8 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
                                                      "plots, bundles and rollouts. Read-only: the store must exist (`edgekit "
                                                      "fleet collect` creates it).")  # fmt: skip
     parser.add_argument("--store", required=True, metavar="URL", help="sqlite:///fleet.db or postgresql://...")
-    parser.add_argument("--port", type=int, default=8480, help="TCP port (default 8480; 0 picks a free one)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only)")
+    parser.add_argument("--port", type=int, default=8480, metavar="P", help="TCP port (default 8480; 0 picks a free one)")
+    parser.add_argument("--host", default="127.0.0.1", metavar="ADDR", help="address to listen on (default loopback only)")
     parser.set_defaults(func=run)
 
 
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[yellow]warning:[/] listening on {args.host}: the dashboard has no login; anyone who can reach "
                       "this address can read the fleet's telemetry. Put it behind a reverse proxy with authentication.")  # fmt: skip
     with DashboardServer(args.store, host=args.host, port=args.port) as server:
-        console.print(f"dashboard on [bold]{server.url}[/] (store {args.store}); Ctrl-C to stop")
+        results(args).print(f"dashboard on [bold]{server.url}[/] (store {args.store}); Ctrl-C to stop", soft_wrap=True)
         if args.json:
             print_json({"url": server.url, "store": args.store})
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from edgekit.cli.options import console, json_parent, print_json
+from edgekit.cli.options import console, json_parent, print_json, results
 
 
 def register(fleet_subparsers: argparse._SubParsersAction) -> None:
@@ -92,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         simulator.stop()
     counters = simulator.counters()
-    console.print(f"published {counters.published} messages ({counters.windows} telemetry windows), {counters.acked} acknowledged")
+    results(args).print(f"published {counters.published} messages ({counters.windows} telemetry windows), {counters.acked} acknowledged",
+                        soft_wrap=True)  # fmt: skip
     if args.json:
         print_json({"devices": counters.devices, "windows": counters.windows, "published": counters.published,
                     "acked": counters.acked, "synthetic": True})  # fmt: skip

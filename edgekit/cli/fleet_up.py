@@ -6,7 +6,7 @@ import argparse
 import logging
 import time
 
-from edgekit.cli.options import console, json_parent, print_json
+from edgekit.cli.options import console, json_parent, print_json, results
 
 
 def register(fleet_subparsers: argparse._SubParsersAction) -> None:
@@ -37,11 +37,12 @@ def run(args: argparse.Namespace) -> int:
                               simulate_rate_per_s=args.rate, fleet=args.fleet)  # fmt: skip
     with LocalStack(config) as stack:
         kind = "embedded amqtt, MQTT 3.1.1" if stack.broker else "external"
-        console.print(f"broker    {stack.broker_url} ({kind})")
-        console.print(f"store     {args.store}")
-        console.print(f"dashboard [bold]{stack.dashboard_url}[/]")
+        printer = results(args)  # what was started, where: the result (stdout unless --json)
+        printer.print(f"broker    {stack.broker_url} ({kind})", soft_wrap=True)
+        printer.print(f"store     {args.store}", soft_wrap=True)
+        printer.print(f"dashboard [bold]{stack.dashboard_url}[/]", soft_wrap=True)
         if args.simulate:
-            console.print(f"simulating {args.simulate} devices in fleet {args.fleet} (SYNTHETIC numbers)")
+            printer.print(f"simulating {args.simulate} devices in fleet {args.fleet} (SYNTHETIC numbers)", soft_wrap=True)
         if args.json:
             print_json({"broker": stack.broker_url, "mqtt_version": stack.mqtt_version, "store": args.store,
                         "dashboard": stack.dashboard_url, "simulated_devices": args.simulate})  # fmt: skip

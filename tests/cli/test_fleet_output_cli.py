@@ -105,3 +105,24 @@ def test_readers_refuse_a_postgres_database_without_a_store(postgres_url: str, c
         pass
     assert main(["fleet", "status", "--store", postgres_url, "--json"]) == 0
     assert capsys.readouterr().out.strip() == '{"devices": []}'
+
+
+def test_dashboard_prints_its_url_on_stdout(store_url: str) -> None:
+    """A long-running command: its result (where to point a browser) is stdout's first line, at once."""
+    import signal
+    import urllib.request
+
+    process = subprocess.Popen([sys.executable, "-m", "edgekit.cli.main", "fleet", "dashboard", "--store", store_url, "--port", "0"],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("dashboard on http://127.0.0.1:") and f"(store {store_url}); Ctrl-C to stop" in line, line
+        url = line.split()[2]
+        with urllib.request.urlopen(url + "api/devices" if url.endswith("/") else url + "/api/devices", timeout=10) as answer:
+            assert answer.status == 200
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=30)
+    assert process.returncode == 0 and "stopping" in err  # the shutdown note is a log line: stderr
