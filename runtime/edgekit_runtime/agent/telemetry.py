@@ -128,8 +128,12 @@ def build_telemetry(
     spool_dropped: int = 0,
     spool_backlog: int = 0,
     agent_version: str = AGENT_VERSION,
+    power_mode: str | None = None,
 ) -> dict[str, Any]:
     """One ``telemetry.v1`` message for the window ``[window_start, window_end]``.
+
+    ``power_mode`` (optional, left out when ``None``) is the mode the window was measured in
+    (:attr:`PowerModeState.label`).
 
     ``latency`` summarises the inferences completed in the window (``None`` when there were none);
     ``failed_inferences`` counts the ones that raised; ``queue_latency`` is time spent waiting before
@@ -176,6 +180,8 @@ def build_telemetry(
         "errors": _error_list(errors),
         "spool": {"dropped": spool_dropped, "backlog": spool_backlog},
     }
+    if power_mode is not None:
+        message["power_mode"] = power_mode
     validate_message(message, "telemetry.v1", what=f"telemetry message seq {seq}")
     return message
 
