@@ -90,8 +90,37 @@ def make_convnext(work: Path, wheel_dir: Path | None, scale: float = 1.0) -> Cor
     return _image_model("convnext", lambda: ConvNextForImageClassification(config), work, 128, 4, scale, "ConvNeXt (1-1-2-1, 32..256 wide)")
 
 
+def make_yolos(work: Path, wheel_dir: Path | None, scale: float = 1.0) -> CorpusModel:
+    """YOLOS (a ViT detector) with its two heads in one output, as YOLO-style exports write them:
+    ``[N, queries, 4 box coordinates (0..1) + class logits]``, ranges that one 8-bit scale cannot serve."""
+    import torch
+    import transformers
+    from transformers import YolosConfig, YolosForObjectDetection
+
+    config = YolosConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128, image_size=[128, 128],
+                         patch_size=16, num_detection_tokens=10, num_labels=10)
+    torch.manual_seed(0)
+    detector = YolosForObjectDetection(config).eval()
+
+    class Detections(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.detector = detector
+
+        def forward(self, pixel_values: Any) -> Any:
+            out = self.detector(pixel_values)
+            return torch.cat([out.pred_boxes, out.logits], dim=-1)
+
+    calibration = smooth_images(12, max(2, int(16 * scale)), 4, 128)
+    evaluation = smooth_images(13, max(2, int(12 * scale)), 4, 128)
+    path = _export(Detections().eval(), evaluation[0], ["detections"], work / "yolos" / "yolos.onnx")
+    return CorpusModel("yolos", "detection", path, calibration, evaluation, evaluation[0], "detections",
+                       f"transformers {transformers.__version__} YOLOS (2 layers, 64 wide, 10 detection tokens), seed 0")
+
+
 PROVIDERS = (
     Provider("resnet", "classification", None, make_resnet, "ResNet classifier (seeded), 4x3x128x128"),
     Provider("mobilenet-v2", "classification", None, make_mobilenet_v2, "MobileNetV2 0.5x classifier (seeded), 4x3x128x128"),
     Provider("convnext", "classification", None, make_convnext, "ConvNeXt classifier (seeded), 4x3x128x128"),
+    Provider("yolos", "detection", None, make_yolos, "YOLOS detector (seeded), boxes and class logits in one output, 4x3x128x128"),
 )

@@ -69,11 +69,34 @@ def ctc_text_agreement(outputs: list[np.ndarray], reference: list[np.ndarray]) -
     return 1.0 - errors / length if length else 1.0
 
 
+def _box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of (cx, cy, w, h) boxes, elementwise over the leading axes."""
+    def corners(box: np.ndarray) -> tuple[np.ndarray, ...]:
+        return box[..., 0] - box[..., 2] / 2, box[..., 1] - box[..., 3] / 2, box[..., 0] + box[..., 2] / 2, box[..., 1] + box[..., 3] / 2
+
+    ax0, ay0, ax1, ay1 = corners(a)
+    bx0, by0, bx1, by1 = corners(b)
+    inter = np.clip(np.minimum(ax1, bx1) - np.maximum(ax0, bx0), 0, None) * np.clip(np.minimum(ay1, by1) - np.maximum(ay0, by0), 0, None)
+    union = (ax1 - ax0) * (ay1 - ay0) + (bx1 - bx0) * (by1 - by0) - inter
+    return np.where(union > 0, inter / np.maximum(union, 1e-12), 1.0)
+
+
+def detection_agreement(outputs: list[np.ndarray], reference: list[np.ndarray], iou: float = 0.9) -> float:
+    """Fraction of detections ([..., 4 box (cx, cy, w, h) + class scores]) whose class matches FP32's and
+    whose box overlaps FP32's with IoU >= ``iou``."""
+    hits = []
+    for out, ref in zip(outputs, reference):
+        same_class = out[..., 4:].argmax(-1) == ref[..., 4:].argmax(-1)
+        hits.append((same_class & (_box_iou(out[..., :4], ref[..., :4]) >= iou)).ravel())
+    return float(np.mean(np.concatenate(hits)))
+
+
 #: task -> (metric name, metric)
 TASK_METRICS: dict[str, tuple[str, Callable[[list[np.ndarray], list[np.ndarray]], float]]] = {
     "text_map": ("text-pixel IoU", text_map_iou),
     "ctc_text": ("1 - CER", ctc_text_agreement),
     "binary_decision": ("decision agreement", decision_agreement),
     "classification": ("top-1 agreement", decision_agreement),
+    "detection": ("class + box IoU>=0.9 agreement", detection_agreement),
     "embedding": ("cosine", cosine),
 }

@@ -181,6 +181,10 @@ def static_int8_plan(plan: QuantizationPlan, model_path: Path) -> QuantizationPl
     recurrent = recurrent_note(model_path)
     if recurrent:
         notes.append(recurrent)
+    heads = {name: why for name, why in mixed_output_heads(model_path).items() if name not in excluded}
+    if heads:
+        excluded.update(heads)
+        notes.append(f"{len(heads)} output head(s) kept float: their output mixes boxes and scores")
     if plan.backend is Backend.ONNXRUNTIME:
         excluded.update({name: why for name, why in ort_layout.stem_convolutions(model_path).items() if name not in excluded})
         notes.append("conv feature maps flatten in channels-last order, matching ONNX Runtime's NHWC int8 convolutions")
@@ -198,35 +202,39 @@ def static_int8_plan(plan: QuantizationPlan, model_path: Path) -> QuantizationPl
                    excluded=excluded, channels_last_flatten=on_ort, channels_last_stem=on_ort, notes=tuple(notes))
 
 
-#: Ops between an output head's last weighted op and the graph output that leave it the head (activations
-#: and reshapes: DBNet's ConvTranspose -> Sigmoid, a recognizer's MatMul -> Softmax).
-HEAD_TAIL_OPS = frozenset({"Sigmoid", "Softmax", "LogSoftmax", "Relu", "Clip", "BatchNormalization", "Reshape", "Transpose", "Squeeze",
-                           "Unsqueeze", "Flatten", "Identity", "Cast", "Add", "Mul", "Div", "HardSigmoid"})
+#: Ops between an output head's last weighted op and the graph output that leave it the head.
+HEAD_TAIL_OPS = frozenset({"Sigmoid", "Softmax", "LogSoftmax", "Relu", "Clip", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten",
+                           "Identity", "Cast", "Add", "Mul", "Div", "Concat"})
 HEAD_OP_TYPES = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 
 
-def output_heads(model_path: Path) -> dict[str, str]:
-    """Node name -> why it stays float, for the last Conv/ConvTranspose/MatMul/Gemm before each graph output
-    (through activations and reshapes only). A head's output is what users threshold and decode (a text
-    probability map, box coordinates beside class scores, CTC logits): its range mixes quantities an 8-bit
-    scale cannot serve at once, and it is one layer of many, so it costs little to keep in float."""
+def mixed_output_heads(model_path: Path) -> dict[str, str]:
+    """Node name -> why it stays float, for the last Conv/ConvTranspose/MatMul/Gemm of each branch of an
+    output that concatenates two or more heads (through activations and reshapes): a detector's
+    ``[boxes (0..1), class logits]``. Such an output mixes ranges one 8-bit scale cannot serve, and a head is
+    one layer of many, so it costs little to keep in float. A plain classifier's logits are left alone."""
     import onnx
 
     graph = onnx.load(str(model_path), load_external_data=False).graph
     producers = {out: node for node in graph.node for out in node.output}
-    constants = {i.name for i in graph.initializer}
+    constants = {i.name for i in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
     heads: dict[str, str] = {}
     for output in graph.output:
-        stack, seen = [output.name], set()
+        found: dict[str, str] = {}
+        stack, seen, concatenated = [output.name], set(), False
         while stack:
             node = producers.get(stack.pop())
             if node is None or node.name in seen:
                 continue
             seen.add(node.name)
             if node.op_type in HEAD_OP_TYPES:
-                heads[node.name] = f"output head of '{output.name}' (its last {node.op_type}): kept float so the output keeps its full range"
+                found[node.name] = node.op_type
             elif node.op_type in HEAD_TAIL_OPS:
+                concatenated |= node.op_type == "Concat" and sum(name not in constants for name in node.input) >= 2
                 stack.extend(name for name in node.input if name and name not in constants)
+        if concatenated and len(found) >= 2:
+            heads.update({name: f"output head of '{output.name}' ({op}), which concatenates {len(found)} heads of different ranges "
+                                "(boxes beside scores): kept float" for name, op in found.items()})
     return heads
 
 

@@ -237,3 +237,40 @@ def test_recurrent_and_control_flow_ops_are_named_in_the_plan(tmp_path):
     assert want in static.plan.notes and want in dynamic.plan.notes
     feeds = batches[0]
     np.testing.assert_allclose(_run(tmp_path / "int8.onnx", feeds)["y"], _run(tmp_path / "fp32.onnx", feeds)["y"], rtol=1e-5, atol=1e-6)
+
+
+def _heads_model(path: Path, concatenated: bool) -> Path:
+    """features -> MatMul (trunk) -> Relu -> {MatMul boxes -> Sigmoid, MatMul scores} -> Concat (or scores only)."""
+    rng = np.random.default_rng(7)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name)
+             for name, shape in (("trunk_w", (16, 16)), ("box_w", (16, 4)), ("cls_w", (16, 6)))]
+    nodes = [helper.make_node("MatMul", ["x", "trunk_w"], ["t"], name="trunk"), helper.make_node("Relu", ["t"], ["h"], name="act"),
+             helper.make_node("MatMul", ["h", "cls_w"], ["scores"], name="scores_head")]
+    if concatenated:
+        nodes += [helper.make_node("MatMul", ["h", "box_w"], ["b"], name="box_head"), helper.make_node("Sigmoid", ["b"], ["boxes"], name="box_sigmoid"),
+                  helper.make_node("Concat", ["boxes", "scores"], ["y"], name="detections", axis=-1)]
+    else:
+        nodes += [helper.make_node("Identity", ["scores"], ["y"], name="logits")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 5, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5, 10 if concatenated else 6])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.save(model, str(path))
+    return path
+
+
+def test_heads_of_an_output_that_mixes_boxes_and_scores_stay_float(tmp_path):
+    from edgekit.quantize.ort_writers import mixed_output_heads
+
+    rng = np.random.default_rng(8)
+    batches = [{"x": rng.normal(0, 1, (4, 5, 16)).astype(np.float32)} for _ in range(3)]
+    fp32 = _heads_model(tmp_path / "fp32.onnx", concatenated=True)
+    result = quantize_model(fp32, tmp_path / "int8.onnx", QuantizationSpec(calibrator="minmax"), get_target("x86-64-cpu"), Backend.ONNXRUNTIME,
+                            Precision.INT8, batches, tmp_path, cache_dir=tmp_path / "cache")
+    assert set(result.plan.excluded) == {"box_head", "scores_head"}
+    assert "concatenates 2 heads of different ranges (boxes beside scores): kept float" in result.plan.excluded["box_head"]
+    assert "2 output head(s) kept float: their output mixes boxes and scores" in result.plan.notes
+    readers = {n.name: list(n.input) for n in onnx.load(str(tmp_path / "int8.onnx")).graph.node}
+    assert readers["box_head"][1] == "box_w" and readers["scores_head"][1] == "cls_w"  # float weights
+    assert readers["trunk"][1] != "trunk_w"  # the trunk is quantized
+    assert mixed_output_heads(_heads_model(tmp_path / "classifier.onnx", concatenated=False)) == {}
