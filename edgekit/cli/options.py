@@ -26,24 +26,52 @@ console = Console(stderr=True, highlight=False)
 PIPED_WIDTH = 1000
 
 
+def _stdout_is_terminal() -> bool:
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):  # a closed or odd stream
+        return False
+
+
 def results_width() -> int | None:
     """Columns for results: ``COLUMNS`` when set, else the terminal's (None: rich asks it), else :data:`PIPED_WIDTH`."""
     columns = os.environ.get("COLUMNS", "")
     if columns.isdigit() and int(columns) > 0:
         return int(columns)
-    try:
-        is_terminal = sys.stdout.isatty()
-    except (AttributeError, ValueError):  # a closed or odd stream
-        is_terminal = False
-    return None if is_terminal else PIPED_WIDTH
+    return None if _stdout_is_terminal() else PIPED_WIDTH
+
+
+class _TrimmedLines:
+    """A text stream that drops the spaces rich pads table lines with, for results written to a pipe or file."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._pending = ""
+
+    def write(self, text: str) -> int:
+        *lines, self._pending = (self._pending + text).split("\n")
+        if lines:
+            self._stream.write("".join(line.rstrip(" ") + "\n" for line in lines))
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self._stream.write(self._pending.rstrip(" "))
+            self._pending = ""
+        self._stream.flush()
+
+    def isatty(self) -> bool:
+        return False
 
 
 def results(args: argparse.Namespace | None = None) -> Console:
-    """Where a command prints its human-readable results: stdout (full width and no colour codes when piped),
-    or stderr when ``args`` asked for ``--json`` or ``--csv`` (stdout then holds only that)."""
+    """Where a command prints its human-readable results: stdout (full width, no colour codes and no trailing
+    padding when piped), or stderr when ``args`` asked for ``--json`` or ``--csv`` (stdout then holds only that)."""
     if args is not None and (getattr(args, "json", False) or getattr(args, "csv", False)):
         return console
-    return Console(file=sys.stdout, highlight=False, width=results_width())
+    if _stdout_is_terminal():
+        return Console(file=sys.stdout, highlight=False, width=results_width())
+    return Console(file=_TrimmedLines(sys.stdout), highlight=False, width=results_width())
 
 
 def json_parent() -> argparse.ArgumentParser:

@@ -182,3 +182,9 @@ def test_show_needs_a_name(run: Run):
     with pytest.raises(SystemExit) as info:
         run("targets", "show")
     assert info.value.code == 2
+
+
+def test_piped_lines_carry_no_padding(run: Run):
+    result = run("targets", width=None)
+    lines = result.out.splitlines()
+    assert len(lines) > 10 and all(line == line.rstrip(" ") for line in lines)
