@@ -108,12 +108,20 @@ class SeriesRange:
 
 
 def series_range(store: FleetStore, *, hours: float, points: int, now: dt.datetime, **filters: Any) -> SeriesRange:
-    """Bucket length for ``hours`` back from ``now``, or for the stretch of it that holds windows matching ``filters``."""
+    """Bucket length for ``hours`` back from ``now``, or for the stretch of it that holds windows matching ``filters``,
+    never shorter than the devices' telemetry window (a fleet bucket shorter than that would hold a different
+    few devices each time, and the line would zigzag between them)."""
     since = now - dt.timedelta(hours=hours)
-    totals = store.aggregate((), since=since, **filters)
-    first = totals[0].first_window_start if totals else None
-    start = max(since, first) if first is not None else since
-    return SeriesRange(start, now, bucket_for(max(1.0, (now - start).total_seconds()), points))
+    per_device = [row for row in store.aggregate(("fleet", "device"), since=since, **filters)
+                  if row.first_window_start is not None and row.last_window_end is not None]  # fmt: skip
+    if not per_device:
+        return SeriesRange(since, now, bucket_for(hours * 3600.0, points))
+    start = max(since, min(row.first_window_start for row in per_device))  # type: ignore[type-var]
+    # each device's mean window length (rollups count the windows they hold); the median device's
+    lengths = sorted((row.last_window_end - row.first_window_start).total_seconds() / max(1, row.windows)  # type: ignore[operator]
+                     for row in per_device)  # fmt: skip
+    window_s = lengths[len(lengths) // 2]
+    return SeriesRange(start, now, bucket_for(max(1.0, (now - start).total_seconds(), window_s * points * 0.999), points))
 
 
 def device_series(store: FleetStore, fleet: str, device: str, *, hours: float = 24.0, points: int = DEFAULT_POINTS,

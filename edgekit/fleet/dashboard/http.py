@@ -112,7 +112,8 @@ class HttpServer:
             pending = asyncio.all_tasks(loop)
             for task in pending:
                 task.cancel()
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.run_until_complete(self._server.wait_closed())
             loop.close()
 
@@ -136,6 +137,8 @@ class HttpServer:
                     break
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             pass
+        except asyncio.CancelledError:
+            pass  # the server is stopping (see _run); ending normally keeps asyncio's stream callback quiet
         finally:
             writer.close()
 

@@ -85,6 +85,19 @@ function legendLabels(names) {
 
 // -- charts -----------------------------------------------------------------------------------------
 
+const MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+const pad = (n) => String(n).padStart(2, "0");
+
+// x tick labels, one line each: 16:05:30 under a minute apart, 16:05 under a day (the date at midnight), else Nov 25
+function timeLabels(u, splits, axisIndex, space, increment) {
+  return splits.map((s) => {
+    const d = new Date(s * 1000), date = `${MONTHS[d.getMonth()]} ${d.getDate()}`;
+    if (increment >= 86400) return date;
+    if (d.getHours() === 0 && d.getMinutes() === 0 && d.getSeconds() === 0) return date;
+    return `${pad(d.getHours())}:${pad(d.getMinutes())}` + (increment < 60 ? `:${pad(d.getSeconds())}` : "");
+  });
+}
+
 // lines: [{name, t: [ms], v: [number|null], color}] with different t allowed; returns uPlot's aligned data.
 function align(lines) {
   const ts = [...new Set(lines.flatMap((l) => l.t))].sort((a, b) => a - b);
@@ -123,11 +136,11 @@ function timeChart(figure, spec) {
       y: { range: (u, lo, hi) => (spec.zero ? [0, hi > 0 ? hi * 1.12 : 1] : [lo - Math.max(1, (hi - lo) * 0.15), hi + Math.max(1, (hi - lo) * 0.15)]) },
     },
     axes: [
-      { stroke: "#555", grid: { stroke: "#eee" }, ticks: { stroke: "#ddd" } },
+      { stroke: "#555", grid: { stroke: "#eee" }, ticks: { stroke: "#ddd" }, space: 64, values: timeLabels },
       { stroke: "#555", grid: { stroke: "#eee" }, ticks: { stroke: "#ddd" }, label: spec.unit, labelSize: 18, size: 52,
         values: (u, splits) => splits.map((v) => (Math.abs(v) >= 1000 ? (v / 1000).toFixed(1) + "k" : String(+v.toPrecision(4)))) },
     ],
-    series: [{ value: (u, v) => (v === null ? "–" : new Date(v * 1000).toLocaleString()) }].concat(lines.map((line, i) => ({
+    series: [{ value: (u, v) => (v === null ? "–" : new Date(v * 1000).toLocaleString()), label: "time" }].concat(lines.map((line, i) => ({
       label: labels[i], stroke: line.color || COLORS[i % COLORS.length], width: 1.6, spanGaps: false,
       points: { show: !dense, size: 5 }, value: (u, v) => (v === null || v === undefined ? "–" : v.toFixed(spec.digits) + unit),
     }))),
@@ -150,7 +163,13 @@ function resizeCharts() {
 
 // -- tables -----------------------------------------------------------------------------------------
 
-function fill(tableId, rows) {
+function fill(tableId, rows, none) {
+  if (!rows.length && none) {
+    const columns = document.querySelectorAll(`#${tableId} thead th`).length;
+    const tr = el("tr", { class: "none" });
+    tr.appendChild(el("td", { colspan: columns, class: "muted" }, none));
+    rows = [tr];
+  }
   document.querySelector(`#${tableId} tbody`).replaceChildren(...rows);
 }
 
@@ -198,7 +217,7 @@ function renderDevices() {
       cell(fmt(d.energy_per_inference_mj, 1), "num"), cell(fmt(d.temperature_c, 1), "num"), cell(ago(d.last_seen)), cell(d.missing_seqs, "num"));
     tr.addEventListener("click", () => selectDevice(d.fleet, d.device));
     return tr;
-  }));
+  }), `no device matches "${state.filter}"`);
 }
 
 function renderOverview(overview) {
@@ -217,12 +236,12 @@ function renderOverview(overview) {
     const tr = el("tr");
     tr.append(clipped(b.bundle_id || "(none)"), cell(b.devices, "num"), cell(b.online, "num"), cell(b.targets.join(", "), "wrap"));
     return tr;
-  }));
+  }), "no bundles reported");
   fill("rejected", Object.entries(overview.rejected || {}).map(([reason, count]) => {
     const tr = el("tr");
     tr.append(clipped(reason), cell(count, "num"));
     return tr;
-  }));
+  }), "none: every message was valid");
   fill("rollouts", overview.rollouts.map((r) => {
     const tr = el("tr");
     const h = r.health || {};
@@ -230,12 +249,12 @@ function renderOverview(overview) {
     tr.append(cell(new Date(r.started_at).toLocaleString()), clipped(r.bundle_id), cell(r.state), cell(r.canary.join(", "), "wrap"),
       cell(r.devices.length, "num"), cell(health, "wrap"), cell(r.reason || "", "wrap"));
     return tr;
-  }));
+  }), "no rollouts yet (edgekit fleet deploy)");
   fill("events", overview.events.map((e) => {
     const tr = el("tr");
     tr.append(cell(new Date(e.at).toLocaleTimeString()), clipped(e.device), cell(e.kind), cell(e.level, "level-" + e.level), cell(e.message, "wrap"));
     return tr;
-  }));
+  }), "no events yet");
 }
 
 // -- data flow --------------------------------------------------------------------------------------
@@ -295,7 +314,9 @@ async function refresh(first) {
     if (overview.devices.length) {
       jobs.push(loadFleet());
       const known = state.selected && overview.devices.some((d) => d.fleet === state.selected.fleet && d.device === state.selected.device);
-      const d = known ? state.selected : overview.devices[0];
+      // the first device with telemetry, online ones first (a device that never sent a window has empty charts)
+      const d = known ? state.selected : overview.devices.find((x) => x.windows > 0 && x.state === "online")
+        || overview.devices.find((x) => x.windows > 0) || overview.devices[0];
       jobs.push(selectDevice(d.fleet, d.device));
     }
     await Promise.all(jobs);
