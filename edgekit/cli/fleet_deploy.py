@@ -71,10 +71,13 @@ def run(args: argparse.Namespace) -> int:
     signature = f"signature verified (key {artifact.signed_by})" if artifact.signed_by else "signature NOT checked here"
     console.print(f"verified {artifact.bundle_id}: {artifact.files_verified} file(s) match manifest.json, {signature}; "
                   f"target {artifact.target or 'none'}", soft_wrap=True)  # fmt: skip
-    console.print(f"deploying {artifact.url} (sha256 {artifact.sha256[:12]}…, {artifact.size_bytes} bytes)", soft_wrap=True)
     seen: list[tuple[str, int]] = []
 
     def show(record: RolloutRecord) -> None:
+        if not seen:  # the devices and waves passed their checks: commands go out now
+            console.print(f"rollout {record.rollout_id}: {artifact.url} (sha256 {artifact.sha256[:12]}…, {artifact.size_bytes} "
+                          f"bytes) to {len(record.devices)} device(s) in {len(record.waves)} wave(s)", soft_wrap=True)  # fmt: skip
+            seen.append(("", 0))
         active = next((w for w in record.waves if w["state"] in ("deploying", "watching")), None)
         key = (record.state, active["index"] if active else 0)
         if (active or record.state == "rolling_back") and (not seen or seen[-1] != key):

@@ -223,8 +223,8 @@ def check_targets(devices: Sequence[DeviceSummary], bundle_target: str | None, *
         raise TargetMismatchError(
             f"bundle {bundle} is built for target {bundle_target!r}, but {len(problems)} of the {len(devices)} selected "
             f"device(s) do not report it: {listed}{more}; nothing was sent",
-            hint=f"select devices of that target (--target {bundle_target}); a device that reports no target (agents do "
-            "not report one yet) or another one takes the bundle only with --force",
+            hint=f"select devices of that target (--target {bundle_target}); a device that reports another target, or "
+            "none (agents before device identity, devices the collector has no status of), takes it only with --force",
         )
     return problems
 
