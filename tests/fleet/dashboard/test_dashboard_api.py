@@ -98,3 +98,38 @@ def test_unreachable_store_fails_at_start(tmp_path) -> None:
 
     with pytest.raises(StoreError, match="folder .* does not exist"):
         DashboardServer(f"sqlite:///{tmp_path}/missing/dir/fleet.db", port=0).start()
+
+
+def test_fleet_series_by_target_and_a_bad_grouping(seeded_dashboard) -> None:
+    data = json.loads(_get(seeded_dashboard.url + "api/fleet-series?by=target&hours=6")[2])
+    assert set(data["groups"]) == {"jetson-orin-nano-8gb", "jetson-orin-nx-16gb", "raspberry-pi-5"}
+    pi = data["groups"]["raspberry-pi-5"]
+    assert pi["devices"] == 2 and all(worst >= mean for worst, mean in zip(pi["p99_max_ms"], pi["p99_ms"]))
+    status, _, body = _get(seeded_dashboard.url + "api/fleet-series?by=colour")
+    assert status == 400 and "by must be one of bundle_id, target" in json.loads(body)["error"]
+
+
+def test_resolution_follows_the_data_and_reads_rollups_further_back(tmp_path) -> None:
+    import datetime as dt
+
+    from edgekit.fleet.dashboard.api import device_series, fleet_series
+    from edgekit.fleet.sim.seed import seed_history
+    from edgekit.fleet.store import open_store
+
+    now = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.timezone.utc)
+    with open_store(f"sqlite:///{tmp_path}/quick.db") as store:  # the quick start after 30 s: three 10 s windows
+        seed_history(store, devices=3, hours=30 / 3600, window_s=10.0, upgrade_at=None, now=now)
+        for hours in (0.25, 1, 24, 168):
+            data = device_series(store, "sim", "jetson-orin-nano-8gb-000", hours=hours, now=now)
+            assert data["bucket_s"] == 10 and len(data["series"]["t"]) == 3, hours  # not one 5-minute bucket
+        assert fleet_series(store, hours=1, now=now)["bucket_s"] == 10  # three devices, still per window
+
+    with open_store(f"sqlite:///{tmp_path}/day.db") as store:  # 3 h of 1-minute windows, older than 1 h rolled up
+        seed_history(store, devices=1, hours=3, window_s=60.0, upgrade_at=None, now=now)
+        before = device_series(store, "sim", "jetson-orin-nano-8gb-000", hours=3, now=now)
+        assert store.apply_retention(dt.timedelta(hours=1), rollup_minutes=5, now=now) >= 119
+        after = device_series(store, "sim", "jetson-orin-nano-8gb-000", hours=3, now=now)
+    assert before["bucket_s"] == after["bucket_s"] == 60
+    steps = [b - a for a, b in zip(after["series"]["t"], after["series"]["t"][1:])]
+    assert set(steps[:20]) == {300_000} and set(steps[-50:]) == {60_000}  # rollups back then, raw windows lately
+    assert max(after["series"]["p99_max_ms"]) == max(before["series"]["p99_max_ms"])  # the worst p99 survives roll-up
