@@ -31,7 +31,6 @@ from edgekit.report.formatting import (
     fmt_value,
     measured_on_target,
     number,
-    where_measured,
 )
 from edgekit.report.model_section import device_section, model_section
 from edgekit.report.precision_section import precision_section
