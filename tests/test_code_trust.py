@@ -13,6 +13,7 @@ import yaml
 from edgekit.cli.main import main
 from edgekit.code_trust import BUILT_IN, EDGEKIT_DEMOS_DIR, TRUSTED_DIRS_ENV, CodeTrust, installation_roots, module_files
 from edgekit.errors import RecipeError
+from edgekit.pipeline import build
 from edgekit.recipe import Recipe, load_recipe
 from tests.conftest import TINY_RECIPE
 
@@ -152,3 +153,14 @@ def test_this_environments_installation_roots_include_site_packages():
 
     roots = installation_roots()
     assert Path(sysconfig.get_paths()["purelib"]).resolve() in roots and Path(sys.prefix).resolve() in roots
+
+
+def test_bench_vs_pytorch_checks_the_recipe_it_loads(tiny_recipe, tmp_path, capsys):
+    bundle = build(tiny_recipe(), "x86-64-cpu", out=tmp_path / "bundle").bundle_dir
+    other = tiny_recipe(text=TINY.replace(FACTORY, "factory: json:dumps"), name="other.yaml")
+    args = ["bench", str(bundle), "--vs-pytorch", "--recipe", str(other), "-n", "1", "--warmup", "0"]
+    assert main(args) == 2
+    assert "model.factory 'json:dumps' is code outside the recipe's folder" in capsys.readouterr().err
+    assert main([*args, "--trust-code"]) == 2  # loaded this time; json.dumps() is no model factory
+    err = capsys.readouterr().err
+    assert "model.factory 'json:dumps' rejected its kwargs" in err and "is code outside" not in err

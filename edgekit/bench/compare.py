@@ -79,7 +79,7 @@ def host_runner(bundle: Bundle, signature: IOSignature, threads: int) -> Any:
                              denormal_as_zero=bool(bundle.manifest["backend"].get("denormal_as_zero", False))).load()
 
 
-def _torch_model(bundle: Bundle, recipe_path: Path | None) -> tuple[Any, Any]:
+def _torch_model(bundle: Bundle, recipe_path: Path | None, trust_code: bool = False) -> tuple[Any, Any]:
     from edgekit.recipe import load_recipe
     from edgekit.sources import load_source
     from edgekit.torch_reference import TorchReference
@@ -87,7 +87,7 @@ def _torch_model(bundle: Bundle, recipe_path: Path | None) -> tuple[Any, Any]:
     path = Path(recipe_path or bundle.manifest["recipe"]["path"])
     if not path.is_file():
         raise EdgekitError(f"--vs-pytorch needs the bundle's recipe, not found at {path}", hint="pass --recipe PATH")
-    recipe = load_recipe(path).for_target(bundle.manifest["target"]["name"])
+    recipe = load_recipe(path, trust_code=trust_code).for_target(bundle.manifest["target"]["name"])
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -98,7 +98,7 @@ def _torch_model(bundle: Bundle, recipe_path: Path | None) -> tuple[Any, Any]:
 
 
 def bench_bundle(bundle_dir: Path, dims: dict[str, int] | None = None, iterations: int = 50, warmup: int = 10, vs_pytorch: bool = False,
-                 threads: int | None = None, recipe_path: Path | None = None, rounds: int = 5) -> BenchReport:
+                 threads: int | None = None, recipe_path: Path | None = None, rounds: int = 5, trust_code: bool = False) -> BenchReport:
     bundle = open_bundle(bundle_dir, verify=True)
     signature = IOSignature.from_manifest(bundle.manifest["io"])
     all_dims = {name: rng["opt"] for name, rng in bundle.manifest["io"]["dims"].items()}
@@ -115,7 +115,7 @@ def bench_bundle(bundle_dir: Path, dims: dict[str, int] | None = None, iteration
         import torch
 
         torch.set_num_threads(threads)
-        reference, _ = _torch_model(bundle, recipe_path)
+        reference, _ = _torch_model(bundle, recipe_path, trust_code)
         contenders["pytorch_eager"] = lambda: reference(feeds)
     samples: dict[str, list[float]] = {name: [] for name in contenders}
     per_round = max(1, iterations // rounds)

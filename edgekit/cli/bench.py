@@ -19,6 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--threads", type=int, metavar="N", help="intra-op threads for both ONNX Runtime and PyTorch")
     parser.add_argument("--vs-pytorch", action="store_true", help="also time PyTorch eager on the same inputs (needs the recipe)")
     parser.add_argument("--recipe", type=Path, metavar="FILE", help="recipe file, when it moved since the build")
+    parser.add_argument("--trust-code", action="store_true", help="with --vs-pytorch: let the recipe run callables outside its own folder and edgekit's demos (as edgekit build)")
     parser.set_defaults(func=run)
 
 
@@ -28,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from edgekit.bench import bench_bundle, parse_dims
 
     report = bench_bundle(args.bundle, parse_dims(args.shape), iterations=args.iterations, warmup=args.warmup,
-                          vs_pytorch=args.vs_pytorch, threads=args.threads, recipe_path=args.recipe)
+                          vs_pytorch=args.vs_pytorch, threads=args.threads, recipe_path=args.recipe, trust_code=args.trust_code)
     table = Table(title=f"{args.bundle} at {report.dims} ({report.threads} threads, {report.iterations} runs each)")
     for column in ("variant", "p50 ms", "p90 ms", "p99 ms", "mean ms", "per second"):
         table.add_column(column, justify="right" if column != "variant" else "left")
