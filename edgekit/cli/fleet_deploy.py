@@ -114,8 +114,8 @@ def print_record(record: RolloutRecord, out: Console = console) -> None:
         out.print(f"  [yellow]forced[/] {device}: {escape(why)}, bundle target {escape(record.target or 'none')}", soft_wrap=True)
     for device, outcome in sorted(record.outcomes.items()):
         result = record.device_results.get(device, {})
-        wave = f" (wave {result['wave']})" if result.get("wave") else ""
-        line = f"  {device}: {outcome}{wave}"
+        in_wave = f" (wave {result['wave']})" if result.get("wave") else ""
+        line = f"  {device}: {outcome}{in_wave}"
         if result.get("reason") and outcome not in ("succeeded", "pending", "skipped_offline"):
             line += f": {escape(str(result['reason']))}"
             if result.get("hint"):

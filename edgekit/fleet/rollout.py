@@ -258,7 +258,7 @@ class Rollout:
         now = _now()
         outcomes = {d.device: "pending" for d in ordered}
         outcomes.update({d.device: "skipped_offline" for d in devices if d not in online})
-        waves = tuple({"index": i + 1, "spec": spec, "devices": list(members), "state": "pending", "started_at": None,
+        waves: tuple[dict[str, Any], ...] = tuple({"index": i + 1, "spec": spec, "devices": list(members), "state": "pending", "started_at": None,
                        "finished_at": None, "seconds": None, "health": {}, "reason": None}
                       for i, (spec, members) in enumerate(plan))  # fmt: skip
         options = {"allow_downgrade": policy.allow_downgrade, "allow_signature_change": policy.allow_signature_change,

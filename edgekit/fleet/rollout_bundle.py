@@ -98,7 +98,10 @@ def _verified_contents(path: Path) -> tuple[bytes, bytes | None, int]:
             manifest_bytes = manifest_file.read_bytes()
             signature_file = root / SIGNATURE_NAME
             signature_bytes = signature_file.read_bytes() if signature_file.is_file() else None
-            manifest = parse_manifest_json(manifest_bytes, f"{path}: {MANIFEST_NAME}")
+            try:  # bounded size and nesting, a JSON object
+                manifest = parse_manifest_json(manifest_bytes, f"{path}: {MANIFEST_NAME}")
+            except BundleError as err:
+                raise BundleArtifactError(err.message, hint=err.hint or "rebuild the bundle") from err
             verify_files(root, manifest)
             return manifest_bytes, signature_bytes, len(manifest.get("files") or {})
     except BundleArtifactError:
