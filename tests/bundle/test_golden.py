@@ -21,7 +21,7 @@ from edgekit.pipeline import build
 from edgekit.recipe import ParitySpec
 from edgekit_runtime.backends.onnxruntime import OnnxRuntimeRunner
 from edgekit_runtime.bundle import open_bundle, self_check
-from edgekit_runtime.golden import parse_tolerances
+from edgekit_runtime.golden import compare_output, parse_tolerances
 from tests.sources.onnx_models import paddle_style_cnn, write_recipe
 
 
@@ -68,13 +68,18 @@ def test_tolerances_are_per_output_and_come_from_the_measured_deviation(tmp_path
     for entry in (prob, logits):
         measured = entry["measured"]
         assert measured["max_abs_diff"] > 0  # int8 deviates, and the tolerance is built from that
-        assert entry["atol"] == pytest.approx(max(1e-4, min(REDUCED_PRECISION_MARGIN * measured["max_abs_diff"], max(measured["max_abs_diff"], measured["max_abs_reference"]))))
+        every_element = max(1e-4, min(REDUCED_PRECISION_MARGIN * measured["max_abs_diff"], max(measured["max_abs_diff"], measured["max_abs_reference"])))
+        if "outlier_fraction" in measured:  # a tighter atol that most elements meet, a few allowed outside it
+            assert entry["atol"] < every_element
+            assert entry["max_mismatched_fraction"] == pytest.approx(REDUCED_PRECISION_MARGIN * measured["outlier_fraction"])
+        else:
+            assert entry["atol"] == pytest.approx(every_element)
         cosine = measured["cosine_min"]
         assert entry["min_cosine"] == pytest.approx(min(0.9999, max(0.0, cosine - (REDUCED_PRECISION_MARGIN - 1) * (1 - cosine))))
         assert 0 <= entry["min_cosine"] <= cosine <= 1
     assert prob["atol"] < logits["atol"]  # a probability's tolerance is not the logits'
     assert prob["atol"] <= prob["measured"]["max_abs_reference"]
-    assert golden["atol"] == max(prob["atol"], logits["atol"])  # the loosest, for runtimes that read only these
+    assert golden["atol"] >= max(prob["atol"], logits["atol"])  # every element inside, for runtimes that read only these
     assert golden["min_cosine"] == min(prob["min_cosine"], logits["min_cosine"])
     report = (bundle_dir / "report.html").read_text()
     assert f"atol {prob['atol']:.2e}" in report and "output logits" in report  # the report lists each output's tolerance
@@ -123,7 +128,7 @@ def test_a_loose_budget_never_writes_min_cosine_below_zero() -> None:
 def test_close_outputs_keep_the_recipe_s_parity_tolerance_as_the_floor() -> None:
     reference, built = _rows(0.9999999)
     tolerances, _ = derive_tolerances([{"y": reference}], [{"y": reference}], ParitySpec(atol=1e-4, rtol=1e-3, min_cosine=0.9999))
-    assert tolerances.outputs["y"].to_dict() == {"atol": 1e-4, "rtol": 1e-3, "min_cosine": 0.9999}
+    assert tolerances.outputs["y"].to_dict() == {"atol": 1e-4, "rtol": 1e-3, "min_cosine": 0.9999, "max_mismatched_fraction": 0.0}
     tolerances, _ = derive_tolerances([{"y": reference}], [{"y": built}], ParitySpec(min_cosine=0.9999))
     assert tolerances.outputs["y"].min_cosine == 0.9999
 
@@ -142,7 +147,7 @@ def test_anticorrelated_or_non_finite_outputs_fail_the_build() -> None:
 def test_a_device_applied_precision_widens_to_the_format_s_tolerance() -> None:
     reference = np.linspace(-300, 300, 64, dtype=np.float32).reshape(2, 32)
     tolerances, _ = derive_tolerances([{"boxes": reference}], [{"boxes": reference}], ParitySpec(), device_applied=(0.02, 0.999))
-    assert tolerances.outputs["boxes"].to_dict() == {"atol": pytest.approx(0.02 * 300), "rtol": 0.02, "min_cosine": 0.999}
+    assert tolerances.outputs["boxes"].to_dict() == {"atol": pytest.approx(0.02 * 300), "rtol": 0.02, "min_cosine": 0.999, "max_mismatched_fraction": 0.0}
 
 
 def test_outputs_near_zero_on_the_golden_inputs_are_flagged_as_a_weak_check() -> None:
@@ -190,3 +195,22 @@ def test_a_weak_golden_check_is_a_manifest_warning(tmp_path: Path) -> None:
     assert [w.split(": ")[0] for w in golden["warnings"]] == ["output 'sigmoid_0.tmp_0'"]
     assert golden["outputs"]["sigmoid_0.tmp_0"]["measured"]["max_abs_reference"] < 1e-4
     assert _check(tmp_path / "bundle").passed  # weak, but still the bundle it was built as
+
+
+def test_a_few_far_elements_do_not_loosen_the_tolerance_of_all_the_others() -> None:
+    """An int8 softmax's worst element was 0.31 off while 99.9 % were within 0.003: the tolerance follows
+    the many, allows the few (times the margin), and still fails a model whose elements are all off."""
+    rng = np.random.default_rng(4)
+    reference = rng.uniform(0, 1, size=(4, 2500)).astype(np.float32)
+    built = reference + rng.normal(0, 1e-3, size=reference.shape).astype(np.float32)
+    built.reshape(-1)[rng.choice(built.size, 5, replace=False)] += 0.5
+    tolerances, measured = derive_tolerances([{"p": reference}], [{"p": built}], ParitySpec(), margin=3.0)
+    tolerance = tolerances.outputs["p"]
+    assert tolerance.atol < 0.02 and tolerances.default.atol >= 0.5  # old runtimes read only the default: every element inside
+    assert measured["p"]["outlier_fraction"] == pytest.approx(5 / 10_000)
+    assert tolerance.max_mismatched_fraction == pytest.approx(15 / 10_000)
+    assert compare_output("p", reference, built, **tolerance.to_dict()).passed
+    wrong = reference + rng.normal(0, 0.02, size=reference.shape).astype(np.float32)  # cosine still 0.9994
+    check = compare_output("p", reference, wrong, **tolerance.to_dict())
+    assert not check.passed and check.cosine_min > tolerance.min_cosine  # the element check catches it
+    assert "0.150% may be" in check.describe(**tolerance.to_dict())
