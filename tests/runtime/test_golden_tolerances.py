@@ -52,6 +52,7 @@ def test_a_bundle_without_per_output_tolerances_uses_the_defaults(bundle_dir: Pa
         ({"logits": {"min_cosine": -2.69}}, r"golden\.outputs\['logits'\]\.min_cosine must be a number in -1\.0\.\.1\.0, got -2\.69"),
         ({"logits": {"atol": -1}}, r"golden\.outputs\['logits'\]\.atol must be a number >= 0\.0, got -1"),
         ({"logits": {"atol": "0.1"}}, r"golden\.outputs\['logits'\]\.atol must be a number >= 0\.0, got '0\.1'"),
+        ({"logits": {"max_mismatched_fraction": 1.5}}, r"golden\.outputs\['logits'\]\.max_mismatched_fraction must be a number in 0\.0\.\.1\.0, got 1\.5"),
     ],
 )
 def test_bad_per_output_tolerances_are_refused_with_the_key(bundle_dir: Path, outputs: object, message: str) -> None:
@@ -63,3 +64,16 @@ def test_bad_per_output_tolerances_are_refused_with_the_key(bundle_dir: Path, ou
 def test_non_finite_default_tolerance_is_refused() -> None:
     with pytest.raises(BundleError, match=r"'m': golden\.atol must be a number >= 0\.0, got inf"):
         parse_tolerances({"atol": float("inf"), "rtol": 0.0, "min_cosine": 0.9}, where="m")
+
+
+def test_an_allowed_fraction_of_mismatched_elements_passes_and_one_more_fails(bundle_dir: Path) -> None:
+    bundle = open_bundle(_with_outputs(bundle_dir, {"logits": {"atol": 1e-9, "rtol": 0.0, "min_cosine": 0.5}}))
+    batches = [batch.load() for batch in bundle.golden_batches]
+    worst = self_check(bundle, create_runner(bundle), raise_on_failure=False).output("logits")
+    per_batch = max(out["logits"].size for _, out in batches)
+    assert 0 < worst.mismatched_elements
+    _with_outputs(bundle_dir, {"logits": {"atol": 1e-9, "rtol": 0.0, "min_cosine": 0.5, "max_mismatched_fraction": 1.0}})
+    assert self_check(open_bundle(bundle_dir), create_runner(bundle)).passed
+    _with_outputs(bundle_dir, {"logits": {"atol": 1e-9, "rtol": 0.0, "min_cosine": 0.5, "max_mismatched_fraction": 0.5 / per_batch}})
+    failed = self_check(open_bundle(bundle_dir), create_runner(bundle), raise_on_failure=False)
+    assert not failed.output("logits").passed  # rounds down to zero allowed elements
