@@ -18,7 +18,9 @@ from tests.runtime.agent.mosquitto import MosquittoBroker
 
 
 @pytest.fixture
-def real_agent_fleet(mosquitto: MosquittoBroker, tmp_path: Path, fleet_keys: tuple[Path, Path], signed_bundle):  # noqa: F811
+def real_agent_fleet(mosquitto: MosquittoBroker, tmp_path: Path, fleet_keys: tuple[Path, Path], signed_bundle,  # noqa: F811
+                     request: pytest.FixtureRequest):  # fmt: skip
+    """One real agent (``@pytest.mark.parametrize("real_agent_fleet", [{"commands": {...}}], indirect=True)`` adds config)."""
     from edgekit.fleet.collector import Collector
     from edgekit.fleet.store import open_store
     from edgekit_runtime.agent.cli import main as agent_main
@@ -33,7 +35,7 @@ def real_agent_fleet(mosquitto: MosquittoBroker, tmp_path: Path, fleet_keys: tup
         "api": {"address": "127.0.0.1:0"},
         "telemetry": {"interval_s": 0.3, "spool": {"path": str(tmp_path / "device" / "spool.db")}},
         "power": {"sensor": "none"}, "health": {"window_s": 0.3, "max_error_rate": 0.5, "min_requests": 1},
-        "probe": {"interval_s": 0.1, "dims": {"batch": 2}},
+        "probe": {"interval_s": 0.1, "dims": {"batch": 2}}, **getattr(request, "param", {}),
     }), encoding="utf-8")  # fmt: skip
     assert agent_main(["install", str(signed_bundle("tiny-a")), "--config", str(config_path)]) == 0
     store_url = f"sqlite:///{tmp_path}/fleet.db"
@@ -107,3 +109,25 @@ def test_deploy_on_the_local_stack_of_fleet_up(signed_bundle, fleet_keys, tmp_pa
         record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert record["state"] == "completed" and [len(w["devices"]) for w in record["waves"]] == [1, 2]
         assert set(stack.simulator.bundles().values()) == {record["bundle_id"]}
+
+
+@pytest.mark.parametrize("real_agent_fleet", [{"commands": {"require_signed": True}}], indirect=True)
+def test_an_agent_that_requires_signed_commands_takes_the_deploy_only_signed(real_agent_fleet, signed_bundle, fleet_keys,
+                                                                              tmp_path: Path, capsys) -> None:  # fmt: skip
+    (tmp_path / "out").mkdir()
+    tar = pack_bundle(signed_bundle("tiny-c"), tmp_path / "out" / "tiny-c.tar")
+    inbox = real_agent_fleet["config"].bundles.inbox_dir
+    inbox.mkdir(parents=True, exist_ok=True)
+    base = ["deploy", str(tar), "--broker", real_agent_fleet["broker"], "--store", real_agent_fleet["store_url"], "--devices",
+            real_agent_fleet["device"], "--inbox", str(inbox), "--deploy-timeout-s", "30", "--force", "--json"]  # fmt: skip
+
+    unsigned = _parser().parse_args(base + ["--key", str(fleet_keys[1])])
+    assert unsigned.func(unsigned) == 1
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["device_results"][real_agent_fleet["device"]]
+    assert result["outcome"] == "rejected" and result["step"] == "unsigned", result
+    assert "--sign-commands fleet.key.pem" in result["hint"]
+
+    signed = _parser().parse_args(base + ["--sign-commands", str(fleet_keys[0])])  # its public half checks the bundle too
+    assert signed.func(signed) == 0, capsys.readouterr().err
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["state"] == "completed" and record["options"]["signed_commands"] is True and record["options"]["signed_by"]
