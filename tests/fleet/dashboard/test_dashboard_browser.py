@@ -221,6 +221,10 @@ def test_no_horizontal_overflow_and_distinct_legends(tmp_path, browser, screensh
         scroll_width, client_width = driver.execute_script(OVERFLOW)
         assert scroll_width <= client_width, f"page is {scroll_width} px wide in a {client_width} px window"
         assert LONG_REASON.strip()[:60] in driver.find_element(By.ID, "rollouts").text  # wrapped, not cut or hidden
+        inner = driver.execute_script("const s = document.getElementById('rollouts').parentElement; return [s.scrollWidth, s.clientWidth]")
+        assert inner[0] <= inner[1]  # the rollout table fits its box too: no sideways scrolling to read the reason
+        bundle = driver.find_element(By.CSS_SELECTOR, "#bundles tbody td .clip")
+        assert bundle.get_attribute("title") == LONG_BUNDLES[1] and bundle.text.endswith("int8-2026-11-20")  # the end is kept
         columns = driver.execute_script("return getComputedStyle(document.querySelector('.charts')).gridTemplateColumns.split(' ').length")
         assert columns == (2 if width == 1280 else 3)
         legend = _plotted(driver, "chart-bundles")

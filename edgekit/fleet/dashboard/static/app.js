@@ -177,10 +177,13 @@ function cell(value, cls) {
   return el("td", cls ? { class: cls } : {}, value);
 }
 
-// A cell whose text is cut with an ellipsis when long; the whole text is in its tooltip.
-function clipped(value) {
+// A cell for an id: a long one loses its middle (bundle ids differ at the end: precision, version, date), and
+// CSS still cuts it with an ellipsis if the column is narrower; the whole id is in the tooltip.
+function clipped(value, max = 34) {
+  const text = String(value);
+  const shown = text.length > max ? text.slice(0, max - 19) + "…" + text.slice(text.length - 18) : text;
   const td = el("td");
-  td.appendChild(el("span", { class: "clip", title: value }, value));
+  td.appendChild(el("span", { class: "clip", title: text }, shown));
   return td;
 }
 
@@ -247,12 +250,12 @@ function renderOverview(overview) {
     const h = r.health || {};
     const health = h.error_rate === undefined ? "–" : `errors ${h.error_rate === null ? "–" : (100 * h.error_rate).toFixed(1) + "%"}, p99 ${fmt(h.p99_before_ms, 2)} → ${fmt(h.p99_after_ms, 2)} ms`;
     tr.append(cell(new Date(r.started_at).toLocaleString()), clipped(r.bundle_id), cell(r.state), cell(r.canary.join(", "), "wrap"),
-      cell(r.devices.length, "num"), cell(health, "wrap"), cell(r.reason || "", "wrap"));
+      cell(r.devices.length, "num"), cell(health, "wrap"), cell(r.reason || "", "wrap wide"));
     return tr;
   }), "no rollouts yet (edgekit fleet deploy)");
   fill("events", overview.events.map((e) => {
     const tr = el("tr");
-    tr.append(cell(new Date(e.at).toLocaleTimeString()), clipped(e.device), cell(e.kind), cell(e.level, "level-" + e.level), cell(e.message, "wrap"));
+    tr.append(cell(new Date(e.at).toLocaleTimeString()), clipped(e.device), cell(e.kind), cell(e.level, "level-" + e.level), cell(e.message, "wrap wide"));
     return tr;
   }), "no events yet");
 }
