@@ -131,3 +131,28 @@ def test_an_agent_that_requires_signed_commands_takes_the_deploy_only_signed(rea
     assert signed.func(signed) == 0, capsys.readouterr().err
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert record["state"] == "completed" and record["options"]["signed_commands"] is True and record["options"]["signed_by"]
+
+
+def test_a_downgrade_is_refused_by_the_agent_until_allowed(real_agent_fleet, signed_bundle, fleet_keys, tmp_path: Path,
+                                                          capsys) -> None:  # fmt: skip
+    from edgekit.bundle.signing import sign_bundle
+    from tests.runtime.agent_service.bundles import make_bundle
+
+    (tmp_path / "out").mkdir()
+    old = make_bundle(tmp_path / "old" / "tiny-a", name="tiny-a", bundle_version=1)  # the served tiny-a dates from 2025
+    sign_bundle(old, fleet_keys[0])
+    tar = pack_bundle(old, tmp_path / "out" / "tiny-a-old.tar")
+    inbox = real_agent_fleet["config"].bundles.inbox_dir
+    inbox.mkdir(parents=True, exist_ok=True)
+    base = ["deploy", str(tar), "--broker", real_agent_fleet["broker"], "--store", real_agent_fleet["store_url"], "--devices",
+            real_agent_fleet["device"], "--inbox", str(inbox), "--key", str(fleet_keys[1]), "--deploy-timeout-s", "30",
+            "--force", "--json"]  # fmt: skip
+    refused = _parser().parse_args(base)
+    assert refused.func(refused) == 1
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["device_results"][real_agent_fleet["device"]]
+    assert result["outcome"] == "failed" and result["step"] == "version" and "refusing a downgrade" in result["reason"]
+    assert "--allow-downgrade" in result["hint"]
+    allowed = _parser().parse_args(base + ["--allow-downgrade"])
+    assert allowed.func(allowed) == 0, capsys.readouterr().err
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["state"] == "completed" and record["options"]["allow_downgrade"] is True
