@@ -93,18 +93,29 @@ def test_store_keeps_the_latest_identity_and_the_report_groups_by_target_and_pow
     for device, values in latencies.items():
         for seq in (1, 2):
             ingest(store, telemetry(seq, device=device, latencies_ms=values), T0)
+    # Windows that say the mode they were measured in count under it, whatever the device's mode now.
+    for seq, latency_ms, mode in ((3, 10.0, "7W"), (4, 6.0, "15W")):
+        message = telemetry(seq, device="nano-2", latencies_ms=(latency_ms,) * 5)
+        message["power_mode"] = mode
+        ingest(store, message, T0)
     report = build_report(store, fleet="lab", since=T0 - dt.timedelta(hours=1), until=T0 + dt.timedelta(hours=1))
     groups = {(g.target, g.power_mode): (g.devices, g.windows, g.p50_ms) for g in report.groups}
     assert groups == {
-        ("jetson-orin-nano-8gb", "7W"): (1, 2, pytest.approx(10.0)),
-        ("jetson-orin-nano-8gb", "15W"): (1, 2, pytest.approx(6.0)),
+        ("jetson-orin-nano-8gb", "7W"): (2, 3, pytest.approx(10.0)),  # nano-1's two and nano-2's window in 7W
+        ("jetson-orin-nano-8gb", "15W"): (1, 3, pytest.approx(6.0)),
         ("jetson-orin-nano-super", "MAXN_SUPER+clocks"): (1, 2, pytest.approx(4.0)),
         (None, None): (1, 2, pytest.approx(20.0)),
     }
     assert {row["power_mode"] for row in report.to_json()["groups"]} == {"7W", "15W", "MAXN_SUPER+clocks", None}
-    # Grouping by power mode alone, as the store API offers it.
-    by_mode = {a.power_mode: a.devices for a in store.aggregate(("power_mode",), fleet="lab")}
-    assert by_mode == {"7W": 1, "15W": 1, "MAXN_SUPER+clocks": 1, None: 1}
+    # Grouping by power mode alone, as the store API offers it; other groupings are unchanged.
+    by_mode = {a.power_mode: (a.devices, a.windows) for a in store.aggregate(("power_mode",), fleet="lab")}
+    assert by_mode == {"7W": (2, 3), "15W": (1, 3), "MAXN_SUPER+clocks": (1, 2), None: (1, 2)}
+    assert {a.target: a.windows for a in store.aggregate(("target",), fleet="lab")} == {
+        "jetson-orin-nano-8gb": 6, "jetson-orin-nano-super": 2, None: 2}
+    # Rolled up, windows lose their own mode and count under the device's latest (nano-2: 15W).
+    store.apply_retention(dt.timedelta(seconds=0), now=T0 + dt.timedelta(days=1))
+    rolled = {a.power_mode: (a.devices, a.windows) for a in store.aggregate(("power_mode",), fleet="lab")}
+    assert rolled == {"7W": (1, 2), "15W": (1, 4), "MAXN_SUPER+clocks": (1, 2), None: (1, 2)}
 
 
 def test_migration_5_on_a_version_4_database(tmp_path: Path) -> None:

@@ -108,6 +108,9 @@ class PostgresStore(SqlFleetStore):
         seconds = f"CAST(EXTRACT(EPOCH FROM {moment}) AS DOUBLE PRECISION)"
         return f"to_timestamp(floor({seconds} / :{seconds_param}) * :{seconds_param})"
 
+    def json_text_sql(self, column: str, key: str) -> str:
+        return f"({column} ->> '{key}')"
+
     def greatest_sql(self, a: str, b: str) -> str:
         return f"GREATEST({a}, {b})"
 

@@ -180,9 +180,12 @@ def _filters(store: SqlFleetStore, alias: str, time_column: str, params: dict[st
     return " AND ".join(clauses)
 
 
-def union_sql(store: SqlFleetStore, params: dict[str, Any], **filters: Any) -> str:
-    """Raw windows (filtered on window_end) and rollups (on bucket_start) as rows of the same sums."""
+def union_sql(store: SqlFleetStore, params: dict[str, Any], *, power_mode: bool = False, **filters: Any) -> str:
+    """Raw windows (filtered on window_end) and rollups (on bucket_start) as rows of the same sums; with
+    ``power_mode`` a raw window's column holds the mode it was measured in (telemetry.v1 ``power_mode``),
+    else (and for rollups, which do not keep it) NULL."""
     dur = window_seconds_sql(store)
+    mode = store.json_text_sql("w.payload", "power_mode") if power_mode else "NULL"
     raw_where = _filters(store, "w", "window_end", params, **filters)
     rolled_where = _filters(store, "r", "bucket_start", params, **filters)
     return f"""SELECT w.fleet, w.device, w.bundle_id, w.window_start AS t_start, w.window_end AS t_end, 1 AS windows,
@@ -192,17 +195,18 @@ def union_sql(store: SqlFleetStore, params: dict[str, Any], **filters: Any) -> s
     COALESCE(w.power_mean_mw * {dur}, 0.0) AS power_mw_s, w.energy_mj,
     CASE WHEN w.inferences > 0 THEN w.energy_mj END AS energy_active_mj,
     CASE WHEN w.inferences > 0 AND w.energy_mj IS NOT NULL THEN w.inferences ELSE 0 END AS energy_count,
-    w.temperature_max_c
+    w.temperature_max_c, {mode} AS power_mode
 FROM telemetry_windows w WHERE {raw_where}
 UNION ALL
 SELECT r.fleet, r.device, NULLIF(r.bundle_id, ''), r.window_start_min, r.window_end_max, r.windows, r.inferences,
     r.errors, r.latency_count, r.p50_sum, r.p99_sum, r.p99_max_ms, r.power_s, r.power_mw_s, r.energy_mj,
-    r.energy_active_mj, r.energy_count, r.temperature_max_c
+    r.energy_active_mj, r.energy_count, r.temperature_max_c, NULL
 FROM telemetry_rollups r WHERE {rolled_where}"""
 
 
+#: power_mode: the window's own (raw windows of agents that report it), else the device's latest reported one
 _KEY_COLUMNS = {"fleet": "u.fleet", "device": "u.device", "bundle_id": "u.bundle_id", "target": "t.target",
-                "power_mode": "i.power_mode"}
+                "power_mode": "COALESCE(u.power_mode, i.power_mode)"}
 
 
 def aggregate_sql(store: SqlFleetStore, keys: Sequence[str], params: dict[str, Any], *, target: str | None,
@@ -210,7 +214,7 @@ def aggregate_sql(store: SqlFleetStore, keys: Sequence[str], params: dict[str, A
     """Columns: fleet, device, bundle_id, target, power_mode (NULL unless grouped), bucket_start, devices, windows,
     inferences, errors, p50_ms, p99_ms, p99_max_ms, power_mean_mw, energy_mj, energy_per_inference_mj,
     temperature_max_c, first_window_start, last_window_end."""
-    union = union_sql(store, params, **filters)
+    union = union_sql(store, params, power_mode="power_mode" in keys, **filters)
     selected = [_KEY_COLUMNS[key] if key in keys else "NULL" for key in _KEY_COLUMNS]
     # by position: PostgreSQL would not match a bucket expression holding a parameter in GROUP BY
     groups = [str(index + 1) for index, key in enumerate(_KEY_COLUMNS) if key in keys]

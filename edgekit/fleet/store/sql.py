@@ -144,6 +144,10 @@ class SqlFleetStore(FleetStore):
         """SQL for the start of the ``:seconds_param``-second bucket ``moment`` falls in (a time value)."""
 
     @abc.abstractmethod
+    def json_text_sql(self, column: str, key: str) -> str:
+        """SQL for the text of top-level ``key`` in the JSON ``column`` (NULL when absent or null)."""
+        raise NotImplementedError
+
     def greatest_sql(self, a: str, b: str) -> str: ...
 
     @abc.abstractmethod

@@ -105,6 +105,9 @@ class SqliteStore(SqlFleetStore):
     def bucket_sql(self, moment: str, seconds_param: str) -> str:
         return f"(CAST({moment} / :{seconds_param} AS INTEGER) * :{seconds_param})"
 
+    def json_text_sql(self, column: str, key: str) -> str:
+        return f"json_extract({column}, '$.{key}')"
+
     def greatest_sql(self, a: str, b: str) -> str:
         return f"MAX(COALESCE({a}, {b}), COALESCE({b}, {a}))"  # SQLite's MAX(x, NULL) is NULL
 
