@@ -166,7 +166,7 @@ def sweep_cells(row: dict[str, Any]) -> tuple[str, ...]:
         str(row.get("variant", "")),
         str(row.get("status", "")),
         maybe(row.get("size_bytes"), fmt_bytes),
-        maybe(row.get("p50_ms"), lambda v: f"{v:.2f}"),
+        maybe(row.get("p50_ms"), lambda v: f"{v:.2f}" if abs(v) >= 1 else f"{v:.3g}"),  # 12.10, 0.00763
         maybe(row.get("latency_vs_fp32"), lambda v: f"{v:.2f}×"),
         maybe(row.get("metric_value"), lambda v: fmt_number(v, 4)),
         maybe(row.get("cosine_min"), fmt_cosine),

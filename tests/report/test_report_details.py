@@ -116,6 +116,7 @@ def test_sweep_page_has_a_title_units_and_no_na_noise() -> None:
     for label in ("fp32 (90.5 MB)", "fp16 (45.3 MB)", "int8-dynamic (23.1 MB)"):  # plot labels carry sizes with units
         assert label in page
     assert sweep_cells({"variant": "x", "status": "built"})[-1] == ""  # no note: an empty cell
+    assert sweep_cells({"variant": "tiny", "status": "built", "p50_ms": 0.007634})[3] == "0.00763"  # not 0.01
 
 
 def test_sweep_plot_labels_do_not_overlap() -> None:
