@@ -35,10 +35,10 @@ def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None or not math.isfinite(value) else round(value, digits)
 
 
-def device_row(summary: DeviceSummary) -> dict[str, Any]:
+def device_row(summary: DeviceSummary, power_mode: str | None = None) -> dict[str, Any]:
     return {
         "fleet": summary.fleet, "device": summary.device, "state": summary.state, "bundle_id": summary.bundle_id,
-        "target": summary.target, "p50_ms": _round(summary.p50_ms), "p99_ms": _round(summary.p99_ms),
+        "target": summary.target, "power_mode": power_mode, "p50_ms": _round(summary.p50_ms), "p99_ms": _round(summary.p99_ms),
         "power_mw": _round(summary.power_mean_mw, 1), "energy_per_inference_mj": _round(summary.energy_per_inference_mj),
         "temperature_c": _round(summary.temperature_max_c, 1), "last_seen": _iso(summary.last_seen),
         "windows": summary.windows, "missing_seqs": summary.missing_seqs,
@@ -57,6 +57,12 @@ def bundle_rows(summaries: Sequence[DeviceSummary]) -> list[dict[str, Any]]:
              "targets": sorted(targets.get(bundle, ()))} for bundle, count in running.most_common()]  # fmt: skip
 
 
+def device_rows(store: FleetStore, fleet: str | None = None, summaries: Sequence[DeviceSummary] | None = None) -> list[dict[str, Any]]:
+    """The device table: summaries with the power mode each device last reported (None when it never did)."""
+    modes = {(i.fleet, i.device): i.power_mode for i in store.device_identities(fleet)}
+    return [device_row(s, modes.get((s.fleet, s.device))) for s in (store.device_summaries(fleet) if summaries is None else summaries)]
+
+
 def overview(store: FleetStore, rollouts: RolloutLog | None, *, fleet: str | None = None, events: int = 30) -> dict[str, Any]:
     """Everything the page shows at first load, in one answer."""
     summaries = store.device_summaries(fleet)
@@ -67,7 +73,7 @@ def overview(store: FleetStore, rollouts: RolloutLog | None, *, fleet: str | Non
         "fleet": fleet,
         "counts": {"devices": len(summaries), "online": sum(1 for s in summaries if s.state == "online"),
                    "offline": sum(1 for s in summaries if s.state != "online")},  # fmt: skip
-        "devices": [device_row(s) for s in summaries],
+        "devices": device_rows(store, fleet, summaries),
         "bundles": bundle_rows(summaries),
         "rejected": store.rejected_counts(),
         "rollouts": [r.to_json() for r in rollouts.recent(10, fleet)] if rollouts is not None else [],
@@ -89,7 +95,7 @@ def _series(rows: Sequence[Aggregate], fields: Sequence[str]) -> dict[str, list[
 SERIES_FIELDS = ("p50_ms", "p99_ms", "p99_max_ms", "power_mean_mw", "energy_per_inference_mj", "temperature_max_c")
 FLEET_SERIES_FIELDS = ("p50_ms", "p99_ms", "p99_max_ms", "power_mean_mw")
 #: What the fleet chart can group by (a key of :meth:`FleetStore.aggregate`).
-FLEET_GROUPS = ("bundle_id", "target")
+FLEET_GROUPS = ("bundle_id", "target", "power_mode")
 
 
 @dataclass(frozen=True)
@@ -135,7 +141,8 @@ def device_series(store: FleetStore, fleet: str, device: str, *, hours: float = 
 
 def fleet_series(store: FleetStore, *, fleet: str | None = None, by: str = "bundle_id", hours: float = 24.0,
                  points: int = DEFAULT_POINTS, now: dt.datetime | None = None) -> dict[str, Any]:  # fmt: skip
-    """Fleet-wide latency and power per bundle (or per target) over time: what changed when a bundle rolled out."""
+    """Fleet-wide latency and power per bundle (or target, or reported power mode) over time: what changed when a
+    bundle rolled out, and what each target or power mode costs."""
     if by not in FLEET_GROUPS:
         raise ValueError(f"by must be one of {FLEET_GROUPS}, got {by!r}")
     now = now or dt.datetime.now(dt.timezone.utc)
@@ -143,7 +150,7 @@ def fleet_series(store: FleetStore, *, fleet: str | None = None, by: str = "bund
     rows = store.aggregate((by,), fleet=fleet, since=now - dt.timedelta(hours=hours), bucket_s=span.bucket_s)
     groups: dict[str, list[Aggregate]] = {}
     for row in rows:
-        groups.setdefault(getattr(row, by) or "(none)", []).append(row)
+        groups.setdefault(getattr(row, by) or ("(not reported)" if by == "power_mode" else "(none)"), []).append(row)
     return {"fleet": fleet, "by": by, "hours": hours, **span.to_json(),
             "groups": {name: _series(group, FLEET_SERIES_FIELDS) | {"devices": max(r.devices for r in group)}
                        for name, group in sorted(groups.items())}}  # fmt: skip

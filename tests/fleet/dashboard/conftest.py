@@ -11,6 +11,7 @@ import pytest
 from edgekit.fleet.dashboard import DashboardServer
 
 DEVICES = 6
+POWER_MODES = {"jetson-orin-nano-8gb": "15W", "jetson-orin-nx-16gb": "MAXN+clocks"}
 
 
 @dataclass
@@ -25,7 +26,7 @@ def seeded_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seede
     from edgekit.fleet.rollout_state import RolloutRecord, open_rollout_log
     from edgekit.fleet.sim.seed import device_names, seed_history
     from edgekit.fleet.store import open_store
-    from edgekit.fleet.store.base import RejectedMessage
+    from edgekit.fleet.store.base import DeviceIdentityRecord, DeviceStatus, RejectedMessage
 
     store_url = f"sqlite:///{tmp_path_factory.mktemp('dashboard')}/fleet.db"
     with open_store(store_url) as store:
@@ -33,6 +34,15 @@ def seeded_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seede
         now = dt.datetime.now(dt.timezone.utc)
         store.add_rejected([RejectedMessage("edgekit/v1/sim/x/telemetry", "malformed_json", 12, now),
                             RejectedMessage("edgekit/v1/sim/x/telemetry", "malformed_json", 9, now)])  # fmt: skip
+        # the Jetsons report their power mode (as agents with nvpmodel do); the Raspberry Pis report none
+        for name, target in device_names(DEVICES):
+            if target.startswith("jetson"):
+                mode = POWER_MODES[target]
+                identity = DeviceIdentityRecord("sim", name, board=target, soc=None, os="Ubuntu 22.04", l4t="36.4.0",
+                                                jetpack="6.1", cuda="12.6", tensorrt="10.3", onnxruntime=None,
+                                                power_mode=mode, clocks_locked=mode.endswith("+clocks"), updated_at=now)  # fmt: skip
+                store.upsert_status(DeviceStatus(fleet="sim", device=name, state="online", bundle_id="demo-v2", target=target,
+                                                 agent_version="sim-1", updated_at=now, identity=identity))  # fmt: skip
     with open_rollout_log(store_url) as log:
         log.save(RolloutRecord("r1", "sim", "demo-v2", "file:///b.tar", "0" * 64, "completed", ("jetson-orin-nano-8gb-000",),
                                ("jetson-orin-nano-8gb-000", "jetson-orin-nx-16gb-001"), now, now,

@@ -105,8 +105,13 @@ def test_fleet_series_by_target_and_a_bad_grouping(seeded_dashboard) -> None:
     assert set(data["groups"]) == {"jetson-orin-nano-8gb", "jetson-orin-nx-16gb", "raspberry-pi-5"}
     pi = data["groups"]["raspberry-pi-5"]
     assert pi["devices"] == 2 and all(worst >= mean for worst, mean in zip(pi["p99_max_ms"], pi["p99_ms"]))
+    modes = json.loads(_get(seeded_dashboard.url + "api/fleet-series?by=power_mode&hours=6")[2])["groups"]
+    assert set(modes) == {"15W", "MAXN+clocks", "(not reported)"} and modes["MAXN+clocks"]["devices"] == 2
+    overview = json.loads(_get(seeded_dashboard.url + "api/overview")[2])
+    assert {d["device"]: d["power_mode"] for d in overview["devices"]}["jetson-orin-nx-16gb-001"] == "MAXN+clocks"
+    assert {d["power_mode"] for d in overview["devices"] if d["target"] == "raspberry-pi-5"} == {None}
     status, _, body = _get(seeded_dashboard.url + "api/fleet-series?by=colour")
-    assert status == 400 and "by must be one of bundle_id, target" in json.loads(body)["error"]
+    assert status == 400 and "by must be one of bundle_id, target, power_mode" in json.loads(body)["error"]
 
 
 def test_resolution_follows_the_data_and_reads_rollups_further_back(tmp_path) -> None:

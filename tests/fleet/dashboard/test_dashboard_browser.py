@@ -68,7 +68,8 @@ def test_page_shows_devices_and_draws_plots(seeded_dashboard, browser) -> None:
     rows = driver.find_elements(By.CSS_SELECTOR, "#devices tbody tr")
     assert sorted(r.get_attribute("data-device") for r in rows) == sorted(seeded_dashboard.devices)
     cells = [c.text for c in rows[0].find_elements(By.TAG_NAME, "td")]
-    assert cells[1] == "online" and cells[2] in ("demo-v1", "demo-v2") and float(cells[5]) > 0  # p99 ms
+    assert cells[1] == "online" and cells[2] in ("demo-v1", "demo-v2") and float(cells[6]) > 0  # p99 ms
+    assert cells[4] in ("15W", "MAXN+clocks", "–")  # power mode, as the device reported it
     for chart in ("chart-latency", "chart-power", "chart-temperature", "chart-bundles", "chart-fleet-power"):
         assert int(driver.find_element(By.ID, chart).get_attribute("data-points")) > 10, chart
         assert driver.find_elements(By.CSS_SELECTOR, f"#{chart} canvas"), chart
@@ -111,6 +112,16 @@ def test_page_shows_devices_and_draws_plots(seeded_dashboard, browser) -> None:
     _settled(driver)
     targets = set(_plotted(driver, "chart-bundles")["series"])
     assert targets == {"jetson-orin-nano-8gb", "jetson-orin-nx-16gb", "raspberry-pi-5"}
+    Select(driver.find_element(By.ID, "group-by")).select_by_value("power_mode")
+    _wait(driver, "return document.querySelector('#chart-bundles figcaption').textContent.includes('by power mode')")
+    _settled(driver)
+    assert set(_plotted(driver, "chart-bundles")["series"]) == {"15W", "MAXN+clocks", "(not reported)"}
+    assert "by=power_mode" in driver.current_url
+
+    # filtering on the power mode column
+    driver.find_element(By.ID, "filter").send_keys("MAXN")
+    shown = [r.get_attribute("data-device") for r in driver.find_elements(By.CSS_SELECTOR, "#devices tbody tr")]
+    assert shown and all(name.startswith("jetson-orin-nx-16gb-") for name in shown)
 
 
 def test_device_table_sorts_filters_and_scrolls(tmp_path, browser) -> None:
@@ -138,7 +149,7 @@ def test_device_table_sorts_filters_and_scrolls(tmp_path, browser) -> None:
         header.click()
         header.click()  # descending
         assert header.get_attribute("aria-sort") == "descending"
-        p99 = [float(r.find_elements(By.TAG_NAME, "td")[5].text) for r in driver.find_elements(By.CSS_SELECTOR, "#devices tbody tr")]
+        p99 = [float(r.find_elements(By.TAG_NAME, "td")[6].text) for r in driver.find_elements(By.CSS_SELECTOR, "#devices tbody tr")]
         assert p99 == sorted(p99, reverse=True) and p99[0] > p99[-1]
 
         driver.find_element(By.ID, "filter").send_keys("raspberry")

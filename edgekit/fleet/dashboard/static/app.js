@@ -49,7 +49,7 @@ async function getJSON(url) {
 function readHash() {
   const params = new URLSearchParams(location.hash.slice(1));
   if (params.get("range") in RANGES) state.hours = params.get("range");
-  if (["bundle_id", "target"].includes(params.get("by"))) state.by = params.get("by");
+  if (["bundle_id", "target", "power_mode"].includes(params.get("by"))) state.by = params.get("by");
   const device = params.get("device");
   if (device && device.includes("/")) {
     const cut = device.indexOf("/");
@@ -203,7 +203,7 @@ function renderDevices() {
   const overview = state.overview;
   if (!overview) return;
   const f = state.filter.toLowerCase();
-  const rows = overview.devices.filter((d) => !f || [d.device, d.bundle_id, d.target, d.state, d.fleet].some((v) => v && v.toLowerCase().includes(f)));
+  const rows = overview.devices.filter((d) => !f || [d.device, d.bundle_id, d.target, d.power_mode, d.state, d.fleet].some((v) => v && v.toLowerCase().includes(f)));
   const key = state.sortKey, dir = state.sortUp ? 1 : -1;
   rows.sort((a, b) => (a[key] === b[key] ? 0 : a[key] === null ? 1 : b[key] === null ? -1 : a[key] < b[key] ? -dir : dir));
   document.querySelectorAll("#devices th").forEach((th) => {
@@ -215,7 +215,7 @@ function renderDevices() {
   fill("devices", rows.map((d) => {
     const tr = el("tr", { "data-device": d.device, "data-fleet": d.fleet });
     if (state.selected && state.selected.device === d.device && state.selected.fleet === d.fleet) tr.classList.add("selected");
-    tr.append(clipped(d.device), cell(d.state, d.state === "online" ? "online" : "offline"), clipped(d.bundle_id || "–"), clipped(d.target || "–"),
+    tr.append(clipped(d.device), cell(d.state, d.state === "online" ? "online" : "offline"), clipped(d.bundle_id || "–"), clipped(d.target || "–"), clipped(d.power_mode || "–", 20),
       cell(fmt(d.p50_ms, 2), "num"), cell(fmt(d.p99_ms, 2), "num"), cell(d.power_mw === null ? "–" : fmt(d.power_mw / 1000, 2), "num"),
       cell(fmt(d.energy_per_inference_mj, 1), "num"), cell(fmt(d.temperature_c, 1), "num"), cell(ago(d.last_seen)), cell(d.missing_seqs, "num"));
     tr.addEventListener("click", () => selectDevice(d.fleet, d.device));
@@ -286,7 +286,7 @@ async function loadFleet() {
   const query = new URLSearchParams({ by: state.by, hours: state.hours });
   const data = await getJSON(`/api/fleet-series?${query}`);
   const groups = Object.entries(data.groups);
-  const what = state.by === "target" ? "target" : "bundle";
+  const what = { bundle_id: "bundle", target: "target", power_mode: "power mode" }[state.by];
   const common = { since: data.since, until: data.until, empty: `no telemetry in the last ${RANGES[state.hours]}` };
   document.getElementById("fleet-resolution").textContent = resolutionText(data);
   timeChart(document.getElementById("chart-bundles"), { ...common, title: `worst p99 by ${what}`, unit: "ms", digits: 2, zero: true,
