@@ -156,3 +156,26 @@ def test_a_downgrade_is_refused_by_the_agent_until_allowed(real_agent_fleet, sig
     assert allowed.func(allowed) == 0, capsys.readouterr().err
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert record["state"] == "completed" and record["options"]["allow_downgrade"] is True
+
+
+def test_a_signature_change_is_refused_by_the_agent_until_allowed(real_agent_fleet, signed_bundle, fleet_keys, tmp_path: Path,
+                                                                 capsys) -> None:  # fmt: skip
+    from edgekit_runtime.agent.client import AgentClient
+
+    (tmp_path / "out").mkdir()
+    tar = pack_bundle(signed_bundle("tiny-flat", model="flat_input"), tmp_path / "out" / "tiny-flat.tar")  # image [batch, 64]
+    inbox = real_agent_fleet["config"].bundles.inbox_dir
+    inbox.mkdir(parents=True, exist_ok=True)
+    base = ["deploy", str(tar), "--broker", real_agent_fleet["broker"], "--store", real_agent_fleet["store_url"], "--devices",
+            real_agent_fleet["device"], "--inbox", str(inbox), "--key", str(fleet_keys[1]), "--deploy-timeout-s", "30",
+            "--force", "--json"]  # fmt: skip
+    refused = _parser().parse_args(base)
+    assert refused.func(refused) == 1
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["device_results"][real_agent_fleet["device"]]
+    assert result["outcome"] == "failed" and result["step"] == "io_signature" and "input 'image'" in result["reason"]
+    assert "--allow-signature-change" in result["hint"]
+    allowed = _parser().parse_args(base + ["--allow-signature-change"])
+    assert allowed.func(allowed) == 0, capsys.readouterr().err
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["state"] == "completed" and record["options"]["allow_signature_change"] is True
+    assert AgentClient(real_agent_fleet["service"].api_address).health()["model"] == "tiny-flat"

@@ -142,3 +142,24 @@ def test_failed_devices_are_listed_with_their_agents_reason_in_deploy_and_in_rep
     (stored,) = report["rollout_records"]
     assert stored["state"] == "stopped" and stored["device_results"][canary]["step"] == "self_check"
     assert "golden outputs differ" in stored["device_results"][canary]["reason"]
+
+
+def test_a_device_that_never_answers_times_out_with_what_to_check(live_fleet, signed_bundle, fleet_keys) -> None:
+    fleet = live_fleet(devices=2)
+    artifact = prepare_bundle(signed_bundle("vision-silent"), key=fleet_keys[1])
+    first = sorted(fleet.simulator.agents)[0]
+    crashed: list[str] = []
+
+    def crash_the_first_device(record) -> None:  # it drops off the network as the rollout starts
+        if not crashed:
+            crashed.append(first)
+            fleet.simulator.crash(first)
+
+    record = run_rollout(artifact, broker_url=fleet.broker.url, store_url=fleet.store_url, target="x86-64-cpu",
+                         policy=RolloutPolicy(waves=("1", "100%"), health_window_s=1.0, deploy_timeout_s=2.0, poll_s=0.1),
+                         on_update=crash_the_first_device)  # fmt: skip
+
+    assert record.state == "stopped" and record.outcomes == {first: "timeout", sorted(fleet.simulator.agents)[1]: "pending"}
+    result = record.device_results[first]
+    assert result["reason"].startswith("no deploy_result from the device within 2 s") and "edgekit fleet status" in result["hint"]
+    assert result["answered_at"] is None and result["seconds"] is None
