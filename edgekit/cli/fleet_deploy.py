@@ -21,7 +21,8 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
         "every device reports the bundle's target (--force deploys anyway). Then publishes deploy commands (command.v1) "
         "wave by wave, waits for each device's deploy_result in the fleet store (a collector must be writing to it), "
         "and between waves watches the telemetry of the devices switched so far; a failed wave or gate rolls all of "
-        "them back and leaves later waves untouched. Exit code 0 when every device took the bundle, 1 otherwise.",
+        "them back and leaves later waves untouched. Exit code 0 when every device took the bundle, 1 when some did not, 2 when a check "
+        "before sending failed (nothing was sent).",
     )  # fmt: skip
     parser.add_argument("bundle", type=Path, help="signed bundle directory, or the .tar from `edgekit pack`")
     parser.add_argument("--broker", required=True, metavar="URL", help="mqtt://HOST:1883 or mqtts://HOST:8883")
