@@ -313,21 +313,26 @@ class AgentService:
             "power_mode": self.power_mode.to_dict() if self.power_mode is not None else None,
         }
 
-    def _refresh_power_mode(self) -> None:
-        """Re-read the power mode and clocks; republish the status when they changed."""
+    def _refresh_power_mode(self) -> TelemetryProblem | None:
+        """Re-read the power mode and clocks; republish the status when they changed (and say so)."""
         if self.identity is None:
-            return
+            return None
         try:
             state = self.power_mode_reader.read()
         except Exception as exc:  # a few small files; never fail a telemetry window over them
             logger.warning("power mode not read: %s", exc)
-            return
-        if self.power_mode is not None and state.to_dict() == self.power_mode.to_dict():
-            return
-        logger.info("power mode now %s (was %s)", state.label, self.power_mode.label if self.power_mode else None)
+            return None
+        previous = self.power_mode
+        if previous is not None and state.to_dict() == previous.to_dict():
+            return None
+        logger.info("power mode now %s (was %s)", state.label, previous.label if previous else None)
         self.power_mode = state
         if self._link is not None:
             self._link.set_status_fields(power_mode=state.to_dict())
+        if previous is None or previous.label == state.label:
+            return None  # the clock ranges moved within the same mode and lock
+        return TelemetryProblem("power_mode.changed", f"power mode changed from {previous.label} to {state.label} "
+                                                      "during this window (nvpmodel -m or jetson_clocks)")  # fmt: skip
 
     def _start_link(self) -> None:
         broker = self.config.broker
@@ -557,7 +562,8 @@ class AgentService:
     def build_telemetry_window(self) -> dict[str, Any]:
         """Close the current window and return it as a telemetry.v1 message (without publishing)."""
         with self._telemetry_lock:
-            self._refresh_power_mode()
+            window_mode = self.power_mode.label if self.power_mode is not None else None  # as at the window's start
+            mode_changed = self._refresh_power_mode()
             window_end = datetime.now(timezone.utc)
             serving = self.server.take_window()
             power = self.integrator.take_window() if self.integrator is not None else None
@@ -569,6 +575,8 @@ class AgentService:
             except EdgekitError as err:
                 state = None
                 problems.append(TelemetryProblem("device_state.read_failed", err.message))
+            if mode_changed is not None:
+                problems.append(mode_changed)
             if serving.errors:
                 problems.append(TelemetryProblem("inference.failed", f"{serving.errors} inference(s) failed in the window"))
             if power is None:
@@ -591,6 +599,7 @@ class AgentService:
                 errors=problems,
                 spool_dropped=self._spool.dropped_total() if self._spool is not None else 0,
                 spool_backlog=self._spool.backlog() if self._spool is not None else 0,
+                power_mode=window_mode,
             )
             self._window_start = window_end
             return message

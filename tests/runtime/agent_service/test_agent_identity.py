@@ -54,7 +54,13 @@ def test_status_and_health_carry_identity_and_follow_the_power_mode(agent_config
         # retained status follows, identity unchanged.
         (root / "var/lib/nvpmodel/status").write_text("pmode:0003 fmode:quiet\n")
         (root / "sys/devices/system/cpu/cpufreq/policy0/scaling_min_freq").write_text("729600\n")
-        service.publish_telemetry()
+        window = service.publish_telemetry()  # measured in MAXN_SUPER+clocks, then the mode changed
+        assert window["power_mode"] == "MAXN_SUPER+clocks"
+        assert {"code": "power_mode.changed", "message": "power mode changed from MAXN_SUPER+clocks to 7W during this "
+                "window (nvpmodel -m or jetson_clocks)"} in window["errors"]  # fmt: skip
+        following = service.publish_telemetry()
+        assert following["power_mode"] == "7W" and not any(e["code"] == "power_mode.changed" for e in following["errors"])
+        validate_message(following, "telemetry.v1")
         changed = listener.next("status", lambda m: m["state"] == "online" and m["power_mode"]["id"] == 3)
         assert (changed["power_mode"]["name"], changed["power_mode"]["clocks_locked"]) == ("7W", False)
         assert changed["identity"] == identity
