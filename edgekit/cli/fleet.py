@@ -404,9 +404,9 @@ def _collect_worker(options: dict[str, Any], started: Any, parent_pid: int) -> N
 #: ``fleet status --csv`` and ``fleet report --csv``: the JSON fields of a row, raw (times ISO 8601, UTC).
 STATUS_CSV_COLUMNS = ("fleet", "device", "state", "bundle_id", "target", "p50_ms", "p99_ms", "power_mean_mw",
                       "energy_per_inference_mj", "temperature_max_c", "last_seen", "windows", "missing_seqs")
-REPORT_CSV_COLUMNS = ("bundle_id", "target", "devices", "windows", "inferences", "errors", "p50_ms", "p99_ms", "p99_max_ms",
-                      "power_mean_mw", "energy_mj", "energy_per_inference_mj", "temperature_max_c", "first_window_start",
-                      "last_window_end")
+REPORT_CSV_COLUMNS = ("bundle_id", "target", "power_mode", "devices", "windows", "inferences", "errors", "p50_ms",
+                      "p99_ms", "p99_max_ms", "power_mean_mw", "energy_mj", "energy_per_inference_mj", "temperature_max_c",
+                      "first_window_start", "last_window_end")
 
 
 def _register_status(fleet_subparsers: argparse._SubParsersAction) -> None:
@@ -496,14 +496,14 @@ def run_report(args: argparse.Namespace) -> int:
     if not report.groups:
         console.print(f"no telemetry in {escape(args.store)} since {since:%Y-%m-%d %H:%M} UTC")
         return 0
-    table = Table(title=f"by bundle and target since {since:%Y-%m-%d %H:%M} UTC")
-    for column in ("bundle", "target", "devices", "windows", "inferences", "errors", "p50 ms", "p99 ms", "p99 max",
-                   "power mW", "mJ/inf", "max °C"):  # fmt: skip
-        table.add_column(column, justify="left" if column in ("bundle", "target") else "right")
+    table = Table(title=f"by bundle, target and power mode since {since:%Y-%m-%d %H:%M} UTC")
+    for column in ("bundle", "target", "power mode", "devices", "windows", "inferences", "errors", "p50 ms", "p99 ms",
+                   "p99 max", "power mW", "mJ/inf", "max °C"):  # fmt: skip
+        table.add_column(column, justify="left" if column in ("bundle", "target", "power mode") else "right")
     for g in report.groups:
-        table.add_row(escape(g.bundle_id or "-"), escape(g.target or "-"), str(g.devices), str(g.windows),
-                      str(g.inferences), str(g.errors), _num(g.p50_ms, 2), _num(g.p99_ms, 2), _num(g.p99_max_ms, 2),
-                      _num(g.power_mean_mw, 0), _num(g.energy_per_inference_mj, 2), _num(g.temperature_max_c, 1))  # fmt: skip
+        table.add_row(escape(g.bundle_id or "-"), escape(g.target or "-"), escape(g.power_mode or "-"), str(g.devices),
+                      str(g.windows), str(g.inferences), str(g.errors), _num(g.p50_ms, 2), _num(g.p99_ms, 2),
+                      _num(g.p99_max_ms, 2), _num(g.power_mean_mw, 0), _num(g.energy_per_inference_mj, 2), _num(g.temperature_max_c, 1))  # fmt: skip
     out = results(args)
     out.print(table)
     for rollout in report.rollouts:

@@ -140,3 +140,21 @@ def test_migration_5_on_a_version_4_database(tmp_path: Path) -> None:
         (pi,) = store.device_identities()
         assert (pi.board, pi.power_mode, pi.clocks_locked) == ("Raspberry Pi 5 Model B Rev 1.0", None, False)
 
+
+def test_fleet_report_cli_shows_the_power_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import csv
+    import io
+
+    from edgekit.cli.main import main
+
+    url = f"sqlite:///{tmp_path / 'fleet.db'}"
+    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    with open_store(url) as store:
+        ingest(store, board_status("super-1", "jetson_orin_nano_super_jp62", at=now), now)
+        ingest(store, telemetry(1, device="super-1", start=now - dt.timedelta(minutes=5)), now)
+    assert main(["fleet", "report", "--store", url, "--csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [(r["target"], r["power_mode"], r["devices"]) for r in rows] == [("jetson-orin-nano-super", "MAXN_SUPER+clocks", "1")]
+    assert main(["fleet", "report", "--store", url]) == 0
+    text = capsys.readouterr().out
+    assert "power mode" in text and "MAXN_SUPER+clocks" in text
