@@ -87,6 +87,11 @@ def test_page_shows_devices_and_draws_plots(seeded_dashboard, browser) -> None:
     assert "24 h, one point per 2 min" in driver.find_element(By.ID, "resolution").text
     assert "malformed_json" in driver.find_element(By.ID, "rejected").text
     assert "completed" in driver.find_element(By.ID, "rollouts").text
+    # the rollout is marked on the fleet charts and on the charts of the devices it deployed to
+    first = driver.find_element(By.ID, "selected").text.split(" ")[0]
+    in_rollout = first in ("jetson-orin-nano-8gb-000", "jetson-orin-nx-16gb-001")
+    assert driver.find_element(By.ID, "chart-bundles").get_attribute("data-markers") == "1"
+    assert driver.find_element(By.ID, "chart-latency").get_attribute("data-markers") == ("1" if in_rollout else "0")
     assert timing.load_event_end_ms > 0 and timing.ready_ms is not None and timing.ready_ms < 10_000
 
     # the range picker: 15 min reads the raw 2-minute windows one by one
@@ -102,6 +107,7 @@ def test_page_shows_devices_and_draws_plots(seeded_dashboard, browser) -> None:
     rows[-1].click()
     _wait(driver, f"return document.querySelector('#chart-latency figcaption').textContent.startsWith('{other}:')")
     assert other in driver.find_element(By.ID, "selected").text and other in driver.current_url
+    assert driver.find_element(By.ID, "chart-latency").get_attribute("data-markers") == "0"  # raspberry-pi-5-005: not in r1
     assert "selected" in driver.find_element(By.CSS_SELECTOR, f"#devices tr[data-device='{other}']").get_attribute("class")
 
     # the fleet charts by target instead of bundle

@@ -111,7 +111,39 @@ function align(lines) {
   return data;
 }
 
-// Draw (or redraw) a time series chart into `figure`. spec: {title, unit, digits, zero, lines, since, until, empty}
+// Rollouts as chart markers: [{t (s), label}], those of one device when `device` is given.
+function rolloutMarkers(device) {
+  const rollouts = (state.overview && state.overview.rollouts) || [];
+  return rollouts.filter((r) => !device || (r.fleet === device.fleet && r.devices.includes(device.device)))
+    .map((r) => ({ t: Date.parse(r.started_at) / 1000, label: `rollout ${shortId(r.bundle_id, 24)}: ${r.state}` }));
+}
+
+// A dashed vertical line and a label for each marker inside the plot (drawn on uPlot's canvas after the series).
+function drawMarkers(markers) {
+  return (u) => {
+    const ctx = u.ctx, ratio = uPlot.pxRatio, left = u.bbox.left, right = u.bbox.left + u.bbox.width;
+    ctx.save();
+    ctx.strokeStyle = ctx.fillStyle = "#6a1b9a";
+    ctx.lineWidth = ratio;
+    ctx.setLineDash([4 * ratio, 3 * ratio]);
+    ctx.font = `${11 * ratio}px system-ui, sans-serif`;
+    for (const m of markers) {
+      const x = u.valToPos(m.t, "x", true);
+      if (x < left || x > right) continue;
+      ctx.beginPath();
+      ctx.moveTo(x, u.bbox.top);
+      ctx.lineTo(x, u.bbox.top + u.bbox.height);
+      ctx.stroke();
+      const width = ctx.measureText(m.label).width;
+      ctx.textAlign = x + 4 * ratio + width > right ? "right" : "left";
+      ctx.fillText(m.label, ctx.textAlign === "right" ? x - 4 * ratio : x + 4 * ratio, u.bbox.top + 11 * ratio);
+    }
+    ctx.restore();
+  };
+}
+
+// Draw (or redraw) a time series chart into `figure`. spec: {title, unit, digits, zero, lines, since, until, empty,
+// markers}
 function timeChart(figure, spec) {
   if (charts[figure.id]) { charts[figure.id].destroy(); delete charts[figure.id]; }
   const caption = el("figcaption", { title: spec.title }, spec.title + (spec.unit ? ` (${spec.unit})` : ""));
@@ -125,6 +157,9 @@ function timeChart(figure, spec) {
     return;
   }
   const data = align(lines);
+  const markers = spec.markers || [];
+  const first = Math.min(data[0][0], Date.parse(spec.since) / 1000), last = Math.max(data[0][data[0].length - 1], Date.parse(spec.until) / 1000);
+  figure.dataset.markers = String(markers.filter((m) => m.t >= first && m.t <= last).length);
   const labels = legendLabels(lines.map((l) => l.name));
   const dense = data[0].length > 80;
   const since = Date.parse(spec.since) / 1000, until = Date.parse(spec.until) / 1000;
@@ -145,6 +180,7 @@ function timeChart(figure, spec) {
       points: { show: !dense, size: 5 }, value: (u, v) => (v === null || v === undefined ? "–" : v.toFixed(spec.digits) + unit),
     }))),
     legend: { live: true },
+    hooks: { draw: [drawMarkers(markers)] },
     cursor: { drag: { x: true, y: false } },
   };
   const chart = new uPlot(opts, data, plot);
@@ -181,10 +217,16 @@ function cell(value, cls) {
 // CSS still cuts it with an ellipsis if the column is narrower; the whole id is in the tooltip.
 function clipped(value, max = 34) {
   const text = String(value);
-  const shown = text.length > max ? text.slice(0, max - 19) + "…" + text.slice(text.length - 18) : text;
   const td = el("td");
-  td.appendChild(el("span", { class: "clip", title: text }, shown));
+  td.appendChild(el("span", { class: "clip", title: text }, shortId(text, max)));
   return td;
+}
+
+// An id of at most `max` characters: the start, an ellipsis, and the end (the longer part).
+function shortId(text, max) {
+  if (text.length <= max) return text;
+  const tail = Math.ceil((max - 1) * 0.55);
+  return text.slice(0, max - 1 - tail) + "…" + text.slice(text.length - tail);
 }
 
 function renderCards(overview) {
@@ -272,7 +314,8 @@ async function loadDevice() {
   const data = await getJSON(`/api/series?${query}`);
   if (!state.selected || state.selected.device !== device || state.selected.fleet !== fleet) return;  // clicked elsewhere meanwhile
   const s = data.series, range = RANGES[state.hours];
-  const common = { since: data.since, until: data.until, empty: `no telemetry from ${device} in the last ${range}` };
+  const common = { since: data.since, until: data.until, empty: `no telemetry from ${device} in the last ${range}`,
+    markers: rolloutMarkers({ fleet, device }) };
   document.getElementById("resolution").textContent = resolutionText(data);
   timeChart(document.getElementById("chart-latency"), { ...common, title: `${device}: latency`, unit: "ms", digits: 2, zero: true, lines: [
     { name: "p50", t: s.t, v: s.p50_ms, color: COLORS[2] }, { name: "p99 (worst window)", t: s.t, v: s.p99_max_ms, color: COLORS[1] }] });
@@ -287,7 +330,8 @@ async function loadFleet() {
   const data = await getJSON(`/api/fleet-series?${query}`);
   const groups = Object.entries(data.groups);
   const what = { bundle_id: "bundle", target: "target", power_mode: "power mode" }[state.by];
-  const common = { since: data.since, until: data.until, empty: `no telemetry in the last ${RANGES[state.hours]}` };
+  const common = { since: data.since, until: data.until, empty: `no telemetry in the last ${RANGES[state.hours]}`,
+    markers: rolloutMarkers(null) };
   document.getElementById("fleet-resolution").textContent = resolutionText(data);
   timeChart(document.getElementById("chart-bundles"), { ...common, title: `worst p99 by ${what}`, unit: "ms", digits: 2, zero: true,
     lines: groups.map(([name, s], i) => ({ name, t: s.t, v: s.p99_max_ms, color: COLORS[i % COLORS.length] })) });
