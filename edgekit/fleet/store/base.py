@@ -238,7 +238,8 @@ class FleetStore(abc.ABC):
 
     @abc.abstractmethod
     def set_device_target(self, fleet: str, device: str, target: str) -> None:
-        """Record the target profile a device is (agents do not report it; deploy and simulate know it)."""
+        """Record the target profile a device is (deploy and simulate know it; agents since issue 19 report the
+        one they detect in their status, which :meth:`upsert_status` records the same way)."""
 
     # rollouts -------------------------------------------------------------------------------
     @abc.abstractmethod
