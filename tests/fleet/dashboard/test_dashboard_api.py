@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import gzip
 import http.client
 import json
@@ -11,7 +12,9 @@ import urllib.request
 
 import pytest
 
-from edgekit.fleet.dashboard.api import bucket_for
+from edgekit.fleet.dashboard.api import bucket_for, device_series, fleet_series
+from edgekit.fleet.dashboard.scenes import seed_spike
+from edgekit.fleet.sim.seed import seed_history
 
 
 def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
@@ -114,27 +117,33 @@ def test_fleet_series_by_target_and_a_bad_grouping(seeded_dashboard) -> None:
     assert status == 400 and "by must be one of bundle_id, target, power_mode" in json.loads(body)["error"]
 
 
-def test_resolution_follows_the_data_and_reads_rollups_further_back(tmp_path) -> None:
-    import datetime as dt
+NOW = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.timezone.utc)
 
-    from edgekit.fleet.dashboard.api import device_series, fleet_series
-    from edgekit.fleet.sim.seed import seed_history
-    from edgekit.fleet.store import open_store
 
-    now = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.timezone.utc)
-    with open_store(f"sqlite:///{tmp_path}/quick.db") as store:  # the quick start after 30 s: three 10 s windows
-        seed_history(store, devices=3, hours=30 / 3600, window_s=10.0, upgrade_at=None, now=now)
-        for hours in (0.25, 1, 24, 168):
-            data = device_series(store, "sim", "jetson-orin-nano-8gb-000", hours=hours, now=now)
-            assert data["bucket_s"] == 10 and len(data["series"]["t"]) == 3, hours  # not one 5-minute bucket
-        assert fleet_series(store, hours=1, now=now)["bucket_s"] == 10  # three devices, still per window
+def test_resolution_follows_the_data(store) -> None:
+    """The quick start after 30 s (three 10 s windows a device): one point per window at every range."""
+    seed_history(store, devices=3, hours=30 / 3600, window_s=10.0, upgrade_at=None, now=NOW)
+    for hours in (0.25, 1, 24, 168):
+        data = device_series(store, "sim", "jetson-orin-nano-8gb-000", hours=hours, now=NOW)
+        assert data["bucket_s"] == 10 and len(data["series"]["t"]) == 3, hours  # not one 5-minute bucket
+    assert fleet_series(store, hours=1, now=NOW)["bucket_s"] == 10  # three devices, still per window
 
-    with open_store(f"sqlite:///{tmp_path}/day.db") as store:  # 3 h of 1-minute windows, older than 1 h rolled up
-        seed_history(store, devices=1, hours=3, window_s=60.0, upgrade_at=None, now=now)
-        before = device_series(store, "sim", "jetson-orin-nano-8gb-000", hours=3, now=now)
-        assert store.apply_retention(dt.timedelta(hours=1), rollup_minutes=5, now=now) >= 119
-        after = device_series(store, "sim", "jetson-orin-nano-8gb-000", hours=3, now=now)
+
+def test_older_telemetry_comes_from_rollups_with_the_worst_p99_kept(store) -> None:
+    seed_history(store, devices=1, hours=3, window_s=60.0, upgrade_at=None, now=NOW)  # 3 h of 1-minute windows
+    before = device_series(store, "sim", "jetson-orin-nano-8gb-000", hours=3, now=NOW)
+    assert store.apply_retention(dt.timedelta(hours=1), rollup_minutes=5, now=NOW) >= 119
+    after = device_series(store, "sim", "jetson-orin-nano-8gb-000", hours=3, now=NOW)
     assert before["bucket_s"] == after["bucket_s"] == 60
     steps = [b - a for a, b in zip(after["series"]["t"], after["series"]["t"][1:])]
     assert set(steps[:20]) == {300_000} and set(steps[-50:]) == {60_000}  # rollups back then, raw windows lately
     assert max(after["series"]["p99_max_ms"]) == max(before["series"]["p99_max_ms"])  # the worst p99 survives roll-up
+
+
+def test_a_20_second_spike_is_the_bucket_maximum(store) -> None:
+    spike = seed_spike(store, hours=1.0, window_s=10.0, spike_s=20.0, now=NOW)
+    data = device_series(store, spike.fleet, spike.device, hours=1, now=NOW)
+    fleet = fleet_series(store, hours=1, now=NOW)
+    assert data["bucket_s"] == fleet["bucket_s"] == 30
+    assert max(data["series"]["p99_max_ms"]) == spike.p99_ms == max(fleet["groups"]["demo-v1"]["p99_max_ms"])
+    assert max(data["series"]["p99_ms"]) < 0.9 * spike.p99_ms  # a bucket mean would flatten it
