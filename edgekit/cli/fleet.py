@@ -241,8 +241,8 @@ def _collect(args: argparse.Namespace, on_started: Callable[[], None] | None = N
             if server is not None:
                 server.stop()
     counts = metrics.snapshot()
-    console.print(f"received {sum(counts['received'].values())}, stored {sum(counts['stored'].values())}, "
-                  f"duplicates {sum(counts['duplicates'].values())}, rejected {sum(counts['rejected'].values())}")
+    results(args).print(f"received {sum(counts['received'].values())}, stored {sum(counts['stored'].values())}, "
+                        f"duplicates {sum(counts['duplicates'].values())}, rejected {sum(counts['rejected'].values())}")
     if args.json:
         print_json({"event": "stopped", **counts})
     return 0
