@@ -8,6 +8,7 @@ the precisions each can run there, ONNX Runtime execution providers with their o
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -242,16 +243,26 @@ class TargetRegistry:
         return sorted(p.stem for p in self.directory.glob("*.yaml"))
 
     def get(self, name: str) -> TargetProfile:
-        path = self.directory / f"{name}.yaml"
-        if not path.is_file():
-            if Path(name).suffix in (".yaml", ".yml") and Path(name).is_file():
-                return load_target_file(Path(name))
-            close = closest(name, self.names())
+        """A registered target by name, or an explicit path to a ``.yaml``/``.yml`` profile. Anything else
+        (``../x``, a folder, a missing file) is a :class:`TargetError` naming the known targets: a name is
+        never joined to the registry's folder unless it is one of its profiles."""
+        known = self.names()
+        if name in known:
+            return load_target_file(self.directory / f"{name}.yaml")
+        candidate = Path(name)
+        if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
+            return load_target_file(candidate)
+        if candidate.suffix in (".yaml", ".yml") or name in (".", "..") or any(sep in name for sep in ("/", "\\", os.sep)):
             raise TargetError(
-                f"unknown target '{name}'" + (f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""),
-                hint=f"`edgekit targets` lists them all; known: {', '.join(self.names())}",
+                f"target '{name}' is neither a known target name nor an existing .yaml file"
+                + (" (it is a directory)" if candidate.is_dir() else ""),
+                hint=f"pass a name from `edgekit targets` or the path of a profile file ending in .yaml; known: {', '.join(known)}",
             )
-        return load_target_file(path)
+        close = closest(name, known)
+        raise TargetError(
+            f"unknown target '{name}'" + (f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""),
+            hint=f"`edgekit targets` lists them all; known: {', '.join(known)}",
+        )
 
     def all(self) -> list[TargetProfile]:
         return [self.get(n) for n in self.names()]
