@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "edgekit.cli.sweep",
     "edgekit.cli.inspect",
     "edgekit.cli.bench",
+    "edgekit.cli.estimate",
     "edgekit.cli.pack",
     "edgekit.cli.keygen",
     "edgekit.cli.sign",

@@ -1,0 +1,155 @@
+"""Fitted efficiency factors per target and power mode: the file ``edgekit fleet calibrate`` writes and
+estimates read (``--calibration FILE``, else :func:`default_calibration_path` when it exists).
+
+The fit: each observation is a graph's per-class roofline time (efficiency 1) and a measured p50. Latency is
+linear in the inverse efficiencies and the per-node overhead (:mod:`edgekit.estimate.roofline`), so the
+factors are a bounded linear least-squares solution on relative error, pulled weakly towards the priors
+(:data:`PRIOR_WEIGHT`) so a class that the observed graphs barely use keeps its prior.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgekit.estimate.graph_cost import ALL_CLASSES, EstimateError
+from edgekit.estimate.roofline import DEFAULT_POWER_FRACTION, Factors, latency_from_classes
+
+SCHEMA_VERSION = 1
+FILE_KIND = "edgekit-estimate-calibration"
+#: weight of the pull towards the prior factors, relative to one observation's relative error
+PRIOR_WEIGHT = 0.05
+
+
+def default_calibration_path() -> Path:
+    """``$EDGEKIT_CACHE_DIR/estimate-calibration.json`` (default ``~/.cache/edgekit``)."""
+    return Path(os.environ.get("EDGEKIT_CACHE_DIR", Path.home() / ".cache" / "edgekit")) / "estimate-calibration.json"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A graph's per-class roofline ms (efficiency 1) and node count, with its measured p50 on the target."""
+
+    label: str
+    class_ms: dict[str, float]
+    nodes: int
+    measured_ms: float
+    energy_per_inference_mj: float | None = None
+    watts: float | None = None
+
+
+@dataclass(frozen=True)
+class CalibrationEntry:
+    target: str
+    power_mode: str | None
+    factors: Factors
+    observations: int
+    error_before_pct: float  # median absolute error of the prior factors on the observations
+    error_after_pct: float  # the same with the fitted factors (in-sample)
+    labels: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"target": self.target, "power_mode": self.power_mode, **self.factors.to_json(),
+                "observations": self.observations, "error_before_pct": self.error_before_pct,
+                "error_after_pct": self.error_after_pct, "labels": list(self.labels)}  # fmt: skip
+
+
+def median_error_pct(observations: Sequence[Observation], factors: Factors) -> float:
+    errors = [abs(latency_from_classes(o.class_ms, o.nodes, factors) / o.measured_ms - 1.0) * 100.0 for o in observations]
+    return float(np.median(errors)) if errors else float("nan")
+
+
+def fit_factors(observations: Sequence[Observation], prior: Factors, *, source: str) -> Factors:
+    """Factors that minimise the relative latency error over ``observations`` (bounded: efficiency in (0, 1])."""
+    from scipy.optimize import lsq_linear
+
+    if not observations:
+        raise EstimateError("no observations to calibrate from", hint="the store needs telemetry of bundles whose graphs you pass")
+    classes = [c for c in ALL_CLASSES if any(o.class_ms.get(c, 0.0) > 0 for o in observations)]
+    rows, rhs = [], []
+    for o in observations:
+        rows.append([o.class_ms.get(c, 0.0) / o.measured_ms for c in classes] + [o.nodes / o.measured_ms])
+        rhs.append(1.0)
+    prior_x = [1.0 / prior.efficiency.get(c, 1.0) for c in classes] + [prior.node_overhead_us / 1e3]
+    for index, value in enumerate(prior_x):  # weak pull towards the prior, relative to its size
+        row = [0.0] * len(prior_x)
+        scale = value if value > 0 else 1e-3
+        row[index] = PRIOR_WEIGHT / scale
+        rows.append(row)
+        rhs.append(PRIOR_WEIGHT * (value / scale))
+    lower = [1.0] * len(classes) + [0.0]
+    upper = [1e4] * len(classes) + [10.0]
+    solution = lsq_linear(np.array(rows), np.array(rhs), bounds=(lower, upper)).x
+    efficiency = dict(prior.efficiency)
+    for cls, inverse in zip(classes, solution[: len(classes)]):
+        efficiency[cls] = round(1.0 / float(inverse), 5)
+    power_fraction = prior.power_fraction
+    shares = [o.energy_per_inference_mj / (o.measured_ms * o.watts) for o in observations
+              if o.energy_per_inference_mj and o.watts and o.measured_ms > 0]  # fmt: skip
+    if shares:
+        power_fraction = round(float(np.median(shares)), 4)
+    return Factors(efficiency, round(float(solution[-1]) * 1e3, 4), power_fraction, source)
+
+
+def calibrate_entry(target: str, power_mode: str | None, observations: Sequence[Observation], prior: Factors) -> CalibrationEntry:
+    source = f"fitted to {len(observations)} fleet observation(s) of {target}" + (f" at {power_mode}" if power_mode else "")
+    fitted = fit_factors(observations, prior, source=source)
+    return CalibrationEntry(target, power_mode, fitted, len(observations), median_error_pct(observations, prior),
+                            median_error_pct(observations, fitted), tuple(o.label for o in observations))  # fmt: skip
+
+
+def write_calibration(path: Path, entries: Sequence[CalibrationEntry], *, merge: bool = True) -> Path:
+    """Write (or update: entries of other targets/modes are kept) the calibration file at ``path``."""
+    path = Path(path)
+    existing: list[dict[str, Any]] = []
+    if merge and path.is_file():
+        existing = load_calibration(path)["entries"]
+    replaced = {(e.target, e.power_mode) for e in entries}
+    kept = [e for e in existing if (e["target"], e.get("power_mode")) not in replaced]
+    document = {"schema_version": SCHEMA_VERSION, "kind": FILE_KIND,
+                "written": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                "entries": kept + [e.to_json() for e in entries]}  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(document, indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def load_calibration(path: Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise EstimateError(f"calibration file {path} does not exist", hint="write one with `edgekit fleet calibrate --out FILE`") from None
+    except (OSError, ValueError) as exc:
+        raise EstimateError(f"calibration file {path} is not readable JSON: {exc}", hint="write it again with `edgekit fleet calibrate`") from exc
+    if not isinstance(document, dict) or document.get("kind") != FILE_KIND or document.get("schema_version") != SCHEMA_VERSION:
+        raise EstimateError(f"{path} is not an edgekit calibration file (kind '{FILE_KIND}', schema_version {SCHEMA_VERSION})",
+                            hint="pass the file `edgekit fleet calibrate --out` wrote")  # fmt: skip
+    for index, entry in enumerate(document.get("entries", [])):
+        efficiency = entry.get("efficiency") if isinstance(entry, dict) else None
+        if not isinstance(efficiency, dict) or not all(isinstance(v, (int, float)) and 0 < v <= 1 and math.isfinite(v)
+                                                       for v in efficiency.values()):  # fmt: skip
+            raise EstimateError(f"{path}: entries[{index}].efficiency must map op classes to numbers in (0, 1]",
+                                hint="write the file again with `edgekit fleet calibrate`")  # fmt: skip
+    return document
+
+
+def factors_for(document: Mapping[str, Any], target: str, power_mode: str | None) -> Factors | None:
+    """The fitted factors of ``target`` at ``power_mode`` (an entry without a mode serves every mode), or None."""
+    entries = [e for e in document.get("entries", []) if e.get("target") == target]
+    for wanted in (power_mode, None):
+        for entry in entries:
+            if entry.get("power_mode") == wanted:
+                return Factors(dict(entry["efficiency"]), float(entry["node_overhead_us"]),
+                               float(entry.get("power_fraction", DEFAULT_POWER_FRACTION)), str(entry.get("source", "calibration")))  # fmt: skip
+    return None

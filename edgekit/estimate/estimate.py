@@ -1,0 +1,182 @@
+"""``estimate(...)``: what a graph will do on a target, from its per-node work and the target's figures.
+
+Everything here is an ESTIMATE: a roofline sum with efficiency factors (defaults or fitted by
+``edgekit fleet calibrate``), never a measurement. :class:`Estimate` lists the factors it used.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgekit.estimate.calibration import default_calibration_path, factors_for, load_calibration
+from edgekit.estimate.graph_cost import ALL_CLASSES, EstimateError, GraphCost, graph_costs
+from edgekit.estimate.hardware import Hardware, hardware_for
+from edgekit.estimate.roofline import RUNTIME_OVERHEAD_MB, Factors, apply_factors, default_factors, engine_kind, roofline
+from edgekit.target import TargetProfile
+
+#: How a graph stored at one precision is timed at another (``assume_precision`` on an FP32 export):
+#: the byte scale of every tensor moved, relative to FP32.
+ASSUMED_BYTE_SCALE = {"fp32": 1.0, "fp16": 0.5, "bf16": 0.5, "int8": 0.25, "int8-dynamic": 0.25, "fp8": 0.25, "int4": 0.25}
+ASSUMED_COMPUTE_CLASSES = ("conv", "matmul", "attention")
+
+
+@dataclass(frozen=True)
+class ModeEnergy:
+    power_mode: str
+    watts: float
+    latency_ms: float
+    energy_per_inference_mj: float
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """An estimate of one graph on one target (kind is always "estimate")."""
+
+    target: str
+    power_mode: str | None
+    engine: str
+    batch: int
+    p50_ms: float
+    throughput_per_s: float
+    weights_mb: float
+    activations_mb: float
+    runtime_overhead_mb: float
+    by_class: dict[str, dict[str, float]]  # class -> nodes, ops, bytes, ms, share
+    energy: tuple[ModeEnergy, ...]
+    factors: tuple[str, ...]  # what the estimate rests on, in words
+    calibration: dict[str, Any]
+    hardware: dict[str, Any]
+    cost: GraphCost = field(repr=False, compare=False)
+    node_ms: tuple[tuple[str, str, str, float], ...] = field(default=(), repr=False)  # name, op, class, ms
+
+    @property
+    def peak_memory_mb(self) -> float:
+        return self.weights_mb + self.activations_mb + self.runtime_overhead_mb
+
+    def to_json(self, nodes: bool = False) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "kind": "estimate", "target": self.target, "power_mode": self.power_mode, "engine": self.engine,
+            "batch": self.batch, "p50_ms": self.p50_ms, "throughput_per_s": self.throughput_per_s,
+            "memory_mb": {"weights": self.weights_mb, "activations": self.activations_mb,
+                          "runtime_overhead": self.runtime_overhead_mb, "peak": self.peak_memory_mb},
+            "energy": [{"power_mode": e.power_mode, "watts": e.watts, "p50_ms": e.latency_ms,
+                        "energy_per_inference_mj": e.energy_per_inference_mj} for e in self.energy],
+            "by_class": self.by_class, "total_ops": self.cost.total_ops, "dims": self.cost.dims,
+            "factors": list(self.factors), "calibration": self.calibration, "hardware": self.hardware,
+        }  # fmt: skip
+        if nodes:
+            doc["nodes"] = [{"name": n, "op_type": op, "op_class": cls, "ms": ms} for n, op, cls, ms in self.node_ms]
+        return doc
+
+
+def _assume(cost: GraphCost, precision: str | None) -> tuple[GraphCost, list[str]]:
+    if precision is None:
+        return cost, []
+    if precision not in ASSUMED_BYTE_SCALE:
+        raise EstimateError(f"cannot time a graph as {precision}", hint=f"choose one of {', '.join(ASSUMED_BYTE_SCALE)}")
+    from dataclasses import replace
+
+    scale = ASSUMED_BYTE_SCALE[precision]
+    nodes = tuple(replace(n, precision=precision if n.op_class in ASSUMED_COMPUTE_CLASSES and n.precision == "fp32" else n.precision,
+                          bytes_read=n.bytes_read * scale, bytes_written=n.bytes_written * scale, weight_bytes=n.weight_bytes * scale)
+                  for n in cost.nodes)  # fmt: skip
+    adjusted = replace(cost, nodes=nodes, weight_bytes=cost.weight_bytes * scale, peak_activation_bytes=cost.peak_activation_bytes * scale)
+    return adjusted, [f"graph stored as FP32, timed as {precision}: compute classes at the {precision} peak, bytes x{scale:g}"]
+
+
+def resolve_factors(hardware: Hardware, calibration: Path | Mapping[str, Any] | None) -> tuple[Factors, dict[str, Any]]:
+    """The factors for the hardware: the calibration's entry for its target and mode, else the defaults."""
+    document: Mapping[str, Any] | None = None
+    where = None
+    if isinstance(calibration, Mapping):
+        document, where = calibration, "given calibration"
+    elif calibration is not None:
+        document, where = load_calibration(Path(calibration)), str(calibration)
+    elif default_calibration_path().is_file():
+        document, where = load_calibration(default_calibration_path()), str(default_calibration_path())
+    if document is not None:
+        fitted = factors_for(document, hardware.target, hardware.power_mode)
+        if fitted is not None:
+            return fitted, {"file": where, "calibrated": True}
+    return default_factors(hardware.engine), {"file": where, "calibrated": False}
+
+
+def estimate(model: Any, target: TargetProfile, *, dims: Mapping[str, int] | None = None, batch: int | None = None,
+             power_mode: str | None = None, calibration: Path | Mapping[str, Any] | None = None,
+             measured_peak: Mapping[str, Any] | None = None, assume_precision: str | None = None,
+             cost: GraphCost | None = None) -> Estimate:  # fmt: skip
+    """Estimate ``model`` (ONNX path or ModelProto) on ``target`` at ``dims`` (the benchmark shape)."""
+    cost = cost if cost is not None else graph_costs(model, dims or {})
+    cost, notes = _assume(cost, assume_precision)
+    hardware = hardware_for(target, power_mode, measured=measured_peak)
+    factors, calibration_info = resolve_factors(hardware, calibration)
+    line = roofline(cost, hardware)
+    timed, latency = apply_factors(line, factors)
+    batch = int(batch or (cost.dims.get("batch") if cost.dims else None) or 1)
+    by_class: dict[str, dict[str, float]] = {}
+    raw = cost.by_class()
+    for cls in ALL_CLASSES:
+        ms = sum(n.ms for n in timed if n.op_class == cls)
+        if cls in raw and (raw[cls]["nodes"] or ms):
+            by_class[cls] = {**raw[cls], "ms": ms, "share": ms / latency if latency else 0.0,
+                             "compute_bound_nodes": sum(1 for n in timed if n.op_class == cls and n.bound == "compute")}  # fmt: skip
+    energy = []
+    for mode, watts in target.power_modes.items():
+        mode_hw = hardware if mode == hardware.power_mode else hardware_for(target, mode, measured=measured_peak)
+        mode_factors = resolve_factors(mode_hw, calibration)[0]
+        mode_ms = apply_factors(roofline(cost, mode_hw), mode_factors)[1]
+        energy.append(ModeEnergy(mode, watts, mode_ms, watts * mode_factors.power_fraction * mode_ms))
+    words = [
+        "ESTIMATE, not a measurement: per-node roofline max(ops/peak, bytes/bandwidth) / efficiency + per-node overhead",
+        *hardware.sources, *line.notes, *notes, *cost.assumptions,
+        f"efficiency factors ({factors.source}): " + ", ".join(f"{k} {v:g}" for k, v in sorted(factors.efficiency.items())),
+        f"per-node overhead {factors.node_overhead_us:g} us over {line.counted_nodes} nodes ({factors.source})",
+        f"shapes from {cost.shape_source} at {cost.dims or 'static shapes'}",
+        f"runtime memory overhead {RUNTIME_OVERHEAD_MB[engine_kind(hardware.engine)]:g} MB (an estimate for the runtime's libraries and arenas)",
+    ]  # fmt: skip
+    if energy:
+        words.append(f"energy = power mode watts x {factors.power_fraction:g} active share x latency ({factors.source})")
+    return Estimate(
+        target=target.name, power_mode=hardware.power_mode, engine=hardware.engine, batch=batch, p50_ms=latency,
+        throughput_per_s=batch * 1000.0 / latency if latency else 0.0, weights_mb=cost.weight_bytes / 2**20,
+        activations_mb=cost.peak_activation_bytes / 2**20, runtime_overhead_mb=RUNTIME_OVERHEAD_MB[engine_kind(hardware.engine)],
+        by_class=by_class, energy=tuple(energy), factors=tuple(words), calibration={**calibration_info, **factors.to_json()},
+        hardware=hardware.to_json(), cost=cost, node_ms=tuple((n.name, n.op_type, n.op_class, n.ms) for n in timed),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EstimateInput:
+    """A graph to estimate with its benchmark shape, and the host measurement a bundle carries."""
+
+    model_path: Path
+    dims: dict[str, int]
+    batch: int | None
+    name: str
+    precision: str | None
+    measured_p50_ms: float | None = None
+    measured_on: str | None = None
+
+
+def bundle_input(path: Path) -> EstimateInput:
+    """A bundle directory (manifest.json + model) or a bare ``.onnx`` file."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".onnx":
+        return EstimateInput(path, {}, None, path.stem, None)
+    manifest_path = path / "manifest.json"
+    if not manifest_path.is_file():
+        raise EstimateError(f"{path} is neither a bundle directory (no manifest.json) nor an .onnx file",
+                            hint="pass the folder `edgekit build` wrote, its model.onnx, or a recipe .yaml")  # fmt: skip
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        bench = manifest.get("benchmark") or {}
+        model = path / manifest["model"]["path"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise EstimateError(f"{manifest_path}: not a bundle manifest ({exc})", hint="rebuild the bundle with `edgekit build`") from exc
+    dims = {str(k): int(v) for k, v in (bench.get("shape") or {}).items()}
+    return EstimateInput(model, dims, bench.get("batch"), str(manifest.get("name", path.name)), manifest.get("precision"),
+                         bench.get("p50_ms"), (bench.get("host") or {}).get("cpu") if isinstance(bench.get("host"), dict) else bench.get("host"))  # fmt: skip

@@ -1,0 +1,381 @@
+"""Per-node work of an ONNX graph at one input shape: FLOPs (or integer ops), bytes moved, and the
+precision the node computes in. Backend-neutral; :mod:`edgekit.estimate.roofline` turns it into time.
+
+Shapes come from ONNX shape inference with the dynamic dims pinned to the benchmark shape; where that
+leaves an output without a static shape (Reshape fed by a computed shape, custom ops), the graph is run
+once on ONNX Runtime with zero-filled inputs to read every intermediate shape.
+
+Counting rules (a multiply-add counts 2 ops):
+
+* Conv / ConvTranspose / ConvInteger / QLinearConv: ``2 x N x C_out x spatial_out x C_in/group x kernel``.
+* MatMul / Gemm / MatMulInteger / QLinearMatMul / MatMulNBits / FusedMatMul: ``2 x batch x M x K x N``.
+* Attention (ONNX Runtime contrib) / MultiHeadAttention: the QK^T and AV products, ``4 x B x S x S x hidden``.
+* elementwise: 1 op an output element (transcendental ops such as Erf, Exp, Tanh, Gelu: :data:`TRANSCENDENTAL_OPS`).
+* normalisation (LayerNorm, BatchNorm, InstanceNorm, Softmax, ...): :data:`NORMALIZATION_OPS_PER_ELEMENT` an element.
+* pooling: kernel size an output element (global pooling: an input element); Resize: 4 an output element.
+* data movement (Reshape, Transpose, Concat, Gather, Slice, ...): no ops, only bytes.
+
+Bytes are what the node reads plus what it writes, each tensor at its stored element size (an int8
+weight 1 byte, MatMulNBits' packed 4-bit weights half a byte per value). Quantized forms compute at
+int8 (QLinear*, *Integer, and a Conv/MatMul/Gemm whose activation and weight come from
+DequantizeLinear: the Q-DQ pattern engines fuse); the Q/DQ nodes of such a pattern are fused (no cost).
+MatMulNBits computes at its activation's precision with 4-bit weights (``int4`` weight-only).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgekit.errors import EdgekitError
+
+
+class EstimateError(EdgekitError):
+    """An estimate cannot be made as asked (no graph, shape unknown, target without the figures it needs)."""
+
+
+#: op class -> ONNX op types (default and com.microsoft domains). A test checks every class is counted.
+OP_CLASSES: dict[str, tuple[str, ...]] = {
+    "conv": ("Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "FusedConv", "NhwcConv"),
+    "matmul": ("MatMul", "Gemm", "MatMulInteger", "QLinearMatMul", "MatMulNBits", "FusedMatMul", "DynamicQuantizeMatMul",
+               "MatMulIntegerToFloat", "QGemm", "Einsum"),  # fmt: skip
+    "attention": ("Attention", "MultiHeadAttention", "GroupQueryAttention", "QAttention"),
+    "normalization": ("BatchNormalization", "LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization",
+                      "SkipSimplifiedLayerNormalization", "InstanceNormalization", "GroupNormalization", "RMSNormalization",
+                      "EmbedLayerNormalization", "Softmax", "LogSoftmax", "LpNormalization", "MeanVarianceNormalization"),  # fmt: skip
+    "pooling": ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LpPool", "QLinearAveragePool",
+                "QLinearGlobalAveragePool", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2",
+                "ReduceSumSquare", "ReduceLogSumExp", "ArgMax", "ArgMin", "TopK", "CumSum"),  # fmt: skip
+    "resize": ("Resize", "Upsample", "GridSample", "RoiAlign", "DepthToSpace", "SpaceToDepth"),
+    "data_movement": ("Reshape", "Transpose", "Concat", "Split", "Slice", "Gather", "GatherElements", "GatherND", "Squeeze",
+                      "Unsqueeze", "Flatten", "Expand", "Tile", "Pad", "Identity", "Shape", "Size", "Cast", "ScatterND",
+                      "ScatterElements", "ConstantOfShape", "Range", "NonZero", "Where", "Trilu", "OneHot", "Constant",
+                      "CastLike", "NonMaxSuppression", "Dropout"),  # fmt: skip
+    "quantize": ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"),
+}
+#: Everything else with a tensor output counts as elementwise (Add, Mul, Relu, Sigmoid, Clip, Erf, ...).
+ELEMENTWISE = "elementwise"
+ALL_CLASSES = (*OP_CLASSES, ELEMENTWISE)
+_CLASS_OF = {op: cls for cls, ops in OP_CLASSES.items() for op in ops}
+
+TRANSCENDENTAL_OPS = {"Erf": 8, "Exp": 8, "Log": 8, "Tanh": 8, "Sigmoid": 8, "Gelu": 12, "FastGelu": 12, "BiasGelu": 12,
+                      "QuickGelu": 10, "Softplus": 10, "HardSwish": 4, "HardSigmoid": 3, "Mish": 16, "Pow": 8, "Sqrt": 4,
+                      "Reciprocal": 4, "Div": 4, "Sin": 8, "Cos": 8, "Silu": 10, "Swish": 10}  # fmt: skip
+NORMALIZATION_OPS_PER_ELEMENT = 5
+RESIZE_OPS_PER_ELEMENT = 4
+#: Ops that only relabel a tensor (no data moves on any engine edgekit targets): counted as fused, no cost.
+VIEW_OPS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Shape", "Size", "Constant", "Dropout"}
+INT8_COMPUTE_OPS = {"ConvInteger", "QLinearConv", "MatMulInteger", "QLinearMatMul", "DynamicQuantizeMatMul",
+                    "MatMulIntegerToFloat", "QGemm", "QAttention", "QLinearAveragePool", "QLinearGlobalAveragePool"}  # fmt: skip
+
+_ITEMSIZE = {1: 4.0, 2: 1.0, 3: 1.0, 4: 2.0, 5: 2.0, 6: 4.0, 7: 8.0, 9: 1.0, 10: 2.0, 11: 8.0, 12: 4.0, 13: 8.0, 16: 2.0,
+             17: 1.0, 18: 1.0, 19: 1.0, 20: 1.0, 21: 0.5, 22: 0.5, 23: 0.5}  # fmt: skip
+_FLOAT_PRECISION = {1: "fp32", 10: "fp16", 16: "bf16", 11: "fp32", 17: "fp8", 18: "fp8", 19: "fp8", 20: "fp8", 23: "nvfp4"}
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    """One node's work: ``ops`` (FLOPs or integer ops), ``bytes_read``/``bytes_written`` at stored sizes."""
+
+    name: str
+    op_type: str
+    op_class: str
+    precision: str  # the precision its arithmetic runs at: fp32, fp16, int8, ...
+    ops: float
+    bytes_read: float
+    bytes_written: float
+    weight_bytes: float
+    fused: bool = False  # a Q/DQ node folded into its neighbour: no cost of its own
+
+    @property
+    def bytes(self) -> float:
+        return self.bytes_read + self.bytes_written
+
+
+@dataclass(frozen=True)
+class GraphCost:
+    """The per-node work of a graph at ``dims``; ``assumptions`` says what was guessed and why."""
+
+    nodes: tuple[NodeCost, ...]
+    dims: dict[str, int]
+    weight_bytes: float
+    peak_activation_bytes: float
+    input_bytes: float
+    shape_source: str  # "onnx shape inference" or "onnxruntime probe"
+    assumptions: tuple[str, ...] = field(default=())
+
+    @property
+    def total_ops(self) -> float:
+        return sum(n.ops for n in self.nodes)
+
+    def by_class(self) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for node in self.nodes:
+            row = out.setdefault(node.op_class, {"nodes": 0, "ops": 0.0, "bytes": 0.0})
+            row["nodes"] += 0 if node.fused else 1
+            row["ops"] += node.ops
+            row["bytes"] += 0.0 if node.fused else node.bytes
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dims": self.dims, "total_ops": self.total_ops, "weight_bytes": self.weight_bytes,
+                "peak_activation_bytes": self.peak_activation_bytes, "input_bytes": self.input_bytes,
+                "shape_source": self.shape_source, "assumptions": list(self.assumptions), "by_class": self.by_class(),
+                "nodes": [asdict(n) for n in self.nodes]}  # fmt: skip
+
+
+def op_class(op_type: str) -> str:
+    return _CLASS_OF.get(op_type, ELEMENTWISE)
+
+
+def _load(model: Any) -> Any:
+    import onnx
+
+    if isinstance(model, (str, Path)):
+        path = Path(model)
+        if not path.is_file():
+            raise EstimateError(f"no ONNX model at {path}", hint="pass a bundle directory, a model.onnx file or a recipe")
+        try:
+            return onnx.load(str(path), load_external_data=False)
+        except Exception as exc:  # onnx raises DecodeError and others: all mean "not a model"
+            raise EstimateError(f"{path} is not a readable ONNX model: {exc}", hint="pass the bundle's model.onnx") from exc
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)  # dims are pinned in place: leave the caller's graph as it was
+    return copy
+
+
+def _pin_inputs(model: Any, dims: Mapping[str, int], assumptions: list[str]) -> None:
+    init_names = {i.name for i in model.graph.initializer}
+    for value in model.graph.input:
+        if value.name in init_names:
+            continue
+        for index, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.HasField("dim_value") and dim.dim_value > 0:
+                continue
+            name = dim.dim_param
+            if name in dims:
+                dim.dim_value = int(dims[name])
+            else:
+                dim.dim_value = 1
+                assumptions.append(f"input '{value.name}' dim {index} ('{name or 'unnamed'}') not given: taken as 1")
+
+
+def _shapes_by_inference(model: Any) -> dict[str, tuple[tuple[int, ...], int]]:
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # inference fails on some contrib graphs: the ORT probe below covers them
+        inferred = model
+    shapes: dict[str, tuple[tuple[int, ...], int]] = {}
+    for value in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        tensor = value.type.tensor_type
+        if not tensor.HasField("shape"):
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim]
+        if all(d >= 0 for d in dims):
+            shapes[value.name] = (tuple(dims), tensor.elem_type)
+    for init in model.graph.initializer:
+        shapes[init.name] = (tuple(init.dims), init.data_type)
+    return shapes
+
+
+_NP_TO_ONNX = {"float32": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6, "int64": 7, "bool": 9,
+               "float16": 10, "float64": 11, "uint32": 12, "uint64": 13}  # fmt: skip
+_ORT_TO_NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+              "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8,
+              "tensor(bool)": np.bool_}  # fmt: skip
+
+
+def _shapes_by_probe(path: Path, model: Any, dims: Mapping[str, int]) -> dict[str, tuple[tuple[int, ...], int]]:
+    """Run the graph once on ONNX Runtime (CPU, zero inputs) with every node output as a graph output."""
+    import onnx
+    import onnxruntime as ort
+
+    probe = onnx.load(str(path), load_external_data=True)
+    known = {o.name for o in probe.graph.output}
+    for node in probe.graph.node:
+        for out in node.output:
+            if out and out not in known:
+                probe.graph.output.append(onnx.ValueInfoProto(name=out))
+                known.add(out)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    feeds = {}
+    for value in session.get_inputs():
+        shape = [d if isinstance(d, int) and d > 0 else int(dims.get(str(d), 1)) for d in value.shape]
+        feeds[value.name] = np.zeros(shape, dtype=_ORT_TO_NP.get(value.type, np.float32))
+    names = [o.name for o in session.get_outputs()]
+    shapes: dict[str, tuple[tuple[int, ...], int]] = {}
+    for name, array in zip(names, session.run(names, feeds)):
+        if isinstance(array, np.ndarray):
+            shapes[name] = (tuple(array.shape), _NP_TO_ONNX.get(str(array.dtype), 1))
+    for name, array in feeds.items():
+        shapes[name] = (tuple(array.shape), _NP_TO_ONNX.get(str(array.dtype), 1))
+    for init in model.graph.initializer:
+        shapes[init.name] = (tuple(init.dims), init.data_type)
+    return shapes
+
+
+def _numel(shape: tuple[int, ...]) -> float:
+    return float(math.prod(shape)) if shape else 1.0
+
+
+def _attr(node: Any, name: str, default: Any) -> Any:
+    import onnx
+
+    for attribute in node.attribute:
+        if attribute.name == name:
+            return onnx.helper.get_attribute_value(attribute)
+    return default
+
+
+def _ops(node: Any, shapes: Mapping[str, tuple[tuple[int, ...], int]], out_shape: tuple[int, ...]) -> float:
+    op = node.op_type
+    cls = op_class(op)
+    first = shapes.get(node.input[0], ((), 1))[0] if node.input else ()
+    out = _numel(out_shape)
+    if cls == "conv":
+        weight_index = 3 if op == "QLinearConv" else 1
+        weight = shapes.get(node.input[weight_index], ((), 1))[0] if len(node.input) > weight_index else ()
+        if len(weight) < 3:
+            return 0.0
+        if op == "ConvTranspose":  # weight (C_in, C_out/group, k...): each input element scatters into C_out/group x kernel
+            return 2.0 * _numel(first) * weight[1] * _numel(weight[2:])
+        return 2.0 * out * weight[1] * _numel(weight[2:])  # weight (C_out, C_in/group, k...)
+    if cls == "matmul":
+        if op == "MatMulNBits":
+            k = float(_attr(node, "K", first[-1] if first else 0))
+        elif op == "Gemm":
+            k = float(first[0] if _attr(node, "transA", 0) else first[-1]) if first else 0.0
+        elif op in ("QLinearMatMul",):
+            k = float(first[-1]) if first else 0.0
+        elif op == "Einsum":
+            return 2.0 * max(out, _numel(first))  # a lower bound: contraction size is not read here
+        else:
+            k = float(first[-1]) if first else 0.0
+        return 2.0 * out * k
+    if cls == "attention":
+        if len(first) == 3:
+            batch, seq, hidden = first
+            if op in ("Attention", "QAttention"):
+                return 4.0 * batch * seq * seq * out_shape[-1] + 2.0 * batch * seq * hidden * 3 * out_shape[-1]
+            return 4.0 * batch * seq * seq * hidden
+        return 0.0
+    if cls == "normalization":
+        return NORMALIZATION_OPS_PER_ELEMENT * out
+    if cls == "pooling":
+        if op.startswith("Global") or op.startswith("Reduce") or op in ("ArgMax", "ArgMin", "TopK", "CumSum", "QLinearGlobalAveragePool"):
+            return _numel(first)
+        return out * float(math.prod(_attr(node, "kernel_shape", [1])))
+    if cls == "resize":
+        return RESIZE_OPS_PER_ELEMENT * out
+    if cls in ("data_movement", "quantize"):
+        return 0.0 if cls == "data_movement" else out
+    return out * TRANSCENDENTAL_OPS.get(op, 1)
+
+
+def _precision(node: Any, shapes: Mapping[str, tuple[tuple[int, ...], int]], producers: Mapping[str, Any]) -> str:
+    op = node.op_type
+    if op in INT8_COMPUTE_OPS:
+        return "int8"
+    if op_class(op) in ("conv", "matmul") and len(node.input) >= 2:
+        a, b = (producers.get(name) for name in node.input[:2])
+        if a is not None and b is not None and a.op_type == "DequantizeLinear" and b.op_type == "DequantizeLinear":
+            return "int8"
+    for name in node.input:
+        if name and name in shapes and shapes[name][1] in _FLOAT_PRECISION:
+            return _FLOAT_PRECISION[shapes[name][1]]
+    return "fp32"
+
+
+def graph_costs(model: Any, dims: Mapping[str, int] | None = None) -> GraphCost:
+    """The per-node work of ``model`` (a path or ModelProto) with dynamic dims pinned to ``dims``."""
+    dims = dict(dims or {})
+    path = Path(model) if isinstance(model, (str, Path)) else None
+    proto = _load(model)
+    assumptions: list[str] = []
+    _pin_inputs(proto, dims, assumptions)
+    shapes = _shapes_by_inference(proto)
+    source = "onnx shape inference"
+    missing = [out for node in proto.graph.node for out in node.output[:1] if out and out not in shapes]
+    if missing and path is not None:
+        try:
+            shapes = _shapes_by_probe(path, proto, dims)
+            source = "onnxruntime probe"
+        except Exception as exc:  # ORT cannot run it on CPU: keep the inferred shapes and say what is unknown
+            assumptions.append(f"shape probe on ONNX Runtime failed ({type(exc).__name__}): {len(missing)} node(s) without "
+                               "a static output shape count no work")  # fmt: skip
+    elif missing:
+        assumptions.append(f"{len(missing)} node(s) without a static output shape count no work (pass a file for a probe)")
+    initializers = {i.name for i in proto.graph.initializer}
+    constants = {out for node in proto.graph.node if node.op_type == "Constant" for out in node.output}
+    producers = {out: node for node in proto.graph.node for out in node.output}
+    consumers: dict[str, list[Any]] = {}
+    for node in proto.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+
+    def nbytes(name: str) -> float:
+        shape, dtype = shapes.get(name, ((), 1))
+        return _numel(shape) * _ITEMSIZE.get(dtype, 4.0) if name in shapes else 0.0
+
+    precisions: dict[str, str] = {}
+    for node in proto.graph.node:
+        precisions[node.name or node.output[0]] = _precision(node, shapes, producers)
+    nodes: list[NodeCost] = []
+    for node in proto.graph.node:
+        key = node.name or node.output[0]
+        cls = op_class(node.op_type)
+        weights = [n for n in node.input if n in initializers or n in constants]
+        acts = [n for n in node.input if n and n not in initializers and n not in constants]
+        fused = False
+        if cls == "quantize":
+            neighbours = consumers.get(node.output[0], []) + [producers[n] for n in node.input[:1] if n in producers]
+            weight_only = node.op_type == "DequantizeLinear" and node.input and (node.input[0] in initializers)
+            fused = bool(weight_only) or any(precisions.get(n.name or n.output[0]) == "int8" and op_class(n.op_type) != "quantize"
+                                             for n in neighbours) or any(n.op_type == "QuantizeLinear" or n.op_type == "DequantizeLinear"
+                                                                         for n in neighbours)  # fmt: skip
+        if node.op_type in VIEW_OPS:
+            fused = True
+        out_shape = shapes.get(node.output[0], ((), 1))[0] if node.output and node.output[0] in shapes else ()
+        known = bool(node.output) and node.output[0] in shapes
+        nodes.append(NodeCost(
+            name=key, op_type=node.op_type, op_class=cls, precision=precisions[key],
+            ops=0.0 if fused or not known else _ops(node, shapes, out_shape),
+            bytes_read=0.0 if fused else sum(nbytes(n) for n in acts) + sum(nbytes(n) for n in weights),
+            bytes_written=0.0 if fused else sum(nbytes(n) for n in node.output if n),
+            weight_bytes=sum(nbytes(n) for n in weights), fused=fused,
+        ))  # fmt: skip
+    weight_bytes = sum(nbytes(n) for n in initializers)
+    input_bytes = sum(nbytes(v.name) for v in proto.graph.input if v.name not in initializers)
+    return GraphCost(nodes=tuple(nodes), dims=dims, weight_bytes=weight_bytes,
+                     peak_activation_bytes=_peak_activations(proto, nbytes, initializers | constants),
+                     input_bytes=input_bytes, shape_source=source, assumptions=tuple(assumptions))  # fmt: skip
+
+
+def _peak_activations(proto: Any, nbytes: Any, static: set[str]) -> float:
+    """Most bytes of intermediate tensors alive at once, running nodes in graph order (each tensor freed after its last reader)."""
+    last_use: dict[str, int] = {}
+    for index, node in enumerate(proto.graph.node):
+        for name in node.input:
+            last_use[name] = index
+    outputs = {o.name for o in proto.graph.output}
+    live: dict[str, float] = {v.name: nbytes(v.name) for v in proto.graph.input if v.name not in static}
+    peak = sum(live.values())
+    for index, node in enumerate(proto.graph.node):
+        for name in node.output:
+            if name and name not in static:
+                live[name] = nbytes(name)
+        peak = max(peak, sum(live.values()))
+        for name in list(live):
+            if last_use.get(name, -1) <= index and name not in outputs:
+                del live[name]
+    return peak

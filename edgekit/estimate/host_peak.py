@@ -1,0 +1,99 @@
+"""Measure this host's peak for the roofline of a CPU target without vendor figures (``x86-64-cpu``):
+a short ONNX Runtime GEMM (512x512: fits the caches, so it shows the arithmetic peak; fp32 MatMul, int8 MatMulInteger) at the target's thread count, and a NumPy
+copy for memory bandwidth. The result is cached per CPU model, threads and ONNX Runtime version in
+``$EDGEKIT_CACHE_DIR/host-peak.json`` (default ``~/.cache/edgekit``); ``refresh=True`` measures again.
+
+These are MEASURED peaks of this host's kernels (the best of a few repeats), not vendor figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+GEMM_SIZE = 512
+REPEATS = 10
+COPY_MB = 256
+
+
+def _cache_path() -> Path:
+    return Path(os.environ.get("EDGEKIT_CACHE_DIR", Path.home() / ".cache" / "edgekit")) / "host-peak.json"
+
+
+def _gemm_session(kind: str, threads: int) -> Any:
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    n = GEMM_SIZE
+    if kind == "fp32":
+        node = helper.make_node("MatMul", ["a", "b"], ["y"])
+        inputs = [helper.make_tensor_value_info(x, TensorProto.FLOAT, [n, n]) for x in ("a", "b")]
+        out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, n])
+    else:
+        node = helper.make_node("MatMulInteger", ["a", "b"], ["y"])
+        inputs = [helper.make_tensor_value_info("a", TensorProto.UINT8, [n, n]), helper.make_tensor_value_info("b", TensorProto.INT8, [n, n])]
+        out = helper.make_tensor_value_info("y", TensorProto.INT32, [n, n])
+    model = helper.make_model(helper.make_graph([node], "gemm", inputs, [out]), opset_imports=[helper.make_opsetid("", 18)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _best_seconds(run: Any, repeats: int = REPEATS) -> float:
+    run()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _measure(threads: int) -> dict[str, Any]:
+    n = GEMM_SIZE
+    rng = np.random.default_rng(0)
+    peaks = {}
+    a32, b32 = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
+    session = _gemm_session("fp32", threads)
+    peaks["fp32"] = 2.0 * n**3 / _best_seconds(lambda: session.run(None, {"a": a32, "b": b32}))
+    a8, b8 = rng.integers(0, 255, (n, n), dtype=np.uint8), rng.integers(-127, 127, (n, n), dtype=np.int8)
+    session8 = _gemm_session("int8", threads)
+    peaks["int8"] = 2.0 * n**3 / _best_seconds(lambda: session8.run(None, {"a": a8, "b": b8}))
+    source = np.ones(COPY_MB * 2**20 // 4, dtype=np.float32)
+    target = np.empty_like(source)
+    copy_s = _best_seconds(lambda: np.copyto(target, source), repeats=3)
+    return {"peak_ops": peaks, "bandwidth_bytes_s": 2.0 * source.nbytes / copy_s,
+            "method": f"ONNX Runtime {n}x{n} MatMul/MatMulInteger and a {COPY_MB} MB NumPy copy (read+write), best of {REPEATS}, {threads} threads"}  # fmt: skip
+
+
+def _key(threads: int) -> str:
+    import onnxruntime
+
+    from edgekit.bundle.manifest import host_description
+
+    return f"{host_description()['cpu']}|threads={threads}|onnxruntime={onnxruntime.__version__}"
+
+
+def measure_host_peak(threads: int, *, refresh: bool = False) -> dict[str, Any]:
+    """This host's measured peak ops/s (fp32, int8) and bandwidth at ``threads``, from the cache when present."""
+    path, key = _cache_path(), _key(threads)
+    cache: dict[str, Any] = {}
+    if path.is_file():
+        try:
+            cache = json.loads(path.read_text())
+        except ValueError:
+            cache = {}
+    if not refresh and isinstance(cache.get(key), dict):
+        return {**cache[key], "cached": True}
+    result = {**_measure(threads), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    cache[key] = result
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cache, indent=2) + "\n")
+    return {**result, "cached": False}

@@ -1,0 +1,109 @@
+"""The roofline: each node takes ``max(ops / peak, bytes / bandwidth) / efficiency[class] + overhead``.
+
+Efficiency factors say what share of the roofline a node class reaches on an engine. The defaults below
+are ESTIMATES (uncalibrated priors, not measurements): dense convolutions and GEMMs reach a fair share of
+peak, memory-bound classes a share of bandwidth, each kernel launch or operator dispatch costs
+``node_overhead_us``. ``edgekit fleet calibrate`` fits them per target and power mode from telemetry.
+
+Because the factor divides each class's roofline time, latency is linear in the inverse factors:
+``latency = sum_c roofline_c / e_c + nodes x overhead``; the calibration solves that system.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgekit.estimate.graph_cost import ALL_CLASSES, GraphCost
+from edgekit.estimate.hardware import Hardware
+
+#: engine -> op class -> share of the roofline reached (uncalibrated priors); "node_overhead_us" per node.
+DEFAULT_EFFICIENCY: dict[str, dict[str, float]] = {
+    "cpu": {"conv": 0.45, "matmul": 0.55, "attention": 0.35, "elementwise": 0.35, "normalization": 0.25, "pooling": 0.3,
+            "resize": 0.2, "data_movement": 0.3, "quantize": 0.3},  # fmt: skip
+    "gpu": {"conv": 0.45, "matmul": 0.55, "attention": 0.35, "elementwise": 0.5, "normalization": 0.4, "pooling": 0.4,
+            "resize": 0.3, "data_movement": 0.5, "quantize": 0.5},  # fmt: skip
+}
+DEFAULT_NODE_OVERHEAD_US = {"cpu": 3.0, "gpu": 8.0}
+#: Runtime memory beyond weights and activations (ONNX Runtime / TensorRT libraries and arenas), an estimate.
+RUNTIME_OVERHEAD_MB = {"cpu": 60.0, "gpu": 400.0}
+#: The share of the power mode's watts the module draws while it infers (an estimate, fitted by calibration).
+DEFAULT_POWER_FRACTION = 0.7
+
+
+@dataclass(frozen=True)
+class Factors:
+    """Efficiency per op class, per-node overhead and active power share, with where they came from."""
+
+    efficiency: dict[str, float]
+    node_overhead_us: float
+    power_fraction: float = DEFAULT_POWER_FRACTION
+    source: str = "default priors (uncalibrated estimate)"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"efficiency": self.efficiency, "node_overhead_us": self.node_overhead_us,
+                "power_fraction": self.power_fraction, "source": self.source}  # fmt: skip
+
+
+def engine_kind(engine: str) -> str:
+    return "cpu" if engine == "cpu" else "gpu"
+
+
+def default_factors(engine: str) -> Factors:
+    kind = engine_kind(engine)
+    return Factors(dict(DEFAULT_EFFICIENCY[kind]), DEFAULT_NODE_OVERHEAD_US[kind])
+
+
+@dataclass(frozen=True)
+class NodeTime:
+    name: str
+    op_type: str
+    op_class: str
+    precision: str
+    roofline_ms: float  # at efficiency 1: max(compute, memory)
+    bound: str  # "compute" or "memory"
+    ms: float
+
+
+@dataclass(frozen=True)
+class Roofline:
+    nodes: tuple[NodeTime, ...]
+    counted_nodes: int
+    notes: tuple[str, ...] = field(default=())
+
+    def class_roofline_ms(self) -> dict[str, float]:
+        out = dict.fromkeys(ALL_CLASSES, 0.0)
+        for node in self.nodes:
+            out[node.op_class] += node.roofline_ms
+        return out
+
+
+def roofline(cost: GraphCost, hardware: Hardware) -> Roofline:
+    """Each node's roofline time at efficiency 1 (factors are applied by :func:`latency_ms`)."""
+    nodes, notes, fallbacks = [], [], set()
+    for node in cost.nodes:
+        if node.fused:
+            continue
+        peak, used = hardware.peak_for(node.precision)
+        if used != node.precision:
+            fallbacks.add(f"{node.precision} ops timed at the {used} peak (no {node.precision} figure)")
+        compute_s = node.ops / peak if node.ops else 0.0
+        memory_s = node.bytes / hardware.bandwidth_bytes_s
+        bound = "compute" if compute_s >= memory_s else "memory"
+        nodes.append(NodeTime(node.name, node.op_type, node.op_class, node.precision, max(compute_s, memory_s) * 1e3, bound, 0.0))
+    notes.extend(sorted(fallbacks))
+    return Roofline(tuple(nodes), len(nodes), tuple(notes))
+
+
+def apply_factors(line: Roofline, factors: Factors) -> tuple[tuple[NodeTime, ...], float]:
+    """(nodes with their time, total latency ms)."""
+    overhead_ms = factors.node_overhead_us / 1e3
+    timed = tuple(NodeTime(n.name, n.op_type, n.op_class, n.precision, n.roofline_ms, n.bound,
+                           n.roofline_ms / factors.efficiency.get(n.op_class, 1.0) + overhead_ms) for n in line.nodes)  # fmt: skip
+    return timed, sum(n.ms for n in timed)
+
+
+def latency_from_classes(class_ms: Mapping[str, float], nodes: int, factors: Factors) -> float:
+    """The same sum from per-class roofline totals (what calibration fits against)."""
+    return sum(ms / factors.efficiency.get(cls, 1.0) for cls, ms in class_ms.items()) + nodes * factors.node_overhead_us / 1e3

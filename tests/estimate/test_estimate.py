@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+
+from edgekit.cli.main import main
+from edgekit.estimate import EstimateError, estimate, graph_costs, hardware_for, write_calibration
+from edgekit.estimate.calibration import CalibrationEntry
+from edgekit.estimate.roofline import DEFAULT_POWER_FRACTION, Factors, default_factors
+from edgekit.target import get_target
+from tests.estimate.graphs import cnn, mlp
+
+
+def test_orin_nano_hardware_halves_sparse_figures_and_derives_fp16_fp32() -> None:
+    hw = hardware_for(get_target("jetson-orin-nano-8gb"))
+    assert hw.engine == "gpu" and hw.power_mode == "15W" and hw.watts == 15
+    assert hw.peak_ops["int8"] == pytest.approx(20e12)  # 40 sparse = 20 dense TOPS
+    assert hw.peak_ops["fp16"] == pytest.approx(10e12) and hw.peak_ops["fp32"] == pytest.approx(20e12 / 16)
+    assert hw.bandwidth_bytes_s == pytest.approx(68e9)
+    assert any("fp32 derived" in s for s in hw.sources) and any("sparse, counted half" in s for s in hw.sources)
+
+
+def test_another_power_mode_scales_the_peak_by_its_watts() -> None:
+    hw = hardware_for(get_target("jetson-orin-nano-8gb"), "7W")
+    assert hw.peak_ops["int8"] == pytest.approx(20e12 * 7 / 15)
+    assert any("scaled by the watts ratio 0.47 to 7W" in s for s in hw.sources)
+
+
+def test_unknown_power_mode_and_a_target_without_figures_say_how_to_fix() -> None:
+    with pytest.raises(EstimateError, match="no power mode 'turbo'") as caught:
+        hardware_for(get_target("jetson-orin-nano-8gb"), "turbo")
+    assert "15W" in caught.value.hint
+    with pytest.raises(EstimateError, match="no peak_throughput figures") as caught:
+        hardware_for(get_target("raspberry-pi-5"))
+    assert "--measure-host" in caught.value.hint
+
+
+def test_estimate_sums_the_roofline_and_lists_its_factors() -> None:
+    target = get_target("jetson-orin-nano-8gb")
+    result = estimate(cnn(), target, dims={"batch": 4})
+    hw, factors = hardware_for(target), default_factors("gpu")
+    expected = 0.0
+    for node in graph_costs(cnn(), {"batch": 4}).nodes:
+        if node.fused:
+            continue
+        roof = max(node.ops / hw.peak_for(node.precision)[0], node.bytes / hw.bandwidth_bytes_s) * 1e3
+        expected += roof / factors.efficiency[node.op_class] + factors.node_overhead_us / 1e3
+    assert result.p50_ms == pytest.approx(expected)
+    assert result.throughput_per_s == pytest.approx(4 * 1000 / expected)
+    assert result.to_json()["kind"] == "estimate" and result.factors[0].startswith("ESTIMATE")
+    assert sum(row["share"] for row in result.by_class.values()) == pytest.approx(1.0)
+    assert {e.power_mode for e in result.energy} == {"15W", "7W"}
+    e15 = next(e for e in result.energy if e.power_mode == "15W")
+    assert e15.energy_per_inference_mj == pytest.approx(15 * DEFAULT_POWER_FRACTION * result.p50_ms)
+    assert result.peak_memory_mb == pytest.approx(result.weights_mb + result.activations_mb + 400.0)
+
+
+def test_a_compute_bound_graph_is_slower_in_a_lower_power_mode() -> None:
+    target = get_target("jetson-orin-nano-8gb")
+    big = mlp(2048, layers=3, width=2048)
+    fast = estimate(big, target, dims={"batch": 256}, power_mode="15W")
+    slow = estimate(big, target, dims={"batch": 256}, power_mode="7W")
+    assert slow.p50_ms > 1.5 * fast.p50_ms
+
+
+def test_timing_an_fp32_graph_as_int8_uses_the_int8_peak_and_quarter_bytes() -> None:
+    target = get_target("jetson-orin-nano-8gb")
+    fp32 = estimate(mlp(2048, 3, 2048), target, dims={"batch": 256})
+    int8 = estimate(mlp(2048, 3, 2048), target, dims={"batch": 256}, assume_precision="int8")
+    assert int8.p50_ms < fp32.p50_ms / 4
+    assert int8.weights_mb == pytest.approx(fp32.weights_mb / 4)
+    assert any("timed as int8" in f for f in int8.factors)
+
+
+def test_a_calibration_file_replaces_the_default_factors(tmp_path) -> None:
+    target = get_target("jetson-orin-nano-8gb")
+    slow = Factors({k: v / 2 for k, v in default_factors("gpu").efficiency.items()}, 16.0, 0.5, "test fit")
+    path = write_calibration(tmp_path / "cal.json", [CalibrationEntry(target.name, "15W", slow, 3, 40.0, 5.0)])
+    base = estimate(cnn(), target, dims={"batch": 4})
+    fitted = estimate(cnn(), target, dims={"batch": 4}, calibration=path)
+    assert fitted.p50_ms == pytest.approx(2 * base.p50_ms)
+    assert fitted.calibration["calibrated"] and fitted.calibration["file"] == str(path)
+    assert any("test fit" in f for f in fitted.factors)
+    other_mode = estimate(cnn(), target, dims={"batch": 4}, calibration=path, power_mode="7W")
+    assert not other_mode.calibration["calibrated"]  # the entry is for 15W only
+
+
+def test_a_broken_calibration_file_is_named(tmp_path) -> None:
+    bad = tmp_path / "cal.json"
+    bad.write_text(json.dumps({"kind": "edgekit-estimate-calibration", "schema_version": 1,
+                               "entries": [{"target": "x", "efficiency": {"conv": 3.0}}]}))  # fmt: skip
+    with pytest.raises(EstimateError, match=r"entries\[0\].efficiency must map op classes to numbers in \(0, 1\]"):
+        estimate(cnn(), get_target("jetson-orin-nano-8gb"), calibration=bad)
+
+
+def test_cli_estimate_of_an_onnx_file(tmp_path, capsys) -> None:
+    path = tmp_path / "cnn.onnx"
+    onnx.save(cnn(), str(path))
+    assert main(["estimate", str(path), "--target", "jetson-orin-nano-8gb", "--shape", "batch=8", "--json", "--nodes"]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert doc["kind"] == "estimate" and doc["batch"] == 8 and doc["dims"] == {"batch": 8}
+    assert {n["name"] for n in doc["nodes"]} == {"conv", "relu", "fc"}
+    assert [e["power_mode"] for e in doc["energy"]] == ["15W", "7W"]
+
+
+def test_cli_estimate_errors_name_the_problem(tmp_path, capsys) -> None:
+    assert main(["estimate", str(tmp_path), "--target", "jetson-orin-nano-8gb"]) == 2
+    assert "neither a bundle directory" in capsys.readouterr().err
+    path = tmp_path / "cnn.onnx"
+    onnx.save(cnn(), str(path))
+    assert main(["estimate", str(path), "--target", "no-such-target"]) == 2
+    assert "unknown target" in capsys.readouterr().err
+
+
+def test_host_target_is_timed_from_a_measured_peak(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("EDGEKIT_CACHE_DIR", str(tmp_path))
+    path = tmp_path / "cnn.onnx"
+    onnx.save(cnn(), str(path))
+    assert main(["estimate", str(path), "--target", "x86-64-cpu", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert doc["engine"] == "cpu" and doc["hardware"]["peak_ops_per_s"]["fp32"] > 1e9
+    assert any("measured on this host" in f for f in doc["factors"])
+    cache = json.loads((tmp_path / "host-peak.json").read_text())
+    assert len(cache) == 1  # the second estimate reuses it
+    assert main(["estimate", str(path), "--target", "x86-64-cpu", "--json"]) == 0
+    assert len(json.loads((tmp_path / "host-peak.json").read_text())) == 1
