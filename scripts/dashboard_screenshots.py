@@ -76,11 +76,21 @@ def fleet_day(browser: Any, out: Path, work: Path) -> None:
     from edgekit.fleet.sim.seed import seed_history
     from edgekit.fleet.store import open_store
 
+    from edgekit.fleet.rollout_state import RolloutRecord, open_rollout_log
+    from edgekit.fleet.sim.seed import device_names
+
     store_url = f"sqlite:///{work}/fleet.db"
     started = time.monotonic()
     with open_store(store_url) as store:
-        summary = seed_history(store, devices=200, hours=24, window_s=60.0)
+        summary = seed_history(store, devices=200, hours=24, window_s=60.0, upgrade_at=0.7)
         rolled = store.apply_retention(dt.timedelta(hours=1), rollup_minutes=5)
+    switched = summary.first_window_start + 0.7 * (summary.last_window_end - summary.first_window_start)
+    names = tuple(name for name, _ in device_names(200))
+    with open_rollout_log(store_url) as log:  # the upgrade the seeded history shows, as `fleet deploy` records it
+        log.save(RolloutRecord("demo-v2-rollout", "sim", "demo-v2", "file:///bundles/demo-v2.tar", "0" * 64, "completed",
+                               names[:10], names, switched, switched + dt.timedelta(minutes=4),
+                               outcomes={name: "succeeded" for name in names},
+                               health={"error_rate": 0.0, "p99_before_ms": 9.9, "p99_after_ms": 9.4}))  # fmt: skip
     print(f"seeded {summary.windows} windows of 200 devices, rolled {rolled} older than 1 h up, "
           f"in {time.monotonic() - started:.0f} s", flush=True)  # fmt: skip
     with DashboardServer(store_url, port=0) as server:

@@ -70,6 +70,7 @@ def test_page_shows_devices_and_draws_plots(seeded_dashboard, browser) -> None:
     cells = [c.text for c in rows[0].find_elements(By.TAG_NAME, "td")]
     assert cells[1] == "online" and cells[2] in ("demo-v1", "demo-v2") and float(cells[6]) > 0  # p99 ms
     assert cells[4] in ("15W", "MAXN+clocks", "–")  # power mode, as the device reported it
+    assert driver.find_element(By.CSS_SELECTOR, "#devices th[data-key='power_mode']").is_displayed()
     for chart in ("chart-latency", "chart-power", "chart-temperature", "chart-bundles", "chart-fleet-power"):
         assert int(driver.find_element(By.ID, chart).get_attribute("data-points")) > 10, chart
         assert driver.find_elements(By.CSS_SELECTOR, f"#{chart} canvas"), chart
@@ -144,6 +145,7 @@ def test_device_table_sorts_filters_and_scrolls(tmp_path, browser) -> None:
         browser.load(server.url)
         driver = browser.driver
         assert len(driver.find_elements(By.CSS_SELECTOR, "#devices tbody tr")) == 60  # all rows, in a scroller
+        assert not driver.find_element(By.CSS_SELECTOR, "#devices th[data-key='power_mode']").is_displayed()  # none reported
         scroller = driver.find_element(By.ID, "devices-scroll")
         height, content = driver.execute_script("return [arguments[0].clientHeight, arguments[0].scrollHeight]", scroller)
         assert height < content and height <= 0.6 * 900 + 1

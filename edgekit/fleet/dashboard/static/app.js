@@ -254,10 +254,14 @@ function renderDevices() {
   });
   document.getElementById("device-count").textContent = rows.length === overview.devices.length
     ? `${rows.length}` : `${rows.length} of ${overview.devices.length} shown`;
+  // the power mode column only when some device reports one (agents on boards without nvpmodel do not)
+  document.getElementById("devices").classList.toggle("no-mode", !overview.devices.some((d) => d.power_mode));
   fill("devices", rows.map((d) => {
     const tr = el("tr", { "data-device": d.device, "data-fleet": d.fleet });
+    const mode = clipped(d.power_mode || "–", 20);
+    mode.classList.add("mode");
     if (state.selected && state.selected.device === d.device && state.selected.fleet === d.fleet) tr.classList.add("selected");
-    tr.append(clipped(d.device), cell(d.state, d.state === "online" ? "online" : "offline"), clipped(d.bundle_id || "–"), clipped(d.target || "–"), clipped(d.power_mode || "–", 20),
+    tr.append(clipped(d.device), cell(d.state, d.state === "online" ? "online" : "offline"), clipped(d.bundle_id || "–"), clipped(d.target || "–"), mode,
       cell(fmt(d.p50_ms, 2), "num"), cell(fmt(d.p99_ms, 2), "num"), cell(d.power_mw === null ? "–" : fmt(d.power_mw / 1000, 2), "num"),
       cell(fmt(d.energy_per_inference_mj, 1), "num"), cell(fmt(d.temperature_c, 1), "num"), cell(ago(d.last_seen)), cell(d.missing_seqs, "num"));
     tr.addEventListener("click", () => selectDevice(d.fleet, d.device));
