@@ -274,3 +274,17 @@ def test_heads_of_an_output_that_mixes_boxes_and_scores_stay_float(tmp_path):
     assert readers["box_head"][1] == "box_w" and readers["scores_head"][1] == "cls_w"  # float weights
     assert readers["trunk"][1] != "trunk_w"  # the trunk is quantized
     assert mixed_output_heads(_heads_model(tmp_path / "classifier.onnx", concatenated=False)) == {}
+
+
+def test_a_narrow_convolution_inside_the_network_is_not_a_stem(tmp_path):
+    """MobileNetV2 0.5x has 1x1 convolutions over 8 channels (reduction 8, under the stem rule's 16) deep
+    inside; only a convolution that reads the input (through Pad/normalisation) is a stem."""
+    from edgekit.quantize import ort_layout
+
+    rng = np.random.default_rng(9)
+    inits: list = [numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads")]
+    nodes = [helper.make_node("Pad", ["image", "pads"], ["padded"], name="pad"),
+             _conv(rng, "stem", 8, 8, 1, inits, "padded", "s"), helper.make_node("Relu", ["s"], ["r"], name="relu"),
+             _conv(rng, "inner", 8, 16, 1, inits, "r", "features")]
+    fp32 = _save(nodes, inits, [("features", ["N", 16, 14, 14])], tmp_path / "fp32.onnx")
+    assert set(ort_layout.stem_convolutions(fp32)) == {"stem"}
