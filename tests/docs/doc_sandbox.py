@@ -18,6 +18,7 @@ harness changes, so that the commands users type run in CI (the conventions of i
   ``fleet dashboard``/``fleet up`` ``--port 0``, ``fleet collect``/``fleet up`` ``--metrics-port 0``,
   and ``fleet up`` without ``--broker`` ``--broker-port 0`` (Mosquitto holds 1883 in CI).
 * **Expected failures.** A command whose comment starts with ``# exit N`` must exit with status N.
+* **Typed input.** ``<!-- doc-test: stdin="secret\\nsecret\\n" -->`` is what the reader types at prompts.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -164,13 +166,16 @@ class DocSandbox:
         if setup is not None:
             setup(self)
 
-    def shell(self, script: str, timeout_s: float = BLOCK_TIMEOUT_S) -> BlockRun:
-        """Run ``script`` (already rewritten) with bash in ``work``; stop everything it started afterwards."""
+    def shell(self, script: str, timeout_s: float = BLOCK_TIMEOUT_S, stdin: str = "") -> BlockRun:
+        """Run ``script`` (already rewritten) with bash in ``work``, ``stdin`` as what the reader types;
+        stop everything it started afterwards."""
         started = time.monotonic()
         log = self.root / f"block-{len(self.done)}-{time.time_ns()}.log"
         with log.open("wb") as sink:
             proc = subprocess.Popen(["bash", "-c", script], cwd=self.work, env=self.env(), stdout=sink,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+                                    stderr=subprocess.STDOUT, stdin=subprocess.PIPE, start_new_session=True)
+            typist = threading.Thread(target=_type_lines, args=(proc, stdin), daemon=True)
+            typist.start()
             try:
                 returncode = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -187,9 +192,23 @@ class DocSandbox:
             if before.line not in self.done and before.kind == "run":
                 self.done[before.line] = self.shell(rewrite_script(before.text, self.root))
         timeout_s = float(block.marker.get("timeout", BLOCK_TIMEOUT_S))
-        run = self.shell(rewrite_script(block.text, self.root), timeout_s)
+        typed = block.marker.get("stdin", "").replace("\\n", "\n")
+        run = self.shell(rewrite_script(block.text, self.root), timeout_s, stdin=typed)
         self.done[block.line] = run
         return run
+
+
+def _type_lines(proc: subprocess.Popen[bytes], text: str) -> None:
+    """Type ``text`` a line every 0.3 s, as a reader would, so each prompting command reads only its lines."""
+    assert proc.stdin is not None
+    try:
+        for line in text.splitlines(keepends=True):
+            time.sleep(0.3)
+            proc.stdin.write(line.encode())
+            proc.stdin.flush()
+        proc.stdin.close()
+    except OSError:  # the block ended before reading it all
+        pass
 
 
 def _stop_group(pgid: int) -> None:

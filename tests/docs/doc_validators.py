@@ -28,7 +28,8 @@ from tests.docs.doc_blocks import REPO, DocBlock
 
 Validator = Callable[[Any, DocBlock, Path], None]
 
-MINIMAL_AGENT_CONFIG: dict[str, Any] = {"device_id": "doc-device", "fleet": "docs", "bundles": {"dir": "bundles"}}
+MINIMAL_AGENT_CONFIG: dict[str, Any] = {"device_id": "doc-device", "fleet": "docs", "bundles": {"dir": "bundles", "allow_unsigned": True},
+                                        "telemetry": {"spool": {"path": "spool.db"}}}
 MINIMAL_STATUS: dict[str, Any] = {"schema": "edgekit.status/1", "state": "online", "device": "doc-device", "fleet": "docs",
                                   "agent_version": "0.1.0", "at": "2026-01-01T00:00:00Z"}  # fmt: skip
 
