@@ -54,6 +54,7 @@ class DashboardApp:
         self._rollouts: RolloutLog | None = None
         self._cache: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, Response]] = {}
         self._owner: int | None = None
+        self._ranges = api.SeriesRanges(ttl_s=60.0 if cache_s > 0 else 0.0)  # tests with cache_s=0 see every change
 
     def open(self) -> None:
         """Open the store (and the rollout table) on the calling thread."""
@@ -127,14 +128,14 @@ class DashboardApp:
             device = query.get("device")
             if not device or not fleet:
                 return Response.error(400, "series needs ?fleet=F&device=D")
-            payload = api.device_series(store, fleet, device, hours=hours, points=points)
+            payload = api.device_series(store, fleet, device, hours=hours, points=points, ranges=self._ranges)
         elif endpoint == "fleet-series":
             by = query.get("by", "bundle_id")
             if by not in api.FLEET_GROUPS:
                 return Response.error(400, f"by must be one of {', '.join(api.FLEET_GROUPS)}, got {by!r}")
-            payload = api.fleet_series(store, fleet=fleet, by=by, hours=hours, points=points)
+            payload = api.fleet_series(store, fleet=fleet, by=by, hours=hours, points=points, ranges=self._ranges)
         elif endpoint == "bundle-series":
-            payload = api.bundle_series(store, fleet=fleet, hours=hours, points=points)
+            payload = api.bundle_series(store, fleet=fleet, hours=hours, points=points, ranges=self._ranges)
         elif endpoint == "rollouts":
             payload = [r.to_json() for r in self._rollouts.recent(50, fleet)] if self._rollouts else []
         elif endpoint == "rejected":

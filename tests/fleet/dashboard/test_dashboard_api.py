@@ -147,3 +147,19 @@ def test_a_20_second_spike_is_the_bucket_maximum(store) -> None:
     assert data["bucket_s"] == fleet["bucket_s"] == 30
     assert max(data["series"]["p99_max_ms"]) == spike.p99_ms == max(fleet["groups"]["demo-v1"]["p99_max_ms"])
     assert max(data["series"]["p99_ms"]) < 0.9 * spike.p99_ms  # a bucket mean would flatten it
+
+
+def test_series_ranges_are_kept_for_their_ttl(tmp_path) -> None:
+    from edgekit.fleet.dashboard.api import SeriesRanges
+    from edgekit.fleet.store import open_store
+
+    with open_store(f"sqlite:///{tmp_path}/fleet.db") as store:
+        seed_history(store, fleet="a", devices=1, hours=30 / 3600, window_s=10.0, upgrade_at=None, now=NOW)
+        kept, fresh = SeriesRanges(ttl_s=60.0), SeriesRanges(ttl_s=0.0)
+        first = kept(store, hours=24, points=300, now=NOW)
+        assert first.bucket_s == 10 and first.since == NOW - dt.timedelta(seconds=30)
+        seed_history(store, fleet="b", devices=1, hours=6, window_s=60.0, upgrade_at=None, now=NOW)  # older data arrives
+        later = NOW + dt.timedelta(seconds=10)
+        assert kept(store, hours=24, points=300, now=later) == type(first)(first.since, later, 10)  # the kept answer
+        assert fresh(store, hours=24, points=300, now=later).bucket_s == 120  # 6 h of data: a point per 2 min
+        assert kept(store, hours=1, points=300, now=later).bucket_s == 60  # another range: asked anew
