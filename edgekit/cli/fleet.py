@@ -29,6 +29,7 @@ FLEET_SUBCOMMAND_MODULES = (
     "edgekit.cli.fleet_simulate",
     "edgekit.cli.fleet_dashboard",
     "edgekit.cli.fleet_deploy",
+    "edgekit.cli.fleet_calibrate",
 )
 #: When False, a module of FLEET_SUBCOMMAND_MODULES that does not exist yet is skipped (while it is written).
 REQUIRE_ALL_SUBCOMMAND_MODULES = True

@@ -42,8 +42,8 @@ class Observation:
     class_ms: dict[str, float]
     nodes: int
     measured_ms: float
-    energy_per_inference_mj: float | None = None
-    watts: float | None = None
+    power_mean_w: float | None = None  # the fleet's mean power draw while running this bundle
+    watts: float | None = None  # the power mode's budget
 
 
 @dataclass(frozen=True)
@@ -92,8 +92,9 @@ def fit_factors(observations: Sequence[Observation], prior: Factors, *, source: 
     for cls, inverse in zip(classes, solution[: len(classes)]):
         efficiency[cls] = round(1.0 / float(inverse), 5)
     power_fraction = prior.power_fraction
-    shares = [o.energy_per_inference_mj / (o.measured_ms * o.watts) for o in observations
-              if o.energy_per_inference_mj and o.watts and o.measured_ms > 0]  # fmt: skip
+    # the fleet's mean power over the mode's watts: it includes idle time between inferences, so it is a lower
+    # bound of the draw while inferring (telemetry has no busy-only power); capped at the whole budget
+    shares = [min(1.0, o.power_mean_w / o.watts) for o in observations if o.power_mean_w and o.watts]
     if shares:
         power_fraction = round(float(np.median(shares)), 4)
     return Factors(efficiency, round(float(solution[-1]) * 1e3, 4), power_fraction, source)

@@ -28,7 +28,8 @@ DEFAULT_EFFICIENCY: dict[str, dict[str, float]] = {
 DEFAULT_NODE_OVERHEAD_US = {"cpu": 3.0, "gpu": 8.0}
 #: Runtime memory beyond weights and activations (ONNX Runtime / TensorRT libraries and arenas), an estimate.
 RUNTIME_OVERHEAD_MB = {"cpu": 60.0, "gpu": 400.0}
-#: The share of the power mode's watts the module draws while it infers (an estimate, fitted by calibration).
+#: The share of the power mode's watts the module draws while it infers (an estimate; calibration sets it from
+#: the fleet's mean power, a lower bound since it includes idle time).
 DEFAULT_POWER_FRACTION = 0.7
 
 

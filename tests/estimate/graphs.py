@@ -49,3 +49,17 @@ def qdq_matmul() -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 32])], [w, scale, zero])  # fmt: skip
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def conv_net(channels: int, size: int) -> onnx.ModelProto:
+    """x[batch,3,size,size] -> Conv 3x3 (3->c) -> Relu -> Conv 3x3 (c->c) -> Relu -> GlobalAveragePool: conv-heavy."""
+    w1 = numpy_helper.from_array(np.full((channels, 3, 3, 3), 0.01, np.float32), "w1")
+    w2 = numpy_helper.from_array(np.full((channels, channels, 3, 3), 0.01, np.float32), "w2")
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+             helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+             helper.make_node("GlobalAveragePool", ["r2"], ["y"], name="gap")]  # fmt: skip
+    graph = helper.make_graph(nodes, "convnet", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", channels, 1, 1])], [w1, w2])  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
