@@ -15,6 +15,7 @@ written.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -69,13 +70,60 @@ def _check_sha256(actual: str, expected: str | None, *, what: str) -> None:
         )
 
 
-def _download(url: str, destination: Path, *, max_bytes: int, timeout_s: float, policy: SourcePolicy | None = None) -> tuple[int, str]:
+#: errnos of a write that found no room: the file system is full, or the agent's quota is used up
+_DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def _free_bytes(directory: Path) -> int | None:
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return None
+
+
+@dataclass
+class _Writing:
+    """What a fetch is writing now, and the bytes that needs (for the message when the disk is full)."""
+
+    what: str
+    needed_bytes: int | None = None
+
+
+def disk_full_error(url: str, directory: Path, *, what: str, needed_bytes: int | None) -> DeployError:
+    """The deploy of ``url`` found no room under ``directory`` for ``what`` (which needs ``needed_bytes``); the
+    message leaves the URL to the deploy_result that quotes it."""
+    free = _free_bytes(directory)
+    needs = f"needs {needed_bytes:,} bytes" if needed_bytes is not None else "needs more room"
+    return DeployError(
+        f"no space left on the device: {what} {needs} under {directory}, "
+        + (f"{free:,} bytes are free there" if free is not None else "the free space there is unknown")
+        + " (the partial files were removed)",
+        hint="free space on the file system of bundles.dir (or the agent's quota there), or deploy a smaller bundle; "
+        "the bundle served now is unchanged",
+    )
+
+
+def write_error(err: OSError, url: str, directory: Path, *, what: str, needed_bytes: int | None = None) -> DeployError:
+    """An ``OSError`` met while bringing a bundle onto the device, as the :class:`DeployError` a deploy reports:
+    a full disk (``ENOSPC``, ``EDQUOT``) says how much ``what`` needed and how much is free."""
+    if err.errno in _DISK_FULL_ERRNOS:
+        return disk_full_error(url, directory, what=what, needed_bytes=needed_bytes)
+    where = f" ({err.filename})" if err.filename else ""
+    return DeployError(f"cannot write bundle {url} on the device: {what} failed: {err.strerror or err}{where}",
+                       hint="check the permissions and the file system of bundles.dir")  # fmt: skip
+
+
+def _download(url: str, destination: Path, *, max_bytes: int, timeout_s: float, policy: SourcePolicy | None = None,
+              declared_bytes: list[int] | None = None) -> tuple[int, str]:  # fmt: skip
+    """Download ``url`` into ``destination``; a ``Content-Length`` the server sends is appended to ``declared_bytes``."""
     digest = hashlib.sha256()
     size = 0
     opener = urllib.request.build_opener(_CheckedRedirects(policy))
     try:
         with opener.open(url, timeout=timeout_s) as response, destination.open("wb") as out:
             declared = response.headers.get("Content-Length")
+            if declared is not None and declared.isdigit() and declared_bytes is not None:
+                declared_bytes.append(int(declared))
             if declared is not None and declared.isdigit() and int(declared) > max_bytes:
                 raise _size_error(url, max_bytes)
             while chunk := response.read(_CHUNK_BYTES):
@@ -87,6 +135,8 @@ def _download(url: str, destination: Path, *, max_bytes: int, timeout_s: float, 
     except urllib.error.HTTPError as err:
         raise DeployError(f"download of {url} failed: HTTP {err.code} {err.reason}", hint="check the URL and the server") from err
     except (urllib.error.URLError, OSError, TimeoutError) as err:
+        if isinstance(err, OSError) and err.errno in _DISK_FULL_ERRNOS:
+            raise  # not a network error: fetch_bundle says how much room the download needed
         reason = getattr(err, "reason", None) or err
         raise DeployError(f"download of {url} failed: {reason}", hint="check the network, the URL and bundles.download_timeout_s") from err
     return size, digest.hexdigest()
@@ -312,6 +362,24 @@ def fetch_bundle(
     """
     started = time.monotonic()
     target = policy.admit(url) if policy is not None else _unchecked_target(url)
+    step = _Writing("copying the bundle")
+    try:
+        return _fetch_into(url, target, staging, expected_sha256=expected_sha256, max_bytes=max_bytes,
+                           timeout_s=timeout_s, policy=policy, check_manifest=check_manifest, step=step,
+                           started=started)  # fmt: skip
+    except OSError as err:
+        for partial in list(staging.iterdir()) if staging.is_dir() else []:  # so the message's free figure is true
+            if partial.is_dir() and not partial.is_symlink():
+                shutil.rmtree(partial, ignore_errors=True)
+            else:
+                partial.unlink(missing_ok=True)
+        raise write_error(err, url, staging.parent, what=step.what, needed_bytes=step.needed_bytes) from err
+
+
+def _fetch_into(url: str, target: Path | str, staging: Path, *, expected_sha256: str | None, max_bytes: int,
+                timeout_s: float, policy: SourcePolicy | None, check_manifest: ManifestCheck | None,
+                step: _Writing, started: float) -> FetchedBundle:  # fmt: skip
+    """:func:`fetch_bundle` once the URL is admitted; ``step`` says what is written (for a full disk)."""
     if isinstance(target, Path) and target.is_dir():
         root = _bundle_root(target, url)
         if check_manifest is not None:
@@ -319,6 +387,8 @@ def fetch_bundle(
             check_manifest(_read_capped(root / MANIFEST_NAME, MANIFEST_MAX_BYTES, what=f"{MANIFEST_NAME} of {url}"),
                            _read_capped(signature, SIGNATURE_MAX_BYTES, what=f"{SIGNATURE_NAME} of {url}") if signature.is_file() else None)  # fmt: skip
         bundle_dir = staging / "bundle"
+        step.what = "copying the bundle directory"
+        step.needed_bytes = sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
         bundle_dir.mkdir()
         _copy_directory(root, bundle_dir, url=url, max_bytes=max_bytes)
         manifest = bundle_dir / MANIFEST_NAME
@@ -330,14 +400,28 @@ def fetch_bundle(
     if isinstance(target, Path):
         if not target.is_file():
             raise DeployError(f"bundle {url} does not exist on this device", hint="check the deploy command's url")
+        step.what, step.needed_bytes = "copying the bundle tar", target.stat().st_size
         size, sha256 = _copy_file(target, archive_path, url=url, max_bytes=max_bytes)
     else:
-        size, sha256 = _download(target, archive_path, max_bytes=max_bytes, timeout_s=timeout_s, policy=policy)
+        declared: list[int] = []
+        step.what = "downloading the bundle tar"
+        try:
+            size, sha256 = _download(target, archive_path, max_bytes=max_bytes, timeout_s=timeout_s, policy=policy,
+                                     declared_bytes=declared)  # fmt: skip
+        finally:
+            step.needed_bytes = declared[0] if declared else None
     _check_sha256(sha256, expected_sha256, what=url)
     limits = ArchiveLimits(max_unpacked_bytes=max_bytes)
     archive = scan_bundle_archive(archive_path, limits, where=url)
     if check_manifest is not None:
         check_manifest(archive.manifest_bytes, archive.signature_bytes)
+    what = f"unpacking the bundle beside its {size:,}-byte tar"
+    free = _free_bytes(staging)
+    if free is not None and archive.unpacked_bytes > free:  # refused before a byte of it is written
+        error = disk_full_error(url, staging.parent, what=what, needed_bytes=archive.unpacked_bytes)  # free beside the tar
+        archive_path.unlink()
+        raise error
+    step.what, step.needed_bytes = what, archive.unpacked_bytes
     unpacked = staging / "unpacked"
     unpacked.mkdir()
     bundle_dir = extract_bundle_archive(archive, unpacked, limits)

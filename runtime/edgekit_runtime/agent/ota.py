@@ -38,7 +38,7 @@ from typing import Any
 from edgekit_runtime.agent.config import BundlesConfig, HealthConfig
 from edgekit_runtime.agent.deploy_checks import LEDGER_NAME, VersionLedger, bundle_version, signature_changes
 from edgekit_runtime.agent.errors import DeployError
-from edgekit_runtime.agent.fetch import SourcePolicy, fetch_bundle
+from edgekit_runtime.agent.fetch import SourcePolicy, fetch_bundle, write_error
 from edgekit_runtime.agent.loading import LoadedBundle, check_signature_bytes, load_bundle
 from edgekit_runtime.agent.serving import InferenceServer
 from edgekit_runtime.agent.store import BundleStore, version_name
@@ -219,6 +219,20 @@ class Deployer:
         finally:
             self._lock.release()
 
+    def _write_failed(self, request: DeployRequest, step: str, err: DeployError) -> str:
+        self._event("deploy_result", f"deploy of {request.url} failed at {step}: {err.message}", level="error",
+                    command_id=request.command_id, outcome="failed", step=step, error=str(err))  # fmt: skip
+        return "failed"
+
+    def _remove_version(self, version_dir: Path) -> None:
+        """Delete an installed version (and its meta files) unless ``current`` or ``previous`` names it."""
+        if version_dir in (self.store.current, self.store.previous):
+            return
+        shutil.rmtree(version_dir, ignore_errors=True)
+        meta = self.store.meta_path(version_dir)
+        meta.unlink(missing_ok=True)
+        meta.with_name(meta.name + ".partial").unlink(missing_ok=True)
+
     def _remember_version(self, loaded: LoadedBundle) -> None:
         manifest_sha256 = hashlib.sha256(loaded.bundle.manifest_path.read_bytes()).hexdigest()
         try:
@@ -265,8 +279,12 @@ class Deployer:
 
         step = "started"
         progress(step, f"deploying {request.url}", url=request.url, bundle_id=request.bundle_id)
-        staging = self.store.new_staging_dir()
+        try:
+            staging = self.store.new_staging_dir()
+        except OSError as err:
+            return self._write_failed(request, step, write_error(err, request.url, self.store.root, what="making its staging folder"))
         loaded: LoadedBundle | None = None
+        version_dir: Path | None = None
         old_signature = self.server.signature
         try:
             step = "download"
@@ -314,6 +332,12 @@ class Deployer:
             self._event("deploy_result", f"deploy of {request.url} failed at {step}: {err.message}", level="error",
                         command_id=request.command_id, outcome="failed", step=step, error=str(err))  # fmt: skip
             return "failed"
+        except OSError as err:  # a full disk (or a failing one) while writing: a failed deploy, the old bundle served
+            if loaded is not None:
+                loaded.runner.close()
+            if version_dir is not None:
+                self._remove_version(version_dir)
+            return self._write_failed(request, step, write_error(err, request.url, self.store.root, what=f"the {step} step"))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
