@@ -94,6 +94,7 @@ def test_page_shows_devices_and_draws_plots(seeded_dashboard, browser) -> None:
     assert driver.find_element(By.ID, "chart-bundles").get_attribute("data-markers") == "1"
     assert driver.find_element(By.ID, "chart-latency").get_attribute("data-markers") == ("1" if in_rollout else "0")
     assert timing.load_event_end_ms > 0 and timing.ready_ms is not None and timing.ready_ms < 10_000
+    assert [e for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []  # no script error, no CSP refusal
 
     # the range picker: 15 min reads the raw 2-minute windows one by one
     driver.find_element(By.CSS_SELECTOR, "#range button[data-hours='0.25']").click()
