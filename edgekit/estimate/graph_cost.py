@@ -149,10 +149,16 @@ def _load(model: Any) -> Any:
     return copy
 
 
-def _pin_inputs(model: Any, dims: Mapping[str, int], assumptions: list[str]) -> None:
+def _pin_inputs(model: Any, dims: Mapping[str, int], assumptions: list[str], input_shapes: Mapping[str, Any] | None = None) -> None:
     init_names = {i.name for i in model.graph.initializer}
     for value in model.graph.input:
         if value.name in init_names:
+            continue
+        if input_shapes and value.name in input_shapes:
+            shape = [int(d) for d in input_shapes[value.name]]
+            del value.type.tensor_type.shape.dim[:]
+            for size in shape:
+                value.type.tensor_type.shape.dim.add().dim_value = size
             continue
         for index, dim in enumerate(value.type.tensor_type.shape.dim):
             if dim.HasField("dim_value") and dim.dim_value > 0:
@@ -192,7 +198,7 @@ _ORT_TO_NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tenso
               "tensor(bool)": np.bool_}  # fmt: skip
 
 
-def _shapes_by_probe(path: Path, model: Any, dims: Mapping[str, int]) -> dict[str, tuple[tuple[int, ...], int]]:
+def _shapes_by_probe(path: Path, model: Any, dims: Mapping[str, int], input_shapes: Mapping[str, Any] | None = None) -> dict[str, tuple[tuple[int, ...], int]]:
     """Run the graph once on ONNX Runtime (CPU, zero inputs) with every node output as a graph output."""
     import onnx
     import onnxruntime as ort
@@ -211,6 +217,8 @@ def _shapes_by_probe(path: Path, model: Any, dims: Mapping[str, int]) -> dict[st
     feeds = {}
     for value in session.get_inputs():
         shape = [d if isinstance(d, int) and d > 0 else int(dims.get(str(d), 1)) for d in value.shape]
+        if input_shapes and value.name in input_shapes:
+            shape = [int(d) for d in input_shapes[value.name]]
         feeds[value.name] = np.zeros(shape, dtype=_ORT_TO_NP.get(value.type, np.float32))
     names = [o.name for o in session.get_outputs()]
     shapes: dict[str, tuple[tuple[int, ...], int]] = {}
@@ -296,19 +304,20 @@ def _precision(node: Any, shapes: Mapping[str, tuple[tuple[int, ...], int]], pro
     return "fp32"
 
 
-def graph_costs(model: Any, dims: Mapping[str, int] | None = None) -> GraphCost:
-    """The per-node work of ``model`` (a path or ModelProto) with dynamic dims pinned to ``dims``."""
+def graph_costs(model: Any, dims: Mapping[str, int] | None = None, *, input_shapes: Mapping[str, Any] | None = None) -> GraphCost:
+    """The per-node work of ``model`` (a path or ModelProto) with dynamic dims pinned to ``dims``
+    (or whole input shapes to ``input_shapes``: input name -> shape, e.g. from the arrays a benchmark feeds)."""
     dims = dict(dims or {})
     path = Path(model) if isinstance(model, (str, Path)) else None
     proto = _load(model)
     assumptions: list[str] = []
-    _pin_inputs(proto, dims, assumptions)
+    _pin_inputs(proto, dims, assumptions, input_shapes)
     shapes = _shapes_by_inference(proto)
     source = "onnx shape inference"
     missing = [out for node in proto.graph.node for out in node.output[:1] if out and out not in shapes]
     if missing and path is not None:
         try:
-            shapes = _shapes_by_probe(path, proto, dims)
+            shapes = _shapes_by_probe(path, proto, dims, input_shapes)
             source = "onnxruntime probe"
         except Exception as exc:  # ORT cannot run it on CPU: keep the inferred shapes and say what is unknown
             assumptions.append(f"shape probe on ONNX Runtime failed ({type(exc).__name__}): {len(missing)} node(s) without "

@@ -78,7 +78,7 @@ def _key(threads: int) -> str:
 
     from edgekit.bundle.manifest import host_description
 
-    return f"{host_description()['cpu']}|threads={threads}|onnxruntime={onnxruntime.__version__}"
+    return f"{host_description()['cpu']}|threads={threads}|onnxruntime={onnxruntime.__version__}|gemm={GEMM_SIZE}"
 
 
 def measure_host_peak(threads: int, *, refresh: bool = False) -> dict[str, Any]:
