@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from edgekit_runtime.agent.errors import AgentConfigError
+from edgekit_runtime.yaml_limited import parse_yaml_limited, read_limited_bytes
 
 DEFAULT_API_ADDRESS = "127.0.0.1:8470"
 POWER_SENSORS = ("auto", "ina3221", "tegrastats", "nvml", "rapl", "none")
@@ -322,19 +321,17 @@ class _Section:
 def load_config(path: str | os.PathLike[str]) -> AgentConfig:
     """Read and validate the agent's YAML configuration file."""
     file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError as err:
+    if not file.exists():
         raise AgentConfigError(
             f"agent configuration '{file}' does not exist",
             hint="copy runtime/agent.example.yaml and edit it, then pass --config PATH",
-        ) from err
+        )
+    try:  # the reader recipes use: size, nesting and alias limits, UTF-8, duplicate keys (edgekit_runtime.yaml_limited)
+        raw = read_limited_bytes(file, AgentConfigError, "agent configuration")
     except OSError as err:
         raise AgentConfigError(f"agent configuration '{file}' cannot be read: {err.strerror or err}") from err
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise AgentConfigError(f"{file}: not valid YAML: {err}", hint="check indentation and quoting") from err
+    data, _ = parse_yaml_limited(raw, file, AgentConfigError, "agent configuration",
+                                 empty_hint="copy runtime/agent.example.yaml and edit it")  # fmt: skip
     return parse_config(data, file=file.resolve())
 
 

@@ -82,7 +82,7 @@ def test_missing_and_unparsable_files(tmp_path: Path) -> None:
     assert "agent.example.yaml" in str(info.value)
     broken = tmp_path / "broken.yaml"
     broken.write_text("device_id: [unclosed\n", encoding="utf-8")
-    with pytest.raises(AgentConfigError, match="not valid YAML"):
+    with pytest.raises(AgentConfigError, match=r"broken.yaml:2:1: YAML syntax error"):
         load_config(broken)
     listed = tmp_path / "list.yaml"
     listed.write_text(yaml.safe_dump(["a"]), encoding="utf-8")
