@@ -14,6 +14,7 @@ from typing import Any
 
 from edgekit.fleet.rollout_state import RolloutLog
 from edgekit.fleet.store.base import Aggregate, DeviceSummary, FleetStore
+from edgekit.fleet.store.postgres import redact
 
 DEFAULT_POINTS = 300
 MAX_POINTS = 2000
@@ -70,7 +71,7 @@ def overview(store: FleetStore, rollouts: RolloutLog | None, *, fleet: str | Non
     recent_events = store.events(fleet=fleet, limit=events)
     return {
         "generated_at": _iso(dt.datetime.now(dt.timezone.utc)),
-        "store": store.url,
+        "store": redact(store.url),  # the page shows it: never a password
         "fleet": fleet,
         "counts": {"devices": len(summaries), "online": sum(1 for s in summaries if s.state == "online"),
                    "offline": sum(1 for s in summaries if s.state != "online")},  # fmt: skip

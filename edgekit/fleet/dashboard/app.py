@@ -29,6 +29,7 @@ from edgekit.fleet.dashboard.http import HttpServer, Request, Response
 from edgekit.fleet.errors import FleetError
 from edgekit.fleet.rollout_state import RolloutLog, open_rollout_log
 from edgekit.fleet.store.base import FleetStore
+from edgekit.fleet.store.postgres import redact
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +168,7 @@ class DashboardServer:
         except FleetError:
             self.http.stop()
             raise
-        logger.info("dashboard on %s (store %s)", self.url, self.app.store_url)
+        logger.info("dashboard on %s (store %s)", self.url, redact(self.app.store_url))
         return self
 
     def stop(self) -> None:

@@ -163,3 +163,13 @@ def test_series_ranges_are_kept_for_their_ttl(tmp_path) -> None:
         assert kept(store, hours=24, points=300, now=later) == type(first)(first.since, later, 10)  # the kept answer
         assert fresh(store, hours=24, points=300, now=later).bucket_s == 120  # 6 h of data: a point per 2 min
         assert kept(store, hours=1, points=300, now=later).bucket_s == 60  # another range: asked anew
+
+
+def test_the_page_never_shows_the_store_password(postgres_url) -> None:
+    from edgekit.fleet.dashboard import DashboardServer
+
+    parts = urllib.parse.urlsplit(postgres_url)
+    with_password = urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}:s3cret-pw@{parts.hostname}:{parts.port or 5432}"))
+    with DashboardServer(with_password, port=0, cache_s=0.0) as server:  # the test server trusts loopback: any password
+        body = _get(server.url + "api/overview")[2].decode()
+    assert "s3cret-pw" not in body and f"{parts.username}:***@" in json.loads(body)["store"]
