@@ -86,5 +86,11 @@ def summary_text(manifest: dict[str, Any], bundle_dir: Path) -> str:
                      f"drop {accuracy['drop']:+.4f}){on_host}")  # fmt: skip
     lines.append(f"  latency    p50 {fmt_ms(bench['p50_ms'])}  p99 {fmt_ms(bench['p99_ms'])} at {escape(str(bench['shape']))}"
                  + (on_host or f", measured {escape(where_measured(manifest))}"))
+    if not measured_on_target(manifest):  # the device's numbers beside the host's: an estimate (edgekit.estimate)
+        from edgekit.estimate.summary import estimate_summary_line
+
+        estimate_line = estimate_summary_line(manifest, bundle_dir)
+        if estimate_line:
+            lines.append(escape(estimate_line))
     lines.append(f"  report     {escape(str(bundle_dir / 'report.html'))}")
     return "\n".join(lines)
