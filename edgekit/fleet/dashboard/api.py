@@ -120,14 +120,14 @@ def series_range(store: FleetStore, *, hours: float, points: int, now: dt.dateti
     never shorter than the devices' telemetry window (a fleet bucket shorter than that would hold a different
     few devices each time, and the line would zigzag between them)."""
     since = now - dt.timedelta(hours=hours)
-    per_device = [row for row in store.aggregate(("fleet", "device"), since=since, **filters)
-                  if row.first_window_start is not None and row.last_window_end is not None]  # fmt: skip
-    if not per_device:
+    spans = [(row.first_window_start, row.last_window_end, row.windows)
+             for row in store.aggregate(("fleet", "device"), since=since, **filters)
+             if row.first_window_start is not None and row.last_window_end is not None]  # fmt: skip
+    if not spans:
         return SeriesRange(since, now, bucket_for(hours * 3600.0, points))
-    start = max(since, min(row.first_window_start for row in per_device))  # type: ignore[type-var]
+    start = max(since, min(first for first, _, _ in spans))
     # each device's mean window length (rollups count the windows they hold); the median device's
-    lengths = sorted((row.last_window_end - row.first_window_start).total_seconds() / max(1, row.windows)  # type: ignore[operator]
-                     for row in per_device)  # fmt: skip
+    lengths = sorted((last - first).total_seconds() / max(1, windows) for first, last, windows in spans)
     window_s = lengths[len(lengths) // 2]
     return SeriesRange(start, now, bucket_for(max(1.0, (now - start).total_seconds(), window_s * points * 0.999), points))
 

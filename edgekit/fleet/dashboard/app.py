@@ -42,7 +42,7 @@ class DashboardError(FleetError):
 
 
 def _static(name: str) -> bytes:
-    return resources.files("edgekit.fleet.dashboard").joinpath("static", name).read_bytes()
+    return resources.files("edgekit.fleet.dashboard").joinpath("static").joinpath(name).read_bytes()
 
 
 class DashboardApp:
