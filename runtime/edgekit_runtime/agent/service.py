@@ -17,7 +17,9 @@
 Each of these threads runs under a supervisor (:meth:`AgentService._spawn`): a thread that dies of an
 unexpected exception is restarted after an exponential backoff (0.5 s doubling to 30 s, reset after a
 minute of good running), and the crash is reported as a ``thread_restarted`` event, a
-``agent.thread_restarted`` problem in the next telemetry window and ``threads`` in ``health()``.
+``agent.thread_restarted`` problem in the next telemetry window and ``threads`` in ``health()``. The
+local API's serving thread is watched the same way (``edgekit-api``): when it ends, the API is started
+again on the same address.
 
 Telemetry windows and events reach the spool through one ordered outbox. When the spool cannot be
 written (a full disk) they wait in memory (at most ``telemetry.spool.overflow_messages``; past that
@@ -46,7 +48,8 @@ import numpy as np
 from edgekit_runtime.agent.api import AgentApi
 from edgekit_runtime.agent.bounded import bound_event
 from edgekit_runtime.agent.backoff import Backoff
-from edgekit_runtime.agent.config import AgentConfig
+from edgekit_runtime.agent.config import AgentConfig, parse_api_address
+from edgekit_runtime.agent.errors import AgentApiError
 from edgekit_runtime.agent.ota import Deployer, DeployRequest
 from edgekit_runtime.agent.serving import InferenceServer
 from edgekit_runtime.agent.store import BundleStore
@@ -76,6 +79,8 @@ RESTART_INITIAL_S = 0.5
 RESTART_MAX_S = 30.0
 #: a thread that ran this long before crashing restarts after RESTART_INITIAL_S again
 _RESTART_RESET_AFTER_S = 60.0
+#: how often the supervised ``edgekit-api`` watch checks that the local API's serving thread is alive
+_API_CHECK_S = 0.2
 #: how often messages waiting in memory (the spool could not be written) are tried again
 _OUTBOX_RETRY_S = 1.0
 
@@ -149,6 +154,7 @@ class AgentService:
         self._outbox_dropped_total = 0
         self._outbox_retry_at = 0.0
         self._threads_health: dict[str, dict[str, Any]] = {}
+        self._api_bound_address: str | None = None  # where the API served when last checked (for a restart)
         self._sensor: PowerSensor | None = None
         self._window_start = datetime.now(timezone.utc)
 
@@ -193,6 +199,7 @@ class AgentService:
         self._spawn("edgekit-power", self._power_loop)
         self._spawn("edgekit-telemetry", self._telemetry_loop)
         self._spawn("edgekit-commands", self._command_loop)
+        self._spawn("edgekit-api", self._api_loop)
         if self.config.probe is not None:
             self._spawn("edgekit-probe", self._probe_loop)
         logger.info("agent %s/%s started; API on %s", self.config.fleet, self.config.device_id, self.api_address)
@@ -271,6 +278,28 @@ class AgentService:
                 record["state"] = "running"
         finally:
             record["state"] = "stopped" if self._stop.is_set() else "finished"
+
+    def _api_loop(self) -> None:
+        """Supervise the local API, whose serving thread :class:`AgentApi` runs: while the agent runs, a
+        serving thread that has ended (every client refused while MQTT looks fine) is a crash of
+        ``edgekit-api``, reported like any other thread's; the supervisor calls this again after its
+        backoff, and it starts the API again on the address clients know (the port it had)."""
+        if not self._api_serving():
+            address = self._api_bound_address
+            self.api.stop()
+            if address is not None and not self.api.address.is_unix:
+                self.api.address = parse_api_address(address)  # not a new port for ``127.0.0.1:0``
+            self.api.start()
+            logger.warning("local API serving again on %s", self.api.bound_address)
+        self._api_bound_address = self.api.bound_address
+        while not self._stop.wait(_API_CHECK_S):
+            if not self._api_serving():
+                raise AgentApiError(f"the local API on {self._api_bound_address} stopped serving: its thread ended "
+                                    "(its traceback is on the agent's stderr)")  # fmt: skip
+
+    def _api_serving(self) -> bool:
+        thread = getattr(self.api, "_thread", None)  # AgentApi's serving thread (serve_forever)
+        return thread is not None and thread.is_alive()
 
     def _report_crash(self, name: str, record: dict[str, Any], delay_s: float) -> None:
         message = f"agent thread {name} crashed ({record['last_error']}); restart {record['restarts']} in {delay_s:.1f} s"
