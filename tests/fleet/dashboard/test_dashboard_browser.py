@@ -254,3 +254,27 @@ def test_no_horizontal_overflow_and_distinct_legends(tmp_path, browser, screensh
         driver.set_window_size(width, driver.execute_script("return document.documentElement.scrollHeight") + 20)
         driver.save_screenshot(str(screenshot_dir / f"long-names-{width}.png"))
         assert driver.execute_script(OVERFLOW)[0] <= client_width
+
+
+def test_refresh_updates_the_charts_and_keeps_a_zoom(seeded_dashboard, browser) -> None:
+    browser.load(seeded_dashboard.url + "#range=24")
+    driver = browser.driver
+    driver.execute_script("window.keptChart = window.edgekitCharts['chart-latency'];"
+                          "const u = window.keptChart, x = u.data[0];"
+                          "u.setScale('x', {min: x[10], max: x[40]});")  # fmt: skip  # as a drag across the chart does
+    zoom = driver.execute_script("const u = window.keptChart; return [u.scales.x.min, u.scales.x.max, u.edgekit.zoomed]")
+    driver.execute_async_script("refresh(false).then(arguments[0])")  # what the page does every 10 s
+    same, after = driver.execute_script("const u = window.edgekitCharts['chart-latency'];"
+                                        "return [u === window.keptChart, [u.scales.x.min, u.scales.x.max]]")  # fmt: skip
+    assert zoom[2] is True and same and after == zoom[:2]  # the same chart, new data, still zoomed
+    driver.execute_script("window.keptChart.setData(window.keptChart.data)")  # zoom out (as a double-click does)
+    assert driver.execute_script("return window.keptChart.edgekit.zoomed") is False
+    driver.execute_script("const u = window.keptChart, x = u.data[0]; u.setScale('x', {min: x[10], max: x[40]});")
+    from selenium.webdriver.common.by import By
+
+    driver.find_element(By.CSS_SELECTOR, "#range button[data-hours='1']").click()  # another range: zoom dropped
+    _wait(driver, "return document.getElementById('resolution').textContent.startsWith('1 h')")
+    _settled(driver)
+    shown = driver.execute_script("const u = window.edgekitCharts['chart-latency'], x = u.data[0];"
+                                  "return [u.scales.x.min <= x[0], u.scales.x.max >= x[x.length - 1], u.edgekit.zoomed]")  # fmt: skip
+    assert shown == [True, True, False]

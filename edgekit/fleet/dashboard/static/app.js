@@ -118,9 +118,11 @@ function rolloutMarkers(device) {
     .map((r) => ({ t: Date.parse(r.started_at) / 1000, label: `rollout ${shortId(r.bundle_id, 24)}: ${r.state}` }));
 }
 
-// A dashed vertical line and a label for each marker inside the plot (drawn on uPlot's canvas after the series).
-function drawMarkers(markers) {
+// A dashed vertical line and a label for each of `live.markers` inside the plot (drawn on uPlot's canvas after the
+// series).
+function drawMarkers(live) {
   return (u) => {
+    const markers = live.markers;
     const ctx = u.ctx, ratio = uPlot.pxRatio, left = u.bbox.left, right = u.bbox.left + u.bbox.width;
     ctx.save();
     ctx.strokeStyle = ctx.fillStyle = "#6a1b9a";
@@ -142,32 +144,42 @@ function drawMarkers(markers) {
   };
 }
 
-// Draw (or redraw) a time series chart into `figure`. spec: {title, unit, digits, zero, lines, since, until, empty,
-// markers}
+// Draw a time series chart into `figure`, or give new data to the chart already there when its lines are the same
+// (the 10 s refresh): then a zoomed chart (drag across it; double-click to zoom out) keeps its zoom.
+// spec: {title, unit, digits, zero, lines, since, until, empty, markers}
 function timeChart(figure, spec) {
-  if (charts[figure.id]) { charts[figure.id].destroy(); delete charts[figure.id]; }
-  const caption = el("figcaption", { title: spec.title }, spec.title + (spec.unit ? ` (${spec.unit})` : ""));
-  const plot = el("div", { class: "plot" });
-  figure.replaceChildren(caption, plot);
   const lines = spec.lines.filter((l) => l.v.some((v) => v !== null && v !== undefined));
   const points = lines.reduce((n, l) => n + l.v.filter((v) => v !== null && v !== undefined).length, 0);
+  const old = charts[figure.id];
   figure.dataset.points = String(points);
+  const caption = el("figcaption", { title: spec.title }, spec.title + (spec.unit ? ` (${spec.unit})` : ""));
   if (!points) {
-    plot.replaceWith(el("div", { class: "chart-empty" }, spec.empty));
+    if (old) { old.destroy(); delete charts[figure.id]; }
+    figure.replaceChildren(caption, el("div", { class: "chart-empty" }, spec.empty));
     return;
   }
   const data = align(lines);
-  const markers = spec.markers || [];
-  const first = Math.min(data[0][0], Date.parse(spec.since) / 1000), last = Math.max(data[0][data[0].length - 1], Date.parse(spec.until) / 1000);
-  figure.dataset.markers = String(markers.filter((m) => m.t >= first && m.t <= last).length);
-  const labels = legendLabels(lines.map((l) => l.name));
+  const live = { since: Date.parse(spec.since) / 1000, until: Date.parse(spec.until) / 1000, markers: spec.markers || [], zoomed: false };
+  const first = Math.min(data[0][0], live.since), last = Math.max(data[0][data[0].length - 1], live.until);
+  figure.dataset.markers = String(live.markers.filter((m) => m.t >= first && m.t <= last).length);
   const dense = data[0].length > 80;
-  const since = Date.parse(spec.since) / 1000, until = Date.parse(spec.until) / 1000;
+  const key = JSON.stringify([spec.title, spec.unit, lines.map((l) => l.name), dense]);
+  if (old && old.edgekit.key === key) {
+    Object.assign(old.edgekit, { since: live.since, until: live.until, markers: live.markers });
+    old.setData(data, !old.edgekit.zoomed);
+    return;
+  }
+  if (old) { old.destroy(); delete charts[figure.id]; }
+  const plot = el("div", { class: "plot" });
+  figure.replaceChildren(caption, plot);
+  live.key = key;
+  const labels = legendLabels(lines.map((l) => l.name));
   const unit = spec.unit ? " " + spec.unit : "";
+  const fullRange = (lo, hi) => (live.until > live.since ? [Math.min(lo, live.since), Math.max(hi, live.until)] : [lo - 60, hi + 60]);
   const opts = {
     width: Math.max(280, plot.clientWidth), height: 210,
     scales: {
-      x: { time: true, range: (u, lo, hi) => (until > since ? [Math.min(lo, since), Math.max(hi, until)] : [lo - 60, hi + 60]) },
+      x: { time: true, range: (u, lo, hi) => fullRange(lo, hi) },
       y: { range: (u, lo, hi) => (spec.zero ? [0, hi > 0 ? hi * 1.12 : 1] : [lo - Math.max(1, (hi - lo) * 0.15), hi + Math.max(1, (hi - lo) * 0.15)]) },
     },
     axes: [
@@ -180,10 +192,18 @@ function timeChart(figure, spec) {
       points: { show: !dense, size: 5 }, value: (u, v) => (v === null || v === undefined ? "–" : v.toFixed(spec.digits) + unit),
     }))),
     legend: { live: true },
-    hooks: { draw: [drawMarkers(markers)] },
+    hooks: {
+      draw: [drawMarkers(live)],
+      setScale: [(u, scale) => {
+        if (scale !== "x" || !u.data || !u.data[0].length) return;
+        const [lo, hi] = fullRange(u.data[0][0], u.data[0][u.data[0].length - 1]);
+        live.zoomed = u.scales.x.min > lo + 1e-3 || u.scales.x.max < hi - 1e-3;
+      }],
+    },
     cursor: { drag: { x: true, y: false } },
   };
   const chart = new uPlot(opts, data, plot);
+  chart.edgekit = live;
   charts[figure.id] = chart;
   chart.root.querySelectorAll(".u-legend .u-series").forEach((row, i) => {
     if (i > 0) { row.title = lines[i - 1].name; row.dataset.series = lines[i - 1].name; }
@@ -395,6 +415,7 @@ document.addEventListener("DOMContentLoaded", () => {
   document.getElementById("filter").addEventListener("input", (event) => { state.filter = event.target.value; renderDevices(); });
   document.querySelectorAll("#range button").forEach((b) => b.addEventListener("click", () => {
     setRange(b.dataset.hours);
+    for (const chart of Object.values(charts)) chart.edgekit.zoomed = false;  // a new range shows all of itself
     document.body.dataset.loading = "1";
     Promise.all([loadFleet(), state.selected ? loadDevice() : null]).finally(() => { delete document.body.dataset.loading; });
   }));
