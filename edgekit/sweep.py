@@ -84,6 +84,7 @@ def sweep(recipe_path: Path | str, target_name: str, out: Path | str, force: boo
                     row.update(status="built", size_bytes=manifest["model"]["size_bytes"], metric_value=accuracy.get("value"),
                                metric_reference=accuracy.get("reference"), cosine_min=accuracy.get("cosine_min"), passed=accuracy.get("passed"),
                                bundle=str(result.bundle_dir), batch=manifest["benchmark"].get("batch"))
+                    row.update(_estimated_columns(manifest, result.bundle_dir))
                     if precision in HOST_TIMED:
                         built[label] = result.bundle_dir
                     else:
@@ -119,6 +120,18 @@ def sweep(recipe_path: Path | str, target_name: str, out: Path | str, force: boo
                          batch=batches[0] if batches else None)
     write_sweep_report(result, recipe_t.evaluation.better_is_higher if recipe_t.evaluation else True)
     return result
+
+
+def _estimated_columns(manifest: dict[str, Any], bundle_dir: Path) -> dict[str, Any]:
+    """A built variant's ESTIMATE on the target when the target is another device (edgekit.estimate), else nothing."""
+    from edgekit.estimate.summary import estimate_for_bundle
+
+    estimate, _ = estimate_for_bundle(manifest, bundle_dir)
+    if estimate is None:
+        return {}
+    energy = next((e.energy_per_inference_mj for e in estimate.energy if e.power_mode == estimate.power_mode), None)
+    return {"estimate_p50_ms": estimate.p50_ms, "estimate_throughput_per_s": estimate.throughput_per_s,
+            "estimate_energy_mj": energy, "estimate_power_mode": estimate.power_mode}  # fmt: skip
 
 
 def _variant_recipe(path: Path | None, pruned: bool) -> Path:

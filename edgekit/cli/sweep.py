@@ -11,7 +11,8 @@ from edgekit.cli.options import console, output_parent, print_csv, print_json, r
 
 #: ``edgekit sweep --csv``: the raw fields of each variant.
 CSV_COLUMNS = ("variant", "precision", "pruned", "status", "size_bytes", "p50_ms", "p99_ms", "latency_vs_fp32", "metric_value",
-               "metric_reference", "cosine_min", "passed", "budget_line", "bundle", "reason")
+               "metric_reference", "cosine_min", "passed", "budget_line", "bundle", "reason",
+               "estimate_p50_ms", "estimate_throughput_per_s", "estimate_energy_mj", "estimate_power_mode")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,10 +44,14 @@ def run(args: argparse.Namespace) -> int:
     elif args.csv:
         print_csv(CSV_COLUMNS, ([row.get(column) for column in CSV_COLUMNS] for row in result.rows))
     table = Table(title=f"sweep of {escape(sweep_title(result.recipe, result.target, result.batch))}")
+    estimated = any(row.get("estimate_p50_ms") is not None for row in result.rows)  # a target other than this host
     for column in ("variant", "status", "size", "p50 ms", "× fp32", result.metric or "metric", "cosine min", "note"):
         table.add_column(escape(column), justify="right" if column not in ("variant", "status", "note") else "left")
+    if estimated:
+        table.add_column(f"estimate p50 ms on {escape(args.target)}", justify="right")
     for row in result.rows:
-        table.add_row(*(escape(cell) for cell in sweep_cells(row)))
+        extra = [f"{row['estimate_p50_ms']:.2f}" if row.get("estimate_p50_ms") is not None else "-"] if estimated else []
+        table.add_row(*(escape(cell) for cell in [*sweep_cells(row), *extra]))
     printer = results(args)
     printer.print(table)
     printer.print(f"report: {escape(str(result.out_dir / 'sweep.html'))}  data: {escape(str(result.out_dir / 'sweep.json'))}",
