@@ -2,9 +2,9 @@
 estimates read (``--calibration FILE``, else :func:`default_calibration_path` when it exists).
 
 The fit: each observation is a graph's per-class roofline time (efficiency 1) and a measured p50. Latency is
-linear in the inverse efficiencies and the per-node overhead (:mod:`edgekit.estimate.roofline`), so the
-factors are a bounded linear least-squares solution on relative error, pulled weakly towards the priors
-(:data:`PRIOR_WEIGHT`) so a class that the observed graphs barely use keeps its prior.
+``sum_c roofline_c / e_c + nodes x overhead`` (:mod:`edgekit.estimate.roofline`); the factors minimise the
+log error (robust loss), bounded, pulled weakly towards the priors (:data:`PRIOR_WEIGHT`) so a class that
+the observed graphs barely use keeps its prior.
 """
 
 from __future__ import annotations
@@ -68,36 +68,39 @@ def median_error_pct(observations: Sequence[Observation], factors: Factors) -> f
 
 
 def fit_factors(observations: Sequence[Observation], prior: Factors, *, source: str) -> Factors:
-    """Factors that minimise the relative latency error over ``observations`` (bounded: efficiency in (0, 1])."""
-    from scipy.optimize import lsq_linear
+    """Factors that minimise the log latency error over ``observations`` (robust soft-L1 loss, so one odd
+    measurement does not drag every class; bounded: efficiency in (0, 1], overhead 0..10 ms a node)."""
+    from scipy.optimize import least_squares
 
     if not observations:
         raise EstimateError("no observations to calibrate from", hint="the store needs telemetry of bundles whose graphs you pass")
     classes = [c for c in ALL_CLASSES if any(o.class_ms.get(c, 0.0) > 0 for o in observations)]
-    rows, rhs = [], []
-    for o in observations:
-        rows.append([o.class_ms.get(c, 0.0) / o.measured_ms for c in classes] + [o.nodes / o.measured_ms])
-        rhs.append(1.0)
-    prior_x = [1.0 / prior.efficiency.get(c, 1.0) for c in classes] + [prior.node_overhead_us / 1e3]
-    for index, value in enumerate(prior_x):  # weak pull towards the prior, relative to its size
-        row = [0.0] * len(prior_x)
-        scale = value if value > 0 else 1e-3
-        row[index] = PRIOR_WEIGHT / scale
-        rows.append(row)
-        rhs.append(PRIOR_WEIGHT * (value / scale))
-    lower = [1.0] * len(classes) + [0.0]
-    upper = [1e4] * len(classes) + [10.0]
-    solution = lsq_linear(np.array(rows), np.array(rhs), bounds=(lower, upper)).x
+    x = np.array([[o.class_ms.get(c, 0.0) for c in classes] for o in observations])
+    nodes = np.array([float(o.nodes) for o in observations])
+    measured = np.array([o.measured_ms for o in observations])
+    log_prior = np.log([1.0 / prior.efficiency.get(c, 1.0) for c in classes])
+    overhead_prior = prior.node_overhead_us / 1e3
+    k = len(classes)
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        predicted = x @ np.exp(theta[:k]) + nodes * theta[k]
+        fit = np.log(np.maximum(predicted, 1e-12) / measured)
+        pull = PRIOR_WEIGHT * np.append(theta[:k] - log_prior, (theta[k] - overhead_prior) / max(overhead_prior, 1e-3))
+        return np.concatenate([fit, pull])
+
+    start = np.append(np.clip(log_prior, 0.0, math.log(1e4)), min(max(overhead_prior, 0.0), 10.0))
+    solution = least_squares(residuals, start, bounds=(np.zeros(k + 1), np.append(np.full(k, math.log(1e4)), 10.0)),
+                             loss="soft_l1", f_scale=0.1).x  # fmt: skip
     efficiency = dict(prior.efficiency)
-    for cls, inverse in zip(classes, solution[: len(classes)]):
-        efficiency[cls] = round(1.0 / float(inverse), 5)
+    for cls, log_inverse in zip(classes, solution[:k]):
+        efficiency[cls] = round(float(math.exp(-log_inverse)), 5)
     power_fraction = prior.power_fraction
     # the fleet's mean power over the mode's watts: it includes idle time between inferences, so it is a lower
     # bound of the draw while inferring (telemetry has no busy-only power); capped at the whole budget
     shares = [min(1.0, o.power_mean_w / o.watts) for o in observations if o.power_mean_w and o.watts]
     if shares:
         power_fraction = round(float(np.median(shares)), 4)
-    return Factors(efficiency, round(float(solution[-1]) * 1e3, 4), power_fraction, source)
+    return Factors(efficiency, round(float(solution[k]) * 1e3, 4), power_fraction, source)
 
 
 def calibrate_entry(target: str, power_mode: str | None, observations: Sequence[Observation], prior: Factors) -> CalibrationEntry:

@@ -15,6 +15,7 @@ Counting rules (a multiply-add counts 2 ops):
 * pooling: kernel size an output element (global pooling: an input element); Resize: 4 an output element.
 * data movement (Reshape, Transpose, Concat, Gather, Slice, ...): no ops, only bytes.
 
+Nodes whose inputs are all constants are folded at load time (no cost; their outputs count as weights read).
 Bytes are what the node reads plus what it writes, each tensor at its stored element size (an int8
 weight 1 byte, MatMulNBits' packed 4-bit weights half a byte per value). Quantized forms compute at
 int8 (QLinear*, *Integer, and a Conv/MatMul/Gemm whose activation and weight come from
@@ -336,6 +337,11 @@ def graph_costs(model: Any, dims: Mapping[str, int] | None = None, *, input_shap
         shape, dtype = shapes.get(name, ((), 1))
         return _numel(shape) * _ITEMSIZE.get(dtype, 4.0) if name in shapes else 0.0
 
+    # nodes computed from constants only are folded when the runtime loads the graph (ONNX Runtime, TensorRT)
+    folded: set[str] = set(initializers | constants)
+    for node in proto.graph.node:
+        if node.input and all(not name or name in folded for name in node.input):
+            folded.update(out for out in node.output if out)
     precisions: dict[str, str] = {}
     for node in proto.graph.node:
         precisions[node.name or node.output[0]] = _precision(node, shapes, producers)
@@ -343,8 +349,8 @@ def graph_costs(model: Any, dims: Mapping[str, int] | None = None, *, input_shap
     for node in proto.graph.node:
         key = node.name or node.output[0]
         cls = op_class(node.op_type)
-        weights = [n for n in node.input if n in initializers or n in constants]
-        acts = [n for n in node.input if n and n not in initializers and n not in constants]
+        weights = [n for n in node.input if n in folded]
+        acts = [n for n in node.input if n and n not in folded]
         fused = False
         if cls == "quantize":
             neighbours = consumers.get(node.output[0], []) + [producers[n] for n in node.input[:1] if n in producers]
@@ -352,7 +358,7 @@ def graph_costs(model: Any, dims: Mapping[str, int] | None = None, *, input_shap
             fused = bool(weight_only) or any(precisions.get(n.name or n.output[0]) == "int8" and op_class(n.op_type) != "quantize"
                                              for n in neighbours) or any(n.op_type == "QuantizeLinear" or n.op_type == "DequantizeLinear"
                                                                          for n in neighbours)  # fmt: skip
-        if node.op_type in VIEW_OPS:
+        if node.op_type in VIEW_OPS or (node.output and node.output[0] in folded):
             fused = True
         out_shape = shapes.get(node.output[0], ((), 1))[0] if node.output and node.output[0] in shapes else ()
         known = bool(node.output) and node.output[0] in shapes
@@ -366,7 +372,7 @@ def graph_costs(model: Any, dims: Mapping[str, int] | None = None, *, input_shap
     weight_bytes = sum(nbytes(n) for n in initializers)
     input_bytes = sum(nbytes(v.name) for v in proto.graph.input if v.name not in initializers)
     return GraphCost(nodes=tuple(nodes), dims=dims, weight_bytes=weight_bytes,
-                     peak_activation_bytes=_peak_activations(proto, nbytes, initializers | constants),
+                     peak_activation_bytes=_peak_activations(proto, nbytes, folded),
                      input_bytes=input_bytes, shape_source=source, assumptions=tuple(assumptions))  # fmt: skip
 
 

@@ -90,3 +90,14 @@ def test_shapes_unknown_to_onnx_inference_come_from_an_onnxruntime_probe(tmp_pat
     cost = graph_costs(path)
     assert cost.shape_source == "onnxruntime probe"
     assert {n.name: n for n in cost.nodes}["relu"].bytes_written == 0  # zero input: no non-zero elements
+
+
+def test_nodes_computed_from_constants_only_are_folded() -> None:
+    a = numpy_helper.from_array(np.ones((64, 64), np.float32), "a")
+    nodes = [helper.make_node("Sin", ["a"], ["s"], name="const_sin"),  # constant subgraph: folded at load time
+             helper.make_node("Mul", ["x", "s"], ["y"], name="mul")]  # fmt: skip
+    graph = helper.make_graph(nodes, "fold", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])], [a])  # fmt: skip
+    cost = {n.name: n for n in graph_costs(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])).nodes}
+    assert cost["const_sin"].fused and cost["const_sin"].ops == 0
+    assert cost["mul"].ops == 64 * 64 and cost["mul"].weight_bytes == 64 * 64 * 4  # the folded result is read like a weight
