@@ -12,8 +12,12 @@ harness changes, so that the commands users type run in CI (the conventions of i
 * **System paths are re-rooted.** ``/etc/``, ``/var/lib/``, ``/srv/`` and ``/run/`` in a command become
   ``$DOCTEST_ROOT/etc/`` ..., and a leading ``sudo`` is dropped, so nothing outside the sandbox is written.
 * **Long-running commands** (``LONG_RUNNING``: collectors, dashboards, ``fleet up``, ``edgekit-agent run``)
-  are started in the background; after ``DOC_SETTLE_S`` seconds they must still be running (a command
-  that exits early fails the block), and they are stopped when the block ends, as are ``&`` jobs.
+  and ``&`` jobs are started in the background; the next command starts ``DOC_SETTLE_S`` seconds later
+  (as when a reader types it), when they must still be running (one that exits early fails the block),
+  and they are stopped (Ctrl-C, then SIGTERM) when the block ends.
+* **A fleet of its own.** The CI broker is shared and collectors keep persistent sessions on it, so the
+  docs' fleet ids (``FLEET_IDS``) get a suffix per sandbox: ``--fleet docs19`` runs as ``docs19-<hash>``,
+  and no earlier run's devices, statuses or queued telemetry reach this one.
 * **Ports.** Servers whose default port may be taken on a shared CI machine get port 0 (a free one):
   ``fleet dashboard``/``fleet up`` ``--port 0``, ``fleet collect``/``fleet up`` ``--metrics-port 0``,
   and ``fleet up`` without ``--broker`` ``--broker-port 0`` (Mosquitto holds 1883 in CI).
@@ -23,6 +27,7 @@ harness changes, so that the commands users type run in CI (the conventions of i
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -49,6 +54,8 @@ LONG_RUNNING: dict[str, tuple[tuple[str, str], ...]] = {
     "edgekit fleet up": (("--port", "0"), ("--broker-port", "0")),
     "edgekit-agent run": (),
 }
+#: fleet ids the docs use; each run of the harness gets its own (``docs19-<hash of the sandbox>``)
+FLEET_IDS = ("docs19",)
 _SYSTEM_PATH = re.compile(r"(?<![\w/.$-])/(etc|var/lib|srv|run)/")
 _EXIT_COMMENT = re.compile(r"#\s*exit (\d+)\b")
 
@@ -86,6 +93,7 @@ class BlockRun:
 
 def rewrite_script(text: str, root: Path) -> str:
     """The block as the harness runs it (see the module docstring); one logical command at a time."""
+    suffix = hashlib.sha256(str(root).encode()).hexdigest()[:8]
     logical: list[list[str]] = [[]]
     for line in text.splitlines():
         logical[-1].append(line)
@@ -96,7 +104,13 @@ def rewrite_script(text: str, root: Path) -> str:
         command = "\n".join(lines)
         command = _SYSTEM_PATH.sub(lambda m: f"{root}/{m.group(1)}/", command)
         command = re.sub(r"^(\s*)sudo\s+", r"\1", command)
+        for fleet in FLEET_IDS:
+            command = re.sub(rf"(?<![\w-]){fleet}(?![\w-])", f"{fleet}-{suffix}", command)
         command = re.sub(r"\|\s*sudo\s+", "| ", command)
+        code, hash_mark, comment = command.partition(" #")
+        background = re.search(r"(?<!&)&\s*$", code) is not None
+        if background:
+            command = code.rstrip()[:-1].rstrip() + (f"  #{comment}" if hash_mark else "")
         stripped = command.lstrip()
         for prefix, options in LONG_RUNNING.items():
             if stripped.startswith(prefix + " ") or stripped == prefix:
@@ -104,10 +118,11 @@ def rewrite_script(text: str, root: Path) -> str:
                                  and not (opt == "--broker-port" and _has_option(command, "--broker")))
                 if added:
                     command = command.replace(prefix, f"{prefix} {added}", 1)
-                code = command.split("#", 1)[0].rstrip()
-                if not code.endswith("&") and "--duration" not in command and "--retire" not in command:
-                    command = "doc_long_running " + command.lstrip()
+                if "--duration" not in command and "--retire" not in command:
+                    background = True
                 break
+        if background:
+            command = "doc_long_running " + command.lstrip()
         expected = _EXIT_COMMENT.search(lines[-1])
         if expected:
             first = lines[0].strip().replace("'", "")
@@ -249,7 +264,7 @@ def setup_agent_doc(sandbox: DocSandbox) -> None:
         """))
     (root / "etc" / "edgekit" / "agent.yaml").write_text(textwrap.dedent(f"""\
         device_id: doc-device-{os.getpid()}
-        fleet: docs19
+        fleet: docs19-agent
         broker: {{url: "mqtt://127.0.0.1:1883"}}
         bundles: {{dir: {root}/var/lib/edgekit/bundles, public_key: fleet.pub.pem}}
         api: {{address: "127.0.0.1:0"}}

@@ -146,7 +146,7 @@ def test_rewrites_reroot_system_paths_background_servers_and_check_exit_codes(tm
     )
     assert f"tee {tmp_path}/etc/mosquitto/x.acl" in script and "sudo" not in script
     assert "doc_long_running edgekit fleet collect --metrics-port 0 --broker" in script
-    assert "edgekit fleet up --port 0 --broker mqtt://h:1883 --simulate 2 &" in script
+    assert "doc_long_running edgekit fleet up --port 0 --broker mqtt://h:1883 --simulate 2\n" in script
     assert '[ "$doc_rc" -eq 2 ]' in script
 
 
