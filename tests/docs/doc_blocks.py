@@ -7,6 +7,11 @@ depends on the block's language and on an optional HTML comment on the line(s) j
     <!-- doc-test: skip reason="needs a Jetson" -->          not run; the reason is required and listed
     <!-- doc-test: validate="recipe" -->                     a YAML/JSON block checked by that validator
     <!-- doc-test: validate="recipe-fragment" base="recipes/digits-cnn.yaml" -->
+    <!-- doc-test: output="edgekit-agent detect --root tests/.../orin_nano" ignore="^onnxruntime" -->
+
+The last one is for program output shown after a ``$ command`` line: the harness runs the marker's
+command from the repository root (where the shown one needs a device, the marker names a fixture) and
+its stdout must equal the block's lines after the ``$`` line, except lines matching ``ignore``.
 
 Languages: ``bash``/``sh``/``shell`` blocks are run, ``python`` blocks executed, ``yaml``/``json``
 blocks validated (they need a ``validate`` marker, or ``skip``), and ``text``/``conf`` blocks (trees,
@@ -65,9 +70,11 @@ class DocBlock:
 
     @property
     def kind(self) -> str:
-        """``skip``, ``run``, ``python``, ``validate``, ``shown`` or ``unknown`` (an error)."""
+        """``skip``, ``run``, ``python``, ``validate``, ``output``, ``shown`` or ``unknown`` (an error)."""
         if "skip" in self.marker:
             return "skip"
+        if "output" in self.marker:
+            return "output"
         if self.language in RUN_LANGUAGES:
             return "run"
         if self.language in PYTHON_LANGUAGES:

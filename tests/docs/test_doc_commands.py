@@ -10,7 +10,10 @@ the Markdown (``<!-- doc-test: skip reason="..." -->``); those are skipped with 
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import socket
+import subprocess
 import stat
 from pathlib import Path
 
@@ -66,6 +69,9 @@ def test_doc_block(block: DocBlock, doc_sandboxes, tmp_path: Path) -> None:
                                     f"(NAME one of {sorted(VALIDATORS)}) or a skip with a reason; got {name!r}")
         VALIDATORS[name](parse_block_data(block), block, tmp_path)
         return
+    if kind == "output":
+        _check_output(block)
+        return
     if kind == "python":
         cwd = os.getcwd()
         os.chdir(tmp_path)
@@ -80,6 +86,18 @@ def test_doc_block(block: DocBlock, doc_sandboxes, tmp_path: Path) -> None:
     earlier = [b for b in BLOCKS if b.path == block.path and b.line < block.line]
     run = sandbox.run_block(block, earlier)
     assert run.returncode == 0, f"{block.test_id} exited {run.returncode} after {run.seconds:.1f} s:\n{run.output[-6000:]}"
+
+
+def _check_output(block: DocBlock) -> None:
+    shown = block.text.splitlines()
+    assert shown and shown[0].startswith("$ "), f"{block.test_id}: program output starts with the '$ command' line"
+    ignore = re.compile(block.marker["ignore"]) if block.marker.get("ignore") else None
+    env = {**os.environ, "PATH": f"{REPO / '.venv' / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", "COLUMNS": "200"}
+    done = subprocess.run(shlex.split(block.marker["output"]), cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    got = [line for line in done.stdout.splitlines() if not (ignore and ignore.search(line))]
+    want = [line for line in shown[1:] if not (ignore and ignore.search(line))]
+    assert got == want, (f"{block.test_id}: `{block.marker['output']}` (exit {done.returncode}) prints\n"
+                         + "\n".join(got) + f"\nbut the doc shows\n" + "\n".join(want) + f"\n{done.stderr[-2000:]}")
 
 
 def test_skipped_blocks_are_few_and_listed() -> None:
