@@ -147,3 +147,19 @@ def extract_blocks(path: Path) -> list[DocBlock]:
 
 def all_blocks(root: Path = REPO) -> list[DocBlock]:
     return [block for path in doc_files(root) for block in extract_blocks(path)]
+
+
+_SPAN = re.compile(r"(?<!`)`(?P<code>(?:edgekit|edgekit-agent) [^`]+)`(?!`)")
+
+
+def command_spans(path: Path) -> list[tuple[int, str]]:
+    """``(line, text)`` of the inline code spans outside fenced blocks that show an ``edgekit`` or
+    ``edgekit-agent`` command line (synopses in tables and prose)."""
+    fenced: set[int] = set()
+    for block in extract_blocks(path):
+        fenced.update(range(block.line, block.line + block.text.count("\n") + 2))
+    spans = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if number not in fenced:
+            spans.extend((number, found["code"]) for found in _SPAN.finditer(line))
+    return spans

@@ -19,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs.doc_blocks import REPO, SHOWN_LANGUAGES, DocBlock, all_blocks, doc_files, extract_blocks, parse_marker
+from tests.docs.doc_blocks import (REPO, SHOWN_LANGUAGES, DocBlock, all_blocks, command_spans, doc_files, extract_blocks,
+                                   parse_marker)
 from tests.docs.doc_sandbox import DocSandbox, rewrite_script
+from tests.docs.doc_synopsis import synopsis_problems
 from tests.docs.doc_validators import VALIDATORS, parse_block_data
 
 BLOCKS = all_blocks()
@@ -175,3 +177,26 @@ def test_a_long_running_command_that_dies_fails_its_block(tmp_path: Path) -> Non
     assert run.returncode == 98 and "exited early" in run.output
     run = sandbox.shell(rewrite_script("edgekit targets   # exit 2\n", tmp_path))
     assert run.returncode == 97 and "expected exit 2, got 0" in run.output
+
+
+@pytest.mark.parametrize("doc", doc_files(), ids=lambda p: p.relative_to(REPO).as_posix())
+def test_inline_command_synopses_match_the_parsers(doc: Path) -> None:
+    """Commands in tables and prose (`edgekit fleet deploy BUNDLE --key ...`) name real subcommands and options."""
+    from edgekit.cli.main import build_parser
+    from edgekit_runtime.agent.cli import build_parser as build_agent_parser
+
+    parsers = {"edgekit": build_parser(), "edgekit-agent": build_agent_parser()}
+    problems = [f"{doc.relative_to(REPO)}:{line}: {problem}" for line, text in command_spans(doc)
+                for problem in synopsis_problems(text, parsers)]
+    assert not problems, "\n".join(problems)
+
+
+def test_synopsis_checker_catches_unknown_options_and_subcommands() -> None:
+    from edgekit.cli.main import build_parser
+
+    parsers = {"edgekit": build_parser()}
+    assert synopsis_problems("edgekit build RECIPE --target NAME [--precision P] [--json]", parsers) == []
+    assert synopsis_problems("edgekit targets [--json\\|--csv]", parsers) == []
+    assert synopsis_problems("edgekit fleet status | grep nano", parsers) == []
+    assert synopsis_problems("edgekit build RECIPE --tagret NAME", parsers) == ["`edgekit build` has no option --tagret"]
+    assert "no such subcommand" in synopsis_problems("edgekit fleet rollback BUNDLE", parsers)[0]
