@@ -32,6 +32,7 @@ from edgekit.report.formatting import (
     measured_on_target,
     number,
 )
+from edgekit.report.estimate_section import estimate_section
 from edgekit.report.model_section import device_section, model_section
 from edgekit.report.precision_section import precision_section
 from edgekit.report.sections import accuracy_section, benchmark_section, parity_section, stages_section
@@ -71,6 +72,7 @@ def render_report(
         "model": model,
         "precision": precision_section(manifest),
         "device": device_section(manifest, model),
+        "estimate": estimate_section(manifest, model_path),
         "toolchain": _pairs(dig(manifest, "toolchain")),
         "files": _files(manifest, file_hashes),
         "edgekit_version": __version__,

@@ -26,6 +26,11 @@ def test_build_for_a_jetson_shows_its_estimate_beside_the_host_latency(tiny_reci
     # the same numbers as `edgekit estimate BUNDLE` (the bundle's benchmark shape)
     same, source = estimate_path(out, "jetson-orin-nano-8gb")
     assert same.p50_ms == pytest.approx(result.p50_ms) and source.dims == manifest["benchmark"]["shape"]
+    page = (out / "report.html").read_text()
+    section = page[page.index('<section id="estimate">'):page.index('<section id="device">')]
+    assert "Estimate on the target" in section and "An ESTIMATE, not a measurement" in section
+    assert "Estimated time per node class" in section and "<svg" in section  # the per-class plot
+    assert f"{result.p50_ms:.3f} ms" in section and "15W" in section and "7W" in section
 
 
 def test_build_for_this_host_shows_no_estimate(tiny_recipe, tmp_path, capsys) -> None:
@@ -34,3 +39,4 @@ def test_build_for_this_host_shows_no_estimate(tiny_recipe, tmp_path, capsys) ->
     assert not any(line.strip().startswith("estimate") for line in capsys.readouterr().out.splitlines())
     result, reason = estimate_for_bundle(json.loads((out / "manifest.json").read_text()), out)
     assert result is None and "measured, not estimated" in reason
+    assert '<section id="estimate">' not in (out / "report.html").read_text()

@@ -1,0 +1,57 @@
+"""The report's estimate section: what the bundle will do on its target when the target is another device
+(an ESTIMATE from :mod:`edgekit.estimate`, with the factors it rests on) and a plot of the estimated time
+per node class. Absent for a target that is this host (its numbers are measured)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from markupsafe import Markup
+
+from edgekit.report.plots import BLUE, _bar_height, _figure, _label_bars, _percent_text, _styled, _to_svg
+
+logger = logging.getLogger(__name__)
+
+
+@_styled
+def time_by_class_svg(by_class: dict[str, dict[str, float]]) -> str | None:
+    """Horizontal bars of estimated ms per node class, largest first."""
+    rows = sorted(((cls, float(row["ms"])) for cls, row in by_class.items() if row.get("ms", 0) > 0), key=lambda kv: -kv[1])
+    if not rows:
+        return None
+    total = sum(ms for _, ms in rows)
+    figure, axes = _figure(_bar_height(len(rows)))
+    values = [ms for _, ms in rows]
+    axes.barh(range(len(rows)), values, color=BLUE)
+    _label_bars(axes, [cls for cls, _ in rows], [f"{ms:.3g} ms ({_percent_text(int(ms * 1e6), int(total * 1e6))})" for ms in values], max(values))
+    axes.set_title(f"Estimated time per node class (total {total:.3g} ms, an estimate)")
+    axes.set_xlabel("ms (estimate)")
+    return _to_svg(figure, "estimate", "Bar chart of estimated milliseconds per node class on the target")
+
+
+def estimate_section(manifest: dict[str, Any], model_path: Path | None) -> dict[str, Any]:
+    empty: dict[str, Any] = {"available": False, "facts": [], "energy": [], "factors": [], "plot": None, "reason": None}
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("target"), dict) or model_path is None:
+        return empty
+    from edgekit.estimate.summary import estimate_for_bundle
+
+    manifest_for_model = {**manifest, "model": {**(manifest.get("model") or {}), "path": Path(model_path).name}}
+    result, reason = estimate_for_bundle(manifest_for_model, Path(model_path).parent)
+    if result is None:
+        return {**empty, "reason": reason}
+    try:
+        plot = time_by_class_svg(result.by_class)
+    except Exception:  # a plot must never break the report; the table carries the numbers
+        logger.info("estimate plot failed", exc_info=True)
+        plot = None
+    mode = f" at {result.power_mode}" if result.power_mode else ""
+    facts = [("target", f"{result.target}{mode} ({result.engine})"), ("p50 latency (estimate)", f"{result.p50_ms:.3f} ms"),
+             ("throughput (estimate)", f"{result.throughput_per_s:.1f} / s at batch {result.batch}"),
+             ("peak memory (estimate)", f"{result.peak_memory_mb:.1f} MB: weights {result.weights_mb:.1f} + activations "
+                                        f"{result.activations_mb:.1f} + runtime {result.runtime_overhead_mb:.0f}"),
+             ("factors", "calibrated" if result.calibration.get("calibrated") else "default (uncalibrated)")]  # fmt: skip
+    energy = [(e.power_mode, f"{e.watts:g} W", f"{e.latency_ms:.3f} ms", f"{e.energy_per_inference_mj:.2f} mJ") for e in result.energy]
+    return {"available": True, "facts": facts, "energy": energy, "factors": list(result.factors),
+            "plot": Markup(plot) if plot else None, "reason": None}  # fmt: skip
