@@ -54,6 +54,11 @@ class GPU(StrictModel):
     tensor_cores: int | None = Field(default=None, ge=0)
     memory_gb: float | None = Field(default=None, gt=0, description="the GPU's own memory (discrete GPUs only)")
     memory_bandwidth_gbps: float | None = Field(default=None, gt=0, description="GB/s of the GPU's own memory")
+    max_clock_mhz: float | None = Field(
+        default=None, gt=0, le=10000,
+        description="the GPU's highest clock in MHz (vendor figure); edgekit estimate derives the FP32 CUDA-core peak "
+        "as cuda_cores x 2 x clock where the profile quotes no FP32 figure",
+    )
 
     @property
     def sm(self) -> tuple[int, int]:

@@ -185,7 +185,8 @@ def test_h100_is_hopper_90_with_fp8_but_no_fp4():
 
 def test_orin_nano_super_is_the_nano_in_maxn_super():
     nano, sup = get_target("jetson-orin-nano-8gb"), get_target("jetson-orin-nano-super")
-    assert nano.gpu == sup.gpu.model_copy(update={"name": nano.gpu.name})  # same silicon, faster clocks
+    assert nano.gpu == sup.gpu.model_copy(update={"name": nano.gpu.name, "max_clock_mhz": nano.gpu.max_clock_mhz})  # same silicon
+    assert (nano.gpu.max_clock_mhz, sup.gpu.max_clock_mhz) == (625, 1020)  # faster clocks
     assert sup.power_modes["MAXN_SUPER"] == 25
     assert sup.software.jetpack == "6.2"
     assert sup.memory.bandwidth_gbps == 102 and nano.memory.bandwidth_gbps == 68

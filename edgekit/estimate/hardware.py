@@ -5,6 +5,7 @@ Figures come from the target profile (``peak_throughput``, ``memory``, ``power_m
 Rules that fill gaps are listed in :data:`DERIVATIONS` and are named in every estimate that used them:
 
 * a sparse vendor figure counts half (2:4 structured sparsity doubles the quoted rate);
+* FP32 on a GPU without an FP32 figure: ``cuda_cores x 2 x gpu.max_clock_mhz`` when the profile has the clock;
 * on an NVIDIA Ampere GPU, FP16 tensor-core throughput is half the dense INT8 rate and FP32 (CUDA cores)
   a sixteenth, the ratios of the AGX Orin technical brief (5.3 FP32 TFLOPS, 170 sparse INT8 TOPS on its GPU);
 * a figure quoted at one power mode is scaled to another by the ratio of the modes' watts (an estimate:
@@ -109,7 +110,18 @@ def hardware_for(target: TargetProfile, power_mode: str | None = None, *, measur
         if value > peaks.get(peak.precision.value, 0.0):
             peaks[peak.precision.value] = value
             sources.append(f"target peak_throughput {engine} {note}")
-    arch = target.gpu.architecture if target.gpu is not None and engine in ("gpu", "total") else None
+    gpu = target.gpu if engine in ("gpu", "total") else None
+    if "fp32" not in peaks and gpu is not None and gpu.cuda_cores and gpu.max_clock_mhz:
+        value = gpu.cuda_cores * 2.0 * gpu.max_clock_mhz * 1e6  # one FMA (2 FLOPs) per CUDA core per clock
+        note = f"fp32 from the target's GPU: {gpu.cuda_cores} CUDA cores x 2 x {gpu.max_clock_mhz:g} MHz"
+        quoted = next((p.power_mode for p in target.peak_throughput if p.power_mode), None)
+        if quoted and mode and quoted != mode:
+            ratio = target.power_modes[mode] / target.power_modes[quoted]
+            value *= ratio
+            note += f", clock taken at {quoted} and scaled by the watts ratio {ratio:.2f} to {mode}"
+        peaks["fp32"] = value
+        sources.append(note)
+    arch = gpu.architecture if gpu is not None else None
     base = peaks.get("int8") if arch != "blackwell" else peaks.get("fp8")
     for precision, (ratio, why) in DERIVATIONS.get(arch or "", {}).items():
         if precision not in peaks and base:

@@ -17,14 +17,19 @@ def test_orin_nano_hardware_halves_sparse_figures_and_derives_fp16_fp32() -> Non
     hw = hardware_for(get_target("jetson-orin-nano-8gb"))
     assert hw.engine == "gpu" and hw.power_mode == "15W" and hw.watts == 15
     assert hw.peak_ops["int8"] == pytest.approx(20e12)  # 40 sparse = 20 dense TOPS
-    assert hw.peak_ops["fp16"] == pytest.approx(10e12) and hw.peak_ops["fp32"] == pytest.approx(20e12 / 16)
+    assert hw.peak_ops["fp16"] == pytest.approx(10e12)
+    assert hw.peak_ops["fp32"] == pytest.approx(1024 * 2 * 625e6)  # CUDA cores x FMA x gpu.max_clock_mhz
     assert hw.bandwidth_bytes_s == pytest.approx(68e9)
-    assert any("fp32 derived" in s for s in hw.sources) and any("sparse, counted half" in s for s in hw.sources)
+    assert any("1024 CUDA cores x 2 x 625 MHz" in s for s in hw.sources) and any("sparse, counted half" in s for s in hw.sources)
+    nx = hardware_for(get_target("jetson-orin-nx-16gb"))  # no clock in its profile: the Ampere ratio
+    assert nx.engine == "total" and nx.peak_ops["fp32"] == pytest.approx(nx.peak_ops["int8"] / 16)
+    assert any("fp32 derived: AGX Orin technical brief ratio" in s for s in nx.sources)
 
 
 def test_another_power_mode_scales_the_peak_by_its_watts() -> None:
     hw = hardware_for(get_target("jetson-orin-nano-8gb"), "7W")
     assert hw.peak_ops["int8"] == pytest.approx(20e12 * 7 / 15)
+    assert hw.peak_ops["fp32"] == pytest.approx(1024 * 2 * 625e6 * 7 / 15)
     assert any("scaled by the watts ratio 0.47 to 7W" in s for s in hw.sources)
 
 
