@@ -15,7 +15,8 @@ Counting rules (a multiply-add counts 2 ops):
 * pooling: kernel size an output element (global pooling: an input element); Resize: 4 an output element.
 * data movement (Reshape, Transpose, Concat, Gather, Slice, ...): no ops, only bytes.
 
-Nodes whose inputs are all constants are folded at load time (no cost; their outputs count as weights read).
+An activation, BatchNormalization or constant bias/scale right after a Conv/MatMul/Gemm that is its only
+reader is fused into it (:data:`EPILOGUE_OPS`). Nodes whose inputs are all constants are folded at load time (no cost; their outputs count as weights read).
 Bytes are what the node reads plus what it writes, each tensor at its stored element size (an int8
 weight 1 byte, MatMulNBits' packed 4-bit weights half a byte per value). Quantized forms compute at
 int8 (QLinear*, *Integer, and a Conv/MatMul/Gemm whose activation and weight come from
@@ -71,6 +72,11 @@ NORMALIZATION_OPS_PER_ELEMENT = 5
 RESIZE_OPS_PER_ELEMENT = 4
 #: Ops that only relabel a tensor (no data moves on any engine edgekit targets): counted as fused, no cost.
 VIEW_OPS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Shape", "Size", "Constant", "Dropout"}
+#: Ops that engines fuse into the Conv/MatMul/Gemm producing their input when that is its only reader (ONNX
+#: Runtime's Conv+BatchNorm, Conv+activation and MatMul+bias fusions; TensorRT's epilogue fusions): no cost.
+EPILOGUE_OPS = {"BatchNormalization", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh"}
+#: The same, for a binary op whose other input is a constant (bias add, per-channel scale).
+EPILOGUE_CONSTANT_OPS = {"Add", "Mul", "Sub", "Div"}
 INT8_COMPUTE_OPS = {"ConvInteger", "QLinearConv", "MatMulInteger", "QLinearMatMul", "DynamicQuantizeMatMul",
                     "MatMulIntegerToFloat", "QGemm", "QAttention", "QLinearAveragePool", "QLinearGlobalAveragePool"}  # fmt: skip
 
@@ -346,6 +352,7 @@ def graph_costs(model: Any, dims: Mapping[str, int] | None = None, *, input_shap
     for node in proto.graph.node:
         precisions[node.name or node.output[0]] = _precision(node, shapes, producers)
     nodes: list[NodeCost] = []
+    epilogue: set[str] = set()  # outputs of ops fused into the Conv/MatMul before them (a chain: bias, then activation)
     for node in proto.graph.node:
         key = node.name or node.output[0]
         cls = op_class(node.op_type)
@@ -360,6 +367,13 @@ def graph_costs(model: Any, dims: Mapping[str, int] | None = None, *, input_shap
                                                                          for n in neighbours)  # fmt: skip
         if node.op_type in VIEW_OPS or (node.output and node.output[0] in folded):
             fused = True
+        elif node.op_type in EPILOGUE_OPS or (node.op_type in EPILOGUE_CONSTANT_OPS and len(node.input) == 2
+                                               and node.input[1] in folded):  # fmt: skip
+            producer = producers.get(node.input[0]) if node.input else None
+            if producer is not None and len(consumers.get(node.input[0], [])) == 1 and (
+                    op_class(producer.op_type) in ("conv", "matmul") or producer.output[0] in epilogue):  # fmt: skip
+                fused = True
+                epilogue.add(node.output[0])
         out_shape = shapes.get(node.output[0], ((), 1))[0] if node.output and node.output[0] in shapes else ()
         known = bool(node.output) and node.output[0] in shapes
         nodes.append(NodeCost(

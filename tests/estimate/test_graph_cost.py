@@ -15,7 +15,7 @@ def test_cnn_counts_match_hand_counts() -> None:
     # Conv: 2 x N x C_out x H x W x C_in x k x k
     assert nodes["conv"].ops == 2 * 4 * 16 * 8 * 8 * 3 * 3 * 3
     assert nodes["conv"].bytes_read == (4 * 3 * 64 + 16 * 27) * 4 and nodes["conv"].bytes_written == 4 * 16 * 64 * 4
-    assert nodes["relu"].ops == 4 * 16 * 64 and nodes["relu"].op_class == ELEMENTWISE
+    assert nodes["relu"].fused and nodes["relu"].ops == 0 and nodes["relu"].op_class == ELEMENTWISE  # fused into the conv
     assert nodes["fc"].ops == 2 * 4 * 1024 * 10 and nodes["fc"].op_class == "matmul"
     assert nodes["flat"].fused and nodes["flat"].bytes == 0  # a Reshape moves no data
     assert cost.weight_bytes == (16 * 27 + 1024 * 10) * 4 + 2 * 8
@@ -58,6 +58,8 @@ def test_matmul_nbits_counts_its_packed_weights_at_four_bits() -> None:
 
 def test_softmax_is_normalisation_and_every_class_has_ops() -> None:
     cost = graph_costs(mlp(32), {"batch": 2})
+    nodes = {n.name: n for n in cost.nodes}
+    assert nodes["add0"].fused and nodes["relu0"].fused  # bias add then activation: the MatMul's epilogue
     classes = cost.by_class()
     assert classes["normalization"]["nodes"] == 1 and classes["normalization"]["ops"] == 5 * 2 * 32
     assert set(classes) <= set(ALL_CLASSES)
@@ -101,3 +103,13 @@ def test_nodes_computed_from_constants_only_are_folded() -> None:
     cost = {n.name: n for n in graph_costs(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])).nodes}
     assert cost["const_sin"].fused and cost["const_sin"].ops == 0
     assert cost["mul"].ops == 64 * 64 and cost["mul"].weight_bytes == 64 * 64 * 4  # the folded result is read like a weight
+
+
+def test_an_activation_whose_input_has_other_readers_is_not_fused() -> None:
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"), helper.make_node("Relu", ["m"], ["r"], name="relu"),
+             helper.make_node("Add", ["m", "r"], ["y"], name="residual")]  # fmt: skip
+    w = numpy_helper.from_array(np.ones((16, 16), np.float32), "w")
+    graph = helper.make_graph(nodes, "branch", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])], [w])  # fmt: skip
+    cost = {n.name: n for n in graph_costs(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])).nodes}
+    assert not cost["relu"].fused and cost["relu"].ops == 64 and not cost["residual"].fused
