@@ -50,6 +50,8 @@ class Hardware:
     bandwidth_bytes_s: float
     watts: float | None
     sources: tuple[str, ...] = field(default=())  # how each figure was obtained
+    cache_bytes: float | None = None  # a node moving no more than this runs at cache_bandwidth_bytes_s (measured hosts)
+    cache_bandwidth_bytes_s: float | None = None
 
     def peak_for(self, precision: str) -> tuple[float, str]:
         """(ops/s, the precision whose figure it is) following :data:`COMPUTE_FALLBACK` where needed."""
@@ -64,6 +66,7 @@ class Hardware:
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target, "engine": self.engine, "power_mode": self.power_mode,
                 "peak_ops_per_s": self.peak_ops, "bandwidth_bytes_per_s": self.bandwidth_bytes_s, "watts": self.watts,
+                "cache_bytes": self.cache_bytes, "cache_bandwidth_bytes_per_s": self.cache_bandwidth_bytes_s,
                 "sources": list(self.sources)}  # fmt: skip
 
 
@@ -90,7 +93,12 @@ def hardware_for(target: TargetProfile, power_mode: str | None = None, *, measur
     if measured is not None:
         peaks = {str(k): float(v) for k, v in measured["peak_ops"].items()}
         sources.append(f"peak and bandwidth measured on this host ({measured.get('method', 'micro-benchmark')})")
-        return Hardware(target.name, "cpu", mode, peaks, float(measured["bandwidth_bytes_s"]), watts, tuple(sources))
+        cache, cache_bw = measured.get("cache_bytes"), measured.get("cache_bandwidth_bytes_s")
+        if cache and cache_bw:
+            sources.append(f"nodes moving at most {cache / 2**20:g} MiB (the L2 cache) at the measured in-cache "
+                           f"bandwidth {cache_bw / 1e9:.0f} GB/s")  # fmt: skip
+        return Hardware(target.name, "cpu", mode, peaks, float(measured["bandwidth_bytes_s"]), watts, tuple(sources),
+                        float(cache) if cache and cache_bw else None, float(cache_bw) if cache and cache_bw else None)  # fmt: skip
     if not target.peak_throughput:
         raise EstimateError(f"target '{target.name}' has no peak_throughput figures to estimate from",
                             hint="on the device itself, pass --measure-host to measure its peak (GEMM and copy micro-benchmark); "

@@ -1,6 +1,6 @@
 """Measure this host's peak for the roofline of a CPU target without vendor figures (``x86-64-cpu``):
 a short ONNX Runtime GEMM (512x512: fits the caches, so it shows the arithmetic peak; fp32 MatMul, int8 MatMulInteger) at the target's thread count, and a NumPy
-copy for memory bandwidth. The result is cached per CPU model, threads and ONNX Runtime version in
+copy for memory bandwidth (a 256 MB copy for memory, one within half the L2 cache for the in-cache bandwidth). The result is cached per CPU model, threads and ONNX Runtime version in
 ``$EDGEKIT_CACHE_DIR/host-peak.json`` (default ``~/.cache/edgekit``); ``refresh=True`` measures again.
 
 These are MEASURED peaks of this host's kernels (the best of a few repeats), not vendor figures.
@@ -56,6 +56,19 @@ def _best_seconds(run: Any, repeats: int = REPEATS) -> float:
     return best
 
 
+def l2_cache_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
+    """The size of cpu0's level-2 cache as sysfs reports it (``2048K``), or None where it does not."""
+    for index in sorted(root.glob("index*")):
+        try:
+            if (index / "level").read_text().strip() == "2":
+                text = (index / "size").read_text().strip().upper()
+                scale = {"K": 1024, "M": 1024**2}.get(text[-1:], 1)
+                return int(text.rstrip("KM")) * scale
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def _measure(threads: int) -> dict[str, Any]:
     n = GEMM_SIZE
     rng = np.random.default_rng(0)
@@ -69,7 +82,14 @@ def _measure(threads: int) -> dict[str, Any]:
     source = np.ones(COPY_MB * 2**20 // 4, dtype=np.float32)
     target = np.empty_like(source)
     copy_s = _best_seconds(lambda: np.copyto(target, source), repeats=3)
-    return {"peak_ops": peaks, "bandwidth_bytes_s": 2.0 * source.nbytes / copy_s,
+    cache = l2_cache_bytes()
+    cache_bandwidth = None
+    if cache:  # a copy whose source and destination together fill half the L2: the in-cache bandwidth
+        small = np.ones(cache // 16, dtype=np.float32)
+        small_target = np.empty_like(small)
+        cache_bandwidth = 2.0 * small.nbytes / _best_seconds(lambda: np.copyto(small_target, small), repeats=50)
+    return {"peak_ops": peaks, "bandwidth_bytes_s": 2.0 * source.nbytes / copy_s, "cache_bytes": cache,
+            "cache_bandwidth_bytes_s": cache_bandwidth,
             "method": f"ONNX Runtime {n}x{n} MatMul/MatMulInteger and a {COPY_MB} MB NumPy copy (read+write), best of {REPEATS}, {threads} threads"}  # fmt: skip
 
 
@@ -78,7 +98,7 @@ def _key(threads: int) -> str:
 
     from edgekit.bundle.manifest import host_description
 
-    return f"{host_description()['cpu']}|threads={threads}|onnxruntime={onnxruntime.__version__}|gemm={GEMM_SIZE}"
+    return f"{host_description()['cpu']}|threads={threads}|onnxruntime={onnxruntime.__version__}|gemm={GEMM_SIZE}|cache=1"
 
 
 def measure_host_peak(threads: int, *, refresh: bool = False) -> dict[str, Any]:

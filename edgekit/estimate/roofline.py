@@ -90,7 +90,8 @@ def roofline(cost: GraphCost, hardware: Hardware) -> Roofline:
         if used != node.precision:
             fallbacks.add(f"{node.precision} ops timed at the {used} peak (no {node.precision} figure)")
         compute_s = node.ops / peak if node.ops else 0.0
-        memory_s = node.bytes / hardware.bandwidth_bytes_s
+        in_cache = hardware.cache_bytes is not None and hardware.cache_bandwidth_bytes_s and node.bytes <= hardware.cache_bytes
+        memory_s = node.bytes / (hardware.cache_bandwidth_bytes_s if in_cache else hardware.bandwidth_bytes_s)  # type: ignore[operator]
         bound = "compute" if compute_s >= memory_s else "memory"
         nodes.append(NodeTime(node.name, node.op_type, node.op_class, node.precision, max(compute_s, memory_s) * 1e3, bound, 0.0))
     notes.extend(sorted(fallbacks))

@@ -131,3 +131,19 @@ def test_host_target_is_timed_from_a_measured_peak(tmp_path, monkeypatch, capsys
     assert len(cache) == 1  # the second estimate reuses it
     assert main(["estimate", str(path), "--target", "x86-64-cpu", "--json"]) == 0
     assert len(json.loads((tmp_path / "host-peak.json").read_text())) == 1
+
+
+def test_a_measured_host_times_nodes_that_fit_its_cache_at_the_cache_bandwidth() -> None:
+    measured = {"peak_ops": {"fp32": 100e9, "int8": 1e12}, "bandwidth_bytes_s": 10e9, "cache_bytes": 2**20,
+                "cache_bandwidth_bytes_s": 100e9, "method": "test figures"}  # fmt: skip
+    target = get_target("x86-64-cpu")
+    hw = hardware_for(target, measured=measured)
+    assert hw.engine == "cpu" and hw.cache_bytes == 2**20 and any("in-cache bandwidth 100 GB/s" in s for s in hw.sources)
+    from edgekit.estimate.roofline import roofline
+
+    small = {n.name: n for n in roofline(graph_costs(mlp(32, 1, 32), {"batch": 4}), hw).nodes}["softmax"]
+    big_cost = graph_costs(mlp(2048, 1, 2048), {"batch": 256})
+    big = {n.name: n for n in roofline(big_cost, hw).nodes}["softmax"]
+    softmax_bytes = {n.name: n for n in big_cost.nodes}["softmax"].bytes
+    assert big.bound == "memory" and big.roofline_ms == pytest.approx(softmax_bytes / 10e9 * 1e3)  # 4 MiB: past the cache
+    assert small.roofline_ms == pytest.approx(2 * 4 * 32 * 4 / 100e9 * 1e3)  # 1 KiB in, 1 KiB out, at cache speed
