@@ -97,3 +97,20 @@ def test_fleet_calibrate_without_matching_bundles_says_which_ids_it_knew(fleet: 
     assert "no telemetry of the bundles given (unknown-bundle)" in capsys.readouterr().err
     with pytest.raises(EstimateError, match="not a directory"):
         find_bundles([tmp_path / "missing"])
+
+
+def test_calibration_of_the_host_target_from_its_measured_peak(tmp_path: Path) -> None:
+    """x86-64-cpu has no vendor figures: its roofline uses this host's measured (cached) peak, in the ground truth too."""
+    from edgekit.estimate.host_peak import measure_host_peak
+
+    target = get_target("x86-64-cpu")
+    peak = measure_host_peak(target.cpu.cores)
+    bundles = find_bundles([write_bundles(tmp_path / "bundles")])
+    url = f"sqlite:///{tmp_path / 'host.db'}"
+    with open_store(url) as store:
+        seed_ground_truth(store, target, bundles, TRUTH, devices=2, hours=0.5, measured_peak=peak)
+        observations = observations_from_store(store, bundles)
+    assert set(observations) == {("x86-64-cpu", None)}
+    (result,) = calibrate(observations)
+    assert result.entry.error_after_pct <= result.entry.error_before_pct / 2
+    assert result.entry.factors.power_fraction <= 1.0
