@@ -113,3 +113,13 @@ def test_an_activation_whose_input_has_other_readers_is_not_fused() -> None:
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])], [w])  # fmt: skip
     cost = {n.name: n for n in graph_costs(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])).nodes}
     assert not cost["relu"].fused and cost["relu"].ops == 64 and not cost["residual"].fused
+
+
+def test_integer_matmul_counts_at_int8_with_one_byte_weights() -> None:
+    w = numpy_helper.from_array(np.ones((64, 32), np.int8), "w")
+    node = helper.make_node("MatMulInteger", ["x", "w"], ["y"], name="mmi")
+    graph = helper.make_graph([node], "mmi", [helper.make_tensor_value_info("x", TensorProto.UINT8, [8, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, [8, 32])], [w])  # fmt: skip
+    (mm,) = graph_costs(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])).nodes
+    assert mm.precision == "int8" and mm.ops == 2 * 8 * 64 * 32
+    assert mm.weight_bytes == 64 * 32 and mm.bytes_read == 64 * 32 + 8 * 64 and mm.bytes_written == 8 * 32 * 4
