@@ -230,13 +230,33 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self.close_connection = True
 
+    def _is_v2(self) -> bool:
+        return self.path == "/v2" or self.path.startswith(("/v2/", "/v2?"))
+
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         self._body_read = True
+        if self._is_v2():
+            self._dispatch_v2()
+            return
         self._dispatch({path: lambda fn=fn: fn(self) for path, fn in self.api.get_routes.items()})
 
     def do_POST(self) -> None:  # noqa: N802
         self._body_read = False
+        if self._is_v2():
+            self._dispatch_v2()
+            return
         self._dispatch({path: lambda fn=fn: fn(self) for path, fn in self.api.post_routes.items()})
+
+    def _dispatch_v2(self) -> None:
+        """The Open Inference Protocol (:mod:`edgekit_runtime.agent.oip`), with its own error objects."""
+        from edgekit_runtime.agent import oip
+
+        try:
+            oip.handle(self, self.command)
+        except Exception:  # a bug: answer 500 rather than dropping the connection
+            logger.exception("API handler for %s %s failed", self.command, self.path)
+            self._drain_body()
+            self._send_json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal error in the agent; see its log"})
 
     def read_body(self) -> bytearray:
         """The request body, read as it arrives: refused (413) from Content-Length when over the limit,
@@ -479,14 +499,17 @@ class _UnixHTTPServer(_ConnectionTracking, socketserver.ThreadingMixIn, socketse
 
 
 class AgentApi:
-    """Serves :class:`InferenceServer` over HTTP. ``start()`` binds and serves in a daemon thread."""
+    """Serves models over HTTP: ``/v1`` (the default model) and the Open Inference Protocol under ``/v2``
+    (every model, :mod:`edgekit_runtime.agent.oip`). ``models`` is the agent's
+    :class:`~edgekit_runtime.agent.repository.ModelRepository`, or one :class:`InferenceServer` (or a list
+    of them) built by the caller. ``start()`` binds and serves in a daemon thread."""
 
     get_routes: dict[str, Callable[[_Handler], None]] = {"/v1/health": _health, "/v1/stats": _stats, "/v1/signature": _signature}
     post_routes: dict[str, Callable[[_Handler], None]] = {"/v1/infer": _infer}
 
     def __init__(
         self,
-        server: InferenceServer,
+        models: Any,
         address: str | ApiAddress,
         *,
         health_provider: HealthProvider | None = None,
@@ -497,7 +520,11 @@ class AgentApi:
         header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
         body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     ) -> None:
-        self.server = server
+        if isinstance(models, (InferenceServer, list, tuple)):
+            from edgekit_runtime.agent.repository import StaticModels
+
+            models = StaticModels(models)
+        self.models = models
         # Re-checked here, so that code that builds the API directly cannot bind to the network either.
         self.address = address if isinstance(address, ApiAddress) else parse_api_address(address)
         if not self.address.is_unix:
@@ -513,6 +540,11 @@ class AgentApi:
         self._thread: threading.Thread | None = None
 
     @property
+    def server(self) -> InferenceServer:
+        """The default model's server: what ``/v1`` serves."""
+        return self.models.default.server
+
+    @property
     def bound_address(self) -> str:
         """The address clients should use (with the real port when 0 was asked for)."""
         if self._httpd is None:
@@ -523,7 +555,7 @@ class AgentApi:
         return str(ApiAddress(host=str(host), port=int(port)))
 
     @classmethod
-    def from_config(cls, server: InferenceServer, config: ApiConfig, *, health_provider: HealthProvider | None = None) -> AgentApi:
+    def from_config(cls, server: Any, config: ApiConfig, *, health_provider: HealthProvider | None = None) -> AgentApi:
         """The API as the agent config's ``api`` section describes it."""
         return cls(server, config.address, health_provider=health_provider, max_request_bytes=config.max_request_bytes,
                    idle_timeout_s=config.idle_timeout_s, max_header_bytes=config.max_header_bytes,

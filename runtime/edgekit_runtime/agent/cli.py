@@ -164,16 +164,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_install(args: argparse.Namespace) -> int:
-    from edgekit_runtime.agent.ota import Deployer, DeployRequest
-    from edgekit_runtime.agent.serving import InferenceServer
-    from edgekit_runtime.agent.store import BundleStore
+    from edgekit_runtime.agent.ota import DeployRequest
+    from edgekit_runtime.agent.repository import ModelRepository
 
     config = _load(args.config)
     if config is None:
         return EXIT_CONFIG
-    store = BundleStore(config.bundles.dir)
-    store.prepare()
-    server = InferenceServer()
     failures: list[str] = []
 
     def emit(event: dict[str, Any]) -> None:
@@ -183,16 +179,19 @@ def _cmd_install(args: argparse.Namespace) -> int:
         if event["level"] == "error":
             failures.append(event["message"])
 
+    models = ModelRepository(config, emit)
     try:
         request = DeployRequest.from_args(
             {"url": str(args.bundle), "sha256": args.sha256, "signature": args.signature}, require_sha256=False
         )
-        outcome = Deployer(store, config.bundles, config.health, server, emit).deploy(request, watch=False, check_source=False)
+        slot = models.get(args.model, create=True)  # None: the default model (the one model of bundles.dir)
+        slot.store.prepare()
+        outcome = slot.deployer.deploy(request, watch=False, check_source=False)
     except EdgekitError as err:
         _print_error(err)
         return EXIT_PROBLEMS
     finally:
-        server.close()
+        models.close()
     return EXIT_OK if outcome == "succeeded" else EXIT_PROBLEMS
 
 
@@ -289,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     install.add_argument("--config", "-c", type=Path, required=True, metavar="CONFIG", help="agent YAML (see agent.example.yaml)")
     install.add_argument("--sha256", help="expected sha256 of the tar (or of a directory's manifest.json)")
     install.add_argument("--signature", help="base64 signature over manifest.json, if the bundle has no manifest.sig")
+    install.add_argument("--model", help="the model of the repository to install it as (config models:); default: the default model")
     install.set_defaults(func=_cmd_install)
 
     detect = commands.add_parser("detect", help="name the target profile this device matches, with the evidence",

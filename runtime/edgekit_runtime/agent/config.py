@@ -206,6 +206,26 @@ class CommandsConfig:
 
 
 @dataclass(frozen=True)
+class ModelsConfig:
+    """The model repository: several bundles served at once, each under a model name.
+
+    Each model keeps its own bundle store (``current``/``previous`` versions) in ``<dir>/<name>/``.
+    ``names`` lists the models; without it every folder of ``dir`` is one, and a deploy naming a new
+    model creates its folder. ``default`` is the model ``/v1`` serves and commands without ``model``
+    address. ``memory_budget_mb`` caps what the loaded models may hold together (RSS growth at load).
+    """
+
+    dir: Path
+    names: tuple[str, ...] | None = None
+    default: str | None = None
+    memory_budget_mb: float | None = None
+
+    @property
+    def default_name(self) -> str:
+        return self.default or (self.names[0] if self.names else "")
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     device_id: str
     fleet: str
@@ -219,6 +239,8 @@ class AgentConfig:
     batching: BatchingConfig | None = None
     commands: CommandsConfig = field(default_factory=CommandsConfig)
     source: Path | None = None
+    #: ``None``: one model, served from ``bundles.dir`` and named after its bundle (the single-bundle layout)
+    models: ModelsConfig | None = None
 
     @property
     def replay_path(self) -> Path:
@@ -342,7 +364,7 @@ def parse_config(data: object, *, file: Path) -> AgentConfig:
         file=file,
         prefix="",
         known=("device_id", "fleet", "broker", "bundles", "api", "telemetry", "power", "probe", "batching", "health",
-               "commands"),
+               "commands", "models"),
     )
     bundles = _parse_bundles(top.section("bundles", ("dir", "public_key", "allow_unsigned", "max_download_mb", "download_timeout_s", "inbox", "allowed_sources")))
     return AgentConfig(
@@ -363,6 +385,45 @@ def parse_config(data: object, *, file: Path) -> AgentConfig:
                                                           "require_issued_at", "max_remembered", "require_signed")),
                                  bundles),
         source=file,
+        models=_parse_models(top.section("models", ("dir", "names", "default", "memory_budget_mb")), bundles)
+        if top.has("models")
+        else None,
+    )
+
+
+MODEL_NAME_PATTERN = _ID_PATTERN
+
+
+def _parse_models(section: _Section, bundles: BundlesConfig) -> ModelsConfig:
+    hint = "e.g. models: {names: [detector, keywords], default: detector, memory_budget_mb: 512}"
+    names_data = section.data.get("names")
+    names: tuple[str, ...] | None = None
+    if names_data is not None:
+        if not isinstance(names_data, list) or not names_data:
+            raise section.error("models.names", f"expected a non-empty list of model names, got {names_data!r}", hint=hint)
+        for index, name in enumerate(names_data):
+            if not isinstance(name, str) or not _ID_PATTERN.match(name):
+                raise section.error(f"models.names[{index}]", f"{name!r} is not a model name: letters, digits, '_', '.' "
+                                    "and '-', at most 64, starting with a letter or digit (it is part of URLs)", hint=hint)  # fmt: skip
+        if len(set(names_data)) != len(names_data):
+            twice = sorted({name for name in names_data if names_data.count(name) > 1})
+            raise section.error("models.names", f"lists {', '.join(twice)} more than once", hint="name each model once")
+        names = tuple(names_data)
+    default = section.string("default", None, example="detector")
+    if default is not None and names is not None and default not in names:
+        raise section.error("models.default", f"{default!r} is not one of models.names ({', '.join(names)})",
+                            hint="name one of the listed models, or add it to models.names")  # fmt: skip
+    if default is not None and not _ID_PATTERN.match(default):
+        raise section.error("models.default", f"{default!r} is not a model name", hint=hint)
+    if names is None and default is None:
+        raise section.error("models.default", "is required when models.names is not given (every folder of "
+                            "models.dir is a model, so none is first)", hint="e.g. default: detector")  # fmt: skip
+    budget = section.number("memory_budget_mb", None, minimum=0, exclusive_minimum=True, example="512")
+    return ModelsConfig(
+        dir=section.path("dir", bundles.dir / "models", example="/var/lib/edgekit/models"),
+        names=names,
+        default=default,
+        memory_budget_mb=budget,
     )
 
 

@@ -13,6 +13,14 @@ class DeployError(BundleError):
     """A deploy or rollback command cannot be carried out (bad command, download, hash, switch)."""
 
 
+class MemoryBudgetError(DeployError):
+    """Loading a model would take the loaded models past ``models.memory_budget_mb``."""
+
+
+class ModelNotFoundError(DeployError):
+    """A command or request names a model the repository does not have."""
+
+
 class AgentApiError(EdgekitError):
     """The local inference API refused a request, or cannot be reached or bound."""
 

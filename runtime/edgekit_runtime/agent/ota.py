@@ -37,7 +37,7 @@ from typing import Any
 
 from edgekit_runtime.agent.config import BundlesConfig, HealthConfig
 from edgekit_runtime.agent.deploy_checks import LEDGER_NAME, VersionLedger, bundle_version, signature_changes
-from edgekit_runtime.agent.errors import DeployError
+from edgekit_runtime.agent.errors import DeployError, MemoryBudgetError
 from edgekit_runtime.agent.fetch import SourcePolicy, fetch_bundle, write_error
 from edgekit_runtime.agent.loading import LoadedBundle, check_signature_bytes, load_bundle
 from edgekit_runtime.agent.serving import InferenceServer
@@ -65,13 +65,15 @@ class DeployRequest:
     command_id: str | None = None
     allow_downgrade: bool = False
     allow_signature_change: bool = False
+    #: the model of the repository to deploy to (``None``: the default model)
+    model: str | None = None
 
     @classmethod
     def from_args(cls, args: object, *, command_id: str | None = None, require_sha256: bool = True) -> DeployRequest:
         hint = 'send args {"bundle_id": ..., "url": "https://.../bundle.tar", "sha256": "<64 hex>"}'
         if not isinstance(args, Mapping):
             raise DeployError(f"deploy: args must be an object, got {type(args).__name__}", hint=hint)
-        known = {"bundle_id", "url", "sha256", "size_bytes", "signature", "allow_downgrade", "allow_signature_change"}
+        known = {"bundle_id", "url", "sha256", "size_bytes", "signature", "allow_downgrade", "allow_signature_change", "model"}
         unknown = sorted(set(args) - known)
         if unknown:
             raise DeployError(f"deploy: unknown args {unknown}", hint=f"known args: {', '.join(sorted(known))}")
@@ -94,7 +96,10 @@ class DeployRequest:
             if not isinstance(value, bool):
                 raise DeployError(f"deploy: args.{flag} must be true or false, got {value!r}", hint=f'e.g. "{flag}": true')
             flags[flag] = value
-        return cls(url, None if sha256 is None else sha256.lower(), bundle_id, raw_signature, command_id, **flags)
+        model = args.get("model")
+        if model is not None and not isinstance(model, str):
+            raise DeployError(f"deploy: args.model must be a model name (a string), got {model!r}", hint='e.g. "model": "detector"')
+        return cls(url, None if sha256 is None else sha256.lower(), bundle_id, raw_signature, command_id, **flags, model=model)
 
 
 @dataclass(frozen=True)
@@ -106,14 +111,60 @@ class ServedBundle:
     manifest_sha256: str
     path: Path
     signed_by: str | None
+    #: the version the repository serves it as (Open Inference Protocol): its ``bundle_version``, else its
+    #: manifest's sha256 prefix
+    version: str = ""
 
     def telemetry_ref(self) -> dict[str, str]:
         """The ``bundle`` object of telemetry.v1 and status.v1."""
         return {"id": self.bundle_id, "sha256": self.manifest_sha256}
 
 
+#: ``guard(model, megabytes, measured)``: raises :class:`DeployError` when loading (``measured`` False: the
+#: model file's size, before loading) or keeping (True: the RSS growth the load caused) a model of that size
+#: would take the loaded models past the memory budget.
+MemoryGuard = Callable[[str | None, float, bool], None]
+
+
+def rss_mb(status_path: Path = Path("/proc/self/status")) -> float | None:
+    """This process's resident set size in MiB, ``None`` where /proc cannot tell."""
+    try:
+        for line in status_path.read_text(encoding="ascii", errors="replace").splitlines():
+            if line.startswith("VmRSS:"):
+                return float(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class _StageFailed(Exception):
+    """A deploy failed before its switch, at ``step``; the device is as it was."""
+
+    def __init__(self, step: str, error: EdgekitError) -> None:
+        super().__init__(error.message)
+        self.step, self.error = step, error
+
+
+@dataclass
+class StagedDeploy:
+    """A bundle that passed every check and is installed under ``versions/``, loaded but not yet served."""
+
+    request: DeployRequest
+    loaded: LoadedBundle
+    version_dir: Path
+    old_current: Path | None
+    old_signature: IOSignature | None
+    held_mb: float | None
+
+
 class Deployer:
-    """Owns the bundle store and what the :class:`InferenceServer` serves. One operation at a time."""
+    """Owns the bundle store and what the :class:`InferenceServer` serves. One operation at a time.
+
+    ``model`` names the model of the repository this deployer serves (``None`` for the single model of
+    the one-bundle layout); it is added to every event's details. ``memory_guard`` is asked before and
+    after each load (see :data:`MemoryGuard`); ``held_mb`` is what loading the served bundle added to
+    the process's RSS.
+    """
 
     def __init__(
         self,
@@ -126,7 +177,13 @@ class Deployer:
         stop: threading.Event | None = None,
         runner_options: dict[str, Any] | None = None,
         on_change: Callable[[ServedBundle | None], None] | None = None,
+        model: str | None = None,
+        memory_guard: MemoryGuard | None = None,
     ) -> None:
+        self.model = model
+        self._memory_guard = memory_guard
+        self.held_mb: float | None = None
+        self._loaded_mb: float | None = None  # the last load's RSS growth, until _serve takes it
         self.store = store
         self.bundles = bundles
         self.health = health
@@ -152,12 +209,40 @@ class Deployer:
     def _event(self, kind: str, message: str, *, level: str = "info", command_id: str | None = None, **details: Any) -> None:
         log = {"info": logger.info, "warning": logger.warning, "error": logger.error}[level]
         log("%s: %s", kind, message)
+        if self.model is not None:
+            details = {"model": self.model, **details}
         self._emit({"kind": kind, "level": level, "message": message, "command_id": command_id, "details": details})
 
     # -- serving ------------------------------------------------------------------------------------
 
     def _load(self, path: Path, on_step: Callable[[str, dict[str, Any]], None] | None = None) -> LoadedBundle:
-        return load_bundle(path, self.bundles, on_step=on_step, runner_options=self._runner_options)
+        """Every check and the load, inside the memory budget: the model file's size is checked against it
+        before loading, the RSS growth the load caused after (over the budget: the runner is closed again)."""
+        guard = self._memory_guard
+        if guard is not None:
+            model_file = self._model_file(path)
+            guard(self.model, model_file.stat().st_size / 2**20 if model_file is not None else 0.0, False)
+        before_mb = rss_mb()
+        loaded = load_bundle(path, self.bundles, on_step=on_step, runner_options=self._runner_options)
+        after_mb = rss_mb()
+        held_mb = None if before_mb is None or after_mb is None else round(max(after_mb - before_mb, 0.0), 1)
+        if guard is not None and held_mb is not None:
+            try:
+                guard(self.model, held_mb, True)
+            except BaseException:
+                loaded.runner.close()
+                raise
+        self._loaded_mb = held_mb
+        return loaded
+
+    @staticmethod
+    def _model_file(path: Path) -> Path | None:
+        try:
+            model = json.loads((path / MANIFEST_NAME).read_text(encoding="utf-8")).get("model") or {}
+            candidate = (path / str(model.get("path"))).resolve()
+        except (OSError, ValueError, AttributeError):
+            return None  # load_bundle says what is wrong with the manifest
+        return candidate if candidate.is_file() and candidate.is_relative_to(path.resolve()) else None
 
     def _serve(self, loaded: LoadedBundle, path: Path) -> ServedBundle:
         meta = self.store.read_meta(path)
@@ -171,11 +256,21 @@ class Deployer:
             manifest_sha256=manifest_sha256,
             path=path,
             signed_by=loaded.signed_by,
+            version=self._served_version(loaded, manifest_sha256),
         )
         self.last_self_check_passed = loaded.check.passed
+        self.held_mb = self._loaded_mb
         if self._on_change is not None:
             self._on_change(self._served)
         return self._served
+
+    @staticmethod
+    def _served_version(loaded: LoadedBundle, manifest_sha256: str) -> str:
+        try:
+            version = bundle_version(loaded.bundle.manifest, where=str(loaded.bundle.manifest_path))
+        except EdgekitError:
+            version = None
+        return str(version) if version is not None else manifest_sha256[:12]
 
     def start(self) -> ServedBundle | None:
         """Serve ``current`` if it passes every check, else ``previous``; returns what is served."""
@@ -219,20 +314,6 @@ class Deployer:
         finally:
             self._lock.release()
 
-    def _write_failed(self, request: DeployRequest, step: str, err: DeployError) -> str:
-        self._event("deploy_result", f"deploy of {request.url} failed at {step}: {err.message}", level="error",
-                    command_id=request.command_id, outcome="failed", step=step, error=str(err))  # fmt: skip
-        return "failed"
-
-    def _remove_version(self, version_dir: Path) -> None:
-        """Delete an installed version (and its meta files) unless ``current`` or ``previous`` names it."""
-        if version_dir in (self.store.current, self.store.previous):
-            return
-        shutil.rmtree(version_dir, ignore_errors=True)
-        meta = self.store.meta_path(version_dir)
-        meta.unlink(missing_ok=True)
-        meta.with_name(meta.name + ".partial").unlink(missing_ok=True)
-
     def _remember_version(self, loaded: LoadedBundle) -> None:
         manifest_sha256 = hashlib.sha256(loaded.bundle.manifest_path.read_bytes()).hexdigest()
         try:
@@ -274,6 +355,46 @@ class Deployer:
         on_step("download")  # what follows is writing out the files
 
     def _deploy_locked(self, request: DeployRequest, *, watch: bool, check_source: bool = True) -> str:
+        try:
+            staged = self.stage(request, check_source=check_source)
+        except _StageFailed as failure:
+            self._event("deploy_result", f"deploy of {request.url} failed at {failure.step}: {failure.error.message}",
+                        level="error", command_id=request.command_id, outcome="failed", step=failure.step,
+                        error=str(failure.error))  # fmt: skip
+            return "failed"
+        if staged is None:
+            return "succeeded"
+        previous_served = self.switch(staged)
+        if watch and self.health.window_s > 0:
+            before = self.server.totals()
+            self._event("deploy_progress", f"watching {staged.loaded.name} for {self.health.window_s:g} s",
+                        command_id=request.command_id, step="watching", window_s=self.health.window_s,
+                        max_error_rate=self.health.max_error_rate)  # fmt: skip
+            interrupted = self._stop.wait(self.health.window_s)
+            healthy, details = self.judge_health(staged, before, interrupted=interrupted)
+            if details["interrupted"]:  # the agent is stopping; the new bundle passed every check and stays
+                self._remember_version(staged.loaded)
+                self._event("deploy_result", f"deployed {staged.loaded.name}; its health watch was cut short by shutdown",
+                            level="warning", command_id=request.command_id, outcome="succeeded", bundle=staged.loaded.name,
+                            health=details)  # fmt: skip
+                return "succeeded"
+            if not healthy:
+                return self._roll_back_after_watch(request, staged.loaded, previous_served, details)
+        self.finish(staged)
+        self._event("deploy_result", f"deployed {staged.loaded.name}", command_id=request.command_id,
+                    outcome="succeeded", bundle=staged.loaded.name, bundle_id=self._served.bundle_id if self._served else None)  # fmt: skip
+        return "succeeded"
+
+    @property
+    def lock(self) -> threading.Lock:
+        """Held during a deploy or rollback (a pipeline deploy holds the locks of all its models)."""
+        return self._lock
+
+    def stage(self, request: DeployRequest, *, check_source: bool = True) -> StagedDeploy | None:
+        """Steps 1 to 4 (download, signature, files, self-check) and the install under ``versions/``; the
+        caller holds :attr:`lock`. Returns ``None`` (after its ``deploy_result``) when the bundle is already
+        current; raises :class:`_StageFailed` with the failed step, the device left as it was."""
+
         def progress(step: str, message: str, **details: Any) -> None:
             self._event("deploy_progress", message, command_id=request.command_id, step=step, **details)
 
@@ -282,7 +403,7 @@ class Deployer:
         try:
             staging = self.store.new_staging_dir()
         except OSError as err:
-            return self._write_failed(request, step, write_error(err, request.url, self.store.root, what="making its staging folder"))
+            raise _StageFailed(step, write_error(err, request.url, self.store.root, what="making its staging folder")) from err
         loaded: LoadedBundle | None = None
         version_dir: Path | None = None
         old_signature = self.server.signature
@@ -313,6 +434,7 @@ class Deployer:
                 progress(name, name.replace("_", " "), **details)
 
             loaded = self._load(fetched.path, on_step)
+            held_mb = self._loaded_mb
             step = "switch"
             manifest_sha256 = hashlib.sha256((fetched.path / MANIFEST_NAME).read_bytes()).hexdigest()
             name = version_name(loaded.name, manifest_sha256)
@@ -321,7 +443,7 @@ class Deployer:
                 loaded.runner.close()
                 self._event("deploy_result", f"{loaded.name} is already the current bundle", command_id=request.command_id,
                             outcome="succeeded", bundle=loaded.name, unchanged=True)  # fmt: skip
-                return "succeeded"
+                return None
             version_dir = self.store.install(fetched.path, name)
             loaded.bundle = type(loaded.bundle)(root=version_dir, manifest=loaded.bundle.manifest)
             self.store.write_meta(version_dir, bundle_id=request.bundle_id or loaded.name, sha256=fetched.sha256,
@@ -329,46 +451,63 @@ class Deployer:
         except EdgekitError as err:
             if loaded is not None:
                 loaded.runner.close()
-            self._event("deploy_result", f"deploy of {request.url} failed at {step}: {err.message}", level="error",
-                        command_id=request.command_id, outcome="failed", step=step, error=str(err))  # fmt: skip
-            return "failed"
+            if isinstance(err, MemoryBudgetError):
+                step = "memory"
+            raise _StageFailed(step, err) from err
         except OSError as err:  # a full disk (or a failing one) while writing: a failed deploy, the old bundle served
             if loaded is not None:
                 loaded.runner.close()
             if version_dir is not None:
                 self._remove_version(version_dir)
-            return self._write_failed(request, step, write_error(err, request.url, self.store.root, what=f"the {step} step"))
+            raise _StageFailed(step, write_error(err, request.url, self.store.root, what=f"the {step} step")) from err
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        return StagedDeploy(request, loaded, version_dir, old_current, old_signature, held_mb)
 
+    def _remove_version(self, version_dir: Path) -> None:
+        """Delete an installed version (and its meta files) unless ``current`` or ``previous`` names it."""
+        if version_dir in (self.store.current, self.store.previous):
+            return
+        shutil.rmtree(version_dir, ignore_errors=True)
+        meta = self.store.meta_path(version_dir)
+        meta.unlink(missing_ok=True)
+        meta.with_name(meta.name + ".partial").unlink(missing_ok=True)
+
+    def discard(self, staged: StagedDeploy) -> None:
+        """Give up a staged deploy (a pipeline deploy whose other model failed): close its runner and delete
+        the installed version unless a link names it."""
+        staged.loaded.runner.close()
+        if staged.version_dir not in (self.store.current, self.store.previous):
+            shutil.rmtree(staged.version_dir, ignore_errors=True)
+            self.store.meta_path(staged.version_dir).unlink(missing_ok=True)
+
+    def switch(self, staged: StagedDeploy) -> ServedBundle | None:
+        """Step 5: point ``current`` at the staged version and serve it; returns what was served before."""
         previous_served = self._served
-        self.store.switch_to(version_dir)
-        self._serve(loaded, version_dir)
-        progress("switched", f"now serving {loaded.name}", bundle=loaded.name, to=version_dir.name,
-                 previous=None if old_current is None else old_current.name)  # fmt: skip
-        signature_changed = old_signature is not None and bool(signature_changes(old_signature, loaded.bundle.io))
-        if watch and self.health.window_s > 0:
-            healthy, details = self._watch(loaded, request, signature_changed=signature_changed)
-            if details["interrupted"]:  # the agent is stopping; the new bundle passed every check and stays
-                self._remember_version(loaded)
-                self._event("deploy_result", f"deployed {loaded.name}; its health watch was cut short by shutdown",
-                            level="warning", command_id=request.command_id, outcome="succeeded", bundle=loaded.name,
-                            health=details)  # fmt: skip
-                return "succeeded"
-            if not healthy:
-                return self._roll_back_after_watch(request, loaded, previous_served, details)
-        self._remember_version(loaded)
-        self.store.prune()
-        self._event("deploy_result", f"deployed {loaded.name}", command_id=request.command_id,
-                    outcome="succeeded", bundle=loaded.name, bundle_id=self._served.bundle_id if self._served else None)  # fmt: skip
-        return "succeeded"
+        self._loaded_mb = staged.held_mb
+        self.store.switch_to(staged.version_dir)
+        self._serve(staged.loaded, staged.version_dir)
+        self._event("deploy_progress", f"now serving {staged.loaded.name}", command_id=staged.request.command_id,
+                    step="switched", bundle=staged.loaded.name, to=staged.version_dir.name,
+                    previous=None if staged.old_current is None else staged.old_current.name)  # fmt: skip
+        return previous_served
 
-    def _watch(self, loaded: LoadedBundle, request: DeployRequest, *, signature_changed: bool = False) -> tuple[bool, dict[str, Any]]:
+    def judge_health(self, staged: StagedDeploy, before: Any, *, interrupted: bool) -> tuple[bool, dict[str, Any]]:
+        """Step 6, after the watch window: the live error rate since ``before`` (the server's totals when the
+        window opened) and the self-check on the live runner."""
+        signature_changed = staged.old_signature is not None and bool(signature_changes(staged.old_signature, staged.loaded.bundle.io))
+        return self._judge(staged.loaded, before, interrupted=interrupted, signature_changed=signature_changed)
+
+    def finish(self, staged: StagedDeploy) -> None:
+        """A deploy that stays: record its version and prune old versions."""
+        self._remember_version(staged.loaded)
+        self.store.prune()
+
+    def roll_back_after_watch(self, staged: StagedDeploy, previous_served: ServedBundle | None, details: dict[str, Any]) -> str:
+        return self._roll_back_after_watch(staged.request, staged.loaded, previous_served, details)
+
+    def _judge(self, loaded: LoadedBundle, before: Any, *, interrupted: bool, signature_changed: bool) -> tuple[bool, dict[str, Any]]:
         window_s = self.health.window_s
-        self._event("deploy_progress", f"watching {loaded.name} for {window_s:g} s", command_id=request.command_id,
-                    step="watching", window_s=window_s, max_error_rate=self.health.max_error_rate)  # fmt: skip
-        before = self.server.totals()
-        interrupted = self._stop.wait(window_s)
         after = self.server.totals()
         if interrupted:
             return True, {"interrupted": True, "requests": after.requests - before.requests, "errors": after.errors - before.errors}
@@ -446,6 +585,10 @@ class Deployer:
             return True
         finally:
             self._lock.release()
+
+    def restore_previous(self) -> ServedBundle:
+        """Serve ``previous`` again, the caller holding :attr:`lock` (a pipeline deploy that rolls back)."""
+        return self._rollback_locked()
 
     def _rollback_locked(self) -> ServedBundle:
         target = self.store.previous

@@ -50,9 +50,8 @@ from edgekit_runtime.agent.bounded import bound_event
 from edgekit_runtime.agent.backoff import Backoff
 from edgekit_runtime.agent.config import AgentConfig, parse_api_address
 from edgekit_runtime.agent.errors import AgentApiError
-from edgekit_runtime.agent.ota import Deployer, DeployRequest
-from edgekit_runtime.agent.serving import InferenceServer
-from edgekit_runtime.agent.store import BundleStore
+from edgekit_runtime.agent.ota import DeployRequest
+from edgekit_runtime.agent.repository import ModelRepository
 from edgekit_runtime.agent.telemetry import (
     EVENT_THREAD_RESTARTED,
     BundleRef,
@@ -158,11 +157,11 @@ class AgentService:
         self._sensor: PowerSensor | None = None
         self._window_start = datetime.now(timezone.utc)
 
-        self.server = InferenceServer(batching=config.batching)
-        self.store = BundleStore(config.bundles.dir)
-        self.deployer = Deployer(self.store, config.bundles, config.health, self.server, self._emit, stop=self._stop,
-                                 on_change=self._served_changed)  # fmt: skip
-        self.api = AgentApi.from_config(self.server, config.api, health_provider=self.health)
+        # The models served (one per bundle store); server, store and deployer are the default model's.
+        self.models = ModelRepository(config, self._emit, stop=self._stop, on_change=self._served_changed)
+        default = self.models.default
+        self.server, self.store, self.deployer = default.server, default.store, default.deployer
+        self.api = AgentApi.from_config(self.models, config.api, health_provider=self.health)
         self.state_reader = DeviceStateReader(config.power.root)
         self.integrator: PowerIntegrator | None = None
         # Device identity (read once at start) and power mode (re-read every telemetry window).
@@ -189,7 +188,7 @@ class AgentService:
         """Serve the current bundle, open the API, connect to the broker and start the loops."""
         self._start_sensor()
         self._read_identity()
-        self.deployer.start()
+        self.models.start()
         self.api.start()
         self._start_link()
         self._window_start = datetime.now(timezone.utc)
@@ -234,7 +233,7 @@ class AgentService:
         if self._link is not None and self._link_started:
             self._link.stop()
             self._link_started = False
-        self.server.close()
+        self.models.close()
         if self._sensor is not None:
             self._sensor.close()
         if self._spool is not None:
@@ -475,6 +474,9 @@ class AgentService:
             "spool": self._spool_health(),
             "threads": {name: dict(record) for name, record in self._threads_health.items()},
             **self._status_fields(),
+            # every model of the repository (the fields above are the default model's)
+            "models": [slot.info() for slot in self.models.slots()],
+            "memory": {"budget_mb": self.models.budget_mb, "models_mb": round(self.models.held_mb(), 1)},
         }
 
     def _current_problems(self) -> list[TelemetryProblem]:
@@ -696,13 +698,29 @@ class AgentService:
 
     def _command_deploy(self, args: dict[str, Any], command_id: str | None) -> None:
         request = DeployRequest.from_args(args, command_id=command_id)
-        self._spawn_ota("edgekit-deploy", lambda: self.deployer.deploy(request))
+        deployer = self.models.get(request.model, create=True).deployer  # an unknown model: command_rejected
+        self._spawn_ota("edgekit-deploy", lambda: deployer.deploy(request))
+
+    def _command_deploy_pipeline(self, args: dict[str, Any], command_id: str | None) -> None:
+        deploys = args.get("deploys")
+        hint = 'send args {"deploys": [{"model": "detector", "bundle_id": ..., "url": ..., "sha256": ...}, ...]}'
+        if set(args) - {"deploys"} or not isinstance(deploys, list) or not deploys:
+            raise EdgekitError(f"deploy_pipeline: args must be {{\"deploys\": [...]}} with at least one deploy, got keys {sorted(args)}", hint=hint)
+        requests = []
+        for index, item in enumerate(deploys):
+            if not isinstance(item, dict) or not isinstance(item.get("model"), str):
+                raise EdgekitError(f"deploy_pipeline: deploys[{index}] must be an object naming its model", hint=hint)
+            requests.append(DeployRequest.from_args(item, command_id=command_id))
+        self._spawn_ota("edgekit-deploy", lambda: self.models.deploy_pipeline(requests, command_id=command_id))
 
     def _command_rollback(self, args: dict[str, Any], command_id: str | None) -> None:
-        bundle_id = args.get("bundle_id")
+        bundle_id, model = args.get("bundle_id"), args.get("model")
         if bundle_id is not None and not isinstance(bundle_id, str):
             raise EdgekitError(f"rollback: bundle_id must be a string, got {bundle_id!r}")
-        self._spawn_ota("edgekit-rollback", lambda: self.deployer.rollback(command_id=command_id, bundle_id=bundle_id))
+        if model is not None and not isinstance(model, str):
+            raise EdgekitError(f"rollback: model must be a model name (a string), got {model!r}")
+        deployer = self.models.get(model).deployer
+        self._spawn_ota("edgekit-rollback", lambda: deployer.rollback(command_id=command_id, bundle_id=bundle_id))
 
     def _spawn_ota(self, name: str, work: Callable[[], object]) -> None:
         def run() -> None:
@@ -740,4 +758,5 @@ COMMAND_HANDLERS: dict[str, Callable[[AgentService, dict[str, Any], str | None],
     "rollback": AgentService._command_rollback,
     "set_interval": AgentService._command_set_interval,
     "ping": AgentService._command_ping,
+    "deploy_pipeline": AgentService._command_deploy_pipeline,
 }

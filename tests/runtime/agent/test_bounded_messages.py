@@ -50,7 +50,7 @@ def test_schema_problems_quote_values_briefly_and_stop_at_the_limit() -> None:
     command = {"schema": "edgekit.command/1", "id": "x" * 100_000, "command": "y" * 5000, "args": [1] * 10_000}
     problems = schema_problems(command, "command.v1")
     assert "id: string of 100000 characters is longer than 128" in problems
-    assert f"command: '{'y' * 116}... is not one of ['deploy', 'rollback', 'set_interval', 'ping']" in problems
+    assert f"command: '{'y' * 116}... is not one of ['deploy', 'rollback', 'set_interval', 'ping', 'deploy_pipeline']" in problems
     assert "args: <list of 10000 items> is not of type object" in problems
     assert max(len(p) for p in problems) < 300
     assert len(schema_problems(command, "command.v1", limit=1)) == 1

@@ -135,7 +135,7 @@ def test_commands_malformed_ones_become_error_events(mosquitto: MosquittoBroker,
         assert events[1]["message"] == "command payload is not UTF-8: byte 0 (invalid start byte)"
         assert events[2]["message"] == ("command does not match schema command.v1: "
                                         "args.interval_s: 0 is less than the minimum of 1")  # fmt: skip
-        assert "command: 'reboot' is not one of ['deploy', 'rollback', 'set_interval', 'ping']" in events[3]["message"]
+        assert "command: 'reboot' is not one of ['deploy', 'rollback', 'set_interval', 'ping', 'deploy_pipeline']" in events[3]["message"]
         assert events[5]["message"].startswith("command 'set_interval' refused: command id 'c-4' was already received at ")
         assert events[5]["level"] == "warning" and events[5]["details"]["reason"] == "replayed"
         assert events[6]["message"] == "command 'rollback' failed: RuntimeError: no previous bundle to roll back to"

@@ -36,7 +36,8 @@ def wait_for(service: AgentService, kind: str, timeout_s: float = 10.0) -> dict:
 
 
 def test_every_command_in_the_table_is_handled(service: AgentService, signed_bundle: Callable[..., Path]) -> None:
-    assert set(COMMAND_HANDLERS) == {"deploy", "rollback", "set_interval", "ping"}
+    # deploy_pipeline is exercised in test_model_repository.py
+    assert set(COMMAND_HANDLERS) == {"deploy", "rollback", "set_interval", "ping", "deploy_pipeline"}
     service.dispatch_command({"id": "c1", "command": "ping"})
     pong = wait_for(service, "pong")
     assert pong["command_id"] == "c1" and pong["details"]["bundle"]["id"] == "tiny-a"
