@@ -52,8 +52,9 @@ def run(args: argparse.Namespace) -> int:
         energy = Table(title="energy per inference at each power mode (estimate)")
         for column in ("mode", "watts", "p50 ms", "mJ / inference"):
             energy.add_column(column, justify="right" if column != "mode" else "left")
-        for row in result.energy:
-            energy.add_row(row.power_mode, f"{row.watts:g}", f"{row.latency_ms:.3f}", f"{row.energy_per_inference_mj:.2f}")
+        for mode_energy in result.energy:
+            energy.add_row(mode_energy.power_mode, f"{mode_energy.watts:g}", f"{mode_energy.latency_ms:.3f}",
+                           f"{mode_energy.energy_per_inference_mj:.2f}")  # fmt: skip
         printer.print(energy)
     table = Table(title="by node class (estimate)")
     for column in ("class", "nodes", "GOPs", "MB moved", "ms", "share"):

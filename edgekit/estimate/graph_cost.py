@@ -221,7 +221,7 @@ def _shapes_by_probe(path: Path, model: Any, dims: Mapping[str, int], input_shap
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
     session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    feeds = {}
+    feeds: dict[str, np.ndarray] = {}
     for value in session.get_inputs():
         shape = [d if isinstance(d, int) and d > 0 else int(dims.get(str(d), 1)) for d in value.shape]
         if input_shapes and value.name in input_shapes:

@@ -91,13 +91,13 @@ def hardware_for(target: TargetProfile, power_mode: str | None = None, *, measur
     watts = target.power_modes.get(mode) if mode else None
     sources: list[str] = []
     if measured is not None:
-        peaks = {str(k): float(v) for k, v in measured["peak_ops"].items()}
+        measured_peaks = {str(k): float(v) for k, v in measured["peak_ops"].items()}
         sources.append(f"peak and bandwidth measured on this host ({measured.get('method', 'micro-benchmark')})")
         cache, cache_bw = measured.get("cache_bytes"), measured.get("cache_bandwidth_bytes_s")
         if cache and cache_bw:
             sources.append(f"nodes moving at most {cache / 2**20:g} MiB (the L2 cache) at the measured in-cache "
                            f"bandwidth {cache_bw / 1e9:.0f} GB/s")  # fmt: skip
-        return Hardware(target.name, "cpu", mode, peaks, float(measured["bandwidth_bytes_s"]), watts, tuple(sources),
+        return Hardware(target.name, "cpu", mode, measured_peaks, float(measured["bandwidth_bytes_s"]), watts, tuple(sources),
                         float(cache) if cache and cache_bw else None, float(cache_bw) if cache and cache_bw else None)  # fmt: skip
     if not target.peak_throughput:
         raise EstimateError(f"target '{target.name}' has no peak_throughput figures to estimate from",
