@@ -67,40 +67,65 @@ def median_error_pct(observations: Sequence[Observation], factors: Factors) -> f
     return float(np.median(errors)) if errors else float("nan")
 
 
-def fit_factors(observations: Sequence[Observation], prior: Factors, *, source: str) -> Factors:
+def fit_factors(observations: Sequence[Observation], prior: Factors, *, source: str, per_class: bool | None = None) -> Factors:
     """Factors that minimise the log latency error over ``observations`` (robust soft-L1 loss, so one odd
-    measurement does not drag every class; bounded: efficiency in (0, 1], overhead 0..10 ms a node)."""
+    measurement does not drag every class; bounded: efficiency in (0, 1], overhead 0..10 ms a node).
+
+    Two fits: one efficiency per op class (``per_class=True``), or the priors times one common scale
+    (``False``: two parameters, for few or noisy observations). ``None`` picks by leave-one-out error
+    (from 4 observations; below that, per class only with more observations than parameters)."""
     from scipy.optimize import least_squares
 
     if not observations:
         raise EstimateError("no observations to calibrate from", hint="the store needs telemetry of bundles whose graphs you pass")
     classes = [c for c in ALL_CLASSES if any(o.class_ms.get(c, 0.0) > 0 for o in observations)]
+    k = len(classes)
+    if per_class is None:
+        if len(observations) < 4:
+            per_class = len(observations) > k + 1
+        else:
+            scores = {}
+            for choice in (True, False):
+                errors = [median_error_pct([held], fit_factors([o for o in observations if o is not held], prior, source="", per_class=choice))
+                          for held in observations]  # fmt: skip
+                scores[choice] = float(np.median(errors))
+            per_class = scores[True] <= scores[False]
+        source += "; one efficiency per op class" if per_class else "; the default factors times one common scale (chosen by leave-one-out error)"
     x = np.array([[o.class_ms.get(c, 0.0) for c in classes] for o in observations])
     nodes = np.array([float(o.nodes) for o in observations])
     measured = np.array([o.measured_ms for o in observations])
     log_prior = np.log([1.0 / prior.efficiency.get(c, 1.0) for c in classes])
     overhead_prior = prior.node_overhead_us / 1e3
-    k = len(classes)
+
+    def inverse_efficiency(theta: np.ndarray) -> np.ndarray:
+        return np.exp(theta[:k]) if per_class else np.exp(log_prior + theta[0])
 
     def residuals(theta: np.ndarray) -> np.ndarray:
-        predicted = x @ np.exp(theta[:k]) + nodes * theta[k]
+        predicted = x @ inverse_efficiency(theta) + nodes * theta[-1]
         fit = np.log(np.maximum(predicted, 1e-12) / measured)
-        pull = PRIOR_WEIGHT * np.append(theta[:k] - log_prior, (theta[k] - overhead_prior) / max(overhead_prior, 1e-3))
+        log_scale = theta[:k] - log_prior if per_class else theta[:1]
+        pull = PRIOR_WEIGHT * np.append(log_scale, (theta[-1] - overhead_prior) / max(overhead_prior, 1e-3))
         return np.concatenate([fit, pull])
 
-    start = np.append(np.clip(log_prior, 0.0, math.log(1e4)), min(max(overhead_prior, 0.0), 10.0))
-    solution = least_squares(residuals, start, bounds=(np.zeros(k + 1), np.append(np.full(k, math.log(1e4)), 10.0)),
-                             loss="soft_l1", f_scale=0.1).x  # fmt: skip
+    overhead_start = min(max(overhead_prior, 0.0), 10.0)
+    if per_class:
+        start = np.append(np.clip(log_prior, 0.0, math.log(1e4)), overhead_start)
+        bounds = (np.zeros(k + 1), np.append(np.full(k, math.log(1e4)), 10.0))
+    else:  # the common scale keeps every efficiency at most 1
+        lowest = -float(np.min(log_prior)) if k else 0.0
+        start, bounds = np.array([max(0.0, lowest), overhead_start]), (np.array([lowest, 0.0]), np.array([math.log(1e4), 10.0]))
+    solution = least_squares(residuals, start, bounds=bounds, loss="soft_l1", f_scale=0.1).x
+    inverse = inverse_efficiency(solution)
     efficiency = dict(prior.efficiency)
-    for cls, log_inverse in zip(classes, solution[:k]):
-        efficiency[cls] = round(float(math.exp(-log_inverse)), 5)
+    for cls, value in zip(classes, inverse):
+        efficiency[cls] = round(min(1.0, 1.0 / float(value)), 5)
     power_fraction = prior.power_fraction
     # the fleet's mean power over the mode's watts: it includes idle time between inferences, so it is a lower
     # bound of the draw while inferring (telemetry has no busy-only power); capped at the whole budget
     shares = [min(1.0, o.power_mean_w / o.watts) for o in observations if o.power_mean_w and o.watts]
     if shares:
         power_fraction = round(float(np.median(shares)), 4)
-    return Factors(efficiency, round(float(solution[k]) * 1e3, 4), power_fraction, source)
+    return Factors(efficiency, round(float(solution[-1]) * 1e3, 4), power_fraction, source)
 
 
 def calibrate_entry(target: str, power_mode: str | None, observations: Sequence[Observation], prior: Factors) -> CalibrationEntry:

@@ -58,6 +58,7 @@ def test_calibration_halves_the_error_against_a_ground_truth_fleet(fleet: tuple[
         entry = result.entry
         assert entry.error_before_pct > 30.0  # the priors are far from this fleet's truth
         assert entry.error_after_pct <= entry.error_before_pct / 2
+        assert "one efficiency per op class" in entry.factors.source  # leave-one-out picked the per-class fit
         assert result.loo_error_pct is not None and result.loo_error_pct <= entry.error_before_pct / 2
         # the classes these graphs spend their time in come back near the truth (the simulator's load slowdown,
         # about x1.17 on average, and per-unit speed spread are folded in, as a real fleet's would be)
