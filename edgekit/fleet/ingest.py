@@ -20,7 +20,8 @@ from typing import Any, Callable, Union
 
 from fastjsonschema import JsonSchemaValueException as _JsonSchemaValueException
 
-from edgekit.fleet.store.base import DeviceEvent, DeviceIdentityRecord, DeviceStatus, RejectedMessage, TelemetryWindow
+from edgekit.fleet.store.base import (DeviceEvent, DeviceIdentityRecord, DeviceStatus, ModelWindow, RejectedMessage,
+                                      TelemetryWindow)
 
 logger = logging.getLogger(__name__)
 
@@ -302,8 +303,22 @@ def _telemetry(message: dict[str, Any], at: dt.datetime, text: str) -> Telemetry
         temperature_max_c=max(temperatures) if temperatures else None,
         memory_used_mb=_float(message["memory"]["used_mb"]),
         cpu_load_pct=_float(message["cpu_load_pct"]), gpu_load_pct=_float(message["gpu_load_pct"]),
-        payload=message, payload_json=text,
+        payload=message, payload_json=text, model=message.get("model"), models=_model_windows(message),
     )  # fmt: skip
+
+
+def _model_windows(message: dict[str, Any]) -> tuple[ModelWindow, ...]:
+    """telemetry.v1's optional ``models`` (issue 20: every model's window on an agent serving several)."""
+    found = []
+    for entry in message.get("models") or ():
+        bundle = entry["bundle"]
+        found.append(ModelWindow(
+            model=entry["model"], bundle_id=bundle["id"] if bundle else None,
+            count=_int64(entry["count"], "models[].count"), errors=_int64(entry["errors"], "models[].errors"),
+            p50_ms=_float(entry["p50_ms"]), p99_ms=_float(entry["p99_ms"]),
+            throughput_per_s=_float(entry["throughput_per_s"]), memory_mb=_float(entry.get("memory_mb")),
+        ))  # fmt: skip
+    return tuple(found)
 
 
 def _status(message: dict[str, Any], at: dt.datetime, text: str) -> DeviceStatus:

@@ -16,12 +16,15 @@ from typing import Callable
 from edgekit.fleet.errors import StoreError
 from edgekit.fleet.store.base import (
     AGGREGATE_KEYS,
+    MODEL_AGGREGATE_KEYS,
     Aggregate,
     BundleSpan,
     DeviceEvent,
     DeviceStatus,
     DeviceSummary,
     FleetStore,
+    ModelAggregate,
+    ModelWindow,
     RejectedMessage,
     TelemetryWindow,
 )
@@ -109,5 +112,6 @@ def open_store(url: str, *, must_exist: bool = False) -> FleetStore:
 
 __all__ = [
     "ACCEPTED_FORMS", "AGGREGATE_KEYS", "Aggregate", "BundleSpan", "DeviceEvent", "DeviceStatus", "DeviceSummary",
-    "FleetStore", "RejectedMessage", "STORE_SCHEMES", "TelemetryWindow", "open_store",
+    "FleetStore", "MODEL_AGGREGATE_KEYS", "ModelAggregate", "ModelWindow", "RejectedMessage", "STORE_SCHEMES",
+    "TelemetryWindow", "open_store",
 ]  # fmt: skip

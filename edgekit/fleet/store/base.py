@@ -44,6 +44,51 @@ class TelemetryWindow:
     payload: dict[str, Any] = field(default_factory=dict, compare=False)
     #: ``payload`` as the JSON text that arrived, when known: stores keep it as is instead of encoding again.
     payload_json: str | None = field(default=None, compare=False, repr=False)
+    #: the model the window's bundle and latency are for (telemetry.v1 ``model``, issue 20); None from agents naming none
+    model: str | None = None
+    #: every model's own window (telemetry.v1 ``models``, else the window itself under ``model``)
+    models: tuple["ModelWindow", ...] = field(default=(), compare=False)
+
+
+@dataclass(frozen=True)
+class ModelWindow:
+    """One model's part of a telemetry window: its inferences, latency and bundle (power is the device's)."""
+
+    model: str | None
+    bundle_id: str | None
+    count: int
+    errors: int
+    p50_ms: float | None
+    p99_ms: float | None
+    throughput_per_s: float | None
+    memory_mb: float | None = None
+
+
+@dataclass(frozen=True)
+class ModelAggregate:
+    """Per-model telemetry summed over model windows and their rollups. Keys not grouped by are None, as is
+    the model of agents that name none; ``bucket_start`` only when bucketing by time."""
+
+    fleet: str | None
+    device: str | None
+    model: str | None
+    bundle_id: str | None
+    bucket_start: dt.datetime | None
+    devices: int
+    windows: int
+    inferences: int
+    errors: int
+    p50_ms: float | None  # inference-count-weighted mean of the windows' p50
+    p99_ms: float | None  # inference-count-weighted mean of the windows' p99
+    p99_max_ms: float | None  # the worst window's p99
+    throughput_per_s: float | None  # inferences per second of window: a device's mean rate
+    memory_mb_max: float | None
+    first_window_start: dt.datetime | None
+    last_window_end: dt.datetime | None
+
+
+#: Keys :meth:`FleetStore.model_aggregate` can group by.
+MODEL_AGGREGATE_KEYS = ("fleet", "device", "model", "bundle_id")
 
 
 @dataclass(frozen=True)
@@ -226,6 +271,14 @@ class FleetStore(abc.ABC):
         """Sums over raw windows and rollups grouped by ``by`` (a subset of :data:`AGGREGATE_KEYS`) and, with
         ``bucket_s``, by time buckets of that many seconds; ``devices`` restricts to (fleet, device) pairs.
         Time filters apply to window_end (raw) and bucket start (rollups). Ordered by the keys, then bucket."""
+
+    @abc.abstractmethod
+    def model_aggregate(self, by: Sequence[str] = ("model", "bundle_id"), *, fleet: str | None = None,
+                        devices: Sequence[tuple[str, str]] | None = None, model: str | None = None,
+                        since: dt.datetime | None = None, until: dt.datetime | None = None,
+                        bucket_s: int | None = None) -> list[ModelAggregate]:  # fmt: skip
+        """Per-model telemetry over model windows and rollups, grouped by ``by`` (among
+        :data:`MODEL_AGGREGATE_KEYS`) and optionally by ``bucket_s`` time buckets."""
 
     @abc.abstractmethod
     def bundle_spans(self, fleet: str | None = None, since: dt.datetime | None = None,

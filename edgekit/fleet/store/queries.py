@@ -246,4 +246,89 @@ def bundle_spans_sql(store: SqlFleetStore, params: dict[str, Any], *, fleet: str
 FROM ({union}) u GROUP BY u.fleet, u.device, u.bundle_id ORDER BY u.fleet, u.device, MIN(u.t_start)"""
 
 
-__all__ = ["aggregate_sql", "bundle_spans_sql", "rollup_insert_sql", "union_sql", "window_seconds_sql"]
+
+# -- per model (issue 20) ---------------------------------------------------------------------------------------
+INSERT_MODEL_WINDOW = """INSERT INTO telemetry_model_windows (fleet, device, seq, model, bundle_id, window_start,
+    window_end, inferences, errors, p50_ms, p99_ms, throughput_per_s, memory_mb)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (fleet, device, seq, model) DO NOTHING"""
+
+#: Model rollup columns and how model windows (alias ``w``) sum into them, and how an existing bucket merges.
+MODEL_ROLLUP_FROM_RAW: tuple[tuple[str, str, str], ...] = (
+    ("windows", "COUNT(*)", "sum"),
+    ("inferences", "SUM(w.inferences)", "sum"),
+    ("errors", "SUM(w.errors)", "sum"),
+    ("latency_count", "SUM(CASE WHEN w.p50_ms IS NULL THEN 0 ELSE w.inferences END)", "sum"),
+    ("p50_sum", "SUM(COALESCE(w.p50_ms * w.inferences, 0.0))", "sum"),
+    ("p99_sum", "SUM(COALESCE(w.p99_ms * w.inferences, 0.0))", "sum"),
+    ("p99_max_ms", "MAX(w.p99_ms)", "max"),
+    ("memory_mb_max", "MAX(w.memory_mb)", "max"),
+    ("window_start_min", "MIN(w.window_start)", "min"),
+    ("window_end_max", "MAX(w.window_end)", "max"),
+)
+
+
+def model_rollup_insert_sql(store: SqlFleetStore, source: str, where: str) -> str:
+    """INSERT ... SELECT summing the model windows of ``source`` (aliased w) matching ``where`` into model
+    rollups, merging into buckets that already exist. Needs :bucket_s."""
+    bucket = store.bucket_sql("w.window_start", "bucket_s")
+    columns = ["fleet", "device", "model", "bundle_id", "bucket_start", "bucket_s"] + [c[0] for c in MODEL_ROLLUP_FROM_RAW]
+    selects = ["w.fleet", "w.device", "w.model", "COALESCE(w.bundle_id, '')", bucket, ":bucket_s"]
+    selects += [expression for _, expression, _ in MODEL_ROLLUP_FROM_RAW]
+    merges = []
+    for name, _, how in MODEL_ROLLUP_FROM_RAW:
+        old, new = f"telemetry_model_rollups.{name}", f"excluded.{name}"
+        merged = {"sum": f"{old} + {new}", "max": store.greatest_sql(old, new), "min": store.least_sql(old, new)}[how]
+        merges.append(f"{name} = {merged}")
+    return (f"INSERT INTO telemetry_model_rollups ({', '.join(columns)})\n"
+            f"SELECT {', '.join(selects)}\nFROM {source} WHERE {where}\nGROUP BY 1, 2, 3, 4, 5\n"
+            f"ON CONFLICT (fleet, device, model, bundle_id, bucket_s, bucket_start) DO UPDATE SET {', '.join(merges)}")  # fmt: skip
+
+
+_MODEL_KEY_COLUMNS = {"fleet": "u.fleet", "device": "u.device", "model": "u.model", "bundle_id": "u.bundle_id"}
+
+
+def model_aggregate_sql(store: SqlFleetStore, keys: Sequence[str], params: dict[str, Any], *, fleet: str | None,
+                        devices: Sequence[tuple[str, str]] | None, model: str | None, since: dt.datetime | None,
+                        until: dt.datetime | None, bucket_s: int | None) -> str:  # fmt: skip
+    """Columns: fleet, device, model, bundle_id (NULL unless grouped; model and bundle '' for none), bucket_start,
+    devices, windows, inferences, errors, p50_ms, p99_ms, p99_max_ms, throughput_per_s, memory_mb_max,
+    first_window_start, last_window_end. Raw model windows are filtered on window_end, rollups on bucket_start."""
+    filters: dict[str, Any] = {"fleet": fleet, "devices": devices, "bundle_id": None, "since": since, "until": until}
+    raw_where = _filters(store, "w", "window_end", params, **filters)
+    rolled_where = _filters(store, "r", "bucket_start", params, **filters)
+    if model is not None:
+        params["model"] = model
+        raw_where += " AND w.model = :model"
+        rolled_where += " AND r.model = :model"
+    dur = window_seconds_sql(store)
+    union = f"""SELECT w.fleet, w.device, w.model, COALESCE(w.bundle_id, '') AS bundle_id, w.window_start AS t_start,
+    w.window_end AS t_end, 1 AS windows, w.inferences, w.errors,
+    CASE WHEN w.p50_ms IS NULL THEN 0 ELSE w.inferences END AS latency_count,
+    COALESCE(w.p50_ms * w.inferences, 0.0) AS p50_sum, COALESCE(w.p99_ms * w.inferences, 0.0) AS p99_sum,
+    w.p99_ms AS p99_max_ms, w.memory_mb AS memory_mb_max, {dur} AS seconds
+FROM telemetry_model_windows w WHERE {raw_where}
+UNION ALL
+SELECT r.fleet, r.device, r.model, r.bundle_id, r.window_start_min, r.window_end_max, r.windows, r.inferences,
+    r.errors, r.latency_count, r.p50_sum, r.p99_sum, r.p99_max_ms, r.memory_mb_max,
+    {store.greatest_sql(store.seconds_sql('r.window_start_min', 'r.window_end_max'), '0.001')}
+FROM telemetry_model_rollups r WHERE {rolled_where}"""
+    selected = [_MODEL_KEY_COLUMNS[key] if key in keys else "NULL" for key in _MODEL_KEY_COLUMNS]
+    groups = [str(index + 1) for index, key in enumerate(_MODEL_KEY_COLUMNS) if key in keys]
+    if bucket_s is not None:
+        params["agg_bucket_s"] = bucket_s
+        selected.append(store.bucket_sql("u.t_start", "agg_bucket_s"))
+        groups.append(str(len(_MODEL_KEY_COLUMNS) + 1))
+    else:
+        selected.append("NULL")
+    group_by = f"GROUP BY {', '.join(groups)} ORDER BY {', '.join(groups)}" if groups else ""
+    # throughput: inferences per second of window, i.e. per device (the mean over its windows)
+    return f"""SELECT {', '.join(selected)}, COUNT(DISTINCT u.fleet || '/' || u.device), SUM(u.windows),
+    SUM(u.inferences), SUM(u.errors), SUM(u.p50_sum) / NULLIF(SUM(u.latency_count), 0),
+    SUM(u.p99_sum) / NULLIF(SUM(u.latency_count), 0), MAX(u.p99_max_ms),
+    SUM(u.inferences) / NULLIF(SUM(u.seconds), 0),
+    MAX(u.memory_mb_max), MIN(u.t_start), MAX(u.t_end)
+FROM ({union}) u {group_by}"""
+
+
+__all__ = ["aggregate_sql", "bundle_spans_sql", "model_aggregate_sql", "model_rollup_insert_sql", "rollup_insert_sql", "union_sql",
+           "window_seconds_sql"]

@@ -19,6 +19,7 @@ from edgekit.fleet.errors import StoreError
 from edgekit.fleet.store import queries
 from edgekit.fleet.store.base import (
     AGGREGATE_KEYS,
+    MODEL_AGGREGATE_KEYS,
     Aggregate,
     BundleSpan,
     DeviceEvent,
@@ -26,6 +27,7 @@ from edgekit.fleet.store.base import (
     DeviceStatus,
     DeviceSummary,
     FleetStore,
+    ModelAggregate,
     RejectedMessage,
     TelemetryWindow,
 )
@@ -76,7 +78,7 @@ def merge_rolled_seqs(runs: Sequence[RolledSeqs], gaps_closed_before: Any) -> li
 WINDOW_COLUMNS = ("fleet", "device", "seq", "window_start", "window_end", "received_at", "bundle_id", "bundle_sha256",
                   "inferences", "errors", "p50_ms", "p90_ms", "p99_ms", "max_ms", "mean_ms", "throughput_per_s",
                   "power_mean_mw", "power_max_mw", "energy_mj", "energy_per_inference_mj", "temperature_max_c",
-                  "memory_used_mb", "cpu_load_pct", "gpu_load_pct", "payload")  # fmt: skip
+                  "memory_used_mb", "cpu_load_pct", "gpu_load_pct", "payload", "model")  # fmt: skip
 _TIME_COLUMNS = (3, 4, 5)
 _EVENT_COLUMNS = ("event_id", "fleet", "device", "kind", "level", "message", "at", "command_id", "payload")
 _NAMED_RE = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
@@ -158,6 +160,13 @@ class SqlFleetStore(FleetStore):
         """Roll windows ending before ``cutoff`` into rollups and delete them, in the open transaction; return
         the runs of consecutive seqs rolled up (:data:`ISLANDS_SQL` over the windows moved)."""
 
+    def _retain_models(self, cursor: Any, cutoff: Any, bucket_s: int) -> None:
+        """Sum the model windows ending before ``cutoff`` into model rollups and delete them."""
+        params = {"cutoff": cutoff, "bucket_s": bucket_s}
+        cursor.execute(self._sql(queries.model_rollup_insert_sql(self, "telemetry_model_windows w", "w.window_end < :cutoff")),
+                       params)  # fmt: skip
+        cursor.execute(self._sql("DELETE FROM telemetry_model_windows WHERE window_end < :cutoff"), params)
+
     def _lock_rolled_seqs(self, cursor: Any, exclusive: bool) -> None:
         """Keep retention (``exclusive``) from moving windows while another process checks a batch against the
         rolled seqs and inserts it (SQLite's BEGIN IMMEDIATE already serialises every write)."""
@@ -224,7 +233,18 @@ class SqlFleetStore(FleetStore):
             if not fresh:
                 return 0
             cursor.executemany(self._sql(sql), [self._window_row(w) for w in fresh])
-            return max(int(cursor.rowcount), 0)
+            added = max(int(cursor.rowcount), 0)
+            cursor.executemany(self._sql(queries.INSERT_MODEL_WINDOW), [row for w in fresh for row in self._model_rows(w)])
+            return added
+
+    def _model_rows(self, w: TelemetryWindow) -> list[tuple[Any, ...]]:
+        """The window's rows in telemetry_model_windows: its models' own windows, else itself (model '' when unnamed)."""
+        start, end = self.time_in(w.window_start), self.time_in(w.window_end)
+        if not w.models:
+            return [(w.fleet, w.device, w.seq, w.model or "", w.bundle_id, start, end, w.count, w.errors, w.p50_ms,
+                     w.p99_ms, w.throughput_per_s, None)]  # fmt: skip
+        return [(w.fleet, w.device, w.seq, m.model or "", m.bundle_id, start, end, m.count, m.errors, m.p50_ms, m.p99_ms,
+                 m.throughput_per_s, m.memory_mb) for m in w.models]  # fmt: skip
 
     def _not_rolled_up(self, cursor: Any, windows: Sequence[TelemetryWindow]) -> Sequence[TelemetryWindow]:
         """``windows`` less those already rolled up: seq in a device's rolled run, ending no later than its windows."""
@@ -247,7 +267,7 @@ class SqlFleetStore(FleetStore):
                 self.time_in(w.received_at), w.bundle_id, w.bundle_sha256, w.count, w.errors, w.p50_ms, w.p90_ms,
                 w.p99_ms, w.max_ms, w.mean_ms, w.throughput_per_s, w.power_mean_mw, w.power_max_mw, w.energy_mj,
                 w.energy_per_inference_mj, w.temperature_max_c, w.memory_used_mb, w.cpu_load_pct, w.gpu_load_pct,
-                w.payload_json if w.payload_json is not None else self.json_in(w.payload))  # fmt: skip
+                w.payload_json if w.payload_json is not None else self.json_in(w.payload), w.model)  # fmt: skip
 
     def upsert_status(self, status: DeviceStatus) -> None:
         with self._transaction(f"storing the status of {status.fleet}/{status.device}") as cursor:
@@ -364,7 +384,7 @@ class SqlFleetStore(FleetStore):
         values = list(row)
         for index in _TIME_COLUMNS:
             values[index] = self.time_out(values[index])
-        values[-1] = self.json_out(values[-1])
+        values[24] = self.json_out(values[24])
         for index in (2, 8, 9):
             values[index] = int(values[index])
         return TelemetryWindow(*values[:8], count=values[8], errors=values[9], p50_ms=values[10], p90_ms=values[11],  # type: ignore[misc]
@@ -372,7 +392,7 @@ class SqlFleetStore(FleetStore):
                                power_mean_mw=values[16], power_max_mw=values[17], energy_mj=values[18],
                                energy_per_inference_mj=values[19], temperature_max_c=values[20],
                                memory_used_mb=values[21], cpu_load_pct=values[22], gpu_load_pct=values[23],
-                               payload=values[24])  # fmt: skip
+                               payload=values[24], model=values[25])  # fmt: skip
 
     def events(self, fleet: str | None = None, device: str | None = None, since: dt.datetime | None = None,
                limit: int = 200) -> list[DeviceEvent]:  # fmt: skip
@@ -432,6 +452,39 @@ class SqlFleetStore(FleetStore):
             last_window_end=self.time_out(figures[12]) if figures[12] is not None else None,
         )  # fmt: skip
 
+    def model_aggregate(self, by: Sequence[str] = ("model", "bundle_id"), *, fleet: str | None = None,
+                        devices: Sequence[tuple[str, str]] | None = None, model: str | None = None,
+                        since: dt.datetime | None = None, until: dt.datetime | None = None,
+                        bucket_s: int | None = None) -> list[ModelAggregate]:  # fmt: skip
+        keys = tuple(by)
+        unknown = [key for key in keys if key not in MODEL_AGGREGATE_KEYS]
+        if unknown or len(set(keys)) != len(keys):
+            raise StoreError(f"cannot aggregate models by {list(keys)}",
+                             hint=f"group by distinct keys among {list(MODEL_AGGREGATE_KEYS)}")  # fmt: skip
+        if bucket_s is not None and (isinstance(bucket_s, bool) or not isinstance(bucket_s, int) or bucket_s < 1):
+            raise StoreError(f"bucket_s must be a whole number of seconds >= 1, got {bucket_s!r}")
+        if devices is not None and not devices:
+            return []
+        params: dict[str, Any] = {}
+        sql = queries.model_aggregate_sql(self, keys, params, fleet=fleet, devices=devices, model=model, since=since,
+                                          until=until, bucket_s=bucket_s)  # fmt: skip
+        rows = self._query("aggregating telemetry per model", sql, params)
+        found = []
+        for row in rows:
+            bucket, *figures = row[len(MODEL_AGGREGATE_KEYS):]
+            if not figures[1]:
+                continue
+            found.append(ModelAggregate(
+                fleet=row[0], device=row[1], model=row[2] or None, bundle_id=row[3] or None,
+                bucket_start=self.time_out(bucket) if bucket is not None else None, devices=int(figures[0]),
+                windows=int(figures[1]), inferences=int(figures[2]), errors=int(figures[3]), p50_ms=_float(figures[4]),
+                p99_ms=_float(figures[5]), p99_max_ms=_float(figures[6]), throughput_per_s=_float(figures[7]),
+                memory_mb_max=_float(figures[8]),
+                first_window_start=self.time_out(figures[9]) if figures[9] is not None else None,
+                last_window_end=self.time_out(figures[10]) if figures[10] is not None else None,
+            ))  # fmt: skip
+        return found
+
     def bundle_spans(self, fleet: str | None = None, since: dt.datetime | None = None,
                      until: dt.datetime | None = None) -> list[BundleSpan]:  # fmt: skip
         params: dict[str, Any] = {}
@@ -479,6 +532,7 @@ class SqlFleetStore(FleetStore):
         with self._transaction("rolling up old telemetry windows") as cursor:
             self._lock_rolled_seqs(cursor, exclusive=True)
             runs = self._retain(cursor, self.time_in(cutoff), rollup_minutes * 60)
+            self._retain_models(cursor, self.time_in(cutoff), rollup_minutes * 60)
             if runs:
                 self._record_rolled_seqs(cursor, runs, self.time_in(now), self.time_in(now - gaps_open_for))
             cursor.execute(self._sql("DELETE FROM rejected_messages WHERE at < ?"), (self.time_in(cutoff),))

@@ -1,0 +1,60 @@
+-- edgekit fleet store, SQLite, version 6: telemetry per model (issue 20). An agent serving a model repository
+-- names the model of each window (telemetry.v1 "model") and lists every model's own window ("models": count,
+-- errors, p50, p99, throughput, bundle). telemetry_windows.model is the window's model; telemetry_model_windows
+-- holds one row per model and window (model '' for windows of agents that name none), summed by retention into
+-- telemetry_model_rollups as the device-wide windows are into telemetry_rollups.
+
+ALTER TABLE telemetry_windows ADD COLUMN model TEXT;
+
+CREATE TABLE telemetry_model_windows (
+    fleet TEXT NOT NULL,
+    device TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    model TEXT NOT NULL,              -- '' when the agent named no model
+    bundle_id TEXT,
+    window_start REAL NOT NULL,
+    window_end REAL NOT NULL,
+    inferences INTEGER NOT NULL,
+    errors INTEGER NOT NULL,
+    p50_ms REAL,
+    p99_ms REAL,
+    throughput_per_s REAL,
+    memory_mb REAL,
+    PRIMARY KEY (fleet, device, seq, model)
+);
+CREATE INDEX telemetry_model_windows_by_end ON telemetry_model_windows (window_end);
+
+-- Model windows past the retention time, summed per device, model, bundle ('' for none) and time bucket.
+CREATE TABLE telemetry_model_rollups (
+    fleet TEXT NOT NULL,
+    device TEXT NOT NULL,
+    model TEXT NOT NULL,
+    bundle_id TEXT NOT NULL,
+    bucket_start REAL NOT NULL,
+    bucket_s INTEGER NOT NULL,
+    windows INTEGER NOT NULL,
+    inferences INTEGER NOT NULL,
+    errors INTEGER NOT NULL,
+    latency_count INTEGER NOT NULL,   -- inferences of the windows with latency figures
+    p50_sum REAL NOT NULL,            -- sum of p50_ms * inferences
+    p99_sum REAL NOT NULL,
+    p99_max_ms REAL,
+    memory_mb_max REAL,
+    window_start_min REAL NOT NULL,
+    window_end_max REAL NOT NULL,
+    PRIMARY KEY (fleet, device, model, bundle_id, bucket_s, bucket_start)
+);
+CREATE INDEX telemetry_model_rollups_by_start ON telemetry_model_rollups (bucket_start);
+
+-- Windows stored before this version: their own model rows (model '', the agents named none), so that the
+-- per-model figures cover the same windows as the device-wide ones.
+INSERT INTO telemetry_model_windows (fleet, device, seq, model, bundle_id, window_start, window_end, inferences, errors,
+    p50_ms, p99_ms, throughput_per_s, memory_mb)
+SELECT fleet, device, seq, '', bundle_id, window_start, window_end, inferences, errors, p50_ms, p99_ms, throughput_per_s,
+    NULL
+FROM telemetry_windows;
+INSERT INTO telemetry_model_rollups (fleet, device, model, bundle_id, bucket_start, bucket_s, windows, inferences, errors,
+    latency_count, p50_sum, p99_sum, p99_max_ms, memory_mb_max, window_start_min, window_end_max)
+SELECT fleet, device, '', bundle_id, bucket_start, bucket_s, windows, inferences, errors, latency_count, p50_sum, p99_sum,
+    p99_max_ms, NULL, window_start_min, window_end_max
+FROM telemetry_rollups;
