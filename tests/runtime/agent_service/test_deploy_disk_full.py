@@ -134,3 +134,44 @@ def test_a_deploy_that_meets_a_full_disk_fails_cleanly_and_the_old_bundle_serves
     finally:
         service.stop()
         listener.close()
+
+
+def test_a_download_that_meets_a_full_disk_says_what_the_server_declared(
+    agent_config: Callable[..., Path], signed_bundle: Callable[..., Path], small_fs: Path, tmp_path: Path,
+    fleet_keys: tuple[Path, Path],
+) -> None:  # fmt: skip
+    import functools
+    import http.server
+    import threading
+
+    served = tmp_path / "served"
+    served.mkdir()
+    big = signed_bundle("tiny-big", golden_batch_sizes=(128,) * 19)
+    tar = pack_tar(big, served / "tiny-big.tar")
+    httpd = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served)))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{httpd.server_address[1]}/"
+    fleet, device = f"fleet-{uuid.uuid4().hex[:10]}", f"dev-{uuid.uuid4().hex[:10]}"
+    config_path = agent_config(
+        fleet=fleet, device_id=device, broker={"url": "mqtt://127.0.0.1:1883", "keepalive_s": 10},
+        bundles={"dir": str(small_fs / "bundles"), "public_key": str(fleet_keys[1]), "allowed_sources": [base]},
+    )  # fmt: skip
+    assert agent_main(["install", str(signed_bundle("tiny-a")), "--config", str(config_path)]) == 0
+    listener = Listener(fleet, device)
+    service = AgentService(load_config(config_path)).start()
+    try:
+        filler = leave_free(small_fs, 200_000)
+        free_before = shutil.disk_usage(small_fs).free
+        result = deploy(service, listener, base + "tiny-big.tar", hashlib.sha256(tar.read_bytes()).hexdigest())
+        assert result["details"]["outcome"] == "failed" and result["details"]["step"] == "download"
+        assert (f"no space left on the device: downloading the bundle tar needs {tar.stat().st_size:,} bytes under "
+                f"{service.store.staging_dir}, {free_before:,} bytes are free there") in result["message"]  # fmt: skip
+        assert "check the network" not in result["details"]["error"]  # not reported as a network failure
+        assert os.listdir(service.store.staging_dir) == [] and shutil.disk_usage(small_fs).free >= free_before
+        assert service.server.infer({"image": X}).outputs["logits"].shape == (1, 10)
+        filler.unlink()
+    finally:
+        service.stop()
+        listener.close()
+        httpd.shutdown()
