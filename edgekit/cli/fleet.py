@@ -408,6 +408,10 @@ STATUS_CSV_COLUMNS = ("fleet", "device", "state", "bundle_id", "target", "p50_ms
 REPORT_CSV_COLUMNS = ("bundle_id", "target", "power_mode", "devices", "windows", "inferences", "errors", "p50_ms",
                       "p99_ms", "p99_max_ms", "power_mean_mw", "energy_mj", "energy_per_inference_mj", "temperature_max_c",
                       "first_window_start", "last_window_end")
+#: ``--by-model`` (issue 20): ``fleet report`` per model and bundle, ``fleet status`` per device and model.
+MODEL_CSV_COLUMNS = ("model", "bundle_id", "devices", "windows", "inferences", "errors", "p50_ms", "p99_ms", "p99_max_ms",
+                     "throughput_per_s", "memory_mb_max", "first_window_start", "last_window_end")
+STATUS_MODEL_CSV_COLUMNS = ("fleet", "device") + MODEL_CSV_COLUMNS[:2] + MODEL_CSV_COLUMNS[3:]
 
 
 def _register_status(fleet_subparsers: argparse._SubParsersAction) -> None:
@@ -416,6 +420,10 @@ def _register_status(fleet_subparsers: argparse._SubParsersAction) -> None:
                                                      "window, power, energy per inference, temperature, last seen.")  # fmt: skip
     _store_option(parser)
     parser.add_argument("--fleet", metavar="F", help="only this fleet")
+    parser.add_argument("--by-model", action="store_true",
+                        help="one line per device and model it serves (agents serving several), over --since")
+    parser.add_argument("--model", metavar="NAME", help="with --by-model: only this model")
+    parser.add_argument("--since", default="1h", metavar="WHEN", help="with --by-model: from a duration ago (default 1h)")
     parser.set_defaults(func=run_status)
 
 
@@ -423,6 +431,8 @@ def run_status(args: argparse.Namespace) -> int:
     from edgekit.fleet.report import summary_to_json
     from edgekit.fleet.store import open_store
 
+    if args.by_model:
+        return _run_status_by_model(args)
     with open_store(args.store, must_exist=True) as store:
         summaries = store.device_summaries(args.fleet)
     if args.json:
@@ -452,6 +462,48 @@ def run_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_status_by_model(args: argparse.Namespace) -> int:
+    from edgekit.fleet.report import model_aggregate_to_json, model_rows, parse_since
+    from edgekit.fleet.store import open_store
+
+    since = parse_since(args.since)
+    with open_store(args.store, must_exist=True) as store:
+        rows = model_rows(store, per_device=True, fleet=args.fleet, model=args.model, since=since)
+    if args.json:
+        print_json({"since": since.isoformat().replace("+00:00", "Z"), "models": [model_aggregate_to_json(r) for r in rows]})
+        return 0
+    if args.csv:
+        found = [model_aggregate_to_json(r) for r in rows]
+        print_csv(STATUS_MODEL_CSV_COLUMNS, ([row[column] for column in STATUS_MODEL_CSV_COLUMNS] for row in found))
+        return 0
+    if not rows:
+        console.print(f"no telemetry in {escape(args.store)} since {since:%Y-%m-%d %H:%M} UTC")
+        return 0
+    fleets = sorted({r.fleet or "" for r in rows})
+    table = Table(title=f"by device and model since {since:%Y-%m-%d %H:%M} UTC")
+    for column in ("device", "model", "bundle", "windows", "inferences", "errors", "p50 ms", "p99 ms", "inf/s", "MB"):
+        table.add_column(column, justify="left" if column in ("device", "model", "bundle") else "right")
+    for r in rows:
+        name = r.device if len(fleets) == 1 else f"{r.fleet}/{r.device}"
+        table.add_row(escape(name or "-"), escape(r.model or "-"), escape(r.bundle_id or "-"), str(r.windows),
+                      str(r.inferences), str(r.errors), _num(r.p50_ms, 2), _num(r.p99_ms, 2), _num(r.throughput_per_s, 2),
+                      _num(r.memory_mb_max, 0))  # fmt: skip
+    results(args).print(table)
+    return 0
+
+
+def _model_table(rows: Any, title: str) -> Table:
+    table = Table(title=title)
+    for column in ("model", "bundle", "devices", "windows", "inferences", "errors", "p50 ms", "p99 ms", "p99 max",
+                   "inf/s", "MB"):  # fmt: skip
+        table.add_column(column, justify="left" if column in ("model", "bundle") else "right")
+    for g in rows:
+        table.add_row(escape(g.model or "-"), escape(g.bundle_id or "-"), str(g.devices), str(g.windows), str(g.inferences),
+                      str(g.errors), _num(g.p50_ms, 2), _num(g.p99_ms, 2), _num(g.p99_max_ms, 2),
+                      _num(g.throughput_per_s, 2), _num(g.memory_mb_max, 0))  # fmt: skip
+    return table
+
+
 # -- report -------------------------------------------------------------------------------------
 
 
@@ -469,6 +521,9 @@ def _register_report(fleet_subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--since", default="24h", metavar="WHEN",
                         help="start: a duration ago (24h, 30m, 7d) or an ISO time (default 24h)")
     parser.add_argument("--until", metavar="WHEN", help="end: a duration ago or an ISO time (default now)")
+    parser.add_argument("--model", metavar="NAME", help="the by-model table: only this model")
+    parser.add_argument("--by-model", action="store_true",
+                        help="only the by-model-and-bundle table (--csv prints it instead of the by-bundle one)")
     parser.set_defaults(func=run_report)
 
 
@@ -480,10 +535,13 @@ def run_report(args: argparse.Namespace) -> int:
     since = parse_since(args.since, now)
     until = parse_since(args.until, now) if args.until else None
     with open_store(args.store, must_exist=True) as store:
-        report = build_report(store, fleet=args.fleet, bundle_id=args.bundle, target=args.target, since=since, until=until)
+        report = build_report(store, fleet=args.fleet, bundle_id=args.bundle, target=args.target, since=since, until=until,
+                              model=args.model)  # fmt: skip
     if args.json:
         print_json(report.to_json())
         return 0
+    if args.by_model:
+        return _print_models(args, report, since)
     if args.csv:
         rows = [aggregate_to_json(group) for group in report.groups]
         print_csv(REPORT_CSV_COLUMNS, ([row[column] for column in REPORT_CSV_COLUMNS] for row in rows))
@@ -507,10 +565,26 @@ def run_report(args: argparse.Namespace) -> int:
                       _num(g.p99_max_ms, 2), _num(g.power_mean_mw, 0), _num(g.energy_per_inference_mj, 2), _num(g.temperature_max_c, 1))  # fmt: skip
     out = results(args)
     out.print(table)
+    if any(group.model is not None for group in report.models):  # agents serving a model repository
+        out.print(_model_table(report.models, f"by model and bundle since {since:%Y-%m-%d %H:%M} UTC"))
     for rollout in report.rollouts:
         out.print(f"\n[bold]rollout {escape(rollout.from_bundle)} -> {escape(rollout.to_bundle)} on "
                   f"{escape(rollout.target or 'unknown target')}: {len(rollout.devices)} devices[/]", soft_wrap=True)
         out.print(_rollout_table(rollout))
+    return 0
+
+
+def _print_models(args: argparse.Namespace, report: Any, since: dt.datetime) -> int:
+    from edgekit.fleet.report import model_aggregate_to_json
+
+    if args.csv:
+        rows = [model_aggregate_to_json(group) for group in report.models]
+        print_csv(MODEL_CSV_COLUMNS, ([row[column] for column in MODEL_CSV_COLUMNS] for row in rows))
+        return 0
+    if not report.models:
+        console.print(f"no telemetry in {escape(args.store)} since {since:%Y-%m-%d %H:%M} UTC")
+        return 0
+    results(args).print(_model_table(report.models, f"by model and bundle since {since:%Y-%m-%d %H:%M} UTC"))
     return 0
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from edgekit.fleet.errors import FleetError
 from edgekit.fleet.rollout_state import RolloutRecord
-from edgekit.fleet.store.base import Aggregate, BundleSpan, DeviceSummary, FleetStore
+from edgekit.fleet.store.base import Aggregate, BundleSpan, DeviceSummary, FleetStore, ModelAggregate
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -59,6 +59,24 @@ def aggregate_to_json(aggregate: Aggregate) -> dict[str, Any]:
             "energy_per_inference_mj": aggregate.energy_per_inference_mj,
             "temperature_max_c": aggregate.temperature_max_c, "first_window_start": _time(aggregate.first_window_start),
             "last_window_end": _time(aggregate.last_window_end)}  # fmt: skip
+
+
+def model_aggregate_to_json(aggregate: ModelAggregate) -> dict[str, Any]:
+    """One per-model row (issue 20); ``model`` None for agents that name none."""
+    return {"fleet": aggregate.fleet, "device": aggregate.device, "model": aggregate.model,
+            "bundle_id": aggregate.bundle_id, "devices": aggregate.devices, "windows": aggregate.windows,
+            "inferences": aggregate.inferences, "errors": aggregate.errors, "p50_ms": aggregate.p50_ms,
+            "p99_ms": aggregate.p99_ms, "p99_max_ms": aggregate.p99_max_ms,
+            "throughput_per_s": aggregate.throughput_per_s, "memory_mb_max": aggregate.memory_mb_max,
+            "first_window_start": _time(aggregate.first_window_start),
+            "last_window_end": _time(aggregate.last_window_end)}  # fmt: skip
+
+
+def model_rows(store: FleetStore, *, per_device: bool = False, fleet: str | None = None, model: str | None = None,
+               since: dt.datetime | None = None, until: dt.datetime | None = None) -> list[ModelAggregate]:  # fmt: skip
+    """Per model and bundle (and device with ``per_device``): what ``fleet report``/``fleet status --by-model`` show."""
+    keys = ("fleet", "device", "model", "bundle_id") if per_device else ("model", "bundle_id")
+    return store.model_aggregate(keys, fleet=fleet, model=model, since=since, until=until)
 
 
 @dataclass(frozen=True)
@@ -104,19 +122,21 @@ class FleetReport:
     groups: tuple[Aggregate, ...]  # by bundle, target and power mode (the devices' latest reported one)
     rollouts: tuple[RolloutComparison, ...]
     rollout_records: tuple[RolloutRecord, ...] = ()  # `fleet deploy` rollouts started in the range, newest first
+    models: tuple[ModelAggregate, ...] = ()  # by model and bundle (issue 20)
 
     def to_json(self) -> dict[str, Any]:
         return {"since": _time(self.since), "until": _time(self.until), "fleet": self.fleet,
                 "bundle_id": self.bundle_id, "target": self.target,
                 "groups": [aggregate_to_json(group) for group in self.groups],
                 "rollouts": [rollout.to_json() for rollout in self.rollouts],
-                "rollout_records": [record.to_json() for record in self.rollout_records]}  # fmt: skip
+                "rollout_records": [record.to_json() for record in self.rollout_records],
+                "models": [model_aggregate_to_json(group) for group in self.models]}  # fmt: skip
 
 
 def build_report(store: FleetStore, *, fleet: str | None = None, bundle_id: str | None = None,
                  target: str | None = None, since: dt.datetime | None = None,
-                 until: dt.datetime | None = None) -> FleetReport:  # fmt: skip
-    """Aggregates by bundle and target, and every bundle switch seen in the time range compared before/after.
+                 until: dt.datetime | None = None, model: str | None = None) -> FleetReport:  # fmt: skip
+    """Aggregates by bundle and target (and by model and bundle: ``models``, only ``model`` when given), and every bundle switch seen in the time range compared before/after.
 
     A device that ran bundle A and then B (by first window) counts as switched A -> B; its "before" is its
     windows on A in the range, its "after" those on B. ``bundle_id`` keeps switches from or to that bundle.
@@ -127,7 +147,8 @@ def build_report(store: FleetStore, *, fleet: str | None = None, bundle_id: str 
     records = [RolloutRecord.from_json(row) for row in store.rollouts(fleet, bundle_id=bundle_id, since=since, until=until)]
     return FleetReport(since, until, fleet, bundle_id, target, tuple(groups),
                        tuple(_rollouts(store, fleet=fleet, bundle_id=bundle_id, target=target, since=since, until=until)),
-                       tuple(r for r in records if target is None or r.target == target))
+                       tuple(r for r in records if target is None or r.target == target),
+                       tuple(model_rows(store, fleet=fleet, model=model, since=since, until=until)))
 
 
 def _rollouts(store: FleetStore, *, fleet: str | None, bundle_id: str | None, target: str | None,
@@ -165,5 +186,5 @@ def _rollouts(store: FleetStore, *, fleet: str | None, bundle_id: str | None, ta
     return comparisons
 
 
-__all__ = ["COMPARED_FIGURES", "FleetReport", "RolloutComparison", "aggregate_to_json", "build_report", "parse_since",
-           "summary_to_json"]  # fmt: skip
+__all__ = ["COMPARED_FIGURES", "FleetReport", "RolloutComparison", "aggregate_to_json", "build_report",
+           "model_aggregate_to_json", "model_rows", "parse_since", "summary_to_json"]  # fmt: skip
