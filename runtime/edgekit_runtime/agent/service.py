@@ -631,9 +631,26 @@ class AgentService:
                 spool_dropped=self._spool.dropped_total() if self._spool is not None else 0,
                 spool_backlog=self._spool.backlog() if self._spool is not None else 0,
                 power_mode=window_mode,
+                model=self.models.default.name,
+                models=self._model_windows(serving) if self.config.models is not None else None,
             )
             self._window_start = window_end
             return message
+
+    def _model_windows(self, default_window: Any) -> list[dict[str, Any]]:
+        """Every model's window (the default model's already taken as ``default_window``) for ``models``."""
+        entries = []
+        for slot in self.models.slots():
+            window = default_window if slot is self.models.default else slot.server.take_window()
+            latency, served = window.latency, slot.served
+            entries.append({
+                "model": slot.name, "count": window.requests, "errors": window.errors,
+                "bundle": None if served is None else {"id": served.bundle_id[:128], "sha256": served.manifest_sha256},
+                "p50_ms": None if latency is None else round(latency.p50_ms, 4),
+                "p99_ms": None if latency is None else round(latency.p99_ms, 4),
+                "throughput_per_s": round(window.throughput_per_s, 4), "memory_mb": slot.deployer.held_mb,
+            })  # fmt: skip
+        return entries
 
     def publish_telemetry(self) -> dict[str, Any]:
         """Close the window and publish it (spooled until the broker acknowledges it).

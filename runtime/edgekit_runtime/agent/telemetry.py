@@ -129,8 +129,13 @@ def build_telemetry(
     spool_backlog: int = 0,
     agent_version: str = AGENT_VERSION,
     power_mode: str | None = None,
+    model: str | None = None,
+    models: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """One ``telemetry.v1`` message for the window ``[window_start, window_end]``.
+
+    ``model`` (optional) names the model ``bundle`` and ``latency`` are for; ``models`` (optional) lists
+    every model's window on an agent serving several (:meth:`ModelSlot <edgekit_runtime.agent.repository>`).
 
     ``power_mode`` (optional, left out when ``None``) is the mode the window was measured in
     (:attr:`PowerModeState.label`).
@@ -182,6 +187,10 @@ def build_telemetry(
     }
     if power_mode is not None:
         message["power_mode"] = power_mode
+    if model is not None:
+        message["model"] = model
+    if models is not None:
+        message["models"] = [dict(entry) for entry in models]
     validate_message(message, "telemetry.v1", what=f"telemetry message seq {seq}")
     return message
 

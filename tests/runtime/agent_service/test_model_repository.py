@@ -4,6 +4,7 @@ pipeline deploys (all or none), and per-model serving state. Real ONNX Runtime b
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -264,3 +265,31 @@ def test_a_models_dir_serves_each_folder_and_takes_deploys_to_new_models(agent_c
         assert (tmp_path / "models" / "embedder" / "current").is_symlink()
     with AgentService(load_config(path)) as agent:  # and after a restart
         assert sorted(slot.name for slot in agent.models.slots() if slot.ready) == ["digits", "embedder", "flat"]
+
+
+def test_telemetry_windows_carry_each_model_and_the_collector_stores_them(repository: AgentService) -> None:
+    from edgekit.fleet.ingest import parse_message
+    from edgekit.fleet.store.sqlite import SqliteStore
+
+    repository.build_telemetry_window()  # a fresh window
+    image = np.zeros((2, 1, 8, 8), np.float32)
+    for _ in range(3):
+        repository.models.get("digits").server.infer({"image": image})
+    repository.models.get("embedder").server.infer(embedder_inputs(2))
+    message = repository.build_telemetry_window()
+    validate_message(message, "telemetry.v1")
+    assert message["model"] == "digits" and message["latency"]["count"] == 3  # the default model's, as before
+    by_name = {entry["model"]: entry for entry in message["models"]}
+    assert {name: entry["count"] for name, entry in by_name.items()} == {"digits": 3, "embedder": 1, "flat": 0}
+    assert by_name["flat"]["p50_ms"] is None and by_name["embedder"]["p50_ms"] > 0
+    assert by_name["embedder"]["bundle"]["id"] == "embedder" and len(by_name["embedder"]["bundle"]["sha256"]) == 64
+    # the next window starts from zero for every model
+    assert all(entry["count"] == 0 for entry in repository.build_telemetry_window()["models"])
+    # the fleet collector accepts the optional fields and keeps them
+    message["seq"] = 1
+    window = parse_message("edgekit/v1/lab/dev-1/telemetry", json.dumps(message))
+    assert not hasattr(window, "reason"), window
+    with SqliteStore(":memory:") as store:
+        assert store.add_windows([window]) == 1
+        (stored,) = store.windows(fleet="lab", device="dev-1")
+        assert stored.payload["model"] == "digits" and len(stored.payload["models"]) == 3
