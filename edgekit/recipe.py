@@ -385,6 +385,9 @@ class QuantizationSpec(StrictModel):
     exclude_nodes: tuple[str, ...] = Field(default=(), description="node names kept in higher precision")
     exclude_op_types: tuple[str, ...] = ()
     auto_max_excluded: int = Field(default=12, ge=0, description="--precision auto: most node groups kept in higher precision")
+    auto_time_budget_s: float | None = Field(
+        default=None, gt=0, description="--precision auto: seconds after which candidates not yet tried are skipped (listed in the plan); FP32 is always available"
+    )
     int4: Int4Spec = Int4Spec()
 
 

@@ -21,9 +21,17 @@ every passing candidate measured slower than FP32. Once some candidate has passe
 2. any other candidate is built and timed first, and evaluated only when it is faster than the best
    passing one by more than the noise margin (otherwise ``slower``, with its measured ratio).
 
+Before anything has passed, the bar is FP32 itself (1.000x, no margin): a quantized plan that is not
+faster than FP32 is never chosen, so a candidate whose floor is already 1.0 or more is skipped unbuilt.
+
 Inside a ladder, accuracy rises and speed falls with k, so the search gallops (k = 1, 2, 4, ...) to the
 first passing step and bisects back for the smallest passing k; a step that is skipped or slower ends
-the ladder. The search ends when the list is exhausted; everything left was skipped by rule 1.
+the ladder. A ladder only buys accuracy: it is tried (and its sensitivity ranking computed, when the
+ladder is lazy) only when its ``base`` candidate was evaluated, failed the budget and was timed faster
+than the bar; otherwise the whole ladder is one ``skipped`` row saying why. A candidate listed with a
+``not_worth`` reason (e.g. weight-only int4 on a graph whose MatMul/Gemm do almost none of the work) is
+skipped with it. With ``time_budget_s``, a candidate reached after the budget is spent is
+skipped (FP32, the reference, never is). The search ends when the list is exhausted.
 """
 
 from __future__ import annotations
@@ -75,6 +83,8 @@ class Candidate:
     kept: Mapping[str, str] = field(default_factory=dict)
     #: Node -> STATIC / DYNAMIC / FLOAT, over the scheme's quantizable nodes (empty: not comparable).
     levels: Mapping[str, int] = field(default_factory=dict)
+    #: Why it is listed but not worth building (a static argument, e.g. a work bound): skipped with this reason.
+    not_worth: str = ""
 
     @property
     def scheme(self) -> tuple[Any, ...] | None:
@@ -91,10 +101,19 @@ class Candidate:
 
 @dataclass(frozen=True)
 class CandidateLadder:
-    """Candidates for k = 1..n groups kept in higher precision; accuracy rises and speed falls with k."""
+    """Candidates for k = 1..n groups kept in higher precision; accuracy rises and speed falls with k.
+
+    ``base`` is the candidate every step runs at the precision of or higher (static int8 of the scheme):
+    the search tries the ladder only when ``base`` failed the budget. ``expand`` makes the steps on demand
+    (it runs sensitivity analysis), so a ladder that is skipped costs nothing."""
 
     name: str
-    steps: tuple[Candidate, ...]
+    steps: tuple[Candidate, ...] = ()
+    base: Candidate | None = None
+    expand: Callable[[], tuple[Candidate, ...]] | None = field(default=None, compare=False, repr=False)
+
+    def resolve(self) -> tuple[Candidate, ...]:
+        return tuple(self.expand()) if self.expand is not None and not self.steps else self.steps
 
 
 @dataclass(frozen=True)
@@ -132,6 +151,9 @@ class AutoResult:
     sensitivity: SensitivityReport | None = None
     rule: str = "dominance floor + interleaved timing, noise margin"
     notes: tuple[str, ...] = ()
+    #: What the search spent: candidates built, evaluated, timing calls, skipped, seconds (and, from the
+    #: ONNX Runtime planner, calibration passes and sensitivity runs).
+    stats: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def plan(self) -> QuantizationPlan | None:
@@ -149,6 +171,7 @@ class AutoResult:
             "sensitivity": self.sensitivity.to_manifest() if self.sensitivity else None,
             "rule": self.rule,
             "notes": list(self.notes),
+            "stats": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.stats.items()},
         }
 
 
@@ -171,7 +194,7 @@ def kept_reason(entry_rank: int, metric: str, value: float, loss: float, precisi
 def auto_candidates(
     base_plan: QuantizationPlan,
     groups: Sequence[NodeGroup],
-    sensitivity: SensitivityReport,
+    sensitivity: SensitivityReport | Callable[[], SensitivityReport],
     supported: Sequence[Precision],
     *,
     max_kept: int,
@@ -186,13 +209,14 @@ def auto_candidates(
     ``include_fallbacks`` (once per search), int4 weight-only, fp16 and fp32 on the exported graph.
 
     ``base_plan`` is the static int8 plan; ``groups`` its node groups (as ranked in ``sensitivity``).
+    ``sensitivity`` may be a callable that computes the report: the ladders are then lazy, and it runs
+    only when the search tries one of them.
     ``dynamic_only`` maps nodes that run dynamic int8 in every candidate of this graph to their op type
     (fused ``Attention`` nodes, which ONNX Runtime quantizes only dynamically)."""
     prefix = "" if graph == EXPORTED else f"{graph}:"
     fused = dict(dynamic_only or {})
     nodes = [node for group in groups for node in group.nodes]
     weightless = {node for group in groups if group.weight_elements == 0 for node in group.nodes}
-    ranked = [entry for entry in sensitivity.groups if all(node in nodes for node in entry.nodes)]
     can_dynamic = Precision.INT8_DYNAMIC in supported
     if fused and not can_dynamic:
         return []  # the graph variant needs dynamic int8 for its fused nodes
@@ -206,13 +230,22 @@ def auto_candidates(
         )
         base_levels = {node: STATIC for node in nodes}
         kept_base = {node: f"fused {op} node: ONNX Runtime quantizes it only dynamically (dynamic int8)" for node, op in fused.items()}
-        out.append(Candidate(f"{prefix}int8-static", Precision.INT8, static_plan, graph, kept_base, base_levels))
-        steps = max(0, min(max_kept, len(ranked)))
+        static = Candidate(f"{prefix}int8-static", Precision.INT8, static_plan, graph, kept_base, base_levels)
+        out.append(static)
+
+        def ladder_steps(kind: str) -> tuple[Candidate, ...]:
+            report = sensitivity() if callable(sensitivity) else sensitivity
+            ranked = [entry for entry in report.groups if all(node in nodes for node in entry.nodes)]
+            return tuple(_kept_top(static_plan, ranked[:k], kind, weightless, report.metric, kept_base, base_levels, f"{prefix}int8-static+{kind}-top{k}", graph)
+                         for k in range(1, max(0, min(max_kept, len(ranked))) + 1))
+
         for kind in ("dynamic", "float") if can_dynamic else ("float",):
-            ladder = [_kept_top(static_plan, ranked[:k], kind, weightless, sensitivity.metric, kept_base, base_levels, f"{prefix}int8-static+{kind}-top{k}", graph)
-                      for k in range(1, steps + 1)]
-            if ladder:
-                out.append(CandidateLadder(f"{prefix}int8-static+{kind}", tuple(ladder)))
+            name = f"{prefix}int8-static+{kind}"
+            if callable(sensitivity):
+                if max_kept > 0:
+                    out.append(CandidateLadder(name, base=static, expand=lambda kind=kind: ladder_steps(kind)))  # type: ignore[misc]
+            elif steps := ladder_steps(kind):
+                out.append(CandidateLadder(name, steps, base=static))
     if can_dynamic and dynamic_plan is not None:
         plan = replace(dynamic_plan, op_types=tuple(dict.fromkeys([*dynamic_plan.op_types, *extra_ops])))
         levels = {node: FLOAT if node in weightless else DYNAMIC for node in nodes}
@@ -273,14 +306,24 @@ def search_auto(
     metric_name: str = "metric",
     budget_text: str = "the recipe's evaluation.budget",
     notes: Sequence[str] = (),
+    time_budget_s: float | None = None,
+    started: float | None = None,
 ) -> AutoResult:
     """Try ``candidates`` in order under the early-stop rule of this module; return the fastest one
     inside the budget with a row per candidate tried. ``reference`` is the FP32 model every latency is
     a ratio to (timed in the same ``time_models`` call); ``graph_references`` maps a graph variant to
-    its own FP32 model, whose ratio is reported too. Raises :class:`AutoSearchError` when none passes."""
+    its own FP32 model, whose ratio is reported too. ``time_budget_s`` caps the seconds since ``started``
+    (a ``time.perf_counter()`` value, default: now) after which candidates are skipped unbuilt.
+    ``time_models`` may take a keyword ``bar``: the latency ratio above which the candidate is rejected
+    anyway, so that it can stop timing early. Raises :class:`AutoSearchError` when none passes."""
     if not 0 <= noise_margin < 1:
         raise QuantizationError(f"noise_margin must be in [0, 1), got {noise_margin}")
+    if time_budget_s is not None and time_budget_s <= 0:
+        raise QuantizationError(f"time_budget_s must be positive, got {time_budget_s}")
     search = _Search(build, evaluate, time_models, Path(reference), dict(graph_references or {}), noise_margin, time_failed)
+    search.higher_is_better = higher_is_better
+    search.started = time.perf_counter() if started is None else started
+    search.time_budget_s = time_budget_s
     for item in candidates:
         if isinstance(item, CandidateLadder):
             search.ladder(item)
@@ -305,8 +348,9 @@ def search_auto(
     rows = tuple(replace(row, status="chosen") if row.name == chosen.name and row.status == "passed" else row for row in search.rows)
     chosen_row = next(row for row in rows if row.status == "chosen")
     log.info("--precision auto chose %s (%.3fx FP32, %s %.6g)", chosen.name, chosen_row.latency_ratio or float("nan"), metric_name, chosen_row.value or float("nan"))
+    stats = {**search.counts, "skipped": sum(row.status == "skipped" for row in rows), "seconds": round(time.perf_counter() - search.started, 2)}
     return AutoResult(chosen, chosen_row, built.path, rows, dict(chosen.kept), dict(built.ranges), sensitivity,
-                      rule=f"dominance floor + interleaved timing, noise margin {noise_margin:.0%}", notes=tuple(notes))
+                      rule=f"dominance floor + interleaved timing, noise margin {noise_margin:.0%}", notes=tuple(notes), stats=stats)
 
 
 class _Search:
@@ -319,17 +363,33 @@ class _Search:
         self.measured: list[tuple[Candidate, float]] = []
         self.best: tuple[Candidate, BuiltCandidate] | None = None
         self.best_ratio = float("inf")
+        self.started = time.perf_counter()
+        self.time_budget_s: float | None = None
+        self.counts = {"built": 0, "evaluated": 0, "timed": 0}
+        self.higher_is_better = True
+        self._timer_takes_bar = _takes_keyword(time_models, "bar")
 
     def ladder(self, ladder: CandidateLadder) -> None:
         """Gallop k = 1, 2, 4, ... to the first passing step, then bisect back to the smallest."""
-        steps = ladder.steps
+        started = time.perf_counter()
+        why = self._ladder_skip(ladder)
+        if why is not None:
+            base = ladder.base
+            row = CandidateResult(ladder.name, base.precision.value if base else Precision.INT8.value, base.graph if base else EXPORTED, "skipped", detail=why)
+            self.rows.append(replace(row, seconds=round(time.perf_counter() - started, 2)))
+            log.info("auto ladder %s: skipped (%s)", ladder.name, why)
+            return
+        steps = ladder.resolve()
+        base_row = next((r for r in reversed(self.rows) if ladder.base is not None and r.name == ladder.base.name), None)
         last_failed, first_passed, k = 0, None, 1
         while k <= len(steps):
-            status = self.process(steps[k - 1])
+            status = self.process(steps[k - 1], time_failed=False)
             if status == "passed":
                 first_passed = k
                 break
             if status not in ("failed", "error"):
+                return
+            if status == "failed" and self._no_progress(base_row):
                 return
             last_failed = k
             if k == len(steps):
@@ -340,7 +400,7 @@ class _Search:
         low, high = last_failed + 1, first_passed - 1
         while low <= high:
             middle = (low + high) // 2
-            status = self.process(steps[middle - 1])
+            status = self.process(steps[middle - 1], time_failed=False)
             if status == "passed":
                 high = middle - 1
             elif status in ("failed", "error"):
@@ -348,13 +408,72 @@ class _Search:
             else:
                 return
 
-    def process(self, candidate: Candidate) -> str:
+    def _over_budget(self) -> str | None:
+        if self.time_budget_s is None:
+            return None
+        elapsed = time.perf_counter() - self.started
+        return f"time budget spent ({elapsed:.0f} s of quantization.auto_time_budget_s {self.time_budget_s:g} s)" if elapsed >= self.time_budget_s else None
+
+    def _bar(self, candidate: Candidate) -> tuple[float, str] | None:
+        """The latency ratio ``candidate`` must get under to matter, and what sets it."""
+        if self.best is not None:
+            return self.best_ratio * (1 - self.margin), f"{self.best[0].name} ({self.best_ratio:.3f}x)"
+        if candidate.precision is not Precision.FP32:
+            return 1.0, "FP32 (1.000x): a quantized plan is chosen only when it is faster than FP32"
+        return None
+
+    def _ladder_skip(self, ladder: CandidateLadder) -> str | None:
+        """Why ``ladder`` need not be tried (None: try it)."""
+        base = ladder.base
+        over = self._over_budget()
+        if over is not None:
+            return over
+        if base is None:
+            return None
+        row = next((r for r in reversed(self.rows) if r.name == base.name), None)
+        if row is None:
+            return f"{base.name} was not tried"
+        if row.status == "error":
+            return f"{base.name} could not be built; every step writes it with more nodes kept"
+        if row.passed:
+            return f"{base.name} is inside the budget; a ladder only buys accuracy, at {base.name}'s precision or higher"
+        bar = self._bar(base)
+        if row.latency_ratio is not None and bar is not None and row.latency_ratio >= bar[0]:
+            return f"every step runs every node at the precision of {base.name} ({row.latency_ratio:.3f}x) or higher: cannot beat {bar[1]}"
+        if row.status != "failed":
+            return f"{base.name} was {row.status}: {row.detail}"
+        return None
+
+    def _no_progress(self, base_row: CandidateResult | None) -> bool:
+        """The last step failed no closer to the budget than the ladder's base: more kept groups will not
+        fix it (the loss is not in single groups). Its row says so; the ladder stops."""
+        step = self.rows[-1]
+        if base_row is None or base_row.value is None or step.value is None:
+            return False
+        better = step.value > base_row.value if self.higher_is_better else step.value < base_row.value
+        if better:
+            return False
+        self.rows[-1] = replace(step, detail=(f"{step.detail}; " if step.detail else "") +
+                                f"no closer to the budget than {base_row.name} ({step.value:.6g} vs {base_row.value:.6g}): the ladder stops")
+        return True
+
+    def process(self, candidate: Candidate, time_failed: bool | None = None) -> str:
         started = time.perf_counter()
         floor = self._floor(candidate)
+        bar = self._bar(candidate)
+        over = self._over_budget() if not (candidate.precision is Precision.FP32 and candidate.graph == EXPORTED) else None
+        if over is not None:
+            return self._row(_result(candidate, "skipped", detail=over), started, candidate)
         if self.best is not None and floor is not None and floor[0] >= self.best_ratio * (1 - self.margin):
             why = "is the reference (1.000x)" if candidate.precision is Precision.FP32 else f"runs every node at the precision of {floor[1]} ({floor[0]:.3f}x) or higher"
             return self._row(_result(candidate, "skipped", detail=f"{why}: cannot beat {self.best[0].name} ({self.best_ratio:.3f}x)"), started, candidate)
+        if self.best is None and bar is not None and floor is not None and floor[0] >= bar[0]:
+            why = f"runs every node at the precision of {floor[1]} ({floor[0]:.3f}x) or higher"
+            return self._row(_result(candidate, "skipped", detail=f"{why}: cannot beat {bar[1]}"), started, candidate)
+        if candidate.not_worth:
+            return self._row(_result(candidate, "skipped", detail=candidate.not_worth), started, candidate)
         try:
+            self.counts["built"] += 1
             built = self.build(candidate)
         except EdgekitError as exc:
             return self._row(_result(candidate, "error", detail=f"build failed: {exc.message}"), started, candidate)
@@ -365,11 +484,12 @@ class _Search:
                 detail = f"not faster than {self.best[0].name} ({self.best_ratio:.3f}x) by more than {self.margin:.0%}; not evaluated"
                 return self._row(_result(candidate, "slower", timing, detail=detail), started, candidate)
         try:
+            self.counts["evaluated"] += 1
             accuracy = self.evaluate(built.path)
         except EdgekitError as exc:
             return self._row(_result(candidate, "error", timing, detail=f"evaluation failed: {exc.message}"), started, candidate)
         passed = bool(accuracy.passed)
-        if timing is None and (passed or self.time_failed):
+        if timing is None and (passed or (self.time_failed if time_failed is None else time_failed)):
             timing = self._time(candidate, built.path)
         row = _result(candidate, "passed" if passed else "failed", timing, value=float(accuracy.value),
                       cosine_min=getattr(accuracy, "cosine_min", None), passed=passed)
@@ -403,10 +523,24 @@ class _Search:
         if graph_reference is not None:
             paths.append(graph_reference)
         paths.append(path)
-        latencies = [float(v) for v in self.time_models(paths)]
+        self.counts["timed"] += 1
+        bar = self._bar(candidate)
+        if self._timer_takes_bar and bar is not None:
+            latencies = [float(v) for v in self.time_models(paths, bar=bar[0])]  # type: ignore[call-arg]
+        else:
+            latencies = [float(v) for v in self.time_models(paths)]
         if len(latencies) != len(paths) or not all(v > 0 for v in latencies):
             raise QuantizationError(f"time_models returned {latencies} for {len(paths)} models", hint="return one positive latency in ms per path, in order")
         return Timing(latencies[-1], latencies[0], latencies[-1] / latencies[0], latencies[-1] / latencies[1] if graph_reference is not None else None)
+
+
+def _takes_keyword(function: Callable[..., Any], name: str) -> bool:
+    import inspect
+
+    try:
+        return name in inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 @dataclass(frozen=True)

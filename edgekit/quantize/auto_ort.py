@@ -42,7 +42,7 @@ from edgekit.quantize.auto import (
 from edgekit.quantize.calibration import CalibrationCache, CalibratorSpec, TensorRange, calibrate
 from edgekit.quantize.node_groups import find_node_groups
 from edgekit.quantize.plan import INT8_OP_TYPES, QuantizationPlan, make_plan
-from edgekit.quantize.sensitivity import Metric, QuantizationSimulator, rank_groups
+from edgekit.quantize.sensitivity import Metric, QuantizationSimulator, SensitivityReport, rank_groups
 from edgekit.recipe import AccuracyBudget, QuantizationSpec
 from edgekit.target import TargetProfile
 
@@ -71,6 +71,9 @@ class OrtCandidateBuilder:
         self._graphs: dict[str, Path] = {}
         self._ranges: dict[tuple[str, str], dict[str, TensorRange]] = {}
         self.fusion_stats: dict[str, int] | None = None
+        #: Calibration runs over the data (cache misses) and cache hits, for the search's stats.
+        self.calibration_passes = 0
+        self.calibration_cache_hits = 0
 
     def graph_model(self, graph: str) -> Path | None:
         """The FP32 model of a graph variant (``None`` when the variant does not apply to this model)."""
@@ -100,6 +103,8 @@ class OrtCandidateBuilder:
         needed = [tensor for tensor in ort_writers.calibration_tensors(model, _int8_only(plan)) if tensor not in have]
         if needed:
             result = calibrate(model, self.calibration_batches, self.calibrators[name], tensor_names=needed, cache=self.cache, work_dir=self.work_dir)
+            self.calibration_cache_hits += result.from_cache
+            self.calibration_passes += not result.from_cache
             have.update(result.ranges)
         return have
 
@@ -140,11 +145,22 @@ class OrtCandidateBuilder:
             return BuiltCandidate(out, used)
         if candidate.precision is Precision.INT8_DYNAMIC:
             written = ort_writers.write_dynamic(model, out, plan)
+            coverage = ort_writers.dynamic_coverage_note(model, plan)
             if not ort_writers.quantized_ops(written):
                 raise QuantizationError(f"{candidate.name}: int8-dynamic quantized nothing in this graph, so it is not an int8-dynamic plan",
-                                        hint=ort_writers.dynamic_coverage_note(model, plan) or "the graph has no MatMul/Gemm weights")
+                                        hint=coverage or "the graph has no MatMul/Gemm weights")
+            if coverage:  # PP-OCR's classifier: 0.3 % of its weights int8, chosen as 'int8-dynamic' for the float rewrites' speed
+                raise QuantizationError(f"{candidate.name}: {coverage}; a plan that leaves most weights float is not offered as int8-dynamic",
+                                        hint="the int8 and FP32 candidates cover this model")
             return BuiltCandidate(written)
         if candidate.precision is Precision.INT4:
+            counts = ort_writers.weight_elements_by_op(model, tuple(plan.excluded))
+            total = sum(elements for _, elements in counts.values())
+            share = sum(counts.get(op, (0, 0))[1] for op in ("MatMul", "Gemm")) / total if total else 0.0
+            if share < 0.5:  # int4 is weight-only on MatMul/Gemm: on a CNN it would be float under another name
+                raise QuantizationError(f"{candidate.name}: int4 would cover {share:.1%} of the weights (MatMul/Gemm); the rest "
+                                        f"({', '.join(f'{n} {op}' for op, (n, _) in counts.items() if op not in ('MatMul', 'Gemm'))}) stays float, "
+                                        "so it is not offered as int4", hint="the int8 and FP32 candidates cover this model")
             return BuiltCandidate(ort_writers.write_int4(model, out, plan))
         raise QuantizationError(f"the ONNX Runtime candidate builder cannot write {candidate.precision.value}", hint="use a backend that builds it")
 
@@ -178,19 +194,25 @@ def _int8_only(plan: QuantizationPlan) -> QuantizationPlan:
 
 class OrtInterleavedTimer:
     """``time_models`` for the search: each round runs every model once on ``feeds``; returns the median
-    wall-clock latency in ms per model. Sessions of ``keep_loaded`` paths (the references) are reused."""
+    wall-clock latency in ms per model. Sessions of ``keep_loaded`` paths (the references) are reused.
+
+    With ``bar`` (a latency ratio of the last model to the first), timing stops after ``min_rounds`` once
+    the median per-round ratio is over ``bar * (1 + stop_margin)``: the candidate is rejected anyway."""
 
     def __init__(self, feeds: Mapping[str, np.ndarray], *, threads: int | None = None, rounds: int = 15, warmup: int = 2,
-                 min_seconds: float = 1.0, max_rounds: int = 500, graph_optimization: str = "all", keep_loaded: Sequence[Path] = ()) -> None:
+                 min_seconds: float = 1.0, max_rounds: int = 500, graph_optimization: str = "all", keep_loaded: Sequence[Path] = (),
+                 min_rounds: int = 5, stop_margin: float = 0.15) -> None:
         if rounds < 1 or max_rounds < rounds:
             raise QuantizationError(f"the timer needs 1 <= rounds <= max_rounds, got rounds={rounds}, max_rounds={max_rounds}")
         self.feeds = dict(feeds)
         self.threads, self.rounds, self.warmup, self.graph_optimization = threads, rounds, warmup, graph_optimization
         self.min_seconds, self.max_rounds = min_seconds, max_rounds
         self.keep_loaded = {Path(p).resolve() for p in keep_loaded}
+        self.min_rounds, self.stop_margin = min_rounds, stop_margin
         self._sessions: dict[Path, Any] = {}
+        self.stopped_early = 0
 
-    def __call__(self, paths: Sequence[Path]) -> list[float]:
+    def __call__(self, paths: Sequence[Path], bar: float | None = None) -> list[float]:
         sessions = [self._session(Path(path)) for path in paths]
         runs = [(session, {i.name: self.feeds[i.name] for i in session.get_inputs()}) for session in sessions]
         start = time.perf_counter()
@@ -202,11 +224,16 @@ class OrtInterleavedTimer:
         per_round_s = (time.perf_counter() - start) / max(self.warmup, 1) / max(len(runs), 1)
         rounds = min(self.max_rounds, max(self.rounds, int(self.min_seconds / max(per_round_s, 1e-6))))
         samples: list[list[float]] = [[] for _ in runs]
-        for _ in range(rounds):
+        for done in range(1, rounds + 1):
             for index, (session, feed) in enumerate(runs):
                 start = time.perf_counter()
                 session.run(None, feed)
                 samples[index].append((time.perf_counter() - start) * 1000.0)
+            if bar is not None and len(runs) > 1 and done >= self.min_rounds and done < rounds:
+                ratio = statistics.median(last / first for first, last in zip(samples[0], samples[-1]))
+                if ratio > bar * (1 + self.stop_margin):
+                    self.stopped_early += 1
+                    break
         return [statistics.median(values) for values in samples]
 
     def _session(self, path: Path) -> Any:
@@ -336,11 +363,20 @@ def plan_auto_onnxruntime(
     noise_margin: float = 0.05,
     budget_text: str = "the recipe's evaluation.budget",
     threads: int | None = None,
+    time_budget_s: float | None = None,
+    bench_feeds: Mapping[str, np.ndarray] | None = None,
 ) -> AutoResult:
-    """End to end on ONNX Runtime: pick the calibrator whose simulated all-int8 metric is best,
-    rank node groups by sensitivity on the exported graph, list candidates for each graph variant that
-    applies (fused variants first: expected faster), and run :func:`search_auto` with ``evaluate`` and
-    ``time_models``. ``supported`` is :func:`gating.supported_precisions` for the target."""
+    """End to end on ONNX Runtime: pick the calibrator whose simulated all-int8 metric is best, list
+    candidates for each graph variant that applies (fused variants first: expected faster), and run
+    :func:`search_auto` with ``evaluate`` and ``time_models``. ``supported`` is
+    :func:`gating.supported_precisions` for the target.
+
+    One calibration per (graph, calibrator) serves every candidate, and one sensitivity ranking (on the
+    exported graph, from the chosen calibrator's simulator) every ladder; it runs only when a ladder is
+    tried, i.e. when static int8 fails the budget while faster than the bar. int8-dynamic and int4 touch
+    only MatMul/Gemm: when those do under ``MATMUL_WORK_FLOOR`` of the graph's work (at ``bench_feeds``'
+    shapes), they would leave it essentially float and are skipped. ``time_budget_s`` caps the whole call."""
+    started = time.perf_counter()
     exported_plan = make_plan(spec, target, backend, Precision.INT8)
     calibrators = dict(calibrators or auto_calibrators(spec, exported_plan))
     builder = OrtCandidateBuilder(fp32_path, work_dir, calibration_batches, calibrators, cache)
@@ -359,8 +395,20 @@ def plan_auto_onnxruntime(
         raise QuantizationError("no calibrator to compare", hint="pass calibrators={'minmax': CalibratorSpec.create('minmax')}")
     base = simulator.plan
     notes: tuple[str, ...] = (f"calibrator {base.calibrator}: simulated all-int8 {metric.name} " + ", ".join(f"{k} {v:.5g}" for k, v in scores.items()),)
-    sensitivity = rank_groups(simulator, metric.metric, metric_name=metric.name, higher_is_better=metric.higher_is_better)
-    del simulator
+    ranked: list[SensitivityReport] = []
+
+    def sensitivity() -> SensitivityReport:  # once, on demand, for every ladder of every graph variant
+        if not ranked:
+            assert simulator is not None
+            ranked.append(rank_groups(simulator, metric.metric, metric_name=metric.name, higher_is_better=metric.higher_is_better))
+        return ranked[0]
+
+    matmul_share = matmul_work_share(exported, bench_feeds)
+    bound: dict[str, Any] = {}
+    if matmul_share is not None and matmul_share < MATMUL_WORK_FLOOR:
+        bound = {"not_worth": f"MatMul/Gemm do {matmul_share:.1%} of the work at the benchmark shape and it quantizes only those: "
+                              "the graph would stay essentially float (at most a no-op plan)"}
+        notes += (f"MatMul/Gemm do {matmul_share:.1%} of the exported graph's work: int8-dynamic and int4 (MatMul/Gemm only) are not tried",)
     candidates: list[Candidate | CandidateLadder] = []
     references: dict[str, Path] = {}
     dynamic_plan = make_plan(spec, target, backend, Precision.INT8_DYNAMIC) if Precision.INT8_DYNAMIC in supported else None
@@ -375,15 +423,51 @@ def plan_auto_onnxruntime(
         plan = base if graph == EXPORTED else replace(base, float_outputs=ort_writers.float_output_op_types(model, base.op_types))
         groups = find_node_groups(model, plan.op_types, exclude=plan.excluded)
         dynamic_only = {} if graph == EXPORTED else _fused_dynamic_nodes(model)
-        candidates += auto_candidates(plan, groups, sensitivity, supported, max_kept=spec.auto_max_excluded, graph=graph,
-                                      dynamic_only=dynamic_only, dynamic_plan=dynamic_plan, int4_plan=int4_plan, include_fallbacks=False)
+        listed = auto_candidates(plan, groups, sensitivity, supported, max_kept=spec.auto_max_excluded, graph=graph,
+                                 dynamic_only=dynamic_only, dynamic_plan=dynamic_plan, int4_plan=int4_plan, include_fallbacks=False)
+        candidates += [_bounded(item, bound) for item in listed]
         if graph != EXPORTED:
             references[graph] = model
             notes += (f"graph variant {graph}: fused {builder.fusion_stats}",)
-    candidates += fallback_candidates(supported, int4_plan)
-    return search_auto(candidates, build=builder, evaluate=evaluate, time_models=time_models, reference=Path(fp32_path),
-                       graph_references=references, sensitivity=sensitivity, noise_margin=noise_margin,
-                       higher_is_better=metric.higher_is_better, metric_name=metric.name, budget_text=budget_text, notes=notes)
+    candidates += [_bounded(item, bound) for item in fallback_candidates(supported, int4_plan)]
+    result = search_auto(candidates, build=builder, evaluate=evaluate, time_models=time_models, reference=Path(fp32_path),
+                         graph_references=references, sensitivity=None, noise_margin=noise_margin,
+                         higher_is_better=metric.higher_is_better, metric_name=metric.name, budget_text=budget_text, notes=notes,
+                         time_budget_s=time_budget_s, started=started)
+    report = ranked[0] if ranked else None
+    if report is None:
+        notes += ("sensitivity analysis not run: no ladder was tried (static int8 passed, was not faster than the bar, or could not be built)",)
+    stats = {**result.stats, "calibration_passes": builder.calibration_passes, "calibration_cache_hits": builder.calibration_cache_hits,
+             "sensitivity_runs": len(ranked), "sensitivity_seconds": round(report.seconds, 2) if report else 0.0,
+             "timing_stopped_early": getattr(time_models, "stopped_early", 0)}
+    return replace(result, sensitivity=report, notes=notes, stats=stats)
+
+
+#: int8-dynamic and int4 quantize only MatMul/Gemm; under this share of the work they are not tried.
+MATMUL_WORK_FLOOR = 0.05
+
+
+def matmul_work_share(model_path: Path, feeds: Mapping[str, np.ndarray] | None) -> float | None:
+    """The share of the graph's arithmetic (FLOPs at the shapes of ``feeds``) done by MatMul/Gemm
+    (``None`` when it cannot be worked out)."""
+    from edgekit.estimate.graph_cost import graph_costs
+
+    try:
+        cost = graph_costs(model_path, input_shapes={k: tuple(v.shape) for k, v in feeds.items()} if feeds else None)
+    except Exception as exc:  # an estimate only prunes; the search goes on without it
+        log.info("no work estimate for %s (%s): int8-dynamic and int4 are tried", model_path, type(exc).__name__)
+        return None
+    total = cost.total_ops
+    if not total > 0:
+        return None
+    return sum(node.ops for node in cost.nodes if node.op_type in ("MatMul", "Gemm")) / total
+
+
+def _bounded(item: Candidate | CandidateLadder, bound: Mapping[str, Any]) -> Candidate | CandidateLadder:
+    """``item`` with the static bound of MatMul/Gemm-only schemes (int8-dynamic, int4) when it is one."""
+    if bound and isinstance(item, Candidate) and item.precision in (Precision.INT8_DYNAMIC, Precision.INT4):
+        return replace(item, **bound)
+    return item
 
 
 def _fused_dynamic_nodes(model_path: Path) -> dict[str, str]:

@@ -174,7 +174,8 @@ def search_auto_precision(fp32_path: Path, out_path: Path, recipe: Any, target: 
         fp32_path, workdir / "auto", spec=recipe.build.quantization, target=target, backend=backend,
         supported=supported_precisions(target, backend), calibration_batches=calibration_batches, evaluation_batches=evaluation_batches,
         metric=MetricSpec(metric, spec.metric, spec.better_is_higher, output, spec.labels), evaluate=evaluator, time_models=timer,
-        cache=CalibrationCache(default_cache_dir()), threads=threads,
+        cache=CalibrationCache(default_cache_dir()), threads=threads, time_budget_s=recipe.build.quantization.auto_time_budget_s,
+        bench_feeds=bench_feeds,
     )
     shutil.copyfile(result.model_path, out_path)
     plan = result.plan if result.chosen.precision in WRITTEN else None
