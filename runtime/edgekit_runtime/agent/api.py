@@ -12,6 +12,9 @@ GET      ``/v1/stats``    the open statistics window and the counters since star
 GET      ``/v1/signature`` the served model's inputs, outputs and dim bounds
 =======  ===============  ===========================================================================
 
+Every path under ``/v2`` is the Open Inference Protocol (KServe v2) for every model of the repository
+(:mod:`edgekit_runtime.agent.oip`, with its own ``{"error": ...}`` objects); ``/v1`` serves the default model.
+
 Errors are JSON ``{"error": kind, "message": ..., "hint": ...}``: 400 for a malformed request or inputs
 that do not match the signature (with the expected ``signature``), 408 for a client too slow to send
 its request, 413 for a body over the limit, 431 for headers over the limit, 503 without a model or

@@ -73,28 +73,36 @@ def check_agent(config: AgentConfig, *, broker_timeout_s: float = 5.0) -> CheckR
     if config.bundles.allow_unsigned:
         report.warnings.append("bundles.allow_unsigned is true: unsigned bundles are accepted (development only)")
 
-    store = BundleStore(config.bundles.dir)
     if not config.bundles.dir.is_dir():
         report.problems.append(f"bundles.dir '{config.bundles.dir}' does not exist; create it (install a bundle with `edgekit-agent install`)")
     elif not os.access(config.bundles.dir, os.W_OK):
         report.problems.append(f"bundles.dir '{config.bundles.dir}' is not writable by this user; deploys would fail")
-    for link, required in (("current", True), ("previous", False)):
-        path = store.target(link)
-        if path is None:
-            message = f"no {link} bundle in {config.bundles.dir}"
-            (report.problems if required else report.warnings).append(
-                message + ("; install one: edgekit-agent install --config CONFIG BUNDLE" if required else "")
-            )
-            continue
-        try:
-            loaded = load_bundle(path, config.bundles)
-        except EdgekitError as err:
-            (report.problems if required else report.warnings).append(f"{link} bundle {path}: {err}")
-            continue
-        loaded.runner.close()
-        signed = f"signed by {loaded.signed_by}" if loaded.signed_by else "unsigned"
-        report.passed.append(f"{link} bundle {loaded.name}: {signed}, {len(loaded.bundle.files)} files verified, "
-                             f"self-check passed on {', '.join(loaded.check.providers)}")  # fmt: skip
+    # one store per model of the repository (models:), else bundles.dir itself
+    stores = [(None, config.bundles.dir)]
+    if config.models is not None:
+        from edgekit_runtime.agent.repository import ModelRepository
+
+        stores = [(slot.key, slot.store.root) for slot in ModelRepository(config, lambda event: None).slots()]
+    for model, directory in stores:
+        store = BundleStore(directory)
+        what, install = ("", "") if model is None else (f"model {model}: ", f" --model {model}")
+        for link, required in (("current", True), ("previous", False)):
+            path = store.target(link)
+            if path is None:
+                message = f"{what}no {link} bundle in {directory}"
+                (report.problems if required else report.warnings).append(
+                    message + (f"; install one: edgekit-agent install --config CONFIG{install} BUNDLE" if required else "")
+                )
+                continue
+            try:
+                loaded = load_bundle(path, config.bundles)
+            except EdgekitError as err:
+                (report.problems if required else report.warnings).append(f"{what}{link} bundle {path}: {err}")
+                continue
+            loaded.runner.close()
+            signed = f"signed by {loaded.signed_by}" if loaded.signed_by else "unsigned"
+            report.passed.append(f"{what}{link} bundle {loaded.name}: {signed}, {len(loaded.bundle.files)} files verified, "
+                                 f"self-check passed on {', '.join(loaded.check.providers)}")  # fmt: skip
 
     try:
         sensor = create_sensor(config.power.sensor, config.power.root)

@@ -293,3 +293,14 @@ def test_telemetry_windows_carry_each_model_and_the_collector_stores_them(reposi
         assert store.add_windows([window]) == 1
         (stored,) = store.windows(fleet="lab", device="dev-1")
         assert stored.payload["model"] == "digits" and len(stored.payload["models"]) == 3
+
+
+def test_check_reports_each_model_of_the_repository(agent_config: Callable[..., Path], model_bundle: Callable[..., Path],
+                                                    capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    path = agent_config(models={"names": ["digits", "flat"], "default": "digits"})
+    assert agent_main(["install", str(model_bundle("digits")), "--config", str(path), "--model", "digits"]) == 0
+    capsys.readouterr()
+    assert agent_main(["check", "--config", str(path)]) == 1  # flat has no bundle yet
+    out = capsys.readouterr().out
+    assert "ok    model digits: current bundle digits: signed by" in out
+    assert "FAIL  model flat: no current bundle in" in out and "edgekit-agent install --config CONFIG --model flat BUNDLE" in out
