@@ -147,3 +147,25 @@ def test_a_measured_host_times_nodes_that_fit_its_cache_at_the_cache_bandwidth()
     softmax_bytes = {n.name: n for n in big_cost.nodes}["softmax"].bytes
     assert big.bound == "memory" and big.roofline_ms == pytest.approx(softmax_bytes / 10e9 * 1e3)  # 4 MiB: past the cache
     assert small.roofline_ms == pytest.approx(2 * 4 * 32 * 4 / 100e9 * 1e3)  # 1 KiB in, 1 KiB out, at cache speed
+
+
+@pytest.mark.parametrize("name", __import__("edgekit.target", fromlist=["default_registry"]).default_registry().names())
+def test_every_shipped_target_gives_figures_or_says_what_is_missing(name: str) -> None:
+    target = get_target(name)
+    try:
+        hw = hardware_for(target)
+        result = estimate(cnn(), target, dims={"batch": 2})  # an FP32 graph
+    except EstimateError as exc:  # e.g. no bandwidth figure, or an NPU/FP4 figure only: the error names the file to complete
+        assert exc.hint and (f"targets/{name}.yaml" in exc.hint or "--measure-host" in exc.hint)
+        return
+    assert hw.peak_ops and hw.bandwidth_bytes_s > 0 and hw.sources
+    assert result.p50_ms > 0 and len(result.energy) == len(target.power_modes)
+
+
+def test_default_factors_cover_every_op_class() -> None:
+    from edgekit.estimate.graph_cost import ALL_CLASSES
+    from edgekit.estimate.roofline import DEFAULT_EFFICIENCY
+
+    for kind, table in DEFAULT_EFFICIENCY.items():
+        assert set(table) == set(ALL_CLASSES), kind
+        assert all(0 < v <= 1 for v in table.values())
