@@ -34,6 +34,7 @@ from edgekit_runtime.archive import (
     MANIFEST_MAX_BYTES,
     SIGNATURE_MAX_BYTES,
     ArchiveLimits,
+    UnsafeArchiveError,
     extract_bundle_archive,
     scan_bundle_archive,
 )
@@ -424,7 +425,13 @@ def _fetch_into(url: str, target: Path | str, staging: Path, *, expected_sha256:
     step.what, step.needed_bytes = what, archive.unpacked_bytes
     unpacked = staging / "unpacked"
     unpacked.mkdir()
-    bundle_dir = extract_bundle_archive(archive, unpacked, limits)
+    try:
+        bundle_dir = extract_bundle_archive(archive, unpacked, limits)
+    except UnsafeArchiveError as err:  # the archive reader reports every OSError as an unreadable tar
+        cause = err.__cause__
+        if isinstance(cause, OSError) and cause.errno in _DISK_FULL_ERRNOS:
+            raise cause from None  # the disk filled as the files were written (blocks round sizes up): say so
+        raise
     archive_path.unlink()
     logger.info("fetched %s (%d bytes) into %s", url, size, bundle_dir)
     return FetchedBundle(bundle_dir, "tar", size, sha256, time.monotonic() - started)

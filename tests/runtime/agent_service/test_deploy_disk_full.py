@@ -115,6 +115,17 @@ def test_a_deploy_that_meets_a_full_disk_fails_cleanly_and_the_old_bundle_serves
         assert files_bytes - 4096 <= needed <= files_bytes  # the files the manifest lists
         assert_untouched(result, free_before)
 
+        # 2b. Room for the files' bytes but not for the blocks they take: the disk fills while unpacking.
+        filler.unlink()
+        filler = leave_free(small_fs, tar_bytes + needed + 8192)
+        free_before = shutil.disk_usage(small_fs).free
+        result = deploy(service, listener, tar.as_uri(), tar_sha256)
+        assert f"unpacking the bundle beside its {tar_bytes:,}-byte tar needs {needed:,} bytes under " in result["message"]
+        assert "not a complete, readable tar" not in result["message"]
+        free_reported = int(result["message"].split(f"under {service.store.staging_dir}, ")[1].split(" bytes are free")[0].replace(",", ""))
+        assert free_reported > needed  # more than the bytes: the write failed (not the check before it), then was undone
+        assert_untouched(result, free_before)
+
         # 3. A bundle directory that does not fit.
         filler.unlink()
         filler = leave_free(small_fs, 200_000)
