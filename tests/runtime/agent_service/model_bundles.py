@@ -5,6 +5,7 @@
 * ``embedder``: a MiniLM-demo-shaped sentence embedder, ``input_ids`` and ``attention_mask``
   int64[batch, seq] -> ``sentence_embedding`` float32[batch, 8] (the masked mean of embedding rows);
 * ``flat``: the digits weights on ``image`` float32[batch, 64];
+* ``even``: the digits interface, failing at run time on odd batch sizes (its golden batches are even);
 * ``slow``: ``x`` float32[batch, 256] through a chain of 256x256 MatMuls (``repeats`` of them): a model
   whose every request takes a while, to show it does not hold up the others.
 
@@ -123,9 +124,9 @@ def make_model_bundle(root: Path, kind: str, *, name: str | None = None, corrupt
                       bundle_version: int | None = None, repeats: int = 48) -> Path:  # fmt: skip
     """A bundle of ``kind`` (digits, embedder, flat, slow) at ``root``, named ``name`` (default: the kind)."""
     name = name or kind
-    if kind in ("digits", "flat"):
-        return make_bundle(root, name=name, model="linear" if kind == "digits" else "flat_input",
-                           corrupt_golden=corrupt_golden, bundle_version=bundle_version)  # fmt: skip
+    if kind in ("digits", "flat", "even"):  # even: the digits interface, failing on odd batches at run time
+        model = {"digits": "linear", "flat": "flat_input", "even": "even_batches"}[kind]
+        return make_bundle(root, name=name, model=model, corrupt_golden=corrupt_golden, bundle_version=bundle_version)
     root.mkdir(parents=True)
     (root / "golden").mkdir()
     shift = np.float32(1.0 if corrupt_golden else 0.0)

@@ -304,3 +304,31 @@ def test_check_reports_each_model_of_the_repository(agent_config: Callable[..., 
     out = capsys.readouterr().out
     assert "ok    model digits: current bundle digits: signed by" in out
     assert "FAIL  model flat: no current bundle in" in out and "edgekit-agent install --config CONFIG --model flat BUNDLE" in out
+
+
+def test_pipeline_deploy_rolls_every_model_back_when_one_is_unhealthy(agent_config: Callable[..., Path], model_bundle: Callable[..., Path]) -> None:
+    path = agent_config(models={"names": ["digits", "embedder"], "default": "digits"},
+                        health={"window_s": 1.5, "max_error_rate": 0.1, "min_requests": 1})  # fmt: skip
+    for kind in ("digits", "embedder"):
+        assert agent_main(["install", str(model_bundle(kind)), "--config", str(path), "--model", kind]) == 0
+    with AgentService(load_config(path)) as agent:
+        even = model_bundle("even", name="digits-even")  # passes its self-check, fails live requests of odd batches
+        embedder_v2 = model_bundle("embedder", name="embedder-v2")
+        agent.dispatch_command({"id": "w1", "command": "deploy_pipeline",
+                                "args": {"deploys": [deploy_args(even, model="digits"), deploy_args(embedder_v2, model="embedder")]}})
+        digits = agent.models.get("digits")
+        deadline = time.monotonic() + 10
+        while (digits.served is None or digits.served.name != "digits-even") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        failures = 0
+        for _ in range(5):  # odd batches during the watch
+            try:
+                digits.server.infer({"image": np.zeros((3, 1, 8, 8), np.float32)})
+            except Exception:
+                failures += 1
+        result = wait_event(agent, "deploy_result", "w1")
+        assert failures == 5
+        details = result["details"]
+        assert details["outcome"] == "rolled_back" and details["unhealthy"] == ["digits"]
+        assert details["restored"] == ["digits", "embedder"] and details["health"]["digits"]["errors"] == 5
+        assert agent.models.get("digits").served.name == "digits" and agent.models.get("embedder").served.name == "embedder"
