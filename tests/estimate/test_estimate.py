@@ -169,3 +169,15 @@ def test_default_factors_cover_every_op_class() -> None:
     for kind, table in DEFAULT_EFFICIENCY.items():
         assert set(table) == set(ALL_CLASSES), kind
         assert all(0 < v <= 1 for v in table.values())
+
+
+def test_cli_estimate_of_a_recipe_exports_it_and_uses_its_benchmark_shape(tiny_recipe, capsys) -> None:
+    assert main(["estimate", str(tiny_recipe()), "--target", "jetson-orin-nano-8gb", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert doc["kind"] == "estimate" and doc["source"]["name"] == "tiny"
+    assert doc["dims"] == {"batch": 4} and doc["batch"] == 4  # the recipe's dims: batch opt 4
+    assert doc["total_ops"] > 0 and doc["by_class"]
+    assert main(["estimate", str(tiny_recipe()), "--target", "jetson-orin-nano-8gb", "--precision", "int8", "--json"]) == 0
+    int8 = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert int8["memory_mb"]["weights"] == pytest.approx(doc["memory_mb"]["weights"] / 4)
+    assert any("timed as int8" in f for f in int8["factors"])
