@@ -115,3 +115,27 @@ def test_calibration_of_the_host_target_from_its_measured_peak(tmp_path: Path) -
     (result,) = calibrate(observations)
     assert result.entry.error_after_pct <= result.entry.error_before_pct / 2
     assert result.entry.factors.power_fraction <= 1.0
+
+
+def test_calibration_is_per_power_mode_when_devices_report_their_mode(tmp_path: Path) -> None:
+    bundles = find_bundles([write_bundles(tmp_path / "bundles")])
+    target = get_target("jetson-orin-nano-8gb")
+    slower = Factors({k: v * 0.6 for k, v in TRUTH.efficiency.items()}, 40.0, 0.6, "ground truth at 7W")
+    url = f"sqlite:///{tmp_path / 'modes.db'}"
+    with open_store(url) as store:
+        seed_ground_truth(store, target, bundles, TRUTH, devices=2, hours=0.5, fleet="fast", power_mode="15W")
+        seed_ground_truth(store, target, bundles, slower, devices=2, hours=0.5, fleet="slow", power_mode="7W")
+        observations = observations_from_store(store, bundles)
+    assert set(observations) == {("jetson-orin-nano-8gb", "15W"), ("jetson-orin-nano-8gb", "7W")}
+    results = {r.entry.power_mode: r.entry for r in calibrate(observations)}
+    assert all(e.error_after_pct <= e.error_before_pct / 2 for e in results.values())
+    assert results["7W"].factors.efficiency["matmul"] < results["15W"].factors.efficiency["matmul"]
+    out = tmp_path / "cal.json"
+    from edgekit.estimate.calibration import write_calibration
+
+    write_calibration(out, list(results.values()))
+    held_out = conv_net(96, 40)
+    for mode, truth in (("15W", TRUTH), ("7W", slower)):
+        expected = true_latency_ms(KnownBundle(("h",), None, graph_costs(held_out, {"batch": 8})), target, truth, power_mode=mode) * 1.17  # type: ignore[arg-type]
+        got = estimate(held_out, target, dims={"batch": 8}, power_mode=mode, calibration=out)
+        assert got.calibration["calibrated"] and got.p50_ms == pytest.approx(expected, rel=0.25)
