@@ -1,4 +1,5 @@
-"""``edgekit fleet deploy BUNDLE --broker URL --store URL --key KEY --devices a,b|--target T [--waves 1,10%,100%]``."""
+"""``edgekit fleet deploy BUNDLE --broker URL --store URL --key KEY --devices a,b|--target T [--waves 1,10%,100%]``;
+``--model NAME`` deploys to one model of the devices' repositories, ``--pipeline a=DIR,b=DIR`` to several at once."""
 
 from __future__ import annotations
 
@@ -24,7 +25,14 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
         "them back and leaves later waves untouched. Exit code 0 when every device took the bundle, 1 when some did not, 2 when a check "
         "before sending failed (nothing was sent).",
     )  # fmt: skip
-    parser.add_argument("bundle", type=Path, help="signed bundle directory, or the .tar from `edgekit pack`")
+    parser.add_argument("bundle", type=Path, nargs="?",
+                        help="signed bundle directory, or the .tar from `edgekit pack` (not with --pipeline)")
+    models = parser.add_mutually_exclusive_group()
+    models.add_argument("--model", metavar="NAME", help="deploy to this model of the devices' model repositories "
+                        "(models: in the agent config; default: each device's default model)")  # fmt: skip
+    models.add_argument("--pipeline", metavar="M=BUNDLE,...",
+                        help="deploy several models together, all or none on each device: MODEL=BUNDLE pairs, or a YAML "
+                        "file with models: {MODEL: BUNDLE}; one deploy_pipeline command per device")  # fmt: skip
     parser.add_argument("--broker", required=True, metavar="URL", help="mqtt://HOST:1883 or mqtts://HOST:8883")
     parser.add_argument("--store", required=True, metavar="URL", help="the fleet store the collector writes")
     selection = parser.add_mutually_exclusive_group(required=True)
@@ -60,18 +68,32 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from edgekit.fleet.rollout import RolloutPolicy, parse_waves, run_rollout
-    from edgekit.fleet.rollout_bundle import prepare_bundle
+    from edgekit.fleet.rollout_bundle import RolloutError, prepare_bundle
+    from edgekit.fleet.rollout_models import ModelDeploy, check_model_name, parse_pipeline
 
     key = args.key if args.key is not None else args.sign_commands
-    artifact = prepare_bundle(args.bundle, url_base=args.url_base, key=key, bundle_id=args.bundle_id,
-                              skip_signature_check=args.skip_signature_check, inbox=args.inbox)  # fmt: skip
+    if (args.bundle is None) == (args.pipeline is None):
+        raise RolloutError("fleet deploy takes a BUNDLE or --pipeline MODEL=BUNDLE,..., not both nor neither",
+                           hint="edgekit fleet deploy build/yolo --model detector ..., or --pipeline detector=build/yolo,...")  # fmt: skip
+    if args.pipeline is not None and args.bundle_id:
+        raise RolloutError("--bundle-id names one bundle; a pipeline deploys each under its own id", hint="drop --bundle-id")
+    bundles = parse_pipeline(args.pipeline) if args.pipeline is not None else [(args.model, args.bundle)]
+    models: list[ModelDeploy] = []
+    artifacts = []
+    for name, path in bundles:
+        artifacts.append(prepare_bundle(path, url_base=args.url_base, key=key, bundle_id=args.bundle_id,
+                                        skip_signature_check=args.skip_signature_check, inbox=args.inbox))  # fmt: skip
+        if name is not None:
+            models.append(ModelDeploy(check_model_name(name), artifacts[-1]))
+    artifact = artifacts[0]
     policy = RolloutPolicy(canary=args.canary, waves=parse_waves(args.waves) if args.waves else None,
                            health_window_s=args.health_window_s, deploy_timeout_s=args.deploy_timeout_s,
                            max_error_rate=args.max_error_rate, max_p99_ratio=args.max_p99_ratio, force=args.force,
                            allow_downgrade=args.allow_downgrade, allow_signature_change=args.allow_signature_change)  # fmt: skip
-    signature = f"signature verified (key {artifact.signed_by})" if artifact.signed_by else "signature NOT checked here"
-    console.print(f"verified {artifact.bundle_id}: {artifact.files_verified} file(s) match manifest.json, {signature}; "
-                  f"target {artifact.target or 'none'}", soft_wrap=True)  # fmt: skip
+    for checked in artifacts:
+        signature = f"signature verified (key {checked.signed_by})" if checked.signed_by else "signature NOT checked here"
+        console.print(f"verified {checked.bundle_id}: {checked.files_verified} file(s) match manifest.json, {signature}; "
+                      f"target {checked.target or 'none'}", soft_wrap=True)  # fmt: skip
     seen: list[tuple[str, int]] = []
 
     def show(record: RolloutRecord) -> None:
@@ -89,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
     devices = [d.strip() for d in args.devices.split(",") if d.strip()] if args.devices else None
     record = run_rollout(artifact, broker_url=args.broker, store_url=args.store, devices=devices, target=args.target,
                          fleet=args.fleet, policy=policy, mqtt_version=args.mqtt_version, on_update=show,
-                         publisher_options={"signing_key": args.sign_commands} if args.sign_commands else None)  # fmt: skip
+                         publisher_options={"signing_key": args.sign_commands} if args.sign_commands else None,
+                         models=models, pipeline=args.pipeline is not None)  # fmt: skip
     print_record(record, results(args))  # stdout, or stderr with --json
     if args.json:
         print_json(record.to_json())
@@ -104,7 +127,10 @@ def print_record(record: RolloutRecord, out: Console = console) -> None:
 
     colour = "green" if record.state == "completed" else "red" if record.state in FINAL_STATES else "yellow"
     took = record.to_json()["seconds"]
-    out.print(f"[{colour}]rollout {record.rollout_id} {record.state}[/] {escape(record.bundle_id)} (target "
+    model = record.options.get("model") or ("pipeline" if record.options.get("pipeline") else None)
+    out.print(f"[{colour}]rollout {record.rollout_id} {record.state}[/] "
+              + (f"model {escape(str(model))}: " if model and model != "pipeline" else "pipeline " if model else "")
+              + f"{escape(record.bundle_id)} (target "
               f"{escape(record.target or 'none')}), started {record.started_at:%Y-%m-%d %H:%M:%S} UTC, {took:.1f} s"
               + (f": {escape(record.reason)}" if record.reason else ""), soft_wrap=True)  # fmt: skip
     for wave in record.waves:

@@ -24,7 +24,7 @@ from edgekit_runtime.schemas import validate_message
 
 logger = logging.getLogger(__name__)
 
-CommandName = Literal["deploy", "rollback", "set_interval", "ping"]
+CommandName = Literal["deploy", "rollback", "set_interval", "ping", "deploy_pipeline"]
 
 
 class CommandError(FleetError):

@@ -5,6 +5,11 @@ Prometheus' base units (seconds, watts, joules, Celsius) and come from the newes
 seq) this collector has stored for each device; ``edgekit_device_online`` comes from the devices'
 status messages, which every collector receives (they are not shared). Several collectors each
 export their own counters; sum them with ``sum without (instance)``.
+
+Per model (issue 20): the ``edgekit_model_*`` gauges carry a ``model`` label besides ``fleet`` and
+``device``, one series per model of the newest window (telemetry.v1 ``models``; the window itself under
+its ``model`` from agents serving one, an empty ``model`` from agents naming none). Power and
+temperature stay per device: the models share them.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Iterable
 
 from edgekit.fleet.errors import CollectorError
 from edgekit.fleet.ingest import READ_KINDS, REJECTION_REASONS
-from edgekit.fleet.store.base import DeviceStatus, TelemetryWindow
+from edgekit.fleet.store.base import DeviceStatus, ModelWindow, TelemetryWindow
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +49,26 @@ DEVICE_GAUGES = (
     _Gauge("edgekit_device_temperature_max_celsius", "Hottest thermal zone in the newest window.", "temperature_max_c", 1.0),
     _Gauge("edgekit_device_throughput_per_second", "Inferences per second over the newest window.", "throughput_per_s", 1.0),
 )  # fmt: skip
+
+#: Per-model gauges (label ``model``): metric name, help, ModelWindow field, factor to the base unit.
+MODEL_GAUGES = (
+    _Gauge("edgekit_model_latency_p50_seconds", "Median latency of the model over the device's newest window.", "p50_ms", 1e-3),
+    _Gauge("edgekit_model_latency_p99_seconds", "99th-percentile latency of the model over the newest window.", "p99_ms", 1e-3),
+    _Gauge("edgekit_model_throughput_per_second", "The model's inferences per second over the newest window.",
+           "throughput_per_s", 1.0),
+    _Gauge("edgekit_model_inferences", "The model's inferences in the newest window.", "count", 1.0),
+    _Gauge("edgekit_model_errors", "The model's failed inferences in the newest window.", "errors", 1.0),
+    _Gauge("edgekit_model_memory_bytes", "Memory the model holds (its loaded files), as the agent reports it.",
+           "memory_mb", 1024.0 * 1024.0),
+)  # fmt: skip
+
+
+def model_windows(window: TelemetryWindow) -> tuple[ModelWindow, ...]:
+    """The window's models: its ``models``, else the window itself under its ``model`` ('' when unnamed)."""
+    if window.models:
+        return window.models
+    return (ModelWindow(window.model or "", window.bundle_id, window.count, window.errors, window.p50_ms, window.p99_ms,
+                        window.throughput_per_s),)  # fmt: skip
 
 
 class IngestMetrics:
@@ -127,6 +152,15 @@ class IngestMetrics:
                 samples = [({"fleet": w.fleet, "device": w.device}, getattr(w, gauge.field) * gauge.scale)
                            for _, w in sorted(self._latest.items()) if getattr(w, gauge.field) is not None]
                 _family(lines, gauge.name, "gauge", gauge.help, samples)
+            models = [(w, m) for _, w in sorted(self._latest.items()) for m in model_windows(w)]
+            _family(lines, "edgekit_model_info", "gauge", "The bundle each model of a device runs (value always 1).",
+                    [({"fleet": w.fleet, "device": w.device, "model": m.model or "", "bundle": m.bundle_id or ""}, 1)
+                     for w, m in models])  # fmt: skip
+            for gauge in MODEL_GAUGES:
+                found = [({"fleet": w.fleet, "device": w.device, "model": m.model or ""}, getattr(m, gauge.field))
+                         for w, m in models if getattr(m, gauge.field) is not None]  # fmt: skip
+                _family(lines, gauge.name, "gauge", gauge.help,
+                        [(labels, value * gauge.scale if gauge.scale != 1.0 else value) for labels, value in found])
         return "\n".join(lines) + "\n"
 
 
@@ -203,4 +237,5 @@ def _handler_for(metrics: IngestMetrics) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-__all__ = ["CONTENT_TYPE", "DEVICE_GAUGES", "IngestMetrics", "MetricsServer", "escape_label", "format_value"]
+__all__ = ["CONTENT_TYPE", "DEVICE_GAUGES", "MODEL_GAUGES", "IngestMetrics", "MetricsServer", "escape_label", "format_value",
+           "model_windows"]

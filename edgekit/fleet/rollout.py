@@ -35,8 +35,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from edgekit.fleet.commands import CommandPublisher, build_command
+from edgekit.fleet.commands import CommandName, CommandPublisher, build_command
 from edgekit.fleet.rollout_bundle import BundleArtifact, RolloutError
+from edgekit.fleet.rollout_models import ModelDeploy, model_health_rows, pipeline_bundle_id
 from edgekit.fleet.rollout_state import RolloutLog, RolloutRecord
 from edgekit.fleet.store.base import DeviceEvent, DeviceSummary, FleetStore
 
@@ -239,7 +240,15 @@ class Rollout:
     def __init__(self, store: FleetStore, publisher: CommandPublisher, log: RolloutLog, artifact: BundleArtifact,
                  devices: Sequence[DeviceSummary], policy: RolloutPolicy = RolloutPolicy(), *,
                  on_update: Callable[[RolloutRecord], None] | None = None, stop: threading.Event | None = None,
-                 signed_commands: bool = False) -> None:  # fmt: skip
+                 signed_commands: bool = False, models: Sequence[ModelDeploy] = (), pipeline: bool = False) -> None:  # fmt: skip
+        """``models`` (issue 20): deploy to named models of the devices' repositories instead of their default
+        one: one ``ModelDeploy`` sends ``deploy`` with ``args.model``; with ``pipeline`` they all go in one
+        ``deploy_pipeline`` command (all or none on each device). ``artifact`` is then the first model's."""
+        if pipeline and not models:
+            raise RolloutError("a pipeline deploy needs at least one model=bundle", hint="pass --pipeline detector=DIR,...")
+        if len(models) > 1 and not pipeline:
+            raise RolloutError(f"{len(models)} models to deploy: send them as a pipeline", hint="use --pipeline")
+        self.models, self.pipeline = tuple(models), pipeline
         fleets = {d.fleet for d in devices}
         if len(fleets) != 1:
             raise RolloutError(f"a rollout goes to one fleet, but the devices are in {len(fleets)}: {', '.join(sorted(fleets))}",
@@ -253,6 +262,8 @@ class Rollout:
             raise NoDevicesMatchError(f"none of the {len(devices)} selected device(s) is online",
                                       hint="start the agents (or pass include_offline) and try again")  # fmt: skip
         forced = check_targets(online, artifact.target, bundle=artifact.bundle_id, force=policy.force)
+        for deploy in self.models[1:]:
+            forced.update(check_targets(online, deploy.artifact.target, bundle=deploy.artifact.bundle_id, force=policy.force))
         ordered = sorted(online, key=lambda d: d.device)
         plan = policy.plan([d.device for d in ordered])
         now = _now()
@@ -265,11 +276,17 @@ class Rollout:
                    "force": policy.force, "signed_commands": signed_commands, "health_window_s": policy.health_window_s,
                    "max_error_rate": policy.max_error_rate, "max_p99_ratio": policy.max_p99_ratio,
                    "files_verified": artifact.files_verified, "signed_by": artifact.signed_by}  # fmt: skip
+        if self.models:  # the models deployed to, recorded with the rollout (report, dashboard)
+            options["model"] = None if pipeline else self.models[0].model
+            options["models"] = [{"model": m.model, "bundle_id": m.artifact.bundle_id, "url": m.artifact.url,
+                                  "sha256": m.artifact.sha256} for m in self.models]  # fmt: skip
+            options["pipeline"] = pipeline
+        bundle_id = pipeline_bundle_id(self.models) if pipeline else artifact.bundle_id
         if forced:
             logger.warning("deploying %s with --force to %d device(s) whose target does not match: %s", artifact.bundle_id,
                            len(forced), "; ".join(f"{d} {why}" for d, why in forced.items()))  # fmt: skip
         self.record = RolloutRecord(
-            rollout_id=uuid.uuid4().hex[:12], fleet=self.fleet, bundle_id=artifact.bundle_id, url=artifact.url,
+            rollout_id=uuid.uuid4().hex[:12], fleet=self.fleet, bundle_id=bundle_id, url=artifact.url,
             sha256=artifact.sha256, state="deploying", canary=plan[0][1], devices=tuple(d.device for d in ordered),
             started_at=now, updated_at=now, previous_bundles={d.device: d.bundle_id for d in ordered}, outcomes=outcomes,
             target=artifact.target, waves=waves, forced=forced, options=options,
@@ -349,10 +366,15 @@ class Rollout:
         """Send deploy commands and wait for every device's ``deploy_result`` (or the timeout)."""
         command_ids: dict[str, str] = {}
         sent: dict[str, dict[str, Any]] = {}
-        args = self.artifact.deploy_args(allow_downgrade=self.policy.allow_downgrade,
-                                         allow_signature_change=self.policy.allow_signature_change)  # fmt: skip
+        flags = {"allow_downgrade": self.policy.allow_downgrade, "allow_signature_change": self.policy.allow_signature_change}
+        args = self.artifact.deploy_args(**flags)
+        name: CommandName = "deploy"
+        if self.pipeline:
+            name, args = "deploy_pipeline", {"deploys": [{**m.artifact.deploy_args(**flags), "model": m.model} for m in self.models]}
+        elif self.models:
+            args = {**args, "model": self.models[0].model}
         for device in devices:
-            command = build_command("deploy", args)
+            command = build_command(name, args)
             self.publisher.send(self.fleet, device, command)
             command_ids[command["id"]] = device
             sent[device] = {"wave": wave, "command_id": command["id"], "sent_at": _now().isoformat(), "outcome": "deploying",
@@ -401,9 +423,13 @@ class Rollout:
                 break
             self._stop.wait(min(policy.poll_s, max(0.0, deadline - time.monotonic())))
         pairs = [(self.fleet, d) for d in devices]
-        after = self.store.aggregate(("device",), devices=pairs, bundle_id=self.artifact.bundle_id, since=self.record.started_at)
-        before = self.store.aggregate(("device",), devices=pairs, since=self.record.started_at - dt.timedelta(seconds=policy.baseline_s),
-                                      until=self.record.started_at)  # fmt: skip
+        baseline_since = self.record.started_at - dt.timedelta(seconds=policy.baseline_s)
+        if self.models:  # per model: the deployed models' own windows (issue 20)
+            after, before = model_health_rows(self.store, self.models, pairs, since=self.record.started_at,
+                                              baseline_since=baseline_since)  # fmt: skip
+        else:
+            after = self.store.aggregate(("device",), devices=pairs, bundle_id=self.artifact.bundle_id, since=self.record.started_at)
+            before = self.store.aggregate(("device",), devices=pairs, since=baseline_since, until=self.record.started_at)
         silent = sorted(set(devices) - {a.device for a in after if a.windows > 0})
         inferences, errors = sum(a.inferences for a in after), sum(a.errors for a in after)
         error_rate = errors / (inferences + errors) if inferences + errors else None
@@ -415,7 +441,7 @@ class Rollout:
         self._set_wave(index, health=health)
         self._save(self.record.with_state("watching", health=health))
         if silent:
-            return f"no telemetry on {self.artifact.bundle_id} from device(s) {', '.join(silent)} within the health window"
+            return f"no telemetry on {self.record.bundle_id} from device(s) {', '.join(silent)} within the health window"
         if error_rate is not None and error_rate > policy.max_error_rate:
             return f"error rate {error_rate:.1%} is above the limit of {policy.max_error_rate:.1%}"
         if ratio is not None and ratio > policy.max_p99_ratio:
@@ -437,13 +463,16 @@ class Rollout:
         if not switched:
             return self._save(self.record.with_state("stopped", reason=reason))
         self._save(self.record.with_state("rolling_back", reason=reason))
-        command_ids: dict[str, str] = {}
-        for device in switched:
-            previous = self.record.previous_bundles.get(device)
-            command = build_command("rollback", {"bundle_id": previous} if previous else {})
-            self.publisher.send(self.fleet, device, command)
-            command_ids[command["id"]] = device
-        answers = self._await_results(command_ids, "rollback_result", self.policy.deploy_timeout_s)
+        if self.models:
+            answers = self._roll_back_models(switched)
+        else:
+            command_ids: dict[str, str] = {}
+            for device in switched:
+                previous = self.record.previous_bundles.get(device)
+                command = build_command("rollback", {"bundle_id": previous} if previous else {})
+                self.publisher.send(self.fleet, device, command)
+                command_ids[command["id"]] = device
+            answers = self._await_results(command_ids, "rollback_result", self.policy.deploy_timeout_s)
         outcomes, results = {}, {}
         for device in switched:
             answer = answers.get(device)
@@ -457,6 +486,22 @@ class Rollout:
                                    "hint": "the device still runs the new bundle: send `rollback` again or deploy the old bundle"}  # fmt: skip
         self._update_devices(outcomes, results)
         return self._save(self.record.with_state("rolled_back", reason=reason))
+
+
+    def _roll_back_models(self, switched: list[str]) -> dict[str, dict[str, Any]]:
+        """Each deployed model back to its previous bundle (``rollback`` with ``args.model``), one model at a time;
+        a device's answer is its first failed one, else its last."""
+        answers: dict[str, dict[str, Any]] = {}
+        for deploy in self.models:
+            command_ids = {}
+            for device in switched:
+                command = build_command("rollback", {"model": deploy.model})
+                self.publisher.send(self.fleet, device, command)
+                command_ids[command["id"]] = device
+            for device, answer in self._await_results(command_ids, "rollback_result", self.policy.deploy_timeout_s).items():
+                if answers.get(device, {}).get("outcome", "succeeded") == "succeeded":
+                    answers[device] = answer
+        return answers
 
 
 def _answer(event: DeviceEvent, kind: str) -> dict[str, Any]:
@@ -480,7 +525,8 @@ def _weighted_p99(rows: Sequence[Any]) -> float | None:
 def run_rollout(artifact: BundleArtifact, *, broker_url: str, store_url: str, devices: Sequence[str] | None = None,
                 target: str | None = None, fleet: str | None = None, policy: RolloutPolicy = RolloutPolicy(),
                 mqtt_version: str = "5", on_update: Callable[[RolloutRecord], None] | None = None,
-                publisher_options: dict[str, Any] | None = None) -> RolloutRecord:  # fmt: skip
+                publisher_options: dict[str, Any] | None = None, models: Sequence[ModelDeploy] = (),
+                pipeline: bool = False) -> RolloutRecord:  # fmt: skip
     """Select devices in the store at ``store_url``, check their targets, then run a :class:`Rollout`
     through ``broker_url``. Selection, target and wave errors are raised before anything is sent."""
     from edgekit.fleet.rollout_state import StoreRolloutLog
@@ -489,13 +535,14 @@ def run_rollout(artifact: BundleArtifact, *, broker_url: str, store_url: str, de
     with open_store(store_url) as store:
         selected = select_devices(store, devices=devices, target=target, fleet=fleet)
         online = [d for d in selected if policy.include_offline or d.state == "online"]
-        check_targets(online, artifact.target, bundle=artifact.bundle_id, force=policy.force)
+        for checked in [artifact] + [m.artifact for m in models[1:]]:
+            check_targets(online, checked.target, bundle=checked.bundle_id, force=policy.force)
         if online:
             policy.plan(sorted(d.device for d in online))
         signed = bool((publisher_options or {}).get("signing_key"))
         with CommandPublisher(broker_url, mqtt_version=mqtt_version, **(publisher_options or {})) as publisher:  # type: ignore[arg-type]
             return Rollout(store, publisher, StoreRolloutLog(store), artifact, selected, policy, on_update=on_update,
-                           signed_commands=signed).run()  # fmt: skip
+                           signed_commands=signed, models=models, pipeline=pipeline).run()  # fmt: skip
 
 
 __all__ = ["FAILURE_HINTS", "NoDevicesMatchError", "Rollout", "RolloutPolicy", "TargetMismatchError", "UnknownDeviceError",
