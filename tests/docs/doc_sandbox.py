@@ -14,7 +14,7 @@ harness changes, so that the commands users type run in CI (the conventions of i
 * **Long-running commands** (``LONG_RUNNING``: collectors, dashboards, ``fleet up``, ``edgekit-agent run``)
   and ``&`` jobs are started in the background; the next command starts ``DOC_SETTLE_S`` seconds later
   (as when a reader types it), when they must still be running (one that exits early fails the block),
-  and they are stopped (Ctrl-C, then SIGTERM) when the block ends.
+  and they are stopped (SIGTERM, then SIGKILL) when the block ends.
 * **A fleet of its own.** The CI broker is shared and collectors keep persistent sessions on it, so the
   docs' fleet ids (``FLEET_IDS``) get a suffix per sandbox: ``--fleet docs19`` runs as ``docs19-<hash>``,
   and no earlier run's devices, statuses or queued telemetry reach this one.
@@ -22,6 +22,11 @@ harness changes, so that the commands users type run in CI (the conventions of i
   ``fleet dashboard``/``fleet up`` ``--port 0``, ``fleet collect``/``fleet up`` ``--metrics-port 0``,
   and ``fleet up`` without ``--broker`` ``--broker-port 0`` (Mosquitto holds 1883 in CI).
 * **Expected failures.** A command whose comment starts with ``# exit N`` must exit with status N.
+* **A running agent.** Blocks that talk to the documented local API address ``127.0.0.1:8470`` (Python
+  clients, curl) get a real ``edgekit-agent run`` serving a digits-shaped bundle named
+  ``digits-cnn-x86-64-cpu-fp32`` (``image`` [batch, 1, 8, 8] -> ``logits``, the runtime tests' linear
+  model) on a free port, and the address in the block is replaced by that port (``LocalAgent``).
+* **HTTP errors fail.** ``curl`` gets ``--fail-with-body``, so a 4xx/5xx answer fails the block.
 * **Typed input.** ``<!-- doc-test: stdin="secret\\nsecret\\n" -->`` is what the reader types at prompts.
 """
 
@@ -104,6 +109,7 @@ def rewrite_script(text: str, root: Path) -> str:
         command = "\n".join(lines)
         command = _SYSTEM_PATH.sub(lambda m: f"{root}/{m.group(1)}/", command)
         command = re.sub(r"^(\s*)sudo\s+", r"\1", command)
+        command = re.sub(r"(^|[;&|(]\s*)curl ", r"\1curl --fail-with-body ", command)
         for fleet in FLEET_IDS:
             command = re.sub(rf"(?<![\w-]){fleet}(?![\w-])", f"{fleet}-{suffix}", command)
         command = re.sub(r"\|\s*sudo\s+", "| ", command)
@@ -202,13 +208,15 @@ class DocSandbox:
             output += f"\ndoc-test: the block ran past {timeout_s:.0f} s"
         return BlockRun(returncode, output, time.monotonic() - started)
 
-    def run_block(self, block: DocBlock, earlier: list[DocBlock]) -> BlockRun:
+    def run_block(self, block: DocBlock, earlier: list[DocBlock], text: str | None = None) -> BlockRun:
+        """Run ``block`` (its ``text`` as given, e.g. with the agent's address put in) after the earlier
+        blocks of its file that have not run yet."""
         for before in earlier:
             if before.line not in self.done and before.kind == "run":
                 self.done[before.line] = self.shell(rewrite_script(before.text, self.root))
         timeout_s = float(block.marker.get("timeout", BLOCK_TIMEOUT_S))
         typed = block.marker.get("stdin", "").replace("\\n", "\n")
-        run = self.shell(rewrite_script(block.text, self.root), timeout_s, stdin=typed)
+        run = self.shell(rewrite_script(block.text if text is None else text, self.root), timeout_s, stdin=typed)
         self.done[block.line] = run
         return run
 
@@ -227,8 +235,9 @@ def _type_lines(proc: subprocess.Popen[bytes], text: str) -> None:
 
 
 def _stop_group(pgid: int) -> None:
-    """SIGINT (Ctrl-C, as the docs say), then SIGTERM, then SIGKILL to what the block left running."""
-    for sig, grace in ((signal.SIGINT, 5.0), (signal.SIGTERM, 3.0), (signal.SIGKILL, 0.0)):
+    """SIGTERM, then SIGKILL to what the block left running. (Not SIGINT: bash starts background jobs of a
+    script with SIGINT ignored, so the docs' Ctrl-C would reach nothing; every server here stops on SIGTERM.)"""
+    for sig, grace in ((signal.SIGTERM, 8.0), (signal.SIGKILL, 0.0)):
         try:
             os.killpg(pgid, sig)
         except ProcessLookupError:
@@ -285,3 +294,61 @@ SETUPS: dict[str, Callable[[DocSandbox], None]] = {
 }
 
 PYTHON = sys.executable
+
+
+AGENT_ADDRESS = "127.0.0.1:8470"
+
+
+class LocalAgent:
+    """``edgekit-agent run`` (local API only) serving the digits-shaped test bundle on a free port."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.address = ""
+
+    def start(self) -> LocalAgent:
+        import socket
+        import urllib.request
+
+        from tests.runtime.tiny_bundle import build_bundle, load_manifest, save_manifest
+
+        bundle = build_bundle(self.root / "digits-cnn")
+        manifest = load_manifest(bundle)
+        manifest["name"] = "digits-cnn-x86-64-cpu-fp32"
+        save_manifest(bundle, manifest)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.address = f"127.0.0.1:{port}"
+        config = self.root / "agent.yaml"
+        config.write_text(textwrap.dedent(f"""\
+            device_id: doc-agent
+            fleet: docs
+            bundles: {{dir: {self.root}/bundles, allow_unsigned: true}}
+            api: {{address: "{self.address}"}}
+            telemetry: {{spool: {{path: {self.root}/spool.db}}}}
+            power: {{sensor: none}}
+            """))
+        env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+        subprocess.run([str(VENV_BIN / "edgekit-agent"), "install", "--config", str(config), str(bundle)],
+                       check=True, capture_output=True, env=env, timeout=120)
+        log = (self.root / "agent.log").open("wb")
+        self.proc = subprocess.Popen([str(VENV_BIN / "edgekit-agent"), "run", "--config", str(config)],
+                                     stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://{self.address}/v1/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.3)
+            if self.proc.poll() is not None:
+                break
+        raise RuntimeError(f"the doc-test agent did not come up:\n{(self.root / 'agent.log').read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _stop_group(self.proc.pid)
+            self.proc.wait(timeout=10)

@@ -51,3 +51,17 @@ def synopsis_problems(text: str, parsers: dict[str, argparse.ArgumentParser]) ->
                 if option not in _options(parser):
                     problems.append(f"`{name}` has no option {option}")
     return problems
+
+
+_TARGET_VALUE = re.compile(r"--targets?[= ]+(?P<value>[A-Za-z0-9_.,-]+)|\btargets show (?P<shown>[A-Za-z0-9_.-]+)")
+
+
+def target_name_problems(text: str, known: set[str]) -> list[str]:
+    """Target names given to ``--target``/``--targets``/``targets show`` in ``text`` that no shipped profile
+    has (placeholders in capitals, NAME, are not names)."""
+    problems = []
+    for found in _TARGET_VALUE.finditer(text):
+        for name in (found["value"] or found["shown"]).split(","):
+            if name and not name.isupper() and name not in known:
+                problems.append(f"target {name!r} does not exist (shipped: {', '.join(sorted(known))})")
+    return problems

@@ -21,8 +21,8 @@ import pytest
 
 from tests.docs.doc_blocks import (REPO, SHOWN_LANGUAGES, DocBlock, all_blocks, command_spans, doc_files, extract_blocks,
                                    parse_marker)
-from tests.docs.doc_sandbox import DocSandbox, rewrite_script
-from tests.docs.doc_synopsis import synopsis_problems
+from tests.docs.doc_sandbox import AGENT_ADDRESS, DocSandbox, LocalAgent, rewrite_script
+from tests.docs.doc_synopsis import synopsis_problems, target_name_problems
 from tests.docs.doc_validators import VALIDATORS, parse_block_data
 
 BLOCKS = all_blocks()
@@ -54,8 +54,23 @@ def doc_sandboxes(tmp_path_factory: pytest.TempPathFactory):
     return get
 
 
+@pytest.fixture(scope="session")
+def local_agent(tmp_path_factory: pytest.TempPathFactory):
+    """A real agent for the blocks that call the local API at 127.0.0.1:8470, started on first use."""
+    agents: list[LocalAgent] = []
+
+    def get() -> LocalAgent:
+        if not agents:
+            agents.append(LocalAgent(tmp_path_factory.mktemp("doc-agent")).start())
+        return agents[0]
+
+    yield get
+    for agent in agents:
+        agent.stop()
+
+
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.test_id for b in BLOCKS])
-def test_doc_block(block: DocBlock, doc_sandboxes, tmp_path: Path) -> None:
+def test_doc_block(block: DocBlock, doc_sandboxes, local_agent, tmp_path: Path) -> None:
     kind = block.kind
     if kind == "unknown":
         pytest.fail(f"{block.test_id}: fence language {block.language!r} is not one the doc tests know: tag it "
@@ -74,11 +89,14 @@ def test_doc_block(block: DocBlock, doc_sandboxes, tmp_path: Path) -> None:
     if kind == "output":
         _check_output(block)
         return
+    text = block.text
+    if AGENT_ADDRESS in text and kind in ("python", "run"):
+        text = text.replace(AGENT_ADDRESS, local_agent().address)
     if kind == "python":
         cwd = os.getcwd()
         os.chdir(tmp_path)
         try:
-            exec(compile(block.text, block.test_id, "exec"), {"__name__": "__doc_test__"})  # noqa: S102 - the doc's own code
+            exec(compile(text, block.test_id, "exec"), {"__name__": "__doc_test__"})  # noqa: S102 - the doc's own code
         finally:
             os.chdir(cwd)
         return
@@ -86,7 +104,7 @@ def test_doc_block(block: DocBlock, doc_sandboxes, tmp_path: Path) -> None:
         pytest.skip("no MQTT broker on 127.0.0.1:1883 (.ci/run starts Mosquitto)")
     sandbox = doc_sandboxes(block.relpath)
     earlier = [b for b in BLOCKS if b.path == block.path and b.line < block.line]
-    run = sandbox.run_block(block, earlier)
+    run = sandbox.run_block(block, earlier, text=text)
     assert run.returncode == 0, f"{block.test_id} exited {run.returncode} after {run.seconds:.1f} s:\n{run.output[-6000:]}"
 
 
@@ -168,6 +186,7 @@ def test_rewrites_reroot_system_paths_background_servers_and_check_exit_codes(tm
     assert "doc_long_running edgekit fleet collect --metrics-port 0 --broker" in script
     assert "doc_long_running edgekit fleet up --port 0 --broker mqtt://h:1883 --simulate 2\n" in script
     assert '[ "$doc_rc" -eq 2 ]' in script
+    assert "curl --fail-with-body -s 127.0.0.1:8470/v1/health" in rewrite_script("curl -s 127.0.0.1:8470/v1/health\n", tmp_path)
 
 
 def test_a_long_running_command_that_dies_fails_its_block(tmp_path: Path) -> None:
@@ -200,3 +219,21 @@ def test_synopsis_checker_catches_unknown_options_and_subcommands() -> None:
     assert synopsis_problems("edgekit fleet status | grep nano", parsers) == []
     assert synopsis_problems("edgekit build RECIPE --tagret NAME", parsers) == ["`edgekit build` has no option --tagret"]
     assert "no such subcommand" in synopsis_problems("edgekit fleet rollback BUNDLE", parsers)[0]
+
+
+@pytest.mark.parametrize("doc", doc_files(), ids=lambda p: p.relative_to(REPO).as_posix())
+def test_target_names_in_the_docs_exist(doc: Path) -> None:
+    """`--target NAME` in commands (blocks and inline) names a shipped profile: docs/fleet.md once used
+    `jetson-orin-nano`, which `edgekit fleet report` silently matched to no device."""
+    known = {p.stem for p in (REPO / "targets").glob("*.yaml")}
+    texts = [(b.line, b.text) for b in extract_blocks(doc) if b.language in ("bash", "sh", "shell")] + command_spans(doc)
+    problems = [f"{doc.relative_to(REPO)}:{line}: {problem}" for line, text in texts
+                for problem in target_name_problems(text, known)]
+    assert not problems, "\n".join(problems)
+
+
+def test_target_name_checker() -> None:
+    known = {"jetson-orin-nano-8gb", "x86-64-cpu"}
+    assert target_name_problems("edgekit fleet report --target jetson-orin-nano --json", known)
+    assert not target_name_problems("edgekit build R --target x86-64-cpu; edgekit targets show NAME", known)
+    assert target_name_problems("corpus.py --targets x86-64-cpu,raspberry-pi-5", known)
