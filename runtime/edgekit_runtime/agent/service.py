@@ -669,14 +669,15 @@ class AgentService:
             return
         seed = 0
         while not self._stop.wait(probe.interval_s):
-            signature = self.server.signature
-            if signature is None:
-                continue
             seed += 1
-            try:
-                self.server.infer(synthetic_feeds(signature, probe.dims, seed=seed))
-            except EdgekitError as err:
-                self._problem("probe.failed", err.message)
+            for slot in self.models.slots():  # every model of the repository, each on its own server
+                signature = slot.server.signature
+                if signature is None:
+                    continue
+                try:
+                    slot.server.infer(synthetic_feeds(signature, probe.dims, seed=seed))
+                except EdgekitError as err:
+                    self._problem("probe.failed", err.message if slot.key is None else f"model {slot.key}: {err.message}")
 
     # -- commands -------------------------------------------------------------------------------------
 

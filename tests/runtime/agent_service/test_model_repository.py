@@ -332,3 +332,15 @@ def test_pipeline_deploy_rolls_every_model_back_when_one_is_unhealthy(agent_conf
         assert details["outcome"] == "rolled_back" and details["unhealthy"] == ["digits"]
         assert details["restored"] == ["digits", "embedder"] and details["health"]["digits"]["errors"] == 5
         assert agent.models.get("digits").served.name == "digits" and agent.models.get("embedder").served.name == "embedder"
+
+
+def test_the_probe_reaches_every_model(agent_config: Callable[..., Path], model_bundle: Callable[..., Path]) -> None:
+    path = agent_config(models={"names": ["digits", "embedder"], "default": "digits"}, probe={"interval_s": 0.1, "dims": {"batch": 1}})
+    for kind in ("digits", "embedder"):
+        assert agent_main(["install", str(model_bundle(kind)), "--config", str(path), "--model", kind]) == 0
+    with AgentService(load_config(path)) as agent:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not all(slot.server.totals().requests for slot in agent.models.slots()):
+            time.sleep(0.05)
+        assert {slot.name: slot.server.totals().requests > 0 for slot in agent.models.slots()} == {"digits": True, "embedder": True}
+        assert all(slot.server.totals().errors == 0 for slot in agent.models.slots())
