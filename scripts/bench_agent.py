@@ -14,7 +14,8 @@
    adjacent short rounds see the same moment of it, so the headline is the median of the rounds'
    ratios agent / bare, with a 95 % bootstrap interval (target >= 0.98). Then four variants take turns
    in longer rounds: ``bare``, ``agent``, ``api_binary`` and ``api_json`` (:class:`AgentClient`
-   through the local HTTP API). A round's throughput comes from a tight loop of the variant's call
+   through the local HTTP API), and ``oip_binary`` (the Open Inference Protocol's binary tensor
+   path, ``/v2/models/<name>/infer``; target: at most 1.25 x ``api_binary``'s per-request overhead). A round's throughput comes from a tight loop of the variant's call
    alone; a quarter as many calls, timed one by one after it, give the wall times and the per-request
    overheads: medians of (wall time - the compute time the server measured), in microseconds.
    One session serves both, so neither two sessions' memory layouts nor whose weights the CPU cache
@@ -75,7 +76,9 @@ IDLE_RSS_TARGET_MB = 60.0
 MIN_ROUNDS = 8
 #: each round times one call in this many one by one, after its throughput loop
 TIMED_SHARE = 4
-VARIANTS = ("bare", "agent", "api_binary", "api_json")
+VARIANTS = ("bare", "agent", "api_binary", "api_json", "oip_binary")
+#: the Open Inference Protocol's binary path may cost at most this much of /v1's binary per-request overhead
+OIP_OVERHEAD_TARGET_RATIO = 1.25
 #: (model key, recipe, dims of each case)
 CASES: tuple[tuple[str, str, tuple[dict[str, int], ...]], ...] = (
     ("digits-cnn", "recipes/digits-cnn.yaml", ({"batch": 1}, {"batch": 64})),
@@ -148,6 +151,44 @@ def make_feeds(signature: IOSignature, dims: Mapping[str, int], *, seed: int = 0
         else:
             feeds[tensor.name] = rng.integers(0, 1000, size=shape).astype(dtype)
     return feeds
+
+
+class OipBinaryClient:
+    """Open Inference Protocol requests with the binary tensor data extension, on one kept-alive
+    ``http.client`` connection like :class:`AgentClient`'s, so that the two API paths differ only in
+    protocol. ``last_compute_ms`` is the server's ``X-Edgekit-Compute-Ms``."""
+
+    def __init__(self, address: str, model: str) -> None:
+        import http.client
+
+        host, port = address.rsplit(":", 1)
+        self._connection = http.client.HTTPConnection(host, int(port), timeout=60)
+        self._path = f"/v2/models/{model}/infer"
+        self.last_compute_ms = 0.0
+
+    def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from edgekit_runtime.agent.oip import DATATYPES, HEADER_LENGTH, datatype_of
+
+        blobs = [np.ascontiguousarray(array).tobytes() for array in feeds.values()]
+        header = json.dumps({"inputs": [{"name": name, "shape": list(array.shape), "datatype": datatype_of(array.dtype),
+                                         "parameters": {"binary_data_size": len(blob)}}
+                                        for (name, array), blob in zip(feeds.items(), blobs, strict=True)],
+                             "parameters": {"binary_data_output": True}}).encode()  # fmt: skip
+        self._connection.request("POST", self._path, body=b"".join([header, *blobs]),
+                                 headers={"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(header))})  # fmt: skip
+        response = self._connection.getresponse()
+        body = response.read()
+        if response.status != 200:
+            raise AgentApiError(f"OIP infer answered {response.status}: {body[:300]!r}")
+        self.last_compute_ms = float(response.getheader("X-Edgekit-Compute-Ms") or 0.0)
+        length = int(response.getheader(HEADER_LENGTH) or len(body))
+        outputs, offset = {}, length
+        for output in json.loads(body[:length])["outputs"]:
+            size = output["parameters"]["binary_data_size"]
+            outputs[output["name"]] = np.frombuffer(body, DATATYPES[output["datatype"]], size // DATATYPES[output["datatype"]].itemsize,
+                                                    offset).reshape(output["shape"])  # fmt: skip
+            offset += size
+        return outputs
 
 
 def served_session(service: AgentService, bundle: Bundle) -> tuple[Any, dict[str, Any]]:
@@ -302,8 +343,9 @@ def measure_pair(calls: Mapping[str, Variant], items: int, *, max_rounds: int, r
 
 def measure_case(calls: Mapping[str, Variant], items: int, *, max_rounds: int, round_s: float, case_s: float) -> dict[str, VariantSamples]:
     """All four variants: ``bare`` and ``agent``, then the two API variants, in longer rounds with timed
-    calls: API throughput, wall times and overheads come from here."""
-    return interleave(calls, (("bare", "agent"), ("api_binary", "api_json")), items, timed=True,
+    calls: API throughput, wall times and overheads come from here. The two binary API paths (``/v1`` and the
+    Open Inference Protocol) run back to back, so that their overheads compare the same moment."""
+    return interleave(calls, (("bare", "agent"), ("api_binary", "oip_binary"), ("api_json",)), items, timed=True,
                       max_rounds=max_rounds, round_s=round_s, budget_s=case_s)  # fmt: skip
 
 
@@ -352,6 +394,10 @@ def summarise_case(model: str, dims: Mapping[str, int], pair: Mapping[str, Varia
             # what the local API adds on top of calling the server in-process
             "api_binary_minus_in_process": variants["api_binary"]["overhead_us_median"] - agent_overhead_us,
             "api_json_minus_in_process": variants["api_json"]["overhead_us_median"] - agent_overhead_us,
+            "oip_binary": variants["oip_binary"]["overhead_us_median"],
+            # the Open Inference Protocol's binary path against /v1's binary path (target <= 1.25)
+            "oip_vs_v1_binary_ratio": variants["oip_binary"]["overhead_us_median"] / variants["api_binary"]["overhead_us_median"],
+            "oip_vs_v1_binary_target": OIP_OVERHEAD_TARGET_RATIO,
             # the in-process path against the bare loop, from wall times alone
             "agent_minus_bare_wall": variants["agent"]["wall_us_median"] - variants["bare"]["wall_us_median"],
         },
@@ -373,6 +419,7 @@ def bench_model(model: str, bundle_dir: Path, dims_list: tuple[dict[str, int], .
         session, session_settings = served_session(service, bundle)
         started_cpu_s, started_wall_s = agent_threads_cpu_s(), time.perf_counter()
         client = AgentClient(service.api_address)
+        oip = OipBinaryClient(service.api_address, service.models.default.name or model)
         for dims in dims_list:
             feeds = make_feeds(bundle.io, dims)
 
@@ -383,6 +430,10 @@ def bench_model(model: str, bundle_dir: Path, dims_list: tuple[dict[str, int], .
                 client.infer(feeds, encoding=encoding)
                 return client.last_timing["compute_ms"]
 
+            def oip_call(feeds: dict[str, np.ndarray] = feeds) -> float:
+                oip.infer(feeds)
+                return oip.last_compute_ms
+
             def bare_call(feeds: dict[str, np.ndarray] = feeds) -> None:
                 session.run(output_names, feeds)
 
@@ -391,9 +442,11 @@ def bench_model(model: str, bundle_dir: Path, dims_list: tuple[dict[str, int], .
                 "agent": Variant(partial(service.server.infer, feeds), agent_call),
                 "api_binary": Variant(partial(client.infer, feeds, encoding="binary"), partial(api_call, "binary")),
                 "api_json": Variant(partial(client.infer, feeds, encoding="json"), partial(api_call, "json")),
+                "oip_binary": Variant(partial(oip.infer, feeds), oip_call),
             }
             expected = session.run(output_names, feeds)[0]
             np.testing.assert_allclose(service.server.infer(feeds).outputs[output_names[0]], expected, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(oip.infer(feeds)[output_names[0]], expected, rtol=1e-5, atol=1e-5)
             pair = measure_pair(calls, dims["batch"], max_rounds=args.max_pair_rounds, round_s=args.pair_round_s, pair_s=args.pair_s)
             samples = measure_case(calls, dims["batch"], max_rounds=args.max_rounds, round_s=args.round_s, case_s=args.case_s)
             cases.append({**summarise_case(model, dims, pair, samples), "session": session_settings})
@@ -555,7 +608,7 @@ def table(result: Mapping[str, Any]) -> str:
     overhead = [
         [case["model"], _dims(case), f"{v['bare']['wall_us_median']:.0f}", f"{o['agent_in_process']:.1f}",
          f"{o['api_binary']:.0f}", f"{o['api_json']:.0f}", f"{o['api_binary_minus_in_process']:.0f}",
-         f"{o['api_json_minus_in_process']:.0f}"]
+         f"{o['api_json_minus_in_process']:.0f}", f"{o['oip_binary']:.0f}", f"{o['oip_vs_v1_binary_ratio']:.2f}"]
         for case in result["throughput"]
         for v, o in [(case["variants"], case["overhead_us"])]
     ]  # fmt: skip
@@ -573,7 +626,8 @@ def table(result: Mapping[str, Any]) -> str:
     lines += _aligned(["model", "dims", "bare", "agent", "ratio", "95 %", "pooled", "long", ">=0.98", "rounds", "api bin", "api json"],
                       throughput, text_columns=2)  # fmt: skip
     lines += ["", "Per-request overhead (us; wall time - the compute time the server measured, median)"]
-    lines += _aligned(["model", "dims", "bare wall", "in-process", "api bin", "api json", "bin - in-proc", "json - in-proc"],
+    lines += _aligned(["model", "dims", "bare wall", "in-process", "api bin", "api json", "bin - in-proc", "json - in-proc",
+                       "oip bin", f"oip/v1 bin (<={OIP_OVERHEAD_TARGET_RATIO:g})"],
                       overhead, text_columns=2)  # fmt: skip
     lines += ["", "Telemetry during the throughput runs"]
     lines += [f"  {t['model']}: every {t['interval_s']:g} s, {t['published']} published, {t['acked']} acked, backlog {t['backlog']}, "
@@ -610,16 +664,19 @@ def main() -> None:
     parser.add_argument("--settle-s", type=float, default=3.0, help="wait before reading an agent's RSS")
     parser.add_argument("--spool-messages", type=int, default=5000)
     parser.add_argument("--out", type=Path, default=REPO / "docs/benchmarks/agent.json")
+    parser.add_argument("--models", default=",".join(case[0] for case in CASES),
+                        help="which models to run, comma-separated (default: all; a short run: digits-cnn)")
     args = parser.parse_args()
+    selected = tuple(case for case in CASES if case[0] in args.models.split(","))
+    if not selected:
+        raise SystemExit(f"--models {args.models!r} names none of {', '.join(case[0] for case in CASES)}")
     if not broker_reachable():
         raise SystemExit(f"no MQTT broker on {BROKER[0]}:{BROKER[1]}; start Mosquitto (apt-get install mosquitto)")
 
     with tempfile.TemporaryDirectory(prefix="edgekit-bench-agent-") as tmp:
         workdir = Path(tmp)
-        bundles = {
-            "digits-cnn": ensure_bundle(CASES[0][1], args.digits_bundle, workdir),
-            "minilm": ensure_bundle(CASES[1][1], args.minilm_bundle, workdir),
-        }
+        given = {"digits-cnn": args.digits_bundle, "minilm": args.minilm_bundle}
+        bundles = {model: ensure_bundle(recipe, given[model], workdir) for model, recipe, _ in selected}
         result: dict[str, Any] = {
             "benchmark": "agent",
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -635,12 +692,12 @@ def main() -> None:
         }
         print("RSS without a model", file=sys.stderr)
         rss = [agent_rss("no-model", None, (), workdir, args)]
-        for model, _, dims_list in CASES:
+        for model, _, dims_list in selected:
             print(f"throughput: {model}", file=sys.stderr)
             cases, telemetry = bench_model(model, bundles[model], dims_list, workdir, args)
             result["throughput"] += cases
             result["telemetry"].append(telemetry)
-        for model, _, dims_list in CASES:
+        for model, _, dims_list in selected:
             print(f"RSS with {model}", file=sys.stderr)
             rss.append(agent_rss(model, bundles[model], dims_list, workdir, args))
             rss.append(bare_rss(model, bundles[model], dims_list[-1]))

@@ -205,7 +205,9 @@ def _infer(handler: _Handler, name: str, version: str) -> None:
         raise OipError(HTTPStatus.SERVICE_UNAVAILABLE, f"model '{name}' has no bundle loaded; {err.hint}") from err
     except EdgekitError as err:
         raise OipError(HTTPStatus.INTERNAL_SERVER_ERROR, f"model '{name}' failed to run: {err.message}") from err
-    _reply(handler, request, name, slot.version or "", result.outputs, wanted, binary_default)
+    timing = result.timing  # the same timing headers as /v1 (extra headers are the protocol's to allow)
+    headers = {"X-Edgekit-Queue-Ms": f"{timing.queue_ms:.4f}", "X-Edgekit-Compute-Ms": f"{timing.compute_ms:.4f}"}
+    _reply(handler, request, name, slot.version or "", result.outputs, wanted, binary_default, headers)
 
 
 def _decode_inputs(inputs: object, binary: memoryview) -> dict[str, np.ndarray]:
@@ -305,7 +307,7 @@ def _requested_outputs(request: Mapping[str, Any], signature: IOSignature | None
 
 
 def _reply(handler: _Handler, request: Mapping[str, Any], name: str, version: str, outputs: Mapping[str, np.ndarray],
-           wanted: dict[str, bool | None] | None, binary_default: bool) -> None:  # fmt: skip
+           wanted: dict[str, bool | None] | None, binary_default: bool, headers: dict[str, str]) -> None:  # fmt: skip
     chosen = outputs if wanted is None else {key: outputs[key] for key in wanted}
     entries: list[dict[str, Any]] = []
     blobs: list[bytes] = []
@@ -323,7 +325,7 @@ def _reply(handler: _Handler, request: Mapping[str, Any], name: str, version: st
     if isinstance(request.get("id"), str):
         response["id"] = request["id"]
     if not blobs:
-        handler._send_json(HTTPStatus.OK, response)
+        handler._send_json(HTTPStatus.OK, response, headers)
         return
     header = json.dumps(response, allow_nan=False).encode("utf-8")
-    handler._send(HTTPStatus.OK, b"".join([header, *blobs]), BINARY_TYPE, {HEADER_LENGTH: str(len(header))})
+    handler._send(HTTPStatus.OK, b"".join([header, *blobs]), BINARY_TYPE, {**headers, HEADER_LENGTH: str(len(header))})
