@@ -37,9 +37,10 @@ def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None or not math.isfinite(value) else round(value, digits)
 
 
-def device_row(summary: DeviceSummary, power_mode: str | None = None) -> dict[str, Any]:
+def device_row(summary: DeviceSummary, power_mode: str | None = None, models: Sequence[str] = ()) -> dict[str, Any]:
     return {
         "fleet": summary.fleet, "device": summary.device, "state": summary.state, "bundle_id": summary.bundle_id,
+        "models": ", ".join(models) or None,
         "target": summary.target, "power_mode": power_mode, "p50_ms": _round(summary.p50_ms), "p99_ms": _round(summary.p99_ms),
         "power_mw": _round(summary.power_mean_mw, 1), "energy_per_inference_mj": _round(summary.energy_per_inference_mj),
         "temperature_c": _round(summary.temperature_max_c, 1), "last_seen": _iso(summary.last_seen),
@@ -59,10 +60,21 @@ def bundle_rows(summaries: Sequence[DeviceSummary]) -> list[dict[str, Any]]:
              "targets": sorted(targets.get(bundle, ()))} for bundle, count in running.most_common()]  # fmt: skip
 
 
+#: The device table's ``models``: the models a device reported windows of in this long (issue 20).
+MODELS_SEEN_S = 3600.0
+
+
 def device_rows(store: FleetStore, fleet: str | None = None, summaries: Sequence[DeviceSummary] | None = None) -> list[dict[str, Any]]:
-    """The device table: summaries with the power mode each device last reported (None when it never did)."""
+    """The device table: summaries with the power mode each device last reported (None when it never did) and the
+    named models it served in the last hour (agents serving a model repository; None for the others)."""
     modes = {(i.fleet, i.device): i.power_mode for i in store.device_identities(fleet)}
-    return [device_row(s, modes.get((s.fleet, s.device))) for s in (store.device_summaries(fleet) if summaries is None else summaries)]
+    since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=MODELS_SEEN_S)
+    models: dict[tuple[str | None, str | None], list[str]] = {}
+    for row in store.model_aggregate(("fleet", "device", "model"), fleet=fleet, since=since):
+        if row.model is not None:
+            models.setdefault((row.fleet, row.device), []).append(row.model)
+    return [device_row(s, modes.get((s.fleet, s.device)), models.get((s.fleet, s.device), ()))
+            for s in (store.device_summaries(fleet) if summaries is None else summaries)]  # fmt: skip
 
 
 def overview(store: FleetStore, rollouts: RolloutLog | None, *, fleet: str | None = None, events: int = 30) -> dict[str, Any]:
@@ -84,7 +96,7 @@ def overview(store: FleetStore, rollouts: RolloutLog | None, *, fleet: str | Non
     }
 
 
-def _series(rows: Sequence[Aggregate], fields: Sequence[str]) -> dict[str, list[Any]]:
+def _series(rows: Sequence[Any], fields: Sequence[str]) -> dict[str, list[Any]]:
     ordered = sorted((r for r in rows if r.bucket_start is not None), key=lambda r: r.bucket_start)  # type: ignore[arg-type, return-value]
     out: dict[str, list[Any]] = {"t": [int(r.bucket_start.timestamp() * 1000) for r in ordered]}  # type: ignore[union-attr]
     for name in fields:
@@ -96,8 +108,10 @@ def _series(rows: Sequence[Aggregate], fields: Sequence[str]) -> dict[str, list[
 #: its height in a 5-minute bucket), power the time-weighted mean, temperature the maximum.
 SERIES_FIELDS = ("p50_ms", "p99_ms", "p99_max_ms", "power_mean_mw", "energy_per_inference_mj", "temperature_max_c")
 FLEET_SERIES_FIELDS = ("p50_ms", "p99_ms", "p99_max_ms", "power_mean_mw")
-#: What the fleet chart can group by (a key of :meth:`FleetStore.aggregate`).
-FLEET_GROUPS = ("bundle_id", "target", "power_mode")
+#: What the fleet chart can group by (a key of :meth:`FleetStore.aggregate`, or ``model``: per-model windows, issue 20).
+FLEET_GROUPS = ("bundle_id", "target", "power_mode", "model")
+#: By model the second chart shows each model's throughput (power is the device's, shared by its models).
+MODEL_SERIES_FIELDS = ("p50_ms", "p99_ms", "p99_max_ms", "throughput_per_s")
 
 
 @dataclass(frozen=True)
@@ -170,12 +184,24 @@ def fleet_series(store: FleetStore, *, fleet: str | None = None, by: str = "bund
         raise ValueError(f"by must be one of {FLEET_GROUPS}, got {by!r}")
     now = now or dt.datetime.now(dt.timezone.utc)
     span = (ranges or series_range)(store, hours=hours, points=points, now=now, fleet=fleet)
+    if by == "model":
+        return _model_series(store, fleet=fleet, hours=hours, now=now, span=span)
     rows = store.aggregate((by,), fleet=fleet, since=now - dt.timedelta(hours=hours), bucket_s=span.bucket_s)
     groups: dict[str, list[Aggregate]] = {}
     for row in rows:
         groups.setdefault(getattr(row, by) or ("(not reported)" if by == "power_mode" else "(none)"), []).append(row)
     return {"fleet": fleet, "by": by, "hours": hours, **span.to_json(),
             "groups": {name: _series(group, FLEET_SERIES_FIELDS) | {"devices": max(r.devices for r in group)}
+                       for name, group in sorted(groups.items())}}  # fmt: skip
+
+
+def _model_series(store: FleetStore, *, fleet: str | None, hours: float, now: dt.datetime, span: SeriesRange) -> dict[str, Any]:
+    rows = store.model_aggregate(("model",), fleet=fleet, since=now - dt.timedelta(hours=hours), bucket_s=span.bucket_s)
+    groups: dict[str, list[Any]] = {}
+    for row in rows:
+        groups.setdefault(row.model or "(none)", []).append(row)
+    return {"fleet": fleet, "by": "model", "hours": hours, **span.to_json(),
+            "groups": {name: _series(group, MODEL_SERIES_FIELDS) | {"devices": max(r.devices for r in group)}
                        for name, group in sorted(groups.items())}}  # fmt: skip
 
 

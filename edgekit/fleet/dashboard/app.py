@@ -6,7 +6,7 @@
 ``/api/overview``           device table, bundle versions, rollouts, rejected counts, recent events
 ``/api/devices``            the device table alone
 ``/api/series``             ``?fleet=F&device=D&hours=24&points=300``: one device over time
-``/api/fleet-series``       ``?by=bundle_id|target|power_mode&hours=24``: p50/p99/worst p99/power per group
+``/api/fleet-series``       ``?by=bundle_id|target|power_mode|model&hours=24``: p50/p99/worst p99/power (by model: throughput) per group
 ``/api/bundle-series``      ``?hours=24``: the same by bundle, under ``bundles``
 ``/api/rollouts``           the latest rollouts with per-device outcomes and health figures
 ``/api/rejected``           rejected-message counts by reason

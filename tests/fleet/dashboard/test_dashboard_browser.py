@@ -68,8 +68,9 @@ def test_page_shows_devices_and_draws_plots(seeded_dashboard, browser) -> None:
     rows = driver.find_elements(By.CSS_SELECTOR, "#devices tbody tr")
     assert sorted(r.get_attribute("data-device") for r in rows) == sorted(seeded_dashboard.devices)
     cells = [c.text for c in rows[0].find_elements(By.TAG_NAME, "td")]
-    assert cells[1] == "online" and cells[2] in ("demo-v1", "demo-v2") and float(cells[6]) > 0  # p99 ms
-    assert cells[4] in ("15W", "MAXN+clocks", "–")  # power mode, as the device reported it
+    assert cells[1] == "online" and cells[2] in ("demo-v1", "demo-v2") and float(cells[7]) > 0  # p99 ms
+    assert cells[5] in ("15W", "MAXN+clocks", "–")  # power mode, as the device reported it
+    assert cells[3] == ""  # models: hidden, no simulated device names its models
     assert driver.find_element(By.CSS_SELECTOR, "#devices th[data-key='power_mode']").is_displayed()
     for chart in ("chart-latency", "chart-power", "chart-temperature", "chart-bundles", "chart-fleet-power"):
         assert int(driver.find_element(By.ID, chart).get_attribute("data-points")) > 10, chart

@@ -49,7 +49,7 @@ async function getJSON(url) {
 function readHash() {
   const params = new URLSearchParams(location.hash.slice(1));
   if (params.get("range") in RANGES) state.hours = params.get("range");
-  if (["bundle_id", "target", "power_mode"].includes(params.get("by"))) state.by = params.get("by");
+  if (["bundle_id", "target", "power_mode", "model"].includes(params.get("by"))) state.by = params.get("by");
   const device = params.get("device");
   if (device && device.includes("/")) {
     const cut = device.indexOf("/");
@@ -265,7 +265,7 @@ function renderDevices() {
   const overview = state.overview;
   if (!overview) return;
   const f = state.filter.toLowerCase();
-  const rows = overview.devices.filter((d) => !f || [d.device, d.bundle_id, d.target, d.power_mode, d.state, d.fleet].some((v) => v && v.toLowerCase().includes(f)));
+  const rows = overview.devices.filter((d) => !f || [d.device, d.bundle_id, d.models, d.target, d.power_mode, d.state, d.fleet].some((v) => v && v.toLowerCase().includes(f)));
   const key = state.sortKey, dir = state.sortUp ? 1 : -1;
   rows.sort((a, b) => (a[key] === b[key] ? 0 : a[key] === null ? 1 : b[key] === null ? -1 : a[key] < b[key] ? -dir : dir));
   document.querySelectorAll("#devices th").forEach((th) => {
@@ -276,12 +276,16 @@ function renderDevices() {
     ? `${rows.length}` : `${rows.length} of ${overview.devices.length} shown`;
   // the power mode column only when some device reports one (agents on boards without nvpmodel do not)
   document.getElementById("devices").classList.toggle("no-mode", !overview.devices.some((d) => d.power_mode));
+  // the models column only when some device serves named models (agents with a model repository)
+  document.getElementById("devices").classList.toggle("no-models", !overview.devices.some((d) => d.models));
   fill("devices", rows.map((d) => {
     const tr = el("tr", { "data-device": d.device, "data-fleet": d.fleet });
     const mode = clipped(d.power_mode || "–", 20);
     mode.classList.add("mode");
+    const models = clipped(d.models || "–", 30);
+    models.classList.add("models");
     if (state.selected && state.selected.device === d.device && state.selected.fleet === d.fleet) tr.classList.add("selected");
-    tr.append(clipped(d.device), cell(d.state, d.state === "online" ? "online" : "offline"), clipped(d.bundle_id || "–"), clipped(d.target || "–"), mode,
+    tr.append(clipped(d.device), cell(d.state, d.state === "online" ? "online" : "offline"), clipped(d.bundle_id || "–"), models, clipped(d.target || "–"), mode,
       cell(fmt(d.p50_ms, 2), "num"), cell(fmt(d.p99_ms, 2), "num"), cell(d.power_mw === null ? "–" : fmt(d.power_mw / 1000, 2), "num"),
       cell(fmt(d.energy_per_inference_mj, 1), "num"), cell(fmt(d.temperature_c, 1), "num"), cell(ago(d.last_seen)), cell(d.missing_seqs, "num"));
     tr.addEventListener("click", () => selectDevice(d.fleet, d.device));
@@ -353,12 +357,17 @@ async function loadFleet() {
   const query = new URLSearchParams({ by: state.by, hours: state.hours });
   const data = await getJSON(`/api/fleet-series?${query}`);
   const groups = Object.entries(data.groups);
-  const what = { bundle_id: "bundle", target: "target", power_mode: "power mode" }[state.by];
+  const what = { bundle_id: "bundle", target: "target", power_mode: "power mode", model: "model" }[state.by];
   const common = { since: data.since, until: data.until, empty: `no telemetry in the last ${RANGES[state.hours]}`,
     markers: rolloutMarkers(null) };
   document.getElementById("fleet-resolution").textContent = resolutionText(data);
   timeChart(document.getElementById("chart-bundles"), { ...common, title: `worst p99 by ${what}`, unit: "ms", digits: 2, zero: true,
     lines: groups.map(([name, s], i) => ({ name, t: s.t, v: s.p99_max_ms, color: COLORS[i % COLORS.length] })) });
+  if (state.by === "model") {  // power is the device's, shared by its models: each model's throughput instead
+    timeChart(document.getElementById("chart-fleet-power"), { ...common, title: "throughput per device by model", unit: "inf/s", digits: 2, zero: true,
+      lines: groups.map(([name, s], i) => ({ name, t: s.t, v: s.throughput_per_s, color: COLORS[i % COLORS.length] })) });
+    return;
+  }
   timeChart(document.getElementById("chart-fleet-power"), { ...common, title: `mean power per device by ${what}`, unit: "W", digits: 2, zero: true,
     lines: groups.map(([name, s], i) => ({ name, t: s.t, v: s.power_mean_mw.map((v) => (v === null ? null : v / 1000)), color: COLORS[i % COLORS.length] })) });
 }
