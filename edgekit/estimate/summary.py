@@ -28,10 +28,12 @@ def estimate_for_bundle(manifest: Mapping[str, Any], bundle_dir: Path) -> tuple[
         dims = {str(k): int(v) for k, v in (bench.get("shape") or {}).items()}
         model = Path(bundle_dir) / manifest["model"]["path"]
         return estimate(model, target, dims=dims, batch=bench.get("batch")), None
-    except (EdgekitError, KeyError, TypeError, ValueError) as exc:
-        reason = getattr(exc, "message", None) or str(exc)
-        logger.info("no estimate for %s: %s", bundle_dir, reason)
-        return None, reason
+    except EdgekitError as exc:
+        logger.info("no estimate for %s: %s", bundle_dir, exc.message)
+        return None, exc.message
+    except Exception as exc:  # an estimate beside a build must never fail the build; the log keeps the trace
+        logger.warning("no estimate for %s: %s: %s", bundle_dir, type(exc).__name__, exc, exc_info=True)
+        return None, f"{type(exc).__name__}: {exc}"
 
 
 def estimate_summary_line(manifest: Mapping[str, Any], bundle_dir: Path) -> str | None:
