@@ -82,6 +82,8 @@ INT8_COMPUTE_OPS = {"ConvInteger", "QLinearConv", "MatMulInteger", "QLinearMatMu
 
 _ITEMSIZE = {1: 4.0, 2: 1.0, 3: 1.0, 4: 2.0, 5: 2.0, 6: 4.0, 7: 8.0, 9: 1.0, 10: 2.0, 11: 8.0, 12: 4.0, 13: 8.0, 16: 2.0,
              17: 1.0, 18: 1.0, 19: 1.0, 20: 1.0, 21: 0.5, 22: 0.5, 23: 0.5}  # fmt: skip
+#: Q-DQ pattern: the quantized weight's element type -> the precision its product runs at.
+_QUANTIZED_PRECISION = {2: "int8", 3: "int8", 17: "fp8", 18: "fp8", 19: "fp8", 20: "fp8", 21: "int4", 22: "int4", 23: "nvfp4"}
 _FLOAT_PRECISION = {1: "fp32", 10: "fp16", 16: "bf16", 11: "fp32", 17: "fp8", 18: "fp8", 19: "fp8", 20: "fp8", 23: "nvfp4"}
 
 
@@ -304,7 +306,8 @@ def _precision(node: Any, shapes: Mapping[str, tuple[tuple[int, ...], int]], pro
     if op_class(op) in ("conv", "matmul") and len(node.input) >= 2:
         a, b = (producers.get(name) for name in node.input[:2])
         if a is not None and b is not None and a.op_type == "DequantizeLinear" and b.op_type == "DequantizeLinear":
-            return "int8"
+            stored = shapes.get(b.input[0], ((), 3))[1]  # the weight's stored type decides the format
+            return _QUANTIZED_PRECISION.get(stored, "int8")
     for name in node.input:
         if name and name in shapes and shapes[name][1] in _FLOAT_PRECISION:
             return _FLOAT_PRECISION[shapes[name][1]]

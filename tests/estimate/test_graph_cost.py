@@ -123,3 +123,14 @@ def test_integer_matmul_counts_at_int8_with_one_byte_weights() -> None:
     (mm,) = graph_costs(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])).nodes
     assert mm.precision == "int8" and mm.ops == 2 * 8 * 64 * 32
     assert mm.weight_bytes == 64 * 32 and mm.bytes_read == 64 * 32 + 8 * 64 and mm.bytes_written == 8 * 32 * 4
+
+
+def test_a_qdq_pattern_with_fp8_weights_counts_at_fp8() -> None:
+    model = qdq_matmul()
+    for init in model.graph.initializer:
+        if init.name == "w_q":
+            init.CopyFrom(helper.make_tensor("w_q", TensorProto.FLOAT8E4M3FN, [64, 32], [0] * (64 * 32), raw=False))
+        if init.name == "z":
+            init.CopyFrom(helper.make_tensor("z", TensorProto.FLOAT8E4M3FN, [], [0]))
+    nodes = {n.name: n for n in graph_costs(model).nodes}
+    assert nodes["mm"].precision == "fp8"
