@@ -400,6 +400,7 @@ def plan_auto_onnxruntime(
     def sensitivity() -> SensitivityReport:  # once, on demand, for every ladder of every graph variant
         if not ranked:
             assert simulator is not None
+            simulator.use_batches(max(1, min(simulator.batches, SENSITIVITY_RUN_BATCHES // (len(simulator.groups) + 2))))
             ranked.append(rank_groups(simulator, metric.metric, metric_name=metric.name, higher_is_better=metric.higher_is_better))
         return ranked[0]
 
@@ -443,6 +444,9 @@ def plan_auto_onnxruntime(
     return replace(result, sensitivity=report, notes=notes, stats=stats)
 
 
+#: Sensitivity analysis runs the switch model once per group (plus two) on each batch; past this many
+#: batch-runs it uses fewer batches (at least one): PP-OCR's detector, 62 groups x 4 batches, took 105 s.
+SENSITIVITY_RUN_BATCHES = 128
 #: int8-dynamic and int4 quantize only MatMul/Gemm; under this share of the work they are not tried.
 MATMUL_WORK_FLOOR = 0.05
 

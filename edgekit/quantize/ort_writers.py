@@ -209,32 +209,41 @@ HEAD_OP_TYPES = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 
 
 def mixed_output_heads(model_path: Path) -> dict[str, str]:
-    """Node name -> why it stays float, for the last Conv/ConvTranspose/MatMul/Gemm of each branch of an
-    output that concatenates two or more heads (through activations and reshapes): a detector's
-    ``[boxes (0..1), class logits]``. Such an output mixes ranges one 8-bit scale cannot serve, and a head is
-    one layer of many, so it costs little to keep in float. A plain classifier's logits are left alone."""
+    """Node name -> why it stays float, for the heads of an output that concatenates branches of different
+    kinds: the last Conv/ConvTranspose/MatMul/Gemm of each branch, where the branches pass through different
+    activations (a detector's ``[Sigmoid(boxes), class logits]``). Such an output mixes ranges one 8-bit scale
+    cannot serve, and a head is one layer of many, so it costs little to keep in float. Concatenated branches
+    of one kind, a model that is all heads, and a plain classifier's logits are left alone."""
     import onnx
 
     graph = onnx.load(str(model_path), load_external_data=False).graph
     producers = {out: node for node in graph.node for out in node.output}
     constants = {i.name for i in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    weighted = sum(node.op_type in HEAD_OP_TYPES for node in graph.node)
+
+    def branch(tensor: str) -> tuple[str, str, frozenset[str]] | None:
+        """(head node, its op type, the tail ops between it and ``tensor``) for a single-path branch."""
+        tail: set[str] = set()
+        node = producers.get(tensor)
+        while node is not None and node.op_type in HEAD_TAIL_OPS and node.op_type != "Concat":
+            tail.add(node.op_type)
+            inputs = [name for name in node.input if name and name not in constants]
+            node = producers.get(inputs[0]) if len(inputs) == 1 else None
+        return (node.name, node.op_type, frozenset(tail)) if node is not None and node.op_type in HEAD_OP_TYPES else None
+
     heads: dict[str, str] = {}
     for output in graph.output:
-        found: dict[str, str] = {}
-        stack, seen, concatenated = [output.name], set(), False
-        while stack:
-            node = producers.get(stack.pop())
-            if node is None or node.name in seen:
-                continue
-            seen.add(node.name)
-            if node.op_type in HEAD_OP_TYPES:
-                found[node.name] = node.op_type
-            elif node.op_type in HEAD_TAIL_OPS:
-                concatenated |= node.op_type == "Concat" and sum(name not in constants for name in node.input) >= 2
-                stack.extend(name for name in node.input if name and name not in constants)
-        if concatenated and len(found) >= 2:
-            heads.update({name: f"output head of '{output.name}' ({op}), which concatenates {len(found)} heads of different ranges "
-                                "(boxes beside scores): kept float" for name, op in found.items()})
+        node = producers.get(output.name)
+        while node is not None and node.op_type in HEAD_TAIL_OPS and node.op_type != "Concat":
+            inputs = [name for name in node.input if name and name not in constants]
+            node = producers.get(inputs[0]) if len(inputs) == 1 else None
+        if node is None or node.op_type != "Concat":
+            continue
+        branches = [found for found in (branch(name) for name in node.input if name not in constants) if found]
+        if len(branches) < 2 or len({tail for _, _, tail in branches}) < 2 or len(branches) >= weighted:
+            continue
+        heads.update({name: f"output head of '{output.name}' ({op}), which concatenates {len(branches)} heads of different ranges "
+                            "(boxes beside scores): kept float" for name, op, _ in branches})
     return heads
 
 

@@ -66,3 +66,19 @@ def test_the_fp16_candidate_is_the_graph_the_pipeline_builds(tmp_path: Path) -> 
     got = collections.Counter(n.op_type for n in onnx.load(str(built.path)).graph.node)
     want = collections.Counter(n.op_type for n in convert_fp16(onnx.load(str(fp32))).graph.node)
     assert got == want and got["Clip"] == 1 and got["Div"] == 1, got  # the HardSwish expansion is still there
+
+
+def test_weight_only_and_dynamic_candidates_that_leave_most_weights_float_are_error_rows(tmp_path: Path) -> None:
+    """Convolutions hold 76 % of the weights beside one classifier Gemm: int8-dynamic and int4 would be FP32
+    under another name (auto chose such an 'int8-dynamic' for PP-OCR's classifier, 0.3 % of it int8)."""
+    from tests.quantize.test_ort_layout import batches, cnn
+
+    fp32 = cnn(tmp_path / "fp32.onnx", 8)
+    target = get_target("x86-64-cpu")
+    builder = OrtCandidateBuilder(fp32, tmp_path / "work", batches(8, 2), {"minmax": CalibratorSpec.create("minmax")})
+    dynamic = make_plan(QuantizationSpec(), target, Backend.ONNXRUNTIME, Precision.INT8_DYNAMIC)
+    with pytest.raises(QuantizationError, match=r"int8-dynamic quantized 1 MatMul/Gemm node\(s\), 23.8% of the weights.*not offered as int8-dynamic"):
+        builder(Candidate("int8-dynamic", Precision.INT8_DYNAMIC, dynamic))
+    int4 = make_plan(QuantizationSpec(), target, Backend.ONNXRUNTIME, Precision.INT4)
+    with pytest.raises(QuantizationError, match=r"int4 would cover 23.8% of the weights \(MatMul/Gemm\); the rest \(2 Conv\) stays float"):
+        builder(Candidate("int4", Precision.INT4, int4))
