@@ -98,7 +98,7 @@ def fit_factors(observations: Sequence[Observation], prior: Factors, *, source: 
     overhead_prior = prior.node_overhead_us / 1e3
 
     def inverse_efficiency(theta: np.ndarray) -> np.ndarray:
-        return np.exp(theta[:k]) if per_class else np.exp(log_prior + theta[0])
+        return np.asarray(np.exp(theta[:k]) if per_class else np.exp(log_prior + theta[0]), dtype=float)
 
     def residuals(theta: np.ndarray) -> np.ndarray:
         predicted = x @ inverse_efficiency(theta) + nodes * theta[-1]
