@@ -272,7 +272,7 @@ class Rollout:
         waves: tuple[dict[str, Any], ...] = tuple({"index": i + 1, "spec": spec, "devices": list(members), "state": "pending", "started_at": None,
                        "finished_at": None, "seconds": None, "health": {}, "reason": None}
                       for i, (spec, members) in enumerate(plan))  # fmt: skip
-        options = {"allow_downgrade": policy.allow_downgrade, "allow_signature_change": policy.allow_signature_change,
+        options: dict[str, Any] = {"allow_downgrade": policy.allow_downgrade, "allow_signature_change": policy.allow_signature_change,
                    "force": policy.force, "signed_commands": signed_commands, "health_window_s": policy.health_window_s,
                    "max_error_rate": policy.max_error_rate, "max_p99_ratio": policy.max_p99_ratio,
                    "files_verified": artifact.files_verified, "signed_by": artifact.signed_by}  # fmt: skip

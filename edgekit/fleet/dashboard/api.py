@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from edgekit.fleet.rollout_state import RolloutLog
-from edgekit.fleet.store.base import Aggregate, DeviceSummary, FleetStore
+from edgekit.fleet.store.base import Aggregate, DeviceSummary, FleetStore, ModelAggregate
 from edgekit.fleet.store.postgres import redact
 
 DEFAULT_POINTS = 300
@@ -96,7 +96,7 @@ def overview(store: FleetStore, rollouts: RolloutLog | None, *, fleet: str | Non
     }
 
 
-def _series(rows: Sequence[Any], fields: Sequence[str]) -> dict[str, list[Any]]:
+def _series(rows: Sequence[Aggregate] | Sequence[ModelAggregate], fields: Sequence[str]) -> dict[str, list[Any]]:
     ordered = sorted((r for r in rows if r.bucket_start is not None), key=lambda r: r.bucket_start)  # type: ignore[arg-type, return-value]
     out: dict[str, list[Any]] = {"t": [int(r.bucket_start.timestamp() * 1000) for r in ordered]}  # type: ignore[union-attr]
     for name in fields:
@@ -197,7 +197,7 @@ def fleet_series(store: FleetStore, *, fleet: str | None = None, by: str = "bund
 
 def _model_series(store: FleetStore, *, fleet: str | None, hours: float, now: dt.datetime, span: SeriesRange) -> dict[str, Any]:
     rows = store.model_aggregate(("model",), fleet=fleet, since=now - dt.timedelta(hours=hours), bucket_s=span.bucket_s)
-    groups: dict[str, list[Any]] = {}
+    groups: dict[str, list[ModelAggregate]] = {}
     for row in rows:
         groups.setdefault(row.model or "(none)", []).append(row)
     return {"fleet": fleet, "by": "model", "hours": hours, **span.to_json(),
