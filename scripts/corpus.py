@@ -128,9 +128,11 @@ def main() -> int:
                 print(f"   {row.target} {row.variant}: x fp32 {_fmt(row.x_fp32, '.2f')}, {row.metric_name} {_fmt(row.metric, '.4f')}"
                       f"{', ' + row.error if row.error else ''}", file=sys.stderr, flush=True)
             rows.extend(model_rows)
+            # after every model, so an interrupted run keeps what it measured
+            write_table(args.out, markdown(rows, read_host_isa(), args))
+            if args.json:
+                args.json.write_text(json.dumps([r.to_json() for r in rows], indent=1))
     write_table(args.out, markdown(rows, read_host_isa(), args))
-    if args.json:
-        args.json.write_text(json.dumps([r.to_json() for r in rows], indent=1))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
