@@ -203,6 +203,12 @@ class QuantizationSimulator:
     def metric(self, metric: Metric, quantized_nodes: Iterable[str]) -> float:
         return float(metric(self.outputs(quantized_nodes), self.reference, self.labels))
 
+    def use_batches(self, count: int) -> None:
+        """Run only the first ``count`` batches from now on (cheaper rankings on large graphs)."""
+        if count < 1:
+            raise QuantizationError(f"the simulator needs at least one batch, got {count}")
+        self._feeds, self.labels, self.reference = self._feeds[:count], self.labels[:count], self.reference[:count]
+
 
 def analyze_sensitivity(
     model_path: Path,

@@ -177,3 +177,18 @@ def test_interleaved_timer_stops_early_when_clearly_slower(tmp_path: Path) -> No
     assert timer.stopped_early == 1 and len(latencies) == 2 and all(v > 0 for v in latencies)
     timer([model, model])
     assert timer.stopped_early == 1  # no bar: every round runs
+
+
+def test_the_simulator_can_rank_on_fewer_batches(tmp_path: Path) -> None:
+    from edgekit.quantize.calibration import CalibratorSpec, calibrate
+    from edgekit.quantize.ort_writers import calibration_tensors
+    from edgekit.quantize.sensitivity import QuantizationSimulator, rank_groups
+    from tests.quantize.test_sensitivity import static_plan
+
+    model = spiky_model(tmp_path / "fp32.onnx")
+    ranges = calibrate(model, vectors(2, 11), CalibratorSpec.create("minmax", symmetric=False), tensor_names=calibration_tensors(model, static_plan())).ranges
+    simulator = QuantizationSimulator(model, static_plan(), ranges, vectors(4, 3), max_batches=4)
+    simulator.use_batches(1)
+    report = rank_groups(simulator, METRICS["cosine"], metric_name="cosine")
+    assert simulator.batches == report.batches == 1 and report.samples == 16
+    assert report.groups[0].nodes == ("fc_spiky",)
