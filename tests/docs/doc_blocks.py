@@ -91,7 +91,8 @@ def doc_files(root: Path = REPO) -> list[Path]:
     found = {root / "README.md"} if (root / "README.md").is_file() else set()
     found.update((root / "docs").rglob("*.md"))
     found.update((root / "runtime").glob("*.md"))
-    found.update(p for p in (root / "runtime").rglob("README.md") if "mosquitto" in p.parent.name.lower())
+    found.update(p for p in root.rglob("README.md") if "mosquitto" in p.parent.name.lower()
+                 and not {".venv", "node_modules", ".git"} & set(p.relative_to(root).parts))
     return sorted(found)
 
 
