@@ -538,9 +538,10 @@ def _takes_keyword(function: Callable[..., Any], name: str) -> bool:
     import inspect
 
     try:
-        return name in inspect.signature(function).parameters
+        parameters = inspect.signature(function).parameters
     except (TypeError, ValueError):
         return False
+    return name in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
 @dataclass(frozen=True)

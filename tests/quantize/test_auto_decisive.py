@@ -192,3 +192,17 @@ def test_the_simulator_can_rank_on_fewer_batches(tmp_path: Path) -> None:
     report = rank_groups(simulator, METRICS["cosine"], metric_name="cosine")
     assert simulator.batches == report.batches == 1 and report.samples == 16
     assert report.groups[0].nodes == ("fc_spiky",)
+
+
+def test_the_search_hands_the_timer_the_bar_to_beat(tmp_path: Path) -> None:
+    bars: list[float | None] = []
+
+    class BarScripted(Scripted):
+        def time_models(self, paths: Sequence[Path], bar: float | None = None) -> list[float]:  # type: ignore[override]
+            bars.append(bar)
+            return super().time_models(paths)
+
+    engine = BarScripted(tmp_path, {"static": 0.995, "fp16": 1.0, "fp32": 1.0}, {"static": 50, "fp16": 90, "fp32": 100})
+    result = engine.search([static("static"), other("fp16", Precision.FP16), other("fp32", Precision.FP32)])
+    assert result.chosen.name == "static"
+    assert bars == [1.0, 0.5 * 0.95]  # FP32 before anything passed; then the best minus the noise margin
