@@ -159,7 +159,7 @@ def command_spans(path: Path) -> list[tuple[int, str]]:
     fenced: set[int] = set()
     for block in extract_blocks(path):
         fenced.update(range(block.line, block.line + block.text.count("\n") + 2))
-    spans = []
+    spans: list[tuple[int, str]] = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if number not in fenced:
             spans.extend((number, found["code"]) for found in _SPAN.finditer(line))

@@ -15,6 +15,7 @@ import shlex
 import socket
 import subprocess
 import stat
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,7 @@ def _broker_up() -> bool:
 
 
 @pytest.fixture(scope="session")
-def doc_sandboxes(tmp_path_factory: pytest.TempPathFactory):
+def doc_sandboxes(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], DocSandbox]:
     """One sandbox per Markdown file, made on first use and kept for the session."""
     made: dict[str, DocSandbox] = {}
 
@@ -55,7 +56,7 @@ def doc_sandboxes(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session")
-def local_agent(tmp_path_factory: pytest.TempPathFactory):
+def local_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], LocalAgent]]:
     """A real agent for the blocks that call the local API at 127.0.0.1:8470, started on first use."""
     agents: list[LocalAgent] = []
 
@@ -70,7 +71,8 @@ def local_agent(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.test_id for b in BLOCKS])
-def test_doc_block(block: DocBlock, doc_sandboxes, local_agent, tmp_path: Path) -> None:
+def test_doc_block(block: DocBlock, doc_sandboxes: Callable[[str], DocSandbox],
+                   local_agent: Callable[[], LocalAgent], tmp_path: Path) -> None:
     kind = block.kind
     if kind == "unknown":
         pytest.fail(f"{block.test_id}: fence language {block.language!r} is not one the doc tests know: tag it "
