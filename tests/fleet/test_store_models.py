@@ -112,3 +112,15 @@ def test_a_version_5_store_migrates_with_its_windows_under_no_model(tmp_path: Pa
         store.apply_retention(dt.timedelta(0), rollup_minutes=1, now=T0 + dt.timedelta(hours=1))
         (after,) = store.model_aggregate()
         assert (after.windows, after.inferences, after.p50_ms) == (12, 60, pytest.approx(before.p50_ms))
+
+
+def test_migration_6_runs_again_without_counting_twice(store_url: str) -> None:
+    """A store taken back below version 6 re-applies it: windows already per model are not added again under ''."""
+    with open_store(store_url) as store:
+        _fill(store)
+        store.apply_retention(dt.timedelta(hours=1), rollup_minutes=1, now=T0 + dt.timedelta(minutes=3, hours=1))
+        before = [(g.model, g.windows, g.inferences) for g in store.model_aggregate(("model",))]
+        with store._transaction("test") as cursor:  # type: ignore[attr-defined]
+            cursor.execute("DELETE FROM schema_version WHERE version >= 6")
+    with open_store(store_url) as store:
+        assert [(g.model, g.windows, g.inferences) for g in store.model_aggregate(("model",))] == before

@@ -78,7 +78,7 @@ def merge_rolled_seqs(runs: Sequence[RolledSeqs], gaps_closed_before: Any) -> li
 WINDOW_COLUMNS = ("fleet", "device", "seq", "window_start", "window_end", "received_at", "bundle_id", "bundle_sha256",
                   "inferences", "errors", "p50_ms", "p90_ms", "p99_ms", "max_ms", "mean_ms", "throughput_per_s",
                   "power_mean_mw", "power_max_mw", "energy_mj", "energy_per_inference_mj", "temperature_max_c",
-                  "memory_used_mb", "cpu_load_pct", "gpu_load_pct", "payload", "model")  # fmt: skip
+                  "memory_used_mb", "cpu_load_pct", "gpu_load_pct", "payload")  # fmt: skip
 _TIME_COLUMNS = (3, 4, 5)
 _EVENT_COLUMNS = ("event_id", "fleet", "device", "kind", "level", "message", "at", "command_id", "payload")
 _NAMED_RE = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
@@ -267,7 +267,7 @@ class SqlFleetStore(FleetStore):
                 self.time_in(w.received_at), w.bundle_id, w.bundle_sha256, w.count, w.errors, w.p50_ms, w.p90_ms,
                 w.p99_ms, w.max_ms, w.mean_ms, w.throughput_per_s, w.power_mean_mw, w.power_max_mw, w.energy_mj,
                 w.energy_per_inference_mj, w.temperature_max_c, w.memory_used_mb, w.cpu_load_pct, w.gpu_load_pct,
-                w.payload_json if w.payload_json is not None else self.json_in(w.payload), w.model)  # fmt: skip
+                w.payload_json if w.payload_json is not None else self.json_in(w.payload))  # fmt: skip
 
     def upsert_status(self, status: DeviceStatus) -> None:
         with self._transaction(f"storing the status of {status.fleet}/{status.device}") as cursor:
@@ -392,7 +392,7 @@ class SqlFleetStore(FleetStore):
                                power_mean_mw=values[16], power_max_mw=values[17], energy_mj=values[18],
                                energy_per_inference_mj=values[19], temperature_max_c=values[20],
                                memory_used_mb=values[21], cpu_load_pct=values[22], gpu_load_pct=values[23],
-                               payload=values[24], model=values[25])  # fmt: skip
+                               payload=values[24], model=values[24].get("model"))  # fmt: skip
 
     def events(self, fleet: str | None = None, device: str | None = None, since: dt.datetime | None = None,
                limit: int = 200) -> list[DeviceEvent]:  # fmt: skip

@@ -1,12 +1,10 @@
 -- edgekit fleet store, SQLite, version 6: telemetry per model (issue 20). An agent serving a model repository
 -- names the model of each window (telemetry.v1 "model") and lists every model's own window ("models": count,
--- errors, p50, p99, throughput, bundle). telemetry_windows.model is the window's model; telemetry_model_windows
--- holds one row per model and window (model '' for windows of agents that name none), summed by retention into
--- telemetry_model_rollups as the device-wide windows are into telemetry_rollups.
+-- errors, p50, p99, throughput, bundle). telemetry_model_windows holds one row per model and window (model '' for windows of agents that name none), summed by retention into
+-- telemetry_model_rollups as the device-wide windows are into telemetry_rollups. (A window's own model stays in
+-- its payload.) Written to run again harmlessly: a store taken back to an older version re-applies it.
 
-ALTER TABLE telemetry_windows ADD COLUMN model TEXT;
-
-CREATE TABLE telemetry_model_windows (
+CREATE TABLE IF NOT EXISTS telemetry_model_windows (
     fleet TEXT NOT NULL,
     device TEXT NOT NULL,
     seq INTEGER NOT NULL,
@@ -22,10 +20,10 @@ CREATE TABLE telemetry_model_windows (
     memory_mb REAL,
     PRIMARY KEY (fleet, device, seq, model)
 );
-CREATE INDEX telemetry_model_windows_by_end ON telemetry_model_windows (window_end);
+CREATE INDEX IF NOT EXISTS telemetry_model_windows_by_end ON telemetry_model_windows (window_end);
 
 -- Model windows past the retention time, summed per device, model, bundle ('' for none) and time bucket.
-CREATE TABLE telemetry_model_rollups (
+CREATE TABLE IF NOT EXISTS telemetry_model_rollups (
     fleet TEXT NOT NULL,
     device TEXT NOT NULL,
     model TEXT NOT NULL,
@@ -44,7 +42,7 @@ CREATE TABLE telemetry_model_rollups (
     window_end_max REAL NOT NULL,
     PRIMARY KEY (fleet, device, model, bundle_id, bucket_s, bucket_start)
 );
-CREATE INDEX telemetry_model_rollups_by_start ON telemetry_model_rollups (bucket_start);
+CREATE INDEX IF NOT EXISTS telemetry_model_rollups_by_start ON telemetry_model_rollups (bucket_start);
 
 -- Windows stored before this version: their own model rows (model '', the agents named none), so that the
 -- per-model figures cover the same windows as the device-wide ones.
@@ -52,9 +50,14 @@ INSERT INTO telemetry_model_windows (fleet, device, seq, model, bundle_id, windo
     p50_ms, p99_ms, throughput_per_s, memory_mb)
 SELECT fleet, device, seq, '', bundle_id, window_start, window_end, inferences, errors, p50_ms, p99_ms, throughput_per_s,
     NULL
-FROM telemetry_windows;
+FROM telemetry_windows w
+WHERE NOT EXISTS (SELECT 1 FROM telemetry_model_windows m WHERE m.fleet = w.fleet AND m.device = w.device AND m.seq = w.seq)
+ON CONFLICT DO NOTHING;
 INSERT INTO telemetry_model_rollups (fleet, device, model, bundle_id, bucket_start, bucket_s, windows, inferences, errors,
     latency_count, p50_sum, p99_sum, p99_max_ms, memory_mb_max, window_start_min, window_end_max)
 SELECT fleet, device, '', bundle_id, bucket_start, bucket_s, windows, inferences, errors, latency_count, p50_sum, p99_sum,
     p99_max_ms, NULL, window_start_min, window_end_max
-FROM telemetry_rollups;
+FROM telemetry_rollups r
+WHERE NOT EXISTS (SELECT 1 FROM telemetry_model_rollups m WHERE m.fleet = r.fleet AND m.device = r.device
+                  AND m.bucket_s = r.bucket_s AND m.bucket_start = r.bucket_start)
+ON CONFLICT DO NOTHING;
