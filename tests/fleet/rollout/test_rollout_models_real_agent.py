@@ -135,3 +135,59 @@ def test_fleet_deploy_pipeline_switches_both_models_in_one_command(two_model_age
     assert {name: service.models.get(name).served.bundle_id for name in deployed} == deployed
     answer = [e for e in service.recent_events if e.get("command_id") == record["device_results"][agent["device"]]["command_id"]]
     assert answer and answer[-1]["details"]["pipeline"] is True
+
+
+def test_a_failed_gate_rolls_every_model_of_the_switched_devices_back(mosquitto: MosquittoBroker, tmp_path: Path,  # noqa: F811
+                                                                      fleet_keys, signed_bundle, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Two real two-model agents, waves 1,100%: the pipeline reaches the first, the gate (a p99 limit no device
+    meets) fails, and both models of that device go back to their bundles; the second is never touched."""
+    from edgekit.fleet.collector import Collector
+    from edgekit.fleet.store import open_store
+    from edgekit_runtime.agent.cli import main as agent_main
+    from edgekit_runtime.agent.config import load_config
+    from edgekit_runtime.agent.service import AgentService
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    installed = {"detector": signed_bundle("det-a"), "classifier": signed_bundle("cls-a")}
+    services = {}
+    store_url = f"sqlite:///{tmp_path}/fleet.db"
+    store = open_store(store_url)
+    collector = Collector(mosquitto.url, store, client_id=f"collector-{uuid.uuid4().hex[:6]}", flush_interval_s=0.05).start()
+    try:
+        for device in ("cam-a", "cam-b"):
+            config_path = tmp_path / device / "agent.yaml"
+            config_path.parent.mkdir()
+            config_path.write_text(yaml.safe_dump({
+                "device_id": device, "fleet": "gate", "broker": {"url": mosquitto.url, "keepalive_s": 10},
+                "bundles": {"dir": str(tmp_path / device / "bundles"), "public_key": str(fleet_keys[1]), "inbox": str(inbox)},
+                "models": {"names": ["detector", "classifier"], "default": "detector"}, "api": {"address": "127.0.0.1:0"},
+                "telemetry": {"interval_s": 0.3, "spool": {"path": str(tmp_path / device / "spool.db")}},
+                "power": {"sensor": "none"}, "health": {"window_s": 0.3, "max_error_rate": 0.5, "min_requests": 1},
+                "probe": {"interval_s": 0.1, "dims": {"batch": 2}},
+            }), encoding="utf-8")  # fmt: skip
+            for model, bundle in installed.items():
+                assert agent_main(["install", str(bundle), "--config", str(config_path), "--model", model]) == 0
+            services[device] = AgentService(load_config(config_path)).start()
+        _wait(lambda: len({(r.device, r.model) for r in store.model_aggregate(("device", "model"), fleet="gate")
+                           if r.inferences > 0}) == 4, what="both agents' models reporting inferences")  # fmt: skip
+        before = {d: {m: s.models.get(m).served.bundle_id for m in installed} for d, s in services.items()}
+        det, cls = _tar(signed_bundle, tmp_path, "det-d", inbox), _tar(signed_bundle, tmp_path, "cls-d", inbox)
+        args = _parser().parse_args(["deploy", "--pipeline", f"detector={det},classifier={cls}", "--broker", mosquitto.url,
+                                     "--store", store_url, "--fleet", "gate", "--devices", "cam-a,cam-b", "--inbox",
+                                     str(inbox), "--force", "--waves", "1,100%", "--health-window-s", "2",
+                                     "--max-p99-ratio", "0.001", "--deploy-timeout-s", "30", "--key", str(fleet_keys[1]),
+                                     "--json"])  # fmt: skip
+        assert args.func(args) == 1
+        record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert record["state"] == "rolled_back" and "p99 grew" in record["reason"], record["reason"]
+        assert record["outcomes"] == {"cam-a": "rolled_back", "cam-b": "pending"}
+        assert [w["state"] for w in record["waves"]] == ["failed", "not_started"]
+        assert record["waves"][0]["health"]["windows"] > 0  # the gate read the deployed models' own windows
+        after = {d: {m: s.models.get(m).served.bundle_id for m in installed} for d, s in services.items()}
+        assert after == before  # cam-a's two models back on their bundles, cam-b never switched
+    finally:
+        for service in services.values():
+            service.stop()
+        collector.stop()
+        store.close()
