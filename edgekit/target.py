@@ -72,6 +72,11 @@ class NPU(StrictModel):
     architecture: str | None = Field(default=None, description="NPU generation, e.g. 'Hexagon HTP v68', 'NPU 3720'")
     int8_tops: float | None = Field(default=None, gt=0, description="the NPU's own INT8 peak (not the platform total)")
     execution_provider: str = Field(description="The ONNX Runtime execution provider that reaches it")
+    fp32_runs_as: Precision | None = Field(
+        default=None,
+        description="the precision the NPU compiles FP32 layers to (OpenVINO's NPU: fp16); leave it out where the NPU "
+        "refuses float layers and the CPU execution provider runs them (edgekit estimate times them on the CPU)",
+    )
 
 
 class Memory(StrictModel):
@@ -90,6 +95,11 @@ class PeakThroughput(StrictModel):
     sparse: bool = Field(default=False, description="True when the vendor figure assumes 2:4 sparsity")
     power_mode: str | None = Field(
         default=None, description="the power mode the figure is quoted at (a key of power_modes)"
+    )
+    derivation: str | None = Field(
+        default=None, max_length=500,
+        description="how a figure no vendor quotes was derived (e.g. cores x clock x FLOPs per cycle, with the source of "
+        "each factor); edgekit estimate lists it with every estimate that uses the figure",
     )
 
 

@@ -20,7 +20,9 @@ from edgekit.target import TargetProfile
 
 #: How a graph stored at one precision is timed at another (``assume_precision`` on an FP32 export):
 #: the byte scale of every tensor moved, relative to FP32.
-ASSUMED_BYTE_SCALE = {"fp32": 1.0, "fp16": 0.5, "bf16": 0.5, "int8": 0.25, "int8-dynamic": 0.25, "fp8": 0.25, "int4": 0.25}
+#: The block formats count their scales: NVFP4 4 bits + an FP8 scale per 16, MXFP4 4 bits + an E8M0 scale per 32, MXFP8 8 + 8/32.
+ASSUMED_BYTE_SCALE = {"fp32": 1.0, "fp16": 0.5, "bf16": 0.5, "int8": 0.25, "int8-dynamic": 0.25, "fp8": 0.25, "int4": 0.25,
+                      "nvfp4": 4.5 / 32, "mxfp4": 4.25 / 32, "mxfp8": 8.25 / 32}  # fmt: skip
 ASSUMED_COMPUTE_CLASSES = ("conv", "matmul", "attention")
 
 
@@ -113,9 +115,13 @@ def estimate(model: Any, target: TargetProfile, *, dims: Mapping[str, int] | Non
     cost = cost if cost is not None else graph_costs(model, dims or {})
     cost, notes = _assume(cost, assume_precision)
     hardware = hardware_for(target, power_mode, measured=measured_peak)
-    factors, calibration_info = resolve_factors(hardware, calibration)
     line = roofline(cost, hardware)
+    runs_on = hardware
+    if hardware.fallback is not None and line.counted_nodes and line.fallback_nodes == line.counted_nodes:
+        runs_on = hardware.fallback  # every node runs on the CPU fallback: its engine, factors and runtime memory
+    factors, calibration_info = resolve_factors(runs_on, calibration)
     timed, latency = apply_factors(line, factors)
+    engine = runs_on.engine if runs_on is not hardware or not line.fallback_nodes else f"{hardware.engine}+{hardware.fallback.engine}"  # type: ignore[union-attr]
     batch = int(batch or (cost.dims.get("batch") if cost.dims else None) or 1)
     by_class: dict[str, dict[str, float]] = {}
     raw = cost.by_class()
@@ -127,7 +133,7 @@ def estimate(model: Any, target: TargetProfile, *, dims: Mapping[str, int] | Non
     energy = []
     for mode, watts in target.power_modes.items():
         mode_hw = hardware if mode == hardware.power_mode else hardware_for(target, mode, measured=measured_peak)
-        mode_factors = resolve_factors(mode_hw, calibration)[0]
+        mode_factors = resolve_factors(mode_hw.fallback if runs_on is not hardware and mode_hw.fallback else mode_hw, calibration)[0]
         mode_ms = apply_factors(roofline(cost, mode_hw), mode_factors)[1]
         energy.append(ModeEnergy(mode, watts, mode_ms, watts * mode_factors.power_fraction * mode_ms))
     words = [
@@ -136,14 +142,14 @@ def estimate(model: Any, target: TargetProfile, *, dims: Mapping[str, int] | Non
         f"efficiency factors ({factors.source}): " + ", ".join(f"{k} {v:g}" for k, v in sorted(factors.efficiency.items())),
         f"per-node overhead {factors.node_overhead_us:g} us over {line.counted_nodes} nodes ({factors.source})",
         f"shapes from {cost.shape_source} at {cost.dims or 'static shapes'}",
-        f"runtime memory overhead {RUNTIME_OVERHEAD_MB[engine_kind(hardware.engine)]:g} MB (an estimate for the runtime's libraries and arenas)",
+        f"runtime memory overhead {RUNTIME_OVERHEAD_MB[engine_kind(runs_on.engine)]:g} MB (an estimate for the runtime's libraries and arenas)",
     ]  # fmt: skip
     if energy:
         words.append(f"energy = power mode watts x {factors.power_fraction:g} active share x latency ({factors.source})")
     return Estimate(
-        target=target.name, power_mode=hardware.power_mode, engine=hardware.engine, batch=batch, p50_ms=latency,
+        target=target.name, power_mode=hardware.power_mode, engine=engine, batch=batch, p50_ms=latency,
         throughput_per_s=batch * 1000.0 / latency if latency else 0.0, weights_mb=cost.weight_bytes / 2**20,
-        activations_mb=cost.peak_activation_bytes / 2**20, runtime_overhead_mb=RUNTIME_OVERHEAD_MB[engine_kind(hardware.engine)],
+        activations_mb=cost.peak_activation_bytes / 2**20, runtime_overhead_mb=RUNTIME_OVERHEAD_MB[engine_kind(runs_on.engine)],
         by_class=by_class, energy=tuple(energy), factors=tuple(words), calibration={**calibration_info, **factors.to_json()},
         hardware=hardware.to_json(), cost=cost, node_ms=tuple((n.name, n.op_type, n.op_class, n.ms) for n in timed),
     )  # fmt: skip

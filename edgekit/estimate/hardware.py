@@ -10,6 +10,12 @@ Rules that fill gaps are listed in :data:`DERIVATIONS` and are named in every es
   a sixteenth, the ratios of the AGX Orin technical brief (5.3 FP32 TFLOPS, 170 sparse INT8 TOPS on its GPU);
 * a figure quoted at one power mode is scaled to another by the ratio of the modes' watts (an estimate:
   clocks roughly follow the power cap; calibrate per mode with ``edgekit fleet calibrate`` to replace it);
+* FP32 on a Blackwell GPU without an FP32 figure: TensorRT runs FP32 convolutions and GEMMs as TF32 on the tensor
+  cores (its TF32 builder flag is on by default), at half the FP16 rate (the H100 datasheet ratio, 989 vs 1979);
+* a precision the main engine cannot run goes to the engine that runs it instead: FP32 on an NPU that compiles it
+  to FP16 (``npu.fp32_runs_as``) at the NPU's FP16 figure, otherwise to the CPU (the CPU execution provider
+  fallback) at the target's ``engine: cpu`` figures; every estimate names that engine and how many nodes it took;
+* a target with no memory bandwidth figure gets a LOWER BOUND: memory traffic is not timed, and the estimate says so;
 * a target with no peak figures (generic CPU hosts) needs a measured peak: :mod:`edgekit.estimate.host_peak`.
 """
 
@@ -30,13 +36,16 @@ DERIVATIONS: dict[str, dict[str, tuple[float, str]]] = {
         "fp32": (1.0 / 16.0, "AGX Orin technical brief ratio: 5.3 FP32 TFLOPS vs 85 dense INT8 TOPS on the GPU"),
     },
     "hopper": {"fp32": (67.0 / 1979.0, "H100 datasheet ratio: 67 FP32 TFLOPS vs 1979 dense INT8 TOPS")},
-    "blackwell": {"fp16": (0.5, "Blackwell tensor cores: FP16 at half the FP8 rate")},
+    "blackwell": {"fp16": (0.5, "Blackwell tensor cores: FP16 at half the FP8 rate"),
+                  "fp32": (0.25, "TensorRT runs FP32 convolutions and GEMMs as TF32 on the tensor cores (TF32 builder flag on by "
+                                 "default), at half the FP16 rate (H100 datasheet ratio: 989 TF32 vs 1979 FP16 TFLOPS)")},
 }
 #: Precisions a runtime computes in when the table has no figure of their own.
 COMPUTE_FALLBACK = {"int4": "int8", "int8-dynamic": "int8", "mxfp8": "fp8", "mxfp4": "nvfp4", "fp8": "fp16", "bf16": "fp16",
                     "nvfp4": "fp8", "fp16": "fp32", "int8": "fp32"}  # fmt: skip
 #: Engines in the order an estimate picks them when the target has figures for several.
-ENGINE_ORDER = ("gpu", "npu", "dla", "cpu", "total")
+#: The CPU comes last: it is the fallback that runs what the accelerator cannot.
+ENGINE_ORDER = ("gpu", "npu", "dla", "total", "cpu")
 
 
 @dataclass(frozen=True)
@@ -47,27 +56,39 @@ class Hardware:
     engine: str
     power_mode: str | None
     peak_ops: dict[str, float]  # precision -> ops/s (dense)
-    bandwidth_bytes_s: float
+    bandwidth_bytes_s: float | None  # None: no figure, memory traffic is not timed (a lower bound)
     watts: float | None
     sources: tuple[str, ...] = field(default=())  # how each figure was obtained
     cache_bytes: float | None = None  # a node moving no more than this runs at cache_bandwidth_bytes_s (measured hosts)
     cache_bandwidth_bytes_s: float | None = None
+    fallback: Hardware | None = None  # the engine that runs what this one cannot (the CPU execution provider)
+    fp32_runs_as: str | None = None  # an NPU that compiles FP32 layers to this precision
+
+    def resolve(self, precision: str) -> tuple[float, str, Hardware]:
+        """(ops/s, the precision whose figure it is, the engine that runs it): this engine following
+        :data:`COMPUTE_FALLBACK` (FP32 as ``fp32_runs_as`` first), else the fallback engine."""
+        seen = self.fp32_runs_as if precision == "fp32" and self.fp32_runs_as else precision
+        while seen not in self.peak_ops and seen in COMPUTE_FALLBACK:
+            seen = COMPUTE_FALLBACK[seen]
+        if seen in self.peak_ops:
+            return self.peak_ops[seen], seen, self
+        if self.fallback is not None:
+            peak, used, _ = self.fallback.resolve(precision)
+            return peak, used, self.fallback
+        raise EstimateError(f"target '{self.target}' has no peak figure for {precision} on its {self.engine} (nor a fallback engine)",
+                            hint=f"add a peak_throughput entry for it (or engine: cpu figures for the CPU fallback) to targets/{self.target}.yaml")  # fmt: skip
 
     def peak_for(self, precision: str) -> tuple[float, str]:
-        """(ops/s, the precision whose figure it is) following :data:`COMPUTE_FALLBACK` where needed."""
-        seen = precision
-        while seen not in self.peak_ops:
-            if seen not in COMPUTE_FALLBACK:
-                raise EstimateError(f"target '{self.target}' has no peak figure for {precision} (nor a fallback)",
-                                    hint=f"add a peak_throughput entry for it to targets/{self.target}.yaml")  # fmt: skip
-            seen = COMPUTE_FALLBACK[seen]
-        return self.peak_ops[seen], seen
+        """(ops/s, the precision whose figure it is) on whichever engine runs ``precision``."""
+        peak, used, _ = self.resolve(precision)
+        return peak, used
 
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target, "engine": self.engine, "power_mode": self.power_mode,
                 "peak_ops_per_s": self.peak_ops, "bandwidth_bytes_per_s": self.bandwidth_bytes_s, "watts": self.watts,
                 "cache_bytes": self.cache_bytes, "cache_bandwidth_bytes_per_s": self.cache_bandwidth_bytes_s,
-                "sources": list(self.sources)}  # fmt: skip
+                "sources": list(self.sources), "fp32_runs_as": self.fp32_runs_as,
+                "fallback": self.fallback.to_json() if self.fallback is not None else None}  # fmt: skip
 
 
 def _mode(target: TargetProfile, power_mode: str | None) -> str | None:
@@ -105,6 +126,34 @@ def hardware_for(target: TargetProfile, power_mode: str | None = None, *, measur
                                  f"or add vendor figures with sources to targets/{target.name}.yaml")  # fmt: skip
     engines = {p.engine for p in target.peak_throughput}
     engine = next(e for e in ENGINE_ORDER if e in engines)
+    peaks, peak_sources = _engine_peaks(target, engine, mode)
+    sources.extend(peak_sources)
+    bandwidth = None
+    if target.gpu is not None and target.gpu.memory_bandwidth_gbps and engine == "gpu":
+        bandwidth, where = target.gpu.memory_bandwidth_gbps, "gpu.memory_bandwidth_gbps"
+    elif target.memory.bandwidth_gbps:
+        bandwidth, where = target.memory.bandwidth_gbps, "memory.bandwidth_gbps"
+    if bandwidth is None:
+        sources.append("NO memory bandwidth figure in the target profile: memory traffic is not timed, so this estimate "
+                       f"is a LOWER BOUND (add memory.bandwidth_gbps with its source to targets/{target.name}.yaml)")  # fmt: skip
+    else:
+        sources.append(f"bandwidth {bandwidth:g} GB/s from the target's {where}")
+    fallback = None
+    if engine != "cpu" and "cpu" in engines:
+        cpu_peaks, cpu_sources = _engine_peaks(target, "cpu", mode)
+        cpu_bandwidth = target.memory.bandwidth_gbps
+        fallback = Hardware(target.name, "cpu", mode, cpu_peaks, cpu_bandwidth * 1e9 if cpu_bandwidth else None, watts,
+                            tuple(cpu_sources) + ((f"cpu bandwidth {cpu_bandwidth:g} GB/s from memory.bandwidth_gbps",) if cpu_bandwidth else ()))  # fmt: skip
+    fp32_as = target.npu.fp32_runs_as.value if engine == "npu" and target.npu is not None and target.npu.fp32_runs_as else None
+    if fp32_as:
+        sources.append(f"fp32 layers run as {fp32_as} on the {target.npu.name} (npu.fp32_runs_as)")  # type: ignore[union-attr]
+    return Hardware(target.name, engine, mode, peaks, bandwidth * 1e9 if bandwidth else None, watts, tuple(sources),
+                    fallback=fallback, fp32_runs_as=fp32_as)  # fmt: skip
+
+
+def _engine_peaks(target: TargetProfile, engine: str, mode: str | None) -> tuple[dict[str, float], list[str]]:
+    """Peak ops/s per precision of one engine at ``mode``, with the derivation rules above, and their sources."""
+    sources: list[str] = []
     peaks: dict[str, float] = {}
     for peak in target.peak_throughput:
         if peak.engine != engine:
@@ -115,6 +164,8 @@ def hardware_for(target: TargetProfile, power_mode: str | None = None, *, measur
             ratio = target.power_modes[mode] / target.power_modes[peak.power_mode]
             value *= ratio
             note += f" quoted at {peak.power_mode}, scaled by the watts ratio {ratio:.2f} to {mode}"
+        if peak.derivation:
+            note += f"; derived: {peak.derivation}"
         if value > peaks.get(peak.precision.value, 0.0):
             peaks[peak.precision.value] = value
             sources.append(f"target peak_throughput {engine} {note}")
@@ -135,13 +186,4 @@ def hardware_for(target: TargetProfile, power_mode: str | None = None, *, measur
         if precision not in peaks and base:
             peaks[precision] = base * ratio
             sources.append(f"{precision} derived: {why}")
-    bandwidth = None
-    if target.gpu is not None and target.gpu.memory_bandwidth_gbps and engine == "gpu":
-        bandwidth, where = target.gpu.memory_bandwidth_gbps, "gpu.memory_bandwidth_gbps"
-    elif target.memory.bandwidth_gbps:
-        bandwidth, where = target.memory.bandwidth_gbps, "memory.bandwidth_gbps"
-    if bandwidth is None:
-        raise EstimateError(f"target '{target.name}' has no memory bandwidth figure",
-                            hint=f"add memory.bandwidth_gbps with its source to targets/{target.name}.yaml")  # fmt: skip
-    sources.append(f"bandwidth {bandwidth:g} GB/s from the target's {where}")
-    return Hardware(target.name, engine, mode, peaks, bandwidth * 1e9, watts, tuple(sources))
+    return peaks, sources

@@ -72,6 +72,7 @@ class Roofline:
     nodes: tuple[NodeTime, ...]
     counted_nodes: int
     notes: tuple[str, ...] = field(default=())
+    fallback_nodes: int = 0  # nodes the fallback engine (the CPU) ran
 
     def class_roofline_ms(self) -> dict[str, float]:
         out = dict.fromkeys(ALL_CLASSES, 0.0)
@@ -83,19 +84,28 @@ class Roofline:
 def roofline(cost: GraphCost, hardware: Hardware) -> Roofline:
     """Each node's roofline time at efficiency 1 (factors are applied by :func:`latency_ms`)."""
     nodes, notes, fallbacks = [], [], set()
+    on_other: dict[str, int] = {}  # precision -> nodes the fallback engine ran
     for node in cost.nodes:
         if node.fused:
             continue
-        peak, used = hardware.peak_for(node.precision)
+        peak, used, engine = hardware.resolve(node.precision)
+        if engine is not hardware:
+            on_other[node.precision] = on_other.get(node.precision, 0) + 1
         if used != node.precision:
-            fallbacks.add(f"{node.precision} ops timed at the {used} peak (no {node.precision} figure)")
+            fallbacks.add(f"{node.precision} ops timed at the {engine.engine} {used} peak (no {node.precision} figure there)")
         compute_s = node.ops / peak if node.ops else 0.0
-        in_cache = hardware.cache_bytes is not None and hardware.cache_bandwidth_bytes_s and node.bytes <= hardware.cache_bytes
-        memory_s = node.bytes / (hardware.cache_bandwidth_bytes_s if in_cache else hardware.bandwidth_bytes_s)  # type: ignore[operator]
+        in_cache = engine.cache_bytes is not None and engine.cache_bandwidth_bytes_s and node.bytes <= engine.cache_bytes
+        bandwidth = engine.cache_bandwidth_bytes_s if in_cache else engine.bandwidth_bytes_s
+        memory_s = node.bytes / bandwidth if bandwidth else 0.0  # no bandwidth figure: a lower bound, said in the sources
         bound = "compute" if compute_s >= memory_s else "memory"
         nodes.append(NodeTime(node.name, node.op_type, node.op_class, node.precision, max(compute_s, memory_s) * 1e3, bound, 0.0))
     notes.extend(sorted(fallbacks))
-    return Roofline(tuple(nodes), len(nodes), tuple(notes))
+    if on_other and hardware.fallback is not None:
+        counts = ", ".join(f"{n} {p}" for p, n in sorted(on_other.items()))
+        notes.append(f"nodes the {hardware.engine} cannot run ({counts}) run on the {hardware.fallback.engine} instead "
+                     "(the CPU execution provider fallback), at its figures:")  # fmt: skip
+        notes.extend(f"  {source}" for source in hardware.fallback.sources)
+    return Roofline(tuple(nodes), len(nodes), tuple(notes), sum(on_other.values()))
 
 
 def apply_factors(line: Roofline, factors: Factors) -> tuple[tuple[NodeTime, ...], float]:
