@@ -127,9 +127,11 @@ def print_record(record: RolloutRecord, out: Console = console) -> None:
 
     colour = "green" if record.state == "completed" else "red" if record.state in FINAL_STATES else "yellow"
     took = record.to_json()["seconds"]
-    model = record.options.get("model") or ("pipeline" if record.options.get("pipeline") else None)
-    out.print(f"[{colour}]rollout {record.rollout_id} {record.state}[/] "
-              + (f"model {escape(str(model))}: " if model and model != "pipeline" else "pipeline " if model else "")
+    # issue 20: the model deployed to, or a pipeline of several (their model=bundle pairs are the bundle_id)
+    what = "pipeline " if record.options.get("pipeline") else ""
+    if record.options.get("model"):
+        what = f"model {escape(str(record.options['model']))}: "
+    out.print(f"[{colour}]rollout {record.rollout_id} {record.state}[/] {what}"
               + f"{escape(record.bundle_id)} (target "
               f"{escape(record.target or 'none')}), started {record.started_at:%Y-%m-%d %H:%M:%S} UTC, {took:.1f} s"
               + (f": {escape(record.reason)}" if record.reason else ""), soft_wrap=True)  # fmt: skip

@@ -103,8 +103,10 @@ def test_fleet_deploy_model_switches_one_model(two_model_agent, signed_bundle, f
                                  agent["store_url"], "--devices", agent["device"], "--inbox", str(inbox), "--force",
                                  "--deploy-timeout-s", "30", "--key", str(fleet_keys[1]), "--json"])  # fmt: skip
     assert args.func(args) == 0, capsys.readouterr().err
-    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    captured = capsys.readouterr()
+    record = json.loads(captured.out.strip().splitlines()[-1])
     assert record["state"] == "completed" and record["options"]["model"] == "classifier", record
+    assert f"completed model classifier: {record['bundle_id']}" in " ".join(captured.err.split())
     assert record["options"]["models"][0]["bundle_id"] == record["bundle_id"]
     assert service.models.get("classifier").served.bundle_id == record["bundle_id"]
     assert service.models.get("detector").served.bundle_id.startswith("det-a")  # untouched
@@ -128,8 +130,10 @@ def test_fleet_deploy_pipeline_switches_both_models_in_one_command(two_model_age
                                  agent["store_url"], "--devices", agent["device"], "--inbox", str(inbox), "--force",
                                  "--deploy-timeout-s", "30", "--key", str(fleet_keys[1]), "--json"])  # fmt: skip
     assert args.func(args) == 0, capsys.readouterr().err
-    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    captured = capsys.readouterr()
+    record = json.loads(captured.out.strip().splitlines()[-1])
     assert record["state"] == "completed" and record["options"]["pipeline"] is True, record
+    assert f"completed pipeline {record['bundle_id']}" in " ".join(captured.err.split())
     deployed = {m["model"]: m["bundle_id"] for m in record["options"]["models"]}
     assert record["bundle_id"] == f"detector={deployed['detector']},classifier={deployed['classifier']}"
     assert {name: service.models.get(name).served.bundle_id for name in deployed} == deployed
