@@ -248,13 +248,15 @@ class ModelRepository:
                     return result(f"model {slot.name} has a deploy or rollback in progress; try again later", "failed",
                                   "error", step="queued", model=slot.name)  # fmt: skip
                 locked.append(slot)
-            return self._pipeline_locked(list(zip(slots, requests, strict=True)), watch=watch, result=result)
+            return self._pipeline_locked(list(zip(slots, requests, strict=True)), watch=watch, result=result,
+                                         command_id=command_id)  # fmt: skip
         finally:
             self._pending_mb.clear()
             for slot in locked:
                 slot.deployer.lock.release()
 
-    def _pipeline_locked(self, pairs: list[tuple[ModelSlot, DeployRequest]], *, watch: bool, result: Callable[..., str]) -> str:
+    def _pipeline_locked(self, pairs: list[tuple[ModelSlot, DeployRequest]], *, watch: bool, result: Callable[..., str],
+                         command_id: str | None) -> str:  # fmt: skip
         staged: list[tuple[ModelSlot, StagedDeploy]] = []
         for slot, request in pairs:
             try:
@@ -273,6 +275,11 @@ class ModelRepository:
         window_s = self.config.health.window_s
         if watch and window_s > 0 and staged:
             before: list[ServingTotals] = [slot.server.totals() for slot, _ in staged]
+            watched = [slot.name for slot, _ in staged]
+            self._emit({"kind": "deploy_progress", "level": "info", "command_id": command_id,
+                        "message": f"watching {', '.join(map(str, watched))} for {window_s:g} s",
+                        "details": {"step": "watching", "pipeline": True, "models": watched, "window_s": window_s,
+                                    "max_error_rate": self.config.health.max_error_rate}})  # fmt: skip
             interrupted = self._stop.wait(window_s)
             verdicts = [slot.deployer.judge_health(one, totals, interrupted=interrupted)
                         for (slot, one), totals in zip(staged, before, strict=True)]  # fmt: skip
@@ -328,7 +335,7 @@ class StaticModels:
 
     def __init__(self, servers: InferenceServer | Sequence[InferenceServer | tuple[str, InferenceServer]]) -> None:
         items = [servers] if isinstance(servers, InferenceServer) else list(servers)
-        self._models = [StaticModel(*reversed(item)) if isinstance(item, tuple) else StaticModel(item) for item in items]
+        self._models = [StaticModel(item[1], item[0]) if isinstance(item, tuple) else StaticModel(item) for item in items]
         if not self._models:
             raise ValueError("StaticModels needs at least one server")
 

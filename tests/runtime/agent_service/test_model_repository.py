@@ -317,9 +317,14 @@ def test_pipeline_deploy_rolls_every_model_back_when_one_is_unhealthy(agent_conf
         agent.dispatch_command({"id": "w1", "command": "deploy_pipeline",
                                 "args": {"deploys": [deploy_args(even, model="digits"), deploy_args(embedder_v2, model="embedder")]}})
         digits = agent.models.get("digits")
-        deadline = time.monotonic() + 10
-        while (digits.served is None or digits.served.name != "digits-even") and time.monotonic() < deadline:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # the pipeline's watch has begun: both models switched
+            watching = [e for e in list(agent.recent_events) if e.get("command_id") == "w1" and (e.get("details") or {}).get("step") == "watching"]
+            if watching:
+                break
             time.sleep(0.01)
+        assert watching and watching[0]["details"]["models"] == ["digits", "embedder"] and watching[0]["details"]["pipeline"]
+        assert digits.served.name == "digits-even"
         failures = 0
         for _ in range(5):  # odd batches during the watch
             try:
