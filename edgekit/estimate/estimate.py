@@ -104,7 +104,13 @@ def resolve_factors(hardware: Hardware, calibration: Path | Mapping[str, Any] | 
         fitted = factors_for(document, hardware.target, hardware.power_mode)
         if fitted is not None:
             return fitted, {"file": where, "calibrated": True}
-    return default_factors(hardware.engine), {"file": where, "calibrated": False}
+    factors = default_factors(hardware.engine)
+    if hardware.node_overhead_us:  # a measured host: its own dispatch overhead instead of the prior
+        from dataclasses import replace
+
+        factors = replace(factors, node_overhead_us=hardware.node_overhead_us,
+                          source="default priors (uncalibrated estimate); per-node overhead measured on this host")  # fmt: skip
+    return factors, {"file": where, "calibrated": False}
 
 
 def estimate(model: Any, target: TargetProfile, *, dims: Mapping[str, int] | None = None, batch: int | None = None,

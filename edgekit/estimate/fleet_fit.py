@@ -69,9 +69,9 @@ def _hardware(target: TargetProfile, power_mode: str | None, cache: dict[Any, Ha
     if key not in cache:
         measured = None
         if needs_measured_peak(target):
-            from edgekit.estimate.host_peak import measure_host_peak
+            from edgekit.estimate.host_peak import host_threads, measure_host_peak
 
-            measured = measure_host_peak(target.cpu.cores)
+            measured = measure_host_peak(host_threads(target.cpu.cores))
         mode = power_mode if power_mode in target.power_modes else None
         cache[key] = hardware_for(target, mode, measured=measured)
     return cache[key]

@@ -1,6 +1,7 @@
 """Measure this host's peak for the roofline of a CPU target without vendor figures (``x86-64-cpu``):
 a short ONNX Runtime GEMM (512x512: fits the caches, so it shows the arithmetic peak; fp32 MatMul, int8 MatMulInteger) at the target's thread count, and a NumPy
-copy for memory bandwidth (a 256 MB copy for memory, one within half the L2 cache for the in-cache bandwidth). The result is cached per CPU model, threads and ONNX Runtime version in
+copy for memory bandwidth (a 256 MB copy for memory, one within half the L2 cache for the in-cache bandwidth), and the
+per-node dispatch overhead (the median time of a chain of tiny Add/Mul nodes, per node). The result is cached per CPU model, threads and ONNX Runtime version in
 ``$EDGEKIT_CACHE_DIR/host-peak.json`` (default ``~/.cache/edgekit``); ``refresh=True`` measures again.
 
 These are MEASURED peaks of this host's kernels (the best of a few repeats), not vendor figures.
@@ -19,6 +20,13 @@ import numpy as np
 GEMM_SIZE = 512
 REPEATS = 10
 COPY_MB = 256
+CHAIN_NODES = 256  # tiny nodes whose median time, per node, is the dispatch overhead
+
+
+def host_threads(cores: int) -> int:
+    """The intra-op threads a benchmark here uses for a target of ``cores`` cores (as ``edgekit build`` picks them):
+    the peak is measured at the same count, so the estimate and the bench it is compared with agree."""
+    return max(1, min(os.cpu_count() or 1, cores))
 
 
 def _cache_path() -> Path:
@@ -44,6 +52,40 @@ def _gemm_session(kind: str, threads: int) -> Any:
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _chain_session(threads: int) -> Any:
+    """x[1,16] -> (Add c, Mul d) x CHAIN_NODES/2: nodes with next to no work, so their time is dispatch overhead."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes, inits, current = [], [], "x"
+    for i in range(CHAIN_NODES // 2):
+        inits += [numpy_helper.from_array(np.full((1, 16), 1.0 + i * 1e-3, np.float32), f"c{i}"),
+                  numpy_helper.from_array(np.full((1, 16), 0.999, np.float32), f"d{i}")]  # fmt: skip
+        nodes += [helper.make_node("Add", [current, f"c{i}"], [f"a{i}"]), helper.make_node("Mul", [f"a{i}", f"d{i}"], [f"m{i}"])]
+        current = f"m{i}"
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info(current, TensorProto.FLOAT, [1, 16])], inits)  # fmt: skip
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def node_overhead_us(threads: int, runs: int = 50) -> float:
+    """The median time of the Add/Mul chain per node, in microseconds: ONNX Runtime's per-node dispatch overhead here."""
+    session = _chain_session(threads)
+    feed = {"x": np.ones((1, 16), np.float32)}
+    for _ in range(5):
+        session.run(None, feed)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        session.run(None, feed)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) / CHAIN_NODES * 1e6
 
 
 def _best_seconds(run: Any, repeats: int = REPEATS) -> float:
@@ -89,8 +131,9 @@ def _measure(threads: int) -> dict[str, Any]:
         small_target = np.empty_like(small)
         cache_bandwidth = 2.0 * small.nbytes / _best_seconds(lambda: np.copyto(small_target, small), repeats=50)
     return {"peak_ops": peaks, "bandwidth_bytes_s": 2.0 * source.nbytes / copy_s, "cache_bytes": cache,
-            "cache_bandwidth_bytes_s": cache_bandwidth,
-            "method": f"ONNX Runtime {n}x{n} MatMul/MatMulInteger and a {COPY_MB} MB NumPy copy (read+write), best of {REPEATS}, {threads} threads"}  # fmt: skip
+            "cache_bandwidth_bytes_s": cache_bandwidth, "node_overhead_us": node_overhead_us(threads),
+            "method": f"ONNX Runtime {n}x{n} MatMul/MatMulInteger and a {COPY_MB} MB NumPy copy (read+write), best of {REPEATS}, "
+                      f"{threads} threads; per-node overhead: median of a {CHAIN_NODES}-node Add/Mul chain"}  # fmt: skip
 
 
 def _key(threads: int) -> str:
@@ -98,7 +141,7 @@ def _key(threads: int) -> str:
 
     from edgekit.bundle.manifest import host_description
 
-    return f"{host_description()['cpu']}|threads={threads}|onnxruntime={onnxruntime.__version__}|gemm={GEMM_SIZE}|cache=1"
+    return f"{host_description()['cpu']}|threads={threads}|onnxruntime={onnxruntime.__version__}|gemm={GEMM_SIZE}|cache=1|overhead=1"
 
 
 def measure_host_peak(threads: int, *, refresh: bool = False) -> dict[str, Any]:

@@ -26,9 +26,9 @@ def estimate_path(path: Path | str, target: TargetProfile | str, *, power_mode: 
     path = Path(path)
     measured = None
     if measure_host or (measure_host is None and needs_measured_peak(profile)):
-        from edgekit.estimate.host_peak import measure_host_peak
+        from edgekit.estimate.host_peak import host_threads, measure_host_peak
 
-        measured = measure_host_peak(profile.cpu.cores)
+        measured = measure_host_peak(host_threads(profile.cpu.cores))
     if path.suffix in (".yaml", ".yml") and path.is_file():
         with tempfile.TemporaryDirectory(prefix="edgekit-estimate-") as workdir:
             source = export_recipe(path, profile, Path(workdir), trust_code=trust_code)

@@ -205,3 +205,15 @@ def test_cli_estimate_of_a_recipe_exports_it_and_uses_its_benchmark_shape(tiny_r
     int8 = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert int8["memory_mb"]["weights"] == pytest.approx(doc["memory_mb"]["weights"] / 4)
     assert any("timed as int8" in f for f in int8["factors"])
+
+
+def test_a_measured_host_uses_its_own_per_node_overhead() -> None:
+    from edgekit.estimate.host_peak import host_threads, node_overhead_us
+
+    measured = {"peak_ops": {"fp32": 100e9, "int8": 1e12}, "bandwidth_bytes_s": 10e9, "node_overhead_us": 0.5, "method": "test figures"}
+    result = estimate(cnn(), get_target("x86-64-cpu"), dims={"batch": 2}, measured_peak=measured)
+    assert result.calibration["node_overhead_us"] == 0.5 and not result.calibration["calibrated"]
+    assert any("per-node overhead measured on this host" in f for f in result.factors)
+    overhead = node_overhead_us(1, runs=5)
+    assert 0 < overhead < 1000  # microseconds per tiny node
+    assert host_threads(4096) >= 1 and host_threads(1) == 1
