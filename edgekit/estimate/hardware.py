@@ -64,6 +64,7 @@ class Hardware:
     fallback: Hardware | None = None  # the engine that runs what this one cannot (the CPU execution provider)
     fp32_runs_as: str | None = None  # an NPU that compiles FP32 layers to this precision
     node_overhead_us: float | None = None  # measured per-node dispatch overhead (measured hosts)
+    large_peak_ops: dict[str, float] | None = None  # the peak of nodes moving more than cache_bytes (measured hosts)
 
     def resolve(self, precision: str) -> tuple[float, str, Hardware]:
         """(ops/s, the precision whose figure it is, the engine that runs it): this engine following
@@ -89,6 +90,7 @@ class Hardware:
                 "peak_ops_per_s": self.peak_ops, "bandwidth_bytes_per_s": self.bandwidth_bytes_s, "watts": self.watts,
                 "cache_bytes": self.cache_bytes, "cache_bandwidth_bytes_per_s": self.cache_bandwidth_bytes_s,
                 "sources": list(self.sources), "fp32_runs_as": self.fp32_runs_as, "node_overhead_us": self.node_overhead_us,
+                "large_peak_ops_per_s": self.large_peak_ops,
                 "fallback": self.fallback.to_json() if self.fallback is not None else None}  # fmt: skip
 
 
@@ -119,12 +121,16 @@ def hardware_for(target: TargetProfile, power_mode: str | None = None, *, measur
         if cache and cache_bw:
             sources.append(f"nodes moving at most {cache / 2**20:g} MiB (the L2 cache) at the measured in-cache "
                            f"bandwidth {cache_bw / 1e9:.0f} GB/s")  # fmt: skip
+        large = {str(k): float(v) for k, v in (measured.get("large_peak_ops") or {}).items()} if cache and cache_bw else {}
+        if large:
+            sources.append(f"nodes moving more than the L2 computed at the measured out-of-cache GEMM peak "
+                           f"({', '.join(f'{k} {v / 1e9:.0f} G/s' for k, v in sorted(large.items()))})")  # fmt: skip
         overhead = measured.get("node_overhead_us")
         if overhead:
             sources.append(f"per-node dispatch overhead {overhead:.2f} us measured on this host (a chain of tiny nodes)")
         return Hardware(target.name, "cpu", mode, measured_peaks, float(measured["bandwidth_bytes_s"]), watts, tuple(sources),
                         float(cache) if cache and cache_bw else None, float(cache_bw) if cache and cache_bw else None,
-                        node_overhead_us=float(overhead) if overhead else None)  # fmt: skip
+                        node_overhead_us=float(overhead) if overhead else None, large_peak_ops=large or None)  # fmt: skip
     if not target.peak_throughput:
         raise EstimateError(f"target '{target.name}' has no peak_throughput figures to estimate from",
                             hint="on the device itself, pass --measure-host to measure its peak (GEMM and copy micro-benchmark); "

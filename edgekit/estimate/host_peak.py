@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 GEMM_SIZE = 512
+LARGE_GEMM_SIZE = 1024  # 12 MB of fp32 operands: past the L2, the rate a large layer sees
 REPEATS = 10
 COPY_MB = 256
 CHAIN_NODES = 256  # tiny nodes whose median time, per node, is the dispatch overhead
@@ -33,12 +34,11 @@ def _cache_path() -> Path:
     return Path(os.environ.get("EDGEKIT_CACHE_DIR", Path.home() / ".cache" / "edgekit")) / "host-peak.json"
 
 
-def _gemm_session(kind: str, threads: int) -> Any:
+def _gemm_session(kind: str, threads: int, n: int = GEMM_SIZE) -> Any:
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    n = GEMM_SIZE
     if kind == "fp32":
         node = helper.make_node("MatMul", ["a", "b"], ["y"])
         inputs = [helper.make_tensor_value_info(x, TensorProto.FLOAT, [n, n]) for x in ("a", "b")]
@@ -111,16 +111,22 @@ def l2_cache_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> i
     return None
 
 
-def _measure(threads: int) -> dict[str, Any]:
-    n = GEMM_SIZE
+def _gemm_peaks(threads: int, n: int, repeats: int = REPEATS) -> dict[str, float]:
     rng = np.random.default_rng(0)
     peaks = {}
     a32, b32 = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
-    session = _gemm_session("fp32", threads)
-    peaks["fp32"] = 2.0 * n**3 / _best_seconds(lambda: session.run(None, {"a": a32, "b": b32}))
+    session = _gemm_session("fp32", threads, n)
+    peaks["fp32"] = 2.0 * n**3 / _best_seconds(lambda: session.run(None, {"a": a32, "b": b32}), repeats)
     a8, b8 = rng.integers(0, 255, (n, n), dtype=np.uint8), rng.integers(-127, 127, (n, n), dtype=np.int8)
-    session8 = _gemm_session("int8", threads)
-    peaks["int8"] = 2.0 * n**3 / _best_seconds(lambda: session8.run(None, {"a": a8, "b": b8}))
+    session8 = _gemm_session("int8", threads, n)
+    peaks["int8"] = 2.0 * n**3 / _best_seconds(lambda: session8.run(None, {"a": a8, "b": b8}), repeats)
+    return peaks
+
+
+def _measure(threads: int) -> dict[str, Any]:
+    n = GEMM_SIZE
+    peaks = _gemm_peaks(threads, n)
+    large_peaks = _gemm_peaks(threads, LARGE_GEMM_SIZE, repeats=3)
     source = np.ones(COPY_MB * 2**20 // 4, dtype=np.float32)
     target = np.empty_like(source)
     copy_s = _best_seconds(lambda: np.copyto(target, source), repeats=3)
@@ -131,9 +137,9 @@ def _measure(threads: int) -> dict[str, Any]:
         small_target = np.empty_like(small)
         cache_bandwidth = 2.0 * small.nbytes / _best_seconds(lambda: np.copyto(small_target, small), repeats=50)
     return {"peak_ops": peaks, "bandwidth_bytes_s": 2.0 * source.nbytes / copy_s, "cache_bytes": cache,
-            "cache_bandwidth_bytes_s": cache_bandwidth, "node_overhead_us": node_overhead_us(threads),
-            "method": f"ONNX Runtime {n}x{n} MatMul/MatMulInteger and a {COPY_MB} MB NumPy copy (read+write), best of {REPEATS}, "
-                      f"{threads} threads; per-node overhead: median of a {CHAIN_NODES}-node Add/Mul chain"}  # fmt: skip
+            "cache_bandwidth_bytes_s": cache_bandwidth, "node_overhead_us": node_overhead_us(threads), "large_peak_ops": large_peaks,
+            "method": f"ONNX Runtime {n}x{n} MatMul/MatMulInteger and a {COPY_MB} MB NumPy copy (read+write), best of {REPEATS} "
+                      f"({LARGE_GEMM_SIZE}x{LARGE_GEMM_SIZE}: past the L2, best of 3), {threads} threads; per-node overhead: median of a {CHAIN_NODES}-node Add/Mul chain"}  # fmt: skip
 
 
 def _key(threads: int) -> str:
@@ -141,7 +147,7 @@ def _key(threads: int) -> str:
 
     from edgekit.bundle.manifest import host_description
 
-    return f"{host_description()['cpu']}|threads={threads}|onnxruntime={onnxruntime.__version__}|gemm={GEMM_SIZE}|cache=1|overhead=1"
+    return f"{host_description()['cpu']}|threads={threads}|onnxruntime={onnxruntime.__version__}|gemm={GEMM_SIZE}|cache=1|overhead=1|large={LARGE_GEMM_SIZE}"
 
 
 def measure_host_peak(threads: int, *, refresh: bool = False) -> dict[str, Any]:

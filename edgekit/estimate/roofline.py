@@ -93,8 +93,10 @@ def roofline(cost: GraphCost, hardware: Hardware) -> Roofline:
             on_other[node.precision] = on_other.get(node.precision, 0) + 1
         if used != node.precision:
             fallbacks.add(f"{node.precision} ops timed at the {engine.engine} {used} peak (no {node.precision} figure there)")
-        compute_s = node.ops / peak if node.ops else 0.0
         in_cache = engine.cache_bytes is not None and engine.cache_bandwidth_bytes_s and node.bytes <= engine.cache_bytes
+        if engine.large_peak_ops and engine.cache_bytes is not None and not in_cache and used in engine.large_peak_ops:
+            peak = engine.large_peak_ops[used]  # operands past the L2: the measured out-of-cache rate
+        compute_s = node.ops / peak if node.ops else 0.0
         bandwidth = engine.cache_bandwidth_bytes_s if in_cache else engine.bandwidth_bytes_s
         memory_s = node.bytes / bandwidth if bandwidth else 0.0  # no bandwidth figure: a lower bound, said in the sources
         bound = "compute" if compute_s >= memory_s else "memory"

@@ -217,3 +217,20 @@ def test_a_measured_host_uses_its_own_per_node_overhead() -> None:
     overhead = node_overhead_us(1, runs=5)
     assert 0 < overhead < 1000  # microseconds per tiny node
     assert host_threads(4096) >= 1 and host_threads(1) == 1
+
+
+def test_a_measured_host_computes_nodes_past_its_cache_at_the_out_of_cache_peak() -> None:
+    from edgekit.estimate.roofline import roofline
+
+    measured = {"peak_ops": {"fp32": 400e9, "int8": 1e12}, "large_peak_ops": {"fp32": 100e9, "int8": 0.5e12}, "bandwidth_bytes_s": 1e12,
+                "cache_bytes": 2**20, "cache_bandwidth_bytes_s": 1e12, "method": "test figures"}  # fmt: skip
+    hw = hardware_for(get_target("x86-64-cpu"), measured=measured)
+    assert any("out-of-cache GEMM peak" in s for s in hw.sources)
+    big_cost = graph_costs(mlp(2048, 1, 2048), {"batch": 256})  # a 16 MiB weight: past the 1 MiB "cache"
+    big = {n.name: n for n in roofline(big_cost, hw).nodes}["mm0"]
+    ops = {n.name: n for n in big_cost.nodes}["mm0"].ops
+    assert big.bound == "compute" and big.roofline_ms == pytest.approx(ops / 100e9 * 1e3)
+    small_cost = graph_costs(mlp(64, 1, 64), {"batch": 4})
+    small = {n.name: n for n in roofline(small_cost, hw).nodes}["mm0"]
+    assert small.roofline_ms == pytest.approx(max({n.name: n for n in small_cost.nodes}["mm0"].ops / 400e9,
+                                                  {n.name: n for n in small_cost.nodes}["mm0"].bytes / 1e12) * 1e3)  # fmt: skip
