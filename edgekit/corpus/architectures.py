@@ -79,7 +79,9 @@ def make_resnet(work: Path, wheel_dir: Path | None, scale: float = 1.0) -> Corpu
 def make_mobilenet_v2(work: Path, wheel_dir: Path | None, scale: float = 1.0) -> CorpusModel:
     from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
 
-    config = MobileNetV2Config(depth_multiplier=0.5, image_size=128, num_labels=100)
+    # initializer_range 0.3: at transformers' default 0.02 the activations vanish through the ReLU6 blocks
+    # (logits about 1e-24, so every variant's cosine read 0); at 0.3 logits reach about 100.
+    config = MobileNetV2Config(depth_multiplier=0.5, image_size=128, num_labels=100, initializer_range=0.3)
     return _image_model("mobilenet-v2", lambda: MobileNetV2ForImageClassification(config), work, 128, 4, scale, "MobileNetV2 0.5x")
 
 
