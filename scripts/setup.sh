@@ -16,8 +16,21 @@ if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+
     pip install -q -c constraints.txt torch==2.13.0
 fi
 echo "setup: installing edgekit, edgekit-runtime and extras" >&2
-# the runtime with its nvml extra: the NVML sensor tests check their fake against the real bindings
-pip install -q -c constraints.txt -e "./runtime[nvml]" -e ".[dev]"
+# the runtime with its nvml extra (the NVML sensor tests check their fake against the real bindings) and its grpc extra
+pip install -q -c constraints.txt -e "./runtime[nvml,grpc]" -e ".[dev]"
 # TensorRT 10 type stubs for the mypy check of the TensorRT modules. --no-deps: their metadata pins
 # tensorrt itself, whose libraries download from NVIDIA's own index (unreachable here, and not needed).
 pip install -q --no-deps "tensorrt-stubs==10.13.0.35.1"
+# Third-party models for the conformance corpus and the models-users-bring tests: PP-OCR (Paddle2ONNX,
+# opsets 11-12) from rapidocr-onnxruntime and Silero VAD from silero-vad. Only their model files are
+# used, so they go in with --no-deps (silero-vad would pull torchaudio); the wheels are also kept in
+# the corpus cache that scripts/corpus.py and tests/corpus read.
+corpus_wheels=${EDGEKIT_CORPUS_WHEELS:-${EDGEKIT_CACHE_DIR:-$HOME/.cache/edgekit}/corpus/wheels}
+mkdir -p "$corpus_wheels"
+for spec in rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3; do
+    wheel_glob="$(echo "${spec%%==*}" | tr - _)-${spec##*==}-*.whl"
+    if ! compgen -G "$corpus_wheels/$wheel_glob" >/dev/null; then
+        pip download -q --no-deps --only-binary=:all: -d "$corpus_wheels" "$spec"
+    fi
+done
+pip install -q --no-deps "$corpus_wheels"/rapidocr_onnxruntime-1.4.4-*.whl "$corpus_wheels"/silero_vad-6.2.3-*.whl
