@@ -42,7 +42,18 @@ USAGE_SECTION = """## Using estimates
   inference at each power mode, a per-node-class table, and the factors the numbers rest on. `--power-mode MODE`
   picks the mode the latency is for, `--precision int8` times an FP32 graph as another precision, `--json --nodes`
   adds every node. A target without vendor peak figures that describes this host (`x86-64-cpu`) is timed from
-  the host's measured peak (a 512x512 GEMM and a copy, cached in `$EDGEKIT_CACHE_DIR/host-peak.json`).
+  the host's measured peak (a 512x512 GEMM and a copy, cached in `$EDGEKIT_CACHE_DIR/host-peak.json`), with nodes
+  moving more than the L2 computed at a measured 1024x1024 GEMM's rate and the per-node overhead measured on a chain of
+  tiny nodes, all at the thread count a bench here uses.
+* Every shipped target gets an estimate at every precision it allows (`tests/estimate/test_every_target.py` runs both
+  demo models on each). Figures no vendor quotes are DERIVED and say how in the profile's `derivation` field, which
+  every estimate lists: the CPU peaks of `raspberry-pi-5` and `qualcomm-qcs6490` (cores x clock x FLOPs per cycle of
+  the Cortex-A76 / A78 NEON pipes), `arm64-cpu`'s placeholders (a Pi 5 class host: set yours), the Intel NPU's FP16
+  rate (half its INT8 TOPS). A precision the accelerator cannot run goes to the engine that runs it, named in the
+  estimate: FP32 on the Intel NPU is compiled to FP16 (`npu.fp32_runs_as`); FP32 and FP16 on the QCS6490's HTP v68 run
+  on its CPU (the CPU execution provider fallback, `engine: cpu` figures); FP32 on Thor runs as TF32 on the tensor
+  cores (TensorRT's default). The QCS6490 has no sourced memory bandwidth: its estimates do not time memory traffic
+  and say they are a LOWER BOUND.
 * `edgekit build` for another device prints the estimate under the host-measured latency; `report.html` gets an
   "Estimate on the target" section with a time-per-node-class plot; `edgekit sweep` adds `estimate_p50_ms`,
   `estimate_throughput_per_s`, `estimate_energy_mj` per variant.
