@@ -288,6 +288,10 @@ def render(doc: dict[str, Any], timed: list[dict[str, Any]], args: argparse.Name
         f"{within('loo_error_pct')} of {n}. The goal is 80 % of models within 35 %: "
         + ("met" if n and max(within("error_pct"), within("loo_error_pct")) >= 0.8 * n else "not met") + " on this host.",
         "",
+        "Still outside 35 % with the default factors: "
+        + (", ".join(f"{r['model']} ({r['error_pct']:+.0f} %, {r['nodes']} nodes, {r['measured_ms']:.2f} ms)" for r in timed
+                     if abs(r["error_pct"]) > 35.0) or "none") + ".",
+        "",
         ANALYSIS,
         "",
         "Factors fitted to all of them (what `--calibration-out` writes): "
