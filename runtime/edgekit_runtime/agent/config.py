@@ -128,6 +128,14 @@ class BundlesConfig:
 
 
 @dataclass(frozen=True)
+class GrpcConfig:
+    """The optional Open Inference Protocol gRPC server (``api.grpc``, see ``agent/oip_grpc.py``): loopback
+    ``host:port`` or ``unix:/path``, like the API; it needs ``pip install 'edgekit-runtime[grpc]'``."""
+
+    listen: ApiAddress
+
+
+@dataclass(frozen=True)
 class ApiConfig:
     """The local API's address and its limits against slow or greedy clients (see ``agent/api.py``)."""
 
@@ -138,6 +146,7 @@ class ApiConfig:
     idle_timeout_s: float = 60.0
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
+    grpc: GrpcConfig | None = None  # off unless api.grpc is set
 
 
 @dataclass(frozen=True)
@@ -373,7 +382,7 @@ def parse_config(data: object, *, file: Path) -> AgentConfig:
         broker=_parse_broker(top) if top.has("broker") else None,
         bundles=bundles,
         api=_parse_api(top.section("api", ("address", "max_request_mb", "max_header_kb", "max_connections",
-                                           "idle_timeout_s", "header_timeout_s", "body_timeout_s"))),
+                                           "idle_timeout_s", "header_timeout_s", "body_timeout_s", "grpc"))),
         telemetry=_parse_telemetry(top.section("telemetry", ("interval_s", "spool"))),
         power=_parse_power(top.section("power", ("sensor", "root", "sample_interval_s"))),
         health=_parse_health(top.section("health", ("window_s", "max_error_rate", "min_requests"))),
@@ -517,7 +526,13 @@ def _parse_api(section: _Section) -> ApiConfig:
         idle_timeout_s=section.number("idle_timeout_s", 60.0, minimum=0, exclusive_minimum=True, example="60"),
         header_timeout_s=section.number("header_timeout_s", 10.0, minimum=0, exclusive_minimum=True, example="10"),
         body_timeout_s=section.number("body_timeout_s", 60.0, minimum=0, exclusive_minimum=True, example="60"),
+        grpc=_parse_grpc(section.section("grpc", ("listen",))) if section.has("grpc") else None,
     )
+
+
+def _parse_grpc(section: _Section) -> GrpcConfig:
+    listen = section.string("listen", example="127.0.0.1:8001")
+    return GrpcConfig(listen=parse_api_address(listen, where=f"{section.file}: {section.key('listen')}"))
 
 
 def _parse_telemetry(section: _Section) -> TelemetryConfig:

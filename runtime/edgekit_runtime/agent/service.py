@@ -162,6 +162,11 @@ class AgentService:
         default = self.models.default
         self.server, self.store, self.deployer = default.server, default.store, default.deployer
         self.api = AgentApi.from_config(self.models, config.api, health_provider=self.health)
+        self.grpc: Any = None  # the Open Inference Protocol over gRPC, when api.grpc is set (the grpc extra)
+        if config.api.grpc is not None:
+            from edgekit_runtime.agent.oip_grpc import OipGrpcServer
+
+            self.grpc = OipGrpcServer(self.models, config.api.grpc, config.api)
         self.state_reader = DeviceStateReader(config.power.root)
         self.integrator: PowerIntegrator | None = None
         # Device identity (read once at start) and power mode (re-read every telemetry window).
@@ -190,6 +195,8 @@ class AgentService:
         self._read_identity()
         self.models.start()
         self.api.start()
+        if self.grpc is not None:
+            self.grpc.start()
         self._start_link()
         self._window_start = datetime.now(timezone.utc)
         self.server.take_window()  # the first window starts now, not when the server was built
@@ -226,6 +233,8 @@ class AgentService:
                 self.publish_telemetry()  # the last partial window
             except EdgekitError as err:
                 logger.warning("last telemetry window not published: %s", err)
+        if self.grpc is not None:
+            self.grpc.stop()
         self.api.stop()
         if self._outbox and not self.retry_outbox():
             logger.error("%d message(s) were never written to the spool (it could not be written) and are lost",
@@ -447,8 +456,13 @@ class AgentService:
         return None if served is None else BundleRef(served.bundle_id[:128], served.manifest_sha256)
 
     def _served_changed(self, served: object) -> None:
+        identity = self.identity
+        if identity is not None and served is not None:  # a model loaded: onnxruntime (and its providers) now imported
+            self.identity = identity.with_onnxruntime_providers()
         if self._link is not None:
             self._link.set_bundle(self._bundle_ref())
+            if self.identity is not identity:
+                self._link.set_status_fields(identity=self.identity.to_dict())
 
     def _problem(self, code: str, message: str) -> None:
         with self._problems_lock:

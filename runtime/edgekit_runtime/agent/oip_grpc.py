@@ -1,0 +1,271 @@
+"""The Open Inference Protocol's ``GRPCInferenceService`` (KServe v2 / Triton ``inference`` package), an
+optional extra: ``pip install 'edgekit-runtime[grpc]'`` (grpcio, protobuf) and ``api.grpc: {listen:
+127.0.0.1:8001}`` in the agent's configuration. Off by default; ``grpc`` is imported only when it is on.
+
+=================  ==========================================================================================
+RPC                what
+=================  ==========================================================================================
+ServerLive         ``live: true`` while the server answers
+ServerReady        ``ready``: every model has a bundle loaded
+ModelReady         ``ready`` of a model (false for an unknown model or a version that is not served)
+ServerMetadata     ``name``, ``version``, ``extensions`` (as ``GET /v2``)
+ModelMetadata      ``name``, ``versions``, ``platform``, ``inputs``, ``outputs`` (as ``GET /v2/models/NAME``)
+ModelInfer         inputs as ``raw_input_contents`` (one blob per input) or typed ``contents``; outputs always
+                   as ``raw_output_contents`` (as Triton); the request's ``id`` is echoed; queue and compute
+                   milliseconds in the trailing metadata ``x-edgekit-queue-ms`` / ``x-edgekit-compute-ms``
+=================  ==========================================================================================
+
+Errors are gRPC status codes with the same messages as the HTTP ``/v2`` routes: INVALID_ARGUMENT (400),
+NOT_FOUND (404), UNAVAILABLE (503: no bundle loaded), INTERNAL (500: the model failed to run).
+RESOURCE_EXHAUSTED for a message over ``api.max_request_mb`` is grpcio's own.
+
+The messages are not generated code: ``proto/grpc_service.desc`` (``proto/grpc_service.proto`` compiled to
+a ``FileDescriptorSet`` with grpcio-tools) is loaded into a private descriptor pool and the classes are
+built from it at start, so one file works with any protobuf from 3.20 on (generated ``_pb2`` modules
+pin the protobuf major they came from) and does not clash with a client's own ``inference`` messages
+in the same process. Requests run on the same :class:`~edgekit_runtime.agent.serving.InferenceServer`
+as ``/v1/infer`` and ``/v2``: one serving path, the same signature check, statistics, batching and
+health watch; decoding shares :mod:`edgekit_runtime.agent.oip`'s datatypes and checks.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from concurrent import futures
+from http import HTTPStatus
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from edgekit_runtime import __version__ as AGENT_VERSION
+from edgekit_runtime.agent.config import ApiConfig, GrpcConfig
+from edgekit_runtime.agent.errors import AgentConfigError, NoModelError
+from edgekit_runtime.agent.oip import DATATYPES, EXTENSIONS, PLATFORM, OipError, _json_array, _shape, datatype_of
+from edgekit_runtime.errors import EdgekitError, InputSignatureError
+
+if TYPE_CHECKING:
+    from edgekit_runtime.agent.repository import ModelRepository, ModelSlot
+
+logger = logging.getLogger(__name__)
+
+SERVICE = "inference.GRPCInferenceService"
+INSTALL_HINT = "pip install 'edgekit-runtime[grpc]'"
+#: threads answering RPCs; a request's inference still queues on its model's runner (or batcher)
+WORKERS = 8
+#: the typed ``InferTensorContents`` field of each datatype (FP16 travels only as raw contents)
+CONTENTS_FIELDS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+                   "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
+                   "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
+                   "FP64": "fp64_contents"}  # fmt: skip
+_STATUS_NAMES = {HTTPStatus.BAD_REQUEST: "INVALID_ARGUMENT", HTTPStatus.NOT_FOUND: "NOT_FOUND",
+                 HTTPStatus.SERVICE_UNAVAILABLE: "UNAVAILABLE", HTTPStatus.INTERNAL_SERVER_ERROR: "INTERNAL"}  # fmt: skip
+
+
+def _import_grpc() -> Any:
+    try:
+        import grpc
+        from google.protobuf import descriptor_pb2  # noqa: F401  (the extra's other half)
+    except ImportError as err:
+        raise AgentConfigError(f"api.grpc is set but the gRPC extra is not installed ({err})",
+                               hint=f"{INSTALL_HINT}, or remove api.grpc from the configuration") from err  # fmt: skip
+    return grpc
+
+
+def load_messages() -> dict[str, Any]:
+    """The service's message classes by short name (``ModelInferRequest``, ...), from the descriptor set."""
+    from google.protobuf import descriptor_pool, message_factory
+    from google.protobuf.descriptor_pb2 import FileDescriptorSet
+
+    data = resources.files("edgekit_runtime.agent").joinpath("proto/grpc_service.desc").read_bytes()
+    pool = descriptor_pool.DescriptorPool()  # private: a tritonclient in the same process has its own `inference`
+    for file_proto in FileDescriptorSet.FromString(data).file:
+        pool.Add(file_proto)
+    file = pool.FindFileByName("grpc_service.proto")
+    get_class = getattr(message_factory, "GetMessageClass", None)  # protobuf >= 4.21
+    if get_class is None:  # pragma: no cover - older protobuf
+        get_class = message_factory.MessageFactory(pool).GetPrototype
+    return {name: get_class(descriptor) for name, descriptor in file.message_types_by_name.items()}
+
+
+class OipGrpcServer:
+    """The gRPC server over the agent's :class:`ModelRepository`; ``start()`` / ``stop()``."""
+
+    def __init__(self, models: ModelRepository, config: GrpcConfig, api: ApiConfig) -> None:
+        self._grpc = _import_grpc()
+        self.models, self.config = models, config
+        self._max_message_bytes = api.max_request_bytes
+        self.messages = load_messages()
+        self._server: Any = None
+        self.bound_address: str | None = None
+
+    def start(self) -> OipGrpcServer:
+        grpc, m = self._grpc, self.messages
+        rpcs = {
+            "ServerLive": (self._server_live, m["ServerLiveRequest"]),
+            "ServerReady": (self._server_ready, m["ServerReadyRequest"]),
+            "ModelReady": (self._model_ready, m["ModelReadyRequest"]),
+            "ServerMetadata": (self._server_metadata, m["ServerMetadataRequest"]),
+            "ModelMetadata": (self._model_metadata, m["ModelMetadataRequest"]),
+            "ModelInfer": (self._model_infer, m["ModelInferRequest"]),
+        }
+        handlers = {name: grpc.unary_unary_rpc_method_handler(self._answering(method), request_deserializer=request.FromString,
+                                                              response_serializer=lambda message: message.SerializeToString())
+                    for name, (method, request) in rpcs.items()}  # fmt: skip
+        limit = self._max_message_bytes
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="edgekit-grpc"),
+                             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)])  # fmt: skip
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        listen = self.config.listen
+        target = f"unix:{listen.unix_path}" if listen.unix_path is not None else str(listen)
+        try:
+            port = server.add_insecure_port(target)
+        except RuntimeError as err:  # grpcio raises when it cannot bind
+            raise AgentConfigError(f"api.grpc.listen: cannot listen on {target} ({err})",
+                                   hint="pick a free port, or 127.0.0.1:0 for any") from err  # fmt: skip
+        server.start()
+        self._server = server
+        if listen.unix_path is not None:
+            self.bound_address = target
+        else:
+            host = f"[{listen.host}]" if listen.host and ":" in listen.host else listen.host
+            self.bound_address = f"{host}:{port}"
+        logger.info("Open Inference Protocol gRPC on %s", self.bound_address)
+        return self
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        if self._server is not None:
+            self._server.stop(grace_s).wait()
+            self._server = None
+
+    def _answering(self, method: Any) -> Any:
+        """``method`` with its :class:`OipError` turned into the matching gRPC status and message."""
+        codes = self._grpc.StatusCode
+
+        def call(request: Any, context: Any) -> Any:
+            try:
+                return method(request, context)
+            except OipError as err:
+                context.abort(getattr(codes, _STATUS_NAMES.get(err.status, "UNKNOWN")), err.message)
+
+        return call
+
+    # -- health and metadata ------------------------------------------------------------------------
+
+    def _server_live(self, request: Any, context: Any) -> Any:
+        return self.messages["ServerLiveResponse"](live=True)
+
+    def _server_ready(self, request: Any, context: Any) -> Any:
+        slots = self.models.slots()
+        return self.messages["ServerReadyResponse"](ready=bool(slots) and all(slot.ready for slot in slots))
+
+    def _model_ready(self, request: Any, context: Any) -> Any:
+        try:
+            ready = self._slot(request.name, request.version).ready
+        except OipError:
+            ready = False  # an unknown model or version is not ready, as /v2/.../ready's 400 / 404 to HTTP clients
+        return self.messages["ModelReadyResponse"](ready=ready)
+
+    def _server_metadata(self, request: Any, context: Any) -> Any:
+        return self.messages["ServerMetadataResponse"](name="edgekit-agent", version=AGENT_VERSION, extensions=list(EXTENSIONS))
+
+    def _model_metadata(self, request: Any, context: Any) -> Any:
+        slot = self._slot(request.name, request.version)
+        signature = slot.server.signature
+        if signature is None:
+            raise OipError(HTTPStatus.SERVICE_UNAVAILABLE, f"model '{request.name}' has no bundle loaded; deploy one to it")
+        response = self.messages["ModelMetadataResponse"](name=request.name, platform=PLATFORM,
+                                                          versions=[slot.version] if slot.version else [])  # fmt: skip
+        for specs, field in ((signature.inputs, response.inputs), (signature.outputs, response.outputs)):
+            for spec in specs:
+                field.add(name=spec.name, datatype=datatype_of(spec.dtype), shape=_shape(spec.shape))
+        return response
+
+    def _slot(self, name: str, version: str) -> ModelSlot:
+        slot = self.models.find(name)
+        if slot is None:
+            known = ", ".join(str(s.name) for s in self.models.slots() if s.name is not None) or "none"
+            raise OipError(HTTPStatus.NOT_FOUND, f"unknown model '{name}'; this agent serves: {known}")
+        if version and version != slot.version:
+            served = slot.version or "none (no bundle loaded)"
+            raise OipError(HTTPStatus.NOT_FOUND, f"model '{name}' has no version '{version}' loaded; it serves version "
+                           f"{served} (leave model_version empty for the served one)")  # fmt: skip
+        return slot
+
+    # -- inference ----------------------------------------------------------------------------------
+
+    def _model_infer(self, request: Any, context: Any) -> Any:
+        name = request.model_name
+        slot = self._slot(name, request.model_version)
+        feeds = _decode_inputs(request)
+        signature = slot.server.signature
+        wanted = [output.name for output in request.outputs]
+        if signature is not None:
+            for index, output in enumerate(wanted):
+                if output not in signature.output_names:
+                    raise OipError(HTTPStatus.BAD_REQUEST, f"outputs[{index}]: the model has no output '{output}'; "
+                                   f"its outputs: {', '.join(signature.output_names)}")  # fmt: skip
+        try:
+            result = slot.server.infer(feeds)
+        except InputSignatureError as err:
+            raise OipError(HTTPStatus.BAD_REQUEST, f"model '{name}': {err.message}" + (f"; {err.hint}" if err.hint else "")) from err
+        except NoModelError as err:
+            raise OipError(HTTPStatus.SERVICE_UNAVAILABLE, f"model '{name}' has no bundle loaded; {err.hint}") from err
+        except EdgekitError as err:
+            raise OipError(HTTPStatus.INTERNAL_SERVER_ERROR, f"model '{name}' failed to run: {err.message}") from err
+        response = self.messages["ModelInferResponse"](model_name=name, model_version=slot.version or "", id=request.id)
+        for key in wanted or result.outputs:
+            array = result.outputs[key]
+            datatype = datatype_of(array.dtype)
+            response.outputs.add(name=key, datatype=datatype, shape=array.shape)
+            response.raw_output_contents.append(np.ascontiguousarray(array, dtype=DATATYPES[datatype]).tobytes())
+        timing = result.timing
+        context.set_trailing_metadata((("x-edgekit-queue-ms", f"{timing.queue_ms:.4f}"),
+                                       ("x-edgekit-compute-ms", f"{timing.compute_ms:.4f}")))  # fmt: skip
+        return response
+
+
+def _decode_inputs(request: Any) -> dict[str, np.ndarray]:
+    """The request's input tensors: from ``raw_input_contents`` (one blob per input) or typed ``contents``."""
+    inputs, raw = request.inputs, request.raw_input_contents
+    if not inputs:
+        raise OipError(HTTPStatus.BAD_REQUEST, "the request has no inputs; send each of the model's inputs")
+    if raw and len(raw) != len(inputs):
+        raise OipError(HTTPStatus.BAD_REQUEST, f"raw_input_contents holds {len(raw)} blob(s) for {len(inputs)} input(s); "
+                       "send one per input, in the order of inputs")  # fmt: skip
+    feeds: dict[str, np.ndarray] = {}
+    for index, tensor in enumerate(inputs):
+        where = f"input '{tensor.name}'" if tensor.name else f"inputs[{index}]"
+        if not tensor.name:
+            raise OipError(HTTPStatus.BAD_REQUEST, f"{where} has no name")
+        if tensor.name in feeds:
+            raise OipError(HTTPStatus.BAD_REQUEST, f"{where} is given twice; send each input once")
+        if tensor.datatype not in DATATYPES:
+            raise OipError(HTTPStatus.BAD_REQUEST, f"{where}: datatype {tensor.datatype!r} is not supported; use one of "
+                           f"{', '.join(DATATYPES)} (BYTES and BF16 tensors are not served)")  # fmt: skip
+        shape = list(tensor.shape)
+        if any(dim < 0 for dim in shape):
+            raise OipError(HTTPStatus.BAD_REQUEST, f"{where}: shape must hold integers >= 0, got {shape}")
+        dtype = DATATYPES[tensor.datatype]
+        count = math.prod(shape)
+        if raw:
+            if tensor.HasField("contents"):
+                raise OipError(HTTPStatus.BAD_REQUEST, f"{where} has contents while the request has raw_input_contents; "
+                               "send every input one way")  # fmt: skip
+            blob = raw[index]
+            if len(blob) != count * dtype.itemsize:
+                raise OipError(HTTPStatus.BAD_REQUEST, f"{where}: raw_input_contents[{index}] holds {len(blob)} bytes, "
+                               f"{tensor.datatype}{shape} needs {count * dtype.itemsize}")  # fmt: skip
+            array = np.frombuffer(blob, dtype=dtype, count=count).reshape(shape)
+            feeds[tensor.name] = array if dtype.isnative else array.astype(dtype.newbyteorder("="))
+            continue
+        field = CONTENTS_FIELDS.get(tensor.datatype)
+        if field is None:
+            raise OipError(HTTPStatus.BAD_REQUEST, f"{where}: {tensor.datatype} has no typed contents; send it in raw_input_contents")
+        values = list(getattr(tensor.contents, field))
+        if not values and count:
+            raise OipError(HTTPStatus.BAD_REQUEST, f"{where}: no data; a {tensor.datatype} tensor's values go in contents.{field} "
+                           "(or every input's bytes in raw_input_contents)")  # fmt: skip
+        feeds[tensor.name] = _json_array(values, dtype.newbyteorder("="), shape, f"{where}: contents.{field}")
+    return feeds
