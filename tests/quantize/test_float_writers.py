@@ -340,4 +340,7 @@ def test_a_failed_opset_conversion_names_the_file_and_the_fix(small_model, tmp_p
     monkeypatch.setattr(onnx.version_converter, "convert_version", refuse)
     with pytest.raises(QuantizationError, match=r"fp32.onnx: converting the graph from opset 18 to 23 .* failed: no adapter for op Foo") as caught:
         write_float_format(path, tmp_path / "x.onnx", _plan(Precision.NVFP4), {"x": 1.0})
-    assert caught.value.hint == "export at opset 23 (recipe export.opset) so no conversion is needed"
+    assert caught.value.hint == (
+        "for a PyTorch model, export at opset 23 (recipe export.opset) so no conversion is needed; "
+        "an ONNX file must already be opset 23: upgrade it with the tool that produced it"
+    )
