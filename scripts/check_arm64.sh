@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The device side on the devices' architecture (issue 21): edgekit-runtime on aarch64, under emulation.
 #
-#  1. a Debian bookworm arm64 rootfs (scripts/arm64/rootfs.sh; cached, cold about 15-20 minutes);
+#  1. a Debian bookworm arm64 rootfs (scripts/arm64/rootfs.sh; cached; cold about 7 minutes on 2 cores);
 #  2. aarch64 wheels of edgekit-runtime's dependencies (scripts/arm64/requirements.txt; cached) and a
 #     wheel of edgekit-runtime built here from runtime/;
 #  3. digits-cnn bundles built here with .venv for raspberry-pi-5 and arm64-cpu at fp32 and int8,
@@ -120,6 +120,8 @@ fetch_wheels() {
         touch "$dir.partial/.complete"
         rm -rf "$dir"
         mv "$dir.partial" "$dir"
+        # wheels of an older list are stale
+        find "$cache/arm64-wheels" -mindepth 1 -maxdepth 1 ! -name "$key" -exec rm -rf {} +
     else
         echo "reusing $dir"
     fi

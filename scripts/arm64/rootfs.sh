@@ -37,7 +37,7 @@ fi
 work="$cache_root/.build-$key"
 rm -rf "$work"
 start=$SECONDS
-log "building $suite arm64 rootfs ($packages) from $mirror into $rootfs (cold: about 15-20 minutes on 2 cores)"
+log "building $suite arm64 rootfs ($packages) from $mirror into $rootfs (about 7-8 minutes on 2 cores)"
 if ! debootstrap --arch=arm64 --foreign --variant=minbase --include="$packages" \
         "$suite" "$work" "$mirror" >"$cache_root/.debootstrap-$key.log" 2>&1; then
     log "FAIL: debootstrap first stage failed (mirror $mirror reachable?); last lines of the log:"
