@@ -456,8 +456,13 @@ class AgentService:
         return None if served is None else BundleRef(served.bundle_id[:128], served.manifest_sha256)
 
     def _served_changed(self, served: object) -> None:
+        identity = self.identity
+        if identity is not None and served is not None:  # a model loaded: onnxruntime (and its providers) now imported
+            self.identity = identity.with_onnxruntime_providers()
         if self._link is not None:
             self._link.set_bundle(self._bundle_ref())
+            if self.identity is not identity:
+                self._link.set_status_fields(identity=self.identity.to_dict())
 
     def _problem(self, code: str, message: str) -> None:
         with self._problems_lock:

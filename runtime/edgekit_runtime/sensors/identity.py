@@ -14,7 +14,9 @@ Read once when the agent starts (:func:`read_identity`), from files under an inj
   (``CUDA Version 10.2.300``);
 * TensorRT: the ``tensorrt`` Python distribution, else the ``tensorrt`` / ``libnvinfer<N>`` package in
   ``var/lib/dpkg/status``, else the newest ``libnvinfer.so.<version>`` in the multiarch library folders;
-* ONNX Runtime: the ``onnxruntime`` (or ``onnxruntime-gpu``) distribution and its available providers;
+* ONNX Runtime: the ``onnxruntime`` (or ``onnxruntime-gpu``) distribution's metadata, and its available
+  providers once the process has imported ``onnxruntime`` (:meth:`DeviceIdentity.with_onnxruntime_providers`
+  fills them in after a model has loaded; ``import_onnxruntime=True`` imports it to list them at once);
 * CPU: ``proc/cpuinfo`` (``processor`` entries, ``model name`` or the Arm implementer/part, ISA flags
   among :data:`ISA_FLAGS_OF_INTEREST`); memory: ``MemTotal`` of ``proc/meminfo``;
 * NVIDIA GPU on a PC or server: ``Model:`` in ``proc/driver/nvidia/gpus/<bus id>/information``.
@@ -29,8 +31,9 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +83,11 @@ class PythonEnvironment:
     onnxruntime_providers: Callable[[], list[str]]
 
     @classmethod
-    def this_process(cls) -> PythonEnvironment:
-        return cls(_installed_version, _ort_providers)
+    def this_process(cls, *, import_onnxruntime: bool = False) -> PythonEnvironment:
+        """This process's distributions, versions from their metadata. ONNX Runtime's providers are listed only
+        once ``onnxruntime`` has been imported (a model loaded) unless ``import_onnxruntime``: importing it just
+        to list them would cost an idle agent about 24 MB of RSS (onnxruntime and numpy)."""
+        return cls(_installed_version, _ort_providers if import_onnxruntime else _imported_ort_providers)
 
     @classmethod
     def empty(cls) -> PythonEnvironment:
@@ -103,6 +109,12 @@ def _ort_providers() -> list[str]:
     except ImportError:
         return []
     return list(onnxruntime.get_available_providers())
+
+
+def _imported_ort_providers() -> list[str]:
+    """The providers of an ``onnxruntime`` this process has already imported; ``[]`` while it has not."""
+    providers = getattr(sys.modules.get("onnxruntime"), "get_available_providers", None)  # None mid-import too
+    return list(providers()) if providers is not None else []
 
 
 @dataclass(frozen=True)
@@ -132,6 +144,14 @@ class DeviceIdentity:
     gpu_name: str | None
     notes: tuple[str, ...] = field(default=())  # what could not be read or looked odd
 
+    def with_onnxruntime_providers(self, python: PythonEnvironment | None = None) -> DeviceIdentity:
+        """This identity with ONNX Runtime's providers filled in, when they were not known as it was read
+        (``onnxruntime`` not yet imported) and are now; else this identity itself."""
+        if self.onnxruntime is None or self.onnxruntime_providers:
+            return self
+        providers = tuple((python or PythonEnvironment.this_process()).onnxruntime_providers())
+        return replace(self, onnxruntime_providers=providers) if providers else self
+
     def to_dict(self) -> dict[str, Any]:
         """The status message's ``identity`` object (see ``status.v1.json``; strings cut to its bounds)."""
         return {
@@ -153,11 +173,16 @@ def _cut(text: str | None, limit: int = 256) -> Any:
     return text if text is None or len(text) <= limit else text[: limit - 1] + "…"
 
 
-def read_identity(root: Path = Path("/"), *, python: PythonEnvironment | None = None) -> DeviceIdentity:
-    """The identity of the machine whose filesystem is at ``root``; never raises for missing files."""
+def read_identity(root: Path = Path("/"), *, python: PythonEnvironment | None = None,
+                  import_onnxruntime: bool = False) -> DeviceIdentity:
+    """The identity of the machine whose filesystem is at ``root``; never raises for missing files.
+    ``import_onnxruntime``: for the live root, import ``onnxruntime`` to list its providers (see
+    :meth:`PythonEnvironment.this_process`)."""
     root = Path(root)
-    if python is None:
-        python = PythonEnvironment.this_process() if root == Path("/") else PythonEnvironment.empty()
+    if python is None and root != Path("/"):
+        python = PythonEnvironment.empty()
+    elif python is None:
+        python = PythonEnvironment.this_process(import_onnxruntime=import_onnxruntime)
     notes: list[str] = []
     board, board_source = _read_board(root)
     compatible = _read_compatible(root)

@@ -190,9 +190,10 @@ class DeviceReport:
 
 
 def inspect_device(root: Path = Path("/"), *, python: PythonEnvironment | None = None) -> DeviceReport:
-    """Identity, power mode and target of the machine whose filesystem is at ``root``."""
+    """Identity, power mode and target of the machine whose filesystem is at ``root`` (for the live root,
+    ``onnxruntime`` is imported to list its providers)."""
     reader = PowerModeReader(root)
-    identity = read_identity(root, python=python)
+    identity = read_identity(root, python=python, import_onnxruntime=True)
     return DeviceReport(identity, reader.read(), detect_target(identity, reader.config))
 
 

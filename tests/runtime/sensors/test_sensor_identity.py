@@ -126,6 +126,41 @@ def test_python_environment_is_only_the_live_roots_unless_given() -> None:
     assert (identity.tensorrt, identity.tensorrt_source) == ("10.3.0", "python tensorrt")  # the module wins over dpkg
 
 
+ONNX_RUNTIME_CHILD = """
+import json, sys
+from pathlib import Path
+from edgekit_runtime.sensors.identity import PythonEnvironment, read_identity
+root = Path(sys.argv[1])
+identity = read_identity(root, python=PythonEnvironment.this_process())  # what the agent reads at start
+imported_at_start = sorted(name for name in ("onnxruntime", "numpy") if name in sys.modules)
+import onnxruntime  # what loading a model does
+later = identity.with_onnxruntime_providers()
+print(json.dumps({"imported_at_start": imported_at_start, "version": identity.onnxruntime,
+                  "providers_at_start": list(identity.onnxruntime_providers),
+                  "providers_later": list(later.onnxruntime_providers), "same_after": later.with_onnxruntime_providers() is later,
+                  "on_request": list(read_identity(root, python=PythonEnvironment.this_process(import_onnxruntime=True))
+                                     .onnxruntime_providers),
+                  "module": {"version": onnxruntime.__version__, "providers": onnxruntime.get_available_providers()}}))
+"""
+
+
+def test_onnxruntime_is_not_imported_to_read_the_identity() -> None:
+    """Importing onnxruntime (and numpy) at agent start only to report it cost an idle agent about 24 MB of RSS:
+    its version comes from the distribution's metadata, its providers once a model has imported it."""
+    import json
+    import subprocess
+    import sys
+
+    child = subprocess.run([sys.executable, "-c", ONNX_RUNTIME_CHILD, str(IDENTITY / "x86_server")], capture_output=True,
+                           text=True, timeout=120, check=True)  # fmt: skip
+    report = json.loads(child.stdout)
+    module = report["module"]
+    assert report["imported_at_start"] == []
+    assert report["version"] == module["version"] and report["providers_at_start"] == []
+    assert report["providers_later"] == module["providers"] and "CPUExecutionProvider" in module["providers"]
+    assert report["same_after"] is True and report["on_request"] == module["providers"]
+
+
 def test_l4t_fallbacks_and_an_unknown_release(identity_root) -> None:
     root = identity_root("jetson_orin_nano_jp61")
     # A first line that is not a release line: the nvidia-l4t-core package decides.
