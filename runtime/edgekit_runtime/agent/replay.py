@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -78,10 +79,15 @@ class Refusal:
     message: str
 
 
+_FRACTION = re.compile(r"\.([0-9]{1,6})(?=[+-]|$)")
+
+
 def parse_issued_at(text: str) -> float:
     """Seconds since the epoch of a ``command.v1`` ``issued_at`` (``2026-01-02T03:04:05.123Z``)."""
+    # Python 3.10's fromisoformat takes a fraction of exactly 3 or 6 digits; the schema allows 1 to 6.
+    normalised = _FRACTION.sub(lambda match: "." + match.group(1).ljust(6, "0"), text.replace("Z", "+00:00"), count=1)
     try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        parsed = datetime.fromisoformat(normalised)
     except ValueError as err:
         raise ReplayError(f"issued_at {text[:40]!r} is not a UTC time", hint="use e.g. 2026-01-02T03:04:05Z") from err
     if parsed.tzinfo is None:
