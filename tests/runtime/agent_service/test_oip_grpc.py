@@ -164,6 +164,10 @@ def test_malformed_requests_are_invalid_argument(agent: AgentService) -> None:
             with pytest.raises(grpc.RpcError) as info:
                 stub.ModelInfer(request, timeout=20)
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and fragment in info.value.details()
+        statistics = channel.unary_unary("/inference.GRPCInferenceService/ModelStatistics")  # not served
+        with pytest.raises(grpc.RpcError) as info:
+            statistics(b"", timeout=20)
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 def test_messages_match_tritons_field_for_field() -> None:
