@@ -219,3 +219,17 @@ def test_grpc_is_off_by_default_and_refuses_a_non_loopback_address(agent_config:
         load_config(agent_config(api={"address": "127.0.0.1:0", "grpc": {"listen": "0.0.0.0:8001"}}))
     with pytest.raises(AgentConfigError, match="api.grpc.port: is not a known key"):
         load_config(agent_config(api={"address": "127.0.0.1:0", "grpc": {"port": 8001}}))
+
+
+def test_the_grpc_server_stops_with_the_agent(agent_config: Callable[..., Path]) -> None:
+    path = agent_config(api={"address": "127.0.0.1:0", "grpc": {"listen": "127.0.0.1:0"}})
+    with AgentService(load_config(path)) as service:
+        address = service.grpc.bound_address
+        with grpc.insecure_channel(address) as channel:
+            live = service_pb2_grpc.GRPCInferenceServiceStub(channel).ServerLive(service_pb2.ServerLiveRequest(), timeout=20)
+            assert live.live
+            ready = service_pb2_grpc.GRPCInferenceServiceStub(channel).ServerReady(service_pb2.ServerReadyRequest(), timeout=20)
+            assert not ready.ready  # no bundle installed
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as info:
+        service_pb2_grpc.GRPCInferenceServiceStub(channel).ServerLive(service_pb2.ServerLiveRequest(), timeout=5)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
