@@ -20,6 +20,13 @@ that do not match the signature (with the expected ``signature``), 408 for a cli
 its request, 413 for a body over the limit, 431 for headers over the limit, 503 without a model or
 with every connection slot taken, 500 when the model fails to run.
 
+A request is checked before any endpoint sees it, and refused (the connection then closed, since its
+framing cannot be trusted) in that same format, or the Open Inference Protocol's under ``/v2``: 400
+for a request line that is not ``METHOD /path HTTP/1.x`` (HTTP/0.9's ``GET /`` included), a header
+line without a colon, an obsolete folded header, or a Content-Length that is not one non-negative
+decimal number; 411 for a chunked body (send its Content-Length), 501 for another transfer coding or
+a method other than GET and POST, 505 for HTTP/2 and later.
+
 Replies are valid JSON: a NaN or infinite output value is written as the string ``"NaN"``,
 ``"Infinity"`` or ``"-Infinity"`` (what ``float()``, numpy's ``np.array(data, dtype=...)`` and
 JavaScript's ``Number()`` read back exactly; Triton's bare ``NaN`` tokens are not JSON), and the reply
@@ -46,6 +53,7 @@ import json
 import logging
 import math
 import os
+import re
 import socket
 import socketserver
 import threading
@@ -84,6 +92,12 @@ _FIRST_BODY_BUFFER_BYTES = 64 * 1024
 #: how often the server closes connections that ran past a deadline
 _REAP_INTERVAL_S = 0.25
 _NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
+#: a header line: a token (RFC 9110 5.6.2), then a colon with no whitespace before it
+_HEADER_LINE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+:")
+_METHODS = ("GET", "POST")
+#: http.server's own refusals (parse_request) -> the API's error kinds
+_REFUSAL_KINDS = {HTTPStatus.BAD_REQUEST: "bad_request", HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE: "headers_too_large",
+                  HTTPStatus.HTTP_VERSION_NOT_SUPPORTED: "http_version_not_supported"}  # fmt: skip
 
 
 def _json_canned(status: HTTPStatus, kind: str, message: str, hint: str) -> bytes:
@@ -154,6 +168,25 @@ class _Handler(BaseHTTPRequestHandler):
         payload = {"error": err.kind, "message": err.message, "hint": err.hint, **err.extra}
         self._send_json(err.status, payload)
 
+    def _refuse(self, err: _ApiError) -> None:
+        """Answer a request refused before any endpoint saw it, then close the connection (its framing cannot
+        be trusted): in the API's error format, or the Open Inference Protocol's for a path under ``/v2``."""
+        if self.request_version == "HTTP/0.9":  # http.server writes no status line nor headers for HTTP/0.9
+            self.request_version = "HTTP/1.1"
+        if self._is_v2():
+            payload: dict[str, Any] = {"error": err.message + (f"; {err.hint}" if err.hint else "")}
+        else:
+            payload = {"error": err.kind, "message": err.message, "hint": err.hint}
+        self._send_json(err.status, payload, {"Connection": "close"})  # sets close_connection
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (parse_request: request version, too many or too long headers) in the
+        API's JSON format, always with a status line."""
+        status = HTTPStatus(code)
+        hint = "send 'METHOD /path HTTP/1.1', then one 'Name: value' line per header"
+        self._refuse(_ApiError(status, _REFUSAL_KINDS.get(status, "bad_request"), message or status.phrase,
+                               hint=explain or hint))  # fmt: skip
+
     def handle_one_request(self) -> None:
         """One request: wait (idle timeout) for its first byte, read the request line and headers within
         the header limits, then the ``do_*`` method. Deadlines are enforced by the server's reaper.
@@ -171,11 +204,12 @@ class _Handler(BaseHTTPRequestHandler):
             if not self._read_request_head():
                 self.close_connection = True
                 return
-            method = getattr(self, f"do_{self.command}", None)
-            if method is None:
-                self.send_error(HTTPStatus.NOT_IMPLEMENTED, f"Unsupported method ({self.command!r})")
+            if self.command not in _METHODS:
+                self._refuse(_ApiError(HTTPStatus.NOT_IMPLEMENTED, "method_not_implemented",
+                                       f"method {self.command[:32]!r} is not implemented",
+                                       hint=f"this API answers {' and '.join(_METHODS)}"))  # fmt: skip
                 return
-            method()
+            getattr(self, f"do_{self.command}")()
             self.wfile.flush()
         except (TimeoutError, OSError) as err:  # idle timeout, a deadline's shutdown, or the client went away
             logger.debug("API connection from %s closed: %s", self.address_string(), err)
@@ -187,6 +221,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Read the request line and headers (at most ``max_header_bytes``) and parse them; False when
         the connection is to be closed (an error was answered, or the client went away)."""
         self.command, self.request_version, self.requestline = None, "HTTP/1.1", ""  # type: ignore[assignment]
+        self.path = ""
         limit = self.api.max_header_bytes
         lines: list[bytes] = []
         size = 0
@@ -201,15 +236,28 @@ class _Handler(BaseHTTPRequestHandler):
                 return False
             if not line.endswith(b"\n"):
                 return False  # the client closed the connection mid-request
+            if not lines and line in (b"\r\n", b"\n"):
+                continue  # empty lines before a request line are ignored (RFC 9112 2.2)
             lines.append(line)
             if line in (b"\r\n", b"\n"):
                 break
+        problem = _malformed_head(lines)
+        if problem is not None:
+            self._refuse(problem)
+            return False
         self.raw_requestline = lines[0]
         socket_file, self.rfile = self.rfile, io.BytesIO(b"".join(lines[1:]))
         try:
-            return bool(self.parse_request())  # answers 400 / 431 / 505 itself when it returns False
+            if not self.parse_request():  # answers 400 / 431 / 505 itself (send_error) when it returns False
+                return False
         finally:
             self.rfile = socket_file
+        problem = _unreadable_framing(self.headers.get_all("Content-Length") or [],
+                                      self.headers.get_all("Transfer-Encoding") or [])  # fmt: skip
+        if problem is not None:
+            self._refuse(problem)
+            return False
+        return True
 
     def _dispatch(self, routes: dict[str, Callable[[], None]]) -> None:
         path = self.path.split("?", 1)[0]
@@ -238,6 +286,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         self._body_read = True
+        if self.headers.get("Content-Length", "0") != "0":
+            self.close_connection = True  # a GET's body is never read: the connection cannot carry another request
         if self._is_v2():
             self._dispatch_v2()
             return
@@ -288,6 +338,50 @@ class _Handler(BaseHTTPRequestHandler):
         self._body_read = True
         self.server.clear_deadline(self.connection)  # type: ignore[attr-defined]  # inference has no deadline
         return body
+
+
+def _malformed_head(lines: list[bytes]) -> _ApiError | None:
+    """Why a request line and headers cannot be parsed as HTTP/1.x; ``None`` when they can. http.server
+    takes a two-word request line for HTTP/0.9 and reads a header line without a colon as the body's start."""
+    request_line = lines[0].rstrip(b"\r\n")
+    shown = request_line[:80].decode("latin-1")
+    words = request_line.split()
+    if len(words) != 3 or not words[2].startswith(b"HTTP/"):
+        return _ApiError(HTTPStatus.BAD_REQUEST, "bad_request_line",
+                         f"malformed request line {shown!r}: expected 3 words, METHOD /path HTTP/1.1",
+                         hint="HTTP/0.9 and request targets with spaces are not accepted; percent-encode spaces as %20")  # fmt: skip
+    for line in lines[1:-1]:
+        shown = line.rstrip(b"\r\n")[:80].decode("latin-1")
+        if line[:1] in (b" ", b"\t"):
+            return _ApiError(HTTPStatus.BAD_REQUEST, "bad_header", f"header line {shown!r} is folded onto the one "
+                             "before (obsolete line folding)", hint="send each header on one line")  # fmt: skip
+        if not _HEADER_LINE.match(line):
+            return _ApiError(HTTPStatus.BAD_REQUEST, "bad_header", f"header line {shown!r} is not 'Name: value'",
+                             hint="a header is a name (no spaces), a colon right after it, then its value")  # fmt: skip
+    return None
+
+
+def _unreadable_framing(lengths: list[str], codings: list[str]) -> _ApiError | None:
+    """Why a request's body cannot be delimited as this API reads bodies (one Content-Length); ``None`` when
+    it can. A wrong guess would read the next request from the body, or the body as the next request."""
+    if codings:
+        coding = ", ".join(codings)[:80]
+        if coding.rsplit(",", 1)[-1].strip().lower() == "chunked":
+            return _ApiError(HTTPStatus.LENGTH_REQUIRED, "length_required",
+                             f"chunked transfer encoding (Transfer-Encoding: {coding}) is not supported",
+                             hint="send the body whole, with a Content-Length header of its size in bytes")  # fmt: skip
+        return _ApiError(HTTPStatus.NOT_IMPLEMENTED, "transfer_encoding_not_implemented",
+                         f"transfer coding {coding!r} is not implemented",
+                         hint="send the body as it is, with a Content-Length header of its size in bytes")  # fmt: skip
+    if len(lengths) > 1:
+        return _ApiError(HTTPStatus.BAD_REQUEST, "bad_content_length",
+                         f"{len(lengths)} Content-Length headers ({', '.join(v[:20] for v in lengths[:4])}); send one",
+                         hint="a request carries one Content-Length: its body's size in bytes")  # fmt: skip
+    if lengths and not (lengths[0].isascii() and lengths[0].isdigit()):
+        return _ApiError(HTTPStatus.BAD_REQUEST, "bad_content_length",
+                         f"Content-Length {lengths[0][:40]!r} is not a non-negative decimal number of bytes",
+                         hint="a request carries one Content-Length: its body's size in bytes")  # fmt: skip
+    return None
 
 
 # -- endpoints --------------------------------------------------------------------------------------------

@@ -182,10 +182,11 @@ def _infer(handler: _Handler, name: str, version: str) -> None:
     body = handler.read_body()
     view = memoryview(body)
     if header_length_text is not None:
-        if not header_length_text.strip().isdigit() or int(header_length_text) > len(body):
+        digits = header_length_text.strip()
+        if not (digits.isascii() and digits.isdigit()) or int(digits) > len(body):  # "²" is a digit int() refuses
             raise OipError(HTTPStatus.BAD_REQUEST, f"{HEADER_LENGTH} {header_length_text!r} must be an integer no larger than "
                            f"the body ({len(body)} bytes): the size of the JSON header before the binary tensor data")  # fmt: skip
-        header_length = int(header_length_text)
+        header_length = int(digits)
     else:
         header_length = len(body)
     try:

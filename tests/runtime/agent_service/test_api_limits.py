@@ -164,6 +164,92 @@ def test_malformed_requests_answer_400_with_the_reason(server: InferenceServer, 
         assert status == 400 and payload["error"] == "input_signature" and fragment in payload["message"], payload
 
 
+def exchange(api: AgentApi, request: bytes) -> tuple[int, dict, bool]:
+    """Send raw bytes; the reply's status and JSON body, and whether the agent then closed the connection."""
+    with connect(api) as sock:
+        sock.sendall(request)
+        response = http.client.HTTPResponse(sock)
+        response.begin()  # a reply without a status line (http.server's HTTP/0.9 answers) fails here
+        assert response.getheader("Content-Type") == "application/json", response.getheaders()
+        payload = json.loads(response.read())
+        closed = response.getheader("Connection") == "close" and sock.recv(1) == b""
+        return response.status, payload, closed
+
+
+GET_HEALTH = b"GET /v1/health HTTP/1.1\r\nHost: x\r\n"
+POST_INFER = b"POST /v1/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+LENGTH_HINT = "a request carries one Content-Length: its body's size in bytes"
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "kind", "fragment"),
+    [
+        (b"GET /v1/health HTTP/1.1 and more\r\nHost: x\r\n\r\n", 400, "bad_request_line",
+         "malformed request line 'GET /v1/health HTTP/1.1 and more': expected 3 words, METHOD /path HTTP/1.1"),
+        (b"GET /v1/health\r\n\r\n", 400, "bad_request_line", "malformed request line 'GET /v1/health'"),
+        (b"GET /v1/my health HTTP/1.1\r\n\r\n", 400, "bad_request_line", "expected 3 words"),
+        (b"GET /v1/health FTP/1.1\r\n\r\n", 400, "bad_request_line", "malformed request line 'GET /v1/health FTP/1.1'"),
+        (b"BREW /v1/health HTTP/1.1\r\nHost: x\r\n\r\n", 501, "method_not_implemented", "method 'BREW' is not implemented"),
+        (b"get /v1/health HTTP/1.1\r\nHost: x\r\n\r\n", 501, "method_not_implemented", "method 'get' is not implemented"),
+        (b"GET /v1/health HTTP/1.x\r\n\r\n", 400, "bad_request", "Bad request version ('HTTP/1.x')"),
+        (b"GET /v1/health HTTP/2.0\r\n\r\n", 505, "http_version_not_supported", "Invalid HTTP version (2.0)"),
+        (GET_HEALTH + b"X-Token abc\r\n\r\n", 400, "bad_header", "header line 'X-Token abc' is not 'Name: value'"),
+        (GET_HEALTH + b"X-Token : abc\r\n\r\n", 400, "bad_header", "header line 'X-Token : abc' is not 'Name: value'"),
+        (GET_HEALTH + b"X-Token: abc\r\n def\r\n\r\n", 400, "bad_header", "' def' is folded onto the one before"),
+        (POST_INFER + b"Content-Length: -1\r\n\r\n", 400, "bad_content_length",
+         "Content-Length '-1' is not a non-negative decimal number of bytes"),
+        (POST_INFER + b"Content-Length: 1e3\r\n\r\n", 400, "bad_content_length", "Content-Length '1e3' is not"),
+        (POST_INFER + b"Content-Length: 2, 2\r\n\r\n{}", 400, "bad_content_length", "Content-Length '2, 2' is not"),
+        (POST_INFER + b"Content-Length: 2\r\nContent-Length: 2\r\n\r\n{}", 400, "bad_content_length",
+         "2 Content-Length headers (2, 2); send one"),
+        (GET_HEALTH + b"Content-Length: x\r\n\r\n", 400, "bad_content_length", "Content-Length 'x' is not"),
+        (POST_INFER + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 411, "length_required",
+         "chunked transfer encoding (Transfer-Encoding: chunked) is not supported"),
+        (POST_INFER + b"Transfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 411,
+         "length_required", "chunked transfer encoding"),  # never the Content-Length instead (request smuggling)
+        (POST_INFER + b"Transfer-Encoding: gzip\r\nContent-Length: 2\r\n\r\n{}", 501, "transfer_encoding_not_implemented",
+         "transfer coding 'gzip' is not implemented"),
+    ],
+    ids=["extra-words", "http-0.9", "space-in-path", "not-http", "unknown-method", "lowercase-method", "bad-version",
+         "http-2", "header-without-colon", "space-before-colon", "folded-header", "negative-length", "float-length",
+         "list-length", "duplicate-length", "get-bad-length", "chunked", "chunked-and-length", "gzip-coding"],
+)  # fmt: skip
+def test_malformed_http_is_refused_with_a_status_and_the_reason(server: InferenceServer, request_bytes: bytes, status: int,
+                                                                kind: str, fragment: str) -> None:  # fmt: skip
+    with AgentApi(server, "127.0.0.1:0") as api:
+        got, payload, closed = exchange(api, request_bytes)
+        assert (got, payload["error"]) == (status, kind) and fragment in payload["message"], payload
+        assert payload["hint"], payload
+        assert closed  # the request's framing cannot be trusted: nothing more is read from the connection
+        assert AgentClient(api.bound_address).health()["status"] == "ok"
+
+
+def test_refusals_under_v2_use_the_open_inference_protocols_error_object(server: InferenceServer) -> None:
+    with AgentApi(server, "127.0.0.1:0") as api:
+        status, payload, closed = exchange(api, b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\n"
+                                                b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n")  # fmt: skip
+        assert (status, closed) == (411, True)
+        assert payload == {"error": "chunked transfer encoding (Transfer-Encoding: chunked) is not supported; send the "
+                                    "body whole, with a Content-Length header of its size in bytes"}  # fmt: skip
+        status, payload, _ = exchange(api, b"DELETE /v2/models/tiny HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status == 501 and payload["error"].startswith("method 'DELETE' is not implemented; this API answers GET and POST")
+
+
+def test_well_formed_edge_cases_are_served(server: InferenceServer) -> None:
+    with AgentApi(server, "127.0.0.1:0") as api, connect(api) as sock:
+        # empty lines before a request line are skipped (RFC 9112 2.2); HTTP/1.0 is answered
+        sock.sendall(b"\r\n\r\n" + GET_HEALTH + b"\r\n")
+        status, payload = reply(sock)
+        assert (status, payload["status"]) == (200, "ok")
+        sock.sendall(b"GET /v1/health HTTP/1.0\r\n\r\n")
+        assert reply(sock)[0] == 200
+    with AgentApi(server, "127.0.0.1:0") as api, connect(api) as sock:
+        # a GET's body is never read, so its connection is closed after the reply rather than reading the body as
+        # the next request
+        sock.sendall(GET_HEALTH + b"Content-Length: 40\r\n\r\nGET /v1/stats HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert reply(sock)[0] == 200 and sock.recv(1) == b""
+
+
 def test_a_binary_header_with_an_absurd_shape_answers_400(server: InferenceServer) -> None:
     header = json.dumps({"tensors": [{"name": "image", "dtype": "float32", "shape": [0, 10**30], "offset": 0, "nbytes": 0}]}).encode()
     header += b" " * (-(8 + len(header)) % 8)
