@@ -163,7 +163,11 @@ def test_every_fleet_module_and_hook_adds_its_subcommand(monkeypatch: pytest.Mon
     monkeypatch.setattr(fleet_cli, "_EXTRA_SUBCOMMANDS", {})
     fleet_cli.register_subcommand("hello", add_hello)
     fleet_commands = _subcommands(_subcommands(build_parser())["fleet"])
-    assert set(fleet_commands) == {"collect", "status", "report", "up", "simulate", "dashboard", "deploy", "hello"}
+    assert set(fleet_commands) == {"collect", "status", "report", "up", "simulate", "dashboard", "deploy", "calibrate",
+                                   "hello"}  # fmt: skip
+    # each of FLEET_SUBCOMMAND_MODULES adds its own (fleet_calibrate: calibrate), in --help order after the built-in ones
+    modules = [name.removeprefix("edgekit.cli.fleet_") for name in fleet_cli.FLEET_SUBCOMMAND_MODULES]
+    assert list(fleet_commands)[-len(modules) - 1 : -1] == modules
     assert build_parser().parse_args(["fleet", "hello"]).fleet_command == "hello"
 
 
