@@ -233,6 +233,13 @@ def test_refusals_under_v2_use_the_open_inference_protocols_error_object(server:
                                     "body whole, with a Content-Length header of its size in bytes"}  # fmt: skip
         status, payload, _ = exchange(api, b"DELETE /v2/models/tiny HTTP/1.1\r\nHost: x\r\n\r\n")
         assert status == 501 and payload["error"].startswith("method 'DELETE' is not implemented; this API answers GET and POST")
+        # "\xb2" (latin-1 "²") is a digit to str.isdigit() that int() refuses: a 400, not a 500
+        host, port = api.bound_address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"POST /v2/models/tiny-linear-x86-64-cpu-fp32/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+                         b"Inference-Header-Content-Length: \xb2\r\n\r\n{}")  # fmt: skip
+            status, payload = reply(sock)
+        assert status == 400 and payload["error"].startswith("Inference-Header-Content-Length '²' must be an integer"), payload
 
 
 def test_well_formed_edge_cases_are_served(server: InferenceServer) -> None:
