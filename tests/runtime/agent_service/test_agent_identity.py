@@ -70,3 +70,47 @@ def test_status_and_health_carry_identity_and_follow_the_power_mode(agent_config
         listener.close()
     offline = listener.next("status", lambda m: m["state"] == "offline")
     assert offline["target"]["name"] == "jetson-orin-nano-super" and offline["power_mode"]["name"] == "7W"
+
+
+def test_onnxruntime_providers_are_reported_once_a_model_has_loaded(agent_config: Callable[..., Path], tmp_path: Path,
+                                                                    signed_bundle: Callable[..., Path],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The identity is read at start without importing onnxruntime (its version from the distribution's metadata),
+    so its providers come once a model has loaded it: in /v1/health and in the retained status."""
+    import onnxruntime
+
+    from edgekit_runtime.agent import service as service_module
+    from edgekit_runtime.agent.cli import main as agent_main
+    from edgekit_runtime.sensors.identity import PythonEnvironment, read_identity
+
+    # what the live root reads before onnxruntime is imported: a version, no providers yet (a fixture tree, not /)
+    metadata_only = PythonEnvironment(lambda name: "1.20.1" if name == "onnxruntime" else None, list)
+    monkeypatch.setattr(service_module, "read_identity", lambda root: read_identity(root, python=metadata_only))
+    fleet, device = f"fleet-{uuid.uuid4().hex[:10]}", f"dev-{uuid.uuid4().hex[:10]}"
+    listener = Listener(fleet, device)
+    config = load_config(agent_config(
+        fleet=fleet, device_id=device, broker={"url": "mqtt://127.0.0.1:1883", "keepalive_s": 10},
+        power={"sensor": "none", "root": str(IDENTITY / "x86_server")},
+        telemetry={"interval_s": 60, "spool": {"path": str(tmp_path / "spool.db")}},
+    ))  # fmt: skip
+    try:
+        service = AgentService(config).start()
+        try:
+            health = AgentClient(service.api_address).health()
+            assert health["status"] == "no_model"
+            assert health["identity"]["onnxruntime"] == {"version": "1.20.1", "providers": []}
+        finally:
+            service.stop()
+        assert agent_main(["install", str(signed_bundle("tiny-a")), "--config", str(config.source)]) == 0
+        service = AgentService(config).start()
+        try:
+            providers = onnxruntime.get_available_providers()
+            assert "CPUExecutionProvider" in providers
+            online = listener.next("status", lambda m: m["state"] == "online" and m.get("bundle") is not None)
+            validate_message(online, "status.v1")
+            assert online["identity"]["onnxruntime"] == {"version": "1.20.1", "providers": providers}
+            assert AgentClient(service.api_address).health()["identity"]["onnxruntime"]["providers"] == providers
+        finally:
+            service.stop()
+    finally:
+        listener.close()
