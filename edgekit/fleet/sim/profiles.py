@@ -4,8 +4,8 @@ Every number here is SYNTHETIC: a plausible figure for demos and load tests, nev
 A profile is derived from a :class:`~edgekit.target.TargetProfile` like this:
 
 * **latency**: a reference workload of :data:`REFERENCE_WORK_GOP` (about one ResNet-50 inference)
-  on :data:`PEAK_UTILISATION` of the target's best dense peak throughput (a sparse figure counts
-  half); CPU-only targets without a vendor peak get :data:`CPU_GOPS_PER_CORE` per core. p50 is
+  on :data:`PEAK_UTILISATION` of the target's best dense accelerator peak throughput (a sparse figure
+  counts half); CPU-only targets (CPU peaks are not used) get :data:`CPU_GOPS_PER_CORE` per core. p50 is
   clamped to at least :data:`MIN_LATENCY_MS`; the spread is log-normal (``latency_sigma``).
 * **rate**: at full load a device runs inferences :data:`BUSY_SHARE` of the time (at most
   :data:`MAX_INFERENCES_PER_S` a second); load follows a daily cycle per device.
@@ -53,6 +53,8 @@ def _effective_gops(target: TargetProfile) -> tuple[float, str | None]:
     """(usable GOPS, the power mode the peak figure is quoted at)."""
     best, mode = 0.0, None
     for peak in target.peak_throughput:
+        if peak.engine == "cpu":  # PEAK_UTILISATION is an accelerator's share; CPUs use CPU_GOPS_PER_CORE
+            continue
         dense = peak.value * (0.5 if peak.sparse else 1.0) * 1000.0
         if dense > best:
             best, mode = dense, peak.power_mode
