@@ -26,19 +26,24 @@ console = Console(stderr=True, highlight=False)
 PIPED_WIDTH = 1000
 
 
-def _stdout_is_terminal() -> bool:
+def _is_terminal(stream: Any) -> bool:
     try:
-        return sys.stdout.isatty()
+        return bool(stream.isatty())
     except (AttributeError, ValueError):  # a closed or odd stream
         return False
 
 
-def results_width() -> int | None:
-    """Columns for results: ``COLUMNS`` when set, else the terminal's (None: rich asks it), else :data:`PIPED_WIDTH`."""
+def _stdout_is_terminal() -> bool:
+    return _is_terminal(sys.stdout)
+
+
+def results_width(stream: Any = None) -> int | None:
+    """Columns for results written to ``stream`` (stdout by default): ``COLUMNS`` when set, else the terminal's
+    (None: rich asks it), else :data:`PIPED_WIDTH`."""
     columns = os.environ.get("COLUMNS", "")
     if columns.isdigit() and int(columns) > 0:
         return int(columns)
-    return None if _stdout_is_terminal() else PIPED_WIDTH
+    return None if _is_terminal(sys.stdout if stream is None else stream) else PIPED_WIDTH
 
 
 class _TrimmedLines:
@@ -68,7 +73,8 @@ def results(args: argparse.Namespace | None = None) -> Console:
     """Where a command prints its human-readable results: stdout (full width, no colour codes and no trailing
     padding when piped), or stderr when ``args`` asked for ``--json`` or ``--csv`` (stdout then holds only that)."""
     if args is not None and (getattr(args, "json", False) or getattr(args, "csv", False)):
-        return console
+        # the human results move to stderr, and are no more cut there than on stdout when it is not a terminal
+        return Console(stderr=True, highlight=False, width=results_width(sys.stderr))
     if _stdout_is_terminal():
         return Console(file=sys.stdout, highlight=False, width=results_width())
     return Console(file=_TrimmedLines(sys.stdout), highlight=False, width=results_width())
