@@ -37,6 +37,9 @@ def agent(agent_config: Callable[..., Path], signed_bundle: Callable[..., Path],
     assert agent_main(["install", str(signed_bundle("tiny-a")), "--config", str(path)]) == 0
     listener = Listener(fleet, device)
     service = AgentService(load_config(path)).start()
+    # The agent subscribes to its commands before it publishes its online status: wait for that, so that a
+    # command published by a test is not sent before the subscription (under load it was, and got lost).
+    listener.next("status", lambda m: m["state"] == "online")
     yield service, listener
     service.stop()
     listener.close()
