@@ -198,17 +198,23 @@ def _infer(handler: _Handler, name: str, version: str) -> None:
         raise OipError(HTTPStatus.BAD_REQUEST, "the inference request must be a JSON object with \"inputs\"")
     feeds = _decode_inputs(request.get("inputs"), view[header_length:])
     wanted, binary_default = _requested_outputs(request, slot.server.signature)
+    result = infer_model(slot, name, feeds)
+    timing = result.timing  # the same timing headers as /v1 (extra headers are the protocol's to allow)
+    headers = {"X-Edgekit-Queue-Ms": f"{timing.queue_ms:.4f}", "X-Edgekit-Compute-Ms": f"{timing.compute_ms:.4f}"}
+    _reply(handler, request, name, slot.version or "", result.outputs, wanted, binary_default, headers)
+
+
+def infer_model(slot: Any, name: str, feeds: dict[str, np.ndarray]) -> Any:
+    """Run ``feeds`` on model ``name``'s server, the serving core's errors as the protocol's: a request that
+    does not fit the model is 400, a model with no bundle 503, a failed run 500 (HTTP and gRPC alike)."""
     try:
-        result = slot.server.infer(feeds)
+        return slot.server.infer(feeds)
     except InputSignatureError as err:
         raise OipError(HTTPStatus.BAD_REQUEST, f"model '{name}': {err.message}" + (f"; {err.hint}" if err.hint else "")) from err
     except NoModelError as err:
         raise OipError(HTTPStatus.SERVICE_UNAVAILABLE, f"model '{name}' has no bundle loaded; {err.hint}") from err
     except EdgekitError as err:
         raise OipError(HTTPStatus.INTERNAL_SERVER_ERROR, f"model '{name}' failed to run: {err.message}") from err
-    timing = result.timing  # the same timing headers as /v1 (extra headers are the protocol's to allow)
-    headers = {"X-Edgekit-Queue-Ms": f"{timing.queue_ms:.4f}", "X-Edgekit-Compute-Ms": f"{timing.compute_ms:.4f}"}
-    _reply(handler, request, name, slot.version or "", result.outputs, wanted, binary_default, headers)
 
 
 def _decode_inputs(inputs: object, binary: memoryview) -> dict[str, np.ndarray]:

@@ -41,9 +41,8 @@ import numpy as np
 
 from edgekit_runtime import __version__ as AGENT_VERSION
 from edgekit_runtime.agent.config import ApiConfig, GrpcConfig
-from edgekit_runtime.agent.errors import AgentConfigError, NoModelError
-from edgekit_runtime.agent.oip import DATATYPES, EXTENSIONS, PLATFORM, OipError, _json_array, _shape, datatype_of
-from edgekit_runtime.errors import EdgekitError, InputSignatureError
+from edgekit_runtime.agent.errors import AgentConfigError
+from edgekit_runtime.agent.oip import DATATYPES, EXTENSIONS, PLATFORM, OipError, _json_array, _shape, datatype_of, infer_model
 
 if TYPE_CHECKING:
     from edgekit_runtime.agent.repository import ModelRepository, ModelSlot
@@ -206,14 +205,7 @@ class OipGrpcServer:
                 if output not in signature.output_names:
                     raise OipError(HTTPStatus.BAD_REQUEST, f"outputs[{index}]: the model has no output '{output}'; "
                                    f"its outputs: {', '.join(signature.output_names)}")  # fmt: skip
-        try:
-            result = slot.server.infer(feeds)
-        except InputSignatureError as err:
-            raise OipError(HTTPStatus.BAD_REQUEST, f"model '{name}': {err.message}" + (f"; {err.hint}" if err.hint else "")) from err
-        except NoModelError as err:
-            raise OipError(HTTPStatus.SERVICE_UNAVAILABLE, f"model '{name}' has no bundle loaded; {err.hint}") from err
-        except EdgekitError as err:
-            raise OipError(HTTPStatus.INTERNAL_SERVER_ERROR, f"model '{name}' failed to run: {err.message}") from err
+        result = infer_model(slot, name, feeds)
         response = self.messages["ModelInferResponse"](model_name=name, model_version=slot.version or "", id=request.id)
         for key in wanted or result.outputs:
             array = result.outputs[key]
