@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -33,6 +33,40 @@ class CorpusModel:
     details: dict[str, object] = field(default_factory=dict)
     #: The batch axis of each input (default 0; None: the input has none, like a scalar sample rate).
     batch_axes: dict[str, int | None] = field(default_factory=dict)
+    #: The recipe's ``evaluation`` section without its budget: edgekit's built-in task metric and its options,
+    #: e.g. ``{"metric": "segmentation", "output": "logits", "segmentation": {"class_axis": 1}}``. Scored against
+    #: FP32's own outputs; ``top1`` reads ``labels`` that the provider put in the evaluation batches (FP32's arg-max).
+    metric: dict[str, Any] = field(default_factory=lambda: {"metric": "cosine"})
+    #: The task-metric budget a plan must meet (``evaluation.budget.min_value`` of ``auto``).
+    min_value: float = 0.98
+
+
+def with_reference_labels(onnx_path: Path, output: str, batches: list[Batch]) -> list[Batch]:
+    """The batches with ``labels``: the FP32 model's own arg-max over the last axis of ``output``, so that
+    ``metric: top1`` scores agreement with FP32's decisions (third-party models come with no labels here)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+    labelled = []
+    for batch in batches:
+        scores = session.run([output], {k: v for k, v in batch.items() if k in names})[0]
+        labelled.append({**batch, "labels": scores.reshape(scores.shape[0], -1).argmax(axis=1).astype(np.int64)})
+    return labelled
+
+
+def top1_margins(onnx_path: Path, output: str, batches: list[Batch]) -> np.ndarray:
+    """Per sample, the FP32 top-1 score minus the top-2 score: near-zero margins make top-1 agreement flip on noise."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+    margins = []
+    for batch in batches:
+        scores = session.run([output], {k: v for k, v in batch.items() if k in names})[0]
+        top = np.sort(scores.reshape(scores.shape[0], -1), axis=1)
+        margins.append(top[:, -1] - top[:, -2])
+    return np.concatenate(margins)
 
 
 @dataclass(frozen=True)

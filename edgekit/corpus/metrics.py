@@ -1,8 +1,9 @@
 """Task metrics of the corpus, each against the FP32 model's own outputs (third-party models come with
 no labels here): higher is better, 1.0 means the quantized model decides as FP32 does.
 
-These are the corpus's until ``edgekit.evaluate`` has task metrics of its own; each also reports the
-mean cosine of the raw outputs, the number the pipeline's ``cosine`` metric gives.
+:func:`task_metric` scores with edgekit's own metrics (``edgekit.evaluate``) as the model's recipe
+declares them (:attr:`CorpusModel.metric`); the private metrics below it predate those and stay until the
+runner reads :func:`task_metric`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,30 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
+
+from edgekit.corpus.base import CorpusModel
+
+
+def evaluation_spec(model: CorpusModel) -> "EvaluationSpec":  # noqa: F821
+    """The model's ``evaluation`` section as edgekit's schema reads it (budget: ``model.min_value``)."""
+    from edgekit.recipe import EvaluationSpec
+
+    return EvaluationSpec.model_validate({"output": model.output, **model.metric, "budget": {"min_value": model.min_value}})
+
+
+def task_metric(model: CorpusModel, outputs: list[dict[str, np.ndarray]], reference: list[dict[str, np.ndarray]]) -> tuple[float, dict]:
+    """The model's task metric of ``outputs`` (one dict of outputs per evaluation batch) against FP32's
+    ``reference``, computed by edgekit's built-in metrics exactly as a build's evaluation does; top1 reads
+    the evaluation batches' ``labels`` (FP32's arg-max)."""
+    from edgekit.evaluate.metrics import METRICS
+    from edgekit.evaluate.task_metrics import TASK_METRICS as BUILT_IN
+
+    spec = evaluation_spec(model)
+    output = spec.output or model.output
+    if spec.metric in BUILT_IN:
+        return BUILT_IN[spec.metric](spec, output)(outputs, reference)
+    labels = [batch.get(spec.labels) for batch in model.evaluation]
+    return float(METRICS[spec.metric]([o[output] for o in outputs], [r[output] for r in reference], labels)), {}
 
 
 def cosine(outputs: list[np.ndarray], reference: list[np.ndarray]) -> float:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgekit.corpus.base import Batch, CorpusModel, Provider, extract_member, find_wheel, upgrade_opset
+from edgekit.corpus.base import Batch, CorpusModel, Provider, extract_member, find_wheel, upgrade_opset, with_reference_labels
 
 PACKAGE = "rapidocr-onnxruntime"
 MODELS = {
@@ -90,6 +90,17 @@ def page_batches(seed: int, count: int, size: int) -> list[Batch]:
     return [{"x": np.ascontiguousarray(_normalise(text_page(rng, size))[None])} for _ in range(count)]
 
 
+#: each model's task metric (a recipe's evaluation section without budget) and the budget a plan must meet
+METRICS: dict[str, tuple[dict[str, object], float]] = {
+    # DBNet's probability map binarised at 0.3 (rapidocr's det thresh): IoU of the text pixels with FP32's
+    "ppocr-det": ({"metric": "segmentation", "segmentation": {"threshold": 0.3, "ignore_classes": [0]}}, 0.9),
+    # greedy CTC over [batch, time, classes] softmax (blank 0): 9 lines in 10 read exactly as FP32 reads them
+    "ppocr-rec": ({"metric": "ctc_text", "ctc_text": {"blank": 0, "time_axis": 1, "class_axis": -1, "report": "line_agreement"}}, 0.9),
+    # 0/180 degree softmax: the direction FP32 picks (labels: FP32's arg-max), 98 %
+    "ppocr-cls": ({"metric": "top1"}, 0.98),
+}
+
+
 def _model(name: str, task: str, work: Path, wheel_dir: Path | None, calibration: list[Batch], evaluation: list[Batch]) -> CorpusModel:
     import onnx
 
@@ -98,8 +109,12 @@ def _model(name: str, task: str, work: Path, wheel_dir: Path | None, calibration
     path, opset = upgrade_opset(original)
     output = onnx.load(str(path), load_external_data=False).graph.output[0].name
     notes = (f"opset {opset} converted to 13 with onnx.version_converter",) if path != original else ()
-    return CorpusModel(name, task, path, calibration, evaluation, evaluation[0], output,
-                       f"{wheel.name}: {MODELS[name].split('/')[-1]}", notes, {"original_opset": opset})
+    metric, min_value = METRICS[name]
+    bench = evaluation[0]
+    if metric["metric"] == "top1":
+        evaluation = with_reference_labels(path, output, evaluation)
+    return CorpusModel(name, task, path, calibration, evaluation, bench, output,
+                       f"{wheel.name}: {MODELS[name].split('/')[-1]}", notes, {"original_opset": opset}, metric=dict(metric), min_value=min_value)
 
 
 def make_det(work: Path, wheel_dir: Path | None, scale: float = 1.0) -> CorpusModel:

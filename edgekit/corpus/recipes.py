@@ -33,9 +33,18 @@ def _tensor_specs(model: CorpusModel) -> list[dict[str, Any]]:
     return specs
 
 
-def write_recipe(model: CorpusModel, directory: Path, min_value: float | None = None, metric: str = "cosine") -> Path:
-    """Write ``directory/recipe.yaml`` and its data; ``min_value`` is the accuracy budget on ``metric``
-    (None: no floor, so a fixed precision always builds and the corpus records its metric)."""
+def evaluation_section(model: CorpusModel, min_value: float | None = None) -> dict[str, Any]:
+    """The recipe's ``evaluation``: the model's task metric (:attr:`CorpusModel.metric`) with the output it
+    reads and a budget of ``min_value`` (None: -1, no floor, so a fixed precision always builds and the
+    corpus records its metric; the corpus's metrics all read higher-is-better)."""
+    section = {"output": model.output, **model.metric}
+    section["budget"] = {"min_value": -1.0 if min_value is None else float(min_value)}
+    return section
+
+
+def write_recipe(model: CorpusModel, directory: Path, min_value: float | None = None) -> Path:
+    """Write ``directory/recipe.yaml`` and its data; ``min_value`` is the budget on the model's task metric
+    (None: no floor; ``model.min_value`` is the budget the corpus gives ``auto``)."""
     directory.mkdir(parents=True, exist_ok=True)
     data = {
         "samples": {"npz_dir": str(_save_batches(model.evaluation[:2], directory / "samples"))},
@@ -55,7 +64,7 @@ def write_recipe(model: CorpusModel, directory: Path, min_value: float | None = 
         "outputs": [model.output],
         "dims": {"batch": {"min": 1, "opt": bench_batch, "max": max(sizes)}},
         "data": data,
-        "evaluation": {"metric": metric, "output": model.output, "budget": {"min_value": -1.0 if min_value is None else min_value}},
+        "evaluation": evaluation_section(model, min_value),
         "build": {"benchmark": {"warmup": 2, "iterations": 5, "dims": {"batch": bench_batch}}},
     }
     path = directory / "recipe.yaml"

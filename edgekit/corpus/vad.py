@@ -34,7 +34,9 @@ def make_vad(work: Path, wheel_dir: Path | None, scale: float = 1.0) -> CorpusMo
     evaluation = audio_batches(21, max(2, int(12 * scale)), 8)
     return CorpusModel("silero-vad", "binary_decision", path, audio_batches(20, max(2, int(16 * scale)), 8), evaluation, evaluation[0],
                        "output", f"{wheel.name}: {MEMBER.split('/')[-1]}", ("recurrent: LSTM inside If branches",),
-                       batch_axes={"input": 0, "state": 1, "sr": None})
+                       batch_axes={"input": 0, "state": 1, "sr": None},
+                       # speech or not per chunk at silero's own 0.5 threshold, 98 % of chunks as FP32 decides
+                       metric={"metric": "binary_decision", "binary_decision": {"threshold": 0.5}}, min_value=0.98)
 
 
 PROVIDERS = (Provider("silero-vad", "binary_decision", PACKAGE, make_vad, "Silero VAD 16 kHz (recurrent), 8x512 samples"),)

@@ -15,7 +15,7 @@ import pytest
 
 from edgekit.corpus import PROVIDERS
 from edgekit.corpus.base import find_wheel
-from edgekit.corpus.metrics import TASK_METRICS, ctc_greedy, ctc_text_agreement, decision_agreement, text_map_iou
+from edgekit.corpus.metrics import TASK_METRICS, ctc_greedy, ctc_text_agreement, decision_agreement, task_metric, text_map_iou
 from edgekit.errors import SourceError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,6 +41,10 @@ def test_every_provider_makes_a_model_that_runs(name, tmp_path):
     if model.task in ("classification", "detection"):  # logits of seeded weights: vanishing ones tell no variants apart
         assert np.abs(out).max() > 1e-3, f"{name}: outputs about zero ({np.abs(out).max():.3g}): no metric can tell variants apart"
     assert TASK_METRICS[model.task][1]([out], [out]) == pytest.approx(1.0)
+    # the recipe's built-in task metric, FP32 against itself over the evaluation batches, is perfect
+    outputs = [dict(zip([o.name for o in session.get_outputs()], session.run(None, {k: v for k, v in b.items() if k in names}))) for b in model.evaluation]
+    assert task_metric(model, outputs, outputs)[0] == pytest.approx(1.0)
+    assert 0 < model.min_value <= 1
 
 
 def test_a_missing_wheel_names_the_command_that_fetches_it(tmp_path):
