@@ -271,8 +271,10 @@ def stage_auto(state: BuildState) -> str:
         [model_inputs(recipe, b) for b in state.calibration], state.evaluation, feeds, state.workdir, state.threads,
     )
     chosen = result.chosen.precision
-    # FP32/FP16 choices go through the engine builder from the FP32 export, like an explicit fp16 build.
-    state.model_path = state.fp32_path if chosen in UNQUANTIZED else quantized.path
+    # FP32/FP16 choices go through the engine builder from the FP32 export, like an explicit fp16 build; the
+    # float-rewrite FP32 candidate ("fp32 (rewritten)") from the rewritten graph it was timed as.
+    rewritten = chosen is Precision.FP32 and result.chosen.graph != "exported"
+    state.model_path = state.fp32_path if chosen in UNQUANTIZED and not rewritten else quantized.path
     state.quantization = quantized.to_manifest()
     state.decision = PrecisionDecision(chosen, chosen, None, f"auto: {result.chosen.name} ({result.rule})")
     ratio = result.chosen_result.to_manifest().get("latency_ratio")

@@ -30,8 +30,16 @@ the ladder. A ladder only buys accuracy: it is tried (and its sensitivity rankin
 ladder is lazy) only when its ``base`` candidate was evaluated, failed the budget and was timed faster
 than the bar; otherwise the whole ladder is one ``skipped`` row saying why. A candidate listed with a
 ``not_worth`` reason (e.g. weight-only int4 on a graph whose MatMul/Gemm do almost none of the work) is
-skipped with it. With ``time_budget_s``, a candidate reached after the budget is spent is
-skipped (FP32, the reference, never is). The search ends when the list is exhausted.
+skipped with it. With ``time_budget_s``, a candidate reached after the budget is spent, or whose
+expected cost (the median seconds of the candidates built so far; twice that for a ladder, which may
+first rank sensitivity) would overrun it, is skipped (FP32, the reference, never is). With
+``time_budget_multiple``, the budget is that multiple of the seconds spent up to the end of the first
+candidate (static int8: pre-processing, calibration, writing, evaluation, timing), so the search scales
+with the model's cost; an explicit ``time_budget_s`` is then an upper cap. The search ends when the list
+is exhausted.
+
+Only the FP32 reference (exported graph) may be chosen at 1.0x or slower: every other candidate,
+including a float one on a rewritten graph, is chosen only when it is faster than FP32 on this host.
 """
 
 from __future__ import annotations
@@ -308,6 +316,7 @@ def search_auto(
     notes: Sequence[str] = (),
     time_budget_s: float | None = None,
     started: float | None = None,
+    time_budget_multiple: float | None = None,
 ) -> AutoResult:
     """Try ``candidates`` in order under the early-stop rule of this module; return the fastest one
     inside the budget with a row per candidate tried. ``reference`` is the FP32 model every latency is
@@ -320,10 +329,14 @@ def search_auto(
         raise QuantizationError(f"noise_margin must be in [0, 1), got {noise_margin}")
     if time_budget_s is not None and time_budget_s <= 0:
         raise QuantizationError(f"time_budget_s must be positive, got {time_budget_s}")
+    if time_budget_multiple is not None and time_budget_multiple <= 0:
+        raise QuantizationError(f"time_budget_multiple must be positive, got {time_budget_multiple}")
     search = _Search(build, evaluate, time_models, Path(reference), dict(graph_references or {}), noise_margin, time_failed)
     search.higher_is_better = higher_is_better
     search.started = time.perf_counter() if started is None else started
     search.time_budget_s = time_budget_s
+    search.time_budget_cap_s = time_budget_s
+    search.time_budget_multiple = time_budget_multiple
     for item in candidates:
         if isinstance(item, CandidateLadder):
             search.ladder(item)
@@ -349,6 +362,8 @@ def search_auto(
     chosen_row = next(row for row in rows if row.status == "chosen")
     log.info("--precision auto chose %s (%.3fx FP32, %s %.6g)", chosen.name, chosen_row.latency_ratio or float("nan"), metric_name, chosen_row.value or float("nan"))
     stats = {**search.counts, "skipped": sum(row.status == "skipped" for row in rows), "seconds": round(time.perf_counter() - search.started, 2)}
+    if search.time_budget_s is not None:
+        stats["time_budget_s"] = round(search.time_budget_s, 2)
     return AutoResult(chosen, chosen_row, built.path, rows, dict(chosen.kept), dict(built.ranges), sensitivity,
                       rule=f"dominance floor + interleaved timing, noise margin {noise_margin:.0%}", notes=tuple(notes), stats=stats)
 
@@ -365,6 +380,8 @@ class _Search:
         self.best_ratio = float("inf")
         self.started = time.perf_counter()
         self.time_budget_s: float | None = None
+        self.time_budget_cap_s: float | None = None
+        self.time_budget_multiple: float | None = None
         self.counts = {"built": 0, "evaluated": 0, "timed": 0}
         self.higher_is_better = True
         self._timer_takes_bar = _takes_keyword(time_models, "bar")
@@ -408,24 +425,46 @@ class _Search:
             else:
                 return
 
-    def _over_budget(self) -> str | None:
+    def _over_budget(self, cost_factor: float = 1.0) -> str | None:
+        """Why the next candidate is not tried for lack of time (None: try it): the budget is spent, or the
+        median cost of the candidates built so far (times ``cost_factor``) would overrun it."""
         if self.time_budget_s is None:
             return None
         elapsed = time.perf_counter() - self.started
-        return f"time budget spent ({elapsed:.0f} s of quantization.auto_time_budget_s {self.time_budget_s:g} s)" if elapsed >= self.time_budget_s else None
+        source = self._budget_source()
+        if elapsed >= self.time_budget_s:
+            return f"time budget spent ({elapsed:.1f} s of {self.time_budget_s:.1f} s: {source})"
+        costs = sorted(row.seconds for row in self.rows if row.status not in ("skipped",))
+        expected = costs[len(costs) // 2] * cost_factor if costs else 0.0
+        if elapsed + expected > self.time_budget_s:
+            return (f"time budget would overrun ({elapsed:.1f} s spent + about {expected:.1f} s expected > {self.time_budget_s:.1f} s: "
+                    f"{source})")
+        return None
+
+    def _budget_source(self) -> str:
+        if self.time_budget_multiple is not None and self.time_budget_s != self.time_budget_cap_s:
+            return f"{self.time_budget_multiple:g}x the first candidate's {self.time_budget_s / self.time_budget_multiple:.1f} s"
+        return f"quantization.auto_time_budget_s {self.time_budget_s:g} s"
+
+    def _set_budget_from_first(self) -> None:
+        """After the first candidate: the budget is ``time_budget_multiple`` x the seconds spent so far (capped)."""
+        if self.time_budget_multiple is None or len(self.rows) != 1:
+            return
+        scaled = self.time_budget_multiple * (time.perf_counter() - self.started)
+        self.time_budget_s = scaled if self.time_budget_cap_s is None else min(scaled, self.time_budget_cap_s)
 
     def _bar(self, candidate: Candidate) -> tuple[float, str] | None:
         """The latency ratio ``candidate`` must get under to matter, and what sets it."""
         if self.best is not None:
             return self.best_ratio * (1 - self.margin), f"{self.best[0].name} ({self.best_ratio:.3f}x)"
-        if candidate.precision is not Precision.FP32:
-            return 1.0, "FP32 (1.000x): a quantized plan is chosen only when it is faster than FP32"
+        if not is_reference(candidate):
+            return 1.0, "FP32 (1.000x): a plan other than the FP32 reference is chosen only when it is faster than FP32"
         return None
 
     def _ladder_skip(self, ladder: CandidateLadder) -> str | None:
         """Why ``ladder`` need not be tried (None: try it)."""
         base = ladder.base
-        over = self._over_budget()
+        over = self._over_budget(cost_factor=2.0)
         if over is not None:
             return over
         if base is None:
@@ -461,7 +500,7 @@ class _Search:
         started = time.perf_counter()
         floor = self._floor(candidate)
         bar = self._bar(candidate)
-        over = self._over_budget() if not (candidate.precision is Precision.FP32 and candidate.graph == EXPORTED) else None
+        over = self._over_budget() if not is_reference(candidate) else None
         if over is not None:
             return self._row(_result(candidate, "skipped", detail=over), started, candidate)
         if self.best is not None and floor is not None and floor[0] >= self.best_ratio * (1 - self.margin):
@@ -493,11 +532,12 @@ class _Search:
             timing = self._time(candidate, built.path)
         row = _result(candidate, "passed" if passed else "failed", timing, value=float(accuracy.value),
                       cosine_min=getattr(accuracy, "cosine_min", None), passed=passed)
-        if passed and timing is not None and candidate.precision is not Precision.FP32 and timing.latency_ratio >= 1.0:
+        if passed and timing is not None and not is_reference(candidate) and timing.latency_ratio >= 1.0:
             # Inside the budget but no faster than FP32 on this host: never chosen over FP32 (PP-OCR's classifier
             # got an int8 plan at 1.3x FP32 that way), and it sets no bar that would skip FP32 itself.
+            what = "a quantized plan" if candidate.precision is not Precision.FP32 else "a rewritten float graph"
             return self._row(replace(row, status="slower", detail=f"inside the budget, but {timing.latency_ratio:.3f}x FP32 on this host: "
-                                     "a quantized plan is chosen only when it is faster than FP32"), started, candidate)
+                                     f"{what} is chosen only when it is faster than FP32"), started, candidate)
         if passed and timing is not None and timing.latency_ratio < self.best_ratio:
             self.best, self.best_ratio = (candidate, built), timing.latency_ratio
         return self._row(row, started, candidate)
@@ -505,6 +545,7 @@ class _Search:
     def _row(self, row: CandidateResult, started: float, candidate: Candidate) -> str:
         row = replace(row, seconds=round(time.perf_counter() - started, 2))
         self.rows.append(row)
+        self._set_budget_from_first()
         if row.latency_ratio is not None:
             self.measured.append((candidate, row.latency_ratio))
         log.info("auto candidate %s: %s%s", row.name, row.status, f" ({row.latency_ratio:.3f}x FP32)" if row.latency_ratio is not None else "")
@@ -512,7 +553,7 @@ class _Search:
 
     def _floor(self, candidate: Candidate) -> tuple[float, str] | None:
         """The lowest latency ratio ``candidate`` can plausibly reach, from the candidates it dominates."""
-        if candidate.precision is Precision.FP32 and candidate.graph == EXPORTED:
+        if is_reference(candidate):
             return (1.0, "the FP32 reference")  # measured by definition; it wins when everything else is slower
         floors = [(ratio, other.name) for other, ratio in self.measured if candidate.dominates(other)]
         return max(floors) if floors else None
@@ -532,6 +573,11 @@ class _Search:
         if len(latencies) != len(paths) or not all(v > 0 for v in latencies):
             raise QuantizationError(f"time_models returned {latencies} for {len(paths)} models", hint="return one positive latency in ms per path, in order")
         return Timing(latencies[-1], latencies[0], latencies[-1] / latencies[0], latencies[-1] / latencies[1] if graph_reference is not None else None)
+
+
+def is_reference(candidate: Candidate) -> bool:
+    """The FP32 model every latency is a ratio to (the exported graph, unrewritten)."""
+    return candidate.precision is Precision.FP32 and candidate.graph == EXPORTED
 
 
 def _takes_keyword(function: Callable[..., Any], name: str) -> bool:

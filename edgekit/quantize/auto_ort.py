@@ -8,6 +8,14 @@ Graph variants: ``exported`` (the FP32 export after ONNX Runtime's quantization 
 attention into one ``Attention`` op, bias+GELU into ``BiasGelu`` and residual+LayerNorm into
 ``SkipLayerNormalization``. Fused graphs use ONNX Runtime contrib ops, so the variant is for ONNX
 Runtime CPU targets only; ``Attention`` is quantized dynamically (``QAttention``), its MatMuls statically.
+
+Two more candidates, each on its own graph: ``fp32-rewritten`` (graph ``float-rewrites``) is the FP32
+model after pre-processing and edgekit's exact float rewrites (:mod:`edgekit.quantize.cnn_folding`: affine
+folds, the HardSwish expansion), which alone can beat the original FP32 (PP-OCR's classifier: 0.76x)
+when int8 loses; ``int8-ort-default`` (graph ``ort-default``) is what ONNX Runtime's own
+``quantize_static`` writes with its defaults (QDQ, per-channel int8 weights, uint8 activations, MinMax,
+every op type it quantizes) on the pre-processed graph, so that where ONNX Runtime's plain recipe is the
+faster one on this instruction set, ``auto`` finds it too and the manifest says which plan won.
 """
 
 from __future__ import annotations
@@ -49,6 +57,15 @@ from edgekit.target import TargetProfile
 log = logging.getLogger(__name__)
 
 TRANSFORMER_FUSION = "transformer-fusion"
+#: The FP32 graph after pre-processing and the exact float rewrites (the graph static int8 starts from).
+FLOAT_REWRITES = "float-rewrites"
+#: The pre-processed FP32 graph, quantized by ONNX Runtime's quantize_static with its defaults.
+ORT_DEFAULT = "ort-default"
+FP32_REWRITTEN = "fp32-rewritten"
+INT8_ORT_DEFAULT = "int8-ort-default"
+#: ``--precision auto`` spends at most this multiple of its first candidate's seconds (the plain static int8
+#: build, evaluated and timed), so that a whole auto build stays within 3x a plain int8 build.
+AUTO_TIME_BUDGET_MULTIPLE = 2.0
 
 
 # ---------------------------------------------------------------- builder
@@ -71,16 +88,23 @@ class OrtCandidateBuilder:
         self._graphs: dict[str, Path] = {}
         self._ranges: dict[tuple[str, str], dict[str, TensorRange]] = {}
         self.fusion_stats: dict[str, int] | None = None
+        self.fold_counts: Any = None
         #: Calibration runs over the data (cache misses) and cache hits, for the search's stats.
         self.calibration_passes = 0
         self.calibration_cache_hits = 0
 
     def graph_model(self, graph: str) -> Path | None:
         """The FP32 model of a graph variant (``None`` when the variant does not apply to this model)."""
+        if graph == FLOAT_REWRITES:
+            return self.graph_model(EXPORTED)
+        if graph == ORT_DEFAULT:
+            self.graph_model(EXPORTED)
+            return self._graphs[ORT_DEFAULT]
         if graph not in self._graphs:
             if graph == EXPORTED:  # with the exact CNN rewrites static int8 gets (edgekit.quantize.cnn_folding)
                 pre = ort_writers.preprocess(self.fp32_path, self.work_dir / "fp32-exported.onnx")
-                self._graphs[graph] = cnn_folding.fold_for_int8(pre, self.work_dir / "fp32-exported-folded.onnx")[0]
+                self._graphs[ORT_DEFAULT] = pre
+                self._graphs[graph], self.fold_counts = cnn_folding.fold_for_int8(pre, self.work_dir / "fp32-exported-folded.onnx")
             elif graph == TRANSFORMER_FUSION:
                 target = self.work_dir / "fp32-transformer-fusion.onnx"
                 self.fusion_stats = transformer_fusion(self.fp32_path, target)
@@ -116,6 +140,12 @@ class OrtCandidateBuilder:
         plan = candidate.plan
         if candidate.precision is Precision.FP32:
             return BuiltCandidate(model if candidate.graph != EXPORTED else self.fp32_path)
+        if candidate.graph == ORT_DEFAULT and candidate.precision is Precision.INT8:
+            written = write_ort_default_static(model, out, self.calibration_batches)
+            if not ort_writers.quantized_ops(written):
+                raise QuantizationError(f"{candidate.name}: ONNX Runtime's quantize_static quantized nothing in this graph, so it is not an int8 plan",
+                                        hint="the FP32 candidates cover this model")
+            return BuiltCandidate(written)
         if candidate.precision is Precision.FP16:
             import onnx
 
@@ -165,6 +195,44 @@ class OrtCandidateBuilder:
         raise QuantizationError(f"the ONNX Runtime candidate builder cannot write {candidate.precision.value}", hint="use a backend that builds it")
 
 
+def write_ort_default_static(model_path: Path, out_path: Path, batches: Sequence[Mapping[str, np.ndarray]]) -> Path:
+    """ONNX Runtime's ``quantize_static`` with its defaults (QDQ, per-channel int8 weights, uint8
+    activations, MinMax over ``batches``, every op type its QDQ registry quantizes): the plain recipe a
+    user would run, as an ``auto`` candidate."""
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    names = {i.name for i in ort_session(model_path).get_inputs()}
+    feeds = [{k: np.asarray(v) for k, v in batch.items() if k in names} for batch in batches]
+    if not feeds:
+        raise QuantizationError("int8-ort-default needs calibration batches", hint="add data.calibration to the recipe")
+
+    class Reader(CalibrationDataReader):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.batches = iter(feeds)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.batches, None)
+
+    try:
+        quantize_static(str(model_path), str(out_path), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax)
+    except Exception as exc:
+        raise QuantizationError(f"ONNX Runtime's quantize_static failed on {model_path}: {type(exc).__name__}: {exc}",
+                                hint="the edgekit int8 and FP32 candidates cover this model") from exc
+    return out_path
+
+
+def ort_default_plan(plan: QuantizationPlan) -> QuantizationPlan:
+    """What :func:`write_ort_default_static` writes, as a plan for the manifest."""
+    from onnxruntime.quantization.registry import QDQRegistry
+
+    return replace(plan, activation_type="uint8", activation_symmetric=False, weight_type="int8", per_channel=True, calibrator="minmax",
+                   op_types=tuple(sorted(QDQRegistry)), excluded={}, dynamic_nodes=(), float_outputs=(), float_consumers_skip_qdq=False,
+                   channels_last_flatten=False, channels_last_stem=False, reduce_range=False,
+                   notes=("written by onnxruntime.quantization.quantize_static with its defaults: QDQ, per-channel int8 weights, "
+                          "uint8 activations, MinMax calibration, every op type in its QDQ registry",))
+
+
 def unquantized_nodes(path: Path, plan: QuantizationPlan) -> list[str]:
     """Nodes the static/mixed ``plan`` quantizes that are still float MatMul/Gemm/Conv in the written
     model: a static node whose inputs come from no DequantizeLinear, or a dynamic node left as it was.
@@ -199,8 +267,8 @@ class OrtInterleavedTimer:
     With ``bar`` (a latency ratio of the last model to the first), timing stops after ``min_rounds`` once
     the median per-round ratio is over ``bar * (1 + stop_margin)``: the candidate is rejected anyway."""
 
-    def __init__(self, feeds: Mapping[str, np.ndarray], *, threads: int | None = None, rounds: int = 15, warmup: int = 2,
-                 min_seconds: float = 1.0, max_rounds: int = 500, graph_optimization: str = "all", keep_loaded: Sequence[Path] = (),
+    def __init__(self, feeds: Mapping[str, np.ndarray], *, threads: int | None = None, rounds: int = 11, warmup: int = 2,
+                 min_seconds: float = 0.4, max_rounds: int = 200, graph_optimization: str = "all", keep_loaded: Sequence[Path] = (),
                  min_rounds: int = 5, stop_margin: float = 0.15) -> None:
         if rounds < 1 or max_rounds < rounds:
             raise QuantizationError(f"the timer needs 1 <= rounds <= max_rounds, got rounds={rounds}, max_rounds={max_rounds}")
@@ -240,10 +308,30 @@ class OrtInterleavedTimer:
         resolved = path.resolve()
         if resolved in self._sessions:
             return self._sessions[resolved]
-        session = ort_session(path, self.threads, self.graph_optimization)
+        session = shared_session(path, self.threads, self.graph_optimization)
         if resolved in self.keep_loaded:
             self._sessions[resolved] = session
         return session
+
+
+#: The last few sessions the evaluator and the timer created, so a candidate is loaded (and optimised by
+#: ONNX Runtime) once for both: key (path, size, mtime, threads, optimisation level).
+_SESSIONS: dict[tuple[Any, ...], Any] = {}
+_SESSIONS_KEPT = 3
+
+
+def shared_session(path: Path, threads: int | None = None, graph_optimization: str = "all") -> Any:
+    """:func:`ort_session`, reused while the file is unchanged (the candidate just built, evaluated then timed)."""
+    stat = Path(path).stat()
+    key = (str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns, threads, graph_optimization)
+    if key in _SESSIONS:
+        _SESSIONS[key] = _SESSIONS.pop(key)
+        return _SESSIONS[key]
+    session = ort_session(path, threads, graph_optimization)
+    _SESSIONS[key] = session
+    while len(_SESSIONS) > _SESSIONS_KEPT:
+        _SESSIONS.pop(next(iter(_SESSIONS)))
+    return session
 
 
 def ort_session(path: Path, threads: int | None = None, graph_optimization: str = "all") -> Any:
@@ -288,7 +376,7 @@ class OrtMetricEvaluator:
         self.reference_value = float(metric(self.reference_outputs, self.reference_outputs, self.labels))
 
     def outputs(self, path: Path) -> list[np.ndarray]:
-        session = ort_session(path, self.threads)
+        session = shared_session(path, self.threads)
         names = [o.name for o in session.get_outputs()]
         if self.output is not None and self.output not in names:
             raise QuantizationError(f"{path}: no output '{self.output}'", hint=f"its outputs: {', '.join(names)}")
@@ -313,6 +401,43 @@ class OrtMetricEvaluator:
         if self.min_cosine is not None and cos_min is not None and cos_min < self.min_cosine:
             reasons.append(f"cosine min {cos_min:.6g} < {self.min_cosine}")
         return MetricResult(value, not reasons, self.reference_value, cos_min, tuple(reasons))
+
+
+class RecipeEvaluator:
+    """``evaluate`` for the search with whatever metric the recipe names (top1, cosine, mse, a task metric
+    such as detection or ctc_text, or a callable): :func:`edgekit.evaluate.accuracy.evaluate_accuracy`,
+    the function the build's own evaluation stage uses, against the FP32 model's outputs (run once)."""
+
+    def __init__(self, recipe: Any, batches: Sequence[Mapping[str, np.ndarray]], reference_path: Path, *, threads: int | None = None) -> None:
+        from edgekit.evaluate.accuracy import run_reference
+
+        self.recipe, self.threads = recipe, threads
+        self.batches = [dict(batch) for batch in batches]
+        self.reference_outputs = run_reference(recipe, self._runner(Path(reference_path)), self.batches)
+
+    def _runner(self, path: Path) -> Any:
+        session = shared_session(path, self.threads)
+        names = [o.name for o in session.get_outputs()]
+        inputs = [i.name for i in session.get_inputs()]
+        return lambda feeds: dict(zip(names, session.run(None, {name: feeds[name] for name in inputs})))
+
+    def __call__(self, path: Path) -> Any:
+        from edgekit.evaluate.accuracy import evaluate_accuracy
+
+        return evaluate_accuracy(self.recipe, self._runner(Path(path)), self.reference_outputs, self.batches, "onnxruntime-fp32")
+
+
+def recipe_metric_spec(recipe: Any) -> MetricSpec:
+    """The metric the sensitivity ranking uses: the recipe's own when it reads one output array (top1,
+    cosine, mse), otherwise (task and callable metrics, which read every output) cosine to FP32 on the
+    evaluated output, as a proxy that only orders node groups; candidates are judged by the recipe's metric."""
+    from edgekit.evaluate.metrics import METRICS
+
+    spec = recipe.evaluation
+    output = spec.output or recipe.outputs[0]
+    if spec.metric in METRICS:
+        return MetricSpec(METRICS[spec.metric], spec.metric, spec.better_is_higher, output, spec.labels)
+    return MetricSpec(METRICS["cosine"], f"cosine (sensitivity proxy for {spec.metric})", True, output, None)
 
 
 # ---------------------------------------------------------------- end to end
@@ -365,41 +490,34 @@ def plan_auto_onnxruntime(
     threads: int | None = None,
     time_budget_s: float | None = None,
     bench_feeds: Mapping[str, np.ndarray] | None = None,
+    time_budget_multiple: float | None = AUTO_TIME_BUDGET_MULTIPLE,
 ) -> AutoResult:
-    """End to end on ONNX Runtime: pick the calibrator whose simulated all-int8 metric is best, list
-    candidates for each graph variant that applies (fused variants first: expected faster), and run
-    :func:`search_auto` with ``evaluate`` and ``time_models``. ``supported`` is
-    :func:`gating.supported_precisions` for the target.
+    """End to end on ONNX Runtime: list candidates for each graph variant that applies (fused variants
+    first: expected faster), and run :func:`search_auto` with ``evaluate`` and ``time_models``.
+    ``supported`` is :func:`gating.supported_precisions` for the target.
 
-    One calibration per (graph, calibrator) serves every candidate, and one sensitivity ranking (on the
-    exported graph, from the chosen calibrator's simulator) every ladder; it runs only when a ladder is
-    tried, i.e. when static int8 fails the budget while faster than the bar. int8-dynamic and int4 touch
-    only MatMul/Gemm: when those do under ``MATMUL_WORK_FLOOR`` of the graph's work (at ``bench_feeds``'
-    shapes), they would leave it essentially float and are skipped. ``time_budget_s`` caps the whole call."""
+    Decisive: one calibrator (the recipe's, as ``--precision int8`` uses; ONNX Runtime's plain MinMax
+    recipe is its own candidate, ``int8-ort-default``), one calibration per graph variant for every
+    candidate, and one sensitivity ranking (on the exported graph) for every ladder, run only when a
+    ladder is tried, i.e. when static int8 fails the budget while faster than the bar. The float-rewrite
+    FP32 candidate and ONNX Runtime's default plan come right after static int8, so that their latency
+    prunes what follows. int8-dynamic and int4 touch only MatMul/Gemm: when those do under
+    ``MATMUL_WORK_FLOOR`` of the graph's work (at ``bench_feeds``' shapes), they are skipped.
+    ``time_budget_multiple``: the search spends at most that multiple of what its first candidate (the
+    plain static int8 build, evaluated and timed) took; ``time_budget_s`` caps the whole call."""
     started = time.perf_counter()
     exported_plan = make_plan(spec, target, backend, Precision.INT8)
     calibrators = dict(calibrators or auto_calibrators(spec, exported_plan))
     builder = OrtCandidateBuilder(fp32_path, work_dir, calibration_batches, calibrators, cache)
     exported = builder.graph_model(EXPORTED) or Path(fp32_path)
-    base = auto_base_plan(spec, target, backend, exported)
-    simulator: QuantizationSimulator | None = None
-    scores: dict[str, float] = {}
-    for name in calibrators:
-        plan = replace(base, calibrator=name)
-        current = QuantizationSimulator(exported, plan, builder.ranges(EXPORTED, plan), evaluation_batches, output=metric.output,
-                                        label_key=metric.label_key, max_batches=sensitivity_batches, threads=threads)
-        scores[name] = current.metric(metric.metric, current.all_nodes)
-        best = max(scores, key=lambda n: scores[n] if metric.higher_is_better else -scores[n])
-        simulator = current if best == name else simulator
-    if simulator is None:
-        raise QuantizationError("no calibrator to compare", hint="pass calibrators={'minmax': CalibratorSpec.create('minmax')}")
-    base = simulator.plan
-    notes: tuple[str, ...] = (f"calibrator {base.calibrator}: simulated all-int8 {metric.name} " + ", ".join(f"{k} {v:.5g}" for k, v in scores.items()),)
+    base = replace(auto_base_plan(spec, target, backend, exported), calibrator=next(iter(calibrators)))
+    notes: tuple[str, ...] = (f"calibrator {base.calibrator} (one calibration shared by every candidate of a graph)",)
     ranked: list[SensitivityReport] = []
 
     def sensitivity() -> SensitivityReport:  # once, on demand, for every ladder of every graph variant
         if not ranked:
-            assert simulator is not None
+            simulator = QuantizationSimulator(exported, base, builder.ranges(EXPORTED, base), evaluation_batches, output=metric.output,
+                                              label_key=metric.label_key, max_batches=sensitivity_batches, threads=threads)
             simulator.use_batches(max(1, min(simulator.batches, SENSITIVITY_RUN_BATCHES // (len(simulator.groups) + 2))))
             ranked.append(rank_groups(simulator, metric.metric, metric_name=metric.name, higher_is_better=metric.higher_is_better))
         return ranked[0]
@@ -426,6 +544,8 @@ def plan_auto_onnxruntime(
         dynamic_only = {} if graph == EXPORTED else _fused_dynamic_nodes(model)
         listed = auto_candidates(plan, groups, sensitivity, supported, max_kept=spec.auto_max_excluded, graph=graph,
                                  dynamic_only=dynamic_only, dynamic_plan=dynamic_plan, int4_plan=int4_plan, include_fallbacks=False)
+        if graph == EXPORTED:
+            listed = _with_plain_candidates(listed, base, supported, builder)
         candidates += [_bounded(item, bound) for item in listed]
         if graph != EXPORTED:
             references[graph] = model
@@ -434,14 +554,32 @@ def plan_auto_onnxruntime(
     result = search_auto(candidates, build=builder, evaluate=evaluate, time_models=time_models, reference=Path(fp32_path),
                          graph_references=references, sensitivity=None, noise_margin=noise_margin,
                          higher_is_better=metric.higher_is_better, metric_name=metric.name, budget_text=budget_text, notes=notes,
-                         time_budget_s=time_budget_s, started=started)
+                         time_budget_s=time_budget_s, started=started, time_budget_multiple=time_budget_multiple)
     report = ranked[0] if ranked else None
+    if result.chosen.name == FP32_REWRITTEN:
+        counts = builder.fold_counts.note() if builder.fold_counts is not None else None
+        notes += (f"fp32 (rewritten): the FP32 model after ONNX Runtime's quantization pre-processing"
+                  f"{' and ' + counts if counts else ''}; no quantized op",)
+    elif result.chosen.name == INT8_ORT_DEFAULT:
+        notes += ("int8 (ONNX Runtime quantize_static defaults) was the fastest plan inside the budget on this host",)
     if report is None:
         notes += ("sensitivity analysis not run: no ladder was tried (static int8 passed, was not faster than the bar, or could not be built)",)
     stats = {**result.stats, "calibration_passes": builder.calibration_passes, "calibration_cache_hits": builder.calibration_cache_hits,
              "sensitivity_runs": len(ranked), "sensitivity_seconds": round(report.seconds, 2) if report else 0.0,
              "timing_stopped_early": getattr(time_models, "stopped_early", 0)}
     return replace(result, sensitivity=report, notes=notes, stats=stats)
+
+
+def _with_plain_candidates(listed: list[Candidate | CandidateLadder], base: QuantizationPlan, supported: Sequence[Precision],
+                           builder: OrtCandidateBuilder) -> list[Candidate | CandidateLadder]:
+    """``listed`` with the float-rewrite FP32 candidate and ONNX Runtime's default static plan right after
+    the first static int8 candidate (so their latency is a bar early)."""
+    extra: list[Candidate | CandidateLadder] = []
+    extra.append(Candidate(FP32_REWRITTEN, Precision.FP32, None, FLOAT_REWRITES))
+    if Precision.INT8 in supported:
+        extra.append(Candidate(INT8_ORT_DEFAULT, Precision.INT8, ort_default_plan(base), ORT_DEFAULT))
+    at = next((i + 1 for i, item in enumerate(listed) if isinstance(item, Candidate) and item.precision is Precision.INT8), 0)
+    return [*listed[:at], *extra, *listed[at:]]
 
 
 #: Sensitivity analysis runs the switch model once per group (plus two) on each batch; past this many

@@ -151,29 +151,23 @@ def search_auto_precision(fp32_path: Path, out_path: Path, recipe: Any, target: 
                           bench_feeds: dict[str, np.ndarray], workdir: Path, threads: int) -> tuple[QuantizedModel, Any]:
     """``--precision auto``: the fastest plan this target supports that meets the recipe's budget (see
     :mod:`edgekit.quantize.auto`). Writes the chosen model to ``out_path``; returns it and the search result."""
-    from edgekit.evaluate.metrics import METRICS
-    from edgekit.quantize.auto_ort import MetricSpec, OrtInterleavedTimer, OrtMetricEvaluator, plan_auto_onnxruntime
+    from edgekit.quantize.auto_ort import OrtInterleavedTimer, RecipeEvaluator, plan_auto_onnxruntime, recipe_metric_spec
     from edgekit.quantize.calibration import CalibrationCache
     from edgekit.quantize.gating import supported_precisions
 
     spec = recipe.evaluation
-    if spec is None or spec.metric not in METRICS:  # callable and task metrics (detection, ...) read more than one output array
-        raise QuantizationError(
-            f"{recipe.path}: --precision auto needs an evaluation section with metric top1, cosine or mse"
-            + (f", not '{spec.metric}'" if spec is not None else ""),
-            hint="add evaluation: {metric: cosine, budget: {min_value: 0.99}} (or choose a precision)",
-        )
+    if spec is None:
+        raise QuantizationError(f"{recipe.path}: --precision auto needs an evaluation section with a metric and a budget",
+                                hint="add evaluation: {metric: cosine, budget: {min_value: 0.99}} (or choose a precision)")
     if not calibration_batches:
         raise QuantizationError(f"{recipe.path}: --precision auto needs data.calibration", hint="add a calibration data source to the recipe")
-    metric = METRICS[spec.metric]
-    output = spec.output or recipe.outputs[0]
-    evaluator = OrtMetricEvaluator(evaluation_batches, metric, spec.budget, fp32_path, output=output, label_key=spec.labels,
-                                   higher_is_better=spec.better_is_higher, threads=threads)
+    # Candidates are judged by the recipe's own metric (task metrics and callables too), as the build's evaluation stage does.
+    evaluator = RecipeEvaluator(recipe, evaluation_batches, fp32_path, threads=threads)
     timer = OrtInterleavedTimer(bench_feeds, threads=threads, keep_loaded=[fp32_path])
     result = plan_auto_onnxruntime(
         fp32_path, workdir / "auto", spec=recipe.build.quantization, target=target, backend=backend,
         supported=supported_precisions(target, backend), calibration_batches=calibration_batches, evaluation_batches=evaluation_batches,
-        metric=MetricSpec(metric, spec.metric, spec.better_is_higher, output, spec.labels), evaluate=evaluator, time_models=timer,
+        metric=recipe_metric_spec(recipe), evaluate=evaluator, time_models=timer,
         cache=CalibrationCache(default_cache_dir()), threads=threads, time_budget_s=recipe.build.quantization.auto_time_budget_s,
         bench_feeds=bench_feeds,
     )

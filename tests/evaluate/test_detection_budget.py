@@ -131,13 +131,15 @@ def test_the_fp32_detector_scores_itself_perfectly(tmp_path, detectors):
     assert result.to_manifest()["details"]["map_iou"] == 0.5
 
 
-def test_auto_precision_says_it_cannot_search_with_a_task_metric(tmp_path):
-    from edgekit.errors import QuantizationError
+def test_auto_precision_searches_with_the_task_metric(tmp_path):
+    """auto judges every candidate by the recipe's task metric (detection mAP here), as the build's evaluation does."""
     from edgekit.pipeline import build
 
     _detector(tmp_path / "good.onnx", scramble=False)
     text = (RECIPE % DETECTION).replace("data:\n", 'data:\n  calibration: {callable: "tests.evaluate.test_detection_budget:detector_batches"}\n'
                                          '  evaluation: {callable: "tests.evaluate.test_detection_budget:detector_batches", kwargs: {seed: 1}}\n')
     (tmp_path / "detector.yaml").write_text(text)
-    with pytest.raises(QuantizationError, match=r"--precision auto needs an evaluation section with metric top1, cosine or mse, not 'detection'"):
-        build(tmp_path / "detector.yaml", "x86-64-cpu", precision="auto", out=tmp_path / "auto")
+    result = build(tmp_path / "detector.yaml", "x86-64-cpu", precision="auto", out=tmp_path / "auto")
+    evaluated = [row for row in result.manifest["quantization"]["auto"]["candidates"] if row["value"] is not None]
+    assert evaluated and all(0.0 <= row["value"] <= 1.0 for row in evaluated)
+    assert result.manifest["accuracy"]["metric"] == "detection" and result.manifest["accuracy"]["passed"]
