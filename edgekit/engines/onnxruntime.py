@@ -45,10 +45,25 @@ def _node_count(model: Any) -> int:
 
 
 def convert_fp16(model: Any) -> Any:
-    """Weights and compute in FP16; inputs and outputs stay as the recipe declares them."""
-    from onnxruntime.transformers.float16 import convert_float_to_float16
+    """Weights and compute in FP16; inputs and outputs stay as the recipe declares them. BatchNormalizations
+    are folded into their convolutions first and nodes reading constants FP16 cannot hold stay FP32
+    (:func:`edgekit.engines.fp16.convert_fp16_report`, which also says what it did)."""
+    from edgekit.engines.fp16 import convert_fp16_report
 
-    return convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=False)
+    return convert_fp16_report(model)[0]
+
+
+def _convert_fp16_for(model: Any, cpu_arch: str | None) -> tuple[Any, dict[str, Any]]:
+    """The FP16 graph and its manifest record; for CPU providers (``cpu_arch`` set) the record and the build
+    log say that fp16 is not a speed-up there."""
+    from edgekit.engines.fp16 import CPU_FP16_NOTES, convert_fp16_report
+
+    converted, report = convert_fp16_report(model)
+    record = report.to_manifest()
+    if cpu_arch in CPU_FP16_NOTES:
+        record["note"] = CPU_FP16_NOTES[cpu_arch]
+        log.warning("fp16 on a CPU target (%s): %s", cpu_arch, CPU_FP16_NOTES[cpu_arch])
+    return converted, record
 
 
 def optimize_portable(src: Path, dst: Path) -> None:
@@ -88,7 +103,7 @@ def build_onnxruntime(model_path: Path, out_path: Path, target: TargetProfile, r
     model = onnx.load(str(model_path), load_external_data=True)
     nodes_in = _node_count(model)
     if precision is Precision.FP16:
-        model = convert_fp16(model)
+        model, details["fp16"] = _convert_fp16_for(model, target.cpu.arch if on_cpu else None)
     staged = out_path.with_name(out_path.stem + ".staged.onnx")
     large = model.ByteSize() > recipe.export.external_data_mb * 2**20
     onnx.save(model, str(staged), save_as_external_data=large, location=staged.name + ".data" if large else None)
