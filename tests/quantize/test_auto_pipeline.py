@@ -25,8 +25,28 @@ def test_auto_build_records_the_search(tiny_recipe, tmp_path):
     assert list(statuses.values()).count("chosen") == 1
     assert manifest["precision"] == next(row["precision"] for row in auto["candidates"] if row["status"] == "chosen")
     assert manifest["accuracy"]["passed"] is True
+    assert_label_matches_content(result.bundle_dir / "model.onnx", manifest)
     page = (result.bundle_dir / "report.html").read_text()
     assert "Plans the auto search tried" in page and "Precision and pruning" in page
+
+
+QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "DynamicQuantizeLinear",
+                 "MatMulNBits"}
+
+
+def assert_label_matches_content(model_path, manifest) -> None:  # type: ignore[no-untyped-def]
+    """A bundle labelled int8 contains quantized ops; one labelled fp32 contains none, and says when its graph was rewritten."""
+    import onnx
+
+    ops = {node.op_type for node in onnx.load(str(model_path), load_external_data=False).graph.node}
+    auto = manifest["quantization"]["auto"]
+    if manifest["precision"] in ("int8", "int8-dynamic", "int4"):
+        assert ops & QUANTIZED_OPS, f"labelled {manifest['precision']} but no quantized op in {sorted(ops)}"
+        assert auto["plan"] is not None
+    else:
+        assert not ops & QUANTIZED_OPS, f"labelled {manifest['precision']} but holds {sorted(ops & QUANTIZED_OPS)}"
+        assert auto["plan"] is None
+        assert (auto["graph"] == "float-rewrites") == any(note.startswith("fp32 (rewritten)") for note in auto["notes"])
 
 
 def test_auto_needs_calibration_and_evaluation(tiny_recipe, tmp_path):

@@ -1,0 +1,156 @@
+"""``--precision auto``'s plain candidates and its time bound (issue 17): the FP32 graph after edgekit's exact
+float rewrites (``fp32-rewritten``) and ONNX Runtime's own ``quantize_static`` defaults (``int8-ort-default``)
+are real candidates, chosen when they are the fastest inside the budget, and labelled by what they contain;
+the search's budget scales with its first candidate's cost. Builds and evaluations are real ONNX Runtime
+runs on a small PP-OCR-like block; latencies are scripted per file, so the choice is deterministic."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from edgekit.evaluate.metrics import METRICS
+from edgekit.precision import Backend, Precision
+from edgekit.quantize.auto import Candidate
+from edgekit.quantize.auto_ort import (
+    FLOAT_REWRITES,
+    FP32_REWRITTEN,
+    INT8_ORT_DEFAULT,
+    ORT_DEFAULT,
+    MetricSpec,
+    OrtMetricEvaluator,
+    plan_auto_onnxruntime,
+)
+from edgekit.quantize.gating import supported_precisions
+from edgekit.recipe import AccuracyBudget, QuantizationSpec
+from edgekit.target import get_target
+from tests.quantize.test_auto import Scripted, other, static
+from tests.quantize.test_cnn_folding import ppocr_block
+
+QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "ConvInteger", "MatMulInteger", "DynamicQuantizeLinear"}
+
+
+def blocks(count: int, seed: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.normal(0, 1, (4, 4, 10, 10)).astype(np.float32)} for _ in range(count)]
+
+
+def by_file(latency: dict[str, float], reference: Path):  # type: ignore[no-untyped-def]
+    """A timer that looks each file's latency up by a fragment of its name (the FP32 reference: 100 ms)."""
+
+    def time_models(paths: Sequence[Path]) -> list[float]:
+        out = []
+        for path in paths:
+            if Path(path) == reference:
+                out.append(100.0)
+                continue
+            out.append(next(ms for fragment, ms in latency.items() if fragment in Path(path).name))
+        return out
+
+    return time_models
+
+
+def search(fp32: Path, tmp_path: Path, latency: dict[str, float], min_value: float = 0.99):  # type: ignore[no-untyped-def]
+    target = get_target("x86-64-cpu")
+    evaluation = blocks(2, seed=5)
+    evaluator = OrtMetricEvaluator(evaluation, METRICS["cosine"], AccuracyBudget(min_value=min_value), fp32)
+    return plan_auto_onnxruntime(
+        fp32, tmp_path / "work", spec=QuantizationSpec(), target=target, backend=Backend.ONNXRUNTIME,
+        supported=supported_precisions(target, Backend.ONNXRUNTIME), calibration_batches=blocks(3, seed=1), evaluation_batches=evaluation,
+        metric=MetricSpec(METRICS["cosine"], "cosine"), evaluate=evaluator, time_models=by_file(latency, fp32), sensitivity_batches=2,
+        bench_feeds=evaluation[0], time_budget_multiple=None,
+    )
+
+
+def op_counts(path: Path) -> Counter:
+    return Counter(node.op_type for node in onnx.load(str(path)).graph.node)
+
+
+def test_the_float_rewrite_candidate_wins_when_int8_loses(tmp_path: Path) -> None:
+    """PP-OCR's classifier on AVX2: int8 slower than FP32, the rewritten float graph faster (0.76x there)."""
+    fp32 = ppocr_block(tmp_path / "fp32.onnx", pad_second=False)
+    result = search(fp32, tmp_path, {"int8-static": 120.0, "int8-ort-default": 130.0, "folded": 80.0, "fp16": 140.0})
+    rows = {row.name: row for row in result.table}
+    assert result.chosen.name == FP32_REWRITTEN and result.chosen.precision is Precision.FP32 and result.chosen.graph == FLOAT_REWRITES
+    assert rows[FP32_REWRITTEN].status == "chosen" and rows[FP32_REWRITTEN].latency_ratio == 0.8 and rows[FP32_REWRITTEN].passed
+    assert rows["int8-static"].status == "slower" and rows[INT8_ORT_DEFAULT].status == "slower"
+    # what it is: float (no quantized op), the HardSwish expansion and both affine pairs rewritten, the same outputs
+    chosen, original = op_counts(result.model_path), op_counts(fp32)
+    assert not QUANTIZED_OPS & set(chosen) and chosen["HardSigmoid"] == 1 and chosen["Div"] == 0 and sum(chosen.values()) < sum(original.values())
+    assert rows[FP32_REWRITTEN].value is not None and rows[FP32_REWRITTEN].value > 0.99999
+    manifest = result.to_manifest()
+    assert manifest["precision"] == "fp32" and manifest["graph"] == FLOAT_REWRITES and manifest["plan"] is None
+    assert any(note.startswith("fp32 (rewritten): ") and "HardSwish" in note for note in manifest["notes"])
+
+
+def test_onnx_runtimes_default_plan_wins_when_it_is_faster_and_is_what_quantize_static_writes(tmp_path: Path) -> None:
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    fp32 = ppocr_block(tmp_path / "fp32.onnx", pad_second=False)
+    result = search(fp32, tmp_path, {"int8-static": 80.0, "int8-ort-default": 60.0, "folded": 90.0, "fp16": 140.0})
+    rows = {row.name: row for row in result.table}
+    assert result.chosen.name == INT8_ORT_DEFAULT and rows[INT8_ORT_DEFAULT].status == "chosen" and rows["int8-static"].status == "passed"
+    plan = result.chosen.plan
+    assert result.chosen.precision is Precision.INT8 and result.chosen.graph == ORT_DEFAULT and plan is not None
+    assert (plan.per_channel, plan.calibrator, plan.activation_type, plan.reduce_range) == (True, "minmax", "uint8", False)
+    assert "Conv" in plan.op_types and "quantize_static" in plan.notes[0]
+    assert any("ONNX Runtime quantize_static defaults" in note for note in result.notes)
+
+    class Reader:
+        def __init__(self) -> None:
+            self.batches = iter(blocks(3, seed=1))
+
+        def get_next(self):  # type: ignore[no-untyped-def]
+            return next(self.batches, None)
+
+    # the same op counts as ONNX Runtime's own quantize_static (defaults) on the same pre-processed graph
+    peer = tmp_path / "peer.onnx"
+    quantize_static(str(tmp_path / "work" / "fp32-exported.onnx"), str(peer), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    assert op_counts(result.model_path) == op_counts(peer) and op_counts(peer)["QuantizeLinear"] > 0
+
+
+def test_a_float_rewrite_no_faster_than_fp32_is_never_chosen_and_does_not_skip_fp32(tmp_path: Path) -> None:
+    engine = Scripted(tmp_path, {"static": 0.95, "rewritten": 1.0, "fp32": 1.0}, {"static": 70, "rewritten": 101, "fp32": 100})
+    rewritten = Candidate("rewritten", Precision.FP32, None, FLOAT_REWRITES)
+    result = engine.search([static("static"), rewritten, other("fp32", Precision.FP32)])
+    rows = {row.name: row for row in result.table}
+    assert rows["rewritten"].status == "slower" and "a rewritten float graph is chosen only when it is faster than FP32" in rows["rewritten"].detail
+    assert result.chosen.name == "fp32" and rows["fp32"].status == "chosen"
+
+
+class Slow(Scripted):
+    """Every build takes ``build_s`` seconds."""
+
+    build_s = 0.2
+
+    def build(self, candidate: Candidate):  # type: ignore[no-untyped-def]
+        time.sleep(self.build_s)
+        return super().build(candidate)
+
+
+def test_the_time_budget_is_a_multiple_of_the_first_candidate_and_skips_what_would_overrun(tmp_path: Path) -> None:
+    engine = Slow(tmp_path, {"a": 0.995, "b": 0.995, "c": 0.995, "d": 0.995, "fp32": 1.0}, {"a": 90, "b": 80, "c": 70, "d": 60, "fp32": 100})
+    result = engine.search([static("a"), other("b", Precision.INT8), other("c", Precision.INT8), other("d", Precision.INT8),
+                            other("fp32", Precision.FP32)], time_budget_multiple=2.5)
+    rows = {row.name: row for row in result.table}
+    first = rows["a"].seconds
+    assert abs(result.stats["time_budget_s"] - 2.5 * first) < 0.15  # the budget: 2.5x what the first candidate took
+    assert engine.built == ["a", "b"] and result.chosen.name == "b"
+    for name in ("c", "d"):
+        assert rows[name].status == "skipped" and "time budget would overrun" in rows[name].detail and "2.5x the first candidate's" in rows[name].detail
+    assert rows["fp32"].status == "skipped" and "cannot beat b" in rows["fp32"].detail  # the reference is never skipped for time
+
+
+def test_an_explicit_time_budget_caps_the_scaled_one(tmp_path: Path) -> None:
+    engine = Slow(tmp_path, {"a": 0.9, "b": 0.995, "fp32": 1.0}, {"a": 90, "b": 80, "fp32": 100})
+    result = engine.search([static("a"), other("b", Precision.INT8), other("fp32", Precision.FP32)], time_budget_multiple=10.0, time_budget_s=0.3)
+    rows = {row.name: row for row in result.table}
+    assert result.stats["time_budget_s"] == 0.3
+    assert rows["b"].status == "skipped" and "quantization.auto_time_budget_s 0.3 s" in rows["b"].detail
+    assert result.chosen.name == "fp32" and engine.built == ["a", "fp32"]
