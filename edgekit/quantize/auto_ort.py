@@ -544,13 +544,12 @@ def plan_auto_onnxruntime(
         dynamic_only = {} if graph == EXPORTED else _fused_dynamic_nodes(model)
         listed = auto_candidates(plan, groups, sensitivity, supported, max_kept=spec.auto_max_excluded, graph=graph,
                                  dynamic_only=dynamic_only, dynamic_plan=dynamic_plan, int4_plan=int4_plan, include_fallbacks=False)
-        if graph == EXPORTED:
-            listed = _with_plain_candidates(listed, base, supported, builder)
         candidates += [_bounded(item, bound) for item in listed]
         if graph != EXPORTED:
             references[graph] = model
             notes += (f"graph variant {graph}: fused {builder.fusion_stats}",)
     candidates += [_bounded(item, bound) for item in fallback_candidates(supported, int4_plan)]
+    candidates = _with_plain_candidates(candidates, base, supported)
     result = search_auto(candidates, build=builder, evaluate=evaluate, time_models=time_models, reference=Path(fp32_path),
                          graph_references=references, sensitivity=None, noise_margin=noise_margin,
                          higher_is_better=metric.higher_is_better, metric_name=metric.name, budget_text=budget_text, notes=notes,
@@ -570,10 +569,11 @@ def plan_auto_onnxruntime(
     return replace(result, sensitivity=report, notes=notes, stats=stats)
 
 
-def _with_plain_candidates(listed: list[Candidate | CandidateLadder], base: QuantizationPlan, supported: Sequence[Precision],
-                           builder: OrtCandidateBuilder) -> list[Candidate | CandidateLadder]:
+def _with_plain_candidates(listed: list[Candidate | CandidateLadder], base: QuantizationPlan,
+                           supported: Sequence[Precision]) -> list[Candidate | CandidateLadder]:
     """``listed`` with the float-rewrite FP32 candidate and ONNX Runtime's default static plan right after
-    the first static int8 candidate (so their latency is a bar early)."""
+    the first static int8 candidate of any graph variant (so that their latency is a bar early, and the
+    time budget, scaled from the first candidate, always leaves them room)."""
     extra: list[Candidate | CandidateLadder] = []
     extra.append(Candidate(FP32_REWRITTEN, Precision.FP32, None, FLOAT_REWRITES))
     if Precision.INT8 in supported:
