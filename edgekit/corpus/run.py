@@ -1,9 +1,15 @@
-"""One corpus model through every precision: edgekit builds (the pipeline, as a user runs it), ONNX
-Runtime's own quantizers as the peers to beat, the task metric against FP32, and latency timed
-interleaved (every variant gets a turn each round, so noise on a shared host hits all of them alike)."""
+"""One corpus model through every precision and target: edgekit builds (the pipeline, as a user runs it),
+ONNX Runtime's own quantizers as the peers to beat, the model's task metric (its recipe's ``evaluation``)
+against FP32, the golden self-check of every bundle, and latency timed interleaved on this host (every
+variant gets a turn each round, so noise on a shared host hits all of them alike).
+
+Only :data:`HOST_TARGET` runs here. Bundles for other targets (an aarch64 board, a Jetson whose TensorRT
+engine is built on the device) are built, self-checked on ONNX Runtime's CPU provider and estimated with
+``edgekit estimate`` instead of timed."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -13,15 +19,18 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from edgekit.corpus.base import Batch, CorpusModel
-from edgekit.corpus.metrics import TASK_METRICS, cosine
+from edgekit.corpus.metrics import cosine, evaluation_spec, task_metric
 from edgekit.corpus.recipes import write_recipe
 
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "fp16", "int8", "int8-dynamic", "auto")
 PEERS = ("ort-quantize_static", "ort-quantize_dynamic")
-#: --precision auto's budget: mean cosine of the output to FP32.
-AUTO_MIN_COSINE = 0.98
+TARGETS = ("x86-64-cpu", "raspberry-pi-5", "jetson-orin-nano-8gb")
+#: The target this host runs and times; the others are built, self-checked and estimated.
+HOST_TARGET = "x86-64-cpu"
+#: Timed calls per variant in each round (after one untimed call).
+CALLS_PER_ROUND = 3
 
 
 @dataclass
@@ -33,16 +42,30 @@ class CorpusRow:
     build_s: float | None = None
     metric_name: str = ""
     metric: float | None = None
+    min_value: float | None = None  # the task-metric budget (the recipe's evaluation.budget.min_value for auto)
+    meets_budget: bool | None = None
     cosine: float | None = None
-    p50_ms: float | None = None
+    p50_ms: float | None = None  # host target: median of every timed call
+    p25_ms: float | None = None
+    p75_ms: float | None = None
+    round_ms: list[float] = field(default_factory=list)  # the median of each round, for per-round ratios
     x_fp32: float | None = None
-    x_best_ort: float | None = None  # latency over the faster ONNX Runtime quantizer's
+    x_best_ort: float | None = None  # latency over the faster ONNX Runtime quantizer that meets the budget
+    best_ort: str | None = None  # which one
+    estimate_p50_ms: float | None = None  # other targets: edgekit estimate's p50
+    estimate_engine: str | None = None
+    golden: str | None = None  # "pass", "fail: ...", or why it could not run; None for peers (no bundle)
     chosen: str | None = None  # auto: the precision and plan it chose
     notes: list[str] = field(default_factory=list)
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "CorpusRow":
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
 
 
 def _session(path: Path, threads: int) -> Any:
@@ -60,9 +83,36 @@ def _feeds(session: Any, batch: Batch) -> dict[str, np.ndarray]:
     return {k: v for k, v in batch.items() if k in names}
 
 
-def ort_peers(model: CorpusModel, work: Path) -> dict[str, Path]:
+def _outputs(session: Any, batch: Batch) -> dict[str, np.ndarray]:
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, _feeds(session, batch))))
+
+
+# ---------------------------------------------------------------- build times kept beside reused artifacts
+
+
+def _sidecar(artifact: Path) -> Path:
+    return artifact.with_name(artifact.name + ".build.json")
+
+
+def _remember_build(artifact: Path, seconds: float) -> None:
+    _sidecar(artifact).write_text(json.dumps({"build_s": seconds}))
+
+
+def _recalled_build(artifact: Path) -> float | None:
+    try:
+        return float(json.loads(_sidecar(artifact).read_text())["build_s"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+# ---------------------------------------------------------------- peers
+
+
+def ort_peers(model: CorpusModel, work: Path, reuse: bool = False) -> list[CorpusRow]:
     """ONNX Runtime's quantize_static (QDQ, per-channel int8 weights, uint8 activations, MinMax on the
-    corpus's calibration batches) and quantize_dynamic (per-channel int8), after its own pre-processing."""
+    corpus's calibration batches) and quantize_dynamic (per-channel int8), after its own pre-processing;
+    one row each with the file in ``notes[0]`` (``path:...``), or the quantizer's error."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
 
     from edgekit.quantize.ort_writers import preprocess
@@ -75,94 +125,241 @@ def ort_peers(model: CorpusModel, work: Path) -> dict[str, Path]:
             return next(self.batches, None)
 
     work.mkdir(parents=True, exist_ok=True)
-    pre = preprocess(model.onnx_path, work / "pre.onnx")
     out = {"ort-quantize_static": work / "ort_static.onnx", "ort-quantize_dynamic": work / "ort_dynamic.onnx"}
-    quantize_static(str(pre), str(out["ort-quantize_static"]), Reader(model.calibration), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
-    quantize_dynamic(str(pre), str(out["ort-quantize_dynamic"]), per_channel=True, weight_type=QuantType.QInt8)
-    return out
+    quantizers: dict[str, Callable[[Path, Path], None]] = {
+        "ort-quantize_static": lambda pre, dst: quantize_static(
+            str(pre), str(dst), Reader(model.calibration), quant_format=QuantFormat.QDQ, per_channel=True,
+            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8),
+        "ort-quantize_dynamic": lambda pre, dst: quantize_dynamic(str(pre), str(dst), per_channel=True, weight_type=QuantType.QInt8),
+    }
+    pre, pre_s = work / "pre.onnx", 0.0
+    rows = []
+    for name, quantize in quantizers.items():
+        row = CorpusRow(model.name, name, HOST_TARGET)
+        rows.append(row)
+        if reuse and out[name].is_file() and _recalled_build(out[name]) is not None:
+            row.build_s, row.size_bytes = _recalled_build(out[name]), _size(out[name])
+            row.notes.append("reused")
+            continue
+        start = time.perf_counter()
+        try:
+            if not pre_s:  # once, for both quantizers
+                preprocess(model.onnx_path, pre)
+                pre_s = time.perf_counter() - start
+                start = time.perf_counter()
+            quantize(pre, out[name])
+        except Exception as exc:  # the peer's own failure is a result, not a crash of the corpus
+            row.error = f"ONNX Runtime {name.removeprefix('ort-')} failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            continue
+        row.build_s = pre_s + time.perf_counter() - start  # each peer pays its pre-processing
+        row.size_bytes = _size(out[name])
+        _remember_build(out[name], row.build_s)
+    return rows
 
 
-def interleaved_p50_ms(calls: dict[str, Callable[[], Any]], rounds: int, settle_s: float = 0.06) -> dict[str, float]:
-    """Median latency per variant: each round gives every variant a pause (ONNX Runtime's pool spins ~50 ms
-    after a run), one untimed call and three timed ones."""
+def peer_path(work: Path, name: str) -> Path:
+    return work / {"ort-quantize_static": "ort_static.onnx", "ort-quantize_dynamic": "ort_dynamic.onnx"}[name]
+
+
+# ---------------------------------------------------------------- timing
+
+
+def interleaved_samples(calls: dict[str, Callable[[], Any]], rounds: int, settle_s: float = 0.06) -> dict[str, list[list[float]]]:
+    """Latency samples (ms) per variant and round: each round gives every variant a pause (ONNX Runtime's
+    pool spins ~50 ms after a run), one untimed call and :data:`CALLS_PER_ROUND` timed ones."""
     for call in calls.values():
         call()
-    samples: dict[str, list[float]] = {name: [] for name in calls}
+    samples: dict[str, list[list[float]]] = {name: [] for name in calls}
     for _ in range(rounds):
         for name, call in calls.items():
             time.sleep(settle_s)
             call()
-            for _ in range(3):
+            this_round = []
+            for _ in range(CALLS_PER_ROUND):
                 start = time.perf_counter_ns()
                 call()
-                samples[name].append((time.perf_counter_ns() - start) / 1e6)
-    return {name: float(np.median(values)) for name, values in samples.items()}
+                this_round.append((time.perf_counter_ns() - start) / 1e6)
+            samples[name].append(this_round)
+    return samples
+
+
+def interleaved_p50_ms(calls: dict[str, Callable[[], Any]], rounds: int, settle_s: float = 0.06) -> dict[str, float]:
+    """Median latency per variant over interleaved rounds (see :func:`interleaved_samples`)."""
+    return {name: float(np.median(per_round)) for name, per_round in interleaved_samples(calls, rounds, settle_s).items()}
 
 
 def _size(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
+    return sum(p.stat().st_size for p in path.parent.glob(path.name + "*") if not p.name.endswith(".build.json"))
 
 
-def _build(recipe: Path, target: str, precision: str, out: Path, row: CorpusRow) -> Path | None:
+# ---------------------------------------------------------------- builds
+
+
+def _error_text(exc: Any) -> str:
+    first = exc.message.splitlines()[0]
+    return f"{first} (fix: {exc.hint})" if getattr(exc, "hint", None) else first
+
+
+def _from_manifest(manifest: dict[str, Any], precision: str, row: CorpusRow) -> None:
+    plan = (manifest.get("quantization") or {}).get("plan")
+    if precision == "auto":
+        search = (manifest.get("quantization") or {}).get("auto") or {}
+        chosen = str(search.get("chosen") or manifest.get("precision") or "")
+        used = str(manifest.get("precision") or "")
+        row.chosen = chosen if not used or used in chosen else f"{chosen} ({used})"
+    if plan:
+        row.notes.extend(note for note in plan.get("notes", []) if note.startswith(("int8-dynamic quantized", "kept float")))
+    decision = manifest.get("precision_decision") or {}
+    if decision.get("refused_because"):
+        row.notes.append(f"fell back from {decision.get('requested')}: {decision['refused_because']}")
+    tensorrt = (manifest.get("backend") or {}).get("tensorrt") or {}
+    if tensorrt.get("engine_built_on") == "device":
+        row.notes.append("TensorRT engine is built on the device (this host has no TensorRT)")
+
+
+def _build(recipe: Path, target: str, precision: str, out: Path, row: CorpusRow, reuse: bool) -> Path | None:
+    """Build one bundle (or reuse the one at ``out``); fills the row's build time, size and notes."""
     from edgekit.errors import EdgekitError
     from edgekit.pipeline import build
 
-    start = time.perf_counter()
+    if reuse and (out / "manifest.json").is_file():
+        manifest = json.loads((out / "manifest.json").read_text())
+        row.build_s = _recalled_build(out) or sum(float(s.get("seconds", 0)) for s in manifest.get("stages", []))
+        row.notes.append("reused")
+    else:
+        start = time.perf_counter()
+        try:
+            manifest = build(recipe, target, precision=precision, out=out, force=True).manifest
+        except EdgekitError as exc:
+            row.error = _error_text(exc)
+            return None
+        finally:
+            row.build_s = time.perf_counter() - start
+        _remember_build(out, row.build_s)
+    _from_manifest(manifest, precision, row)
+    row.size_bytes = _size(out / "model.onnx")
+    return out
+
+
+def golden_check(bundle_dir: Path, threads: int) -> str:
+    """The runtime's golden self-check of a bundle, as a device runs it before serving: "pass", or what failed.
+    A TensorRT bundle is checked on ONNX Runtime's CPU provider here (its QDQ graph), as the build's golden stage does."""
+    from edgekit_runtime.backends import OnnxRuntimeRunner, create_runner
+    from edgekit_runtime.bundle import open_bundle, self_check
+    from edgekit_runtime.errors import EdgekitError
+
     try:
-        result = build(recipe, target, precision=precision, out=out, force=True)
+        bundle = open_bundle(bundle_dir)
+        stand_in = bundle.backend.get("name") != "onnxruntime"
+        runner = (OnnxRuntimeRunner.from_bundle(bundle, execution_providers=["CPUExecutionProvider"], intra_op_threads=threads)
+                  if stand_in else create_runner(bundle, intra_op_threads=threads))
+        result = self_check(bundle, runner, raise_on_failure=False)
     except EdgekitError as exc:
-        row.error = exc.message.splitlines()[0]
-        return None
-    finally:
-        row.build_s = time.perf_counter() - start
-    manifest = result.manifest
-    plan = (manifest.get("quantization") or {}).get("plan")
-    if precision == "auto":
-        row.chosen = str(manifest.get("precision_decision", {}).get("reason", "")).removeprefix("auto: ")
-    if plan:
-        row.notes.extend(note for note in plan.get("notes", []) if note.startswith(("int8-dynamic quantized", "kept float")))
-    return result.bundle_dir / "model.onnx"
+        return f"fail: {exc.message.splitlines()[0]}"
+    on = " (on ONNX Runtime CPU: no TensorRT here)" if stand_in else ""
+    if result.passed:
+        return f"pass{on}"
+    failed = [check.name for check in result.outputs if not check.passed]
+    return f"fail{on}: outputs {', '.join(failed)}"
 
 
-def run_model(model: CorpusModel, work: Path, targets: Sequence[str] = ("x86-64-cpu",), precisions: Sequence[str] = PRECISIONS,
-              rounds: int = 10, threads: int = 2, peers: bool = True) -> list[CorpusRow]:
-    """Build, evaluate and time one model; rows for every (target, variant). Only the host's own target
-    (x86-64-cpu) is timed and evaluated here; other targets' rows record the build (size, time, errors)."""
-    metric_name, metric = TASK_METRICS[model.task]
+def _estimate(bundle_dir: Path, target: str, row: CorpusRow) -> None:
+    from edgekit.errors import EdgekitError
+    from edgekit.estimate.inputs import estimate_path
+
+    try:
+        estimate, _ = estimate_path(bundle_dir, target)
+    except EdgekitError as exc:
+        row.notes.append(f"no estimate: {exc.message.splitlines()[0]}")
+        return
+    row.estimate_p50_ms = estimate.p50_ms
+    row.estimate_engine = estimate.engine + (f" at {estimate.power_mode}" if estimate.power_mode else "")
+
+
+def _judge(row: CorpusRow, value: float | None, min_value: float) -> None:
+    row.metric, row.min_value = value, min_value
+    row.meets_budget = None if value is None else bool(value >= min_value)
+
+
+# ---------------------------------------------------------------- one model
+
+
+def run_model(model: CorpusModel, work: Path, targets: Sequence[str] = TARGETS, precisions: Sequence[str] = PRECISIONS,
+              rounds: int = 10, threads: int = 2, peers: bool = True, reuse: bool = False) -> list[CorpusRow]:
+    """Build, self-check, evaluate and time one model; rows for every (target, variant). The host target's
+    rows are evaluated and timed here; other targets' rows carry the build's own (host) evaluation and
+    ``edgekit estimate``'s p50 for the target."""
+    spec = evaluation_spec(model)
+    metric_name = _metric_name(spec)
     recipe = write_recipe(model, work / "recipe")
-    auto_recipe = write_recipe(model, work / "recipe-auto", min_value=AUTO_MIN_COSINE)
+    auto_recipe = write_recipe(model, work / "recipe-auto", min_value=model.min_value)
     rows: list[CorpusRow] = []
-    paths: dict[str, Path] = {}
+    bundles: dict[str, Path] = {}
     for target in targets:
         for precision in precisions:
-            row = CorpusRow(model.name, precision, target, metric_name=metric_name)
-            path = _build(auto_recipe if precision == "auto" else recipe, target, precision, work / "bundles" / target / precision, row)
-            if path is not None:
-                row.size_bytes = _size(path)
-                if target == "x86-64-cpu":
-                    paths[precision] = path
+            row = CorpusRow(model.name, precision, target, metric_name=metric_name, min_value=model.min_value)
             rows.append(row)
-    host = [r for r in rows if r.target == "x86-64-cpu"]
-    if peers and "x86-64-cpu" in targets:
-        start = time.perf_counter()
-        for name, path in ort_peers(model, work / "peers").items():
-            row = CorpusRow(model.name, name, "x86-64-cpu", size_bytes=_size(path), build_s=time.perf_counter() - start, metric_name=metric_name)
-            paths[name] = path
-            rows.append(row)
-            host.append(row)
-    if "fp32" not in paths:
+            log.info("%s: build %s %s", model.name, target, precision)
+            bundle = _build(auto_recipe if precision == "auto" else recipe, target, precision, work / "bundles" / target / precision, row, reuse)
+            if bundle is None:
+                continue
+            row.golden = golden_check(bundle, threads)
+            if target == HOST_TARGET:
+                bundles[precision] = bundle / "model.onnx"
+            else:
+                _estimate(bundle, target, row)
+                accuracy = json.loads((bundle / "manifest.json").read_text()).get("accuracy") or {}
+                if accuracy.get("metric") == spec.metric and accuracy.get("value") is not None:
+                    _judge(row, float(accuracy["value"]), model.min_value)
+                    row.notes.append("task metric from the build's evaluation on this host")
+    if HOST_TARGET not in targets:
         return rows
+    host = [r for r in rows if r.target == HOST_TARGET]
+    if peers:
+        for row in ort_peers(model, work / "peers", reuse):
+            row.metric_name, row.min_value = metric_name, model.min_value
+            host.append(row)
+            if row.error is None:
+                bundles[row.variant] = peer_path(work / "peers", row.variant)
+    if "fp32" in bundles:
+        measure_host(model, host, bundles, rounds, threads)
+    return host + [r for r in rows if r.target != HOST_TARGET]
+
+
+def _metric_name(spec: Any) -> str:
+    options = spec.options
+    report = getattr(options, "report", None)
+    match_iou = getattr(options, "match_iou", None)
+    return str(spec.metric) + (f" {report}" if report else "") + (f" mAP@{match_iou:g}" if match_iou else "")
+
+
+def _bench_call(session: Any, batch: Batch) -> Callable[[], Any]:
+    feeds = _feeds(session, batch)
+    return lambda: session.run(None, feeds)
+
+
+def measure_host(model: CorpusModel, rows: list[CorpusRow], paths: dict[str, Path], rounds: int, threads: int) -> None:
+    """Evaluate (task metric and cosine against FP32's outputs) and time every variant in ``paths`` interleaved."""
     sessions = {name: _session(path, threads) for name, path in paths.items()}
-    outputs = {name: [s.run([model.output], _feeds(s, b))[0] for b in model.evaluation] for name, s in sessions.items()}
-    latency = interleaved_p50_ms({name: (lambda s=s: s.run([model.output], _feeds(s, model.bench))) for name, s in sessions.items()}, rounds)
-    best_ort = min((latency[p] for p in PEERS if p in latency), default=None)
-    for row in host:
+    outputs = {name: [_outputs(s, b) for b in model.evaluation] for name, s in sessions.items()}
+    samples = interleaved_samples({name: _bench_call(s, model.bench) for name, s in sessions.items()}, rounds)
+    for row in rows:
         if row.variant not in paths:
             continue
-        row.metric = metric(outputs[row.variant], outputs["fp32"])
-        row.cosine = cosine(outputs[row.variant], outputs["fp32"])
-        row.p50_ms = latency[row.variant]
-        row.x_fp32 = latency[row.variant] / latency["fp32"]
-        row.x_best_ort = latency[row.variant] / best_ort if best_ort else None
-    return rows
+        value, _ = task_metric(model, outputs[row.variant], outputs["fp32"])
+        _judge(row, float(value), model.min_value)
+        row.cosine = cosine([o[model.output] for o in outputs[row.variant]], [o[model.output] for o in outputs["fp32"]])
+        flat = [t for per_round in samples[row.variant] for t in per_round]
+        row.p50_ms = float(np.median(flat))
+        row.p25_ms, row.p75_ms = (float(q) for q in np.percentile(flat, [25, 75]))
+        row.round_ms = [float(np.median(per_round)) for per_round in samples[row.variant]]
+    by_variant = {r.variant: r for r in rows}
+    fp32 = by_variant["fp32"].p50_ms
+    in_budget = [by_variant[p] for p in PEERS if p in by_variant and by_variant[p].p50_ms is not None and by_variant[p].meets_budget]
+    best = min(in_budget, key=lambda r: r.p50_ms or 0.0, default=None)
+    for row in rows:
+        if row.p50_ms is None:
+            continue
+        row.x_fp32 = row.p50_ms / fp32 if fp32 else None
+        if best is not None and best.p50_ms:
+            row.x_best_ort, row.best_ort = row.p50_ms / best.p50_ms, best.variant

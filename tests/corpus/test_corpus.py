@@ -1,12 +1,10 @@
 """The conformance corpus, reduced so CI runs it: every provider makes a model that runs (wheels skip
-cleanly when absent), the task metrics on known inputs, and one model end to end through the pipeline and
-ONNX Runtime's quantizers, plus scripts/corpus.py writing its table."""
+cleanly when absent) and the task metrics on known inputs; the runner end to end and scripts/corpus.py
+are in test_run.py."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +16,6 @@ from edgekit.corpus.base import find_wheel
 from edgekit.corpus.metrics import TASK_METRICS, ctc_greedy, ctc_text_agreement, decision_agreement, task_metric, text_map_iou
 from edgekit.errors import SourceError
 
-REPO = Path(__file__).resolve().parents[2]
 WHEELS = Path(os.environ.get("EDGEKIT_CORPUS_WHEELS", Path.home() / ".cache" / "edgekit" / "corpus" / "wheels"))
 
 
@@ -68,39 +65,4 @@ def test_task_metrics_on_known_outputs():
     assert decision_agreement([np.array([[0.6], [0.4]])], [np.array([[0.7], [0.6]])]) == pytest.approx(0.5)
 
 
-def _small_model(tmp_path: Path):  # type: ignore[no-untyped-def]
-    if list(WHEELS.glob("rapidocr_onnxruntime-*.whl")):
-        return PROVIDERS["ppocr-cls"].make(tmp_path / "model", WHEELS, 0.2)
-    return PROVIDERS["resnet"].make(tmp_path / "model", WHEELS, 0.2)
-
-
-def test_one_model_end_to_end(tmp_path):
-    """fp32, int8 and int8-dynamic built by the pipeline, ONNX Runtime's two quantizers beside them, all
-    evaluated and timed interleaved: sizes, metrics and ratios are real numbers."""
-    from edgekit.corpus.run import run_model
-
-    model = _small_model(tmp_path)
-    rows = {row.variant: row for row in run_model(model, tmp_path / "run", precisions=("fp32", "int8", "int8-dynamic"), rounds=2)}
-    assert set(rows) == {"fp32", "int8", "int8-dynamic", "ort-quantize_static", "ort-quantize_dynamic"}
-    assert all(row.error is None for row in rows.values()), {k: r.error for k, r in rows.items()}
-    assert rows["fp32"].x_fp32 == pytest.approx(1.0) and rows["fp32"].metric == pytest.approx(1.0)
-    assert rows["int8"].size_bytes < 0.6 * rows["fp32"].size_bytes
-    assert rows["int8"].metric >= 0.9 and rows["int8"].cosine >= 0.95
-    assert all(row.p50_ms > 0 and row.x_best_ort > 0 for row in rows.values())
-    assert min(rows[p].x_best_ort for p in ("ort-quantize_static", "ort-quantize_dynamic")) == pytest.approx(1.0)
-    assert any(note.startswith("int8-dynamic quantized") for note in rows["int8-dynamic"].notes), rows["int8-dynamic"].notes
-
-
-def test_script_writes_the_table(tmp_path):
-    name = "ppocr-cls" if list(WHEELS.glob("rapidocr_onnxruntime-*.whl")) else "resnet"
-    out = tmp_path / "corpus.md"
-    out.write_text("# Hand-written intro\n<!-- corpus:table -->\nold table\n<!-- /corpus:table -->\nHand-written analysis.\n")
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "corpus.py"), "--models", name, "--precisions", "fp32,int8", "--rounds", "1",
-                           "--scale", "0.2", "--wheels", str(WHEELS), "--out", str(out), "--json", str(tmp_path / "rows.json")],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
-    text = out.read_text()
-    assert "| model | target | variant | size MB |" in text and "CPU flags:" in text
-    assert f"| {name} | x86-64-cpu | int8 |" in text and f"| {name} | x86-64-cpu | ort-quantize_static |" in text
-    assert text.startswith("# Hand-written intro\n") and text.endswith("<!-- /corpus:table -->\nHand-written analysis.\n")
-    assert "old table" not in text
+# The runner end to end and scripts/corpus.py's table: tests/corpus/test_run.py.
