@@ -4,7 +4,9 @@ Tolerances are derived per output from what the built model does on the golden i
 element error and smallest row cosine against the reference, measured with the runtime's own
 :func:`compare_output`, widened by a margin (:func:`margin_for`) and kept in sane ranges (never tighter than the recipe's
 parity tolerance, ``atol`` no wider than the output's own magnitude unless the built model already
-deviates that much, ``min_cosine`` within 0..1). A model of the same signature with other weights then
+deviates that much, ``min_cosine`` within 0..1). An output that mixes ranges (boxes in pixels and scores in
+0..1 in one tensor) gets a band that grows with the golden value (``atol + rtol x |golden|``) where that is
+narrower on average, so wrong scores are not hidden under the boxes' error. A model of the same signature with other weights then
 fails the device's self-check, while the bundle that was built passes it. The section is parsed with the
 runtime's :func:`parse_tolerances` before it is written, so the host never writes what the device refuses.
 """
@@ -39,6 +41,14 @@ WEAK_COSINE = 0.9
 #: and the rest, times the margin, may fall outside it, up to MAX_OUTLIER_FRACTION of an output.
 OUTLIER_QUANTILE = 0.999
 MAX_OUTLIER_FRACTION = 0.01
+#: An output whose values span ranges (boxes in pixels beside scores in 0..1, in one tensor) gets a tolerance
+#: band that grows with the golden value, ``atol + rtol x |golden|``, when that band is narrower on average over
+#: the golden elements than one absolute band (by RELATIVE_GAIN at least): a YOLO-style head off by 3.5 px on
+#: its boxes and 0.01 on its scores then no longer accepts scores off by 0.7. rtol is at most RTOL_MAX (x margin).
+RTOL_MAX = 0.05
+RELATIVE_GAIN = 0.8
+#: The band is fitted on at most this many elements of an output (a deterministic stride), checked on all.
+FIT_ELEMENTS = 1 << 20
 
 
 def margin_for(precision: Precision) -> float:
@@ -88,11 +98,16 @@ def derive_tolerances(expected: Sequence[Mapping[str, np.ndarray]], built: Seque
             atol, rtol, min_cosine = max(atol, extra_rtol * scale), max(rtol, extra_rtol), min(min_cosine, extra_cosine)
         loosest[name] = Tolerance(atol=atol, rtol=rtol, min_cosine=min_cosine)
         measured[name] = {"max_abs_diff": error, "cosine_min": cosine, "max_abs_reference": scale}
-        outliers = None if device_applied is not None else (  # the device's own deviation was not measured here
-            _outlier_tolerance([e[name] for e in expected], [b[name] for b in built], loosest[name], parity.atol, margin))
-        if outliers is not None:
-            measured[name]["outlier_fraction"] = outliers.max_mismatched_fraction / margin
-        outputs[name] = outliers or loosest[name]
+        tolerance = loosest[name]
+        if device_applied is None:  # the device's own deviation was not measured here: keep its format's band
+            relative = _relative_tolerance([e[name] for e in expected], [b[name] for b in built], loosest[name], parity, margin)
+            if relative is not None:
+                tolerance, measured[name]["relative_error"] = relative
+            outliers = _outlier_tolerance([e[name] for e in expected], [b[name] for b in built], tolerance, parity.atol, margin)
+            if outliers is not None:
+                measured[name]["outlier_fraction"] = outliers.max_mismatched_fraction / margin
+                tolerance = outliers
+        outputs[name] = tolerance
         atol = outputs[name].atol
         if atol >= scale and min_cosine < WEAK_COSINE:
             measured[name]["weak"] = (f"output '{name}': the golden outputs stay within atol {atol:.3g} of zero (largest {scale:.3g}) and "
@@ -101,6 +116,32 @@ def derive_tolerances(expected: Sequence[Mapping[str, np.ndarray]], built: Seque
     default = Tolerance(atol=max(t.atol for t in loosest.values()), rtol=max(t.rtol for t in loosest.values()),
                         min_cosine=min(t.min_cosine for t in loosest.values()))
     return GoldenTolerances(default, outputs), measured
+
+
+def _relative_tolerance(expected: Sequence[np.ndarray], built: Sequence[np.ndarray], absolute: Tolerance, parity: ParitySpec,
+                        margin: float) -> tuple[Tolerance, float] | None:
+    """A band ``atol + rtol x |golden|`` that holds every element and is narrower on average over the golden
+    elements than ``absolute`` (by RELATIVE_GAIN), with the relative error it was fitted at; None when one
+    absolute band is as good (outputs of one range), or the output is not floating point."""
+    if np.asarray(expected[0]).dtype.kind not in "fc":
+        return None
+    magnitude = np.concatenate([np.abs(np.asarray(e, dtype=np.float64)).reshape(-1) for e in expected])
+    error = np.concatenate([np.abs(np.asarray(b, dtype=np.float64) - np.asarray(e, dtype=np.float64)).reshape(-1)
+                            for e, b in zip(expected, built)])
+    if error.size == 0 or not np.isfinite(error).all() or error.max() == 0:
+        return None
+    stride = max(1, error.size // FIT_ELEMENTS)
+    fit_magnitude, fit_error, mean_magnitude = magnitude[::stride], error[::stride], float(magnitude.mean())
+    best_width, best_rtol = float(error.max()), 0.0  # rtol 0: one absolute band, every element inside
+    for rtol in np.geomspace(1e-5, RTOL_MAX, 48):
+        width = max(0.0, float((fit_error - rtol * fit_magnitude).max())) + rtol * mean_magnitude
+        if width < best_width:
+            best_width, best_rtol = width, float(rtol)
+    if best_rtol == 0.0 or best_width > RELATIVE_GAIN * float(error.max()):
+        return None
+    atol = max(0.0, float((error - best_rtol * magnitude).max()))  # every element, not only the fitted ones
+    band = Tolerance(atol=max(parity.atol, margin * atol), rtol=max(parity.rtol, margin * best_rtol), min_cosine=absolute.min_cosine)
+    return (band, best_rtol) if band.atol < absolute.atol else None
 
 
 def _outlier_tolerance(expected: Sequence[np.ndarray], built: Sequence[np.ndarray], loosest: Tolerance, floor: float,

@@ -214,3 +214,29 @@ def test_a_few_far_elements_do_not_loosen_the_tolerance_of_all_the_others() -> N
     check = compare_output("p", reference, wrong, **tolerance.to_dict())
     assert not check.passed and check.cosine_min > tolerance.min_cosine  # the element check catches it
     assert "0.150% may be" in check.describe(**tolerance.to_dict())
+
+
+def test_an_output_mixing_ranges_gets_a_band_relative_to_the_golden_value() -> None:
+    """Boxes in pixels beside scores in 0..1 in one tensor: boxes off by about 1 %, scores by 0.005. One
+    absolute band would be the boxes' 3 px x margin and accept any score; the relative band does not."""
+    rng = np.random.default_rng(5)
+    boxes, scores = rng.uniform(20, 300, size=(2, 50, 4)), rng.uniform(0, 1, size=(2, 50, 3))
+    reference = np.concatenate([boxes, scores], axis=2).astype(np.float32)
+    built = reference * (1 + rng.uniform(-0.01, 0.01, size=reference.shape)).astype(np.float32)
+    built[..., 4:] = scores + rng.uniform(-0.005, 0.005, size=scores.shape)
+    tolerances, measured = derive_tolerances([{"det": reference}], [{"det": built}], ParitySpec(), margin=3.0)
+    band = tolerances.outputs["det"]
+    assert 0 < measured["det"]["relative_error"] <= 0.05 and band.rtol == pytest.approx(3.0 * measured["det"]["relative_error"])
+    assert band.atol < 0.05 < tolerances.default.atol  # the default (every element, absolute) stays for old runtimes
+    assert compare_output("det", reference, built, **band.to_dict()).passed
+    wrong_scores = built.copy()
+    wrong_scores[..., 4:] = 1 - wrong_scores[..., 4:]
+    check = compare_output("det", reference, wrong_scores, **band.to_dict())
+    assert not check.passed and check.cosine_min > band.min_cosine  # the boxes hide it from the cosine, not from the band
+    assert compare_output("det", reference, wrong_scores, **tolerances.default.to_dict()).passed  # one absolute band accepts them
+
+
+def test_an_output_of_one_range_keeps_one_absolute_band() -> None:
+    reference, built = _rows(0.999)
+    tolerances, measured = derive_tolerances([{"y": reference}], [{"y": built}], ParitySpec(), margin=3.0)
+    assert "relative_error" not in measured["y"] and tolerances.outputs["y"].rtol == ParitySpec().rtol
