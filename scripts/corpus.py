@@ -120,6 +120,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(PROVIDERS), help=f"comma-separated, of: {', '.join(PROVIDERS)}")
     parser.add_argument("--precisions", default=",".join(corpus_run.PRECISIONS))
+    parser.add_argument("--other-precisions", default=None,
+                        help="precisions for the targets other than x86-64-cpu (default: --precisions), e.g. fp32,int8 for a shorter run")
     parser.add_argument("--targets", default=",".join(corpus_run.TARGETS),
                         help=f"{HOST_TARGET} is timed here; others are built, self-checked and estimated (edgekit estimate)")
     parser.add_argument("--wheels", type=Path, default=DEFAULT_WHEELS)
@@ -146,7 +148,8 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(PROVIDERS)}")
     precisions = [p for p in args.precisions.split(",") if p]
-    unknown = [p for p in precisions if p not in corpus_run.PRECISIONS]
+    other_precisions = [p for p in args.other_precisions.split(",") if p] if args.other_precisions is not None else None
+    unknown = [p for p in [*precisions, *(other_precisions or [])] if p not in corpus_run.PRECISIONS]
     if unknown:
         parser.error(f"unknown precision(s) {', '.join(unknown)}; known: {', '.join(corpus_run.PRECISIONS)}")
     targets = [t for t in args.targets.split(",") if t]
@@ -170,7 +173,8 @@ def main() -> int:
                 print(f"   skipped: {exc}", file=sys.stderr)
                 rows.append(corpus_run.CorpusRow(name, "-", "-", error=exc.message.splitlines()[0]))
                 continue
-            model_rows = corpus_run.run_model(model, work / name / "runs", targets, precisions, args.rounds, args.threads, reuse=args.reuse)
+            model_rows = corpus_run.run_model(model, work / name / "runs", targets, precisions, args.rounds, args.threads, reuse=args.reuse,
+                                               other_precisions=other_precisions)
             for row in model_rows:
                 print(f"   {row.target} {row.variant}: {_progress(row)}", file=sys.stderr, flush=True)
             rows.extend(model_rows)

@@ -285,10 +285,11 @@ def _judge(row: CorpusRow, value: float | None, min_value: float) -> None:
 
 
 def run_model(model: CorpusModel, work: Path, targets: Sequence[str] = TARGETS, precisions: Sequence[str] = PRECISIONS,
-              rounds: int = 10, threads: int = 2, peers: bool = True, reuse: bool = False) -> list[CorpusRow]:
+              rounds: int = 10, threads: int = 2, peers: bool = True, reuse: bool = False,
+              other_precisions: Sequence[str] | None = None) -> list[CorpusRow]:
     """Build, self-check, evaluate and time one model; rows for every (target, variant). The host target's
-    rows are evaluated and timed here; other targets' rows carry the build's own (host) evaluation and
-    ``edgekit estimate``'s p50 for the target."""
+    rows are evaluated and timed here; other targets' rows (at ``other_precisions``, default ``precisions``)
+    carry the build's own (host) evaluation and ``edgekit estimate``'s p50 for the target."""
     spec = evaluation_spec(model)
     metric_name = _metric_name(spec)
     recipe = write_recipe(model, work / "recipe")
@@ -296,7 +297,7 @@ def run_model(model: CorpusModel, work: Path, targets: Sequence[str] = TARGETS, 
     rows: list[CorpusRow] = []
     bundles: dict[str, Path] = {}
     for target in targets:
-        for precision in precisions:
+        for precision in precisions if target == HOST_TARGET or other_precisions is None else other_precisions:
             row = CorpusRow(model.name, precision, target, metric_name=metric_name, min_value=model.min_value)
             rows.append(row)
             log.info("%s: build %s %s", model.name, target, precision)

@@ -28,16 +28,17 @@ def _small_model_name() -> str:
 
 @pytest.fixture(scope="module")
 def corpus_run(tmp_path_factory):  # type: ignore[no-untyped-def]
-    """fp32, int8 and int8-dynamic on the host (1 round) and fp32 for a Jetson, laid out as scripts/corpus.py lays out a run."""
+    """fp32, int8 and int8-dynamic on the host (1 round) and fp32 for a Jetson (other_precisions), laid out as
+    scripts/corpus.py lays out a run, so that the script test reuses its bundles."""
     work = tmp_path_factory.mktemp("corpus")
     name = _small_model_name()
     model = PROVIDERS[name].make(work / name, WHEELS, 0.2)
     runs = work / name / "runs"
-    rows = run_model(model, runs, targets=(HOST_TARGET,), precisions=("fp32", "int8", "int8-dynamic"), rounds=1)
-    rows += run_model(model, runs, targets=(JETSON,), precisions=("fp32",), rounds=1)
+    rows = run_model(model, runs, targets=(HOST_TARGET, JETSON), precisions=("fp32", "int8", "int8-dynamic"), rounds=1, other_precisions=("fp32",))
     return work, model, rows
 
 
+@pytest.mark.slow
 def test_host_rows_are_evaluated_timed_and_self_checked(corpus_run):
     _, model, rows = corpus_run
     host = {r.variant: r for r in rows if r.target == HOST_TARGET}
@@ -62,6 +63,7 @@ def test_host_rows_are_evaluated_timed_and_self_checked(corpus_run):
         assert fp32.x_best_ort is None
 
 
+@pytest.mark.slow
 def test_a_jetson_bundle_is_built_self_checked_and_estimated_not_timed(corpus_run):
     _, _, rows = corpus_run
     (jetson,) = [r for r in rows if r.target == JETSON]
@@ -85,6 +87,7 @@ def test_auto_on_a_jetson_is_refused_with_a_named_reason(tmp_path):
     assert "tensorrt backend needs an explicit precision" in row.error and "(fix: " in row.error
 
 
+@pytest.mark.slow
 def test_script_rewrites_the_marked_section_reusing_bundles_and_merging_other_models(corpus_run):
     work, _, rows = corpus_run
     name = _small_model_name()
@@ -93,7 +96,7 @@ def test_script_rewrites_the_marked_section_reusing_bundles_and_merging_other_mo
     earlier = [CorpusRow("other-model", "fp32", HOST_TARGET, p50_ms=5.0, x_fp32=1.0).to_json()]
     rows_json.write_text(json.dumps(earlier))
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "corpus.py"), "--models", name, "--precisions", "fp32,int8", "--rounds", "2",
-                           "--scale", "0.2", "--targets", HOST_TARGET, "--wheels", str(WHEELS), "--out", str(out),
+                           "--scale", "0.2", "--targets", f"{HOST_TARGET},{JETSON}", "--other-precisions", "fp32", "--wheels", str(WHEELS), "--out", str(out),
                            "--json", str(rows_json), "--merge", "--work", str(work), "--reuse"],
                           capture_output=True, text=True, timeout=600, cwd=work)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -102,7 +105,7 @@ def test_script_rewrites_the_marked_section_reusing_bundles_and_merging_other_mo
     assert text.endswith("<!-- /corpus:table -->\nHand-written analysis.\n") and "old table" not in text
     assert "CPU flags:" in text and "2 interleaved rounds" in text and "ONNX Runtime 1." in text
     assert f"| {name} | {HOST_TARGET} | int8 |" in text and f"| {name} | {HOST_TARGET} | ort-quantize_static |" in text
-    assert f"| {name} | {JETSON} |" not in text  # --targets names the host only
+    assert f"| {name} | {JETSON} | fp32 |" in text and f"| {name} | {JETSON} | int8 |" not in text and "est. " in text
     assert "### Verdict per model" in text and "Rows of other-model come from an earlier run" in text
     assert "of 2 models: auto at least as fast as the better budget-meeting ORT quantizer" in text
     assert f"| {name} |  |  |  |  | **lose**: auto not built for {HOST_TARGET} |" in text  # no auto in this run: a loss, shown
@@ -110,6 +113,8 @@ def test_script_rewrites_the_marked_section_reusing_bundles_and_merging_other_mo
     assert {r.model for r in saved} == {name, "other-model"}
     host_int8 = next(r for r in saved if r.model == name and r.target == HOST_TARGET and r.variant == "int8")
     assert "reused" in host_int8.notes and len(host_int8.round_ms) == 2  # the bundle reused, the timing fresh
+    jetson = next(r for r in saved if r.model == name and r.target == JETSON)
+    assert "reused" in jetson.notes and jetson.golden.startswith("pass") and jetson.estimate_p50_ms > 0
     assert host_int8.build_s == pytest.approx(next(r.build_s for r in rows if r.target == HOST_TARGET and r.variant == "int8"))
 
 
