@@ -66,12 +66,13 @@ def test_ci_runs_the_check_before_the_tests() -> None:
     ci = (REPO / ".ci" / "run").read_text()
     assert "./scripts/check_arm64.sh" in ci
     assert ci.index("./scripts/check_arm64.sh") < ci.index("exec ./scripts/test.sh")
+    assert ci.index("./scripts/check_arm64.sh") < ci.index("./scripts/check_py310.sh") < ci.index("exec ./scripts/test.sh")
     for package in ("debootstrap", "proot", "qemu-user-static"):
         assert package in ci
 
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed (apt-get install shellcheck)")
 def test_scripts_are_shellcheck_clean() -> None:
-    scripts = [CHECK, *sorted(ARM64.glob("*.sh"))]
+    scripts = [CHECK, REPO / "scripts" / "check_py310.sh", *sorted(ARM64.glob("*.sh"))]
     result = subprocess.run(["shellcheck", *map(str, scripts)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
