@@ -138,7 +138,7 @@ def test_fp16_build_on_a_cpu_target_records_what_it_did_and_that_it_is_not_faste
     engine = build_onnxruntime(tmp_path / "head.onnx", tmp_path / "model.onnx", get_target("x86-64-cpu"), recipe, Precision.FP16)
     record = engine.details["fp16"]
     assert record["folded_batch_norms"] == 2 and record["kept_fp32"] == {}
-    assert record["note"] == CPU_FP16_NOTES["x86_64"] and "slower than FP32" in record["note"]
+    assert record["note"] == CPU_FP16_NOTES["x86_64"] and "often slower than FP32" in record["note"]
     bundled = onnx.load(str(tmp_path / "model.onnx"))
     assert {t.data_type for t in bundled.graph.initializer if int(np.prod(t.dims)) > 1} == {TensorProto.FLOAT16}
 
