@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How close is `edgekit estimate` on this host? Estimate the x86-64-cpu target (from the host's measured
 peak: edgekit.estimate.host_peak) for the demo recipes and the corpus models, time the same FP32 graphs
-with ONNX Runtime here, and write docs/estimates.md with estimate vs measured and the error per model:
+with ONNX Runtime here, and rewrite the part of docs/estimates.md above "## Using estimates" (the rest is kept) with estimate vs measured and the error per model:
 with the default (uncalibrated) factors, and with factors fitted on the OTHER models (leave-one-out
 calibration on the host, the same fit `edgekit fleet calibrate` runs on fleet telemetry).
 
@@ -35,41 +35,8 @@ import numpy as np  # noqa: E402
 
 TARGET = "x86-64-cpu"
 DEFAULT_RECIPES = ("recipes/digits-cnn.yaml", "recipes/minilm.yaml")
-USAGE_SECTION = """## Using estimates
-
-* `edgekit estimate BUNDLE --target jetson-orin-nano-8gb` (or a recipe `.yaml`, or a `model.onnx` with
-  `--shape batch=8`): p50 latency, throughput, peak memory (weights, activations, runtime overhead) and energy per
-  inference at each power mode, a per-node-class table, and the factors the numbers rest on. `--power-mode MODE`
-  picks the mode the latency is for, `--precision int8` times an FP32 graph as another precision, `--json --nodes`
-  adds every node. A target without vendor peak figures that describes this host (`x86-64-cpu`) is timed from
-  the host's measured peak (a 512x512 GEMM and a copy, cached in `$EDGEKIT_CACHE_DIR/host-peak.json`), with nodes
-  moving more than the L2 computed at a measured 1024x1024 GEMM's rate and the per-node overhead measured on a chain of
-  tiny nodes, all at the thread count a bench here uses.
-* Every shipped target gets an estimate at every precision it allows (`tests/estimate/test_every_target.py` runs both
-  demo models on each). Figures no vendor quotes are DERIVED and say how in the profile's `derivation` field, which
-  every estimate lists: the CPU peaks of `raspberry-pi-5` and `qualcomm-qcs6490` (cores x clock x FLOPs per cycle of
-  the Cortex-A76 / A78 NEON pipes), `arm64-cpu`'s placeholders (a Pi 5 class host: set yours), the Intel NPU's FP16
-  rate (half its INT8 TOPS). A precision the accelerator cannot run goes to the engine that runs it, named in the
-  estimate: FP32 on the Intel NPU is compiled to FP16 (`npu.fp32_runs_as`); FP32 and FP16 on the QCS6490's HTP v68 run
-  on its CPU (the CPU execution provider fallback, `engine: cpu` figures); FP32 on Thor runs as TF32 on the tensor
-  cores (TensorRT's default). The QCS6490 has no sourced memory bandwidth: its estimates do not time memory traffic
-  and say they are a LOWER BOUND.
-* `edgekit build` for another device prints the estimate under the host-measured latency; `report.html` gets an
-  "Estimate on the target" section with a time-per-node-class plot; `edgekit sweep` adds `estimate_p50_ms`,
-  `estimate_throughput_per_s`, `estimate_energy_mj` per variant.
-* `edgekit fleet calibrate --store URL --bundles DIR [--out FILE]` fits the efficiency factors per target and
-  power mode to the fleet's p50 of the bundles found under `DIR` (matched by manifest name or folder name), writes
-  them (default `$EDGEKIT_CACHE_DIR/estimate-calibration.json`, which estimates read by default; `--calibration
-  FILE` picks another) and prints the median error before and after, and leave-one-out. On a simulated fleet
-  whose devices follow known factors (`tests/estimate/test_fleet_calibrate.py`, a real SQLite store) the error
-  falls from about 50 % to a few percent and the conv and matmul factors come back within 25 %.
-
-What an estimate does not know: kernel fusion and layout choices of the runtime beyond the per-class factors,
-caches (a model whose weights fit in cache beats the bandwidth roofline), thermal throttling, contention with
-other work, and the runtime's own memory beyond the fixed overhead figure. Power: the fleet's mean power includes
-idle time, so a fitted active share is a lower bound.
-
-"""
+#: The heading this script writes up to: the rest of the page (how to use estimates, the Jetson table) is kept as it is.
+KEPT_FROM = "## Using estimates"
 
 #: What the latest run shows, written after reading its table (keep it true to the numbers above it).
 ANALYSIS = """Changes from the first run (2026-11-25, under a load average of about 10: 2 of 10 within 35 % with the default
@@ -91,36 +58,36 @@ subgraph's execution costs far more than one tiny node's 0.3 us; YOLOS (+37 %) i
 measured chain overhead is a better description than the 6 us the fit takes from Silero. Ten models of different
 kinds are few for nine per-class factors, so the leave-one-out fit helps the mid-size models and hurts YOLOS."""
 
-JETSON_SECTION = """## Against published Jetson figures
-
-Not done: this table has no rows. The brief asks for NVIDIA's Jetson benchmark tables and MLPerf Inference
-edge results (ResNet-50, YOLO-class, BERT-class). The stored pages searched from this session held no copy of
-NVIDIA's Jetson benchmark table nor an MLPerf edge results table with the figures themselves, so no such figure
-is quoted here (none is invented). The one Jetson latency found, a third-party blog's YOLOv8n INT8 at 640x640,
-batch 1, on Orin Nano 8GB in MAXN_SUPER: 3.49 ms GPU compute time (hokwangchoi.com/blog/vision-benchmarks,
-TensorRT 10.3, JetPack 6.2), needs the YOLOv8n graph, which is not available offline here, so it was not estimated.
-"""
-
-
-def time_graph(path: Path, feeds: dict[str, np.ndarray], threads: int, runs: int, rounds: int) -> list[float]:
-    """p50 ms of each round of ``runs`` runs (after 5 warm-up runs), ONNX Runtime CPU, all graph optimizations."""
+def time_interleaved(models: list[tuple[Path, dict[str, np.ndarray]]], threads: int, runs: int, rounds: int,
+                     round_seconds: float) -> list[list[float]]:  # fmt: skip
+    """Each model's p50 ms per round: ONNX Runtime CPU at ORT_ENABLE_ALL (the bench's level), after 3 warm-up runs;
+    the rounds are interleaved (round 1 of every model, then round 2, ...), so a burst of load on the shared host
+    lands in one round of several models instead of every round of one. A round is ``runs`` runs, or as many as
+    fit in about ``round_seconds`` (at least 5), so the whole script stays within minutes."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    for _ in range(5):
-        session.run(None, feeds)
-    p50s = []
-    for _ in range(rounds):
-        times = []
-        for _ in range(runs):
-            start = time.perf_counter()
+    sessions, counts = [], []
+    for path, feeds in models:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        start = time.perf_counter()
+        for _ in range(3):
             session.run(None, feeds)
-            times.append((time.perf_counter() - start) * 1e3)
-        p50s.append(float(np.median(times)))
+        warm_s = (time.perf_counter() - start) / 3
+        sessions.append(session)
+        counts.append(max(5, min(runs, int(round_seconds / max(warm_s, 1e-6)))))
+    p50s: list[list[float]] = [[] for _ in models]
+    for _ in range(rounds):
+        for index, ((_, feeds), session) in enumerate(zip(models, sessions)):
+            times = []
+            for _ in range(counts[index]):
+                start = time.perf_counter()
+                session.run(None, feeds)
+                times.append((time.perf_counter() - start) * 1e3)
+            p50s[index].append(float(np.median(times)))
     return p50s
 
 
@@ -150,8 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recipes", default=",".join(DEFAULT_RECIPES))
     parser.add_argument("--corpus", default="all", help="corpus model names, 'all' (those whose data is here) or 'none'")
     parser.add_argument("--wheels", type=Path, default=Path(os.environ.get("EDGEKIT_CACHE_DIR", Path.home() / ".cache" / "edgekit")) / "corpus" / "wheels")
-    parser.add_argument("--runs", type=int, default=30)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=30, help="runs a round, at most (fewer for a slow model: see --round-seconds)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, interleaved: every model once a round, in turn")
+    parser.add_argument("--round-seconds", type=float, default=3.0, help="a model's runs in one round stop after about this long (at least 5 runs)")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "estimates.md")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--calibration-out", type=Path, help="also write the host fit (all models) as a calibration file")
@@ -164,13 +132,12 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.ERROR)
 
     from edgekit.corpus import PROVIDERS
-    from edgekit.estimate import estimate, graph_costs
+    from edgekit.estimate import estimate
     from edgekit.estimate.calibration import CalibrationEntry, Observation, fit_factors, median_error_pct, write_calibration
     from edgekit.estimate.hardware import hardware_for
-    from dataclasses import replace
-
     from edgekit.estimate.host_peak import host_threads, measure_host_peak
-    from edgekit.estimate.roofline import default_factors, latency_from_classes, roofline
+    from edgekit.estimate.roofline import host_factors, latency_from_classes, roofline
+    from edgekit.estimate.runtime_graph import runtime_graph_costs
     from edgekit.target import get_target
 
     target = get_target(TARGET)
@@ -187,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="edgekit-estimate-accuracy-") as tmp:
         if not args.from_json:
             jobs = [("recipe", r) for r in args.recipes.split(",") if r] + [("corpus", c) for c in corpus]
+        prepared = []
         for index, (kind, name) in enumerate(jobs):
             work = Path(tmp) / f"m{index}"
             work.mkdir()
@@ -196,13 +164,16 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"model": name, "skipped": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"})
                 print(f"skip {name}: {rows[-1]['skipped']}", file=sys.stderr)
                 continue
-            p50s = time_graph(path, feeds, threads, args.runs, args.rounds)
-            cost = graph_costs(path, input_shapes={k: v.shape for k, v in feeds.items()})
+            cost = runtime_graph_costs(path, threads, input_values=feeds)  # the graph ONNX Runtime runs, as `edgekit estimate` costs it
+            prepared.append((label, where, path, feeds, cost))
+        p50s = time_interleaved([(p, f) for _, _, p, f, _ in prepared], threads, args.runs, args.rounds, args.round_seconds)
+        for (label, where, path, feeds, cost), model_p50s in zip(prepared, p50s):
             result = estimate(path, target, cost=cost, measured_peak=peak, calibration={"kind": "none", "entries": []})
             line = roofline(cost, hardware)
-            rows.append({"model": label, "where": where, "gops": cost.total_ops / 1e9, "measured_ms": statistics.median(p50s),
-                         "measured_range_ms": [min(p50s), max(p50s)], "estimate_ms": result.p50_ms,
-                         "class_ms": line.class_roofline_ms(), "nodes": line.counted_nodes,
+            rows.append({"model": label, "where": where, "gops": cost.total_ops / 1e9, "measured_ms": statistics.median(model_p50s),
+                         "measured_range_ms": [min(model_p50s), max(model_p50s)], "estimate_ms": result.p50_ms,
+                         "class_ms": line.class_roofline_ms(), "nodes": line.counted_nodes, "fixed_ms": line.fixed_ms,
+                         "if_calls": sum(n.subgraph_calls for n in cost.nodes),
                          "top_class": max(result.by_class.items(), key=lambda kv: kv[1]["ms"])[0]})  # fmt: skip
             print(f"{label}: measured {rows[-1]['measured_ms']:.2f} ms, estimate {result.p50_ms:.2f} ms", file=sys.stderr)
     if not args.from_json and not args.cached_peak:  # the same micro-benchmark after the models: how much the host drifted
@@ -210,18 +181,16 @@ def main(argv: list[str] | None = None) -> int:
         peak["after"] = {"fp32": after["peak_ops"]["fp32"], "bandwidth_bytes_s": after["bandwidth_bytes_s"],
                          "node_overhead_us": after.get("node_overhead_us")}  # fmt: skip
     timed = [r for r in rows if "skipped" not in r]
-    observations = [Observation(r["model"], r["class_ms"], r["nodes"], r["measured_ms"]) for r in timed]
-    prior = default_factors("cpu")
-    if peak.get("node_overhead_us"):  # as `edgekit estimate` does on a measured host
-        prior = replace(prior, node_overhead_us=float(peak["node_overhead_us"]), source="default priors; per-node overhead measured on this host")
+    observations = [Observation(r["model"], r["class_ms"], r["nodes"], r["measured_ms"], fixed_ms=r.get("fixed_ms", 0.0)) for r in timed]
+    prior = host_factors(hardware)  # as `edgekit estimate` uses on this host
     for r, held in zip(timed, observations):
         rest = [o for o in observations if o is not held]
         fitted = fit_factors(rest, prior, source="leave-one-out on this host") if rest else prior
-        r["loo_estimate_ms"] = latency_from_classes(held.class_ms, held.nodes, fitted)
-        r["error_pct"] = (latency_from_classes(held.class_ms, held.nodes, prior) / r["measured_ms"] - 1) * 100
+        r["loo_estimate_ms"] = latency_from_classes(held.class_ms, held.nodes, fitted, held.fixed_ms)
+        r["error_pct"] = (latency_from_classes(held.class_ms, held.nodes, prior, held.fixed_ms) / r["measured_ms"] - 1) * 100
         r["loo_error_pct"] = (r["loo_estimate_ms"] / r["measured_ms"] - 1) * 100
     for r in timed:
-        r["estimate_ms"] = latency_from_classes(r["class_ms"], r["nodes"], prior)
+        r["estimate_ms"] = latency_from_classes(r["class_ms"], r["nodes"], prior, r.get("fixed_ms", 0.0))
     full = fit_factors(observations, prior, source=f"fitted on this host to {len(observations)} models") if observations else prior
     if args.calibration_out and observations:
         write_calibration(args.calibration_out, [CalibrationEntry(TARGET, None, full, len(observations), median_error_pct(observations, prior),
@@ -234,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
            "cpu_flags": flags, "loadavg": saved.get("loadavg") if args.from_json else _loadavg()}  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(doc, indent=2, default=str))
-    args.out.write_text(render(doc, timed, args))
+    args.out.write_text(render(doc, timed, args) + kept_tail(args.out))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
@@ -319,7 +288,16 @@ def render(doc: dict[str, Any], timed: list[dict[str, Any]], args: argparse.Name
     skipped = [r for r in doc["rows"] if "skipped" in r]
     if skipped:
         lines += ["Skipped (not timed):", ""] + [f"* {r['model']}: {r['skipped']}" for r in skipped] + [""]
-    return "\n".join(lines) + "\n" + USAGE_SECTION + JETSON_SECTION
+    return "\n".join(lines) + "\n"
+
+
+def kept_tail(path: Path) -> str:
+    """The page from KEPT_FROM on, as it is now (others edit it): this script regenerates only what is above it."""
+    text = path.read_text() if path.is_file() else ""
+    if KEPT_FROM not in text:
+        print(f"warning: {path} has no '{KEPT_FROM}' heading: only the measured part is written", file=sys.stderr)
+        return ""
+    return text[text.index(KEPT_FROM):]
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ class Observation:
     measured_ms: float
     power_mean_w: float | None = None  # the fleet's mean power draw while running this bundle
     watts: float | None = None  # the power mode's budget
+    fixed_ms: float = 0.0  # measured costs no factor scales (If subgraph invocations on a measured host)
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class CalibrationEntry:
 
 
 def median_error_pct(observations: Sequence[Observation], factors: Factors) -> float:
-    errors = [abs(latency_from_classes(o.class_ms, o.nodes, factors) / o.measured_ms - 1.0) * 100.0 for o in observations]
+    errors = [abs(latency_from_classes(o.class_ms, o.nodes, factors, o.fixed_ms) / o.measured_ms - 1.0) * 100.0 for o in observations]
     return float(np.median(errors)) if errors else float("nan")
 
 
@@ -93,6 +94,7 @@ def fit_factors(observations: Sequence[Observation], prior: Factors, *, source: 
         source += "; one efficiency per op class" if per_class else "; the default factors times one common scale (chosen by leave-one-out error)"
     x = np.array([[o.class_ms.get(c, 0.0) for c in classes] for o in observations])
     nodes = np.array([float(o.nodes) for o in observations])
+    fixed = np.array([o.fixed_ms for o in observations])
     measured = np.array([o.measured_ms for o in observations])
     log_prior = np.log([1.0 / prior.efficiency.get(c, 1.0) for c in classes])
     overhead_prior = prior.node_overhead_us / 1e3
@@ -101,7 +103,7 @@ def fit_factors(observations: Sequence[Observation], prior: Factors, *, source: 
         return np.asarray(np.exp(theta[:k]) if per_class else np.exp(log_prior + theta[0]), dtype=float)
 
     def residuals(theta: np.ndarray) -> np.ndarray:
-        predicted = x @ inverse_efficiency(theta) + nodes * theta[-1]
+        predicted = x @ inverse_efficiency(theta) + nodes * theta[-1] + fixed
         fit = np.log(np.maximum(predicted, 1e-12) / measured)
         log_scale = theta[:k] - log_prior if per_class else theta[:1]
         pull = PRIOR_WEIGHT * np.append(log_scale, (theta[-1] - overhead_prior) / max(overhead_prior, 1e-3))

@@ -15,7 +15,7 @@ from typing import Any
 from edgekit.estimate.calibration import default_calibration_path, factors_for, load_calibration
 from edgekit.estimate.graph_cost import ALL_CLASSES, EstimateError, GraphCost, graph_costs
 from edgekit.estimate.hardware import Hardware, hardware_for
-from edgekit.estimate.roofline import RUNTIME_OVERHEAD_MB, Factors, apply_factors, default_factors, engine_kind, roofline
+from edgekit.estimate.roofline import RUNTIME_OVERHEAD_MB, Factors, apply_factors, engine_kind, host_factors, roofline
 from edgekit.target import TargetProfile
 
 #: How a graph stored at one precision is timed at another (``assume_precision`` on an FP32 export):
@@ -104,20 +104,21 @@ def resolve_factors(hardware: Hardware, calibration: Path | Mapping[str, Any] | 
         fitted = factors_for(document, hardware.target, hardware.power_mode)
         if fitted is not None:
             return fitted, {"file": where, "calibrated": True}
-    factors = default_factors(hardware.engine)
-    if hardware.node_overhead_us:  # a measured host: its own dispatch overhead instead of the prior
-        from dataclasses import replace
-
-        factors = replace(factors, node_overhead_us=hardware.node_overhead_us,
-                          source="default priors (uncalibrated estimate); per-node overhead measured on this host")  # fmt: skip
-    return factors, {"file": where, "calibrated": False}
+    return host_factors(hardware), {"file": where, "calibrated": False}
 
 
 def estimate(model: Any, target: TargetProfile, *, dims: Mapping[str, int] | None = None, batch: int | None = None,
              power_mode: str | None = None, calibration: Path | Mapping[str, Any] | None = None,
              measured_peak: Mapping[str, Any] | None = None, assume_precision: str | None = None,
              cost: GraphCost | None = None) -> Estimate:  # fmt: skip
-    """Estimate ``model`` (ONNX path or ModelProto) on ``target`` at ``dims`` (the benchmark shape)."""
+    """Estimate ``model`` (ONNX path or ModelProto) on ``target`` at ``dims`` (the benchmark shape).
+    With ``measured_peak`` (this host runs it, on ONNX Runtime's CPU provider) the graph costed is the one ONNX
+    Runtime optimises (:mod:`edgekit.estimate.runtime_graph`); otherwise the exported graph with implicit fusions."""
+    if cost is None and measured_peak is not None:
+        from edgekit.estimate.host_peak import host_threads
+        from edgekit.estimate.runtime_graph import runtime_graph_costs
+
+        cost = runtime_graph_costs(model, host_threads(target.cpu.cores), dims=dims or {})
     cost = cost if cost is not None else graph_costs(model, dims or {})
     cost, notes = _assume(cost, assume_precision)
     hardware = hardware_for(target, power_mode, measured=measured_peak)

@@ -9,14 +9,20 @@ Counting rules (a multiply-add counts 2 ops):
 
 * Conv / ConvTranspose / ConvInteger / QLinearConv: ``2 x N x C_out x spatial_out x C_in/group x kernel``.
 * MatMul / Gemm / MatMulInteger / QLinearMatMul / MatMulNBits / FusedMatMul: ``2 x batch x M x K x N``.
+* LSTM / GRU / RNN: ``2 x seq x batch x (input + hidden) x gates x hidden x directions`` (4, 3, 1 gates).
 * Attention (ONNX Runtime contrib) / MultiHeadAttention: the QK^T and AV products, ``4 x B x S x S x hidden``.
 * elementwise: 1 op an output element (transcendental ops such as Erf, Exp, Tanh, Gelu: :data:`TRANSCENDENTAL_OPS`).
 * normalisation (LayerNorm, BatchNorm, InstanceNorm, Softmax, ...): :data:`NORMALIZATION_OPS_PER_ELEMENT` an element.
 * pooling: kernel size an output element (global pooling: an input element); Resize: 4 an output element.
 * data movement (Reshape, Transpose, Concat, Gather, Slice, ...): no ops, only bytes.
 
-An activation, BatchNormalization or constant bias/scale right after a Conv/MatMul/Gemm that is its only
-reader is fused into it (:data:`EPILOGUE_OPS`). Nodes whose inputs are all constants are folded at load time (no cost; their outputs count as weights read).
+``fusion="implicit"`` (an ONNX graph as exported, the default): an activation, BatchNormalization or constant
+bias/scale right after a Conv/MatMul/Gemm that is its only reader is fused into it (:data:`EPILOGUE_OPS`).
+``fusion="runtime"`` (a graph the runtime already optimised, e.g. ONNX Runtime's saved ``ORT_ENABLE_ALL`` graph:
+:mod:`edgekit.estimate.runtime_graph`): every node left runs as written, no fusion is assumed, and a view op
+(Reshape, Squeeze, ...) moves no bytes but still costs its dispatch.
+An ``If`` counts the nodes of the branch it takes (:mod:`edgekit.estimate.subgraphs`) and one subgraph call.
+Each node gets a ``kind`` for the kernel that runs it (:func:`node_kind`: conv-dense, conv-depthwise, ...). Nodes whose inputs are all constants are folded at load time (no cost; their outputs count as weights read).
 Bytes are what the node reads plus what it writes, each tensor at its stored element size (an int8
 weight 1 byte, MatMulNBits' packed 4-bit weights half a byte per value). Quantized forms compute at
 int8 (QLinear*, *Integer, and a Conv/MatMul/Gemm whose activation and weight come from
@@ -35,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from edgekit.errors import EdgekitError
+from edgekit.estimate.subgraphs import inline_taken_branches
 
 
 class EstimateError(EdgekitError):
@@ -45,7 +52,7 @@ class EstimateError(EdgekitError):
 OP_CLASSES: dict[str, tuple[str, ...]] = {
     "conv": ("Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "FusedConv", "NhwcConv"),
     "matmul": ("MatMul", "Gemm", "MatMulInteger", "QLinearMatMul", "MatMulNBits", "FusedMatMul", "DynamicQuantizeMatMul",
-               "MatMulIntegerToFloat", "QGemm", "Einsum"),  # fmt: skip
+               "MatMulIntegerToFloat", "QGemm", "Einsum", "FusedGemm", "LSTM", "GRU", "RNN"),  # fmt: skip
     "attention": ("Attention", "MultiHeadAttention", "GroupQueryAttention", "QAttention"),
     "normalization": ("BatchNormalization", "LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization",
                       "SkipSimplifiedLayerNormalization", "InstanceNormalization", "GroupNormalization", "RMSNormalization",
@@ -57,7 +64,7 @@ OP_CLASSES: dict[str, tuple[str, ...]] = {
     "data_movement": ("Reshape", "Transpose", "Concat", "Split", "Slice", "Gather", "GatherElements", "GatherND", "Squeeze",
                       "Unsqueeze", "Flatten", "Expand", "Tile", "Pad", "Identity", "Shape", "Size", "Cast", "ScatterND",
                       "ScatterElements", "ConstantOfShape", "Range", "NonZero", "Where", "Trilu", "OneHot", "Constant",
-                      "CastLike", "NonMaxSuppression", "Dropout"),  # fmt: skip
+                      "CastLike", "NonMaxSuppression", "Dropout", "ReorderInput", "ReorderOutput", "If"),  # fmt: skip
     "quantize": ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"),
 }
 #: Everything else with a tensor output counts as elementwise (Add, Mul, Relu, Sigmoid, Clip, Erf, ...).
@@ -100,6 +107,8 @@ class NodeCost:
     bytes_written: float
     weight_bytes: float
     fused: bool = False  # a Q/DQ node folded into its neighbour: no cost of its own
+    kind: str = ""  # the kernel family that runs it (node_kind), for hosts whose kernels were micro-benchmarked
+    subgraph_calls: int = 0  # an If that ran: one subgraph invocation (its branch's nodes are costed on their own)
 
     @property
     def bytes(self) -> float:
@@ -140,6 +149,39 @@ class GraphCost:
 
 def op_class(op_type: str) -> str:
     return _CLASS_OF.get(op_type, ELEMENTWISE)
+
+
+_RECURRENT_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+#: elementwise ops whose kernels evaluate a polynomial or exponential per element (at least 8 ops counted)
+_TRANSCENDENTAL_KIND = {op for op, ops in TRANSCENDENTAL_OPS.items() if ops >= 8}
+NCHWC_BLOCK_MIN = 8  # the smallest NCHWc channel block (AVX2); fewer input channels take the stem kernel
+
+
+def _kind(node: Any, shapes: Mapping[str, tuple[tuple[int, ...], int]]) -> str:
+    """The kernel family a node runs on: its class, and for convolutions and elementwise ops the variant whose
+    speed differs (a depthwise or 3-channel stem convolution reaches another share of the GEMM peak than a dense one)."""
+    cls = op_class(node.op_type)
+    if cls == "conv":
+        if node.op_type not in ("Conv", "FusedConv", "NhwcConv"):
+            return "conv-other"
+        weight = shapes.get(node.input[1], ((), 1))[0] if len(node.input) > 1 else ()
+        if len(weight) != 4:
+            return "conv-other"  # 1-D and 3-D convolutions: im2col and a GEMM
+        group = int(_attr(node, "group", 1))
+        if group > 1:
+            return "conv-depthwise" if weight[1] == 1 else "conv-other"
+        if weight[1] < NCHWC_BLOCK_MIN:
+            return "conv-stem"
+        return "conv-pointwise" if weight[2] == weight[3] == 1 else "conv-dense"
+    if cls == "matmul":
+        return "matmul" if node.op_type in ("MatMul", "Gemm", "FusedMatMul", "FusedGemm") else "matmul-other"
+    if cls == ELEMENTWISE:
+        return "elementwise-transcendental" if node.op_type in _TRANSCENDENTAL_KIND else "elementwise-simple"
+    return cls
+
+
+def node_kind(node: NodeCost) -> str:
+    return node.kind or node.op_class
 
 
 def _load(model: Any) -> Any:
@@ -207,12 +249,46 @@ _ORT_TO_NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tenso
               "tensor(bool)": np.bool_}  # fmt: skip
 
 
-def _shapes_by_probe(path: Path, model: Any, dims: Mapping[str, int], input_shapes: Mapping[str, Any] | None = None) -> dict[str, tuple[tuple[int, ...], int]]:
-    """Run the graph once on ONNX Runtime (CPU, zero inputs) with every node output as a graph output."""
+def _runnable(model: Any, base: Path | None) -> Any:
+    """A copy of ``model`` with its external weights read from ``base`` (the model file's folder), to run it."""
+    import onnx
+    from onnx.external_data_helper import load_external_data_for_model, uses_external_data
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    if base is not None and any(uses_external_data(init) for init in copy.graph.initializer):
+        load_external_data_for_model(copy, str(base))
+    return copy
+
+
+def _feeds(model: Any, dims: Mapping[str, int], input_shapes: Mapping[str, Any] | None,
+           input_values: Mapping[str, Any] | None) -> dict[str, np.ndarray]:  # fmt: skip
+    """The benchmark's input arrays where given, else zeros of the pinned input shapes."""
+    import onnx
+
+    initializers = {i.name for i in model.graph.initializer}
+    feeds: dict[str, np.ndarray] = {}
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        if input_values and value.name in input_values:
+            feeds[value.name] = np.asarray(input_values[value.name])
+            continue
+        tensor = value.type.tensor_type
+        shape = [int(input_shapes[value.name][i]) if input_shapes and value.name in input_shapes
+                 else (d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else int(dims.get(d.dim_param, 1)))
+                 for i, d in enumerate(tensor.shape.dim)]  # fmt: skip
+        feeds[value.name] = np.zeros(shape, dtype=onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type or 1))
+    return feeds
+
+
+def _shapes_by_probe(model: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, tuple[tuple[int, ...], int]]:
+    """Run the graph once on ONNX Runtime (CPU, the benchmark's inputs or zeros) with every node output as a graph output."""
     import onnx
     import onnxruntime as ort
 
-    probe = onnx.load(str(path), load_external_data=True)
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
     known = {o.name for o in probe.graph.output}
     for node in probe.graph.node:
         for out in node.output:
@@ -223,15 +299,10 @@ def _shapes_by_probe(path: Path, model: Any, dims: Mapping[str, int], input_shap
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
     session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    feeds: dict[str, np.ndarray] = {}
-    for value in session.get_inputs():
-        shape = [d if isinstance(d, int) and d > 0 else int(dims.get(str(d), 1)) for d in value.shape]
-        if input_shapes and value.name in input_shapes:
-            shape = [int(d) for d in input_shapes[value.name]]
-        feeds[value.name] = np.zeros(shape, dtype=_ORT_TO_NP.get(value.type, np.float32))
+    wanted = {value.name for value in session.get_inputs()}
     names = [o.name for o in session.get_outputs()]
     shapes: dict[str, tuple[tuple[int, ...], int]] = {}
-    for name, array in zip(names, session.run(names, feeds)):
+    for name, array in zip(names, session.run(names, {k: v for k, v in feeds.items() if k in wanted})):
         if isinstance(array, np.ndarray):
             shapes[name] = (tuple(array.shape), _NP_TO_ONNX.get(str(array.dtype), 1))
     for name, array in feeds.items():
@@ -268,6 +339,12 @@ def _ops(node: Any, shapes: Mapping[str, tuple[tuple[int, ...], int]], out_shape
             return 2.0 * _numel(first) * weight[1] * _numel(weight[2:])
         return 2.0 * out * weight[1] * _numel(weight[2:])  # weight (C_out, C_in/group, k...)
     if cls == "matmul":
+        if op in _RECURRENT_GATES:  # X [seq, batch, input], W [dirs, gates x hidden, input]
+            weight = shapes.get(node.input[1], ((), 1))[0] if len(node.input) > 1 else ()
+            if len(first) < 3 or len(weight) < 3:
+                return 0.0
+            hidden = float(_attr(node, "hidden_size", weight[1] // _RECURRENT_GATES[op]))
+            return 2.0 * first[0] * first[1] * (first[2] + hidden) * weight[1] * weight[0]
         if op == "MatMulNBits":
             k = float(_attr(node, "K", first[-1] if first else 0))
         elif op == "Gemm":
@@ -314,26 +391,37 @@ def _precision(node: Any, shapes: Mapping[str, tuple[tuple[int, ...], int]], pro
     return "fp32"
 
 
-def graph_costs(model: Any, dims: Mapping[str, int] | None = None, *, input_shapes: Mapping[str, Any] | None = None) -> GraphCost:
+FUSION_MODES = ("implicit", "runtime")
+
+
+def graph_costs(model: Any, dims: Mapping[str, int] | None = None, *, input_shapes: Mapping[str, Any] | None = None,
+                input_values: Mapping[str, Any] | None = None, fusion: str = "implicit") -> GraphCost:  # fmt: skip
     """The per-node work of ``model`` (a path or ModelProto) with dynamic dims pinned to ``dims``
-    (or whole input shapes to ``input_shapes``: input name -> shape, e.g. from the arrays a benchmark feeds)."""
+    (or whole input shapes to ``input_shapes``: input name -> shape, e.g. from the arrays a benchmark feeds;
+    ``input_values``: those arrays, which decide the branch an If takes). ``fusion``: see the module docstring."""
+    if fusion not in FUSION_MODES:
+        raise EstimateError(f"fusion '{fusion}' is not one of {', '.join(FUSION_MODES)}", hint="'runtime' for a graph the runtime optimised")
     dims = dict(dims or {})
     path = Path(model) if isinstance(model, (str, Path)) else None
     proto = _load(model)
     assumptions: list[str] = []
+    if input_values and not input_shapes:
+        input_shapes = {k: np.asarray(v).shape for k, v in input_values.items()}
     _pin_inputs(proto, dims, assumptions, input_shapes)
+    base = path.parent if path is not None else None
+    feeds = lambda: _feeds(proto, dims, input_shapes, input_values)  # noqa: E731
+    if_calls, notes = inline_taken_branches(proto, feeds, prepare=lambda m: _runnable(m, base))
+    assumptions.extend(notes)
     shapes = _shapes_by_inference(proto)
     source = "onnx shape inference"
     missing = [out for node in proto.graph.node for out in node.output[:1] if out and out not in shapes]
-    if missing and path is not None:
+    if missing:
         try:
-            shapes = _shapes_by_probe(path, proto, dims, input_shapes)
+            shapes = _shapes_by_probe(_runnable(proto, base), feeds())
             source = "onnxruntime probe"
         except Exception as exc:  # ORT cannot run it on CPU: keep the inferred shapes and say what is unknown
             assumptions.append(f"shape probe on ONNX Runtime failed ({type(exc).__name__}): {len(missing)} node(s) without "
                                "a static output shape count no work")  # fmt: skip
-    elif missing:
-        assumptions.append(f"{len(missing)} node(s) without a static output shape count no work (pass a file for a probe)")
     initializers = {i.name for i in proto.graph.initializer}
     constants = {out for node in proto.graph.node if node.op_type == "Constant" for out in node.output}
     producers = {out: node for node in proto.graph.node for out in node.output}
@@ -361,14 +449,19 @@ def graph_costs(model: Any, dims: Mapping[str, int] | None = None, *, input_shap
         cls = op_class(node.op_type)
         weights = [n for n in node.input if n in folded]
         acts = [n for n in node.input if n and n not in folded]
-        fused = False
-        if cls == "quantize":
+        fused = view = False
+        if fusion == "runtime":  # the runtime fused what it fuses: every node left runs; views move no bytes
+            fused = bool(node.output) and node.output[0] in folded
+            view = node.op_type in VIEW_OPS
+        elif cls == "quantize":
             neighbours = consumers.get(node.output[0], []) + [producers[n] for n in node.input[:1] if n in producers]
             weight_only = node.op_type == "DequantizeLinear" and node.input and (node.input[0] in initializers)
             fused = bool(weight_only) or any(precisions.get(n.name or n.output[0]) == "int8" and op_class(n.op_type) != "quantize"
                                              for n in neighbours) or any(n.op_type == "QuantizeLinear" or n.op_type == "DequantizeLinear"
                                                                          for n in neighbours)  # fmt: skip
-        if node.op_type in VIEW_OPS or (node.output and node.output[0] in folded):
+        if fusion == "runtime":
+            pass
+        elif node.op_type in VIEW_OPS or (node.output and node.output[0] in folded):
             fused = True
         elif node.op_type in EPILOGUE_OPS or (node.op_type in EPILOGUE_CONSTANT_OPS and len(node.input) == 2
                                                and node.input[1] in folded):  # fmt: skip
@@ -379,13 +472,17 @@ def graph_costs(model: Any, dims: Mapping[str, int] | None = None, *, input_shap
                 epilogue.add(node.output[0])
         out_shape = shapes.get(node.output[0], ((), 1))[0] if node.output and node.output[0] in shapes else ()
         known = bool(node.output) and node.output[0] in shapes
+        idle = fused or view
         nodes.append(NodeCost(
             name=key, op_type=node.op_type, op_class=cls, precision=precisions[key],
-            ops=0.0 if fused or not known else _ops(node, shapes, out_shape),
-            bytes_read=0.0 if fused else sum(nbytes(n) for n in acts) + sum(nbytes(n) for n in weights),
-            bytes_written=0.0 if fused else sum(nbytes(n) for n in node.output if n),
-            weight_bytes=sum(nbytes(n) for n in weights), fused=fused,
+            ops=0.0 if idle or not known else _ops(node, shapes, out_shape),
+            bytes_read=0.0 if idle else sum(nbytes(n) for n in acts) + sum(nbytes(n) for n in weights),
+            bytes_written=0.0 if idle else sum(nbytes(n) for n in node.output if n),
+            weight_bytes=sum(nbytes(n) for n in weights), fused=fused, kind=_kind(node, shapes),
         ))  # fmt: skip
+    for call in if_calls:  # the If itself: no work of its own, one subgraph invocation
+        nodes.append(NodeCost(name=call.name, op_type="If", op_class="data_movement", precision="fp32", ops=0.0, bytes_read=0.0,
+                              bytes_written=0.0, weight_bytes=0.0, kind="subgraph", subgraph_calls=1))  # fmt: skip
     weight_bytes = sum(nbytes(n) for n in initializers)
     input_bytes = sum(nbytes(v.name) for v in proto.graph.input if v.name not in initializers)
     return GraphCost(nodes=tuple(nodes), dims=dims, weight_bytes=weight_bytes,

@@ -65,6 +65,8 @@ class Hardware:
     fp32_runs_as: str | None = None  # an NPU that compiles FP32 layers to this precision
     node_overhead_us: float | None = None  # measured per-node dispatch overhead (measured hosts)
     large_peak_ops: dict[str, float] | None = None  # the peak of nodes moving more than cache_bytes (measured hosts)
+    kernel_efficiency: dict[str, list[list[float]]] | None = None  # kind -> [[roofline s, efficiency]] (host_kernels)
+    subgraph_overhead_us: float | None = None  # measured cost of one If's subgraph invocation (measured hosts)
 
     def resolve(self, precision: str) -> tuple[float, str, Hardware]:
         """(ops/s, the precision whose figure it is, the engine that runs it): this engine following
@@ -90,7 +92,8 @@ class Hardware:
                 "peak_ops_per_s": self.peak_ops, "bandwidth_bytes_per_s": self.bandwidth_bytes_s, "watts": self.watts,
                 "cache_bytes": self.cache_bytes, "cache_bandwidth_bytes_per_s": self.cache_bandwidth_bytes_s,
                 "sources": list(self.sources), "fp32_runs_as": self.fp32_runs_as, "node_overhead_us": self.node_overhead_us,
-                "large_peak_ops_per_s": self.large_peak_ops,
+                "large_peak_ops_per_s": self.large_peak_ops, "kernel_efficiency": self.kernel_efficiency,
+                "subgraph_overhead_us": self.subgraph_overhead_us,
                 "fallback": self.fallback.to_json() if self.fallback is not None else None}  # fmt: skip
 
 
@@ -128,9 +131,17 @@ def hardware_for(target: TargetProfile, power_mode: str | None = None, *, measur
         overhead = measured.get("node_overhead_us")
         if overhead:
             sources.append(f"per-node dispatch overhead {overhead:.2f} us measured on this host (a chain of tiny nodes)")
+        kernels = measured.get("kernel_efficiency") or None
+        if kernels:
+            sources.append("share of the roofline per node kind measured on this host (ONNX Runtime's kernels on synthetic nodes): "
+                           + ", ".join(f"{k} {'..'.join(f'{p[1]:.2f}' for p in v)}" for k, v in sorted(kernels.items())))  # fmt: skip
+        subgraph = measured.get("subgraph_overhead_us")
+        if subgraph is not None:
+            sources.append(f"If subgraph invocation {subgraph:.1f} us measured on this host (a chain of Ifs against the same nodes without)")
         return Hardware(target.name, "cpu", mode, measured_peaks, float(measured["bandwidth_bytes_s"]), watts, tuple(sources),
                         float(cache) if cache and cache_bw else None, float(cache_bw) if cache and cache_bw else None,
-                        node_overhead_us=float(overhead) if overhead else None, large_peak_ops=large or None)  # fmt: skip
+                        node_overhead_us=float(overhead) if overhead else None, large_peak_ops=large or None,
+                        kernel_efficiency=kernels, subgraph_overhead_us=float(subgraph) if subgraph is not None else None)  # fmt: skip
     if not target.peak_throughput:
         raise EstimateError(f"target '{target.name}' has no peak_throughput figures to estimate from",
                             hint="on the device itself, pass --measure-host to measure its peak (GEMM and copy micro-benchmark); "

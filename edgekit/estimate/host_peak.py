@@ -1,10 +1,12 @@
 """Measure this host's peak for the roofline of a CPU target without vendor figures (``x86-64-cpu``):
 a short ONNX Runtime GEMM (512x512: fits the caches, so it shows the arithmetic peak; fp32 MatMul, int8 MatMulInteger) at the target's thread count, and a NumPy
 copy for memory bandwidth (a 256 MB copy for memory, one within half the L2 cache for the in-cache bandwidth), and the
-per-node dispatch overhead (the median time of a chain of tiny Add/Mul nodes, per node). The result is cached per CPU model, threads and ONNX Runtime version in
+per-node dispatch overhead (the median time of a chain of tiny Add/Mul nodes, per node), and the kernel
+micro-benchmarks of :mod:`edgekit.estimate.host_kernels` (the share of that roofline each node kind reaches, the
+cost of an If's subgraph). The result is cached per CPU model, threads and ONNX Runtime version in
 ``$EDGEKIT_CACHE_DIR/host-peak.json`` (default ``~/.cache/edgekit``); ``refresh=True`` measures again.
 
-These are MEASURED peaks of this host's kernels (the best of a few repeats), not vendor figures.
+These are MEASURED peaks of this host's kernels (the median of a few repeats), not vendor figures.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from edgekit.estimate.host_kernels import kernel_efficiency, subgraph_overhead_us
 
 GEMM_SIZE = 512
 LARGE_GEMM_SIZE = 1024  # 12 MB of fp32 operands: past the L2, the rate a large layer sees
@@ -89,13 +93,15 @@ def node_overhead_us(threads: int, runs: int = 50) -> float:
 
 
 def _best_seconds(run: Any, repeats: int = REPEATS) -> float:
+    """The median of ``repeats`` timed runs (after one warm-up): the rate a typical run sees, as a model's p50 does;
+    on a shared host the best run would describe a quiet moment the models do not get."""
     run()
-    best = float("inf")
+    times = []
     for _ in range(repeats):
         start = time.perf_counter()
         run()
-        best = min(best, time.perf_counter() - start)
-    return best
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
 
 
 def l2_cache_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
@@ -136,10 +142,26 @@ def _measure(threads: int) -> dict[str, Any]:
         small = np.ones(cache // 16, dtype=np.float32)
         small_target = np.empty_like(small)
         cache_bandwidth = 2.0 * small.nbytes / _best_seconds(lambda: np.copyto(small_target, small), repeats=50)
-    return {"peak_ops": peaks, "bandwidth_bytes_s": 2.0 * source.nbytes / copy_s, "cache_bytes": cache,
+    result = {"peak_ops": peaks, "bandwidth_bytes_s": 2.0 * source.nbytes / copy_s, "cache_bytes": cache,
             "cache_bandwidth_bytes_s": cache_bandwidth, "node_overhead_us": node_overhead_us(threads), "large_peak_ops": large_peaks,
-            "method": f"ONNX Runtime {n}x{n} MatMul/MatMulInteger and a {COPY_MB} MB NumPy copy (read+write), best of {REPEATS} "
-                      f"({LARGE_GEMM_SIZE}x{LARGE_GEMM_SIZE}: past the L2, best of 3), {threads} threads; per-node overhead: median of a {CHAIN_NODES}-node Add/Mul chain"}  # fmt: skip
+            "method": f"ONNX Runtime {n}x{n} MatMul/MatMulInteger and a {COPY_MB} MB NumPy copy (read+write), median of {REPEATS} "
+                      f"({LARGE_GEMM_SIZE}x{LARGE_GEMM_SIZE}: past the L2, median of 3), {threads} threads; per-node overhead: median of a {CHAIN_NODES}-node Add/Mul chain"}  # fmt: skip
+    result["kernel_efficiency"] = kernel_efficiency(threads, _roofline_of(result))
+    result["subgraph_overhead_us"] = subgraph_overhead_us(threads)
+    result["method"] += "; per node kind: ONNX Runtime's profiled kernel time of synthetic nodes against their roofline; If: a chain of 64"
+    return result
+
+
+def _roofline_of(measured: dict[str, Any]) -> Any:
+    """node cost -> its roofline seconds on the host just measured (what the estimate computes for it)."""
+    from edgekit.estimate.hardware import Hardware
+    from edgekit.estimate.roofline import node_roofline_s
+
+    cache, cache_bw = measured.get("cache_bytes"), measured.get("cache_bandwidth_bytes_s")
+    host = Hardware("host", "cpu", None, dict(measured["peak_ops"]), float(measured["bandwidth_bytes_s"]), None, (),
+                    float(cache) if cache and cache_bw else None, float(cache_bw) if cache and cache_bw else None,
+                    large_peak_ops=dict(measured["large_peak_ops"]) if cache and cache_bw else None)  # fmt: skip
+    return lambda node: node_roofline_s(node, host)[0]
 
 
 def _key(threads: int) -> str:
@@ -147,7 +169,7 @@ def _key(threads: int) -> str:
 
     from edgekit.bundle.manifest import host_description
 
-    return f"{host_description()['cpu']}|threads={threads}|onnxruntime={onnxruntime.__version__}|gemm={GEMM_SIZE}|cache=1|overhead=1|large={LARGE_GEMM_SIZE}"
+    return f"{host_description()['cpu']}|threads={threads}|onnxruntime={onnxruntime.__version__}|gemm={GEMM_SIZE}|cache=1|overhead=1|large={LARGE_GEMM_SIZE}|kernels=3"
 
 
 def measure_host_peak(threads: int, *, refresh: bool = False) -> dict[str, Any]:

@@ -6,7 +6,12 @@ peak, memory-bound classes a share of bandwidth, each kernel launch or operator 
 ``node_overhead_us``. ``edgekit fleet calibrate`` fits them per target and power mode from telemetry.
 
 Because the factor divides each class's roofline time, latency is linear in the inverse factors:
-``latency = sum_c roofline_c / e_c + nodes x overhead``; the calibration solves that system.
+``latency = sum_c roofline_c / e_c + nodes x overhead + fixed``; the calibration solves that system.
+
+On a host whose kernels were micro-benchmarked (:mod:`edgekit.estimate.host_kernels`), each node's roofline
+time is divided by its kind's MEASURED efficiency at its size (or, for a kind not benchmarked, by its class's
+prior) before the factors apply, so the default factors there are 1 (:func:`host_factors`); the ``fixed`` part
+is each ``If``'s measured subgraph invocation (not scaled by any factor).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgekit.estimate.graph_cost import ALL_CLASSES, GraphCost
+from edgekit.estimate.graph_cost import ALL_CLASSES, GraphCost, NodeCost, node_kind
 from edgekit.estimate.hardware import Hardware
 
 #: engine -> op class -> share of the roofline reached (uncalibrated priors); "node_overhead_us" per node.
@@ -56,6 +61,20 @@ def default_factors(engine: str) -> Factors:
     return Factors(dict(DEFAULT_EFFICIENCY[kind]), DEFAULT_NODE_OVERHEAD_US[kind])
 
 
+def host_factors(hardware: Hardware) -> Factors:
+    """The uncalibrated factors for ``hardware``: the priors, with a measured host's per-node overhead; on a host
+    whose kernels were micro-benchmarked, 1 for every class (the node times already carry the measured efficiency)."""
+    factors = default_factors(hardware.engine)
+    if hardware.kernel_efficiency:
+        return Factors(dict.fromkeys(factors.efficiency, 1.0), hardware.node_overhead_us or factors.node_overhead_us,
+                       source="efficiency of each node kind measured by host micro-benchmarks (uncalibrated estimate); "
+                              "per-node overhead measured on this host")  # fmt: skip
+    if hardware.node_overhead_us:  # a measured host: its own dispatch overhead instead of the prior
+        return Factors(factors.efficiency, hardware.node_overhead_us,
+                       source="default priors (uncalibrated estimate); per-node overhead measured on this host")  # fmt: skip
+    return factors
+
+
 @dataclass(frozen=True)
 class NodeTime:
     name: str
@@ -65,6 +84,7 @@ class NodeTime:
     roofline_ms: float  # at efficiency 1: max(compute, memory)
     bound: str  # "compute" or "memory"
     ms: float
+    fixed_ms: float = 0.0  # a measured cost no factor scales (an If's subgraph invocation)
 
 
 @dataclass(frozen=True)
@@ -80,6 +100,35 @@ class Roofline:
             out[node.op_class] += node.roofline_ms
         return out
 
+    @property
+    def fixed_ms(self) -> float:
+        return sum(node.fixed_ms for node in self.nodes)
+
+
+def node_roofline_s(node: NodeCost, hardware: Hardware) -> tuple[float, str, Hardware, str]:
+    """(seconds at efficiency 1, "compute" or "memory", the engine that runs it, the precision whose peak it used)."""
+    peak, used, engine = hardware.resolve(node.precision)
+    in_cache = engine.cache_bytes is not None and engine.cache_bandwidth_bytes_s and node.bytes <= engine.cache_bytes
+    if engine.large_peak_ops and engine.cache_bytes is not None and not in_cache and used in engine.large_peak_ops:
+        peak = engine.large_peak_ops[used]  # operands past the L2: the measured out-of-cache rate
+    compute_s = node.ops / peak if node.ops else 0.0
+    bandwidth = engine.cache_bandwidth_bytes_s if in_cache else engine.bandwidth_bytes_s
+    memory_s = node.bytes / bandwidth if bandwidth else 0.0  # no bandwidth figure: a lower bound, said in the sources
+    return max(compute_s, memory_s), "compute" if compute_s >= memory_s else "memory", engine, used
+
+
+def _measured_share(node: NodeCost, engine: Hardware, seconds: float) -> float:
+    """The share of the roofline ``node`` reaches on a micro-benchmarked host: its kind's measured efficiency at
+    its size, else its class's prior (1 where the engine has no benchmarks: the factors apply later)."""
+    from edgekit.estimate.host_kernels import efficiency_at
+
+    if not engine.kernel_efficiency:
+        return 1.0
+    points = engine.kernel_efficiency.get(node_kind(node))
+    if points and seconds > 0:
+        return efficiency_at(points, seconds)
+    return DEFAULT_EFFICIENCY[engine_kind(engine.engine)].get(node.op_class, 1.0)
+
 
 def roofline(cost: GraphCost, hardware: Hardware) -> Roofline:
     """Each node's roofline time at efficiency 1 (factors are applied by :func:`latency_ms`)."""
@@ -88,19 +137,14 @@ def roofline(cost: GraphCost, hardware: Hardware) -> Roofline:
     for node in cost.nodes:
         if node.fused:
             continue
-        peak, used, engine = hardware.resolve(node.precision)
+        seconds, bound, engine, used = node_roofline_s(node, hardware)
         if engine is not hardware:
             on_other[node.precision] = on_other.get(node.precision, 0) + 1
         if used != node.precision:
             fallbacks.add(f"{node.precision} ops timed at the {engine.engine} {used} peak (no {node.precision} figure there)")
-        in_cache = engine.cache_bytes is not None and engine.cache_bandwidth_bytes_s and node.bytes <= engine.cache_bytes
-        if engine.large_peak_ops and engine.cache_bytes is not None and not in_cache and used in engine.large_peak_ops:
-            peak = engine.large_peak_ops[used]  # operands past the L2: the measured out-of-cache rate
-        compute_s = node.ops / peak if node.ops else 0.0
-        bandwidth = engine.cache_bandwidth_bytes_s if in_cache else engine.bandwidth_bytes_s
-        memory_s = node.bytes / bandwidth if bandwidth else 0.0  # no bandwidth figure: a lower bound, said in the sources
-        bound = "compute" if compute_s >= memory_s else "memory"
-        nodes.append(NodeTime(node.name, node.op_type, node.op_class, node.precision, max(compute_s, memory_s) * 1e3, bound, 0.0))
+        seconds /= _measured_share(node, engine, seconds)
+        fixed = node.subgraph_calls * (engine.subgraph_overhead_us or 0.0) / 1e3
+        nodes.append(NodeTime(node.name, node.op_type, node.op_class, node.precision, seconds * 1e3, bound, 0.0, fixed))
     notes.extend(sorted(fallbacks))
     if on_other and hardware.fallback is not None:
         counts = ", ".join(f"{n} {p}" for p, n in sorted(on_other.items()))
@@ -114,10 +158,11 @@ def apply_factors(line: Roofline, factors: Factors) -> tuple[tuple[NodeTime, ...
     """(nodes with their time, total latency ms)."""
     overhead_ms = factors.node_overhead_us / 1e3
     timed = tuple(NodeTime(n.name, n.op_type, n.op_class, n.precision, n.roofline_ms, n.bound,
-                           n.roofline_ms / factors.efficiency.get(n.op_class, 1.0) + overhead_ms) for n in line.nodes)  # fmt: skip
+                           n.roofline_ms / factors.efficiency.get(n.op_class, 1.0) + overhead_ms + n.fixed_ms, n.fixed_ms)
+                  for n in line.nodes)  # fmt: skip
     return timed, sum(n.ms for n in timed)
 
 
-def latency_from_classes(class_ms: Mapping[str, float], nodes: int, factors: Factors) -> float:
+def latency_from_classes(class_ms: Mapping[str, float], nodes: int, factors: Factors, fixed_ms: float = 0.0) -> float:
     """The same sum from per-class roofline totals (what calibration fits against)."""
-    return sum(ms / factors.efficiency.get(cls, 1.0) for cls, ms in class_ms.items()) + nodes * factors.node_overhead_us / 1e3
+    return sum(ms / factors.efficiency.get(cls, 1.0) for cls, ms in class_ms.items()) + nodes * factors.node_overhead_us / 1e3 + fixed_ms
