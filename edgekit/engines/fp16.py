@@ -13,7 +13,9 @@ So, before converting:
    ``Add``) is folded into that convolution's weights and bias, in float64, written as FP32: exact in
    real arithmetic, and the folded weights are the scale the network really computes at;
 2. every node that reads a float constant FP16 cannot hold (a magnitude above 65504, or a tensor whose
-   non-zero values would mostly flush to zero) stays FP32, and so does the ``Constant`` node producing it.
+   non-zero values would mostly flush to zero, like a normalisation's 1e-9 floor) stays FP32, with that
+   constant as an FP32 initializer. Sentinels (``finfo(float32).min`` in an attention mask) are not data:
+   the converter clamps them to +-65504, which still masks.
 
 :func:`convert_fp16_report` returns the converted model and a :class:`Fp16Conversion` whose manifest form
 names what was folded and which nodes stay FP32, and why.
@@ -34,6 +36,10 @@ FP16_MAX = 65504.0
 FP16_MIN_SUBNORMAL = 5.96e-08
 #: A constant whose non-zero values flush to zero in FP16 for more than this fraction is kept FP32.
 UNDERFLOW_FRACTION = 0.5
+#: Magnitudes from here up are sentinels (an attention mask's ``finfo(float32).min``), not data: clamped to
+#: +-65504 they still mask, while an FP32 node would hand -3.4e38 on to FP16 nodes as -inf (NaN after a softmax
+#: of a fully masked row). Such constants are left to the converter's clamp.
+SENTINEL_MAGNITUDE = 1e30
 
 #: Why an fp16 bundle for a CPU provider is not a speed-up, by CPU architecture: recorded in the manifest and
 #: logged at build time (corpus, AVX2 host, 2 threads, interleaved: CNNs 1.01-1.24x the FP32 latency, YOLOS 0.84x).
@@ -219,8 +225,9 @@ def _why_not_fp16(value: np.ndarray) -> str | None:
     if value.dtype != np.float32 or value.size == 0:
         return None
     magnitude = np.abs(value[np.isfinite(value)])
-    if magnitude.size and magnitude.max() > FP16_MAX:
-        return f"a constant up to {magnitude.max():.3g}, beyond FP16's largest value {FP16_MAX:g}"
+    data = magnitude[magnitude < SENTINEL_MAGNITUDE]
+    if data.size and data.max() > FP16_MAX:
+        return f"a constant up to {data.max():.3g}, beyond FP16's largest value {FP16_MAX:g}"
     nonzero = magnitude[magnitude > 0]
     if nonzero.size and (nonzero < FP16_MIN_SUBNORMAL).mean() > UNDERFLOW_FRACTION:
         return f"a constant whose non-zero values are mostly below FP16's smallest {FP16_MIN_SUBNORMAL:g} (they would flush to zero)"

@@ -161,3 +161,26 @@ def test_ppocr_det_fp16_keeps_the_text_map(tmp_path: Path) -> None:
     reference = [fp32.run([model.output], batch)[0] for batch in model.evaluation]
     outputs = [fp16.run([model.output], batch)[0] for batch in model.evaluation]
     assert text_map_iou(outputs, reference) >= 0.95
+
+
+def test_a_mask_sentinel_is_clamped_and_a_normalisation_floor_stays_fp32() -> None:
+    """MiniLM's graph: ``mask x finfo(float32).min`` (a sentinel, clamped to -65504 as before) and
+    ``Clip(min=1e-9)`` before a division (a floor FP16 would flush to zero: that Clip stays FP32)."""
+    sentinel = numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "mask_value")
+    floor = numpy_helper.from_array(np.array(1e-9, np.float32), "floor")
+    nodes = [helper.make_node("Mul", ["x", "mask_value"], ["masked"], name="mask"),
+             helper.make_node("ReduceL2", ["x"], ["norm"], name="norm", keepdims=1),
+             helper.make_node("Clip", ["norm", "floor"], ["safe_norm"], name="clip"),
+             helper.make_node("Div", ["x", "safe_norm"], ["y"], name="normalise")]
+    graph = helper.make_graph(nodes, "sentinels", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("masked", TensorProto.FLOAT, None)], [sentinel, floor])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    converted, report = convert_fp16_report(model)
+    assert list(report.kept_fp32) == ["clip"] and "flush to zero" in report.kept_fp32["clip"]
+    assert _weight_types(converted)["floor"] == TensorProto.FLOAT
+    x = np.zeros((2, 8), np.float32)
+    x[0] = np.random.default_rng(4).normal(size=8)
+    session = ort.InferenceSession(converted.SerializeToString(), providers=["CPUExecutionProvider"])
+    y, masked = session.run(None, {"x": x})
+    assert np.isfinite(y).all() and np.allclose(y[0], x[0] / np.linalg.norm(x[0]), atol=2e-3)
