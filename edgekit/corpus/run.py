@@ -54,6 +54,7 @@ class CorpusRow:
     best_ort: str | None = None  # which one
     estimate_p50_ms: float | None = None  # other targets: edgekit estimate's p50
     estimate_engine: str | None = None
+    model_sha256: str | None = None  # the bundle's model file (the manifest's model.sha256): tells an auto that returned FP32's own file
     golden: str | None = None  # "pass", "fail: ...", or why it could not run; None for peers (no bundle)
     chosen: str | None = None  # auto: the precision and plan it chose
     notes: list[str] = field(default_factory=list)
@@ -201,6 +202,7 @@ def _error_text(exc: Any) -> str:
 
 
 def _from_manifest(manifest: dict[str, Any], precision: str, row: CorpusRow) -> None:
+    row.model_sha256 = (manifest.get("model") or {}).get("sha256")
     plan = (manifest.get("quantization") or {}).get("plan")
     if precision == "auto":
         search = (manifest.get("quantization") or {}).get("auto") or {}
@@ -263,12 +265,28 @@ def golden_check(bundle_dir: Path, threads: int) -> str:
     return f"fail{on}: outputs {', '.join(failed)}"
 
 
-def _estimate(bundle_dir: Path, target: str, row: CorpusRow) -> None:
+def bench_dims(onnx_path: Path, bench: Batch) -> dict[str, int]:
+    """Every named (dynamic) dim of the model's inputs at the size the bench batch gives it, so the estimate
+    is of the shape the host times (a dim named by the exporter, like Paddle's ``x_dim0``, included)."""
+    import onnx
+
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    dims: dict[str, int] = {}
+    for value in graph.input:
+        if value.name not in bench:
+            continue
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.HasField("dim_param") and axis < bench[value.name].ndim:
+                dims[dim.dim_param] = int(bench[value.name].shape[axis])
+    return dims
+
+
+def _estimate(bundle_dir: Path, target: str, bench: Batch, row: CorpusRow) -> None:
     from edgekit.errors import EdgekitError
     from edgekit.estimate.inputs import estimate_path
 
     try:
-        estimate, _ = estimate_path(bundle_dir, target)
+        estimate, _ = estimate_path(bundle_dir, target, dims=bench_dims(bundle_dir / "model.onnx", bench))
     except EdgekitError as exc:
         row.notes.append(f"no estimate: {exc.message.splitlines()[0]}")
         return
@@ -308,7 +326,7 @@ def run_model(model: CorpusModel, work: Path, targets: Sequence[str] = TARGETS, 
             if target == HOST_TARGET:
                 bundles[precision] = bundle / "model.onnx"
             else:
-                _estimate(bundle, target, row)
+                _estimate(bundle, target, model.bench, row)
                 accuracy = json.loads((bundle / "manifest.json").read_text()).get("accuracy") or {}
                 if accuracy.get("metric") == spec.metric and accuracy.get("value") is not None:
                     _judge(row, float(accuracy["value"]), model.min_value)

@@ -92,6 +92,9 @@ def model_verdict(model: str, rows: Sequence[CorpusRow]) -> ModelVerdict:
         win = ratio <= 1.0
         return verdict(win, f"{'at least as fast as' if win else 'slower than'} {peer.variant}", peer.variant, ratio, per_round_iqr(auto, peer))
     ratio = auto.p50_ms / fp32.p50_ms
+    if auto.model_sha256 is not None and auto.model_sha256 == fp32.model_sha256:
+        return verdict(False, "no ORT quantizer meets the budget, and auto returned FP32's own model (the same file): not faster than FP32",
+                       "fp32", ratio, per_round_iqr(auto, fp32))
     win = ratio < 1.0
     return verdict(win, f"no ORT quantizer meets the budget; {'faster' if win else 'not faster'} than FP32", "fp32", ratio, per_round_iqr(auto, fp32))
 

@@ -65,7 +65,9 @@ def test_host_rows_are_evaluated_timed_and_self_checked(corpus_run):
 
 @pytest.mark.slow
 def test_a_jetson_bundle_is_built_self_checked_and_estimated_not_timed(corpus_run):
-    _, _, rows = corpus_run
+    from edgekit.corpus.run import bench_dims
+
+    work, model, rows = corpus_run
     (jetson,) = [r for r in rows if r.target == JETSON]
     assert jetson.error is None and jetson.size_bytes > 0 and jetson.build_s > 0
     assert jetson.p50_ms is None and jetson.x_fp32 is None
@@ -73,6 +75,10 @@ def test_a_jetson_bundle_is_built_self_checked_and_estimated_not_timed(corpus_ru
     assert jetson.golden.startswith("pass (on ONNX Runtime CPU")
     assert any("TensorRT engine is built on the device" in note for note in jetson.notes)
     assert jetson.metric is not None and jetson.meets_budget is not None  # the build's own evaluation
+    # estimated at the timed shape: every named input dim (the batch too, whatever the exporter called it) sized from the bench batch
+    dims = bench_dims(work / model.name / "runs" / "bundles" / JETSON / "fp32" / "model.onnx", model.bench)
+    first = next(iter(model.bench.values()))
+    assert dims and first.shape[0] in dims.values(), dims
 
 
 def test_auto_on_a_jetson_is_refused_with_a_named_reason(tmp_path):
@@ -167,9 +173,14 @@ def test_without_a_budget_meeting_peer_auto_must_beat_fp32():
         rows[peer] = replace(rows[peer], metric=0.5, meets_budget=False)
     verdict = model_verdict("ppocr-det", list(rows.values()))
     assert verdict.against == "fp32" and verdict.win and "no ORT quantizer meets the budget" in verdict.reason
-    rows["auto"] = replace(rows["auto"], p50_ms=100.64, round_ms=[99.0, 101.2, 100.6, 102.3])  # auto chose FP32: not faster
+    rows["auto"] = replace(rows["auto"], p50_ms=100.64, round_ms=[99.0, 101.2, 100.6, 102.3])  # as slow as FP32: not faster
     verdict = model_verdict("ppocr-det", list(rows.values()))
     assert not verdict.win and verdict.reason.endswith("not faster than FP32") and verdict.ratio == pytest.approx(1.0)
+    # auto returned FP32's own file: a lower median is noise, not a win (ResNet on this host: auto 0.97x FP32, the same model)
+    rows["fp32"] = replace(rows["fp32"], model_sha256="ab12")
+    rows["auto"] = replace(rows["auto"], chosen="fp32", model_sha256="ab12", p50_ms=97.6, round_ms=[95.0, 97.9, 98.1, 97.0])
+    verdict = model_verdict("ppocr-det", list(rows.values()))
+    assert not verdict.win and "auto returned FP32's own model (the same file)" in verdict.reason
 
 
 def test_a_loss_within_the_per_round_spread_is_marked_as_noise_and_still_counts_as_a_loss():
