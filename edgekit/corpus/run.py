@@ -352,6 +352,20 @@ def _metric_name(spec: Any) -> str:
     return str(spec.metric) + (f" {report}" if report else "") + (f" mAP@{match_iou:g}" if match_iou else "")
 
 
+def evaluate_outputs(session: Any, model: CorpusModel) -> list[dict[str, np.ndarray]]:
+    """Every output over the evaluation batches; a stateful model's sequences (``sequence_length`` consecutive
+    batches) carry the state this variant computed on the previous call, as on the device."""
+    outputs: list[dict[str, np.ndarray]] = []
+    carried: dict[str, np.ndarray] = {}
+    for index, batch in enumerate(model.evaluation):
+        if model.state and index % max(model.sequence_length, 1):
+            batch = {**batch, **carried}
+        result = _outputs(session, batch)
+        carried = {state_input: result[output] for state_input, output in model.state if output in result}
+        outputs.append(result)
+    return outputs
+
+
 def _bench_call(session: Any, batch: Batch) -> Callable[[], Any]:
     feeds = _feeds(session, batch)
     return lambda: session.run(None, feeds)
@@ -360,7 +374,7 @@ def _bench_call(session: Any, batch: Batch) -> Callable[[], Any]:
 def measure_host(model: CorpusModel, rows: list[CorpusRow], paths: dict[str, Path], rounds: int, threads: int) -> None:
     """Evaluate (task metric and cosine against FP32's outputs) and time every variant in ``paths`` interleaved."""
     sessions = {name: _session(path, threads) for name, path in paths.items()}
-    outputs = {name: [_outputs(s, b) for b in model.evaluation] for name, s in sessions.items()}
+    outputs = {name: evaluate_outputs(s, model) for name, s in sessions.items()}
     samples = interleaved_samples({name: _bench_call(s, model.bench) for name, s in sessions.items()}, rounds)
     for row in rows:
         if row.variant not in paths:

@@ -223,3 +223,25 @@ def test_the_summary_counts_every_model_and_shows_losses():
     assert f"| ppocr-det | {JETSON} | int8 |  | 12.0 | est. 1.4 |" in table
     assert "| ppocr-det | x86-64-cpu | ort-quantize_dynamic |" in table and "| yes (≥ 0.9) |" in table
     assert "error: --precision auto searches ONNX Runtime plans" in table
+
+
+def test_a_stateful_model_is_evaluated_with_its_own_state_carried_through_each_sequence(tmp_path):
+    """A running sum (stateN = state + x): within a sequence each call gets the state the same session computed
+    on the previous call, and each sequence starts from the state its first batch carries."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    from edgekit.corpus.base import CorpusModel
+    from edgekit.corpus.run import _session, evaluate_outputs
+
+    graph = helper.make_graph([helper.make_node("Add", ["x", "state"], ["stateN"]), helper.make_node("Identity", ["stateN"], ["y"])], "running_sum",
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2]) for n in ("x", "state")],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2]) for n in ("y", "stateN")])
+    path = tmp_path / "sum.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    ones, zeros = np.ones((1, 2), np.float32), np.zeros((1, 2), np.float32)
+    batches = [{"x": ones * (i + 1), "state": zeros + 100 * (i % 2)} for i in range(4)]  # the state in odd batches must be ignored
+    model = CorpusModel("sum", "embedding", path, batches, batches, batches[0], "y", "test graph", state=(("state", "stateN"),), sequence_length=2)
+    got = [out["y"][0, 0] for out in evaluate_outputs(_session(path, 1), model)]
+    assert got == [1.0, 3.0, 3.0, 7.0]
