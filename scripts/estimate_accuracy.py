@@ -101,7 +101,7 @@ def recipe_model(path: Path, work: Path) -> tuple[str, Path, dict[str, np.ndarra
     stage_export(state)
     dims = bench_dims(state.recipe)
     feeds = model_inputs(state.recipe, fit_batch(state.recipe, state.samples[0], dims))
-    return state.recipe.name, state.fp32_path, feeds, f"recipe {path.name} at {dims}"
+    return f"{state.recipe.name} (demo)", state.fp32_path, feeds, f"recipe {path.name} at {dims}"
 
 
 def corpus_model(name: str, work: Path, wheels: Path) -> tuple[str, Path, dict[str, np.ndarray], str]:
@@ -237,26 +237,38 @@ def render(doc: dict[str, Any], timed: list[dict[str, Any]], args: argparse.Name
         "# How close are the estimates?",
         "",
         "`edgekit estimate` is a roofline ESTIMATE (docs in `edgekit/estimate/`): per node, "
-        "max(ops / peak, bytes / bandwidth) / efficiency of its op class + a per-node overhead, summed. This page "
+        "max(ops / peak, bytes / bandwidth) / efficiency + a per-node overhead, summed. This page "
         "compares it with latency measured on the host, for the `x86-64-cpu` target whose peak is measured "
-        "(`edgekit/estimate/host_peak.py`). Regenerate with `python scripts/estimate_accuracy.py`.",
+        "(`edgekit/estimate/host_peak.py`). For it the estimate costs the graph ONNX Runtime runs here (its saved "
+        "`ORT_ENABLE_ALL` graph: its fusions and NCHWc layout, `edgekit/estimate/runtime_graph.py`), an `If` counts the "
+        "branch taken plus a measured subgraph invocation (`subgraphs.py`), and each node's efficiency is the share of "
+        "the roofline its KIND of kernel reached in host micro-benchmarks on synthetic nodes (`host_kernels.py`: dense, "
+        "pointwise, depthwise and 3-channel stem convolutions, 1-D convolutions, GEMMs, simple and transcendental "
+        "elementwise ops, data movement; no corpus model is involved). Regenerate with "
+        "`python scripts/estimate_accuracy.py` (it rewrites this page down to `## Using estimates`).",
         "",
         f"Run {doc['date']} on {peak.get('method', '')}; measured host peak: fp32 {peak['peak_ops']['fp32'] / 1e9:.0f} GFLOPS, "
-        f"int8 {peak['peak_ops']['int8'] / 1e12:.2f} TOPS, copy bandwidth {peak['bandwidth_bytes_s'] / 1e9:.1f} GB/s"
+        f"int8 {peak['peak_ops']['int8'] / 1e9:.0f} GOPS, copy bandwidth {peak['bandwidth_bytes_s'] / 1e9:.1f} GB/s"
         + (f" ({peak['cache_bandwidth_bytes_s'] / 1e9:.0f} GB/s within the {peak['cache_bytes'] / 2**20:g} MiB L2)" if peak.get("cache_bytes") else "")
         + (f"; past the L2 (a 1024x1024 GEMM): fp32 {peak['large_peak_ops']['fp32'] / 1e9:.0f} GFLOPS, "
-           f"int8 {peak['large_peak_ops']['int8'] / 1e12:.2f} TOPS" if peak.get("large_peak_ops") else "")
+           f"int8 {peak['large_peak_ops']['int8'] / 1e9:.0f} GOPS" if peak.get("large_peak_ops") else "")
         + (f"; per-node dispatch overhead {peak['node_overhead_us']:.2f} us" if peak.get("node_overhead_us") else "")
+        + (f"; If subgraph invocation {peak['subgraph_overhead_us']:.1f} us" if peak.get("subgraph_overhead_us") is not None else "")
+        + ("; measured share of the roofline per node kind (smallest..largest synthetic node): "
+           + ", ".join(f"{k} {min(p[1] for p in v):.2f}..{max(p[1] for p in v):.2f}" for k, v in sorted(peak["kernel_efficiency"].items()))
+           if peak.get("kernel_efficiency") else "")
         + (f". The same micro-benchmark after the models: fp32 {peak['after']['fp32'] / 1e9:.0f} GFLOPS, copy "
            f"{peak['after']['bandwidth_bytes_s'] / 1e9:.1f} GB/s" if peak.get("after") else "")
         + f". Peak and models both at {doc.get('threads', 2)} intra-op threads (the bench's count). Each model's p50 is "
-        f"the median of {args.rounds} rounds of {args.runs} runs, with the rounds' range"
+        f"the median of {args.rounds} interleaved rounds (every model once a round) of up to {args.runs} runs "
+        f"(fewer for slow models: about {getattr(args, 'round_seconds', 3.0):g} s a round), with the rounds' range"
         + (f"; load average at the end {doc['loadavg']}" if doc.get("loadavg") else "") + ".",
         "",
         (f"Host CPU: {doc['cpu_flags']['model']}, {doc['cpu_flags']['cpus']} CPUs, ISA flags: "
          f"{', '.join(doc['cpu_flags']['flags']) or 'none of the listed'}." if doc.get("cpu_flags") else ""),
         "",
-        "* **default**: the uncalibrated default factors (`edgekit/estimate/roofline.py`).",
+        "* **default**: no factor fitted to any model: each node kind's measured micro-benchmark efficiency, the "
+        "class priors of `edgekit/estimate/roofline.py` for kinds not benchmarked, the measured per-node and If overheads.",
         "* **host-calibrated (leave-one-out)**: factors fitted to all the OTHER models' measurements on this host, "
         "the fit `edgekit fleet calibrate` runs on fleet telemetry; the model itself is not in its fit.",
         "",

@@ -3,9 +3,9 @@ measured roofline (:mod:`edgekit.estimate.host_peak`) each kind of node reaches,
 
 A GEMM peak does not say how fast a depthwise convolution, a 3-input-channel stem, a batch of 8x8 convolutions or a
 tanh runs. Each kind (:func:`edgekit.estimate.graph_cost.node_kind`) is timed here on synthetic nodes at a small and a
-larger size, by ONNX Runtime's own per-node profile at ``ORT_ENABLE_ALL`` (the kernel ONNX Runtime picks for it
-here: NCHWc convolutions on x86, fused activations), and its efficiency is the roofline time of that node (costed
-by the same graph cost) over its measured kernel time. An estimate interpolates a node's efficiency from its kind's
+larger size, as a chain of identical nodes run by ONNX Runtime at ``ORT_ENABLE_ALL`` (the kernel ONNX Runtime picks for
+it here: NCHWc convolutions on x86, fused activations) and timed by the wall clock, and its efficiency is the
+roofline time of one node (costed by the same graph cost) over the chain's time per node. An estimate interpolates a node's efficiency from its kind's
 points by the node's roofline time (log scale, clamped to the measured range). Nothing here looks at a model.
 
 :func:`subgraph_overhead_us`: a chain of ``If`` nodes with one tiny node per branch against the same chain without
@@ -14,7 +14,6 @@ the ``If``, per ``If``: what running a subgraph costs beyond its nodes.
 
 from __future__ import annotations
 
-import json
 import math
 import tempfile
 import time
@@ -26,6 +25,7 @@ import numpy as np
 
 RUNS = 10
 IF_CHAIN = 64
+CHAIN = 6  # identical nodes a synthetic graph chains, so the layout reorders at its ends are shared
 #: a kind may beat the roofline of its measured figures (an in-cache kernel against the copy bandwidth); bounded
 MAX_EFFICIENCY = 4.0
 
@@ -37,47 +37,65 @@ def _model(nodes: list[Any], inputs: list[Any], outputs: list[Any], inits: list[
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def _chain(shape: list[int], step: Callable[[str, int], tuple[list[Any], list[Any], list[int]]], count: int = CHAIN) -> tuple[Any, dict[str, np.ndarray]]:
+    """x[shape] -> ``count`` copies of the node ``step`` makes (nodes, initializers, output shape), one feeding the next."""
+    from onnx import TensorProto, helper
+
+    nodes, inits, current, out_shape = [], [], "x", shape
+    for i in range(count):
+        made, weights, out_shape = step(current, i)
+        nodes += made
+        inits += weights
+        current = made[-1].output[0]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                   [helper.make_tensor_value_info(current, TensorProto.FLOAT, out_shape)], inits)  # fmt: skip
+    return model, {"x": np.random.default_rng(0).standard_normal(shape, dtype=np.float32)}
+
+
 def _conv(batch: int, c_in: int, c_out: int, size: int, kernel: int, group: int = 1, dims: int = 2) -> tuple[Any, dict[str, np.ndarray]]:
-    from onnx import TensorProto, helper, numpy_helper
+    """Convolutions (+ Relu, which ONNX Runtime fuses) in a chain; a stem (c_in != c_out) alone."""
+    from onnx import helper, numpy_helper
 
     spatial = [size] * dims
-    weight = numpy_helper.from_array(np.full((c_out, c_in // group, *[kernel] * dims), 0.01, np.float32), "w")
-    bias = numpy_helper.from_array(np.zeros(c_out, np.float32), "b")
-    pads = [kernel // 2] * (2 * dims)
-    node = helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=pads, group=group, name="k")
-    relu = helper.make_node("Relu", ["c"], ["y"], name="act")
-    model = _model([node, relu], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, c_in, *spatial])],
-                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, c_out, *spatial])], [weight, bias])  # fmt: skip
-    return model, {"x": np.random.default_rng(0).standard_normal((batch, c_in, *spatial), dtype=np.float32)}
+
+    def step(x: str, i: int) -> tuple[list[Any], list[Any], list[int]]:
+        weight = numpy_helper.from_array(np.full((c_out, c_in // group, *[kernel] * dims), 0.01, np.float32), f"w{i}")
+        bias = numpy_helper.from_array(np.zeros(c_out, np.float32), f"b{i}")
+        conv = helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], pads=[kernel // 2] * (2 * dims), group=group, name=f"k{i}")
+        return [conv, helper.make_node("Relu", [f"c{i}"], [f"y{i}"], name=f"act{i}")], [weight, bias], [batch, c_out, *spatial]
+
+    return _chain([batch, c_in, *spatial], step, CHAIN if c_in == c_out else 1)
 
 
-def _matmul(m: int, k: int, n: int) -> tuple[Any, dict[str, np.ndarray]]:
-    from onnx import TensorProto, helper, numpy_helper
+def _matmul(m: int, k: int) -> tuple[Any, dict[str, np.ndarray]]:
+    from onnx import helper, numpy_helper
 
-    weight = numpy_helper.from_array(np.full((k, n), 0.01, np.float32), "w")
-    model = _model([helper.make_node("MatMul", ["x", "w"], ["y"], name="k")], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
-                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], [weight])  # fmt: skip
-    return model, {"x": np.random.default_rng(0).standard_normal((m, k), dtype=np.float32)}
+    def step(x: str, i: int) -> tuple[list[Any], list[Any], list[int]]:
+        weight = numpy_helper.from_array(np.full((k, k), 0.01, np.float32), f"w{i}")
+        return [helper.make_node("MatMul", [x, f"w{i}"], [f"y{i}"], name=f"k{i}")], [weight], [m, k]
+
+    return _chain([m, k], step)
 
 
 def _elementwise(op: str, elements: int) -> tuple[Any, dict[str, np.ndarray]]:
-    from onnx import TensorProto, helper
+    from onnx import helper, numpy_helper
 
-    inputs = ["x", "z"] if op in ("Add", "Mul") else ["x"]
-    model = _model([helper.make_node(op, inputs, ["y"], name="k")],
-                   [helper.make_tensor_value_info(n, TensorProto.FLOAT, [elements]) for n in inputs],
-                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [elements])], [])  # fmt: skip
-    rng = np.random.default_rng(0)
-    return model, {n: rng.standard_normal(elements, dtype=np.float32) for n in inputs}
+    def step(x: str, i: int) -> tuple[list[Any], list[Any], list[int]]:
+        if op in ("Add", "Mul"):  # a second operand as big as the first: reads two tensors, writes one
+            other = numpy_helper.from_array(np.full(elements, 0.5, np.float32), f"z{i}")
+            return [helper.make_node(op, [x, f"z{i}"], [f"y{i}"], name=f"k{i}")], [other], [elements]
+        return [helper.make_node(op, [x], [f"y{i}"], name=f"k{i}")], [], [elements]
+
+    return _chain([elements], step)
 
 
 def _transpose(a: int, b: int, c: int) -> tuple[Any, dict[str, np.ndarray]]:
-    from onnx import TensorProto, helper
+    from onnx import helper
 
-    model = _model([helper.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 1], name="k")],
-                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [a, b, c])],
-                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [a, c, b])], [])  # fmt: skip
-    return model, {"x": np.random.default_rng(0).standard_normal((a, b, c), dtype=np.float32)}
+    def step(x: str, i: int) -> tuple[list[Any], list[Any], list[int]]:
+        return [helper.make_node("Transpose", [x], [f"y{i}"], perm=[0, 2, 1], name=f"k{i}")], [], [a, c, b] if i % 2 == 0 else [a, b, c]
+
+    return _chain([a, b, c], step)
 
 
 #: node kind -> (small, larger) synthetic nodes; the kinds :func:`edgekit.estimate.graph_cost.node_kind` names.
@@ -87,40 +105,39 @@ KERNELS: dict[str, tuple[Callable[[], tuple[Any, dict[str, np.ndarray]]], ...]] 
     "conv-depthwise": (lambda: _conv(32, 64, 64, 8, 3, group=64), lambda: _conv(8, 64, 64, 32, 3, group=64)),
     "conv-stem": (lambda: _conv(64, 3, 32, 8, 3), lambda: _conv(16, 3, 32, 32, 3)),
     "conv-other": (lambda: _conv(8, 64, 64, 64, 3, dims=1), lambda: _conv(8, 64, 64, 512, 3, dims=1)),
-    "matmul": (lambda: _matmul(256, 64, 64), lambda: _matmul(1024, 384, 384)),
+    "matmul": (lambda: _matmul(256, 64), lambda: _matmul(1024, 384)),
     "elementwise-simple": (lambda: _elementwise("Add", 16384), lambda: _elementwise("Add", 1 << 20)),
     "elementwise-transcendental": (lambda: _elementwise("Tanh", 16384), lambda: _elementwise("Tanh", 1 << 20)),
     "data_movement": (lambda: _transpose(8, 32, 64), lambda: _transpose(64, 64, 64)),
 }
 
 
-def _profiled_us(model: Any, feeds: Mapping[str, np.ndarray], threads: int, folder: Path) -> tuple[dict[str, float], Path]:
-    """Median kernel time (us) of every node ONNX Runtime runs for ``model`` at ORT_ENABLE_ALL, by its per-node
-    profile (past 3 warm-up runs), and the optimized graph it ran (the same graph an estimate costs)."""
+def _wall_ms(model: Any, feeds: Mapping[str, np.ndarray], threads: int, optimized: Path) -> float:
+    """Median wall time (ms) of one run of ``model`` on ONNX Runtime (CPU, ORT_ENABLE_ALL, as the bench runs a model),
+    past 3 warm-up runs; the optimized graph it ran is saved at ``optimized`` (the graph an estimate would cost)."""
     import onnxruntime as ort
 
-    optimized = folder / "optimized.onnx"
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.optimized_model_filepath = str(optimized)
-    options.enable_profiling = True
-    options.profile_file_prefix = str(folder / "profile")
     options.log_severity_level = 3
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    for _ in range(RUNS + 3):
+    for _ in range(3):
         session.run(None, dict(feeds))
-    events = json.loads(Path(session.end_profiling()).read_text())
-    times: dict[str, list[float]] = {}
-    for event in events:
-        if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time"):
-            times.setdefault(event["name"][: -len("_kernel_time")], []).append(float(event["dur"]))
-    return {name: float(np.median(t[3:])) for name, t in times.items() if len(t) > 3}, optimized
+    times = []
+    for _ in range(RUNS):
+        start = time.perf_counter()
+        session.run(None, dict(feeds))
+        times.append((time.perf_counter() - start) * 1e3)
+    return float(np.median(times))
 
 
-def kernel_efficiency(threads: int, roofline_s: Callable[[Any], float]) -> dict[str, list[list[float]]]:
-    """kind -> [[roofline seconds, efficiency], ...] of the synthetic nodes of that kind, smallest first: every node
-    ONNX Runtime runs in the benchmark graphs counts for its own kind (a conv graph's ReorderInput for data movement).
+def kernel_efficiency(threads: int, roofline_s: Callable[[Any], float], node_overhead_us: float = 0.0) -> dict[str, list[list[float]]]:
+    """kind -> [[roofline seconds, efficiency], ...] of its synthetic nodes, smallest first. A synthetic graph is a
+    chain of identical nodes of one kind timed as a whole (wall clock, the way a model's p50 is: what happens between
+    kernels on a busy host counts too); a node's time is the chain's time (less the per-node dispatch overhead the
+    estimate adds on its own) over the nodes of that kind, and its efficiency its roofline time over that.
     ``roofline_s(node_cost)`` is the measured host's roofline of one costed node (efficiency 1)."""
     from edgekit.estimate.graph_cost import graph_costs, node_kind
 
@@ -128,16 +145,17 @@ def kernel_efficiency(threads: int, roofline_s: Callable[[Any], float]) -> dict[
     with tempfile.TemporaryDirectory(prefix="edgekit-kernels-") as tmp:
         for kind, builders in KERNELS.items():
             for index, build in enumerate(builders):
-                folder = Path(tmp) / f"{kind}-{index}"
-                folder.mkdir()
                 model, feeds = build()
-                measured, optimized = _profiled_us(model, feeds, threads, folder)
+                optimized = Path(tmp) / f"{kind}-{index}.onnx"
+                wall_ms = _wall_ms(model, feeds, threads, optimized)
                 cost = graph_costs(optimized, input_shapes={k: v.shape for k, v in feeds.items()}, fusion="runtime")
-                for node in cost.nodes:
-                    us, seconds = measured.get(node.name, 0.0), roofline_s(node)
-                    if node.fused or us <= 0 or seconds <= 0:
-                        continue
-                    points.setdefault(node_kind(node), []).append([seconds, min(MAX_EFFICIENCY, seconds / (us * 1e-6))])
+                nodes = [n for n in cost.nodes if node_kind(n) == kind and not n.fused]
+                if not nodes or not math.isfinite(wall_ms) or wall_ms <= 0:
+                    continue
+                per_node_s = max(wall_ms / 1e3 / len(nodes) - node_overhead_us * 1e-6, 1e-9)
+                seconds = roofline_s(nodes[len(nodes) // 2])
+                if seconds > 0:
+                    points.setdefault(kind, []).append([seconds, min(MAX_EFFICIENCY, seconds / per_node_s)])
     return {kind: sorted(p) for kind, p in points.items()}
 
 
