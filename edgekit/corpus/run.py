@@ -271,14 +271,14 @@ def bench_dims(onnx_path: Path, bench: Batch) -> dict[str, int]:
     import onnx
 
     graph = onnx.load(str(onnx_path), load_external_data=False).graph
-    dims: dict[str, int] = {}
+    sizes: dict[str, set[int]] = {}
     for value in graph.input:
         if value.name not in bench:
             continue
         for axis, dim in enumerate(value.type.tensor_type.shape.dim):
             if dim.HasField("dim_param") and axis < bench[value.name].ndim:
-                dims[dim.dim_param] = int(bench[value.name].shape[axis])
-    return dims
+                sizes.setdefault(dim.dim_param, set()).add(int(bench[value.name].shape[axis]))
+    return {name: next(iter(found)) for name, found in sizes.items() if len(found) == 1}  # a name used at two sizes ('?') is left to the estimator
 
 
 def _estimate(bundle_dir: Path, target: str, bench: Batch, row: CorpusRow) -> None:
