@@ -22,7 +22,7 @@ Batch = dict[str, np.ndarray]
 @dataclass(frozen=True)
 class CorpusModel:
     name: str
-    task: str  # a key of edgekit.corpus.metrics.TASK_METRICS
+    task: str  # the task family: classification, detection, segmentation, ctc_text, binary_decision, embedding, text_map
     onnx_path: Path
     calibration: list[Batch]
     evaluation: list[Batch]

@@ -2,8 +2,8 @@
 no labels here): higher is better, 1.0 means the quantized model decides as FP32 does.
 
 :func:`task_metric` scores with edgekit's own metrics (``edgekit.evaluate``) as the model's recipe
-declares them (:attr:`CorpusModel.metric`); the private metrics below it predate those and stay until the
-runner reads :func:`task_metric`.
+declares them (:attr:`CorpusModel.metric`); the runner uses it. The private metrics below it predate
+those; nothing in the corpus calls them any more (only their own test), so they can go.
 """
 
 from __future__ import annotations
