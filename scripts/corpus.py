@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -103,8 +104,8 @@ def _write(rows: list, args: argparse.Namespace, flags: tuple[str, ...]) -> None
         args.json.write_text(json.dumps([r.to_json() for r in rows], indent=1))
 
 
-def _progress(row: object) -> str:
-    r = row  # a CorpusRow
+def _progress(r: Any) -> str:
+    """One progress line for a CorpusRow."""
     where = f"x fp32 {r.x_fp32:.2f}" if r.x_fp32 is not None else (f"est. {r.estimate_p50_ms:.3g} ms" if r.estimate_p50_ms is not None else "")
     metric = f"{r.metric_name} {r.metric:.4f}" if r.metric is not None else ""
     return ", ".join(part for part in (where, metric, f"golden {r.golden}" if r.golden else "", r.error or "") if part)
