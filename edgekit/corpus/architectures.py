@@ -130,7 +130,7 @@ def _image_model(name: str, make_model: Callable[[], Any], head: Callable[[Any],
 
     torch.manual_seed(0)
     classifier = make_model()
-    seeded_weights(classifier, smooth_images(9, 2, batch, size), head(classifier), lambda m, b: m(**b))
+    seeded_weights(classifier, smooth_images(9, 4, batch, size), head(classifier), lambda m, b: m(**b))
     model = _Logits(classifier)
     calibration = smooth_images(10, max(2, int(16 * scale)), batch, size)
     evaluation = smooth_images(11, max(2, int(12 * scale)), batch, size)
