@@ -102,3 +102,19 @@ def test_silero_torchscript_builds_through_the_pipeline_with_constant_args_and_s
 
     bundle = open_bundle(result.bundle_dir)
     assert self_check(bundle, OnnxRuntimeRunner(bundle.model_path, bundle.io)).passed
+
+
+def test_recipe_declares_the_models_task_metric_and_budget(tmp_path):
+    """write_recipe writes the model's built-in task metric (options included) and, when asked, its budget;
+    edgekit's recipe loader accepts it."""
+    from edgekit.corpus.recipes import write_recipe
+    from edgekit.recipe import load_recipe
+
+    _skip_without_wheel("rapidocr-onnxruntime")
+    model = PROVIDERS["ppocr-det"].make(tmp_path / "model", WHEELS, 0.1)
+    free = load_recipe(write_recipe(model, tmp_path / "free"))
+    budget = load_recipe(write_recipe(model, tmp_path / "auto", min_value=model.min_value))
+    for recipe in (free, budget):
+        assert recipe.evaluation.metric == "segmentation" and recipe.evaluation.output == model.output
+        assert recipe.evaluation.segmentation.threshold == 0.3 and recipe.evaluation.segmentation.ignore_classes == (0,)
+    assert free.evaluation.budget.min_value == -1.0 and budget.evaluation.budget.min_value == model.min_value == 0.9
