@@ -58,8 +58,28 @@ subgraph's execution costs far more than one tiny node's 0.3 us; YOLOS (+37 %) i
 measured chain overhead is a better description than the 6 us the fit takes from Silero. Ten models of different
 kinds are few for nine per-class factors, so the leave-one-out fit helps the mid-size models and hurts YOLOS."""
 
+def combine_peaks(peaks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each figure over several runs of the host micro-benchmarks (kernel points matched by kind and
+    position), and the range of the fp32 peak and copy bandwidth."""
+    med = lambda values: float(np.median(values))  # noqa: E731
+    out = dict(peaks[-1])
+    out["peak_ops"] = {k: med([p["peak_ops"][k] for p in peaks]) for k in peaks[0]["peak_ops"]}
+    out["large_peak_ops"] = {k: med([p["large_peak_ops"][k] for p in peaks]) for k in peaks[0].get("large_peak_ops") or {}}
+    for key in ("bandwidth_bytes_s", "cache_bandwidth_bytes_s", "node_overhead_us", "subgraph_overhead_us"):
+        if all(p.get(key) is not None for p in peaks):
+            out[key] = med([p[key] for p in peaks])
+    kernels = {}
+    for kind, points in (peaks[0].get("kernel_efficiency") or {}).items():
+        same = [p["kernel_efficiency"][kind] for p in peaks if len((p.get("kernel_efficiency") or {}).get(kind, [])) == len(points)]
+        kernels[kind] = sorted([med([s[i][0] for s in same]), med([s[i][1] for s in same])] for i in range(len(points)))
+    out["kernel_efficiency"] = kernels
+    out["spread"] = {"measurements": len(peaks), "fp32": [min(p["peak_ops"]["fp32"] for p in peaks), max(p["peak_ops"]["fp32"] for p in peaks)],
+                     "bandwidth_bytes_s": [min(p["bandwidth_bytes_s"] for p in peaks), max(p["bandwidth_bytes_s"] for p in peaks)]}  # fmt: skip
+    return out
+
+
 def time_interleaved(models: list[tuple[Path, dict[str, np.ndarray]]], threads: int, runs: int, rounds: int,
-                     round_seconds: float) -> list[list[float]]:  # fmt: skip
+                     round_seconds: float, between: Any = None) -> list[list[float]]:  # fmt: skip
     """Each model's p50 ms per round: ONNX Runtime CPU at ORT_ENABLE_ALL (the bench's level), after 3 warm-up runs;
     the rounds are interleaved (round 1 of every model, then round 2, ...), so a burst of load on the shared host
     lands in one round of several models instead of every round of one. A round is ``runs`` runs, or as many as
@@ -88,6 +108,8 @@ def time_interleaved(models: list[tuple[Path, dict[str, np.ndarray]]], threads: 
                 session.run(None, feeds)
                 times.append((time.perf_counter() - start) * 1e3)
             p50s[index].append(float(np.median(times)))
+        if between is not None:  # after each round: the host micro-benchmarks again, under the load of this moment
+            between()
     return p50s
 
 
@@ -166,7 +188,12 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             cost = runtime_graph_costs(path, threads, input_values=feeds)  # the graph ONNX Runtime runs, as `edgekit estimate` costs it
             prepared.append((label, where, path, feeds, cost))
-        p50s = time_interleaved([(p, f) for _, _, p, f, _ in prepared], threads, args.runs, args.rounds, args.round_seconds)
+        peaks = [peak]
+        between = None if args.cached_peak or args.from_json else (lambda: peaks.append(measure_host_peak(threads, refresh=True)))
+        p50s = time_interleaved([(p, f) for _, _, p, f, _ in prepared], threads, args.runs, args.rounds, args.round_seconds, between)
+        if len(peaks) > 1:  # the micro-benchmarks ran before the models and after each round: the load the models saw
+            peak = combine_peaks(peaks)
+            hardware = hardware_for(target, measured=peak)
         for (label, where, path, feeds, cost), model_p50s in zip(prepared, p50s):
             result = estimate(path, target, cost=cost, measured_peak=peak, calibration={"kind": "none", "entries": []})
             line = roofline(cost, hardware)
@@ -176,10 +203,6 @@ def main(argv: list[str] | None = None) -> int:
                          "if_calls": sum(n.subgraph_calls for n in cost.nodes),
                          "top_class": max(result.by_class.items(), key=lambda kv: kv[1]["ms"])[0]})  # fmt: skip
             print(f"{label}: measured {rows[-1]['measured_ms']:.2f} ms, estimate {result.p50_ms:.2f} ms", file=sys.stderr)
-    if not args.from_json and not args.cached_peak:  # the same micro-benchmark after the models: how much the host drifted
-        after = measure_host_peak(threads, refresh=True)
-        peak["after"] = {"fp32": after["peak_ops"]["fp32"], "bandwidth_bytes_s": after["bandwidth_bytes_s"],
-                         "node_overhead_us": after.get("node_overhead_us")}  # fmt: skip
     timed = [r for r in rows if "skipped" not in r]
     observations = [Observation(r["model"], r["class_ms"], r["nodes"], r["measured_ms"], fixed_ms=r.get("fixed_ms", 0.0)) for r in timed]
     prior = host_factors(hardware)  # as `edgekit estimate` uses on this host
@@ -257,8 +280,10 @@ def render(doc: dict[str, Any], timed: list[dict[str, Any]], args: argparse.Name
         + ("; measured share of the roofline per node kind (smallest..largest synthetic node): "
            + ", ".join(f"{k} {min(p[1] for p in v):.2f}..{max(p[1] for p in v):.2f}" for k, v in sorted(peak["kernel_efficiency"].items()))
            if peak.get("kernel_efficiency") else "")
-        + (f". The same micro-benchmark after the models: fp32 {peak['after']['fp32'] / 1e9:.0f} GFLOPS, copy "
-           f"{peak['after']['bandwidth_bytes_s'] / 1e9:.1f} GB/s" if peak.get("after") else "")
+        + (f". These are the medians of {peak['spread']['measurements']} runs of the micro-benchmarks (before the models and "
+           f"after each round, so they saw the load the models saw); fp32 peak ranged {peak['spread']['fp32'][0] / 1e9:.0f}-"
+           f"{peak['spread']['fp32'][1] / 1e9:.0f} GFLOPS, copy {peak['spread']['bandwidth_bytes_s'][0] / 1e9:.1f}-"
+           f"{peak['spread']['bandwidth_bytes_s'][1] / 1e9:.1f} GB/s" if peak.get("spread") else "")
         + f". Peak and models both at {doc.get('threads', 2)} intra-op threads (the bench's count). Each model's p50 is "
         f"the median of {args.rounds} interleaved rounds (every model once a round) of up to {args.runs} runs "
         f"(fewer for slow models: about {getattr(args, 'round_seconds', 3.0):g} s a round), with the rounds' range"
