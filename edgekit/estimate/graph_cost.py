@@ -297,7 +297,7 @@ def _shapes_by_probe(model: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, t
                 known.add(out)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # a failed probe is said in the assumptions, not on stderr
     session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
     wanted = {value.name for value in session.get_inputs()}
     names = [o.name for o in session.get_outputs()]
