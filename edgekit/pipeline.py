@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from edgekit.bundle.golden import derive_tolerances, golden_batches, margin_for, write_golden
-from edgekit.bundle.manifest import SCHEMA_VERSION, file_hashes, host_description, model_opset, toolchain_versions, write_manifest
+from edgekit.bundle.golden import derive_tolerances, golden_batches, margin_for, output_batch_axes, write_golden
+from edgekit.bundle.manifest import SCHEMA_VERSION, file_hashes, host_description, model_constant_args, model_opset, toolchain_versions, write_manifest
 from edgekit.bundle.staging import BundleStaging, check_destination
 from edgekit.data import Batch, dims_at, fit_batch, load_batches, model_inputs, run_batches, sequence_steps
 from edgekit.engines import BUILDERS, EngineBuild
@@ -175,9 +175,6 @@ def stage_load(recipe_path: Path | str, target_name: str, precision: Precision |
     check_destination(out_dir.resolve(), force)
     samples = load_batches(recipe, recipe.data.samples, "samples")
     evaluation = load_batches(recipe, recipe.data.evaluation, "evaluation") if recipe.evaluation and recipe.data.evaluation else None
-    if auto and recipe.state:
-        raise BuildError(f"{recipe.path}: --precision auto does not run stateful sequences (the recipe has a state section) yet",
-                         hint="choose the precision (e.g. --precision int8); evaluation then runs the sequences with state")
     if auto and (recipe.evaluation is None or evaluation is None):
         raise BuildError(f"{recipe.path}: --precision auto needs evaluation data and a metric with a budget",
                          hint="add data.evaluation and an evaluation section (metric and budget) to the recipe")
@@ -266,9 +263,13 @@ def stage_auto(state: BuildState) -> str:
     recipe = state.recipe
     assert state.calibration is not None and state.evaluation is not None
     feeds = fit_batch(recipe, state.samples[0], bench_dims(recipe))
+    calibration = [model_inputs(recipe, b) for b in state.calibration]
+    if recipe.state:  # state inputs as the FP32 model carries them through each sequence, as for --precision int8
+        assert state.reference is not None
+        calibration = run_batches(recipe, state.reference, state.calibration)[0]
     quantized, result = search_auto_precision(
         state.fp32_path, state.workdir / "auto-chosen.onnx", recipe, state.target, state.backend,
-        [model_inputs(recipe, b) for b in state.calibration], state.evaluation, feeds, state.workdir, state.threads,
+        calibration, state.evaluation, feeds, state.workdir, state.threads,
     )
     chosen = result.chosen.precision
     # FP32/FP16 choices go through the engine builder from the FP32 export, like an explicit fp16 build; the
@@ -365,7 +366,7 @@ def stage_golden(state: BuildState, runner: OnnxRuntimeRunner) -> str | None:
     # the self-check then allows at least the format's own tolerance.
     device_applied = DEVICE_APPLIED_TOLERANCE.get(state.precision) if trt and trt.get("onnx_precision") == "as-exported" else None
     tolerances, measured = derive_tolerances([out for _, out in pairs], built, recipe.export.parity, device_applied=device_applied,
-                                             margin=margin_for(state.precision))
+                                             margin=margin_for(state.precision), batch_axes=output_batch_axes(recipe, state.signature_dict))
     state.golden = write_golden(state.staging_dir, pairs, tolerances, measured=measured, steps=sequence_steps(batches), state=recipe.state)
     for warning in state.golden.get("warnings", []):
         log.warning("golden: %s", warning)
@@ -405,6 +406,7 @@ def assemble_manifest(state: BuildState, stages: list[dict[str, Any]]) -> dict[s
             "size_bytes": sum(p.stat().st_size for p in state.staging_dir.glob("model.onnx*")),
             "fp32_size_bytes": sum(p.stat().st_size for p in state.workdir.glob("exported.onnx*")),
             "source": {"kind": loaded.kind, "description": loaded.description, "sha256": loaded.file_sha256},
+            **model_constant_args(recipe),
         },
         "io": state.signature_dict,
         "toolchain": toolchain_versions(),

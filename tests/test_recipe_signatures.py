@@ -304,9 +304,18 @@ def test_stateful_int8_calibrates_on_carried_state(tmp_path):
     assert result.manifest["accuracy"]["passed"] is True
 
 
-def test_auto_precision_refuses_stateful_recipes(tmp_path):
-    with pytest.raises(BuildError, match=r"--precision auto does not run stateful sequences"):
-        build(write(tmp_path, VAD_RECIPE), "x86-64-cpu", precision="auto", out=tmp_path / "auto")
+def test_auto_precision_runs_stateful_sequences(tmp_path):
+    """auto judges each candidate over the recipe's sequences, the candidate carrying its own state."""
+    result = build(write(tmp_path, VAD_RECIPE), "x86-64-cpu", precision="auto", out=tmp_path / "auto")
+    manifest = result.manifest
+    assert manifest["precision_decision"]["requested"] == "auto"
+    evaluated = [c for c in manifest["quantization"]["auto"]["candidates"] if c["value"] is not None]
+    assert evaluated and all(0.0 <= c["value"] <= 1.0 for c in evaluated)
+    assert manifest["accuracy"]["passed"] is True and manifest["accuracy"]["samples"] == 4 * 5 * 2
+    assert manifest["golden"]["state"] == [{"input": "state", "output": "stateN"}]
+    assert manifest["golden"]["outputs"]["stateN"]["batch_axis"] == 1
+    bundle = open_bundle(result.bundle_dir)
+    assert self_check(bundle, OnnxRuntimeRunner(bundle.model_path, bundle.io)).passed
 
 
 # ---------------------------------------------------------------- constant non-tensor arguments
@@ -326,6 +335,9 @@ def test_torchscript_with_an_int_argument_exports_with_constant_args(tmp_path):
     result = build(_torchscript_recipe(tmp_path), "x86-64-cpu", out=tmp_path / "bundle")
     manifest = result.manifest
     assert manifest["io"]["constant_args"] == {"sr": 16000}
+    assert manifest["model"]["constant_args"] == {"sr": 16000}
+    # Outputs follow the inputs' dynamic batch (the TorchScript exporter alone fixes them at the example's 2).
+    assert {o["name"]: o["shape"] for o in manifest["io"]["outputs"]} == {"prob": ["batch", 1], "stateN": [2, "batch", 16]}
     assert [i["name"] for i in manifest["io"]["inputs"]] == ["x", "state"]
     assert manifest["export"]["parity"]["passed"] is True
     # The exported graph computes what the tensor-rate model computes at 16 kHz.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from edgekit.errors import BuildError, InternalError
 from edgekit.precision import Precision
 from edgekit.recipe import ParitySpec, Recipe, StateSpec
 from edgekit_runtime.errors import BundleError
-from edgekit_runtime.golden import GoldenTolerances, Tolerance, compare_output, merge_checks, parse_tolerances
+from edgekit_runtime.golden import DEFAULT_BATCH_AXIS, GoldenTolerances, Tolerance, compare_output, merge_checks, parse_tolerances
 
 #: How much wider than the measured deviation a tolerance is: room for the device's kernels and threads,
 #: which round differently from this host's. Reduced-precision kernels (int8, fp16) differ more between
@@ -66,10 +67,29 @@ def golden_batches(recipe: Recipe, samples: list[Batch]) -> list[Batch]:
     return [batch for batch, (sequence, _) in zip(samples, steps) if sequence in first]
 
 
+def output_batch_axes(recipe: Recipe, io: Mapping[str, Any] | None = None) -> dict[str, int]:
+    """Each output's batch axis (where its samples lie, for the golden row cosine): a state output's is its
+    state input's (Silero's ``[2, batch, 128]``: axis 1); another output's is where the graph's output shape
+    (``io``, the manifest's io section) names the batch dim. The batch dim is the named dim at axis 0 of the
+    first input that has one (``batch``); without one, or where no axis names it, axis 0."""
+    specs = {spec.name: list(spec.shape) for spec in recipe.inputs}
+    batch_dim = next((shape[0] for shape in specs.values() if shape and isinstance(shape[0], str)), None)
+    graph_shapes = {entry["name"]: list(entry.get("shape") or []) for entry in (io or {}).get("outputs", [])}
+    state_inputs = {pair.output: pair.input for pair in recipe.state}
+    axes: dict[str, int] = {}
+    for name in recipe.outputs:
+        shape = specs.get(state_inputs[name], []) if name in state_inputs else graph_shapes.get(name, [])
+        axes[name] = shape.index(batch_dim) if batch_dim is not None and batch_dim in shape else DEFAULT_BATCH_AXIS
+    return axes
+
+
 def derive_tolerances(expected: Sequence[Mapping[str, np.ndarray]], built: Sequence[Mapping[str, np.ndarray]], parity: ParitySpec,
-                      *, device_applied: tuple[float, float] | None = None, margin: float = MARGIN) -> tuple[GoldenTolerances, dict[str, Any]]:
+                      *, device_applied: tuple[float, float] | None = None, margin: float = MARGIN,
+                      batch_axes: Mapping[str, int] | None = None) -> tuple[GoldenTolerances, dict[str, Any]]:
     """Per-output tolerances from the built model's outputs (``built``) against the reference (``expected``),
     one mapping per golden batch; returns them with the measurements they came from (for the manifest).
+    ``batch_axes`` gives an output's batch axis (default 0): its row cosine is taken per sample along it,
+    and the tolerance records it for the device.
 
     ``device_applied`` is ``(rtol, min_cosine)`` of a precision the device applies (TensorRT builder flags),
     which this host cannot measure: the tolerance is then at least that wide."""
@@ -77,7 +97,9 @@ def derive_tolerances(expected: Sequence[Mapping[str, np.ndarray]], built: Seque
     loosest: dict[str, Tolerance] = {}  # every element inside: what runtimes that read only golden.atol/... need
     measured: dict[str, Any] = {}
     for name in expected[0]:
-        checks = [compare_output(name, e[name], b[name], atol=0.0, rtol=0.0, min_cosine=-1.0, batch=i) for i, (e, b) in enumerate(zip(expected, built))]
+        axis = (batch_axes or {}).get(name, DEFAULT_BATCH_AXIS)
+        checks = [compare_output(name, e[name], b[name], atol=0.0, rtol=0.0, min_cosine=-1.0, batch=i, batch_axis=axis)
+                  for i, (e, b) in enumerate(zip(expected, built))]
         check = merge_checks(checks)
         if check.shape_error is not None:
             raise InternalError(f"golden output '{name}': the built model's {check.shape_error} (batch {check.worst_batch})")
@@ -87,8 +109,8 @@ def derive_tolerances(expected: Sequence[Mapping[str, np.ndarray]], built: Seque
             raise BuildError(f"golden output '{name}': the built model computes NaN or infinity where the reference is finite (golden batch {check.worst_batch})",
                              hint="the precision overflows on this model: build a wider precision (fp16 -> fp32) or exclude the overflowing nodes from quantization")
         if cosine < 0:
-            raise BuildError(f"golden output '{name}': the built model's rows point away from the reference (cosine {cosine:.3f}, golden batch "
-                             f"{check.worst_batch}), so no self-check could accept it and still reject a wrong model",
+            raise BuildError(f"golden output '{name}': the built model's rows{f' (samples along axis {axis})' if axis else ''} point away "
+                             f"from the reference (cosine {cosine:.3f}, golden batch {check.worst_batch}), so no self-check could accept it and still reject a wrong model",
                              hint="the accuracy budget let a broken build through: tighten evaluation.budget, or build a wider precision")
         atol = max(parity.atol, min(margin * error, max(error, scale)))
         min_cosine = min(parity.min_cosine, max(0.0, cosine - (margin - 1) * (1 - cosine)))
@@ -107,7 +129,7 @@ def derive_tolerances(expected: Sequence[Mapping[str, np.ndarray]], built: Seque
             if outliers is not None:
                 measured[name]["outlier_fraction"] = outliers.max_mismatched_fraction / margin
                 tolerance = outliers
-        outputs[name] = tolerance
+        outputs[name] = tolerance = replace(tolerance, batch_axis=axis)
         atol = outputs[name].atol
         if atol >= scale and min_cosine < WEAK_COSINE:
             measured[name]["weak"] = (f"output '{name}': the golden outputs stay within atol {atol:.3g} of zero (largest {scale:.3g}) and "
@@ -187,7 +209,8 @@ def write_golden(root: Path, pairs: list[tuple[dict[str, np.ndarray], dict[str, 
         if steps is not None and state:
             entry["sequence"], entry["step"] = steps[index]
         batches.append(entry)
-    section: dict[str, Any] = {"batches": batches, **tolerances.default.to_dict(),
+    default = {key: value for key, value in tolerances.default.to_dict().items() if key != "batch_axis"}  # per output only
+    section: dict[str, Any] = {"batches": batches, **default,
                                "outputs": {name: {**t.to_dict(), **({"measured": measured[name]} if measured and name in measured else {})}
                                            for name, t in tolerances.outputs.items()}}
     if steps is not None and state:

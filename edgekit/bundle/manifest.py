@@ -56,6 +56,16 @@ def model_opset(path: Path) -> int | None:
     return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=None)
 
 
+def model_constant_args(recipe: Any) -> dict[str, Any]:
+    """The manifest model section's ``constant_args``: the non-tensor forward() arguments a PyTorch or
+    TorchScript source was bound to before export (``{"sr": 16000}``), as JSON values (tuples as lists);
+    empty (no key) when the source pins none, as ONNX files never do."""
+    constants = getattr(recipe.model, "constant_args", None) or {}
+    if not constants:
+        return {}
+    return {"constant_args": {name: list(value) if isinstance(value, tuple) else value for name, value in constants.items()}}
+
+
 def file_hashes(root: Path, known: dict[str, str] | None = None) -> dict[str, str]:
     """sha256 of every file under ``root`` except the manifest, keyed by POSIX relative path;
     files already in ``known`` (hashed earlier in the same build) are not read again."""

@@ -50,6 +50,82 @@ def _legacy_axes(recipe: Recipe) -> dict[str, dict[int, str]]:
     return {spec.name: {axis: dim for axis, dim in enumerate(spec.shape) if isinstance(dim, str)} for spec in recipe.inputs}
 
 
+def _resized(array: "torch.Tensor", axis: int, size: int) -> "torch.Tensor":
+    """``array`` with ``size`` entries along ``axis``: its first ones, or itself repeated to that length."""
+    import torch
+
+    repeats = -(-size // array.shape[axis])
+    return torch.cat([array] * repeats, dim=axis).narrow(axis, 0, size) if repeats > 1 else array.narrow(axis, 0, size)
+
+
+def _output_shapes(module: Any, args: tuple[Any, ...], recipe: Recipe) -> list[tuple[int, ...]] | None:
+    import torch
+
+    with torch.no_grad():
+        result = module(*args)
+    results = result if isinstance(result, (tuple, list)) else (result,)
+    if len(results) != len(recipe.outputs) or not all(isinstance(r, torch.Tensor) for r in results):
+        return None
+    return [tuple(r.shape) for r in results]
+
+
+def _pin_static_output_dims(path: Path, shapes: dict[str, tuple[int, ...]], dynamic: dict[str, dict[int, str]]) -> None:
+    """The exporter leaves every axis of an output with a dynamic axis unnamed-symbolic (``ConcatstateN_dim_0``);
+    the axes the probe found fixed get their size back."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    changed = False
+    for output in model.graph.output:
+        if output.name not in dynamic or output.name not in shapes or not output.type.tensor_type.HasField("shape"):
+            continue
+        for axis, (dim, size) in enumerate(zip(output.type.tensor_type.shape.dim, shapes[output.name])):
+            if axis not in dynamic[output.name] and not dim.HasField("dim_value"):
+                dim.dim_value = size
+                changed = True
+    if changed:
+        onnx.save(model, str(path))
+
+
+def legacy_output_axes(module: Any, args: tuple[Any, ...], recipe: Recipe) -> dict[str, dict[int, str]]:
+    """The outputs' dynamic axes for the TorchScript exporter, which otherwise fixes every output axis at the
+    example's size (ONNX Runtime then warns "Expected shape {8,1} ... actual {1,1}" at another batch).
+
+    Each named dim is probed: the module runs again with that dim at another size (inputs cut or repeated along
+    the axes that name it), and every output axis whose size follows the dim takes its name, or where it
+    changes to another size (``time`` -> frames) a name of its own. State outputs (``state``) fed back as
+    inputs then carry their input's dims, batch included, at whatever axis the input has it."""
+    try:
+        base = _output_shapes(module, args, recipe)
+    except Exception as exc:  # the exporter reports what the module cannot do; without the probe outputs keep fixed shapes
+        log.info("output dims not probed (the module failed on the example): %s", exc)
+        return {}
+    if base is None:
+        return {}
+    axes: dict[str, dict[int, str]] = {}
+    for dim_name, dim in recipe.dims.items():
+        where = [(index, axis) for index, spec in enumerate(recipe.inputs) for axis, d in enumerate(spec.shape) if d == dim_name]
+        if not where:
+            continue
+        current = args[where[0][0]].shape[where[0][1]]
+        size = next((s for s in (current - 1, current + 1, dim.min, dim.max) if s != current and dim.min <= s <= dim.max and s > 0), None)
+        if size is None:
+            continue
+        probe = list(args)
+        for index, axis in where:
+            probe[index] = _resized(probe[index], axis, size)
+        try:
+            shapes = _output_shapes(module, tuple(probe), recipe)
+        except Exception as exc:
+            log.info("output dims of '%s' not probed (the module failed at %s=%d): %s", dim_name, dim_name, size, exc)
+            continue
+        for name, before, after in zip(recipe.outputs, base, shapes or []):
+            for axis, (a, b) in enumerate(zip(before, after)):
+                if a != b and axis not in axes.get(name, {}):
+                    axes.setdefault(name, {})[axis] = dim_name if (a, b) == (current, size) else f"{name}_{dim_name}_{axis}"
+    return axes
+
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _OP_PATTERNS = (
     re.compile(r"(aten[:.]{1,2}[\w.]+)"),
@@ -105,6 +181,7 @@ def _traceable(module: Any, args: tuple[Any, ...]) -> Any:
 def _export_legacy(module: Any, args: tuple[Any, ...], recipe: Recipe, opset: int, path: Path) -> None:
     import torch
 
+    output_axes = legacy_output_axes(module, args, recipe)
     torch.onnx.export(
         _traceable(module, args),
         args,
@@ -112,10 +189,13 @@ def _export_legacy(module: Any, args: tuple[Any, ...], recipe: Recipe, opset: in
         dynamo=False,
         input_names=[s.name for s in recipe.inputs],
         output_names=list(recipe.outputs),
-        dynamic_axes=_legacy_axes(recipe) or None,
+        dynamic_axes={**_legacy_axes(recipe), **output_axes} or None,
         opset_version=min(opset, 20),  # the TorchScript exporter stops at opset 20
         do_constant_folding=True,
     )
+    if output_axes:
+        shapes = _output_shapes(module, args, recipe) or []
+        _pin_static_output_dims(path, dict(zip(recipe.outputs, shapes)), output_axes)
 
 
 EXPORTERS = {"dynamo": _export_dynamo, "legacy": _export_legacy}

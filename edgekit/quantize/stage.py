@@ -163,6 +163,12 @@ def search_auto_precision(fp32_path: Path, out_path: Path, recipe: Any, target: 
         raise QuantizationError(f"{recipe.path}: --precision auto needs data.calibration", hint="add a calibration data source to the recipe")
     # Candidates are judged by the recipe's own metric (task metrics and callables too), as the build's evaluation stage does.
     evaluator = RecipeEvaluator(recipe, evaluation_batches, fp32_path, threads=threads)
+    if getattr(recipe, "state", None):
+        # Candidates run each sequence call by call, carrying their own state (the evaluator); the per-batch
+        # sensitivity pass sees each chunk with the state FP32 carries into it, as calibration does.
+        from edgekit.data import run_batches
+
+        evaluation_batches = run_batches(recipe, evaluator._runner(fp32_path), list(evaluation_batches))[0]
     timer = OrtInterleavedTimer(bench_feeds, threads=threads, keep_loaded=[fp32_path])
     result = plan_auto_onnxruntime(
         fp32_path, workdir / "auto", spec=recipe.build.quantization, target=target, backend=backend,

@@ -2,7 +2,8 @@
 
 An output passes when every element satisfies ``|actual - golden| <= atol + rtol * |golden|`` (or all
 but ``max_mismatched_fraction`` of them, where the bundle allows a few outliers) and the
-cosine similarity of every row (leading axis: one sample of the batch) is at least ``min_cosine``,
+cosine similarity of every row (one sample of the batch, along the output's ``batch_axis``: 0 unless the
+bundle records another, as for a recurrent state ``[layers, batch, hidden]``) is at least ``min_cosine``,
 the same measures the host's export parity check uses. Both are computed in float64, so an fp16 or
 int8 build is compared with its FP32 reference directly.
 """
@@ -32,7 +33,7 @@ class OutputCheck:
     worst_batch: int = 0
     shape_error: str | None = None
 
-    def describe(self, *, atol: float, rtol: float, min_cosine: float, max_mismatched_fraction: float = 0.0) -> str:
+    def describe(self, *, atol: float, rtol: float, min_cosine: float, max_mismatched_fraction: float = 0.0, batch_axis: int = 0) -> str:
         where = f"golden batch {self.worst_batch}"
         if self.shape_error is not None:
             return f"output '{self.name}': {self.shape_error} in {where}"
@@ -40,7 +41,8 @@ class OutputCheck:
         return (
             f"output '{self.name}': max_abs_diff {self.max_abs_diff:.3g} "
             f"({self.mismatched_elements}/{self.total_elements} elements outside atol {atol:g} + "
-            f"rtol {rtol:g} x |golden|{allowed}), cosine_min {self.cosine_min:.6f} (min_cosine {min_cosine:g}), "
+            f"rtol {rtol:g} x |golden|{allowed}), cosine_min {self.cosine_min:.6f} (min_cosine {min_cosine:g}"
+            f"{f', samples along axis {batch_axis}' if batch_axis else ''}), "
             f"worst in {where}"
         )
 
@@ -60,8 +62,8 @@ class OutputCheck:
         }
 
 
-def row_cosine_min(actual: np.ndarray, expected: np.ndarray) -> float:
-    """The smallest cosine similarity over the rows of the leading (batch) axis.
+def row_cosine_min(actual: np.ndarray, expected: np.ndarray, batch_axis: int = 0) -> float:
+    """The smallest cosine similarity over the rows (samples) along ``batch_axis``.
 
     Scalars and 1-D arrays count as one row. Non-finite entries count as 0 here (the tolerance check
     catches them); a row that is all zeros in both arrays has cosine 1.0, in only one of them 0.0.
@@ -70,6 +72,8 @@ def row_cosine_min(actual: np.ndarray, expected: np.ndarray) -> float:
     e = np.nan_to_num(np.asarray(expected, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
     if a.size == 0:
         return 1.0
+    if a.ndim > 1 and batch_axis:
+        a, e = np.moveaxis(a, batch_axis, 0), np.moveaxis(e, batch_axis, 0)
     rows = a.shape[0] if a.ndim > 1 else 1
     a, e = a.reshape(rows, -1), e.reshape(rows, -1)
     norm_a, norm_e = np.linalg.norm(a, axis=1), np.linalg.norm(e, axis=1)
@@ -90,11 +94,17 @@ def compare_output(
     min_cosine: float,
     batch: int = 0,
     max_mismatched_fraction: float = 0.0,
+    batch_axis: int = 0,
 ) -> OutputCheck:
-    """Compare one computed output with its golden reference."""
+    """Compare one computed output with its golden reference; rows for the cosine are taken along ``batch_axis``."""
     expected_array, actual_array = np.asarray(expected), np.asarray(actual)
     total = int(expected_array.size)
+    shape_error = None
     if expected_array.shape != actual_array.shape:
+        shape_error = f"shape {list(actual_array.shape)} differs from golden {list(expected_array.shape)}"
+    elif batch_axis and batch_axis >= expected_array.ndim:
+        shape_error = f"golden shape {list(expected_array.shape)} has no batch axis {batch_axis} (the manifest's golden.outputs[...].batch_axis)"
+    if shape_error is not None:
         return OutputCheck(
             name=name,
             max_abs_diff=math.inf,
@@ -103,7 +113,7 @@ def compare_output(
             total_elements=total,
             passed=False,
             worst_batch=batch,
-            shape_error=f"shape {list(actual_array.shape)} differs from golden {list(expected_array.shape)}",
+            shape_error=shape_error,
         )
     a = actual_array.astype(np.float64)
     e = expected_array.astype(np.float64)
@@ -115,7 +125,7 @@ def compare_output(
     within = np.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
     mismatched = int(total - np.count_nonzero(within))
     if expected_array.dtype.kind in "fc" or actual_array.dtype.kind in "fc":
-        cosine = row_cosine_min(a, e)
+        cosine = row_cosine_min(a, e, batch_axis)
     else:  # labels, indices, masks: equal or not, as the host's parity check counts them
         cosine = 1.0 if mismatched == 0 else 0.0
     return OutputCheck(
@@ -220,21 +230,26 @@ TOLERANCE_BOUNDS: dict[str, tuple[float, float | None]] = {"atol": (0.0, None), 
                                                            "max_mismatched_fraction": (0.0, 1.0)}
 #: Keys a manifest may leave out, and their value then (bundles built before the key existed).
 TOLERANCE_OPTIONAL = {"max_mismatched_fraction": 0.0}
+#: Per output (``golden.outputs[name]``): which axis holds the batch's samples, for the row cosine. Bundles
+#: built before the key existed leave it out: axis 0.
+DEFAULT_BATCH_AXIS = 0
 
 
 @dataclass(frozen=True)
 class Tolerance:
     """How close one output must stay to its golden reference: every element (all but a
     ``max_mismatched_fraction`` of them) within ``atol + rtol * |golden|``, and every row's cosine
-    similarity at least ``min_cosine``."""
+    similarity at least ``min_cosine``, rows taken along ``batch_axis`` (the axis of the batch's samples)."""
 
     atol: float
     rtol: float
     min_cosine: float
     max_mismatched_fraction: float = 0.0
+    batch_axis: int = DEFAULT_BATCH_AXIS
 
     def to_dict(self) -> dict[str, float]:
-        return {"atol": self.atol, "rtol": self.rtol, "min_cosine": self.min_cosine, "max_mismatched_fraction": self.max_mismatched_fraction}
+        return {"atol": self.atol, "rtol": self.rtol, "min_cosine": self.min_cosine, "max_mismatched_fraction": self.max_mismatched_fraction,
+                "batch_axis": self.batch_axis}
 
 
 @dataclass(frozen=True)
@@ -260,7 +275,11 @@ def _tolerance(section: Mapping[str, Any], *, where: str, prefix: str, default: 
             raise BundleError(f"'{where}': {prefix}.{key} must be a number {bounds}, got {value!r}",
                               hint="rebuild the bundle with edgekit build, which derives the golden tolerances")
         values[key] = float(value)
-    return Tolerance(**values)
+    axis = section.get("batch_axis", DEFAULT_BATCH_AXIS) if default is not None else DEFAULT_BATCH_AXIS
+    if not isinstance(axis, int) or isinstance(axis, bool) or axis < 0:
+        raise BundleError(f"'{where}': {prefix}.batch_axis must be an int >= 0 (the axis of the batch's samples), got {axis!r}",
+                          hint="rebuild the bundle with edgekit build, which records each output's batch axis")
+    return Tolerance(**values, batch_axis=axis)
 
 
 def parse_tolerances(golden: Mapping[str, Any], *, where: str) -> GoldenTolerances:

@@ -128,7 +128,7 @@ def test_a_loose_budget_never_writes_min_cosine_below_zero() -> None:
 def test_close_outputs_keep_the_recipe_s_parity_tolerance_as_the_floor() -> None:
     reference, built = _rows(0.9999999)
     tolerances, _ = derive_tolerances([{"y": reference}], [{"y": reference}], ParitySpec(atol=1e-4, rtol=1e-3, min_cosine=0.9999))
-    assert tolerances.outputs["y"].to_dict() == {"atol": 1e-4, "rtol": 1e-3, "min_cosine": 0.9999, "max_mismatched_fraction": 0.0}
+    assert tolerances.outputs["y"].to_dict() == {"atol": 1e-4, "rtol": 1e-3, "min_cosine": 0.9999, "max_mismatched_fraction": 0.0, "batch_axis": 0}
     tolerances, _ = derive_tolerances([{"y": reference}], [{"y": built}], ParitySpec(min_cosine=0.9999))
     assert tolerances.outputs["y"].min_cosine == 0.9999
 
@@ -147,7 +147,7 @@ def test_anticorrelated_or_non_finite_outputs_fail_the_build() -> None:
 def test_a_device_applied_precision_widens_to_the_format_s_tolerance() -> None:
     reference = np.linspace(-300, 300, 64, dtype=np.float32).reshape(2, 32)
     tolerances, _ = derive_tolerances([{"boxes": reference}], [{"boxes": reference}], ParitySpec(), device_applied=(0.02, 0.999))
-    assert tolerances.outputs["boxes"].to_dict() == {"atol": pytest.approx(0.02 * 300), "rtol": 0.02, "min_cosine": 0.999, "max_mismatched_fraction": 0.0}
+    assert tolerances.outputs["boxes"].to_dict() == {"atol": pytest.approx(0.02 * 300), "rtol": 0.02, "min_cosine": 0.999, "max_mismatched_fraction": 0.0, "batch_axis": 0}
 
 
 def test_outputs_near_zero_on_the_golden_inputs_are_flagged_as_a_weak_check() -> None:
