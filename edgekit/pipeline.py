@@ -366,7 +366,8 @@ def stage_golden(state: BuildState, runner: OnnxRuntimeRunner) -> str | None:
     # the self-check then allows at least the format's own tolerance.
     device_applied = DEVICE_APPLIED_TOLERANCE.get(state.precision) if trt and trt.get("onnx_precision") == "as-exported" else None
     tolerances, measured = derive_tolerances([out for _, out in pairs], built, recipe.export.parity, device_applied=device_applied,
-                                             margin=margin_for(state.precision), batch_axes=output_batch_axes(recipe, state.signature_dict))
+                                             margin=margin_for(state.precision), batch_axes=output_batch_axes(recipe, state.signature_dict),
+                                             state_outputs=[pair.output for pair in recipe.state])
     state.golden = write_golden(state.staging_dir, pairs, tolerances, measured=measured, steps=sequence_steps(batches), state=recipe.state)
     for warning in state.golden.get("warnings", []):
         log.warning("golden: %s", warning)

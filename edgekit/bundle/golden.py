@@ -85,7 +85,7 @@ def output_batch_axes(recipe: Recipe, io: Mapping[str, Any] | None = None) -> di
 
 def derive_tolerances(expected: Sequence[Mapping[str, np.ndarray]], built: Sequence[Mapping[str, np.ndarray]], parity: ParitySpec,
                       *, device_applied: tuple[float, float] | None = None, margin: float = MARGIN,
-                      batch_axes: Mapping[str, int] | None = None) -> tuple[GoldenTolerances, dict[str, Any]]:
+                      batch_axes: Mapping[str, int] | None = None, state_outputs: Sequence[str] = ()) -> tuple[GoldenTolerances, dict[str, Any]]:
     """Per-output tolerances from the built model's outputs (``built``) against the reference (``expected``),
     one mapping per golden batch; returns them with the measurements they came from (for the manifest).
     ``batch_axes`` gives an output's batch axis (default 0): its row cosine is taken per sample along it,
@@ -111,7 +111,11 @@ def derive_tolerances(expected: Sequence[Mapping[str, np.ndarray]], built: Seque
         if cosine < 0:
             raise BuildError(f"golden output '{name}': the built model's rows{f' (samples along axis {axis})' if axis else ''} point away "
                              f"from the reference (cosine {cosine:.3f}, golden batch {check.worst_batch}), so no self-check could accept it and still reject a wrong model",
-                             hint="the accuracy budget let a broken build through: tighten evaluation.budget, or build a wider precision")
+                             hint=(f"'{name}' is recurrent state fed to the next call: this precision computes it unlike FP32 from the first "
+                                   "calls on, so errors compound; build fp16 or int8-dynamic, keep the nodes that compute the state in float "
+                                   "(build.quantization.exclude_nodes), or tighten evaluation.budget so the build stops there"
+                                   if name in state_outputs else
+                                   "the accuracy budget let a broken build through: tighten evaluation.budget, or build a wider precision"))
         atol = max(parity.atol, min(margin * error, max(error, scale)))
         min_cosine = min(parity.min_cosine, max(0.0, cosine - (margin - 1) * (1 - cosine)))
         rtol = parity.rtol

@@ -68,6 +68,11 @@ def test_derived_tolerances_record_the_axis_and_measure_per_sample() -> None:
     flipped[0][:, 1, :] *= -1
     with pytest.raises(BuildError, match=r"golden output 'stateN': the built model's rows \(samples along axis 1\) point away from the reference \(cosine -1\.000, golden batch 0\)"):
         derive_tolerances([{"stateN": r} for r in reference], [{"stateN": f} for f in flipped], ParitySpec(), batch_axes={"stateN": 1})
+    with pytest.raises(BuildError) as raised:
+        derive_tolerances([{"stateN": r} for r in reference], [{"stateN": f} for f in flipped], ParitySpec(), batch_axes={"stateN": 1},
+                          state_outputs=["stateN"])
+    assert "'stateN' is recurrent state fed to the next call" in raised.value.hint
+    assert "build.quantization.exclude_nodes" in raised.value.hint
 
 
 class _TinyRecurrent(nn.Module):
