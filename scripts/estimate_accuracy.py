@@ -75,7 +75,7 @@ def combine_peaks(peaks: list[dict[str, Any]]) -> dict[str, Any]:
     out = dict(peaks[-1])
     out["peak_ops"] = {k: med([p["peak_ops"][k] for p in peaks]) for k in peaks[0]["peak_ops"]}
     out["large_peak_ops"] = {k: med([p["large_peak_ops"][k] for p in peaks]) for k in peaks[0].get("large_peak_ops") or {}}
-    for key in ("bandwidth_bytes_s", "cache_bandwidth_bytes_s", "node_overhead_us", "subgraph_overhead_us"):
+    for key in ("bandwidth_bytes_s", "cache_bandwidth_bytes_s", "node_overhead_us", "subgraph_overhead_us", "parallel_sync_us"):
         if all(p.get(key) is not None for p in peaks):
             out[key] = med([p[key] for p in peaks])
     kernels = {}
@@ -83,7 +83,7 @@ def combine_peaks(peaks: list[dict[str, Any]]) -> dict[str, Any]:
         same = [p["kernel_efficiency"][kind] for p in peaks if len((p.get("kernel_efficiency") or {}).get(kind, [])) == len(points)]
         kernels[kind] = sorted([med([s[i][0] for s in same]), med([s[i][1] for s in same])] for i in range(len(points)))
     out["kernel_efficiency"] = kernels
-    out["spread"] = {"measurements": len(peaks), "fp32": [min(p["peak_ops"]["fp32"] for p in peaks), max(p["peak_ops"]["fp32"] for p in peaks)],
+    out["spread"] = {"parallel_sync_us": [p.get("parallel_sync_us") or 0.0 for p in peaks], "measurements": len(peaks), "fp32": [min(p["peak_ops"]["fp32"] for p in peaks), max(p["peak_ops"]["fp32"] for p in peaks)],
                      "bandwidth_bytes_s": [min(p["bandwidth_bytes_s"] for p in peaks), max(p["bandwidth_bytes_s"] for p in peaks)]}  # fmt: skip
     return out
 
@@ -287,6 +287,9 @@ def render(doc: dict[str, Any], timed: list[dict[str, Any]], args: argparse.Name
            f"int8 {peak['large_peak_ops']['int8'] / 1e9:.0f} GOPS" if peak.get("large_peak_ops") else "")
         + (f"; per-node dispatch overhead {peak['node_overhead_us']:.2f} us" if peak.get("node_overhead_us") else "")
         + (f"; If subgraph invocation {peak['subgraph_overhead_us']:.1f} us" if peak.get("subgraph_overhead_us") is not None else "")
+        + (f"; a node split over the {doc['threads']} threads pays {peak['parallel_sync_us']:.1f} us (range "
+           f"{min(peak['spread'].get('parallel_sync_us', [peak['parallel_sync_us']])):.1f}-{max(peak['spread'].get('parallel_sync_us', [peak['parallel_sync_us']])):.1f})"
+           if peak.get("parallel_sync_us") is not None else "")
         + ("; measured share of the roofline per node kind (smallest..largest synthetic node): "
            + ", ".join(f"{k} {min(p[1] for p in v):.2f}..{max(p[1] for p in v):.2f}" for k, v in sorted(peak["kernel_efficiency"].items()))
            if peak.get("kernel_efficiency") else "")

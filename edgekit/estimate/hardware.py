@@ -67,6 +67,7 @@ class Hardware:
     large_peak_ops: dict[str, float] | None = None  # the peak of nodes moving more than cache_bytes (measured hosts)
     kernel_efficiency: dict[str, list[list[float]]] | None = None  # kind -> [[roofline s, efficiency]] (host_kernels)
     subgraph_overhead_us: float | None = None  # measured cost of one If's subgraph invocation (measured hosts)
+    parallel_sync_us: float | None = None  # measured cost of splitting one node over the intra-op pool (measured hosts)
 
     def resolve(self, precision: str) -> tuple[float, str, Hardware]:
         """(ops/s, the precision whose figure it is, the engine that runs it): this engine following
@@ -138,10 +139,15 @@ def hardware_for(target: TargetProfile, power_mode: str | None = None, *, measur
         subgraph = measured.get("subgraph_overhead_us")
         if subgraph is not None:
             sources.append(f"If subgraph invocation {subgraph:.1f} us measured on this host (a chain of Ifs against the same nodes without)")
+        sync = measured.get("parallel_sync_us")
+        if sync is not None:
+            sources.append(f"split across the intra-op threads: {sync:.1f} us a node measured on this host (small MatMuls "
+                           "on all threads against one thread)")
         return Hardware(target.name, "cpu", mode, measured_peaks, float(measured["bandwidth_bytes_s"]), watts, tuple(sources),
                         float(cache) if cache and cache_bw else None, float(cache_bw) if cache and cache_bw else None,
                         node_overhead_us=float(overhead) if overhead else None, large_peak_ops=large or None,
-                        kernel_efficiency=kernels, subgraph_overhead_us=float(subgraph) if subgraph is not None else None)  # fmt: skip
+                        kernel_efficiency=kernels, subgraph_overhead_us=float(subgraph) if subgraph is not None else None,
+                        parallel_sync_us=float(sync) if sync is not None else None)  # fmt: skip
     if not target.peak_throughput:
         raise EstimateError(f"target '{target.name}' has no peak_throughput figures to estimate from",
                             hint="on the device itself, pass --measure-host to measure its peak (GEMM and copy micro-benchmark); "

@@ -10,6 +10,13 @@ points by the node's roofline time (log scale, clamped to the measured range). N
 
 :func:`subgraph_overhead_us`: a chain of ``If`` nodes with one tiny node per branch against the same chain without
 the ``If``, per ``If``: what running a subgraph costs beyond its nodes.
+
+:func:`parallel_sync_us`: what splitting one node over ONNX Runtime's intra-op pool costs (waking the other threads,
+the barrier at its end, which on a loaded host waits for a descheduled thread): a chain of small MatMuls (ones MLAS
+splits) on all threads, less the same chain's time on one thread divided by the threads. :func:`runs_parallel` says
+which nodes ONNX Runtime splits, by the sizes at which its profiler showed a split here (``thread_scheduling_stats``
+with a block size): MLAS splits a GEMM or convolution from 64 K multiply-adds (64x64x64 ran on 2 threads); an
+elementwise Add ran on 1 thread at 65 536 elements and on 2 at 131 072 (ONNX Runtime's per-op cost model).
 """
 
 from __future__ import annotations
@@ -28,6 +35,9 @@ IF_CHAIN = 64
 CHAIN = 6  # identical nodes a synthetic graph chains, so the layout reorders at its ends are shared
 #: a kind may beat the roofline of its measured figures (an in-cache kernel against the copy bandwidth); bounded
 MAX_EFFICIENCY = 4.0
+PARALLEL_MACS = 65536  # a GEMM or convolution this big (multiply-adds) is split by MLAS over the pool
+PARALLEL_ELEMENTS = 131072  # another node writing this many elements is split by ONNX Runtime's cost model
+SYNC_SHAPE = (256, 64)  # the MatMul chain of parallel_sync_us: 1 M multiply-adds a node, split on 2 threads
 
 
 def _model(nodes: list[Any], inputs: list[Any], outputs: list[Any], inits: list[Any]) -> Any:
@@ -133,11 +143,12 @@ def _wall_ms(model: Any, feeds: Mapping[str, np.ndarray], threads: int, optimize
     return float(np.median(times))
 
 
-def kernel_efficiency(threads: int, roofline_s: Callable[[Any], float], node_overhead_us: float = 0.0) -> dict[str, list[list[float]]]:
+def kernel_efficiency(threads: int, roofline_s: Callable[[Any], float], node_overhead_us: float = 0.0,
+                      sync_us: float = 0.0) -> dict[str, list[list[float]]]:
     """kind -> [[roofline seconds, efficiency], ...] of its synthetic nodes, smallest first. A synthetic graph is a
     chain of identical nodes of one kind timed as a whole (wall clock, the way a model's p50 is: what happens between
-    kernels on a busy host counts too); a node's time is the chain's time (less the per-node dispatch overhead the
-    estimate adds on its own) over the nodes of that kind, and its efficiency its roofline time over that.
+    kernels on a busy host counts too); a node's time is the chain's time (less the per-node dispatch overhead, and
+    for a node split over the threads the split's ``sync_us``, both of which the estimate adds on its own) over the nodes of that kind, and its efficiency its roofline time over that.
     ``roofline_s(node_cost)`` is the measured host's roofline of one costed node (efficiency 1)."""
     from edgekit.estimate.graph_cost import graph_costs, node_kind
 
@@ -152,11 +163,28 @@ def kernel_efficiency(threads: int, roofline_s: Callable[[Any], float], node_ove
                 nodes = [n for n in cost.nodes if node_kind(n) == kind and not n.fused]
                 if not nodes or not math.isfinite(wall_ms) or wall_ms <= 0:
                     continue
-                per_node_s = max(wall_ms / 1e3 / len(nodes) - node_overhead_us * 1e-6, 1e-9)
-                seconds = roofline_s(nodes[len(nodes) // 2])
+                middle = nodes[len(nodes) // 2]
+                split_us = sync_us if runs_parallel(middle) else 0.0
+                per_node_s = max(wall_ms / 1e3 / len(nodes) - (node_overhead_us + split_us) * 1e-6, 1e-9)
+                seconds = roofline_s(middle)
                 if seconds > 0:
                     points.setdefault(kind, []).append([seconds, min(MAX_EFFICIENCY, seconds / per_node_s)])
     return {kind: sorted(p) for kind, p in points.items()}
+
+
+def runs_parallel(node: Any) -> bool:
+    """Whether ONNX Runtime splits ``node`` (a costed node) over its intra-op threads, by the measured thresholds:
+    GEMMs and convolutions from :data:`PARALLEL_MACS` multiply-adds, other nodes from :data:`PARALLEL_ELEMENTS`
+    output elements (its written bytes at its precision's width; LayerNorm and Softmax, split earlier by their
+    higher per-element cost, are under-counted)."""
+    from edgekit.estimate.graph_cost import node_kind
+
+    if node.fused:
+        return False
+    if node_kind(node).startswith(("conv", "matmul")):
+        return node.ops / 2 >= PARALLEL_MACS
+    width = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1, "uint8": 1, "int4": 0.5}.get(node.precision, 4)
+    return node.bytes_written / width >= PARALLEL_ELEMENTS
 
 
 def efficiency_at(points: list[list[float]], roofline_s: float) -> float:
@@ -213,4 +241,36 @@ def subgraph_overhead_us(threads: int, runs: int = 40) -> float:
 
     plain, branched = _if_chain(False), _if_chain(True)
     samples = [(median_s(branched) - median_s(plain)) / IF_CHAIN for _ in range(3)]  # interleaved: the load hits both
+    return max(0.0, float(np.median(samples)) * 1e6)
+
+
+def _session(model: Any, threads: int) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def parallel_sync_us(threads: int, runs: int = 20) -> float:
+    """Per node split over ``threads``: the median time of a chain of :data:`SYNC_SHAPE` MatMuls on ``threads``
+    minus its time on one thread divided by ``threads`` (the work, perfectly split), three times interleaved (the
+    load hits both); 0 on one thread, where nothing is split."""
+    if threads <= 1:
+        return 0.0
+    model, feeds = _matmul(*SYNC_SHAPE)
+    split, single = _session(model, threads), _session(model, 1)
+
+    def median_s(session: Any) -> float:
+        for _ in range(3):
+            session.run(None, feeds)
+        times = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            session.run(None, feeds)
+            times.append(time.perf_counter() - start)
+        return float(np.median(times))
+
+    samples = [(median_s(split) - median_s(single) / threads) / CHAIN for _ in range(3)]
     return max(0.0, float(np.median(samples)) * 1e6)

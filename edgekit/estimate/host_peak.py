@@ -3,7 +3,7 @@ a short ONNX Runtime GEMM (512x512: fits the caches, so it shows the arithmetic 
 copy for memory bandwidth (a 256 MB copy for memory, one within half the L2 cache for the in-cache bandwidth), and the
 per-node dispatch overhead (the median time of a chain of tiny Add/Mul nodes, per node), and the kernel
 micro-benchmarks of :mod:`edgekit.estimate.host_kernels` (the share of that roofline each node kind reaches, the
-cost of an If's subgraph). The result is cached per CPU model, threads and ONNX Runtime version in
+cost of an If's subgraph, the cost of splitting a node over the threads). The result is cached per CPU model, threads and ONNX Runtime version in
 ``$EDGEKIT_CACHE_DIR/host-peak.json`` (default ``~/.cache/edgekit``); ``refresh=True`` measures again.
 
 These are MEASURED peaks of this host's kernels (the median of a few repeats), not vendor figures.
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.estimate.host_kernels import kernel_efficiency, subgraph_overhead_us
+from edgekit.estimate.host_kernels import kernel_efficiency, parallel_sync_us, subgraph_overhead_us
 
 GEMM_SIZE = 512
 LARGE_GEMM_SIZE = 1024  # 12 MB of fp32 operands: past the L2, the rate a large layer sees
@@ -146,9 +146,10 @@ def _measure(threads: int) -> dict[str, Any]:
             "cache_bandwidth_bytes_s": cache_bandwidth, "node_overhead_us": node_overhead_us(threads), "large_peak_ops": large_peaks,
             "method": f"ONNX Runtime {n}x{n} MatMul/MatMulInteger and a {COPY_MB} MB NumPy copy (read+write), median of {REPEATS} "
                       f"({LARGE_GEMM_SIZE}x{LARGE_GEMM_SIZE}: past the L2, median of 3), {threads} threads; per-node overhead: median of a {CHAIN_NODES}-node Add/Mul chain"}  # fmt: skip
-    result["kernel_efficiency"] = kernel_efficiency(threads, _roofline_of(result), result["node_overhead_us"])
+    result["parallel_sync_us"] = parallel_sync_us(threads)
+    result["kernel_efficiency"] = kernel_efficiency(threads, _roofline_of(result), result["node_overhead_us"], result["parallel_sync_us"])
     result["subgraph_overhead_us"] = subgraph_overhead_us(threads)
-    result["method"] += "; per node kind: chains of synthetic nodes on ONNX Runtime (wall clock) against their roofline; If: a chain of 64"
+    result["method"] += "; per node kind: chains of synthetic nodes on ONNX Runtime (wall clock) against their roofline; If: a chain of 64; split over the threads: 256x64 MatMul chain on all threads against one"
     return result
 
 
@@ -169,7 +170,7 @@ def _key(threads: int) -> str:
 
     from edgekit.bundle.manifest import host_description
 
-    return f"{host_description()['cpu']}|threads={threads}|onnxruntime={onnxruntime.__version__}|gemm={GEMM_SIZE}|cache=1|overhead=1|large={LARGE_GEMM_SIZE}|kernels=4"
+    return f"{host_description()['cpu']}|threads={threads}|onnxruntime={onnxruntime.__version__}|gemm={GEMM_SIZE}|cache=1|overhead=1|large={LARGE_GEMM_SIZE}|kernels=5"
 
 
 def measure_host_peak(threads: int, *, refresh: bool = False) -> dict[str, Any]:

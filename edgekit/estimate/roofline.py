@@ -131,7 +131,11 @@ def _measured_share(node: NodeCost, engine: Hardware, seconds: float) -> float:
 
 
 def roofline(cost: GraphCost, hardware: Hardware) -> Roofline:
-    """Each node's roofline time at efficiency 1 (factors are applied by :func:`latency_ms`)."""
+    """Each node's roofline time at efficiency 1 (factors are applied by :func:`latency_ms`); a node ONNX Runtime
+    splits over its intra-op threads (:func:`edgekit.estimate.host_kernels.runs_parallel`) also pays the measured
+    cost of that split (the pool's dispatch and barrier) as fixed time."""
+    from edgekit.estimate.host_kernels import runs_parallel
+
     nodes, notes, fallbacks = [], [], set()
     on_other: dict[str, int] = {}  # precision -> nodes the fallback engine ran
     for node in cost.nodes:
@@ -144,6 +148,8 @@ def roofline(cost: GraphCost, hardware: Hardware) -> Roofline:
             fallbacks.add(f"{node.precision} ops timed at the {engine.engine} {used} peak (no {node.precision} figure there)")
         seconds /= _measured_share(node, engine, seconds)
         fixed = node.subgraph_calls * (engine.subgraph_overhead_us or 0.0) / 1e3
+        if engine.parallel_sync_us and runs_parallel(node):  # split over the intra-op pool: dispatch + barrier
+            fixed += engine.parallel_sync_us / 1e3
         nodes.append(NodeTime(node.name, node.op_type, node.op_class, node.precision, seconds * 1e3, bound, 0.0, fixed))
     notes.extend(sorted(fallbacks))
     if on_other and hardware.fallback is not None:
