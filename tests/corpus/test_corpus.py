@@ -93,7 +93,10 @@ def test_silero_torchscript_builds_through_the_pipeline_with_constant_args_and_s
     assert sorted(p.name for p in (tmp_path / "recipe" / "evaluation").iterdir())[0] == "sequence_0000"
     result = build(recipe, "x86-64-cpu", precision="fp32", out=tmp_path / "bundle")
     manifest = result.manifest
-    assert manifest["model"]["source"]["kind"] == "torchscript"
+    assert manifest["model"]["source"]["kind"] == "torchscript" and manifest["model"]["constant_args"] == {"sr": 16000}
+    # outputs follow the inputs' dynamic batch (state [2, batch, 128] too), and the golden check compares state per sample
+    assert {o["name"]: o["shape"] for o in manifest["io"]["outputs"]} == {"prob": ["batch", 1], "stateN": [2, "batch", 128], "contextN": ["batch", 64]}
+    assert {name: entry["batch_axis"] for name, entry in manifest["golden"]["outputs"].items()} == {"prob": 0, "stateN": 1, "contextN": 0}
     assert manifest["golden"]["state"] == [{"input": "state", "output": "stateN"}, {"input": "context", "output": "contextN"}]
     assert {b["sequence"] for b in manifest["golden"]["batches"]} and max(b["step"] for b in manifest["golden"]["batches"]) >= 1
     assert manifest["accuracy"]["value"] == pytest.approx(1.0)
