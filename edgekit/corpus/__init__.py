@@ -6,9 +6,10 @@ weights, and well-known architectures from ``transformers`` built from configs w
 
 from __future__ import annotations
 
-from edgekit.corpus import architectures, ocr, text, vad
+from edgekit.corpus import architectures, ocr, text, vad, wheels_vision
 from edgekit.corpus.base import CorpusModel, Provider
 
-PROVIDERS: dict[str, Provider] = {p.name: p for p in (*ocr.PROVIDERS, *vad.PROVIDERS, *architectures.PROVIDERS, *text.PROVIDERS)}
+PROVIDERS: dict[str, Provider] = {p.name: p for p in (*ocr.PROVIDERS, *vad.PROVIDERS, *architectures.PROVIDERS, *text.PROVIDERS,
+                                                 *wheels_vision.PROVIDERS)}
 
 __all__ = ["PROVIDERS", "CorpusModel", "Provider"]
