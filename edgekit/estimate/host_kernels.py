@@ -222,36 +222,36 @@ def _if_chain(with_if: bool) -> Any:
 
 def subgraph_overhead_us(threads: int, runs: int = 40) -> float:
     """Per If: the median time of a chain of Ifs (one Neg a branch) minus that of the same Negs without them."""
-    import onnxruntime as ort
-
     def median_s(model: Any) -> float:
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.log_severity_level = 3
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session = cpu_session(model, threads)
         feed = {"x": np.ones((1, 16), np.float32), "cond": np.array(True)}
-        feed = {i.name: feed[i.name] for i in session.get_inputs()}
-        for _ in range(5):
-            session.run(None, feed)
-        times = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            session.run(None, feed)
-            times.append(time.perf_counter() - start)
-        return float(np.median(times))
+        return median_run_s(session, {i.name: feed[i.name] for i in session.get_inputs()}, runs, warmup=5)
 
     plain, branched = _if_chain(False), _if_chain(True)
     samples = [(median_s(branched) - median_s(plain)) / IF_CHAIN for _ in range(3)]  # interleaved: the load hits both
     return max(0.0, float(np.median(samples)) * 1e6)
 
 
-def _session(model: Any, threads: int) -> Any:
+def cpu_session(model: Any, threads: int) -> Any:
+    """An ONNX Runtime CPU session of an in-memory model at ``threads`` intra-op threads, warnings off."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def median_run_s(session: Any, feeds: Mapping[str, np.ndarray], runs: int, warmup: int = 3) -> float:
+    """The median wall time of ``runs`` calls after ``warmup`` untimed ones, in seconds."""
+    for _ in range(warmup):
+        session.run(None, feeds)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        session.run(None, feeds)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
 
 
 def parallel_sync_us(threads: int, runs: int = 20) -> float:
@@ -261,17 +261,6 @@ def parallel_sync_us(threads: int, runs: int = 20) -> float:
     if threads <= 1:
         return 0.0
     model, feeds = _matmul(*SYNC_SHAPE)
-    split, single = _session(model, threads), _session(model, 1)
-
-    def median_s(session: Any) -> float:
-        for _ in range(3):
-            session.run(None, feeds)
-        times = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            session.run(None, feeds)
-            times.append(time.perf_counter() - start)
-        return float(np.median(times))
-
-    samples = [(median_s(split) - median_s(single) / threads) / CHAIN for _ in range(3)]
+    split, single = cpu_session(model, threads), cpu_session(model, 1)
+    samples = [(median_run_s(split, feeds, runs) - median_run_s(single, feeds, runs) / threads) / CHAIN for _ in range(3)]
     return max(0.0, float(np.median(samples)) * 1e6)

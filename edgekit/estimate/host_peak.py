@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.estimate.host_kernels import kernel_efficiency, parallel_sync_us, subgraph_overhead_us
+from edgekit.estimate.host_kernels import kernel_efficiency, median_run_s, parallel_sync_us, subgraph_overhead_us
 
 GEMM_SIZE = 512
 LARGE_GEMM_SIZE = 1024  # 12 MB of fp32 operands: past the L2, the rate a large layer sees
@@ -39,7 +39,6 @@ def _cache_path() -> Path:
 
 
 def _gemm_session(kind: str, threads: int, n: int = GEMM_SIZE) -> Any:
-    import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
@@ -81,15 +80,7 @@ def _chain_session(threads: int) -> Any:
 def node_overhead_us(threads: int, runs: int = 50) -> float:
     """The median time of the Add/Mul chain per node, in microseconds: ONNX Runtime's per-node dispatch overhead here."""
     session = _chain_session(threads)
-    feed = {"x": np.ones((1, 16), np.float32)}
-    for _ in range(5):
-        session.run(None, feed)
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        session.run(None, feed)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)) / CHAIN_NODES * 1e6
+    return median_run_s(session, {"x": np.ones((1, 16), np.float32)}, runs, warmup=5) / CHAIN_NODES * 1e6
 
 
 def _best_seconds(run: Any, repeats: int = REPEATS) -> float:
