@@ -34,7 +34,7 @@ import numpy as np
 from edgekit.engines.fusion import transformer_fusion
 from edgekit.errors import QuantizationError
 from edgekit.precision import Backend, Precision
-from edgekit.quantize import cnn_folding, ort_layout, ort_writers
+from edgekit.quantize import channel_spread, cnn_folding, ort_layout, ort_writers
 from edgekit.quantize.auto import (
     EXPORTED,
     AutoResult,
@@ -511,6 +511,7 @@ def plan_auto_onnxruntime(
     builder = OrtCandidateBuilder(fp32_path, work_dir, calibration_batches, calibrators, cache)
     exported = builder.graph_model(EXPORTED) or Path(fp32_path)
     base = replace(auto_base_plan(spec, target, backend, exported), calibrator=next(iter(calibrators)))
+    base = channel_spread.keep_wide_spread_convs_float(exported, base, calibration_batches)
     notes: tuple[str, ...] = (f"calibrator {base.calibrator} (one calibration shared by every candidate of a graph)",)
     ranked: list[SensitivityReport] = []
 

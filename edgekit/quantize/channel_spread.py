@@ -22,9 +22,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from edgekit.quantize.plan import QuantizationPlan
 
 #: A Conv stays float when the median channel of its input or output peaks below this many steps of an
 #: 8-bit scale over the whole tensor's range (Silero's STFT: 1.6 and 4.9; CNNs with normalised feature
@@ -145,3 +148,16 @@ def wide_spread_convs(model_path: Path, skip: set[str], batches: Sequence[Mappin
             kept[node] = (f"rounding its input '{source}' to one 8-bit scale alone adds {error:.1%} RMS error to its output "
                           f"(> {MAX_INPUT_ROUNDING_ERROR:.0%}), which the recurrent state would carry forward; kept float")
     return kept
+
+
+def keep_wide_spread_convs_float(model_path: Path, plan: "QuantizationPlan", batches: Sequence[Mapping[str, Any]]) -> "QuantizationPlan":
+    """``plan`` with the convolutions :func:`wide_spread_convs` finds kept float and a note saying why (the
+    static int8 build and ``--precision auto``'s int8 candidates alike)."""
+    from dataclasses import replace
+
+    kept = wide_spread_convs(model_path, set(plan.excluded), batches)
+    if not kept:
+        return plan
+    note = (f"{len(kept)} convolution(s) kept float: one 8-bit scale per tensor would erase most channels of their input or "
+            "output (a spectrogram's frequency bins), or its rounding would reach the recurrent state")
+    return replace(plan.excluding(kept), notes=(*plan.notes, note))

@@ -105,7 +105,7 @@ def quantize_model(fp32_path: Path, out_path: Path, spec: QuantizationSpec, targ
         if not calibration_batches:
             raise QuantizationError("static int8 needs calibration data", hint="add data.calibration to the recipe (a callable or an npz_dir)")
         if refine:
-            plan = _keep_wide_spread_convs_float(pre, plan, calibration_batches)
+            plan = channel_spread.keep_wide_spread_convs_float(pre, plan, calibration_batches)
         ranges, section, cache_file = calibrate_plan(pre, plan, spec, calibration_batches, workdir, cache_dir)
         ort_writers.write_static_qdq(pre, out_path, plan, ranges)
         return QuantizedModel(out_path, plan, section, cache_file)
@@ -119,16 +119,6 @@ def quantize_model(fp32_path: Path, out_path: Path, spec: QuantizationSpec, targ
         return QuantizedModel(out_path, plan, details={"warnings": [note]} if note else {})
     ort_writers.write_int4(pre, out_path, plan)
     return QuantizedModel(out_path, plan)
-
-
-def _keep_wide_spread_convs_float(pre: Path, plan: QuantizationPlan, batches: list[dict[str, np.ndarray]]) -> QuantizationPlan:
-    """The plan with convolutions whose feature maps one 8-bit scale cannot hold kept float (:mod:`channel_spread`)."""
-    kept = channel_spread.wide_spread_convs(pre, set(plan.excluded), batches)
-    if not kept:
-        return plan
-    note = (f"{len(kept)} convolution(s) kept float: one 8-bit scale per tensor would erase most channels of their input or "
-            "output (a spectrogram's frequency bins), or its rounding would reach the recurrent state")
-    return replace(plan.excluding(kept), notes=(*plan.notes, note))
 
 
 def _write_float_format(pre: Path, out_path: Path, plan: QuantizationPlan, spec: QuantizationSpec,
