@@ -37,6 +37,13 @@ MIN_MEDIAN_CHANNEL_STEPS = 8.0
 #: alone adds more than this RMS error, relative to its output's RMS (Silero's last encoder Conv: 3.7-4.6 %,
 #: its other convolutions: at most 2 %).
 MAX_INPUT_ROUNDING_ERROR = 0.03
+#: In any model, a Conv stays float when rounding its input erases at least :data:`MAX_ERASED_CHANNEL_SHARE` of its
+#: output channels, each alone: the channel's input-rounding error over :data:`ERASED_CHANNEL_ERROR` of its RMS.
+#: PP-PicoDet's (PP-LCNet's) depthwise convolutions read channels that peak at 0.1 beside one at 42 and scale them
+#: up 40-80x (their folded BatchNorm): 5 of the first one's 16 channels came out at 60-590 % error, the whole
+#: network's score heads at cosine 0.3-0.5 and detection mAP at 0.0. The whole-tensor average (2.6 %) hides it.
+ERASED_CHANNEL_ERROR = 0.3
+MAX_ERASED_CHANNEL_SHARE = 0.1
 #: Calibration batches the FP32 probe runs (per-channel peaks settle quickly; the probe keeps builds fast).
 PROBE_BATCHES = 2
 
@@ -116,6 +123,42 @@ def input_rounding_error(weight: np.ndarray, source: FeatureMapStats, result: Fe
     return float(np.sqrt(noise / signal)) if signal > 0 else 0.0
 
 
+def channel_rounding_errors(weight: np.ndarray, source: FeatureMapStats, result: FeatureMapStats) -> np.ndarray:
+    """Per output channel: the RMS error rounding the input to its 8-bit step adds, relative to that channel's RMS
+    (a silent channel's error is infinite: a BatchNorm after it scales the noise up as far as it would the signal)."""
+    noise = source.step ** 2 / 12.0 * (weight.reshape(weight.shape[0], -1).astype(np.float64) ** 2).sum(axis=1)
+    if noise.shape != result.mean_square.shape:
+        return np.zeros(0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(noise > 0, np.sqrt(noise / result.mean_square), 0.0)
+
+
+def erased_channel_share(weight: np.ndarray, source: FeatureMapStats, result: FeatureMapStats) -> float:
+    errors = channel_rounding_errors(weight, source, result)
+    return float((errors > ERASED_CHANNEL_ERROR).mean()) if errors.size else 0.0
+
+
+def float_feed(graph: Any, conv: str, limit: int = 8) -> list[str]:
+    """The nodes of ``graph`` that compute ``conv``'s input from the previous convolution(s), those included: the
+    float path an erased-channel Conv needs, since its small channels are made (and lost to rounding) upstream, in
+    the convolution that produces them and the activation between (PicoDet's stem Conv -> HardSwish). At most
+    ``limit`` nodes."""
+    producers = {out: node for node in graph.node for out in node.output}
+    start = next((node for node in graph.node if node.name == conv), None)
+    if start is None:
+        return []
+    found: list[str] = []
+    frontier = [start.input[0]]
+    while frontier and len(found) < limit:
+        node = producers.get(frontier.pop(0))
+        if node is None or node.op_type == "Constant" or not node.name or node.name in found:
+            continue
+        found.append(node.name)
+        if node.op_type != "Conv":
+            frontier.extend(name for name in node.input if name)
+    return found
+
+
 def has_recurrent_state(model_path: Path) -> bool:
     """Whether an LSTM/GRU/RNN runs anywhere in the model (subgraphs included)."""
     from edgekit.quantize.ort_writers import RECURRENT_OPS, recurrent_nodes
@@ -134,6 +177,7 @@ def wide_spread_convs(model_path: Path, skip: set[str], batches: Sequence[Mappin
     stats = feature_map_stats(model_path, list(dict.fromkeys(name for pair in convs.values() for name in pair)), batches)
     recurrent = has_recurrent_state(model_path)
     kept: dict[str, str] = {}
+    graph = None
     for node, (source, result) in convs.items():
         for role, tensor in (("input", source), ("output", result)):
             if tensor in stats and stats[tensor].median_channel_steps() < MIN_MEDIAN_CHANNEL_STEPS:
@@ -141,7 +185,20 @@ def wide_spread_convs(model_path: Path, skip: set[str], batches: Sequence[Mappin
                               f"{stats[tensor].median_channel_steps():.1f} uint8 steps (< {MIN_MEDIAN_CHANNEL_STEPS:g}), so int8 would "
                               "erase most channels; kept float")
                 break
-        if not recurrent or node in kept or node not in weights or source not in stats or result not in stats:
+        if node in kept or node not in weights or source not in stats or result not in stats:
+            continue
+        erased = erased_channel_share(weights[node], stats[source], stats[result])
+        if erased >= MAX_ERASED_CHANNEL_SHARE:
+            kept[node] = (f"rounding its input '{source}' to one 8-bit scale erases {erased:.0%} of its output channels (each over "
+                          f"{ERASED_CHANNEL_ERROR:.0%} error: small input channels it scales up); kept float")
+            if graph is None:
+                import onnx
+
+                graph = onnx.load(str(model_path), load_external_data=False).graph
+            for feeder in float_feed(graph, node):
+                kept.setdefault(feeder, f"computes '{source}', whose small channels '{node}' scales up: kept float with it")
+            continue
+        if not recurrent:
             continue
         error = input_rounding_error(weights[node], stats[source], stats[result])
         if error > MAX_INPUT_ROUNDING_ERROR:
@@ -159,5 +216,6 @@ def keep_wide_spread_convs_float(model_path: Path, plan: "QuantizationPlan", bat
     if not kept:
         return plan
     note = (f"{len(kept)} convolution(s) kept float: one 8-bit scale per tensor would erase most channels of their input or "
-            "output (a spectrogram's frequency bins), or its rounding would reach the recurrent state")
+            "output (a spectrogram's frequency bins), or would erase the small input channels a convolution scales up (kept float "
+            "with the nodes that compute them), or its rounding would reach the recurrent state")
     return replace(plan.excluding(kept), notes=(*plan.notes, note))

@@ -202,18 +202,24 @@ def static_int8_plan(plan: QuantizationPlan, model_path: Path) -> QuantizationPl
                    excluded=excluded, channels_last_flatten=on_ort, channels_last_stem=on_ort, notes=tuple(notes))
 
 
-#: Ops between an output head's last weighted op and the graph output that leave it the head.
+#: Ops between an output's heads (its last weighted ops) and the output: activations, layout, the slicing and
+#: joining of a detector's head tensors, and the arithmetic of its box decoding (anchors, strides, DFL).
 HEAD_TAIL_OPS = frozenset({"Sigmoid", "Softmax", "LogSoftmax", "Relu", "Clip", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten",
-                           "Identity", "Cast", "Add", "Mul", "Div", "Concat"})
+                           "Identity", "Cast", "Add", "Sub", "Mul", "Div", "Concat", "Split", "Slice", "Gather", "Exp", "Expand", "Tile"})
+#: Ops at which the head's tensors are joined or taken apart: an output mixes ranges only through one of them.
+HEAD_JOIN_OPS = frozenset({"Concat", "Split", "Slice", "Gather"})
 HEAD_OP_TYPES = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 
 
 def mixed_output_heads(model_path: Path) -> dict[str, str]:
-    """Node name -> why it stays float, for the heads of an output that concatenates branches of different
-    kinds: the last Conv/ConvTranspose/MatMul/Gemm of each branch, where the branches pass through different
-    activations (a detector's ``[Sigmoid(boxes), class logits]``). Such an output mixes ranges one 8-bit scale
-    cannot serve, and a head is one layer of many, so it costs little to keep in float. Concatenated branches
-    of one kind, a model that is all heads, and a plain classifier's logits are left alone."""
+    """Node name -> why it stays float, for the heads of an output that joins branches of different kinds: the
+    last Conv/ConvTranspose/MatMul/Gemm on every path back from the output through :data:`HEAD_TAIL_OPS`, where
+    the paths pass a Concat/Split/Slice/Gather and the heads reach the output through different ops (a detector's
+    ``[Sigmoid(boxes), class logits]``, YOLOv8's per-stride ``Concat(box distributions, class logits)`` split again
+    into a DFL branch and a Sigmoid branch, PP-PicoDet's one head Conv per stride split into box bins and scores).
+    Such an output mixes ranges one 8-bit scale cannot serve (YOLOv8's scores sat at cosine 0.95 behind int8 head
+    convolutions), and a head is one layer of many, so it costs little to keep in float. Branches of one kind, a
+    model that is all heads, and a plain classifier's logits are left alone."""
     import onnx
 
     graph = onnx.load(str(model_path), load_external_data=False).graph
@@ -221,30 +227,52 @@ def mixed_output_heads(model_path: Path) -> dict[str, str]:
     constants = {i.name for i in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
     weighted = sum(node.op_type in HEAD_OP_TYPES for node in graph.node)
 
-    def branch(tensor: str) -> tuple[str, str, frozenset[str]] | None:
-        """(head node, its op type, the tail ops between it and ``tensor``) for a single-path branch."""
-        tail: set[str] = set()
-        node = producers.get(tensor)
-        while node is not None and node.op_type in HEAD_TAIL_OPS and node.op_type != "Concat":
-            tail.add(node.op_type)
-            inputs = [name for name in node.input if name and name not in constants]
-            node = producers.get(inputs[0]) if len(inputs) == 1 else None
-        return (node.name, node.op_type, frozenset(tail)) if node is not None and node.op_type in HEAD_OP_TYPES else None
+    def walk_back(tensor: str) -> tuple[list[Any], list[Any]]:
+        """(heads, tail nodes) met walking back from ``tensor`` through :data:`HEAD_TAIL_OPS`."""
+        heads: list[Any] = []
+        tail: list[Any] = []
+        seen: set[str] = set()
+        frontier = [tensor]
+        while frontier:
+            node = producers.get(frontier.pop())
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            if node.op_type in HEAD_OP_TYPES:
+                heads.append(node)
+            elif node.op_type in HEAD_TAIL_OPS:
+                tail.append(node)
+                frontier.extend(name for name in node.input if name and name not in constants)
+        return heads, tail
 
-    heads: dict[str, str] = {}
+    def tail_kind(head: Any, tail: list[Any]) -> frozenset[str]:
+        """The op types of the tail nodes ``head``'s output reaches."""
+        members = {id(node) for node in tail}
+        readers: dict[str, list[Any]] = {}
+        for node in tail:
+            for name in node.input:
+                readers.setdefault(name, []).append(node)
+        kinds: set[str] = set()
+        seen: set[int] = set()
+        frontier = list(head.output)
+        while frontier:
+            for node in readers.get(frontier.pop(), []):
+                if id(node) in members and id(node) not in seen:
+                    seen.add(id(node))
+                    kinds.add(node.op_type)
+                    frontier.extend(node.output)
+        return frozenset(kinds)
+
+    found: dict[str, str] = {}
     for output in graph.output:
-        node = producers.get(output.name)
-        while node is not None and node.op_type in HEAD_TAIL_OPS and node.op_type != "Concat":
-            inputs = [name for name in node.input if name and name not in constants]
-            node = producers.get(inputs[0]) if len(inputs) == 1 else None
-        if node is None or node.op_type != "Concat":
+        heads, tail = walk_back(output.name)
+        if len(heads) < 2 or len(heads) >= weighted or not any(node.op_type in HEAD_JOIN_OPS for node in tail):
             continue
-        branches = [found for found in (branch(name) for name in node.input if name not in constants) if found]
-        if len(branches) < 2 or len({tail for _, _, tail in branches}) < 2 or len(branches) >= weighted:
+        if len({tail_kind(head, tail) for head in heads}) < 2:
             continue
-        heads.update({name: f"output head of '{output.name}' ({op}), which concatenates {len(branches)} heads of different ranges "
-                            "(boxes beside scores): kept float" for name, op, _ in branches})
-    return heads
+        found.update({head.name: f"output head of '{output.name}' ({head.op_type}), which concatenates {len(heads)} heads of different ranges "
+                                 "(boxes beside scores): kept float" for head in heads if head.name})
+    return found
 
 
 def quantizable_op_types(model_path: Path) -> set[str]:
