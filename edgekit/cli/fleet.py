@@ -428,13 +428,15 @@ def _register_status(fleet_subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from edgekit.fleet.report import summary_to_json
+    from edgekit.fleet.report import check_filter_values, summary_to_json
     from edgekit.fleet.store import open_store
 
     if args.by_model:
         return _run_status_by_model(args)
     with open_store(args.store, must_exist=True) as store:
         summaries = store.device_summaries(args.fleet)
+        if not summaries:
+            check_filter_values(store, {"--fleet": ("fleet", args.fleet)})
     if args.json:
         print_json({"devices": [summary_to_json(s) for s in summaries]})
         return 0
@@ -463,12 +465,14 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def _run_status_by_model(args: argparse.Namespace) -> int:
-    from edgekit.fleet.report import model_aggregate_to_json, model_rows, parse_since
+    from edgekit.fleet.report import check_filter_values, model_aggregate_to_json, model_rows, parse_since
     from edgekit.fleet.store import open_store
 
     since = parse_since(args.since)
     with open_store(args.store, must_exist=True) as store:
         rows = model_rows(store, per_device=True, fleet=args.fleet, model=args.model, since=since)
+        if not rows:
+            check_filter_values(store, {"--fleet": ("fleet", args.fleet), "--model": ("model", args.model)})
     if args.json:
         print_json({"since": since.isoformat().replace("+00:00", "Z"), "models": [model_aggregate_to_json(r) for r in rows]})
         return 0
@@ -528,7 +532,7 @@ def _register_report(fleet_subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from edgekit.fleet.report import aggregate_to_json, build_report, parse_since
+    from edgekit.fleet.report import aggregate_to_json, build_report, check_filter_values, parse_since
     from edgekit.fleet.store import open_store
 
     now = dt.datetime.now(dt.timezone.utc)
@@ -537,6 +541,11 @@ def run_report(args: argparse.Namespace) -> int:
     with open_store(args.store, must_exist=True) as store:
         report = build_report(store, fleet=args.fleet, bundle_id=args.bundle, target=args.target, since=since, until=until,
                               model=args.model)  # fmt: skip
+        if not (report.groups or report.rollouts or report.rollout_records):
+            check_filter_values(store, {"--fleet": ("fleet", args.fleet), "--bundle": ("bundle_id", args.bundle),
+                                        "--target": ("target", args.target)})  # fmt: skip
+        if not report.models:
+            check_filter_values(store, {"--model": ("model", args.model)})
     if args.json:
         print_json(report.to_json())
         return 0

@@ -30,13 +30,15 @@ def run(args: argparse.Namespace) -> int:
     from edgekit.estimate.calibration import default_calibration_path, write_calibration
     from edgekit.estimate.fleet_fit import calibrate, find_bundles, observations_from_store, report_json
     from edgekit.estimate.graph_cost import EstimateError
-    from edgekit.fleet.report import parse_since
+    from edgekit.fleet.report import check_filter_values, parse_since
     from edgekit.fleet.store import open_store
 
     bundles = find_bundles(args.bundles)
     out = args.out or default_calibration_path()
     with open_store(args.store, must_exist=True) as store:
         observations = observations_from_store(store, bundles, fleet=args.fleet, since=parse_since(args.since) if args.since else None)
+        if not observations:
+            check_filter_values(store, {"--fleet": ("fleet", args.fleet)})
     if not observations:
         known = ", ".join(sorted({i for b in bundles for i in b.ids}))
         raise EstimateError(f"the store {args.store} has no telemetry of the bundles given ({known})",

@@ -12,16 +12,51 @@ import datetime as dt
 import re
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from edgekit.fleet.errors import FleetError
 from edgekit.fleet.rollout_state import RolloutRecord
+from edgekit.fleet.store.postgres import redact
 from edgekit.fleet.store.base import Aggregate, BundleSpan, DeviceSummary, FleetStore, ModelAggregate
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 #: Figures a rollout comparison puts side by side (lower is better for all of them).
 COMPARED_FIGURES = ("p50_ms", "p99_ms", "power_mean_mw", "energy_per_inference_mj", "temperature_max_c")
+
+
+#: How many of the values a store knows an unknown-filter error lists.
+LISTED_KNOWN_VALUES = 8
+
+
+class UnknownFilterValueError(FleetError):
+    """A read filter (``--fleet``, ``--bundle``, ``--target``, ``--model``, a dashboard query) names a value that no
+    device in the store has ever reported: a typo, or the wrong store, rather than a quiet time range."""
+
+
+def unknown_filter_error(store: FleetStore, option: str, key: str, value: str, *,
+                         fleet: str | None = None) -> UnknownFilterValueError | None:  # fmt: skip
+    """The error for ``option value`` when no device (of ``fleet``, when given) ever reported ``value`` as its ``key``
+    (one of :data:`~edgekit.fleet.store.base.KNOWN_VALUE_KEYS`); None when one did, even outside the time range asked."""
+    known = store.known_values(key, fleet=fleet)
+    if value in known:
+        return None
+    what, where = key.replace("_", " "), redact(store.url) + (f" fleet {fleet!r}" if fleet is not None else "")
+    listed = ", ".join(known[:LISTED_KNOWN_VALUES]) + (f" (and {len(known) - LISTED_KNOWN_VALUES} more)"
+                                                       if len(known) > LISTED_KNOWN_VALUES else "")  # fmt: skip
+    return UnknownFilterValueError(
+        f"{option} {value!r}: no device in {where} has ever reported this {what}",
+        hint=f"{where} knows {listed}; check the spelling and the store" if known else
+             f"{where} has no {what} values yet; check the store, or leave {option} out",
+    )  # fmt: skip
+
+
+def check_filter_values(store: FleetStore, filters: Mapping[str, tuple[str, str | None]]) -> None:
+    """Raise :class:`UnknownFilterValueError` for the first ``option: (key, value)`` whose value the store never saw.
+    Callers check after a query came back empty, so rows found cost nothing extra."""
+    for option, (key, value) in filters.items():
+        if value is not None and (error := unknown_filter_error(store, option, key, value)) is not None:
+            raise error
 
 
 def parse_since(text: str, now: dt.datetime | None = None) -> dt.datetime:
@@ -186,5 +221,6 @@ def _rollouts(store: FleetStore, *, fleet: str | None, bundle_id: str | None, ta
     return comparisons
 
 
-__all__ = ["COMPARED_FIGURES", "FleetReport", "RolloutComparison", "aggregate_to_json", "build_report",
-           "model_aggregate_to_json", "model_rows", "parse_since", "summary_to_json"]  # fmt: skip
+__all__ = ["COMPARED_FIGURES", "FleetReport", "LISTED_KNOWN_VALUES", "RolloutComparison", "UnknownFilterValueError",
+           "aggregate_to_json", "build_report", "check_filter_values", "model_aggregate_to_json", "model_rows",
+           "parse_since", "summary_to_json", "unknown_filter_error"]  # fmt: skip

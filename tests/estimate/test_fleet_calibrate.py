@@ -96,6 +96,8 @@ def test_fleet_calibrate_without_matching_bundles_says_which_ids_it_knew(fleet: 
     (other / "unknown-bundle" / "manifest.json").write_text(json.dumps({"name": "unknown-bundle", "model": {"path": "model.onnx"}}))
     assert main(["fleet", "calibrate", "--store", url, "--bundles", str(other), "--out", str(tmp_path / "c.json")]) == 2
     assert "no telemetry of the bundles given (unknown-bundle)" in capsys.readouterr().err
+    assert main(["fleet", "calibrate", "--store", url, "--bundles", str(other), "--fleet", "typo"]) == 2  # no such fleet
+    assert "--fleet 'typo': no device in" in " ".join(capsys.readouterr().err.split())
     with pytest.raises(EstimateError, match="not a directory"):
         find_bundles([tmp_path / "missing"])
 

@@ -80,7 +80,8 @@ def test_status_table_and_fleet_filter(seeded: str, capsys: pytest.CaptureFixtur
     table = capsys.readouterr().out
     assert "fleet lab: 4 devices" in table
     assert re.search(r"nano-1 +│ online +│ minilm-int8-b +│ jetson-orin-nano +│ +2\.00 +│ +2\.00 +│ +4000 ", table), table
-    assert _json_out(capsys, ["fleet", "status", "--store", seeded, "--fleet", "other", "--json"]) == {"devices": []}
+    assert main(["fleet", "status", "--store", seeded, "--fleet", "other", "--json"]) == 2  # no such fleet (a typo?)
+    assert "--fleet 'other': no device in" in " ".join(capsys.readouterr().err.split())
 
 
 def test_report_json_compares_a_rollout_before_and_after(seeded: str, capsys: pytest.CaptureFixture[str]) -> None:

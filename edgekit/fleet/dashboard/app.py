@@ -13,7 +13,8 @@
 ``/healthz``                ``ok``
 ==========================  ====================================================================
 
-Every endpoint takes an optional ``fleet``. Results are cached for ``cache_s`` seconds.
+Every endpoint takes an optional ``fleet``; a ``fleet`` (or ``device``) no device ever reported is a 404 with a
+JSON error listing those the store knows. Results are cached for ``cache_s`` seconds.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 from edgekit.fleet.dashboard import api
 from edgekit.fleet.dashboard.http import HttpServer, Request, Response
 from edgekit.fleet.errors import FleetError
+from edgekit.fleet.report import unknown_filter_error
 from edgekit.fleet.rollout_state import RolloutLog, open_rollout_log
 from edgekit.fleet.store.base import FleetStore
 from edgekit.fleet.store.postgres import redact
@@ -55,6 +57,7 @@ class DashboardApp:
         self._rollouts: RolloutLog | None = None
         self._cache: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, Response]] = {}
         self._owner: int | None = None
+        self._known: dict[tuple[str, str | None], set[str]] = {}  # (key, fleet) -> values the store has reported
         self._ranges = api.SeriesRanges(ttl_s=60.0 if cache_s > 0 else 0.0)  # tests with cache_s=0 see every change
 
     def open(self) -> None:
@@ -120,6 +123,10 @@ class DashboardApp:
         if not 0 < hours <= api.MAX_HOURS or not 2 <= points <= api.MAX_POINTS:
             return Response.error(400, f"hours must be in (0, {api.MAX_HOURS}] and points in [2, {api.MAX_POINTS}]")
         endpoint = request.path[len("/api/"):]
+        unknown = self._unknown("fleet", fleet) or (self._unknown("device", query.get("device"), fleet=fleet)
+                                                    if endpoint == "series" and fleet else None)  # fmt: skip
+        if unknown is not None:
+            return unknown
         payload: Any
         if endpoint == "overview":
             payload = api.overview(store, self._rollouts, fleet=fleet)
@@ -144,6 +151,20 @@ class DashboardApp:
         else:
             return Response.error(404, f"no API endpoint {endpoint!r}")
         return Response.json(payload)
+
+
+    def _unknown(self, key: str, value: str | None, *, fleet: str | None = None) -> Response | None:
+        """404 (JSON, listing the values the store knows) for a ``fleet`` or ``device`` no device ever reported, instead
+        of an empty 200. Values once seen stay known, so the store is asked again only for a value not seen yet."""
+        if not value:
+            return None
+        seen = self._known.setdefault((key, fleet), set())
+        if value not in seen:
+            seen.update(self.store.known_values(key, fleet=fleet))
+        if value in seen:
+            return None
+        error = unknown_filter_error(self.store, f"query {key}", key, value, fleet=fleet)
+        return Response.error(404, f"{error.message}; {error.hint}") if error is not None else None
 
 
 class DashboardServer:

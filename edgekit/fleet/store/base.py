@@ -169,6 +169,10 @@ class DeviceSummary:
     missing_seqs: int  # gaps in the sequence numbers seen so far
 
 
+#: Keys :meth:`FleetStore.known_values` lists the values of (the filters of ``fleet status|report`` and the dashboard).
+KNOWN_VALUE_KEYS = ("fleet", "device", "bundle_id", "target", "model")
+
+
 #: Keys :meth:`FleetStore.aggregate` can group by.
 AGGREGATE_KEYS = ("fleet", "device", "bundle_id", "target", "power_mode")
 
@@ -288,6 +292,12 @@ class FleetStore(abc.ABC):
     @abc.abstractmethod
     def device_identities(self, fleet: str | None = None) -> list[DeviceIdentityRecord]:
         """The identity each device last reported (devices whose agent never did are left out), by fleet, device."""
+
+    @abc.abstractmethod
+    def known_values(self, key: str, *, fleet: str | None = None) -> list[str]:
+        """Every value of ``key`` (one of :data:`KNOWN_VALUE_KEYS`) any device has ever reported, in any table
+        (status, targets, raw windows, rollups, events, rollouts), sorted; with ``fleet``, only that fleet's.
+        Read filters use it to tell a mistyped value from one with no telemetry in a time range."""
 
     @abc.abstractmethod
     def set_device_target(self, fleet: str, device: str, target: str) -> None:

@@ -19,6 +19,7 @@ from edgekit.fleet.errors import StoreError
 from edgekit.fleet.store import queries
 from edgekit.fleet.store.base import (
     AGGREGATE_KEYS,
+    KNOWN_VALUE_KEYS,
     MODEL_AGGREGATE_KEYS,
     Aggregate,
     BundleSpan,
@@ -299,6 +300,13 @@ class SqlFleetStore(FleetStore):
                                      cuda=r[7], tensorrt=r[8], onnxruntime=r[9], power_mode=r[10],
                                      clocks_locked=None if r[11] is None else bool(r[11]), payload=self.json_out(r[12]),
                                      updated_at=self.time_out(r[13])) for r in rows]  # fmt: skip
+
+    def known_values(self, key: str, *, fleet: str | None = None) -> list[str]:
+        if key not in KNOWN_VALUE_KEYS:
+            raise StoreError(f"no known values of {key!r}", hint=f"ask for one of {list(KNOWN_VALUE_KEYS)}")
+        sql = queries.known_values_sql(key, in_fleet=fleet is not None)
+        params = {"fleet": fleet} if fleet is not None else {}
+        return [row[0] for row in self._query(f"listing the known {key} values", sql, params)]
 
     def set_device_target(self, fleet: str, device: str, target: str) -> None:
         with self._transaction(f"storing the target of {fleet}/{device}") as cursor:
