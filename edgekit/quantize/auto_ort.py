@@ -343,6 +343,9 @@ def ort_session(path: Path, threads: int | None = None, graph_optimization: str 
     options.graph_optimization_level = levels[graph_optimization]
     options.log_severity_level = 3
     options.add_session_config_entry("session.set_denormal_as_zero", "1")  # as CPU bundles run (OnnxRuntimeRunner)
+    # The timer runs candidates back to back; a pool left spinning after its run takes a core from the next
+    # session (2 cores: YOLOS int8-dynamic timed 0.85x..1.3x FP32 by turns, wav2vec2's rewritten FP32 0.22x).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if threads:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1

@@ -32,6 +32,7 @@ from edgekit.quantize.auto_ort import (
     MetricSpec,
     OrtInterleavedTimer,
     OrtMetricEvaluator,
+    ort_session,
     plan_auto_onnxruntime,
 )
 from edgekit.quantize.calibration import CalibratorSpec
@@ -320,6 +321,16 @@ def test_interleaved_timer_returns_one_latency_per_model(tmp_path: Path) -> None
     assert len(latencies) == 2 and all(v > 0 for v in latencies)
     with pytest.raises(QuantizationError, match="1 <= rounds <= max_rounds, got rounds=0"):
         OrtInterleavedTimer({}, rounds=0)
+
+
+def test_timed_sessions_leave_no_pool_spinning_after_a_run(tmp_path: Path) -> None:
+    """The timer runs candidates back to back: a pool still spinning after its run would take a core from
+    the next candidate's session, so auto's sessions park their threads as soon as a run ends."""
+    model = tmp_path / "outlier.onnx"
+    onnx.save(outlier_model(), str(model))
+    session = ort_session(model, threads=2)
+    assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert len(session.run(None, {"x": batches(1)[0]["x"]})) == 1
 
 
 def cost_model_ms(paths: Sequence[Path]) -> list[float]:
