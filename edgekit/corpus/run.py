@@ -21,6 +21,7 @@ import numpy as np
 from edgekit.corpus.base import Batch, CorpusModel
 from edgekit.corpus.metrics import cosine, evaluation_spec, task_metric
 from edgekit.corpus.recipes import write_recipe
+from edgekit.engines.ort_session import cpu_session
 
 log = logging.getLogger(__name__)
 
@@ -67,16 +68,6 @@ class CorpusRow:
     def from_json(cls, data: dict[str, Any]) -> "CorpusRow":
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)
-
-
-def _session(path: Path, threads: int) -> Any:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.set_denormal_as_zero", "1")
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def _feeds(session: Any, batch: Batch) -> dict[str, np.ndarray]:
@@ -373,7 +364,7 @@ def _bench_call(session: Any, batch: Batch) -> Callable[[], Any]:
 
 def measure_host(model: CorpusModel, rows: list[CorpusRow], paths: dict[str, Path], rounds: int, threads: int) -> None:
     """Evaluate (task metric and cosine against FP32's outputs) and time every variant in ``paths`` interleaved."""
-    sessions = {name: _session(path, threads) for name, path in paths.items()}
+    sessions = {name: cpu_session(path, threads, log_severity_level=2) for name, path in paths.items()}
     outputs = {name: evaluate_outputs(s, model) for name, s in sessions.items()}
     samples = interleaved_samples({name: _bench_call(s, model.bench) for name, s in sessions.items()}, rounds)
     for row in rows:

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from edgekit.engines.ort_session import cpu_session
+
 RUNS = 10
 IF_CHAIN = 64
 CHAIN = 6  # identical nodes a synthetic graph chains, so the layout reorders at its ends are shared
@@ -223,23 +225,13 @@ def _if_chain(with_if: bool) -> Any:
 def subgraph_overhead_us(threads: int, runs: int = 40) -> float:
     """Per If: the median time of a chain of Ifs (one Neg a branch) minus that of the same Negs without them."""
     def median_s(model: Any) -> float:
-        session = cpu_session(model, threads)
+        session = cpu_session(model, threads, denormal_as_zero=False)
         feed = {"x": np.ones((1, 16), np.float32), "cond": np.array(True)}
         return median_run_s(session, {i.name: feed[i.name] for i in session.get_inputs()}, runs, warmup=5)
 
     plain, branched = _if_chain(False), _if_chain(True)
     samples = [(median_s(branched) - median_s(plain)) / IF_CHAIN for _ in range(3)]  # interleaved: the load hits both
     return max(0.0, float(np.median(samples)) * 1e6)
-
-
-def cpu_session(model: Any, threads: int) -> Any:
-    """An ONNX Runtime CPU session of an in-memory model at ``threads`` intra-op threads, warnings off."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 def median_run_s(session: Any, feeds: Mapping[str, np.ndarray], runs: int, warmup: int = 3) -> float:
@@ -261,6 +253,6 @@ def parallel_sync_us(threads: int, runs: int = 20) -> float:
     if threads <= 1:
         return 0.0
     model, feeds = _matmul(*SYNC_SHAPE)
-    split, single = cpu_session(model, threads), cpu_session(model, 1)
+    split, single = (cpu_session(model, n, denormal_as_zero=False) for n in (threads, 1))
     samples = [(median_run_s(split, feeds, runs) - median_run_s(single, feeds, runs) / threads) / CHAIN for _ in range(3)]
     return max(0.0, float(np.median(samples)) * 1e6)

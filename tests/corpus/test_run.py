@@ -233,7 +233,8 @@ def test_a_stateful_model_is_evaluated_with_its_own_state_carried_through_each_s
     from onnx import TensorProto, helper
 
     from edgekit.corpus.base import CorpusModel
-    from edgekit.corpus.run import _session, evaluate_outputs
+    from edgekit.corpus.run import evaluate_outputs
+    from edgekit.engines.ort_session import cpu_session
 
     graph = helper.make_graph([helper.make_node("Add", ["x", "state"], ["stateN"]), helper.make_node("Identity", ["stateN"], ["y"])], "running_sum",
                               [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2]) for n in ("x", "state")],
@@ -243,5 +244,5 @@ def test_a_stateful_model_is_evaluated_with_its_own_state_carried_through_each_s
     ones, zeros = np.ones((1, 2), np.float32), np.zeros((1, 2), np.float32)
     batches = [{"x": ones * (i + 1), "state": zeros + 100 * (i % 2)} for i in range(4)]  # the state in odd batches must be ignored
     model = CorpusModel("sum", "embedding", path, batches, batches, batches[0], "y", "test graph", state=(("state", "stateN"),), sequence_length=2)
-    got = [out["y"][0, 0] for out in evaluate_outputs(_session(path, 1), model)]
+    got = [out["y"][0, 0] for out in evaluate_outputs(cpu_session(path, 1), model)]
     assert got == [1.0, 3.0, 3.0, 7.0]
