@@ -503,7 +503,7 @@ def plan_auto_onnxruntime(
     recipe is its own candidate, ``int8-ort-default``), one calibration per graph variant for every
     candidate, and one sensitivity ranking (on the exported graph) for every ladder, run only when a
     ladder is tried, i.e. when static int8 fails the budget while faster than the bar. The float-rewrite
-    FP32 candidate and ONNX Runtime's default plan come right after static int8, so that their latency
+    FP32 candidate and ONNX Runtime's default plan come right after static int8 and int8-dynamic, so that their latency
     prunes what follows. int8-dynamic and int4 touch only MatMul/Gemm: when those do under
     ``MATMUL_WORK_FLOOR`` of the graph's work (at ``bench_feeds``' shapes), they are skipped.
     ``time_budget_multiple``: the search spends at most that multiple of what its first candidate (the
@@ -576,13 +576,15 @@ def plan_auto_onnxruntime(
 def _with_plain_candidates(listed: list[Candidate | CandidateLadder], base: QuantizationPlan,
                            supported: Sequence[Precision]) -> list[Candidate | CandidateLadder]:
     """``listed`` with the float-rewrite FP32 candidate and ONNX Runtime's default static plan right after
-    the first static int8 candidate of any graph variant (so that their latency is a bar early, and the
+    the first static int8 candidate of any graph variant and its int8-dynamic (so that their latency is a bar early, and the
     time budget, scaled from the first candidate, always leaves them room)."""
     extra: list[Candidate | CandidateLadder] = []
     extra.append(Candidate(FP32_REWRITTEN, Precision.FP32, None, FLOAT_REWRITES))
     if Precision.INT8 in supported:
         extra.append(Candidate(INT8_ORT_DEFAULT, Precision.INT8, ort_default_plan(base), ORT_DEFAULT))
     at = next((i + 1 for i, item in enumerate(listed) if isinstance(item, Candidate) and item.precision is Precision.INT8), 0)
+    if at and at < len(listed) and isinstance(listed[at], Candidate) and listed[at].precision is Precision.INT8_DYNAMIC:
+        at += 1  # the same graph's int8-dynamic first: on VNNI hosts it is the fast plan of small transformers
     return [*listed[:at], *extra, *listed[at:]]
 
 

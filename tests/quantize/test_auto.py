@@ -32,6 +32,7 @@ from edgekit.quantize.auto_ort import (
     MetricSpec,
     OrtInterleavedTimer,
     OrtMetricEvaluator,
+    _with_plain_candidates,
     ort_session,
     plan_auto_onnxruntime,
 )
@@ -234,8 +235,8 @@ RANKING = report([("layer.0/attn.scores", ("scores",), 0.01), ("layer.0/ffn.down
 def test_candidates_come_in_expected_speed_order() -> None:
     supported = [Precision.FP32, Precision.FP16, Precision.INT8, Precision.INT8_DYNAMIC, Precision.INT4]
     items = auto_candidates(plan(), GROUPS, RANKING, supported, max_kept=2, dynamic_plan=plan(precision=Precision.INT8_DYNAMIC), int4_plan=plan(precision=Precision.INT4))
-    assert [item.name for item in items] == ["int8-static", "int8-static+dynamic", "int8-static+float", "int8-dynamic", "int4", "fp16", "fp32"]
-    dynamic_ladder = items[1]
+    assert [item.name for item in items] == ["int8-static", "int8-dynamic", "int8-static+dynamic", "int8-static+float", "int4", "fp16", "fp32"]
+    dynamic_ladder = items[2]
     assert isinstance(dynamic_ladder, CandidateLadder) and [s.name for s in dynamic_ladder.steps] == ["int8-static+dynamic-top1", "int8-static+dynamic-top2"]
     top2 = dynamic_ladder.steps[1]
     assert top2.plan is not None and top2.plan.dynamic_nodes == ("down",)
@@ -261,9 +262,22 @@ def test_fused_graph_candidates_run_attention_dynamic() -> None:
     assert isinstance(first, Candidate) and first.name == "transformer-fusion:int8-static" and first.graph == "transformer-fusion"
     assert first.plan is not None and first.plan.dynamic_nodes == ("attn_0",) and "Attention" in first.plan.op_types
     assert "only dynamically" in first.kept["attn_0"]
-    ladder = items[1]
+    assert items[1].name == "transformer-fusion:int8-dynamic"
+    ladder = items[2]
     assert isinstance(ladder, CandidateLadder) and ladder.steps[0].kept.keys() == {"attn_0", "down"}  # 'scores' is not in this graph
-    assert items[-1].name == "transformer-fusion:int8-dynamic"
+
+
+def test_plain_candidates_come_after_static_and_dynamic_int8() -> None:
+    """The float-rewrite FP32 and ONNX Runtime's default plan follow the first graph's static int8 and its
+    int8-dynamic (both cheap; int8-dynamic is the fast plan of small transformers on VNNI hosts), ahead of
+    the ladders, whose sensitivity run costs the most."""
+    supported = [Precision.FP32, Precision.INT8, Precision.INT8_DYNAMIC]
+    items = auto_candidates(plan(), GROUPS, RANKING, supported, max_kept=1, dynamic_plan=plan(precision=Precision.INT8_DYNAMIC))
+    names = [item.name for item in _with_plain_candidates(items, plan(), supported)]
+    assert names == ["int8-static", "int8-dynamic", "fp32-rewritten", "int8-ort-default", "int8-static+dynamic", "int8-static+float", "fp32"]
+    static_only = auto_candidates(plan(), GROUPS, RANKING, [Precision.FP32, Precision.INT8], max_kept=1)
+    assert [item.name for item in _with_plain_candidates(static_only, plan(), [Precision.FP32, Precision.INT8])] == [
+        "int8-static", "fp32-rewritten", "int8-ort-default", "int8-static+float", "fp32"]
 
 
 GROUGS_FUSED = GROUPS[1:]
