@@ -104,15 +104,27 @@ def throughput_per_s(batch: int, stats: LatencyStats) -> float:
     return math.inf if stats.mean_ms <= 0 else batch * 1000.0 / stats.mean_ms
 
 
-def peak_rss_mb(status_path: str | os.PathLike[str] = "/proc/self/status") -> float:
-    """Peak resident memory of this process in MiB (``VmHWM``; else ``getrusage``'s ``ru_maxrss``)."""
+def _status_mib(key: str, status_path: str | os.PathLike[str]) -> float | None:
+    """A memory line of ``/proc/<pid>/status`` (``VmRSS``, ``VmHWM``: kB) in MiB; None where the file cannot tell."""
     try:
         for line in Path(status_path).read_text(encoding="ascii", errors="replace").splitlines():
-            if line.startswith("VmHWM:"):
-                kib = float(line.split()[1])
-                return kib / 1024.0
+            if line.startswith(f"{key}:"):
+                return float(line.split()[1]) / 1024.0
     except (OSError, ValueError, IndexError):
-        pass
+        return None
+    return None
+
+
+def rss_mb(status_path: str | os.PathLike[str] = "/proc/self/status") -> float | None:
+    """This process's resident set size now in MiB (``VmRSS``), ``None`` where /proc cannot tell."""
+    return _status_mib("VmRSS", status_path)
+
+
+def peak_rss_mb(status_path: str | os.PathLike[str] = "/proc/self/status") -> float:
+    """Peak resident memory of this process in MiB (``VmHWM``; else ``getrusage``'s ``ru_maxrss``)."""
+    peak = _status_mib("VmHWM", status_path)
+    if peak is not None:
+        return peak
     import resource  # Unix only; imported here so the module imports everywhere
 
     max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -12,7 +12,7 @@ import pytest
 from edgekit_runtime.backends.onnxruntime import OnnxRuntimeRunner
 from edgekit_runtime.errors import EdgekitError, InputSignatureError
 from edgekit_runtime.signature import IOSignature
-from edgekit_runtime.timing import LatencyStats, benchmark_runner, peak_rss_mb, throughput_per_s, time_calls
+from edgekit_runtime.timing import LatencyStats, benchmark_runner, peak_rss_mb, rss_mb, throughput_per_s, time_calls
 from tests.runtime.tiny_bundle import io_section
 
 
@@ -85,6 +85,17 @@ def test_peak_rss_reads_vmhwm_and_grows(tmp_path: Path) -> None:
     after = peak_rss_mb()
     assert after >= before and after >= 48.0
     del block
+
+
+def test_rss_reads_vmrss_now_and_none_without_proc(tmp_path: Path) -> None:
+    status = tmp_path / "status"
+    status.write_text("Name:\tpython\nVmHWM:\t  204800 kB\nVmRSS:\t  1024 kB\n")
+    assert rss_mb(status) == 1.0
+    assert rss_mb(tmp_path / "missing") is None
+    status.write_text("VmRSS:\t  lots\n")
+    assert rss_mb(status) is None
+    now = rss_mb()
+    assert now is not None and 10.0 < now <= peak_rss_mb()
 
 
 def test_benchmark_runner_on_a_real_runner(model_path: Path, images: np.ndarray) -> None:

@@ -46,6 +46,7 @@ from edgekit_runtime.bundle import MANIFEST_NAME, SIGNATURE_NAME, self_check
 from edgekit_runtime.errors import EdgekitError
 from edgekit_runtime.signature import IOSignature
 from edgekit_runtime.signing import decode_signature, encode_signature
+from edgekit_runtime.timing import rss_mb
 
 logger = logging.getLogger(__name__)
 
@@ -124,17 +125,6 @@ class ServedBundle:
 #: model file's size, before loading) or keeping (True: the RSS growth the load caused) a model of that size
 #: would take the loaded models past the memory budget.
 MemoryGuard = Callable[[str | None, float, bool], None]
-
-
-def rss_mb(status_path: Path = Path("/proc/self/status")) -> float | None:
-    """This process's resident set size in MiB, ``None`` where /proc cannot tell."""
-    try:
-        for line in status_path.read_text(encoding="ascii", errors="replace").splitlines():
-            if line.startswith("VmRSS:"):
-                return float(line.split()[1]) / 1024.0
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 class _StageFailed(Exception):

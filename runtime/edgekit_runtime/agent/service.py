@@ -67,6 +67,7 @@ from edgekit_runtime.sensors.identity import DeviceIdentity, read_identity
 from edgekit_runtime.sensors.power_mode import PowerModeReader, PowerModeState
 from edgekit_runtime.sensors.target_detect import TargetDetection, detect_target
 from edgekit_runtime.signature import ANONYMOUS_DIM, IOSignature
+from edgekit_runtime.timing import rss_mb
 
 logger = logging.getLogger(__name__)
 
@@ -108,16 +109,6 @@ def synthetic_feeds(signature: IOSignature, dims: Mapping[str, int], *, seed: in
         else:
             feeds[tensor.name] = np.asarray(rng.standard_normal(shape), dtype) if dtype.kind == "f" else np.zeros(shape, dtype)
     return feeds
-
-
-def _rss_mb(status_path: Path = Path("/proc/self/status")) -> float | None:
-    try:
-        for line in status_path.read_text(encoding="ascii", errors="replace").splitlines():
-            if line.startswith("VmRSS:"):
-                return float(line.split()[1]) / 1024.0
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def _default_link_factory(**kwargs: Any) -> Any:
@@ -640,7 +631,7 @@ class AgentService:
                 failed_inferences=serving.errors,
                 queue_latency=serving.queue,
                 bundle=self._bundle_ref(),
-                rss_mb=_rss_mb(),
+                rss_mb=rss_mb(),
                 errors=problems,
                 spool_dropped=self._spool.dropped_total() if self._spool is not None else 0,
                 spool_backlog=self._spool.backlog() if self._spool is not None else 0,
