@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from edgekit.engines.fusion import transformer_fusion
+from edgekit.engines.ort_session import cpu_session
 from edgekit.errors import QuantizationError
 from edgekit.precision import Backend, Precision
 from edgekit.quantize import channel_spread, cnn_folding, ort_layout, ort_writers
@@ -335,22 +336,12 @@ def shared_session(path: Path, threads: int | None = None, graph_optimization: s
 
 
 def ort_session(path: Path, threads: int | None = None, graph_optimization: str = "all") -> Any:
-    import onnxruntime as ort
-
-    levels = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-              "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
-    options = ort.SessionOptions()
-    options.graph_optimization_level = levels[graph_optimization]
-    options.log_severity_level = 3
-    options.add_session_config_entry("session.set_denormal_as_zero", "1")  # as CPU bundles run (OnnxRuntimeRunner)
-    # The timer runs candidates back to back; a pool left spinning after its run takes a core from the next
-    # session (2 cores: YOLOS int8-dynamic timed 0.85x..1.3x FP32 by turns, wav2vec2's rewritten FP32 0.22x).
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if threads:
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
+    """:func:`~edgekit.engines.ort_session.cpu_session` of a candidate, denormals flushed as CPU bundles run, and its
+    intra-op threads parked after each run: the timer runs candidates back to back, and a pool left spinning takes a
+    core from the next session (2 cores: YOLOS int8-dynamic timed 0.85x..1.3x FP32 by turns, wav2vec2's rewritten
+    FP32 0.22x). A graph ONNX Runtime cannot load is a QuantizationError."""
     try:
-        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        return cpu_session(path, threads, graph_optimization=graph_optimization, allow_spinning=False)
     except Exception as exc:
         raise QuantizationError(f"ONNX Runtime cannot load {path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
 
