@@ -6,9 +6,9 @@ A batch is a ``dict[str, np.ndarray]`` keyed by input name; evaluation batches m
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -186,10 +186,21 @@ def fit_axis(array: np.ndarray, axis: int, size: int) -> np.ndarray:
     return np.take(np.tile(array, reps), np.arange(size), axis=axis)
 
 
-def fit_batch(recipe: Recipe, batch: Batch, dims: dict[str, int]) -> Batch:
-    """Cut or tile each dynamic axis of a real batch to the given dim values."""
+class NamedShape(Protocol):
+    """An input's ``name`` and ``shape`` (names for dynamic dims): a recipe's TensorSpec or a bundle signature's tensor."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def shape(self) -> Sequence[Any]: ...
+
+
+def fit_batch(inputs: Iterable[NamedShape], batch: Batch, dims: Mapping[str, int]) -> Batch:
+    """The arrays of ``inputs`` (``recipe.inputs``, ``signature.inputs``) from a real batch, each dynamic axis cut or
+    tiled to its dim's value in ``dims``."""
     out = {}
-    for spec in recipe.inputs:
+    for spec in inputs:
         array = batch[spec.name]
         for axis, dim in enumerate(spec.shape):
             if isinstance(dim, str):

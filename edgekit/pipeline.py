@@ -262,7 +262,7 @@ def stage_auto(state: BuildState) -> str:
 
     recipe = state.recipe
     assert state.calibration is not None and state.evaluation is not None
-    feeds = fit_batch(recipe, state.samples[0], bench_dims(recipe))
+    feeds = fit_batch(recipe.inputs, state.samples[0], bench_dims(recipe))
     calibration = [model_inputs(recipe, b) for b in state.calibration]
     if recipe.state:  # state inputs as the FP32 model carries them through each sequence, as for --precision int8
         assert state.reference is not None
@@ -382,7 +382,7 @@ def bench_dims(recipe: Recipe) -> dict[str, int]:
 def stage_bench(state: BuildState, runner: OnnxRuntimeRunner) -> str:
     recipe = state.recipe
     state.bench_dims = bench_dims(recipe)
-    feeds = fit_batch(recipe, state.samples[0], state.bench_dims)
+    feeds = fit_batch(recipe.inputs, state.samples[0], state.bench_dims)
     state.bench = benchmark_runner(runner, feeds, recipe.build.benchmark.warmup, recipe.build.benchmark.iterations)
     state.bench_providers = list(runner.providers)
     return f"p50 {state.bench.stats.p50_ms:.2f} ms, p99 {state.bench.stats.p99_ms:.2f} ms at {state.bench_dims}"

@@ -132,7 +132,7 @@ def recipe_model(path: Path, work: Path) -> tuple[str, Path, dict[str, np.ndarra
     stage_source(state)
     stage_export(state)
     dims = bench_dims(state.recipe)
-    feeds = model_inputs(state.recipe, fit_batch(state.recipe, state.samples[0], dims))
+    feeds = model_inputs(state.recipe, fit_batch(state.recipe.inputs, state.samples[0], dims))
     return f"{state.recipe.name} (demo)", state.fp32_path, feeds, f"recipe {path.name} at {dims}"
 
 

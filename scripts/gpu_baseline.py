@@ -54,7 +54,7 @@ def load_case(recipe_name: str, dims: dict[str, int], workdir: Path) -> tuple[An
     module = load_source(recipe, workdir).module
     if module is None:
         raise SystemExit(f"{recipe_name}: the source has no PyTorch module")
-    batch = fit_batch(recipe, load_batches(recipe, recipe.data.samples, "samples")[0], dims)
+    batch = fit_batch(recipe.inputs, load_batches(recipe, recipe.data.samples, "samples")[0], dims)
     feeds = {spec.name: torch.from_numpy(batch[spec.name]).cuda() for spec in recipe.inputs}
     return module.eval().cuda(), recipe, feeds
 

@@ -114,7 +114,7 @@ def test_random_and_fitted_feeds_keep_scalars_rank_0(tmp_path):
     feeds = random_batch(recipe, {"batch": 3}, np.random.default_rng(0))
     assert feeds["sr"].shape == () and feeds["sr"].dtype == np.int64 and int(feeds["sr"]) == 16000
     assert feeds["x"].shape == (3, 64) and feeds["state"].shape == (2, 3, 16)
-    fitted = fit_batch(recipe, {"x": np.zeros((2, 64), np.float32), "state": np.zeros((2, 2, 16), np.float32),
+    fitted = fit_batch(recipe.inputs, {"x": np.zeros((2, 64), np.float32), "state": np.zeros((2, 2, 16), np.float32),
                                 "sr": np.array(16000, np.int64)}, {"batch": 4})
     assert fitted["sr"].shape == () and fitted["x"].shape == (4, 64)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.data import fit_axis
+from edgekit.data import fit_batch
 from edgekit.errors import EdgekitError
 from edgekit.quantize import float_writers
 from edgekit_runtime.bundle import Bundle, open_bundle
@@ -52,13 +52,7 @@ def feeds_at(bundle: Bundle, signature: IOSignature, dims: dict[str, int]) -> di
     first = bundle.manifest["golden"]["batches"][0]["inputs"]
     with np.load(bundle.root / first) as npz:
         feeds = {k: npz[k] for k in npz.files}
-    for tensor in signature.inputs:
-        array = feeds[tensor.name]
-        for axis, dim in enumerate(tensor.shape):
-            if isinstance(dim, str):
-                array = fit_axis(array, axis, dims[dim])
-        feeds[tensor.name] = np.require(array, requirements="C")  # ascontiguousarray would make a rank-0 input rank 1
-    return feeds
+    return {**feeds, **fit_batch(signature.inputs, feeds, dims)}
 
 
 def host_runner(bundle: Bundle, signature: IOSignature, threads: int) -> Any:

@@ -128,7 +128,7 @@ def check_parity(recipe: Recipe, reference: RunFn, candidate: RunFn, samples: li
     rng = np.random.default_rng(spec.seed)
     comparisons: list[OutputComparison] = []
     for point, dims in parity_points(recipe):
-        cases: list[tuple[str, Batch]] = [("sample", fit_batch(recipe, samples[0], dims))]
+        cases: list[tuple[str, Batch]] = [("sample", fit_batch(recipe.inputs, samples[0], dims))]
         cases += [("random", random_batch(recipe, dims, rng)) for _ in range(spec.random_inputs)]
         for kind, feeds in cases:
             expected = reference(feeds)
