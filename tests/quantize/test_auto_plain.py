@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -154,3 +155,27 @@ def test_an_explicit_time_budget_caps_the_scaled_one(tmp_path: Path) -> None:
     assert result.stats["time_budget_s"] == 0.3
     assert rows["b"].status == "skipped" and "quantization.auto_time_budget_s 0.3 s" in rows["b"].detail
     assert result.chosen.name == "fp32" and engine.built == ["a", "fp32"]
+
+
+def test_candidates_are_written_without_the_pre_processing_shape_annotations(tmp_path: Path) -> None:
+    """Symbolic shape inference leaves every intermediate tensor's shape in ``graph.value_info``; ONNX Runtime ran
+    such graphs 5-22 % slower (wav2vec2's pre-processed FP32: 1.22x the original). Candidates drop them; the
+    graph variant the writers read keeps them; outputs are unchanged."""
+    import onnxruntime as ort
+
+    from edgekit.quantize.auto_ort import EXPORTED, OrtCandidateBuilder, auto_base_plan
+    from edgekit.quantize.calibration import CalibratorSpec
+
+    fp32 = ppocr_block(tmp_path / "fp32.onnx", pad_second=False)
+    builder = OrtCandidateBuilder(fp32, tmp_path / "work", blocks(3, seed=1), {"minmax": CalibratorSpec.create("minmax")})
+    rewritten = builder(Candidate(FP32_REWRITTEN, Precision.FP32, None, FLOAT_REWRITES))
+    graph = builder.graph_model(EXPORTED)
+    assert graph is not None and len(onnx.load(str(graph)).graph.value_info) > 0
+    assert rewritten.path != graph and len(onnx.load(str(rewritten.path)).graph.value_info) == 0
+    feed = blocks(1, seed=9)[0]
+    run = lambda path: ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feed)[0]  # noqa: E731
+    np.testing.assert_array_equal(run(rewritten.path), run(graph))
+    plan = replace(auto_base_plan(QuantizationSpec(), get_target("x86-64-cpu"), Backend.ONNXRUNTIME, graph), calibrator="minmax")
+    static_int8 = builder(Candidate("int8-static", Precision.INT8, plan))
+    model = onnx.load(str(static_int8.path))
+    assert len(model.graph.value_info) == 0 and any(node.op_type == "QuantizeLinear" for node in model.graph.node)
