@@ -235,7 +235,8 @@ RANKING = report([("layer.0/attn.scores", ("scores",), 0.01), ("layer.0/ffn.down
 def test_candidates_come_in_expected_speed_order() -> None:
     supported = [Precision.FP32, Precision.FP16, Precision.INT8, Precision.INT8_DYNAMIC, Precision.INT4]
     items = auto_candidates(plan(), GROUPS, RANKING, supported, max_kept=2, dynamic_plan=plan(precision=Precision.INT8_DYNAMIC), int4_plan=plan(precision=Precision.INT4))
-    assert [item.name for item in items] == ["int8-static", "int8-dynamic", "int8-static+dynamic", "int8-static+float", "int4", "fp16", "fp32"]
+    assert [item.name for item in items] == ["int8-static", "int8-dynamic", "int8-static+dynamic", "int8-static+float", "int8-dynamic+float",
+                                             "int4", "fp16", "fp32"]
     dynamic_ladder = items[2]
     assert isinstance(dynamic_ladder, CandidateLadder) and [s.name for s in dynamic_ladder.steps] == ["int8-static+dynamic-top1", "int8-static+dynamic-top2"]
     top2 = dynamic_ladder.steps[1]
@@ -245,6 +246,27 @@ def test_candidates_come_in_expected_speed_order() -> None:
     assert top2.kept["scores"].startswith("sensitivity rank 1:") and top2.kept["scores"].endswith("runs in float")
     assert top2.levels == {"scores": FLOAT, "down": DYNAMIC, "up": STATIC}
     assert top2.dominates(items[0]) and not items[0].dominates(top2)  # type: ignore[arg-type]
+
+
+def test_the_dynamic_ladder_keeps_the_most_sensitive_weighted_matmuls_float() -> None:
+    """int8-dynamic with the k most sensitive MatMul/Gemm that it quantizes float (an activation x activation
+    MatMul, 'scores', has no weight to quantize dynamically, so it is not a step)."""
+    supported = [Precision.FP32, Precision.INT8, Precision.INT8_DYNAMIC]
+    items = auto_candidates(plan(), GROUPS, RANKING, supported, max_kept=3, dynamic_plan=plan(precision=Precision.INT8_DYNAMIC))
+    dynamic, ladder = items[1], items[-2]
+    assert isinstance(dynamic, Candidate) and isinstance(ladder, CandidateLadder) and ladder.base == dynamic
+    assert [step.name for step in ladder.steps] == ["int8-dynamic+float-top1", "int8-dynamic+float-top2"]
+    top1, top2 = ladder.steps
+    assert top1.precision is Precision.INT8_DYNAMIC and top1.plan is not None and set(top1.plan.excluded) == {"down"}
+    assert top2.plan is not None and set(top2.plan.excluded) == {"down", "up"} and top2.levels == {"scores": FLOAT, "down": FLOAT, "up": FLOAT}
+    assert top1.kept["down"] == "sensitivity rank 2: cosine 0.996 when quantized (loss 0.004); runs in float"
+    assert top1.dominates(dynamic) and top2.dominates(top1) and not dynamic.dominates(top1)
+    lazy = auto_candidates(plan(), GROUPS, lambda: RANKING, supported, max_kept=1, dynamic_plan=plan(precision=Precision.INT8_DYNAMIC))
+    lazy_ladder = lazy[-2]
+    assert isinstance(lazy_ladder, CandidateLadder) and [s.name for s in lazy_ladder.resolve()] == ["int8-dynamic+float-top1"]
+    no_weights = [NodeGroup("scores", ("scores",), ("MatMul",), 0, "attn.scores", 0)]
+    assert not any(item.name == "int8-dynamic+float" for item in auto_candidates(
+        plan(), no_weights, RANKING, supported, max_kept=1, dynamic_plan=plan(precision=Precision.INT8_DYNAMIC)))
 
 
 def test_targets_without_dynamic_int8_get_no_dynamic_candidates() -> None:
@@ -274,7 +296,8 @@ def test_plain_candidates_come_after_static_and_dynamic_int8() -> None:
     supported = [Precision.FP32, Precision.INT8, Precision.INT8_DYNAMIC]
     items = auto_candidates(plan(), GROUPS, RANKING, supported, max_kept=1, dynamic_plan=plan(precision=Precision.INT8_DYNAMIC))
     names = [item.name for item in _with_plain_candidates(items, plan(), supported)]
-    assert names == ["int8-static", "int8-dynamic", "fp32-rewritten", "int8-ort-default", "int8-static+dynamic", "int8-static+float", "fp32"]
+    assert names == ["int8-static", "int8-dynamic", "fp32-rewritten", "int8-ort-default", "int8-static+dynamic", "int8-static+float",
+                     "int8-dynamic+float", "fp32"]
     static_only = auto_candidates(plan(), GROUPS, RANKING, [Precision.FP32, Precision.INT8], max_kept=1)
     assert [item.name for item in _with_plain_candidates(static_only, plan(), [Precision.FP32, Precision.INT8])] == [
         "int8-static", "fp32-rewritten", "int8-ort-default", "int8-static+float", "fp32"]
