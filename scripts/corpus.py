@@ -53,7 +53,7 @@ def markdown(rows: list, flags: tuple[str, ...], args: argparse.Namespace, merge
 
     lines = [
         f"Written by `scripts/corpus.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC. Host: {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cores shared, {args.threads} intra-op threads, ONNX Runtime {onnxruntime.__version__}. "
+        f"{os.cpu_count()} cores shared, {args.threads} intra-op threads (spinning off), ONNX Runtime {onnxruntime.__version__}. "
         f"CPU flags: {', '.join(flags) or 'none known'}. {args.rounds} interleaved rounds.",
         "",
         f"Only {HOST_TARGET} runs on this host: its latency is the median of interleaved rounds (every variant a turn each round; "

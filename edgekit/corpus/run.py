@@ -364,7 +364,8 @@ def _bench_call(session: Any, batch: Batch) -> Callable[[], Any]:
 
 def measure_host(model: CorpusModel, rows: list[CorpusRow], paths: dict[str, Path], rounds: int, threads: int) -> None:
     """Evaluate (task metric and cosine against FP32's outputs) and time every variant in ``paths`` interleaved."""
-    sessions = {name: cpu_session(path, threads, log_severity_level=2) for name, path in paths.items()}
+    # Spinning off: the variants run back to back, and a pool left spinning by one would take a core from the next.
+    sessions = {name: cpu_session(path, threads, allow_spinning=False, log_severity_level=2) for name, path in paths.items()}
     outputs = {name: evaluate_outputs(s, model) for name, s in sessions.items()}
     samples = interleaved_samples({name: _bench_call(s, model.bench) for name, s in sessions.items()}, rounds)
     for row in rows:
