@@ -289,14 +289,14 @@ def test_fused_graph_candidates_run_attention_dynamic() -> None:
     assert isinstance(ladder, CandidateLadder) and ladder.steps[0].kept.keys() == {"attn_0", "down"}  # 'scores' is not in this graph
 
 
-def test_plain_candidates_come_after_static_and_dynamic_int8() -> None:
-    """The float-rewrite FP32 and ONNX Runtime's default plan follow the first graph's static int8 and its
-    int8-dynamic (both cheap; int8-dynamic is the fast plan of small transformers on VNNI hosts), ahead of
-    the ladders, whose sensitivity run costs the most."""
+def test_plain_candidates_come_early_the_cheap_one_first() -> None:
+    """The float-rewrite FP32 (no calibration) follows the first graph's static int8; ONNX Runtime's default plan
+    (its own calibration) follows that graph's int8-dynamic; both come before the ladders, whose sensitivity
+    run costs the most."""
     supported = [Precision.FP32, Precision.INT8, Precision.INT8_DYNAMIC]
     items = auto_candidates(plan(), GROUPS, RANKING, supported, max_kept=1, dynamic_plan=plan(precision=Precision.INT8_DYNAMIC))
     names = [item.name for item in _with_plain_candidates(items, plan(), supported)]
-    assert names == ["int8-static", "int8-dynamic", "fp32-rewritten", "int8-ort-default", "int8-static+dynamic", "int8-static+float",
+    assert names == ["int8-static", "fp32-rewritten", "int8-dynamic", "int8-ort-default", "int8-static+dynamic", "int8-static+float",
                      "int8-dynamic+float", "fp32"]
     static_only = auto_candidates(plan(), GROUPS, RANKING, [Precision.FP32, Precision.INT8], max_kept=1)
     assert [item.name for item in _with_plain_candidates(static_only, plan(), [Precision.FP32, Precision.INT8])] == [
