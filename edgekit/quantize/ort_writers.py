@@ -43,7 +43,31 @@ def preprocess(fp32_path: Path, out_path: Path) -> Path:
     except Exception as exc:  # symbolic shape inference fails on some graphs; plain shape inference still works
         log.info("symbolic shape inference failed (%s); pre-processing without it", exc)
         quant_pre_process(str(fp32_path), str(out_path), skip_symbolic_shape=True)
+    name_unnamed_nodes(out_path)
     return out_path
+
+
+def name_unnamed_nodes(path: Path) -> int:
+    """Give every node without a name a unique one (``<op type>_unnamed_<n>``), rewriting ``path`` when
+    any was nameless; returns how many. Plans keep, exclude and check nodes by name, so a nameless
+    MatMul/Conv (hand-appended decoding, some exporters) could be neither kept float nor checked:
+    PP-PicoDet's appended DFL MatMul failed auto's int8 build that way (a node named '')."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    taken = {node.name for node in model.graph.node}
+    renamed = 0
+    for node in model.graph.node:
+        if node.name:
+            continue
+        while f"{node.op_type}_unnamed_{renamed}" in taken:
+            renamed += 1
+        node.name = f"{node.op_type}_unnamed_{renamed}"
+        taken.add(node.name)
+        renamed += 1
+    if renamed:
+        onnx.save(model, str(path))
+    return renamed
 
 
 def quantizable_nodes(model_path: Path, op_types: tuple[str, ...]) -> list[str]:
