@@ -31,8 +31,11 @@ ladder is lazy) only when its ``base`` candidate was evaluated, failed the budge
 than the bar; otherwise the whole ladder is one ``skipped`` row saying why. A candidate listed with a
 ``not_worth`` reason (e.g. weight-only int4 on a graph whose MatMul/Gemm do almost none of the work) is
 skipped with it. With ``time_budget_s``, a candidate reached after the budget is spent, or whose
-expected cost (the median seconds of the candidates built so far; twice that for a ladder, which may
-first rank sensitivity) would overrun it, is skipped (FP32, the reference, never is). With
+expected cost would overrun it, is skipped (FP32, the reference, never is). The cost is expected by
+kind: a static int8 plan that runs its own calibration (a graph variant's first, ONNX Runtime's default
+plan) costs what the first candidate took; one that needs none (int8-dynamic, float, fp16, a ladder step
+on its base's ranges) the median of those built so far; a ladder, which may first rank sensitivity,
+twice that and at least what the first candidate took. With
 ``time_budget_multiple``, the budget is that multiple of the seconds spent up to the end of the first
 candidate (static int8: pre-processing, calibration, writing, evaluation, timing), so the search scales
 with the model's cost; an explicit ``time_budget_s`` is then an upper cap. The search ends when the list
@@ -64,6 +67,8 @@ log = logging.getLogger(__name__)
 #: Precision level of a node in a candidate, for dominance: higher = slower, more accurate.
 STATIC, DYNAMIC, FLOAT = 0, 1, 2
 EXPORTED = "exported"
+#: Cost kinds for the time budget: a candidate that runs its own calibration, one that needs none, a ladder.
+CALIBRATING, CHEAP, LADDER = "a calibrating candidate", "a candidate without calibration", "a ladder"
 
 
 class AccuracyLike(Protocol):
@@ -418,6 +423,9 @@ class _Search:
         self.time_budget_cap_s: float | None = None
         self.time_budget_multiple: float | None = None
         self.counts = {"built": 0, "evaluated": 0, "timed": 0}
+        self.costs: list[tuple[str, float]] = []  # (CALIBRATING | CHEAP, seconds) of each candidate built
+        self.calibrated: set[tuple[str, Any]] = set()  # (graph, calibrator) of the static int8 plans built
+        self.first_s: float | None = None  # seconds from the start of the search to the end of the first candidate
         self.graph_ratios: dict[str, float] = {}  # graph variant -> its FP32 model's latency ratio to the reference
         self.higher_is_better = True
         self._timer_takes_bar = _takes_keyword(time_models, "bar")
@@ -461,32 +469,59 @@ class _Search:
             else:
                 return
 
-    def _over_budget(self, cost_factor: float = 1.0) -> str | None:
-        """Why the next candidate is not tried for lack of time (None: try it): the budget is spent, or the
-        median cost of the candidates built so far (times ``cost_factor``) would overrun it."""
+    def _over_budget(self, candidate: Candidate | None = None, ladder: bool = False) -> str | None:
+        """Why the next candidate (or ladder) is not tried for lack of time (None: try it): the budget is spent,
+        or its expected cost (:meth:`expected_cost`) would overrun it."""
         if self.time_budget_s is None:
             return None
         elapsed = time.perf_counter() - self.started
         source = self._budget_source()
         if elapsed >= self.time_budget_s:
             return f"time budget spent ({elapsed:.1f} s of {self.time_budget_s:.1f} s: {source})"
-        costs = sorted(row.seconds for row in self.rows if row.status not in ("skipped",))
-        expected = costs[len(costs) // 2] * cost_factor if costs else 0.0
+        kind, expected = self.expected_cost(candidate, ladder=ladder)
         if elapsed + expected > self.time_budget_s:
-            return (f"time budget would overrun ({elapsed:.1f} s spent + about {expected:.1f} s expected > {self.time_budget_s:.1f} s: "
-                    f"{source})")
+            return (f"time budget would overrun ({elapsed:.1f} s spent + about {expected:.1f} s expected for {kind} > "
+                    f"{self.time_budget_s:.1f} s: {source})")
         return None
+
+    def calibrates(self, candidate: Candidate | None) -> bool:
+        """``candidate`` is a static int8 plan whose graph and calibrator no earlier candidate calibrated: it
+        pays for its own calibration (a graph variant's first static int8, ONNX Runtime's default plan).
+        int8-dynamic, float and fp16 candidates need none; a ladder step reuses its base's ranges."""
+        return (candidate is not None and candidate.precision is Precision.INT8 and candidate.plan is not None
+                and (candidate.graph, candidate.plan.calibrator) not in self.calibrated)
+
+    def expected_cost(self, candidate: Candidate | None, ladder: bool = False) -> tuple[str, float]:
+        """What ``candidate`` is expected to cost, by kind: one that calibrates, what the first candidate took
+        from the start of the search (static int8 with pre-processing: roughly a plain int8 build) or the
+        costliest calibrating candidate, whichever is more (ONNX Runtime's default plan, with its own
+        calibration, took 2.6-3.0 s on SegFormer where the cheap candidates took 0.3 s); any other (no
+        calibration), the median of the cheap ones built so far, or the cheapest candidate built when none was.
+        A ``ladder``'s steps reuse their base's calibration, but it may first rank sensitivity (a run per node
+        group: ResNet's took 0.64 s where its first candidate took 1.04 s): twice a cheap candidate, at least
+        what the first candidate took."""
+        calibrating = [seconds for kind, seconds in self.costs if kind == CALIBRATING]
+        cheap = sorted(seconds for kind, seconds in self.costs if kind == CHEAP)
+        if self.calibrates(candidate):
+            return CALIBRATING, max([*calibrating, self.first_s or 0.0])
+        expected = cheap[len(cheap) // 2] if cheap else min(calibrating, default=0.0)
+        if ladder:
+            return LADDER, max(2 * expected, self.first_s or 0.0)
+        return CHEAP, expected
 
     def _budget_source(self) -> str:
         if self.time_budget_multiple is not None and self.time_budget_s != self.time_budget_cap_s:
-            return f"{self.time_budget_multiple:g}x the first candidate's {self.time_budget_s / self.time_budget_multiple:.1f} s"
+            return f"{self.time_budget_multiple:g}x the first candidate's {self.first_s or 0.0:.1f} s"
         return f"quantization.auto_time_budget_s {self.time_budget_s:g} s"
 
     def _set_budget_from_first(self) -> None:
         """After the first candidate: the budget is ``time_budget_multiple`` x the seconds spent so far (capped)."""
-        if self.time_budget_multiple is None or len(self.rows) != 1:
+        if len(self.rows) != 1:
             return
-        scaled = self.time_budget_multiple * (time.perf_counter() - self.started)
+        self.first_s = time.perf_counter() - self.started
+        if self.time_budget_multiple is None:
+            return
+        scaled = self.time_budget_multiple * self.first_s
         self.time_budget_s = scaled if self.time_budget_cap_s is None else min(scaled, self.time_budget_cap_s)
 
     def _bar(self, candidate: Candidate) -> tuple[float, str] | None:
@@ -500,7 +535,7 @@ class _Search:
     def _ladder_skip(self, ladder: CandidateLadder) -> str | None:
         """Why ``ladder`` need not be tried (None: try it)."""
         base = ladder.base
-        over = self._over_budget(cost_factor=2.0)
+        over = self._over_budget(ladder=True)
         if over is not None:
             return over
         if base is None:
@@ -536,7 +571,7 @@ class _Search:
         started = time.perf_counter()
         floor = self._floor(candidate)
         bar = self._bar(candidate)
-        over = self._over_budget() if not is_reference(candidate) else None
+        over = self._over_budget(candidate) if not is_reference(candidate) else None
         if over is not None:
             return self._row(_result(candidate, "skipped", detail=over), started, candidate)
         if self.best is not None and floor is not None and floor[0] >= self.best_ratio * (1 - self.margin):
@@ -581,6 +616,10 @@ class _Search:
     def _row(self, row: CandidateResult, started: float, candidate: Candidate) -> str:
         row = replace(row, seconds=round(time.perf_counter() - started, 2))
         self.rows.append(row)
+        if row.status != "skipped":
+            self.costs.append((CALIBRATING if self.calibrates(candidate) else CHEAP, row.seconds))
+            if candidate.plan is not None and candidate.precision is Precision.INT8:
+                self.calibrated.add((candidate.graph, candidate.plan.calibrator))
         self._set_budget_from_first()
         if row.latency_ratio is not None:
             self.measured.append((candidate, row.latency_ratio))

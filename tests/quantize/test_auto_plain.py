@@ -17,7 +17,7 @@ import onnx
 
 from edgekit.evaluate.metrics import METRICS
 from edgekit.precision import Backend, Precision
-from edgekit.quantize.auto import Candidate
+from edgekit.quantize.auto import CALIBRATING, CHEAP, DYNAMIC, FLOAT, LADDER, STATIC, Candidate, _Search
 from edgekit.quantize.auto_ort import (
     FLOAT_REWRITES,
     FP32_REWRITTEN,
@@ -30,7 +30,7 @@ from edgekit.quantize.auto_ort import (
 from edgekit.quantize.gating import supported_precisions
 from edgekit.recipe import AccuracyBudget, QuantizationSpec
 from edgekit.target import get_target
-from tests.quantize.test_auto import Scripted, other, static
+from tests.quantize.test_auto import NODES, Scripted, other, plan, static
 from tests.quantize.test_cnn_folding import ppocr_block
 
 QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "ConvInteger", "MatMulInteger", "DynamicQuantizeLinear"}
@@ -146,6 +146,54 @@ def test_the_time_budget_is_a_multiple_of_the_first_candidate_and_skips_what_wou
     for name in ("c", "d"):
         assert rows[name].status == "skipped" and "time budget would overrun" in rows[name].detail and "2.5x the first candidate's" in rows[name].detail
     assert rows["fp32"].status == "skipped" and "cannot beat b" in rows["fp32"].detail  # the reference is never skipped for time
+
+
+class Costly(Scripted):
+    """Each build takes ``build_s[name]`` seconds (0 when not listed)."""
+
+    build_s: dict[str, float] = {}
+
+    def build(self, candidate: Candidate):  # type: ignore[no-untyped-def]
+        time.sleep(self.build_s.get(candidate.name, 0.0))
+        return super().build(candidate)
+
+
+def test_a_calibrating_candidate_is_expected_to_cost_a_plain_int8_build_and_the_others_what_the_cheap_ones_cost(tmp_path: Path) -> None:
+    engine = Costly(tmp_path, {"int8-static": 0.9, FP32_REWRITTEN: 1.0, "int8-dynamic": 0.9}, {"int8-static": 70, FP32_REWRITTEN: 95, "int8-dynamic": 80})
+    engine.build_s = {"int8-static": 0.2, FP32_REWRITTEN: 0.01}
+    search = _Search(engine.build, engine.evaluate, engine.time_models, engine.reference, {}, 0.05, True)
+    first = static("int8-static")
+    for candidate in (first, Candidate(FP32_REWRITTEN, Precision.FP32, None, FLOAT_REWRITES),
+                      Candidate("int8-dynamic", Precision.INT8_DYNAMIC, plan(), levels={n: DYNAMIC for n in NODES})):
+        search.process(candidate)
+    rows = {row.name: row for row in search.rows}
+    assert search.first_s is not None and search.first_s >= 0.2 and rows["int8-static"].seconds >= 0.2
+    ort_default = Candidate(INT8_ORT_DEFAULT, Precision.INT8, plan(calibrator="minmax"), ORT_DEFAULT)
+    ladder_step = static("int8-static+float-top1", {n: (FLOAT if i == 0 else STATIC) for i, n in enumerate(NODES)})
+    # its own calibration: at least a plain int8 build, not the median of the three candidates so far
+    assert search.expected_cost(ort_default) == (CALIBRATING, max(search.first_s, rows["int8-static"].seconds))
+    # no calibration (int8-dynamic, fp16, a ladder step reusing its base's ranges): the median of the cheap ones
+    cheap = sorted([rows[FP32_REWRITTEN].seconds, rows["int8-dynamic"].seconds])[1]
+    for candidate in (ladder_step, other("fp16", Precision.FP16), Candidate("t:int8-dynamic", Precision.INT8_DYNAMIC, plan(), "t")):
+        assert search.expected_cost(candidate) == (CHEAP, cheap)
+    # a ladder may rank sensitivity first: at least what the first candidate took
+    assert search.expected_cost(None, ladder=True) == (LADDER, max(2 * cheap, search.first_s))
+    assert search.calibrates(replace(first, graph="transformer-fusion"))  # another graph variant calibrates again
+    assert not search.calibrates(replace(first, plan=plan(calibrator=first.plan.calibrator)))
+
+
+def test_the_time_budget_tries_cheap_candidates_that_fit_and_skips_a_second_calibration(tmp_path: Path) -> None:
+    values = {"int8-static": 0.9, FP32_REWRITTEN: 0.995, "int8-dynamic": 0.995, INT8_ORT_DEFAULT: 0.995, "fp32": 1.0}
+    engine = Costly(tmp_path, values, {"int8-static": 70, FP32_REWRITTEN: 97, "int8-dynamic": 80, INT8_ORT_DEFAULT: 50})
+    engine.build_s = {"int8-static": 0.4, FP32_REWRITTEN: 0.01, "int8-dynamic": 0.01, INT8_ORT_DEFAULT: 0.4}
+    result = engine.search([static("int8-static"), Candidate(FP32_REWRITTEN, Precision.FP32, None, FLOAT_REWRITES),
+                            Candidate("int8-dynamic", Precision.INT8_DYNAMIC, plan(), levels={n: DYNAMIC for n in NODES}),
+                            Candidate(INT8_ORT_DEFAULT, Precision.INT8, plan(calibrator="minmax"), ORT_DEFAULT),
+                            other("fp32", Precision.FP32)], time_budget_multiple=2.0)
+    rows = {row.name: row for row in result.table}
+    # the old median rule expected ~0.01 s for ONNX Runtime's default plan and ran it over the budget (0.8 s + 0.4 s)
+    assert engine.built == ["int8-static", FP32_REWRITTEN, "int8-dynamic"] and result.chosen.name == "int8-dynamic"
+    assert rows[INT8_ORT_DEFAULT].status == "skipped" and f"expected for {CALIBRATING}" in rows[INT8_ORT_DEFAULT].detail
 
 
 def test_an_explicit_time_budget_caps_the_scaled_one(tmp_path: Path) -> None:
