@@ -98,13 +98,15 @@ def _consumers_and_initializers(graph: Any) -> tuple[dict[str, list[Any]], dict[
     return consumers, {init.name: init for init in graph.initializer}
 
 
-def stem_channels_last(model: Any) -> list[str]:
+def stem_channels_last(model: Any, leave: frozenset[str] | set[str] = frozenset()) -> list[str]:
     """Rewrite, in place, each float stem convolution (see :data:`STEM_MAX_REDUCTION`) whose output enters a
     quantized convolution chain (through Relu/Clip, then QuantizeLinear -> DequantizeLinear -> Conv) as
     ``Conv(one-hot patches) -> Transpose to NHWC -> Reshape [-1, K] -> Gemm(kernel, bias) -> Reshape NHWC ->
     Transpose to NCHW``: the same function of the input, computed channels-last. The last Transpose cancels
     against the one ONNX Runtime puts in front of its NHWC integer convolution. Returns the rewritten Conv
-    nodes; a stem with grouped channels, a dynamic output size, or a float consumer is left as it is."""
+    nodes; a stem with grouped channels, a dynamic output size, or a float consumer is left as it is, and so
+    are the convolutions named in ``leave`` (a mixed plan's dynamic int8 nodes, which are float here only until
+    the dynamic pass quantizes them by name)."""
     from onnx import helper, numpy_helper
 
     graph = model.graph
@@ -112,7 +114,7 @@ def stem_channels_last(model: Any) -> list[str]:
     consumers, initializers = _consumers_and_initializers(graph)
     rewritten: list[str] = []
     for node in list(graph.node):
-        if node.op_type != "Conv" or len(node.input) < 2 or node.input[1] not in initializers:
+        if node.op_type != "Conv" or node.name in leave or len(node.input) < 2 or node.input[1] not in initializers:
             continue
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         weight = numpy_helper.to_array(initializers[node.input[1]])

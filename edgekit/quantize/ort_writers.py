@@ -370,7 +370,9 @@ def write_static_qdq(fp32_path: Path, out_path: Path, plan: QuantizationPlan, ra
     if plan.channels_last_flatten:
         ort_layout.flatten_channels_last(quantizer.model.model)
     if plan.channels_last_stem:
-        ort_layout.stem_channels_last(quantizer.model.model)
+        ort_layout.stem_channels_last(quantizer.model.model, leave=set(plan.dynamic_nodes))
+    if plan.dynamic_nodes:
+        private_dynamic_inputs(quantizer.model.model, set(plan.dynamic_nodes))
     staged = _save(quantizer.model.model, out_path.with_name(out_path.stem + ".static.onnx"))
     if plan.dynamic_nodes:
         write_dynamic(staged, out_path, plan, nodes=list(plan.dynamic_nodes))
@@ -571,6 +573,37 @@ def dynamic_coverage_note(model_path: Path, plan: QuantizationPlan) -> str | Non
     what = "quantized nothing" if done == 0 else f"quantized {done} MatMul/Gemm node(s), {covered / total:.1%} of the weights"
     return (f"int8-dynamic {what}: {left} node(s) hold the rest and stay float, because {DYNAMIC_CONV_WHY}; "
             "for a convolutional model use int8 (static, calibrated)")
+
+
+def private_dynamic_inputs(model: Any, dynamic_nodes: set[str]) -> int:
+    """Give the ``dynamic_nodes`` that read an activation other nodes read too their own copy of it (one
+    ``Identity`` per tensor, shared by its dynamic readers; ONNX Runtime removes it at load), in place; returns
+    the copies made. ONNX Runtime's dynamic pass records the tensor a dynamic node reads as quantized and puts a
+    DequantizeLinear, writing that same tensor, in front of every other reader: in a static QDQ model that
+    tensor is already a DequantizeLinear's output (mobilenet-v2's reduce_1x1 output, read by the next
+    expand_1x1 and by the residual Add), and the model defined it twice."""
+    from onnx import helper
+
+    graph = model.graph
+    dynamic_readers: dict[str, list[Any]] = {}
+    shared = {output.name for output in graph.output}
+    for node in graph.node:
+        if node.name in dynamic_nodes and node.input:
+            dynamic_readers.setdefault(node.input[0], []).append(node)
+            shared.update(node.input[1:])
+        else:
+            shared.update(node.input)
+    copies = 0
+    for tensor, readers in dynamic_readers.items():
+        if tensor not in shared:
+            continue
+        private = f"{tensor}_dynamic_input"
+        first = min(list(graph.node).index(node) for node in readers)
+        graph.node.insert(first, helper.make_node("Identity", [tensor], [private], name=f"{readers[0].name}_dynamic_input"))
+        for node in readers:
+            node.input[0] = private
+        copies += 1
+    return copies
 
 
 def write_dynamic(fp32_path: Path, out_path: Path, plan: QuantizationPlan, nodes: list[str] | None = None) -> Path:
