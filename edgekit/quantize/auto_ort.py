@@ -139,7 +139,7 @@ class OrtCandidateBuilder:
             return built
         shared = built.path in self._graphs.values()  # a graph variant's FP32 model, which the writers read: keep it
         out = built.path.with_name(f"{built.path.stem}.no-shapes.onnx") if shared else built.path
-        return replace(built, path=without_shape_annotations(built.path, out))
+        return replace(built, path=ort_writers.without_shape_annotations(built.path, out))
 
     def _write(self, candidate: Candidate) -> BuiltCandidate:
         model = self.graph_model(candidate.graph)
@@ -202,21 +202,6 @@ class OrtCandidateBuilder:
                                         "so it is not offered as int4", hint="the int8 and FP32 candidates cover this model")
             return BuiltCandidate(ort_writers.write_int4(model, out, plan))
         raise QuantizationError(f"the ONNX Runtime candidate builder cannot write {candidate.precision.value}", hint="use a backend that builds it")
-
-
-def without_shape_annotations(path: Path, out_path: Path) -> Path:
-    """``path`` without the intermediate tensors' shapes (``graph.value_info``) that pre-processing's symbolic
-    shape inference wrote, saved to ``out_path`` (``path`` itself when it has none). ONNX Runtime infers them
-    again, and runs faster without them: on this host (AVX-512 VNNI, 2 threads) wav2vec2's pre-processed FP32
-    graph ran 1.22x the original and 0.97x stripped; the int8 candidates of YOLOS, SegFormer and wav2vec2
-    ran 5-10 % faster stripped."""
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=True)
-    if not len(model.graph.value_info):
-        return path
-    del model.graph.value_info[:]
-    return ort_writers._save(model, out_path)
 
 
 def write_ort_default_static(model_path: Path, out_path: Path, batches: Sequence[Mapping[str, np.ndarray]]) -> Path:

@@ -47,6 +47,21 @@ def preprocess(fp32_path: Path, out_path: Path) -> Path:
     return out_path
 
 
+def without_shape_annotations(path: Path, out_path: Path) -> Path:
+    """``path`` without the intermediate tensors' shapes (``graph.value_info``) that pre-processing's symbolic
+    shape inference wrote, saved to ``out_path`` (``path`` itself when it has none). ONNX Runtime infers them
+    again, and runs faster without them: on this host (AVX-512 VNNI, 2 threads) wav2vec2's pre-processed FP32
+    graph ran 1.22x the original and 0.97x stripped; the int8 and int8-dynamic bundles of YOLOS, SegFormer and
+    wav2vec2 ran 0.87-0.93x their annotated selves."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=True)
+    if not len(model.graph.value_info):
+        return path
+    del model.graph.value_info[:]
+    return _save(model, out_path)
+
+
 def name_unnamed_nodes(path: Path) -> int:
     """Give every node without a name a unique one (``<op type>_unnamed_<n>``), rewriting ``path`` when
     any was nameless; returns how many. Plans keep, exclude and check nodes by name, so a nameless
