@@ -487,9 +487,13 @@ class _Search:
     def calibrates(self, candidate: Candidate | None) -> bool:
         """``candidate`` is a static int8 plan whose graph and calibrator no earlier candidate calibrated: it
         pays for its own calibration (a graph variant's first static int8, ONNX Runtime's default plan).
-        int8-dynamic, float and fp16 candidates need none; a ladder step reuses its base's ranges."""
+        int8-dynamic, float and fp16 candidates need none; a ladder step reuses its base's ranges; nor does one
+        whose ranges the builder already holds (``build.has_ranges``: ONNX Runtime's default plan, its MinMax
+        ranges collected in the shared calibration's pass)."""
+        has_ranges = getattr(self.build, "has_ranges", None)
         return (candidate is not None and candidate.precision is Precision.INT8 and candidate.plan is not None
-                and (candidate.graph, candidate.plan.calibrator) not in self.calibrated)
+                and (candidate.graph, candidate.plan.calibrator) not in self.calibrated
+                and not (has_ranges is not None and has_ranges(candidate)))
 
     def expected_cost(self, candidate: Candidate | None, ladder: bool = False) -> tuple[str, float]:
         """What ``candidate`` is expected to cost, by kind: one that calibrates, what the first candidate took

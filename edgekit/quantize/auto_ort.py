@@ -35,7 +35,7 @@ from edgekit.engines.fusion import transformer_fusion
 from edgekit.engines.ort_session import cpu_session
 from edgekit.errors import QuantizationError
 from edgekit.precision import Backend, Precision
-from edgekit.quantize import channel_spread, cnn_folding, ort_layout, ort_writers
+from edgekit.quantize import channel_spread, cnn_folding, ort_default_ranges, ort_layout, ort_writers
 from edgekit.quantize.auto import (
     EXPORTED,
     AutoResult,
@@ -48,7 +48,7 @@ from edgekit.quantize.auto import (
     fallback_candidates,
     search_auto,
 )
-from edgekit.quantize.calibration import CalibrationCache, CalibratorSpec, TensorRange, calibrate
+from edgekit.quantize.calibration import CalibrationCache, CalibrationError, CalibratorSpec, TensorRange, calibrate
 from edgekit.quantize.node_groups import find_node_groups
 from edgekit.quantize.plan import INT8_OP_TYPES, QuantizationPlan, make_plan
 from edgekit.quantize.sensitivity import Metric, QuantizationSimulator, SensitivityReport, rank_groups
@@ -93,6 +93,10 @@ class OrtCandidateBuilder:
         #: Calibration runs over the data (cache misses) and cache hits, for the search's stats.
         self.calibration_passes = 0
         self.calibration_cache_hits = 0
+        #: Collect ONNX Runtime's default plan's MinMax ranges in the first calibration of its graph (auto sets
+        #: this when it lists int8-ort-default); they stay ``None`` until then, or when that came from the cache alone.
+        self.collect_ort_default = False
+        self.ort_default_ranges: dict[str, TensorRange] | None = None
 
     def graph_model(self, graph: str) -> Path | None:
         """The FP32 model of a graph variant (``None`` when the variant does not apply to this model)."""
@@ -127,11 +131,28 @@ class OrtCandidateBuilder:
         have = self._ranges.setdefault((graph, name), {})
         needed = [tensor for tensor in ort_writers.calibration_tensors(model, _int8_only(plan)) if tensor not in have]
         if needed:
-            result = calibrate(model, self.calibration_batches, self.calibrators[name], tensor_names=needed, cache=self.cache, work_dir=self.work_dir)
+            ort_default = self.collect_ort_default and self.ort_default_ranges is None and model == self._graphs.get(ORT_DEFAULT)
+            also = ort_default_ranges.minmax_tensors(model) if ort_default else []
+            try:
+                result = calibrate(model, self.calibration_batches, self.calibrators[name], tensor_names=needed, cache=self.cache,
+                                   work_dir=self.work_dir, also_minmax=also)
+            except CalibrationError as exc:  # a tensor only ONNX Runtime's plan reads cannot be observed: calibrate the plan's alone
+                if not also:
+                    raise
+                log.info("int8-ort-default's ranges not collected beside %s's calibration (%s): it calibrates on its own", graph, exc.message)
+                also = []
+                result = calibrate(model, self.calibration_batches, self.calibrators[name], tensor_names=needed, cache=self.cache, work_dir=self.work_dir)
             self.calibration_cache_hits += result.from_cache
             self.calibration_passes += not result.from_cache
             have.update(result.ranges)
+            if also and result.minmax is not None:
+                self.ort_default_ranges = result.minmax
         return have
+
+    def has_ranges(self, candidate: Candidate) -> bool:
+        """``candidate`` needs no calibration pass of its own: ONNX Runtime's default plan once its MinMax
+        ranges were collected beside an earlier calibration of the same graph (the search prices it as cheap)."""
+        return candidate.name == INT8_ORT_DEFAULT and self.ort_default_ranges is not None
 
     def __call__(self, candidate: Candidate) -> BuiltCandidate:
         built = self._write(candidate)
@@ -150,7 +171,10 @@ class OrtCandidateBuilder:
         if candidate.precision is Precision.FP32:
             return BuiltCandidate(model if candidate.graph != EXPORTED else self.fp32_path)
         if candidate.graph == ORT_DEFAULT and candidate.precision is Precision.INT8:
-            written = write_ort_default_static(model, out, self.calibration_batches)
+            if self.ort_default_ranges is not None:  # collected in the shared calibration's pass: no second one
+                written = ort_default_ranges.write_with_ranges(model, out, self.ort_default_ranges)
+            else:
+                written = write_ort_default_static(model, out, self.calibration_batches)
             if not ort_writers.quantized_ops(written):
                 raise QuantizationError(f"{candidate.name}: ONNX Runtime's quantize_static quantized nothing in this graph, so it is not an int8 plan",
                                         hint="the FP32 candidates cover this model")
@@ -518,6 +542,7 @@ def plan_auto_onnxruntime(
     exported_plan = make_plan(spec, target, backend, Precision.INT8)
     calibrators = dict(calibrators or auto_calibrators(spec, exported_plan))
     builder = OrtCandidateBuilder(fp32_path, work_dir, calibration_batches, calibrators, cache)
+    builder.collect_ort_default = True
     exported = builder.graph_model(EXPORTED) or Path(fp32_path)
     base = replace(auto_base_plan(spec, target, backend, exported), calibrator=next(iter(calibrators)))
     base = channel_spread.keep_wide_spread_convs_float(exported, base, calibration_batches)

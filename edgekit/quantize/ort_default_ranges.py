@@ -1,0 +1,74 @@
+"""ONNX Runtime's default static int8 plan (``quantize_static``: QDQ, per-channel int8 weights, uint8
+activations, MinMax) written from ranges edgekit already collected, instead of ONNX Runtime's own
+calibration pass over the batches.
+
+:func:`minmax_tensors` names the tensors ONNX Runtime's MinMax calibrator would observe on a model; auto
+collects their plain min/max in the same pass as its own calibration (``calibrate(also_minmax=...)``), and
+:func:`write_with_ranges` hands them to ``quantize_static`` as its calibration cache, so the quantizer,
+its pre-steps and its defaults are ONNX Runtime's own and only the pass over the data is saved.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from edgekit.errors import QuantizationError
+from edgekit.quantize.calibration import TensorRange
+
+
+def quantize_static_op_types() -> list[str]:
+    """The op types ``quantize_static`` quantizes and calibrates when given none (its QLinear and QDQ registries)."""
+    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+    return sorted(set(QLinearOpsRegistry) | set(QDQRegistry))
+
+
+def minmax_tensors(model_path: Path) -> list[str]:
+    """The float tensors ONNX Runtime's MinMax calibrator observes in ``quantize_static`` with its defaults:
+    every float/float16 input and output (not an initializer) of a node whose op type it quantizes, whose
+    type ONNX shape inference knows. Sorted, for a stable cache key."""
+    import onnx
+    from onnxruntime.quantization.quant_utils import load_model_with_shape_infer
+
+    model = load_model_with_shape_infer(Path(model_path))
+    typed = {value.name: value for value in (*model.graph.value_info, *model.graph.output, *model.graph.input)}
+    initializers = {tensor.name for tensor in model.graph.initializer}
+    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16}
+    ops = set(quantize_static_op_types())
+    names = set()
+    for node in model.graph.node:
+        if node.op_type not in ops:
+            continue
+        for name in (*node.input, *node.output):
+            value = typed.get(name)
+            if value is not None and value.type.HasField("tensor_type") and value.type.tensor_type.elem_type in floats and name not in initializers:
+                names.add(name)
+    return sorted(names)
+
+
+def write_with_ranges(model_path: Path, out_path: Path, ranges: Mapping[str, TensorRange]) -> Path:
+    """``quantize_static`` with its defaults on ``model_path``, its MinMax calibration replaced by ``ranges``
+    (every tensor of :func:`minmax_tensors`, plain min/max), passed as ONNX Runtime's calibration cache."""
+    import numpy as np
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.calibrate import TensorData, TensorsData, save_tensors_data
+
+    missing = sorted(set(minmax_tensors(model_path)) - set(ranges))
+    if missing:
+        raise QuantizationError(f"int8-ort-default: no MinMax range for {len(missing)} tensor(s) of {model_path}: {', '.join(missing[:5])}",
+                                hint="collect them with calibrate(also_minmax=minmax_tensors(model)) on this same model file")
+    data = TensorsData(CalibrationMethod.MinMax, {name: TensorData(lowest=np.array(r.min, dtype=np.float32), highest=np.array(r.max, dtype=np.float32))
+                                                  for name, r in ranges.items()})
+    with tempfile.TemporaryDirectory(prefix="edgekit-ort-ranges-", dir=Path(out_path).parent) as tmp:
+        cache = Path(tmp) / "ranges.json"
+        save_tensors_data(data, cache)
+        try:
+            quantize_static(str(model_path), str(out_path), None, quant_format=QuantFormat.QDQ, per_channel=True,
+                            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
+                            calibration_cache_path=str(cache))
+        except Exception as exc:
+            raise QuantizationError(f"ONNX Runtime's quantize_static failed on {model_path}: {type(exc).__name__}: {exc}",
+                                    hint="the edgekit int8 and FP32 candidates cover this model") from exc
+    return Path(out_path)
