@@ -118,3 +118,20 @@ def test_auto_writes_onnx_runtimes_default_plan_without_its_own_calibration(tmp_
     evaluation = batches(2, seed=5)
     for a, b in zip(outputs(result.model_path, evaluation), outputs(peer, evaluation), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_the_minmax_ranges_are_cached_beside_the_plans(tmp_path: Path) -> None:
+    from edgekit.quantize.calibration import CalibrationCache
+
+    fp32 = small_cnn(tmp_path / "fp32.onnx")
+    data, cache = batches(2, seed=1), CalibrationCache(tmp_path / "cache")
+    names = ort_default_ranges.minmax_tensors(fp32)
+    spec = CalibratorSpec.create("percentile")
+    first = calibrate(fp32, data, spec, tensor_names=["x", "r1"], cache=cache, work_dir=tmp_path, also_minmax=names)
+    again = calibrate(fp32, data, spec, tensor_names=["x", "r1"], cache=cache, work_dir=tmp_path, also_minmax=names)
+    assert not first.from_cache and again.from_cache and again.minmax == first.minmax and again.ranges == first.ranges
+    # an earlier build cached the plan's ranges alone: no min/max to reuse (int8-ort-default then calibrates itself)
+    other = CalibrationCache(tmp_path / "other")
+    plain = calibrate(fp32, data, spec, tensor_names=["r1"], cache=other, work_dir=tmp_path)
+    hit = calibrate(fp32, data, spec, tensor_names=["r1"], cache=other, work_dir=tmp_path, also_minmax=names)
+    assert not plain.from_cache and hit.from_cache and hit.minmax is None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edgekit.quantize.calibration.cache import CacheKey, CalibrationCache
@@ -47,7 +47,8 @@ def calibrate(
     model_path = Path(model_path)
     batches = list(batches)
     key = CacheKey.create(model_path, batches, calibrator, tensor_names)
-    minmax_key = CacheKey.create(model_path, batches, MINMAX, list(also_minmax)) if also_minmax else None
+    minmax_key = (replace(key, calibrator=MINMAX.method, options=tuple(sorted(MINMAX.options_json().items())), tensor_names=tuple(also_minmax))
+                  if also_minmax else None)  # the same model and data, hashed once
     if cache is not None:
         cached = cache.load(key)
         if cached is not None:
