@@ -133,6 +133,7 @@ class OrtCandidateBuilder:
         if needed:
             ort_default = self.collect_ort_default and self.ort_default_ranges is None and model == self._graphs.get(ORT_DEFAULT)
             also = ort_default_ranges.minmax_tensors(model) if ort_default else []
+            self.collect_ort_default = self.collect_ort_default and not ort_default  # one try: the first calibration of its graph
             try:
                 result = calibrate(model, self.calibration_batches, self.calibrators[name], tensor_names=needed, cache=self.cache,
                                    work_dir=self.work_dir, also_minmax=also)
