@@ -27,10 +27,11 @@ def _save(nodes: list, inits: list, outputs: list[tuple[str, list]], path: Path,
     return path
 
 
-def _conv(rng: np.random.Generator, name: str, cin: int, cout: int, k: int, inits: list, x: str, y: str) -> object:
-    inits.append(numpy_helper.from_array(rng.normal(0, 0.3, (cout, cin, k, k)).astype(np.float32), f"{name}_w"))
+def _conv(rng: np.random.Generator, name: str, cin: int, cout: int, k: int, inits: list, x: str, y: str, group: int = 1) -> object:
+    """A k x k Conv ("same" padding) with seeded weight and bias initializers appended to ``inits``."""
+    inits.append(numpy_helper.from_array(rng.normal(0, 0.3, (cout, cin // group, k, k)).astype(np.float32), f"{name}_w"))
     inits.append(numpy_helper.from_array(rng.normal(0, 0.2, cout).astype(np.float32), f"{name}_b"))
-    return helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [y], name=name, pads=[k // 2] * 4, kernel_shape=[k, k])
+    return helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [y], name=name, pads=[k // 2] * 4, kernel_shape=[k, k], group=group)
 
 
 def se_like(path: Path) -> Path:

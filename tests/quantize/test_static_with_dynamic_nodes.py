@@ -21,12 +21,7 @@ from edgekit.quantize.plan import make_plan
 from edgekit.quantize.stage import quantize_model
 from edgekit.recipe import QuantizationSpec
 from edgekit.target import get_target
-
-
-def _conv(rng: np.random.Generator, name: str, cin: int, cout: int, k: int, inits: list, x: str, y: str, group: int = 1) -> object:
-    inits.append(numpy_helper.from_array(rng.normal(0, 0.3, (cout, cin // group, k, k)).astype(np.float32), f"{name}_w"))
-    inits.append(numpy_helper.from_array(rng.normal(0, 0.2, cout).astype(np.float32), f"{name}_b"))
-    return helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [y], name=name, pads=[k // 2] * 4, kernel_shape=[k, k], group=group)
+from tests.quantize.test_cnn_int8 import _conv
 
 
 def mobilenet_like(path: Path) -> Path:
