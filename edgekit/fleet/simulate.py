@@ -76,6 +76,7 @@ class SimulationConfig:
     username: str | None = None
     password_file: Path | None = None
     window: int = 32
+    load: float | None = None  # a fixed load in [0.05, 1] instead of each device's daily cycle (tests that must not depend on the hour)
 
     def check(self) -> None:
         if isinstance(self.devices, bool) or not isinstance(self.devices, int) or not 1 <= self.devices <= 100_000:
@@ -85,6 +86,8 @@ class SimulationConfig:
                 f"rate must be > 0 and <= {MAX_RATE_PER_S:g} telemetry windows per second per device, got {self.rate_per_s!r}",
                 hint="e.g. --rate 0.1 for one 10 s window per device",
             )
+        if self.load is not None and not 0.05 <= self.load <= 1.0:
+            raise SimulationError(f"load must be from 0.05 to 1 (a share of full load), got {self.load!r}", hint="e.g. load=0.6, or None for the daily cycle")
         if not self.targets:
             raise SimulationError("no targets given", hint=f"e.g. --targets {','.join(DEFAULT_TARGETS)}")
         validate_id(self.fleet, "fleet id")
@@ -121,7 +124,7 @@ class FleetSimulator:
             self.agents[device] = VirtualAgent(
                 config.fleet, device, profile, send=self._sender(device), schedule=self.mux.schedule, bundle=bundle,
                 behaviours=config.behaviours, deploy_timing=config.deploy_timing,
-                verify_downloads=config.verify_downloads, interval_s=1.0 / config.rate_per_s, seed=config.seed * 100_003 + index,
+                verify_downloads=config.verify_downloads, interval_s=1.0 / config.rate_per_s, seed=config.seed * 100_003 + index, load=config.load,
             )  # fmt: skip
         self._started = False
 

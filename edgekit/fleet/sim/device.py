@@ -103,6 +103,7 @@ class VirtualAgent:
         interval_s: float = 10.0,
         seed: int | None = None,
         agent_version: str = SIM_AGENT_VERSION,
+        load: float | None = None,
     ) -> None:
         self.topics = DeviceTopics(fleet, device)
         self.profile = profile
@@ -113,6 +114,7 @@ class VirtualAgent:
         self.verify_downloads = verify_downloads
         self.interval_s = float(interval_s)
         self.agent_version = agent_version
+        self.load = load
         self.seq = 0
         self._send = send
         self._schedule = schedule
@@ -151,9 +153,9 @@ class VirtualAgent:
                           target=self.profile.target, synthetic=True)  # fmt: skip
 
     def utilisation(self, at: datetime) -> float:
-        """Load in [0.05, 1]: a daily cycle per device plus noise (synthetic)."""
+        """Load in [0.05, 1]: a daily cycle per device (or the fixed ``load``) plus noise (synthetic)."""
         day_s = at.timestamp() % 86400.0
-        wave = 0.55 + 0.3 * math.sin(2.0 * math.pi * day_s / 86400.0 + self._phase)
+        wave = self.load if self.load is not None else 0.55 + 0.3 * math.sin(2.0 * math.pi * day_s / 86400.0 + self._phase)
         return min(1.0, max(0.05, wave + self._rng.gauss(0.0, 0.05)))
 
     def sample(self, window_start: datetime, window_end: datetime) -> SyntheticWindow:

@@ -61,16 +61,17 @@ def test_slow_canary_is_rolled_back_and_the_rest_untouched(live_fleet, signed_bu
 
 
 def test_failing_inferences_on_canary_stop_the_rollout(live_fleet, signed_bundle, fleet_keys) -> None:
-    # the device's own watch tolerates 90% errors (so it keeps the bundle); the rollout allows 5%
+    # the device's own watch tolerates every error (so it keeps the bundle: its 0.3 s watch may see a single request,
+    # which fails 30% of the time); the rollout allows 5%
     artifact = prepare_bundle(signed_bundle("vision-flaky"), key=fleet_keys[1])
     fleet = live_fleet(devices=4, behaviours={artifact.bundle_id: BundleBehaviour(error_rate=0.3)},
-                       deploy_timing=DeployTiming(step_s=0.01, watch_s=0.3, max_error_rate=0.9))  # fmt: skip
+                       deploy_timing=DeployTiming(step_s=0.01, watch_s=0.3, max_error_rate=1.0))  # fmt: skip
 
     record = run_rollout(artifact, broker_url=fleet.broker.url, store_url=fleet.store_url,
                          devices=sorted(fleet.simulator.agents)[:2], policy=RolloutPolicy(canary="1", health_window_s=1.0,
                          deploy_timeout_s=10.0, poll_s=0.1, max_error_rate=0.05))  # fmt: skip
 
-    assert record.state == "rolled_back"
+    assert record.state == "rolled_back", record.reason
     assert "error rate" in record.reason and record.health["errors"] > 0
     assert fleet.simulator.bundles()[record.canary[0]] == "demo-v1"
 

@@ -146,6 +146,7 @@ def test_backlog_of_many_devices_is_all_acknowledged(mosquitto) -> None:  # noqa
     ({"rate_per_s": 0.0}, "rate must be > 0"),
     ({"targets": ("jetson-nano-9000",)}, "unknown target 'jetson-nano-9000'"),
     ({"fleet": "a/b"}, "fleet id 'a/b' contains '/'"),
+    ({"load": 0.0}, "load must be from 0.05 to 1"),
 ])  # fmt: skip
 def test_bad_configuration_is_refused_with_a_clear_message(options: dict, message: str) -> None:
     from edgekit.errors import EdgekitError
@@ -170,3 +171,19 @@ def test_bundle_behaviour_option_is_parsed_and_checked() -> None:
         parse_behaviour("v2:speed=2")
     with pytest.raises(SimulationError, match="has no ID:settings"):
         parse_behaviour("v2")
+
+
+def test_a_fixed_load_replaces_the_daily_cycle_at_every_hour() -> None:
+    import datetime as dt
+
+    from edgekit.fleet.sim.device import VirtualAgent
+    from edgekit.fleet.sim.profiles import profiles_for
+
+    def agent(load: float | None) -> VirtualAgent:
+        return VirtualAgent("sim", "d0", profiles_for(["x86-64-cpu"])[0], send=lambda *a: None, schedule=lambda *a: None, seed=1, load=load)
+
+    midnight = dt.datetime(2026, 11, 26, tzinfo=dt.timezone.utc)
+    hours = [midnight + dt.timedelta(hours=h) for h in range(24)]
+    cycled, fixed = agent(None), agent(0.6)
+    assert max(cycled.utilisation(t) for t in hours) - min(cycled.utilisation(t) for t in hours) > 0.3
+    assert all(0.4 < fixed.utilisation(t) < 0.8 for t in hours)  # 0.6 plus the per-window noise (sigma 0.05)
