@@ -4,17 +4,24 @@ pinned (page-locked) host buffers, asynchronous copies and CUDA graph capture.
 It knows nothing of TensorRT, so it can be tested on any NVIDIA GPU with pycuda alone. pycuda has no
 type stubs: its driver module is ``Any`` at this boundary, and everything this module returns is typed.
 pycuda is imported when a device is opened, never at module import.
+
+pycuda (up to 2026.1 at least) wraps no stream capture or CUDA graph call, so capture goes straight to the
+driver API in ``libcuda.so.1`` through ctypes (:class:`_DriverGraphApi`), on the streams pycuda made.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import numpy as np
 
+from edgekit_runtime.tensorrt_engines.errors import CudaUnavailableError
 from edgekit_runtime.tensorrt_engines.version import import_pycuda_driver, no_cuda_device
 
 logger = logging.getLogger(__name__)
@@ -30,14 +37,102 @@ class CudaDeviceInfo:
     multiprocessors: int
 
 
+#: CU_STREAM_CAPTURE_MODE_GLOBAL (cuda.h): while a stream captures, no thread may make an unsafe call
+#: (such as a synchronous allocation) that would invalidate it.
+_CAPTURE_MODE_GLOBAL = 0
+_LIBCUDA = "libcuda.so.1"
+
+
+class _DriverGraphApi:
+    """The CUDA driver's stream-capture and graph calls (CUDA 11.4+), each checked for its CUresult."""
+
+    def __init__(self, library: Any) -> None:
+        self._lib = library
+        handle, pointer = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
+        signatures: dict[str, list[Any]] = {
+            "cuStreamBeginCapture_v2": [handle, ctypes.c_int],
+            "cuStreamEndCapture": [handle, pointer],
+            "cuGraphInstantiateWithFlags": [pointer, handle, ctypes.c_ulonglong],
+            "cuGraphLaunch": [handle, handle],
+            "cuGraphDestroy": [handle],
+            "cuGraphExecDestroy": [handle],
+            "cuGetErrorName": [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)],
+        }
+        for name, argtypes in signatures.items():
+            function = getattr(library, name)
+            function.argtypes, function.restype = argtypes, ctypes.c_int
+
+    def begin_capture(self, stream_handle: int) -> None:
+        self._check("cuStreamBeginCapture_v2", ctypes.c_void_p(stream_handle), _CAPTURE_MODE_GLOBAL)
+
+    def end_capture_and_instantiate(self, stream_handle: int) -> int:
+        """End the capture on the stream and return the executable graph's handle (the graph is freed)."""
+        graph, executable = ctypes.c_void_p(), ctypes.c_void_p()
+        self._check("cuStreamEndCapture", ctypes.c_void_p(stream_handle), ctypes.byref(graph))
+        try:
+            self._check("cuGraphInstantiateWithFlags", ctypes.byref(executable), graph, 0)
+        finally:
+            self._check("cuGraphDestroy", graph)
+        return int(executable.value or 0)
+
+    def launch(self, executable: int, stream_handle: int) -> None:
+        self._check("cuGraphLaunch", ctypes.c_void_p(executable), ctypes.c_void_p(stream_handle))
+
+    def destroy(self, executable: int) -> None:
+        self._check("cuGraphExecDestroy", ctypes.c_void_p(executable))
+
+    def _check(self, name: str, *args: Any) -> None:
+        result = int(getattr(self._lib, name)(*args))
+        if result != 0:
+            raise CudaUnavailableError(
+                f"CUDA driver call {name} failed: {self._error_name(result)} ({result})",
+                hint="a stream being captured must not be synchronised or used with the legacy default stream; "
+                "check `nvidia-smi` and that the driver supports CUDA 11.4 or newer",
+            )
+
+    def _error_name(self, result: int) -> str:
+        name = ctypes.c_char_p()
+        if self._lib.cuGetErrorName(result, ctypes.byref(name)) != 0 or name.value is None:
+            return "unknown CUresult"
+        return name.value.decode("ascii", "replace")
+
+
+@functools.cache
+def _driver_graph_api() -> _DriverGraphApi:
+    return _load_driver_graph_api(ctypes.CDLL)  # pycuda has loaded libcuda already: CDLL returns the same library
+
+
+def _load_driver_graph_api(load: Callable[[str], Any]) -> _DriverGraphApi:
+    try:
+        library = load(_LIBCUDA)
+    except OSError as err:
+        raise no_cuda_device(f"{_LIBCUDA} cannot be loaded for CUDA graphs ({err})") from err
+    try:
+        return _DriverGraphApi(library)
+    except AttributeError as err:
+        raise CudaUnavailableError(
+            f"{_LIBCUDA} lacks a stream-capture or graph call ({err})",
+            hint="CUDA graphs need a driver for CUDA 11.4 or newer; run without cuda_graphs",
+        ) from err
+
+
 class CudaGraph:
     """An instantiated CUDA graph captured from a stream; :meth:`launch` replays it on a stream."""
 
-    def __init__(self, executable: Any) -> None:
-        self._executable = executable
+    def __init__(self, api: _DriverGraphApi, executable: int) -> None:
+        self._api = api
+        self._executable: int | None = executable
 
     def launch(self, stream: CudaStream) -> None:
-        self._executable.launch(stream.raw)
+        if self._executable is None:
+            raise ValueError("the CUDA graph was freed; capture it again")
+        self._api.launch(self._executable, stream.handle)
+
+    def free(self) -> None:
+        """Destroy the executable graph (while its context is current); launching it afterwards fails."""
+        if self._executable is not None:
+            executable, self._executable = self._executable, None
+            self._api.destroy(executable)
 
 
 class CudaStream:
@@ -55,10 +150,12 @@ class CudaStream:
         self.raw.synchronize()
 
     def begin_capture(self) -> None:
-        self.raw.begin_capture()
+        """Record what is queued on this stream from now on, instead of running it, until :meth:`end_capture`."""
+        _driver_graph_api().begin_capture(self.handle)
 
     def end_capture(self) -> CudaGraph:
-        return CudaGraph(self.raw.end_capture().instantiate())
+        api = _driver_graph_api()
+        return CudaGraph(api, api.end_capture_and_instantiate(self.handle))
 
 
 class DeviceBuffer:

@@ -211,6 +211,8 @@ class TensorRTRunner(Runner):
                 self._graph = None
 
     def _close_impl(self) -> None:
+        if self._graph is not None:
+            self._graph.free()
         for buffers in self._buffers.values():
             buffers.free()
         self._buffers, self._contexts, self._graph, self._stream, self._calls = {}, [], None, None, 0
