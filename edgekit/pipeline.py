@@ -256,8 +256,10 @@ def stage_parity(state: BuildState) -> str | None:
     return f"parity max abs diff {parity.max_abs_diff:.2e}, cosine min {parity.cosine_min:.6f}"
 
 
-def stage_auto(state: BuildState) -> str:
-    """``--precision auto``: search, then carry on with the chosen plan's model and precision."""
+def stage_auto(state: BuildState, fixed_s: float = 0.0) -> str:
+    """``--precision auto``: search, then carry on with the chosen plan's model and precision. ``fixed_s``: the
+    seconds of the stages before it, which a plain int8 build spends too (the search's budget is a multiple of
+    that build)."""
     from edgekit.quantize.stage import search_auto_precision
 
     recipe = state.recipe
@@ -269,7 +271,7 @@ def stage_auto(state: BuildState) -> str:
         calibration = run_batches(recipe, state.reference, state.calibration)[0]
     quantized, result = search_auto_precision(
         state.fp32_path, state.workdir / "auto-chosen.onnx", recipe, state.target, state.backend,
-        calibration, state.evaluation, feeds, state.workdir, state.threads,
+        calibration, state.evaluation, feeds, state.workdir, state.threads, fixed_s=fixed_s,
     )
     chosen = result.chosen.precision
     # FP32/FP16 choices go through the engine builder from the FP32 export, like an explicit fp16 build; the
@@ -470,7 +472,7 @@ def build(
             _note(progress, stage_parity(state))
         if state.auto:
             with progress.stage("auto", "sensitivity + fastest plan inside the budget"):
-                _note(progress, stage_auto(state))
+                _note(progress, stage_auto(state, fixed_s=sum(float(entry["seconds"]) for entry in progress.times.entries)))
         elif state.precision not in UNQUANTIZED:
             with progress.stage("quantize", state.precision.value):
                 _note(progress, stage_quantize(state))

@@ -35,7 +35,7 @@ from edgekit.engines.fusion import transformer_fusion
 from edgekit.engines.ort_session import cpu_session
 from edgekit.errors import QuantizationError
 from edgekit.precision import Backend, Precision
-from edgekit.quantize import channel_spread, cnn_folding, ort_default_ranges, ort_layout, ort_writers
+from edgekit.quantize import channel_spread, cnn_folding, ort_default_ranges, ort_layout, ort_writers, thin_convs
 from edgekit.quantize.auto import (
     EXPORTED,
     AutoResult,
@@ -64,9 +64,11 @@ FLOAT_REWRITES = "float-rewrites"
 ORT_DEFAULT = "ort-default"
 FP32_REWRITTEN = "fp32-rewritten"
 INT8_ORT_DEFAULT = "int8-ort-default"
-#: ``--precision auto`` spends at most this multiple of its first candidate's seconds (the plain static int8
-#: build, evaluated and timed), so that a whole auto build stays within 3x a plain int8 build.
-AUTO_TIME_BUDGET_MULTIPLE = 2.0
+#: ``--precision auto`` keeps the whole build within this multiple of a plain int8 build, estimated as the
+#: pipeline's stages before the search plus the search's first candidate (the plain static int8 plan) built and
+#: evaluated, its timing left out (:meth:`edgekit.quantize.auto._Search.search_budget`). 2.5, not the 3x that
+#: issue 17 allows: the estimate is off by the host's noise (shared 2-core host: the same build 1.3x apart).
+AUTO_TIME_BUDGET_MULTIPLE = 2.5
 
 
 # ---------------------------------------------------------------- builder
@@ -93,6 +95,9 @@ class OrtCandidateBuilder:
         #: Calibration runs over the data (cache misses) and cache hits, for the search's stats.
         self.calibration_passes = 0
         self.calibration_cache_hits = 0
+        #: What the calibrations found in the cache took when they ran: a plain int8 build pays them (the search's
+        #: time budget counts them, see :attr:`edgekit.quantize.auto._Search.plain_s`).
+        self.cached_calibration_s = 0.0
         #: Collect ONNX Runtime's default plan's MinMax ranges in the first calibration of its graph (auto sets
         #: this when it lists int8-ort-default); they stay ``None`` until then, or when that came from the cache alone.
         self.collect_ort_default = False
@@ -145,6 +150,7 @@ class OrtCandidateBuilder:
                 result = calibrate(model, self.calibration_batches, self.calibrators[name], tensor_names=needed, cache=self.cache, work_dir=self.work_dir)
             self.calibration_cache_hits += result.from_cache
             self.calibration_passes += not result.from_cache
+            self.cached_calibration_s += result.seconds if result.from_cache else 0.0
             have.update(result.ranges)
             if also and result.minmax is not None:
                 self.ort_default_ranges = result.minmax
@@ -302,7 +308,7 @@ class OrtInterleavedTimer:
     the candidate is decisively over it (:meth:`_decisively_over`): it is rejected anyway."""
 
     def __init__(self, feeds: Mapping[str, np.ndarray], *, threads: int | None = None, rounds: int = 11, warmup: int = 2,
-                 min_seconds: float = 0.4, max_rounds: int = 200, graph_optimization: str = "all", keep_loaded: Sequence[Path] = (),
+                 min_seconds: float = 0.1, max_rounds: int = 200, graph_optimization: str = "all", keep_loaded: Sequence[Path] = (),
                  min_rounds: int = 5, stop_margin: float = 0.15) -> None:
         if rounds < 1 or max_rounds < rounds:
             raise QuantizationError(f"the timer needs 1 <= rounds <= max_rounds, got rounds={rounds}, max_rounds={max_rounds}")
@@ -525,6 +531,7 @@ def plan_auto_onnxruntime(
     time_budget_s: float | None = None,
     bench_feeds: Mapping[str, np.ndarray] | None = None,
     time_budget_multiple: float | None = AUTO_TIME_BUDGET_MULTIPLE,
+    fixed_s: float = 0.0,
 ) -> AutoResult:
     """End to end on ONNX Runtime: list candidates for each graph variant that applies (fused variants
     first: expected faster), and run :func:`search_auto` with ``evaluate`` and ``time_models``.
@@ -537,8 +544,9 @@ def plan_auto_onnxruntime(
     FP32 candidate comes right after static int8, ONNX Runtime's default plan after int8-dynamic, so that their latency
     prunes what follows. int8-dynamic and int4 touch only MatMul/Gemm: when those do under
     ``MATMUL_WORK_FLOOR`` of the graph's work (at ``bench_feeds``' shapes), they are skipped.
-    ``time_budget_multiple``: the search spends at most that multiple of what its first candidate (the
-    plain static int8 build, evaluated and timed) took; ``time_budget_s`` caps the whole call."""
+    ``time_budget_multiple``: the build stays within that multiple of a plain int8 build (estimated from
+    ``fixed_s``, the seconds the build spent before this call, and the first candidate, the plain static int8
+    plan, built and evaluated); ``time_budget_s`` caps the whole call."""
     started = time.perf_counter()
     exported_plan = make_plan(spec, target, backend, Precision.INT8)
     calibrators = dict(calibrators or auto_calibrators(spec, exported_plan))
@@ -586,10 +594,13 @@ def plan_auto_onnxruntime(
             notes += (f"graph variant {graph}: fused {builder.fusion_stats}",)
     candidates += [_bounded(item, bound) for item in fallback_candidates(supported, int4_plan)]
     candidates = _with_plain_candidates(candidates, base, supported)
+    if backend is Backend.ONNXRUNTIME and _cpu_first(target, backend):  # its case is ONNX Runtime's CPU kernels (NCHWc float Conv)
+        candidates = _with_thin_conv_candidates(candidates, base, exported)
     result = search_auto(candidates, build=builder, evaluate=evaluate, time_models=time_models, reference=Path(fp32_path),
                          graph_references=references, sensitivity=None, noise_margin=noise_margin,
                          higher_is_better=metric.higher_is_better, metric_name=metric.name, budget_text=budget_text, notes=notes,
-                         time_budget_s=time_budget_s, started=started, time_budget_multiple=time_budget_multiple)
+                         time_budget_s=time_budget_s, started=started, time_budget_multiple=time_budget_multiple,
+                         fixed_s=fixed_s)
     report = ranked[0] if ranked else None
     if result.chosen.name == FP32_REWRITTEN:
         counts = builder.fold_counts.note() if builder.fold_counts is not None else None
@@ -621,6 +632,26 @@ def _with_plain_candidates(listed: list[Candidate | CandidateLadder], base: Quan
             at += 1
         out.insert(at, Candidate(INT8_ORT_DEFAULT, Precision.INT8, ort_default_plan(base), ORT_DEFAULT))
     return out
+
+
+def _with_thin_conv_candidates(listed: list[Candidate | CandidateLadder], base: QuantizationPlan,
+                               exported: Path) -> list[Candidate | CandidateLadder]:
+    """``listed`` with :mod:`edgekit.quantize.thin_convs`' plans (a separable CNN's convolutions under each of
+    its thresholds of multiply-adds per output element, and its HardSigmoid-gated Muls, float) right after the
+    float-rewrite FP32 candidate, when ``listed`` has a static int8 candidate on the exported graph. They reuse
+    its calibration, so they are priced as cheap candidates; PaddleClas' orientation classifier, in the
+    corpus: chosen at 0.65x FP32 (top-1 1.0) where static int8 ran 1.01x with top-1 0.979."""
+    if not any(isinstance(item, Candidate) and item.precision is Precision.INT8 and item.graph == EXPORTED for item in listed):
+        return listed
+    added: list[Candidate] = []
+    for min_macs in thin_convs.THRESHOLDS:
+        plan = thin_convs.keep_thin_convs_float(exported, base, min_macs)
+        if plan is base or any(plan.excluded == other.plan.excluded for other in added if other.plan is not None):
+            continue
+        kept = {name: why for name, why in plan.excluded.items() if name not in base.excluded}
+        added.append(Candidate(thin_convs.candidate_name(min_macs), Precision.INT8, plan, EXPORTED, kept))
+    at = next((i + 1 for i, item in enumerate(listed) if isinstance(item, Candidate) and item.name == FP32_REWRITTEN), len(listed))
+    return [*listed[:at], *added, *listed[at:]]
 
 
 #: Sensitivity analysis runs the switch model once per group (plus two) on each batch; past this many

@@ -160,9 +160,11 @@ def copy_calibration(model: QuantizedModel, bundle_dir: Path) -> str | None:
 
 def search_auto_precision(fp32_path: Path, out_path: Path, recipe: Any, target: TargetProfile, backend: Backend,
                           calibration_batches: list[dict[str, np.ndarray]], evaluation_batches: list[dict[str, np.ndarray]],
-                          bench_feeds: dict[str, np.ndarray], workdir: Path, threads: int) -> tuple[QuantizedModel, Any]:
+                          bench_feeds: dict[str, np.ndarray], workdir: Path, threads: int, fixed_s: float = 0.0) -> tuple[QuantizedModel, Any]:
     """``--precision auto``: the fastest plan this target supports that meets the recipe's budget (see
-    :mod:`edgekit.quantize.auto`). Writes the chosen model to ``out_path``; returns it and the search result."""
+    :mod:`edgekit.quantize.auto`). Writes the chosen model to ``out_path``; returns it and the search result.
+    ``fixed_s``: the seconds the build spent before the search, which a plain int8 build spends too (the
+    search's time budget is a multiple of that build)."""
     from edgekit.quantize.auto_ort import OrtInterleavedTimer, RecipeEvaluator, plan_auto_onnxruntime, recipe_metric_spec
     from edgekit.quantize.calibration import CalibrationCache
     from edgekit.quantize.gating import supported_precisions
@@ -187,7 +189,7 @@ def search_auto_precision(fp32_path: Path, out_path: Path, recipe: Any, target: 
         supported=supported_precisions(target, backend), calibration_batches=calibration_batches, evaluation_batches=evaluation_batches,
         metric=recipe_metric_spec(recipe), evaluate=evaluator, time_models=timer,
         cache=CalibrationCache(default_cache_dir()), threads=threads, time_budget_s=recipe.build.quantization.auto_time_budget_s,
-        bench_feeds=bench_feeds,
+        bench_feeds=bench_feeds, fixed_s=fixed_s,
     )
     shutil.copyfile(result.model_path, out_path)
     plan = result.plan if result.chosen.precision in WRITTEN else None

@@ -37,6 +37,43 @@ def test_a_faster_plan_is_still_chosen(tmp_path: Path) -> None:
     assert result.chosen.name == "static" and {row.name: row.status for row in result.table}["fp32"] == "skipped"
 
 
+class Retimed(Scripted):
+    """The candidate's latency changes between calls: ``timings[name]`` is consumed one value per timing call."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.timings: dict[str, list[float]] = {}
+
+    def time_models(self, paths):  # type: ignore[no-untyped-def]
+        out = []
+        for path in paths:
+            name = path.read_bytes().decode() if path != self.reference else None
+            out.append(100.0 if name is None else self.timings[name].pop(0) if self.timings.get(name) else self.latency_ms[name])
+        return out
+
+
+def test_a_choice_within_the_noise_margin_of_fp32_is_re_timed_and_loses_to_fp32_unless_faster_again(tmp_path: Path) -> None:
+    """0.98x FP32 in one interleaved call is within this host's noise (identical files 0.80-1.58x): re-timed at 1.01x,
+    FP32 is chosen; re-timed at 0.97x, the candidate stays chosen. 0.90x (outside the 5 % margin) is not re-timed."""
+    engine = Retimed(tmp_path, {"static": 0.995, "fp32": 1.0}, {"static": 98})
+    engine.timings = {"static": [98.0, 101.0]}
+    result = engine.search([static("static"), other("fp32", Precision.FP32)])
+    rows = {row.name: row for row in result.table}
+    assert result.chosen.name == "fp32" and rows["fp32"].status == "chosen" and [r.name for r in result.table] == ["static", "fp32"]
+    assert rows["static"].status == "slower" and "re-timed beside FP32: 1.010x: not faster than FP32 twice" in rows["static"].detail
+    assert result.stats["confirmation_timed"] == 1
+
+    engine = Retimed(tmp_path, {"static": 0.995, "fp32": 1.0}, {"static": 98})
+    engine.timings = {"static": [98.0, 97.0]}
+    result = engine.search([static("static"), other("fp32", Precision.FP32)])
+    assert result.chosen.name == "static" and "re-timed beside FP32: 0.970x, faster again" in result.chosen_result.detail
+
+    engine = Retimed(tmp_path, {"static": 0.995, "fp32": 1.0}, {"static": 90})
+    engine.timings = {"static": [90.0, 200.0]}
+    result = engine.search([static("static"), other("fp32", Precision.FP32)])
+    assert result.chosen.name == "static" and "confirmation_timed" not in result.stats
+
+
 def test_an_int8_dynamic_candidate_that_quantized_nothing_is_an_error_row(tmp_path: Path) -> None:
     """A conv-only graph: ONNX Runtime's dynamic quantizer leaves it unchanged; the builder refuses to call
     that an int8-dynamic plan and names why."""

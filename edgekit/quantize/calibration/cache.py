@@ -112,14 +112,25 @@ class CalibrationCache:
             log.warning("ignoring calibration cache %s (%s); the ranges will be recomputed", path, str(exc).splitlines()[0])
             return None
 
-    def save(self, key: CacheKey, ranges: Mapping[str, TensorRange]) -> Path:
-        """Write ``ranges`` for ``key`` atomically; returns the file's path (the pipeline bundles it)."""
+    def recorded_seconds(self, key: CacheKey) -> float | None:
+        """The seconds the calibration pass behind ``key``'s ranges took when it ran (``None``: not recorded)."""
+        try:
+            seconds = json.loads(self.path_for(key).read_text(encoding="utf-8")).get("seconds")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            return None
+        return float(seconds) if isinstance(seconds, (int, float)) and seconds >= 0 else None
+
+    def save(self, key: CacheKey, ranges: Mapping[str, TensorRange], seconds: float | None = None) -> Path:
+        """Write ``ranges`` for ``key`` atomically; returns the file's path (the pipeline bundles it). ``seconds``:
+        what the calibration pass took, recorded so that a later build reusing the ranges knows what they cost."""
         path = self.path_for(key)
-        document = {
+        document: dict[str, object] = {
             "format": CACHE_FORMAT,
             "key": key.to_json(),
             "ranges": {name: value.to_json() for name, value in ranges.items()},
         }
+        if seconds is not None:
+            document["seconds"] = round(seconds, 3)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             handle, temporary = tempfile.mkstemp(prefix=".calibration-", suffix=".tmp", dir=self.directory)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,6 +26,9 @@ class CalibrationResult:
     #: Plain running min/max of the ``also_minmax`` tensors, from the same pass (``None`` when not asked for,
     #: or when the ranges came from the cache and these were not cached beside them).
     minmax: dict[str, TensorRange] | None = None
+    #: Seconds the calibration pass took; for ranges from the cache, what it took when it ran (0: not recorded).
+    #: ``--precision auto`` counts them in its estimate of a plain int8 build, which calibrates.
+    seconds: float = 0.0
 
 
 def calibrate(
@@ -53,11 +57,14 @@ def calibrate(
         cached = cache.load(key)
         if cached is not None:
             log.info("calibration ranges for %s reused from %s", model_path.name, cache.path_for(key))
-            return CalibrationResult(cached, key, True, cache.path_for(key), cache.load(minmax_key) if minmax_key else None)
+            return CalibrationResult(cached, key, True, cache.path_for(key), cache.load(minmax_key) if minmax_key else None,
+                                     cache.recorded_seconds(key) or 0.0)
+    started = time.perf_counter()
     if not also_minmax:
         ranges = collect_activations(model_path, tensor_names, batches, calibrator, work_dir=work_dir)
-        cache_path = cache.save(key, ranges) if cache is not None else None
-        return CalibrationResult(ranges, key, False, cache_path)
+        seconds = time.perf_counter() - started
+        cache_path = cache.save(key, ranges, seconds) if cache is not None else None
+        return CalibrationResult(ranges, key, False, cache_path, seconds=seconds)
     names = list(tensor_names) if tensor_names is not None else None
     if names is None:
         from edgekit.quantize.calibration.collect import default_activation_tensors
@@ -77,10 +84,11 @@ def calibrate(
     collected = collect_activations(model_path, list(dict.fromkeys([*names, *also_minmax])), batches, observers, work_dir=work_dir)  # type: ignore[arg-type]
     ranges = {name: collected[name] for name in names}
     minmax = {name: minmax_observers[name].compute() for name in dict.fromkeys(also_minmax)}
-    cache_path = cache.save(key, ranges) if cache is not None else None
+    seconds = time.perf_counter() - started
+    cache_path = cache.save(key, ranges, seconds) if cache is not None else None
     if cache is not None and minmax_key is not None:
         cache.save(minmax_key, minmax)
-    return CalibrationResult(ranges, key, False, cache_path, minmax)
+    return CalibrationResult(ranges, key, False, cache_path, minmax, seconds)
 
 
 #: The calibrator of ``also_minmax``: running min and max, asymmetric (ONNX Runtime's MinMax default).

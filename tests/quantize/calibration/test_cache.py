@@ -129,3 +129,21 @@ def test_unwritable_cache_and_unhashable_data_are_errors(tmp_path: Path) -> None
         hash_calibration_data([{"x": np.array([object()])}])
     with pytest.raises(CalibrationError, match="calibration batch 1 is a tuple"):
         hash_calibration_data([{"x": np.zeros(1)}, ()])
+
+
+def test_the_cache_records_what_the_calibration_pass_took_and_a_reuse_reports_it(tmp_path: Path, mlp_path: Path,
+                                                                                  mlp_batches: list[dict[str, np.ndarray]]) -> None:
+    """``--precision auto`` estimates a plain int8 build, which calibrates; when its ranges come from an earlier
+    build's cache it counts what that calibration took, recorded in the cache file."""
+    cache = CalibrationCache(tmp_path / "cache")
+    first = calibrate(mlp_path, mlp_batches, ENTROPY, cache=cache)
+    assert not first.from_cache and first.seconds > 0
+    assert cache.recorded_seconds(first.key) == pytest.approx(first.seconds, abs=1e-3)
+    again = calibrate(mlp_path, mlp_batches, ENTROPY, cache=cache)
+    assert again.from_cache and again.ranges == first.ranges and again.seconds == pytest.approx(first.seconds, abs=1e-3)
+    # a cache file written before the seconds were recorded: the ranges are reused, their cost is unknown (0)
+    stored = json.loads(first.cache_path.read_text())
+    del stored["seconds"]
+    first.cache_path.write_text(json.dumps(stored))
+    older = calibrate(mlp_path, mlp_batches, ENTROPY, cache=cache)
+    assert older.from_cache and older.ranges == first.ranges and older.seconds == 0.0 and cache.recorded_seconds(first.key) is None
