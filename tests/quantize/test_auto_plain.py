@@ -6,6 +6,7 @@ runs on a small PP-OCR-like block; latencies are scripted per file, so the choic
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -173,6 +174,43 @@ def test_the_time_budget_is_a_multiple_of_a_plain_int8_build_without_the_first_c
                             other("fp32", Precision.FP32)], time_budget_multiple=2.5)
     plain = result.stats["plain_int8_estimate_s"]
     assert engine.built == ["a"] and result.chosen.name == "a" and abs(result.stats["time_budget_s"] - (2.5 * plain - engine.evaluate_s)) < 0.1
+
+
+def test_the_real_search_estimates_a_plain_int8_build_without_timing_and_with_the_calibration_it_found_cached(tmp_path: Path) -> None:
+    """The real builder, evaluator and interleaved timer on a PP-OCR-like block, with the default multiple (2.5):
+    the estimate is the stages before the search plus the first candidate without its timing; a second search
+    that finds the calibration in the cache counts what that calibration took when it ran."""
+    from edgekit.quantize.auto_ort import AUTO_TIME_BUDGET_MULTIPLE, OrtInterleavedTimer
+    from edgekit.quantize.calibration import CalibrationCache
+
+    fp32 = ppocr_block(tmp_path / "fp32.onnx", pad_second=False)
+    target = get_target("x86-64-cpu")
+    evaluation = blocks(2, seed=5)
+    cache = CalibrationCache(tmp_path / "cache")
+    fixed_s = 2.0  # as if load, export and parity had taken 2 s: a plain int8 build pays them too
+
+    def run(work: str):  # type: ignore[no-untyped-def]
+        timer = OrtInterleavedTimer(evaluation[0], threads=1, keep_loaded=[fp32])
+        evaluator = OrtMetricEvaluator(evaluation, METRICS["cosine"], AccuracyBudget(min_value=0.99), fp32)
+        return plan_auto_onnxruntime(
+            fp32, tmp_path / work, spec=QuantizationSpec(), target=target, backend=Backend.ONNXRUNTIME,
+            supported=supported_precisions(target, Backend.ONNXRUNTIME), calibration_batches=blocks(3, seed=1), evaluation_batches=evaluation,
+            metric=MetricSpec(METRICS["cosine"], "cosine"), evaluate=evaluator, time_models=timer, sensitivity_batches=2,
+            bench_feeds=evaluation[0], cache=cache, fixed_s=fixed_s)
+
+    first = run("first")
+    stats = first.stats
+    assert AUTO_TIME_BUDGET_MULTIPLE == 2.5 and stats["calibration_passes"] >= 1 and stats["timing_seconds"] > 0
+    plain = stats["plain_int8_estimate_s"] - fixed_s
+    # the set-up (pre-processing: a plain int8 build does it too) and the first candidate, its timing taken out
+    assert first.table[0].seconds - stats["timing_seconds"] <= plain <= stats["seconds"] - stats["timing_seconds"] + 0.01
+    assert 2.5 * (fixed_s + plain) - fixed_s - plain <= stats["time_budget_s"] <= 2.5 * (fixed_s + plain) - fixed_s
+    assert not any("time budget" in row.detail for row in first.table)  # ~5 s for a block that takes well under 1 s a candidate
+    seconds = [float(json.loads(path.read_text()).get("seconds", 0.0)) for path in (tmp_path / "cache").glob("calibration-*.json")]
+    assert seconds and all(value > 0 for value in seconds)
+    again = run("again")
+    assert again.stats["calibration_passes"] == 0 and again.stats["calibration_cache_hits"] >= 1
+    assert again.stats["plain_int8_estimate_s"] - fixed_s >= min(seconds)  # the cached calibration's seconds are in the estimate
 
 
 def test_the_budget_multiple_is_a_multiple_of_a_plain_build_so_over_one(tmp_path: Path) -> None:
