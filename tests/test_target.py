@@ -43,7 +43,7 @@ def all_precisions(profile: TargetProfile) -> set[Precision]:
 def test_the_expected_targets_ship():
     expected = {
         "jetson-agx-thor", "jetson-agx-orin-64gb", "jetson-orin-nx-16gb", "jetson-orin-nano-8gb",
-        "jetson-orin-nano-super", "raspberry-pi-5", "arm64-cpu", "x86-64-cpu", "nvidia-h100",
+        "jetson-orin-nano-super", "raspberry-pi-5", "arm64-cpu", "x86-64-cpu", "nvidia-h100", "nvidia-h200",
         "qualcomm-qcs6490", "intel-core-ultra-npu",
     }  # fmt: skip
     assert expected <= set(SHIPPED)
@@ -156,7 +156,7 @@ def test_orin_is_ampere_87_without_fp8(name: str):
 @pytest.mark.parametrize(
     ("name", "dla_cores"),
     [("jetson-agx-orin-64gb", 2), ("jetson-orin-nx-16gb", 2), ("jetson-orin-nano-8gb", 0),
-     ("jetson-orin-nano-super", 0), ("jetson-agx-thor", 0), ("nvidia-h100", 0)],
+     ("jetson-orin-nano-super", 0), ("jetson-agx-thor", 0), ("nvidia-h100", 0), ("nvidia-h200", 0)],
 )  # fmt: skip
 def test_dla_cores(name: str, dla_cores: int):
     assert get_target(name).dla_cores == dla_cores
@@ -181,6 +181,16 @@ def test_h100_is_hopper_90_with_fp8_but_no_fp4():
     assert Precision.FP8 in tensorrt and Precision.BF16 in tensorrt
     assert tensorrt.isdisjoint({Precision.NVFP4, Precision.MXFP4, Precision.MXFP8})
     assert h100.gpu.memory_gb == 80 and not h100.memory.shared_with_gpu
+
+
+def test_h200_is_the_h100_chip_with_more_and_faster_memory():
+    h100, h200 = get_target("nvidia-h100"), get_target("nvidia-h200")
+    assert h200.gpu is not None and h100.gpu is not None
+    assert (h200.gpu.architecture, h200.gpu.compute_capability, h200.gpu.cuda_cores) == ("hopper", "9.0", h100.gpu.cuda_cores)
+    assert h200.peak_throughput == h100.peak_throughput  # same tensor / CUDA-core peaks (datasheets)
+    assert (h200.gpu.memory_gb, h200.gpu.memory_bandwidth_gbps) == (141, 4800)
+    assert h200.precisions(Backend.TENSORRT) == h100.precisions(Backend.TENSORRT)
+    assert h200.power_modes == h100.power_modes == {"MAX_TDP": 700}
 
 
 def test_orin_nano_super_is_the_nano_in_maxn_super():

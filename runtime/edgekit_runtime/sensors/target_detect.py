@@ -54,6 +54,7 @@ TARGET_RULES: tuple[TargetRule, ...] = (
     TargetRule("raspberry-pi-5", "arm64", 8, compatible_any=("raspberrypi,5-model-b", "brcm,bcm2712")),
     TargetRule("qualcomm-qcs6490", "arm64", 6, compatible_any=("qcom,qcs6490-rb3gen2", "qcom,qcm6490")),
     TargetRule("nvidia-h100", "x86_64", 128, gpu_model_any=("H100",)),
+    TargetRule("nvidia-h200", "x86_64", 128, gpu_model_any=("H200",)),
     TargetRule("intel-core-ultra-npu", "x86_64", 32, cpu_model_any=("Core(TM) Ultra",)),
     TargetRule("arm64-cpu", "arm64", None, generic=True, not_for_compatible_prefixes=("nvidia,", "qcom,")),
     TargetRule("x86-64-cpu", "x86_64", None, generic=True),

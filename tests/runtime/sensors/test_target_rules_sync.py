@@ -81,6 +81,7 @@ def test_every_detection_row_is_exercised(tmp_path: Path) -> None:
                                   compatible=("qcom,qcs6490-rb3gen2", "qcom,qcm6490"), cpuinfo=ARM),
         "intel-core-ultra-npu": _tree(tmp_path / "mtl", cpuinfo=X86.format(model="Intel(R) Core(TM) Ultra 7 155H")),
         "arm64-cpu": _tree(tmp_path / "graviton", cpuinfo=ARM),
+        "nvidia-h200": _tree(tmp_path / "h200", cpuinfo=X86.format(model="Intel(R) Xeon(R) Platinum 8480C"), gpu="NVIDIA H200"),
     }  # fmt: skip
     for expected, root in constructed.items():
         assert inspect_device(root).detection.target == expected
