@@ -34,6 +34,15 @@ def _hardswish(name: str, x: str, y: str) -> list:
             helper.make_node("Mul", [x, f"{name}_gate"], [y], name=f"{name}_mul")]
 
 
+def _save(path: Path, name: str, nodes: list, inits: list, output: object) -> Path:
+    """``nodes`` as an opset-17 model with one ``image`` input [N, 3, 16, 16] and ``output``, saved at ``path``."""
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 3, 16, 16])], [output], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.save(model, str(path))
+    return path
+
+
 def separable_cnn(path: Path) -> Path:
     """Multiply-adds per output element in brackets: stem 3x3 (27) -> HardSwish -> expand 1x1 (16) -> HardSwish
     -> dw1 3x3 depthwise (9) -> HardSwish -> squeeze-excite (se_reduce 1x1 (96), Relu, se_expand 1x1 (24),
@@ -62,12 +71,7 @@ def separable_cnn(path: Path) -> Path:
              helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"], name="fc", transB=1)]
     inits += [numpy_helper.from_array(rng.normal(0, 0.3, (4, 64)).astype(np.float32), "fc_w"),
               numpy_helper.from_array(np.zeros(4, np.float32), "fc_b")]
-    graph = helper.make_graph(nodes, "separable", [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 3, 16, 16])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 4])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9
-    onnx.save(model, str(path))
-    return path
+    return _save(path, "separable", nodes, inits, helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 4]))
 
 
 def convnext_like(path: Path) -> Path:
@@ -79,12 +83,7 @@ def convnext_like(path: Path) -> Path:
              helper.make_node("Transpose", ["d"], ["t"], name="to_nhwc", perm=[0, 2, 3, 1]),
              helper.make_node("MatMul", ["t", "mlp_w"], ["out"], name="mlp")]
     inits.append(numpy_helper.from_array(rng.normal(0, 0.3, (16, 8)).astype(np.float32), "mlp_w"))
-    graph = helper.make_graph(nodes, "convnext", [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 3, 16, 16])],
-                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 16, 16, 8])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9
-    onnx.save(model, str(path))
-    return path
+    return _save(path, "convnext", nodes, inits, helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 16, 16, 8]))
 
 
 def mobilenet_v2_like(path: Path) -> Path:
@@ -94,12 +93,7 @@ def mobilenet_v2_like(path: Path) -> Path:
     nodes = [_conv(rng, "expand", 3, 32, 1, inits, "image", "e"), helper.make_node("Clip", ["e", "zero", "six"], ["e6"], name="relu6_a"),
              _conv(rng, "dw", 32, 32, 3, inits, "e6", "d", group=32), helper.make_node("Clip", ["d", "zero", "six"], ["d6"], name="relu6_b"),
              _conv(rng, "project", 32, 16, 1, inits, "d6", "out")]
-    graph = helper.make_graph(nodes, "mobilenet_v2", [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 3, 16, 16])],
-                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 16, 16, 16])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9
-    onnx.save(model, str(path))
-    return path
+    return _save(path, "mobilenet_v2", nodes, inits, helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 16, 16, 16]))
 
 
 def _batches(count: int, seed: int = 2) -> list[dict[str, np.ndarray]]:
