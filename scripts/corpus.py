@@ -56,7 +56,7 @@ def markdown(rows: list, flags: tuple[str, ...], args: argparse.Namespace, merge
         f"{os.cpu_count()} cores shared, {args.threads} intra-op threads (spinning off), ONNX Runtime {onnxruntime.__version__}. "
         f"CPU flags: {', '.join(flags) or 'none known'}. {args.rounds} interleaved rounds.",
         "",
-        f"Only {HOST_TARGET} runs on this host: its latency is the median of interleaved rounds (every variant a turn each round; "
+        f"Only {HOST_TARGET} runs on this host: its latency is the median of interleaved rounds (every variant a turn each round, in an order shuffled per round; "
         "in brackets the interquartile range of all timed calls), as a multiple of FP32 in the same run and of the faster of ONNX "
         "Runtime's `quantize_static` (QDQ, per-channel, uint8 activations, MinMax) and `quantize_dynamic` *that meets the budget*. "
         "Other targets' bundles are built and self-checked (golden) here and their latency is `edgekit estimate`'s p50 (est.), "

@@ -1,7 +1,7 @@
 """One corpus model through every precision and target: edgekit builds (the pipeline, as a user runs it),
 ONNX Runtime's own quantizers as the peers to beat, the model's task metric (its recipe's ``evaluation``)
 against FP32, the golden self-check of every bundle, and latency timed interleaved on this host (every
-variant gets a turn each round, so noise on a shared host hits all of them alike).
+variant gets a turn each round, in a shuffled order, so noise on a shared host hits all of them alike).
 
 Only :data:`HOST_TARGET` runs here. Bundles for other targets (an aarch64 board, a Jetson whose TensorRT
 engine is built on the device) are built, self-checked on ONNX Runtime's CPU provider and estimated with
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -156,14 +157,20 @@ def peer_path(work: Path, name: str) -> Path:
 # ---------------------------------------------------------------- timing
 
 
-def interleaved_samples(calls: dict[str, Callable[[], Any]], rounds: int, settle_s: float = 0.06) -> dict[str, list[list[float]]]:
+def interleaved_samples(calls: dict[str, Callable[[], Any]], rounds: int, settle_s: float = 0.06, seed: int = 0) -> dict[str, list[list[float]]]:
     """Latency samples (ms) per variant and round: each round gives every variant a pause (ONNX Runtime's
-    pool spins ~50 ms after a run), one untimed call and :data:`CALLS_PER_ROUND` timed ones."""
+    pool spins ~50 ms after a run), one untimed call and :data:`CALLS_PER_ROUND` timed ones. The order of the
+    variants is shuffled each round (seeded), so that no variant always follows the same neighbour (a slow fp16
+    model's run, say) or always takes the same place in the round."""
     for call in calls.values():
         call()
     samples: dict[str, list[list[float]]] = {name: [] for name in calls}
+    order = list(calls)
+    shuffle = random.Random(seed).shuffle
     for _ in range(rounds):
-        for name, call in calls.items():
+        shuffle(order)
+        for name in order:
+            call = calls[name]
             time.sleep(settle_s)
             call()
             this_round = []
@@ -173,11 +180,6 @@ def interleaved_samples(calls: dict[str, Callable[[], Any]], rounds: int, settle
                 this_round.append((time.perf_counter_ns() - start) / 1e6)
             samples[name].append(this_round)
     return samples
-
-
-def interleaved_p50_ms(calls: dict[str, Callable[[], Any]], rounds: int, settle_s: float = 0.06) -> dict[str, float]:
-    """Median latency per variant over interleaved rounds (see :func:`interleaved_samples`)."""
-    return {name: float(np.median(per_round)) for name, per_round in interleaved_samples(calls, rounds, settle_s).items()}
 
 
 def _size(path: Path) -> int:

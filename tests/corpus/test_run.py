@@ -246,3 +246,21 @@ def test_a_stateful_model_is_evaluated_with_its_own_state_carried_through_each_s
     model = CorpusModel("sum", "embedding", path, batches, batches, batches[0], "y", "test graph", state=(("state", "stateN"),), sequence_length=2)
     got = [out["y"][0, 0] for out in evaluate_outputs(cpu_session(path, 1), model)]
     assert got == [1.0, 3.0, 3.0, 7.0]
+
+
+def test_interleaved_samples_shuffle_the_order_each_round_and_time_every_variant_alike() -> None:
+    from edgekit.corpus.run import CALLS_PER_ROUND, interleaved_samples
+
+    log: list[str] = []
+    calls = {name: (lambda name=name: log.append(name)) for name in ("fp32", "fp16", "int8", "auto")}
+    samples = interleaved_samples(calls, rounds=12, settle_s=0.0, seed=3)
+    assert all(len(per_round) == 12 and all(len(calls_) == CALLS_PER_ROUND for calls_ in per_round) for per_round in samples.values())
+    assert all(t >= 0.0 for per_round in samples.values() for calls_ in per_round for t in calls_)
+    warmup, timed = log[:4], log[4:]
+    per_turn = 1 + CALLS_PER_ROUND  # one untimed call, then the timed ones
+    firsts = [timed[i * 4 * per_turn] for i in range(12)]  # the variant that opened each round
+    assert warmup == ["fp32", "fp16", "int8", "auto"]
+    assert len(set(firsts)) > 1  # not always FP32 first
+    again: list[str] = []
+    interleaved_samples({name: (lambda name=name: again.append(name)) for name in calls}, rounds=12, settle_s=0.0, seed=3)
+    assert again == log  # seeded: a rerun times in the same order
