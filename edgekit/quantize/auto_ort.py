@@ -35,9 +35,10 @@ from edgekit.engines.fusion import transformer_fusion
 from edgekit.engines.ort_session import cpu_session
 from edgekit.errors import QuantizationError
 from edgekit.precision import Backend, Precision
-from edgekit.quantize import channel_spread, cnn_folding, ort_default_ranges, ort_layout, ort_writers, thin_convs
+from edgekit.quantize import channel_spread, cnn_folding, edge_layers, ort_default_ranges, ort_layout, ort_writers, thin_convs
 from edgekit.quantize.auto import (
     EXPORTED,
+    FLOAT,
     AutoResult,
     BuiltCandidate,
     Candidate,
@@ -51,7 +52,7 @@ from edgekit.quantize.auto import (
 from edgekit.quantize.calibration import CalibrationCache, CalibrationError, CalibratorSpec, TensorRange, calibrate
 from edgekit.quantize.node_groups import find_node_groups
 from edgekit.quantize.plan import INT8_OP_TYPES, QuantizationPlan, make_plan
-from edgekit.quantize.sensitivity import Metric, QuantizationSimulator, SensitivityReport, rank_groups
+from edgekit.quantize.sensitivity import QUANTIZED_INPUTS, Metric, QuantizationSimulator, SensitivityReport, rank_groups
 from edgekit.recipe import AccuracyBudget, QuantizationSpec
 from edgekit.target import TargetProfile
 
@@ -566,6 +567,16 @@ def plan_auto_onnxruntime(
             ranked.append(rank_groups(simulator, metric.metric, metric_name=metric.name, higher_is_better=metric.higher_is_better))
         return ranked[0]
 
+    group_counts: list[int] = []
+
+    def analysis_runs() -> float:  # what sensitivity() takes, in evaluation batches' worth: 0 once it ran
+        if ranked:
+            return 0
+        if not group_counts:
+            static_types = tuple(op for op in base.op_types if op in QUANTIZED_INPUTS)
+            group_counts.append(len(find_node_groups(exported, static_types, exclude=[*base.excluded, *base.dynamic_nodes])))
+        return SWITCH_MODEL_RUN_COST * sensitivity_analysis_runs(group_counts[0], min(sensitivity_batches, len(evaluation_batches)))
+
     matmul_share = matmul_work_share(exported, bench_feeds)
     bound: dict[str, Any] = {}
     if matmul_share is not None and matmul_share < MATMUL_WORK_FLOOR:
@@ -588,7 +599,7 @@ def plan_auto_onnxruntime(
         dynamic_only = {} if graph == EXPORTED else _fused_dynamic_nodes(model)
         listed = auto_candidates(plan, groups, sensitivity, supported, max_kept=spec.auto_max_excluded, graph=graph,
                                  dynamic_only=dynamic_only, dynamic_plan=dynamic_plan, int4_plan=int4_plan, include_fallbacks=False)
-        candidates += [_bounded(item, bound) for item in listed]
+        candidates += [_priced(_bounded(item, bound), analysis_runs) for item in listed]
         if graph != EXPORTED:
             references[graph] = model
             notes += (f"graph variant {graph}: fused {builder.fusion_stats}",)
@@ -596,11 +607,12 @@ def plan_auto_onnxruntime(
     candidates = _with_plain_candidates(candidates, base, supported)
     if backend is Backend.ONNXRUNTIME and _cpu_first(target, backend):  # its case is ONNX Runtime's CPU kernels (NCHWc float Conv)
         candidates = _with_thin_conv_candidates(candidates, base, exported)
+    candidates = _with_edge_candidates(candidates, exported)
     result = search_auto(candidates, build=builder, evaluate=evaluate, time_models=time_models, reference=Path(fp32_path),
                          graph_references=references, sensitivity=None, noise_margin=noise_margin,
                          higher_is_better=metric.higher_is_better, metric_name=metric.name, budget_text=budget_text, notes=notes,
                          time_budget_s=time_budget_s, started=started, time_budget_multiple=time_budget_multiple,
-                         fixed_s=fixed_s)
+                         fixed_s=fixed_s, evaluation_batches=len(evaluation_batches))
     report = ranked[0] if ranked else None
     if result.chosen.name == FP32_REWRITTEN:
         counts = builder.fold_counts.note() if builder.fold_counts is not None else None
@@ -654,6 +666,33 @@ def _with_thin_conv_candidates(listed: list[Candidate | CandidateLadder], base: 
     return [*listed[:at], *added, *listed[at:]]
 
 
+def _with_edge_candidates(listed: list[Candidate | CandidateLadder], exported: Path) -> list[Candidate | CandidateLadder]:
+    """``listed`` with :mod:`edgekit.quantize.edge_layers`' plan (the quantizable layers nearest the inputs and the
+    outputs float) for the exported graph's static int8 and int8-dynamic candidates, each right after its base (the
+    static one after the float-rewrite and thin-conv candidates that follow it), before the sensitivity ladders: it
+    reuses its base's calibration and needs no sensitivity analysis, so it is priced as a cheap candidate. It runs
+    every node at its base's precision or higher, so it is skipped unbuilt when its base passed or was not faster
+    than the bar. wav2vec2's int8-dynamic kept 0.75 of the CTC lines (budget 0.8); with its feature projection and
+    CTC head float (depth 1), 0.98 at 0.92x FP32."""
+    out = list(listed)
+    for base_name in ("int8-static", "int8-dynamic"):
+        at = next((i for i, item in enumerate(out) if isinstance(item, Candidate) and item.name == base_name and item.graph == EXPORTED), -1)
+        base = out[at] if at >= 0 else None
+        if not isinstance(base, Candidate) or base.plan is None or not base.levels:
+            continue
+        plan = edge_layers.keep_edges_float(exported, base.plan, edge_layers.DEPTH)
+        if plan is base.plan:
+            continue
+        kept = {name: why for name, why in plan.excluded.items() if name not in base.plan.excluded}
+        levels = {**base.levels, **{name: FLOAT for name in kept}}
+        edge = replace(base, name=edge_layers.candidate_name(base_name, edge_layers.DEPTH), plan=plan, kept={**base.kept, **kept}, levels=levels)
+        at += 1
+        while at < len(out) and isinstance(out[at], Candidate) and (out[at].name == FP32_REWRITTEN or out[at].name.startswith("int8-thin-convs")):
+            at += 1
+        out.insert(at, edge)
+    return out
+
+
 #: Sensitivity analysis runs the switch model once per group (plus two) on each batch; past this many
 #: batch-runs it uses fewer batches (at least one): PP-OCR's detector, 62 groups x 4 batches, took 105 s.
 SENSITIVITY_RUN_BATCHES = 128
@@ -675,6 +714,31 @@ def matmul_work_share(model_path: Path, feeds: Mapping[str, np.ndarray] | None) 
     if not total > 0:
         return None
     return sum(node.ops for node in cost.nodes if node.op_type in ("MatMul", "Gemm")) / total
+
+
+#: One run of the sensitivity switch model on a batch, in evaluations of a candidate on a batch: the switch model
+#: is the float graph with a Where between float and quantize-dequantized values for every group, and building it
+#: and its session comes on top. YOLOv8n (57 groups, 4 + 59 x 2 = 122 runs): 6.65 s and 19.6 s in two corpus runs
+#: where the first candidate's evaluation took 0.3-0.4 s for 12 batches, i.e. 2.2x and 4.8x; 4 keeps the ladder
+#: from overrunning the budget on the second.
+SWITCH_MODEL_RUN_COST = 4.0
+
+
+def sensitivity_analysis_runs(groups: int, batches: int) -> int:
+    """Model runs (one batch each) of :func:`plan_auto_onnxruntime`'s sensitivity ranking of ``groups`` node groups
+    on up to ``batches`` evaluation batches: the FP32 reference on every batch, then a run per group plus two on the
+    batches :data:`SENSITIVITY_RUN_BATCHES` leaves."""
+    if groups < 1 or batches < 1:
+        return 0
+    used = max(1, min(batches, SENSITIVITY_RUN_BATCHES // (groups + 2)))
+    return batches + (groups + 2) * used
+
+
+def _priced(item: Candidate | CandidateLadder, analysis_runs: Any) -> Candidate | CandidateLadder:
+    """``item`` with ``analysis_runs`` (what its sensitivity ranking costs, in model runs) when it is a lazy ladder."""
+    if isinstance(item, CandidateLadder) and item.expand is not None and not item.steps:
+        return replace(item, analysis_runs=analysis_runs)
+    return item
 
 
 def _bounded(item: Candidate | CandidateLadder, bound: Mapping[str, Any]) -> Candidate | CandidateLadder:
