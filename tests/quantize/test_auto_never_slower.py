@@ -74,6 +74,22 @@ def test_a_choice_within_the_noise_margin_of_fp32_is_re_timed_and_loses_to_fp32_
     assert result.chosen.name == "static" and "confirmation_timed" not in result.stats
 
 
+def test_a_best_within_the_noise_of_fp32_sets_no_margin_for_later_candidates(tmp_path: Path) -> None:
+    """wav2vec2: the rewritten FP32 graph timed 0.967x in the search (1.00x on a quiet host), and with the 5 % margin it
+    pruned a plan at 0.94x that was inside the budget. A best within the noise of FP32 is a bar without the margin; a
+    best clearly faster than FP32 keeps it."""
+    engine = Scripted(tmp_path, {"rewritten": 1.0, "edges": 0.995, "fp32": 1.0}, {"rewritten": 96.7, "edges": 94, "fp32": 100})
+    result = engine.search([Candidate("rewritten", Precision.FP32, None, "float-rewrites"), static("edges"), other("fp32", Precision.FP32)])
+    rows = {row.name: row for row in result.table}
+    assert result.chosen.name == "edges" and rows["rewritten"].status == "passed"
+
+    engine = Scripted(tmp_path, {"int8": 0.99, "fp16": 0.999, "fp32": 1.0}, {"int8": 80, "fp16": 78, "fp32": 100})
+    result = engine.search([static("int8"), other("fp16", Precision.FP16), other("fp32", Precision.FP32)])
+    rows = {row.name: row for row in result.table}
+    assert result.chosen.name == "int8" and rows["fp16"].status == "slower"
+    assert "not faster than int8 (0.800x) by more than 5%; not evaluated" in rows["fp16"].detail
+
+
 def test_an_int8_dynamic_candidate_that_quantized_nothing_is_an_error_row(tmp_path: Path) -> None:
     """A conv-only graph: ONNX Runtime's dynamic quantizer leaves it unchanged; the builder refuses to call
     that an int8-dynamic plan and names why."""
