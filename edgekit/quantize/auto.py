@@ -445,9 +445,10 @@ class _Search:
         self.costs: list[tuple[str, float]] = []  # (CALIBRATING | CHEAP, seconds) of each candidate built
         self.calibrated: set[tuple[str, Any]] = set()  # (graph, calibrator) of the static int8 plans built
         self.first_s: float | None = None  # seconds from the start of the search to the end of the first candidate
-        #: first_s less the seconds spent timing it and making graph variants a plain build does not make
-        #: (``build.variant_setup_s``), plus the calibration it found in the cache (``build.cached_calibration_s``, what
-        #: that took when it ran): what a plain int8 build's quantize and evaluate stages take.
+        #: first_s less the seconds spent timing it and the work a plain build does not do (``build.auto_only_s``: graph
+        #: variants, ONNX Runtime's default plan's MinMax pass), plus the calibration it found in the cache
+        #: (``build.cached_calibration_s``, what that took when it ran): what a plain int8 build's quantize and evaluate
+        #: stages take.
         self.plain_s: float | None = None
         self.first_evaluate_s = 0.0  # the first candidate's evaluation: the build's evaluate stage repeats it for the chosen plan
         self.fixed_s = 0.0  # what the build spent before the search (a plain int8 build spends it too)
@@ -577,7 +578,7 @@ class _Search:
             return
         self.first_s = time.perf_counter() - self.started
         self.plain_s = (self.first_s - self.timing_s + float(getattr(self.build, "cached_calibration_s", 0.0))
-                        - float(getattr(self.build, "variant_setup_s", 0.0)))
+                        - float(getattr(self.build, "auto_only_s", 0.0)))
         if self.time_budget_multiple is None:
             return
         scaled = self.search_budget(self.time_budget_multiple)

@@ -23,12 +23,15 @@ class CalibrationResult:
     from_cache: bool
     #: The cache file holding these ranges (``None`` without a cache); the pipeline copies it into the bundle.
     cache_path: Path | None
-    #: Plain running min/max of the ``also_minmax`` tensors, from the same pass (``None`` when not asked for,
-    #: or when the ranges came from the cache and these were not cached beside them).
+    #: Plain running min/max of the ``also_minmax`` tensors, from the same pass or the cache (``None`` when not
+    #: asked for).
     minmax: dict[str, TensorRange] | None = None
     #: Seconds the calibration pass took; for ranges from the cache, what it took when it ran (0: not recorded).
     #: ``--precision auto`` counts them in its estimate of a plain int8 build, which calibrates.
     seconds: float = 0.0
+    #: Seconds of a MinMax-only pass run because the ranges came from the cache without the ``also_minmax`` ones
+    #: (a plain int8 build calibrated first): work a plain int8 build does not do.
+    minmax_only_seconds: float = 0.0
 
 
 def calibrate(
@@ -46,7 +49,9 @@ def calibrate(
 
     ``batches`` is read twice (hashed for the key, then run), so it must be a sequence, not a generator.
     ``also_minmax`` names tensors whose plain min/max (asymmetric, no clipping) are collected in the same
-    pass, for a second plan on the same graph (auto's ONNX Runtime default plan), and cached beside.
+    pass, for a second plan on the same graph (auto's ONNX Runtime default plan), and cached beside; when the
+    ranges come from the cache without them (a plain int8 build calibrated the same model and data first), a
+    MinMax-only pass collects them and caches them beside.
     """
     model_path = Path(model_path)
     batches = list(batches)
@@ -57,8 +62,13 @@ def calibrate(
         cached = cache.load(key)
         if cached is not None:
             log.info("calibration ranges for %s reused from %s", model_path.name, cache.path_for(key))
-            return CalibrationResult(cached, key, True, cache.path_for(key), cache.load(minmax_key) if minmax_key else None,
-                                     cache.recorded_seconds(key) or 0.0)
+            minmax, minmax_s = cache.load(minmax_key) if minmax_key else None, 0.0
+            if minmax_key is not None and minmax is None:
+                started = time.perf_counter()
+                minmax = collect_activations(model_path, list(dict.fromkeys(also_minmax)), batches, MINMAX, work_dir=work_dir)
+                minmax_s = time.perf_counter() - started
+                cache.save(minmax_key, minmax, minmax_s)
+            return CalibrationResult(cached, key, True, cache.path_for(key), minmax, cache.recorded_seconds(key) or 0.0, minmax_s)
     started = time.perf_counter()
     if not also_minmax:
         ranges = collect_activations(model_path, tensor_names, batches, calibrator, work_dir=work_dir)
