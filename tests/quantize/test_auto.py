@@ -301,6 +301,9 @@ def test_plain_candidates_come_early_the_cheap_one_first() -> None:
     static_only = auto_candidates(plan(), GROUPS, RANKING, [Precision.FP32, Precision.INT8], max_kept=1)
     assert [item.name for item in _with_plain_candidates(static_only, plan(), [Precision.FP32, Precision.INT8])] == [
         "int8-static", "fp32-rewritten", "int8-ort-default", "int8-static+float", "fp32"]
+    # a convolutional graph (int8-dynamic not worth trying): ONNX Runtime's default plan right after static int8
+    assert [item.name for item in _with_plain_candidates(static_only, plan(), [Precision.FP32, Precision.INT8], convolutional=True)] == [
+        "int8-static", "int8-ort-default", "fp32-rewritten", "int8-static+float", "fp32"]
 
 
 GROUGS_FUSED = GROUPS[1:]
