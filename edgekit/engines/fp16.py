@@ -85,7 +85,8 @@ def _constants(graph: Any) -> dict[str, np.ndarray]:
     return values
 
 
-def _consumers(graph: Any) -> dict[str, list[Any]]:
+def tensor_consumers(graph: Any) -> dict[str, list[Any]]:
+    """Tensor name -> the nodes of ``graph`` that read it (an input read twice by a node lists it twice)."""
     out: dict[str, list[Any]] = {}
     for node in graph.node:
         for name in node.input:
@@ -208,7 +209,7 @@ def fold_batch_norms(model: Any) -> list[str]:
     changed = True
     while changed:  # one pass per fold keeps the lookup tables true to the graph
         changed = False
-        constants, consumers = _constants(graph), _consumers(graph)
+        constants, consumers = _constants(graph), tensor_consumers(graph)
         producers = {o: node for node in graph.node for o in node.output}
         outputs = {o.name for o in graph.output}
         for bn in [n for n in graph.node if n.op_type == "BatchNormalization" and n.domain in ("", "ai.onnx")]:

@@ -34,6 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from edgekit.engines.fp16 import tensor_consumers
 from edgekit.quantize.plan import QuantizationPlan
 
 #: ``min_macs`` of the candidates ``auto`` lists: 64 kept the orientation classifier's top-1 at 1.0; 256 was
@@ -73,20 +74,12 @@ def macs_per_output(node: Any, weight_shapes: dict[str, tuple[int, ...]]) -> int
     return macs
 
 
-def _consumers(graph: Any) -> dict[str, list[Any]]:
-    readers: dict[str, list[Any]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
-    return readers
-
-
 def separable_blocks(graph: Any) -> int:
     """Depthwise Convs (one input channel per group, more than one group) whose output reaches a 1x1 Conv
     through activations, gates and squeeze-excite ops only: the separable blocks that make a graph
     MobileNet-style. ConvNeXt's depthwise Convs feed a LayerNorm and MatMuls, so they do not count."""
     shapes = _weight_shapes(graph)
-    readers = _consumers(graph)
+    readers = tensor_consumers(graph)
 
     def pointwise(node: Any) -> bool:
         shape = shapes.get(node.input[1]) if node.op_type == "Conv" and _group(node) == 1 and len(node.input) > 1 else None
@@ -120,7 +113,7 @@ def thin_float_nodes(model_path: Path, min_macs: int) -> dict[str, str]:
     if not gated or not separable_blocks(graph):
         return {}
     shapes = _weight_shapes(graph)
-    readers = _consumers(graph)
+    readers = tensor_consumers(graph)
     kept: dict[str, str] = {}
     for node in graph.node:
         macs = macs_per_output(node, shapes)
