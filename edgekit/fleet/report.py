@@ -82,7 +82,8 @@ def summary_to_json(summary: DeviceSummary) -> dict[str, Any]:
             "target": summary.target, "p50_ms": summary.p50_ms, "p99_ms": summary.p99_ms,
             "power_mean_mw": summary.power_mean_mw, "energy_per_inference_mj": summary.energy_per_inference_mj,
             "temperature_max_c": summary.temperature_max_c, "last_seen": _time(summary.last_seen),
-            "windows": summary.windows, "missing_seqs": summary.missing_seqs}  # fmt: skip
+            "windows": summary.windows, "missing_seqs": summary.missing_seqs,
+            "interval_s": summary.interval_s}  # fmt: skip
 
 
 def aggregate_to_json(aggregate: Aggregate) -> dict[str, Any]:

@@ -156,7 +156,7 @@ class DeviceSummary:
 
     fleet: str
     device: str
-    state: str
+    state: str  # "online" | "stale" | "offline" | "unknown" (edgekit.fleet.liveness), or another the agent reported
     bundle_id: str | None
     target: str | None
     p50_ms: float | None
@@ -167,6 +167,9 @@ class DeviceSummary:
     last_seen: dt.datetime | None
     windows: int
     missing_seqs: int  # gaps in the sequence numbers seen so far
+    #: the device's telemetry interval (its newest window's length); ``state`` is judged against it
+    #: (:mod:`edgekit.fleet.liveness`: ``stale`` after 3 silent intervals, ``offline`` after 10 or a last will)
+    interval_s: float | None = None
 
 
 #: Keys :meth:`FleetStore.known_values` lists the values of (the filters of ``fleet status|report`` and the dashboard).

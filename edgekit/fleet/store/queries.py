@@ -77,7 +77,7 @@ WHERE {fleet_filter} GROUP BY fleet, device"""
 SUMMARY_ROLLUPS = """SELECT fleet, device, MIN(seq_min), MAX(seq_max), SUM(windows), MAX(received_at_max)
 FROM telemetry_rollups WHERE {fleet_filter} GROUP BY fleet, device"""
 SUMMARY_LATEST = """SELECT w.fleet, w.device, w.bundle_id, w.p50_ms, w.p99_ms, w.power_mean_mw, w.energy_per_inference_mj,
-    w.temperature_max_c
+    w.temperature_max_c, w.window_start, w.window_end
 FROM telemetry_windows w
 JOIN (SELECT fleet, device, MAX(seq) AS seq FROM telemetry_windows WHERE {fleet_filter} GROUP BY fleet, device) m
     ON w.fleet = m.fleet AND w.device = m.device AND w.seq = m.seq"""

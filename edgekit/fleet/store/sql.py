@@ -16,6 +16,7 @@ from collections import Counter
 from typing import Any, Iterator, NamedTuple, Sequence
 
 from edgekit.fleet.errors import StoreError
+from edgekit.fleet.liveness import liveness_state
 from edgekit.fleet.store import queries
 from edgekit.fleet.store.base import (
     AGGREGATE_KEYS,
@@ -347,7 +348,8 @@ class SqlFleetStore(FleetStore):
                 cursor.execute(self._sql(sql.format(fleet_filter=fleet_filter)), params)
                 for row in cursor.fetchall():
                     handler(found.setdefault((row[0], row[1]), {}), row[2:], self.time_out)
-        return [_summary(key, info) for key, info in sorted(found.items())]
+        now = _now()
+        return [_summary(key, info, now) for key, info in sorted(found.items())]
 
     def windows(self, fleet: str | None = None, device: str | None = None, since: dt.datetime | None = None,
                 until: dt.datetime | None = None, bundle_id: str | None = None,
@@ -593,25 +595,27 @@ def _summary_rollups(info: dict[str, Any], values: Sequence[Any], time_out: Any)
 
 
 def _summary_latest(info: dict[str, Any], values: Sequence[Any], time_out: Any) -> None:
-    info["latest"] = values
+    info["latest"] = values[:6]
+    info["interval_s"] = (time_out(values[7]) - time_out(values[6])).total_seconds()
 
 
 def _summary_target(info: dict[str, Any], values: Sequence[Any], time_out: Any) -> None:
     info["target"] = values[0]
 
 
-def _summary(key: tuple[str, str], info: dict[str, Any]) -> DeviceSummary:
+def _summary(key: tuple[str, str], info: dict[str, Any], now: dt.datetime) -> DeviceSummary:
     ranges = [info[part] for part in ("raw", "rolled") if part in info]
     windows = sum(r[2] for r in ranges)
     missing = (max(r[1] for r in ranges) - min(r[0] for r in ranges) + 1 - windows) if ranges else 0
     seen = [r[3] for r in ranges] + ([info["status_at"]] if "status_at" in info else [])
     latest = info.get("latest") or (None,) * 6
+    last_seen = max(seen) if seen else None
     return DeviceSummary(
-        fleet=key[0], device=key[1], state=info.get("state", "unknown"),
+        fleet=key[0], device=key[1], state=liveness_state(info.get("state"), last_seen, info.get("interval_s"), now),
         bundle_id=latest[0] if info.get("latest") else info.get("status_bundle"), target=info.get("target"),
         p50_ms=_float(latest[1]), p99_ms=_float(latest[2]), power_mean_mw=_float(latest[3]),
         energy_per_inference_mj=_float(latest[4]), temperature_max_c=_float(latest[5]),
-        last_seen=max(seen) if seen else None, windows=windows, missing_seqs=max(missing, 0),
+        last_seen=last_seen, windows=windows, missing_seqs=max(missing, 0), interval_s=info.get("interval_s"),
     )  # fmt: skip
 
 
