@@ -113,6 +113,9 @@ def _register_collect(fleet_subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--rollup-minutes", type=int, default=5, metavar="M", help="rollup bucket size (default 5)")
     parser.add_argument("--username", help="broker username")
     parser.add_argument("--password-file", metavar="PATH", help="file holding the broker password")
+    parser.add_argument("--allow-plaintext-password", action="store_true",
+                        help="send the password over mqtt:// (no TLS) to a broker that is not on loopback (refused "
+                             "otherwise; only on a network you trust)")  # fmt: skip
     parser.add_argument("--tls-ca", metavar="PEM", help="CA that signed the broker's certificate (mqtts)")
     parser.add_argument("--tls-cert", metavar="PEM", help="client certificate (mqtts)")
     parser.add_argument("--tls-key", metavar="PEM", help="client key (mqtts)")
@@ -154,6 +157,7 @@ def _retire_session(args: argparse.Namespace, store: Any, client_id: str, shared
         max_payload_bytes=args.max_payload_kib * 1024, batch_size=args.batch_size, username=args.username,
         password_file=args.password_file, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
         session_expiry_s=args.session_expiry, retention=None, mqtt_version=args.mqtt_version,
+        allow_plaintext_password=getattr(args, "allow_plaintext_password", False),
     ).retire()  # fmt: skip
 
 
@@ -211,6 +215,7 @@ def _collect(args: argparse.Namespace, on_started: Callable[[], None] | None = N
                 password_file=args.password_file, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
                 session_expiry_s=args.session_expiry, retention=retention, rollup_minutes=args.rollup_minutes,
                 metrics=metrics, ack_after_store=args.ack_after_store, mqtt_version=args.mqtt_version,
+                allow_plaintext_password=getattr(args, "allow_plaintext_password", False),
             ).start()  # fmt: skip
             # SIGTERM (systemd, docker stop): store, then exit; set before "started" is announced.
             terminated = threading.Event()

@@ -34,6 +34,8 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--tls-ca", type=Path, help="CA certificate for mqtts://")
     parser.add_argument("--username", help="broker user name")
     parser.add_argument("--password-file", type=Path, help="file holding the broker password")
+    parser.add_argument("--allow-plaintext-password", action="store_true",
+                        help="send the password over mqtt:// to a broker that is not on loopback (refused otherwise)")
     parser.set_defaults(func=run)
 
 
@@ -71,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         behaviours=dict(parse_behaviour(text) for text in args.bundle_behaviour),  # type: ignore[misc]
         deploy_timing=DeployTiming(watch_s=args.deploy_watch_s), verify_downloads=args.verify_downloads, seed=args.seed,
         tls_ca=args.tls_ca, username=args.username, password_file=args.password_file,
+        allow_plaintext_password=args.allow_plaintext_password,
     )  # fmt: skip
     simulator = FleetSimulator(config)
     if args.store:

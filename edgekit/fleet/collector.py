@@ -150,7 +150,8 @@ class Collector:
     away). ``retention`` (default 1 h; ``None`` keeps everything raw): raw windows older than this are
     rolled into ``rollup_minutes`` buckets, checked every ``retention_interval_s``.
     ``mqtt_version``: "3.1.1" (default; cheaper to receive, and what the local stack's embedded broker
-    speaks) or "5" (for brokers that share subscriptions only with MQTT 5 clients). ``username``/``password_file`` and ``tls_*`` as for the agent.
+    speaks) or "5" (for brokers that share subscriptions only with MQTT 5 clients). ``username``/``password_file`` and ``tls_*`` as for the agent;
+    a password over ``mqtt://`` to a host that is not loopback is refused unless ``allow_plaintext_password``.
     """
 
     def __init__(
@@ -178,12 +179,16 @@ class Collector:
         metrics: IngestMetrics | None = None,
         ack_after_store: bool = True,
         mqtt_version: str = DEFAULT_MQTT_VERSION,
+        allow_plaintext_password: bool = False,
     ) -> None:
-        from edgekit_runtime.agent.broker import parse_broker_url
+        from edgekit_runtime.agent.broker import parse_broker_url, refuse_plaintext_password
         from edgekit_runtime.agent.topics import TelemetryError, subscription, validate_id
 
         try:
             self.address = parse_broker_url(broker_url)
+            refuse_plaintext_password(broker_url, has_password=password_file is not None, allow=allow_plaintext_password,
+                                      source="fleet collect", field="--password-file",
+                                      allow_option="--allow-plaintext-password (Collector(allow_plaintext_password=True))")  # fmt: skip
             if fleet is not None:
                 validate_id(fleet, "fleet id")
             if shared_group is not None:

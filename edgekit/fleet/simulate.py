@@ -76,6 +76,7 @@ class SimulationConfig:
     username: str | None = None
     password_file: Path | None = None
     window: int = 32
+    allow_plaintext_password: bool = False  # a password over mqtt:// to a broker off loopback
     load: float | None = None  # a fixed load in [0.05, 1] instead of each device's daily cycle (tests that must not depend on the hour)
 
     def check(self) -> None:
@@ -110,7 +111,8 @@ class FleetSimulator:
         config.check()
         self.config = config
         self.mux = MqttMux(BrokerOptions(config.broker_url, config.mqtt_version, config.tls_ca, config.username,
-                                         config.password_file), window=config.window)  # fmt: skip
+                                         config.password_file, allow_plaintext_password=config.allow_plaintext_password),
+                            window=config.window)  # fmt: skip
         profiles = profiles_for(list(dict.fromkeys(config.targets)))
         by_target = {profile.target: profile for profile in profiles}
         self.agents: dict[str, VirtualAgent] = {}

@@ -32,7 +32,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from edgekit_runtime.agent.backoff import Backoff
-from edgekit_runtime.agent.broker import BrokerAddress, make_tls_context, parse_broker_url, read_password_file
+from edgekit_runtime.agent.broker import (BrokerAddress, make_tls_context, parse_broker_url, read_password_file,
+                                          refuse_plaintext_password)
 from edgekit_runtime.agent.topics import TelemetryError
 
 logger = logging.getLogger(__name__)
@@ -52,10 +53,15 @@ class BrokerOptions:
     username: str | None = None
     password_file: Path | None = None
     keepalive_s: int = 30
+    #: send the password over mqtt:// to a broker that is not on loopback (refused unless true)
+    allow_plaintext_password: bool = False
 
     def address(self) -> BrokerAddress:
         if self.mqtt_version not in MQTT_VERSIONS:
             raise TelemetryError(f"unknown MQTT version {self.mqtt_version!r}", hint="use '5' or '3.1.1'")
+        refuse_plaintext_password(self.url, has_password=self.password_file is not None,
+                                  allow=self.allow_plaintext_password, source="fleet simulate", field="--password-file",
+                                  allow_option="--allow-plaintext-password")  # fmt: skip
         return parse_broker_url(self.url)
 
 

@@ -3,6 +3,7 @@ readable explanations of connection failures."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socket
 import ssl
@@ -54,6 +55,38 @@ def parse_broker_url(url: str) -> BrokerAddress:
     if not parts.hostname:
         raise TelemetryError(f"broker URL {url!r} has no host", hint=hint)
     return BrokerAddress(parts.hostname, port or DEFAULT_PORTS[parts.scheme], parts.scheme == "mqtts")
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` and loopback IP literals (127.0.0.0/8, ::1); names are not resolved, so a host
+    name that happens to resolve to loopback still counts as the network."""
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def sends_password_in_clear(url: str, *, has_password: bool) -> bool:
+    """True when a password would cross ``url`` unencrypted: ``mqtt://`` (no TLS) with a password."""
+    return has_password and not parse_broker_url(url).tls
+
+
+def refuse_plaintext_password(url: str, *, has_password: bool, allow: bool, source: str, field: str,
+                              allow_option: str) -> None:
+    """Raise :class:`TelemetryError` when a password would go in clear text (``mqtt://``) to a host that is not
+    loopback and ``allow`` (the ``allow_option`` of ``source``) is not set. ``source`` names the config file or
+    command, ``field`` the setting that holds the password."""
+    address = parse_broker_url(url)
+    if allow or not sends_password_in_clear(url, has_password=has_password) or is_loopback_host(address.host):
+        return
+    raise TelemetryError(
+        f"{source}: {field}: the broker password would be sent in clear text over {address.url} (mqtt:// has no TLS, "
+        f"and {address.host} is not a loopback address), where anyone on the path can read it",
+        hint=f"use mqtts:// (TLS, port 8883) in the broker URL; only on a network you trust, set {allow_option} "
+             "to send it anyway",
+    )
 
 
 def read_password_file(path: str | Path) -> str:

@@ -120,9 +120,12 @@ def check_agent(config: AgentConfig, *, broker_timeout_s: float = 5.0) -> CheckR
         if config.broker.password_file is not None and not os.access(config.broker.password_file, os.R_OK):
             report.problems.append(f"broker.password_file '{config.broker.password_file}' is not readable by this user")
         probe = probe_broker(config.broker, f"edgekit-{config.fleet}-{config.device_id}", broker_timeout_s)
-        if probe.ok:
+        clear_text = _clear_text_password_warning(config)  # a password over mqtt:// is never "ok", even if it worked
+        if clear_text is not None:
+            report.warnings.append((probe.message + "; " if probe.ok else "") + clear_text)
+        elif probe.ok:
             report.passed.append(probe.message)
-        else:
+        if not probe.ok:
             report.problems.append(probe.message + (f"; {probe.hint}" if probe.hint else ""))
         spool_dir = config.telemetry.spool.path.parent
         if not spool_dir.is_dir() or not os.access(spool_dir, os.W_OK):
@@ -132,6 +135,21 @@ def check_agent(config: AgentConfig, *, broker_timeout_s: float = 5.0) -> CheckR
         report.warnings.append(f"api.address: directory '{address.unix_path.parent}' does not exist yet (run creates it)")
     report.passed.append(f"API address {address}")
     return report
+
+
+def _clear_text_password_warning(config: AgentConfig) -> str | None:
+    """Why the broker password crosses the network unencrypted (``mqtt://`` with a password), or None."""
+    from edgekit_runtime.agent.broker import is_loopback_host, parse_broker_url, sends_password_in_clear
+
+    broker = config.broker
+    if broker is None or not sends_password_in_clear(broker.url, has_password=broker.password_file is not None):
+        return None
+    host = parse_broker_url(broker.url).host
+    if is_loopback_host(host):
+        return (f"{config.source}: broker.password_file: the password goes in clear text over {broker.url} (no TLS); "
+                f"{host} is loopback, so only this machine sees it, but use mqtts:// before the broker moves off it")
+    return (f"{config.source}: broker.password_file: the password goes in clear text over {broker.url} to {host} "
+            "because broker.allow_plaintext_password is true; anyone on the network path can read it: use mqtts://")
 
 
 def _load(config_path: Path) -> AgentConfig | None:

@@ -103,6 +103,8 @@ class BrokerConfig:
     username: str | None = None
     password_file: Path | None = None
     keepalive_s: int = 30
+    #: send the password over mqtt:// (no TLS) to a host that is not loopback (refused unless true)
+    allow_plaintext_password: bool = False
 
     @property
     def uses_tls(self) -> bool:
@@ -437,7 +439,8 @@ def _parse_models(section: _Section, bundles: BundlesConfig) -> ModelsConfig:
 
 
 def _parse_broker(top: _Section) -> BrokerConfig:
-    section = top.section("broker", ("url", "tls", "username", "password_file", "keepalive_s"))
+    section = top.section("broker", ("url", "tls", "username", "password_file", "keepalive_s",
+                                      "allow_plaintext_password"))
     url: str = section.string("url", example="mqtts://broker.example.com:8883")
     scheme = url.split("://", 1)[0] if "://" in url else ""
     if scheme not in BROKER_SCHEMES or not url.split("://", 1)[1].strip("/"):
@@ -466,12 +469,24 @@ def _parse_broker(top: _Section) -> BrokerConfig:
         raise section.error("broker.password_file", "is set without broker.username", hint="add broker.username")
     if password_file is not None and not password_file.is_file():
         raise section.error("broker.password_file", f"file '{password_file}' does not exist", hint="fix the path")
+    allow_plaintext = section.boolean("allow_plaintext_password", False)
+    from edgekit_runtime.agent.broker import refuse_plaintext_password
+    from edgekit_runtime.agent.topics import TelemetryError
+
+    try:
+        refuse_plaintext_password(url, has_password=password_file is not None, allow=allow_plaintext,
+                                  source=str(section.file), field="broker.password_file",
+                                  allow_option="broker.allow_plaintext_password: true")  # fmt: skip
+    except TelemetryError as err:  # the refusal names the file; a URL the broker parser refuses does not yet
+        message = err.message if err.message.startswith(str(section.file)) else f"{section.file}: broker.url: {err.message}"
+        raise AgentConfigError(message, hint=err.hint) from err
     return BrokerConfig(
         url=url,
         tls=tls,
         username=username,
         password_file=password_file,
         keepalive_s=section.number("keepalive_s", 30, minimum=5, integer=True, maximum=3600, example="30"),
+        allow_plaintext_password=allow_plaintext,
     )
 
 
