@@ -3,10 +3,13 @@ inputs and outputs that clients of the local API rely on.
 
 * Anti-rollback: every bundle carries ``bundle_version`` in its signed manifest (``edgekit build``
   writes the build time in milliseconds since the Unix epoch; older bundles fall back to their
-  ``created`` time in the same unit). The agent keeps the highest version it has accepted per
-  bundle name in ``<bundles.dir>/accepted_versions.json`` and refuses an older one unless the deploy
-  says ``allow_downgrade: true``. The rollback command and the automatic rollback after a failed
-  health watch return to the kept previous bundle and are not deploys, so they stay allowed.
+  ``created`` time in the same unit). The agent keeps the highest version it has accepted per model
+  slot (one bundle store: ``bundles.dir``, or ``<models.dir>/<model>``), whatever the bundle's name,
+  in the store's ``accepted_versions.json``, and refuses an older one unless the deploy says
+  ``allow_downgrade: true``. Over MQTT that flag is honoured only when ``commands.require_signed`` is
+  on (so only a command signed by the fleet key carries it), and an honoured downgrade is always
+  reported as a ``downgrade_allowed`` event. The rollback command and the automatic rollback after a
+  failed health watch return to the kept previous bundle and are not deploys, so they stay allowed.
 * Served signature: a bundle whose inputs or outputs differ from the served ones (names, dtypes,
   shapes, or a narrower dim range) is refused unless the deploy says ``allow_signature_change: true``.
 """
@@ -61,16 +64,25 @@ def bundle_version(manifest: Mapping[str, Any], *, where: str) -> int | None:
 
 
 class VersionLedger:
-    """The highest ``bundle_version`` accepted per bundle name, in one JSON file replaced atomically.
+    """The highest ``bundle_version`` accepted in one model slot (one bundle store), whatever the bundles'
+    names, in one JSON file replaced atomically: ``{"slot": {"bundle_version", "bundle", ...}}``.
 
-    An unreadable ledger refuses deploys (it fails closed) with the file named in the error.
+    Ledgers written before versions were per slot hold ``{"models": {bundle name: {...}}}``; every entry of
+    such a file was accepted in this slot, so the highest of them all counts (and is kept). An unreadable
+    ledger refuses deploys (it fails closed) with the file named in the error. ``slot`` names the model in
+    messages (``None``: the one model of ``bundles.dir``).
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], slot: str | None = None) -> None:
         self.path = Path(path)
+        self.slot = slot
         self._lock = threading.Lock()
 
-    def _read(self) -> dict[str, dict[str, Any]]:
+    @property
+    def slot_label(self) -> str:
+        return f"model slot '{self.slot}'" if self.slot is not None else "this device's model slot"
+
+    def _read(self) -> dict[str, Any]:
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -81,12 +93,23 @@ class VersionLedger:
             data = json.loads(text)
         except ValueError as err:
             raise self._broken(f"not valid JSON ({err})") from err
-        models = data.get("models") if isinstance(data, dict) else None
-        if not isinstance(models, dict) or not all(
-            isinstance(entry, dict) and isinstance(entry.get("bundle_version"), int) for entry in models.values()
+        if not isinstance(data, dict):
+            raise self._broken("expected a JSON object")
+        slot, legacy = data.get("slot"), data.get("models", {})
+        if slot is not None and not (isinstance(slot, dict) and _is_version(slot.get("bundle_version"))):
+            raise self._broken("expected {\"slot\": {\"bundle_version\": int, ...}}")
+        if not isinstance(legacy, dict) or not all(
+            isinstance(entry, dict) and _is_version(entry.get("bundle_version")) for entry in legacy.values()
         ):
             raise self._broken("expected {\"models\": {name: {\"bundle_version\": int, ...}}}")
-        return models
+        return data
+
+    def _highest_entry(self, data: dict[str, Any]) -> tuple[int, str] | None:
+        """(version, bundle name) of the highest version this slot accepted."""
+        entries = [(int(e["bundle_version"]), str(name)) for name, e in data.get("models", {}).items()]
+        if data.get("slot") is not None:
+            entries.append((int(data["slot"]["bundle_version"]), str(data["slot"].get("bundle", "?"))))
+        return max(entries) if entries else None
 
     def _broken(self, problem: str) -> DeployError:
         return DeployError(
@@ -95,46 +118,78 @@ class VersionLedger:
             "forgets which versions it has seen)",
         )
 
-    def highest(self, name: str) -> int | None:
-        entry = self._read().get(name)
-        return None if entry is None else int(entry["bundle_version"])
+    def highest(self) -> int | None:
+        """The highest version this slot accepted, under any bundle name (None: none yet)."""
+        entry = self._highest_entry(self._read())
+        return None if entry is None else entry[0]
+
+    def downgrade(self, version: int | None) -> tuple[int, str] | None:
+        """(highest accepted version, its bundle name) when ``version`` is below it, or unknown while this slot
+        has accepted a version; else None."""
+        entry = self._highest_entry(self._read())
+        if entry is None or (version is not None and version >= entry[0]):
+            return None
+        return entry
 
     def check(self, name: str, version: int | None, *, allow_downgrade: bool, where: str) -> None:
-        """Refuse ``version`` of bundle ``name`` when it is below the highest accepted (or unknown)."""
-        highest = self.highest(name)
-        if highest is None or allow_downgrade:
+        """Refuse ``version`` of bundle ``name`` when it is below the highest this slot accepted (or unknown)."""
+        found = self.downgrade(version)
+        if found is None or allow_downgrade:
             return
-        hint = ("to go back on purpose, send the deploy again with allow_downgrade: true; the rollback command "
-                "returns to the previous bundle without one")  # fmt: skip
+        highest, accepted = found
+        of = f" (bundle '{accepted}', {self.slot_label})" if accepted != name else f" ({self.slot_label})"
+        hint = ("to go back on purpose, send the deploy again with allow_downgrade: true in a command signed by the "
+                "fleet key (the agent needs commands.require_signed: true); the rollback command returns to the "
+                "previous bundle without one")  # fmt: skip
         if version is None:
             raise DeployError(
                 f"{where}: bundle '{name}' has neither bundle_version nor created, so this device cannot tell that it "
-                f"is not older than version {highest} ({_iso(highest)}) it already accepted; refusing a possible downgrade",
-                hint=hint,
-            )
-        if version < highest:
-            raise DeployError(
-                f"{where}: bundle '{name}' is version {version} ({_iso(version)}), older than version {highest} "
-                f"({_iso(highest)}) this device already accepted; refusing a downgrade",
-                hint=hint,
-            )
+                f"is not older than version {highest} ({_iso(highest)}){of} it already accepted; refusing a possible "
+                "downgrade", hint=hint,
+            )  # fmt: skip
+        raise DeployError(
+            f"{where}: bundle '{name}' is version {version} ({_iso(version)}), older than version {highest} "
+            f"({_iso(highest)}) this device already accepted; refusing a downgrade{of}",
+            hint=hint,
+        )
 
     def record(self, name: str, version: int | None, *, manifest_sha256: str) -> None:
-        """Remember ``version`` of ``name`` if it is the highest so far (a lower one changes nothing)."""
+        """Remember ``version`` of bundle ``name`` if it is the highest this slot has seen (a lower one changes nothing)."""
         if version is None:
             return
         with self._lock:
-            models = self._read()
-            if name in models and int(models[name]["bundle_version"]) >= version:
+            data = self._read()
+            highest = self._highest_entry(data)
+            if highest is not None and highest[0] >= version:
                 return
-            models[name] = {"bundle_version": version, "manifest_sha256": manifest_sha256, "accepted_at_s": round(time.time(), 3)}
+            data["slot"] = {"bundle_version": version, "bundle": name, "manifest_sha256": manifest_sha256,
+                            "accepted_at_s": round(time.time(), 3)}  # fmt: skip
             partial = self.path.with_name(f".{self.path.name}.partial")
             with partial.open("w", encoding="utf-8") as handle:
-                json.dump({"models": models}, handle, indent=1, sort_keys=True)
+                json.dump(data, handle, indent=1, sort_keys=True)
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(partial, self.path)
-        logger.info("anti-rollback: %s is now at version %d", name, version)
+        logger.info("anti-rollback: %s is now at version %d (bundle %s)", self.slot_label, version, name)
+
+
+def _is_version(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def refuse_unsigned_downgrade(allow_downgrade: bool, *, require_signed: bool, config_file: Path | None, where: str) -> None:
+    """Refuse ``allow_downgrade`` in a fleet command unless the agent accepts only commands signed by the fleet
+    key (``commands.require_signed``): otherwise anyone who can publish on the device's command topic could
+    send an old, validly signed bundle with it."""
+    if not allow_downgrade or require_signed:
+        return
+    raise DeployError(
+        f"{where}: args.allow_downgrade is honoured only in commands signed by the fleet key, and this agent does not "
+        f"require signed commands ({config_file or 'the agent config'}: commands.require_signed is false); refusing",
+        hint="set commands.require_signed: true (with bundles.public_key) and send the deploy with `edgekit fleet "
+             "deploy --sign-commands KEY`; or deploy a bundle with a higher bundle_version; the rollback command "
+             "returns to the previous bundle without a downgrade",
+    )
 
 
 # -- the served signature ---------------------------------------------------------------------------------

@@ -30,13 +30,14 @@ import json
 import logging
 import shutil
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from edgekit_runtime.agent.config import BundlesConfig, HealthConfig
 from edgekit_runtime.agent.deploy_checks import LEDGER_NAME, VersionLedger, bundle_version, signature_changes
+from edgekit_runtime.agent.deploy_request import DeployRequest  # re-exported: callers import it from here
 from edgekit_runtime.agent.errors import DeployError, MemoryBudgetError
 from edgekit_runtime.agent.fetch import SourcePolicy, fetch_bundle, write_error
 from edgekit_runtime.agent.loading import LoadedBundle, check_signature_bytes, load_bundle
@@ -51,56 +52,6 @@ from edgekit_runtime.timing import rss_mb
 logger = logging.getLogger(__name__)
 
 EventSink = Callable[[dict[str, Any]], None]
-
-
-@dataclass(frozen=True)
-class DeployRequest:
-    """The ``args`` of a ``deploy`` command (``command.v1``), plus an optional base64 ``signature``
-    over manifest.json for bundles shipped without their ``manifest.sig``. ``allow_downgrade`` lets
-    an older ``bundle_version`` in, ``allow_signature_change`` other inputs or outputs."""
-
-    url: str
-    sha256: str | None
-    bundle_id: str | None = None
-    signature: bytes | None = None
-    command_id: str | None = None
-    allow_downgrade: bool = False
-    allow_signature_change: bool = False
-    #: the model of the repository to deploy to (``None``: the default model)
-    model: str | None = None
-
-    @classmethod
-    def from_args(cls, args: object, *, command_id: str | None = None, require_sha256: bool = True) -> DeployRequest:
-        hint = 'send args {"bundle_id": ..., "url": "https://.../bundle.tar", "sha256": "<64 hex>"}'
-        if not isinstance(args, Mapping):
-            raise DeployError(f"deploy: args must be an object, got {type(args).__name__}", hint=hint)
-        known = {"bundle_id", "url", "sha256", "size_bytes", "signature", "allow_downgrade", "allow_signature_change", "model"}
-        unknown = sorted(set(args) - known)
-        if unknown:
-            raise DeployError(f"deploy: unknown args {unknown}", hint=f"known args: {', '.join(sorted(known))}")
-        url = args.get("url")
-        if not isinstance(url, str) or not url:
-            raise DeployError("deploy: args.url is missing", hint=hint)
-        sha256 = args.get("sha256")
-        if sha256 is None and require_sha256:
-            raise DeployError("deploy: args.sha256 is missing", hint=hint)
-        if sha256 is not None and (not isinstance(sha256, str) or len(sha256) != 64 or not all(c in "0123456789abcdefABCDEF" for c in sha256)):
-            raise DeployError(f"deploy: args.sha256 must be 64 hex digits, got {sha256!r}", hint=hint)
-        bundle_id = args.get("bundle_id")
-        if bundle_id is not None and not isinstance(bundle_id, str):
-            raise DeployError(f"deploy: args.bundle_id must be a string, got {bundle_id!r}", hint=hint)
-        signature = args.get("signature")
-        raw_signature = None if signature is None else decode_signature(str(signature), where="deploy: args.signature")
-        flags = {}
-        for flag in ("allow_downgrade", "allow_signature_change"):
-            value = args.get(flag, False)
-            if not isinstance(value, bool):
-                raise DeployError(f"deploy: args.{flag} must be true or false, got {value!r}", hint=f'e.g. "{flag}": true')
-            flags[flag] = value
-        model = args.get("model")
-        if model is not None and not isinstance(model, str):
-            raise DeployError(f"deploy: args.model must be a model name (a string), got {model!r}", hint='e.g. "model": "detector"')
-        return cls(url, None if sha256 is None else sha256.lower(), bundle_id, raw_signature, command_id, **flags, model=model)
 
 
 @dataclass(frozen=True)
@@ -185,7 +136,7 @@ class Deployer:
         self._lock = threading.Lock()
         self._served: ServedBundle | None = None
         self.last_self_check_passed: bool | None = None
-        self.ledger = VersionLedger(store.root / LEDGER_NAME)
+        self.ledger = VersionLedger(store.root / LEDGER_NAME, slot=model)
         self._sources = SourcePolicy.from_config(bundles)
 
     @property
@@ -330,6 +281,13 @@ class Deployer:
         on_step("version")
         version = bundle_version(manifest, where=f"{request.url}: {MANIFEST_NAME}")
         self.ledger.check(name, version, allow_downgrade=request.allow_downgrade, where=request.url)
+        downgrade = self.ledger.downgrade(version) if request.allow_downgrade else None
+        if downgrade is not None:  # honoured, and never silently
+            self._event("downgrade_allowed", f"deploy of {request.url}: bundle '{name}' version {version} is older than "
+                        f"version {downgrade[0]} ('{downgrade[1]}') this {self.ledger.slot_label} accepted; going back "
+                        "because the deploy says allow_downgrade", level="warning", command_id=request.command_id,
+                        bundle=name, bundle_version=version, highest_accepted=downgrade[0],
+                        highest_accepted_bundle=downgrade[1], url=request.url)  # fmt: skip
         on_step("io_signature")
         served = self.server.signature
         if served is None or request.allow_signature_change:

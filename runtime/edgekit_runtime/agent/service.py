@@ -392,6 +392,8 @@ class AgentService:
             replay=self._open_replay_window(),
             command_key=self._command_key(),
             require_signed_commands=self.config.commands.require_signed,
+            delivery=self.config.telemetry.delivery,
+            resend_after_s=self.config.telemetry.resend_after_s,
         )
         self._link.set_status_fields(**self._status_fields())
         self._link.start()
@@ -720,7 +722,8 @@ class AgentService:
                         "message": f"command '{name}' failed: {type(exc).__name__}: {exc}", "details": {"command": name}})  # fmt: skip
 
     def _command_deploy(self, args: dict[str, Any], command_id: str | None) -> None:
-        request = DeployRequest.from_args(args, command_id=command_id)
+        request = DeployRequest.from_command(args, command_id=command_id, require_signed=self.config.commands.require_signed,
+                                             config_file=self.config.source)  # fmt: skip
         deployer = self.models.get(request.model, create=True).deployer  # an unknown model: command_rejected
         self._spawn_ota("edgekit-deploy", lambda: deployer.deploy(request))
 
@@ -733,7 +736,8 @@ class AgentService:
         for index, item in enumerate(deploys):
             if not isinstance(item, dict) or not isinstance(item.get("model"), str):
                 raise EdgekitError(f"deploy_pipeline: deploys[{index}] must be an object naming its model", hint=hint)
-            requests.append(DeployRequest.from_args(item, command_id=command_id))
+            requests.append(DeployRequest.from_command(item, command_id=command_id, config_file=self.config.source,
+                                                       require_signed=self.config.commands.require_signed))  # fmt: skip
         self._spawn_ota("edgekit-deploy", lambda: self.models.deploy_pipeline(requests, command_id=command_id))
 
     def _command_rollback(self, args: dict[str, Any], command_id: str | None) -> None:

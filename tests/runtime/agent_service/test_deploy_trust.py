@@ -207,8 +207,9 @@ def test_an_older_bundle_is_refused_unless_the_deploy_allows_it(make_device: Cal
     assert "allow_downgrade: true" in result["details"]["error"]
     assert device.store.current == newer and list(device.store.staging_dir.iterdir()) == []  # nothing unpacked, nothing kept
     assert device.deploy(old, allow_downgrade=True) == "succeeded" and device.deployer.served.name == "tiny-a"
-    assert device.deployer.ledger.highest("tiny-a") == 1_700_000_002_000  # the highest stays
-    assert device.deploy(bundle("tiny-b", 5)) == "succeeded"  # versions are per bundle name
+    assert device.deployer.ledger.highest() == 1_700_000_002_000  # the highest stays
+    # issue 28: versions are per model slot, so an older bundle under another name is a downgrade too
+    assert device.deploy(bundle("tiny-b", 5)) == "failed" and "(bundle 'tiny-a', this device's model slot)" in device.result()["message"]
 
 
 def test_rollback_stays_allowed_and_the_ledger_survives_a_restart(
@@ -221,7 +222,7 @@ def test_rollback_stays_allowed_and_the_ledger_survives_a_restart(
     assert json.loads(device.store.current.joinpath("manifest.json").read_text())["bundle_version"] == 1000
     device.server.close()
     restarted = make_device()
-    assert restarted.deployer.served is not None and restarted.deployer.ledger.highest("tiny-a") == 2000
+    assert restarted.deployer.served is not None and restarted.deployer.ledger.highest() == 2000
     assert restarted.deploy(bundle("tiny-a", 1500)) == "failed" and restarted.result()["details"]["step"] == "version"
 
 
@@ -245,7 +246,7 @@ def test_a_failed_watch_does_not_raise_the_version(make_device: Callable[..., De
     finally:
         stop.set()
         thread.join()
-    assert device.deployer.ledger.highest("tiny-a") == 1000
+    assert device.deployer.ledger.highest() == 1000
     assert device.deploy(bundle("tiny-a", 2000)) == "succeeded"
 
 
@@ -254,7 +255,7 @@ def test_versions_of_bundles_without_bundle_version_and_a_broken_ledger(
 ) -> None:
     device = make_device()
     assert device.deploy(bundle("tiny-a")) == "succeeded"  # no bundle_version: its created time, 2025-01-01
-    assert device.deployer.ledger.highest("tiny-a") == 1_735_689_600_000
+    assert device.deployer.ledger.highest() == 1_735_689_600_000
     assert device.deploy(bundle("tiny-a", 1_700_000_000_000)) == "failed" and "refusing a downgrade" in device.result()["message"]
     device.deployer.ledger.path.write_text("{not json", encoding="utf-8")
     assert device.deploy(bundle("tiny-a", 1_800_000_000_000)) == "failed"
@@ -267,7 +268,7 @@ def test_a_device_upgraded_to_the_ledger_records_what_it_serves(make_device: Cal
     device.deployer.ledger.path.unlink()  # an agent from before the ledger
     device.server.close()
     restarted = make_device()
-    assert restarted.deployer.ledger.highest("tiny-a") == 4000
+    assert restarted.deployer.ledger.highest() == 4000
     assert restarted.deploy(bundle("tiny-a", 3000)) == "failed"
 
 
