@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from edgekit.cli.fleet_simulate_history import add_history_options, run_history
 from edgekit.cli.options import console, json_parent, print_json, results
 
 
@@ -15,7 +16,7 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
         "retained status with an offline will, events) and answers ping/set_interval/deploy/rollback commands. "
         "Latency and power are SYNTHETIC, derived from the target profiles.",
     )  # fmt: skip
-    parser.add_argument("--broker", required=True, metavar="URL", help="mqtt://HOST:1883 or mqtts://HOST:8883")
+    parser.add_argument("--broker", metavar="URL", help="mqtt://HOST:1883 or mqtts://HOST:8883 (needed unless --history)")
     parser.add_argument("--devices", type=int, default=10, metavar="N", help="how many devices (default 10)")
     parser.add_argument("--rate", type=float, default=0.1, metavar="R",
                         help="telemetry windows per second per device (default 0.1: one 10 s window)")  # fmt: skip
@@ -36,6 +37,7 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--password-file", type=Path, help="file holding the broker password")
     parser.add_argument("--allow-plaintext-password", action="store_true",
                         help="send the password over mqtt:// to a broker that is not on loopback (refused otherwise)")
+    add_history_options(parser)
     parser.set_defaults(func=run)
 
 
@@ -64,8 +66,13 @@ def parse_behaviour(text: str) -> tuple[str, object]:
 
 def run(args: argparse.Namespace) -> int:
     from edgekit.fleet.sim.profiles import DEFAULT_TARGETS
-    from edgekit.fleet.simulate import DeployTiming, FleetSimulator, SimulationConfig
+    from edgekit.fleet.simulate import DeployTiming, FleetSimulator, SimulationConfig, SimulationError
 
+    if args.history:
+        return run_history(args)
+    if not args.broker:
+        raise SimulationError("fleet simulate needs --broker URL (live devices) or --history DURATION --store URL (seeded history)",
+                              hint="e.g. --broker mqtt://127.0.0.1:1883, or --history 24h --store sqlite:///fleet.db")  # fmt: skip
     targets = tuple(t.strip() for t in args.targets.split(",") if t.strip()) if args.targets else DEFAULT_TARGETS
     config = SimulationConfig(
         args.broker, devices=args.devices, rate_per_s=args.rate, fleet=args.fleet, targets=targets,
