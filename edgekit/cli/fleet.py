@@ -107,6 +107,11 @@ def _register_collect(fleet_subparsers: argparse._SubParsersAction) -> None:
                         help=f"serve Prometheus /metrics on this port (default {DEFAULT_METRICS_PORT}; 0 picks a free one)")
     parser.add_argument("--metrics-host", default="127.0.0.1", metavar="ADDR", help="address of /metrics (default loopback)")
     parser.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
+    parser.add_argument("--metrics-per-device", action="store_true",
+                        help="also serve per-device series on /metrics (about 15 a device; they are always on "
+                             "/metrics/devices[?fleet=F]); by default /metrics holds fleet-level series only")  # fmt: skip
+    parser.add_argument("--metrics-cache-seconds", type=float, default=5.0, metavar="S",
+                        help="serve the fleet-level series from one store read for S seconds (default 5)")
     parser.add_argument("--retention-hours", type=float, default=DEFAULT_RETENTION_HOURS, metavar="H",
                         help=f"keep raw windows H hours, then roll them up into buckets (default {DEFAULT_RETENTION_HOURS:g}; "
                              "0 keeps them forever)")  # fmt: skip
@@ -195,11 +200,25 @@ def _check_collect_options(args: argparse.Namespace) -> None:
                               f"default {DEFAULT_SESSION_EXPIRY_S} keeps them a day")  # fmt: skip
 
 
+def _start_metrics_server(args: argparse.Namespace, metrics: Any) -> tuple[Any, Any]:
+    """The /metrics server and the store it reads: a connection of its own, so a scrape never waits for the writer."""
+    from edgekit.fleet.metrics import MetricsServer
+    from edgekit.fleet.store import open_store
+
+    store = open_store(args.store)
+    try:
+        return MetricsServer(metrics, args.metrics_port, args.metrics_host, store=store, fleet=args.fleet,
+                             per_device=args.metrics_per_device, cache_s=args.metrics_cache_seconds).start(), store  # fmt: skip
+    except BaseException:
+        store.close()
+        raise
+
+
 def _collect(args: argparse.Namespace, on_started: Callable[[], None] | None = None,
              orphaned: Callable[[], bool] | None = None) -> int:
     """One collector until SIGTERM, Ctrl-C, ``--duration`` or (a worker) ``orphaned()``."""
     from edgekit.fleet.collector import Collector, default_client_id
-    from edgekit.fleet.metrics import IngestMetrics, MetricsServer
+    from edgekit.fleet.metrics import IngestMetrics
     from edgekit.fleet.store import open_store
 
     _check_collect_options(args)
@@ -207,7 +226,7 @@ def _collect(args: argparse.Namespace, on_started: Callable[[], None] | None = N
     retention = dt.timedelta(hours=args.retention_hours) if args.retention_hours > 0 else None
     metrics = IngestMetrics()
     with open_store(args.store) as store:
-        server = None if args.no_metrics else MetricsServer(metrics, args.metrics_port, args.metrics_host).start()
+        server, metrics_store = (None, None) if args.no_metrics else _start_metrics_server(args, metrics)
         try:
             collector = Collector(
                 args.broker, store, client_id=client_id, fleet=args.fleet, shared_group=args.shared_group,
@@ -246,6 +265,7 @@ def _collect(args: argparse.Namespace, on_started: Callable[[], None] | None = N
         finally:
             if server is not None:
                 server.stop()
+                metrics_store.close()
     counts = metrics.snapshot()
     results(args).print(f"received {sum(counts['received'].values())}, stored {sum(counts['stored'].values())}, "
                         f"duplicates {sum(counts['duplicates'].values())}, rejected {sum(counts['rejected'].values())}")

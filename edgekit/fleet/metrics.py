@@ -1,10 +1,17 @@
-"""The collector's Prometheus metrics: ingest counters and per-device gauges, served on ``/metrics``.
+"""The collector's Prometheus metrics, served by ``prometheus_client`` on ``/metrics`` and ``/metrics/devices``.
 
-Written in the text exposition format 0.0.4 (``text/plain; version=0.0.4``). Gauges follow
-Prometheus' base units (seconds, watts, joules, Celsius) and come from the newest window (highest
-seq) this collector has stored for each device; ``edgekit_device_online`` comes from the devices'
-status messages, which every collector receives (they are not shared). Several collectors each
-export their own counters; sum them with ``sum without (instance)``.
+``/metrics`` holds the collector's own counters and, given a store, the fleet-level series of
+:mod:`edgekit.fleet.metrics_fleet` (devices by fleet, bundle, target and liveness state; latency, power, energy
+and temperature as the median and the worst over devices; per model): its size does not grow with the fleet.
+Per-device series are opt-in: always on ``/metrics/devices`` (``?fleet=F`` for one fleet), and on ``/metrics``
+too with ``per_device=True`` (``fleet collect --metrics-per-device``). ``deploy/prometheus/METRICS.md`` lists
+every name and label.
+
+Per-device gauges keep the names ``/metrics`` served before issue 27. They follow Prometheus' base units
+(seconds, watts, joules, Celsius) and come from the newest window (highest seq) this collector has stored for
+each device; ``edgekit_device_online`` comes from the devices' status messages, which every collector receives
+(they are not shared); ``edgekit_device_state`` from the store, judged as ``fleet status`` judges it. Several
+collectors each export their own counters; sum them with ``sum without (instance)``.
 
 Per model (issue 20): the ``edgekit_model_*`` gauges carry a ``model`` label besides ``fleet`` and
 ``device``, one series per model of the newest window (telemetry.v1 ``models``; the window itself under
@@ -15,19 +22,24 @@ temperature stay per device: the models share them.
 from __future__ import annotations
 
 import logging
-import math
 import threading
+import urllib.parse
 from collections import defaultdict
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Iterable
+from typing import Iterable, Iterator
+
+from prometheus_client import generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from edgekit.fleet.errors import CollectorError
 from edgekit.fleet.ingest import READ_KINDS, REJECTION_REASONS
-from edgekit.fleet.store.base import DeviceStatus, ModelWindow, TelemetryWindow
+from edgekit.fleet.metrics_fleet import DEFAULT_CACHE_S, FleetCollector, FleetReader, device_state_family
+from edgekit.fleet.store.base import DeviceStatus, FleetStore, ModelWindow, TelemetryWindow
 
 logger = logging.getLogger(__name__)
 
+#: The text exposition format 0.0.4, which ``prometheus_client.generate_latest`` writes for these names.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -72,7 +84,7 @@ def model_windows(window: TelemetryWindow) -> tuple[ModelWindow, ...]:
 
 
 class IngestMetrics:
-    """Thread-safe counters and gauges the collector updates and ``/metrics`` renders."""
+    """Thread-safe counters and per-device gauges the collector updates and the metrics server renders."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -121,81 +133,94 @@ class IngestMetrics:
             return {"received": dict(self.received), "stored": dict(self.stored),
                     "duplicates": dict(self.duplicates), "rejected": dict(self.rejected)}  # fmt: skip
 
-    def render(self) -> str:
-        """Everything in the Prometheus text format 0.0.4."""
+    def counter_families(self) -> list[Metric]:
+        """The collector's own counters and gauges (names unchanged since before issue 27)."""
         with self._lock:
-            lines: list[str] = []
-            _family(lines, "edgekit_collector_messages_received_total", "counter", "MQTT messages received, by topic kind.",
-                    [({"kind": kind}, self.received.get(kind, 0)) for kind in READ_KINDS])
-            _family(lines, "edgekit_collector_records_stored_total", "counter", "Records written to the store, by kind.",
-                    [({"kind": kind}, self.stored.get(kind, 0)) for kind in READ_KINDS])
-            _family(lines, "edgekit_collector_duplicates_total", "counter",
-                    "Telemetry windows and events already stored (QoS 1 redelivery, spool replay), by kind.",
-                    [({"kind": kind}, self.duplicates.get(kind, 0)) for kind in READ_KINDS])
-            _family(lines, "edgekit_collector_messages_rejected_total", "counter", "Messages rejected, by reason.",
-                    [({"reason": reason}, self.rejected.get(reason, 0)) for reason in REJECTION_REASONS])
-            _family(lines, "edgekit_collector_store_errors_total", "counter", "Failed store writes (retried).",
-                    [({}, self.store_errors)])
-            _family(lines, "edgekit_collector_queue_depth", "gauge", "Records waiting for the store writer.",
-                    [({}, self.queue_depth)])
-            _family(lines, "edgekit_collector_connected", "gauge", "1 while connected to the broker.",
-                    [({}, 1 if self.connected else 0)])
-            devices = sorted(set(self._latest) | set(self._online))
-            _family(lines, "edgekit_device_online", "gauge", "1 when the device's last status is online.",
-                    [({"fleet": f, "device": d}, 1 if self._online.get((f, d)) else 0) for f, d in devices])
-            _family(lines, "edgekit_device_info", "gauge", "The bundle a device runs (value always 1).",
-                    [({"fleet": w.fleet, "device": w.device, "bundle": w.bundle_id or ""}, 1)
-                     for _, w in sorted(self._latest.items())])
-            _family(lines, "edgekit_device_last_seq", "gauge", "Sequence number of the device's newest window.",
-                    [({"fleet": w.fleet, "device": w.device}, w.seq) for _, w in sorted(self._latest.items())])
-            for gauge in DEVICE_GAUGES:
-                samples = [({"fleet": w.fleet, "device": w.device}, getattr(w, gauge.field) * gauge.scale)
-                           for _, w in sorted(self._latest.items()) if getattr(w, gauge.field) is not None]
-                _family(lines, gauge.name, "gauge", gauge.help, samples)
-            models = [(w, m) for _, w in sorted(self._latest.items()) for m in model_windows(w)]
-            _family(lines, "edgekit_model_info", "gauge", "The bundle each model of a device runs (value always 1).",
-                    [({"fleet": w.fleet, "device": w.device, "model": m.model or "", "bundle": m.bundle_id or ""}, 1)
-                     for w, m in models])  # fmt: skip
-            for gauge in MODEL_GAUGES:
-                found = [({"fleet": w.fleet, "device": w.device, "model": m.model or ""}, getattr(m, gauge.field))
-                         for w, m in models if getattr(m, gauge.field) is not None]  # fmt: skip
-                _family(lines, gauge.name, "gauge", gauge.help,
-                        [(labels, value * gauge.scale if gauge.scale != 1.0 else value) for labels, value in found])
-        return "\n".join(lines) + "\n"
+            received, stored, duplicates = dict(self.received), dict(self.stored), dict(self.duplicates)
+            rejected, store_errors, queue_depth, connected = dict(self.rejected), self.store_errors, self.queue_depth, self.connected
+        families: list[Metric] = []
+        for name, help_text, label, keys, counts in (
+            ("edgekit_collector_messages_received_total", "MQTT messages received, by topic kind.", "kind", READ_KINDS, received),
+            ("edgekit_collector_records_stored_total", "Records written to the store, by kind.", "kind", READ_KINDS, stored),
+            ("edgekit_collector_duplicates_total",
+             "Telemetry windows and events already stored (QoS 1 redelivery, spool replay), by kind.", "kind", READ_KINDS, duplicates),
+            ("edgekit_collector_messages_rejected_total", "Messages rejected, by reason.", "reason", REJECTION_REASONS, rejected),
+        ):  # fmt: skip
+            family = CounterMetricFamily(name, help_text, labels=[label])
+            for key in keys:
+                family.add_metric([key], counts.get(key, 0))
+            families.append(family)
+        families.append(CounterMetricFamily("edgekit_collector_store_errors_total", "Failed store writes (retried).",
+                                            value=store_errors))  # fmt: skip
+        families.append(GaugeMetricFamily("edgekit_collector_queue_depth", "Records waiting for the store writer.", value=queue_depth))
+        families.append(GaugeMetricFamily("edgekit_collector_connected", "1 while connected to the broker.", value=1 if connected else 0))
+        return families
+
+    def device_families(self, fleet: str | None = None) -> list[Metric]:
+        """Per-device and per-model gauges from the newest window this collector stored for each device."""
+        with self._lock:
+            latest = sorted((key, w) for key, w in self._latest.items() if fleet is None or key[0] == fleet)
+            online = {key: up for key, up in self._online.items() if fleet is None or key[0] == fleet}
+        online_family = GaugeMetricFamily("edgekit_device_online", "1 when the device's last status is online.",
+                                          labels=["fleet", "device"])  # fmt: skip
+        for key in sorted(set(online) | {key for key, _ in latest}):
+            online_family.add_metric(list(key), 1 if online.get(key) else 0)
+        info = GaugeMetricFamily("edgekit_device_info", "The bundle a device runs (value always 1).", labels=["fleet", "device", "bundle"])
+        last_seq = GaugeMetricFamily("edgekit_device_last_seq", "Sequence number of the device's newest window.", labels=["fleet", "device"])
+        gauges = [GaugeMetricFamily(g.name, g.help, labels=["fleet", "device"]) for g in DEVICE_GAUGES]
+        model_info = GaugeMetricFamily("edgekit_model_info", "The bundle each model of a device runs (value always 1).",
+                                       labels=["fleet", "device", "model", "bundle"])  # fmt: skip
+        model_gauges = [GaugeMetricFamily(g.name, g.help, labels=["fleet", "device", "model"]) for g in MODEL_GAUGES]
+        for (fleet_id, device), window in latest:
+            info.add_metric([fleet_id, device, window.bundle_id or ""], 1)
+            last_seq.add_metric([fleet_id, device], window.seq)
+            for gauge, family in zip(DEVICE_GAUGES, gauges):
+                value = getattr(window, gauge.field)
+                if value is not None:
+                    family.add_metric([fleet_id, device], value * gauge.scale)
+            for model in model_windows(window):
+                model_info.add_metric([fleet_id, device, model.model or "", model.bundle_id or ""], 1)
+                for gauge, family in zip(MODEL_GAUGES, model_gauges):
+                    value = getattr(model, gauge.field)
+                    if value is not None:
+                        family.add_metric([fleet_id, device, model.model or ""], value * gauge.scale)
+        return [online_family, info, last_seq, *gauges, model_info, *model_gauges]
+
+    def render(self, per_device: bool = True) -> str:
+        """The counters (and the per-device gauges) in the text format 0.0.4."""
+        return render_families([*self.counter_families(), *(self.device_families() if per_device else [])])
 
 
-def _family(lines: list[str], name: str, kind: str, help_text: str,
-            samples: Iterable[tuple[dict[str, str], float]]) -> None:  # fmt: skip
-    lines.append(f"# HELP {name} {help_text.replace(chr(92), chr(92) * 2)}")
-    lines.append(f"# TYPE {name} {kind}")
-    for labels, value in samples:
-        label_text = ",".join(f'{key}="{escape_label(str(val))}"' for key, val in labels.items())
-        lines.append(f"{name}{{{label_text}}} {format_value(value)}" if label_text else f"{name} {format_value(value)}")
+class _Families:
+    """Metric families as a ``prometheus_client`` collector (what ``generate_latest`` reads)."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._families
 
 
-def escape_label(value: str) -> str:
-    """A label value as the text format writes it: backslash, double quote and line feed escaped."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def format_value(value: float) -> str:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
+def render_families(families: Iterable[Metric]) -> str:
+    return generate_latest(_Families(families)).decode("utf-8")
 
 
 class MetricsServer:
-    """``GET /metrics`` on ``host:port`` (port 0: any free port; see :attr:`port`), in a daemon thread."""
+    """``GET /metrics`` and ``GET /metrics/devices[?fleet=F]`` on ``host:port`` (port 0: any free port; see
+    :attr:`port`), in a daemon thread.
 
-    def __init__(self, metrics: IngestMetrics, port: int, host: str = "127.0.0.1") -> None:
+    ``store``: read at scrape time for the fleet-level series (give the server a store of its own, not the
+    collector's, so a scrape never waits for the writer), at most every ``cache_s`` seconds; ``fleet`` restricts
+    them to one fleet. ``per_device``: the per-device series on ``/metrics`` too; by default only without a
+    store (then they are all the server knows, as before issue 27)."""
+
+    def __init__(self, metrics: IngestMetrics, port: int, host: str = "127.0.0.1", *, store: FleetStore | None = None,
+                 fleet: str | None = None, per_device: bool | None = None, cache_s: float = DEFAULT_CACHE_S) -> None:  # fmt: skip
         self.metrics = metrics
-        handler = _handler_for(metrics)
+        self.reader = FleetReader(store, fleet=fleet, max_age_s=cache_s) if store is not None else None
+        self.per_device = store is None if per_device is None else per_device
         try:
-            self._server = ThreadingHTTPServer((host, port), handler)
+            self._server = ThreadingHTTPServer((host, port), _handler_for(self))
         except OSError as exc:
             raise CollectorError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}",
                                  hint="pick a free port with --metrics-port (0 picks one)") from exc  # fmt: skip
@@ -208,6 +233,26 @@ class MetricsServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/metrics"
 
+    def render(self) -> str:
+        """What ``/metrics`` serves."""
+        families = self.metrics.counter_families()
+        if self.reader is not None:
+            families.extend(FleetCollector(self.reader).collect())
+        if self.per_device:
+            families.extend(self._device_families(None))
+        return render_families(families)
+
+    def render_devices(self, fleet: str | None = None) -> str:
+        """What ``/metrics/devices`` serves: the per-device series, of one fleet or all."""
+        return render_families(self._device_families(fleet))
+
+    def _device_families(self, fleet: str | None) -> list[Metric]:
+        families = self.metrics.device_families(fleet)
+        snapshot = self.reader.snapshot() if self.reader is not None else None
+        if snapshot is not None:
+            families.append(device_state_family(snapshot.summaries, fleet))
+        return families
+
     def start(self) -> MetricsServer:
         self._thread.start()
         logger.info("metrics on %s", self.url)
@@ -218,13 +263,22 @@ class MetricsServer:
         self._server.server_close()
 
 
-def _handler_for(metrics: IngestMetrics) -> type[BaseHTTPRequestHandler]:
+def _handler_for(server: MetricsServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            if self.path.split("?", 1)[0] not in ("/metrics", "/metrics/"):
-                self.send_error(404, "only /metrics is served here")
-                return
-            body = metrics.render().encode("utf-8")
+            path, _, query = self.path.partition("?")
+            params = urllib.parse.parse_qs(query, keep_blank_values=True)
+            if path.rstrip("/") == "/metrics" and not params:
+                self._send(server.render())
+            elif path.rstrip("/") == "/metrics/devices" and set(params) <= {"fleet"} and len(params.get("fleet", [""])) == 1:
+                self._send(server.render_devices(params["fleet"][0] if "fleet" in params else None))
+            elif path.rstrip("/") in ("/metrics", "/metrics/devices"):
+                self.send_error(400, f"unknown query {query!r}: /metrics takes none, /metrics/devices takes fleet=F once")
+            else:
+                self.send_error(404, "only /metrics and /metrics/devices[?fleet=F] are served here")
+
+        def _send(self, text: str) -> None:
+            body = text.encode("utf-8")
             self.send_response(200)
             self.send_header("Content-Type", CONTENT_TYPE)
             self.send_header("Content-Length", str(len(body)))
@@ -237,5 +291,4 @@ def _handler_for(metrics: IngestMetrics) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-__all__ = ["CONTENT_TYPE", "DEVICE_GAUGES", "MODEL_GAUGES", "IngestMetrics", "MetricsServer", "escape_label", "format_value",
-           "model_windows"]
+__all__ = ["CONTENT_TYPE", "DEVICE_GAUGES", "MODEL_GAUGES", "IngestMetrics", "MetricsServer", "model_windows", "render_families"]

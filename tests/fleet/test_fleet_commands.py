@@ -178,7 +178,7 @@ def test_collect_command_stores_serves_metrics_and_stops_on_sigterm(tmp_path: Pa
     try:
         process = subprocess.Popen(
             [sys.executable, "-m", "edgekit.cli.main", "fleet", "collect", "--broker", broker.url, "--store", store_url,
-             "--fleet", "cli", "--metrics-port", "0", "--json"],
+             "--fleet", "cli", "--metrics-port", "0", "--metrics-per-device", "--json"],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert process.stdout is not None

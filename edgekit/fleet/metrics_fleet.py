@@ -1,0 +1,206 @@
+"""Fleet-level Prometheus series, read from the store at scrape time (issue 27): a handful of series per
+(fleet, bundle, target) and per (fleet, model, bundle), however many devices there are.
+
+:class:`FleetReader` reads :meth:`FleetStore.device_summaries` (each device's liveness state, already judged by
+:mod:`edgekit.fleet.liveness`, and its newest window's figures) and the last few minutes of per-model telemetry,
+at most once every ``max_age_s`` seconds: concurrent scrapes wait for the one read in progress and share it.
+:class:`FleetCollector` turns that read into metric families (``prometheus_client``'s custom-collector
+interface). The names and labels are listed in ``deploy/prometheus/METRICS.md``; alert rules build on them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import statistics
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Sequence
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from edgekit.fleet.errors import StoreError
+from edgekit.fleet.liveness import STATES
+from edgekit.fleet.store.base import DeviceSummary, FleetStore, ModelAggregate
+
+logger = logging.getLogger(__name__)
+
+#: How long one store read serves scrapes, by default (``fleet collect --metrics-cache-seconds``).
+DEFAULT_CACHE_S = 5.0
+#: Per-model series cover the model windows that ended this recently.
+MODEL_LOOKBACK = dt.timedelta(minutes=5)
+#: Devices in these states are left out of the median/max statistics: their newest window may be days old.
+NOT_REPORTING_STATES = ("offline", "unknown")
+#: The statistics over devices each figure is written with (label ``stat``).
+DEVICE_STATS = ("median", "max")
+
+
+@dataclass(frozen=True)
+class _FleetFigure:
+    name: str
+    help: str
+    field: str  # DeviceSummary field
+    scale: float  # to the base unit
+
+
+#: Per (fleet, bundle, target): the median and the worst over devices of each device's newest window.
+FLEET_FIGURES = (
+    _FleetFigure("edgekit_fleet_latency_p50_seconds", "Devices' p50 latency over their newest window: median or max over devices.",
+                 "p50_ms", 1e-3),
+    _FleetFigure("edgekit_fleet_latency_p99_seconds", "Devices' p99 latency over their newest window: median or max over devices.",
+                 "p99_ms", 1e-3),
+    _FleetFigure("edgekit_fleet_power_watts", "Devices' mean power over their newest window: median or max over devices.",
+                 "power_mean_mw", 1e-3),
+    _FleetFigure("edgekit_fleet_energy_per_inference_joules",
+                 "Devices' energy per inference over their newest window: median or max over devices.",
+                 "energy_per_inference_mj", 1e-3),
+    _FleetFigure("edgekit_fleet_temperature_max_celsius",
+                 "Devices' hottest thermal zone in their newest window: median or max over devices.", "temperature_max_c", 1.0),
+)  # fmt: skip
+
+_GROUP_LABELS = ("fleet", "bundle", "target")
+_MODEL_LABELS = ("fleet", "model", "bundle")
+
+
+@dataclass(frozen=True)
+class FleetSnapshot:
+    """One read of the store: every device's summary and the recent per-model aggregates."""
+
+    summaries: tuple[DeviceSummary, ...]
+    models: tuple[ModelAggregate, ...]
+    read_at: float  # the reader's clock (monotonic seconds) when the read finished
+    read_s: float  # how long the read took
+
+
+class FleetReader:
+    """Reads ``store`` (one of its own: a scrape then never waits for the collector's writer) at most once every
+    ``max_age_s`` seconds; ``fleet`` restricts it to one fleet. :meth:`snapshot` returns the newest good read."""
+
+    def __init__(self, store: FleetStore, *, fleet: str | None = None, max_age_s: float = DEFAULT_CACHE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        if not max_age_s >= 0:
+            raise StoreError(f"metrics cache age must be >= 0 seconds, got {max_age_s!r}",
+                             hint="give --metrics-cache-seconds a number of seconds (0 reads the store on every scrape)")  # fmt: skip
+        self.store, self.fleet, self.max_age_s, self._clock = store, fleet, max_age_s, clock
+        self._lock = threading.Lock()
+        self._snapshot: FleetSnapshot | None = None
+        self.reads = 0
+        self.read_errors = 0
+
+    def snapshot(self) -> FleetSnapshot | None:
+        """The cached read while younger than ``max_age_s``, else a new one; after a failed read, the last good
+        one (None if there is none). Callers arriving during a read wait for it instead of starting their own."""
+        with self._lock:
+            if self._snapshot is not None and self._clock() - self._snapshot.read_at < self.max_age_s:
+                return self._snapshot
+            started = self._clock()
+            try:
+                summaries = tuple(self.store.device_summaries(self.fleet))
+                since = dt.datetime.now(dt.timezone.utc) - MODEL_LOOKBACK
+                models = tuple(self.store.model_aggregate(("fleet", "model", "bundle_id"), fleet=self.fleet, since=since))
+            except StoreError as exc:
+                self.read_errors += 1
+                logger.warning("metrics: cannot read the fleet store %s: %s", self.store.url, exc)
+                return self._snapshot
+            finished = self._clock()
+            self.reads += 1
+            self._snapshot = FleetSnapshot(summaries, models, read_at=finished, read_s=finished - started)
+            return self._snapshot
+
+    def age_s(self, snapshot: FleetSnapshot) -> float:
+        return max(self._clock() - snapshot.read_at, 0.0)
+
+
+class FleetCollector:
+    """A ``prometheus_client`` collector of the fleet-level series (register it, or pass it to ``generate_latest``)."""
+
+    def __init__(self, reader: FleetReader) -> None:
+        self.reader = reader
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self.reader.snapshot()
+        if snapshot is not None:
+            yield from fleet_families(snapshot.summaries)
+            yield from model_families(snapshot.models)
+        read = GaugeMetricFamily("edgekit_fleet_store_read_seconds", "How long the newest store read for these metrics took.")
+        age = GaugeMetricFamily("edgekit_fleet_store_read_age_seconds", "Age of the store read this scrape was served from.")
+        if snapshot is not None:
+            read.add_metric([], snapshot.read_s)
+            age.add_metric([], self.reader.age_s(snapshot))
+        yield read
+        yield age
+        yield CounterMetricFamily("edgekit_fleet_store_read_errors_total", "Store reads for these metrics that failed.",
+                                  value=self.reader.read_errors)  # fmt: skip
+
+
+def fleet_families(summaries: Iterable[DeviceSummary]) -> list[Metric]:
+    """Devices by (fleet, bundle, target, state) and each figure's median and max over the devices reporting."""
+    groups: dict[tuple[str, str, str], list[DeviceSummary]] = defaultdict(list)
+    for summary in summaries:
+        groups[(summary.fleet, summary.bundle_id or "", summary.target or "")].append(summary)
+    devices = GaugeMetricFamily("edgekit_fleet_devices", "Devices in each liveness state (edgekit.fleet.liveness).",
+                                labels=[*_GROUP_LABELS, "state"])  # fmt: skip
+    reporting = GaugeMetricFamily("edgekit_fleet_devices_reporting",
+                                  "Devices the median/max statistics are over: those with a newest window, not offline or unknown.",
+                                  labels=list(_GROUP_LABELS))  # fmt: skip
+    figures = {figure.name: GaugeMetricFamily(figure.name, figure.help, labels=[*_GROUP_LABELS, "stat"]) for figure in FLEET_FIGURES}
+    for key in sorted(groups):
+        group = groups[key]
+        counts = Counter(summary.state for summary in group)
+        for state in (*STATES, *sorted(set(counts) - set(STATES))):
+            devices.add_metric([*key, state], counts.get(state, 0))
+        live = [s for s in group if s.state not in NOT_REPORTING_STATES
+                and any(getattr(s, figure.field) is not None for figure in FLEET_FIGURES)]  # fmt: skip
+        reporting.add_metric(list(key), len(live))
+        for figure in FLEET_FIGURES:
+            values = [getattr(s, figure.field) * figure.scale for s in live if getattr(s, figure.field) is not None]
+            if values:
+                figures[figure.name].add_metric([*key, "median"], statistics.median(values))
+                figures[figure.name].add_metric([*key, "max"], max(values))
+    return [devices, reporting, *figures.values()]
+
+
+def model_families(models: Sequence[ModelAggregate]) -> list[Metric]:
+    """Per (fleet, model, bundle), over the model windows of the last :data:`MODEL_LOOKBACK`."""
+    minutes = f"{MODEL_LOOKBACK.total_seconds() / 60:g} minutes"
+    count = GaugeMetricFamily("edgekit_fleet_model_devices", f"Devices that sent windows of the model in the last {minutes}.",
+                              labels=list(_MODEL_LABELS))  # fmt: skip
+    rate = GaugeMetricFamily("edgekit_fleet_model_inferences_per_second",
+                             f"The model's inferences per second summed over devices, last {minutes}.", labels=list(_MODEL_LABELS))  # fmt: skip
+    p50 = GaugeMetricFamily("edgekit_fleet_model_latency_p50_seconds",
+                            f"Inference-weighted mean of the model's windows' p50, last {minutes}.", labels=list(_MODEL_LABELS))  # fmt: skip
+    p99 = GaugeMetricFamily("edgekit_fleet_model_latency_p99_seconds",
+                            f"The model's windows' p99, last {minutes}: inference-weighted mean or worst window.",
+                            labels=[*_MODEL_LABELS, "stat"])  # fmt: skip
+    errors = GaugeMetricFamily("edgekit_fleet_model_error_ratio", f"Failed inferences over inferences of the model, last {minutes}.",
+                               labels=list(_MODEL_LABELS))  # fmt: skip
+    for row in sorted(models, key=lambda r: (r.fleet or "", r.model or "", r.bundle_id or "")):
+        key = [row.fleet or "", row.model or "", row.bundle_id or ""]
+        count.add_metric(key, row.devices)
+        if row.throughput_per_s is not None:
+            rate.add_metric(key, row.throughput_per_s * row.devices)
+        if row.p50_ms is not None:
+            p50.add_metric(key, row.p50_ms * 1e-3)
+        if row.p99_ms is not None:
+            p99.add_metric([*key, "mean"], row.p99_ms * 1e-3)
+        if row.p99_max_ms is not None:
+            p99.add_metric([*key, "max"], row.p99_max_ms * 1e-3)
+        if row.inferences:
+            errors.add_metric(key, row.errors / row.inferences)
+    return [count, rate, p50, p99, errors]
+
+
+def device_state_family(summaries: Iterable[DeviceSummary], fleet: str | None = None) -> GaugeMetricFamily:
+    """``edgekit_device_state{fleet,device,state} 1``: each device's liveness state (per-device output only)."""
+    family = GaugeMetricFamily("edgekit_device_state", "The device's liveness state (edgekit.fleet.liveness); value always 1.",
+                               labels=["fleet", "device", "state"])  # fmt: skip
+    for summary in summaries:
+        if fleet is None or summary.fleet == fleet:
+            family.add_metric([summary.fleet, summary.device, summary.state], 1)
+    return family
+
+
+__all__ = ["DEFAULT_CACHE_S", "DEVICE_STATS", "FLEET_FIGURES", "MODEL_LOOKBACK", "FleetCollector", "FleetReader", "FleetSnapshot",
+           "device_state_family", "fleet_families", "model_families"]
