@@ -39,6 +39,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from edgekit.fleet.acks import StoredAcks
 from edgekit.fleet.errors import CollectorError, StoreError, StoreUnavailableError
 from edgekit.fleet.ingest import MAX_PAYLOAD_BYTES, READ_KINDS, Rejection, parse_message
 from edgekit.fleet.metrics import IngestMetrics
@@ -236,6 +237,7 @@ class Collector:
         self._writer = threading.Thread(target=self._write_loop, name="edgekit-collector-writer", daemon=True)
         self._client: Any = None
         self._last_retention = time.monotonic()
+        self.acks = StoredAcks(client_id)  # ack.v1 to each device after a commit (edgekit/fleet/acks.py)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self, timeout_s: float = 10.0) -> Collector:
@@ -511,8 +513,8 @@ class Collector:
             ("rejected", [i.record.to_record() for i in batch if isinstance(i.record, Rejection)]),
         ]
         for kind, records in steps:
-            if records:
-                self._write_step(kind, records)
+            if records and self._write_step(kind, records) and kind == "telemetry":
+                self.acks.publish(self._client, records)  # the agents may now drop these windows
         if not self.ack_after_store:
             return
         generation = self._generation
@@ -521,18 +523,19 @@ class Collector:
             if item.qos > 1 and item.generation == generation:  # not subscribed for; acknowledged all the same
                 self._client.ack(item.mid, item.qos)
 
-    def _write_step(self, kind: str, records: list[Any]) -> None:
+    def _write_step(self, kind: str, records: list[Any]) -> bool:
+        """Store ``records``; False only when the store stayed unavailable while stopping (nothing stored)."""
         delay_s = 0.2
         while True:
             try:
                 self._write_records(kind, records)
-                return
+                return True
             except StoreUnavailableError as exc:
                 self.metrics.count_store_error()
                 if self._stopping.is_set() and delay_s > 2:
                     logger.error("collector %s: giving up on %d %s records while stopping: %s", self.client_id,
                                  len(records), kind, exc.message)  # fmt: skip
-                    return
+                    return False
                 logger.warning("collector %s: store unavailable (%s); retrying in %.1f s", self.client_id, exc.message,
                                delay_s)  # fmt: skip
                 time.sleep(delay_s)
@@ -542,7 +545,7 @@ class Collector:
                 logger.error("collector %s: the store refused %d %s records (%s); writing them one by one",
                              self.client_id, len(records), kind, exc.message)  # fmt: skip
                 self._write_one_by_one(kind, records)
-                return
+                return True
 
     def _write_records(self, kind: str, records: list[Any]) -> None:
         if kind == "telemetry":

@@ -164,6 +164,10 @@ class SpoolConfig:
 class TelemetryConfig:
     spool: SpoolConfig
     interval_s: float = 10.0
+    #: collector_ack: a window leaves the spool when the collector's ack names it; broker_ack: on the PUBACK
+    delivery: str = "collector_ack"
+    #: seconds before a window the collector has not confirmed is published again (doubling, at most 300 s)
+    resend_after_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -385,7 +389,7 @@ def parse_config(data: object, *, file: Path) -> AgentConfig:
         bundles=bundles,
         api=_parse_api(top.section("api", ("address", "max_request_mb", "max_header_kb", "max_connections",
                                            "idle_timeout_s", "header_timeout_s", "body_timeout_s", "grpc"))),
-        telemetry=_parse_telemetry(top.section("telemetry", ("interval_s", "spool"))),
+        telemetry=_parse_telemetry(top.section("telemetry", ("interval_s", "spool", "delivery", "resend_after_s"))),
         power=_parse_power(top.section("power", ("sensor", "root", "sample_interval_s"))),
         health=_parse_health(top.section("health", ("window_s", "max_error_rate", "min_requests"))),
         probe=_parse_probe(top.section("probe", ("interval_s", "dims"))) if top.has("probe") else None,
@@ -552,8 +556,15 @@ def _parse_grpc(section: _Section) -> GrpcConfig:
 
 def _parse_telemetry(section: _Section) -> TelemetryConfig:
     spool = section.section("spool", ("path", "max_messages", "max_bytes", "overflow_messages"))
+    delivery = section.string("delivery", "collector_ack")
+    if delivery not in ("collector_ack", "broker_ack"):  # edgekit_runtime.agent.delivery.DELIVERY_MODES
+        raise section.error("telemetry.delivery", f"must be collector_ack or broker_ack, got {delivery!r}",
+                            hint="collector_ack (default) keeps a window until the collector stored it; broker_ack "
+                                 "is for a collector that publishes no acks (docs/agent.md, Delivery)")  # fmt: skip
     return TelemetryConfig(
         interval_s=section.number("interval_s", 10.0, minimum=0, exclusive_minimum=True, example="10"),
+        delivery=delivery,
+        resend_after_s=section.number("resend_after_s", 30.0, minimum=0, exclusive_minimum=True, example="30"),
         spool=SpoolConfig(
             path=spool.path("path", example="/var/lib/edgekit/spool"),
             max_messages=spool.number("max_messages", 10_000, minimum=1, integer=True, example="10000"),

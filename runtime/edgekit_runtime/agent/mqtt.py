@@ -5,11 +5,13 @@ Delivery contract:
 * :meth:`MqttLink.publish_telemetry` and :meth:`MqttLink.publish_event` validate the message, then
   commit it to the :class:`~edgekit_runtime.agent.spool.Spool`; nothing is sent that is not on disk.
 * One network thread owns the paho client. While connected it sends the oldest spooled messages,
-  at most ``max_inflight`` unacknowledged at a time, and removes each from the spool only when its
-  PUBACK arrives. The spool is the only outgoing queue: when a connection drops, what was in flight
-  is sent again, in order, on the next one (delivery is at least once; ``seq`` and ``event_id``
-  let the collector drop duplicates). A message the broker refuses (a PUBACK reason code >= 0x80,
-  e.g. "Not authorized") is removed and counted as ``rejected``.
+  at most ``max_inflight`` unacknowledged at a time. With ``delivery="broker_ack"`` each leaves the
+  spool when its PUBACK arrives; with ``"collector_ack"`` (the agent's default) a telemetry window
+  stays until the collector's ``ack.v1`` on ``.../ack`` says it is stored, and is published again
+  until then (:mod:`~edgekit_runtime.agent.delivery`). The spool is the only outgoing queue: when a
+  connection drops, what it holds is sent again, in order, on the next one (delivery is at least
+  once; ``seq`` and ``event_id`` let the collector drop duplicates). A message the broker refuses (a
+  PUBACK reason code >= 0x80, e.g. "Not authorized") is removed and counted as ``rejected``.
 * On connect the link subscribes to ``.../cmd`` and publishes ``{"state": "online"}`` retained on
   ``.../status``; the will publishes ``{"state": "offline"}`` retained when the connection is lost;
   :meth:`MqttLink.stop` publishes offline itself, then disconnects cleanly.
@@ -63,6 +65,7 @@ from edgekit_runtime.agent.broker import (
     read_password_file,
 )
 from edgekit_runtime.agent.command_signing import SIGNATURE_FIELD, CommandSignatureError, verify_command
+from edgekit_runtime.agent.delivery import DEFAULT_RESEND_AFTER_S, DeliveryMode, DeliveryTracker
 from edgekit_runtime.agent.replay import ReplayError, ReplayWindow
 from edgekit_runtime.agent.spool import Spool
 from edgekit_runtime.agent.telemetry import (
@@ -164,13 +167,17 @@ class MqttLink:
         command_key: Any = None,
         require_signed_commands: bool = False,
         event_sink: Callable[[dict[str, Any]], None] | None = None,
+        delivery: DeliveryMode = "broker_ack",
+        resend_after_s: float = DEFAULT_RESEND_AFTER_S,
     ) -> None:
         """``replay``: the persisted record of command ids (the link closes it on :meth:`stop`); without one
         the record lives in memory, so replays are refused only until the process ends. ``command_key``:
         the fleet's Ed25519 public key; a command's ``signature`` is checked against it when present, and
         required with ``require_signed_commands``. ``event_sink``: where the events the link raises itself
         (pong, command_rejected, ...) go instead of :meth:`publish_event`; the agent passes its ordered
-        outbox, which keeps them in memory while the spool cannot be written (a full disk)."""
+        outbox, which keeps them in memory while the spool cannot be written (a full disk). ``delivery``:
+        ``"broker_ack"`` (a message leaves the spool on its PUBACK) or ``"collector_ack"`` (a telemetry
+        window leaves when the collector's ack names it; ``resend_after_s`` until it is published again)."""
         self.address = parse_broker_url(broker_url)
         self.topics = DeviceTopics(validate_id(fleet, "fleet id"), validate_id(device, "device id"))
         if not isinstance(client_id, str) or not client_id:
@@ -188,6 +195,7 @@ class MqttLink:
             raise TelemetryError("password_file was given without a username", hint="pass username=... as well")
         self.client_id = client_id
         self.spool = spool
+        self.delivery = DeliveryTracker(self.topics, spool, delivery, resend_after_s=resend_after_s)
         self.backoff = backoff if backoff is not None else Backoff(initial_s=1.0, max_s=60.0)
         self.agent_version = agent_version
         self._on_command = on_command
@@ -213,6 +221,7 @@ class MqttLink:
         self._state = _State.DISCONNECTED
         self._connack_deadline = 0.0
         self._cmd_subscribe_mid: int | None = None
+        self._ack_subscribe_mid: int | None = None
         self._inflight: dict[int, tuple[int, str]] = {}  # mid -> (spool id, topic)
         self._sent_upto_id = 0
         self._pubacks: list[tuple[int, ReasonCode]] = []
@@ -308,7 +317,8 @@ class MqttLink:
                                     hint=hint)  # fmt: skip
 
     def flush(self, timeout_s: float) -> bool:
-        """Wait until the spool is empty (everything acknowledged); False on timeout."""
+        """Wait until the spool is empty (everything acknowledged: by the broker, or with ``collector_ack`` by the
+        collector); False on timeout."""
         deadline = time.monotonic() + timeout_s
         while self.spool.backlog() > 0:
             if time.monotonic() >= deadline:
@@ -524,6 +534,8 @@ class MqttLink:
             if self._counts["connects"] > 1:
                 self._counts["reconnects"] += 1
         _, self._cmd_subscribe_mid = client.subscribe(self.topics.cmd, qos=1)
+        if self.delivery.waits_for_collector:
+            _, self._ack_subscribe_mid = client.subscribe(self.topics.ack, qos=1)
         self._status_dirty = False
         self._publish_status("online", None)
         logger.info("MQTT link connected to %s as %s (backlog %d)", self.address.url, self.client_id,
@@ -531,6 +543,10 @@ class MqttLink:
 
     def _on_subscribe(self, client: paho.Client, userdata: Any, mid: int, reasons: list[ReasonCode],
                       properties: Properties | None) -> None:  # fmt: skip
+        if mid == self._ack_subscribe_mid and any(reason.is_failure for reason in reasons):
+            logger.error("broker %s refused the subscription to %s: %s; windows stay in the spool until its bound "
+                         "(allow the device to read it, see runtime/mosquitto/acl.template, or set telemetry.delivery: "
+                         "broker_ack)", self.address.url, self.topics.ack, ", ".join(str(r) for r in reasons))  # fmt: skip
         if mid != self._cmd_subscribe_mid:
             return
         if any(reason.is_failure for reason in reasons):
@@ -559,12 +575,19 @@ class MqttLink:
         room = self._max_inflight - len(self._inflight)
         if room <= 0:
             return
-        for entry in self.spool.peek(room, after_id=self._sent_upto_id):
+        again = self.delivery.take_due(room)  # windows the collector has not confirmed in time
+        resending = {entry.id for entry in again}
+        for entry in again + self.spool.peek(room - len(again), after_id=self._sent_upto_id):
+            if self.delivery.already_confirmed(entry):
+                self.spool.ack(entry.id)
+                self._sent_upto_id = max(self._sent_upto_id, entry.id)
+                continue
             info = self._client.publish(entry.topic, entry.payload, qos=entry.qos, properties=self._json_properties)
             if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
                 logger.debug("publish of spool entry %d deferred: %s", entry.id, paho.error_string(info.rc))
                 break
-            self._sent_upto_id = entry.id
+            self._sent_upto_id = max(self._sent_upto_id, entry.id)
+            self.delivery.sent(entry, resend=entry.id in resending)
             with self._counts_lock:
                 self._counts["published"] += 1
             if entry.qos == 0:
@@ -576,7 +599,7 @@ class MqttLink:
         if not self._pubacks:
             return
         pubacks, self._pubacks = self._pubacks, []
-        delivered: list[int] = []
+        delivered: list[tuple[int, str]] = []
         rejected: list[tuple[int, str, ReasonCode]] = []
         for mid, reason in pubacks:
             spooled = self._inflight.pop(mid, None)
@@ -587,8 +610,8 @@ class MqttLink:
             if reason.is_failure:
                 rejected.append((spooled[0], spooled[1], reason))
             else:
-                delivered.append(spooled[0])
-        self.spool.ack_many(delivered + [entry_id for entry_id, _, _ in rejected])
+                delivered.append(spooled)
+        self.delivery.settle(delivered, [entry_id for entry_id, _, _ in rejected])
         for entry_id, topic, reason in rejected:
             logger.error("broker %s refused spooled message %d on %s: %s; dropped it",
                          self.address.url, entry_id, topic, reason)  # fmt: skip
@@ -614,6 +637,9 @@ class MqttLink:
     # -- commands -------------------------------------------------------------------------------
 
     def _on_message(self, client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
+        if message.topic == self.topics.ack and self.delivery.waits_for_collector:
+            self.delivery.ack_received(bytes(message.payload))
+            return
         if message.topic != self.topics.cmd:
             logger.debug("ignoring message on %s", message.topic)
             return

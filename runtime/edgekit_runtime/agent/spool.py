@@ -258,6 +258,23 @@ class Spool:
             deferred = self._deferred_acks
         return [SpoolEntry(int(r[0]), str(r[1]), bytes(r[2]), int(r[3]), float(r[4])) for r in rows if r[0] not in deferred]
 
+    def entries(self, entry_ids: Iterable[int]) -> list[SpoolEntry]:
+        """The messages among ``entry_ids`` that are still queued, oldest first (to publish them again)."""
+        ids = sorted(set(entry_ids))
+        found: list[SpoolEntry] = []
+        with self._lock:
+            db = self._checked_db()
+            for start in range(0, len(ids), _ACK_CHUNK):
+                chunk = ids[start : start + _ACK_CHUNK]
+                rows = db.execute(
+                    "SELECT id, topic, payload, qos, created_at FROM messages "
+                    f"WHERE id IN ({','.join('?' * len(chunk))}) ORDER BY id",
+                    chunk,
+                ).fetchall()
+                found += [SpoolEntry(int(r[0]), str(r[1]), bytes(r[2]), int(r[3]), float(r[4]))
+                          for r in rows if r[0] not in self._deferred_acks]  # fmt: skip
+        return found
+
     def ack(self, entry_id: int) -> bool:
         """Remove message ``entry_id`` (delivered); False when it was already gone."""
         return self.ack_many([entry_id]) == 1

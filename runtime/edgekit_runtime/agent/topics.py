@@ -1,6 +1,6 @@
 """MQTT topic names of the edgekit fleet protocol, version 1, and the ids that go into them.
 
-Every device owns four topics under ``edgekit/v1/<fleet>/<device>/``:
+Every device owns five topics under ``edgekit/v1/<fleet>/<device>/``:
 
 =============  =========  =======  ===========================================================
 topic          direction  QoS      content
@@ -9,6 +9,8 @@ topic          direction  QoS      content
 ``status``     device ->  1 (ret)  ``online`` on connect; ``offline`` on stop or as the will
 ``events``     device ->  1        deploy results, rejected commands, errors, pongs
 ``cmd``        -> device  1        deploy, rollback, set_interval, ping
+``ack``        -> device  1        :mod:`ack.v1 <edgekit_runtime.schemas>`: the telemetry seqs the
+                                   collector has stored (the agent then drops them from its spool)
 =============  =========  =======  ===========================================================
 
 Fleet and device ids are single topic levels: 1-64 characters, without ``+``, ``#``, ``/`` or
@@ -26,9 +28,9 @@ from edgekit_runtime.errors import EdgekitError
 
 TOPIC_ROOT = "edgekit/v1"
 MAX_ID_LENGTH = 64
-TopicKind = Literal["telemetry", "status", "events", "cmd"]
-TOPIC_KINDS: tuple[TopicKind, ...] = ("telemetry", "status", "events", "cmd")
-QOS_BY_KIND: dict[TopicKind, int] = {"telemetry": 1, "status": 1, "events": 1, "cmd": 1}
+TopicKind = Literal["telemetry", "status", "events", "cmd", "ack"]
+TOPIC_KINDS: tuple[TopicKind, ...] = ("telemetry", "status", "events", "cmd", "ack")
+QOS_BY_KIND: dict[TopicKind, int] = {"telemetry": 1, "status": 1, "events": 1, "cmd": 1, "ack": 1}
 
 _FORBIDDEN = {"+": "'+' (MQTT's single-level wildcard)", "#": "'#' (MQTT's multi-level wildcard)",
               "/": "'/' (MQTT's level separator)"}  # fmt: skip
@@ -94,6 +96,10 @@ class DeviceTopics:
     @property
     def cmd(self) -> str:
         return self.topic("cmd")
+
+    @property
+    def ack(self) -> str:
+        return self.topic("ack")
 
 
 def subscription(kind: TopicKind, fleet: str | None = None) -> str:

@@ -11,6 +11,7 @@ telemetry.v1  one window of inference, power and device stats    ``.../telemetry
 status.v1     online / offline (retained; offline is the will)   ``.../status``
 event.v1      deploy results, errors, command replies            ``.../events``
 command.v1    deploy, rollback, set_interval, ping               ``.../cmd``
+ack.v1        the telemetry seqs the collector has stored        ``.../ack``
 ============  =================================================  =========================
 """
 
@@ -26,7 +27,7 @@ from typing import Any
 from edgekit_runtime.errors import EdgekitError
 from edgekit_runtime.schemas.validator import check_supported, iter_errors
 
-SCHEMA_NAMES = ("telemetry.v1", "status.v1", "event.v1", "command.v1")
+SCHEMA_NAMES = ("telemetry.v1", "status.v1", "event.v1", "command.v1", "ack.v1")
 
 #: Most problems listed in one :class:`SchemaValidationError` message.
 MAX_LISTED_PROBLEMS = 10

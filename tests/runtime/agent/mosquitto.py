@@ -267,6 +267,13 @@ class MosquittoBroker:
             os.kill(process.pid, signal.SIGKILL)
             process.wait(timeout_s)
 
+    def kill(self) -> None:
+        """SIGKILL (``kill -9``): Mosquitto saves nothing, whatever it held since its last autosave is gone."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait(10)
+
     def restart(self) -> MosquittoBroker:
         self.stop()
         return self.start()
