@@ -167,6 +167,8 @@ def test_dashboard_answers_404_for_values_never_reported(dashboard: str, path: s
 
 def test_dashboard_serves_known_values_without_data(dashboard: str) -> None:
     status, body = _get(dashboard + "api/overview?fleet=edge")
-    assert status == 200 and body["devices"] == []  # edge: known from an event, no status or telemetry
+    assert status == 200 and body["counts"]["devices"] == 0  # edge: known from an event, no status or telemetry
+    status, body = _get(dashboard + "api/devices?fleet=edge")
+    assert status == 200 and body["devices"] == [] and body["total"] == 0
     status, body = _get(dashboard + "api/series?" + urllib.parse.urlencode({"fleet": "lab", "device": "agx-1"}))
     assert status == 200

@@ -1,4 +1,4 @@
-"""The dashboard's JSON: device table, bundle versions, rollouts, rejected-message counts, events, and
+"""The dashboard's JSON: overview (devices per state, bundle versions, rollouts, rejected-message counts, events), and
 time series downsampled in the store (time buckets), so a page never receives more than ``points``
 values per line however many windows the store holds."""
 
@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from edgekit.fleet.liveness import STATES
 from edgekit.fleet.rollout_state import RolloutLog
-from edgekit.fleet.store.base import Aggregate, DeviceSummary, FleetStore, ModelAggregate
+from edgekit.fleet.store.base import Aggregate, DeviceEvent, DeviceSummary, FleetStore, ModelAggregate
 from edgekit.fleet.store.postgres import redact
 
 DEFAULT_POINTS = 300
@@ -60,39 +61,41 @@ def bundle_rows(summaries: Sequence[DeviceSummary]) -> list[dict[str, Any]]:
              "targets": sorted(targets.get(bundle, ()))} for bundle, count in running.most_common()]  # fmt: skip
 
 
-#: The device table's ``models``: the models a device reported windows of in this long (issue 20).
-MODELS_SEEN_S = 3600.0
+def state_counts(summaries: Sequence[DeviceSummary]) -> dict[str, int]:
+    """Devices per state (as the store judged it, :mod:`edgekit.fleet.liveness`): the four liveness states always,
+    0 when none, then any other state an agent reported (``updating``)."""
+    counts = dict.fromkeys(STATES, 0)
+    for summary in summaries:
+        counts[summary.state] = counts.get(summary.state, 0) + 1
+    return counts
 
 
-def device_rows(store: FleetStore, fleet: str | None = None, summaries: Sequence[DeviceSummary] | None = None) -> list[dict[str, Any]]:
-    """The device table: summaries with the power mode each device last reported (None when it never did) and the
-    named models it served in the last hour (agents serving a model repository; None for the others)."""
-    modes = {(i.fleet, i.device): i.power_mode for i in store.device_identities(fleet)}
-    since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=MODELS_SEEN_S)
-    models: dict[tuple[str | None, str | None], list[str]] = {}
-    for row in store.model_aggregate(("fleet", "device", "model"), fleet=fleet, since=since):
-        if row.model is not None:
-            models.setdefault((row.fleet, row.device), []).append(row.model)
-    return [device_row(s, modes.get((s.fleet, s.device)), models.get((s.fleet, s.device), ()))
-            for s in (store.device_summaries(fleet) if summaries is None else summaries)]  # fmt: skip
+def events_json(events: Sequence[DeviceEvent]) -> list[dict[str, Any]]:
+    return [{"fleet": e.fleet, "device": e.device, "kind": e.kind, "level": e.level, "message": e.message,
+             "at": _iso(e.at), "command_id": e.command_id} for e in events]  # fmt: skip
 
 
-def overview(store: FleetStore, rollouts: RolloutLog | None, *, fleet: str | None = None, events: int = 30) -> dict[str, Any]:
-    """Everything the page shows at first load, in one answer."""
-    summaries = store.device_summaries(fleet)
-    recent_events = store.events(fleet=fleet, limit=events)
+def overview(store: FleetStore, rollouts: RolloutLog | None, *, fleet: str | None = None, events: int = 30,
+             summaries: Sequence[DeviceSummary] | None = None, fleets: Sequence[str] | None = None,
+             breaching: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """What the page shows besides the device table (``/api/devices`` pages that): devices per state, bundle
+    versions, rejected messages, rollouts, recent events, and the fleets the selector offers. A few KB however
+    large the fleet. ``summaries`` and ``fleets`` may be passed when the caller has them already;
+    ``breaching`` (devices with an active alert) is left out when None."""
+    summaries = store.device_summaries(fleet) if summaries is None else summaries
+    counts: dict[str, Any] = {"devices": len(summaries), "states": state_counts(summaries)}
+    if breaching is not None:
+        counts["breaching"] = breaching
     return {
         "generated_at": _iso(dt.datetime.now(dt.timezone.utc)),
         "store": redact(store.url),  # the page shows it: never a password
         "fleet": fleet,
-        "counts": {"devices": len(summaries), "online": sum(1 for s in summaries if s.state == "online"),
-                   "offline": sum(1 for s in summaries if s.state != "online")},  # fmt: skip
-        "devices": device_rows(store, fleet, summaries),
+        "fleets": list(store.known_values("fleet") if fleets is None else fleets),
+        "counts": counts,
         "bundles": bundle_rows(summaries),
         "rejected": store.rejected_counts(),
         "rollouts": [r.to_json() for r in rollouts.recent(10, fleet)] if rollouts is not None else [],
-        "events": [{"fleet": e.fleet, "device": e.device, "kind": e.kind, "level": e.level, "message": e.message,
-                    "at": _iso(e.at), "command_id": e.command_id} for e in recent_events],  # fmt: skip
+        "events": events_json(store.events(fleet=fleet, limit=events)),
     }
 
 

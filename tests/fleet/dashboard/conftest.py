@@ -50,3 +50,32 @@ def seeded_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seede
                                health={"error_rate": 0.0, "p99_before_ms": 8.0, "p99_after_ms": 7.5}))  # fmt: skip
     with DashboardServer(store_url, port=0, cache_s=0.0) as server:
         yield SeededDashboard(server.url, store_url, [name for name, _ in device_names(DEVICES)])
+
+
+@dataclass
+class FleetsDashboard:
+    """Four fleets whose devices are in each state: ``a`` online (one agent says ``updating``), ``b`` stale (silent
+    for 5 one-minute intervals), ``c`` offline (silent for 2 h), ``d`` one device known only by its target."""
+
+    url: str
+    store_url: str
+
+
+@pytest.fixture(scope="module")
+def fleets_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetsDashboard]:
+    from edgekit.fleet.sim.seed import seed_history
+    from edgekit.fleet.store import open_store
+    from edgekit.fleet.store.base import DeviceEvent, DeviceStatus
+
+    store_url = f"sqlite:///{tmp_path_factory.mktemp('fleets-dashboard')}/fleet.db"
+    now = dt.datetime.now(dt.timezone.utc)
+    with open_store(store_url) as store:
+        seed_history(store, fleet="a", devices=12, hours=0.5, window_s=60.0, now=now)
+        seed_history(store, fleet="b", devices=3, hours=0.5, window_s=60.0, now=now - dt.timedelta(minutes=5))
+        seed_history(store, fleet="c", devices=2, hours=0.5, window_s=60.0, now=now - dt.timedelta(hours=2))
+        store.set_device_target("d", "ghost-1", "raspberry-pi-5")
+        store.upsert_status(DeviceStatus("a", "jetson-orin-nano-8gb-000", "updating", "demo-v2", "jetson-orin-nano-8gb", "sim-1", now))
+        store.add_events([DeviceEvent("b", "jetson-orin-nx-16gb-001", "b-1", "self_check_failed", "error", "bad bundle", now),
+                          DeviceEvent("a", "raspberry-pi-5-002", "a-1", "bundle_installed", "info", "ok", now)])  # fmt: skip
+    with DashboardServer(store_url, port=0, cache_s=0.0) as server:
+        yield FleetsDashboard(server.url, store_url)

@@ -30,9 +30,12 @@ def test_overview_lists_seeded_devices_bundles_rollouts_and_rejections(seeded_da
     status, headers, body = _get(seeded_dashboard.url + "api/overview")
     assert status == 200 and headers["Content-Type"] == "application/json"
     data = json.loads(body)
-    assert sorted(d["device"] for d in data["devices"]) == sorted(seeded_dashboard.devices)
-    assert data["counts"] == {"devices": 6, "online": 6, "offline": 0}
-    row = data["devices"][0]
+    assert "devices" not in data  # the table comes a page at a time from /api/devices
+    assert data["counts"]["devices"] == 6 and data["counts"]["states"] == {"online": 6, "stale": 0, "offline": 0, "unknown": 0}
+    assert data["fleets"] == ["sim"]
+    table = json.loads(_get(seeded_dashboard.url + "api/devices")[2])
+    assert sorted(d["device"] for d in table["devices"]) == sorted(seeded_dashboard.devices) and table["total"] == 6
+    row = table["devices"][0]
     assert row["p99_ms"] > row["p50_ms"] > 0 and row["power_mw"] > 0 and row["target"]
     assert [b["bundle_id"] for b in data["bundles"]] == ["demo-v2"] and data["bundles"][0]["devices"] == 6
     assert data["rejected"] == {"malformed_json": 2}
@@ -53,7 +56,8 @@ def test_series_are_downsampled_in_the_store(seeded_dashboard) -> None:
 @pytest.mark.parametrize(("path", "status", "message"), [
     ("api/series?fleet=sim", 400, "series needs ?fleet=F&device=D"),
     ("api/series?fleet=sim&device=x&hours=abc", 400, "hours must be a number"),
-    ("api/overview?points=1", 400, "points in [2, 2000]"),
+    ("api/overview?points=1", 400, "points must be in [2, 2000], got 1"),
+    ("api/devices?limit=0", 400, "limit must be between 1 and 1000"),
     ("api/nothing", 404, "no API endpoint 'nothing'"),
     ("static/..%2Fapp.py", 404, "no static file"),
     ("static/app.py", 404, "no static file"),
@@ -110,9 +114,13 @@ def test_fleet_series_by_target_and_a_bad_grouping(seeded_dashboard) -> None:
     assert pi["devices"] == 2 and all(worst >= mean for worst, mean in zip(pi["p99_max_ms"], pi["p99_ms"]))
     modes = json.loads(_get(seeded_dashboard.url + "api/fleet-series?by=power_mode&hours=6")[2])["groups"]
     assert set(modes) == {"15W", "MAXN+clocks", "(not reported)"} and modes["MAXN+clocks"]["devices"] == 2
-    overview = json.loads(_get(seeded_dashboard.url + "api/overview")[2])
-    assert {d["device"]: d["power_mode"] for d in overview["devices"]}["jetson-orin-nx-16gb-001"] == "MAXN+clocks"
-    assert {d["power_mode"] for d in overview["devices"] if d["target"] == "raspberry-pi-5"} == {None}
+    table = json.loads(_get(seeded_dashboard.url + "api/devices")[2])
+    assert {d["device"]: d["power_mode"] for d in table["devices"]}["jetson-orin-nx-16gb-001"] == "MAXN+clocks"
+    assert {d["power_mode"] for d in table["devices"] if d["target"] == "raspberry-pi-5"} == {None}
+    assert table["columns"] == {"power_mode": True, "models": False}
+    by_mode = json.loads(_get(seeded_dashboard.url + "api/devices?sort=power_mode&order=desc")[2])["devices"]
+    assert [d["power_mode"] for d in by_mode] == ["MAXN+clocks"] * 2 + ["15W"] * 2 + [None] * 2
+    assert json.loads(_get(seeded_dashboard.url + "api/devices?q=maxn")[2])["total"] == 2  # the power mode is searched
     status, _, body = _get(seeded_dashboard.url + "api/fleet-series?by=colour")
     assert status == 400 and "by must be one of bundle_id, target, power_mode" in json.loads(body)["error"]
 

@@ -68,9 +68,14 @@ def test_page_shows_devices_and_draws_plots(seeded_dashboard, browser) -> None:
     rows = driver.find_elements(By.CSS_SELECTOR, "#devices tbody tr")
     assert sorted(r.get_attribute("data-device") for r in rows) == sorted(seeded_dashboard.devices)
     cells = [c.text for c in rows[0].find_elements(By.TAG_NAME, "td")]
-    assert cells[1] == "online" and cells[2] in ("demo-v1", "demo-v2") and float(cells[7]) > 0  # p99 ms
-    assert cells[5] in ("15W", "MAXN+clocks", "–")  # power mode, as the device reported it
-    assert cells[3] == ""  # models: hidden, no simulated device names its models
+    assert cells[1] == "sim" and cells[2] == "online" and cells[3] in ("demo-v1", "demo-v2") and float(cells[8]) > 0  # p99 ms
+    assert cells[6] in ("15W", "MAXN+clocks", "–")  # power mode, as the device reported it
+    assert cells[4] == ""  # models: hidden, no simulated device names its models
+    p99 = [float(r.find_elements(By.TAG_NAME, "td")[8].text) for r in rows]
+    assert p99 == sorted(p99, reverse=True)  # worst first: all online, so the highest p99 first
+    assert "online" in driver.find_element(By.CSS_SELECTOR, "#devices td.state").get_attribute("class")
+    color = driver.find_element(By.CSS_SELECTOR, "#devices td.state").value_of_css_property("color")
+    assert color in ("rgba(46, 125, 50, 1)", "rgb(46, 125, 50)")  # online: green
     assert driver.find_element(By.CSS_SELECTOR, "#devices th[data-key='power_mode']").is_displayed()
     for chart in ("chart-latency", "chart-power", "chart-temperature", "chart-bundles", "chart-fleet-power"):
         assert int(driver.find_element(By.ID, chart).get_attribute("data-points")) > 10, chart
@@ -106,8 +111,8 @@ def test_page_shows_devices_and_draws_plots(seeded_dashboard, browser) -> None:
     assert "range=0.25" in driver.current_url
 
     # drill down: clicking another device redraws its plots and names it in the URL
-    other = rows[-1].get_attribute("data-device")
-    rows[-1].click()
+    other = "raspberry-pi-5-005"
+    driver.find_element(By.CSS_SELECTOR, f"#devices tr[data-device='{other}']").click()
     _wait(driver, f"return document.querySelector('#chart-latency figcaption').textContent.startsWith('{other}:')")
     assert other in driver.find_element(By.ID, "selected").text and other in driver.current_url
     assert driver.find_element(By.ID, "chart-latency").get_attribute("data-markers") == "0"  # raspberry-pi-5-005: not in r1
@@ -127,8 +132,9 @@ def test_page_shows_devices_and_draws_plots(seeded_dashboard, browser) -> None:
     assert set(_plotted(driver, "chart-bundles")["series"]) == {"15W", "MAXN+clocks", "(not reported)"}
     assert "by=power_mode" in driver.current_url
 
-    # filtering on the power mode column
+    # filtering on the power mode column (on the server, once typing pauses)
     driver.find_element(By.ID, "filter").send_keys("MAXN")
+    _settled(driver)
     shown = [r.get_attribute("data-device") for r in driver.find_elements(By.CSS_SELECTOR, "#devices tbody tr")]
     assert shown and all(name.startswith("jetson-orin-nx-16gb-") for name in shown)
 
@@ -157,15 +163,18 @@ def test_device_table_sorts_filters_and_scrolls(tmp_path, browser) -> None:
 
         header = driver.find_element(By.CSS_SELECTOR, "#devices th[data-key='p99_ms']")
         header.click()
+        _settled(driver)
         header.click()  # descending
+        _settled(driver)
         assert header.get_attribute("aria-sort") == "descending"
-        p99 = [float(r.find_elements(By.TAG_NAME, "td")[6].text) for r in driver.find_elements(By.CSS_SELECTOR, "#devices tbody tr")]
+        p99 = [float(r.find_elements(By.TAG_NAME, "td")[8].text) for r in driver.find_elements(By.CSS_SELECTOR, "#devices tbody tr")]
         assert p99 == sorted(p99, reverse=True) and p99[0] > p99[-1]
 
         driver.find_element(By.ID, "filter").send_keys("raspberry")
+        _settled(driver)
         shown = driver.find_elements(By.CSS_SELECTOR, "#devices tbody tr")
         assert len(shown) == 20 and all(r.get_attribute("data-device").startswith("raspberry-pi-5-") for r in shown)
-        assert driver.find_element(By.ID, "device-count").text == "20 of 60 shown"
+        assert driver.find_element(By.ID, "device-count").text == "20 of 60 match"
 
 
 def test_a_20_second_spike_keeps_its_height_at_the_1_hour_range(tmp_path, browser) -> None:

@@ -47,9 +47,13 @@ def models_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def test_api_lists_models_and_groups_series_by_model(models_dashboard: str) -> None:
-    with urllib.request.urlopen(models_dashboard + "/api/overview", timeout=10) as response:
-        devices = {d["device"]: d for d in json.load(response)["devices"]}
+    with urllib.request.urlopen(models_dashboard + "/api/devices", timeout=10) as response:
+        table = json.load(response)
+    devices = {d["device"]: d for d in table["devices"]}
     assert (devices["cam-1"]["models"], devices["old-1"]["models"]) == ("classifier, detector", None)
+    assert table["columns"]["models"] is True
+    with urllib.request.urlopen(models_dashboard + "/api/devices?q=CLASSIF", timeout=10) as response:
+        assert sorted(d["device"] for d in json.load(response)["devices"]) == ["cam-1", "cam-2"]  # a model's name is searched
     with urllib.request.urlopen(models_dashboard + "/api/fleet-series?by=model&hours=1", timeout=10) as response:
         series = json.load(response)
     assert series["by"] == "model" and set(series["groups"]) == {"classifier", "detector", "(none)"}
@@ -66,10 +70,11 @@ def test_page_shows_models_and_groups_the_fleet_by_model(models_dashboard: str, 
         browser.load(models_dashboard + "#range=1")
         driver = browser.driver
         assert driver.execute_script("return document.body.dataset.error || null") is None
-        assert driver.find_element(By.CSS_SELECTOR, "#devices th[data-key='models']").is_displayed()
+        assert driver.find_element(By.CSS_SELECTOR, "#devices th.models").is_displayed()
         row = driver.find_element(By.CSS_SELECTOR, "#devices tr[data-device='cam-2']")
-        assert row.find_elements(By.TAG_NAME, "td")[3].text == "classifier, detector"
+        assert row.find_elements(By.TAG_NAME, "td")[4].text == "classifier, detector"
         driver.find_element(By.ID, "filter").send_keys("classifier")
+        _settled(driver)
         shown = sorted(r.get_attribute("data-device") for r in driver.find_elements(By.CSS_SELECTOR, "#devices tbody tr"))
         assert shown == ["cam-1", "cam-2"]
 

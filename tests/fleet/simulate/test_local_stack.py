@@ -67,7 +67,7 @@ def test_embedded_broker_port_in_use_is_explained() -> None:
 def _wait_devices(url: str, count: int, timeout_s: float = 15.0) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
-        data = json.loads(urllib.request.urlopen(url + "api/overview", timeout=5).read())
+        data = json.loads(urllib.request.urlopen(url + "api/devices", timeout=5).read())
         if sum(1 for d in data["devices"] if d["windows"] > 0) >= count or time.monotonic() > deadline:
             return data
         time.sleep(0.2)

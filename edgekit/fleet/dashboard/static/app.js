@@ -1,12 +1,18 @@
 // edgekit fleet dashboard: fetches /api/ JSON, fills the tables and draws time series with uPlot (vendored in
-// /static, see uPlot.LICENSE.txt). State (time range, selected device, fleet grouping) lives in the URL hash.
+// /static, see uPlot.LICENSE.txt). State (fleet, time range, selected device, fleet grouping) lives in the URL hash.
+// The device table is paged, sorted and filtered on the server (/api/devices): the page never holds the whole fleet.
 "use strict";
 
 const COLORS = ["#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#5d4037", "#ad1457", "#9e9d24", "#455a64"];
 const REFRESH_MS = 10000;
 const RANGES = { "0.25": "15 min", "1": "1 h", "24": "24 h", "168": "7 d" };
 const LEGEND_MAX_CHARS = 32;
-const state = { overview: null, selected: null, sortKey: "device", sortUp: true, filter: "", hours: "1", by: "bundle_id" };
+const FILTER_DEBOUNCE_MS = 250;
+const STATE_NAMES = ["online", "stale", "offline", "unknown"];
+const state = {
+  overview: null, page: null, selected: null, fleet: "", hours: "1", by: "bundle_id",
+  sort: "worst", order: "asc", q: "", states: [], offset: 0, limit: 100,  // the device table's page, as asked
+};
 const charts = {};  // figure id -> uPlot instance (the browser tests read the plotted data from here)
 window.edgekitCharts = charts;
 
@@ -40,16 +46,41 @@ function duration(seconds) {
 
 async function getJSON(url) {
   const response = await fetch(url, { headers: { Accept: "application/json" } });
-  if (!response.ok) throw new Error(url + ": HTTP " + response.status);
+  if (!response.ok) {
+    let detail = "";
+    try { detail = ": " + (await response.json()).error; } catch (err) { /* not JSON */ }
+    const error = new Error(`${url}: HTTP ${response.status}${detail}`);
+    error.status = response.status;
+    throw error;
+  }
   return response.json();
 }
 
-// -- URL hash: #range=1&device=fleet/device&by=target ------------------------------------------------
+// Query strings carry the selected fleet on every API call.
+function apiQuery(params) {
+  const query = new URLSearchParams(params || {});
+  if (state.fleet && !query.has("fleet")) query.set("fleet", state.fleet);
+  return query.toString();
+}
+
+// While any request of a user action is out, body[data-loading] is set (the browser tests wait for it to go).
+let loadingCount = 0;
+function loading(promise) {
+  loadingCount += 1;
+  document.body.dataset.loading = "1";
+  return Promise.resolve(promise).finally(() => {
+    loadingCount -= 1;
+    if (!loadingCount) delete document.body.dataset.loading;
+  });
+}
+
+// -- URL hash: #fleet=f&range=1&device=fleet/device&by=target ------------------------------------------
 
 function readHash() {
   const params = new URLSearchParams(location.hash.slice(1));
   if (params.get("range") in RANGES) state.hours = params.get("range");
   if (["bundle_id", "target", "power_mode", "model"].includes(params.get("by"))) state.by = params.get("by");
+  state.fleet = params.get("fleet") || "";
   const device = params.get("device");
   if (device && device.includes("/")) {
     const cut = device.indexOf("/");
@@ -58,7 +89,9 @@ function readHash() {
 }
 
 function writeHash() {
-  const params = new URLSearchParams({ range: state.hours, by: state.by });
+  const params = new URLSearchParams(state.fleet ? { fleet: state.fleet } : {});
+  params.set("range", state.hours);
+  params.set("by", state.by);
   if (state.selected) params.set("device", `${state.selected.fleet}/${state.selected.device}`);
   history.replaceState(null, "", "#" + params.toString());
 }
@@ -249,12 +282,32 @@ function shortId(text, max) {
   return text.slice(0, max - 1 - tail) + "…" + text.slice(text.length - tail);
 }
 
+function stateCell(value) {
+  const td = el("td", { class: "state state-" + (STATE_NAMES.includes(value) ? value : "other") });
+  td.textContent = value;
+  return td;
+}
+
+// Counts per state (coloured; a click shows only that state in the table), devices breaching an alert when the
+// collector evaluates alerts, bundles and rejected messages.
 function renderCards(overview) {
   const c = overview.counts;
   const rejected = Object.values(overview.rejected || {}).reduce((a, b) => a + b, 0);
-  const cards = [["devices", c.devices], ["online", c.online], ["offline", c.offline], ["bundles", overview.bundles.length], ["rejected messages", rejected]];
-  document.getElementById("cards").replaceChildren(...cards.map(([label, value]) => {
-    const card = el("div", { class: "card" });
+  const cards = [["devices", c.devices, null]].concat(Object.entries(c.states).map(([name, count]) => [name, count, name]));
+  if (c.breaching !== undefined) cards.push(["breaching", c.breaching, null]);
+  cards.push(["bundles", overview.bundles.length, null], ["rejected messages", rejected, null]);
+  document.getElementById("cards").replaceChildren(...cards.map(([label, value, filter]) => {
+    const card = el(filter || label === "devices" ? "button" : "div", { class: "card", "data-card": label });
+    if (filter) {
+      card.classList.add("state-card", "state-" + (STATE_NAMES.includes(filter) ? filter : "other"));
+      card.setAttribute("aria-pressed", String(state.states.length === 1 && state.states[0] === filter));
+      card.title = `show only ${filter} devices (click again for all)`;
+      card.addEventListener("click", () => setStates(state.states.length === 1 && state.states[0] === filter ? [] : [filter]));
+    } else if (label === "devices") {
+      card.title = "show every device";
+      card.addEventListener("click", () => setStates([]));
+    }
+    if (label === "breaching") card.classList.add("breaching");
     card.appendChild(el("b", {}, value));
     card.appendChild(document.createTextNode(label));
     return card;
@@ -262,40 +315,54 @@ function renderCards(overview) {
 }
 
 function renderDevices() {
-  const overview = state.overview;
-  if (!overview) return;
-  const f = state.filter.toLowerCase();
-  const rows = overview.devices.filter((d) => !f || [d.device, d.bundle_id, d.models, d.target, d.power_mode, d.state, d.fleet].some((v) => v && v.toLowerCase().includes(f)));
-  const key = state.sortKey, dir = state.sortUp ? 1 : -1;
-  rows.sort((a, b) => (a[key] === b[key] ? 0 : a[key] === null ? 1 : b[key] === null ? -1 : a[key] < b[key] ? -dir : dir));
+  const page = state.page;
+  if (!page) return;
   document.querySelectorAll("#devices th").forEach((th) => {
-    if (th.dataset.key === key) th.setAttribute("aria-sort", state.sortUp ? "ascending" : "descending");
+    if (th.dataset.key === state.sort) th.setAttribute("aria-sort", state.order === "asc" ? "ascending" : "descending");
     else th.removeAttribute("aria-sort");
   });
-  document.getElementById("device-count").textContent = rows.length === overview.devices.length
-    ? `${rows.length}` : `${rows.length} of ${overview.devices.length} shown`;
+  document.getElementById("worst-first").setAttribute("aria-pressed", String(state.sort === "worst"));
+  const filtered = page.total !== page.fleet_devices;
+  document.getElementById("device-count").textContent = filtered ? `${page.total} of ${page.fleet_devices} match` : `${page.total}`;
+  const first = page.devices.length ? page.offset + 1 : 0;
+  document.getElementById("page-position").textContent = `${first}–${page.offset + page.devices.length} of ${page.total}`;
+  document.getElementById("page-prev").disabled = page.offset <= 0;
+  document.getElementById("page-next").disabled = page.offset + page.limit >= page.total;
+  document.getElementById("state-filter").textContent = state.states.length ? `state: ${state.states.join(", ")}` : "";
   // the power mode column only when some device reports one (agents on boards without nvpmodel do not)
-  document.getElementById("devices").classList.toggle("no-mode", !overview.devices.some((d) => d.power_mode));
+  document.getElementById("devices").classList.toggle("no-mode", !page.columns.power_mode);
   // the models column only when some device serves named models (agents with a model repository)
-  document.getElementById("devices").classList.toggle("no-models", !overview.devices.some((d) => d.models));
-  fill("devices", rows.map((d) => {
-    const tr = el("tr", { "data-device": d.device, "data-fleet": d.fleet });
+  document.getElementById("devices").classList.toggle("no-models", !page.columns.models);
+  fill("devices", page.devices.map((d) => {
+    const tr = el("tr", { "data-device": d.device, "data-fleet": d.fleet, "data-state": d.state });
     const mode = clipped(d.power_mode || "–", 20);
     mode.classList.add("mode");
     const models = clipped(d.models || "–", 30);
     models.classList.add("models");
     if (state.selected && state.selected.device === d.device && state.selected.fleet === d.fleet) tr.classList.add("selected");
-    tr.append(clipped(d.device), cell(d.state, d.state === "online" ? "online" : "offline"), clipped(d.bundle_id || "–"), models, clipped(d.target || "–"), mode,
+    tr.append(clipped(d.device), clipped(d.fleet, 20), stateCell(d.state), clipped(d.bundle_id || "–"), models, clipped(d.target || "–"), mode,
       cell(fmt(d.p50_ms, 2), "num"), cell(fmt(d.p99_ms, 2), "num"), cell(d.power_mw === null ? "–" : fmt(d.power_mw / 1000, 2), "num"),
       cell(fmt(d.energy_per_inference_mj, 1), "num"), cell(fmt(d.temperature_c, 1), "num"), cell(ago(d.last_seen)), cell(d.missing_seqs, "num"));
     tr.addEventListener("click", () => selectDevice(d.fleet, d.device));
     return tr;
-  }), `no device matches "${state.filter}"`);
+  }), state.q || state.states.length ? `no device matches${state.q ? ` "${state.q}"` : ""}${state.states.length ? " in state " + state.states.join(", ") : ""}` : "no devices");
+}
+
+function renderFleets(overview) {
+  const select = document.getElementById("fleet");
+  const fleets = overview.fleets || [];
+  const wanted = ["", ...fleets];
+  if (state.fleet && !fleets.includes(state.fleet)) wanted.push(state.fleet);
+  const have = [...select.options].map((o) => o.value);
+  if (JSON.stringify(have) !== JSON.stringify(wanted)) {
+    select.replaceChildren(...wanted.map((name) => el("option", { value: name }, name || `all fleets (${fleets.length})`)));
+  }
+  select.value = state.fleet;
 }
 
 function renderOverview(overview) {
   state.overview = overview;
-  const empty = overview.counts.devices === 0;
+  const empty = overview.counts.devices === 0 && !state.fleet;
   document.getElementById("empty").hidden = !empty;
   for (const id of ["cards", "devices-section", "device-charts", "fleet-charts"]) document.getElementById(id).hidden = empty;
   document.getElementById("empty-store").textContent = overview.store;
@@ -303,8 +370,8 @@ function renderOverview(overview) {
   document.getElementById("store").textContent = overview.store;
   document.getElementById("store").title = overview.store;
   document.getElementById("updated").textContent = "updated " + new Date(overview.generated_at).toLocaleTimeString();
+  renderFleets(overview);
   renderCards(overview);
-  renderDevices();
   fill("bundles", overview.bundles.map((b) => {
     const tr = el("tr");
     tr.append(clipped(b.bundle_id || "(none)"), cell(b.devices, "num"), cell(b.online, "num"), cell(b.targets.join(", "), "wrap"));
@@ -319,13 +386,13 @@ function renderOverview(overview) {
     const tr = el("tr");
     const h = r.health || {};
     const health = h.error_rate === undefined ? "–" : `errors ${h.error_rate === null ? "–" : (100 * h.error_rate).toFixed(1) + "%"}, p99 ${fmt(h.p99_before_ms, 2)} → ${fmt(h.p99_after_ms, 2)} ms`;
-    tr.append(cell(new Date(r.started_at).toLocaleString()), clipped(r.bundle_id), cell(r.state), cell(r.canary.join(", "), "wrap"),
+    tr.append(cell(new Date(r.started_at).toLocaleString()), clipped(r.fleet, 20), clipped(r.bundle_id), cell(r.state), cell(r.canary.join(", "), "wrap"),
       cell(r.devices.length, "num"), cell(health, "wrap"), cell(r.reason || "", "wrap wide"));
     return tr;
   }), "no rollouts yet (edgekit fleet deploy)");
   fill("events", overview.events.map((e) => {
     const tr = el("tr");
-    tr.append(cell(new Date(e.at).toLocaleTimeString()), clipped(e.device), cell(e.kind), cell(e.level, "level-" + e.level), cell(e.message, "wrap wide"));
+    tr.append(cell(new Date(e.at).toLocaleTimeString()), clipped(e.fleet, 20), clipped(e.device), cell(e.kind), cell(e.level, "level-" + e.level), cell(e.message, "wrap wide"));
     return tr;
   }), "no events yet");
 }
@@ -339,7 +406,16 @@ function resolutionText(data) {
 async function loadDevice() {
   const { fleet, device } = state.selected;
   const query = new URLSearchParams({ fleet, device, hours: state.hours });
-  const data = await getJSON(`/api/series?${query}`);
+  let data;
+  try {
+    data = await getJSON(`/api/series?${query}`);
+  } catch (err) {
+    if (err.status !== 404 || !state.selected || state.selected.device !== device) throw err;
+    state.selected = null;  // a device in the URL that the store does not know (or not in this fleet): pick another
+    document.getElementById("selected").textContent = `(${device} is not in ${fleet}; click a row)`;
+    writeHash();
+    return;
+  }
   if (!state.selected || state.selected.device !== device || state.selected.fleet !== fleet) return;  // clicked elsewhere meanwhile
   const s = data.series, range = RANGES[state.hours];
   const common = { since: data.since, until: data.until, empty: `no telemetry from ${device} in the last ${range}`,
@@ -354,8 +430,7 @@ async function loadDevice() {
 }
 
 async function loadFleet() {
-  const query = new URLSearchParams({ by: state.by, hours: state.hours });
-  const data = await getJSON(`/api/fleet-series?${query}`);
+  const data = await getJSON(`/api/fleet-series?${apiQuery({ by: state.by, hours: state.hours })}`);
   const groups = Object.entries(data.groups);
   const what = { bundle_id: "bundle", target: "target", power_mode: "power mode", model: "model" }[state.by];
   const common = { since: data.since, until: data.until, empty: `no telemetry in the last ${RANGES[state.hours]}`,
@@ -372,11 +447,42 @@ async function loadFleet() {
     lines: groups.map(([name, s], i) => ({ name, t: s.t, v: s.power_mean_mw.map((v) => (v === null ? null : v / 1000)), color: COLORS[i % COLORS.length] })) });
 }
 
+// The device table's page as state asks for it; an answer to an older request (typing fast) is dropped.
+let devicesAsked = 0;
+async function loadDevices() {
+  const asked = ++devicesAsked;
+  const params = { sort: state.sort, order: state.order, offset: state.offset, limit: state.limit };
+  if (state.q) params.q = state.q;
+  if (state.states.length) params.state = state.states.join(",");
+  const page = await getJSON(`/api/devices?${apiQuery(params)}`);
+  if (asked !== devicesAsked) return state.page;
+  if (page.offset > 0 && page.offset >= page.total) {  // the fleet shrank under the page: back to the first
+    state.offset = 0;
+    return loadDevices();
+  }
+  state.page = page;
+  renderDevices();
+  return page;
+}
+
+function reloadDevices() {
+  return loading(loadDevices()).catch(showError);
+}
+
+function setStates(states) {
+  state.states = states;
+  state.offset = 0;
+  if (state.overview) renderCards(state.overview);
+  reloadDevices();
+}
+
 async function selectDevice(fleet, device) {
   state.selected = { fleet, device };
   document.getElementById("selected").textContent = `${device} (${fleet})`;
   writeHash();
-  renderDevices();
+  document.querySelectorAll("#devices tbody tr.selected").forEach((tr) => tr.classList.remove("selected"));
+  const row = [...document.querySelectorAll("#devices tbody tr")].find((tr) => tr.dataset.device === device && tr.dataset.fleet === fleet);
+  if (row) row.classList.add("selected");
   await loadDevice();
 }
 
@@ -386,18 +492,45 @@ function setRange(hours) {
   writeHash();
 }
 
+function showError(err) {
+  document.getElementById("updated").textContent = "error: " + err.message;
+  document.body.dataset.error = err.message;
+}
+
+// A device to draw when none is selected: on the page shown, an online one with telemetry, else any with telemetry.
+function defaultDevice(page) {
+  const rows = page.devices;
+  return rows.find((x) => x.windows > 0 && x.state === "online") || rows.find((x) => x.windows > 0) || rows[0];
+}
+
 async function refresh(first) {
   try {
-    const overview = await getJSON("/api/overview");
+    let overview;
+    try {
+      overview = await getJSON(`/api/overview?${apiQuery()}`);
+    } catch (err) {
+      if (err.status !== 404 || !state.fleet) throw err;
+      const unknown = state.fleet;  // a fleet in the URL that the store does not know: show every fleet
+      state.fleet = "";
+      writeHash();
+      overview = await getJSON(`/api/overview?${apiQuery()}`);
+      setTimeout(() => { document.getElementById("updated").textContent = `no fleet ${unknown} in this store: showing all fleets`; }, 0);
+    }
     renderOverview(overview);
     const jobs = [];
-    if (overview.devices.length) {
+    if (overview.counts.devices) {
       jobs.push(loadFleet());
-      const known = state.selected && overview.devices.some((d) => d.fleet === state.selected.fleet && d.device === state.selected.device);
-      // the first device with telemetry, online ones first (a device that never sent a window has empty charts)
-      const d = known ? state.selected : overview.devices.find((x) => x.windows > 0 && x.state === "online")
-        || overview.devices.find((x) => x.windows > 0) || overview.devices[0];
-      jobs.push(selectDevice(d.fleet, d.device));
+      jobs.push(loadDevices().then(async (page) => {
+        if (state.selected) {
+          await loadDevice();
+          if (state.selected) return;
+        }
+        const d = page && page.devices.length ? defaultDevice(page) : null;
+        if (d) await selectDevice(d.fleet, d.device);
+      }));
+    } else {
+      state.page = null;
+      fill("devices", [], "no devices");
     }
     await Promise.all(jobs);
     delete document.body.dataset.error;
@@ -406,8 +539,7 @@ async function refresh(first) {
       window.edgekitReadyMs = performance.now();
     }
   } catch (err) {
-    document.getElementById("updated").textContent = "error: " + err.message;
-    document.body.dataset.error = err.message;
+    showError(err);
   }
 }
 
@@ -415,24 +547,62 @@ document.addEventListener("DOMContentLoaded", () => {
   readHash();
   setRange(state.hours);
   document.getElementById("group-by").value = state.by;
+  document.getElementById("page-size").value = String(state.limit);
   document.querySelectorAll("#devices th").forEach((th) => th.addEventListener("click", () => {
     const key = th.dataset.key;
-    state.sortUp = state.sortKey === key ? !state.sortUp : true;
-    state.sortKey = key;
-    renderDevices();
+    if (!key) return;
+    state.order = state.sort === key && state.order === "asc" ? "desc" : "asc";
+    state.sort = key;
+    state.offset = 0;
+    reloadDevices();
   }));
-  document.getElementById("filter").addEventListener("input", (event) => { state.filter = event.target.value; renderDevices(); });
+  document.getElementById("worst-first").addEventListener("click", () => {
+    state.sort = "worst";
+    state.order = "asc";
+    state.offset = 0;
+    reloadDevices();
+  });
+  // the filter asks the server once typing pauses; meanwhile the page counts as loading (the request is as good as out)
+  let typing = null;
+  document.getElementById("filter").addEventListener("input", (event) => {
+    if (typing === null) {
+      loadingCount += 1;
+      document.body.dataset.loading = "1";
+    } else {
+      clearTimeout(typing);
+    }
+    const text = event.target.value.trim();
+    typing = setTimeout(() => {
+      typing = null;
+      state.q = text;
+      state.offset = 0;
+      loadingCount -= 1;
+      reloadDevices();
+    }, FILTER_DEBOUNCE_MS);
+  });
+  document.getElementById("page-prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - state.limit); reloadDevices(); });
+  document.getElementById("page-next").addEventListener("click", () => { state.offset += state.limit; reloadDevices(); });
+  document.getElementById("page-size").addEventListener("change", (event) => {
+    state.limit = Number(event.target.value);
+    state.offset = 0;
+    reloadDevices();
+  });
+  document.getElementById("fleet").addEventListener("change", (event) => {
+    state.fleet = event.target.value;
+    state.offset = 0;
+    if (state.selected && state.fleet && state.selected.fleet !== state.fleet) state.selected = null;
+    writeHash();
+    loading(refresh(false));
+  });
   document.querySelectorAll("#range button").forEach((b) => b.addEventListener("click", () => {
     setRange(b.dataset.hours);
     for (const chart of Object.values(charts)) chart.edgekit.zoomed = false;  // a new range shows all of itself
-    document.body.dataset.loading = "1";
-    Promise.all([loadFleet(), state.selected ? loadDevice() : null]).finally(() => { delete document.body.dataset.loading; });
+    loading(Promise.all([loadFleet(), state.selected ? loadDevice() : null]));
   }));
   document.getElementById("group-by").addEventListener("change", (event) => {
     state.by = event.target.value;
     writeHash();
-    document.body.dataset.loading = "1";
-    loadFleet().finally(() => { delete document.body.dataset.loading; });
+    loading(loadFleet());
   });
   if (window.ResizeObserver) new ResizeObserver(resizeCharts).observe(document.querySelector("main"));
   refresh(true);

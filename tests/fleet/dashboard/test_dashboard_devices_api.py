@@ -1,0 +1,113 @@
+"""``/api/overview`` (devices per state, fleets, events with their fleet; no device list) and ``/api/devices`` (one
+page of the device table, filtered and sorted on the server), over real HTTP against a seeded SQLite store whose
+devices are online, stale, offline, unknown and ``updating`` (see ``fleets_dashboard`` in conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+import pytest
+
+
+def _get(base: str, path: str, **params: Any) -> tuple[int, dict[str, Any]]:
+    url = base + path + ("?" + urllib.parse.urlencode(params) if params else "")
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def _devices(base: str, **params: Any) -> dict[str, Any]:
+    status, body = _get(base, "api/devices", **params)
+    assert status == 200, body
+    return body
+
+
+def test_overview_counts_every_state_and_lists_fleets_but_no_devices(fleets_dashboard) -> None:
+    status, data = _get(fleets_dashboard.url, "api/overview")
+    assert status == 200 and "devices" not in data
+    assert data["counts"].pop("breaching", 0) == 0  # no alert fired (the count is there when edgekit.fleet.alerts is)
+    assert data["counts"] == {"devices": 18, "states": {"online": 11, "stale": 3, "offline": 2, "unknown": 1, "updating": 1}}
+    assert list(data["counts"]["states"])[:4] == ["online", "stale", "offline", "unknown"]  # the four first, always
+    assert data["fleets"] == ["a", "b", "c", "d"]
+    assert {(e["fleet"], e["device"]) for e in data["events"]} == {("b", "jetson-orin-nx-16gb-001"), ("a", "raspberry-pi-5-002")}
+    status, only_c = _get(fleets_dashboard.url, "api/overview", fleet="c")
+    assert only_c["counts"].pop("breaching", 0) == 0
+    assert only_c["counts"] == {"devices": 2, "states": {"online": 0, "stale": 0, "offline": 2, "unknown": 0}}
+    assert only_c["fleets"] == ["a", "b", "c", "d"] and only_c["fleet"] == "c" and only_c["events"] == []  # the selector keeps all
+
+
+def test_worst_first_is_the_default_order(fleets_dashboard) -> None:
+    page = _devices(fleets_dashboard.url)
+    assert (page["sort"], page["order"], page["offset"], page["limit"], page["total"]) == ("worst", "asc", 0, 100, 18)
+    states = [d["state"] for d in page["devices"]]
+    assert states == ["offline"] * 2 + ["stale"] * 3 + ["updating", "unknown"] + ["online"] * 11 or \
+        states == ["offline"] * 2 + ["stale"] * 3 + ["unknown", "updating"] + ["online"] * 11
+    online = [d["p99_ms"] for d in page["devices"] if d["state"] == "online"]
+    assert online == sorted(online, reverse=True) and online[0] > online[-1]  # the highest p99 first among equals
+    stale = [d["p99_ms"] for d in page["devices"] if d["state"] == "stale"]
+    assert stale == sorted(stale, reverse=True)
+    assert _devices(fleets_dashboard.url, order="desc")["devices"][0]["state"] == "online"  # best first
+
+
+def test_pages_cover_the_table_once(fleets_dashboard) -> None:
+    whole = [(d["fleet"], d["device"]) for d in _devices(fleets_dashboard.url, sort="device")["devices"]]
+    paged = []
+    for offset in range(0, 18, 5):
+        page = _devices(fleets_dashboard.url, sort="device", offset=offset, limit=5)
+        assert page["total"] == 18 and len(page["devices"]) == min(5, 18 - offset)
+        paged += [(d["fleet"], d["device"]) for d in page["devices"]]
+    assert paged == whole and len(set(paged)) == 18
+    assert _devices(fleets_dashboard.url, offset=100)["devices"] == []  # past the end: an empty page, the total kept
+
+
+@pytest.mark.parametrize("column", ["p99_ms", "p50_ms", "last_seen", "device", "fleet", "temperature_c"])
+def test_sorting_by_a_column_puts_empty_values_last(fleets_dashboard, column: str) -> None:
+    for order in ("asc", "desc"):
+        rows = _devices(fleets_dashboard.url, sort=column, order=order)["devices"]
+        values = [d[column] for d in rows]
+        present = [v for v in values if v is not None]
+        assert present == sorted(present, reverse=order == "desc"), (column, order)
+        assert values[len(present):] == [None] * (len(values) - len(present))  # ghost-1 has no telemetry: last
+
+
+def test_filters_by_text_state_and_fleet(fleets_dashboard) -> None:
+    pis = _devices(fleets_dashboard.url, q="RASPBERRY")
+    assert pis["total"] == 6 and pis["fleet_devices"] == 18  # fleet a: 4 of 12 (002, 005, 008, 011), b: 002, d: ghost-1's target
+    assert all(d["target"] == "raspberry-pi-5" for d in pis["devices"])
+    worst = _devices(fleets_dashboard.url, state="offline,stale")
+    assert worst["total"] == 5 and {d["fleet"] for d in worst["devices"]} == {"b", "c"}
+    both = _devices(fleets_dashboard.url, state="stale", q="nx")
+    assert [(d["fleet"], d["device"]) for d in both["devices"]] == [("b", "jetson-orin-nx-16gb-001")]
+    fleet_a = _devices(fleets_dashboard.url, fleet="a", sort="p99_ms", order="desc", limit=3)
+    assert fleet_a["total"] == fleet_a["fleet_devices"] == 12 and {d["fleet"] for d in fleet_a["devices"]} == {"a"}
+    assert fleet_a["devices"][0]["target"] == "raspberry-pi-5"  # the slowest board
+    assert _devices(fleets_dashboard.url, q="updating")["total"] == 1  # the agent-reported state is searched too
+    assert _devices(fleets_dashboard.url, q="no-such-device")["devices"] == []
+
+
+@pytest.mark.parametrize(("params", "parameter", "message"), [
+    ({"limit": "0"}, "limit", "limit must be between 1 and 1000, got 0"),
+    ({"limit": "5000"}, "limit", "limit must be between 1 and 1000"),
+    ({"limit": "ten"}, "limit", "limit must be an integer, got 'ten'"),
+    ({"offset": "-1"}, "offset", "offset must be at least 0"),
+    ({"sort": "colour"}, "sort", "sort must be one of worst, device"),
+    ({"sort": "models"}, "sort", "got 'models'"),
+    ({"order": "up"}, "order", "order must be asc or desc"),
+    ({"state": "off line"}, "state", "state 'off line' is not a state name"),
+    ({"q": "x" * 201}, "q", "q must be at most 200 characters"),
+    ({"hours": "abc"}, "hours", "hours must be a number"),
+])  # fmt: skip
+def test_bad_parameters_are_400_naming_the_parameter(fleets_dashboard, params: dict[str, str], parameter: str, message: str) -> None:
+    status, body = _get(fleets_dashboard.url, "api/devices", **params)
+    assert status == 400 and body["parameter"] == parameter and message in body["error"], body
+
+
+def test_an_unknown_fleet_is_404(fleets_dashboard) -> None:
+    status, body = _get(fleets_dashboard.url, "api/devices", fleet="z")
+    assert status == 404 and "query fleet 'z'" in body["error"] and "a, b, c, d" in body["error"]
