@@ -30,6 +30,7 @@ import json
 import logging
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,10 +38,12 @@ from typing import Any
 
 from edgekit_runtime.agent.config import BundlesConfig, HealthConfig
 from edgekit_runtime.agent.deploy_checks import LEDGER_NAME, VersionLedger, bundle_version, signature_changes
-from edgekit_runtime.agent.deploy_request import DeployRequest  # re-exported: callers import it from here
+from edgekit_runtime.agent.deploy_request import DeployRequest as DeployRequest  # re-exported: callers import it from here
 from edgekit_runtime.agent.errors import DeployError, MemoryBudgetError
 from edgekit_runtime.agent.fetch import SourcePolicy, fetch_bundle, write_error
+from edgekit_runtime.agent.health_watch import HealthWatch
 from edgekit_runtime.agent.loading import LoadedBundle, check_signature_bytes, load_bundle
+from edgekit_runtime.agent.probation import PROBATION_NAME, Probation, ProbationFile, begin
 from edgekit_runtime.agent.serving import InferenceServer
 from edgekit_runtime.agent.store import BundleStore, version_name
 from edgekit_runtime.bundle import MANIFEST_NAME, SIGNATURE_NAME, self_check
@@ -98,7 +101,7 @@ class StagedDeploy:
     held_mb: float | None
 
 
-class Deployer:
+class Deployer(HealthWatch):
     """Owns the bundle store and what the :class:`InferenceServer` serves. One operation at a time.
 
     ``model`` names the model of the repository this deployer serves (``None`` for the single model of
@@ -137,6 +140,9 @@ class Deployer:
         self._served: ServedBundle | None = None
         self.last_self_check_passed: bool | None = None
         self.ledger = VersionLedger(store.root / LEDGER_NAME, slot=model)
+        self.probation = ProbationFile(store.root / PROBATION_NAME)
+        self._resume: tuple[Probation, LoadedBundle] | None = None  # a health watch to start again (resume_watch)
+        self._pending_crash_result: Probation | None = None  # rolled back at start: its deploy_result once served
         self._sources = SourcePolicy.from_config(bundles)
 
     @property
@@ -217,6 +223,7 @@ class Deployer:
         """Serve ``current`` if it passes every check, else ``previous``; returns what is served."""
         with self._lock:
             self.store.prepare()
+            probation = self._probation_at_start()
             for link in ("current", "previous"):
                 path = self.store.target(link)
                 if path is None:
@@ -232,8 +239,12 @@ class Deployer:
                     self._event("startup_fallback", f"current bundle failed its checks; serving previous {loaded.name}",
                                 level="warning", path=str(path))  # fmt: skip
                 self._serve(loaded, path)
-                self._remember_version(loaded)
                 self._event("serving", f"serving bundle {loaded.name}", **loaded.summary())
+                if probation is not None and probation.version == path.name:
+                    self._resume = (probation, loaded)  # watched again before its version counts as accepted
+                else:
+                    self._remember_version(loaded)
+                    self._end_probation(probation, f"{probation.bundle if probation else ''} failed its checks at start")
                 return self._served
             self._event("no_bundle", f"no working bundle in {self.store.root}; waiting for a deploy", level="warning")
             return None
@@ -314,20 +325,15 @@ class Deployer:
             return "succeeded"
         previous_served = self.switch(staged)
         if watch and self.health.window_s > 0:
-            before = self.server.totals()
+            probation = begin(self.probation, version_dir=staged.version_dir, bundle=staged.loaded.name,
+                              previous=staged.old_current, url=request.url, command_id=request.command_id,
+                              window_s=self.health.window_s)  # fmt: skip
             self._event("deploy_progress", f"watching {staged.loaded.name} for {self.health.window_s:g} s",
                         command_id=request.command_id, step="watching", window_s=self.health.window_s,
                         max_error_rate=self.health.max_error_rate)  # fmt: skip
-            interrupted = self._stop.wait(self.health.window_s)
-            healthy, details = self.judge_health(staged, before, interrupted=interrupted)
-            if details["interrupted"]:  # the agent is stopping; the new bundle passed every check and stays
-                self._remember_version(staged.loaded)
-                self._event("deploy_result", f"deployed {staged.loaded.name}; its health watch was cut short by shutdown",
-                            level="warning", command_id=request.command_id, outcome="succeeded", bundle=staged.loaded.name,
-                            health=details)  # fmt: skip
-                return "succeeded"
-            if not healthy:
-                return self._roll_back_after_watch(request, staged.loaded, previous_served, details)
+            signature_changed = staged.old_signature is not None and bool(signature_changes(staged.old_signature, staged.loaded.bundle.io))
+            return self._watch(request, staged.loaded, probation, can_roll_back=previous_served is not None,
+                               window_s=self.health.window_s, signature_changed=signature_changed)
         self.finish(staged)
         self._event("deploy_result", f"deployed {staged.loaded.name}", command_id=request.command_id,
                     outcome="succeeded", bundle=staged.loaded.name, bundle_id=self._served.bundle_id if self._served else None)  # fmt: skip
@@ -440,67 +446,10 @@ class Deployer:
                     previous=None if staged.old_current is None else staged.old_current.name)  # fmt: skip
         return previous_served
 
-    def judge_health(self, staged: StagedDeploy, before: Any, *, interrupted: bool) -> tuple[bool, dict[str, Any]]:
-        """Step 6, after the watch window: the live error rate since ``before`` (the server's totals when the
-        window opened) and the self-check on the live runner."""
-        signature_changed = staged.old_signature is not None and bool(signature_changes(staged.old_signature, staged.loaded.bundle.io))
-        return self._judge(staged.loaded, before, interrupted=interrupted, signature_changed=signature_changed)
-
     def finish(self, staged: StagedDeploy) -> None:
         """A deploy that stays: record its version and prune old versions."""
         self._remember_version(staged.loaded)
         self.store.prune()
-
-    def roll_back_after_watch(self, staged: StagedDeploy, previous_served: ServedBundle | None, details: dict[str, Any]) -> str:
-        return self._roll_back_after_watch(staged.request, staged.loaded, previous_served, details)
-
-    def _judge(self, loaded: LoadedBundle, before: Any, *, interrupted: bool, signature_changed: bool) -> tuple[bool, dict[str, Any]]:
-        window_s = self.health.window_s
-        after = self.server.totals()
-        if interrupted:
-            return True, {"interrupted": True, "requests": after.requests - before.requests, "errors": after.errors - before.errors}
-        requests, errors = after.requests - before.requests, after.errors - before.errors
-        rejected = after.rejected - before.rejected
-        if signature_changed:  # the old clients' requests no longer fit: the deploy's fault, not theirs
-            errors += rejected
-        attempts = requests + errors
-        error_rate = errors / attempts if attempts else None
-        check = self.server.call_runner(lambda runner: self_check(loaded.bundle, runner, raise_on_failure=False))
-        self.last_self_check_passed = check.passed
-        details = {"requests": requests, "errors": errors, "error_rate": error_rate, "self_check_passed": check.passed,
-                   "window_s": window_s, "interrupted": False, "rejected": rejected,
-                   "rejected_count_as_errors": signature_changed}  # fmt: skip
-        too_many_errors = error_rate is not None and attempts >= self.health.min_requests and error_rate > self.health.max_error_rate
-        return (check.passed and not too_many_errors), details
-
-    def _roll_back_after_watch(
-        self, request: DeployRequest, failed: LoadedBundle, previous_served: ServedBundle | None, details: dict[str, Any]
-    ) -> str:
-        if not details["self_check_passed"]:
-            reason = "the self-check failed on the live model"
-        else:
-            attempts = details["requests"] + details["errors"]
-            reason = f"error rate {details['error_rate']:.1%} over {attempts} request(s) is above {self.health.max_error_rate:.1%}"
-            if details.get("rejected_count_as_errors") and details.get("rejected"):
-                reason += f", counting {details['rejected']} request(s) rejected for not fitting its changed inputs"
-        if previous_served is None or self.store.previous is None:
-            self._event("deploy_result", f"{failed.name} is unhealthy ({reason}) but there is no previous bundle to roll back to; "
-                        "it keeps serving", level="error", command_id=request.command_id, outcome="failed", step="watching",
-                        health=details)  # fmt: skip
-            return "failed"
-        self._event("deploy_progress", f"{failed.name} is unhealthy ({reason}); rolling back", level="warning",
-                    command_id=request.command_id, step="rolling_back", health=details)  # fmt: skip
-        try:
-            restored = self._rollback_locked()
-        except EdgekitError as err:
-            self._event("deploy_result", f"{failed.name} is unhealthy ({reason}) and the rollback failed: {err.message}",
-                        level="error", command_id=request.command_id, outcome="failed", step="rolling_back", error=str(err),
-                        health=details)  # fmt: skip
-            return "failed"
-        self._event("deploy_result", f"rolled back to {restored.name}: {failed.name} was unhealthy ({reason})", level="warning",
-                    command_id=request.command_id, outcome="rolled_back", bundle=restored.name, failed_bundle=failed.name,
-                    health=details)  # fmt: skip
-        return "rolled_back"
 
     # -- rollback -----------------------------------------------------------------------------------
 

@@ -51,6 +51,7 @@ from edgekit_runtime.agent.backoff import Backoff
 from edgekit_runtime.agent.config import AgentConfig, parse_api_address
 from edgekit_runtime.agent.errors import AgentApiError
 from edgekit_runtime.agent.ota import DeployRequest
+from edgekit_runtime.agent.probation import resume_watches
 from edgekit_runtime.agent.repository import ModelRepository
 from edgekit_runtime.agent.telemetry import (
     EVENT_THREAD_RESTARTED,
@@ -199,6 +200,7 @@ class AgentService:
         self._spawn("edgekit-api", self._api_loop)
         if self.config.probe is not None:
             self._spawn("edgekit-probe", self._probe_loop)
+        resume_watches(self.models.slots(), self._spawn_ota)  # health watches the last run did not finish
         logger.info("agent %s/%s started; API on %s", self.config.fleet, self.config.device_id, self.api_address)
         return self
 

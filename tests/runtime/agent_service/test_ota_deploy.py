@@ -247,9 +247,11 @@ def test_shutdown_during_the_watch_keeps_the_new_bundle(
     timer = threading.Timer(0.2, stop.set)
     timer.start()
     started = time.monotonic()
-    assert deploy(device, signed_bundle("tiny-b")) == "succeeded"
+    # issue 28: an unfinished watch is "interrupted", never "succeeded"; the bundle stays, its probation on disk
+    assert deploy(device, signed_bundle("tiny-b")) == "interrupted"
     assert time.monotonic() - started < 10
-    assert "cut short by shutdown" in device.result()["message"] and device.deployer.served.name == "tiny-b"
+    assert "interrupted by shutdown" in device.result()["message"] and device.deployer.served.name == "tiny-b"
+    assert device.result()["details"]["outcome"] == "interrupted" and device.deployer.probation.read().state == "stopped"
 
 
 def test_rollback_command(make_device: Callable[..., Device], signed_bundle: Callable[..., Path]) -> None:
