@@ -74,6 +74,8 @@ def test_page_assets_are_served_offline_and_compressed(seeded_dashboard) -> None
     assert status == 200 and "/static/app.js" in page and "http://" not in page and "https://" not in page
     script = _get(seeded_dashboard.url + "static/app.js")[2].decode()
     assert "timeChart" in script and "https://" not in script  # no CDN
+    charts = _get(seeded_dashboard.url + "static/charts.js")[2].decode()
+    assert "function timeChart" in charts and "https://" not in charts and "/static/charts.js" in page
     library = _get(seeded_dashboard.url + "static/uPlot.iife.min.js")[2].decode()
     assert library.startswith("/*! https://github.com/leeoniya/uPlot") and "uPlot.iife.min.js" in page
     assert "MIT License" in _get(seeded_dashboard.url + "static/uPlot.LICENSE.txt")[2].decode()
