@@ -142,6 +142,12 @@ def _register_collect(fleet_subparsers: argparse._SubParsersAction) -> None:
                         help="run N collector processes in one shared subscription group (--shared-group, default "
                              f"{DEFAULT_WORKER_GROUP}) to use N cores, and start again any that dies; worker i serves "
                              "/metrics on P+i (default 1)")  # fmt: skip
+    parser.add_argument("--alerts", action="store_true",
+                        help="evaluate the shipped alert rules (edgekit/fleet/alerts/default_rules.yaml; docs/fleet.md, Alerts)")
+    parser.add_argument("--alert-rules", metavar="FILE",
+                        help="evaluate the alert rules in FILE (YAML, schema edgekit/fleet/alerts/alert_rules.schema.json); "
+                             "alerts go to edgekit/v1/FLEET/alerts and the store's events")  # fmt: skip
+    parser.add_argument("--alert-webhook", metavar="URL", help="also POST each alert firing/resolved notice to URL as JSON")
     parser.set_defaults(func=run_collect)
 
 
@@ -217,6 +223,7 @@ def _start_metrics_server(args: argparse.Namespace, metrics: Any) -> tuple[Any, 
 def _collect(args: argparse.Namespace, on_started: Callable[[], None] | None = None,
              orphaned: Callable[[], bool] | None = None) -> int:
     """One collector until SIGTERM, Ctrl-C, ``--duration`` or (a worker) ``orphaned()``."""
+    from edgekit.fleet.alerts.engine import alert_engine_for
     from edgekit.fleet.collector import Collector, default_client_id
     from edgekit.fleet.metrics import IngestMetrics
     from edgekit.fleet.store import open_store
@@ -235,6 +242,8 @@ def _collect(args: argparse.Namespace, on_started: Callable[[], None] | None = N
                 session_expiry_s=args.session_expiry, retention=retention, rollup_minutes=args.rollup_minutes,
                 metrics=metrics, ack_after_store=args.ack_after_store, mqtt_version=args.mqtt_version,
                 allow_plaintext_password=getattr(args, "allow_plaintext_password", False),
+                alerts=alert_engine_for(store, getattr(args, "alert_rules", None), use_default_rules=getattr(args, "alerts", False),
+                                        webhook_url=getattr(args, "alert_webhook", None), fleet=args.fleet),
             ).start()  # fmt: skip
             # SIGTERM (systemd, docker stop): store, then exit; set before "started" is announced.
             terminated = threading.Event()
@@ -328,6 +337,8 @@ def _run_collect_workers(args: argparse.Namespace) -> int:
     workers = []
     for index in range(args.workers):
         options = dict(vars(args), workers=1, shared_group=group, client_id=f"{base_id}-{index}")
+        if index:  # one alert engine: worker 0's (it judges error rates and spools from its own share of windows)
+            options.update(alerts=False, alert_rules=None, alert_webhook=None)
         options.pop("func", None)
         if args.metrics_port:
             options["metrics_port"] = args.metrics_port + index

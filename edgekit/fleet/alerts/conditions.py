@@ -117,12 +117,13 @@ def error_rate_breaches(rule: ErrorRateAboveRule, snapshot: FleetSnapshot) -> li
     found = []
     for d in snapshot.devices:
         figures = snapshot.windows.get((d.fleet, d.device))
-        if not _heard(d) or figures is None or figures.inferences < rule.min_inferences:
+        attempts = figures.inferences + figures.errors if figures is not None else 0
+        if not _heard(d) or attempts < rule.min_inferences:
             continue
-        share = figures.errors / figures.inferences
+        share = figures.errors / attempts  # type: ignore[union-attr]
         if share > rule.share:
             found.append(Breach(d.fleet, d.device, d.device, round(share, 6), rule.share,
-                                f"{d.device}: {figures.errors} of {figures.inferences} inferences failed "
+                                f"{d.device}: {figures.errors} of {attempts} inferences failed "  # type: ignore[union-attr]
                                 f"({share:.1%} > {rule.share:.1%})", {"seq": figures.seq}))  # fmt: skip
     return found
 

@@ -123,7 +123,8 @@ class P99AboveFleetMedianRule(_RuleBase):
 
 
 class ErrorRateAboveRule(_RuleBase):
-    """Fires for a device whose newest window has more than ``share`` of its inferences failed."""
+    """Fires for a device whose newest window has more than ``share`` of its inferences failed (failed / (completed +
+    failed), as rollout health gates count it)."""
 
     kind: Literal["error_rate_above"]
     share: float = Field(gt=0, lt=1, description="failed inferences / inferences of the newest window, from 0 to 1")
