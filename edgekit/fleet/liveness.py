@@ -10,7 +10,8 @@ A device reports telemetry every ``interval_s`` seconds (the length of its newes
 =============  ======================================================================================
 
 A state the agent itself reported other than ``online`` (``offline``, ``updating`` ...) is kept while the
-device is heard from; silence turns any of them into ``stale`` and then ``offline``.
+device is heard from; silence turns any of them into ``stale`` and then ``offline``. Silence is judged on
+telemetry: a device that never sent a window (so its interval is unknown) keeps the state it reported.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ def liveness_state(reported: str | None, last_seen: dt.datetime | None, interval
                    now: dt.datetime) -> str:  # fmt: skip
     """The state to show for a device whose agent last ``reported`` this state (None: never), last heard from at
     ``last_seen`` (its newest window's arrival or status), reporting every ``interval_s`` seconds."""
-    if last_seen is None:
-        return reported or "unknown"
     if reported == "offline":
         return "offline"
-    interval = interval_s if interval_s and interval_s > 0 else DEFAULT_INTERVAL_S
+    if last_seen is None or interval_s is None:
+        return reported or "unknown"
+    interval = interval_s if interval_s > 0 else DEFAULT_INTERVAL_S
     silent_s = (now - last_seen).total_seconds()
     if silent_s >= OFFLINE_AFTER_INTERVALS * interval:
         return "offline"

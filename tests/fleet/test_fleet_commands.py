@@ -35,6 +35,9 @@ def seeded(tmp_path: Path) -> str:
     too, nano-3 stays on A. All on fleet "lab"."""
     url = f"sqlite:///{tmp_path / 'fleet.db'}"
     with open_store(url) as store:
+        for device in ("nano-1", "nano-2", "nano-3"):  # targets first, as agents report them on connecting
+            store.set_device_target("lab", device, "jetson-orin-nano")
+        store.set_device_target("lab", "agx-1", "jetson-agx-orin")
         windows = []
         for device, switch_at in (("nano-1", 11), ("nano-2", 11), ("agx-1", 11), ("nano-3", None)):
             for seq in range(1, 21):
@@ -43,9 +46,6 @@ def seeded(tmp_path: Path) -> str:
                                       latencies_ms=[2.0] * 10 if on_b else [4.0] * 10,
                                       power_mw=4000.0 if on_b else 5000.0, temperature_c=45.0 if on_b else 50.0))  # fmt: skip
         store.add_windows(windows)
-        for device in ("nano-1", "nano-2", "nano-3"):
-            store.set_device_target("lab", device, "jetson-orin-nano")
-        store.set_device_target("lab", "agx-1", "jetson-agx-orin")
         store.upsert_status(DeviceStatus("lab", "nano-1", "online", BUNDLE_B.id, None, "0.1.0", T0 + dt.timedelta(hours=1)))
         store.upsert_status(DeviceStatus("lab", "nano-3", "offline", BUNDLE_A.id, None, "0.1.0", T0 + dt.timedelta(hours=1)))
     return url
@@ -60,12 +60,14 @@ def test_status_json_lists_every_device(seeded: str, capsys: pytest.CaptureFixtu
     devices = {d["device"]: d for d in _json_out(capsys, ["fleet", "status", "--store", seeded, "--json"])["devices"]}
     assert sorted(devices) == ["agx-1", "nano-1", "nano-2", "nano-3"]
     nano_1 = devices["nano-1"]
-    assert (nano_1["state"], nano_1["bundle_id"], nano_1["target"]) == ("online", BUNDLE_B.id, "jetson-orin-nano")
+    # its agent said online, but its newest window is from 2026-03-01: silent for far more than 10 intervals
+    assert (nano_1["state"], nano_1["bundle_id"], nano_1["target"]) == ("offline", BUNDLE_B.id, "jetson-orin-nano")
+    assert nano_1["interval_s"] == 10.0
     assert (nano_1["p50_ms"], nano_1["p99_ms"], nano_1["temperature_max_c"]) == (2.0, 2.0, 45.0)
     assert nano_1["power_mean_mw"] == pytest.approx(4000.0)
     assert nano_1["energy_per_inference_mj"] == pytest.approx(4000.0)  # 4 W x 10 s / 10 inferences
     assert nano_1["last_seen"] == "2026-03-01T13:00:00Z" and nano_1["windows"] == 20 and nano_1["missing_seqs"] == 0
-    assert (devices["nano-3"]["state"], devices["nano-2"]["state"]) == ("offline", "unknown")
+    assert (devices["nano-3"]["state"], devices["nano-2"]["state"]) == ("offline", "offline")  # its will; silence
 
 
 @pytest.fixture(autouse=True)
@@ -76,10 +78,16 @@ def wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_status_table_and_fleet_filter(seeded: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with open_store(seeded) as store:  # nano-1 reports again, nano-2's last window is 35 s old (3.5 intervals)
+        now = dt.datetime.now(dt.timezone.utc)
+        store.add_windows([window(21, device="nano-1", bundle=BUNDLE_B, latencies_ms=[2.0] * 10, power_mw=4000.0,
+                                  temperature_c=45.0, start=now - dt.timedelta(seconds=12)),
+                           window(21, device="nano-2", bundle=BUNDLE_B, start=now - dt.timedelta(seconds=45))])  # fmt: skip
     assert main(["fleet", "status", "--store", seeded]) == 0
     table = capsys.readouterr().out
     assert "fleet lab: 4 devices" in table
     assert re.search(r"nano-1 +│ online +│ minilm-int8-b +│ jetson-orin-nano +│ +2\.00 +│ +2\.00 +│ +4000 ", table), table
+    assert re.search(r"nano-2 +│ stale +│", table) and re.search(r"nano-3 +│ offline +│", table), table
     assert main(["fleet", "status", "--store", seeded, "--fleet", "other", "--json"]) == 2  # no such fleet (a typo?)
     assert "--fleet 'other': no device in" in " ".join(capsys.readouterr().err.split())
 

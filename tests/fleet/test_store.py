@@ -89,7 +89,8 @@ def test_summaries_combine_status_windows_and_targets(store: FleetStore) -> None
     assert (newest.p50_ms, newest.p99_ms, newest.temperature_max_c) == (5.0, 5.0, 70.0)  # the newest window
     assert newest.power_mean_mw == pytest.approx(6000.0)
     assert newest.energy_per_inference_mj == pytest.approx(6000.0 * WINDOW_S / 10)
-    assert (newest.target, newest.state) == ("jetson-orin-nano", "unknown")
+    # no status, and its newest window is months old: silent for far more than 10 intervals (edgekit.fleet.liveness)
+    assert (newest.target, newest.state, newest.interval_s) == ("jetson-orin-nano", "offline", WINDOW_S)
     assert newest.last_seen == T0 + dt.timedelta(seconds=2 * WINDOW_S)  # the newest window's arrival
     assert summaries["dev-3"].windows == 0 and summaries["dev-3"].state == "offline"
 
@@ -118,7 +119,11 @@ def test_rejected_counts_survive_retention(store: FleetStore) -> None:
 
 
 def _three_devices(store: FleetStore) -> None:
-    """dev-1 (nano) and dev-2 (agx) on bundle A then B; dev-3 (nano) on A only. 30 windows each (5 minutes)."""
+    """dev-1 (nano) and dev-2 (agx) on bundle A then B; dev-3 (nano) on A only. 30 windows each (5 minutes).
+    Targets first: fleet aggregates group windows by the target known when they arrive (agents report theirs in the
+    status they publish on connecting, before any telemetry)."""
+    for device, target in (("dev-1", "nano"), ("dev-2", "agx"), ("dev-3", "nano")):
+        store.set_device_target("lab", device, target)
     windows = []
     for device, switch_at in (("dev-1", 16), ("dev-2", 11), ("dev-3", None)):
         for seq in range(1, 31):
@@ -127,8 +132,6 @@ def _three_devices(store: FleetStore) -> None:
             windows.append(window(seq, device=device, bundle=BUNDLE_B if on_b else BUNDLE_A, latencies_ms=latencies,
                                   power_mw=4000.0 if on_b else 5000.0 + 100 * seq, temperature_c=40.0 + seq))  # fmt: skip
     store.add_windows(windows)
-    for device, target in (("dev-1", "nano"), ("dev-2", "agx"), ("dev-3", "nano")):
-        store.set_device_target("lab", device, target)
 
 
 def _expected(store: FleetStore, **filters: object) -> dict[str, float]:
@@ -176,9 +179,20 @@ def test_aggregate_time_buckets(store: FleetStore) -> None:
     assert [b.windows for b in buckets] == [6] * 5
     assert sum(b.inferences for b in buckets) == _expected(store, device="dev-3")["inferences"]
     since = T0 + 2 * MINUTE
-    # time filters apply to window ends, buckets to window starts
+    # fleet-wide reads come from the minute aggregates: a bucket (of window starts) is in a range when it starts in it
     assert [(b.bucket_start, b.windows) for b in store.aggregate((), since=since, until=since + MINUTE, bucket_s=60)] \
-        == [(T0 + MINUTE, 3), (since, 15)]  # fmt: skip
+        == [(since, 18)]  # fmt: skip
+    # one device's reads still filter raw windows by their end
+    assert [(b.bucket_start, b.windows) for b in store.aggregate((), devices=[("lab", "dev-3")], since=since,
+                                                                   until=since + MINUTE, bucket_s=60)] \
+        == [(T0 + MINUTE, 1), (since, 5)]  # fmt: skip
+
+
+def test_fleet_aggregates_group_by_the_target_known_when_a_window_arrived(store: FleetStore) -> None:
+    store.add_windows([window(1, device="dev-1")])
+    store.set_device_target("lab", "dev-1", "nano")
+    store.add_windows([window(2, device="dev-1")])
+    assert {a.target: a.windows for a in store.aggregate(("target",))} == {None: 1, "nano": 1}
 
 
 def test_bad_aggregate_requests_name_the_problem(store: FleetStore) -> None:

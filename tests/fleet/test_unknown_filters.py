@@ -39,9 +39,9 @@ def _model_window(seq: int, device: str) -> TelemetryWindow:
 def _fill(store: FleetStore) -> None:
     """lab: nano-1 (A then B, jetson-orin-nano), agx-1 (status only, jetson-agx-orin); cams: cam-1 serving a model;
     edge: a device known only from an event; a rollout of a bundle no window ran."""
+    store.set_device_target("lab", "nano-1", "jetson-orin-nano")  # first, as agents report it on connecting
     store.add_windows([window(seq, device="nano-1", bundle=BUNDLE_A if seq < 5 else BUNDLE_B) for seq in range(1, 9)])
     store.add_windows([_model_window(seq, "cam-1") for seq in range(1, 4)])
-    store.set_device_target("lab", "nano-1", "jetson-orin-nano")
     store.upsert_status(DeviceStatus("lab", "agx-1", "online", "status-only-bundle", "jetson-agx-orin", "0.1.0", T0))
     store.add_events([DeviceEvent("edge", "pi-1", "e1", "boot", "info", "started", T0)])
     store.save_rollout(RolloutRecord("r1", "lab", "rolled-bundle", "file:///b.tar", "0" * 64, "completed", ("agx-1",),

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from edgekit.fleet.errors import StoreError, StoreUnavailableError
 from edgekit.fleet.store import queries
+from edgekit.fleet.store.base import TelemetryWindow
 from edgekit.fleet.store.sql import SeqRun, SqlFleetStore, named_to_pyformat
 
 CONNECT_TIMEOUT_S = 10
@@ -29,6 +30,7 @@ class PostgresStore(SqlFleetStore):
     """``PostgresStore("postgresql://...")``; the schema is migrated on open."""
 
     dialect = "postgres"
+    lock_rows_sql = " FOR UPDATE"
 
     def __init__(self, url: str) -> None:
         super().__init__(url)
@@ -131,6 +133,20 @@ class PostgresStore(SqlFleetStore):
                f"rolled AS ({insert})\n{queries.ISLANDS_SQL.format(source='moved w', where='1 = 1')}")  # fmt: skip
         cursor.execute(self._sql(sql), {"cutoff": cutoff, "bucket_s": bucket_s})
         return [SeqRun(*row) for row in cursor.fetchall()]
+
+    def _insert_new_windows(self, cursor: Any, windows: Sequence[TelemetryWindow]) -> list[TelemetryWindow]:
+        # RETURNING names the rows this statement inserted: a window another collector stored first is not among them.
+        by_key = {}
+        for w in windows:
+            by_key.setdefault((w.fleet, w.device, w.seq), w)
+        sql = self._sql(self._window_insert_sql() + " RETURNING fleet, device, seq")
+        cursor.executemany(sql, [self._window_row(w) for w in by_key.values()], returning=True)
+        inserted = []
+        while True:
+            inserted.extend(cursor.fetchall())
+            if not cursor.nextset():
+                break
+        return [by_key[(fleet, device, int(seq))] for fleet, device, seq in inserted]
 
     def _close_connection(self) -> None:
         if self._connection is not None:

@@ -70,18 +70,25 @@ INSERT_REJECTED = "INSERT INTO rejected_messages (topic, reason, detail, size_by
 ADD_REJECTED_TOTAL = """INSERT INTO rejected_totals (reason, count) VALUES (?, ?)
 ON CONFLICT (reason) DO UPDATE SET count = rejected_totals.count + excluded.count"""
 
-# Device summaries: one query per source, merged in Python (a device may have any subset of them).
+# Device summaries: one query per source, merged in Python (a device may have any subset of them); none reads
+# a raw window: device_latest is kept as windows arrive.
 SUMMARY_STATUS = "SELECT fleet, device, state, bundle_id, updated_at FROM device_status WHERE {fleet_filter}"
-SUMMARY_RAW = """SELECT fleet, device, MIN(seq), MAX(seq), COUNT(*), MAX(received_at) FROM telemetry_windows
-WHERE {fleet_filter} GROUP BY fleet, device"""
-SUMMARY_ROLLUPS = """SELECT fleet, device, MIN(seq_min), MAX(seq_max), SUM(windows), MAX(received_at_max)
-FROM telemetry_rollups WHERE {fleet_filter} GROUP BY fleet, device"""
-SUMMARY_LATEST = """SELECT w.fleet, w.device, w.bundle_id, w.p50_ms, w.p99_ms, w.power_mean_mw, w.energy_per_inference_mj,
-    w.temperature_max_c, w.window_start, w.window_end
-FROM telemetry_windows w
-JOIN (SELECT fleet, device, MAX(seq) AS seq FROM telemetry_windows WHERE {fleet_filter} GROUP BY fleet, device) m
-    ON w.fleet = m.fleet AND w.device = m.device AND w.seq = m.seq"""
+SUMMARY_LATEST = """SELECT fleet, device, windows, seq_min, seq_max, received_at_max, latest_seq, bundle_id, p50_ms, p99_ms,
+    power_mean_mw, energy_per_inference_mj, temperature_max_c, interval_s FROM device_latest WHERE {fleet_filter}"""
 SUMMARY_TARGETS = "SELECT fleet, device, target FROM device_targets WHERE {fleet_filter}"
+
+#: Rollups as :func:`edgekit.fleet.store.buckets.rollup_parts` reads them.
+SELECT_ROLLUPS_AS_PARTS = """SELECT fleet, device, bundle_id, windows, inferences, errors, latency_count, p50_sum, p99_sum,
+    p99_max_ms, power_s, power_mw_s, energy_mj, energy_active_mj, energy_count, temperature_max_c, window_start_min,
+    window_end_max, seq_min, seq_max, received_at_max FROM telemetry_rollups ORDER BY fleet, device, bucket_start"""
+
+#: Per-model windows and rollups as :func:`edgekit.fleet.store.buckets.model_history_parts` reads them.
+SELECT_MODEL_HISTORY = """SELECT fleet, device, model, bundle_id, 1, inferences, errors,
+    CASE WHEN p50_ms IS NULL THEN 0 ELSE inferences END, COALESCE(p50_ms * inferences, 0.0),
+    COALESCE(p99_ms * inferences, 0.0), p99_ms, memory_mb, window_start, window_end FROM telemetry_model_windows
+UNION ALL
+SELECT fleet, device, model, bundle_id, windows, inferences, errors, latency_count, p50_sum, p99_sum, p99_max_ms,
+    memory_mb_max, window_start_min, window_end_max FROM telemetry_model_rollups"""
 
 SELECT_ROLLED_SEQS = "SELECT r.fleet, r.device, r.seq_first, r.seq_last, r.window_end_max, r.rolled_at FROM telemetry_rolled_seqs r"
 INSERT_ROLLED_SEQS = """INSERT INTO telemetry_rolled_seqs (fleet, device, seq_first, seq_last, window_end_max, rolled_at)

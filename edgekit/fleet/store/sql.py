@@ -17,7 +17,7 @@ from typing import Any, Iterator, NamedTuple, Sequence
 
 from edgekit.fleet.errors import StoreError
 from edgekit.fleet.liveness import liveness_state
-from edgekit.fleet.store import queries
+from edgekit.fleet.store import buckets, fleet_reads, queries
 from edgekit.fleet.store.base import (
     AGGREGATE_KEYS,
     KNOWN_VALUE_KEYS,
@@ -37,6 +37,8 @@ from edgekit.fleet.store.migrate import pending
 
 #: Rows fetched per query when iterating windows.
 PAGE_ROWS = 5000
+#: The schema version that added the aggregates kept at ingest (edgekit/fleet/store/buckets.py).
+AGGREGATES_VERSION = 7
 #: How long a gap between a device's rolled-up seqs stays open for a late window (see :func:`merge_rolled_seqs`).
 DEFAULT_GAPS_OPEN_FOR = dt.timedelta(days=7)
 
@@ -92,6 +94,8 @@ class SqlFleetStore(FleetStore):
     dialect: str
     #: How to write "insert unless the key exists": (statement start, statement end).
     insert_ignore: tuple[str, str] = ("INSERT INTO", "ON CONFLICT DO NOTHING")
+    #: What ends a SELECT that locks its rows for the transaction ("" where the transaction already excludes writers).
+    lock_rows_sql: str = ""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -209,6 +213,21 @@ class SqlFleetStore(FleetStore):
                 self._run_script(cursor, migration.sql)
                 cursor.execute(self._sql("INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)"),
                                (migration.version, migration.name, _now().isoformat()))  # fmt: skip
+                if migration.version == AGGREGATES_VERSION and current > 0:
+                    self._sum_in_history(cursor)
+
+    def _sum_in_history(self, cursor: Any) -> None:
+        """Sum the windows and rollups a store kept before it had aggregates into them (once, when migrating)."""
+        cursor.execute(self._sql(f"SELECT {', '.join(WINDOW_COLUMNS)} FROM telemetry_windows ORDER BY fleet, device, seq"))
+        while rows := cursor.fetchmany(PAGE_ROWS):
+            parts = [buckets.window_part(self._window_from_row(row)) for row in rows]
+            for part in parts:
+                part.models = []  # from the per-model tables below, which hold every model's windows
+            buckets.ingest(self, self._cursor(), parts)
+        cursor.execute(self._sql(queries.SELECT_ROLLUPS_AS_PARTS))
+        buckets.ingest(self, cursor, buckets.rollup_parts(cursor.fetchall(), self.time_out))
+        cursor.execute(self._sql(queries.SELECT_MODEL_HISTORY))
+        buckets.ingest(self, cursor, buckets.model_history_parts(cursor.fetchall(), self.time_out))
 
     def _lock_for_migration(self, cursor: Any) -> None:
         """Keep two processes opening the same new database from migrating it at once."""
@@ -226,18 +245,26 @@ class SqlFleetStore(FleetStore):
     def add_windows(self, windows: Sequence[TelemetryWindow]) -> int:
         if not windows:
             return 0
-        start, end = self.insert_ignore
-        columns = ", ".join(WINDOW_COLUMNS)
-        sql = f"{start} telemetry_windows ({columns}) VALUES ({', '.join('?' * len(WINDOW_COLUMNS))}) {end}"
         with self._transaction(f"storing {len(windows)} telemetry windows") as cursor:
             self._lock_rolled_seqs(cursor, exclusive=False)
             fresh = self._not_rolled_up(cursor, windows)
             if not fresh:
                 return 0
-            cursor.executemany(self._sql(sql), [self._window_row(w) for w in fresh])
-            added = max(int(cursor.rowcount), 0)
-            cursor.executemany(self._sql(queries.INSERT_MODEL_WINDOW), [row for w in fresh for row in self._model_rows(w)])
-            return added
+            added = self._insert_new_windows(cursor, fresh)
+            if added:
+                cursor.executemany(self._sql(queries.INSERT_MODEL_WINDOW), [row for w in added for row in self._model_rows(w)])
+                buckets.ingest(self, cursor, [buckets.window_part(w) for w in added])
+            return len(added)
+
+    def _window_insert_sql(self) -> str:
+        start, end = self.insert_ignore
+        columns = ", ".join(WINDOW_COLUMNS)
+        return f"{start} telemetry_windows ({columns}) VALUES ({', '.join('?' * len(WINDOW_COLUMNS))}) {end}"
+
+    @abc.abstractmethod
+    def _insert_new_windows(self, cursor: Any, windows: Sequence[TelemetryWindow]) -> list[TelemetryWindow]:
+        """Insert the windows not stored yet (by fleet, device, seq; the first of a batch's repeats) and return
+        them, exactly those, also when another collector inserts the same windows at the same moment."""
 
     def _model_rows(self, w: TelemetryWindow) -> list[tuple[Any, ...]]:
         """The window's rows in telemetry_model_windows: its models' own windows, else itself (model '' when unnamed)."""
@@ -342,8 +369,7 @@ class SqlFleetStore(FleetStore):
         fleet_filter = "fleet = :fleet" if fleet is not None else "1 = 1"
         with self._transaction("reading device summaries") as cursor:
             found: dict[tuple[str, str], dict[str, Any]] = {}
-            for sql, handler in ((queries.SUMMARY_STATUS, _summary_status), (queries.SUMMARY_RAW, _summary_raw),
-                                 (queries.SUMMARY_ROLLUPS, _summary_rollups), (queries.SUMMARY_LATEST, _summary_latest),
+            for sql, handler in ((queries.SUMMARY_STATUS, _summary_status), (queries.SUMMARY_LATEST, _summary_latest),
                                  (queries.SUMMARY_TARGETS, _summary_target)):  # fmt: skip
                 cursor.execute(self._sql(sql.format(fleet_filter=fleet_filter)), params)
                 for row in cursor.fetchall():
@@ -442,8 +468,12 @@ class SqlFleetStore(FleetStore):
         if devices is not None and not devices:
             return []
         params: dict[str, Any] = {}
-        sql = queries.aggregate_sql(self, keys, params, fleet=fleet, devices=devices, bundle_id=bundle_id,
-                                    target=target, since=since, until=until, bucket_s=bucket_s)  # fmt: skip
+        if fleet_reads.serves(keys, devices, bucket_s):
+            sql = fleet_reads.fleet_aggregate_sql(self, keys, params, fleet=fleet, bundle_id=bundle_id, target=target,
+                                                  since=since, until=until, bucket_s=bucket_s)  # fmt: skip
+        else:
+            sql = queries.aggregate_sql(self, keys, params, fleet=fleet, devices=devices, bundle_id=bundle_id,
+                                        target=target, since=since, until=until, bucket_s=bucket_s)  # fmt: skip
         rows = self._query("aggregating telemetry", sql, params)
         return [self._aggregate_from_row(keys, row) for row in rows if row[len(AGGREGATE_KEYS) + 1]]
 
@@ -476,8 +506,12 @@ class SqlFleetStore(FleetStore):
         if devices is not None and not devices:
             return []
         params: dict[str, Any] = {}
-        sql = queries.model_aggregate_sql(self, keys, params, fleet=fleet, devices=devices, model=model, since=since,
-                                          until=until, bucket_s=bucket_s)  # fmt: skip
+        if fleet_reads.serves(keys, devices, bucket_s):
+            sql = fleet_reads.model_aggregate_sql(self, keys, params, fleet=fleet, model=model, since=since, until=until,
+                                                  bucket_s=bucket_s)  # fmt: skip
+        else:
+            sql = queries.model_aggregate_sql(self, keys, params, fleet=fleet, devices=devices, model=model, since=since,
+                                              until=until, bucket_s=bucket_s)  # fmt: skip
         rows = self._query("aggregating telemetry per model", sql, params)
         found = []
         for row in rows:
@@ -586,17 +620,15 @@ def _summary_status(info: dict[str, Any], values: Sequence[Any], time_out: Any) 
     info["state"], info["status_bundle"], info["status_at"] = values[0], values[1], time_out(values[2])
 
 
-def _summary_raw(info: dict[str, Any], values: Sequence[Any], time_out: Any) -> None:
-    info["raw"] = (int(values[0]), int(values[1]), int(values[2]), time_out(values[3]))
-
-
-def _summary_rollups(info: dict[str, Any], values: Sequence[Any], time_out: Any) -> None:
-    info["rolled"] = (int(values[0]), int(values[1]), int(values[2]), time_out(values[3]))
-
-
 def _summary_latest(info: dict[str, Any], values: Sequence[Any], time_out: Any) -> None:
-    info["latest"] = values[:6]
-    info["interval_s"] = (time_out(values[7]) - time_out(values[6])).total_seconds()
+    windows, seq_min, seq_max, received, latest_seq = values[:5]
+    if not windows:
+        return
+    info["windows"], info["seq_range"] = int(windows), (int(seq_min), int(seq_max))
+    info["received"] = time_out(received) if received is not None else None
+    if latest_seq is not None:
+        info["latest"] = values[5:11]
+        info["interval_s"] = _float(values[11])
 
 
 def _summary_target(info: dict[str, Any], values: Sequence[Any], time_out: Any) -> None:
@@ -604,10 +636,9 @@ def _summary_target(info: dict[str, Any], values: Sequence[Any], time_out: Any) 
 
 
 def _summary(key: tuple[str, str], info: dict[str, Any], now: dt.datetime) -> DeviceSummary:
-    ranges = [info[part] for part in ("raw", "rolled") if part in info]
-    windows = sum(r[2] for r in ranges)
-    missing = (max(r[1] for r in ranges) - min(r[0] for r in ranges) + 1 - windows) if ranges else 0
-    seen = [r[3] for r in ranges] + ([info["status_at"]] if "status_at" in info else [])
+    windows = info.get("windows", 0)
+    missing = (info["seq_range"][1] - info["seq_range"][0] + 1 - windows) if windows else 0
+    seen = [moment for moment in (info.get("received"), info.get("status_at")) if moment is not None]
     latest = info.get("latest") or (None,) * 6
     last_seen = max(seen) if seen else None
     return DeviceSummary(

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from edgekit.fleet.errors import StoreError, StoreUnavailableError
 from edgekit.fleet.store import queries
+from edgekit.fleet.store.base import TelemetryWindow
 from edgekit.fleet.store.sql import SeqRun, SqlFleetStore
 
 #: How long a write waits for another process's write lock before giving up.
@@ -122,6 +123,21 @@ class SqliteStore(SqlFleetStore):
         cursor.execute(queries.rollup_insert_sql(self, "telemetry_windows w", "w.window_end < :cutoff"), params)
         cursor.execute("DELETE FROM telemetry_windows WHERE window_end < :cutoff", params)
         return runs
+
+    def _insert_new_windows(self, cursor: Any, windows: Sequence[TelemetryWindow]) -> list[TelemetryWindow]:
+        # BEGIN IMMEDIATE holds the write lock: the keys read here stay as they are until the commit.
+        unique: dict[tuple[str, str, int], TelemetryWindow] = {}
+        for w in windows:
+            unique.setdefault((w.fleet, w.device, w.seq), w)
+        params: dict[str, Any] = {"seq_low": min(w.seq for w in windows), "seq_high": max(w.seq for w in windows)}
+        where = queries.device_filter(self, "w", params, sorted({(w.fleet, w.device) for w in windows}))
+        cursor.execute(f"SELECT w.fleet, w.device, w.seq FROM telemetry_windows w WHERE {where} "
+                       "AND w.seq BETWEEN :seq_low AND :seq_high", params)  # fmt: skip
+        for key in cursor.fetchall():
+            unique.pop(tuple(key), None)  # type: ignore[arg-type]
+        new = list(unique.values())
+        cursor.executemany(self._window_insert_sql(), [self._window_row(w) for w in new])
+        return new
 
     def _close_connection(self) -> None:
         self._connection.close()
