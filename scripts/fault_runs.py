@@ -330,7 +330,7 @@ def broker_restart(result: Result) -> Result:
 class Agent:
     """A real ``edgekit-agent`` with a tiny signed bundle, 0.2 s telemetry windows and its spool at ``spool_dir``."""
 
-    def __init__(self, s: Stack, device: str, spool_dir: Path) -> None:
+    def __init__(self, s: Stack, device: str, spool_dir: Path, delivery: str = "collector_ack") -> None:
         import yaml
 
         from edgekit.bundle.signing import generate_keypair, sign_bundle
@@ -350,7 +350,7 @@ class Agent:
             "broker": {"url": s.broker.url, "keepalive_s": 5},
             "bundles": {"dir": str(spool_dir / "bundles"), "public_key": str(keys / "fleet.pub.pem")},
             "api": {"address": self.api},
-            "telemetry": {"interval_s": 0.2, "spool": {"path": str(self.spool_path)}},
+            "telemetry": {"interval_s": 0.2, "spool": {"path": str(self.spool_path)}, "delivery": delivery},
             "power": {"sensor": "none"},
             "health": {"window_s": 0, "max_error_rate": 0.1, "min_requests": 1},
         }), encoding="utf-8")  # fmt: skip
@@ -426,7 +426,9 @@ def agent_drains_while_collector_away(result: Result) -> Result:
     with stack() as s:
         first = s.collector(name="collector-1")
         first.next_json("started")
-        agent = Agent(s, "agent-1", s.workdir / "agent").start()
+        # broker_ack: with collector_ack (the default since issue 28) the agent keeps its windows until a collector
+        # has stored them, so it cannot drain into the broker while the collector is away
+        agent = Agent(s, "agent-1", s.workdir / "agent", delivery="broker_ack").start()
         s.wait_rows(5, 60)
         s.broker.stop()
         time.sleep(3)  # the agent spools
@@ -529,8 +531,12 @@ RUNS: dict[str, tuple[str, str, Callable[[Result], Result]]] = {
 }
 
 
+from scripts.fault_runs_broker import BROKER_CONTRASTS, BROKER_RUNS  # noqa: E402 (issue 28: broker kill -9)
+
+RUNS.update(BROKER_RUNS)
+
 #: Runs that show what goes wrong without the safe settings: their losses are expected.
-CONTRASTS = ("collector_kill_stock_queue", "collector_kill_clean_session")
+CONTRASTS = ("collector_kill_stock_queue", "collector_kill_clean_session", *BROKER_CONTRASTS)
 
 
 def produce(device: str, spool_path: str, broker_url: str, count_: int, interval_s: float) -> int:
@@ -586,17 +592,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:30} produced {result.produced:5}  stored {result.stored:5}  lost {result.lost:5}  "
               f"duplicated {result.duplicated:3}  redelivered {result.redelivered:4}  {result.seconds:5.1f} s  "
               f"{'; '.join(result.notes)}", flush=True)  # fmt: skip
+    written = results
+    if args.only and args.out.exists():  # keep the earlier results of the runs not run this time, in RUNS order
+        earlier = {run["name"]: Result(**run) for run in json.loads(args.out.read_text(encoding="utf-8"))["runs"]}
+        ran = {r.name: r for r in results}
+        written = [ran.get(name) or earlier[name] for name in RUNS if name in ran or name in earlier]
     document = {
         "description": "edgekit fleet delivery under faults: produced vs stored windows (scripts/fault_runs.py)",
         "host": {"machine": platform.machine(), "python": platform.python_version(), "cpus": os.cpu_count()},
         "broker": "private Mosquitto 2 per run: persistence true, max_queued_messages 0 (unless the run says "
                   "otherwise), other settings Mosquitto's defaults",
         "collector": "edgekit fleet collect with its CLI defaults, SQLite store",
-        "runs": [asdict(r) for r in results],
+        "runs": [asdict(r) for r in written],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    print(_table(results))
+    print(_table(written))
     return 0 if all(r.lost == 0 and r.duplicated == 0 for r in results if r.name not in CONTRASTS) else 1
 
 

@@ -162,6 +162,9 @@ class DeliveryTracker:
         sends = known.sends + 1 if known is not None else 1
         self._sent[entry.id] = _Sent(seq, now, sends)
         self._by_seq[seq] = entry.id
+        if known is None and len(self._sent) > self.spool.max_messages:
+            # the spool holds no more than this: the oldest tracked windows were dropped by its bound
+            self.forget(list(self._sent)[: len(self._sent) - self.spool.max_messages])
         heapq.heappush(self._due, (now + self._delay(sends, self._resend_after_s), entry.id, sends))
         if resend:
             self._counts["resent"] += 1
@@ -182,10 +185,9 @@ class DeliveryTracker:
             for entry_id, known in self._sent.items():
                 if known.seq >= self._highest_confirmed or len(due) >= limit:
                     break
+                self._hole_check = True  # still below the newest confirmed window: look again later
                 if now - known.sent_at >= self._delay(known.sends, self._hole_grace_s):
                     due.add(entry_id)
-                else:
-                    self._hole_check = True  # look again once its grace is over
         self._warn_if_silent(now)
         if not due:
             return []
