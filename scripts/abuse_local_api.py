@@ -92,7 +92,7 @@ def main() -> int:
         held: list[socket.socket] = []
         for _ in range(args.claims):
             sock = socket.create_connection(target, timeout=5)
-            sock.sendall(b"POST /v1/infer HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\n"
+            sock.sendall(b"POST /v1/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                          b"Content-Length: %d\r\n\r\n{" % (args.claim_mb * 1024 * 1024))  # fmt: skip
             held.append(sock)
         result["claims"] = {"connections": args.claims, "claimed_mb_each": args.claim_mb,

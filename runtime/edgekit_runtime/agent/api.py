@@ -32,15 +32,24 @@ Replies are valid JSON: a NaN or infinite output value is written as the string 
 JavaScript's ``Number()`` read back exactly; Triton's bare ``NaN`` tokens are not JSON), and the reply
 carries ``X-Edgekit-Non-Finite: <count>``. The binary encoding carries such values as they are.
 
-Connections are HTTP/1.1 keep-alive, one thread each, at most ``max_connections`` at a time (past it a
-new connection gets a 503 and is closed). Limits against slow or greedy clients, all enforced on the
+Against web pages (:mod:`edgekit_runtime.agent.http_guard`; not over a Unix socket, which no page can
+reach): a ``Host`` that is not a loopback name or address nor in ``api.allowed_hosts`` is refused with
+421 ``unknown_host`` (DNS rebinding), an ``Origin`` from another host with 403 ``forbidden_origin``, and an
+inference body sent as ``text/plain``, a form or multipart with 415 ``unsupported_media_type``.
+
+Connections are HTTP/1.1 keep-alive, one thread each, at most ``max_connections`` at a time. Past it a
+new connection takes the slot of the longest-waiting connection (no whole request for a second or more)
+of the client holding the most, which is closed with 503 ``evicted``; with every slot busy serving, the
+new connection gets a 503 ``busy`` and is closed (:mod:`edgekit_runtime.agent.http_connections`). Limits against slow or greedy clients, all enforced on the
 bytes that arrive (nothing is allocated from what a header claims):
 
 * a kept-alive connection with no request for ``idle_timeout_s`` is closed;
 * the request line and headers must arrive within ``header_timeout_s`` of their first byte and fit in
   ``max_header_bytes`` (else 408 / 431);
-* a body over ``max_request_bytes`` is refused (413) from its ``Content-Length`` before a byte of it is
-  read; a body is read as it arrives, into a buffer that grows with it, and must arrive within
+* a body over ``max_request_bytes``, or larger than the served model's inputs can need (every dim at its
+  bound, 32 bytes a value, plus 64 KiB), is refused (413) from its ``Content-Length`` before a byte of
+  it is read; a JSON body holding more commas or ``[`` than the model has input values is refused (400)
+  before ``json.loads`` builds an object for each; a body is read as it arrives, into a buffer that grows with it, and must arrive within
   ``body_timeout_s`` (else 408); a reply must be taken within ``body_timeout_s`` too.
 
 ``stop()`` closes every connection; each reply leaves in one write.
@@ -57,7 +66,6 @@ import re
 import socket
 import socketserver
 import threading
-import time
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -66,6 +74,15 @@ from typing import Any
 
 from edgekit_runtime.agent.config import ApiAddress, ApiConfig, parse_api_address
 from edgekit_runtime.agent.errors import AgentApiError, NoModelError
+from edgekit_runtime.agent.http_connections import DEFAULT_MAX_CONNECTIONS, ConnectionTracking
+from edgekit_runtime.agent.http_guard import (
+    HostPolicy,
+    Refusal,
+    body_limit_refusal,
+    check_json_item_counts,
+    content_type_refusal,
+    media_type,
+)
 from edgekit_runtime.agent.serving import InferenceServer
 from edgekit_runtime.agent.wire import (
     BINARY_CONTENT_TYPE,
@@ -84,13 +101,10 @@ DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 #: a kept-alive connection with no request for this long is closed (its thread ends)
 DEFAULT_IDLE_TIMEOUT_S = 60.0
 DEFAULT_MAX_HEADER_BYTES = 16 * 1024
-DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_BODY_TIMEOUT_S = 60.0
 #: a body's buffer starts at most this big and doubles as bytes arrive (never sized from Content-Length)
 _FIRST_BODY_BUFFER_BYTES = 64 * 1024
-#: how often the server closes connections that ran past a deadline
-_REAP_INTERVAL_S = 0.25
 _NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
 #: a header line: a token (RFC 9110 5.6.2), then a colon with no whitespace before it
 _HEADER_LINE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+:")
@@ -98,14 +112,6 @@ _METHODS = ("GET", "POST")
 #: http.server's own refusals (parse_request) -> the API's error kinds
 _REFUSAL_KINDS = {HTTPStatus.BAD_REQUEST: "bad_request", HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE: "headers_too_large",
                   HTTPStatus.HTTP_VERSION_NOT_SUPPORTED: "http_version_not_supported"}  # fmt: skip
-
-
-def _json_canned(status: HTTPStatus, kind: str, message: str, hint: str) -> bytes:
-    """A whole HTTP/1.1 error reply, for answers sent outside a handler (busy, too slow)."""
-    body = json.dumps({"error": kind, "message": message, "hint": hint}).encode("utf-8")
-    head = (f"HTTP/1.1 {status.value} {status.phrase}\r\nContent-Type: {JSON_CONTENT_TYPE}\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")  # fmt: skip
-    return head.encode("ascii") + body
 
 
 def _finite_json(value: Any, counter: list[int]) -> Any:
@@ -126,6 +132,10 @@ class _ApiError(Exception):
     def __init__(self, status: HTTPStatus, kind: str, message: str, hint: str | None = None, **extra: Any) -> None:
         super().__init__(message)
         self.status, self.kind, self.message, self.hint, self.extra = status, kind, message, hint, extra
+
+    @classmethod
+    def from_refusal(cls, refusal: Refusal) -> _ApiError:
+        return cls(refusal.status, refusal.kind, refusal.message, refusal.hint)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -196,6 +206,8 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if not self._requests_started:
                 server.set_deadline(self.connection, self.api.header_timeout_s, "headers")  # type: ignore[attr-defined]
+            else:
+                server.mark_waiting(self.connection)  # type: ignore[attr-defined]
             self._requests_started += 1
             if not self.rfile.peek(1):  # the client closed the connection; the socket timeout is the idle timeout
                 self.close_connection = True
@@ -203,6 +215,13 @@ class _Handler(BaseHTTPRequestHandler):
             server.set_deadline(self.connection, self.api.header_timeout_s, "headers")  # type: ignore[attr-defined]
             if not self._read_request_head():
                 self.close_connection = True
+                return
+            server.mark_serving(self.connection)  # type: ignore[attr-defined]
+            refusal = self.api.browser_refusal(self.headers)
+            if refusal is not None:
+                logger.info("API: refused %s %s from %s: %d %s (%s)", self.command, self.path[:80], self.address_string(),
+                            refusal.status.value, refusal.kind, refusal.message)  # fmt: skip
+                self._refuse(_ApiError.from_refusal(refusal))
                 return
             if self.command not in _METHODS:
                 self._refuse(_ApiError(HTTPStatus.NOT_IMPLEMENTED, "method_not_implemented",
@@ -311,8 +330,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._drain_body()
             self._send_json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal error in the agent; see its log"})
 
-    def read_body(self) -> bytearray:
-        """The request body, read as it arrives: refused (413) from Content-Length when over the limit,
+    def read_body(self, server: InferenceServer | None = None, model: str | None = None) -> bytearray:
+        """The request body, read as it arrives: refused (413) from Content-Length when over the limit or
+        larger than ``server``'s model can need (see :func:`~edgekit_runtime.agent.http_guard.json_body_limit`),
         held in a buffer that starts small and doubles with the bytes received, due within ``body_timeout_s``."""
         length_text = self.headers.get("Content-Length")
         if length_text is None or not length_text.isdigit() or not length_text.isascii():
@@ -325,12 +345,17 @@ class _Handler(BaseHTTPRequestHandler):
                 f"request body of {length} bytes is over the limit of {self.api.max_request_bytes}",
                 hint="split the batch, or raise api.max_request_mb in the agent config",
             )
+        signature = None if server is None else server.signature
+        if signature is not None:
+            refusal = body_limit_refusal(length, signature, model or str(server.model_name), setting="api.max_request_mb")  # type: ignore[union-attr]
+            if refusal is not None:
+                raise _ApiError.from_refusal(refusal)
         self.server.set_deadline(self.connection, self.api.body_timeout_s, "body")  # type: ignore[attr-defined]
         body = bytearray(min(length, _FIRST_BODY_BUFFER_BYTES))
         received = 0
         while received < length:
             if received == len(body):
-                body.extend(bytes(min(len(body), length - len(body))))
+                _grow(body, min(2 * len(body), length))
             count = self.rfile.readinto1(memoryview(body)[received:])
             if not count:
                 raise _ApiError(HTTPStatus.BAD_REQUEST, "truncated", f"body ended after {received} of {length} bytes")
@@ -338,6 +363,16 @@ class _Handler(BaseHTTPRequestHandler):
         self._body_read = True
         self.server.clear_deadline(self.connection)  # type: ignore[attr-defined]  # inference has no deadline
         return body
+
+
+_ZEROS = bytes(1024 * 1024)
+
+
+def _grow(body: bytearray, size: int) -> None:
+    """Extend ``body`` with zeros to ``size`` bytes, a megabyte at a time (``extend(bytes(n))`` would hold an
+    ``n``-byte temporary besides: 1.5x the body at the last doubling)."""
+    while len(body) < size:
+        body += memoryview(_ZEROS)[: size - len(body)]
 
 
 def _malformed_head(lines: list[bytes]) -> _ApiError | None:
@@ -387,24 +422,21 @@ def _unreadable_framing(lengths: list[str], codings: list[str]) -> _ApiError | N
 # -- endpoints --------------------------------------------------------------------------------------------
 
 
-def _media_type(header: str | None) -> str:
-    return (header or "").split(";", 1)[0].strip().lower()
-
-
 def _infer(handler: _Handler) -> None:
     api = handler.api
-    content_type = _media_type(handler.headers.get("Content-Type")) or JSON_CONTENT_TYPE
-    if content_type not in (JSON_CONTENT_TYPE, BINARY_CONTENT_TYPE):
-        raise _ApiError(
-            HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type",
-            f"Content-Type {content_type!r} is not supported", hint=f"send {JSON_CONTENT_TYPE} or {BINARY_CONTENT_TYPE}",
-        )  # fmt: skip
-    body = handler.read_body()
-    accept = _media_type(handler.headers.get("Accept"))
+    refusal = content_type_refusal(handler.headers.get("Content-Type"), (JSON_CONTENT_TYPE, BINARY_CONTENT_TYPE))
+    if refusal is not None:
+        raise _ApiError.from_refusal(refusal)
+    content_type = media_type(handler.headers.get("Content-Type")) or JSON_CONTENT_TYPE
+    if api.server.signature is None:  # refused before the body is read
+        raise _ApiError(HTTPStatus.SERVICE_UNAVAILABLE, "no_model", "no bundle is loaded, so there is no model to run",
+                        hint="deploy a bundle (edgekit-agent install, or a deploy command from the fleet)")  # fmt: skip
+    body = handler.read_body(api.server)
+    accept = media_type(handler.headers.get("Accept"))
     reply_type = accept if accept in (JSON_CONTENT_TYPE, BINARY_CONTENT_TYPE) else content_type
     signature = api.server.signature
     try:
-        feeds = _decode_request(body, content_type)
+        feeds = _decode_request(body, content_type, signature, api.server.model_name)
         result = api.server.infer(feeds)
     except InputSignatureError as err:
         raise _ApiError(
@@ -425,13 +457,21 @@ def _infer(handler: _Handler) -> None:
         handler._send_json(HTTPStatus.OK, payload, headers)
 
 
-def _decode_request(body: bytearray, content_type: str) -> dict[str, Any]:
-    """The request's tensors; whatever is wrong with the body is an :class:`InputSignatureError` (a 400)."""
+def _decode_request(body: bytearray, content_type: str, signature: Any, model: str | None) -> dict[str, Any]:
+    """The request's tensors; whatever is wrong with the body is an :class:`InputSignatureError` (a 400).
+    A JSON body's values and arrays are counted against the model's inputs first, and the body's buffer is
+    emptied once decoded, so parsing holds the text and its objects, not the bytes besides."""
     try:
         if content_type == BINARY_CONTENT_TYPE:
             return decode_binary(body)
+        refusal = None if signature is None else check_json_item_counts(body, signature, str(model))
+        if refusal is not None:
+            raise InputSignatureError(refusal.message, hint=refusal.hint)
         try:
-            payload = json.loads(body.decode("utf-8"))
+            text = body.decode("utf-8")
+            body.clear()
+            payload = json.loads(text)
+            del text
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise InputSignatureError(f"request body is not valid JSON: {err}", hint='send {"inputs": {...}}') from err
         except RecursionError as err:
@@ -475,111 +515,7 @@ def _signature(handler: _Handler) -> None:
 # -- the server -------------------------------------------------------------------------------------------
 
 
-class _ConnectionTracking:
-    """Keeps the open connections of a threading server, so that ``close_connections()`` can end the
-    kept-alive ones (whose threads would otherwise go on serving after ``shutdown()``); refuses
-    connections past ``max_connections``; closes connections that run past their phase's deadline
-    (checked from the serving loop, so no thread of its own)."""
-
-    max_connections = DEFAULT_MAX_CONNECTIONS
-    #: the listen backlog (socketserver's default of 5 makes a burst of clients wait for SYN retries)
-    request_queue_size = 128
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._connections: set[socket.socket] = set()
-        self._connections_lock = threading.Lock()
-        self._deadlines: dict[socket.socket, tuple[float, str]] = {}
-        self._next_reap_s = 0.0
-        self.refused_connections = 0
-        self.timed_out_connections = 0
-        super().__init__(*args, **kwargs)
-
-    def set_deadline(self, connection: socket.socket, seconds: float, phase: str) -> None:
-        """Close ``connection`` unless its ``phase`` (headers, body, reply) ends within ``seconds``."""
-        self._deadlines[connection] = (time.monotonic() + seconds, phase)
-
-    def clear_deadline(self, connection: socket.socket) -> None:
-        self._deadlines.pop(connection, None)
-
-    def verify_request(self, request: Any, client_address: Any) -> bool:
-        if self.open_connections <= self.max_connections:
-            return True
-        self.refused_connections += 1
-        logger.info("API: refused a connection, %d are open (api.max_connections)", self.max_connections)
-        reply = _json_canned(HTTPStatus.SERVICE_UNAVAILABLE, "busy",
-                             f"the agent already serves {self.max_connections} connections, its limit",
-                             "reuse keep-alive connections (AgentClient does), or raise api.max_connections")  # fmt: skip
-        try:
-            request.setblocking(False)
-            for _ in range(16):  # read what already arrived, so that closing sends a FIN and not a reset
-                if not request.recv(65536):
-                    break
-        except OSError:
-            pass
-        try:
-            request.send(reply)
-        except OSError:
-            pass
-        return False
-
-    def service_actions(self) -> None:
-        super().service_actions()  # type: ignore[misc]
-        try:
-            self._reap()
-        except Exception:  # never let it end serve_forever
-            logger.exception("API: closing slow connections failed")
-
-    def _reap(self) -> None:
-        now = time.monotonic()
-        if now < self._next_reap_s:
-            return
-        self._next_reap_s = now + _REAP_INTERVAL_S
-        for connection, (deadline, phase) in list(self._deadlines.items()):
-            if now < deadline or self._deadlines.get(connection) != (deadline, phase):
-                continue
-            self._deadlines.pop(connection, None)
-            self.timed_out_connections += 1
-            logger.info("API: closed a connection that took too long to send its %s", phase)
-            if phase != "reply":  # the handler is waiting to read: tell the client why
-                try:
-                    connection.send(_json_canned(HTTPStatus.REQUEST_TIMEOUT, "too_slow", f"the request's {phase} did not arrive in time",
-                                                 "send the whole request at once (api.header_timeout_s, api.body_timeout_s)"),
-                                    socket.MSG_DONTWAIT)  # fmt: skip
-                except OSError:
-                    pass
-            try:
-                connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # already closed
-
-    def get_request(self) -> tuple[socket.socket, Any]:
-        request, client_address = super().get_request()  # type: ignore[misc]
-        with self._connections_lock:
-            self._connections.add(request)
-        return request, client_address
-
-    def shutdown_request(self, request: Any) -> None:
-        with self._connections_lock:
-            self._connections.discard(request)
-        self._deadlines.pop(request, None)
-        super().shutdown_request(request)  # type: ignore[misc]
-
-    @property
-    def open_connections(self) -> int:
-        with self._connections_lock:
-            return len(self._connections)
-
-    def close_connections(self) -> None:
-        with self._connections_lock:
-            connections = list(self._connections)
-        for connection in connections:
-            try:
-                connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # already closed by the peer
-
-
-class _TcpHTTPServer(_ConnectionTracking, ThreadingHTTPServer):
+class _TcpHTTPServer(ConnectionTracking, ThreadingHTTPServer):
     pass
 
 
@@ -587,7 +523,7 @@ class _Tcp6HTTPServer(_TcpHTTPServer):
     address_family = socket.AF_INET6
 
 
-class _UnixHTTPServer(_ConnectionTracking, socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+class _UnixHTTPServer(ConnectionTracking, socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
 
     def get_request(self) -> tuple[socket.socket, Any]:
@@ -616,6 +552,7 @@ class AgentApi:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
         body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+        allowed_hosts: tuple[str, ...] = (),
     ) -> None:
         if isinstance(models, (InferenceServer, list, tuple)):
             from edgekit_runtime.agent.repository import StaticModels
@@ -633,6 +570,9 @@ class AgentApi:
         self.max_connections = max_connections
         self.header_timeout_s = header_timeout_s
         self.body_timeout_s = body_timeout_s
+        #: Host and Origin checks against pages in a browser (none over a Unix socket, which no page can reach)
+        self.host_policy = None if self.address.is_unix else HostPolicy(allowed_hosts, bound_host=self.address.host,
+                                                                        setting="api.allowed_hosts")  # fmt: skip
         self._httpd: _UnixHTTPServer | _TcpHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -657,7 +597,19 @@ class AgentApi:
         return cls(server, config.address, health_provider=health_provider, max_request_bytes=config.max_request_bytes,
                    idle_timeout_s=config.idle_timeout_s, max_header_bytes=config.max_header_bytes,
                    max_connections=config.max_connections, header_timeout_s=config.header_timeout_s,
-                   body_timeout_s=config.body_timeout_s)  # fmt: skip
+                   body_timeout_s=config.body_timeout_s, allowed_hosts=config.allowed_hosts)  # fmt: skip
+
+    def browser_refusal(self, headers: Any) -> Refusal | None:
+        """Why a request must be refused as coming from a web page (an unknown ``Host``: DNS rebinding; a
+        foreign ``Origin``); None for requests from programs and from loopback pages."""
+        if self.host_policy is None:
+            return None
+        return self.host_policy.host_refusal(headers.get("Host")) or self.host_policy.origin_refusal(headers.get("Origin"))
+
+    @property
+    def evicted_connections(self) -> int:
+        """Connections closed, waiting without a whole request, to give their slot to a new connection."""
+        return 0 if self._httpd is None else self._httpd.evicted_connections
 
     @property
     def open_connections(self) -> int:

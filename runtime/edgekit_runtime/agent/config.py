@@ -149,6 +149,8 @@ class ApiConfig:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     grpc: GrpcConfig | None = None  # off unless api.grpc is set
+    #: host names (besides loopback ones) the API answers to in ``Host`` and ``Origin`` (``agent/http_guard.py``)
+    allowed_hosts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -388,7 +390,8 @@ def parse_config(data: object, *, file: Path) -> AgentConfig:
         broker=_parse_broker(top) if top.has("broker") else None,
         bundles=bundles,
         api=_parse_api(top.section("api", ("address", "max_request_mb", "max_header_kb", "max_connections",
-                                           "idle_timeout_s", "header_timeout_s", "body_timeout_s", "grpc"))),
+                                           "idle_timeout_s", "header_timeout_s", "body_timeout_s", "grpc",
+                                           "allowed_hosts"))),
         telemetry=_parse_telemetry(top.section("telemetry", ("interval_s", "spool", "delivery", "resend_after_s"))),
         power=_parse_power(top.section("power", ("sensor", "root", "sample_interval_s"))),
         health=_parse_health(top.section("health", ("window_s", "max_error_rate", "min_requests"))),
@@ -546,7 +549,16 @@ def _parse_api(section: _Section) -> ApiConfig:
         header_timeout_s=section.number("header_timeout_s", 10.0, minimum=0, exclusive_minimum=True, example="10"),
         body_timeout_s=section.number("body_timeout_s", 60.0, minimum=0, exclusive_minimum=True, example="60"),
         grpc=_parse_grpc(section.section("grpc", ("listen",))) if section.has("grpc") else None,
+        allowed_hosts=_parse_allowed_hosts(section),
     )
+
+
+def _parse_allowed_hosts(section: _Section) -> tuple[str, ...]:
+    hint = "e.g. allowed_hosts: [jetson-01.local] (names the API may be called by, besides localhost and 127.0.0.1)"
+    entries = section.data.get("allowed_hosts") or []
+    if not isinstance(entries, list) or not all(isinstance(e, str) and e.strip() and not any(c in e for c in " /:@") for e in entries):
+        raise section.error("api.allowed_hosts", f"expected a list of host names without ports, got {entries!r}", hint=hint)
+    return tuple(entries)
 
 
 def _parse_grpc(section: _Section) -> GrpcConfig:

@@ -34,6 +34,7 @@ import numpy as np
 
 from edgekit_runtime import __version__ as AGENT_VERSION
 from edgekit_runtime.agent.errors import NoModelError
+from edgekit_runtime.agent.http_guard import check_json_item_counts, content_type_refusal
 from edgekit_runtime.errors import EdgekitError, InputSignatureError
 from edgekit_runtime.signature import IOSignature
 
@@ -178,9 +179,13 @@ def _model_metadata(handler: _Handler, name: str, version: str) -> None:
 
 def _infer(handler: _Handler, name: str, version: str) -> None:
     slot = _slot(handler, name, version)
+    refusal = content_type_refusal(handler.headers.get("Content-Type"), (JSON_TYPE, BINARY_TYPE))
+    if refusal is not None:
+        raise OipError(refusal.status, f"{refusal.message}; {refusal.hint}")
+    if slot.server.signature is None:  # refused before the body is read
+        raise OipError(HTTPStatus.SERVICE_UNAVAILABLE, f"model '{name}' has no bundle loaded; deploy one to it")
     header_length_text = handler.headers.get(HEADER_LENGTH)
-    body = handler.read_body()
-    view = memoryview(body)
+    body = handler.read_body(slot.server, name)
     if header_length_text is not None:
         digits = header_length_text.strip()
         if not (digits.isascii() and digits.isdigit()) or int(digits) > len(body):  # "²" is a digit int() refuses
@@ -189,14 +194,21 @@ def _infer(handler: _Handler, name: str, version: str) -> None:
         header_length = int(digits)
     else:
         header_length = len(body)
+    counted = check_json_item_counts(body if header_length == len(body) else body[:header_length], slot.server.signature, name)
+    if counted is not None:
+        raise OipError(counted.status, f"{counted.message}; {counted.hint}")
     try:
-        request = json.loads(bytes(view[:header_length]))
+        text = str(memoryview(body)[:header_length], "utf-8")
+        if header_length == len(body):
+            body.clear()  # all JSON: parse the text alone, without the bytes besides
+        request = json.loads(text)
     except (UnicodeDecodeError, ValueError, RecursionError) as err:
         raise OipError(HTTPStatus.BAD_REQUEST, f"the inference request's JSON header is not valid JSON ({err}); send "
                        f"{{\"inputs\": [...]}}, and with binary tensor data set {HEADER_LENGTH} to its size") from err  # fmt: skip
     if not isinstance(request, dict):
         raise OipError(HTTPStatus.BAD_REQUEST, "the inference request must be a JSON object with \"inputs\"")
-    feeds = _decode_inputs(request.get("inputs"), view[header_length:])
+    del text
+    feeds = _decode_inputs(request.get("inputs"), memoryview(body)[header_length:])
     wanted, binary_default = _requested_outputs(request, slot.server.signature)
     result = infer_model(slot, name, feeds)
     timing = result.timing  # the same timing headers as /v1 (extra headers are the protocol's to allow)

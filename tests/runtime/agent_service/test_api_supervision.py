@@ -68,7 +68,7 @@ def test_a_dead_api_thread_is_reported_and_the_api_serves_again_on_the_same_addr
 
     service.api._httpd.verify_request = broken_check  # type: ignore[union-attr]
     with socket.create_connection(("127.0.0.1", int(address.rsplit(":", 1)[1])), timeout=5) as probe:
-        probe.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+        probe.sendall(b"GET /v1/health HTTP/1.1\r\nHost: localhost\r\n\r\n")
         wait_until(lambda: service.health()["threads"]["edgekit-api"]["restarts"] == 1, "the API crash to be recorded")
     record = service.health()["threads"]["edgekit-api"]
     assert record["last_error"] == (f"AgentApiError: the local API on {address} stopped serving: its thread ended "

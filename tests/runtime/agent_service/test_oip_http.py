@@ -141,6 +141,8 @@ def curl(agent: AgentService, path: str, *args: str, data: bytes | None = None) 
     command = [CURL, "-sS", "-D", "-", "--max-time", "20", *args, f"http://{agent.api_address}{path}"]
     if data is not None:
         command[1:1] = ["--data-binary", "@-"]
+        if not any(arg.lower().startswith("content-type:") for arg in args):  # curl's default is a form, refused (415)
+            command[1:1] = ["-H", "Content-Type: application/json"]
     done = subprocess.run(command, input=data, capture_output=True, check=True, timeout=30)
     head, _, body = done.stdout.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
