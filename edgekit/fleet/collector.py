@@ -5,8 +5,8 @@ which reads the socket in large chunks) receives, and :func:`~edgekit.fleet.inge
 validates each message in the network thread; a writer thread stores the records in batches (every
 ``batch_size`` records or ``flush_interval_s`` seconds; a transaction per kind of record). Telemetry
 windows and events are stored once however often they arrive (QoS 1 redelivery, spool replay).
-Rejected messages are counted per reason, logged with their topic and kept in the store's rejected
-table.
+Rejected messages are counted per reason, logged with their topic, and a bounded sample of them (with a
+summary row for the rest) is kept in the store's rejected table (:mod:`~edgekit.fleet.rejected_samples`).
 
 With ``shared_group`` the telemetry and event subscriptions go through ``$share/<group>/...`` and
 several collectors split the load. Status topics are always subscribed plainly: brokers do not send
@@ -43,6 +43,7 @@ from edgekit.fleet.acks import StoredAcks
 from edgekit.fleet.errors import CollectorError, StoreError, StoreUnavailableError
 from edgekit.fleet.ingest import MAX_PAYLOAD_BYTES, READ_KINDS, Rejection, parse_message
 from edgekit.fleet.metrics import IngestMetrics
+from edgekit.fleet.rejected_samples import RejectedSampler, RejectedSampling
 from edgekit.fleet.store.base import DeviceEvent, DeviceStatus, FleetStore, RejectedMessage, TelemetryWindow
 
 logger = logging.getLogger(__name__)
@@ -164,6 +165,7 @@ class Collector:
         fleet: str | None = None,
         shared_group: str | None = None,
         max_payload_bytes: int = MAX_PAYLOAD_BYTES,
+        rejected_sampling: RejectedSampling | None = None,  # rows kept per reason and bytes per window
         batch_size: int = 500,
         flush_interval_s: float = 0.25,
         queue_size: int = 20_000,
@@ -236,6 +238,7 @@ class Collector:
         self._connect_problem: str | None = None
         self._stopping = threading.Event()
         self._rejections_logged: dict[str, int] = {}
+        self._rejected = RejectedSampler(rejected_sampling)  # used by the writer thread only
         self._writer = threading.Thread(target=self._write_loop, name="edgekit-collector-writer", daemon=True)
         self._client: Any = None
         self._last_retention = time.monotonic()
@@ -502,6 +505,8 @@ class Collector:
                 if isinstance(item, threading.Event):
                     item.set()
                 elif item is _STOP:
+                    if summaries := self._rejected.flush():  # the summaries of the open window
+                        self._write_step("rejected", summaries)
                     return
             if pending and deadline is None:
                 deadline = time.monotonic() + self.flush_interval_s
@@ -510,13 +515,15 @@ class Collector:
                 pending, deadline = [], None
             self.metrics.queue_depth = self._queue.qsize()
             self._maybe_apply_retention()
+            if summaries := self._rejected.due():  # the summaries of an ended window, even when idle
+                self._write_step("rejected", summaries)
 
     def _write_batch(self, batch: list[_Item]) -> None:
         steps: list[tuple[str, list[Any]]] = [  # status first: the fleet aggregates take a device's target from it
             ("status", [i.record for i in batch if isinstance(i.record, DeviceStatus)]),
             ("telemetry", [i.record for i in batch if isinstance(i.record, TelemetryWindow)]),
             ("events", [i.record for i in batch if isinstance(i.record, DeviceEvent)]),
-            ("rejected", [i.record.to_record() for i in batch if isinstance(i.record, Rejection)]),
+            ("rejected", self._rejected.rows(i.record for i in batch if isinstance(i.record, Rejection))),
         ]
         for kind, records in steps:
             if records and self._write_step(kind, records) and kind == "telemetry":
