@@ -80,10 +80,13 @@ def _heard(device: DeviceSummary) -> bool:
 
 
 def device_state_breaches(rule: DeviceStateRule, snapshot: FleetSnapshot) -> list[Breach]:
-    return [Breach(d.fleet, d.device, d.device, d.state, "|".join(rule.states),
-                   f"{d.device} is {d.state} (last seen {d.last_seen.isoformat() if d.last_seen else 'never'})",
-                   {"last_seen": d.last_seen.isoformat() if d.last_seen else None, "interval_s": d.interval_s})
-            for d in snapshot.devices if d.state in rule.states]  # fmt: skip
+    found, states = [], "|".join(rule.states)
+    for d in snapshot.devices:
+        if d.state in rule.states:
+            seen = d.last_seen.isoformat() if d.last_seen else None
+            found.append(Breach(d.fleet, d.device, d.device, d.state, states, f"{d.device} is {d.state} (last seen {seen or 'never'})",
+                                {"last_seen": seen, "interval_s": d.interval_s}))  # fmt: skip
+    return found
 
 
 def p99_breaches(rule: P99AboveRule, snapshot: FleetSnapshot) -> list[Breach]:

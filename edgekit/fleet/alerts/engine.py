@@ -158,6 +158,7 @@ class AlertEngine:
         notices: list[dict[str, Any]] = []
         seen: set[tuple[str, str, str]] = set()
         for name, rule in self.rules.rules.items():
+            for_s = rule.for_s
             for breach in CONDITIONS[rule.kind](rule, snapshot):
                 key = (name, breach.fleet, breach.subject)
                 seen.add(key)
@@ -165,7 +166,7 @@ class AlertEngine:
                 if tracked is None:
                     tracked = self._tracked[key] = _Tracked("pending", now, breach)
                 tracked.breach = breach
-                if tracked.state == "pending" and (now - tracked.pending_since).total_seconds() >= rule.for_s:
+                if tracked.state == "pending" and (now - tracked.pending_since).total_seconds() >= for_s:
                     tracked.state, tracked.fired_at = "firing", now
                     notices.append(self._notice("firing", key, tracked, None))
         for key in [k for k in self._tracked if k not in seen]:
