@@ -15,6 +15,10 @@ power cut. Besides ids it keeps digests of payloads the agent answered (``rememb
 *retained* command, which the broker hands over on every connect, is recognised and not answered
 again, even when it was too malformed to have an id.
 
+On a full disk the record still takes new commands: its WAL is kept small (the spool's limits), and a
+write that fails for want of space releases the disk reserve the spool keeps beside it
+(:class:`~edgekit_runtime.agent.disk_reserve.DiskReserve`) and is tried once more.
+
 Ids are recorded before the command runs: a command is carried out at most once; one lost to a crash
 in between is re-sent by the host with a fresh id.
 """
@@ -32,6 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from edgekit_runtime.agent.disk_reserve import DiskReserve
 from edgekit_runtime.agent.topics import TelemetryError
 
 logger = logging.getLogger(__name__)
@@ -95,6 +100,11 @@ def parse_issued_at(text: str) -> float:
     return parsed.timestamp()
 
 
+def _is_disk_full(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return (code & 0xFF) == sqlite3.SQLITE_FULL if code is not None else "disk is full" in str(exc)
+
+
 def _utc(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -111,10 +121,12 @@ class ReplayWindow:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            for statement in _SCHEMA:
-                self._db.execute(statement)
+            try:
+                self._configure()
+            except sqlite3.Error as err:  # a full disk at start (a leftover WAL, no room for its index)
+                if not _is_disk_full(err) or not self._release_reserve():
+                    raise
+                self._configure()
         except (OSError, sqlite3.Error) as err:
             raise ReplayError(f"cannot open the command replay record {self.path}: {err}",
                               hint="point commands.replay_path at a writable file (default: next to the spool)") from err  # fmt: skip
@@ -195,12 +207,48 @@ class ReplayWindow:
 
     # -- storage --------------------------------------------------------------------------------
 
+    def _configure(self) -> None:
+        from edgekit_runtime.agent.spool_space import JOURNAL_SIZE_LIMIT_BYTES, WAL_AUTOCHECKPOINT_PAGES
+
+        if str(self.path) == ":memory:":
+            for statement in _SCHEMA:
+                self._db.execute(statement)
+            return
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
+        self._db.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT_BYTES}")
+        for statement in _SCHEMA:
+            self._db.execute(statement)
+        self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()  # a WAL left by a crash
+
+    def _release_reserve(self) -> bool:
+        """The disk is full: free the spool's reserve beside this record (True when there was one)."""
+        if str(self.path) == ":memory:" or not DiskReserve.beside(self.path).release():
+            return False
+        try:
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        except sqlite3.Error:
+            pass  # the retry says whether there is room now
+        return True
+
     def _floor_locked(self) -> float:
         row = self._db.execute("SELECT value FROM meta WHERE name = 'floor'").fetchone()
         return float(row[0]) if row else float("-inf")
 
     def _insert_locked(self, records: list[tuple[str, float | None, float]], now: float) -> None:
-        """Store ``(key, issued_at, expires_at)`` records in one commit, pruning and evicting as needed."""
+        """Store ``(key, issued_at, expires_at)`` records in one commit, pruning and evicting as needed; on a
+        full disk release the reserve and try once more."""
+        try:
+            self._try_insert_locked(records, now)
+        except ReplayError as err:
+            if not isinstance(err.__cause__, sqlite3.Error) or not _is_disk_full(err.__cause__):
+                raise
+            if not self._release_reserve():
+                raise
+            self._try_insert_locked(records, now)
+
+    def _try_insert_locked(self, records: list[tuple[str, float | None, float]], now: float) -> None:
         try:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute("DELETE FROM seen WHERE expires_at < ?", (now,))

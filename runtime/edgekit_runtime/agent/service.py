@@ -25,7 +25,8 @@ Telemetry windows and events reach the spool through one ordered outbox. When th
 written (a full disk) they wait in memory (at most ``telemetry.spool.overflow_messages``; past that
 the oldest are dropped and added to the spool's ``dropped`` counter once it can be written again),
 and go to the spool in order when space returns. A window's ``seq`` is taken in the same commit that
-stores it, so windows kept in memory get their numbers then: no gaps, no number used twice.
+stores it, so windows kept in memory get their numbers then: no number used twice; windows dropped
+from memory take theirs then too (a gap the collector sees, reported in a ``telemetry_dropped`` event).
 ``health()`` reports the state (``problems``, ``spool``) meanwhile, and serving goes on.
 
 ``stop()`` (SIGTERM in ``edgekit-agent run``) publishes a last window and shuts everything down.
@@ -142,6 +143,7 @@ class AgentService:
         # Messages not yet on disk, oldest first: ("telemetry" | "event", message); guarded by _events_lock.
         self._outbox: deque[tuple[str, dict[str, Any]]] = deque()
         self._outbox_dropped_unrecorded = 0
+        self._outbox_dropped_windows: list[str] = []  # window_start of windows dropped here: they take seqs later
         self._outbox_dropped_total = 0
         self._outbox_retry_at = 0.0
         self._threads_health: dict[str, dict[str, Any]] = {}
@@ -397,6 +399,10 @@ class AgentService:
             delivery=self.config.telemetry.delivery,
             resend_after_s=self.config.telemetry.resend_after_s,
         )
+        from edgekit_runtime.agent.spool_space import drop_event_reporter
+
+        self._spool.set_drop_reporter(self._link.topics.events,  # dropped windows: a telemetry_dropped event
+                                      drop_event_reporter(device=self.config.device_id, fleet=self.config.fleet))  # fmt: skip
         self._link.set_status_fields(**self._status_fields())
         self._link.start()
         with self._events_lock:  # events from the start-up go out first, in order
@@ -524,8 +530,11 @@ class AgentService:
         self._outbox.append((kind, message))
         limit = self.config.telemetry.spool.overflow_messages
         if len(self._outbox) > limit:
-            dropped_kind, _ = self._outbox.popleft()
-            self._outbox_dropped_unrecorded += 1
+            dropped_kind, dropped = self._outbox.popleft()
+            if dropped_kind == "telemetry":  # it takes its seq once the spool is written again: a gap, reported
+                self._outbox_dropped_windows.append(str(dropped.get("window_start")))
+            else:
+                self._outbox_dropped_unrecorded += 1
             self._outbox_dropped_total += 1
             logger.warning("spool not writable and %d messages wait in memory: dropped the oldest (%s; %d dropped so far)",
                            limit, dropped_kind, self._outbox_dropped_total)  # fmt: skip
@@ -542,6 +551,10 @@ class AgentService:
                 if self._outbox_dropped_unrecorded:
                     self._spool.add_dropped(self._outbox_dropped_unrecorded)
                     self._outbox_dropped_unrecorded = 0
+                if self._outbox_dropped_windows:
+                    starts = self._outbox_dropped_windows
+                    self._spool.drop_windows(len(starts), first_window_start=starts[0], last_window_start=starts[-1])
+                    self._outbox_dropped_windows = []
                 if kind == "telemetry":
                     self._store_telemetry(message)
                 else:

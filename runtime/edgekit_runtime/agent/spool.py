@@ -14,6 +14,12 @@ no number used) and raises :class:`SpoolFullError`; :attr:`Spool.disk_full` and
 committed while the disk is full are kept in memory and committed with the next write that succeeds
 (their messages are not handed out by :meth:`Spool.peek` meanwhile).
 
+On a small disk the spool keeps working (see :mod:`edgekit_runtime.agent.spool_space`): its WAL is
+bounded and truncated when space runs short or at open (a leftover WAL), it keeps ``headroom_bytes`` free
+by dropping its oldest telemetry windows, and writes that must succeed (events, counters) may use a
+reserve file kept beside it. Dropped windows keep their sequence numbers (a gap the collector sees) and are
+summarised in a ``telemetry_dropped`` event (:meth:`Spool.set_drop_reporter`).
+
 ``synchronous=FULL`` (the default) also keeps the last commits across a power cut; ``NORMAL`` is
 faster and still survives the process being killed. One process at a time may open a spool (an
 ``flock`` on ``<path>.lock`` enforces it); inside that process it is safe to share between threads.
@@ -31,16 +37,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Literal
+from typing import Literal, TypeVar
 
+from edgekit_runtime.agent import spool_space
+from edgekit_runtime.agent.spool_space import DEFAULT_HEADROOM_BYTES, DEFAULT_RESERVE_BYTES, DropReporter, DropSummary
 from edgekit_runtime.agent.topics import TelemetryError
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 DEFAULT_MAX_MESSAGES = 10_000
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 TELEMETRY_COUNTER = "telemetry"
-_DROPPED_COUNTER = "dropped"
+_DROPPED_COUNTER = spool_space.DROPPED_COUNTER
 _SCHEMA_VERSION = 1
 _ACK_CHUNK = 500
 
@@ -91,6 +100,8 @@ class Spool:
         max_messages: int = DEFAULT_MAX_MESSAGES,
         max_bytes: int = DEFAULT_MAX_BYTES,
         synchronous: Literal["FULL", "NORMAL"] = "FULL",
+        headroom_bytes: int = DEFAULT_HEADROOM_BYTES,
+        reserve_bytes: int = DEFAULT_RESERVE_BYTES,
     ) -> None:
         for label, value in (("max_messages", max_messages), ("max_bytes", max_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -101,11 +112,24 @@ class Spool:
         self.max_messages = max_messages
         self.max_bytes = max_bytes
         self._lock = threading.RLock()
+        self._last_numbered_bytes = 4096  # the size of the last numbered payload: room to make before the next
         self._deferred_acks: set[int] = set()
         self._write_error: SpoolError | None = None
+        self._drops = spool_space.DropReports()
+        self._handed_out_upto = 0  # the largest id peek() returned
         self._lock_file = self._acquire_process_lock()
+        self._space = spool_space.SpoolSpace(self.path, headroom_bytes=headroom_bytes, reserve_bytes=reserve_bytes)
         try:
-            self._db = self._open_database(synchronous)
+            try:
+                self._db = self._open_database(synchronous)
+            except SpoolError as exc:  # a full disk (a leftover WAL, no room for its index): use the reserve
+                if not isinstance(exc.__cause__, sqlite3.DatabaseError) or not self._space.reserve.release():
+                    raise
+                self._db = self._open_database(synchronous)
+            # A WAL left by a crash goes into the database now; on a full disk the reserve makes the room.
+            if not spool_space.checkpoint_truncate(self._db) and self._space.reserve.release():
+                spool_space.checkpoint_truncate(self._db)
+            self._space.keep_reserve()
             self._closed = False
             self._reload_sizes()
         except BaseException:
@@ -143,6 +167,7 @@ class Spool:
             if str(mode).lower() != "wal":
                 raise SpoolError(f"spool {self.path}: SQLite refused WAL mode (got {mode!r})",
                                  hint="put the spool on a local filesystem, not a network share")  # fmt: skip
+            spool_space.configure_journal(db)
             db.execute(f"PRAGMA synchronous={synchronous}")
             version = db.execute("PRAGMA user_version").fetchone()[0]
             if version not in (0, _SCHEMA_VERSION):
@@ -151,7 +176,7 @@ class Spool:
                     hint="upgrade the agent, or move the old spool file away",
                 )
             with _transaction(db):
-                for statement in _SCHEMA:
+                for statement in (*_SCHEMA, spool_space.DROPS_SCHEMA):
                     db.execute(statement)
                 db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
         except BaseException as exc:
@@ -171,9 +196,13 @@ class Spool:
 
         Raises :class:`SpoolFullError` (nothing queued) when the file system is full."""
         payload = self._checked_payload(topic, payload, qos)
-        with self._lock:
+
+        def insert() -> int:
             with self._writing(f"cannot queue a message for {topic!r}"):
                 return self._insert(topic, payload, qos)
+
+        with self._lock:
+            return self._with_room(insert, need_bytes=len(payload), vital=not topic.endswith("/telemetry"))
 
     def append_numbered(
         self, topic: str, make_payload: Callable[[int], bytes], *, counter: str = TELEMETRY_COUNTER, qos: int = 1
@@ -182,11 +211,14 @@ class Spool:
 
         Both happen in one commit: when it fails (a full disk raises :class:`SpoolFullError`) the number
         is not used, so numbers on disk have no gaps and none is handed out twice."""
-        with self._lock:
+        def insert() -> tuple[int, int]:
             with self._writing(f"cannot queue a numbered message for {topic!r}"):
                 number = self._add_to_counter(counter, 1)
                 payload = self._checked_payload(topic, make_payload(number), qos)
                 return self._insert(topic, payload, qos), number
+
+        with self._lock:
+            return self._with_room(insert, need_bytes=self._last_numbered_bytes, vital=False)
 
     def _checked_payload(self, topic: str, payload: object, qos: int) -> bytes:
         if not isinstance(payload, (bytes, bytearray, memoryview)):
@@ -208,6 +240,8 @@ class Spool:
             "INSERT INTO messages (topic, payload, qos, created_at) VALUES (?, ?, ?, ?)",
             (topic, payload, qos, time.time()),
         )
+        if topic.endswith("/telemetry"):
+            self._last_numbered_bytes = len(payload)
         self._count += 1
         self._bytes += len(payload)
         self._enforce_bound()
@@ -215,6 +249,22 @@ class Spool:
 
     def _writing(self, what: str) -> _write:
         return _write(self, what)
+
+    def _with_room(self, write: Callable[[], _T], *, need_bytes: int, vital: bool) -> _T:
+        """Under the lock: keep the headroom, then ``write()``; when the file system is full anyway, make
+        room (and for a ``vital`` write release the reserve) and try once more. A write that is not vital
+        (a window) is refused while the headroom cannot be kept: that room is for the vital ones."""
+        self._checked_db()
+        self._space.keep_headroom(self, need_bytes)
+        if not vital and self._space.short_by(need_bytes):
+            raise _write(self, "cannot queue a window").refused_for_space(self._space.headroom_bytes)
+        try:
+            result = write()
+        except SpoolFullError:
+            self._space.recover(self, vital=vital, need_bytes=need_bytes)
+            result = write()
+        self._report_drops_if_due()
+        return result
 
     @property
     def disk_full(self) -> bool:
@@ -227,7 +277,7 @@ class Spool:
         return self._write_error
 
     def _enforce_bound(self) -> None:
-        dropped = 0
+        dropped, windows = 0, None
         while self._count > self.max_messages or self._bytes > self.max_bytes:
             # Over on count: drop the surplus at once; over on bytes only: drop the oldest one.
             surplus = max(self._count - self.max_messages, 1)
@@ -238,10 +288,14 @@ class Spool:
             ).fetchone()
             if not count:
                 break
+            part = spool_space.summary_of_rows(spool_space.windows_up_to(self._db, last_id), "bound")
+            windows = part if windows is None or part is None else windows.merged(part)
             self._db.execute("DELETE FROM messages WHERE id <= ?", (last_id,))
             self._count -= int(count)
             self._bytes -= int(size)
             dropped += int(count)
+        if windows is not None:
+            self._record_drops(windows)  # its report may take the bound one message over, until the next append
         if dropped:
             self._add_to_counter(_DROPPED_COUNTER, dropped)
             logger.warning("spool %s over its bound: dropped the %d oldest message(s)", self.path, dropped)
@@ -256,6 +310,8 @@ class Spool:
                 (after_id, max(n, 0)),
             ).fetchall()
             deferred = self._deferred_acks
+            if rows:  # handed to the link (maybe sent): not dropped for space, so never both stored and reported dropped
+                self._handed_out_upto = max(self._handed_out_upto, int(rows[-1][0]))
         return [SpoolEntry(int(r[0]), str(r[1]), bytes(r[2]), int(r[3]), float(r[4])) for r in rows if r[0] not in deferred]
 
     def entries(self, entry_ids: Iterable[int]) -> list[SpoolEntry]:
@@ -321,16 +377,68 @@ class Spool:
 
     def next_seq(self, counter: str = TELEMETRY_COUNTER) -> int:
         """The next number of ``counter`` (1, 2, ...), committed before it is returned."""
-        with self._lock, self._writing(f"cannot take the next {counter!r} number"):
-            return self._add_to_counter(counter, 1)
+        def take() -> int:
+            with self._writing(f"cannot take the next {counter!r} number"):
+                return self._add_to_counter(counter, 1)
+
+        with self._lock:
+            return self._with_room(take, need_bytes=0, vital=True)
 
     def add_dropped(self, count: int) -> int:
         """Add ``count`` messages dropped before they reached the spool (e.g. an in-memory overflow)
         to :meth:`dropped_total`; returns the new total."""
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise SpoolError(f"add_dropped count must be an int >= 0, got {count!r}")
-        with self._lock, self._writing("cannot count dropped messages"):
-            return self._add_to_counter(_DROPPED_COUNTER, count)
+        def add() -> int:
+            with self._writing("cannot count dropped messages"):
+                return self._add_to_counter(_DROPPED_COUNTER, count)
+
+        with self._lock:
+            return self._with_room(add, need_bytes=0, vital=True)
+
+    # -- dropped windows ------------------------------------------------------------------------
+
+    def set_drop_reporter(self, topic: str, make_payload: DropReporter, *, every_s: float = 60.0,
+                          quiet_s: float = 5.0) -> None:  # fmt: skip
+        """Report dropped windows by a message on ``topic`` built by ``make_payload(summary)`` (e.g.
+        :func:`edgekit_runtime.agent.spool_space.drop_event_reporter`), queued after a write once no window
+        was dropped for ``quiet_s``, or ``every_s`` after the first unreported drop while drops go on; a
+        report still queued when space runs short is dropped and merged into the next. Without a reporter
+        the summary waits in the spool (:meth:`pending_drops`)."""
+        with self._lock:
+            self._drops.reporter = (topic, make_payload)
+            self._drops.every_s, self._drops.quiet_s = every_s, quiet_s
+
+    def drop_windows(self, count: int, *, first_window_start: str | None = None, last_window_start: str | None = None,
+                     counter: str = TELEMETRY_COUNTER, reason: str = "in_memory") -> tuple[int, int]:  # fmt: skip
+        """Record ``count`` windows that never reached the spool as dropped: they take the next ``count``
+        numbers of ``counter`` (a gap the collector sees), are added to :meth:`dropped_total` and to the drop
+        summary. Returns the ``(first, last)`` numbers they took."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise SpoolError(f"drop_windows count must be an int >= 1, got {count!r}")
+
+        def record() -> tuple[int, int]:
+            with self._writing("cannot record dropped windows"):
+                last = self._add_to_counter(counter, count)
+                self._add_to_counter(_DROPPED_COUNTER, count)
+                self._record_drops(spool_space.seq_summary(count, last - count + 1, last, first_window_start,
+                                                           last_window_start, reason))  # fmt: skip
+                return last - count + 1, last
+
+        with self._lock:
+            return self._with_room(record, need_bytes=0, vital=True)
+
+    def pending_drops(self) -> DropSummary | None:
+        """Dropped windows not yet reported (always None while a reporter is set and writes succeed)."""
+        with self._lock:
+            return spool_space.pending_drops(self._checked_db())
+
+    def _record_drops(self, summary: DropSummary | None) -> None:
+        """Inside a write: add ``summary`` to the pending drops (reported by :meth:`_report_drops_if_due`)."""
+        self._drops.record(self._db, summary)
+
+    def _report_drops_if_due(self) -> None:
+        self._drops.report_if_due(self)
 
     def last_seq(self, counter: str = TELEMETRY_COUNTER) -> int:
         """The last number :meth:`next_seq` handed out for ``counter`` (0 when none)."""
@@ -436,6 +544,14 @@ class _write:
             raise self._failed(exc) from exc
         else:
             spool._reload_sizes()
+
+    def refused_for_space(self, headroom_bytes: int) -> SpoolFullError:
+        error = SpoolFullError(f"spool {self._spool.path}: {self._what}: the file system is full (less than the "
+                               f"{headroom_bytes} bytes kept free for commands and events)", hint=_FREE_SPACE_HINT)  # fmt: skip
+        if self._spool._write_error is None:
+            logger.error("%s", error.message)
+        self._spool._write_error = error
+        return error
 
     def _failed(self, exc: sqlite3.DatabaseError) -> SpoolError:
         spool = self._spool
