@@ -18,6 +18,9 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--store", required=True, metavar="URL", help="sqlite:///fleet.db or postgresql://...")
     parser.add_argument("--port", type=int, default=8480, metavar="P", help="TCP port (default 8480; 0 picks a free one)")
     parser.add_argument("--host", default="127.0.0.1", metavar="ADDR", help="address to listen on (default loopback only)")
+    parser.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                        help="a host name the page may be opened under, besides loopback names and --host (repeatable; "
+                             "other Host headers are refused against DNS rebinding)")  # fmt: skip
     parser.set_defaults(func=run)
 
 
@@ -30,7 +33,9 @@ def run(args: argparse.Namespace) -> int:
     if args.host not in LOOPBACK_HOSTS:
         console.print(f"[yellow]warning:[/] listening on {args.host}: the dashboard has no login; anyone who can reach "
                       "this address can read the fleet's telemetry. Put it behind a reverse proxy with authentication.")  # fmt: skip
-    with DashboardServer(args.store, host=args.host, port=args.port) as server:
+    server = DashboardServer(args.store, host=args.host, port=args.port)
+    server.http.allow_hosts(args.allow_host)
+    with server:
         results(args).print(f"dashboard on [bold]{server.url}[/] (store {args.store}); Ctrl-C to stop", soft_wrap=True)
         if args.json:
             print_json({"url": server.url, "store": args.store})

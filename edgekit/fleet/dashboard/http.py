@@ -1,6 +1,21 @@
 """A small HTTP/1.1 server on asyncio for the dashboard: GET and HEAD only, keep-alive, gzip for large
 bodies, no framework. Handlers run on one worker thread (the store is not shared between threads), so
-slow queries never block the event loop that accepts connections."""
+slow queries never block the event loop that accepts connections.
+
+Limits, each answered with a JSON ``{"error", "status"}`` naming the limit:
+
+* a connection must send its first request's line and headers within ``header_timeout_s`` (408, then
+  closed), a kept-alive one its next request's first byte within ``idle_timeout_s`` (closed) and the
+  rest of the head within ``header_timeout_s``, a body within ``body_timeout_s`` (408);
+* at most ``max_connections`` connections at once and ``max_connections_per_client`` from one client
+  address (503 beyond them, answered at once and closed, so that a flood ends in refusals, not in
+  running out of file handles);
+* a ``Content-Length`` that is not one decimal number (``abc``, ``-1``) is a 400, a chunked body 411,
+  a body over ``MAX_BODY_BYTES`` 413, headers over ``MAX_HEADER_BYTES`` 431;
+* against web pages (:mod:`edgekit_runtime.agent.http_guard`): a ``Host`` that is not a loopback name
+  or address, the address listened on, or a name allowed with ``allow_hosts`` (``fleet dashboard
+  --allow-host``) is a 421 (DNS rebinding), an ``Origin`` from another host a 403, a body-carrying
+  request sent as ``text/plain``, a form or multipart a 415."""
 
 from __future__ import annotations
 
@@ -11,16 +26,28 @@ import json
 import logging
 import threading
 import urllib.parse
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from edgekit_runtime.agent.http_guard import SIMPLE_REQUEST_TYPES, HostPolicy, Refusal, media_type
 
 logger = logging.getLogger(__name__)
 
 MAX_HEADER_BYTES = 16 * 1024
+MAX_BODY_BYTES = 1 << 20
+DEFAULT_MAX_CONNECTIONS = 256
+DEFAULT_HEADER_TIMEOUT_S = 5.0
+DEFAULT_IDLE_TIMEOUT_S = 30.0
+DEFAULT_BODY_TIMEOUT_S = 10.0
+#: how long a refused connection's request may take to arrive before the 503 (so closing sends no reset)
+_REFUSAL_READ_S = 0.2
 _GZIP_MIN_BYTES = 1024
-_REASONS = {200: "OK", 304: "Not Modified", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            413: "Payload Too Large", 500: "Internal Server Error"}  # fmt: skip
+_REASONS = {200: "OK", 304: "Not Modified", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
+            405: "Method Not Allowed", 408: "Request Timeout", 411: "Length Required", 413: "Payload Too Large",
+            415: "Unsupported Media Type", 421: "Misdirected Request", 431: "Request Header Fields Too Large",
+            500: "Internal Server Error", 503: "Service Unavailable"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -47,6 +74,18 @@ class Response:
     def error(cls, status: int, message: str) -> Response:
         return cls.json({"error": message, "status": status}, status)
 
+    @classmethod
+    def refusal(cls, refusal: Refusal) -> Response:
+        return cls.error(refusal.status.value, f"{refusal.message}; {refusal.hint}")
+
+
+class _Closing(Exception):
+    """The connection ends after ``response`` (None: without a word)."""
+
+    def __init__(self, response: Response | None) -> None:
+        super().__init__()
+        self.response = response
+
 
 Handler = Callable[[Request], Response]
 
@@ -55,8 +94,20 @@ class HttpServer:
     """Serve ``handler`` on ``host:port`` from a background thread (``start()`` / ``stop()``)."""
 
     def __init__(self, handler: Handler, host: str = "127.0.0.1", port: int = 8480, *,
-                 worker_init: Callable[[], None] | None = None) -> None:  # fmt: skip
+                 worker_init: Callable[[], None] | None = None, allowed_hosts: Iterable[str] = (),
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS, max_connections_per_client: int | None = None,
+                 header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+                 body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> None:  # fmt: skip
         self.handler, self.host, self.port = handler, host, port
+        self.allowed_hosts = tuple(allowed_hosts)
+        self.max_connections = max_connections
+        #: one client address may hold at most this many connections (a quarter of the cap by default)
+        self.max_connections_per_client = max_connections_per_client or max(1, max_connections // 4)
+        self.header_timeout_s, self.idle_timeout_s, self.body_timeout_s = header_timeout_s, idle_timeout_s, body_timeout_s
+        self._host_policy = HostPolicy(self.allowed_hosts, bound_host=host, setting="--allow-host")
+        self._clients: Counter[str] = Counter()  # open connections per client address (event loop thread only)
+        self.refused_connections = 0
+        self.timed_out_connections = 0
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="edgekit-dashboard-worker",
                                                              initializer=worker_init)  # fmt: skip
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -69,6 +120,16 @@ class HttpServer:
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/"
+
+    def allow_hosts(self, names: Iterable[str]) -> None:
+        """Answer to these host names too (``Host`` and ``Origin``), besides loopback ones and the address
+        listened on; ``*`` turns the check off. Call before ``start()``."""
+        self.allowed_hosts = (*self.allowed_hosts, *names)
+        self._host_policy = HostPolicy(self.allowed_hosts, bound_host=self.host, setting="--allow-host")
+
+    @property
+    def open_connections(self) -> int:
+        return sum(self._clients.values())
 
     def start(self, timeout_s: float = 10.0) -> HttpServer:
         self._thread = threading.Thread(target=self._run, name="edgekit-dashboard-http", daemon=True)
@@ -118,16 +179,36 @@ class HttpServer:
             loop.close()
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        client = str(peer[0]) if isinstance(peer, tuple) else "local"
+        busy = self._busy(client)
+        if busy is not None:
+            await self._refuse(reader, writer, busy)
+            return
+        self._clients[client] += 1
         try:
+            wait_s = self.header_timeout_s
             while True:
-                request = await self._read_request(reader)
-                if request is None:
+                try:
+                    request = await self._read_request(reader, wait_s)
+                except _Closing as closing:
+                    if closing.response is not None:
+                        await self._write(writer, closing.response, head=False, gzip_ok=False, keep_alive=False)
                     break
-                if isinstance(request, Response):
-                    await self._write(writer, request, head=False, gzip_ok=False, keep_alive=False)
+                wait_s = self.idle_timeout_s
+                refusal = self._host_policy.host_refusal(request.headers.get("host")) or \
+                    self._host_policy.origin_refusal(request.headers.get("origin"))  # fmt: skip
+                if refusal is not None:
+                    logger.info("dashboard: refused %s %s from %s: %s", request.method, request.path[:80], client, refusal.message)
+                    await self._write(writer, Response.refusal(refusal), head=False, gzip_ok=False, keep_alive=False)
                     break
                 if request.method not in ("GET", "HEAD"):
-                    response = Response.error(405, f"method {request.method} is not allowed; the dashboard is read-only")
+                    kind = media_type(request.headers.get("content-type"))
+                    if kind in SIMPLE_REQUEST_TYPES:
+                        response = Response.error(415, f"Content-Type {kind!r} is not accepted (a type any web page may send "
+                                                       "without asking); the dashboard is read-only")  # fmt: skip
+                    else:
+                        response = Response.error(405, f"method {request.method} is not allowed; the dashboard is read-only")
                 else:
                     response = await asyncio.get_running_loop().run_in_executor(self._worker, self._call, request)
                 keep_alive = request.headers.get("connection", "").lower() != "close"
@@ -140,6 +221,33 @@ class HttpServer:
         except asyncio.CancelledError:
             pass  # the server is stopping (see _run); ending normally keeps asyncio's stream callback quiet
         finally:
+            self._clients[client] -= 1
+            if self._clients[client] <= 0:
+                del self._clients[client]
+            writer.close()
+
+    def _busy(self, client: str) -> Response | None:
+        """503 when every connection slot, or this client's share of them, is taken."""
+        if self.open_connections >= self.max_connections:
+            message = f"the dashboard already serves {self.max_connections} connections, its limit; try again shortly"
+        elif self._clients[client] >= self.max_connections_per_client:
+            message = (f"this client ({client}) already holds {self._clients[client]} connections, its share of "
+                       f"{self.max_connections}; reuse them (keep-alive) or close some")  # fmt: skip
+        else:
+            return None
+        self.refused_connections += 1
+        return Response.error(503, message)
+
+    async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, response: Response) -> None:
+        try:
+            try:  # take in what the client already sent, so that closing does not reset the connection under the reply
+                await asyncio.wait_for(reader.read(MAX_HEADER_BYTES), _REFUSAL_READ_S)
+            except (asyncio.TimeoutError, ConnectionError):
+                pass
+            await self._write(writer, response, head=False, gzip_ok=False, keep_alive=False)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
             writer.close()
 
     def _call(self, request: Request) -> Response:
@@ -149,28 +257,64 @@ class HttpServer:
             logger.exception("dashboard request %s failed", request.path)
             return Response.error(500, f"{type(exc).__name__}: {exc}")
 
-    async def _read_request(self, reader: asyncio.StreamReader) -> Request | Response | None:
+    async def _read_request(self, reader: asyncio.StreamReader, wait_s: float) -> Request:
+        """The next request; :class:`_Closing` when the connection is to end (with the reason, if any)."""
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
+            first = await asyncio.wait_for(reader.readexactly(1), wait_s)
         except asyncio.IncompleteReadError:
-            return None
+            raise _Closing(None) from None  # the client closed the connection
+        except asyncio.TimeoutError:
+            if wait_s == self.idle_timeout_s:
+                raise _Closing(None) from None  # a kept-alive connection with nothing to do
+            self.timed_out_connections += 1
+            raise _Closing(Response.error(408, f"no request arrived within {wait_s:g} s of connecting; send it at once")) from None
+        try:
+            head = first + await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.header_timeout_s)
+        except asyncio.IncompleteReadError:
+            raise _Closing(None) from None
+        except asyncio.TimeoutError:
+            self.timed_out_connections += 1
+            raise _Closing(Response.error(408, f"the request line and headers did not arrive within "
+                                               f"{self.header_timeout_s:g} s; send them at once")) from None  # fmt: skip
         except asyncio.LimitOverrunError:
-            return Response.error(413, f"request headers are larger than {MAX_HEADER_BYTES} bytes")
+            raise _Closing(Response.error(431, f"request headers are larger than {MAX_HEADER_BYTES} bytes")) from None
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ")
         if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-            return Response.error(400, "malformed request line")
-        headers = {}
+            raise _Closing(Response.error(400, f"malformed request line {lines[0][:80]!r}: expected METHOD /path HTTP/1.1"))
+        headers: dict[str, str] = {}
+        lengths: list[str] = []
         for line in lines[1:]:
             if ":" in line:
                 name, value = line.split(":", 1)
-                headers[name.strip().lower()] = value.strip()
-        length = int(headers.get("content-length", "0") or 0)
-        if length:
-            await reader.readexactly(min(length, 1 << 20))
+                name, value = name.strip().lower(), value.strip()
+                headers[name] = value
+                if name == "content-length":
+                    lengths.append(value)
+        await self._skip_body(reader, headers, lengths)
         target = urllib.parse.urlsplit(parts[1])
         query = {k: v[-1] for k, v in urllib.parse.parse_qs(target.query).items()}
         return Request(parts[0].upper(), urllib.parse.unquote(target.path), query, headers)
+
+    async def _skip_body(self, reader: asyncio.StreamReader, headers: dict[str, str], lengths: list[str]) -> None:
+        """Read past a request's body (no handler reads one), or refuse framing that cannot be trusted."""
+        if "transfer-encoding" in headers:
+            raise _Closing(Response.error(411, f"Transfer-Encoding {headers['transfer-encoding'][:40]!r} is not supported; "
+                                               "send a Content-Length (the dashboard reads no request bodies)"))  # fmt: skip
+        if len(lengths) > 1:
+            raise _Closing(Response.error(400, f"{len(lengths)} Content-Length headers; send one"))
+        text = lengths[0] if lengths else "0"
+        if not (text.isascii() and text.isdigit()):
+            raise _Closing(Response.error(400, f"Content-Length {text[:40]!r} is not a non-negative decimal number of bytes"))
+        length = int(text)
+        if length > MAX_BODY_BYTES:
+            raise _Closing(Response.error(413, f"request body of {length} bytes is over the limit of {MAX_BODY_BYTES}"))
+        if length:
+            try:
+                await asyncio.wait_for(reader.readexactly(length), self.body_timeout_s)
+            except asyncio.TimeoutError:
+                self.timed_out_connections += 1
+                raise _Closing(Response.error(408, f"the request body did not arrive within {self.body_timeout_s:g} s")) from None
 
     async def _write(self, writer: asyncio.StreamWriter, response: Response, *, head: bool, gzip_ok: bool,
                      keep_alive: bool) -> None:  # fmt: skip
