@@ -1,9 +1,13 @@
-"""Telemetry windows that end now (so the store judges their devices online), built with the runtime's own builder."""
+"""Telemetry windows that end now (so the store judges their devices online), built with the runtime's own builder,
+and what an operator's tools receive of alerts (an MQTT subscriber and a webhook server)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Sequence
 
 from edgekit_runtime.agent.telemetry import BundleRef, TelemetryProblem, build_telemetry, encode_message
@@ -13,6 +17,7 @@ from edgekit_runtime.timing import LatencyStats
 from edgekit.fleet.alerts.notify import ALERT_SCHEMA_PATH
 from edgekit.fleet.ingest import parse_message
 from edgekit.fleet.store.base import TelemetryWindow
+from tests.runtime.agent.mosquitto import MosquittoBroker
 
 BUNDLE = BundleRef(id="det-int8", sha256="d" * 64)
 
@@ -46,3 +51,47 @@ def alert_validator() -> Any:
     import jsonschema
 
     return jsonschema.Draft202012Validator(json.loads(ALERT_SCHEMA_PATH.read_text()))
+
+
+class AlertListener:
+    """What an operator's tools receive: MQTT alert messages and webhook POSTs, each with its arrival time."""
+
+    def __init__(self, broker: MosquittoBroker, fleet: str) -> None:
+        import paho.mqtt.client as paho
+        from paho.mqtt.enums import CallbackAPIVersion
+
+        self.mqtt: list[tuple[float, dict[str, Any]]] = []
+        self.webhook: list[tuple[float, dict[str, Any]]] = []
+        subscribed = threading.Event()
+        self.client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"alert-listener-{fleet}")
+        self.client.on_connect = lambda c, *a: c.subscribe(f"edgekit/v1/{fleet}/alerts", qos=1)
+        self.client.on_subscribe = lambda *a: subscribed.set()
+        self.client.on_message = lambda c, u, m: self.mqtt.append((time.monotonic(), json.loads(m.payload)))
+        self.client.connect(broker.host, broker.port)
+        self.client.loop_start()
+        assert subscribed.wait(10), "the alert listener could not subscribe"
+        received = self.webhook
+
+        class Hook(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                received.append((time.monotonic(), json.loads(body)))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.webhook_url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+
+    def messages(self, status: str, device: str | None = None, where: str = "mqtt") -> list[dict[str, Any]]:
+        found = self.mqtt if where == "mqtt" else self.webhook
+        return [m for _, m in found if m["status"] == status and (device is None or m["device"] == device)]
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+        self.server.shutdown()
+        self.server.server_close()

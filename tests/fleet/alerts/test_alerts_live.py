@@ -6,12 +6,9 @@ fire a rule with ``for:``."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -22,7 +19,7 @@ from edgekit.fleet.collector import Collector
 from edgekit.fleet.simulate import FleetSimulator, SimulationConfig
 from edgekit.fleet.store import open_store
 from edgekit_runtime.agent.telemetry import encode_message
-from tests.fleet.alerts.live_messages import alert_validator, live_telemetry
+from tests.fleet.alerts.live_messages import AlertListener, alert_validator, live_telemetry
 from tests.fleet.messages import Publisher, status, topic
 from tests.runtime.agent.mosquitto import MosquittoBroker
 
@@ -37,50 +34,6 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-
-
-class AlertListener:
-    """What an operator's tools receive: MQTT alert messages and webhook POSTs, each with its arrival time."""
-
-    def __init__(self, broker: MosquittoBroker, fleet: str) -> None:
-        import paho.mqtt.client as paho
-        from paho.mqtt.enums import CallbackAPIVersion
-
-        self.mqtt: list[tuple[float, dict[str, Any]]] = []
-        self.webhook: list[tuple[float, dict[str, Any]]] = []
-        subscribed = threading.Event()
-        self.client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"alert-listener-{fleet}")
-        self.client.on_connect = lambda c, *a: c.subscribe(f"edgekit/v1/{fleet}/alerts", qos=1)
-        self.client.on_subscribe = lambda *a: subscribed.set()
-        self.client.on_message = lambda c, u, m: self.mqtt.append((time.monotonic(), json.loads(m.payload)))
-        self.client.connect(broker.host, broker.port)
-        self.client.loop_start()
-        assert subscribed.wait(10), "the alert listener could not subscribe"
-        received = self.webhook
-
-        class Hook(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                received.append((time.monotonic(), json.loads(body)))
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.webhook_url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-
-    def messages(self, status: str, device: str | None = None, where: str = "mqtt") -> list[dict[str, Any]]:
-        found = self.mqtt if where == "mqtt" else self.webhook
-        return [m for _, m in found if m["status"] == status and (device is None or m["device"] == device)]
-
-    def close(self) -> None:
-        self.client.loop_stop()
-        self.client.disconnect()
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
