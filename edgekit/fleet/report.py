@@ -174,8 +174,9 @@ def build_report(store: FleetStore, *, fleet: str | None = None, bundle_id: str 
                  until: dt.datetime | None = None, model: str | None = None) -> FleetReport:  # fmt: skip
     """Aggregates by bundle and target (and by model and bundle: ``models``, only ``model`` when given), and every bundle switch seen in the time range compared before/after.
 
-    A device that ran bundle A and then B (by first window) counts as switched A -> B; its "before" is its
-    windows on A in the range, its "after" those on B. ``bundle_id`` keeps switches from or to that bundle.
+    A device that ran bundle A and then B (by first window) counts as switched A -> B when it ran B in the range;
+    its "before" is all its windows on A, its "after" all on B (:meth:`FleetStore.bundle_totals`, kept as windows
+    arrive, so a rollout to 10,000 devices is compared without reading their windows). ``bundle_id`` keeps switches from or to that bundle.
     ``rollout_records`` are the deploys started in the range (of ``bundle_id`` and for ``target``, when given).
     """
     groups = store.aggregate(("bundle_id", "target", "power_mode"), fleet=fleet, bundle_id=bundle_id, target=target, since=since,
@@ -211,13 +212,11 @@ def _rollouts(store: FleetStore, *, fleet: str | None, bundle_id: str | None, ta
             if target is not None and group_target != target:
                 continue
             devices = sorted(key for key, _ in group)
-            on_from, on_to = (store.aggregate((), devices=devices, bundle_id=bundle, since=since, until=until)
-                              for bundle in (from_bundle, to_bundle))  # fmt: skip
+            on_from, on_to = (store.bundle_totals(devices, bundle) for bundle in (from_bundle, to_bundle))
             moments = [moment for _, moment in group]
             comparisons.append(RolloutComparison(
                 from_bundle=from_bundle, to_bundle=to_bundle, target=group_target, devices=tuple(devices),
-                first_switch=min(moments), last_switch=max(moments), before=on_from[0] if on_from else None,
-                after=on_to[0] if on_to else None,
+                first_switch=min(moments), last_switch=max(moments), before=on_from, after=on_to,
             ))  # fmt: skip
     return comparisons
 

@@ -292,6 +292,12 @@ class FleetStore(abc.ABC):
                      until: dt.datetime | None = None) -> list[BundleSpan]:
         """Per device and bundle, the first and last window seen; ordered by fleet, device, first window."""
 
+    def bundle_totals(self, devices: Sequence[tuple[str, str]], bundle_id: str | None) -> Aggregate | None:
+        """The (fleet, device) ``devices``' figures summed over every window they ran ``bundle_id`` on, all history
+        (the report's before/after of a bundle switch); None when they have none."""
+        found = self.aggregate((), devices=devices, bundle_id=bundle_id)
+        return found[0] if found else None
+
     @abc.abstractmethod
     def device_identities(self, fleet: str | None = None) -> list[DeviceIdentityRecord]:
         """The identity each device last reported (devices whose agent never did are left out), by fleet, device."""

@@ -49,6 +49,8 @@ MODEL_SUMS: tuple[tuple[str, str], ...] = (
 )  # fmt: skip
 MODEL_KEY = ("fleet", "model", "bundle_id", "bucket_s", "bucket_start")
 _TIME_SUMS = ("window_start_min", "window_end_max")
+#: device_bundles columns after (fleet, device, bundle_id): a device's sums on one bundle over all its history.
+BUNDLE_SUMS = tuple(item for item in FLEET_SUMS if item[0] != "devices")
 
 
 def _merge(how: str, old: Any, new: Any) -> Any:
@@ -190,8 +192,7 @@ def ingest(store: SqlFleetStore, cursor: Any, parts: Sequence[Part]) -> None:
                 _merge_into(model.setdefault((part.fleet, model_name, bundle, tier, start), {}), msums, MODEL_SUMS)
         if not part.device_wide:
             continue
-        span = spans.setdefault((part.fleet, part.device, part.bundle_id), [part.start, part.end, 0])
-        span[0], span[1], span[2] = min(span[0], part.start), max(span[1], part.end), span[2] + int(part.sums["windows"])
+        _merge_into(spans.setdefault((part.fleet, part.device, part.bundle_id), {}), part.sums, BUNDLE_SUMS)
         _add_to_device(device, part)
     _write(store, cursor, "fleet_buckets", FLEET_KEY, FLEET_SUMS, fleet)
     _write(store, cursor, "fleet_model_buckets", MODEL_KEY, MODEL_SUMS, model)
@@ -269,26 +270,25 @@ def _upsert_sql(store: SqlFleetStore, table: str, key: Sequence[str], sums: Sequ
 
 
 def _write(store: SqlFleetStore, cursor: Any, table: str, key: Sequence[str], sums: Sequence[tuple[str, str]],
-           buckets: dict[tuple[Any, ...], dict[str, Any]]) -> None:  # fmt: skip
+           buckets: dict[tuple[Any, ...], dict[str, Any]], *, tiered: bool = True) -> None:  # fmt: skip
     if not buckets:
         return
     rows = []
     for bucket_key in sorted(buckets):  # one order for every writer: no lock cycles between collectors
         values = buckets[bucket_key]
-        *labels, tier, start = bucket_key
-        row = [*labels, tier, store.time_in(_at(start))]
+        if tiered:
+            *labels, tier, start = bucket_key
+            row = [*labels, tier, store.time_in(_at(start))]
+        else:
+            row = list(bucket_key)
         row += [store.time_in(_at(values[name])) if name in _TIME_SUMS else values.get(name) for name, _ in sums]
         rows.append(tuple(row))
     cursor.executemany(store._sql(_upsert_sql(store, table, key, sums)), rows)
 
 
-def _write_spans(store: SqlFleetStore, cursor: Any, spans: dict[tuple[str, str, str], list[Any]]) -> None:
-    if not spans:
-        return
-    sql = _upsert_sql(store, "device_bundles", ("fleet", "device", "bundle_id"),
-                      (("window_start_min", "min"), ("window_end_max", "max"), ("windows", "sum")))  # fmt: skip
-    cursor.executemany(store._sql(sql), [(*key, store.time_in(_at(v[0])), store.time_in(_at(v[1])), v[2])
-                                         for key, v in sorted(spans.items())])  # fmt: skip
+def _write_spans(store: SqlFleetStore, cursor: Any, spans: dict[tuple[str, str, str], dict[str, Any]]) -> None:
+    _write(store, cursor, "device_bundles", ("fleet", "device", "bundle_id"), BUNDLE_SUMS,
+           {key: values for key, values in spans.items()}, tiered=False)  # fmt: skip
 
 
 def _write_devices(store: SqlFleetStore, cursor: Any, changed: dict[tuple[str, str], _Device]) -> None:

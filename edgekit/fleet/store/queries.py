@@ -270,10 +270,24 @@ LEFT JOIN device_identity i ON i.fleet = u.fleet AND i.device = u.device
 
 def bundle_spans_sql(store: SqlFleetStore, params: dict[str, Any], *, fleet: str | None, since: dt.datetime | None,
                      until: dt.datetime | None) -> str:  # fmt: skip
-    union = union_sql(store, params, fleet=fleet, devices=None, bundle_id=None, since=since, until=until)
-    return f"""SELECT u.fleet, u.device, u.bundle_id, MIN(u.t_start), MAX(u.t_end), SUM(u.windows)
-FROM ({union}) u GROUP BY u.fleet, u.device, u.bundle_id ORDER BY u.fleet, u.device, MIN(u.t_start)"""
+    """Per device and bundle its first and last window over all history (device_bundles, kept as windows arrive),
+    for the pairs with a window in [since, until)."""
+    clauses = ["1 = 1"]
+    for clause, name, value in (("b.fleet = :fleet", "fleet", fleet), ("b.window_end_max >= :since", "since", since),
+                                ("b.window_start_min < :until", "until", until)):  # fmt: skip
+        if value is not None:
+            clauses.append(clause)
+            params[name] = value if name == "fleet" else store.time_in(value)
+    return f"""SELECT b.fleet, b.device, b.bundle_id, b.window_start_min, b.window_end_max, b.windows FROM device_bundles b
+WHERE {' AND '.join(clauses)} ORDER BY b.fleet, b.device, b.window_start_min"""
 
+
+#: The figures of :class:`Aggregate` from device_bundles rows (``{where}`` picks the devices; :bundle_id).
+BUNDLE_TOTALS = """SELECT COUNT(*), SUM(b.windows), SUM(b.inferences), SUM(b.errors),
+    SUM(b.p50_sum) / NULLIF(SUM(b.latency_count), 0), SUM(b.p99_sum) / NULLIF(SUM(b.latency_count), 0), MAX(b.p99_max_ms),
+    SUM(b.power_mw_s) / NULLIF(SUM(b.power_s), 0), SUM(b.energy_mj), SUM(b.energy_active_mj) / NULLIF(SUM(b.energy_count), 0),
+    MAX(b.temperature_max_c), MIN(b.window_start_min), MAX(b.window_end_max)
+FROM device_bundles b WHERE {where} AND b.bundle_id = :bundle_id"""
 
 
 # -- per model (issue 20) ---------------------------------------------------------------------------------------

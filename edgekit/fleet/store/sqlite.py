@@ -19,6 +19,8 @@ from edgekit.fleet.store.sql import SeqRun, SqlFleetStore
 
 #: How long a write waits for another process's write lock before giving up.
 BUSY_TIMEOUT_S = 10.0
+#: Free pages returned to the file system per step after retention (4 KiB pages: 16 MB).
+FREE_PAGES_PER_STEP = 4096
 _UTC = dt.timezone.utc
 
 
@@ -40,6 +42,8 @@ class SqliteStore(SqlFleetStore):
             self._connection = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
                                                check_same_thread=False)  # fmt: skip
             if self.path != ":memory:":
+                # before the first table: a new store returns the pages retention frees (existing ones keep their mode)
+                self._connection.execute("PRAGMA auto_vacuum=INCREMENTAL")
                 self._connection.execute("PRAGMA journal_mode=WAL")
             self._connection.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints; safe with WAL
             self._connection.execute("PRAGMA foreign_keys=ON")
@@ -138,6 +142,18 @@ class SqliteStore(SqlFleetStore):
         new = list(unique.values())
         cursor.executemany(self._window_insert_sql(), [self._window_row(w) for w in new])
         return new
+
+    def _return_free_space(self) -> None:
+        with self._lock:
+            if self._closed or self._connection.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:  # 2: incremental
+                return
+            for _ in range(1000):  # a few thousand pages at a time: writers wait milliseconds, not the whole vacuum
+                if not self._connection.execute("PRAGMA freelist_count").fetchone()[0]:
+                    return
+                try:
+                    self._connection.execute(f"PRAGMA incremental_vacuum({FREE_PAGES_PER_STEP})").fetchall()
+                except sqlite3.OperationalError:  # busy: the next retention pass returns them
+                    return
 
     def _close_connection(self) -> None:
         self._connection.close()

@@ -77,6 +77,18 @@ CREATE TABLE IF NOT EXISTS device_bundles (
     window_start_min TIMESTAMPTZ NOT NULL,
     window_end_max TIMESTAMPTZ NOT NULL,
     windows BIGINT NOT NULL,
+    inferences BIGINT NOT NULL,           -- the sums fleet_buckets keeps, over all the device's windows on the bundle
+    errors BIGINT NOT NULL,
+    latency_count BIGINT NOT NULL,
+    p50_sum DOUBLE PRECISION NOT NULL,
+    p99_sum DOUBLE PRECISION NOT NULL,
+    p99_max_ms DOUBLE PRECISION,
+    power_s DOUBLE PRECISION NOT NULL,
+    power_mw_s DOUBLE PRECISION NOT NULL,
+    energy_mj DOUBLE PRECISION,
+    energy_active_mj DOUBLE PRECISION,
+    energy_count BIGINT NOT NULL,
+    temperature_max_c DOUBLE PRECISION,
     PRIMARY KEY (fleet, device, bundle_id)
 );
 CREATE INDEX IF NOT EXISTS device_bundles_by_end ON device_bundles (window_end_max);

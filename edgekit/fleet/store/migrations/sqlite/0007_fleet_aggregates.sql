@@ -6,7 +6,8 @@
 --   fleet_buckets        per fleet, bundle, target and power mode (as known when the window arrived) and 1-minute and
 --                        1-hour bucket: the sums telemetry_rollups keeps per device, plus the devices reporting;
 --   fleet_model_buckets  the same per fleet, model and bundle;
---   device_bundles       per device and bundle: its first and last window (the report's bundle switches).
+--   device_bundles       per device and bundle: its first and last window and its sums (the report's bundle
+--                        switches and their before/after comparisons).
 -- Windows stored before this version are summed in when the store opens.
 
 CREATE TABLE IF NOT EXISTS device_latest (
@@ -83,6 +84,18 @@ CREATE TABLE IF NOT EXISTS device_bundles (
     window_start_min REAL NOT NULL,
     window_end_max REAL NOT NULL,
     windows INTEGER NOT NULL,
+    inferences INTEGER NOT NULL,           -- the sums fleet_buckets keeps, over all the device's windows on the bundle
+    errors INTEGER NOT NULL,
+    latency_count INTEGER NOT NULL,
+    p50_sum REAL NOT NULL,
+    p99_sum REAL NOT NULL,
+    p99_max_ms REAL,
+    power_s REAL NOT NULL,
+    power_mw_s REAL NOT NULL,
+    energy_mj REAL,
+    energy_active_mj REAL,
+    energy_count INTEGER NOT NULL,
+    temperature_max_c REAL,
     PRIMARY KEY (fleet, device, bundle_id)
 );
 CREATE INDEX IF NOT EXISTS device_bundles_by_end ON device_bundles (window_end_max);
