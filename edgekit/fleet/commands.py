@@ -16,7 +16,7 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
 
 from edgekit.fleet.errors import FleetError
-from edgekit_runtime.agent.broker import make_tls_context, parse_broker_url, read_password_file
+from edgekit_runtime.agent.broker import make_tls_context, parse_broker_url, read_password_file, refuse_plaintext_password
 from edgekit_runtime.agent.command_signing import sign_command
 from edgekit_runtime.agent.telemetry import COMMAND_SCHEMA, encode_message, utc_timestamp
 from edgekit_runtime.agent.topics import DeviceTopics
@@ -46,11 +46,19 @@ class CommandPublisher:
 
     def __init__(self, broker_url: str, *, mqtt_version: Literal["5", "3.1.1"] = "5", tls_ca: Path | None = None,
                  username: str | None = None, password_file: Path | None = None, client_id: str | None = None,
-                 signing_key: Path | None = None) -> None:  # fmt: skip
-        """``signing_key``: the fleet's private key (PEM from ``edgekit keygen``); every command sent is signed."""
+                 signing_key: Path | None = None, allow_plaintext_password: bool = False) -> None:  # fmt: skip
+        """``signing_key``: the fleet's private key (PEM from ``edgekit keygen``); every command sent is signed.
+        A password over ``mqtt://`` to a broker off loopback is refused unless ``allow_plaintext_password``."""
+        from edgekit_runtime.agent.topics import TelemetryError
         from edgekit_runtime.signing import load_private_key
 
         self.address = parse_broker_url(broker_url)
+        try:
+            refuse_plaintext_password(broker_url, has_password=password_file is not None, allow=allow_plaintext_password,
+                                      source="fleet commands", field="password_file",
+                                      allow_option="CommandPublisher(allow_plaintext_password=True)")  # fmt: skip
+        except TelemetryError as exc:
+            raise CommandError(exc.message, hint=exc.hint) from exc
         self._signing_key = load_private_key(signing_key) if signing_key is not None else None
         protocol = MQTTProtocolVersion.MQTTv5 if mqtt_version == "5" else MQTTProtocolVersion.MQTTv311
         self._client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id or f"edgekit-deploy-{uuid.uuid4().hex[:8]}",

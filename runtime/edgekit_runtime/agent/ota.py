@@ -2,7 +2,8 @@
 
 A deploy (:meth:`Deployer.deploy`) goes through these steps, each reported as a ``deploy_progress``
 event with ``details.step``, and ends with one ``deploy_result`` event (``details.outcome``
-``succeeded``, ``failed`` or ``rolled_back``):
+``succeeded``, ``failed``, ``rolled_back``, or ``interrupted`` when the agent stops during the health watch,
+which then starts again at the next start: :mod:`~edgekit_runtime.agent.health_watch`):
 
 ``started`` -> ``downloaded`` (the URL admitted by ``bundles.inbox`` / ``bundles.allowed_sources``,
 copy or HTTP into staging, size limit, sha256 of the tar or of the directory's manifest; then,

@@ -107,6 +107,14 @@ def test_collector_refuses_a_password_over_plain_mqtt_off_loopback(tmp_path: Pat
     assert "clear text" in done.stdout + done.stderr and "--allow-plaintext-password" in done.stdout + done.stderr
 
 
+def test_command_publisher_refuses_a_password_over_plain_mqtt_off_loopback(tmp_path: Path) -> None:
+    from edgekit.fleet.commands import CommandError, CommandPublisher
+
+    with pytest.raises(CommandError) as caught:
+        CommandPublisher(OFF_LOOPBACK, username="fleet-admin", password_file=_secret(tmp_path / "pw"))
+    assert "fleet commands: password_file" in caught.value.message and "clear text" in caught.value.message
+
+
 def test_simulator_refuses_a_password_over_plain_mqtt_off_loopback(tmp_path: Path) -> None:
     secret = _secret(tmp_path / "pw")
     with pytest.raises(TelemetryError) as caught:
