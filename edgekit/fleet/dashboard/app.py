@@ -16,8 +16,8 @@
 
 Every endpoint takes an optional ``fleet``; a ``fleet`` (or ``device``) no device ever reported is a 404 with a
 JSON error listing those the store knows; a bad parameter is a 400 whose JSON error names it (``parameter``).
-Results are cached for ``cache_s`` seconds, and so are the device summaries both the overview and the device table
-read; the fleets, power modes and model names (rarely changing, read for every page of the table) for 30 s.
+Results are cached for ``cache_s`` seconds; the device summaries that the overview and every page of the device
+table read for 5 s (at least ``cache_s``); the fleets, power modes and model names (rarely changing) for 30 s.
 """
 
 from __future__ import annotations
@@ -50,6 +50,9 @@ class DashboardError(FleetError):
 
 #: How long the fleets, power modes and model names are kept (when responses are cached at all).
 SLOW_CHANGING_TTL_S = 30.0
+#: How long device summaries are kept at least (when responses are cached at all): shorter than the page's 10 s
+#: refresh, so each refresh shows the states judged anew.
+SUMMARIES_TTL_S = 5.0
 
 
 def _parameter_error(parameter: str, message: str) -> Response:
@@ -93,7 +96,9 @@ class DashboardApp:
         self._known: dict[tuple[str, str | None], set[str]] = {}  # (key, fleet) -> values the store has reported
         self._ranges = api.SeriesRanges(ttl_s=60.0 if cache_s > 0 else 0.0)  # tests with cache_s=0 see every change
         slow_ttl = SLOW_CHANGING_TTL_S if cache_s > 0 else 0.0
-        self._summaries = _Kept(lambda fleet: self.store.device_summaries(fleet), cache_s)
+        # the overview and every page, sort and filter of the table read the same summaries: kept a little longer
+        # than answers, so a click on the table between two refreshes costs a sort, not a store read
+        self._summaries = _Kept(lambda fleet: self.store.device_summaries(fleet), max(cache_s, SUMMARIES_TTL_S) if cache_s > 0 else 0.0)
         self._fleets = _Kept(lambda _: self.store.known_values("fleet"), slow_ttl)
         self._power_modes = _Kept(lambda fleet: {(i.fleet, i.device): i.power_mode for i in self.store.device_identities(fleet)},
                                   slow_ttl)  # fmt: skip
