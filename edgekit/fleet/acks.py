@@ -3,10 +3,11 @@ its telemetry windows the store now holds.
 
 One ``ack.v1`` message per device and batch goes to ``edgekit/v1/<fleet>/<device>/ack`` (QoS 1, not
 retained), naming the seqs as inclusive ranges. Windows the store already held (a redelivery) are named
-too: the agent published them again because it had not heard of them yet. Windows the store refused
-one by one (``store_refused``) are named as well, since publishing them again cannot help; they are in
-the store's rejected messages. Messages rejected before the store (unparsable, wrong schema) are not
-acknowledged: the agent keeps them until its spool's bound drops them.
+too: the agent published them again because it had not heard of them yet. A batch the store refused
+(and the collector then wrote one by one) is not acknowledged at all: its windows come again, and those
+stored meanwhile are then duplicates, acknowledged with their batch. Messages rejected before the store
+(unparsable, wrong schema) are not acknowledged either: the agent keeps them until its spool's bound
+drops them.
 
 An agent with ``telemetry.delivery: collector_ack`` removes the named windows from its spool; an
 agent that does not listen (``broker_ack``, or older) costs the broker one message it drops. The

@@ -537,7 +537,7 @@ class Collector:
                 self._client.ack(item.mid, item.qos)
 
     def _write_step(self, kind: str, records: list[Any]) -> bool:
-        """Store ``records``; False only when the store stayed unavailable while stopping (nothing stored)."""
+        """Store ``records``; True when the batch was stored as a whole (then the agents are told, acks.py)."""
         delay_s = 0.2
         while True:
             try:
@@ -558,7 +558,7 @@ class Collector:
                 logger.error("collector %s: the store refused %d %s records (%s); writing them one by one",
                              self.client_id, len(records), kind, exc.message)  # fmt: skip
                 self._write_one_by_one(kind, records)
-                return True
+                return False  # not acknowledged to the agents: they publish these again (stored ones are duplicates)
 
     def _write_records(self, kind: str, records: list[Any]) -> None:
         if kind == "telemetry":
