@@ -448,9 +448,15 @@ class Deployer(HealthWatch):
         return previous_served
 
     def finish(self, staged: StagedDeploy) -> None:
-        """A deploy that stays: record its version and prune old versions."""
+        """A deploy that stays: record its version and prune old versions; its probation ends."""
         self._remember_version(staged.loaded)
         self.store.prune()
+        self.probation.clear()
+
+    def begin_probation(self, staged: StagedDeploy, *, command_id: str | None, window_s: float) -> Probation:
+        """Put a switched deploy on probation (on disk) for its health watch (a pipeline deploy's watch)."""
+        return begin(self.probation, version_dir=staged.version_dir, bundle=staged.loaded.name, previous=staged.old_current,
+                     url=staged.request.url, command_id=command_id, window_s=window_s)  # fmt: skip
 
     # -- rollback -----------------------------------------------------------------------------------
 

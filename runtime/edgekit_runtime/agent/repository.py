@@ -34,6 +34,7 @@ from typing import Any
 from edgekit_runtime.agent.config import MODEL_NAME_PATTERN, AgentConfig
 from edgekit_runtime.agent.errors import DeployError, MemoryBudgetError, ModelNotFoundError
 from edgekit_runtime.agent.ota import Deployer, DeployRequest, EventSink, ServedBundle, StagedDeploy, _StageFailed
+from edgekit_runtime.agent.probation import mark_stopped
 from edgekit_runtime.agent.serving import InferenceServer, ServingTotals
 from edgekit_runtime.agent.store import BundleStore
 
@@ -276,11 +277,17 @@ class ModelRepository:
         if watch and window_s > 0 and staged:
             before: list[ServingTotals] = [slot.server.totals() for slot, _ in staged]
             watched = [slot.name for slot, _ in staged]
+            probations = [slot.deployer.begin_probation(one, command_id=command_id, window_s=window_s) for slot, one in staged]
             self._emit({"kind": "deploy_progress", "level": "info", "command_id": command_id,
                         "message": f"watching {', '.join(map(str, watched))} for {window_s:g} s",
                         "details": {"step": "watching", "pipeline": True, "models": watched, "window_s": window_s,
                                     "max_error_rate": self.config.health.max_error_rate}})  # fmt: skip
             interrupted = self._stop.wait(window_s)
+            if interrupted:  # never "succeeded": each model's watch starts again with the agent (agent/probation.py)
+                for (slot, _), probation in zip(staged, probations, strict=True):
+                    mark_stopped(slot.deployer.probation, probation)
+                return result(f"pipeline deploy interrupted: the agent stopped during the health watch of "
+                              f"{', '.join(map(str, watched))}; each is watched again when it starts", "interrupted", "warning")  # fmt: skip
             verdicts = [slot.deployer.judge_health(one, totals, interrupted=interrupted)
                         for (slot, one), totals in zip(staged, before, strict=True)]  # fmt: skip
             unhealthy = [(slot.name, details) for (slot, _), (healthy, details) in zip(staged, verdicts, strict=True) if not healthy]
@@ -295,6 +302,8 @@ class ModelRepository:
                         restored.append(slot.name)
                     except DeployError as err:
                         failed_rollbacks[str(slot.name)] = str(err)
+                for slot, _ in staged:
+                    slot.deployer.probation.clear()
                 unhealthy_names = ", ".join(str(name) for name, _ in unhealthy)
                 return result(f"pipeline deploy rolled back: {unhealthy_names} unhealthy; rolled back {', '.join(map(str, restored)) or 'nothing'}",
                               "rolled_back", "warning", unhealthy=[name for name, _ in unhealthy],

@@ -116,11 +116,12 @@ class Agent:
 
 
 @pytest.fixture
-def device(tmp_path: Path, mosquitto_factory: Callable[..., MosquittoBroker]) -> Iterator[Callable[[float], tuple[Fleet, Agent, dict[str, Path]]]]:
-    """``device(window_s)``: a fleet listener, an agent (not started) serving tiny-a, and the bundles (tiny-a, tiny-b)."""
+def device(tmp_path: Path, mosquitto_factory: Callable[..., MosquittoBroker]) -> Iterator[Callable[..., tuple[Fleet, Agent, dict[str, Path]]]]:
+    """``device(window_s, models=())``: a fleet listener, an agent (not started) serving tiny-a (in each of
+    ``models``, a model repository, when given), and the bundles (tiny-a, tiny-b)."""
     made: list[tuple[Fleet, Agent]] = []
 
-    def make(window_s: float) -> tuple[Fleet, Agent, dict[str, Path]]:
+    def make(window_s: float, models: tuple[str, ...] = ()) -> tuple[Fleet, Agent, dict[str, Path]]:
         private, public = tmp_path / "fleet.key.pem", tmp_path / "fleet.pub.pem"
         generate_keypair(private, public)
         bundles = {}
@@ -135,8 +136,11 @@ def device(tmp_path: Path, mosquitto_factory: Callable[..., MosquittoBroker]) ->
             "api": {"address": "127.0.0.1:0"}, "power": {"sensor": "none"},
             "health": {"window_s": window_s, "max_error_rate": 0.5, "min_requests": 1},
             "telemetry": {"interval_s": 60, "spool": {"path": str(tmp_path / "state" / "spool.db")}},
+            **({"models": {"names": list(models), "default": models[0]}} if models else {}),
         }), encoding="utf-8")  # fmt: skip
-        assert agent_main(["install", str(bundles["tiny-a"]), "--config", str(config)]) == 0
+        for model in models or (None,):
+            assert agent_main(["install", str(bundles["tiny-a"]), "--config", str(config),
+                               *(["--model", model] if model else [])]) == 0  # fmt: skip
         fleet, agent = Fleet(broker), Agent(config, tmp_path / "agent.log")
         made.append((fleet, agent))
         return fleet, agent, bundles
@@ -152,7 +156,7 @@ def _current(tmp_path: Path) -> str:
 
 
 def test_sigterm_during_the_watch_answers_interrupted_and_the_next_start_watches_again(
-    device: Callable[[float], tuple[Fleet, Agent, dict[str, Path]]], tmp_path: Path
+    device: Callable[..., tuple[Fleet, Agent, dict[str, Path]]], tmp_path: Path
 ) -> None:
     fleet, agent, bundles = device(4.0)
     agent.start(fleet)
@@ -176,7 +180,7 @@ def test_sigterm_during_the_watch_answers_interrupted_and_the_next_start_watches
 
 
 def test_a_bundle_that_crashes_the_agent_twice_within_its_watch_is_rolled_back(
-    device: Callable[[float], tuple[Fleet, Agent, dict[str, Path]]], tmp_path: Path
+    device: Callable[..., tuple[Fleet, Agent, dict[str, Path]]], tmp_path: Path
 ) -> None:
     fleet, agent, bundles = device(60.0)
     agent.start(fleet)
@@ -199,4 +203,32 @@ def test_a_bundle_that_crashes_the_agent_twice_within_its_watch_is_rolled_back(
     assert _current(tmp_path) == "tiny-a" and not (tmp_path / "bundles" / PROBATION_NAME).exists()
     assert not any(e["kind"] == "deploy_progress" and e["details"].get("resumed") and e["details"].get("crashes") == 2
                    for e in fleet.events)  # fmt: skip
+    assert agent.stop(signal.SIGTERM) == 0
+
+
+def test_sigterm_during_a_pipeline_watch_answers_interrupted_and_each_model_is_watched_again(
+    device: Callable[..., tuple[Fleet, Agent, dict[str, Path]]], tmp_path: Path
+) -> None:
+    fleet, agent, bundles = device(4.0, models=("detector", "keywords"))
+    agent.start(fleet)
+    sha256 = hashlib.sha256((bundles["tiny-b"] / "manifest.json").read_bytes()).hexdigest()
+    deploys = [{"model": model, "bundle_id": "tiny-b", "url": bundles["tiny-b"].as_uri(), "sha256": sha256}
+               for model in ("detector", "keywords")]  # fmt: skip
+    command = build_command("deploy_pipeline", {"deploys": deploys})
+    with CommandPublisher(fleet.broker.url) as publisher:
+        publisher.send(FLEET, DEVICE, command)
+    command_id = str(command["id"])
+    fleet.event(command_id, "deploy_progress", "the pipeline's watch", step="watching", pipeline=True)
+    assert agent.stop(signal.SIGTERM) == 0
+    interrupted = fleet.event(command_id, "deploy_result", "the interrupted pipeline's answer")
+    assert interrupted["details"]["outcome"] == "interrupted" and interrupted["details"]["pipeline"] is True
+    for model in ("detector", "keywords"):
+        probation = json.loads((tmp_path / "bundles" / "models" / model / PROBATION_NAME).read_text())
+        assert probation["state"] == "stopped" and probation["bundle"] == "tiny-b"
+
+    agent.start(fleet)  # each model's watch starts again and ends on its own
+    for model in ("detector", "keywords"):
+        done = fleet.event(command_id, "deploy_result", f"{model}'s resumed watch", model=model)
+        assert done["details"]["outcome"] == "succeeded" and done["details"]["resumed"] is True
+        assert not (tmp_path / "bundles" / "models" / model / PROBATION_NAME).exists()
     assert agent.stop(signal.SIGTERM) == 0
