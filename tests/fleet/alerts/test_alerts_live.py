@@ -167,3 +167,33 @@ def test_fleet_collect_fires_a_p99_alert_once_it_lasts_and_clears_it(
         events = [(e.kind, e.payload["rule"], e.payload["value"], e.payload["threshold"])
                   for e in reversed(store.events("p99alerts", device="cam-1")) if e.kind.startswith("alert_")]  # fmt: skip
     assert events == [("alert_firing", "p99-slow", 250.0, 50.0), ("alert_resolved", "p99-slow", 250.0, 50.0)]
+
+
+def test_a_silent_device_fires_stale_and_clears_when_heard_again(
+        fleet_broker: MosquittoBroker, tmp_path: Path, listener_factory: Callable[[str], AlertListener]) -> None:  # fmt: skip
+    """No last will this time (a cut network keeps the broker's session open): silence alone makes the device stale
+    after 3 of its 1 s intervals; the stale alert (for: 1s) fires, and clears once the device is heard again."""
+    listener = listener_factory("quietalerts")
+    rules = AlertRules.model_validate({"rules": {"device-stale": {"kind": "device_state", "states": ["stale"], "for": "1s"}}})
+    url = f"sqlite:///{tmp_path / 'fleet.db'}"
+    with open_store(url) as store, open_store(url) as engine_store:
+        engine = AlertEngine(rules, engine_store, fleet="quietalerts", evaluate_every_s=0.2)
+        collector = Collector(fleet_broker.url, store, client_id="alerts-quiet-collector", fleet="quietalerts",
+                              flush_interval_s=0.05, alerts=engine).start()  # fmt: skip
+        try:
+            with Publisher(fleet_broker) as agent:
+                agent.publish(topic("status", "gw-1", "quietalerts"), status("online", device="gw-1", fleet="quietalerts"), retain=True)
+                for seq in (1, 2):
+                    agent.publish(topic("telemetry", "gw-1", "quietalerts"),
+                                  encode_message(live_telemetry(seq, device="gw-1", fleet="quietalerts")))  # fmt: skip
+                    time.sleep(0.5)
+                silent_since = time.monotonic()
+                [fired] = wait_for(lambda: listener.messages("firing"), 15, "the stale alert")
+                assert (fired["rule"], fired["device"], fired["value"]) == ("device-stale", "gw-1", "stale")
+                assert next(t for t, m in listener.mqtt if m is fired) - silent_since >= 3.0 + 1.0 - 0.5  # 3 intervals + for
+                agent.publish(topic("telemetry", "gw-1", "quietalerts"),
+                              encode_message(live_telemetry(3, device="gw-1", fleet="quietalerts")))  # fmt: skip
+                [resolved] = wait_for(lambda: listener.messages("resolved"), 10, "the stale alert to clear")
+                assert resolved["device"] == "gw-1"
+        finally:
+            collector.stop()
