@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.fleet.sim.device import BundleBehaviour, DeployTiming, VirtualAgent
-from edgekit.fleet.sim.mux import BrokerOptions, Connection, MqttMux, MqttVersion
+from edgekit.fleet.sim.limits import raise_open_files_limit
+from edgekit.fleet.sim.mux import DEFAULT_MAX_CONNECTING, BrokerOptions, Connection, MqttMux, MqttVersion
 from edgekit.fleet.sim.profiles import DEFAULT_TARGETS, SyntheticProfile, profiles_for
 from edgekit_runtime.agent.telemetry import BundleRef, encode_message
 from edgekit_runtime.agent.topics import TelemetryError, TopicKind, validate_id
@@ -46,6 +47,12 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MAX_RATE_PER_S = 1000.0
+#: Devices added to the mux per turn of its loop while connecting (the loop stays responsive in between).
+_ADD_CHUNK = 200
+#: Fleets up to this size validate every window by default; bigger ones every AUTO_VALIDATE_EVERY-th.
+AUTO_VALIDATE_DEVICES, AUTO_VALIDATE_EVERY = 1000, 100
+#: ``start()`` gives up when no device got connected for this long.
+CONNECT_STALL_S = 15.0
 
 
 class SimulationError(TelemetryError):
@@ -78,6 +85,12 @@ class SimulationConfig:
     window: int = 32
     allow_plaintext_password: bool = False  # a password over mqtt:// to a broker off loopback
     load: float | None = None  # a fixed load in [0.05, 1] instead of each device's daily cycle (tests that must not depend on the hour)
+    max_connecting: int = DEFAULT_MAX_CONNECTING  # connections waiting for a CONNACK at once (paced connecting)
+    first_device: int = 0  # index of the first device: names are <target>-<index> (a shard of a bigger fleet starts later)
+    #: 1: every telemetry window built by the runtime's validating builder; N: each device's first and every Nth
+    #: (the others by the simulator's identical unchecked copy, a fifth of the CPU); None: 1 up to
+    #: AUTO_VALIDATE_DEVICES devices, AUTO_VALIDATE_EVERY above
+    validate_every: int | None = None
 
     def check(self) -> None:
         if isinstance(self.devices, bool) or not isinstance(self.devices, int) or not 1 <= self.devices <= 100_000:
@@ -89,6 +102,13 @@ class SimulationConfig:
             )
         if self.load is not None and not 0.05 <= self.load <= 1.0:
             raise SimulationError(f"load must be from 0.05 to 1 (a share of full load), got {self.load!r}", hint="e.g. load=0.6, or None for the daily cycle")
+        if self.validate_every is not None and (isinstance(self.validate_every, bool) or not isinstance(self.validate_every, int)
+                                                or self.validate_every < 1):  # fmt: skip
+            raise SimulationError(f"validate_every must be an integer >= 1 or None, got {self.validate_every!r}",
+                                  hint="1 checks every window against telemetry.v1; 100 every hundredth")  # fmt: skip
+        if self.max_connecting < 1 or self.first_device < 0:
+            raise SimulationError(f"max_connecting must be >= 1 and first_device >= 0, got {self.max_connecting!r} and {self.first_device!r}",
+                                  hint="e.g. max_connecting=64, first_device=0")  # fmt: skip
         if not self.targets:
             raise SimulationError("no targets given", hint=f"e.g. --targets {','.join(DEFAULT_TARGETS)}")
         validate_id(self.fleet, "fleet id")
@@ -112,7 +132,7 @@ class FleetSimulator:
         self.config = config
         self.mux = MqttMux(BrokerOptions(config.broker_url, config.mqtt_version, config.tls_ca, config.username,
                                          config.password_file, allow_plaintext_password=config.allow_plaintext_password),
-                            window=config.window)  # fmt: skip
+                            window=config.window, max_connecting=config.max_connecting)  # fmt: skip
         profiles = profiles_for(list(dict.fromkeys(config.targets)))
         by_target = {profile.target: profile for profile in profiles}
         self.agents: dict[str, VirtualAgent] = {}
@@ -120,39 +140,56 @@ class FleetSimulator:
         self._windows = 0
         self._ticking = False
         bundle = synthetic_bundle(config.initial_bundle) if config.initial_bundle else None
-        for index in range(config.devices):
+        validate_every = config.validate_every or (1 if config.devices <= AUTO_VALIDATE_DEVICES else AUTO_VALIDATE_EVERY)
+        for index in range(config.first_device, config.first_device + config.devices):
             profile: SyntheticProfile = by_target[config.targets[index % len(config.targets)]]
             device = f"{profile.target}-{index:03d}"
             self.agents[device] = VirtualAgent(
                 config.fleet, device, profile, send=self._sender(device), schedule=self.mux.schedule, bundle=bundle,
                 behaviours=config.behaviours, deploy_timing=config.deploy_timing,
                 verify_downloads=config.verify_downloads, interval_s=1.0 / config.rate_per_s, seed=config.seed * 100_003 + index, load=config.load,
+                validate_every=validate_every,
             )  # fmt: skip
         self._started = False
+        #: seconds ``start()`` took to connect every device (None before)
+        self.connect_seconds: float | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
-    def start(self, *, wait_s: float = 30.0, telemetry: bool = True) -> FleetSimulator:
-        """Connect every device (raises :class:`SimulationError` if they are not all connected within
-        ``wait_s``), then start the telemetry windows unless ``telemetry`` is False."""
+    def start(self, *, wait_s: float | None = None, stall_s: float = CONNECT_STALL_S, telemetry: bool = True) -> FleetSimulator:
+        """Connect every device, then start the telemetry windows unless ``telemetry`` is False.
+
+        Devices connect in paced batches (``max_connecting`` at a time). Raises :class:`SimulationError`
+        when no further device connected for ``stall_s`` seconds, or when they are not all connected
+        within ``wait_s`` (default: 30 s plus 20 ms a device)."""
         if self._started:
             raise SimulationError("this simulator was already started", hint="create a new FleetSimulator")
+        raise_open_files_limit(len(self.agents) + 64, what=f"{len(self.agents)} simulated devices")
         self._started = True
+        started = time.monotonic()
+        wait_s = 30.0 + 0.02 * len(self.agents) if wait_s is None else wait_s
         self.mux.start()
-        self.mux.call(self._connect_all)
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            if self.counters().connected == len(self.agents):
-                break
-            time.sleep(0.02)
-        else:
+        self.mux.call(lambda: self._connect_from(list(self.agents), 0))
+        best, progress_at = 0, started
+        while True:
             connected = self.counters().connected
-            self.stop()
-            raise SimulationError(
-                f"only {connected} of {len(self.agents)} simulated devices connected to {self.config.broker_url} within {wait_s:g} s",
-                hint="check that the broker is running at that URL (and speaks MQTT "
-                f"{self.config.mqtt_version}; amqtt speaks only 3.1.1: pass mqtt_version='3.1.1')",
-            )
+            now = time.monotonic()
+            if connected == len(self.agents):
+                break
+            if connected > best:
+                best, progress_at = connected, now
+            if now - progress_at > stall_s or now - started > wait_s:
+                self.stop(flush_s=1.0)
+                why = f"none more for {stall_s:g} s" if now - progress_at > stall_s else f"not all within {wait_s:g} s"
+                raise SimulationError(
+                    f"only {connected} of {len(self.agents)} simulated devices connected to {self.config.broker_url} "
+                    f"({why}; {now - started:.1f} s since start)",
+                    hint="check that the broker is running at that URL (and speaks MQTT "
+                    f"{self.config.mqtt_version}; amqtt speaks only 3.1.1: pass mqtt_version='3.1.1'), and that it "
+                    "allows this many connections (Mosquitto: max_connections, and its open-files limit, ulimit -n)",
+                )
+            time.sleep(0.05)
+        self.connect_seconds = time.monotonic() - started
         if telemetry:
             self.start_telemetry()
         return self
@@ -199,11 +236,12 @@ class FleetSimulator:
             time.sleep(0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic())))
 
     def flush(self, timeout_s: float) -> bool:
-        """Wait until every queued message is acknowledged by the broker; False on timeout."""
+        """Wait until every queued message is acknowledged by the broker (on every connection not cut by
+        :meth:`crash`, whose unacknowledged messages died with it); False on timeout."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            counters = self.counters()
-            if counters.queued == 0 and counters.published == counters.acked:
+            live = [c for c in list(self._connections.values()) if not c.dropped]
+            if all(not c.queue and c.published == c.acked for c in live):
                 return True
             time.sleep(0.02)
         return False
@@ -231,7 +269,11 @@ class FleetSimulator:
             store.set_device_target(self.config.fleet, device, agent.profile.target)
 
     def crash(self, device: str) -> None:
-        """Cut ``device``'s connection without a DISCONNECT: the broker publishes its ``offline`` will."""
+        """Cut ``device``'s connection as ``kill -9`` or a cut cable would: the socket is closed without an
+        MQTT DISCONNECT, so the broker publishes the device's last will (retained ``offline`` status with
+        reason ``connection lost``) at once. The device stays down (no reconnect, no more telemetry);
+        messages it had in flight are lost with it, as on a real crash. Thread-safe; the other devices
+        carry on."""
         self._agent(device)
         self.mux.call(lambda: self.mux.drop(self._connections[device]))
 
@@ -279,8 +321,16 @@ class FleetSimulator:
 
         return send
 
-    def _connect_all(self) -> None:
-        for device, agent in self.agents.items():
+    def _connect_from(self, devices: list[str], first: int) -> None:
+        """Add ``_ADD_CHUNK`` devices to the mux, then come back for the rest on the loop's next turn."""
+        self._connect_devices(devices[first:first + _ADD_CHUNK])
+        if first + _ADD_CHUNK < len(devices):
+            self.mux.schedule(0.0, lambda: self._connect_from(devices, first + _ADD_CHUNK))
+
+    def _connect_devices(self, devices: list[str]) -> None:
+        for device in devices:
+            agent = self.agents[device]
+
             def will(agent: VirtualAgent = agent) -> tuple[str, bytes]:
                 return agent.topics.status, encode_message(agent.status("offline", "connection lost"))
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.fleet.sim.profiles import SyntheticProfile
+from edgekit.fleet.sim.unchecked_telemetry import unchecked_telemetry
 from edgekit_runtime.agent.telemetry import (
     BundleRef,
     TelemetryProblem,
@@ -104,6 +105,7 @@ class VirtualAgent:
         seed: int | None = None,
         agent_version: str = SIM_AGENT_VERSION,
         load: float | None = None,
+        validate_every: int = 1,
     ) -> None:
         self.topics = DeviceTopics(fleet, device)
         self.profile = profile
@@ -115,6 +117,9 @@ class VirtualAgent:
         self.interval_s = float(interval_s)
         self.agent_version = agent_version
         self.load = load
+        #: 1: every window through the runtime's validating builder; N: the first and every Nth, the others
+        #: through :func:`~edgekit.fleet.sim.unchecked_telemetry.unchecked_telemetry` (same output, no schema check)
+        self.validate_every = max(1, int(validate_every))
         self.seq = 0
         self._send = send
         self._schedule = schedule
@@ -198,6 +203,11 @@ class VirtualAgent:
             self._watch["requests"] += completed
             self._watch["errors"] += window.errors
         self.seq += 1
+        if self.validate_every > 1 and (self.seq - 1) % self.validate_every:
+            return unchecked_telemetry(seq=self.seq, device=self.device, fleet=self.fleet, window_start=window_start,
+                                       window_end=window_end, latency=window.latency, power=window.power,
+                                       device_state=window.state, failed_inferences=window.errors, bundle=self.bundle,
+                                       rss_mb=180.0, errors=problems, agent_version=self.agent_version)  # fmt: skip
         return build_telemetry(seq=self.seq, device=self.device, fleet=self.fleet, window_start=window_start,
                                window_end=window_end, latency=window.latency, power=window.power, device_state=window.state,
                                failed_inferences=window.errors, bundle=self.bundle, rss_mb=180.0, errors=problems,

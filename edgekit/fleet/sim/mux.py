@@ -9,6 +9,12 @@ per :class:`~edgekit_runtime.agent.mqtt.MqttLink`.
 Outgoing messages are queued per connection and handed to paho at most ``window`` at a time
 (paho's own in-flight window); each PUBACK makes room for the next. Nothing is persisted: a
 simulator has no spool, so what is queued when the process stops is lost (and counted).
+
+Connecting is paced: at most ``max_connecting`` connections wait for their CONNACK at a time (the
+others wait in line, reconnects too), so thousands of devices never overrun the broker's accept
+queue (Mosquitto listens with a backlog of 100; a dropped SYN costs a second of retransmission in a
+blocking connect). Keep-alive work (paho's ``loop_misc``) visits a slice of the connections on each
+tick, so every connection is visited about every :data:`_MISC_ROUND_S` seconds whatever their number.
 """
 
 from __future__ import annotations
@@ -41,6 +47,10 @@ logger = logging.getLogger(__name__)
 MqttVersion = Literal["5", "3.1.1"]
 MQTT_VERSIONS: dict[str, MQTTProtocolVersion] = {"5": MQTTProtocolVersion.MQTTv5, "3.1.1": MQTTProtocolVersion.MQTTv311}
 _MISC_INTERVAL_S = 0.5
+#: Every connection gets paho's ``loop_misc`` (keep-alive pings, timeouts) about this often.
+_MISC_ROUND_S = 2.0
+#: Connections waiting for their CONNACK at once, by default (Mosquitto's listen backlog is 100).
+DEFAULT_MAX_CONNECTING = 64
 
 
 @dataclass(frozen=True)
@@ -79,6 +89,12 @@ class Connection:
     outstanding: int = 0
     connected: bool = False
     ever_connected: bool = False
+    #: its socket is open and its CONNECT sent, no CONNACK yet (counts against the mux's max_connecting)
+    awaiting_connack: bool = False
+    #: in the mux's line of connections to start
+    waiting_to_connect: bool = False
+    #: cut by :meth:`MqttMux.drop` (a simulated crash): stays down
+    dropped: bool = False
     closing: bool = False
     published: int = 0
     acked: int = 0
@@ -89,11 +105,18 @@ class MqttMux:
     """One thread, many paho clients. Every method except :meth:`call_soon`, :meth:`start`,
     :meth:`stop` and :meth:`call` must run on the mux thread (from a callback or a timer)."""
 
-    def __init__(self, broker: BrokerOptions, *, window: int = 32) -> None:
+    def __init__(self, broker: BrokerOptions, *, window: int = 32, max_connecting: int = DEFAULT_MAX_CONNECTING,
+                 name: str = "edgekit-sim-mqtt") -> None:  # fmt: skip
         self.broker = broker
         self.address = broker.address()
         self.window = window
+        self.max_connecting = max(1, max_connecting)
+        self.name = name
         self.connections: dict[str, Connection] = {}
+        self._to_connect: deque[Connection] = deque()
+        self._connecting = 0
+        self._misc_order: list[Connection] = []
+        self._misc_next = 0
         self._selector = selectors.DefaultSelector()
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._timer_ids = itertools.count()
@@ -117,7 +140,7 @@ class MqttMux:
     def start(self) -> MqttMux:
         if self._thread is not None:
             raise TelemetryError("the simulator's MQTT loop was already started")
-        self._thread = threading.Thread(target=self._run, name="edgekit-sim-mqtt", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
         return self
 
@@ -165,7 +188,7 @@ class MqttMux:
 
     def add(self, client_id: str, *, on_connected: Callable[[Connection], None], on_message: Callable[[str, bytes], None],
             will: Callable[[], tuple[str, bytes]]) -> Connection:  # fmt: skip
-        """Create a connection and start connecting it (mux thread)."""
+        """Create a connection and put it in line to connect (mux thread)."""
         version = MQTT_VERSIONS[self.broker.mqtt_version]
         if version is MQTTProtocolVersion.MQTTv5:
             client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=version)
@@ -191,8 +214,38 @@ class MqttMux:
         else:
             client.connect_async(self.address.host, self.address.port, keepalive=self.broker.keepalive_s)
         self.connections[client_id] = connection
-        self._connect(connection)
+        self._misc_order.append(connection)
+        self._queue_connect(connection)
         return connection
+
+    @property
+    def connecting(self) -> int:
+        """Connections waiting for a CONNACK now."""
+        return self._connecting
+
+    @property
+    def waiting_to_connect(self) -> int:
+        """Connections in line to start connecting."""
+        return len(self._to_connect)
+
+    def _queue_connect(self, connection: Connection) -> None:
+        if self._stop.is_set() or connection.closing or connection.waiting_to_connect or connection.awaiting_connack:
+            return
+        connection.waiting_to_connect = True
+        self._to_connect.append(connection)
+        self._start_connects()
+
+    def _start_connects(self) -> None:
+        while self._to_connect and self._connecting < self.max_connecting:
+            connection = self._to_connect.popleft()
+            connection.waiting_to_connect = False
+            self._connect(connection)
+
+    def _connack_settled(self, connection: Connection) -> None:
+        if connection.awaiting_connack:
+            connection.awaiting_connack = False
+            self._connecting -= 1
+            self._start_connects()
 
     def _connect(self, connection: Connection) -> None:
         if self._stop.is_set() or connection.closing:
@@ -204,10 +257,13 @@ class MqttMux:
         except (OSError, ValueError) as exc:
             delay = connection.backoff.next_delay_s()
             logger.warning("%s: cannot connect to %s (%s); retrying in %.1f s", connection.client_id, self.address.url, exc, delay)
-            self.schedule(delay, lambda: self._connect(connection))
+            self.schedule(delay, lambda: self._queue_connect(connection))
             return
         if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
-            self.schedule(connection.backoff.next_delay_s(), lambda: self._connect(connection))
+            self.schedule(connection.backoff.next_delay_s(), lambda: self._queue_connect(connection))
+            return
+        connection.awaiting_connack = True
+        self._connecting += 1
 
     def publish(self, connection: Connection, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
         """Queue a message; it goes out in order, within the connection's in-flight window (mux thread)."""
@@ -231,8 +287,10 @@ class MqttMux:
     def drop(self, connection: Connection) -> None:
         """Close the socket without DISCONNECT, as a crash or a cut cable would (the broker sends the will)."""
         connection.closing = True
+        connection.dropped = True
         sock = connection.client.socket()
         connection.connected = False
+        self._connack_settled(connection)
         if sock is not None:
             self._unregister(sock)
             try:
@@ -249,6 +307,7 @@ class MqttMux:
     # -- paho callbacks (mux thread) ----------------------------------------------------------------
 
     def _on_connect(self, client: paho.Client, connection: Connection, flags: Any, reason: Any, properties: Any) -> None:
+        self._connack_settled(connection)
         if reason.is_failure:
             logger.error("%s: broker %s refused the connection: %s", connection.client_id, self.address.url, reason)
             return
@@ -261,11 +320,12 @@ class MqttMux:
 
     def _on_disconnect(self, client: paho.Client, connection: Connection, flags: Any, reason: Any, properties: Any) -> None:
         connection.connected = False
+        self._connack_settled(connection)
         if connection.closing or self._stop.is_set():
             return
         delay = connection.backoff.next_delay_s()
         logger.warning("%s: connection to %s lost (%s); reconnecting in %.1f s", connection.client_id, self.address.url, reason, delay)
-        self.schedule(delay, lambda: self._connect(connection))
+        self.schedule(delay, lambda: self._queue_connect(connection))
 
     def _on_publish(self, client: paho.Client, connection: Connection, mid: int, reason: Any, properties: Any) -> None:
         connection.outstanding = max(0, connection.outstanding - 1)
@@ -338,11 +398,21 @@ class MqttMux:
             if mask & selectors.EVENT_WRITE and connection.client.socket() is not None:
                 connection.client.loop_write()
         if time.monotonic() >= next_misc:
-            for connection in self.connections.values():
-                if connection.client.socket() is not None:
-                    connection.client.loop_misc()
+            self._misc_slice()
             next_misc = time.monotonic() + _MISC_INTERVAL_S
         return next_misc
+
+    def _misc_slice(self) -> None:
+        """paho's ``loop_misc`` for the next slice of connections (each about every ``_MISC_ROUND_S``)."""
+        order = self._misc_order
+        if not order:
+            return
+        size = max(1, -(-len(order) * _MISC_INTERVAL_S // _MISC_ROUND_S))
+        first = self._misc_next if self._misc_next < len(order) else 0
+        for connection in order[first:first + int(size)]:
+            if connection.client.socket() is not None:
+                connection.client.loop_misc()
+        self._misc_next = first + int(size)
 
     def _close_all(self) -> None:
         for connection in self.connections.values():
