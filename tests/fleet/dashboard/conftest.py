@@ -30,11 +30,9 @@ def seeded_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seede
 
     store_url = f"sqlite:///{tmp_path_factory.mktemp('dashboard')}/fleet.db"
     with open_store(store_url) as store:
-        seed_history(store, devices=DEVICES, hours=6, window_s=120.0)
         now = dt.datetime.now(dt.timezone.utc)
-        store.add_rejected([RejectedMessage("edgekit/v1/sim/x/telemetry", "malformed_json", 12, now),
-                            RejectedMessage("edgekit/v1/sim/x/telemetry", "malformed_json", 9, now)])  # fmt: skip
-        # the Jetsons report their power mode (as agents with nvpmodel do); the Raspberry Pis report none
+        # the Jetsons report their power mode (as agents with nvpmodel do), before their telemetry (the store's fleet
+        # aggregates group windows by the power mode known when they arrive); the Raspberry Pis report none
         for name, target in device_names(DEVICES):
             if target.startswith("jetson"):
                 mode = POWER_MODES[target]
@@ -43,6 +41,9 @@ def seeded_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seede
                                                 power_mode=mode, clocks_locked=mode.endswith("+clocks"), updated_at=now)  # fmt: skip
                 store.upsert_status(DeviceStatus(fleet="sim", device=name, state="online", bundle_id="demo-v2", target=target,
                                                  agent_version="sim-1", updated_at=now, identity=identity))  # fmt: skip
+        seed_history(store, devices=DEVICES, hours=6, window_s=120.0, now=now)
+        store.add_rejected([RejectedMessage("edgekit/v1/sim/x/telemetry", "malformed_json", 12, now),
+                            RejectedMessage("edgekit/v1/sim/x/telemetry", "malformed_json", 9, now)])  # fmt: skip
     with open_rollout_log(store_url) as log:
         log.save(RolloutRecord("r1", "sim", "demo-v2", "file:///b.tar", "0" * 64, "completed", ("jetson-orin-nano-8gb-000",),
                                ("jetson-orin-nano-8gb-000", "jetson-orin-nx-16gb-001"), now, now,

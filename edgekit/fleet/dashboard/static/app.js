@@ -149,7 +149,7 @@ function renderCards(overview) {
       card.title = "show every device";
       card.addEventListener("click", () => setStates([]));
     }
-    if (label === "breaching") card.classList.add("breaching");
+    if (label === "breaching" && value > 0) card.classList.add("breaching");
     card.appendChild(el("b", {}, value));
     card.appendChild(document.createTextNode(label));
     return card;
