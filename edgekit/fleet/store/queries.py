@@ -70,12 +70,18 @@ INSERT_REJECTED = "INSERT INTO rejected_messages (topic, reason, detail, size_by
 ADD_REJECTED_TOTAL = """INSERT INTO rejected_totals (reason, count) VALUES (?, ?)
 ON CONFLICT (reason) DO UPDATE SET count = rejected_totals.count + excluded.count"""
 
-# Device summaries: one query per source, merged in Python (a device may have any subset of them); none reads
-# a raw window: device_latest is kept as windows arrive.
-SUMMARY_STATUS = "SELECT fleet, device, state, bundle_id, updated_at FROM device_status WHERE {fleet_filter}"
-SUMMARY_LATEST = """SELECT fleet, device, windows, seq_min, seq_max, received_at_max, latest_seq, bundle_id, p50_ms, p99_ms,
-    power_mean_mw, energy_per_inference_mj, temperature_max_c, interval_s FROM device_latest WHERE {fleet_filter}"""
-SUMMARY_TARGETS = "SELECT fleet, device, target FROM device_targets WHERE {fleet_filter}"
+#: Device summaries: every device with a status, a window or a target, in one query that reads no raw window
+#: (device_latest is kept as windows arrive). {fleet_filter} is written for each table.
+SUMMARIES = """SELECT k.fleet, k.device, s.state, s.bundle_id, s.updated_at, l.windows, l.seq_min, l.seq_max,
+    l.received_at_max, l.latest_seq, l.bundle_id, l.p50_ms, l.p99_ms, l.power_mean_mw, l.energy_per_inference_mj,
+    l.temperature_max_c, l.interval_s, t.target
+FROM (SELECT fleet, device FROM device_status WHERE {fleet_filter}
+      UNION SELECT fleet, device FROM device_latest WHERE {fleet_filter}
+      UNION SELECT fleet, device FROM device_targets WHERE {fleet_filter}) k
+LEFT JOIN device_status s ON s.fleet = k.fleet AND s.device = k.device
+LEFT JOIN device_latest l ON l.fleet = k.fleet AND l.device = k.device
+LEFT JOIN device_targets t ON t.fleet = k.fleet AND t.device = k.device
+ORDER BY k.fleet, k.device"""
 
 #: Rollups as :func:`edgekit.fleet.store.buckets.rollup_parts` reads them.
 SELECT_ROLLUPS_AS_PARTS = """SELECT fleet, device, bundle_id, windows, inferences, errors, latency_count, p50_sum, p99_sum,

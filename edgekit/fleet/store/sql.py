@@ -368,16 +368,10 @@ class SqlFleetStore(FleetStore):
     # -- reads --------------------------------------------------------------------------------
     def device_summaries(self, fleet: str | None = None) -> list[DeviceSummary]:
         params = {"fleet": fleet} if fleet is not None else {}
-        fleet_filter = "fleet = :fleet" if fleet is not None else "1 = 1"
-        with self._transaction("reading device summaries") as cursor:
-            found: dict[tuple[str, str], dict[str, Any]] = {}
-            for sql, handler in ((queries.SUMMARY_STATUS, _summary_status), (queries.SUMMARY_LATEST, _summary_latest),
-                                 (queries.SUMMARY_TARGETS, _summary_target)):  # fmt: skip
-                cursor.execute(self._sql(sql.format(fleet_filter=fleet_filter)), params)
-                for row in cursor.fetchall():
-                    handler(found.setdefault((row[0], row[1]), {}), row[2:], self.time_out)
-        now = _now()
-        return [_summary(key, info, now) for key, info in sorted(found.items())]
+        sql = queries.SUMMARIES.format(fleet_filter="fleet = :fleet" if fleet is not None else "1 = 1")
+        rows = self._query("reading device summaries", sql, params)
+        now, time_out = _now(), self.time_out
+        return [_summary(row, now, time_out) for row in rows]
 
     def windows(self, fleet: str | None = None, device: str | None = None, since: dt.datetime | None = None,
                 until: dt.datetime | None = None, bundle_id: str | None = None,
@@ -659,37 +653,22 @@ class SqlFleetStore(FleetStore):
 # -- summaries --------------------------------------------------------------------------------
 
 
-def _summary_status(info: dict[str, Any], values: Sequence[Any], time_out: Any) -> None:
-    info["state"], info["status_bundle"], info["status_at"] = values[0], values[1], time_out(values[2])
-
-
-def _summary_latest(info: dict[str, Any], values: Sequence[Any], time_out: Any) -> None:
-    windows, seq_min, seq_max, received, latest_seq = values[:5]
-    if not windows:
-        return
-    info["windows"], info["seq_range"] = int(windows), (int(seq_min), int(seq_max))
-    info["received"] = time_out(received) if received is not None else None
-    if latest_seq is not None:
-        info["latest"] = values[5:11]
-        info["interval_s"] = _float(values[11])
-
-
-def _summary_target(info: dict[str, Any], values: Sequence[Any], time_out: Any) -> None:
-    info["target"] = values[0]
-
-
-def _summary(key: tuple[str, str], info: dict[str, Any], now: dt.datetime) -> DeviceSummary:
-    windows = info.get("windows", 0)
-    missing = (info["seq_range"][1] - info["seq_range"][0] + 1 - windows) if windows else 0
-    seen = [moment for moment in (info.get("received"), info.get("status_at")) if moment is not None]
-    latest = info.get("latest") or (None,) * 6
+def _summary(row: Sequence[Any], now: dt.datetime, time_out: Any) -> DeviceSummary:
+    """A row of :data:`queries.SUMMARIES` as what ``fleet status`` shows (the state judged by liveness)."""
+    (fleet, device, state, status_bundle, status_at, windows, seq_min, seq_max, received, latest_seq, bundle_id, p50_ms,
+     p99_ms, power_mw, energy_mj, temperature_c, interval_s, target) = row
+    windows = int(windows or 0)
+    seen = [time_out(moment) for moment in (received if windows else None, status_at) if moment is not None]
     last_seen = max(seen) if seen else None
+    has_latest = windows > 0 and latest_seq is not None
+    interval = _float(interval_s) if has_latest else None
     return DeviceSummary(
-        fleet=key[0], device=key[1], state=liveness_state(info.get("state"), last_seen, info.get("interval_s"), now),
-        bundle_id=latest[0] if info.get("latest") else info.get("status_bundle"), target=info.get("target"),
-        p50_ms=_float(latest[1]), p99_ms=_float(latest[2]), power_mean_mw=_float(latest[3]),
-        energy_per_inference_mj=_float(latest[4]), temperature_max_c=_float(latest[5]),
-        last_seen=last_seen, windows=windows, missing_seqs=max(missing, 0), interval_s=info.get("interval_s"),
+        fleet=fleet, device=device, state=liveness_state(state, last_seen, interval, now),
+        bundle_id=bundle_id if has_latest else status_bundle, target=target, p50_ms=_float(p50_ms) if has_latest else None,
+        p99_ms=_float(p99_ms) if has_latest else None, power_mean_mw=_float(power_mw) if has_latest else None,
+        energy_per_inference_mj=_float(energy_mj) if has_latest else None,
+        temperature_max_c=_float(temperature_c) if has_latest else None, last_seen=last_seen, windows=windows,
+        missing_seqs=max(int(seq_max) - int(seq_min) + 1 - windows, 0) if windows else 0, interval_s=interval,
     )  # fmt: skip
 
 
