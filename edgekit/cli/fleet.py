@@ -111,7 +111,8 @@ def _register_collect(fleet_subparsers: argparse._SubParsersAction) -> None:
                         help="also serve per-device series on /metrics (about 15 a device; they are always on "
                              "/metrics/devices[?fleet=F]); by default /metrics holds fleet-level series only")  # fmt: skip
     parser.add_argument("--metrics-cache-seconds", type=float, default=5.0, metavar="S",
-                        help="serve the fleet-level series from one store read for S seconds (default 5)")
+                        help="read the store for the fleet-level series every S seconds while /metrics is scraped, "
+                             "in the background (default 5; 0 reads it in every scrape)")  # fmt: skip
     parser.add_argument("--retention-hours", type=float, default=DEFAULT_RETENTION_HOURS, metavar="H",
                         help=f"keep raw windows H hours, then roll them up into buckets (default {DEFAULT_RETENTION_HOURS:g}; "
                              "0 keeps them forever)")  # fmt: skip

@@ -209,15 +209,16 @@ class MetricsServer:
     """``GET /metrics`` and ``GET /metrics/devices[?fleet=F]`` on ``host:port`` (port 0: any free port; see
     :attr:`port`), in a daemon thread.
 
-    ``store``: read at scrape time for the fleet-level series (give the server a store of its own, not the
-    collector's, so a scrape never waits for the writer), at most every ``cache_s`` seconds; ``fleet`` restricts
-    them to one fleet. ``per_device``: the per-device series on ``/metrics`` too; by default only without a
+    ``store``: read for the fleet-level series (give the server a store of its own, not the collector's, so a
+    read never waits for the writer): by the first scrape, then in the background every ``cache_s`` seconds while
+    scrapes keep coming, so a scrape never waits for the store (:class:`FleetReader`); ``fleet`` restricts them to
+    one fleet. ``per_device``: the per-device series on ``/metrics`` too; by default only without a
     store (then they are all the server knows, as before issue 27)."""
 
     def __init__(self, metrics: IngestMetrics, port: int, host: str = "127.0.0.1", *, store: FleetStore | None = None,
                  fleet: str | None = None, per_device: bool | None = None, cache_s: float = DEFAULT_CACHE_S) -> None:  # fmt: skip
         self.metrics = metrics
-        self.reader = FleetReader(store, fleet=fleet, max_age_s=cache_s) if store is not None else None
+        self.reader = FleetReader(store, fleet=fleet, max_age_s=cache_s, background=True) if store is not None else None
         self.per_device = store is None if per_device is None else per_device
         try:
             self._server = ThreadingHTTPServer((host, port), _handler_for(self))
@@ -261,6 +262,8 @@ class MetricsServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+        if self.reader is not None:
+            self.reader.close()
 
 
 def _handler_for(server: MetricsServer) -> type[BaseHTTPRequestHandler]:
@@ -283,7 +286,10 @@ def _handler_for(server: MetricsServer) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", CONTENT_TYPE)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):  # the scraper gave up (its scrape_timeout)
+                logger.info("metrics: %s closed the connection before %s was sent", self.address_string(), self.path)
 
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (http.server's signature)
             logger.debug("metrics %s - %s", self.address_string(), format % args)

@@ -66,35 +66,57 @@ _MODEL_LABELS = ("fleet", "model", "bundle")
 
 @dataclass(frozen=True)
 class FleetSnapshot:
-    """One read of the store: every device's summary and the recent per-model aggregates."""
+    """One read of the store: every device's summary, the recent per-model aggregates, and the metric families
+    made of them (made once per read, not per scrape)."""
 
     summaries: tuple[DeviceSummary, ...]
     models: tuple[ModelAggregate, ...]
     read_at: float  # the reader's clock (monotonic seconds) when the read finished
     read_s: float  # how long the read took
+    families: tuple[Metric, ...] = ()
 
 
 class FleetReader:
     """Reads ``store`` (one of its own: a scrape then never waits for the collector's writer) at most once every
-    ``max_age_s`` seconds; ``fleet`` restricts it to one fleet. :meth:`snapshot` returns the newest good read."""
+    ``max_age_s`` seconds; ``fleet`` restricts it to one fleet. :meth:`snapshot` returns the newest good read.
+
+    ``background=True`` (what the metrics server uses): only the first call waits for a read; later calls return
+    the newest read at once, and a thread reads the store again every ``max_age_s`` seconds for as long as calls
+    keep coming (it stops after ``idle_s`` without one), so a scrape costs the same however slow the store read
+    is, and serves figures at most ``max_age_s`` plus one read old. Otherwise a call finding the read older than
+    ``max_age_s`` reads the store itself (callers arriving meanwhile wait for that read and share it)."""
 
     def __init__(self, store: FleetStore, *, fleet: str | None = None, max_age_s: float = DEFAULT_CACHE_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+                 background: bool = False, idle_s: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         if not max_age_s >= 0:
             raise StoreError(f"metrics cache age must be >= 0 seconds, got {max_age_s!r}",
                              hint="give --metrics-cache-seconds a number of seconds (0 reads the store on every scrape)")  # fmt: skip
         self.store, self.fleet, self.max_age_s, self._clock = store, fleet, max_age_s, clock
-        self._lock = threading.Lock()
+        self.background, self.idle_s = background and max_age_s > 0, idle_s
+        self._lock = threading.Lock()  # held during a read
+        self._state = threading.Lock()  # guards _snapshot, _refresher, _asked_at
         self._snapshot: FleetSnapshot | None = None
+        self._refresher: threading.Thread | None = None
+        self._asked_at = clock()
+        self._closed = threading.Event()
         self.reads = 0
         self.read_errors = 0
 
     def snapshot(self) -> FleetSnapshot | None:
-        """The cached read while younger than ``max_age_s``, else a new one; after a failed read, the last good
-        one (None if there is none). Callers arriving during a read wait for it instead of starting their own."""
+        """The newest read (see the class); after a failed read, the last good one (None if there is none)."""
+        with self._state:
+            self._asked_at, current = self._clock(), self._snapshot
+        if current is None or not self.background:
+            return self._read(current)
+        if self._clock() - current.read_at >= self.max_age_s:
+            self._start_refresher()
+        return current
+
+    def _read(self, seen: FleetSnapshot | None, force: bool = False) -> FleetSnapshot | None:
         with self._lock:
-            if self._snapshot is not None and self._clock() - self._snapshot.read_at < self.max_age_s:
-                return self._snapshot
+            current = self._snapshot
+            if current is not None and (current is not seen or not force) and self._clock() - current.read_at < self.max_age_s:
+                return current  # another caller read the store while this one waited
             started = self._clock()
             try:
                 summaries = tuple(self.store.device_summaries(self.fleet))
@@ -103,11 +125,43 @@ class FleetReader:
             except StoreError as exc:
                 self.read_errors += 1
                 logger.warning("metrics: cannot read the fleet store %s: %s", self.store.url, exc)
-                return self._snapshot
+                return current
+            families = (*fleet_families(summaries), *model_families(models))
             finished = self._clock()
             self.reads += 1
-            self._snapshot = FleetSnapshot(summaries, models, read_at=finished, read_s=finished - started)
-            return self._snapshot
+            fresh = FleetSnapshot(summaries, models, read_at=finished, read_s=finished - started, families=families)
+            with self._state:
+                self._snapshot = fresh
+            return fresh
+
+    def _start_refresher(self) -> None:
+        with self._state:
+            if self._refresher is not None or self._closed.is_set():
+                return
+            self._refresher = threading.Thread(target=self._refresh_loop, name="edgekit-metrics-reader", daemon=True)
+            self._refresher.start()
+
+    def _refresh_loop(self) -> None:
+        try:
+            while not self._closed.is_set():
+                with self._state:
+                    idle = self._clock() - self._asked_at >= self.idle_s
+                    current = self._snapshot
+                if idle:
+                    return
+                self._read(current, force=True)
+                self._closed.wait(self.max_age_s)
+        finally:
+            with self._state:
+                self._refresher = None
+
+    def close(self) -> None:
+        """Stop the background reads (the store is the caller's to close)."""
+        self._closed.set()
+        with self._state:
+            refresher = self._refresher
+        if refresher is not None:
+            refresher.join(timeout=30)
 
     def age_s(self, snapshot: FleetSnapshot) -> float:
         return max(self._clock() - snapshot.read_at, 0.0)
@@ -122,8 +176,7 @@ class FleetCollector:
     def collect(self) -> Iterator[Metric]:
         snapshot = self.reader.snapshot()
         if snapshot is not None:
-            yield from fleet_families(snapshot.summaries)
-            yield from model_families(snapshot.models)
+            yield from snapshot.families
         read = GaugeMetricFamily("edgekit_fleet_store_read_seconds", "How long the newest store read for these metrics took.")
         age = GaugeMetricFamily("edgekit_fleet_store_read_age_seconds", "Age of the store read this scrape was served from.")
         if snapshot is not None:

@@ -7,10 +7,11 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -36,22 +37,34 @@ DEVICES = {
 }
 
 
-@pytest.fixture
-def fleet_store(tmp_path: Path) -> Iterator[FleetStore]:
-    """A SQLite store holding DEVICES in fleet ``lab`` (10 s windows, the newest one ``age`` seconds ago), one device
-    of fleet ``other``, and a device ``new-1`` whose target is known but which never reported."""
+def _fill(store: FleetStore) -> FleetStore:
+    """DEVICES in fleet ``lab`` (10 s windows, the newest one ``age`` seconds ago), one device of fleet ``other``,
+    and a device ``new-1`` whose target is known but which never reported."""
     now = dt.datetime.now(dt.timezone.utc)
+    for device, (bundle, target, age, p50, reported) in DEVICES.items():
+        end = now - dt.timedelta(seconds=age)
+        windows = [window(seq, device=device, bundle=bundle, latencies_ms=[p50] * 10, power_mw=1000.0 * p50,
+                          start=end - dt.timedelta(seconds=10 * (3 - seq)))
+                   for seq in (1, 2)]  # fmt: skip
+        store.add_windows([dataclasses.replace(w, received_at=w.window_end) for w in windows])
+        store.upsert_status(DeviceStatus("lab", device, reported, bundle.id, target, "1.0", end))
+    store.add_windows([window(1, device="elsewhere", fleet="other", start=now - dt.timedelta(seconds=10))])
+    store.set_device_target("lab", "new-1", "nano")
+    return store
+
+
+@pytest.fixture
+def fleet_store(store_url: str) -> Iterator[FleetStore]:
+    """:func:`_fill` on SQLite, and on a real PostgreSQL where one is reachable."""
+    with open_store(store_url) as store:
+        yield _fill(store)
+
+
+@pytest.fixture
+def sqlite_fleet_store(tmp_path: Path) -> Iterator[FleetStore]:
+    """:func:`_fill` on SQLite only (for what the store's engine does not change: caching, failed reads)."""
     with open_store(f"sqlite:///{tmp_path / 'fleet.db'}") as store:
-        for device, (bundle, target, age, p50, reported) in DEVICES.items():
-            end = now - dt.timedelta(seconds=age)
-            windows = [window(seq, device=device, bundle=bundle, latencies_ms=[p50] * 10, power_mw=1000.0 * p50,
-                              start=end - dt.timedelta(seconds=10 * (3 - seq)))
-                       for seq in (1, 2)]  # fmt: skip
-            store.add_windows([dataclasses.replace(w, received_at=w.window_end) for w in windows])
-            store.upsert_status(DeviceStatus("lab", device, reported, bundle.id, target, "1.0", end))
-        store.add_windows([window(1, device="elsewhere", fleet="other", start=now - dt.timedelta(seconds=10))])
-        store.set_device_target("lab", "new-1", "nano")
-        yield store
+        yield _fill(store)
 
 
 def _get(url: str) -> str:
@@ -145,9 +158,9 @@ def test_per_device_series_are_opt_in(fleet_store: FleetStore) -> None:
     assert on_metrics["edgekit_fleet_devices"].samples and on_metrics["edgekit_device_state"].samples
 
 
-def test_concurrent_scrapes_share_one_store_read(fleet_store: FleetStore) -> None:
+def test_concurrent_scrapes_share_one_store_read(sqlite_fleet_store: FleetStore) -> None:
     clock = [100.0]
-    store = MetricsStore.of(fleet_store)
+    store = MetricsStore.of(sqlite_fleet_store)
     reader = FleetReader(store, max_age_s=5.0, clock=lambda: clock[0])
     snapshots = []
     threads = [threading.Thread(target=lambda: snapshots.append(reader.snapshot())) for _ in range(8)]
@@ -162,8 +175,39 @@ def test_concurrent_scrapes_share_one_store_read(fleet_store: FleetStore) -> Non
     assert reader.snapshot() is not snapshots[0] and store.reads == 2
 
 
-def test_a_failed_store_read_serves_the_last_good_one(fleet_store: FleetStore) -> None:
-    store = MetricsStore.of(fleet_store)
+def test_in_the_background_a_scrape_never_waits_for_a_slow_store(sqlite_fleet_store: FleetStore) -> None:
+    store = MetricsStore.of(sqlite_fleet_store)
+    store.delay_s = 0.5
+    reader = FleetReader(store, max_age_s=0.3, background=True, idle_s=1.0)
+    try:
+        first = reader.snapshot()  # the first scrape waits for the first read
+        assert first is not None and store.reads == 1 and first.read_s >= 0.5
+        time.sleep(0.35)
+        started = time.monotonic()
+        assert reader.snapshot() is first  # old now: served at once, read again behind it
+        assert time.monotonic() - started < 0.2
+        assert _eventually(lambda: reader.snapshot() is not first)
+        reads = store.reads
+        assert _eventually(lambda: store.reads >= reads + 1)  # every 0.3 s while asked within idle_s...
+        time.sleep(2.5)
+        reads = store.reads
+        time.sleep(1.0)
+        assert store.reads == reads  # ...and not after
+    finally:
+        reader.close()
+
+
+def _eventually(check: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_failed_store_read_serves_the_last_good_one(sqlite_fleet_store: FleetStore) -> None:
+    store = MetricsStore.of(sqlite_fleet_store)
     server = MetricsServer(IngestMetrics(), 0, store=store, cache_s=0.0).start()
     try:
         first = _parsed(_get(server.url))
@@ -181,7 +225,7 @@ class MetricsStore:
 
     def __init__(self, url: str) -> None:
         self.inner = open_store(url)
-        self.url, self.reads = url, 0
+        self.url, self.reads, self.delay_s = url, 0, 0.0
 
     @classmethod
     def of(cls, store: FleetStore) -> "MetricsStore":
@@ -189,6 +233,7 @@ class MetricsStore:
 
     def device_summaries(self, fleet: str | None = None):  # type: ignore[no-untyped-def]
         self.reads += 1
+        time.sleep(self.delay_s)
         return self.inner.device_summaries(fleet)
 
     def model_aggregate(self, *args, **kwargs):  # type: ignore[no-untyped-def]
