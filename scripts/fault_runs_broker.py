@@ -110,6 +110,38 @@ def broker_kill_queued_broker_ack(result: Any) -> Any:
     return run_broker_kill(result, persistence=True, delivery="broker_ack")
 
 
+def broker_kill_queued_agent(result: Any) -> Any:
+    """The same with the real ``edgekit-agent`` (0.2 s windows, its config's defaults: collector_ack, resend 30 s),
+    producing all along: the windows the broker lost go out again 5 s after later ones are confirmed."""
+    from edgekit_runtime.agent.spool import Spool
+    from scripts.fault_runs import Agent, count, stack
+
+    with stack() as s:
+        first = s.collector(name="collector-1")
+        first.next_json("started")
+        first.stop()
+        agent = Agent(s, "agent-1", s.workdir / "agent").start()
+        queued = agent.wait_health(lambda health: health["spool"]["backlog"] >= 50, "50 windows awaiting the collector",
+                                   60)["spool"]["backlog"]  # fmt: skip
+        s.broker.kill()
+        s.broker.start()
+        time.sleep(3)
+        second = s.collector(name="collector-2")
+        second.next_json("started")
+        agent.wait_health(lambda health: health["spool"]["backlog"] <= 3, "the collector to confirm the backlog", 90)
+        assert agent.child is not None
+        agent.child.stop()  # SIGTERM
+        s.wait_quiet()
+        second.stop()
+        with Spool(agent.spool_path) as spool:
+            awaiting = {json.loads(entry.payload)["seq"] for entry in spool.peek(1000)
+                        if entry.topic.endswith("/telemetry")}  # fmt: skip
+        result.notes.append(f"{queued} windows in the agent's spool awaiting the collector when Mosquitto was killed")
+        result.notes.append(f"{len(awaiting)} newest window(s) still awaiting their ack when the agent stopped: kept in "
+                            "its spool for the next start, not counted as produced")  # fmt: skip
+        return count(result, s.store_url, {agent.device: agent.produced() - awaiting}, [second])
+
+
 #: name -> (fault, publisher, run), merged into scripts/fault_runs.py's RUNS.
 BROKER_RUNS = {
     "broker_kill_queued": ("Mosquitto kill -9 with 300 PUBACKed windows queued for a stopped collector, restarted, "
@@ -117,6 +149,8 @@ BROKER_RUNS = {
                            "link x3 collector_ack", broker_kill_queued),  # fmt: skip
     "broker_kill_queued_no_persistence": ("the same on Mosquitto's defaults (no persistence)", "link x3 collector_ack",
                                           broker_kill_queued_no_persistence),  # fmt: skip
+    "broker_kill_queued_agent": ("the same with a real agent producing 0.2 s windows all along (its defaults)",
+                                 "edgekit-agent", broker_kill_queued_agent),  # fmt: skip
     "broker_kill_queued_broker_ack": ("the same with delivery broker_ack (the behaviour before issue 28)",
                                       "link x3 broker_ack", broker_kill_queued_broker_ack),  # fmt: skip
 }
