@@ -14,14 +14,16 @@ import importlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from rich.markup import escape
 from rich.table import Table
 
 from edgekit.cli.options import console, json_parent, print_csv, print_json, results, table_output_parent
+from edgekit.fleet.liveness import STATES, state_counts, worst_first
 
 #: Modules that each add fleet subcommands with ``register(fleet_subparsers)``, in ``--help`` order.
 FLEET_SUBCOMMAND_MODULES = (
@@ -461,7 +463,31 @@ def _register_status(fleet_subparsers: argparse._SubParsersAction) -> None:
                         help="one line per device and model it serves (agents serving several), over --since")
     parser.add_argument("--model", metavar="NAME", help="with --by-model: only this model")
     parser.add_argument("--since", default="1h", metavar="WHEN", help="with --by-model: from a duration ago (default 1h)")
+    parser.add_argument("--state", choices=STATES, help="only devices in this state (stale: 3 silent telemetry "
+                                                        "intervals, offline: 10 or a last will)")  # fmt: skip
+    parser.add_argument("--limit", type=_limit, default=DEFAULT_STATUS_ROWS, metavar="N",
+                        help=f"the table shows the N worst devices (offline, stale, then highest p99; default "
+                             f"{DEFAULT_STATUS_ROWS}, 0 for all); --json and --csv list every device")  # fmt: skip
     parser.set_defaults(func=run_status)
+
+
+#: Rows ``fleet status`` prints as a table by default: a 10,000-device table is read by no one.
+DEFAULT_STATUS_ROWS = 100
+
+
+def _limit(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0 (0 shows every device), got {text!r}")
+    return value
+
+
+#: How the status table colours each liveness state (the dashboard uses the same colours).
+STATE_STYLES = {"online": "[green]online[/]", "stale": "[yellow]stale[/]", "offline": "[red]offline[/]",
+                "unknown": "[dim]unknown[/]"}  # fmt: skip
 
 
 def run_status(args: argparse.Namespace) -> int:
@@ -474,6 +500,9 @@ def run_status(args: argparse.Namespace) -> int:
         summaries = store.device_summaries(args.fleet)
         if not summaries:
             check_filter_values(store, {"--fleet": ("fleet", args.fleet)})
+    counts = state_counts([s.state for s in summaries])
+    if args.state is not None:
+        summaries = [s for s in summaries if s.state == args.state]
     if args.json:
         print_json({"devices": [summary_to_json(s) for s in summaries]})
         return 0
@@ -486,19 +515,46 @@ def run_status(args: argparse.Namespace) -> int:
         return 0
     now = dt.datetime.now(dt.timezone.utc)
     fleets = sorted({s.fleet for s in summaries})
-    table = Table(title=f"fleet {fleets[0] if len(fleets) == 1 else 'status'}: {len(summaries)} devices")
-    for column in ("device", "state", "bundle", "target", "p50 ms", "p99 ms", "power mW", "mJ/inf", "temp °C",
-                   "last seen", "windows", "gaps"):  # fmt: skip
+    total = len(summaries)
+    summaries = sorted(summaries, key=lambda s: worst_first(s.state, s.p99_ms))
+    if args.limit:
+        summaries = summaries[: args.limit]
+    shown = f"; the {len(summaries)} worst shown (--limit 0 for all)" if len(summaries) < total else ""
+    tally = ", ".join(f"{count} {state}" for state, count in counts.items() if count or state in ("online", "stale", "offline"))
+    title = (f"fleet {fleets[0] if len(fleets) == 1 else 'status'}: {total} devices"
+             f"{' ' + args.state if args.state else ''} ({tally}){shown}")  # fmt: skip
+    columns = ("device", "state", "bundle", "target", "p50 ms", "p99 ms", "power mW", "mJ/inf", "temp °C", "last seen",
+               "windows", "gaps")  # fmt: skip
+    rows = [(s.device if len(fleets) == 1 else f"{s.fleet}/{s.device}", s.state, s.bundle_id or "-", s.target or "-",
+             _num(s.p50_ms, 2), _num(s.p99_ms, 2), _num(s.power_mean_mw, 0), _num(s.energy_per_inference_mj, 2),
+             _num(s.temperature_max_c, 1), _ago(s.last_seen, now), str(s.windows), str(s.missing_seqs))
+            for s in summaries]  # fmt: skip
+    if len(rows) > RICH_TABLE_ROWS:  # a boxed table of thousands of rows takes rich half a minute: plain columns
+        print_plain_table(title, columns, rows, left=4)
+        return 0
+    table = Table(title=title)
+    for column in columns:
         left = column in ("device", "state", "bundle", "target")
         table.add_column(column, justify="left" if left else "right", no_wrap=column == "device")
-    for s in summaries:
-        state = {"online": "[green]online[/]", "offline": "[red]offline[/]"}.get(s.state, f"[dim]{escape(s.state)}[/]")
-        name = s.device if len(fleets) == 1 else f"{s.fleet}/{s.device}"
-        table.add_row(escape(name), state, escape(s.bundle_id or "-"), escape(s.target or "-"),
-                      _num(s.p50_ms, 2), _num(s.p99_ms, 2), _num(s.power_mean_mw, 0), _num(s.energy_per_inference_mj, 2),
-                      _num(s.temperature_max_c, 1), _ago(s.last_seen, now), str(s.windows), str(s.missing_seqs))  # fmt: skip
+    for row in rows:
+        table.add_row(escape(row[0]), STATE_STYLES.get(row[1], f"[dim]{escape(row[1])}[/]"), *map(escape, row[2:]))
     results(args).print(table)
     return 0
+
+
+#: Above this many rows ``fleet status`` prints plain aligned columns instead of a rich table.
+RICH_TABLE_ROWS = 500
+
+
+def print_plain_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], *, left: int) -> None:
+    """``rows`` under ``columns`` in aligned plain text (the first ``left`` columns left-aligned, the rest right)."""
+    widths = [max([len(column)] + [len(row[index]) for row in rows]) for index, column in enumerate(columns)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(cell.ljust(width) if index < left else cell.rjust(width)
+                         for index, (cell, width) in enumerate(zip(cells, widths))).rstrip()  # fmt: skip
+
+    sys.stdout.write("\n".join([title, line(columns), *(line(row) for row in rows)]) + "\n")
 
 
 def _run_status_by_model(args: argparse.Namespace) -> int:

@@ -45,4 +45,22 @@ def liveness_state(reported: str | None, last_seen: dt.datetime | None, interval
     return reported or "online"
 
 
-__all__ = ["DEFAULT_INTERVAL_S", "OFFLINE_AFTER_INTERVALS", "STALE_AFTER_INTERVALS", "STATES", "liveness_state"]
+#: How bad each state is, for "worst first" orders (a state an agent reported that is not listed sits with unknown).
+STATE_RANK = {"offline": 0, "stale": 1, "unknown": 2, "online": 4}
+
+
+def worst_first(state: str, p99_ms: float | None) -> tuple[int, float]:
+    """Sort key putting offline devices first, then stale, then the slowest (highest p99) of the rest."""
+    return (STATE_RANK.get(state, 3), -(p99_ms if p99_ms is not None else -1.0))
+
+
+def state_counts(states: "list[str]") -> dict[str, int]:
+    """How many devices are in each of :data:`STATES` (zero included), plus any other state reported."""
+    counts = dict.fromkeys(STATES, 0)
+    for state in states:
+        counts[state] = counts.get(state, 0) + 1
+    return counts
+
+
+__all__ = ["DEFAULT_INTERVAL_S", "OFFLINE_AFTER_INTERVALS", "STALE_AFTER_INTERVALS", "STATES", "STATE_RANK", "liveness_state",
+           "state_counts", "worst_first"]

@@ -92,6 +92,44 @@ def test_status_table_and_fleet_filter(seeded: str, capsys: pytest.CaptureFixtur
     assert "--fleet 'other': no device in" in " ".join(capsys.readouterr().err.split())
 
 
+def _fresh_windows(url: str) -> None:
+    """nano-1 reports again (online), nano-2's last window is 45 s old (stale: over 3 intervals of 10 s)."""
+    with open_store(url) as store:
+        now = dt.datetime.now(dt.timezone.utc)
+        store.add_windows([window(22, device="nano-1", bundle=BUNDLE_B, start=now - dt.timedelta(seconds=12)),
+                           window(22, device="nano-2", bundle=BUNDLE_B, start=now - dt.timedelta(seconds=55))])  # fmt: skip
+
+
+def test_status_shows_the_worst_first_and_filters_by_state(seeded: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _fresh_windows(seeded)
+    assert main(["fleet", "status", "--store", seeded, "--limit", "2"]) == 0
+    table = capsys.readouterr().out
+    assert "fleet lab: 4 devices (1 online, 1 stale, 2 offline); the 2 worst shown (--limit 0 for all)" in table, table
+    rows = [line for line in table.splitlines() if "│ offline" in line or "│ stale" in line or "│ online" in line]
+    assert [row.split("│")[1].strip() for row in rows] == ["nano-3", "agx-1"]  # offline; nano-3's p99 is higher
+    stale = _json_out(capsys, ["fleet", "status", "--store", seeded, "--state", "stale", "--json"])["devices"]
+    assert [(d["device"], d["state"]) for d in stale] == [("nano-2", "stale")]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fleet", "status", "--store", seeded, "--limit", "-1"])
+    assert exit_info.value.code == 2
+    assert "argument --limit: must be a whole number >= 0 (0 shows every device), got '-1'" in capsys.readouterr().err
+
+
+def test_status_prints_plain_columns_for_a_long_table(seeded: str, capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    from edgekit.cli import fleet as fleet_cli
+
+    monkeypatch.setattr(fleet_cli, "RICH_TABLE_ROWS", 2)
+    _fresh_windows(seeded)
+    assert main(["fleet", "status", "--store", seeded, "--limit", "0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "fleet lab: 4 devices (1 online, 1 stale, 2 offline)"
+    assert lines[1].split() == ["device", "state", "bundle", "target", "p50", "ms", "p99", "ms", "power", "mW", "mJ/inf",
+                                "temp", "°C", "last", "seen", "windows", "gaps"]  # fmt: skip
+    assert [line.split()[:2] for line in lines[2:]] == [["nano-3", "offline"], ["agx-1", "offline"], ["nano-2", "stale"],
+                                                        ["nano-1", "online"]]  # fmt: skip
+
+
 def test_report_json_compares_a_rollout_before_and_after(seeded: str, capsys: pytest.CaptureFixture[str]) -> None:
     report = _json_out(capsys, ["fleet", "report", "--store", seeded, "--since", SINCE, "--json"])
     groups = {(g["bundle_id"], g["target"]): g for g in report["groups"]}
