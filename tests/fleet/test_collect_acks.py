@@ -80,6 +80,7 @@ def test_broker_kill_with_queued_windows_loses_nothing(tmp_path: Path, persisten
                 assert _wait(lambda: spool.backlog() == 0, 30), (spool.backlog(), link.delivery.counters())
                 assert second.flush(10)
                 counters = link.delivery.counters()
+                health = link.link_state.to_dict()["delivery"]  # what /v1/health shows as broker.delivery
             finally:
                 link.stop()
                 second.stop()
@@ -89,6 +90,7 @@ def test_broker_kill_with_queued_windows_loses_nothing(tmp_path: Path, persisten
         assert len(seqs) == len(set(seqs))  # none stored twice
         assert counters.confirmed == WINDOWS and counters.awaiting == 0
         assert counters.resent >= WINDOWS  # after resend_after_s, not only on the reconnect
+        assert health["mode"] == "collector_ack" and health["confirmed"] == WINDOWS and health["last_ack_at"].endswith("Z")
     finally:
         broker.stop()
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from edgekit_runtime.agent.spool import Spool, SpoolEntry
+from edgekit_runtime.agent.telemetry import utc_timestamp
 from edgekit_runtime.agent.topics import DeviceTopics, TelemetryError
 from edgekit_runtime.agent.wire import JsonLimitError, loads_limited
 from edgekit_runtime.schemas import schema_problems
@@ -75,7 +76,7 @@ class DeliveryCounters:
     resent: int
     acks_received: int
     acks_refused: int
-    last_ack_at: float | None  # time.time() of the last valid ack
+    last_ack_at: str | None  # when the last valid ack came (UTC)
 
     def to_dict(self) -> dict[str, Any]:
         return {"mode": self.mode, "awaiting": self.awaiting, "confirmed": self.confirmed, "resent": self.resent,
@@ -131,7 +132,7 @@ class DeliveryTracker:
         self._last_confirmation = clock()
         self._warned_at: float | None = None
         self._counts = {"confirmed": 0, "resent": 0, "acks_received": 0, "acks_refused": 0}
-        self._last_ack_at: float | None = None
+        self._last_ack_at: str | None = None
 
     @property
     def waits_for_collector(self) -> bool:
@@ -219,7 +220,7 @@ class DeliveryTracker:
         if ranges is None:
             return 0
         self._counts["acks_received"] += 1
-        self._last_ack_at = time.time()
+        self._last_ack_at = utc_timestamp()
         confirmed: list[int] = []
         for first, last in ranges:
             if last - first + 1 <= len(self._by_seq):

@@ -121,14 +121,17 @@ class LinkCounters:
 @dataclass(frozen=True)
 class LinkState:
     """The link as it is now: ``since`` is when it last connected or went down (UTC, None before the
-    first attempt), ``last_error`` why it went down or failed to connect (None while connected)."""
+    first attempt), ``last_error`` why it went down or failed to connect (None while connected);
+    ``delivery`` the :class:`~edgekit_runtime.agent.delivery.DeliveryCounters` as a dict."""
 
     connected: bool
     since: str | None
     last_error: str | None
+    delivery: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"connected": self.connected, "since": self.since, "last_error": self.last_error}
+        return {"connected": self.connected, "since": self.since, "last_error": self.last_error,
+                "delivery": self.delivery}  # fmt: skip
 
 
 class _State(Enum):
@@ -263,7 +266,8 @@ class MqttLink:
         last_error = self.last_error
         if not connected and last_error is None and self._state is _State.CONNECTED:
             last_error = "the MQTT network thread stopped serving the connection; see the agent log"
-        return LinkState(connected, self._state_since, None if connected else last_error)
+        return LinkState(connected, self._state_since, None if connected else last_error,
+                         self.delivery.counters().to_dict())  # fmt: skip
 
     @property
     def last_error(self) -> str | None:
