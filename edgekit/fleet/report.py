@@ -202,7 +202,7 @@ def _rollouts(store: FleetStore, *, fleet: str | None, bundle_id: str | None, ta
             switches[(before.bundle_id, span.bundle_id)].append((key, span.first_window_start))
     if not switches:
         return []
-    targets = {(s.fleet, s.device): s.target for s in store.device_summaries(fleet)}
+    targets = store.device_targets(fleet)
     comparisons: list[RolloutComparison] = []
     for (from_bundle, to_bundle), moved in sorted(switches.items()):
         by_target: dict[str | None, list[tuple[tuple[str, str], dt.datetime]]] = defaultdict(list)

@@ -292,6 +292,10 @@ class FleetStore(abc.ABC):
                      until: dt.datetime | None = None) -> list[BundleSpan]:
         """Per device and bundle, the first and last window seen; ordered by fleet, device, first window."""
 
+    def device_targets(self, fleet: str | None = None) -> dict[tuple[str, str], str]:
+        """(fleet, device) -> the target profile recorded for it (devices without one are left out)."""
+        return {(s.fleet, s.device): s.target for s in self.device_summaries(fleet) if s.target is not None}
+
     def bundle_totals(self, devices: Sequence[tuple[str, str]], bundle_id: str | None) -> Aggregate | None:
         """The (fleet, device) ``devices``' figures summed over every window they ran ``bundle_id`` on, all history
         (the report's before/after of a bundle switch); None when they have none."""

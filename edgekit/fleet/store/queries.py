@@ -43,17 +43,17 @@ WHERE excluded.updated_at >= device_identity.updated_at"""
 SELECT_IDENTITIES = """SELECT fleet, device, board, soc, os, l4t, jetpack, cuda, tensorrt, onnxruntime, power_mode,
     clocks_locked, identity, updated_at FROM device_identity WHERE {fleet_filter} ORDER BY fleet, device"""
 
-#: Where each filter value a device can report is stored (table, column); :func:`known_values_sql` unions them.
+#: Where each filter value a device can report is stored (table, column); :func:`known_values_sql` unions them. No
+#: raw window or rollup table: the aggregates kept at ingest name every fleet, device, bundle and model they saw.
 KNOWN_VALUE_SOURCES: dict[str, tuple[tuple[str, str], ...]] = {
-    "fleet": (("device_status", "fleet"), ("device_targets", "fleet"), ("telemetry_windows", "fleet"),
-              ("telemetry_rollups", "fleet"), ("device_events", "fleet"), ("edgekit_rollouts", "fleet")),
-    "device": (("device_status", "device"), ("device_targets", "device"), ("telemetry_windows", "device"),
-               ("telemetry_rollups", "device"), ("device_events", "device")),
-    "bundle_id": (("device_status", "bundle_id"), ("telemetry_windows", "bundle_id"), ("telemetry_rollups", "bundle_id"),
-                  ("telemetry_model_windows", "bundle_id"), ("telemetry_model_rollups", "bundle_id"),
+    "fleet": (("device_status", "fleet"), ("device_targets", "fleet"), ("device_latest", "fleet"),
+              ("device_events", "fleet"), ("edgekit_rollouts", "fleet")),
+    "device": (("device_status", "device"), ("device_targets", "device"), ("device_latest", "device"),
+               ("device_events", "device")),
+    "bundle_id": (("device_status", "bundle_id"), ("device_bundles", "bundle_id"), ("fleet_model_buckets", "bundle_id"),
                   ("edgekit_rollouts", "bundle_id")),
     "target": (("device_targets", "target"),),
-    "model": (("telemetry_model_windows", "model"), ("telemetry_model_rollups", "model")),
+    "model": (("fleet_model_buckets", "model"),),
 }  # fmt: skip
 
 
@@ -62,7 +62,7 @@ def known_values_sql(key: str, *, in_fleet: bool) -> str:
     fleet_filter = " AND fleet = :fleet" if in_fleet else ""
     selects = [f"SELECT {column} AS v FROM {table} WHERE {column} IS NOT NULL AND {column} <> ''{fleet_filter}"
                for table, column in KNOWN_VALUE_SOURCES[key]]
-    return f"SELECT v FROM ({' UNION '.join(selects)}) known ORDER BY v"
+    return f"SELECT DISTINCT v FROM ({' UNION '.join(selects)}) known ORDER BY v"
 
 
 INSERT_REJECTED = "INSERT INTO rejected_messages (topic, reason, detail, size_bytes, at) VALUES (?, ?, ?, ?, ?)"

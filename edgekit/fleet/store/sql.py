@@ -533,6 +533,11 @@ class SqlFleetStore(FleetStore):
                            last_window_end=self.time_out(r[4]), windows=int(r[5]))
                 for r in self._query("reading bundle spans", sql, params)]  # fmt: skip
 
+    def device_targets(self, fleet: str | None = None) -> dict[tuple[str, str], str]:
+        sql = "SELECT fleet, device, target FROM device_targets" + (" WHERE fleet = :fleet" if fleet is not None else "")
+        rows = self._query("reading device targets", sql, {"fleet": fleet} if fleet is not None else {})
+        return {(row[0], row[1]): row[2] for row in rows}
+
     def bundle_totals(self, devices: Sequence[tuple[str, str]], bundle_id: str | None) -> Aggregate | None:
         if not devices:
             return None
