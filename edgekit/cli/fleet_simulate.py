@@ -32,6 +32,10 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--deploy-watch-s", type=float, default=2.0, help="the simulated agent's health watch after a deploy")
     parser.add_argument("--verify-downloads", action="store_true", help="check file:// bundles' sha256 on deploy")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the synthetic numbers")
+    parser.add_argument("--processes", type=int, default=None, metavar="N",
+                        help="simulator processes (default: one per 5,000 devices, at most one per CPU)")
+    parser.add_argument("--max-connecting", type=int, default=64, metavar="N",
+                        help="connections waiting for the broker's CONNACK at once, all processes together (default 64)")
     parser.add_argument("--tls-ca", type=Path, help="CA certificate for mqtts://")
     parser.add_argument("--username", help="broker user name")
     parser.add_argument("--password-file", type=Path, help="file holding the broker password")
@@ -65,7 +69,8 @@ def parse_behaviour(text: str) -> tuple[str, object]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from edgekit.fleet.sim.profiles import DEFAULT_TARGETS
+    from edgekit.fleet.sim.profiles import DEFAULT_TARGETS, profiles_for
+    from edgekit.fleet.sim.shards import ShardedFleetSimulator, auto_processes
     from edgekit.fleet.simulate import DeployTiming, FleetSimulator, SimulationConfig, SimulationError
 
     if args.history:
@@ -79,22 +84,26 @@ def run(args: argparse.Namespace) -> int:
         initial_bundle=args.bundle or None, mqtt_version=args.mqtt_version,
         behaviours=dict(parse_behaviour(text) for text in args.bundle_behaviour),  # type: ignore[misc]
         deploy_timing=DeployTiming(watch_s=args.deploy_watch_s), verify_downloads=args.verify_downloads, seed=args.seed,
-        tls_ca=args.tls_ca, username=args.username, password_file=args.password_file,
+        tls_ca=args.tls_ca, username=args.username, password_file=args.password_file, max_connecting=args.max_connecting,
         allow_plaintext_password=args.allow_plaintext_password,
     )  # fmt: skip
-    simulator = FleetSimulator(config)
+    processes = args.processes or auto_processes(args.devices)
+    simulator: FleetSimulator | ShardedFleetSimulator = (FleetSimulator(config) if processes == 1
+                                                         else ShardedFleetSimulator(config, processes=processes))  # fmt: skip
     if args.store:
         from edgekit.fleet.store import open_store
 
         with open_store(args.store) as store:
             simulator.record_targets(store)
-    profiles = {agent.profile.target: agent.profile for agent in simulator.agents.values()}
+    profiles = {profile.target: profile for profile in profiles_for(list(dict.fromkeys(targets)))}
     console.print(f"[bold]{args.devices}[/] simulated devices on {args.broker} (fleet {args.fleet}), "
-                  f"{args.rate:g} windows/s each = {args.rate * args.devices:g} messages/s; numbers are SYNTHETIC")  # fmt: skip
+                  f"{args.rate:g} windows/s each = {args.rate * args.devices:g} messages/s, {processes} process(es); "
+                  "numbers are SYNTHETIC")  # fmt: skip
     for profile in profiles.values():
         console.print(f"  {profile.target}: p50 ~{profile.latency_p50_ms:g} ms, power {profile.idle_power_mw / 1000:.1f}-"
                       f"{profile.active_power_mw / 1000:.1f} W")  # fmt: skip
     simulator.start()
+    console.print(f"  all {args.devices} connected in {simulator.connect_seconds:.1f} s")
     try:
         simulator.run_for(args.duration)
     except KeyboardInterrupt:
