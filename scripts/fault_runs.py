@@ -535,6 +535,10 @@ from scripts.fault_runs_broker import BROKER_CONTRASTS, BROKER_RUNS  # noqa: E40
 
 RUNS.update(BROKER_RUNS)
 
+from scripts.fault_runs_spool import SPOOL_RUNS  # noqa: E402 (issue 28: the spool on a 2 MiB disk, 10 minutes)
+
+RUNS.update(SPOOL_RUNS)
+
 #: Runs that show what goes wrong without the safe settings: their losses are expected.
 CONTRASTS = ("collector_kill_stock_queue", "collector_kill_clean_session", *BROKER_CONTRASTS)
 

@@ -529,8 +529,10 @@ class AgentService:
         """Under ``_events_lock``: queue ``message`` behind any waiting ones and move what can go to the spool."""
         self._outbox.append((kind, message))
         limit = self.config.telemetry.spool.overflow_messages
-        if len(self._outbox) > limit:
-            dropped_kind, dropped = self._outbox.popleft()
+        if len(self._outbox) > limit:  # the oldest window goes; events (deploy results, answers) only when all are
+            index = next((i for i, (waiting, _) in enumerate(self._outbox) if waiting == "telemetry"), 0)
+            dropped_kind, dropped = self._outbox[index]
+            del self._outbox[index]
             if dropped_kind == "telemetry":  # it takes its seq once the spool is written again: a gap, reported
                 self._outbox_dropped_windows.append(str(dropped.get("window_start")))
             else:
@@ -560,12 +562,28 @@ class AgentService:
                 else:
                     self._link.publish_event(message)
             except SpoolError:
+                if kind == "telemetry":  # a refused window: the events behind it may use the room kept for them
+                    self._flush_events_behind()
                 self._outbox_retry_at = time.monotonic() + _OUTBOX_RETRY_S
                 return False  # logged by the spool once; retried by the telemetry thread and the next send
             except EdgekitError as err:  # a message that can never be stored (a bug): do not block the rest
                 logger.error("%s message dropped: %s", kind, err)
             self._outbox.popleft()
         return True
+
+    def _flush_events_behind(self) -> None:
+        """Under ``_events_lock``: spool the events waiting behind refused windows, ahead of them (an event is a
+        vital write for the spool: it may use the headroom and reserve that windows may not)."""
+        from edgekit_runtime.agent.spool import SpoolError
+
+        for entry in [entry for entry in self._outbox if entry[0] != "telemetry"]:
+            try:
+                self._link.publish_event(entry[1])
+            except SpoolError:
+                return
+            except EdgekitError as err:
+                logger.error("event message dropped: %s", err)
+            self._outbox.remove(entry)
 
     def _store_telemetry(self, message: dict[str, Any]) -> None:
         """Spool a window, taking its ``seq`` in the same commit (a window that is not stored uses no number)."""

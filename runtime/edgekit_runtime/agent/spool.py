@@ -115,6 +115,7 @@ class Spool:
         self._last_numbered_bytes = 4096  # the size of the last numbered payload: room to make before the next
         self._deferred_acks: set[int] = set()
         self._write_error: SpoolError | None = None
+        self._window_error: SpoolFullError | None = None  # why the last window was refused, until one is stored
         self._drops = spool_space.DropReports()
         self._handed_out_upto = 0  # the largest id peek() returned
         self._lock_file = self._acquire_process_lock()
@@ -256,25 +257,34 @@ class Spool:
         (a window) is refused while the headroom cannot be kept: that room is for the vital ones."""
         self._checked_db()
         self._space.keep_headroom(self, need_bytes)
-        if not vital and self._space.short_by(need_bytes):
-            raise _write(self, "cannot queue a window").refused_for_space(self._space.headroom_bytes)
         try:
-            result = write()
-        except SpoolFullError:
-            self._space.recover(self, vital=vital, need_bytes=need_bytes)
-            result = write()
-        self._report_drops_if_due()
+            if not vital and self._space.short_by(need_bytes):
+                raise _write(self, "cannot queue a window").refused_for_space(self._space.headroom_bytes)
+            try:
+                result = write()
+            except SpoolFullError:
+                self._space.recover(self, vital=vital, need_bytes=need_bytes)
+                result = write()
+        except SpoolFullError as exc:
+            if not vital:  # windows stay refused (disk_full) until one is stored, whatever vital writes succeed
+                self._window_error = exc
+            raise
+        if not vital and self._window_error is not None:
+            logger.warning("spool %s: windows are stored again", self.path)
+            self._window_error = None
+        self._drops.report_if_due(self)
         return result
 
     @property
     def disk_full(self) -> bool:
-        """Whether the last write failed because the file system is full (False again after a write succeeds)."""
-        return isinstance(self._write_error, SpoolFullError)
+        """Whether the last write, or the last window, failed because the file system is full (False again
+        after a write succeeds and a window is stored)."""
+        return isinstance(self.write_error, SpoolFullError)
 
     @property
     def write_error(self) -> SpoolError | None:
-        """Why the last write failed; None once a write has succeeded since."""
-        return self._write_error
+        """Why the last write (or window) failed; None once a write has succeeded (and a window was stored) since."""
+        return self._write_error or self._window_error
 
     def _enforce_bound(self) -> None:
         dropped, windows = 0, None
@@ -289,13 +299,13 @@ class Spool:
             if not count:
                 break
             part = spool_space.summary_of_rows(spool_space.windows_up_to(self._db, last_id), "bound")
-            windows = part if windows is None or part is None else windows.merged(part)
+            windows = windows if part is None else part if windows is None else windows.merged(part)
             self._db.execute("DELETE FROM messages WHERE id <= ?", (last_id,))
             self._count -= int(count)
             self._bytes -= int(size)
             dropped += int(count)
         if windows is not None:
-            self._record_drops(windows)  # its report may take the bound one message over, until the next append
+            self._drops.record(self._db, windows)  # its report may take the bound one over, until the next append
         if dropped:
             self._add_to_counter(_DROPPED_COUNTER, dropped)
             logger.warning("spool %s over its bound: dropped the %d oldest message(s)", self.path, dropped)
@@ -421,8 +431,9 @@ class Spool:
             with self._writing("cannot record dropped windows"):
                 last = self._add_to_counter(counter, count)
                 self._add_to_counter(_DROPPED_COUNTER, count)
-                self._record_drops(spool_space.seq_summary(count, last - count + 1, last, first_window_start,
-                                                           last_window_start, reason))  # fmt: skip
+                summary = spool_space.seq_summary(count, last - count + 1, last, first_window_start, last_window_start,
+                                                  reason)  # fmt: skip
+                self._drops.record(self._db, summary)
                 return last - count + 1, last
 
         with self._lock:
@@ -432,13 +443,6 @@ class Spool:
         """Dropped windows not yet reported (always None while a reporter is set and writes succeed)."""
         with self._lock:
             return spool_space.pending_drops(self._checked_db())
-
-    def _record_drops(self, summary: DropSummary | None) -> None:
-        """Inside a write: add ``summary`` to the pending drops (reported by :meth:`_report_drops_if_due`)."""
-        self._drops.record(self._db, summary)
-
-    def _report_drops_if_due(self) -> None:
-        self._drops.report_if_due(self)
 
     def last_seq(self, counter: str = TELEMETRY_COUNTER) -> int:
         """The last number :meth:`next_seq` handed out for ``counter`` (0 when none)."""
@@ -548,9 +552,8 @@ class _write:
     def refused_for_space(self, headroom_bytes: int) -> SpoolFullError:
         error = SpoolFullError(f"spool {self._spool.path}: {self._what}: the file system is full (less than the "
                                f"{headroom_bytes} bytes kept free for commands and events)", hint=_FREE_SPACE_HINT)  # fmt: skip
-        if self._spool._write_error is None:
+        if self._spool.write_error is None:
             logger.error("%s", error.message)
-        self._spool._write_error = error
         return error
 
     def _failed(self, exc: sqlite3.DatabaseError) -> SpoolError:

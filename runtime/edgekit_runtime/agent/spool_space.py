@@ -364,7 +364,7 @@ class SpoolSpace:
                 spool._reload_sizes()
                 summary = summary_of_rows([(payload,) for _, payload in rows], "disk_full")
                 spool._add_to_counter(DROPPED_COUNTER, sum(1 for _, p in rows if b'"kind":"telemetry_dropped"' not in p))
-                spool._record_drops(summary)
+                spool._drops.record(spool._db, summary)
                 hand_back_free_pages(spool._db)
         except SpoolError:
             return 0
