@@ -74,7 +74,7 @@ def test_a_malformed_flood_keeps_counts_and_a_bounded_sample(fleet_broker: Mosqu
 
 def test_rows_are_bounded_by_bytes_and_per_window(fleet_broker: MosquittoBroker, tmp_path: Path) -> None:
     """Fewer rows than rows_per_reason when the byte cap is reached first; a new window samples afresh."""
-    sampling = RejectedSampling(rows_per_reason=50, max_bytes=3 * (ROW_OVERHEAD_BYTES + 700), window_s=1.0)
+    sampling = RejectedSampling(rows_per_reason=50, max_bytes=3 * (ROW_OVERHEAD_BYTES + 700), window_s=2.0)
     store_url = f"sqlite:///{tmp_path / 'fleet.db'}"
     burst = [(topic("telemetry"), b"[" * 5 + b"{not json") for _ in range(200)]
     with open_store(store_url) as store:
@@ -84,7 +84,7 @@ def test_rows_are_bounded_by_bytes_and_per_window(fleet_broker: MosquittoBroker,
             with Publisher(fleet_broker) as device:
                 device.publish_many(burst)
                 assert _wait_until(lambda: collector.metrics.snapshot()["rejected"].get("malformed_json") == 200)
-                time.sleep(1.2)  # the window ends: its summary is written even with nothing arriving
+                time.sleep(2.2)  # the window ends: its summary is written even with nothing arriving
                 assert _wait_until(lambda: any(row[0] == SUMMARY_TOPIC for row in _rows(store_url)), timeout_s=90)
                 device.publish_many(burst)
                 assert _wait_until(lambda: collector.metrics.snapshot()["rejected"].get("malformed_json") == 400)
@@ -95,6 +95,7 @@ def test_rows_are_bounded_by_bytes_and_per_window(fleet_broker: MosquittoBroker,
     kept = [row for row in rows if row[0] != SUMMARY_TOPIC]
     summaries = [row for row in rows if row[0] == SUMMARY_TOPIC]
     per_row = len(kept[0][0].encode()) + len(kept[0][2].encode()) + ROW_OVERHEAD_BYTES
-    assert len(summaries) >= 2 and len(kept) <= len(summaries) * (sampling.max_bytes // per_row)
+    # a burst on a loaded host may spill into one more window, which may end without a summary
+    assert len(summaries) >= 2 and len(kept) <= (len(summaries) + 1) * (sampling.max_bytes // per_row) < 400 // 10
     assert len(kept) + sum(int(re.match(r"(\d+) more ", row[2]).group(1)) for row in summaries) == 400  # type: ignore[union-attr]
 
