@@ -8,7 +8,7 @@ import datetime as dt
 import math
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -132,11 +132,33 @@ class SeriesRange:
                 "span_s": round((self.until - self.since).total_seconds(), 3)}  # fmt: skip
 
 
-def series_range(store: FleetStore, *, hours: float, points: int, now: dt.datetime, **filters: Any) -> SeriesRange:
+def median_interval_s(summaries: Sequence[DeviceSummary]) -> float | None:
+    """The median device's telemetry interval (its newest window's length), None when no device has one."""
+    intervals = sorted(s.interval_s for s in summaries if s.interval_s)
+    return intervals[len(intervals) // 2] if intervals else None
+
+
+#: A telemetry window length, or how to find it (called only when a range is not kept already).
+WindowLength = Callable[[], "float | None"]
+
+
+def series_range(store: FleetStore, *, hours: float, points: int, now: dt.datetime, window_s: WindowLength | None = None,
+                 **filters: Any) -> SeriesRange:  # fmt: skip
     """Bucket length for ``hours`` back from ``now``, or for the stretch of it that holds windows matching ``filters``,
     never shorter than the devices' telemetry window (a fleet bucket shorter than that would hold a different
-    few devices each time, and the line would zigzag between them)."""
+    few devices each time, and the line would zigzag between them).
+
+    Fleet-wide (no ``devices`` filter) with ``window_s`` given (the median device's interval, from the summaries the
+    page reads anyway), the first window comes from the store's per-fleet aggregate: at 10,000 devices that is
+    about a millisecond, where finding each device's window length in the range took 1.6 s."""
     since = now - dt.timedelta(hours=hours)
+    if window_s is not None and "devices" not in filters:
+        firsts = [row.first_window_start for row in store.aggregate(("fleet",), since=since, **filters)
+                  if row.first_window_start is not None]  # fmt: skip
+        length = window_s()
+        if firsts and length:
+            start = max(since, min(firsts))
+            return SeriesRange(start, now, bucket_for(max(1.0, (now - start).total_seconds(), length * points * 0.999), points))
     spans = [(row.first_window_start, row.last_window_end, row.windows)
              for row in store.aggregate(("fleet", "device"), since=since, **filters)
              if row.first_window_start is not None and row.last_window_end is not None]  # fmt: skip
@@ -145,8 +167,8 @@ def series_range(store: FleetStore, *, hours: float, points: int, now: dt.dateti
     start = max(since, min(first for first, _, _ in spans))
     # each device's mean window length (rollups count the windows they hold); the median device's
     lengths = sorted((last - first).total_seconds() / max(1, windows) for first, last, windows in spans)
-    window_s = lengths[len(lengths) // 2]
-    return SeriesRange(start, now, bucket_for(max(1.0, (now - start).total_seconds(), window_s * points * 0.999), points))
+    median_s = lengths[len(lengths) // 2]
+    return SeriesRange(start, now, bucket_for(max(1.0, (now - start).total_seconds(), median_s * points * 0.999), points))
 
 
 class SeriesRanges:
@@ -157,12 +179,13 @@ class SeriesRanges:
         self.ttl_s = ttl_s
         self._kept: dict[tuple[Any, ...], tuple[float, SeriesRange]] = {}
 
-    def __call__(self, store: FleetStore, *, hours: float, points: int, now: dt.datetime, **filters: Any) -> SeriesRange:
+    def __call__(self, store: FleetStore, *, hours: float, points: int, now: dt.datetime, window_s: WindowLength | None = None,
+                 **filters: Any) -> SeriesRange:  # fmt: skip
         key = (hours, points, repr(sorted(filters.items())))
         kept = self._kept.get(key)
         if kept is not None and time.monotonic() - kept[0] < self.ttl_s:
             return SeriesRange(max(kept[1].since, now - dt.timedelta(hours=hours)), now, kept[1].bucket_s)
-        found = series_range(store, hours=hours, points=points, now=now, **filters)
+        found = series_range(store, hours=hours, points=points, now=now, window_s=window_s, **filters)
         if len(self._kept) > 256:
             self._kept.clear()
         self._kept[key] = (time.monotonic(), found)
@@ -179,14 +202,14 @@ def device_series(store: FleetStore, fleet: str, device: str, *, hours: float = 
 
 
 def fleet_series(store: FleetStore, *, fleet: str | None = None, by: str = "bundle_id", hours: float = 24.0,
-                 points: int = DEFAULT_POINTS, now: dt.datetime | None = None,
-                 ranges: SeriesRanges | None = None) -> dict[str, Any]:  # fmt: skip
+                 points: int = DEFAULT_POINTS, now: dt.datetime | None = None, ranges: SeriesRanges | None = None,
+                 window_s: WindowLength | None = None) -> dict[str, Any]:  # fmt: skip
     """Fleet-wide latency and power per bundle (or target, or reported power mode) over time: what changed when a
     bundle rolled out, and what each target or power mode costs."""
     if by not in FLEET_GROUPS:
         raise ValueError(f"by must be one of {FLEET_GROUPS}, got {by!r}")
     now = now or dt.datetime.now(dt.timezone.utc)
-    span = (ranges or series_range)(store, hours=hours, points=points, now=now, fleet=fleet)
+    span = (ranges or series_range)(store, hours=hours, points=points, now=now, window_s=window_s, fleet=fleet)
     if by == "model":
         return _model_series(store, fleet=fleet, hours=hours, now=now, span=span)
     rows = store.aggregate((by,), fleet=fleet, since=now - dt.timedelta(hours=hours), bucket_s=span.bucket_s)
@@ -209,9 +232,10 @@ def _model_series(store: FleetStore, *, fleet: str | None, hours: float, now: dt
 
 
 def bundle_series(store: FleetStore, *, fleet: str | None = None, hours: float = 24.0, points: int = DEFAULT_POINTS,
-                  now: dt.datetime | None = None, ranges: SeriesRanges | None = None) -> dict[str, Any]:  # fmt: skip
+                  now: dt.datetime | None = None, ranges: SeriesRanges | None = None,
+                  window_s: WindowLength | None = None) -> dict[str, Any]:  # fmt: skip
     """:func:`fleet_series` by bundle, with the groups under ``bundles``."""
-    data = fleet_series(store, fleet=fleet, by="bundle_id", hours=hours, points=points, now=now, ranges=ranges)
+    data = fleet_series(store, fleet=fleet, by="bundle_id", hours=hours, points=points, now=now, ranges=ranges, window_s=window_s)
     data["bundles"] = data.pop("groups")
     return data
 

@@ -196,9 +196,11 @@ class DashboardApp:
             by = query.get("by", "bundle_id")
             if by not in api.FLEET_GROUPS:
                 return _parameter_error("by", f"by must be one of {', '.join(api.FLEET_GROUPS)}, got {by!r}")
-            payload = api.fleet_series(store, fleet=fleet, by=by, hours=hours, points=points, ranges=self._ranges)
+            payload = api.fleet_series(store, fleet=fleet, by=by, hours=hours, points=points, ranges=self._ranges,
+                                       window_s=lambda: api.median_interval_s(self._summaries(fleet)))  # fmt: skip
         elif endpoint == "bundle-series":
-            payload = api.bundle_series(store, fleet=fleet, hours=hours, points=points, ranges=self._ranges)
+            payload = api.bundle_series(store, fleet=fleet, hours=hours, points=points, ranges=self._ranges,
+                                        window_s=lambda: api.median_interval_s(self._summaries(fleet)))  # fmt: skip
         elif endpoint == "rollouts":
             payload = [r.to_json() for r in self._rollouts.recent(50, fleet)] if self._rollouts else []
         elif endpoint == "rejected":

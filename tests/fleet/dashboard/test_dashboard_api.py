@@ -183,3 +183,23 @@ def test_the_page_never_shows_the_store_password(postgres_url) -> None:
     with DashboardServer(with_password, port=0, cache_s=0.0) as server:  # the test server trusts loopback: any password
         body = _get(server.url + "api/overview")[2].decode()
     assert "s3cret-pw" not in body and f"{parts.username}:***@" in json.loads(body)["store"]
+
+
+def test_fleet_ranges_from_the_fleet_aggregate_match_the_per_device_ones(store) -> None:
+    """The fast path (first window from the per-fleet aggregate, window length from the devices' intervals) finds the
+    same bucket and about the same start as reading every device's windows in the range: fleet ``a`` is the quick
+    start after 30 s (10 s windows), ``b`` 6 h of 2-minute windows."""
+    from edgekit.fleet.dashboard.api import median_interval_s, series_range
+
+    seed_history(store, fleet="a", devices=3, hours=30 / 3600, window_s=10.0, upgrade_at=None, now=NOW)
+    seed_history(store, fleet="b", devices=4, hours=6, window_s=120.0, upgrade_at=None, now=NOW)
+    for fleet in ("a", "b", None):
+        summaries = store.device_summaries(fleet)
+        for hours in (0.25, 1, 24, 168):
+            slow = series_range(store, hours=hours, points=300, now=NOW, fleet=fleet)
+            fast = series_range(store, hours=hours, points=300, now=NOW, fleet=fleet, window_s=lambda: median_interval_s(summaries))
+            # the same bucket; the start may differ by the window straddling the range's start (the store's fleet
+            # aggregate counts a window in the minute it started, the per-device read by its end)
+            assert fast.bucket_s == slow.bucket_s and fast.until == slow.until, (fleet, hours)
+            assert abs((fast.since - slow.since).total_seconds()) <= 120.0, (fleet, hours)
+    assert series_range(store, hours=1, points=300, now=NOW, fleet="a", window_s=lambda: 10.0).bucket_s == 10
