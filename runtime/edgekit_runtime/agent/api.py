@@ -83,6 +83,7 @@ from edgekit_runtime.agent.http_guard import (
     content_type_refusal,
     media_type,
 )
+from edgekit_runtime.agent.json_tensors import loads_tensor_json
 from edgekit_runtime.agent.serving import InferenceServer
 from edgekit_runtime.agent.wire import (
     BINARY_CONTENT_TYPE,
@@ -459,8 +460,9 @@ def _infer(handler: _Handler) -> None:
 
 def _decode_request(body: bytearray, content_type: str, signature: Any, model: str | None) -> dict[str, Any]:
     """The request's tensors; whatever is wrong with the body is an :class:`InputSignatureError` (a 400).
-    A JSON body's values and arrays are counted against the model's inputs first, and the body's buffer is
-    emptied once decoded, so parsing holds the text and its objects, not the bytes besides."""
+    A JSON body's values and arrays are counted against the model's inputs first, then parsed with its large
+    arrays of numbers read straight into numpy (:mod:`~edgekit_runtime.agent.json_tensors`), and the body's
+    buffer is emptied once parsed."""
     try:
         if content_type == BINARY_CONTENT_TYPE:
             return decode_binary(body)
@@ -468,10 +470,8 @@ def _decode_request(body: bytearray, content_type: str, signature: Any, model: s
         if refusal is not None:
             raise InputSignatureError(refusal.message, hint=refusal.hint)
         try:
-            text = body.decode("utf-8")
+            payload = loads_tensor_json(body)  # large arrays of numbers straight to numpy
             body.clear()
-            payload = json.loads(text)
-            del text
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise InputSignatureError(f"request body is not valid JSON: {err}", hint='send {"inputs": {...}}') from err
         except RecursionError as err:

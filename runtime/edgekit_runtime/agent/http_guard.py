@@ -189,16 +189,16 @@ def body_limit_refusal(length: int, signature: Any, model: str, *, setting: str)
 
 
 def check_json_item_counts(body: bytes | bytearray, signature: Any, model: str) -> Refusal | None:
-    """400 when a JSON body holds more values (commas) or arrays (``[``) than ``signature``'s inputs can,
-    counted on the bytes before ``json.loads`` turns each into a Python object (32-64 bytes apiece)."""
+    """400 when a JSON body holds more values (commas) or arrays (``[``) than ``signature``'s inputs can, or
+    more than 8,192 strings (names and keys need a few dozen), counted on the bytes before anything parses them."""
     values = max_input_values(signature)
     if values is None:
         return None
     limit = values + JSON_ITEM_SLACK
-    commas, arrays = body.count(b","), body.count(b"[")
-    if commas <= limit and arrays <= limit:
+    commas, arrays, quotes = body.count(b","), body.count(b"["), body.count(b'"')
+    if commas <= limit and arrays <= limit and quotes <= 16 * JSON_ITEM_SLACK:
         return None
-    what = f"{commas} commas" if commas > limit else f"{arrays} arrays"
+    what = f"{commas} commas" if commas > limit else f"{arrays} arrays" if arrays > limit else f"{quotes // 2} strings"
     return Refusal(HTTPStatus.BAD_REQUEST, "input_signature",
                    f"request body holds {what}, more than the inputs of model {model!r} can take ({values} values at most: "
                    f"{describe_inputs(signature)})", "send one value per input element")  # fmt: skip

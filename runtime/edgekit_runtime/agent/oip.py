@@ -35,6 +35,7 @@ import numpy as np
 from edgekit_runtime import __version__ as AGENT_VERSION
 from edgekit_runtime.agent.errors import NoModelError
 from edgekit_runtime.agent.http_guard import check_json_item_counts, content_type_refusal
+from edgekit_runtime.agent.json_tensors import loads_tensor_json
 from edgekit_runtime.errors import EdgekitError, InputSignatureError
 from edgekit_runtime.signature import IOSignature
 
@@ -198,16 +199,18 @@ def _infer(handler: _Handler, name: str, version: str) -> None:
     if counted is not None:
         raise OipError(counted.status, f"{counted.message}; {counted.hint}")
     try:
-        text = str(memoryview(body)[:header_length], "utf-8")
-        if header_length == len(body):
-            body.clear()  # all JSON: parse the text alone, without the bytes besides
-        request = json.loads(text)
+        if header_length == len(body):  # all JSON: large arrays of numbers straight to numpy, then the bytes go
+            request = loads_tensor_json(body)
+            body.clear()
+        else:
+            request = json.loads(str(memoryview(body)[:header_length], "utf-8"))
+    except InputSignatureError as err:
+        raise OipError(HTTPStatus.BAD_REQUEST, f"{err.message}; {err.hint}") from err
     except (UnicodeDecodeError, ValueError, RecursionError) as err:
         raise OipError(HTTPStatus.BAD_REQUEST, f"the inference request's JSON header is not valid JSON ({err}); send "
                        f"{{\"inputs\": [...]}}, and with binary tensor data set {HEADER_LENGTH} to its size") from err  # fmt: skip
     if not isinstance(request, dict):
         raise OipError(HTTPStatus.BAD_REQUEST, "the inference request must be a JSON object with \"inputs\"")
-    del text
     feeds = _decode_inputs(request.get("inputs"), memoryview(body)[header_length:])
     wanted, binary_default = _requested_outputs(request, slot.server.signature)
     result = infer_model(slot, name, feeds)
