@@ -64,9 +64,12 @@ class HeadlessChromium:
         self.driver.set_page_load_timeout(page_load_timeout_s)
 
     def load(self, url: str, *, ready_timeout_s: float = 30.0) -> PageLoad:
-        """Open ``url``, wait for the dashboard's ready mark, and return the navigation timing."""
+        """Open ``url`` (a fresh load, also when only its hash differs from the page shown), wait for the dashboard's
+        ready mark, and return the navigation timing."""
         from selenium.webdriver.support.ui import WebDriverWait
 
+        if self.driver.current_url.split("#")[0] == url.split("#")[0]:
+            self.driver.get("about:blank")  # else a new hash on the same page is no reload (and no new ready mark)
         self.driver.get(url)
         WebDriverWait(self.driver, ready_timeout_s).until(
             lambda d: d.execute_script("return document.body.dataset.ready === '1' || !!document.body.dataset.error")
