@@ -255,6 +255,8 @@ class MetricsServer:
         return families
 
     def start(self) -> MetricsServer:
+        if self.reader is not None:
+            self.reader.prime()
         self._thread.start()
         logger.info("metrics on %s", self.url)
         return self

@@ -80,10 +80,11 @@ class FleetReader:
     """Reads ``store`` (one of its own: a scrape then never waits for the collector's writer) at most once every
     ``max_age_s`` seconds; ``fleet`` restricts it to one fleet. :meth:`snapshot` returns the newest good read.
 
-    ``background=True`` (what the metrics server uses): only the first call waits for a read; later calls return
-    the newest read at once, and a thread reads the store again every ``max_age_s`` seconds for as long as calls
-    keep coming (it stops after ``idle_s`` without one), so a scrape costs the same however slow the store read
-    is, and serves figures at most ``max_age_s`` plus one read old. Otherwise a call finding the read older than
+    ``background=True`` (what the metrics server uses; it calls :meth:`prime` when it starts): only the first call
+    waits for a read (for what is left of the primed one); later calls return the newest read at once, and a
+    thread reads the store again every ``max_age_s`` seconds for as long as calls keep coming (it stops after
+    ``idle_s`` without one), so a scrape costs the same however slow the store read is, and serves figures at
+    most ``max_age_s`` plus one read old. Otherwise a call finding the read older than
     ``max_age_s`` reads the store itself (callers arriving meanwhile wait for that read and share it)."""
 
     def __init__(self, store: FleetStore, *, fleet: str | None = None, max_age_s: float = DEFAULT_CACHE_S,
@@ -97,6 +98,7 @@ class FleetReader:
         self._state = threading.Lock()  # guards _snapshot, _refresher, _asked_at
         self._snapshot: FleetSnapshot | None = None
         self._refresher: threading.Thread | None = None
+        self._first_read: threading.Thread | None = None
         self._asked_at = clock()
         self._closed = threading.Event()
         self.reads = 0
@@ -134,6 +136,12 @@ class FleetReader:
                 self._snapshot = fresh
             return fresh
 
+    def prime(self) -> None:
+        """Start one read in the background now, so that the first call need not wait for all of it."""
+        if self.background and self._first_read is None:
+            self._first_read = threading.Thread(target=self._read, args=(None,), name="edgekit-metrics-first-read", daemon=True)
+            self._first_read.start()
+
     def _start_refresher(self) -> None:
         with self._state:
             if self._refresher is not None or self._closed.is_set():
@@ -160,8 +168,9 @@ class FleetReader:
         self._closed.set()
         with self._state:
             refresher = self._refresher
-        if refresher is not None:
-            refresher.join(timeout=30)
+        for thread in (refresher, self._first_read):
+            if thread is not None:
+                thread.join(timeout=30)
 
     def age_s(self, snapshot: FleetSnapshot) -> float:
         return max(self._clock() - snapshot.read_at, 0.0)

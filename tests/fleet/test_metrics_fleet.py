@@ -197,6 +197,19 @@ def test_in_the_background_a_scrape_never_waits_for_a_slow_store(sqlite_fleet_st
         reader.close()
 
 
+def test_a_primed_reader_has_read_before_the_first_scrape(sqlite_fleet_store: FleetStore) -> None:
+    store = MetricsStore.of(sqlite_fleet_store)
+    store.delay_s = 0.3
+    reader = FleetReader(store, max_age_s=5.0, background=True)
+    try:
+        reader.prime()  # as MetricsServer.start() does
+        assert _eventually(lambda: reader.reads == 1)
+        started = time.monotonic()
+        assert reader.snapshot() is not None and time.monotonic() - started < 0.2 and store.reads == 1
+    finally:
+        reader.close()
+
+
 def _eventually(check: Callable[[], bool], timeout_s: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
