@@ -11,7 +11,15 @@ abuse ends before inference) on a loopback port, and the parent, over real socke
    body byte, and hold them (a server that sizes its buffer from the header allocates them all);
 2. ``slowloris``: opens ``--slowloris`` connections that send a header byte every 0.5 s (counted: how
    many the API closed with 408 within its header_timeout_s);
-3. ``flood``: opens ``--flood`` idle connections at once (counted: how many were refused with 503).
+3. ``flood``: opens ``--flood`` idle connections at once (counted: how many were refused with 503);
+4. ``hostile_json`` (with ``--bundle DIR``, which the child then serves): POSTs ``--json-mb`` MB of JSON
+   to ``/v1/infer``, once as compact values (``0.0,`` ...: more values than most models take) and once
+   as 25-digit values (as many as a float32[2, 3, 640, 640] input takes), then four of the latter at
+   once; each reports the peak RSS growth (VmHWM after resetting it through ``/proc/<pid>/clear_refs``).
+   The model of tests/runtime/agent/wide_bundle.py is big enough for 60 MB to be read::
+
+       .venv/bin/python -c "from pathlib import Path; from tests.runtime.agent.wide_bundle import write_wide_bundle; write_wide_bundle(Path('/tmp/wide'))"
+       .venv/bin/python scripts/abuse_local_api.py --bundle /tmp/wide --json-mb 60
 
 After each phase it reads the child's VmRSS from ``/proc/<pid>/status``; the figures are in MB.
 """
@@ -30,7 +38,14 @@ _CHILD = """
 import sys, time
 from edgekit_runtime.agent.api import AgentApi
 from edgekit_runtime.agent.serving import InferenceServer
-api = AgentApi(InferenceServer(), "127.0.0.1:0").start()
+if len(sys.argv) > 1:
+    from edgekit_runtime.backends import create_runner
+    from edgekit_runtime.bundle import open_bundle
+    bundle = open_bundle(sys.argv[1])
+    server = InferenceServer(create_runner(bundle).load(), model_name=bundle.name)
+else:
+    server = InferenceServer()
+api = AgentApi(server, "127.0.0.1:0").start()
 print(api.bound_address, getattr(api, "header_timeout_s", 0), getattr(api, "max_connections", 0), flush=True)
 sys.stdin.read()  # until the parent closes it
 api.stop()
@@ -72,6 +87,56 @@ def answer_status(sock: socket.socket) -> int | None:
     return int(head.split()[1]) if head.startswith(b"HTTP/1.1 ") else 0
 
 
+def peak_growth_mb(pid: int, action) -> float:  # type: ignore[no-untyped-def]
+    """Peak RSS growth of ``pid`` while ``action()`` runs: VmHWM reset to VmRSS first (clear_refs 5)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+    before = rss_mb(pid)
+    action()
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024 - before, 1)
+    raise RuntimeError(f"no VmHWM for pid {pid}")
+
+
+def post_status(target: tuple[str, int], body: bytes) -> int:
+    """POST ``body`` as JSON to /v1/infer; the status (read also when the agent answers before the body went)."""
+    with socket.create_connection(target, timeout=120) as sock:
+        sock.sendall(b"POST /v1/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body))  # fmt: skip
+        try:
+            sock.sendall(body)
+        except OSError:
+            pass
+        head = sock.recv(64)
+    return int(head.split()[1]) if head.startswith(b"HTTP/1.1 ") else 0
+
+
+def hostile_json(target: tuple[str, int], pid: int, megabytes: int) -> dict[str, object]:
+    import threading
+
+    head, tail = b'{"inputs": {"image": {"dtype": "float32", "data": [', b"0]}}}"
+
+    def body(value: bytes) -> bytes:
+        return head + (value + b",") * ((megabytes * 1024 * 1024 - len(head) - len(tail)) // (len(value) + 1)) + tail
+
+    result: dict[str, object] = {"body_mb": megabytes}
+    for name, value in (("compact", b"0.0"), ("long_values", b"0.10000000000000000000001")):
+        data = body(value)
+        statuses: list[int] = []
+        result[name] = {"rss_growth_mb": peak_growth_mb(pid, lambda: statuses.append(post_status(target, data))), "status": statuses}
+    statuses = []
+
+    def four() -> None:
+        threads = [threading.Thread(target=lambda: statuses.append(post_status(target, data))) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    result["four_long_values"] = {"rss_growth_mb": peak_growth_mb(pid, four), "status": statuses}
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--claims", type=int, default=16)
@@ -79,9 +144,12 @@ def main() -> int:
     parser.add_argument("--slowloris", type=int, default=64)
     parser.add_argument("--flood", type=int, default=300)
     parser.add_argument("--hold-s", type=float, default=2.0)
+    parser.add_argument("--bundle", help="a bundle directory for the child to serve (enables the hostile_json phase)")
+    parser.add_argument("--json-mb", type=int, default=60)
     args = parser.parse_args()
 
-    child = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, *([args.bundle] if args.bundle else [])], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         address, header_timeout_s, max_connections = child.stdout.readline().split()  # type: ignore[union-attr]
         host, port = address.rsplit(":", 1)
@@ -135,6 +203,8 @@ def main() -> int:
             refused += answer_status(sock) == 503
         result["flood"] = {"connections": args.flood, "refused_503": refused, "rss_mb": round(settle_rss(child.pid, 0.5), 1)}
         close_all(held)
+        if args.bundle:
+            result["hostile_json"] = hostile_json(target, child.pid, args.json_mb)
         result["peak_rss_mb"] = max(result["claims"]["rss_mb"], result["slowloris"]["rss_mb"], result["flood"]["rss_mb"])  # type: ignore[index]
         print(json.dumps(result, indent=2))
     finally:
