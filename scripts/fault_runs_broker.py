@@ -7,7 +7,7 @@ The run: ``edgekit fleet collect`` (CLI defaults: a persistent session) starts o
 the broker queues for it; three publishers (the agent's real MqttLink and Spool, ``delivery`` as the run
 says, ``resend_after_s`` 2 s) spool and publish 100 windows each, and print ``published`` once the broker
 has acknowledged every one; Mosquitto is killed with SIGKILL and started again; 3 s later (the publishers
-have reconnected and published their spools again, into no session) the collector starts again; each
+have reconnected; the collector's session died with the broker) the collector starts again; each
 publisher waits until its spool is empty (with ``collector_ack``: the collector confirmed every window) and
 exits. Brokers: the shipped settings (``persistence true``, ``max_queued_messages 0``) and Mosquitto's
 defaults (no persistence). The ``broker_ack`` run is the contrast: the behaviour before, which loses them.
@@ -79,7 +79,7 @@ def run_broker_kill(result: Any, *, persistence: bool, delivery: str = "collecto
             queued = sum(len(spooled(link)) for link in links)
             s.broker.kill()  # kill -9
             s.broker.start()
-            time.sleep(3)  # the publishers reconnect and publish what they hold, into no collector session
+            time.sleep(3)  # the publishers reconnect; the collector's session died with the broker
             second = s.collector(name="collector-2")
             second.next_json("started")
             wait_drained(links)
@@ -89,10 +89,10 @@ def run_broker_kill(result: Any, *, persistence: bool, delivery: str = "collecto
                                 f"when Mosquitto was killed; delivery {delivery}")  # fmt: skip
             if delivery == "collector_ack":
                 done = [link.next_json("delivery", 5) for link in links]
-                result.notes.append(f"the publishers sent {sum(d['resent'] for d in done)} windows again after "
-                                    f"resend_after_s {RESEND_AFTER_S:g} s (besides the whole spool on reconnecting); "
-                                    f"{sum(d['confirmed'] for d in done)} confirmed by {sum(d['acks_received'] for d in done)} "
-                                    "acks")  # fmt: skip
+                result.notes.append(f"the publishers sent {sum(d['resent'] for d in done)} windows again (the newest "
+                                    f"as a probe after resend_after_s {RESEND_AFTER_S:g} s, then the older ones as a "
+                                    f"hole); {sum(d['confirmed'] for d in done)} confirmed by "
+                                    f"{sum(d['acks_received'] for d in done)} acks")  # fmt: skip
             return count(result, s.store_url, {f"dev-{i}": spooled(link) for i, link in enumerate(links)}, [second])
         finally:
             s.close()

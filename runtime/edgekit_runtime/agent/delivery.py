@@ -13,15 +13,21 @@ Two modes (the agent's ``telemetry.delivery``):
   older than ``ack.v1``); with ``collector_ack`` such a collector's windows would wait in the spool
   until its bound drops the oldest, and be published again and again meanwhile.
 
-Publishing again: a window the collector has not confirmed is published again
+Publishing again: a window the broker has acknowledged but the collector has not confirmed is
+published again
 
-* on every reconnect (the link sends the whole spool again, oldest first),
-* ``resend_after_s`` after it was last sent, doubling with each send up to ``resend_max_s``, and
-* sooner, ``hole_grace_s`` (doubling the same way) after it was sent, once the collector has
-  confirmed a *later* window of this device: the collector is there, so this one went missing.
+* ``hole_grace_s`` after it was last sent (doubling with each send up to ``resend_max_s``) once the
+  collector has confirmed a *later* window of this device: the collector is there, so this one went
+  missing (a broker crash, a broker restarted without the collector's session, ...);
+* the newest such window alone, ``resend_after_s`` after it was last sent (doubling the same way), as a
+  probe for an agent that publishes nothing new: once the collector confirms it, the older ones are a
+  hole and follow.
 
-The collector stores each (fleet, device, seq) once, so publishing again costs bandwidth, never a
-duplicate. While the collector is away nothing is confirmed and the spool grows to its bound
+A reconnect sends again only what the broker had not acknowledged, as before. So while the collector
+is away an agent publishes one probe per ``resend_max_s`` at most, not its whole spool again and again
+into the broker's queue for the collector. After an agent restart the whole spool goes out once (the
+tracker starts empty). The collector stores each (fleet, device, seq) once, so publishing again costs
+bandwidth, never a duplicate. While the collector is away nothing is confirmed and the spool grows to its bound
 (``telemetry.spool.max_messages`` / ``max_bytes``); past it the oldest windows are dropped and
 counted in the spool's ``dropped`` counter (the next window's ``spool.dropped``), exactly as when
 the broker is away.
@@ -32,7 +38,6 @@ read from any thread).
 
 from __future__ import annotations
 
-import heapq
 import json
 import logging
 import time
@@ -124,7 +129,6 @@ class DeliveryTracker:
         self._clock = clock
         self._sent: dict[int, _Sent] = {}  # spool id -> the window's seq and sends, in spool order
         self._by_seq: dict[int, int] = {}  # seq -> spool id
-        self._due: list[tuple[float, int, int]] = []  # heap of (due at, spool id, sends)
         self._remembered: list[tuple[int, int]] = []  # confirmed seqs not tracked when the ack came
         self._highest_confirmed = 0
         self._hole_check = False
@@ -166,7 +170,6 @@ class DeliveryTracker:
         if known is None and len(self._sent) > self.spool.max_messages:
             # the spool holds no more than this: the oldest tracked windows were dropped by its bound
             self.forget(list(self._sent)[: len(self._sent) - self.spool.max_messages])
-        heapq.heappush(self._due, (now + self._delay(sends, self._resend_after_s), entry.id, sends))
         if resend:
             self._counts["resent"] += 1
 
@@ -176,11 +179,10 @@ class DeliveryTracker:
             return []
         now = self._clock()
         due: set[int] = set()
-        while self._due and self._due[0][0] <= now and len(due) < limit:
-            _, entry_id, sends = heapq.heappop(self._due)
-            known = self._sent.get(entry_id)
-            if known is not None and known.sends == sends:
-                due.add(entry_id)
+        newest_id = next(reversed(self._sent))  # the probe
+        newest = self._sent[newest_id]
+        if now - newest.sent_at >= self._delay(newest.sends, self._resend_after_s):
+            due.add(newest_id)
         if self._hole_check and len(due) < limit and now >= self._next_hole_scan:
             self._hole_check, self._next_hole_scan = False, now + _HOLE_SCAN_EVERY_S
             for entry_id, known in self._sent.items():

@@ -9,8 +9,8 @@ Delivery contract:
   spool when its PUBACK arrives; with ``"collector_ack"`` (the agent's default) a telemetry window
   stays until the collector's ``ack.v1`` on ``.../ack`` says it is stored, and is published again
   until then (:mod:`~edgekit_runtime.agent.delivery`). The spool is the only outgoing queue: when a
-  connection drops, what it holds is sent again, in order, on the next one (delivery is at least
-  once; ``seq`` and ``event_id`` let the collector drop duplicates). A message the broker refuses (a
+  connection drops, what the broker had not acknowledged is sent again, in order, on the next one
+  (delivery is at least once; ``seq`` and ``event_id`` let the collector drop duplicates). A message the broker refuses (a
   PUBACK reason code >= 0x80, e.g. "Not authorized") is removed and counted as ``rejected``.
 * On connect the link subscribes to ``.../cmd`` and publishes ``{"state": "online"}`` retained on
   ``.../status``; the will publishes ``{"state": "offline"}`` retained when the connection is lost;
@@ -514,11 +514,13 @@ class MqttLink:
         self._set_state(_State.DISCONNECTED)
         self._connected_event.clear()
         self._record_error(*(self._drop_reason or (message, hint)))
-        # The spool is the only queue: forget paho's copies, resend from the oldest unacknowledged.
+        # The spool is the only queue: forget paho's copies, resend from the oldest the broker has not
+        # acknowledged (windows awaiting the collector are behind it: the delivery tracker resends those).
         self._client.drop_out_messages()
+        self._sent_upto_id = min((spool_id for spool_id, _ in self._inflight.values()),
+                                 default=self._sent_upto_id + 1) - 1  # fmt: skip
         self._inflight.clear()
         self._pubacks.clear()
-        self._sent_upto_id = 0
         if was_connected:
             logger.warning("MQTT link %s down: %s", self.address.url, self.last_error)
 

@@ -80,40 +80,50 @@ def test_windows_stay_after_the_puback_and_leave_on_the_collectors_ack(tmp_path:
         assert (counters.awaiting, counters.confirmed, counters.resent, counters.acks_received) == (0, 5, 2, 2)
 
 
-def test_without_any_ack_a_window_is_sent_again_after_the_timeout_doubling(tmp_path: Path) -> None:
+def test_without_any_ack_only_the_newest_window_is_sent_again_as_a_probe(tmp_path: Path) -> None:
+    """A silent collector costs one probe per resend interval, not the whole spool again; once the probe is
+    confirmed the older windows are a hole and follow at once (their grace is long over)."""
     clock = Clock()
     with Spool(tmp_path / "spool.db") as spool:
-        tracker = DeliveryTracker(TOPICS, spool, "collector_ack", resend_after_s=30, resend_max_s=60, clock=clock)
-        _spooled(spool, 2)
+        tracker = DeliveryTracker(TOPICS, spool, "collector_ack", resend_after_s=30, resend_max_s=60, hole_grace_s=5,
+                                  clock=clock)  # fmt: skip
+        _spooled(spool, 3)
         _send_all(tracker, spool)
         clock.now += 29
         assert tracker.take_due(16) == []
         clock.now += 1
-        due = tracker.take_due(1)  # at most what the link has room for
-        assert _seqs(due) == [1]
-        tracker.sent(due[0], resend=True)
-        assert _seqs(tracker.take_due(16)) == [2]
+        (probe,) = tracker.take_due(16)
+        assert _seqs([probe]) == [3]
+        tracker.sent(probe, resend=True)
         clock.now += 59
         assert tracker.take_due(16) == []
         clock.now += 1  # 30 s doubled to 60 s (resend_max_s)
-        assert _seqs(tracker.take_due(16)) == [1]
+        (probe,) = tracker.take_due(16)
+        tracker.sent(probe, resend=True)
+        tracker.ack_received(_ack((3, 3)))  # the collector is back
+        assert _seqs(tracker.take_due(16)) == [1, 2]
+        assert tracker.counters().resent == 2
 
 
-def test_an_ack_before_the_resend_and_windows_dropped_by_the_bound(tmp_path: Path) -> None:
+def test_an_ack_before_the_send_and_windows_dropped_by_the_bound(tmp_path: Path) -> None:
     clock = Clock()
     with Spool(tmp_path / "spool.db", max_messages=3) as spool:
-        tracker = DeliveryTracker(TOPICS, spool, "collector_ack", resend_after_s=1, clock=clock)
+        tracker = DeliveryTracker(TOPICS, spool, "collector_ack", resend_after_s=30, hole_grace_s=5, clock=clock)
         _spooled(spool, 3)
         _send_all(tracker, spool)
         _spooled(spool, 2)  # over the bound: seqs 1 and 2 are dropped while they await the collector
         assert spool.dropped_total() == 2
-        clock.now += 1
-        assert _seqs(tracker.take_due(16)) == [3]  # 1 and 2 are gone from the spool: forgotten, not sent
-        assert tracker.counters().awaiting == 1
-        # the collector confirms seq 4 before this process sent it (it was sent before a restart)
+        clock.now += 30
+        (probe,) = tracker.take_due(16)
+        assert _seqs([probe]) == [3]
+        tracker.sent(probe, resend=True)
+        # the collector confirms seq 4 before this process sent it (an earlier process did, before a restart)
         tracker.ack_received(_ack((4, 4)))
-        (entry_4, entry_5) = spool.peek(10, after_id=spool.peek(1)[0].id)
+        entry_4, entry_5 = spool.peek(10, after_id=probe.id)
         assert tracker.already_confirmed(entry_4) and not tracker.already_confirmed(entry_5)
+        clock.now += 5  # 1 and 2 are now a hole, but gone from the spool: forgotten, not sent
+        assert tracker.take_due(16) == []
+        assert tracker.counters().awaiting == 1
 
 
 @pytest.mark.parametrize(
