@@ -63,9 +63,42 @@ def _merge(how: str, old: Any, new: Any) -> Any:
     return max(old, new) if how == "max" else min(old, new)
 
 
-def _merge_into(target: dict[str, Any], part: dict[str, Any], sums: Sequence[tuple[str, str]]) -> None:
-    for name, how in sums:
-        target[name] = _merge(how, target.get(name), part.get(name))
+class _Merger:
+    """Merges a part's sums into a bucket's, by kind of column (the hot loop of ingest: a few per window)."""
+
+    def __init__(self, sums: Sequence[tuple[str, str]]) -> None:
+        self.sums = tuple(name for name, how in sums if how == "sum")
+        self.nullable = tuple(name for name, how in sums if how == "nullable_sum")
+        self.maxima = tuple(name for name, how in sums if how == "max")
+        self.minima = tuple(name for name, how in sums if how == "min")
+
+    def __call__(self, buckets: dict[Any, dict[str, Any]], key: Any, part: dict[str, Any]) -> None:
+        target = buckets.get(key)
+        if target is None:
+            buckets[key] = dict(part)
+            return
+        for name in self.sums:
+            target[name] += part[name]
+        for name in self.nullable:
+            new = part[name]
+            if new is not None:
+                old = target[name]
+                target[name] = new if old is None else old + new
+        for name in self.maxima:
+            new = part[name]
+            if new is not None:
+                old = target[name]
+                if old is None or new > old:
+                    target[name] = new
+        for name in self.minima:
+            new = part[name]
+            if new is not None:
+                old = target[name]
+                if old is None or new < old:
+                    target[name] = new
+
+
+_MERGE_FLEET, _MERGE_MODEL, _MERGE_BUNDLE = _Merger(FLEET_SUMS), _Merger(MODEL_SUMS), _Merger(BUNDLE_SUMS)
 
 
 def _epoch(moment: dt.datetime) -> float:
@@ -185,14 +218,14 @@ def ingest(store: SqlFleetStore, cursor: Any, parts: Sequence[Part]) -> None:
             if part.device_wide:
                 sums = dict(part.sums)
                 sums["devices"] = 1 if _counts_device(device.marks, f"f{tier}", "\x1f".join(group), start) else 0
-                _merge_into(fleet.setdefault((*group, tier, start), {}), sums, FLEET_SUMS)
+                _MERGE_FLEET(fleet, (*group, tier, start), sums)
             for model_name, bundle, model_sums in part.models:
                 msums = dict(model_sums)
                 msums["devices"] = 1 if _counts_device(device.marks, f"m{tier}:{model_name}", bundle, start) else 0
-                _merge_into(model.setdefault((part.fleet, model_name, bundle, tier, start), {}), msums, MODEL_SUMS)
+                _MERGE_MODEL(model, (part.fleet, model_name, bundle, tier, start), msums)
         if not part.device_wide:
             continue
-        _merge_into(spans.setdefault((part.fleet, part.device, part.bundle_id), {}), part.sums, BUNDLE_SUMS)
+        _MERGE_BUNDLE(spans, (part.fleet, part.device, part.bundle_id), part.sums)
         _add_to_device(device, part)
     _write(store, cursor, "fleet_buckets", FLEET_KEY, FLEET_SUMS, fleet)
     _write(store, cursor, "fleet_model_buckets", MODEL_KEY, MODEL_SUMS, model)
@@ -215,10 +248,13 @@ def _lock_devices(store: SqlFleetStore, cursor: Any, devices: Sequence[tuple[str
     so that two collectors writing the same devices never wait on each other in a circle."""
     from edgekit.fleet.store import queries
 
-    start, end = store.insert_ignore
-    cursor.executemany(store._sql(f"{start} device_latest (fleet, device) VALUES (?, ?) {end}"), devices)
     params: dict[str, Any] = {}
     where = queries.device_filter(store, "d", params, devices)
+    cursor.execute(store._sql(f"SELECT d.fleet, d.device FROM device_latest d WHERE {where}"), params)
+    missing = sorted(set(devices) - {(row[0], row[1]) for row in cursor.fetchall()})
+    if missing:
+        start, end = store.insert_ignore
+        cursor.executemany(store._sql(f"{start} device_latest (fleet, device) VALUES (?, ?) {end}"), missing)
     cursor.execute(store._sql(f"SELECT d.fleet, d.device, {', '.join('d.' + c for c in DEVICE_COLUMNS)} FROM device_latest d "
                               f"WHERE {where} ORDER BY d.fleet, d.device{store.lock_rows_sql}"), params)  # fmt: skip
     found = {}
@@ -254,7 +290,8 @@ def _device_context(store: SqlFleetStore, cursor: Any,
     return targets, modes
 
 
-def _upsert_sql(store: SqlFleetStore, table: str, key: Sequence[str], sums: Sequence[tuple[str, str]]) -> str:
+def _upsert_sql(store: SqlFleetStore, table: str, key: Sequence[str], sums: Sequence[tuple[str, str]]) -> tuple[str, str]:
+    """Head and tail of a multi-row upsert that merges ``sums`` into rows that exist."""
     columns = [*key, *(name for name, _ in sums)]
     merges = []
     for name, how in sums:
@@ -265,8 +302,7 @@ def _upsert_sql(store: SqlFleetStore, table: str, key: Sequence[str], sums: Sequ
             merges.append(f"{name} = CASE WHEN {old} IS NULL THEN {new} WHEN {new} IS NULL THEN {old} ELSE {old} + {new} END")
         else:
             merges.append(f"{name} = {(store.greatest_sql if how == 'max' else store.least_sql)(old, new)}")
-    return (f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))}) "
-            f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {', '.join(merges)}")  # fmt: skip
+    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES", f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {', '.join(merges)}"
 
 
 def _write(store: SqlFleetStore, cursor: Any, table: str, key: Sequence[str], sums: Sequence[tuple[str, str]],
@@ -283,7 +319,8 @@ def _write(store: SqlFleetStore, cursor: Any, table: str, key: Sequence[str], su
             row = list(bucket_key)
         row += [store.time_in(_at(values[name])) if name in _TIME_SUMS else values.get(name) for name, _ in sums]
         rows.append(tuple(row))
-    cursor.executemany(store._sql(_upsert_sql(store, table, key, sums)), rows)
+    head, tail = _upsert_sql(store, table, key, sums)
+    store.execute_rows(cursor, head, rows, tail)
 
 
 def _write_spans(store: SqlFleetStore, cursor: Any, spans: dict[tuple[str, str, str], dict[str, Any]]) -> None:
@@ -295,8 +332,10 @@ def _write_devices(store: SqlFleetStore, cursor: Any, changed: dict[tuple[str, s
     rows = [(d.windows, d.seq_min, d.seq_max, _time(store, d.received_at_max), _time(store, d.window_end_max), d.latest_seq,
              *d.latest, d.interval_s, json.dumps(d.marks, separators=(",", ":")), fleet_id, device_id)
             for (fleet_id, device_id), d in sorted(changed.items())]  # fmt: skip
-    sets = ", ".join(f"{column} = ?" for column in DEVICE_COLUMNS)
-    cursor.executemany(store._sql(f"UPDATE device_latest SET {sets} WHERE fleet = ? AND device = ?"), rows)
+    # the rows exist and are locked (_lock_devices): an upsert that replaces them writes a batch in a few statements
+    sets = ", ".join(f"{column} = excluded.{column}" for column in DEVICE_COLUMNS)
+    store.execute_rows(cursor, f"INSERT INTO device_latest ({', '.join(DEVICE_COLUMNS)}, fleet, device) VALUES", rows,
+                       f"ON CONFLICT (fleet, device) DO UPDATE SET {sets}")  # fmt: skip
 
 
 def _at(epoch_s: float) -> dt.datetime:

@@ -297,9 +297,10 @@ FROM device_bundles b WHERE {where} AND b.bundle_id = :bundle_id"""
 
 
 # -- per model (issue 20) ---------------------------------------------------------------------------------------
+#: A multi-row insert of model windows: head and tail (SqlFleetStore.execute_rows writes the rows between).
 INSERT_MODEL_WINDOW = """INSERT INTO telemetry_model_windows (fleet, device, seq, model, bundle_id, window_start,
-    window_end, inferences, errors, p50_ms, p99_ms, throughput_per_s, memory_mb)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (fleet, device, seq, model) DO NOTHING"""
+    window_end, inferences, errors, p50_ms, p99_ms, throughput_per_s, memory_mb) VALUES"""
+INSERT_MODEL_WINDOW_END = "ON CONFLICT (fleet, device, seq, model) DO NOTHING"
 
 #: Model rollup columns and how model windows (alias ``w``) sum into them, and how an existing bucket merges.
 MODEL_ROLLUP_FROM_RAW: tuple[tuple[str, str, str], ...] = (

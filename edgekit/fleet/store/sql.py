@@ -37,6 +37,8 @@ from edgekit.fleet.store.migrate import pending
 
 #: Rows fetched per query when iterating windows.
 PAGE_ROWS = 5000
+#: Parameters per multi-row statement (SQLite allows 32,766, PostgreSQL 65,535).
+PARAMS_PER_STATEMENT = 10_000
 #: Raw windows rolled up per retention transaction (SQLite about 0.2-0.5 s each on a busy 2-core host).
 RETENTION_BATCH_ROWS = 20_000
 #: The schema version that added the aggregates kept at ingest (edgekit/fleet/store/buckets.py).
@@ -96,6 +98,8 @@ class SqlFleetStore(FleetStore):
     dialect: str
     #: How to write "insert unless the key exists": (statement start, statement end).
     insert_ignore: tuple[str, str] = ("INSERT INTO", "ON CONFLICT DO NOTHING")
+    #: Whether :meth:`execute_rows` writes many rows per statement (else one per row, for pipelining drivers).
+    multi_row_values: bool = True
     #: What ends a SELECT that locks its rows for the transaction ("" where the transaction already excludes writers).
     lock_rows_sql: str = ""
 
@@ -254,14 +258,42 @@ class SqlFleetStore(FleetStore):
                 return 0
             added = self._insert_new_windows(cursor, fresh)
             if added:
-                cursor.executemany(self._sql(queries.INSERT_MODEL_WINDOW), [row for w in added for row in self._model_rows(w)])
+                self.execute_rows(cursor, queries.INSERT_MODEL_WINDOW, [row for w in added for row in self._model_rows(w)],
+                                  queries.INSERT_MODEL_WINDOW_END)  # fmt: skip
                 buckets.ingest(self, cursor, [buckets.window_part(w) for w in added])
             return len(added)
 
-    def _window_insert_sql(self) -> str:
+    def _execute_each_row(self, cursor: Any, head: str, rows: Sequence[Sequence[Any]], tail: str, *,
+                          returning: bool) -> list[tuple[Any, ...]]:  # fmt: skip
+        """:meth:`execute_rows` as one statement per row (drivers that pipeline executemany)."""
+        cursor.executemany(self._sql(f"{head} ({', '.join('?' * len(rows[0]))}) {tail}"), rows)
+        return []
+
+    def _window_insert(self) -> tuple[str, str]:
+        """The head and tail of a multi-row insert of windows that skips stored keys (see :meth:`execute_rows`)."""
         start, end = self.insert_ignore
-        columns = ", ".join(WINDOW_COLUMNS)
-        return f"{start} telemetry_windows ({columns}) VALUES ({', '.join('?' * len(WINDOW_COLUMNS))}) {end}"
+        return f"{start} telemetry_windows ({', '.join(WINDOW_COLUMNS)}) VALUES", end
+
+    def execute_rows(self, cursor: Any, head: str, rows: Sequence[Sequence[Any]], tail: str = "", *,
+                     returning: bool = False) -> list[tuple[Any, ...]]:  # fmt: skip
+        """``head (?, ...), (?, ...) tail`` over ``rows`` in statements of at most :data:`PARAMS_PER_STATEMENT`
+        parameters: one round trip per few hundred rows instead of one per row. With ``returning``, the rows the
+        statements returned."""
+        found: list[tuple[Any, ...]] = []
+        if not rows:
+            return found
+        if not self.multi_row_values:
+            return self._execute_each_row(cursor, head, rows, tail, returning=returning)
+        width = len(rows[0])
+        per_statement = max(1, PARAMS_PER_STATEMENT // width)
+        row_sql = "(" + ", ".join("?" * width) + ")"
+        for first in range(0, len(rows), per_statement):
+            chunk = rows[first : first + per_statement]
+            cursor.execute(self._sql(f"{head} {', '.join([row_sql] * len(chunk))} {tail}"),
+                           [value for row in chunk for value in row])  # fmt: skip
+            if returning:
+                found.extend(cursor.fetchall())
+        return found
 
     @abc.abstractmethod
     def _insert_new_windows(self, cursor: Any, windows: Sequence[TelemetryWindow]) -> list[TelemetryWindow]:

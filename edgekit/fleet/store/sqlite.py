@@ -140,7 +140,8 @@ class SqliteStore(SqlFleetStore):
         for key in cursor.fetchall():
             unique.pop(tuple(key), None)  # type: ignore[arg-type]
         new = list(unique.values())
-        cursor.executemany(self._window_insert_sql(), [self._window_row(w) for w in new])
+        head, tail = self._window_insert()
+        self.execute_rows(cursor, head, [self._window_row(w) for w in new], tail)
         return new
 
     def _return_free_space(self) -> None:
