@@ -136,7 +136,7 @@ class RejectedSampler:
                   f"{sampling.window_s:g} s window (at most {sampling.rows_per_reason} a reason and {sampling.max_bytes} "
                   f"bytes in all); every one is counted in the collector's rejected{{reason}} metric")  # fmt: skip
         return RejectedMessage(topic=SUMMARY_TOPIC, reason=reason, size_bytes=unkept.size_bytes, at=last,
-                               detail=detail[:512])  # fmt: skip
+                               detail=detail[:512], count=unkept.count)  # fmt: skip
 
 
 __all__ = ["ROW_OVERHEAD_BYTES", "SUMMARY_TOPIC", "RejectedSampler", "RejectedSampling", "row_bytes"]

@@ -148,6 +148,8 @@ class RejectedMessage:
     size_bytes: int
     at: dt.datetime
     detail: str = ""  # what exactly was wrong (first schema problem, JSON error), at most 512 characters
+    #: how many rejected messages the row stands for (a sampling summary stands for those kept without a row)
+    count: int = 1
 
 
 @dataclass(frozen=True)

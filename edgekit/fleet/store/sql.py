@@ -392,7 +392,9 @@ class SqlFleetStore(FleetStore):
         if not rejected:
             return
         rows = [(r.topic, r.reason, r.detail, r.size_bytes, self.time_in(r.at)) for r in rejected]
-        totals = Counter(r.reason for r in rejected)
+        totals: Counter[str] = Counter()
+        for r in rejected:
+            totals[r.reason] += r.count
         with self._transaction(f"storing {len(rows)} rejected messages") as cursor:
             cursor.executemany(self._sql(queries.INSERT_REJECTED), rows)
             cursor.executemany(self._sql(queries.ADD_REJECTED_TOTAL), sorted(totals.items()))
