@@ -32,7 +32,7 @@ from typing import Iterable, Iterator
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from edgekit.fleet.errors import CollectorError
+from edgekit.fleet.errors import CollectorError, StoreError
 from edgekit.fleet.ingest import READ_KINDS, REJECTION_REASONS
 from edgekit.fleet.metrics_fleet import DEFAULT_CACHE_S, FleetCollector, FleetReader, device_state_family
 from edgekit.fleet.store.base import DeviceStatus, FleetStore, ModelWindow, TelemetryWindow
@@ -191,6 +191,10 @@ class IngestMetrics:
         return render_families([*self.counter_families(), *(self.device_families() if per_device else [])])
 
 
+class UnknownFleetError(CollectorError):
+    """``/metrics/devices?fleet=F`` names a fleet no device of the store ever reported."""
+
+
 class _Families:
     """Metric families as a ``prometheus_client`` collector (what ``generate_latest`` reads)."""
 
@@ -244,8 +248,19 @@ class MetricsServer:
         return render_families(families)
 
     def render_devices(self, fleet: str | None = None) -> str:
-        """What ``/metrics/devices`` serves: the per-device series, of one fleet or all."""
-        return render_families(self._device_families(fleet))
+        """What ``/metrics/devices`` serves: the per-device series, of one fleet or all. Raises
+        :class:`UnknownFleetError` for a fleet the store has never heard of (a typo in a scrape config)."""
+        families = self._device_families(fleet)
+        if fleet is not None and self.reader is not None and not any(f.samples for f in families):
+            try:
+                known = self.reader.store.known_values("fleet")
+            except StoreError as exc:  # cannot tell: serve the empty answer
+                logger.warning("metrics: cannot list the fleets of %s: %s", self.reader.store.url, exc)
+                known = [fleet]
+            if fleet not in known:
+                raise UnknownFleetError(f"no device of fleet {fleet!r} ever reported to the store {self.reader.store.url}",
+                                        hint=f"known fleets: {', '.join(known[:8]) or 'none yet'}")  # fmt: skip
+        return render_families(families)
 
     def _device_families(self, fleet: str | None) -> list[Metric]:
         families = self.metrics.device_families(fleet)
@@ -276,7 +291,10 @@ def _handler_for(server: MetricsServer) -> type[BaseHTTPRequestHandler]:
             if path.rstrip("/") == "/metrics" and not params:
                 self._send(server.render())
             elif path.rstrip("/") == "/metrics/devices" and set(params) <= {"fleet"} and len(params.get("fleet", [""])) == 1:
-                self._send(server.render_devices(params["fleet"][0] if "fleet" in params else None))
+                try:
+                    self._send(server.render_devices(params["fleet"][0] if "fleet" in params else None))
+                except UnknownFleetError as exc:
+                    self.send_error(404, f"{exc.message}; {exc.hint}")
             elif path.rstrip("/") in ("/metrics", "/metrics/devices"):
                 self.send_error(400, f"unknown query {query!r}: /metrics takes none, /metrics/devices takes fleet=F once")
             else:
@@ -299,4 +317,5 @@ def _handler_for(server: MetricsServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-__all__ = ["CONTENT_TYPE", "DEVICE_GAUGES", "MODEL_GAUGES", "IngestMetrics", "MetricsServer", "model_windows", "render_families"]
+__all__ = ["CONTENT_TYPE", "DEVICE_GAUGES", "MODEL_GAUGES", "IngestMetrics", "MetricsServer", "UnknownFleetError", "model_windows",
+           "render_families"]

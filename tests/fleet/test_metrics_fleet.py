@@ -143,6 +143,9 @@ def test_per_device_series_are_opt_in(fleet_store: FleetStore) -> None:
                 urllib.request.urlopen(plain.url + path, timeout=10)
         with pytest.raises(urllib.error.HTTPError, match="404"):
             urllib.request.urlopen(plain.url.replace("/metrics", "/metrics/other"), timeout=10)
+        with pytest.raises(urllib.error.HTTPError, match="404") as unknown:
+            urllib.request.urlopen(plain.url + "/devices?fleet=lba", timeout=10)
+        assert "no device of fleet 'lba' ever reported" in unknown.value.read().decode()
     finally:
         plain.stop()
         opted.stop()
@@ -251,6 +254,9 @@ class MetricsStore:
 
     def model_aggregate(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         return self.inner.model_aggregate(*args, **kwargs)
+
+    def known_values(self, key: str, **options):  # type: ignore[no-untyped-def]
+        return self.inner.known_values(key, **options)
 
     def close_for_good(self) -> None:
         """Close the connection: every later read fails with the store's own error."""
