@@ -294,9 +294,9 @@ def _handler_for(server: MetricsServer) -> type[BaseHTTPRequestHandler]:
                 try:
                     self._send(server.render_devices(params["fleet"][0] if "fleet" in params else None))
                 except UnknownFleetError as exc:
-                    self.send_error(404, f"{exc.message}; {exc.hint}")
+                    self.send_error(404, "unknown fleet", f"{exc.message}; {exc.hint}")  # the body: any characters
             elif path.rstrip("/") in ("/metrics", "/metrics/devices"):
-                self.send_error(400, f"unknown query {query!r}: /metrics takes none, /metrics/devices takes fleet=F once")
+                self.send_error(400, "unknown query", f"unknown query {query!r}: /metrics takes none, /metrics/devices takes fleet=F once")
             else:
                 self.send_error(404, "only /metrics and /metrics/devices[?fleet=F] are served here")
 

@@ -146,6 +146,8 @@ def test_per_device_series_are_opt_in(fleet_store: FleetStore) -> None:
         with pytest.raises(urllib.error.HTTPError, match="404") as unknown:
             urllib.request.urlopen(plain.url + "/devices?fleet=lba", timeout=10)
         assert "no device of fleet 'lba' ever reported" in unknown.value.read().decode()
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(plain.url + "/devices?fleet=%C3%A9", timeout=10)  # not Latin-1: still an answer
     finally:
         plain.stop()
         opted.stop()
