@@ -205,6 +205,8 @@ def main() -> int:
             collector.wait(30)
         except subprocess.TimeoutExpired:
             collector.kill()
+        collector_said = (workdir / "collector.out").read_text(errors="replace").strip().splitlines()[-1:]
+        results["collector_summary"] = collector_said[0] if collector_said else None  # "received N, stored M, ..."
         results["store"] = {"windows_published": final.windows, "published_messages": final.published,
                             "acked_messages": final.acked, "queued_unsent": final.queued, "windows_stored": stored,
                             "not_stored": max(0, windows_acked - stored)}  # fmt: skip

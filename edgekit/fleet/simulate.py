@@ -86,6 +86,10 @@ class SimulationConfig:
     allow_plaintext_password: bool = False  # a password over mqtt:// to a broker off loopback
     load: float | None = None  # a fixed load in [0.05, 1] instead of each device's daily cycle (tests that must not depend on the hour)
     max_connecting: int = DEFAULT_MAX_CONNECTING  # connections waiting for a CONNACK at once (paced connecting)
+    #: MQTT keep-alive of each device's connection. The agent's default is 30 s; 60 halves the pings of a big
+    #: fleet and lets a starved simulator lag 90 s before the broker drops a device as silent. A crash is
+    #: seen at once either way (the socket closes).
+    keepalive_s: int = 60
     first_device: int = 0  # index of the first device: names are <target>-<index> (a shard of a bigger fleet starts later)
     #: 1: every telemetry window built by the runtime's validating builder; N: each device's first and every Nth
     #: (the others by the simulator's identical unchecked copy, a fifth of the CPU); None: 1 up to
@@ -131,7 +135,8 @@ class FleetSimulator:
         config.check()
         self.config = config
         self.mux = MqttMux(BrokerOptions(config.broker_url, config.mqtt_version, config.tls_ca, config.username,
-                                         config.password_file, allow_plaintext_password=config.allow_plaintext_password),
+                                         config.password_file, allow_plaintext_password=config.allow_plaintext_password,
+                                         keepalive_s=config.keepalive_s),
                             window=config.window, max_connecting=config.max_connecting)  # fmt: skip
         profiles = profiles_for(list(dict.fromkeys(config.targets)))
         by_target = {profile.target: profile for profile in profiles}
@@ -204,7 +209,8 @@ class FleetSimulator:
                 agent = self.agents[device]
                 offset = agent.interval_s * (index / max(1, len(self.agents)))
                 last_end = datetime.now(timezone.utc) - timedelta(seconds=agent.interval_s - offset)
-                self.mux.schedule(offset, lambda d=device, e=last_end: self._tick(d, e))
+                due = time.monotonic() + offset
+                self.mux.schedule(offset, lambda d=device, e=last_end, t=due: self._tick(d, e, t))
 
         self.mux.call(begin)
 
@@ -212,12 +218,13 @@ class FleetSimulator:
         """Flush what is queued, publish ``offline`` (retained) for every device, disconnect cleanly."""
         if not self._started:
             return
+        call_s = 10.0 + 0.005 * len(self.agents)  # saying offline builds a status per device on a loaded loop
         try:
-            self.mux.call(self._stop_ticking)
+            self.mux.call(self._stop_ticking, timeout_s=call_s)
             self.flush(flush_s)
-            self.mux.call(self._say_offline)
+            self.mux.call(self._say_offline, timeout_s=call_s)
             self.flush(flush_s)
-            self.mux.call(lambda: [self.mux.disconnect(c) for c in self._connections.values()])
+            self.mux.call(lambda: [self.mux.disconnect(c) for c in self._connections.values()], timeout_s=call_s)
             time.sleep(0.05)
         except TelemetryError as err:
             logger.warning("simulator stop: %s", err.message)
@@ -347,7 +354,10 @@ class FleetSimulator:
             self._connections[device] = self.mux.add(f"edgekit-sim-{self.config.fleet}-{device}", on_connected=on_connected,
                                                      on_message=on_message, will=will)  # fmt: skip
 
-    def _tick(self, device: str, last_end: datetime) -> None:
+    def _tick(self, device: str, last_end: datetime, due: float) -> None:
+        """One window of ``device`` (from ``last_end`` to now), then the next one due ``interval_s`` after this
+        one was due: a loop running late keeps the fleet's rate instead of drifting, and one that fell more
+        than an interval behind starts afresh from now (longer windows, as a busy agent's)."""
         if not self._ticking:
             return
         agent = self.agents[device]
@@ -356,7 +366,11 @@ class FleetSimulator:
         if not connection.closing and (connection.connected or connection.ever_connected):
             self.mux.publish(connection, agent.topics.telemetry, encode_message(agent.telemetry(last_end, now)))
             self._windows += 1
-        self.mux.schedule(agent.interval_s, lambda: self._tick(device, now))
+        next_due = due + agent.interval_s
+        late_s = time.monotonic() - next_due
+        if late_s > agent.interval_s:
+            next_due += late_s
+        self.mux.schedule(next_due - time.monotonic(), lambda: self._tick(device, now, next_due))
 
     def _stop_ticking(self) -> None:
         self._ticking = False
