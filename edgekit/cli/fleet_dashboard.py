@@ -32,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
         pass
     if args.host not in LOOPBACK_HOSTS:
         console.print(f"[yellow]warning:[/] listening on {args.host}: the dashboard has no login; anyone who can reach "
-                      "this address can read the fleet's telemetry. Put it behind a reverse proxy with authentication.")  # fmt: skip
+                      "this address can read the fleet's telemetry. Put it behind a reverse proxy with authentication. "
+                      "Pages are served only under loopback names, the address listened on and --allow-host names.")  # fmt: skip
     server = DashboardServer(args.store, host=args.host, port=args.port)
     server.http.allow_hosts(args.allow_host)
     with server:

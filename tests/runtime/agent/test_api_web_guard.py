@@ -201,3 +201,24 @@ def test_503_busy_when_every_slot_serves_a_request(server: InferenceServer) -> N
         assert "already serves 2 connections, its limit, each with a request in progress" in payload["message"]
         for sock in held:
             sock.close()
+
+
+def test_allowed_hosts_come_from_the_agent_config(server: InferenceServer, tmp_path: Path) -> None:
+    from edgekit_runtime.agent.config import load_config
+    from edgekit_runtime.agent.errors import AgentConfigError
+
+    def config(hosts: object) -> Path:
+        path = tmp_path / "agent.yaml"
+        path.write_text(json.dumps({"device_id": "dev-1", "fleet": "lab", "bundles": {"dir": str(tmp_path / "b"), "allow_unsigned": True},
+                                    "api": {"address": "127.0.0.1:0", "allowed_hosts": hosts},
+                                    "telemetry": {"spool": {"path": str(tmp_path / "spool.db")}}}))  # fmt: skip
+        return path
+
+    api_config = load_config(config(["jetson-01.local"])).api
+    assert api_config.allowed_hosts == ("jetson-01.local",)
+    with AgentApi.from_config(server, api_config) as api:
+        assert exchange(api, b"GET /v1/health HTTP/1.1\r\nHost: jetson-01.local\r\n\r\n")[0] == 200
+        assert exchange(api, b"GET /v1/health HTTP/1.1\r\nHost: jetson-02.local\r\n\r\n")[0] == 421
+    with pytest.raises(AgentConfigError) as caught:
+        load_config(config(["jetson-01.local:8470"]))
+    assert "api.allowed_hosts: expected a list of host names without ports, got ['jetson-01.local:8470']" in caught.value.message
