@@ -239,7 +239,8 @@ class DeliveryTracker:
         self._hole_check = True
         if confirmed:
             self._last_confirmation = self._clock()
-            self._counts["confirmed"] += self.spool.ack_many(confirmed)
+            self.spool.ack_many(confirmed)  # while the disk is full the spool defers the removal itself
+            self._counts["confirmed"] += len(confirmed)
         return len(confirmed)
 
     def _checked_ranges(self, payload: bytes) -> list[tuple[int, int]] | None:
