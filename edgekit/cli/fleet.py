@@ -119,6 +119,10 @@ def _register_collect(fleet_subparsers: argparse._SubParsersAction) -> None:
                         help=f"keep raw windows H hours, then roll them up into buckets (default {DEFAULT_RETENTION_HOURS:g}; "
                              "0 keeps them forever)")  # fmt: skip
     parser.add_argument("--rollup-minutes", type=int, default=5, metavar="M", help="rollup bucket size (default 5)")
+    parser.add_argument("--rollup-retention-days", type=float, default=DEFAULT_ROLLUP_RETENTION_DAYS, metavar="D",
+                        help=f"keep each device's rollups and the fleet's 1-minute figures D days (default "
+                             f"{DEFAULT_ROLLUP_RETENTION_DAYS:g}; 0 keeps them forever; the fleet's hourly figures and "
+                             "each device's totals are always kept)")  # fmt: skip
     parser.add_argument("--username", help="broker username")
     parser.add_argument("--password-file", metavar="PATH", help="file holding the broker password")
     parser.add_argument("--allow-plaintext-password", action="store_true",
@@ -201,6 +205,9 @@ def _retire(args: argparse.Namespace) -> int:
 def _check_collect_options(args: argparse.Namespace) -> None:
     from edgekit.fleet.errors import FleetError
 
+    if args.rollup_retention_days < 0:
+        raise FleetError(f"--rollup-retention-days must be >= 0, got {args.rollup_retention_days:g}",
+                         hint="0 keeps rollups forever")  # fmt: skip
     if args.retention_hours < 0:
         raise FleetError(f"--retention-hours must be >= 0, got {args.retention_hours:g}", hint="0 keeps raw windows forever")
     if args.session_expiry < 0:
@@ -243,6 +250,7 @@ def _collect(args: argparse.Namespace, on_started: Callable[[], None] | None = N
                 max_payload_bytes=args.max_payload_kib * 1024, batch_size=args.batch_size, username=args.username,
                 password_file=args.password_file, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
                 session_expiry_s=args.session_expiry, retention=retention, rollup_minutes=args.rollup_minutes,
+                rollup_retention=dt.timedelta(days=args.rollup_retention_days) if args.rollup_retention_days > 0 else None,
                 metrics=metrics, ack_after_store=args.ack_after_store, mqtt_version=args.mqtt_version,
                 allow_plaintext_password=getattr(args, "allow_plaintext_password", False),
                 alerts=alert_engine_for(store, getattr(args, "alert_rules", None), use_default_rules=getattr(args, "alerts", False),
@@ -471,6 +479,8 @@ def _register_status(fleet_subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run_status)
 
 
+#: Days ``fleet collect`` keeps per-device rollups (5-minute buckets: about 290 rows a device a day).
+DEFAULT_ROLLUP_RETENTION_DAYS = 30.0
 #: Rows ``fleet status`` prints as a table by default: a 10,000-device table is read by no one.
 DEFAULT_STATUS_ROWS = 100
 

@@ -150,7 +150,8 @@ class Collector:
     for the writer; when full, receiving waits (the broker buffers). ``session_expiry_s`` > 0 keeps a
     persistent session (with a fixed ``client_id``, the broker queues for the collector while it is
     away). ``retention`` (default 1 h; ``None`` keeps everything raw): raw windows older than this are
-    rolled into ``rollup_minutes`` buckets, checked every ``retention_interval_s``.
+    rolled into ``rollup_minutes`` buckets, checked every ``retention_interval_s``; with ``rollup_retention``,
+    rollups older than that are forgotten (the fleet's hourly aggregates and each device's totals stay).
     ``mqtt_version``: "3.1.1" (default; cheaper to receive, and what the local stack's embedded broker
     speaks) or "5" (for brokers that share subscriptions only with MQTT 5 clients). ``username``/``password_file`` and ``tls_*`` as for the agent;
     a password over ``mqtt://`` to a host that is not loopback is refused unless ``allow_plaintext_password``.
@@ -179,6 +180,7 @@ class Collector:
         retention: dt.timedelta | None = DEFAULT_RETENTION,
         rollup_minutes: int = 5,
         retention_interval_s: float = 60.0,
+        rollup_retention: dt.timedelta | None = None,
         metrics: IngestMetrics | None = None,
         ack_after_store: bool = True,
         mqtt_version: str = DEFAULT_MQTT_VERSION,
@@ -220,6 +222,7 @@ class Collector:
         self.fleet, self.shared_group = fleet, shared_group
         self.max_payload_bytes, self.batch_size, self.flush_interval_s = max_payload_bytes, batch_size, flush_interval_s
         self.retention, self.rollup_minutes, self.retention_interval_s = retention, rollup_minutes, retention_interval_s
+        self.rollup_retention = rollup_retention
         self.metrics = metrics or IngestMetrics()
         self.alerts = alerts  # an edgekit.fleet.alerts.AlertEngine: fed stored windows, started and stopped with us
         self.ack_after_store, self.mqtt_version = ack_after_store, mqtt_version
@@ -598,7 +601,7 @@ class Collector:
             return
         self._last_retention = time.monotonic()
         try:
-            rolled = self.store.apply_retention(self.retention, self.rollup_minutes)
+            rolled = self.store.apply_retention(self.retention, self.rollup_minutes, rollups_for=self.rollup_retention)
         except StoreError as exc:
             logger.error("collector %s: retention failed: %s", self.client_id, exc.message)
             return

@@ -333,11 +333,14 @@ class FleetStore(abc.ABC):
     # maintenance ----------------------------------------------------------------------------
     @abc.abstractmethod
     def apply_retention(self, raw_for: dt.timedelta, rollup_minutes: int = 5, now: dt.datetime | None = None, *,
-                        gaps_open_for: dt.timedelta = dt.timedelta(days=7)) -> int:  # fmt: skip
+                        gaps_open_for: dt.timedelta = dt.timedelta(days=7),
+                        rollups_for: dt.timedelta | None = None) -> int:  # fmt: skip
         """Roll raw windows older than ``raw_for`` up into ``rollup_minutes`` buckets (per device and bundle)
         and delete them; returns how many raw windows were rolled up. The rolled-up (fleet, device, seq) keys are
         remembered, so :meth:`add_windows` still ignores those windows when they come again; a gap in a device's
-        rolled-up seqs stays open for a late window ``gaps_open_for`` (then such a window counts as seen)."""
+        rolled-up seqs stays open for a late window ``gaps_open_for`` (then such a window counts as seen). With
+        ``rollups_for``, per-device rollups and fleet 1-minute buckets older than that are forgotten too (PostgreSQL
+        drops whole daily partitions); the fleet 1-hour buckets and each device's totals stay."""
 
     @property
     @abc.abstractmethod

@@ -12,7 +12,7 @@ import datetime as dt
 from typing import Any, Sequence
 
 from edgekit.fleet.errors import StoreError, StoreUnavailableError
-from edgekit.fleet.store import queries
+from edgekit.fleet.store import partitions, queries
 from edgekit.fleet.store.base import TelemetryWindow
 from edgekit.fleet.store.sql import SeqRun, SqlFleetStore, named_to_pyformat
 
@@ -136,7 +136,27 @@ class PostgresStore(SqlFleetStore):
         cursor.execute("SELECT pg_advisory_xact_lock(%s)" if exclusive else "SELECT pg_advisory_xact_lock_shared(%s)",
                        (ROLLED_SEQS_LOCK_KEY,))  # fmt: skip
 
+    def _organise_rollups(self, cursor: Any) -> None:
+        partitions.partition_tables(cursor)
+
+    def _forget_rollups(self, table: str, before: dt.datetime) -> None:
+        with self._transaction(f"dropping {table} partitions before {before.isoformat()}") as cursor:
+            self._lock_rolled_seqs(cursor, exclusive=True)  # no retention creating partitions meanwhile
+            partitions.drop_partitions_before(cursor, table, before)
+
+    def _ensure_rollup_partitions(self, cursor: Any, table: str, source: str, cutoff: Any) -> None:
+        """The partitions of ``table`` that rolling up ``source``'s windows ending before ``cutoff`` writes into."""
+        cursor.execute(f"SELECT MIN(window_start), MAX(window_start) FROM {source} WHERE window_end < %s", (cutoff,))
+        first, last = cursor.fetchone()
+        if first is not None:
+            partitions.ensure_partitions(cursor, table, first, last)
+
+    def _retain_models(self, cursor: Any, cutoff: Any, bucket_s: int) -> None:
+        self._ensure_rollup_partitions(cursor, "telemetry_model_rollups", "telemetry_model_windows", cutoff)
+        super()._retain_models(cursor, cutoff, bucket_s)
+
     def _retain(self, cursor: Any, cutoff: Any, bucket_s: int) -> list[SeqRun]:
+        self._ensure_rollup_partitions(cursor, "telemetry_rollups", "telemetry_windows", cutoff)
         # One statement: only the rows this DELETE removed are summed, so collectors running retention at the
         # same time never roll a window up twice.
         insert = queries.rollup_insert_sql(self, "moved w", "1 = 1")

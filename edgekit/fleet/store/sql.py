@@ -37,6 +37,8 @@ from edgekit.fleet.store.migrate import pending
 
 #: Rows fetched per query when iterating windows.
 PAGE_ROWS = 5000
+#: Per-device rollup tables, which rollup retention empties of old buckets.
+ROLLUP_TABLES = ("telemetry_rollups", "telemetry_model_rollups")
 #: Parameters per multi-row statement (SQLite allows 32,766, PostgreSQL 65,535).
 PARAMS_PER_STATEMENT = 10_000
 #: Raw windows rolled up per retention transaction (SQLite about 0.2-0.5 s each on a busy 2-core host).
@@ -219,8 +221,13 @@ class SqlFleetStore(FleetStore):
                 self._run_script(cursor, migration.sql)
                 cursor.execute(self._sql("INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)"),
                                (migration.version, migration.name, _now().isoformat()))  # fmt: skip
-                if migration.version == AGGREGATES_VERSION and current > 0:
-                    self._sum_in_history(cursor)
+                if migration.version == AGGREGATES_VERSION:
+                    self._organise_rollups(cursor)
+                    if current > 0:
+                        self._sum_in_history(cursor)
+
+    def _organise_rollups(self, cursor: Any) -> None:
+        """Lay out the rollup tables for retention by time (PostgreSQL: daily partitions), when migrating."""
 
     def _sum_in_history(self, cursor: Any) -> None:
         """Sum the windows and rollups a store kept before it had aggregates into them (once, when migrating)."""
@@ -609,8 +616,10 @@ class SqlFleetStore(FleetStore):
 
     # -- maintenance --------------------------------------------------------------------------
     def apply_retention(self, raw_for: dt.timedelta, rollup_minutes: int = 5, now: dt.datetime | None = None, *,
-                        gaps_open_for: dt.timedelta = DEFAULT_GAPS_OPEN_FOR) -> int:  # fmt: skip
-        for label, value in (("retention time", raw_for), ("gaps_open_for", gaps_open_for)):
+                        gaps_open_for: dt.timedelta = DEFAULT_GAPS_OPEN_FOR,
+                        rollups_for: dt.timedelta | None = None) -> int:  # fmt: skip
+        for label, value in (("retention time", raw_for), ("gaps_open_for", gaps_open_for),
+                             ("rollup retention time", rollups_for if rollups_for is not None else dt.timedelta(0))):
             if not isinstance(value, dt.timedelta) or value.total_seconds() < 0:
                 raise StoreError(f"{label} must be a non-negative timedelta, got {value!r}",
                                  hint="for example datetime.timedelta(hours=48)")  # fmt: skip
@@ -633,8 +642,23 @@ class SqlFleetStore(FleetStore):
         with self._transaction("deleting old rejected messages") as cursor:
             self._retain_models(cursor, cutoff, rollup_minutes * 60)  # any whose window was not in a batch
             cursor.execute(self._sql("DELETE FROM rejected_messages WHERE at < ?"), (cutoff,))
+        if rollups_for is not None:
+            self._drop_rollups_before(now - rollups_for)
         self._return_free_space()
         return rolled
+
+    def _drop_rollups_before(self, before: dt.datetime) -> None:
+        """Forget per-device rollups and fleet minute buckets older than ``before`` (fleet hour buckets stay)."""
+        for table in ROLLUP_TABLES:
+            self._forget_rollups(table, before)
+        with self._transaction("deleting old fleet minute buckets") as cursor:
+            for table in ("fleet_buckets", "fleet_model_buckets"):
+                cursor.execute(self._sql(f"DELETE FROM {table} WHERE bucket_s = {buckets.TIERS[0]} AND bucket_start < :before"),
+                               {"before": self.time_in(before)})  # fmt: skip
+
+    @abc.abstractmethod
+    def _forget_rollups(self, table: str, before: dt.datetime) -> None:
+        """Delete ``table``'s rollups of buckets before ``before`` without one long transaction."""
 
     def _retention_batch_end(self, cutoff: Any) -> Any:
         """Where the next retention batch ends (exclusive): after about :data:`RETENTION_BATCH_ROWS` of the oldest

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from edgekit.fleet.errors import StoreError, StoreUnavailableError
 from edgekit.fleet.store import queries
 from edgekit.fleet.store.base import TelemetryWindow
-from edgekit.fleet.store.sql import SeqRun, SqlFleetStore
+from edgekit.fleet.store.sql import RETENTION_BATCH_ROWS, SeqRun, SqlFleetStore
 
 #: How long a write waits for another process's write lock before giving up.
 BUSY_TIMEOUT_S = 10.0
@@ -143,6 +143,14 @@ class SqliteStore(SqlFleetStore):
         head, tail = self._window_insert()
         self.execute_rows(cursor, head, [self._window_row(w) for w in new], tail)
         return new
+
+    def _forget_rollups(self, table: str, before: dt.datetime) -> None:
+        while True:  # a batch a transaction: readers and the collector wait at most one
+            with self._transaction(f"deleting {table} before {before.isoformat()}") as cursor:
+                cursor.execute(f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE bucket_start < ? "
+                               f"LIMIT {RETENTION_BATCH_ROWS})", (self.time_in(before),))  # fmt: skip
+                if cursor.rowcount < RETENTION_BATCH_ROWS:
+                    return
 
     def _return_free_space(self) -> None:
         with self._lock:
