@@ -137,7 +137,7 @@ def test_60_mb_hostile_bodies_cost_at_most_twice_their_size(wide_agent: RunningA
     padded_mb = wide_agent.status_mb("VmHWM") - before
     assert status == 400 and payload["error"] == "input_signature", payload
     assert payload["message"] == (f"input 'image': expected float32[batch, 3, 640, 640] (batch in 1..2), got float32"
-                                  f"[{padded.count(b',') + 1}] (rank 1, expected rank 4)")  # fmt: skip
+                                  f"[{padded.count(b',')}] (rank 1, expected rank 4)")  # fmt: skip  (one comma is the header's)
     # four of them at once
     before = wide_agent.reset_peak()
     answers: list[int] = []
