@@ -108,6 +108,7 @@ class HttpServer:
         self._clients: Counter[str] = Counter()  # open connections per client address (event loop thread only)
         self.refused_connections = 0
         self.timed_out_connections = 0
+        self._refusing = 0  # connections being answered 503
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="edgekit-dashboard-worker",
                                                              initializer=worker_init)  # fmt: skip
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -239,15 +240,21 @@ class HttpServer:
         return Response.error(503, message)
 
     async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, response: Response) -> None:
+        """Answer 503 and close. While few are being refused, first take in what the client already sent (at
+        most ``_REFUSAL_READ_S``), so that closing does not reset the connection under the reply; in a flood,
+        at once, so that refused connections do not hold file handles."""
+        self._refusing += 1
         try:
-            try:  # take in what the client already sent, so that closing does not reset the connection under the reply
-                await asyncio.wait_for(reader.read(MAX_HEADER_BYTES), _REFUSAL_READ_S)
-            except (asyncio.TimeoutError, ConnectionError):
-                pass
+            if self._refusing <= self.max_connections:
+                try:
+                    await asyncio.wait_for(reader.read(MAX_HEADER_BYTES), _REFUSAL_READ_S)
+                except (asyncio.TimeoutError, ConnectionError):
+                    pass
             await self._write(writer, response, head=False, gzip_ok=False, keep_alive=False)
         except (ConnectionError, asyncio.CancelledError):
             pass
         finally:
+            self._refusing -= 1
             writer.close()
 
     def _call(self, request: Request) -> Response:
