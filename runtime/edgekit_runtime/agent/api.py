@@ -40,8 +40,9 @@ inference body sent as ``text/plain``, a form or multipart with 415 ``unsupporte
 Connections are HTTP/1.1 keep-alive, one thread each, at most ``max_connections`` at a time. Past it a
 new connection takes the slot of the longest-waiting connection (no whole request for a second or more)
 of the client holding the most, which is closed with 503 ``evicted``; with every slot busy serving, the
-new connection gets a 503 ``busy`` and is closed (:mod:`edgekit_runtime.agent.http_connections`). Limits against slow or greedy clients, all enforced on the
-bytes that arrive (nothing is allocated from what a header claims):
+new connection gets a 503 ``busy`` and is closed (:mod:`edgekit_runtime.agent.http_connections`).
+Limits against slow or greedy clients, all enforced on the bytes that arrive (nothing is allocated
+from what a header claims):
 
 * a kept-alive connection with no request for ``idle_timeout_s`` is closed;
 * the request line and headers must arrive within ``header_timeout_s`` of their first byte and fit in
@@ -49,7 +50,8 @@ bytes that arrive (nothing is allocated from what a header claims):
 * a body over ``max_request_bytes``, or larger than the served model's inputs can need (every dim at its
   bound, 32 bytes a value, plus 64 KiB), is refused (413) from its ``Content-Length`` before a byte of
   it is read; a JSON body holding more commas or ``[`` than the model has input values is refused (400)
-  before ``json.loads`` builds an object for each; a body is read as it arrives, into a buffer that grows with it, and must arrive within
+  before it is parsed, and its arrays of numbers are parsed straight into numpy arrays
+  (:mod:`edgekit_runtime.agent.json_tensors`); a body is read as it arrives, into a buffer that grows with it, and must arrive within
   ``body_timeout_s`` (else 408); a reply must be taken within ``body_timeout_s`` too.
 
 ``stop()`` closes every connection; each reply leaves in one write.
