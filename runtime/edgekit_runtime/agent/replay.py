@@ -218,6 +218,7 @@ class ReplayWindow:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
         self._db.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT_BYTES}")
+        self._db.execute("PRAGMA secure_delete=FAST")  # pruning must not write every freed page (see spool_space)
         for statement in _SCHEMA:
             self._db.execute(statement)
         self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()  # a WAL left by a crash

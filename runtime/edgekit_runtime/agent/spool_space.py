@@ -275,6 +275,9 @@ def configure_journal(db: sqlite3.Connection) -> None:
     """Bound the WAL (called right after ``journal_mode=WAL``) and let freed pages go back to the disk."""
     db.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
     db.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT_BYTES}")
+    # Debian's SQLite zeroes every freed page (secure_delete=ON): removing acknowledged windows then writes each
+    # freed page to the WAL, more than a small disk has. FAST zeroes only what the commit writes anyway.
+    db.execute("PRAGMA secure_delete=FAST")
     if int(db.execute("PRAGMA auto_vacuum").fetchone()[0]) != 2:
         db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # takes effect now on a new file, after VACUUM on an old one
         if int(db.execute("PRAGMA page_count").fetchone()[0]) > 0:
@@ -338,16 +341,30 @@ class SpoolSpace:
 
     def keep_headroom(self, spool: Any, extra_bytes: int) -> None:
         """Before a write of ``extra_bytes``: when the file system is short of the headroom, truncate the WAL,
-        then drop the spool's oldest windows (summarised) and hand their pages back, until it is not."""
+        hand back the pages acknowledged messages left free, then drop the spool's oldest windows (summarised)
+        and hand their pages back, until it is not."""
         if self.short_by(extra_bytes) == 0:
             self.keep_reserve()
             return
         checkpoint_truncate(spool._db)
+        if int(spool._db.execute("PRAGMA freelist_count").fetchone()[0]) > 0:
+            self.hand_back(spool)
         for _ in range(8):
             short = self.short_by(extra_bytes)
             if short == 0 or not self.drop_windows_for(spool, short + self.headroom_bytes // 4):  # a margin: fewer rounds
                 break
         self.keep_reserve()
+
+    def hand_back(self, spool: Any) -> None:
+        """Return the database's free pages to the file system (one commit, then a WAL truncation)."""
+        from edgekit_runtime.agent.spool import SpoolError
+
+        try:
+            with spool._writing("cannot hand free pages back to the file system"):
+                hand_back_free_pages(spool._db)
+        except SpoolError:
+            return
+        checkpoint_truncate(spool._db)
 
     def drop_windows_for(self, spool: Any, need_bytes: int) -> int:
         """Drop the oldest telemetry windows worth ``need_bytes`` in one commit, hand their pages back to the

@@ -175,3 +175,20 @@ def test_over_the_bound_dropped_windows_are_summarised_too(tmp_path: Path) -> No
     covered = [seq for report in reports for seq in dropped_seqs(report)]
     assert seqs and seqs[-1] == 25 and sorted(covered + seqs) == list(range(1, 26))
     assert all(r["details"]["reasons"] == ["bound"] for r in reports)
+
+
+def test_a_full_spool_takes_windows_again_once_its_windows_are_acknowledged(small_fs: Path) -> None:
+    """The collector comes back: acknowledged windows free pages inside the database; they go back to the file
+    system, so the headroom is there again and new windows are stored (before: refused for good)."""
+    with Spool(small_fs / "spool.db") as spool:
+        ids = []
+        while True:
+            try:
+                ids.append(spool.append_numbered(TELEMETRY, window)[0])
+            except SpoolFullError:
+                break
+            spool.peek(1, after_id=ids[-1] - 1)  # handed to the link: not dropped for space
+        assert spool.disk_full and len(ids) > 500 and spool.dropped_total() == 0
+        assert spool.ack_many(ids) == len(ids)
+        entry_id, seq = spool.append_numbered(TELEMETRY, window)
+        assert seq == len(ids) + 1 and not spool.disk_full and spool.write_error is None  # refused: no number used
