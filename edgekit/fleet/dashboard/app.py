@@ -29,6 +29,7 @@ from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
+from edgekit.fleet.alerts import active_alerts
 from edgekit.fleet.dashboard import api
 from edgekit.fleet.dashboard.device_table import DeviceQuery, DeviceQueryError, DeviceTable
 from edgekit.fleet.dashboard.http import HttpServer, Request, Response
@@ -98,7 +99,9 @@ class DashboardApp:
         slow_ttl = SLOW_CHANGING_TTL_S if cache_s > 0 else 0.0
         # the overview and every page, sort and filter of the table read the same summaries: kept a little longer
         # than answers, so a click on the table between two refreshes costs a sort, not a store read
-        self._summaries = _Kept(lambda fleet: self.store.device_summaries(fleet), max(cache_s, SUMMARIES_TTL_S) if cache_s > 0 else 0.0)
+        summaries_ttl = max(cache_s, SUMMARIES_TTL_S) if cache_s > 0 else 0.0
+        self._summaries = _Kept(lambda fleet: self.store.device_summaries(fleet), summaries_ttl)
+        self._breaching = _Kept(self._devices_breaching, summaries_ttl)  # reads up to 100,000 alert events
         self._fleets = _Kept(lambda _: self.store.known_values("fleet"), slow_ttl)
         self._power_modes = _Kept(lambda fleet: {(i.fleet, i.device): i.power_mode for i in self.store.device_identities(fleet)},
                                   slow_ttl)  # fmt: skip
@@ -209,13 +212,9 @@ class DashboardApp:
             return Response.error(404, f"no API endpoint {endpoint!r}")
         return Response.json(payload)
 
-    def _breaching(self, fleet: str | None) -> int | None:
-        """Devices with an alert firing (:func:`edgekit.fleet.alerts.active_alerts`; None, and the overview leaves the
-        count out, where the alerts package is not installed)."""
-        try:
-            from edgekit.fleet.alerts import active_alerts
-        except ImportError:
-            return None
+    def _devices_breaching(self, fleet: str | None) -> int | None:
+        """Devices with an alert firing (:func:`edgekit.fleet.alerts.active_alerts`, read from the alert events the
+        collector stores); None, and the overview leaves the count out, when they cannot be read."""
         try:
             alerts = active_alerts(self.store, fleet=fleet)
         except Exception:  # the overview still answers without the count; the log says why

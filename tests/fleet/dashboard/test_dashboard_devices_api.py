@@ -31,13 +31,13 @@ def _devices(base: str, **params: Any) -> dict[str, Any]:
 def test_overview_counts_every_state_and_lists_fleets_but_no_devices(fleets_dashboard) -> None:
     status, data = _get(fleets_dashboard.url, "api/overview")
     assert status == 200 and "devices" not in data
-    assert data["counts"].pop("breaching", 0) == 0  # no alert fired (the count is there when edgekit.fleet.alerts is)
+    assert data["counts"].pop("breaching") == 0  # no alert fired
     assert data["counts"] == {"devices": 18, "states": {"online": 11, "stale": 3, "offline": 2, "unknown": 1, "updating": 1}}
     assert list(data["counts"]["states"])[:4] == ["online", "stale", "offline", "unknown"]  # the four first, always
     assert data["fleets"] == ["a", "b", "c", "d"]
     assert {(e["fleet"], e["device"]) for e in data["events"]} == {("b", "jetson-orin-nx-16gb-001"), ("a", "raspberry-pi-5-002")}
     status, only_c = _get(fleets_dashboard.url, "api/overview", fleet="c")
-    assert only_c["counts"].pop("breaching", 0) == 0
+    assert only_c["counts"].pop("breaching") == 0
     assert only_c["counts"] == {"devices": 2, "states": {"online": 0, "stale": 0, "offline": 2, "unknown": 0}}
     assert only_c["fleets"] == ["a", "b", "c", "d"] and only_c["fleet"] == "c" and only_c["events"] == []  # the selector keeps all
 
@@ -111,3 +111,37 @@ def test_bad_parameters_are_400_naming_the_parameter(fleets_dashboard, params: d
 def test_an_unknown_fleet_is_404(fleets_dashboard) -> None:
     status, body = _get(fleets_dashboard.url, "api/devices", fleet="z")
     assert status == 404 and "query fleet 'z'" in body["error"] and "a, b, c, d" in body["error"]
+
+
+def test_overview_counts_devices_breaching_an_alert(tmp_path) -> None:
+    """Alert events as the collector stores them (edgekit.fleet.alerts.notify): a device with two rules firing
+    counts once, one whose alert resolved not at all, and the fleet selector applies."""
+    import datetime as dt
+
+    from edgekit.fleet.alerts import notify
+    from edgekit.fleet.dashboard import DashboardServer
+    from edgekit.fleet.sim.seed import seed_history
+    from edgekit.fleet.store import open_store
+
+    now = dt.datetime.now(dt.timezone.utc)
+
+    def event(n: int, status: str, rule: str, fleet: str, device: str) -> Any:
+        message = notify.alert_message(event_id=f"e{n}", status=status, rule=rule, kind="p99_above", severity="warning",
+                                       fleet=fleet, subject=device, device=device, value=30.0, threshold=20.0,
+                                       summary=f"{device} p99 30 ms", labels={}, description=None, details={},
+                                       pending_since=now - dt.timedelta(minutes=2), fired_at=now - dt.timedelta(minutes=1),
+                                       resolved_at=now if status == "resolved" else None)  # fmt: skip
+        return notify.alert_event(message, now - dt.timedelta(seconds=60 - n))
+
+    store_url = f"sqlite:///{tmp_path}/fleet.db"
+    with open_store(store_url) as store:
+        seed_history(store, fleet="a", devices=3, hours=0.1, window_s=60.0, now=now)
+        seed_history(store, fleet="b", devices=2, hours=0.1, window_s=60.0, now=now)
+        store.add_events([event(1, "firing", "p99", "a", "jetson-orin-nano-8gb-000"),
+                          event(2, "firing", "temperature", "a", "jetson-orin-nano-8gb-000"),
+                          event(3, "firing", "p99", "a", "jetson-orin-nx-16gb-001"),
+                          event(4, "resolved", "p99", "a", "jetson-orin-nx-16gb-001"),
+                          event(5, "firing", "p99", "b", "jetson-orin-nano-8gb-000")])  # fmt: skip
+    with DashboardServer(store_url, port=0, cache_s=0.0) as server:
+        assert _get(server.url, "api/overview")[1]["counts"]["breaching"] == 2
+        assert _get(server.url, "api/overview", fleet="a")[1]["counts"]["breaching"] == 1
