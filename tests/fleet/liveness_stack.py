@@ -47,7 +47,7 @@ States = dict[str, str]
 class Child:
     """A command-line child process, its stdout and stderr in ``log``."""
 
-    def __init__(self, name: str, argv: Sequence[str], log_dir: Path) -> None:
+    def __init__(self, name: str, argv: Sequence[object], log_dir: Path) -> None:
         self.name = name
         self.log = log_dir / f"{name}.log"
         with self.log.open("wb") as out:
@@ -67,7 +67,7 @@ class Child:
                         record = json.loads(line)
                     except ValueError:
                         continue
-                    if key in record:
+                    if isinstance(record, dict) and key in record:
                         return record
             if self.process.poll() is not None:
                 break
@@ -116,7 +116,7 @@ def _get_json(url: str) -> Any:
 
 def _get_text(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as response:
-        return response.read().decode("utf-8")
+        return str(response.read().decode("utf-8"))
 
 
 @dataclass
@@ -160,13 +160,16 @@ def metrics_reading(metrics_url: str, fleet: str) -> Reading:
     families = parse_exposition(_get_text(f"{base}/metrics/devices?fleet={fleet}"))
     states = {f"{labels['fleet']}/{labels['device']}": labels["state"]
               for labels, value in families["edgekit_device_state"].samples if value == 1}  # fmt: skip
-    status_online = {f"{labels['fleet']}/{labels['device']}": value for labels, value in families["edgekit_device_online"].samples}
+    status_online = {f"{labels['fleet']}/{labels['device']}": value
+                     for labels, value in families["edgekit_device_online"].samples}  # fmt: skip
     return Reading(states, dict(counts), {"edgekit_device_online": status_online})
 
 
 #: The page's state cards, its device count and each row's state with the colour of its state cell.
 PAGE_STATES = """const cards = {};
-document.querySelectorAll('#cards .state-card').forEach((c) => { cards[c.dataset.card] = Number(c.querySelector('b').textContent); });
+document.querySelectorAll('#cards .state-card').forEach((c) => {
+  cards[c.dataset.card] = Number(c.querySelector('b').textContent);
+});
 const rows = [...document.querySelectorAll('#devices tbody tr')].map((tr) => {
   const td = tr.querySelector('td.state');
   return [tr.dataset.fleet + '/' + tr.dataset.device, td.textContent, getComputedStyle(td).color];
@@ -206,8 +209,9 @@ class Seen:
 def wait_for_states(readers: Mapping[str, Callable[[], Reading]], check: Callable[[Reading], str | None], *, since: float,
                     deadline_s: float, poll_s: float = 0.3) -> dict[str, Seen]:  # fmt: skip
     """Poll every reader in its own thread until ``check(reading)`` is None (it returns what is wrong otherwise) or
-    ``deadline_s`` after ``since`` (a time.monotonic(); a read begun before then still counts). Returns each reader's :class:`Seen`; raises AssertionError
-    naming every reader that never showed the expected states, with what it showed last."""
+    ``deadline_s`` after ``since`` (a time.monotonic(); a read begun before then still counts). Returns each
+    reader's :class:`Seen`; raises AssertionError naming every reader that never showed the expected states, with
+    what it showed last."""
     seen = {name: Seen() for name in readers}
 
     def poll(name: str, read: Callable[[], Reading]) -> None:
@@ -316,5 +320,6 @@ def states_check(expected: Mapping[str, str | tuple[str, ...]]) -> Callable[[Rea
     return check
 
 
-__all__ = ["CHILD_ENV", "EDGEKIT", "Child", "Reading", "Seen", "Stage", "api_reading", "metrics_reading", "page_reading", "simulate",
+__all__ = ["CHILD_ENV", "EDGEKIT", "Child", "Reading", "Seen", "Stage", "api_reading", "metrics_reading", "page_reading",
+           "simulate",
            "states_check", "status_reading", "wait_for_states", "watch_stages"]
