@@ -44,6 +44,8 @@ from edgekit.fleet.store import open_store  # noqa: E402
 from tests.runtime.agent.mosquitto import MosquittoBroker, free_port  # noqa: E402
 
 
+#: The simulated devices' fleet (scripts/bench_fleet_scale.py sets another, to ingest beside a seeded fleet).
+FLEET = "bench"
 COLLECTOR_OPTIONS: dict[str, Any] = {"session_expiry_s": 3600, "batch_size": 1000, "queue_size": 50_000}
 
 
@@ -76,7 +78,7 @@ def _prime_session(broker: MosquittoBroker, client_id: str, fleet: str, shared_g
 
 
 def _count_windows(store: Any) -> int:
-    return sum(s.windows for s in store.device_summaries("bench"))
+    return sum(s.windows for s in store.device_summaries(FLEET))
 
 
 def _stored_by(collector: Collector) -> Callable[[], int]:
@@ -113,14 +115,14 @@ def bench_ingest(store_url: str, workdir: Path, devices: int, windows: int, mqtt
     with MosquittoBroker(workdir / "mosquitto", extra_config=["max_queued_messages 0", "max_inflight_messages 0",
                                                               "max_queued_bytes 0"]) as broker:  # fmt: skip
         store = open_store(store_url)
-        config = SimulationConfig(broker.url, devices=devices, rate_per_s=0.001, fleet="bench", seed=1)
+        config = SimulationConfig(broker.url, devices=devices, rate_per_s=0.001, fleet=FLEET, seed=1)
         for phase in ("live", "drain"):
             before = _count_windows(store)
             simulator = FleetSimulator(config if phase == "live" else SimulationConfig(**{**config.__dict__, "seed": 2}))
             if phase == "live":
-                collector = Collector(broker.url, store, client_id="bench-collector", fleet="bench", **options).start()
+                collector = Collector(broker.url, store, client_id="bench-collector", fleet=FLEET, **options).start()
             else:
-                _prime_session(broker, "bench-collector-drain", "bench", mqtt_version=mqtt_version)  # the broker queues for this session
+                _prime_session(broker, "bench-collector-drain", FLEET, mqtt_version=mqtt_version)  # the broker queues for this session
                 for agent in simulator.agents.values():
                     agent.seq = windows  # continue after the live phase's sequence numbers
             simulator.start(telemetry=False)
@@ -131,7 +133,7 @@ def bench_ingest(store_url: str, workdir: Path, devices: int, windows: int, mqtt
             if phase == "live":
                 _, seconds = _wait_stored(_stored_by(collector), sent, 300, start=t0)
             else:
-                collector = Collector(broker.url, store, client_id="bench-collector-drain", fleet="bench", **options)
+                collector = Collector(broker.url, store, client_id="bench-collector-drain", fleet=FLEET, **options)
                 t0 = time.monotonic()
                 collector.start(timeout_s=300)  # the broker sends the queued backlog before the SUBACK
                 _, seconds = _wait_stored(_stored_by(collector), sent, 300, start=t0)
@@ -151,12 +153,12 @@ def bench_ingest(store_url: str, workdir: Path, devices: int, windows: int, mqtt
 
 
 def _collector_process(broker_url: str, store_url: str, client_id: str, options: dict[str, Any], go: Any, ready: Any,
-                       stop: Any) -> None:  # fmt: skip
+                       stop: Any, fleet: str = FLEET) -> None:  # fmt: skip
     """One collector of a shared group in its own process (``fleet collect --workers N`` does the same);
     imported and waiting for ``go`` before it connects, so process start-up is not timed."""
     go.wait()
     with open_store(store_url) as store:
-        collector = Collector(broker_url, store, client_id=client_id, fleet="bench", shared_group="bench", **options)
+        collector = Collector(broker_url, store, client_id=client_id, fleet=fleet, shared_group="bench", **options)
         collector.start(timeout_s=300)
         ready.set()
         stop.wait()
@@ -179,14 +181,14 @@ def bench_ingest_workers(store_url: str, workdir: Path, devices: int, windows: i
     with MosquittoBroker(workdir / "mosquitto", extra_config=["max_queued_messages 0", "max_inflight_messages 0",
                                                               "max_queued_bytes 0"]) as broker:  # fmt: skip
         store = open_store(store_url)  # creates the schema before the workers open it
-        config = SimulationConfig(broker.url, devices=devices, rate_per_s=0.001, fleet="bench", seed=1)
+        config = SimulationConfig(broker.url, devices=devices, rate_per_s=0.001, fleet=FLEET, seed=1)
         for phase in ("live",):
             before = _count_windows(store)
             simulator = FleetSimulator(config if phase == "live" else SimulationConfig(**{**config.__dict__, "seed": 2}))
             ids = [f"bench-{phase}-worker-{i}" for i in range(workers)]
             go, stop = context.Event(), context.Event()
             readies = [context.Event() for _ in ids]
-            processes = [context.Process(target=_collector_process, args=(broker.url, store_url, cid, options, go, ready, stop))
+            processes = [context.Process(target=_collector_process, args=(broker.url, store_url, cid, options, go, ready, stop, FLEET))
                          for cid, ready in zip(ids, readies)]  # fmt: skip
             for process in processes:
                 process.start()
@@ -196,7 +198,7 @@ def bench_ingest_workers(store_url: str, workdir: Path, devices: int, windows: i
                     ready.wait(60)
             else:
                 for cid in ids:
-                    _prime_session(broker, cid, "bench", shared_group="bench", mqtt_version=mqtt_version)
+                    _prime_session(broker, cid, FLEET, shared_group="bench", mqtt_version=mqtt_version)
                 for agent in simulator.agents.values():
                     agent.seq = windows
                 time.sleep(3.0)  # let the worker processes finish importing

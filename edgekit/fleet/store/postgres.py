@@ -66,7 +66,7 @@ class PostgresStore(SqlFleetStore):
             self._connect()
         return self._connection.cursor()
 
-    def _begin(self, cursor: Any) -> None:
+    def _begin(self, cursor: Any, *, write: bool = True) -> None:
         cursor.execute("BEGIN")
 
     def _commit(self, cursor: Any) -> None:

@@ -116,7 +116,8 @@ class SqlFleetStore(FleetStore):
         """A DB-API cursor on the open connection."""
 
     @abc.abstractmethod
-    def _begin(self, cursor: Any) -> None: ...
+    def _begin(self, cursor: Any, *, write: bool = True) -> None:
+        """Open a transaction; ``write=False``: one that only reads (SQLite: never waits for a writer in WAL mode)."""
 
     @abc.abstractmethod
     def _commit(self, cursor: Any) -> None: ...
@@ -187,14 +188,14 @@ class SqlFleetStore(FleetStore):
 
     # -- plumbing -----------------------------------------------------------------------------
     @contextlib.contextmanager
-    def _transaction(self, doing: str) -> Iterator[Any]:
+    def _transaction(self, doing: str, *, write: bool = True) -> Iterator[Any]:
         with self._lock:
             if self._closed:
                 raise StoreError(f"fleet store {self.url} is closed", hint="open it again with open_store(url)")
             cursor = None
             try:
                 cursor = self._cursor()
-                self._begin(cursor)
+                self._begin(cursor, write=write)
                 yield cursor
                 self._commit(cursor)
             except Exception as exc:
@@ -207,7 +208,8 @@ class SqlFleetStore(FleetStore):
                 raise translated from exc
 
     def _query(self, doing: str, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
-        with self._transaction(doing) as cursor:
+        """Rows of one SELECT, in a read-only transaction."""
+        with self._transaction(doing, write=False) as cursor:
             cursor.execute(self._sql(sql), params)
             return list(cursor.fetchall())
 

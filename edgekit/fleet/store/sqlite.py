@@ -60,8 +60,9 @@ class SqliteStore(SqlFleetStore):
     def _cursor(self) -> sqlite3.Cursor:
         return self._connection.cursor()
 
-    def _begin(self, cursor: Any) -> None:
-        cursor.execute("BEGIN IMMEDIATE")  # take the write lock up front: no upgrade deadlocks
+    def _begin(self, cursor: Any, *, write: bool = True) -> None:
+        # writers take the write lock up front (no upgrade deadlocks); readers read a WAL snapshot, never waiting
+        cursor.execute("BEGIN IMMEDIATE" if write else "BEGIN DEFERRED")
 
     def _commit(self, cursor: Any) -> None:
         cursor.execute("COMMIT")
