@@ -176,7 +176,7 @@ const rows = [...document.querySelectorAll('#devices tbody tr')].map((tr) => {
 });
 const total = document.querySelector('#cards [data-card="devices"] b');
 return {cards: cards, rows: rows, devices: total ? Number(total.textContent) : null,
-        error: document.body.dataset.error || null};"""
+        table_count: document.getElementById('device-count').textContent, error: document.body.dataset.error || null};"""
 
 
 def page_reading(browser: Any, dashboard_url: str, fleet: str) -> Reading:
@@ -189,7 +189,7 @@ def page_reading(browser: Any, dashboard_url: str, fleet: str) -> Reading:
     for _, state, colour in shown["rows"]:
         colours.setdefault(state, set()).add(colour)
     return Reading({key: state for key, state, _ in shown["rows"]}, shown["cards"],
-                   {"devices_card": shown["devices"], "colours": colours})  # fmt: skip
+                   {"devices_card": shown["devices"], "table_count": shown["table_count"], "colours": colours})  # fmt: skip
 
 
 # -- waiting for all four -----------------------------------------------------------------------------------------
