@@ -181,14 +181,15 @@ class DashboardApp:
             return unknown
         payload: Any
         if endpoint == "overview":
-            payload = api.overview(store, self._rollouts, fleet=fleet, summaries=self._summaries(fleet),
-                                   fleets=self._fleets(None), breaching=self._breaching(fleet))  # fmt: skip
+            breaching = self._breaching(fleet)
+            payload = api.overview(store, self._rollouts, fleet=fleet, summaries=self._summaries(fleet), fleets=self._fleets(None),
+                                   breaching=None if breaching is None else len(breaching))  # fmt: skip
         elif endpoint == "devices":
             try:
                 table_query = DeviceQuery.from_params(query)
             except DeviceQueryError as err:
                 return _parameter_error(err.parameter, err.message + (f"; {err.hint}" if err.hint else ""))
-            table = DeviceTable(store, power_modes=self._power_modes, model_names=self._model_names)
+            table = DeviceTable(store, power_modes=self._power_modes, model_names=self._model_names, breaching=self._breaching)
             payload = table.page(table_query, self._summaries(fleet))
         elif endpoint == "series":
             device = query.get("device")
@@ -212,7 +213,7 @@ class DashboardApp:
             return Response.error(404, f"no API endpoint {endpoint!r}")
         return Response.json(payload)
 
-    def _devices_breaching(self, fleet: str | None) -> int | None:
+    def _devices_breaching(self, fleet: str | None) -> frozenset[tuple[str, str]] | None:
         """Devices with an alert firing (:func:`edgekit.fleet.alerts.active_alerts`, read from the alert events the
         collector stores); None, and the overview leaves the count out, when they cannot be read."""
         try:
@@ -220,7 +221,7 @@ class DashboardApp:
         except Exception:  # the overview still answers without the count; the log says why
             logger.exception("active_alerts failed: the overview leaves out 'breaching'")
             return None
-        return len({(a.fleet, a.device) for a in alerts if getattr(a, "device", None)})  # a rollout's alert names no device
+        return frozenset((a.fleet, a.device) for a in alerts if a.device)  # a rollout's alert names no device
 
     def _unknown(self, key: str, value: str | None, *, fleet: str | None = None) -> Response | None:
         """404 (JSON, listing the values the store knows) for a ``fleet`` or ``device`` no device ever reported, instead

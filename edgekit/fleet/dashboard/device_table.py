@@ -10,8 +10,9 @@ mode and model columns are looked up for the page's devices only.
 ``q``       text every shown column is searched for, case-insensitive (device, fleet, state, bundle,
             target, power mode, models)
 ``state``   comma-separated states (``offline,stale``); the four liveness states or one an agent reported
-``sort``    ``worst`` (default: offline, stale, unknown and other reported states before online, then the
-            highest p99 first) or a column (:data:`SORT_COLUMNS`); empty values sort last either way
+``sort``    ``worst`` (default: offline, stale, unknown and other reported states before online; in each, the
+            devices with an alert firing, then the highest p99 first) or a column (:data:`SORT_COLUMNS`); empty
+            values sort last either way
 ``order``   ``asc`` (default) or ``desc``
 ``offset``  rows to skip (default 0)
 ``limit``   rows in the page, 1 to :data:`MAX_LIMIT` (default :data:`DEFAULT_LIMIT`)
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,16 +110,26 @@ class DeviceQuery:
                    limit=_integer(params, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT))  # fmt: skip
 
 
-def worst_first_key(summary: DeviceSummary) -> tuple[int, bool, float, str, str]:
-    """Offline, then stale, then unknown (and other reported states), then online; in each, the highest p99 first."""
-    p99 = summary.p99_ms
-    return (WORST_RANK.get(summary.state, _OTHER_RANK), p99 is None, -(p99 or 0.0), summary.fleet, summary.device)
+Breaching = Collection[tuple[str, str]]
 
 
-def _sorted(summaries: list[DeviceSummary], query: DeviceQuery, power_modes: Mapping[tuple[str, str], str | None]) -> list[DeviceSummary]:
+def worst_first_key(breaching: Breaching = frozenset()) -> Callable[[DeviceSummary], tuple[int, bool, bool, float, str, str]]:
+    """Offline, then stale, then unknown (and other reported states), then online; in each, the devices with an alert
+    firing (``breaching``: (fleet, device) pairs) first, then the highest p99."""
+
+    def key(summary: DeviceSummary) -> tuple[int, bool, bool, float, str, str]:
+        p99 = summary.p99_ms
+        return (WORST_RANK.get(summary.state, _OTHER_RANK), (summary.fleet, summary.device) not in breaching,
+                p99 is None, -(p99 or 0.0), summary.fleet, summary.device)  # fmt: skip
+
+    return key
+
+
+def _sorted(summaries: list[DeviceSummary], query: DeviceQuery, power_modes: Mapping[tuple[str, str], str | None],
+            breaching: Breaching) -> list[DeviceSummary]:  # fmt: skip
     descending = query.order == "desc"
     if query.sort == "worst":
-        return sorted(summaries, key=worst_first_key, reverse=descending)
+        return sorted(summaries, key=worst_first_key(breaching), reverse=descending)
     value: Callable[[DeviceSummary], Any] = (
         (lambda s: power_modes.get((s.fleet, s.device))) if query.sort == "power_mode" else SORT_COLUMNS[query.sort]
     )
@@ -129,13 +140,16 @@ def _sorted(summaries: list[DeviceSummary], query: DeviceQuery, power_modes: Map
 
 
 class DeviceTable:
-    """Pages of the device table from one store. ``power_modes`` and ``model_names`` may be cached callables
-    (the app keeps them for a while); by default they ask the store each time."""
+    """Pages of the device table from one store. ``power_modes``, ``model_names`` and ``breaching`` (the devices
+    with an alert firing) may be cached callables (the app keeps them for a while); by default the first two ask the
+    store each time and no device is breaching."""
 
     def __init__(self, store: FleetStore, *,
                  power_modes: Callable[[str | None], Mapping[tuple[str, str], str | None]] | None = None,
-                 model_names: Callable[[str | None], Sequence[str]] | None = None) -> None:  # fmt: skip
+                 model_names: Callable[[str | None], Sequence[str]] | None = None,
+                 breaching: Callable[[str | None], Breaching | None] | None = None) -> None:  # fmt: skip
         self.store = store
+        self.breaching = breaching or (lambda fleet: frozenset())
         self.power_modes = power_modes or (lambda fleet: {(i.fleet, i.device): i.power_mode for i in store.device_identities(fleet)})
         self.model_names = model_names or (lambda fleet: store.known_values("model", fleet=fleet))
 
@@ -150,14 +164,16 @@ class DeviceTable:
         matching = [s for s in summaries if not query.states or s.state in query.states]
         if query.q:
             matching = self._search(matching, query, modes, models, now)
-        ordered = _sorted(matching, query, modes)
+        breaching = self.breaching(query.fleet) or frozenset()
+        ordered = _sorted(matching, query, modes, breaching)
         page = ordered[query.offset:query.offset + query.limit]
         served = self._models(page, now) if models else {}
         return {
             "fleet": query.fleet, "q": query.q, "state": list(query.states), "sort": query.sort, "order": query.order,
             "offset": query.offset, "limit": query.limit, "total": len(ordered), "fleet_devices": len(summaries),
             "columns": {"power_mode": any(m for m in modes.values()), "models": bool(models)},
-            "devices": [device_row(s, modes.get((s.fleet, s.device)), served.get((s.fleet, s.device), ())) for s in page],
+            "devices": [device_row(s, modes.get((s.fleet, s.device)), served.get((s.fleet, s.device), ()))
+                        | {"breaching": (s.fleet, s.device) in breaching} for s in page],
         }  # fmt: skip
 
     def _search(self, summaries: list[DeviceSummary], query: DeviceQuery, modes: Mapping[tuple[str, str], str | None],

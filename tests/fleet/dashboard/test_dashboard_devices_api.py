@@ -145,3 +145,6 @@ def test_overview_counts_devices_breaching_an_alert(tmp_path) -> None:
     with DashboardServer(store_url, port=0, cache_s=0.0) as server:
         assert _get(server.url, "api/overview")[1]["counts"]["breaching"] == 2
         assert _get(server.url, "api/overview", fleet="a")[1]["counts"]["breaching"] == 1
+        rows = _devices(server.url, fleet="a")["devices"]  # all online: the one breaching first, then by p99
+        assert [(d["device"], d["breaching"]) for d in rows] == [("jetson-orin-nano-8gb-000", True), ("raspberry-pi-5-002", False),
+                                                                 ("jetson-orin-nx-16gb-001", False)]  # fmt: skip

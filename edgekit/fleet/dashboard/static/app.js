@@ -177,6 +177,10 @@ function renderDevices() {
   document.getElementById("devices").classList.toggle("no-models", !page.columns.models);
   fill("devices", page.devices.map((d) => {
     const tr = el("tr", { "data-device": d.device, "data-fleet": d.fleet, "data-state": d.state });
+    if (d.breaching) {
+      tr.classList.add("breaching");
+      tr.title = "an alert is firing for this device";
+    }
     const mode = clipped(d.power_mode || "–", 20);
     mode.classList.add("mode");
     const models = clipped(d.models || "–", 30);
