@@ -168,7 +168,7 @@ class Spool:
             if str(mode).lower() != "wal":
                 raise SpoolError(f"spool {self.path}: SQLite refused WAL mode (got {mode!r})",
                                  hint="put the spool on a local filesystem, not a network share")  # fmt: skip
-            spool_space.configure_journal(db)
+            spool_space.configure_journal(db, self._space.wal_pages)
             db.execute(f"PRAGMA synchronous={synchronous}")
             version = db.execute("PRAGMA user_version").fetchone()[0]
             if version not in (0, _SCHEMA_VERSION):

@@ -4,8 +4,10 @@ SQLite's defaults let the WAL grow to ~4 MB before a checkpoint (1,000 pages); o
 file system, the checkpoint that would have shrunk it then had no room to copy pages into the database, and
 the spool stayed full for good, across restarts. The spool therefore
 
-* checkpoints every :data:`WAL_AUTOCHECKPOINT_PAGES` pages and cuts the WAL back to
-  :data:`JOURNAL_SIZE_LIMIT_BYTES` (``PRAGMA wal_autocheckpoint`` / ``journal_size_limit``), and truncates
+* checkpoints every :data:`WAL_AUTOCHECKPOINT_PAGES` pages on a small file system (a 64th of it, up to
+  SQLite's 1,000 from 256 MB on: fewer checkpoints and fsyncs where there is room) and cuts the WAL back to
+  as many bytes, at least :data:`JOURNAL_SIZE_LIMIT_BYTES` (``PRAGMA wal_autocheckpoint`` /
+  ``journal_size_limit``), and truncates
   it (``wal_checkpoint(TRUNCATE)``) whenever the file system runs short and when it opens (a leftover WAL);
 * keeps :attr:`SpoolSpace.headroom_bytes` free on its file system: below that it drops its oldest telemetry
   windows and hands the pages back (``auto_vacuum=INCREMENTAL``), so the disk, not only ``max_bytes``, bounds
@@ -36,8 +38,9 @@ from edgekit_runtime.agent.disk_reserve import DEFAULT_RESERVE_BYTES, DiskReserv
 
 logger = logging.getLogger(__name__)
 
-#: checkpoint once the WAL holds this many pages (SQLite's default is 1,000: ~4 MB)
+#: checkpoint once the WAL holds this many pages on a small file system (SQLite's default is 1,000: ~4 MB)
 WAL_AUTOCHECKPOINT_PAGES = 32
+WAL_AUTOCHECKPOINT_MAX_PAGES = 1000
 #: after a checkpoint the WAL file is cut back to at most this many bytes
 JOURNAL_SIZE_LIMIT_BYTES = 128 * 1024
 #: free space the spool keeps on its file system (beyond its reserve) before it drops its oldest windows
@@ -271,10 +274,15 @@ def windows_up_to(db: sqlite3.Connection, last_id: int) -> list[tuple[bytes]]:
 # -- the database's journal -------------------------------------------------------------------------
 
 
-def configure_journal(db: sqlite3.Connection) -> None:
+def wal_pages_for(file_system_bytes: int) -> int:
+    """The WAL's checkpoint size in (4 KiB) pages for a file system this large: a 64th of it, 32 to 1,000."""
+    return min(WAL_AUTOCHECKPOINT_MAX_PAGES, max(WAL_AUTOCHECKPOINT_PAGES, file_system_bytes // 64 // 4096))
+
+
+def configure_journal(db: sqlite3.Connection, wal_pages: int = WAL_AUTOCHECKPOINT_PAGES) -> None:
     """Bound the WAL (called right after ``journal_mode=WAL``) and let freed pages go back to the disk."""
-    db.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
-    db.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT_BYTES}")
+    db.execute(f"PRAGMA wal_autocheckpoint={wal_pages}")
+    db.execute(f"PRAGMA journal_size_limit={max(JOURNAL_SIZE_LIMIT_BYTES, wal_pages * 4096)}")
     # Debian's SQLite zeroes every freed page (secure_delete=ON): removing acknowledged windows then writes each
     # freed page to the WAL, more than a small disk has. FAST zeroes only what the commit writes anyway.
     db.execute("PRAGMA secure_delete=FAST")
@@ -309,9 +317,11 @@ class SpoolSpace:
         self.directory = spool_path.parent
         try:  # on a tiny file system both shrink to an eighth of it each
             stats = os.statvfs(self.directory)
-            eighth = int(stats.f_blocks) * int(stats.f_frsize) // 8
+            size = int(stats.f_blocks) * int(stats.f_frsize)
         except OSError:
-            eighth = 1 << 62
+            size = 1 << 62
+        eighth = size // 8
+        self.wal_pages = wal_pages_for(size)
         self.headroom_bytes = min(max(int(headroom_bytes), 0), eighth)
         self.reserve = DiskReserve(self.directory, min(max(int(reserve_bytes), 0), eighth))
         self._next_reserve_check = 0.0
