@@ -77,8 +77,9 @@ class Stack:
     dashboard_url: str
     browser: HeadlessChromium
     log_dir: Path
-    agent: Child  # a real edgekit-agent run, started with the stack so its start overlaps the simulated fleet's
+    agent: Child  # a real edgekit-agent run
     agent_key: str
+    simulators: dict[str, Child]  # STEADY, CRASHED and FROZEN by name
 
     def readers(self, fleet: str, *, page: bool = True) -> dict[str, Callable[[], Reading]]:
         readers: dict[str, Callable[[], Reading]] = {
@@ -97,20 +98,25 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     log_dir = tmp_path_factory.mktemp("liveness")
     store_url = f"sqlite:///{log_dir}/fleet.db"
     with MosquittoBroker(log_dir / "mosquitto", extra_config=["max_queued_messages 0"]) as broker:
+        # every process starts at once (each takes seconds to import on a loaded host); the collector's store exists
+        # once it announced itself, the dashboard needs it
+        simulators = {name: simulate(name, log_dir, broker.url, FLEET, devices, RATE_PER_S, targets)
+                      for name, devices, targets in (STEADY, CRASHED, FROZEN)}  # fmt: skip
         collector = Child("collector", [EDGEKIT, "fleet", "collect", "--broker", broker.url, "--store", store_url,
                                         "--metrics-port", 0, "--client-id", f"liveness-{uuid.uuid4().hex[:6]}", "--json"],
                           log_dir)  # fmt: skip
-        children = [collector]
+        children = [*simulators.values(), collector]
         browser = None
         try:
-            metrics_url = collector.json_line("metrics_url", START_S)["metrics_url"]  # the store exists from here on
-            dashboard = Child("dashboard", [EDGEKIT, "fleet", "dashboard", "--store", store_url, "--port", 0, "--json"], log_dir)
-            children.append(dashboard)
-            dashboard_url = dashboard.json_line("url", START_S)["url"].rstrip("/")
             agent, agent_key = _start_agent(broker, log_dir)
             children.append(agent)
+            metrics_url = collector.json_line("metrics_url", START_S)["metrics_url"]
+            dashboard = Child("dashboard", [EDGEKIT, "fleet", "dashboard", "--store", store_url, "--port", 0, "--json"], log_dir)
+            children.append(dashboard)
             browser = HeadlessChromium()
-            yield Stack(broker, store_url, collector, metrics_url, dashboard, dashboard_url, browser, log_dir, agent, agent_key)
+            dashboard_url = dashboard.json_line("url", START_S)["url"].rstrip("/")
+            yield Stack(broker, store_url, collector, metrics_url, dashboard, dashboard_url, browser, log_dir, agent, agent_key,
+                        simulators)  # fmt: skip
         finally:
             if browser is not None:
                 browser.close()
@@ -125,8 +131,7 @@ def _report(stage: str, seen: dict[str, Seen]) -> None:
 
 def test_killed_devices_go_offline_and_stopped_ones_stale_then_offline_everywhere(stack: Stack) -> None:
     steady, crashed, frozen = (_names(p) for p in (STEADY, CRASHED, FROZEN))
-    processes = {name: simulate(name, stack.log_dir, stack.broker.url, FLEET, devices, RATE_PER_S, targets)
-                 for name, devices, targets in (STEADY, CRASHED, FROZEN)}  # fmt: skip
+    processes = stack.simulators
     readers = stack.readers(FLEET)
     try:
         started = time.monotonic()
