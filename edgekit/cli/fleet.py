@@ -473,7 +473,7 @@ def _register_status(fleet_subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--since", default="1h", metavar="WHEN", help="with --by-model: from a duration ago (default 1h)")
     parser.add_argument("--state", choices=STATES, help="only devices in this state (stale: 3 silent telemetry "
                                                         "intervals, offline: 10 or a last will)")  # fmt: skip
-    parser.add_argument("--limit", type=_limit, default=DEFAULT_STATUS_ROWS, metavar="N",
+    parser.add_argument("--limit", type=int, default=DEFAULT_STATUS_ROWS, metavar="N",
                         help=f"the table shows the N worst devices (offline, stale, then highest p99; default "
                              f"{DEFAULT_STATUS_ROWS}, 0 for all); --json and --csv list every device")  # fmt: skip
     parser.set_defaults(func=run_status)
@@ -484,15 +484,6 @@ DEFAULT_ROLLUP_RETENTION_DAYS = 30.0
 #: Rows ``fleet status`` prints as a table by default: a 10,000-device table is read by no one.
 DEFAULT_STATUS_ROWS = 100
 
-
-def _limit(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 0 (0 shows every device), got {text!r}")
-    return value
 
 
 #: How the status table colours each liveness state (the dashboard uses the same colours).
@@ -506,6 +497,10 @@ def run_status(args: argparse.Namespace) -> int:
 
     if args.by_model:
         return _run_status_by_model(args)
+    if args.limit < 0:
+        from edgekit.fleet.errors import FleetError
+
+        raise FleetError(f"--limit must be a whole number >= 0, got {args.limit}", hint="0 shows every device")
     with open_store(args.store, must_exist=True) as store:
         summaries = store.device_summaries(args.fleet)
         if not summaries:
