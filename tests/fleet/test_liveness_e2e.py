@@ -33,14 +33,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edgekit.fleet.dashboard.browser import HeadlessChromium, chromium_missing
 from edgekit.fleet.dashboard.app import SUMMARIES_TTL_S
+from edgekit.fleet.dashboard.browser import HeadlessChromium, chromium_missing
 from edgekit.fleet.liveness import OFFLINE_AFTER_INTERVALS, STALE_AFTER_INTERVALS
 from edgekit.fleet.metrics_fleet import DEFAULT_CACHE_S
 from tests.fleet.liveness_stack import (EDGEKIT, Child, Reading, Seen, Stage, api_reading, metrics_reading, page_reading,
                                         simulate, states_check, status_reading, wait_for_states, watch_stages)  # fmt: skip
 from tests.runtime.agent.mosquitto import MosquittoBroker, require_mosquitto
-
 
 FLEET = "liveness"
 #: One window every 2 s, the telemetry interval the rule counts in: stale after 6 s, offline after 20 s. (1 s was
@@ -249,7 +248,7 @@ def test_a_real_agent_killed_with_kill_9_shows_offline(stack: Stack) -> None:
     assert metrics_reading(stack.metrics_url, fleet).extra["edgekit_device_online"][key] == 0
 
 
-def _with_windows(keys: list[str], check):  # type: ignore[no-untyped-def]
+def _with_windows(keys: list[str], check: Callable[[Reading], str | None]) -> Callable[[Reading], str | None]:
     """``check``, and (in ``fleet status --json``) the store holds 2 telemetry windows of each device of ``keys``: its
     interval is known, so silence counts. A device that never sent a window keeps the state it reported (online)
     however long it is silent, until its will."""
