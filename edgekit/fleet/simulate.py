@@ -18,6 +18,7 @@ Python::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import time
@@ -210,7 +211,7 @@ class FleetSimulator:
                 offset = agent.interval_s * (index / max(1, len(self.agents)))
                 last_end = datetime.now(timezone.utc) - timedelta(seconds=agent.interval_s - offset)
                 due = time.monotonic() + offset
-                self.mux.schedule(offset, lambda d=device, e=last_end, t=due: self._tick(d, e, t))
+                self.mux.schedule(offset, functools.partial(self._tick, device, last_end, due))
 
         self.mux.call(begin)
 

@@ -57,7 +57,7 @@ _TIMERS_PER_STEP = 200
 DEFAULT_MAX_CONNECTING = 64
 
 
-class _SimClient(paho.Client):
+class _SimClient(paho.Client):  # type: ignore[misc]  # paho is untyped here
     """paho's client, asking the environment about a proxy once per broker host instead of on every
     connect: paho reads the whole of ``os.environ`` twice per connect (``urllib.request.getproxies``),
     about a sixth of the CPU of connecting 10,000 devices. The answer is the same for every device."""

@@ -55,11 +55,13 @@ def _shard_main(config: SimulationConfig, pipe: Pipe) -> None:
                     simulator.start(telemetry=False, **argument)
                     reply: Any = simulator.connect_seconds
                 elif command == "telemetry":
-                    reply = simulator.start_telemetry()
+                    simulator.start_telemetry()
+                    reply = None
                 elif command == "counters":
                     reply = dataclasses.asdict(simulator.counters())
                 elif command == "crash":
-                    reply = simulator.crash(argument)
+                    simulator.crash(argument)
+                    reply = None
                 elif command == "flush":
                     reply = simulator.flush(argument)
                 elif command == "stop":
