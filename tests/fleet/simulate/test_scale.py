@@ -45,15 +45,19 @@ def test_600_devices_connect_paced_and_a_crash_sends_the_will(mosquitto_factory)
             assert simulator.counters().connected == 600 and simulator.connect_seconds is not None
             assert 1 <= peak["connecting"] <= 16  # never more than max_connecting waiting for a CONNACK
             assert len({d for d in simulator.agents}) == 600
-            time.sleep(2.5)
-            assert simulator.counters().windows >= 600  # every device sent at least one window
+            deadline = time.monotonic() + 20
+            while simulator.counters().windows < 600 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert simulator.counters().windows >= 600  # about one window a device
             victims = sorted(simulator.agents)[:3]
             for device in victims:
                 simulator.crash(device)
             assert recorder.wait_for(lambda ms: _offline_wills(recorder, victims) == set(victims), timeout_s=10)
         finally:
-            simulator.stop()
-        assert simulator.flush(0.1)  # crashed devices' lost in-flight messages do not hold up a flush
+            stopping = time.monotonic()
+            simulator.stop(flush_s=20.0)
+        # the crashed devices' unacknowledged messages died with them: they hold up neither flush nor stop
+        assert time.monotonic() - stopping < 15.0
 
 
 def test_start_fails_on_stalled_progress_naming_the_count(tmp_path) -> None:
