@@ -18,6 +18,7 @@ Python::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -87,15 +88,24 @@ class SimulationConfig:
     allow_plaintext_password: bool = False  # a password over mqtt:// to a broker off loopback
     load: float | None = None  # a fixed load in [0.05, 1] instead of each device's daily cycle (tests that must not depend on the hour)
     max_connecting: int = DEFAULT_MAX_CONNECTING  # connections waiting for a CONNACK at once (paced connecting)
-    #: MQTT keep-alive of each device's connection. The agent's default is 30 s; 60 halves the pings of a big
-    #: fleet and lets a starved simulator lag 90 s before the broker drops a device as silent. A crash is
-    #: seen at once either way (the socket closes).
-    keepalive_s: int = 60
+    #: MQTT keep-alive of each device's connection; None: the agent's 30 s up to AUTO_VALIDATE_DEVICES devices,
+    #: 60 s above (half the pings, and a starved simulator may lag 90 s before the broker drops a device as
+    #: silent). A crash is seen at once either way (the socket closes).
+    keepalive_s: int | None = None
     first_device: int = 0  # index of the first device: names are <target>-<index> (a shard of a bigger fleet starts later)
     #: 1: every telemetry window built by the runtime's validating builder; N: each device's first and every Nth
     #: (the others by the simulator's identical unchecked copy, a fifth of the CPU); None: 1 up to
     #: AUTO_VALIDATE_DEVICES devices, AUTO_VALIDATE_EVERY above
     validate_every: int | None = None
+
+    def resolved(self) -> SimulationConfig:
+        """This config with the size-dependent defaults (``validate_every``, ``keepalive_s``) filled in for its
+        number of devices (shards of a bigger fleet get the whole fleet's)."""
+        big = self.devices > AUTO_VALIDATE_DEVICES
+        return dataclasses.replace(
+            self, validate_every=self.validate_every or (AUTO_VALIDATE_EVERY if big else 1),
+            keepalive_s=self.keepalive_s or (60 if big else 30),
+        )  # fmt: skip
 
     def check(self) -> None:
         if isinstance(self.devices, bool) or not isinstance(self.devices, int) or not 1 <= self.devices <= 100_000:
@@ -137,7 +147,7 @@ class FleetSimulator:
         self.config = config
         self.mux = MqttMux(BrokerOptions(config.broker_url, config.mqtt_version, config.tls_ca, config.username,
                                          config.password_file, allow_plaintext_password=config.allow_plaintext_password,
-                                         keepalive_s=config.keepalive_s),
+                                         keepalive_s=config.resolved().keepalive_s or 30),
                             window=config.window, max_connecting=config.max_connecting)  # fmt: skip
         profiles = profiles_for(list(dict.fromkeys(config.targets)))
         by_target = {profile.target: profile for profile in profiles}
@@ -146,7 +156,7 @@ class FleetSimulator:
         self._windows = 0
         self._ticking = False
         bundle = synthetic_bundle(config.initial_bundle) if config.initial_bundle else None
-        validate_every = config.validate_every or (1 if config.devices <= AUTO_VALIDATE_DEVICES else AUTO_VALIDATE_EVERY)
+        validate_every = config.resolved().validate_every or 1
         for index in range(config.first_device, config.first_device + config.devices):
             profile: SyntheticProfile = by_target[config.targets[index % len(config.targets)]]
             device = f"{profile.target}-{index:03d}"

@@ -89,6 +89,7 @@ class ShardedFleetSimulator:
 
     def __init__(self, config: SimulationConfig, processes: int | None = None) -> None:
         config.check()
+        config = config.resolved()  # the whole fleet's defaults, not each shard's
         processes = processes or auto_processes(config.devices)
         if not 1 <= processes <= config.devices:
             raise SimulationError(f"processes must be from 1 to the number of devices ({config.devices}), got {processes}",

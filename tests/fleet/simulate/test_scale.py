@@ -103,3 +103,13 @@ def test_auto_processes_and_the_open_files_limit() -> None:
     if hard != resource.RLIM_INFINITY:
         with pytest.raises(TelemetryError, match=r"need \d+ open files.*hard RLIMIT_NOFILE"):
             raise_open_files_limit(hard + 1, what="too many devices")
+
+
+def test_size_dependent_defaults_are_the_whole_fleets() -> None:
+    small, big = SimulationConfig("mqtt://127.0.0.1:1", devices=500), SimulationConfig("mqtt://127.0.0.1:1", devices=1500)
+    assert (small.resolved().validate_every, small.resolved().keepalive_s) == (1, 30)
+    assert (big.resolved().validate_every, big.resolved().keepalive_s) == (100, 60)
+    explicit = SimulationConfig("mqtt://127.0.0.1:1", devices=1500, validate_every=1, keepalive_s=30).resolved()
+    assert (explicit.validate_every, explicit.keepalive_s) == (1, 30)
+    shards = ShardedFleetSimulator(big, processes=2).shard_configs  # 750 devices each, but one fleet of 1,500
+    assert [(s.devices, s.validate_every, s.keepalive_s) for s in shards] == [(750, 100, 60), (750, 100, 60)]
