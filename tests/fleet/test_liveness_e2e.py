@@ -9,7 +9,7 @@ offline after 10 (20 s) or at once when its last will arrives (:mod:`edgekit.fle
 * 5 are in a process killed with ``kill -9``: the kernel closes their sockets, the broker publishes their last wills,
   and they are ``offline`` at once ("stale or worse" within 3 intervals).
 * 5 are in a process stopped with SIGSTOP (a hung host: sockets open, no telemetry, no will; the simulator's MQTT
-  keep-alive is 30 s, or 60 s by SimulationConfig.keepalive_s, so the broker would drop them only after 45-90 s):
+  keep-alive is 30 s for a fleet this small (SimulationConfig.resolved()), so the broker would drop them after 45 s):
   ``stale`` after 3 intervals, then ``offline`` after 10 by silence alone (their retained status still says
   online); then ``kill -9``: their wills arrive and they stay offline.
 
