@@ -45,14 +45,14 @@ def seed_ground_truth(store: object, target: TargetProfile, bundles: Sequence[Kn
     summaries = []
     for index, bundle in enumerate(bundles):
         name = f"{fleet}-{index}"
-        summaries.append(seed_history(store, fleet=name, devices=devices, hours=hours, window_s=window_s,  # type: ignore[arg-type]
-                                      targets=(target.name,), bundles=(bundle.ids[0],), upgrade_at=None, behaviours=behaviours,
-                                      now=now, seed=index))  # fmt: skip
-        if power_mode is not None:
+        if power_mode is not None:  # first: the fleet aggregates take a window's mode from what its device reported
             for device, _ in device_names(devices, (target.name,)):
                 identity = DeviceIdentityRecord(fleet=name, device=device, board=None, soc=None, os=None, l4t=None, jetpack=None,
                                                 cuda=None, tensorrt=None, onnxruntime=None, power_mode=power_mode,
                                                 clocks_locked=None, updated_at=now)  # fmt: skip
                 store.upsert_status(DeviceStatus(fleet=name, device=device, state="online", bundle_id=bundle.ids[0],  # type: ignore[attr-defined]
                                                  target=target.name, agent_version="sim-1", updated_at=now, identity=identity))  # fmt: skip
+        summaries.append(seed_history(store, fleet=name, devices=devices, hours=hours, window_s=window_s,  # type: ignore[arg-type]
+                                      targets=(target.name,), bundles=(bundle.ids[0],), upgrade_at=None, behaviours=behaviours,
+                                      now=now, seed=index))  # fmt: skip
     return summaries
