@@ -133,8 +133,10 @@ def test_an_agent_that_requires_signed_commands_takes_the_deploy_only_signed(rea
     assert record["state"] == "completed" and record["options"]["signed_commands"] is True and record["options"]["signed_by"]
 
 
+@pytest.mark.parametrize("real_agent_fleet", [{"commands": {"require_signed": True}}], indirect=True)
 def test_a_downgrade_is_refused_by_the_agent_until_allowed(real_agent_fleet, signed_bundle, fleet_keys, tmp_path: Path,
                                                           capsys) -> None:  # fmt: skip
+    """allow_downgrade is honoured only in a signed command to an agent that requires them (issue 28 item 6)."""
     from edgekit.bundle.signing import sign_bundle
     from tests.runtime.agent_service.bundles import make_bundle
 
@@ -145,8 +147,8 @@ def test_a_downgrade_is_refused_by_the_agent_until_allowed(real_agent_fleet, sig
     inbox = real_agent_fleet["config"].bundles.inbox_dir
     inbox.mkdir(parents=True, exist_ok=True)
     base = ["deploy", str(tar), "--broker", real_agent_fleet["broker"], "--store", real_agent_fleet["store_url"], "--devices",
-            real_agent_fleet["device"], "--inbox", str(inbox), "--key", str(fleet_keys[1]), "--deploy-timeout-s", "30",
-            "--force", "--json"]  # fmt: skip
+            real_agent_fleet["device"], "--inbox", str(inbox), "--sign-commands", str(fleet_keys[0]), "--deploy-timeout-s",
+            "30", "--force", "--json"]  # fmt: skip
     refused = _parser().parse_args(base)
     assert refused.func(refused) == 1
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["device_results"][real_agent_fleet["device"]]
@@ -167,8 +169,8 @@ def test_a_signature_change_is_refused_by_the_agent_until_allowed(real_agent_fle
     inbox = real_agent_fleet["config"].bundles.inbox_dir
     inbox.mkdir(parents=True, exist_ok=True)
     base = ["deploy", str(tar), "--broker", real_agent_fleet["broker"], "--store", real_agent_fleet["store_url"], "--devices",
-            real_agent_fleet["device"], "--inbox", str(inbox), "--key", str(fleet_keys[1]), "--deploy-timeout-s", "30",
-            "--force", "--json"]  # fmt: skip
+            real_agent_fleet["device"], "--inbox", str(inbox), "--sign-commands", str(fleet_keys[0]), "--deploy-timeout-s",
+            "30", "--force", "--json"]  # fmt: skip
     refused = _parser().parse_args(base)
     assert refused.func(refused) == 1
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["device_results"][real_agent_fleet["device"]]
