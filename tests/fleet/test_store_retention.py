@@ -9,7 +9,7 @@ import pytest
 
 from edgekit.fleet.errors import StoreError
 from edgekit.fleet.store import FleetStore, open_store
-from edgekit.fleet.store import sql as sql_store
+from edgekit.fleet.store import retention
 from tests.fleet.messages import T0, window
 
 DAY = dt.timedelta(days=1)
@@ -28,7 +28,7 @@ def _rollup_rows(store: FleetStore) -> int:
 
 
 def test_retention_in_batches_keeps_every_total(store: FleetStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sql_store, "RETENTION_BATCH_ROWS", 5)  # 18 windows: four batches, one transaction each
+    monkeypatch.setattr(retention, "RETENTION_BATCH_ROWS", 5)  # 18 windows: four batches, one transaction each
     _days_of_windows(store, 3)
     before = [(a.windows, a.inferences, a.p99_ms) for a in store.aggregate(("bundle_id",))]
     summary = store.device_summaries()[0]

@@ -57,4 +57,20 @@ def pending(dialect: str, current: int, url: str) -> tuple[Migration, ...]:
     return migrations(dialect)[current:]
 
 
-__all__ = ["DIALECTS", "Migration", "latest_version", "migrations", "pending"]
+def split_statements(script: str) -> list[str]:
+    """The statements of a migration file (split on ';' at line ends; comments dropped)."""
+    lines = [line.split("--", 1)[0].rstrip() for line in script.splitlines()]
+    statements, current = [], []
+    for line in lines:
+        if not line.strip():
+            continue
+        current.append(line)
+        if line.endswith(";"):
+            statements.append("\n".join(current)[:-1])
+            current = []
+    if current:
+        statements.append("\n".join(current))
+    return statements
+
+
+__all__ = ["DIALECTS", "Migration", "latest_version", "migrations", "pending", "split_statements"]

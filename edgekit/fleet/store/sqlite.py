@@ -15,7 +15,8 @@ from typing import Any, Sequence
 from edgekit.fleet.errors import StoreError, StoreUnavailableError
 from edgekit.fleet.store import queries
 from edgekit.fleet.store.base import TelemetryWindow
-from edgekit.fleet.store.sql import RETENTION_BATCH_ROWS, SeqRun, SqlFleetStore
+from edgekit.fleet.store.retention import RETENTION_BATCH_ROWS, SeqRun
+from edgekit.fleet.store.sql import SqlFleetStore
 
 #: How long a write waits for another process's write lock before giving up.
 BUSY_TIMEOUT_S = 10.0

@@ -1,0 +1,179 @@
+"""Retention of raw windows and rollups, shared by the SQL stores (a mixin of :class:`SqlFleetStore`).
+
+Raw windows older than the raw retention are rolled up into per-device buckets a batch at a time (a short
+transaction each, oldest first), the rolled-up seqs are remembered so redeliveries stay deduplicated, and, with a
+rollup retention, old rollups and fleet 1-minute buckets are forgotten (PostgreSQL drops daily partitions).
+The aggregates every fleet-wide read uses are written at ingest and do not move.
+"""
+
+from __future__ import annotations
+
+import abc
+import datetime as dt
+from typing import Any, NamedTuple, Sequence
+
+from edgekit.fleet.errors import StoreError
+from edgekit.fleet.store import buckets, queries
+
+#: Per-device rollup tables, which rollup retention empties of old buckets.
+ROLLUP_TABLES = ("telemetry_rollups", "telemetry_model_rollups")
+#: Raw windows rolled up per retention transaction (SQLite about 0.2-0.5 s each on a busy 2-core host).
+RETENTION_BATCH_ROWS = 20_000
+#: How long a gap between a device's rolled-up seqs stays open for a late window (see :func:`merge_rolled_seqs`).
+DEFAULT_GAPS_OPEN_FOR = dt.timedelta(days=7)
+
+
+class SeqRun(NamedTuple):
+    """Consecutive seqs of one device that a retention run rolled up (``window_end_max`` as the store keeps times)."""
+
+    fleet: str
+    device: str
+    seq_first: int
+    seq_last: int
+    window_end_max: Any
+    windows: int
+
+
+class RolledSeqs(NamedTuple):
+    """A row of ``telemetry_rolled_seqs``: seqs ``seq_first``..``seq_last`` of a device are counted in rollups.
+    Times are as the store keeps them (comparable with each other)."""
+
+    seq_first: int
+    seq_last: int
+    window_end_max: Any
+    rolled_at: Any
+
+
+def merge_rolled_seqs(runs: Sequence[RolledSeqs], gaps_closed_before: Any) -> list[RolledSeqs]:
+    """One device's runs, merged where they touch or overlap, and across a gap whose lower run last grew before
+    ``gaps_closed_before``: a window that late (QoS 1 redelivery and spool replay come sooner) is taken for a
+    redelivery, which keeps a device's rows few. Ordered by seq."""
+    merged: list[RolledSeqs] = []
+    for run in sorted(runs):
+        if merged:
+            last = merged[-1]
+            if run.seq_first <= last.seq_last + 1 or last.rolled_at < gaps_closed_before:
+                merged[-1] = RolledSeqs(last.seq_first, max(last.seq_last, run.seq_last),
+                                        max(last.window_end_max, run.window_end_max), max(last.rolled_at, run.rolled_at))  # fmt: skip
+                continue
+        merged.append(run)
+    return merged
+
+
+class RetentionMixin(abc.ABC):
+    """Retention for :class:`~edgekit.fleet.store.sql.SqlFleetStore` (which supplies transactions and dialect hooks)."""
+
+    _transaction: Any
+    _query: Any
+    _sql: Any
+    time_in: Any
+
+    @abc.abstractmethod
+    def _retain(self, cursor: Any, cutoff: Any, bucket_s: int) -> list[SeqRun]:
+        """Roll windows ending before ``cutoff`` into rollups and delete them, in the open transaction; return
+        the runs of consecutive seqs rolled up (:data:`ISLANDS_SQL` over the windows moved)."""
+
+    def _retain_models(self, cursor: Any, cutoff: Any, bucket_s: int) -> None:
+        """Sum the model windows ending before ``cutoff`` into model rollups and delete them."""
+        params = {"cutoff": cutoff, "bucket_s": bucket_s}
+        cursor.execute(self._sql(queries.model_rollup_insert_sql(self, "telemetry_model_windows w", "w.window_end < :cutoff")),
+                       params)  # fmt: skip
+        cursor.execute(self._sql("DELETE FROM telemetry_model_windows WHERE window_end < :cutoff"), params)
+
+    def _lock_rolled_seqs(self, cursor: Any, exclusive: bool) -> None:
+        """Keep retention (``exclusive``) from moving windows while another process checks a batch against the
+        rolled seqs and inserts it (SQLite's BEGIN IMMEDIATE already serialises every write)."""
+
+    # -- maintenance --------------------------------------------------------------------------
+    def apply_retention(self, raw_for: dt.timedelta, rollup_minutes: int = 5, now: dt.datetime | None = None, *,
+                        gaps_open_for: dt.timedelta = DEFAULT_GAPS_OPEN_FOR,
+                        rollups_for: dt.timedelta | None = None) -> int:  # fmt: skip
+        for label, value in (("retention time", raw_for), ("gaps_open_for", gaps_open_for),
+                             ("rollup retention time", rollups_for if rollups_for is not None else dt.timedelta(0))):
+            if not isinstance(value, dt.timedelta) or value.total_seconds() < 0:
+                raise StoreError(f"{label} must be a non-negative timedelta, got {value!r}",
+                                 hint="for example datetime.timedelta(hours=48)")  # fmt: skip
+        if isinstance(rollup_minutes, bool) or not isinstance(rollup_minutes, int) or rollup_minutes < 1:
+            raise StoreError(f"rollup_minutes must be a whole number >= 1, got {rollup_minutes!r}")
+        now = now if now is not None else _now()
+        cutoff = self.time_in(now - raw_for)
+        rolled = 0
+        while True:  # oldest first, a short transaction per batch: readers and writers wait at most one batch
+            batch_cutoff = self._retention_batch_end(cutoff)
+            if batch_cutoff is None:
+                break
+            with self._transaction("rolling up old telemetry windows") as cursor:
+                self._lock_rolled_seqs(cursor, exclusive=True)
+                runs = self._retain(cursor, batch_cutoff, rollup_minutes * 60)
+                self._retain_models(cursor, batch_cutoff, rollup_minutes * 60)
+                if runs:
+                    self._record_rolled_seqs(cursor, runs, self.time_in(now), self.time_in(now - gaps_open_for))
+                rolled += sum(run.windows for run in runs)
+        with self._transaction("deleting old rejected messages") as cursor:
+            self._retain_models(cursor, cutoff, rollup_minutes * 60)  # any whose window was not in a batch
+            cursor.execute(self._sql("DELETE FROM rejected_messages WHERE at < ?"), (cutoff,))
+        if rollups_for is not None:
+            self._drop_rollups_before(now - rollups_for)
+        self._return_free_space()
+        return rolled
+
+    def _drop_rollups_before(self, before: dt.datetime) -> None:
+        """Forget per-device rollups and fleet minute buckets older than ``before`` (fleet hour buckets stay)."""
+        for table in ROLLUP_TABLES:
+            self._forget_rollups(table, before)
+        with self._transaction("deleting old fleet minute buckets") as cursor:
+            for table in ("fleet_buckets", "fleet_model_buckets"):
+                cursor.execute(self._sql(f"DELETE FROM {table} WHERE bucket_s = {buckets.TIERS[0]} AND bucket_start < :before"),
+                               {"before": self.time_in(before)})  # fmt: skip
+
+    @abc.abstractmethod
+    def _forget_rollups(self, table: str, before: dt.datetime) -> None:
+        """Delete ``table``'s rollups of buckets before ``before`` without one long transaction."""
+
+    def _retention_batch_end(self, cutoff: Any) -> Any:
+        """Where the next retention batch ends (exclusive): after about :data:`RETENTION_BATCH_ROWS` of the oldest
+        windows ending before ``cutoff``, at least past the oldest window end; None when none is left."""
+        rows = self._query("finding old telemetry windows", "SELECT MIN(window_end) FROM telemetry_windows WHERE window_end < ?",
+                           (cutoff,))  # fmt: skip
+        oldest = rows[0][0]
+        if oldest is None:
+            return None
+        rows = self._query("finding old telemetry windows",
+                           f"SELECT window_end FROM telemetry_windows WHERE window_end < ? ORDER BY window_end "
+                           f"LIMIT 1 OFFSET {RETENTION_BATCH_ROWS}", (cutoff,))  # fmt: skip
+        if not rows:
+            return cutoff
+        if rows[0][0] > oldest:
+            return rows[0][0]
+        rows = self._query("finding old telemetry windows", "SELECT MIN(window_end) FROM telemetry_windows WHERE window_end > ?",
+                           (oldest,))  # fmt: skip
+        return cutoff if rows[0][0] is None else min(rows[0][0], cutoff)
+
+    def _return_free_space(self) -> None:
+        """Give the pages retention freed back to the file system, where the database does not by itself."""
+
+    def _record_rolled_seqs(self, cursor: Any, runs: Sequence[SeqRun], now: Any, gaps_closed_before: Any) -> None:
+        """Merge ``runs`` into the devices' rolled seq runs, closing gaps older than ``gaps_closed_before`` (times
+        as the store keeps them)."""
+        by_device: dict[tuple[str, str], list[RolledSeqs]] = {}
+        for run in runs:
+            by_device.setdefault((run.fleet, run.device), []).append(
+                RolledSeqs(int(run.seq_first), int(run.seq_last), run.window_end_max, now))
+        params: dict[str, Any] = {}
+        where = queries.device_filter(self, "r", params, sorted(by_device))
+        cursor.execute(self._sql(f"{queries.SELECT_ROLLED_SEQS} WHERE {where}"), params)
+        for fleet, device, first, last, window_end_max, rolled_at in cursor.fetchall():
+            by_device[(fleet, device)].append(RolledSeqs(int(first), int(last), window_end_max, rolled_at))
+        cursor.execute(self._sql(f"DELETE FROM telemetry_rolled_seqs AS r WHERE {where}"), params)
+        rows = [(fleet, device, merged.seq_first, merged.seq_last, merged.window_end_max, merged.rolled_at)
+                for (fleet, device), found in sorted(by_device.items())
+                for merged in merge_rolled_seqs(found, gaps_closed_before)]  # fmt: skip
+        cursor.executemany(self._sql(queries.INSERT_ROLLED_SEQS), rows)
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+__all__ = ["DEFAULT_GAPS_OPEN_FOR", "RETENTION_BATCH_ROWS", "ROLLUP_TABLES", "RetentionMixin", "RolledSeqs", "SeqRun",
+           "merge_rolled_seqs"]
