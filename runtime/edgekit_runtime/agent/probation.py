@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekit_runtime.agent.errors import DeployError
+from edgekit_runtime.agent.store import fsync_dir
 
 logger = logging.getLogger(__name__)
 
@@ -106,24 +107,11 @@ class ProbationFile:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(partial, self.path)
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
 
     def clear(self) -> None:
         self.path.unlink(missing_ok=True)
-        _fsync_dir(self.path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        descriptor = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
+        fsync_dir(self.path.parent)
 
 
 def begin(file: ProbationFile, *, version_dir: Path, bundle: str, previous: Path | None, url: str,

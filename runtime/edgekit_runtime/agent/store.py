@@ -44,7 +44,8 @@ def version_name(bundle_name: str, manifest_sha256: str) -> str:
     return f"{safe}-{manifest_sha256[:12]}"
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename or unlink in ``path`` durable (best effort: file systems that refuse are left as they are)."""
     try:
         descriptor = os.open(path, os.O_RDONLY)
     except OSError:
@@ -119,7 +120,7 @@ class BundleStore:
         except OSError as err:
             temporary.unlink(missing_ok=True)
             raise DeployError(f"cannot point '{self.root / link}' at '{version_dir}': {err.strerror or err}") from err
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
 
     def switch_to(self, version_dir: Path) -> Path | None:
         """Make ``version_dir`` current; the old current becomes previous. Returns the old current."""
@@ -163,7 +164,7 @@ class BundleStore:
             os.replace(staged_bundle, destination)
         except OSError as err:
             raise DeployError(f"cannot move '{staged_bundle}' to '{destination}': {err.strerror or err}") from err
-        _fsync_dir(self.versions_dir)
+        fsync_dir(self.versions_dir)
         return destination
 
     def prune(self, keep: int = 2) -> list[Path]:
