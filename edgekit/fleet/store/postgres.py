@@ -55,6 +55,9 @@ class PostgresStore(SqlFleetStore):
         try:
             self._connection = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
             self._connection.execute("SET TIME ZONE 'UTC'")
+            # JIT compiling costs more than it saves on these short queries (0.4 s of a 0.9 s device summary read at
+            # 10,000 devices, when bloat made the planner expect millions of rows)
+            self._connection.execute("SET jit = off")
         except psycopg.Error as exc:
             raise StoreUnavailableError(f"cannot connect to fleet store {redact(self.url)}: {str(exc).strip()}",
                                         hint="check that PostgreSQL runs, and the URL's host, port, user and "

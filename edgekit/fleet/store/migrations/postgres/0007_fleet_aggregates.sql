@@ -93,6 +93,15 @@ CREATE TABLE IF NOT EXISTS device_bundles (
 );
 CREATE INDEX IF NOT EXISTS device_bundles_by_end ON device_bundles (window_end_max);
 
+-- device_latest and device_bundles are rewritten by every batch that holds their device: room on each page lets
+-- PostgreSQL update them in place (HOT, no index change) and prune old versions without waiting for VACUUM,
+-- which the collectors' steady rewrites would otherwise outrun (measured: 584 MB and 1.5 M dead rows for 10,000
+-- devices after 1.7 M windows seeded in 40 minutes).
+ALTER TABLE device_latest SET (fillfactor = 50, autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 0);
+ALTER TABLE device_bundles SET (fillfactor = 50, autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 0);
+ALTER TABLE fleet_buckets SET (fillfactor = 70);
+ALTER TABLE fleet_model_buckets SET (fillfactor = 70);
+
 -- A store taken back to an older version applies this again: the sums are made anew from what it keeps.
 DELETE FROM device_latest;
 DELETE FROM fleet_buckets;
