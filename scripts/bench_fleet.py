@@ -44,6 +44,8 @@ from edgekit.fleet.store import open_store  # noqa: E402
 from tests.runtime.agent.mosquitto import MosquittoBroker, free_port  # noqa: E402
 
 
+#: Seconds without a new stored window after which the ingest is taken to have ended (what is missing then is lost).
+STALL_S = 5.0
 #: The simulated devices' fleet (scripts/bench_fleet_scale.py sets another, to ingest beside a seeded fleet).
 FLEET = "bench"
 COLLECTOR_OPTIONS: dict[str, Any] = {"session_expiry_s": 3600, "batch_size": 1000, "queue_size": 50_000}
@@ -97,7 +99,7 @@ def _wait_stored(count_stored: Callable[[], int], expected: int, timeout_s: floa
         now = time.monotonic()
         if count != last:
             last, last_change = count, now
-        if count >= expected or now - last_change > 5.0:
+        if count >= expected or now - last_change > STALL_S:
             return count, last_change - start
         time.sleep(0.05)
     return last, time.monotonic() - start

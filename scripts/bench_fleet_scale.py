@@ -172,6 +172,7 @@ def bench_ingest_while_reading(store_url: str, devices: int, windows: int, worke
     import bench_fleet
 
     bench_fleet.FLEET = f"ingest{workers}"  # beside the seeded fleet, on the same 10,000-device store
+    bench_fleet.STALL_S = 60.0  # a reconnect under a loaded host is not the end of the ingest
     with tempfile.TemporaryDirectory() as scratch, Reader(store_url) as reader:
         if workers == 1:
             result = bench_fleet.bench_ingest(store_url, Path(scratch), devices, windows)
