@@ -82,3 +82,17 @@ def test_collect_refuses_a_negative_rollup_retention(tmp_path, capsys: pytest.Ca
                  "--rollup-retention-days", "-2"])  # fmt: skip
     err = " ".join(capsys.readouterr().err.split())
     assert code == 2 and "--rollup-retention-days must be >= 0, got -2" in err and "0 keeps rollups forever" in err
+
+
+def test_a_new_sqlite_store_gives_freed_pages_back_after_retention(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "fleet.db"
+    with open_store(f"sqlite:///{path}") as store:
+        store.add_windows([window(seq, start=D0 + seq * dt.timedelta(seconds=10)) for seq in range(1, 3001)])
+        connection = store._connection  # type: ignore[attr-defined]
+        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the windows into the database file
+        grown = path.stat().st_size
+        assert store.apply_retention(dt.timedelta(0), now=D0 + DAY) == 3000
+        assert connection.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # incremental
+        assert connection.execute("PRAGMA freelist_count").fetchone()[0] == 0
+        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert path.stat().st_size < grown / 2, (grown, path.stat().st_size)

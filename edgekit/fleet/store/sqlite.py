@@ -39,11 +39,13 @@ class SqliteStore(SqlFleetStore):
             if not parent.is_dir():
                 raise StoreError(f"cannot create fleet store {self.url}: folder {parent} does not exist",
                                  hint="create the folder first, or give a path in an existing one")  # fmt: skip
+        new = self.path == ":memory:" or not Path(self.path).expanduser().is_file() or Path(self.path).expanduser().stat().st_size == 0
         try:
             self._connection = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
                                                check_same_thread=False)  # fmt: skip
-            if self.path != ":memory:":
-                # before the first table: a new store returns the pages retention frees (existing ones keep their mode)
+            if self.path != ":memory:" and new:
+                # before the first table: a new store returns the pages retention frees (an existing one keeps its
+                # mode; setting it there would wait for another process's write lock for nothing)
                 self._connection.execute("PRAGMA auto_vacuum=INCREMENTAL")
                 self._connection.execute("PRAGMA journal_mode=WAL")
             self._connection.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints; safe with WAL
