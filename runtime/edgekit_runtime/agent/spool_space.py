@@ -67,8 +67,9 @@ class DropSummary:
     """Telemetry windows dropped and not yet reported: how many, their seqs and window starts, and why
     (``disk_full``: no room on the file system; ``bound``: over ``max_messages``/``max_bytes``;
     ``in_memory``: dropped while waiting for the spool to be writable). ``seq_ranges`` lists the dropped
-    seqs exactly (``(first, last)`` runs; at most :data:`MAX_SEQ_RANGES`, past that the closest runs are
-    joined and the list may cover a few stored seqs); ``first_seq``/``last_seq`` are their span."""
+    seqs exactly (``(first, last)`` runs, never a stored seq); ``first_seq``/``last_seq`` are their span. A
+    summary of more than :data:`MAX_SEQ_RANGES` runs is reported at once, as several events of at most that many
+    (:meth:`parts`)."""
 
     windows: int
     first_seq: int | None
@@ -91,6 +92,17 @@ class DropSummary:
             tuple(sorted(set(self.reasons) | set(other.reasons))), _joined(self.seq_ranges + other.seq_ranges),
         )  # fmt: skip
 
+    def parts(self) -> list[DropSummary]:
+        """This summary as reports of at most :data:`MAX_SEQ_RANGES` runs each, the windows counted per part (a
+        remainder without seqs goes to the last part); the window starts are the whole summary's."""
+        if len(self.seq_ranges) <= MAX_SEQ_RANGES:
+            return [self]
+        chunks = [self.seq_ranges[i : i + MAX_SEQ_RANGES] for i in range(0, len(self.seq_ranges), MAX_SEQ_RANGES)]
+        counts = [sum(last - first + 1 for first, last in chunk) for chunk in chunks]
+        counts[-1] += max(self.windows - sum(counts), 0)
+        return [DropSummary(count, chunk[0][0], chunk[-1][1], self.first_window_start, self.last_window_start, self.reasons,
+                            chunk) for chunk, count in zip(chunks, counts)]  # fmt: skip
+
     def to_details(self) -> dict[str, Any]:
         return {
             "windows": self.windows, "first_seq": self.first_seq, "last_seq": self.last_seq,
@@ -110,16 +122,13 @@ MAX_SEQ_RANGES = 64
 
 
 def _joined(runs: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
-    """Sorted, overlapping and adjacent runs merged; past MAX_SEQ_RANGES the runs with the smallest gaps joined."""
+    """Sorted, overlapping and adjacent runs merged (never across a gap: a gap is stored seqs)."""
     merged: list[list[int]] = []
     for first, last in sorted(runs):
         if merged and first <= merged[-1][1] + 1:
             merged[-1][1] = max(merged[-1][1], last)
         else:
             merged.append([first, last])
-    while len(merged) > MAX_SEQ_RANGES:
-        gap = min(range(len(merged) - 1), key=lambda i: merged[i + 1][0] - merged[i][1])
-        merged[gap][1] = merged.pop(gap + 1)[1]
     return tuple((first, last) for first, last in merged)
 
 
@@ -201,22 +210,28 @@ class DropReports:
         if self._pending_since is None:
             if self._checked:
                 return  # nothing dropped since the last report
-        elif now - self._last_drop_at < self.quiet_s and now - self._pending_since < self.every_s:
+        elif now - self._last_drop_at < self.quiet_s and now - self._pending_since < self.every_s and \
+                not self._many_runs(spool):  # fmt: skip
             return
         topic, make_payload = self.reporter
         try:
             with spool._writing("cannot queue the report of dropped windows"):
                 pending = pending_drops(spool._db)
-                if pending is not None:
-                    payload = make_payload(pending)
+                for part in pending.parts() if pending is not None else ():
                     spool._db.execute("INSERT INTO messages (topic, payload, qos, created_at) VALUES (?, ?, 1, ?)",
-                                      (topic, payload, time.time()))  # fmt: skip
+                                      (topic, make_payload(part), time.time()))  # fmt: skip
+                if pending is not None:
                     spool._reload_sizes()
                     clear_pending_drops(spool._db)
                     logger.warning("spool %s: %s", spool.path, pending.describe())
         except SpoolError:
             return  # the summary stays pending; the next write tries again
         self._checked, self._pending_since = True, None
+
+    def _many_runs(self, spool: Any) -> bool:
+        """Whether the pending drops already fill a report's runs (report them now, before they grow)."""
+        pending = pending_drops(spool._db)
+        return pending is not None and len(pending.seq_ranges) >= MAX_SEQ_RANGES
 
 
 # -- inside a write transaction ----------------------------------------------------------------------
