@@ -662,7 +662,8 @@ def run_report(args: argparse.Namespace) -> int:
     if not report.groups:
         console.print(f"no telemetry in {escape(args.store)} since {since:%Y-%m-%d %H:%M} UTC")
         return 0
-    table = Table(title=f"by bundle, target and power mode since {since:%Y-%m-%d %H:%M} UTC")
+    tally = ", ".join(f"{count} {state}" for state, count in report.device_states.items() if count or state in ("online", "stale", "offline"))
+    table = Table(title=f"by bundle, target and power mode since {since:%Y-%m-%d %H:%M} UTC; devices now: {tally}")
     for column in ("bundle", "target", "power mode", "devices", "windows", "inferences", "errors", "p50 ms", "p99 ms",
                    "p99 max", "power mW", "mJ/inf", "max °C"):  # fmt: skip
         table.add_column(column, justify="left" if column in ("bundle", "target", "power mode") else "right")

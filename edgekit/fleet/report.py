@@ -11,10 +11,11 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from edgekit.fleet.errors import FleetError
+from edgekit.fleet.liveness import state_counts
 from edgekit.fleet.rollout_state import RolloutRecord
 from edgekit.fleet.store.postgres import redact
 from edgekit.fleet.store.base import Aggregate, BundleSpan, DeviceSummary, FleetStore, ModelAggregate
@@ -159,6 +160,8 @@ class FleetReport:
     rollouts: tuple[RolloutComparison, ...]
     rollout_records: tuple[RolloutRecord, ...] = ()  # `fleet deploy` rollouts started in the range, newest first
     models: tuple[ModelAggregate, ...] = ()  # by model and bundle (issue 20)
+    #: devices per liveness state now (edgekit.fleet.liveness: the counts fleet status, the dashboard and /metrics show)
+    device_states: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"since": _time(self.since), "until": _time(self.until), "fleet": self.fleet,
@@ -166,7 +169,8 @@ class FleetReport:
                 "groups": [aggregate_to_json(group) for group in self.groups],
                 "rollouts": [rollout.to_json() for rollout in self.rollouts],
                 "rollout_records": [record.to_json() for record in self.rollout_records],
-                "models": [model_aggregate_to_json(group) for group in self.models]}  # fmt: skip
+                "models": [model_aggregate_to_json(group) for group in self.models],
+                "device_states": dict(self.device_states)}  # fmt: skip
 
 
 def build_report(store: FleetStore, *, fleet: str | None = None, bundle_id: str | None = None,
@@ -182,10 +186,12 @@ def build_report(store: FleetStore, *, fleet: str | None = None, bundle_id: str 
     groups = store.aggregate(("bundle_id", "target", "power_mode"), fleet=fleet, bundle_id=bundle_id, target=target, since=since,
                              until=until)  # fmt: skip
     records = [RolloutRecord.from_json(row) for row in store.rollouts(fleet, bundle_id=bundle_id, since=since, until=until)]
+    summaries = store.device_summaries(fleet)
+    states = state_counts([s.state for s in summaries if target is None or s.target == target])
     return FleetReport(since, until, fleet, bundle_id, target, tuple(groups),
                        tuple(_rollouts(store, fleet=fleet, bundle_id=bundle_id, target=target, since=since, until=until)),
                        tuple(r for r in records if target is None or r.target == target),
-                       tuple(model_rows(store, fleet=fleet, model=model, since=since, until=until)))
+                       tuple(model_rows(store, fleet=fleet, model=model, since=since, until=until)), states)
 
 
 def _rollouts(store: FleetStore, *, fleet: str | None, bundle_id: str | None, target: str | None,

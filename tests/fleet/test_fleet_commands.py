@@ -129,6 +129,14 @@ def test_status_prints_plain_columns_for_a_long_table(seeded: str, capsys: pytes
                                                         ["nano-1", "online"]]  # fmt: skip
 
 
+def test_report_counts_devices_by_state_as_status_does(seeded: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _fresh_windows(seeded)
+    report = _json_out(capsys, ["fleet", "report", "--store", seeded, "--since", SINCE, "--json"])
+    assert report["device_states"] == {"online": 1, "stale": 1, "offline": 2, "unknown": 0}
+    assert main(["fleet", "report", "--store", seeded, "--since", SINCE]) == 0
+    assert "devices now: 1 online, 1 stale, 2 offline" in " ".join(capsys.readouterr().out.split())
+
+
 def test_report_json_compares_a_rollout_before_and_after(seeded: str, capsys: pytest.CaptureFixture[str]) -> None:
     report = _json_out(capsys, ["fleet", "report", "--store", seeded, "--since", SINCE, "--json"])
     groups = {(g["bundle_id"], g["target"]): g for g in report["groups"]}
