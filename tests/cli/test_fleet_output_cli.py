@@ -27,10 +27,10 @@ def store_url(tmp_path: Path) -> str:
     """Two devices of fleet "lab", one with a name far wider than 80 columns allow beside the other columns."""
     url = f"sqlite:///{tmp_path / 'fleet.db'}"
     with open_store(url) as store:
+        for device in ("nano-1", LONG_DEVICE):  # first, as agents report it: fleet aggregates group by it on arrival
+            store.set_device_target("lab", device, "jetson-orin-nano-8gb")
         store.add_windows([window(seq, device=device, latencies_ms=[4.0] * 10, power_mw=5000.0)
                            for device in ("nano-1", LONG_DEVICE) for seq in range(1, 6)])  # fmt: skip
-        for device in ("nano-1", LONG_DEVICE):
-            store.set_device_target("lab", device, "jetson-orin-nano-8gb")
         store.upsert_status(DeviceStatus("lab", "nano-1", "online", BUNDLE_A.id, None, "0.1.0", T0))
     return url
 
@@ -58,7 +58,8 @@ def test_status_csv(store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     captured = capsys.readouterr()
     rows = {row["device"]: row for row in csv.DictReader(io.StringIO(captured.out))}
     assert sorted(rows) == sorted(["nano-1", LONG_DEVICE])
-    assert rows["nano-1"]["state"] == "online" and rows["nano-1"]["bundle_id"] == BUNDLE_A.id
+    # its agent said online, but its newest window is months old: offline after 10 silent intervals
+    assert rows["nano-1"]["state"] == "offline" and rows["nano-1"]["bundle_id"] == BUNDLE_A.id
     assert float(rows["nano-1"]["p50_ms"]) == 4.0 and float(rows["nano-1"]["power_mean_mw"]) == pytest.approx(5000.0)
     assert rows[LONG_DEVICE]["target"] == "jetson-orin-nano-8gb" and rows[LONG_DEVICE]["windows"] == "5"
     assert rows[LONG_DEVICE]["last_seen"] == "2026-03-01T12:00:50Z"

@@ -63,7 +63,9 @@ def validate_agent_config(data: Any, block: DocBlock, scratch: Path) -> None:
 
 def validate_agent_config_fragment(data: Any, block: DocBlock, scratch: Path) -> None:
     assert isinstance(data, dict), f"{block.test_id}: an agent config fragment is a mapping of sections"
-    validate_agent_config({**MINIMAL_AGENT_CONFIG, **data}, block, scratch)
+    merged = {key: {**MINIMAL_AGENT_CONFIG[key], **value} if isinstance(value, dict) and isinstance(MINIMAL_AGENT_CONFIG.get(key), dict)
+              else value for key, value in data.items()}  # a section the fragment shows keeps the minimal keys it omits
+    validate_agent_config({**MINIMAL_AGENT_CONFIG, **merged}, block, scratch)
 
 
 def _schema(name: str) -> Validator:
@@ -89,6 +91,14 @@ def validate_infer_request(data: Any, block: DocBlock, scratch: Path) -> None:
     assert tensors, f"{block.test_id}: the request carries no tensor"
 
 
+def validate_alert_rules(data: Any, block: DocBlock, scratch: Path) -> None:
+    from edgekit.fleet.alerts.rules import load_alert_rules
+
+    path = scratch / f"doc-{block.line}-rules.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    assert load_alert_rules(path).rules, f"{block.test_id}: the rules file holds no rule"
+
+
 VALIDATORS: dict[str, Validator] = {
     "recipe": validate_recipe,
     "recipe-fragment": validate_recipe_fragment,
@@ -100,6 +110,7 @@ VALIDATORS: dict[str, Validator] = {
     "event": _schema("event.v1"),
     "status-fragment": validate_status_fragment,
     "infer-request": validate_infer_request,
+    "alert-rules": validate_alert_rules,
 }
 
 
