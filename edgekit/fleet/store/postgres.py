@@ -20,6 +20,8 @@ CONNECT_TIMEOUT_S = 10
 _ROLLED_COLUMNS = ("fleet, device, seq, bundle_id, window_start, window_end, received_at, inferences, errors, p50_ms, "
                    "p90_ms, p99_ms, mean_ms, max_ms, power_mean_mw, power_max_mw, energy_mj, temperature_max_c, "
                    "memory_used_mb")  # fmt: skip
+#: Rows per multi-row statement when writing a batch (one statement text for every whole chunk: parsed once).
+ROWS_PER_STATEMENT = 50
 #: Session-level advisory lock key that serialises migrations of one database ("edgekit" in ASCII).
 MIGRATION_LOCK_KEY = 0x6564_6765_6B69_74
 #: Transaction-level advisory lock key between window inserts (shared) and retention (exclusive): "rolled".
@@ -35,7 +37,23 @@ class PostgresStore(SqlFleetStore):
 
     def _execute_each_row(self, cursor: Any, head: str, rows: Sequence[Sequence[Any]], tail: str, *,
                           returning: bool) -> list[tuple[Any, ...]]:  # fmt: skip
-        cursor.executemany(self._sql(f"{head} ({', '.join('?' * len(rows[0]))}) {tail}"), rows, returning=returning)
+        # Whole chunks of ROWS_PER_STATEMENT rows as one statement whose text repeats (psycopg parses and prepares
+        # it once), the rest a statement a row, pipelined.
+        found: list[tuple[Any, ...]] = []
+        whole = len(rows) - len(rows) % ROWS_PER_STATEMENT
+        row_sql = "(" + ", ".join("?" * len(rows[0])) + ")"
+        if whole:
+            chunk_sql = self._sql(f"{head} {', '.join([row_sql] * ROWS_PER_STATEMENT)} {tail}")
+            chunks = [[value for row in rows[first : first + ROWS_PER_STATEMENT] for value in row]
+                      for first in range(0, whole, ROWS_PER_STATEMENT)]  # fmt: skip
+            found += self._executemany(cursor, chunk_sql, chunks, returning)
+        if whole < len(rows):
+            found += self._executemany(cursor, self._sql(f"{head} {row_sql} {tail}"), rows[whole:], returning)
+        return found
+
+    @staticmethod
+    def _executemany(cursor: Any, sql: str, params: Sequence[Sequence[Any]], returning: bool) -> list[tuple[Any, ...]]:
+        cursor.executemany(sql, params, returning=returning)
         found: list[tuple[Any, ...]] = []
         while returning:
             found.extend(cursor.fetchall())
