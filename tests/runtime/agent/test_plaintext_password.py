@@ -100,6 +100,12 @@ def test_collector_refuses_a_password_over_plain_mqtt_off_loopback(tmp_path: Pat
         assert "--allow-plaintext-password" in (caught.value.hint or "")
         Collector(OFF_LOOPBACK, store, client_id="c", username="collector", password_file=secret,
                   allow_plaintext_password=True)  # built, not started: nothing is sent  # fmt: skip
+
+
+@pytest.mark.skipif(not EDGEKIT.exists(), reason="the host CLI (edgekit) is not installed here: scripts/check_py310.sh "
+                                                 "installs only the runtime; the .venv run covers it")  # fmt: skip
+def test_fleet_collect_refuses_a_password_over_plain_mqtt_off_loopback(tmp_path: Path) -> None:
+    secret = _secret(tmp_path / "pw")
     done = subprocess.run([str(EDGEKIT), "fleet", "collect", "--broker", OFF_LOOPBACK, "--store", f"sqlite:///{tmp_path / 'f.db'}",
                            "--username", "collector", "--password-file", str(secret), "--no-metrics", "--duration", "1"],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
