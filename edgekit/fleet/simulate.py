@@ -139,6 +139,13 @@ class SimulatorCounters:
     windows: int
 
 
+def block_for(duration_s: float | None) -> None:
+    """Sleep ``duration_s`` seconds (forever when None) in short steps, so Ctrl-C ends it at once."""
+    deadline = None if duration_s is None else time.monotonic() + duration_s
+    while deadline is None or time.monotonic() < deadline:
+        time.sleep(0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic())))
+
+
 class FleetSimulator:
     """Simulated devices on one broker: ``start()``, ``run_for()`` or your own waiting, ``stop()``."""
 
@@ -249,9 +256,7 @@ class FleetSimulator:
 
     def run_for(self, duration_s: float | None) -> None:
         """Block for ``duration_s`` seconds (forever when None) while the devices run."""
-        deadline = None if duration_s is None else time.monotonic() + duration_s
-        while deadline is None or time.monotonic() < deadline:
-            time.sleep(0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic())))
+        block_for(duration_s)
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until every queued message is acknowledged by the broker (on every connection not cut by

@@ -24,7 +24,8 @@ from multiprocessing.connection import Connection as Pipe
 from typing import Any
 
 from edgekit.fleet.sim.seed import device_names
-from edgekit.fleet.simulate import CONNECT_STALL_S, FleetSimulator, SimulationConfig, SimulationError, SimulatorCounters
+from edgekit.fleet.simulate import (CONNECT_STALL_S, FleetSimulator, SimulationConfig, SimulationError, SimulatorCounters,
+                                     block_for)
 
 logger = logging.getLogger(__name__)
 
@@ -167,9 +168,7 @@ class ShardedFleetSimulator:
 
     def run_for(self, duration_s: float | None) -> None:
         """Block for ``duration_s`` seconds (forever when None) while the devices run."""
-        deadline = None if duration_s is None else time.monotonic() + duration_s
-        while deadline is None or time.monotonic() < deadline:
-            time.sleep(0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic())))
+        block_for(duration_s)
 
     # -- inspection and control ----------------------------------------------------------------------
 
