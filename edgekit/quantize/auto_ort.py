@@ -50,6 +50,7 @@ from edgekit.quantize.auto import (
     search_auto,
 )
 from edgekit.quantize.calibration import CalibrationCache, CalibrationError, CalibratorSpec, TensorRange, calibrate
+from edgekit.quantize.calibration.from_recipe import calibrator_spec
 from edgekit.quantize.node_groups import find_node_groups
 from edgekit.quantize.plan import INT8_OP_TYPES, QuantizationPlan, make_plan
 from edgekit.quantize.sensitivity import QUANTIZED_INPUTS, Metric, QuantizationSimulator, SensitivityReport, rank_groups
@@ -510,8 +511,6 @@ def auto_calibrators(spec: QuantizationSpec, plan: QuantizationPlan) -> dict[str
     """Calibrators ``--precision auto`` compares: only the recipe's when it names one explicitly,
     otherwise the default (percentile) and minmax. Entropy is not tried by default: it calibrates
     slowest and clipped MiniLM's outlier channels as badly as percentile."""
-    from edgekit.quantize.stage import calibrator_spec
-
     names = [spec.calibrator] if "calibrator" in spec.model_fields_set else list(dict.fromkeys([spec.calibrator, "minmax"]))
     return {name: calibrator_spec(spec.model_copy(update={"calibrator": name}), plan) for name in names}
 

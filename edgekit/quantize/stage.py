@@ -7,7 +7,6 @@ into the bundle (``calibration/``), so a later build with the same model and dat
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -18,6 +17,7 @@ import numpy as np
 from edgekit.errors import QuantizationError
 from edgekit.precision import Backend, Precision
 from edgekit.quantize import channel_spread, cnn_folding, float_writers, ort_writers
+from edgekit.quantize.calibration.from_recipe import calibrator_spec, default_cache_dir
 from edgekit.quantize.plan import QuantizationPlan, make_plan
 from edgekit.recipe import QuantizationSpec
 from edgekit.target import TargetProfile
@@ -41,22 +41,6 @@ class QuantizedModel:
 
     def to_manifest(self) -> dict[str, Any]:
         return {"plan": self.plan.to_manifest() if self.plan else None, "calibration": self.calibration, **self.details}
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("EDGEKIT_CACHE_DIR", Path.home() / ".cache" / "edgekit")) / "calibration"
-
-
-def calibrator_spec(spec: QuantizationSpec, plan: QuantizationPlan) -> Any:
-    from edgekit.quantize.calibration import CalibratorSpec
-
-    symmetric = plan.activation_symmetric
-    if spec.calibrator == "percentile":
-        return CalibratorSpec.create("percentile", percentile=spec.percentile, symmetric=symmetric)
-    if spec.calibrator == "entropy":
-        # Asymmetric (uint8) ranges search each side with its own levels: 256 for a one-sided ReLU output.
-        return CalibratorSpec.create("entropy", symmetric=symmetric, num_quant_bins=128 if symmetric else 256)
-    return CalibratorSpec.create("minmax", symmetric=symmetric)
 
 
 def calibrate_plan(pre_path: Path, plan: QuantizationPlan, spec: QuantizationSpec, batches: list[dict[str, np.ndarray]],
