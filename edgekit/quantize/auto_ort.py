@@ -36,21 +36,11 @@ from edgekit.engines.ort_session import cpu_session
 from edgekit.errors import QuantizationError
 from edgekit.precision import Backend, Precision
 from edgekit.quantize import channel_spread, cnn_folding, edge_layers, ort_default_ranges, ort_layout, ort_writers, thin_convs
-from edgekit.quantize.auto import (
-    EXPORTED,
-    FLOAT,
-    AutoResult,
-    BuiltCandidate,
-    Candidate,
-    CandidateLadder,
-    EvaluateFn,
-    TimeFn,
-    auto_candidates,
-    fallback_candidates,
-    search_auto,
-)
+from edgekit.quantize.auto import AutoResult, search_auto
 from edgekit.quantize.calibration import CalibrationCache, CalibrationError, CalibratorSpec, TensorRange, calibrate
 from edgekit.quantize.calibration.from_recipe import calibrator_spec
+from edgekit.quantize.candidates import EXPORTED, FLOAT, BuiltCandidate, Candidate, CandidateLadder, auto_candidates, fallback_candidates
+from edgekit.quantize.judging import EvaluateFn, TimeFn
 from edgekit.quantize.node_groups import find_node_groups
 from edgekit.quantize.plan import INT8_OP_TYPES, QuantizationPlan, make_plan
 from edgekit.quantize.sensitivity import QUANTIZED_INPUTS, Metric, QuantizationSimulator, SensitivityReport, rank_groups
@@ -68,7 +58,7 @@ FP32_REWRITTEN = "fp32-rewritten"
 INT8_ORT_DEFAULT = "int8-ort-default"
 #: ``--precision auto`` keeps the whole build within this multiple of a plain int8 build, estimated as the
 #: pipeline's stages before the search plus the search's first candidate (the plain static int8 plan) built and
-#: evaluated, its timing left out (:meth:`edgekit.quantize.auto._Search.search_budget`). 2.5, not the 3x that
+#: evaluated, its timing left out (:meth:`edgekit.quantize.pricing.TimeBudget.search_budget`). 2.5, not the 3x that
 #: issue 17 allows: the estimate is off by the host's noise (shared 2-core host: the same build 1.3x apart).
 AUTO_TIME_BUDGET_MULTIPLE = 2.5
 
@@ -98,7 +88,7 @@ class OrtCandidateBuilder:
         self.calibration_passes = 0
         self.calibration_cache_hits = 0
         #: What the calibrations found in the cache took when they ran: a plain int8 build pays them (the search's
-        #: time budget counts them, see :attr:`edgekit.quantize.auto._Search.plain_s`).
+        #: time budget counts them, see :attr:`edgekit.quantize.pricing.TimeBudget.plain_s`).
         self.cached_calibration_s = 0.0
         #: Seconds of work a plain int8 build does not do: making graph variants (transformer fusion: 2.3 s of MiniLM's
         #: 14 s estimate) and ONNX Runtime's default plan's MinMax pass when the shared calibration came from the cache

@@ -16,17 +16,8 @@ from edgekit.errors import QuantizationError
 from edgekit.evaluate.metrics import METRICS
 from edgekit.precision import Backend, Precision
 from edgekit.quantize import ort_writers
-from edgekit.quantize.auto import (
-    DYNAMIC,
-    FLOAT,
-    STATIC,
-    AutoSearchError,
-    BuiltCandidate,
-    Candidate,
-    CandidateLadder,
-    auto_candidates,
-    search_auto,
-)
+from edgekit.quantize.auto import AutoSearchError, search_auto
+from edgekit.quantize.candidates import DYNAMIC, FLOAT, STATIC, BuiltCandidate, Candidate, CandidateLadder, auto_candidates
 from edgekit.engines.fusion import transformer_fusion
 from edgekit.quantize.auto_ort import (
     MetricSpec,

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from edgekit.evaluate.metrics import METRICS
 from edgekit.precision import Backend, Precision
 from edgekit.quantize import auto_ort
-from edgekit.quantize.auto import CandidateLadder
+from edgekit.quantize.candidates import CandidateLadder
 from edgekit.quantize.auto_ort import MetricSpec, OrtInterleavedTimer, OrtMetricEvaluator, plan_auto_onnxruntime
 from edgekit.quantize.gating import supported_precisions
 from edgekit.recipe import AccuracyBudget, QuantizationSpec

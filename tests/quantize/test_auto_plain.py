@@ -18,7 +18,9 @@ import onnx
 
 from edgekit.evaluate.metrics import METRICS
 from edgekit.precision import Backend, Precision
-from edgekit.quantize.auto import CALIBRATING, CHEAP, DYNAMIC, FLOAT, LADDER, STATIC, Candidate, _Search
+from edgekit.quantize.auto import _Search
+from edgekit.quantize.candidates import DYNAMIC, FLOAT, STATIC, Candidate
+from edgekit.quantize.pricing import CALIBRATING, CHEAP, LADDER
 from edgekit.quantize.auto_ort import (
     FLOAT_REWRITES,
     FP32_REWRITTEN,
@@ -273,19 +275,19 @@ def test_a_calibrating_candidate_is_expected_to_cost_a_plain_int8_build_and_the_
                       Candidate("int8-dynamic", Precision.INT8_DYNAMIC, plan(), levels={n: DYNAMIC for n in NODES})):
         search.process(candidate)
     rows = {row.name: row for row in search.rows}
-    assert search.first_s is not None and search.first_s >= 0.2 and rows["int8-static"].seconds >= 0.2
+    assert search.budget.first_s is not None and search.budget.first_s >= 0.2 and rows["int8-static"].seconds >= 0.2
     ort_default = Candidate(INT8_ORT_DEFAULT, Precision.INT8, plan(calibrator="minmax"), ORT_DEFAULT)
     ladder_step = static("int8-static+float-top1", {n: (FLOAT if i == 0 else STATIC) for i, n in enumerate(NODES)})
     # its own calibration: at least a plain int8 build, not the median of the three candidates so far
-    assert search.expected_cost(ort_default) == (CALIBRATING, max(search.first_s, rows["int8-static"].seconds))
+    assert search.budget.expected_cost(ort_default) == (CALIBRATING, max(search.budget.first_s, rows["int8-static"].seconds))
     # no calibration (int8-dynamic, fp16, a ladder step reusing its base's ranges): the median of the cheap ones
     cheap = sorted([rows[FP32_REWRITTEN].seconds, rows["int8-dynamic"].seconds])[1]
     for candidate in (ladder_step, other("fp16", Precision.FP16), Candidate("t:int8-dynamic", Precision.INT8_DYNAMIC, plan(), "t")):
-        assert search.expected_cost(candidate) == (CHEAP, cheap)
+        assert search.budget.expected_cost(candidate) == (CHEAP, cheap)
     # a ladder may rank sensitivity first: at least what the first candidate took
-    assert search.expected_cost(None, ladder=True) == (LADDER, max(2 * cheap, search.first_s))
-    assert search.calibrates(replace(first, graph="transformer-fusion"))  # another graph variant calibrates again
-    assert not search.calibrates(replace(first, plan=plan(calibrator=first.plan.calibrator)))
+    assert search.budget.expected_cost(None, ladder=True) == (LADDER, max(2 * cheap, search.budget.first_s))
+    assert search.budget.calibrates(replace(first, graph="transformer-fusion"))  # another graph variant calibrates again
+    assert not search.budget.calibrates(replace(first, plan=plan(calibrator=first.plan.calibrator)))
 
 
 def test_the_time_budget_tries_cheap_candidates_that_fit_and_skips_a_second_calibration(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgekit.precision import Backend, Precision
 from edgekit.quantize import edge_layers, ort_writers
-from edgekit.quantize.auto import FLOAT, STATIC, Candidate, CandidateLadder
+from edgekit.quantize.candidates import FLOAT, STATIC, Candidate, CandidateLadder
 from edgekit.quantize.auto_ort import FLOAT_REWRITES, FP32_REWRITTEN, _with_edge_candidates, sensitivity_analysis_runs
 from edgekit.quantize.plan import make_plan
 from edgekit.recipe import QuantizationSpec

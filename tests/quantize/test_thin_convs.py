@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgekit.precision import Backend, Precision
 from edgekit.quantize import cnn_folding, ort_writers, thin_convs
-from edgekit.quantize.auto import Candidate
+from edgekit.quantize.candidates import Candidate
 from edgekit.quantize.auto_ort import FLOAT_REWRITES, FP32_REWRITTEN, _with_thin_conv_candidates
 from edgekit.quantize.plan import make_plan
 from edgekit.quantize.stage import quantize_model

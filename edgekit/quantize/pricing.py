@@ -1,0 +1,150 @@
+"""Pricing candidates for ``--precision auto``: the time budget of the search.
+
+With ``time_budget_s``, a candidate reached after the budget is spent, or whose
+expected cost would overrun it, is skipped (FP32, the reference, never is). The cost is expected by
+kind: a static int8 plan that runs its own calibration (a graph variant's first, ONNX Runtime's default
+plan) costs what the first candidate took; one that needs none (int8-dynamic, float, fp16, a ladder step
+on its base's ranges) the median of those built so far; a ladder, which may first rank sensitivity,
+twice that and at least what the first candidate took. With
+``time_budget_multiple``, the budget is that multiple of the seconds spent up to the end of the first
+candidate (static int8: pre-processing, calibration, writing, evaluation, timing), so the search scales
+with the model's cost; an explicit ``time_budget_s`` is then an upper cap.
+
+:class:`TimeBudget` learns what each kind of candidate costs as the search builds them (:meth:`TimeBudget.record`)
+and says why a candidate or ladder is not tried for lack of time (:meth:`TimeBudget.over_budget`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from edgekit.precision import Precision
+from edgekit.quantize.candidates import Candidate, CandidateLadder
+
+#: Cost kinds for the time budget: a candidate that runs its own calibration, one that needs none, a ladder.
+CALIBRATING, CHEAP, LADDER = "a calibrating candidate", "a candidate without calibration", "a ladder"
+
+
+class TimeBudget:
+    """The search's time budget and what its candidates cost so far.
+
+    ``build`` is the search's candidate builder (:class:`edgekit.quantize.candidates.CandidateBuilder`), read for
+    ``has_ranges``, ``cached_calibration_s`` and ``auto_only_s`` when it has them. ``time_budget_s`` caps the seconds
+    since ``started`` (a ``time.perf_counter()`` value, default: now); ``time_budget_multiple`` (see
+    :meth:`plain_build_estimate`) sets the budget after the first candidate; ``fixed_s`` is what the build spent
+    before the search; ``evaluation_batches`` how many batches an evaluation runs (prices a ladder's sensitivity runs)."""
+
+    def __init__(self, build: Any, *, started: float | None = None, time_budget_s: float | None = None,
+                 time_budget_multiple: float | None = None, fixed_s: float = 0.0, evaluation_batches: int | None = None) -> None:
+        self.build = build
+        self.started = time.perf_counter() if started is None else started
+        self.time_budget_s = time_budget_s
+        self.time_budget_cap_s = time_budget_s
+        self.time_budget_multiple = time_budget_multiple
+        self.fixed_s = fixed_s  # what the build spent before the search (a plain int8 build spends it too)
+        self.evaluation_batches = evaluation_batches  # batches per evaluation (prices a ladder's sensitivity runs)
+        self.costs: list[tuple[str, float]] = []  # (CALIBRATING | CHEAP, seconds) of each candidate built
+        self.calibrated: set[tuple[str, Any]] = set()  # (graph, calibrator) of the static int8 plans built
+        self.first_s: float | None = None  # seconds from the start of the search to the end of the first candidate
+        #: first_s less the seconds spent timing it and the work a plain build does not do (``build.auto_only_s``: graph
+        #: variants, ONNX Runtime's default plan's MinMax pass), plus the calibration it found in the cache
+        #: (``build.cached_calibration_s``, what that took when it ran): what a plain int8 build's quantize and evaluate
+        #: stages take.
+        self.plain_s: float | None = None
+        self.first_evaluate_s = 0.0  # the first candidate's evaluation: the build's evaluate stage repeats it for the chosen plan
+
+    def over_budget(self, candidate: Candidate | None = None, ladder: CandidateLadder | bool = False) -> str | None:
+        """Why the next candidate (or ladder) is not tried for lack of time (None: try it): the budget is spent,
+        or its expected cost (:meth:`expected_cost`) would overrun it."""
+        if self.time_budget_s is None:
+            return None
+        elapsed = time.perf_counter() - self.started
+        source = self.source()
+        if elapsed >= self.time_budget_s:
+            return f"time budget spent ({elapsed:.1f} s of {self.time_budget_s:.1f} s: {source})"
+        kind, expected = self.expected_cost(candidate, ladder=ladder)
+        if elapsed + expected > self.time_budget_s:
+            return (f"time budget would overrun ({elapsed:.1f} s spent + about {expected:.1f} s expected for {kind} > "
+                    f"{self.time_budget_s:.1f} s: {source})")
+        return None
+
+    def calibrates(self, candidate: Candidate | None) -> bool:
+        """``candidate`` is a static int8 plan whose graph and calibrator no earlier candidate calibrated: it
+        pays for its own calibration (a graph variant's first static int8, ONNX Runtime's default plan).
+        int8-dynamic, float and fp16 candidates need none; a ladder step reuses its base's ranges; nor does one
+        whose ranges the builder already holds (``build.has_ranges``: ONNX Runtime's default plan, its MinMax
+        ranges collected in the shared calibration's pass)."""
+        has_ranges = getattr(self.build, "has_ranges", None)
+        return (candidate is not None and candidate.precision is Precision.INT8 and candidate.plan is not None
+                and (candidate.graph, candidate.plan.calibrator) not in self.calibrated
+                and not (has_ranges is not None and has_ranges(candidate)))
+
+    def expected_cost(self, candidate: Candidate | None, ladder: CandidateLadder | bool = False) -> tuple[str, float]:
+        """What ``candidate`` is expected to cost, by kind: one that calibrates, what the first candidate took
+        from the start of the search (static int8 with pre-processing: roughly a plain int8 build) or the
+        costliest calibrating candidate, whichever is more (ONNX Runtime's default plan, with its own
+        calibration, took 2.6-3.0 s on SegFormer where the cheap candidates took 0.3 s); any other (no
+        calibration), the median of the cheap ones built so far, or the cheapest candidate built when none was.
+        A ``ladder``'s steps reuse their base's calibration, but it may first rank sensitivity (a run per node
+        group: ResNet's took 0.64 s where its first candidate took 1.04 s): twice a cheap candidate, at least
+        what the first candidate took. A ladder that says how many model runs its ranking needs
+        (``analysis_runs``) is priced at those runs, at the first evaluation's seconds per batch, plus one cheap step:
+        YOLOv8n's ranking (57 groups) took 6.65-19.6 s and overran its 17.8-20.9 s budget by 1-13 s under the price above."""
+        calibrating = [seconds for kind, seconds in self.costs if kind == CALIBRATING]
+        cheap = sorted(seconds for kind, seconds in self.costs if kind == CHEAP)
+        if self.calibrates(candidate):
+            return CALIBRATING, max([*calibrating, self.first_s or 0.0])
+        expected = cheap[len(cheap) // 2] if cheap else min(calibrating, default=0.0)
+        analysis = self.analysis_seconds(ladder) if isinstance(ladder, CandidateLadder) else None
+        if analysis is not None:
+            return LADDER, analysis + expected
+        if ladder:
+            return LADDER, max(2 * expected, self.first_s or 0.0)
+        return CHEAP, expected
+
+    def analysis_seconds(self, ladder: CandidateLadder) -> float | None:
+        """What ``ladder``'s sensitivity ranking is expected to take: its ``analysis_runs`` (in evaluations of one batch)
+        at the first evaluation's seconds per batch (``None``: unknown, the ladder or the search does not say)."""
+        if ladder.analysis_runs is None or not self.evaluation_batches or not self.first_evaluate_s:
+            return None
+        return ladder.analysis_runs() * self.first_evaluate_s / self.evaluation_batches
+
+    def source(self) -> str:
+        if self.time_budget_multiple is not None and self.time_budget_s != self.time_budget_cap_s:
+            return (f"{self.time_budget_multiple:g}x a plain int8 build's estimated {self.fixed_s + (self.plain_s or 0.0):.1f} s, "
+                    f"less the {self.fixed_s:.1f} s before the search and {self.first_evaluate_s:.1f} s of evaluation after it")
+        return f"quantization.auto_time_budget_s {self.time_budget_s:g} s"
+
+    def plain_build_estimate(self) -> float:
+        """What a plain int8 build spends up to the end of its evaluation: the pipeline's stages before the search
+        (``fixed_s``) and the search's first candidate without its timing (pre-processing, calibration, writing and
+        evaluating the plain static int8 plan: a plain int8 build's quantize and evaluate stages)."""
+        return self.fixed_s + (self.plain_s or 0.0)
+
+    def search_budget(self, multiple: float) -> float:
+        """The seconds this search may take so that the build stays within ``multiple`` (M) x a plain int8 build:
+        M x (fixed + plain) - fixed - the evaluation the build repeats for the chosen plan. The stages both
+        builds pay after that (engine, golden check, bench, bundle and report: 0.7-3.7 s on the corpus) are left out,
+        so the measured ratio comes out under M."""
+        return multiple * self.plain_build_estimate() - self.fixed_s - self.first_evaluate_s
+
+    def record(self, candidate: Candidate, status: str, seconds: float, *, first: bool, timing_s: float) -> None:
+        """After each row of the search: what a built candidate cost, by kind; after the ``first``, the budget
+        (``timing_s``: the seconds spent timing so far, which a plain int8 build does not spend)."""
+        if status != "skipped":
+            self.costs.append((CALIBRATING if self.calibrates(candidate) else CHEAP, seconds))
+            if candidate.plan is not None and candidate.precision is Precision.INT8:
+                self.calibrated.add((candidate.graph, candidate.plan.calibrator))
+        if first:
+            self._set_from_first(timing_s)
+
+    def _set_from_first(self, timing_s: float) -> None:
+        """After the first candidate: the budget is :meth:`search_budget` (capped by ``auto_time_budget_s``)."""
+        self.first_s = time.perf_counter() - self.started
+        self.plain_s = (self.first_s - timing_s + float(getattr(self.build, "cached_calibration_s", 0.0))
+                        - float(getattr(self.build, "auto_only_s", 0.0)))
+        if self.time_budget_multiple is None:
+            return
+        scaled = self.search_budget(self.time_budget_multiple)
+        self.time_budget_s = scaled if self.time_budget_cap_s is None else min(scaled, self.time_budget_cap_s)
