@@ -30,6 +30,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from edgekit.errors import RecipeError
+from edgekit.recipe_model import CALLABLE_PATTERN
 
 #: The environment variable listing folders whose modules recipes may name without --trust-code.
 TRUSTED_DIRS_ENV = "EDGEKIT_TRUSTED_CODE_DIRS"
@@ -95,8 +96,6 @@ def installation_roots() -> tuple[Path, ...]:
 
 def callable_references(model: BaseModel, loc: str = "") -> Iterator[tuple[str, str]]:
     """(field path, 'module:function') for every field of ``model`` (nested) that names a callable."""
-    from edgekit.recipe import CALLABLE_PATTERN
-
     for name, info in type(model).model_fields.items():
         value = getattr(model, name)
         field = f"{loc}.{name}" if loc else name
