@@ -16,14 +16,15 @@ if TYPE_CHECKING:
 class TorchReference:
     """Callable: ``reference(feeds) -> {output name: array}`` with the recipe's output names."""
 
-    def __init__(self, module: "torch.nn.Module", recipe: Recipe) -> None:
+    def __init__(self, module: "torch.nn.Module", recipe: Recipe, device: str = "cpu") -> None:
         self.module = module
         self.recipe = recipe
+        self.device = device  # where the module's parameters are; feeds go there, outputs come back to numpy
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import torch
 
-        args = [torch.from_numpy(np.require(feeds[s.name], requirements="C")) for s in self.recipe.inputs]  # keeps rank 0
+        args = [torch.from_numpy(np.require(feeds[s.name], requirements="C")).to(self.device) for s in self.recipe.inputs]  # keeps rank 0
         with torch.inference_mode():
             result = self.module(*args)
         if isinstance(result, torch.Tensor):

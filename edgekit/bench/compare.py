@@ -29,9 +29,14 @@ class BenchReport:
     threads: int
     iterations: int
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    device: str = "cpu"
+    providers: list[str] = field(default_factory=list)  # what the bundle variants ran on, as ONNX Runtime reports it
+    energy_note: str | None = None  # why variants have no ``energy`` (GPU runs without NVML's energy counter)
 
     def to_json(self) -> dict[str, Any]:
-        return {"bundle": self.bundle, "dims": self.dims, "batch": self.batch, "threads": self.threads, "iterations": self.iterations, "variants": self.variants}
+        return {"bundle": self.bundle, "dims": self.dims, "batch": self.batch, "threads": self.threads, "iterations": self.iterations,
+                "device": self.device, "providers": self.providers, "variants": self.variants,
+                **({"energy_note": self.energy_note} if self.energy_note else {})}  # fmt: skip
 
 
 def parse_dims(text: str | None) -> dict[str, int]:
@@ -73,7 +78,7 @@ def host_runner(bundle: Bundle, signature: IOSignature, threads: int) -> Any:
                              denormal_as_zero=bool(bundle.manifest["backend"].get("denormal_as_zero", False))).load()
 
 
-def _torch_model(bundle: Bundle, recipe_path: Path | None, trust_code: bool = False) -> tuple[Any, Any]:
+def _torch_model(bundle: Bundle, recipe_path: Path | None, trust_code: bool = False, device: str = "cpu") -> tuple[Any, Any]:
     from edgekit.recipe import load_recipe
     from edgekit.sources import load_source
     from edgekit.torch_reference import TorchReference
@@ -88,11 +93,17 @@ def _torch_model(bundle: Bundle, recipe_path: Path | None, trust_code: bool = Fa
         loaded = load_source(recipe, Path(tmp))
     if loaded.module is None:
         raise EdgekitError(f"{path}: the recipe's source ({loaded.kind}) has no PyTorch model to compare with")
-    return TorchReference(loaded.module, recipe), recipe
+    return TorchReference(loaded.module.to(device), recipe, device=device), recipe
 
 
 def bench_bundle(bundle_dir: Path, dims: dict[str, int] | None = None, iterations: int = 50, warmup: int = 10, vs_pytorch: bool = False,
-                 threads: int | None = None, recipe_path: Path | None = None, rounds: int = 5, trust_code: bool = False) -> BenchReport:
+                 threads: int | None = None, recipe_path: Path | None = None, rounds: int = 5, trust_code: bool = False,
+                 device: str = "cpu") -> BenchReport:
+    """Time the bundle on this host's CPU (``device="cpu"``: ONNX Runtime's CPU provider) or NVIDIA GPU
+    (``"cuda"``: see :mod:`edgekit.bench.gpu`), in interleaved rounds beside PyTorch eager on the same
+    device when ``vs_pytorch``."""
+    if device not in ("cpu", "cuda"):
+        raise EdgekitError(f"--device {device!r} is not one of cpu, cuda")
     bundle = open_bundle(bundle_dir, verify=True)
     signature = IOSignature.from_manifest(bundle.manifest["io"])
     all_dims = {name: rng["opt"] for name, rng in bundle.manifest["io"]["dims"].items()}
@@ -103,27 +114,43 @@ def bench_bundle(bundle_dir: Path, dims: dict[str, int] | None = None, iteration
     threads = threads or min(os.cpu_count() or 1, bundle.manifest["target"]["cpu"]["cores"])
     feeds = feeds_at(bundle, signature, all_dims)
     batch = next((array.shape[0] for array in feeds.values() if array.ndim), 1)  # a scalar input has no batch axis
-    runner = host_runner(bundle, signature, threads)
-    contenders: dict[str, Any] = {"bundle": lambda: runner.infer(feeds)}
-    if vs_pytorch:
-        import torch
+    if device == "cuda":
+        from edgekit.bench import gpu
 
-        torch.set_num_threads(threads)
-        reference, _ = _torch_model(bundle, recipe_path, trust_code)
-        contenders["pytorch_eager"] = lambda: reference(feeds)
-    samples: dict[str, list[float]] = {name: [] for name in contenders}
-    per_round = max(1, iterations // rounds)
-    for index in range(rounds):
-        for name, fn in contenders.items():
-            samples[name] += time_calls(fn, warmup if index == 0 else 1, per_round)
-    runner.close()
+        contenders, runners = gpu.cuda_contenders(bundle, signature, feeds)
+    else:
+        runner = host_runner(bundle, signature, threads)
+        runners = [runner]
+        contenders = {"bundle": lambda: runner.infer(feeds)}
+    try:
+        if vs_pytorch:
+            import torch
+
+            torch.set_num_threads(threads)
+            reference, _ = _torch_model(bundle, recipe_path, trust_code, device)
+            contenders["pytorch_eager"] = lambda: reference(feeds)
+        samples: dict[str, list[float]] = {name: [] for name in contenders}
+        per_round = max(1, iterations // rounds)
+        for index in range(rounds):
+            for name, fn in contenders.items():
+                samples[name] += time_calls(fn, warmup if index == 0 else 1, per_round)
+        energy: dict[str, Any] | str = {}
+        if device == "cuda":
+            energy = gpu.energy_per_inference(contenders, batch)
+        providers = list(runners[0].providers)
+    finally:
+        for runner in runners:
+            runner.close()
     variants = {}
     for name, values in samples.items():
         stats = LatencyStats.from_samples(values)
         variants[name] = {**stats.to_dict(), "throughput_per_s": batch * 1000.0 / stats.mean_ms}
+        if isinstance(energy, dict) and name in energy:
+            variants[name]["energy"] = energy[name]
     if vs_pytorch:
         variants["bundle"]["ratio_vs_pytorch_p50"] = variants["bundle"]["p50_ms"] / variants["pytorch_eager"]["p50_ms"]
-    return BenchReport(bundle=str(bundle_dir), dims=all_dims, batch=batch, threads=threads, iterations=per_round * rounds, variants=variants)
+    return BenchReport(bundle=str(bundle_dir), dims=all_dims, batch=batch, threads=threads, iterations=per_round * rounds, variants=variants,
+                       device=device, providers=providers, energy_note=energy if isinstance(energy, str) else None)  # fmt: skip
 
 
 def time_bundles_interleaved(bundle_dirs: list[Path], iterations: int = 30, rounds: int = 5, threads: int | None = None,

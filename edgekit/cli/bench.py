@@ -16,6 +16,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--shape", metavar="DIMS", help="dynamic dims to time at, e.g. batch=8,seq=128 (default: opt)")
     parser.add_argument("--iterations", "-n", type=int, default=50, metavar="N", help="timed runs per variant (default 50)")
     parser.add_argument("--warmup", type=int, default=10, metavar="N", help="untimed runs first (default 10)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu: ONNX Runtime's CPU provider (default); cuda: onnxruntime-gpu's CUDA provider on this host's NVIDIA GPU, "
+                             "with host I/O, device-resident I/O and CUDA-graph variants and NVML energy per inference")
     parser.add_argument("--threads", type=int, metavar="N", help="intra-op threads for both ONNX Runtime and PyTorch")
     parser.add_argument("--vs-pytorch", action="store_true", help="also time PyTorch eager on the same inputs (needs the recipe)")
     parser.add_argument("--recipe", type=Path, metavar="FILE", help="recipe file, when it moved since the build")
@@ -29,14 +32,22 @@ def run(args: argparse.Namespace) -> int:
     from edgekit.bench import bench_bundle, parse_dims
 
     report = bench_bundle(args.bundle, parse_dims(args.shape), iterations=args.iterations, warmup=args.warmup,
-                          vs_pytorch=args.vs_pytorch, threads=args.threads, recipe_path=args.recipe, trust_code=args.trust_code)
-    table = Table(title=f"{args.bundle} at {report.dims} ({report.threads} threads, {report.iterations} runs each)")
-    for column in ("variant", "p50 ms", "p90 ms", "p99 ms", "mean ms", "per second"):
+                          vs_pytorch=args.vs_pytorch, threads=args.threads, recipe_path=args.recipe, trust_code=args.trust_code,
+                          device=args.device)
+    where = f"{report.threads} threads" if report.device == "cpu" else f"{report.device} on {', '.join(report.providers)}"
+    table = Table(title=f"{args.bundle} at {report.dims} ({where}, {report.iterations} runs each)")
+    energy = any("energy" in v for v in report.variants.values())
+    for column in ("variant", "p50 ms", "p90 ms", "p99 ms", "mean ms", "per second", *(("mJ / inference", "mean W") if energy else ())):
         table.add_column(column, justify="right" if column != "variant" else "left")
     for name, v in report.variants.items():
-        table.add_row(name, f"{v['p50_ms']:.3f}", f"{v['p90_ms']:.3f}", f"{v['p99_ms']:.3f}", f"{v['mean_ms']:.3f}", f"{v['throughput_per_s']:.1f}")
+        cells = [f"{v['p50_ms']:.3f}", f"{v['p90_ms']:.3f}", f"{v['p99_ms']:.3f}", f"{v['mean_ms']:.3f}", f"{v['throughput_per_s']:.1f}"]
+        if energy:
+            cells += [f"{v['energy']['mj_per_inference']:.3f}", f"{v['energy']['mean_w']:.0f}"] if "energy" in v else ["-", "-"]
+        table.add_row(name, *cells)
     printer = results(args)
     printer.print(table)
+    if report.energy_note:
+        printer.print(report.energy_note)
     if "ratio_vs_pytorch_p50" in report.variants.get("bundle", {}):
         printer.print(f"bundle / PyTorch eager (p50): [bold]{report.variants['bundle']['ratio_vs_pytorch_p50']:.2f}×[/]")
     if args.json:

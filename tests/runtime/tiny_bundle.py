@@ -76,7 +76,7 @@ def write_manifest(root: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     return manifest
 
 
-def build_bundle(root: Path, *, batches: int = 2, backend: str = "onnxruntime") -> Path:
+def build_bundle(root: Path, *, batches: int = 2, backend: str = "onnxruntime", execution_providers: list[Any] | None = None) -> Path:
     """Write a complete, consistent bundle directory following docs/bundle-format.md."""
     root.mkdir(parents=True, exist_ok=True)
     write_linear_model(root / "model.onnx")
@@ -99,7 +99,7 @@ def build_bundle(root: Path, *, batches: int = 2, backend: str = "onnxruntime") 
         "target": {"name": "x86-64-cpu", "cpu": {"cores": 2}},
         "backend": {
             "name": backend,
-            "execution_providers": [{"name": "CPUExecutionProvider", "options": {}}],
+            "execution_providers": execution_providers or [{"name": "CPUExecutionProvider", "options": {}}],
             "graph_optimization": "extended",
             "intra_op_threads": 1,
         },

@@ -10,6 +10,7 @@ silent fallback.
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,10 +21,12 @@ from typing import Any
 import numpy as np
 
 from edgekit_runtime.backends.base import CompiledRun, Runner
+from edgekit_runtime.backends.ort_device_io import DEVICE_OF_PROVIDER, DeviceBinding
 from edgekit_runtime.errors import BackendError
 from edgekit_runtime.signature import IOSignature
 
 CPU_PROVIDER = "CPUExecutionProvider"
+logger = logging.getLogger(__name__)
 
 #: Manifest ``backend.graph_optimization`` value -> ``onnxruntime.GraphOptimizationLevel`` member.
 GRAPH_OPTIMIZATION_LEVELS: Mapping[str, str] = {
@@ -59,7 +62,8 @@ _PROVIDER_PACKAGES: Mapping[str, str] = {
     "QNNExecutionProvider": "onnxruntime-qnn",
 }
 
-_CONSTRUCTOR_OPTIONS = ("execution_providers", "graph_optimization", "intra_op_threads", "optimized_model_path", "denormal_as_zero")
+_CONSTRUCTOR_OPTIONS = ("execution_providers", "graph_optimization", "intra_op_threads", "optimized_model_path", "denormal_as_zero",
+                        "io_binding")
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,12 @@ class OnnxRuntimeRunner(Runner):
     ``session.set_denormal_as_zero``). CPUs slow down by an order of magnitude on denormal arithmetic,
     which masked softmax over padding produces: MiniLM int8 on padded sentences ran 60 ms without it and
     40 ms with it on the dev host. Values below 1.2e-38 become zero, far under any model's tolerance.
+
+    ``io_binding`` keeps inputs and outputs in the device memory of a GPU provider (see
+    :mod:`edgekit_runtime.backends.ort_device_io`): ``None`` (the default) turns it on when the session's
+    first provider is a GPU one (CUDA, TensorRT) and off on the CPU; ``True`` forces it (on the CPU too,
+    where it binds host buffers), ``False`` turns it off. The CUDA provider's ``enable_cuda_graph`` option
+    needs it, and a runner with that option refuses ``io_binding=False``.
     """
 
     backend_name = "onnxruntime"
@@ -157,6 +167,7 @@ class OnnxRuntimeRunner(Runner):
         intra_op_threads: int | None = None,
         optimized_model_path: str | os.PathLike[str] | None = None,
         denormal_as_zero: bool = False,
+        io_binding: bool | None = None,
     ) -> None:
         super().__init__(signature)
         self.model_path = Path(model_path)
@@ -188,6 +199,14 @@ class OnnxRuntimeRunner(Runner):
         if not isinstance(denormal_as_zero, bool):
             raise BackendError(f"denormal_as_zero must be true or false, got {denormal_as_zero!r}")
         self.denormal_as_zero = denormal_as_zero
+        if io_binding is not None and not isinstance(io_binding, bool):
+            raise BackendError(f"io_binding must be true, false or null, got {io_binding!r}")
+        if io_binding is False and self._cuda_graph_requested():
+            raise BackendError("CUDAExecutionProvider option enable_cuda_graph needs io_binding, which is set to false",
+                               hint="drop io_binding: false, or the enable_cuda_graph option")  # fmt: skip
+        self.io_binding = io_binding
+        self._binding: DeviceBinding | None = None
+        self.providers_that_failed: tuple[str, ...] = ()  # requested, built in, but not loaded (a later one ran)
         self._session: Any = None
         self._run: SessionRun | None = None
         self._retry_publicly: tuple[type[BaseException], ...] = ()  # errors of _run that session.run handles
@@ -207,6 +226,7 @@ class OnnxRuntimeRunner(Runner):
             "graph_optimization": section.get("graph_optimization") or "all",
             "intra_op_threads": section.get("intra_op_threads"),
             "denormal_as_zero": section.get("denormal_as_zero", False),
+            "io_binding": section.get("io_binding"),
         }
         options.update(overrides)
         return cls(bundle.model_path, bundle.io, **options)
@@ -237,15 +257,60 @@ class OnnxRuntimeRunner(Runner):
             options.optimized_model_filepath = str(self.optimized_model_path)
         if self.denormal_as_zero:
             options.add_session_config_entry("session.set_denormal_as_zero", "1")
-        providers = [(provider.name, provider.ort_options()) for provider in self.execution_providers]
-        try:
-            session = ort.InferenceSession(str(self.model_path), sess_options=options, providers=providers)
-        except Exception as err:  # ONNX Runtime raises its own pybind exception types
-            raise self._load_error(err) from err
+        session = self._new_session(ort, options, self.execution_providers)
         self._check_providers_loaded(ort, session)
+        session = self._without_providers_that_failed(ort, options, session)
         self._check_model_matches_signature(session)
         self._session = session
         self._run, self._retry_publicly = _session_run(session)
+        self._binding = self._device_binding(ort, session)
+        if self._binding is not None:
+            self._run, self._retry_publicly = self._bound_run, ()
+
+    def _new_session(self, ort: ModuleType, options: Any, requested: Sequence[ExecutionProviderConfig]) -> Any:
+        providers = [(provider.name, provider.ort_options()) for provider in requested]
+        try:
+            return ort.InferenceSession(str(self.model_path), sess_options=options, providers=providers)
+        except Exception as err:  # ONNX Runtime raises its own pybind exception types
+            raise self._load_error(err) from err
+
+    def _without_providers_that_failed(self, ort: ModuleType, options: Any, session: Any) -> Any:
+        """Some requested accelerators loaded and some did not (TensorRT's libraries missing beside CUDA's):
+        ONNX Runtime's own retry drops every provider option, so the session is made again with the
+        providers that did load and the manifest's options for them, and the log names what fell away."""
+        loaded = set(session.get_providers())
+        missing = [p.name for p in self.execution_providers if p.name != CPU_PROVIDER and p.name not in loaded]
+        if not missing:
+            return session
+        kept = [p for p in self.execution_providers if p.name in loaded]
+        logger.warning("%s: execution provider(s) %s did not load (their libraries are missing or failed); running on %s, "
+                       "the next in the bundle's list, with its options", self.model_path, ", ".join(missing),
+                       ", ".join(p.name for p in kept))  # fmt: skip
+        self.providers_that_failed = tuple(missing)
+        return self._new_session(ort, options, kept)
+
+    @property
+    def device_binding(self) -> DeviceBinding | None:
+        """The IOBinding this runner runs through (loaded runners only; None when it runs ``session.run``)."""
+        self._require_loaded("device_binding")
+        return self._binding
+
+    def _cuda_graph_requested(self) -> bool:
+        return any(provider.name == "CUDAExecutionProvider" and provider.ort_options().get("enable_cuda_graph") in ("1", "true", "True")
+                   for provider in self.execution_providers)  # fmt: skip
+
+    def _device_binding(self, ort: ModuleType, session: Any) -> DeviceBinding | None:
+        first = session.get_providers()[0]
+        device = DEVICE_OF_PROVIDER.get(first)
+        if self.io_binding is False or (device is None and not self.io_binding):
+            return None
+        options = next((p.ort_options() for p in self.execution_providers if p.name == first), {})
+        return DeviceBinding(ort, session, self._output_names, device=device or "cpu", device_id=int(options.get("device_id", 0)),
+                             cuda_graph=first == "CUDAExecutionProvider" and self._cuda_graph_requested())  # fmt: skip
+
+    def _bound_run(self, names: list[str], feeds: dict[str, Any], run_options: Any) -> list[Any]:
+        assert self._binding is not None
+        return self._binding.run(feeds)
 
     def _infer_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         assert self._run is not None  # loaded runners only (Runner.infer checks)
@@ -284,7 +349,7 @@ class OnnxRuntimeRunner(Runner):
         return outputs
 
     def _close_impl(self) -> None:
-        self._session = self._run = None
+        self._session = self._run = self._binding = None
         self._retry_publicly = ()
 
     def _providers_impl(self) -> tuple[str, ...]:
@@ -313,9 +378,14 @@ class OnnxRuntimeRunner(Runner):
                 )
 
     def _check_providers_loaded(self, ort: ModuleType, session: Any) -> None:
+        """At least one requested accelerator must have loaded: ONNX Runtime falling back to the CPU alone
+        (with only a warning) is an error. Later accelerators in the list are fallbacks for earlier ones."""
         loaded = list(session.get_providers())
-        for provider in self.execution_providers:
-            if provider.name != CPU_PROVIDER and provider.name not in loaded:
+        accelerators = [provider for provider in self.execution_providers if provider.name != CPU_PROVIDER]
+        if any(provider.name in loaded for provider in accelerators):
+            return
+        for provider in accelerators:
+            if provider.name not in loaded:
                 raise BackendError(
                     f"execution provider '{provider.name}' was requested for '{self.model_path}' but did "
                     f"not load; ONNX Runtime fell back to {', '.join(loaded)}",
