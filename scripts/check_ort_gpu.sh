@@ -97,7 +97,7 @@ PY
 # 3. The GPU tests (and the CPU tests of the same files, which now see onnxruntime-gpu).
 if ! skipped tests; then
     started=$SECONDS
-    timeout 420 "$python" -m pytest -p no:cacheprovider -q -rA -o junit_family=xunit1 --junitxml="$out/junit.xml" \
+    timeout 200 "$python" -m pytest -p no:cacheprovider -q -rA -o junit_family=xunit1 --junitxml="$out/junit.xml" \
         tests/runtime/test_onnxruntime_device_io.py tests/runtime/test_onnxruntime_runner.py tests/cli/test_bench_cuda.py \
         tests/runtime/sensors/test_sensor_nvml_gpu.py > "$out/pytest.log" 2>&1
     code=$?
@@ -109,7 +109,7 @@ fi
 # 4. Bundles built on the dev host: the agent's load and golden self-check, then edgekit bench on CUDA.
 if [ -n "$bundles" ] && ! skipped bundles; then
     started=$SECONDS
-    timeout 240 "$python" scripts/gpu_bundle_check.py "$bundles"/*/ --out "$out/bundles" 2>&1 | tee -a "$log"
+    timeout 120 "$python" scripts/gpu_bundle_check.py "$bundles"/*/ --out "$out/bundles" 2>&1 | tee -a "$log"
     code=${PIPESTATUS[0]}
     say "bundle checks exit status $code in $((SECONDS - started)) s"
     [ $code -eq 0 ] || status=1
@@ -119,7 +119,7 @@ fi
 if ! skipped baseline; then
     started=$SECONDS
     # shellcheck disable=SC2086  # --baseline-args holds several arguments
-    timeout 360 "$python" scripts/gpu_baseline_ort.py time --out "$out/gpu_ort.json" $baseline_args 2>&1 | tee "$out/baseline.log" | tail -n 90 | tee -a "$log"
+    timeout 240 "$python" scripts/gpu_baseline_ort.py time --out "$out/gpu_ort.json" $baseline_args 2>&1 | tee "$out/baseline.log" | tail -n 90 | tee -a "$log"
     code=${PIPESTATUS[0]}
     say "baseline exit status $code in $((SECONDS - started)) s"
     [ $code -eq 0 ] || status=1
