@@ -492,13 +492,15 @@ def build(
             for open_runner in state.open_runners:
                 open_runner.close()
         with progress.stage("bundle"):
+            from edgekit.estimate.summary import estimate_for_bundle
             from edgekit.report import write_report
 
             manifest = assemble_manifest(state, list(progress.times.entries))
             manifest["files"] = file_hashes(staging.path)  # model and golden files; the report is added below
             manifest["model"]["sha256"] = manifest["files"]["model.onnx"]
             assert state.bench is not None
-            write_report(staging.path, manifest, state.bench.samples_ms, staging.path / "model.onnx")
+            target_estimate, _ = estimate_for_bundle(manifest, staging.path)  # None for this host: its numbers are measured
+            write_report(staging.path, manifest, state.bench.samples_ms, staging.path / "model.onnx", estimate=target_estimate)
             manifest["stages"] = list(progress.times.entries)
             manifest = write_manifest(staging.path, manifest)
             bundle_dir = staging.commit()

@@ -98,6 +98,11 @@ class Hardware:
                 "fallback": self.fallback.to_json() if self.fallback is not None else None}  # fmt: skip
 
 
+def needs_measured_peak(target: TargetProfile) -> bool:
+    """A target without vendor peaks that describes this host (``cpu.isa: host``) is timed from a measured peak."""
+    return not target.peak_throughput and target.cpu.isa == "host"
+
+
 def _mode(target: TargetProfile, power_mode: str | None) -> str | None:
     if power_mode is None:
         if not target.power_modes:

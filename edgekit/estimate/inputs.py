@@ -10,12 +10,8 @@ from typing import Any
 
 from edgekit.estimate.estimate import Estimate, EstimateInput, bundle_input, estimate
 from edgekit.estimate.graph_cost import EstimateError
+from edgekit.estimate.hardware import needs_measured_peak
 from edgekit.target import TargetProfile, get_target
-
-
-def needs_measured_peak(target: TargetProfile) -> bool:
-    """A target without vendor peaks that describes this host (``cpu.isa: host``) is timed from a measured peak."""
-    return not target.peak_throughput and target.cpu.isa == "host"
 
 
 def estimate_path(path: Path | str, target: TargetProfile | str, *, power_mode: str | None = None,

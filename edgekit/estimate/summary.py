@@ -11,13 +11,13 @@ from typing import Any
 
 from edgekit.errors import EdgekitError
 from edgekit.estimate.estimate import Estimate, estimate
+from edgekit.estimate.hardware import needs_measured_peak
 
 logger = logging.getLogger(__name__)
 
 
 def estimate_for_bundle(manifest: Mapping[str, Any], bundle_dir: Path) -> tuple[Estimate | None, str | None]:
     """(the estimate of the bundle on its own target, or None with the reason it could not be made)."""
-    from edgekit.estimate.inputs import needs_measured_peak
     from edgekit.target import TargetProfile
 
     try:

@@ -1,16 +1,19 @@
 """The report's estimate section: what the bundle will do on its target when the target is another device
 (an ESTIMATE from :mod:`edgekit.estimate`, with the factors it rests on) and a plot of the estimated time
-per node class. Absent for a target that is this host (its numbers are measured)."""
+per node class. Absent for a target that is this host (its numbers are measured). The report does not run the
+estimator: the pipeline passes the estimate in, as data."""
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from markupsafe import Markup
 
 from edgekit.report.plots import BLUE, _bar_height, _figure, _label_bars, _percent_text, _styled, _to_svg
+
+if TYPE_CHECKING:
+    from edgekit.estimate.estimate import Estimate
 
 logger = logging.getLogger(__name__)
 
@@ -31,16 +34,11 @@ def time_by_class_svg(by_class: dict[str, dict[str, float]]) -> str | None:
     return _to_svg(figure, "estimate", "Bar chart of estimated milliseconds per node class on the target")
 
 
-def estimate_section(manifest: dict[str, Any], model_path: Path | None) -> dict[str, Any]:
-    empty: dict[str, Any] = {"available": False, "facts": [], "energy": [], "factors": [], "plot": None, "reason": None}
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("target"), dict) or model_path is None:
-        return empty
-    from edgekit.estimate.summary import estimate_for_bundle
-
-    manifest_for_model = {**manifest, "model": {**(manifest.get("model") or {}), "path": Path(model_path).name}}
-    result, reason = estimate_for_bundle(manifest_for_model, Path(model_path).parent)
+def estimate_section(result: Estimate | None) -> dict[str, Any]:
+    """The section's context from the estimate of the bundle on its target, made by the pipeline
+    (:func:`edgekit.estimate.summary.estimate_for_bundle`); None leaves the section out."""
     if result is None:
-        return {**empty, "reason": reason}
+        return {"available": False, "facts": [], "energy": [], "factors": [], "plot": None}
     try:
         plot = time_by_class_svg(result.by_class)
     except Exception:  # a plot must never break the report; the table carries the numbers
@@ -54,4 +52,4 @@ def estimate_section(manifest: dict[str, Any], model_path: Path | None) -> dict[
              ("factors", "calibrated" if result.calibration.get("calibrated") else "default (uncalibrated)")]  # fmt: skip
     energy = [(e.power_mode, f"{e.watts:g} W", f"{e.latency_ms:.3f} ms", f"{e.energy_per_inference_mj:.2f} mJ") for e in result.energy]
     return {"available": True, "facts": facts, "energy": energy, "factors": list(result.factors),
-            "plot": Markup(plot) if plot else None, "reason": None}  # fmt: skip
+            "plot": Markup(plot) if plot else None}  # fmt: skip

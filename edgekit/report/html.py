@@ -40,6 +40,8 @@ from edgekit.report.sections import accuracy_section, benchmark_section, parity_
 if TYPE_CHECKING:
     import jinja2
 
+    from edgekit.estimate.estimate import Estimate
+
 logger = logging.getLogger(__name__)
 
 REPORT_FILE = "report.html"
@@ -53,10 +55,12 @@ def render_report(
     model_path: Path | None,
     *,
     file_hashes: dict[str, str] | None = None,
+    estimate: Estimate | None = None,
 ) -> str:
     """The report as an HTML string. ``latency_samples_ms`` feeds the latency histogram and
     ``model_path`` the model-size and op-count sections; either may be ``None``.
-    ``file_hashes`` (relative path -> sha256) stands in for a manifest without ``files``."""
+    ``file_hashes`` (relative path -> sha256) stands in for a manifest without ``files``.
+    ``estimate``: the bundle's estimate on its target (the estimate section), None for none."""
     manifest = manifest if isinstance(manifest, dict) else {}
     parity = parity_section(manifest)
     accuracy = accuracy_section(manifest)
@@ -72,7 +76,7 @@ def render_report(
         "model": model,
         "precision": precision_section(manifest),
         "device": device_section(manifest, model),
-        "estimate": estimate_section(manifest, model_path),
+        "estimate": estimate_section(estimate),
         "toolchain": _pairs(dig(manifest, "toolchain")),
         "files": _files(manifest, file_hashes),
         "edgekit_version": __version__,
@@ -86,6 +90,8 @@ def write_report(
     manifest: dict[str, Any],
     latency_samples_ms: Sequence[float] | None,
     model_path: Path | None,
+    *,
+    estimate: Estimate | None = None,
 ) -> Path:
     """Render the report and write it to ``<bundle_dir>/report.html``; returns that path.
 
@@ -98,7 +104,7 @@ def write_report(
             hint="create the bundle directory (the build's output dir) before writing its report",
         )
     file_hashes = None if isinstance(dig(manifest, "files"), dict) else _hash_bundle_files(bundle_dir)
-    page = render_report(manifest, latency_samples_ms, model_path, file_hashes=file_hashes)
+    page = render_report(manifest, latency_samples_ms, model_path, file_hashes=file_hashes, estimate=estimate)
     path = bundle_dir / REPORT_FILE
     try:
         path.write_text(page, encoding="utf-8")

@@ -514,3 +514,19 @@ def test_precision_section_shows_plan_kept_nodes_candidates_and_pruning():
     page = render_report(manifest, None, None)
     for text in ("Precision and pruning", "layer.0/ffn.down", "sensitivity rank 1", "int8-static", "0.61", "Pruning", "conv1", "dense kernels"):
         assert text in page, text
+
+
+def test_the_estimate_section_shows_the_estimate_it_is_given_and_the_report_makes_none(tiny_model_path: Path) -> None:
+    """The pipeline passes the estimate in as data (issue 33): a Jetson manifest without one has no section."""
+    from edgekit.estimate import estimate
+    from edgekit.target import get_target
+
+    target = get_target("jetson-orin-nano-8gb")
+    manifest = realistic_manifest()
+    manifest["target"] = target.to_json()
+    assert '<section id="estimate">' not in render_report(manifest, None, tiny_model_path)
+    given = estimate(tiny_model_path, target, dims={"batch": 4}, batch=4)
+    page = render_report(manifest, None, tiny_model_path, estimate=given)
+    section = page[page.index('<section id="estimate">'):page.index('<section id="device">')]
+    assert f"{given.p50_ms:.3f} ms" in section and f"{given.target} at {given.power_mode}" in section
+    assert "Estimated time per node class" in section and "<svg" in section
