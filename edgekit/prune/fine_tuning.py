@@ -20,6 +20,7 @@ from torch import nn
 
 from edgekit.errors import EdgekitError, PruneError
 from edgekit.prune._layers import count_params, layer_record, weight_sparsity
+from edgekit.prune.registry import get_pruner
 from edgekit.prune.report import PruneReport
 
 log = logging.getLogger(__name__)
@@ -73,8 +74,6 @@ def fine_tune(
     ``report`` is the one pruning returned; for magnitude and 2:4 its zeroed layers are held at zero.
     Errors raised by ``fn`` become :class:`PruneError` (edgekit errors pass through unchanged).
     """
-    from edgekit.prune import get_pruner
-
     fn, name = resolve_fine_tune(callable_ref, search_dir)
     if kwargs is None:
         kwargs = {}
