@@ -108,7 +108,7 @@ def ort_peers(model: CorpusModel, work: Path, reuse: bool = False) -> list[Corpu
     one row each with the file in ``notes[0]`` (``path:...``), or the quantizer's error."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
 
-    from edgekit.quantize.ort_writers import preprocess
+    from edgekit.quantize.ort.graph_files import preprocess
 
     class Reader(CalibrationDataReader):  # type: ignore[misc]
         def __init__(self, batches: list[Batch]) -> None:

@@ -161,7 +161,7 @@ def float_feed(graph: Any, conv: str, limit: int = 8) -> list[str]:
 
 def has_recurrent_state(model_path: Path) -> bool:
     """Whether an LSTM/GRU/RNN runs anywhere in the model (subgraphs included)."""
-    from edgekit.quantize.ort_writers import RECURRENT_OPS, recurrent_nodes
+    from edgekit.quantize.ort.static_plan import RECURRENT_OPS, recurrent_nodes
 
     return any(why.startswith(RECURRENT_OPS) for why in recurrent_nodes(model_path).values())
 

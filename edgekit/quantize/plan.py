@@ -1,6 +1,6 @@
 """The quantization plan: what a build will quantize, how, and what stays in higher precision (and why).
 
-A plan is backend-neutral data; the writers in ``ort_writers`` (int8, int8-dynamic, int4) and
+A plan is backend-neutral data; the writers in ``ort/`` (int8, int8-dynamic, int4) and
 ``float_writers`` (fp8, mxfp8, mxfp4, nvfp4) turn it into a graph. The manifest records the plan as resolved.
 """
 
@@ -36,9 +36,9 @@ class QuantizationPlan:
     #: Static QDQ: float consumers of a quantized tensor (a residual Add, LayerNorm) read the float tensor
     #: instead of its quantize-dequantize; ONNX Runtime's writer otherwise routes every consumer through it.
     float_consumers_skip_qdq: bool = False
-    #: Static QDQ for ONNX Runtime: flatten conv feature maps in NHWC order (:mod:`edgekit.quantize.ort_layout`).
+    #: Static QDQ for ONNX Runtime: flatten conv feature maps in NHWC order (:mod:`edgekit.quantize.ort.layout`).
     channels_last_flatten: bool = False
-    #: Static QDQ for ONNX Runtime: compute float stem convolutions channels-last (:mod:`edgekit.quantize.ort_layout`).
+    #: Static QDQ for ONNX Runtime: compute float stem convolutions channels-last (:mod:`edgekit.quantize.ort.layout`).
     channels_last_stem: bool = False
     #: int8 weights in 7 bits (-64..64) so that x86 AVX2 u8s8 kernels cannot saturate (:mod:`edgekit.quantize.cpu_isa`).
     reduce_range: bool = False

@@ -230,7 +230,7 @@ def analyze_sensitivity(
 
     ``model_path`` is the FP32 model the plan will be applied to (pre-processed the same way);
     ``ranges`` its calibrated activation ranges (from :func:`calibrate` over
-    :func:`ort_writers.calibration_tensors`); ``batches`` evaluation batches (the first
+    :func:`edgekit.quantize.ort.static_plan.calibration_tensors`); ``batches`` evaluation batches (the first
     ``max_batches`` are used; extra keys such as labels are not fed); ``metric`` a
     :data:`edgekit.evaluate.metrics.METRICS` function, ``output`` the output it reads (default the first).
     """
@@ -351,7 +351,7 @@ def _range_for(tensor: str, node: Any, ranges: Mapping[str, TensorRange]) -> Ten
     except KeyError:
         raise QuantizationError(
             f"no calibrated range for tensor '{tensor}' (input of node '{node.name}', {node.op_type})",
-            hint="calibrate the tensors listed by ort_writers.calibration_tensors(model, plan) before analysing sensitivity",
+            hint="calibrate the tensors listed by edgekit.quantize.ort.static_plan.calibration_tensors(model, plan) before analysing sensitivity",
         ) from None
 
 

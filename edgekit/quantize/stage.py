@@ -16,8 +16,9 @@ import numpy as np
 
 from edgekit.errors import QuantizationError
 from edgekit.precision import Backend, Precision
-from edgekit.quantize import channel_spread, cnn_folding, float_writers, ort_writers
+from edgekit.quantize import channel_spread, cnn_folding, float_writers
 from edgekit.quantize.calibration.from_recipe import calibrator_spec, default_cache_dir
+from edgekit.quantize.ort import dynamic, graph_files, int4, static_plan, static_qdq
 from edgekit.quantize.plan import QuantizationPlan, make_plan
 from edgekit.recipe import QuantizationSpec
 from edgekit.target import TargetProfile
@@ -51,7 +52,7 @@ def calibrate_plan(pre_path: Path, plan: QuantizationPlan, spec: QuantizationSpe
     if spec.calibration_batches:
         batches = batches[: spec.calibration_batches]
     cache = CalibrationCache(cache_dir or default_cache_dir())
-    result = calibrate(pre_path, batches, calibrator_spec(spec, plan), tensor_names=ort_writers.calibration_tensors(pre_path, plan),
+    result = calibrate(pre_path, batches, calibrator_spec(spec, plan), tensor_names=static_plan.calibration_tensors(pre_path, plan),
                        cache=cache, work_dir=workdir)
     section = {
         "calibrator": spec.calibrator,
@@ -76,7 +77,7 @@ def quantize_model(fp32_path: Path, out_path: Path, spec: QuantizationSpec, targ
         )
     refine = plan is None  # a plan handed in (by the auto search) is used as it is
     plan = plan or make_plan(spec, target, backend, precision)
-    pre = ort_writers.preprocess(fp32_path, workdir / "preprocessed.onnx")
+    pre = graph_files.preprocess(fp32_path, workdir / "preprocessed.onnx")
     if precision in float_writers.WRITTEN:
         return _write_float_format(pre, out_path, plan, spec, calibration_batches, workdir, cache_dir)
     if precision is Precision.INT8:
@@ -85,25 +86,25 @@ def quantize_model(fp32_path: Path, out_path: Path, spec: QuantizationSpec, targ
             if folds.note() and refine:
                 plan = replace(plan, notes=(*plan.notes, folds.note()))
         if refine:
-            plan = ort_writers.static_int8_plan(plan, pre)
+            plan = static_plan.static_int8_plan(plan, pre)
         if not calibration_batches:
             raise QuantizationError("static int8 needs calibration data", hint="add data.calibration to the recipe (a callable or an npz_dir)")
         if refine:
             plan = channel_spread.keep_wide_spread_convs_float(pre, plan, calibration_batches)
         ranges, section, cache_file = calibrate_plan(pre, plan, spec, calibration_batches, workdir, cache_dir)
-        ort_writers.write_static_qdq(pre, out_path, plan, ranges)
+        static_qdq.write_static_qdq(pre, out_path, plan, ranges)
         _drop_shape_annotations(out_path, backend)
         return QuantizedModel(out_path, plan, section, cache_file)
     if precision is Precision.INT8_DYNAMIC:
-        ort_writers.write_dynamic(pre, out_path, plan)
+        dynamic.write_dynamic(pre, out_path, plan)
         _drop_shape_annotations(out_path, backend)
-        note = ort_writers.dynamic_coverage_note(pre, plan)
-        recurrent = ort_writers.recurrent_note(pre)
+        note = dynamic.dynamic_coverage_note(pre, plan)
+        recurrent = static_plan.recurrent_note(pre)
         plan = replace(plan, notes=(*plan.notes, *([recurrent] if recurrent else []), *([note] if note else [])))
         if note:  # never a silent no-op: the manifest's plan says it, and so does the build's log
             log.warning("%s: %s", fp32_path.name, note)
         return QuantizedModel(out_path, plan, details={"warnings": [note]} if note else {})
-    ort_writers.write_int4(pre, out_path, plan)
+    int4.write_int4(pre, out_path, plan)
     return QuantizedModel(out_path, plan)
 
 
@@ -112,7 +113,7 @@ def _drop_shape_annotations(path: Path, backend: Backend) -> None:
     timed: ONNX Runtime infers them again and runs 7-13 % faster without them (int8 and int8-dynamic of
     YOLOS, wav2vec2 and SegFormer, interleaved, 2 threads, AVX-512 VNNI host)."""
     if backend is Backend.ONNXRUNTIME:
-        ort_writers.without_shape_annotations(path, path)
+        graph_files.without_shape_annotations(path, path)
 
 
 def _write_float_format(pre: Path, out_path: Path, plan: QuantizationPlan, spec: QuantizationSpec,
@@ -149,7 +150,8 @@ def search_auto_precision(fp32_path: Path, out_path: Path, recipe: Any, target: 
     :mod:`edgekit.quantize.auto`). Writes the chosen model to ``out_path``; returns it and the search result.
     ``fixed_s``: the seconds the build spent before the search, which a plain int8 build spends too (the
     search's time budget is a multiple of that build)."""
-    from edgekit.quantize.auto_ort import OrtInterleavedTimer, RecipeEvaluator, plan_auto_onnxruntime, recipe_metric_spec
+    from edgekit.quantize.ort.judges import OrtInterleavedTimer, RecipeEvaluator, recipe_metric_spec
+    from edgekit.quantize.ort.planner import plan_auto_onnxruntime
     from edgekit.quantize.calibration import CalibrationCache
     from edgekit.quantize.gating import supported_precisions
 

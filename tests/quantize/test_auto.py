@@ -15,22 +15,19 @@ import pytest
 from edgekit.errors import QuantizationError
 from edgekit.evaluate.metrics import METRICS
 from edgekit.precision import Backend, Precision
-from edgekit.quantize import ort_writers
+from edgekit.quantize.ort.static_plan import calibration_tensors
+from edgekit.quantize.ort.static_qdq import write_static_qdq
 from edgekit.quantize.auto import AutoSearchError, search_auto
 from edgekit.quantize.candidates import DYNAMIC, FLOAT, STATIC, BuiltCandidate, Candidate, CandidateLadder, auto_candidates
 from edgekit.engines.fusion import transformer_fusion
-from edgekit.quantize.auto_ort import (
-    MetricSpec,
-    OrtInterleavedTimer,
-    OrtMetricEvaluator,
-    _with_plain_candidates,
-    ort_session,
-    plan_auto_onnxruntime,
-)
+from edgekit.quantize.ort.candidates import with_plain_candidates
+from edgekit.quantize.ort.judges import MetricSpec, OrtInterleavedTimer, OrtMetricEvaluator
+from edgekit.quantize.ort.planner import plan_auto_onnxruntime
+from edgekit.quantize.ort.sessions import ort_session
 from edgekit.quantize.calibration import CalibratorSpec
 from edgekit.quantize.gating import supported_precisions
 from edgekit.quantize.node_groups import NodeGroup
-from edgekit.quantize.ort_writers import float_output_op_types
+from edgekit.quantize.ort.static_plan import float_output_op_types
 from edgekit.quantize.plan import QuantizationPlan
 from edgekit.quantize.sensitivity import GroupSensitivity, SensitivityReport
 from edgekit.recipe import AccuracyBudget, QuantizationSpec
@@ -286,14 +283,14 @@ def test_plain_candidates_come_early_the_cheap_one_first() -> None:
     run costs the most."""
     supported = [Precision.FP32, Precision.INT8, Precision.INT8_DYNAMIC]
     items = auto_candidates(plan(), GROUPS, RANKING, supported, max_kept=1, dynamic_plan=plan(precision=Precision.INT8_DYNAMIC))
-    names = [item.name for item in _with_plain_candidates(items, plan(), supported)]
+    names = [item.name for item in with_plain_candidates(items, plan(), supported)]
     assert names == ["int8-static", "fp32-rewritten", "int8-dynamic", "int8-ort-default", "int8-static+dynamic", "int8-static+float",
                      "int8-dynamic+float", "fp32"]
     static_only = auto_candidates(plan(), GROUPS, RANKING, [Precision.FP32, Precision.INT8], max_kept=1)
-    assert [item.name for item in _with_plain_candidates(static_only, plan(), [Precision.FP32, Precision.INT8])] == [
+    assert [item.name for item in with_plain_candidates(static_only, plan(), [Precision.FP32, Precision.INT8])] == [
         "int8-static", "fp32-rewritten", "int8-ort-default", "int8-static+float", "fp32"]
     # a convolutional graph (int8-dynamic not worth trying): ONNX Runtime's default plan right after static int8
-    assert [item.name for item in _with_plain_candidates(static_only, plan(), [Precision.FP32, Precision.INT8], convolutional=True)] == [
+    assert [item.name for item in with_plain_candidates(static_only, plan(), [Precision.FP32, Precision.INT8], convolutional=True)] == [
         "int8-static", "int8-ort-default", "fp32-rewritten", "int8-static+float", "fp32"]
 
 
@@ -312,15 +309,15 @@ def test_float_outputs_and_float_consumers(tmp_path: Path) -> None:
     model = tmp_path / "outlier.onnx"
     onnx.save(outlier_model(), str(model))
     assert float_output_op_types(model, ("MatMul",)) == ("MatMul",)  # MatMul -> Add only
-    assert "a" not in ort_writers.calibration_tensors(model, static_plan()) and "a" in ort_writers.calibration_tensors(model, static_plan(float_outputs=()))
+    assert "a" not in calibration_tensors(model, static_plan()) and "a" in calibration_tensors(model, static_plan(float_outputs=()))
     from edgekit.quantize.calibration import calibrate
 
     residual = tmp_path / "residual.onnx"
     onnx.save(residual_model(), str(residual))
-    tensors = ort_writers.calibration_tensors(residual, static_plan())
+    tensors = calibration_tensors(residual, static_plan())
     ranges = calibrate(residual, batches(2), CalibratorSpec.create("minmax", symmetric=False), tensor_names=tensors).ranges
     for skip, expected in ((True, "x"), (False, "x_DequantizeLinear_Output")):
-        out = ort_writers.write_static_qdq(residual, tmp_path / f"q{skip}.onnx", static_plan(float_consumers_skip_qdq=skip), ranges)
+        out = write_static_qdq(residual, tmp_path / f"q{skip}.onnx", static_plan(float_consumers_skip_qdq=skip), ranges)
         add = next(n for n in onnx.load(str(out)).graph.node if n.name == "residual")
         assert add.input[0] == expected  # with the option, the residual Add reads x itself, not its quantize-dequantize
 
@@ -406,7 +403,7 @@ def test_plan_auto_end_to_end_keeps_the_outlier_group(tmp_path: Path) -> None:
 
 
 def test_nodes_a_writer_left_in_float_are_reported(tmp_path: Path) -> None:
-    from edgekit.quantize.auto_ort import unquantized_nodes
+    from edgekit.quantize.ort.builder import unquantized_nodes
 
     model = tmp_path / "outlier.onnx"
     onnx.save(outlier_model(), str(model))

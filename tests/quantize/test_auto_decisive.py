@@ -14,9 +14,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgekit.evaluate.metrics import METRICS
 from edgekit.precision import Backend, Precision
-from edgekit.quantize import auto_ort
+from edgekit.quantize.ort import builder as ort_builder
 from edgekit.quantize.candidates import CandidateLadder
-from edgekit.quantize.auto_ort import MetricSpec, OrtInterleavedTimer, OrtMetricEvaluator, plan_auto_onnxruntime
+from edgekit.quantize.ort.judges import MetricSpec, OrtInterleavedTimer, OrtMetricEvaluator
+from edgekit.quantize.ort.planner import plan_auto_onnxruntime
 from edgekit.quantize.gating import supported_precisions
 from edgekit.recipe import AccuracyBudget, QuantizationSpec
 from edgekit.target import get_target
@@ -71,7 +72,7 @@ class Counting:
     def __init__(self, monkeypatch) -> None:  # type: ignore[no-untyped-def]
         self.calibrations: list[int] = []
         self.builds: list[str] = []
-        calibrate, build = auto_ort.calibrate, auto_ort.OrtCandidateBuilder.__call__
+        calibrate, build = ort_builder.calibrate, ort_builder.OrtCandidateBuilder.__call__
 
         def counted_calibrate(*args, **kwargs):  # type: ignore[no-untyped-def]
             result = calibrate(*args, **kwargs)
@@ -82,8 +83,8 @@ class Counting:
             self.builds.append(candidate.name)
             return build(builder, candidate)
 
-        monkeypatch.setattr(auto_ort, "calibrate", counted_calibrate)
-        monkeypatch.setattr(auto_ort.OrtCandidateBuilder, "__call__", counted_build)
+        monkeypatch.setattr(ort_builder, "calibrate", counted_calibrate)
+        monkeypatch.setattr(ort_builder.OrtCandidateBuilder, "__call__", counted_build)
 
 
 def run_auto(model: Path, tmp_path: Path, calibration: list, evaluation: list, min_value: float, **kwargs):  # type: ignore[no-untyped-def]
@@ -184,7 +185,7 @@ def test_interleaved_timer_stops_early_when_clearly_slower(tmp_path: Path) -> No
 
 def test_the_simulator_can_rank_on_fewer_batches(tmp_path: Path) -> None:
     from edgekit.quantize.calibration import CalibratorSpec, calibrate
-    from edgekit.quantize.ort_writers import calibration_tensors
+    from edgekit.quantize.ort.static_plan import calibration_tensors
     from edgekit.quantize.sensitivity import QuantizationSimulator, rank_groups
     from tests.quantize.test_sensitivity import static_plan
 

@@ -15,7 +15,7 @@ import pytest
 from edgekit.engines import fusion
 from edgekit.precision import Precision
 from edgekit.quantize.candidates import Candidate
-from edgekit.quantize.auto_ort import OrtInterleavedTimer
+from edgekit.quantize.ort.judges import OrtInterleavedTimer
 from tests.quantize.test_auto import Scripted, other, static
 from tests.quantize.test_auto_decisive import spiky_model, vectors
 

@@ -11,7 +11,7 @@ import pytest
 from edgekit.errors import QuantizationError
 from edgekit.precision import Backend, Precision
 from edgekit.quantize.candidates import Candidate
-from edgekit.quantize.auto_ort import OrtCandidateBuilder
+from edgekit.quantize.ort.builder import OrtCandidateBuilder
 from edgekit.quantize.calibration import CalibratorSpec
 from edgekit.quantize.plan import make_plan
 from edgekit.recipe import QuantizationSpec

@@ -21,15 +21,9 @@ from edgekit.precision import Backend, Precision
 from edgekit.quantize.auto import _Search
 from edgekit.quantize.candidates import DYNAMIC, FLOAT, STATIC, Candidate
 from edgekit.quantize.pricing import CALIBRATING, CHEAP, LADDER
-from edgekit.quantize.auto_ort import (
-    FLOAT_REWRITES,
-    FP32_REWRITTEN,
-    INT8_ORT_DEFAULT,
-    ORT_DEFAULT,
-    MetricSpec,
-    OrtMetricEvaluator,
-    plan_auto_onnxruntime,
-)
+from edgekit.quantize.ort.candidates import FLOAT_REWRITES, FP32_REWRITTEN, INT8_ORT_DEFAULT, ORT_DEFAULT
+from edgekit.quantize.ort.judges import MetricSpec, OrtMetricEvaluator
+from edgekit.quantize.ort.planner import plan_auto_onnxruntime
 from edgekit.quantize.gating import supported_precisions
 from edgekit.recipe import AccuracyBudget, QuantizationSpec
 from edgekit.target import get_target
@@ -210,7 +204,8 @@ def test_the_real_search_estimates_a_plain_int8_build_without_timing_and_with_th
     """The real builder, evaluator and interleaved timer on a PP-OCR-like block, with the default multiple (2.5):
     the estimate is the stages before the search plus the first candidate without its timing; a second search
     that finds the calibration in the cache counts what that calibration took when it ran."""
-    from edgekit.quantize.auto_ort import AUTO_TIME_BUDGET_MULTIPLE, OrtInterleavedTimer
+    from edgekit.quantize.ort.judges import OrtInterleavedTimer
+    from edgekit.quantize.ort.planner import AUTO_TIME_BUDGET_MULTIPLE
     from edgekit.quantize.calibration import CalibrationCache
 
     fp32 = ppocr_block(tmp_path / "fp32.onnx", pad_second=False)
@@ -321,7 +316,9 @@ def test_candidates_are_written_without_the_pre_processing_shape_annotations(tmp
     graph variant the writers read keeps them; outputs are unchanged."""
     import onnxruntime as ort
 
-    from edgekit.quantize.auto_ort import EXPORTED, OrtCandidateBuilder, auto_base_plan
+    from edgekit.quantize.candidates import EXPORTED
+    from edgekit.quantize.ort.builder import OrtCandidateBuilder
+    from edgekit.quantize.ort.planner import auto_base_plan
     from edgekit.quantize.calibration import CalibratorSpec
 
     fp32 = ppocr_block(tmp_path / "fp32.onnx", pad_second=False)

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edgekit.precision import Backend, Precision
-from edgekit.quantize import ort_writers
+from edgekit.quantize.ort.graph_files import preprocess, quantized_ops
 from edgekit.quantize.stage import quantize_model
 from edgekit.recipe import QuantizationSpec
 from edgekit.target import get_target
@@ -42,13 +42,13 @@ def test_int8_bundles_carry_no_shape_annotations(tmp_path, precision):
         fp32, batches = mobilenet_like(tmp_path / "fp32.onnx"), [{"image": rng.normal(0, 1, (4, 3, 16, 16)).astype(np.float32)} for _ in range(2)]
     else:
         fp32, batches = mlp(tmp_path / "fp32.onnx"), [{"tokens": rng.normal(0, 1, (2, 5, 16)).astype(np.float32)}]
-    assert len(onnx.load(str(ort_writers.preprocess(fp32, tmp_path / "pre.onnx"))).graph.value_info)  # what the writers start from has them
+    assert len(onnx.load(str(preprocess(fp32, tmp_path / "pre.onnx"))).graph.value_info)  # what the writers start from has them
     out = tmp_path / "model.onnx"
     quantize_model(fp32, out, QuantizationSpec(calibrator="minmax"), get_target("x86-64-cpu"), Backend.ONNXRUNTIME, precision, batches, tmp_path,
                    cache_dir=tmp_path / "cache")
     written = onnx.load(str(out))
     assert len(written.graph.value_info) == 0
-    assert ort_writers.quantized_ops(out)
+    assert quantized_ops(out)
     got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, batches[0])[0]
     want = ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"]).run(None, batches[0])[0]
     assert float(np.sum(got * want) / (np.linalg.norm(got) * np.linalg.norm(want))) > 0.98

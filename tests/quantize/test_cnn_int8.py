@@ -261,7 +261,7 @@ def _heads_model(path: Path, concatenated: bool) -> Path:
 
 
 def test_heads_of_an_output_that_mixes_boxes_and_scores_stay_float(tmp_path):
-    from edgekit.quantize.ort_writers import mixed_output_heads
+    from edgekit.quantize.ort.static_plan import mixed_output_heads
 
     rng = np.random.default_rng(8)
     batches = [{"x": rng.normal(0, 1, (4, 5, 16)).astype(np.float32)} for _ in range(3)]
@@ -280,7 +280,7 @@ def test_heads_of_an_output_that_mixes_boxes_and_scores_stay_float(tmp_path):
 def test_a_narrow_convolution_inside_the_network_is_not_a_stem(tmp_path):
     """MobileNetV2 0.5x has 1x1 convolutions over 8 channels (reduction 8, under the stem rule's 16) deep
     inside; only a convolution that reads the input (through Pad/normalisation) is a stem."""
-    from edgekit.quantize import ort_layout
+    from edgekit.quantize.ort import layout
 
     rng = np.random.default_rng(9)
     inits: list = [numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads")]
@@ -288,4 +288,4 @@ def test_a_narrow_convolution_inside_the_network_is_not_a_stem(tmp_path):
              _conv(rng, "stem", 8, 8, 1, inits, "padded", "s"), helper.make_node("Relu", ["s"], ["r"], name="relu"),
              _conv(rng, "inner", 8, 16, 1, inits, "r", "features")]
     fp32 = _save(nodes, inits, [("features", ["N", 16, 14, 14])], tmp_path / "fp32.onnx")
-    assert set(ort_layout.stem_convolutions(fp32)) == {"stem"}
+    assert set(layout.stem_convolutions(fp32)) == {"stem"}

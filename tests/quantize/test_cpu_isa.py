@@ -15,7 +15,8 @@ from onnx import numpy_helper
 
 from edgekit.errors import TargetError
 from edgekit.precision import Backend, Precision
-from edgekit.quantize import ort_writers
+from edgekit.quantize.ort.dynamic import write_dynamic
+from edgekit.quantize.ort.static_qdq import write_static_qdq
 from edgekit.quantize.cpu_isa import read_host_isa, reduce_range_for, target_isa
 from edgekit.quantize.plan import make_plan
 from edgekit.quantize.sensitivity import fake_quantize_weight
@@ -155,9 +156,9 @@ def test_written_weights_stay_inside_the_range(tmp_path: Path, precision: Precis
     plan = make_plan(QuantizationSpec(), x86_target(tmp_path, isa), Backend.ONNXRUNTIME, precision)
     out = tmp_path / "int8.onnx"
     if precision is Precision.INT8:
-        ort_writers.write_static_qdq(fp32, out, plan, {name: TensorRange(-3.0, 3.0, "minmax", False) for name in ("x", "y")})
+        write_static_qdq(fp32, out, plan, {name: TensorRange(-3.0, 3.0, "minmax", False) for name in ("x", "y")})
     else:
-        ort_writers.write_dynamic(fp32, out, plan)
+        write_dynamic(fp32, out, plan)
     weights = [numpy_helper.to_array(init) for init in onnx.load(str(out)).graph.initializer if init.data_type == onnx.TensorProto.INT8]
     assert weights, "no int8 weight was written"
     peak = max(int(np.abs(w.astype(np.int32)).max()) for w in weights)

@@ -225,7 +225,7 @@ def test_a_failed_embedding_pass_names_the_gathers_to_exclude(tmp_path, monkeypa
     import onnxruntime.quantization as ort_quantization
     from onnx import TensorProto, helper, numpy_helper
 
-    from edgekit.quantize.ort_writers import quantize_embedding_tables
+    from edgekit.quantize.ort.static_qdq import quantize_embedding_tables
     from edgekit.quantize.plan import make_plan
     from edgekit.recipe import QuantizationSpec
 

@@ -14,9 +14,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edgekit.precision import Backend, Precision
-from edgekit.quantize import edge_layers, ort_writers
+from edgekit.quantize import edge_layers
+from edgekit.quantize.ort.dynamic import write_dynamic
+from edgekit.quantize.ort.static_plan import static_int8_plan
 from edgekit.quantize.candidates import FLOAT, STATIC, Candidate, CandidateLadder
-from edgekit.quantize.auto_ort import FLOAT_REWRITES, FP32_REWRITTEN, _with_edge_candidates, sensitivity_analysis_runs
+from edgekit.quantize.ort.candidates import FLOAT_REWRITES, FP32_REWRITTEN, with_edge_candidates
+from edgekit.quantize.ort.planner import sensitivity_analysis_runs
 from edgekit.quantize.plan import make_plan
 from edgekit.recipe import QuantizationSpec
 from edgekit.target import get_target
@@ -71,7 +74,7 @@ def speech_mlp(path: Path) -> Path:
 
 def _plan(precision: Precision, model: Path | None = None):
     plan = make_plan(QuantizationSpec(calibrator="minmax"), get_target("x86-64-cpu"), Backend.ONNXRUNTIME, precision)
-    return ort_writers.static_int8_plan(plan, model) if model is not None else plan
+    return static_int8_plan(plan, model) if model is not None else plan
 
 
 def test_depth_one_keeps_the_first_layer_and_the_last_layer_of_every_head_branch(tmp_path: Path) -> None:
@@ -97,7 +100,7 @@ def test_matmuls_without_a_constant_weight_do_not_count_and_int8_dynamic_keeps_t
     assert edge_layers.quantizable_nodes(onnx.load(str(model)).graph, plan) == {"projection", "q", "k", "ffn", "ffn_out", "head"}
     assert set(kept.excluded) == {"projection", "head"}
     assert "2 quantizable node(s) within 1 layer(s)" in kept.notes[-1]
-    written = ort_writers.write_dynamic(model, tmp_path / "dynamic.onnx", kept)
+    written = write_dynamic(model, tmp_path / "dynamic.onnx", kept)
     graph = onnx.load(str(written)).graph
     float_matmuls = {node.name for node in graph.node if node.op_type == "MatMul"}
     assert {"projection", "head"} <= float_matmuls and not {"q", "k", "ffn", "ffn_out"} & float_matmuls
@@ -128,7 +131,7 @@ def test_auto_lists_each_edge_candidate_after_its_base_and_it_dominates_its_base
               dynamic, Candidate("int8-ort-default", Precision.INT8, static_plan, "ort-default"), CandidateLadder("int8-static+float", base=base),
               Candidate("fp32", Precision.FP32, None)]
 
-    out = _with_edge_candidates(listed, model)
+    out = with_edge_candidates(listed, model)
 
     assert [c.name for c in out] == ["int8-static", FP32_REWRITTEN, "int8-thin-convs-float-64", "int8-static+edges-float-1", "int8-dynamic",
                                      "int8-dynamic+edges-float-1", "int8-ort-default", "int8-static+float", "fp32"]

@@ -92,7 +92,7 @@ def yolo_like_head(path: Path) -> Path:
 
 
 def test_a_yolo_head_split_between_its_convolutions_and_the_output_stays_float(tmp_path):
-    from edgekit.quantize.ort_writers import mixed_output_heads
+    from edgekit.quantize.ort.static_plan import mixed_output_heads
 
     fp32 = yolo_like_head(tmp_path / "fp32.onnx")
     feeds = {"x": np.random.default_rng(6).normal(0, 1, (2, 4, 6, 6)).astype(np.float32)}

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgekit.errors import QuantizationError
 from edgekit.precision import Backend, Precision
-from edgekit.quantize.ort_writers import rewire_subgraph_readers_of_folded
+from edgekit.quantize.ort.static_qdq import rewire_subgraph_readers_of_folded
 from edgekit.quantize.stage import quantize_model
 from edgekit.recipe import QuantizationSpec
 from edgekit.target import get_target

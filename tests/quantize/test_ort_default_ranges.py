@@ -12,8 +12,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edgekit.errors import QuantizationError
-from edgekit.quantize import ort_default_ranges
-from edgekit.quantize.auto_ort import INT8_ORT_DEFAULT, ORT_DEFAULT, ort_session
+from edgekit.quantize.ort import default_plan
+from edgekit.quantize.ort.candidates import INT8_ORT_DEFAULT, ORT_DEFAULT
+from edgekit.quantize.ort.sessions import ort_session
 from edgekit.quantize.calibration import CalibratorSpec, calibrate
 from tests.quantize.test_auto_plain import search
 
@@ -73,7 +74,7 @@ def test_ranges_from_an_edgekit_pass_write_the_model_quantize_static_writes(tmp_
     fp32 = small_cnn(tmp_path / "fp32.onnx")
     data = batches(3, seed=1)
     peer = quantize_static_defaults(fp32, tmp_path / "peer.onnx", data)
-    names = ort_default_ranges.minmax_tensors(fp32)
+    names = default_plan.minmax_tensors(fp32)
     assert {"x", "c1", "r1", "c2", "s", "f", "y"} <= set(names)
     # one pass: the plan's own calibrator (percentile) on Conv inputs, and ONNX Runtime's MinMax tensors beside it
     result = calibrate(fp32, data, CalibratorSpec.create("percentile"), tensor_names=["x", "r1"], work_dir=tmp_path, also_minmax=names)
@@ -84,7 +85,7 @@ def test_ranges_from_an_edgekit_pass_write_the_model_quantize_static_writes(tmp_
         raise AssertionError("quantize_static ran its own calibration")
 
     monkeypatch.setattr(ort_quantize, "create_calibrator", no_second_pass)
-    ours = ort_default_ranges.write_with_ranges(fp32, tmp_path / "ours.onnx", result.minmax)
+    ours = default_plan.write_with_ranges(fp32, tmp_path / "ours.onnx", result.minmax)
     theirs, mine = initializers(peer), initializers(ours)
     assert theirs.keys() == mine.keys() and any(k.endswith("_scale") for k in mine)
     for name, value in theirs.items():  # scales, zero points and int8 weights
@@ -97,7 +98,7 @@ def test_ranges_from_an_edgekit_pass_write_the_model_quantize_static_writes(tmp_
 def test_missing_ranges_name_the_tensors(tmp_path: Path) -> None:
     fp32 = small_cnn(tmp_path / "fp32.onnx")
     with pytest.raises(QuantizationError, match="no MinMax range for .* tensor"):
-        ort_default_ranges.write_with_ranges(fp32, tmp_path / "ours.onnx", {})
+        default_plan.write_with_ranges(fp32, tmp_path / "ours.onnx", {})
 
 
 def test_auto_writes_onnx_runtimes_default_plan_without_its_own_calibration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -125,7 +126,7 @@ def test_the_minmax_ranges_are_cached_beside_the_plans(tmp_path: Path) -> None:
 
     fp32 = small_cnn(tmp_path / "fp32.onnx")
     data, cache = batches(2, seed=1), CalibrationCache(tmp_path / "cache")
-    names = ort_default_ranges.minmax_tensors(fp32)
+    names = default_plan.minmax_tensors(fp32)
     spec = CalibratorSpec.create("percentile")
     first = calibrate(fp32, data, spec, tensor_names=["x", "r1"], cache=cache, work_dir=tmp_path, also_minmax=names)
     again = calibrate(fp32, data, spec, tensor_names=["x", "r1"], cache=cache, work_dir=tmp_path, also_minmax=names)

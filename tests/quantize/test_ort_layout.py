@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edgekit.precision import Backend, Precision
-from edgekit.quantize import ort_layout
+from edgekit.quantize.ort import layout
 from edgekit.quantize.plan import make_plan
 from edgekit.quantize.stage import quantize_model
 from edgekit.recipe import QuantizationSpec
@@ -73,9 +73,9 @@ def quantize(tmp_path: Path, fp32: Path, in_channels: int, target: str = "x86-64
     spec = QuantizationSpec()
     plan = None
     if flatten_channels_last is not None or stem_channels_last is not None:  # the refined plan, with a rewrite switched as asked
-        from edgekit.quantize import ort_writers
+        from edgekit.quantize.ort.static_plan import static_int8_plan
 
-        plan = ort_writers.static_int8_plan(make_plan(spec, get_target(target), backend, Precision.INT8), fp32)
+        plan = static_int8_plan(make_plan(spec, get_target(target), backend, Precision.INT8), fp32)
         if flatten_channels_last is not None:
             plan = replace(plan, channels_last_flatten=flatten_channels_last)
         if stem_channels_last is not None:
@@ -88,7 +88,7 @@ def quantize(tmp_path: Path, fp32: Path, in_channels: int, target: str = "x86-64
 
 def test_a_stem_convolution_stays_float_and_the_plan_says_why(tmp_path):
     fp32 = cnn(tmp_path / "stem.onnx", in_channels=1)
-    assert ort_layout.stem_convolutions(fp32).keys() == {"conv1"}
+    assert layout.stem_convolutions(fp32).keys() == {"conv1"}
     quantized = quantize(tmp_path, fp32, 1)
     why = quantized.plan.excluded["conv1"]
     assert "stem convolution (reduction 9 < 16)" in why and "conv2" not in quantized.plan.excluded
@@ -119,11 +119,11 @@ def test_a_float_stem_is_computed_channels_last_without_the_transpose(tmp_path):
     assert ops_before["Transpose"] >= 1 and ops_after["Transpose"] == ops_before["Transpose"] - 1
     assert ops_after["QLinearConv"] == ops_before["QLinearConv"] == 1
     # auto's check that the writers quantized what the plan says knows the rewritten stem is the excluded conv1
-    from edgekit.quantize.auto_ort import unquantized_nodes
+    from edgekit.quantize.ort.builder import unquantized_nodes
 
     assert unquantized_nodes(after.path, after.plan) == []
-    assert ort_layout.rewritten_from("conv1_channels_last_gemm", after.plan.excluded) == "conv1"
-    assert ort_layout.rewritten_from("conv2_channels_last_gemm", after.plan.excluded) is None
+    assert layout.rewritten_from("conv1_channels_last_gemm", after.plan.excluded) == "conv1"
+    assert layout.rewritten_from("conv2_channels_last_gemm", after.plan.excluded) is None
 
 
 @pytest.mark.parametrize("why", ["float consumer", "grouped", "quantized stem"])
@@ -141,13 +141,13 @@ def test_stems_the_rewrite_cannot_help_are_left_alone(tmp_path, why):
             model.graph.node.insert(0, helper.make_node("DequantizeLinear", ["w1_q", "w1_scale"], ["w1_dq"], name="w1_dequantize"))
             conv1.input[1] = "w1_dq"
     before = model.SerializeToString()
-    assert ort_layout.stem_channels_last(model) == []
+    assert layout.stem_channels_last(model) == []
     assert model.SerializeToString() == before
 
 
 def test_a_wide_first_convolution_is_quantized(tmp_path):
     fp32 = cnn(tmp_path / "wide.onnx", in_channels=2)  # reduction 18
-    assert ort_layout.stem_convolutions(fp32) == {}
+    assert layout.stem_convolutions(fp32) == {}
     assert "conv1" not in quantize(tmp_path, fp32, 2).plan.excluded
 
 
@@ -173,7 +173,7 @@ def test_flatten_of_a_float_tensor_is_left_alone(tmp_path):
     fp32 = cnn(tmp_path / "wide.onnx", in_channels=2)
     model = onnx.load(str(fp32))
     before = model.SerializeToString()
-    assert ort_layout.flatten_channels_last(model) == []
+    assert layout.flatten_channels_last(model) == []
     assert model.SerializeToString() == before
 
 
@@ -182,13 +182,13 @@ def test_a_shared_classifier_weight_is_left_alone(tmp_path):
     model = onnx.load(str(quantized.path))
     gemm = next(n for n in model.graph.node if n.op_type == "Gemm")
     model.graph.node.append(helper.make_node("Identity", [gemm.input[1]], ["weight_again"], name="second_reader"))
-    assert ort_layout.flatten_channels_last(model) == []
+    assert layout.flatten_channels_last(model) == []
 
 
 def test_tensorrt_plans_keep_the_stem_and_the_layout(tmp_path):
     """TensorRT chooses its own layouts and runs int8 stems well: neither rewrite applies."""
-    from edgekit.quantize import ort_writers
+    from edgekit.quantize.ort.static_plan import static_int8_plan
 
     fp32 = cnn(tmp_path / "stem.onnx", in_channels=1)
-    plan = ort_writers.static_int8_plan(make_plan(QuantizationSpec(), get_target("jetson-orin-nano-8gb"), Backend.TENSORRT, Precision.INT8), fp32)
+    plan = static_int8_plan(make_plan(QuantizationSpec(), get_target("jetson-orin-nano-8gb"), Backend.TENSORRT, Precision.INT8), fp32)
     assert "conv1" not in plan.excluded and not plan.channels_last_flatten and not plan.channels_last_stem

@@ -16,7 +16,8 @@ from onnx import TensorProto, helper, numpy_helper
 from edgekit.errors import QuantizationError
 from edgekit.evaluate.metrics import METRICS
 from edgekit.precision import Backend, Precision
-from edgekit.quantize import ort_writers
+from edgekit.quantize.ort.static_plan import calibration_tensors
+from edgekit.quantize.ort.static_qdq import write_static_qdq
 from edgekit.quantize.calibration import CalibratorSpec, calibrate
 from edgekit.quantize.cpu_isa import X86_INT8_DOT_PRODUCT, read_host_isa
 from edgekit.quantize.node_groups import find_node_groups, group_by_role, module_path
@@ -80,7 +81,7 @@ def batches(count: int = 3, seed: int = 3) -> list[dict[str, np.ndarray]]:
 
 @pytest.fixture
 def ranges(outlier_path: Path) -> dict:
-    tensors = ort_writers.calibration_tensors(outlier_path, static_plan())
+    tensors = calibration_tensors(outlier_path, static_plan())
     return calibrate(outlier_path, batches(4, seed=11), CalibratorSpec.create("minmax", symmetric=False), tensor_names=tensors).ranges
 
 
@@ -139,7 +140,7 @@ def test_simulation_matches_the_written_static_model(outlier_path: Path, ranges:
     plan = static_plan(reduce_range=reduce_range)
     simulator = QuantizationSimulator(outlier_path, plan, ranges, batches(2))
     simulated = simulator.outputs(simulator.all_nodes)
-    written = ort_writers.write_static_qdq(outlier_path, tmp_path / "int8.onnx", plan, ranges)
+    written = write_static_qdq(outlier_path, tmp_path / "int8.onnx", plan, ranges)
     session = ort.InferenceSession(str(written), providers=["CPUExecutionProvider"])
     real = [session.run(None, {"x": b["x"]})[0] for b in batches(2)]
     worst = max(float(np.abs(sim - got).max() / np.abs(ref).max()) for sim, got, ref in zip(simulated, real, simulator.reference))

@@ -15,8 +15,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edgekit.precision import Backend, Precision
-from edgekit.quantize.auto_ort import unquantized_nodes
-from edgekit.quantize.ort_writers import static_int8_plan
+from edgekit.quantize.ort.builder import unquantized_nodes
+from edgekit.quantize.ort.static_plan import static_int8_plan
 from edgekit.quantize.plan import make_plan
 from edgekit.quantize.stage import quantize_model
 from edgekit.recipe import QuantizationSpec

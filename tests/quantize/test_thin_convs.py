@@ -14,9 +14,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edgekit.precision import Backend, Precision
-from edgekit.quantize import cnn_folding, ort_writers, thin_convs
+from edgekit.quantize import cnn_folding, thin_convs
+from edgekit.quantize.ort.graph_files import preprocess
+from edgekit.quantize.ort.static_plan import static_int8_plan
 from edgekit.quantize.candidates import Candidate
-from edgekit.quantize.auto_ort import FLOAT_REWRITES, FP32_REWRITTEN, _with_thin_conv_candidates
+from edgekit.quantize.ort.candidates import FLOAT_REWRITES, FP32_REWRITTEN, with_thin_conv_candidates
 from edgekit.quantize.plan import make_plan
 from edgekit.quantize.stage import quantize_model
 from edgekit.recipe import QuantizationSpec
@@ -102,7 +104,7 @@ def _batches(count: int, seed: int = 2) -> list[dict[str, np.ndarray]]:
 
 
 def _static_plan(model_path: Path):
-    return ort_writers.static_int8_plan(make_plan(QuantizationSpec(calibrator="minmax"), get_target("x86-64-cpu"), Backend.ONNXRUNTIME,
+    return static_int8_plan(make_plan(QuantizationSpec(calibrator="minmax"), get_target("x86-64-cpu"), Backend.ONNXRUNTIME,
                                                   Precision.INT8), model_path)
 
 
@@ -137,7 +139,7 @@ def test_a_graph_without_separable_blocks_or_hardsigmoid_gates_keeps_its_plan(tm
 
 def test_the_written_graph_keeps_the_rules_nodes_float_and_onnx_runtime_runs_it_close_to_fp32(tmp_path: Path) -> None:
     fp32 = separable_cnn(tmp_path / "separable.onnx")
-    pre, _ = cnn_folding.fold_for_int8(ort_writers.preprocess(fp32, tmp_path / "pre.onnx"), tmp_path / "folded.onnx")
+    pre, _ = cnn_folding.fold_for_int8(preprocess(fp32, tmp_path / "pre.onnx"), tmp_path / "folded.onnx")
     plan = thin_convs.keep_thin_convs_float(pre, _static_plan(pre), 64)
     out = tmp_path / "int8-thin-convs-float-64.onnx"
     quantize_model(fp32, out, QuantizationSpec(calibrator="minmax"), get_target("x86-64-cpu"), Backend.ONNXRUNTIME, Precision.INT8,
@@ -171,7 +173,7 @@ def test_auto_lists_a_candidate_per_threshold_after_the_float_rewrite_one_with_t
     listed = [Candidate("int8-static", Precision.INT8, base), Candidate(FP32_REWRITTEN, Precision.FP32, None, FLOAT_REWRITES),
               Candidate("fp32", Precision.FP32, None)]
 
-    out = _with_thin_conv_candidates(listed, base, model)
+    out = with_thin_conv_candidates(listed, base, model)
 
     assert [c.name for c in out] == ["int8-static", FP32_REWRITTEN, *map(thin_convs.candidate_name, thin_convs.THRESHOLDS), "fp32"]
     assert thin_convs.candidate_name(64) == "int8-thin-convs-float-64"
@@ -180,4 +182,4 @@ def test_auto_lists_a_candidate_per_threshold_after_the_float_rewrite_one_with_t
         assert dict(candidate.kept) == thin_convs.thin_float_nodes(model, min_macs)
         assert set(candidate.plan.excluded) == set(base.excluded) | set(candidate.kept)
     convnext = convnext_like(tmp_path / "convnext.onnx")
-    assert _with_thin_conv_candidates(listed, _static_plan(convnext), convnext) == listed
+    assert with_thin_conv_candidates(listed, _static_plan(convnext), convnext) == listed

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from edgekit.quantize import ort_writers
+from edgekit.quantize.ort.graph_files import name_unnamed_nodes, preprocess, quantizable_nodes
 
 
 def _model_with_nameless_nodes(path: Path) -> Path:
@@ -33,7 +33,7 @@ def _model_with_nameless_nodes(path: Path) -> Path:
 
 def test_preprocess_names_every_node_uniquely_and_keeps_given_names(tmp_path: Path) -> None:
     source = _model_with_nameless_nodes(tmp_path / "m.onnx")
-    out = ort_writers.preprocess(source, tmp_path / "pre.onnx")
+    out = preprocess(source, tmp_path / "pre.onnx")
     nodes = onnx.load(str(out)).graph.node
     names = [node.name for node in nodes]
     assert all(names), names
@@ -41,12 +41,12 @@ def test_preprocess_names_every_node_uniquely_and_keeps_given_names(tmp_path: Pa
     assert "Relu_unnamed_0" in names
     assert any(node.op_type == "MatMul" and node.name.startswith("MatMul_unnamed_") for node in nodes)
     # The named MatMul can now be listed, kept float and checked by name.
-    assert ort_writers.quantizable_nodes(out, ("Conv", "MatMul")) == [n.name for n in nodes if n.op_type in ("Conv", "MatMul")]
+    assert quantizable_nodes(out, ("Conv", "MatMul")) == [n.name for n in nodes if n.op_type in ("Conv", "MatMul")]
 
 
 def test_naming_is_a_no_op_on_a_fully_named_model(tmp_path: Path) -> None:
     source = _model_with_nameless_nodes(tmp_path / "m.onnx")
-    out = ort_writers.preprocess(source, tmp_path / "pre.onnx")
+    out = preprocess(source, tmp_path / "pre.onnx")
     before = out.read_bytes()
-    assert ort_writers.name_unnamed_nodes(out) == 0
+    assert name_unnamed_nodes(out) == 0
     assert out.read_bytes() == before

@@ -1,6 +1,6 @@
 """ONNX Runtime's default static int8 plan (``quantize_static``: QDQ, per-channel int8 weights, uint8
-activations, MinMax) written from ranges edgekit already collected, instead of ONNX Runtime's own
-calibration pass over the batches.
+activations, MinMax), auto's ``int8-ort-default`` candidate: written by ONNX Runtime with its own calibration pass
+(:func:`write_ort_default_static`), or from ranges edgekit already collected, instead of that pass over the batches.
 
 :func:`minmax_tensors` names the tensors ONNX Runtime's MinMax calibrator would observe on a model; auto
 collects their plain min/max in the same pass as its own calibration (``calibrate(also_minmax=...)``), and
@@ -11,11 +11,16 @@ its pre-steps and its defaults are ONNX Runtime's own and only the pass over the
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
+
+import numpy as np
 
 from edgekit.errors import QuantizationError
 from edgekit.quantize.calibration import TensorRange
+from edgekit.quantize.ort.sessions import ort_session
+from edgekit.quantize.plan import QuantizationPlan
 
 
 def quantize_static_op_types() -> list[str]:
@@ -51,7 +56,6 @@ def minmax_tensors(model_path: Path) -> list[str]:
 def write_with_ranges(model_path: Path, out_path: Path, ranges: Mapping[str, TensorRange]) -> Path:
     """``quantize_static`` with its defaults on ``model_path``, its MinMax calibration replaced by ``ranges``
     (every tensor of :func:`minmax_tensors`, plain min/max), passed as ONNX Runtime's calibration cache."""
-    import numpy as np
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.calibrate import TensorData, TensorsData, save_tensors_data
 
@@ -72,3 +76,41 @@ def write_with_ranges(model_path: Path, out_path: Path, ranges: Mapping[str, Ten
             raise QuantizationError(f"ONNX Runtime's quantize_static failed on {model_path}: {type(exc).__name__}: {exc}",
                                     hint="the edgekit int8 and FP32 candidates cover this model") from exc
     return Path(out_path)
+
+
+def write_ort_default_static(model_path: Path, out_path: Path, batches: Sequence[Mapping[str, np.ndarray]]) -> Path:
+    """ONNX Runtime's ``quantize_static`` with its defaults (QDQ, per-channel int8 weights, uint8
+    activations, MinMax over ``batches``, every op type its QDQ registry quantizes): the plain recipe a
+    user would run, as an ``auto`` candidate."""
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    names = {i.name for i in ort_session(model_path).get_inputs()}
+    feeds = [{k: np.asarray(v) for k, v in batch.items() if k in names} for batch in batches]
+    if not feeds:
+        raise QuantizationError("int8-ort-default needs calibration batches", hint="add data.calibration to the recipe")
+
+    class Reader(CalibrationDataReader):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.batches = iter(feeds)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.batches, None)
+
+    try:
+        quantize_static(str(model_path), str(out_path), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax)
+    except Exception as exc:
+        raise QuantizationError(f"ONNX Runtime's quantize_static failed on {model_path}: {type(exc).__name__}: {exc}",
+                                hint="the edgekit int8 and FP32 candidates cover this model") from exc
+    return out_path
+
+
+def ort_default_plan(plan: QuantizationPlan) -> QuantizationPlan:
+    """What :func:`write_ort_default_static` writes, as a plan for the manifest."""
+    from onnxruntime.quantization.registry import QDQRegistry
+
+    return replace(plan, activation_type="uint8", activation_symmetric=False, weight_type="int8", per_channel=True, calibrator="minmax",
+                   op_types=tuple(sorted(QDQRegistry)), excluded={}, dynamic_nodes=(), float_outputs=(), float_consumers_skip_qdq=False,
+                   channels_last_flatten=False, channels_last_stem=False, reduce_range=False,
+                   notes=("written by onnxruntime.quantization.quantize_static with its defaults: QDQ, per-channel int8 weights, "
+                          "uint8 activations, MinMax calibration, every op type in its QDQ registry",))

@@ -1,0 +1,92 @@
+"""Weight-only int4, block-wise along the reduction axis: ``MatMulNBits`` (and ``GatherBlockQuantized``) for
+ONNX Runtime, blocked int4 DequantizeLinear for TensorRT."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgekit.errors import QuantizationError
+from edgekit.precision import Backend
+from edgekit.quantize.ort.graph_files import save_model
+from edgekit.quantize.plan import QuantizationPlan
+
+
+def gemm_to_matmul(model: Any) -> int:
+    """Rewrite plain ``Gemm`` nodes (alpha = beta = 1, constant B) as ``MatMul`` + ``Add`` so that
+    weight-only quantizers, which handle MatMul, see the weights of Linear layers too."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    initializers = {init.name: init for init in graph.initializer}
+    rewritten = 0
+    for index, node in enumerate(list(graph.node)):
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type != "Gemm" or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0 or attrs.get("transA", 0):
+            continue
+        if len(node.input) < 2 or node.input[1] not in initializers:
+            continue
+        weight = numpy_helper.to_array(initializers[node.input[1]])
+        if attrs.get("transB", 0):
+            weight = weight.T
+        name = node.input[1] + "_matmul"
+        graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(weight), name))
+        matmul_out = node.output[0] + ("_matmul" if len(node.input) > 2 and node.input[2] else "")
+        replacement = [helper.make_node("MatMul", [node.input[0], name], [matmul_out], name=node.name or f"gemm_{index}")]
+        if len(node.input) > 2 and node.input[2]:
+            replacement.append(helper.make_node("Add", [matmul_out, node.input[2]], [node.output[0]], name=(node.name or f"gemm_{index}") + "_bias"))
+        position = list(graph.node).index(node)
+        graph.node.remove(node)
+        for offset, new_node in enumerate(replacement):
+            graph.node.insert(position + offset, new_node)
+        rewritten += 1
+    if rewritten:
+        used = {i for n in graph.node for i in n.input}
+        for init in [i for i in graph.initializer if i.name not in used]:
+            graph.initializer.remove(init)
+        onnx.checker.check_model(model)
+    return rewritten
+
+
+def write_int4(fp32_path: Path, out_path: Path, plan: QuantizationPlan) -> Path:
+    """Weight-only int4, block-wise along the reduction axis. ONNX Runtime gets ``MatMulNBits`` (and
+    ``GatherBlockQuantized`` for embeddings when asked); TensorRT gets blocked int4 DequantizeLinear."""
+    import onnx
+    from onnxruntime.quantization import matmul_nbits_quantizer as nbits
+    from onnxruntime.quantization.quant_utils import QuantFormat
+
+    settings = plan.int4
+    quant_format = QuantFormat.QDQ if plan.backend is Backend.TENSORRT else QuantFormat.QOperator
+    block = settings["block_size"]
+    model = onnx.load(str(fp32_path), load_external_data=True)
+    gemm_to_matmul(model)
+    # MatMul weights: RTN, or HQQ's optimised scales and zero points. Embedding tables (Gather) always use
+    # RTN: ONNX Runtime's HQQ has no Gather path. Compute stays float (accuracy_level 0): int8 activations
+    # inside MatMulNBits cost accuracy and were not faster on AVX-512 VNNI.
+    passes: list[Any] = []
+    if settings.get("method") == "hqq":
+        passes.append(nbits.HQQWeightOnlyQuantConfig(block_size=block, bits=4, op_types_to_quantize=("MatMul",), quant_format=quant_format))
+    else:
+        passes.append(nbits.DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=settings.get("symmetric", True), quant_format=quant_format,
+                                                         op_types_to_quantize=("MatMul",), quant_axes=(("MatMul", 0),)))
+    if settings.get("include_embeddings"):
+        passes.append(nbits.DefaultWeightOnlyQuantConfig(block_size=settings.get("embedding_block_size") or block, is_symmetric=settings.get("symmetric", True),
+                                                         quant_format=quant_format, op_types_to_quantize=("Gather",), quant_axes=(("Gather", 1),)))
+    for config in passes:
+        quantizer = nbits.MatMulNBitsQuantizer(model, nodes_to_exclude=sorted(plan.excluded), algo_config=config)
+        try:
+            quantizer.process()
+        except Exception as exc:
+            raise QuantizationError(f"int4 weight-only quantization of {fp32_path} failed: {exc}") from exc
+        model = quantizer.model.model
+    written = model
+    quantized_ops = {"MatMulNBits", "GatherBlockQuantized", "DequantizeLinear"}
+    if not any(n.op_type in quantized_ops for n in written.graph.node):
+        raise QuantizationError(
+            f"int4 weight-only found no MatMul/Gemm/Gather weights to quantize in {fp32_path.name}",
+            hint="int4 is for models dominated by MatMul weights (transformers); use int8 for convolutional models",
+        )
+    return save_model(written, out_path)
