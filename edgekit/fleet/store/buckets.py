@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from edgekit.fleet.store.base import TelemetryWindow
 
 if TYPE_CHECKING:
-    from edgekit.fleet.store.sql import SqlFleetStore
+    from edgekit.fleet.store.dialect import SqlDialect
 
 #: Bucket lengths kept, seconds: minutes for ranges up to a couple of days, hours beyond.
 TIERS = (60, 3600)
@@ -197,7 +197,7 @@ def _counts_device(marks: dict[str, list[Any]], tier_key: str, group: str, start
     return True
 
 
-def ingest(store: SqlFleetStore, cursor: Any, parts: Sequence[Part]) -> None:
+def ingest(store: SqlDialect, cursor: Any, parts: Sequence[Part]) -> None:
     """Add ``parts`` (new windows, or old rollups being summed in) to the aggregates, in the open transaction."""
     if not parts:
         return
@@ -243,7 +243,7 @@ def _add_to_device(device: _Device, part: Part) -> None:
         device.latest_seq, device.latest, device.interval_s = part.seq_max, part.latest, max(part.end - part.start, 0.0)
 
 
-def _lock_devices(store: SqlFleetStore, cursor: Any, devices: Sequence[tuple[str, str]]) -> dict[tuple[str, str], _Device]:
+def _lock_devices(store: SqlDialect, cursor: Any, devices: Sequence[tuple[str, str]]) -> dict[tuple[str, str], _Device]:
     """The devices' device_latest rows, created if new and (PostgreSQL) locked for this transaction in key order,
     so that two collectors writing the same devices never wait on each other in a circle."""
     from edgekit.fleet.store import queries
@@ -273,7 +273,7 @@ def _lock_devices(store: SqlFleetStore, cursor: Any, devices: Sequence[tuple[str
     return found
 
 
-def _device_context(store: SqlFleetStore, cursor: Any,
+def _device_context(store: SqlDialect, cursor: Any,
                     devices: Sequence[tuple[str, str]]) -> tuple[dict[tuple[str, str], str], dict[tuple[str, str], str]]:  # fmt: skip
     """Each device's target and reported power mode, as known now."""
     from edgekit.fleet.store import queries
@@ -290,7 +290,7 @@ def _device_context(store: SqlFleetStore, cursor: Any,
     return targets, modes
 
 
-def _upsert_sql(store: SqlFleetStore, table: str, key: Sequence[str], sums: Sequence[tuple[str, str]]) -> tuple[str, str]:
+def _upsert_sql(store: SqlDialect, table: str, key: Sequence[str], sums: Sequence[tuple[str, str]]) -> tuple[str, str]:
     """Head and tail of a multi-row upsert that merges ``sums`` into rows that exist."""
     columns = [*key, *(name for name, _ in sums)]
     merges = []
@@ -305,7 +305,7 @@ def _upsert_sql(store: SqlFleetStore, table: str, key: Sequence[str], sums: Sequ
     return f"INSERT INTO {table} ({', '.join(columns)}) VALUES", f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {', '.join(merges)}"
 
 
-def _write(store: SqlFleetStore, cursor: Any, table: str, key: Sequence[str], sums: Sequence[tuple[str, str]],
+def _write(store: SqlDialect, cursor: Any, table: str, key: Sequence[str], sums: Sequence[tuple[str, str]],
            buckets: dict[tuple[Any, ...], dict[str, Any]], *, tiered: bool = True) -> None:  # fmt: skip
     if not buckets:
         return
@@ -323,12 +323,12 @@ def _write(store: SqlFleetStore, cursor: Any, table: str, key: Sequence[str], su
     store.execute_rows(cursor, head, rows, tail)
 
 
-def _write_spans(store: SqlFleetStore, cursor: Any, spans: dict[tuple[str, str, str], dict[str, Any]]) -> None:
+def _write_spans(store: SqlDialect, cursor: Any, spans: dict[tuple[str, str, str], dict[str, Any]]) -> None:
     _write(store, cursor, "device_bundles", ("fleet", "device", "bundle_id"), BUNDLE_SUMS,
            {key: values for key, values in spans.items()}, tiered=False)  # fmt: skip
 
 
-def _write_devices(store: SqlFleetStore, cursor: Any, changed: dict[tuple[str, str], _Device]) -> None:
+def _write_devices(store: SqlDialect, cursor: Any, changed: dict[tuple[str, str], _Device]) -> None:
     rows = [(d.windows, d.seq_min, d.seq_max, _time(store, d.received_at_max), _time(store, d.window_end_max), d.latest_seq,
              *d.latest, d.interval_s, json.dumps(d.marks, separators=(",", ":")), fleet_id, device_id)
             for (fleet_id, device_id), d in sorted(changed.items())]  # fmt: skip
@@ -342,7 +342,7 @@ def _at(epoch_s: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(epoch_s, _UTC)
 
 
-def _time(store: SqlFleetStore, epoch_s: float | None) -> Any:
+def _time(store: SqlDialect, epoch_s: float | None) -> Any:
     return None if epoch_s is None else store.time_in(_at(epoch_s))
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from edgekit.fleet.store.buckets import TIERS, bucket_start
 
 if TYPE_CHECKING:
-    from edgekit.fleet.store.sql import SqlFleetStore
+    from edgekit.fleet.store.dialect import SqlDialect
 
 MINUTE, HOUR = TIERS
 _UTC = dt.timezone.utc
@@ -73,7 +73,7 @@ def time_ranges(since: dt.datetime | None, until: dt.datetime | None,
     return pieces
 
 
-def _time_where(store: SqlFleetStore, params: dict[str, Any], pieces: Sequence[tuple[int, Any, Any]]) -> str:
+def _time_where(store: SqlDialect, params: dict[str, Any], pieces: Sequence[tuple[int, Any, Any]]) -> str:
     clauses = []
     for index, (tier, low, high) in enumerate(pieces):
         parts = [f"b.bucket_s = {int(tier)}"]
@@ -87,7 +87,7 @@ def _time_where(store: SqlFleetStore, params: dict[str, Any], pieces: Sequence[t
     return "(" + " OR ".join(clauses) + ")"
 
 
-def _grouped(store: SqlFleetStore, table: str, key_columns: dict[str, str], keys: Sequence[str], inner: str, outer: str,
+def _grouped(store: SqlDialect, table: str, key_columns: dict[str, str], keys: Sequence[str], inner: str, outer: str,
              where: str, params: dict[str, Any], bucket_s: int | None) -> str:  # fmt: skip
     selected = [key_columns[key] if key in keys else "NULL" for key in key_columns]
     inner_keys = [f"{column} AS k{index}" for index, column in enumerate(selected)]
@@ -107,7 +107,7 @@ def _grouped(store: SqlFleetStore, table: str, key_columns: dict[str, str], keys
 ) u {group_by}"""
 
 
-def fleet_aggregate_sql(store: SqlFleetStore, keys: Sequence[str], params: dict[str, Any], *, fleet: str | None,
+def fleet_aggregate_sql(store: SqlDialect, keys: Sequence[str], params: dict[str, Any], *, fleet: str | None,
                         bundle_id: str | None, target: str | None, since: dt.datetime | None, until: dt.datetime | None,
                         bucket_s: int | None) -> str:  # fmt: skip
     """Rows as :func:`edgekit.fleet.store.queries.aggregate_sql` returns them, from fleet_buckets."""
@@ -120,7 +120,7 @@ def fleet_aggregate_sql(store: SqlFleetStore, keys: Sequence[str], params: dict[
                     params, bucket_s)  # fmt: skip
 
 
-def model_aggregate_sql(store: SqlFleetStore, keys: Sequence[str], params: dict[str, Any], *, fleet: str | None,
+def model_aggregate_sql(store: SqlDialect, keys: Sequence[str], params: dict[str, Any], *, fleet: str | None,
                         model: str | None, since: dt.datetime | None, until: dt.datetime | None,
                         bucket_s: int | None) -> str:  # fmt: skip
     """Rows as :func:`edgekit.fleet.store.queries.model_aggregate_sql` returns them, from fleet_model_buckets."""

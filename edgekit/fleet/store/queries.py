@@ -11,7 +11,7 @@ import datetime as dt
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
-    from edgekit.fleet.store.sql import SqlFleetStore
+    from edgekit.fleet.store.dialect import SqlDialect
 
 CREATE_SCHEMA_VERSION = """CREATE TABLE IF NOT EXISTS schema_version (
     version INTEGER PRIMARY KEY,
@@ -143,12 +143,12 @@ _MIN_MERGED = ("seq_min", "window_start_min")
 _NULLABLE_SUMS = ("energy_mj", "energy_active_mj")
 
 
-def window_seconds_sql(store: SqlFleetStore, alias: str = "w") -> str:
+def window_seconds_sql(store: SqlDialect, alias: str = "w") -> str:
     """A window's length in seconds, at least a millisecond (so a zero-length window still weighs)."""
     return store.greatest_sql(store.seconds_sql(f"{alias}.window_start", f"{alias}.window_end"), "0.001")
 
 
-def rollup_insert_sql(store: SqlFleetStore, source: str, where: str) -> str:
+def rollup_insert_sql(store: SqlDialect, source: str, where: str) -> str:
     """INSERT ... SELECT summing the windows of ``source`` (a table or CTE, aliased w) that match ``where``
     into rollups, merging into buckets that already exist. Needs :bucket_s (and what ``where`` uses)."""
     dur = window_seconds_sql(store)
@@ -173,7 +173,7 @@ def rollup_insert_sql(store: SqlFleetStore, source: str, where: str) -> str:
             f"ON CONFLICT (fleet, device, bundle_id, bucket_s, bucket_start) DO UPDATE SET {', '.join(merges)}")  # fmt: skip
 
 
-def device_filter(store: SqlFleetStore, alias: str, params: dict[str, Any],
+def device_filter(store: SqlDialect, alias: str, params: dict[str, Any],
                   devices: Sequence[tuple[str, str]]) -> str:
     """``fleet = :f AND device IN (...)`` per fleet: plain column filters, so the (fleet, device, time) indexes apply."""
     by_fleet: dict[str, list[str]] = {}
@@ -194,7 +194,7 @@ def device_filter(store: SqlFleetStore, alias: str, params: dict[str, Any],
     return parts[0] if len(parts) == 1 else "(" + " OR ".join(parts) + ")"
 
 
-def _filters(store: SqlFleetStore, alias: str, time_column: str, params: dict[str, Any], *, fleet: str | None,
+def _filters(store: SqlDialect, alias: str, time_column: str, params: dict[str, Any], *, fleet: str | None,
              devices: Sequence[tuple[str, str]] | None, bundle_id: str | None, since: dt.datetime | None,
              until: dt.datetime | None) -> str:  # fmt: skip
     clauses = ["1 = 1"]
@@ -215,7 +215,7 @@ def _filters(store: SqlFleetStore, alias: str, time_column: str, params: dict[st
     return " AND ".join(clauses)
 
 
-def union_sql(store: SqlFleetStore, params: dict[str, Any], *, power_mode: bool = False, **filters: Any) -> str:
+def union_sql(store: SqlDialect, params: dict[str, Any], *, power_mode: bool = False, **filters: Any) -> str:
     """Raw windows (filtered on window_end) and rollups (on bucket_start) as rows of the same sums; with
     ``power_mode`` a raw window's column holds the mode it was measured in (telemetry.v1 ``power_mode``),
     else (and for rollups, which do not keep it) NULL."""
@@ -244,7 +244,7 @@ _KEY_COLUMNS = {"fleet": "u.fleet", "device": "u.device", "bundle_id": "u.bundle
                 "power_mode": "COALESCE(u.power_mode, i.power_mode)"}
 
 
-def aggregate_sql(store: SqlFleetStore, keys: Sequence[str], params: dict[str, Any], *, target: str | None,
+def aggregate_sql(store: SqlDialect, keys: Sequence[str], params: dict[str, Any], *, target: str | None,
                   bucket_s: int | None, **filters: Any) -> str:  # fmt: skip
     """Columns: fleet, device, bundle_id, target, power_mode (NULL unless grouped), bucket_start, devices, windows,
     inferences, errors, p50_ms, p99_ms, p99_max_ms, power_mean_mw, energy_mj, energy_per_inference_mj,
@@ -274,7 +274,7 @@ LEFT JOIN device_identity i ON i.fleet = u.fleet AND i.device = u.device
 {where} {group_by}"""
 
 
-def bundle_spans_sql(store: SqlFleetStore, params: dict[str, Any], *, fleet: str | None, since: dt.datetime | None,
+def bundle_spans_sql(store: SqlDialect, params: dict[str, Any], *, fleet: str | None, since: dt.datetime | None,
                      until: dt.datetime | None) -> str:  # fmt: skip
     """Per device and bundle its first and last window over all history (device_bundles, kept as windows arrive),
     for the pairs with a window in [since, until)."""
@@ -317,7 +317,7 @@ MODEL_ROLLUP_FROM_RAW: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def model_rollup_insert_sql(store: SqlFleetStore, source: str, where: str) -> str:
+def model_rollup_insert_sql(store: SqlDialect, source: str, where: str) -> str:
     """INSERT ... SELECT summing the model windows of ``source`` (aliased w) matching ``where`` into model
     rollups, merging into buckets that already exist. Needs :bucket_s."""
     bucket = store.bucket_sql("w.window_start", "bucket_s")
@@ -337,7 +337,7 @@ def model_rollup_insert_sql(store: SqlFleetStore, source: str, where: str) -> st
 _MODEL_KEY_COLUMNS = {"fleet": "u.fleet", "device": "u.device", "model": "u.model", "bundle_id": "u.bundle_id"}
 
 
-def model_aggregate_sql(store: SqlFleetStore, keys: Sequence[str], params: dict[str, Any], *, fleet: str | None,
+def model_aggregate_sql(store: SqlDialect, keys: Sequence[str], params: dict[str, Any], *, fleet: str | None,
                         devices: Sequence[tuple[str, str]] | None, model: str | None, since: dt.datetime | None,
                         until: dt.datetime | None, bucket_s: int | None) -> str:  # fmt: skip
     """Columns: fleet, device, model, bundle_id (NULL unless grouped; model and bundle '' for none), bucket_start,
