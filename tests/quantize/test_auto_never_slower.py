@@ -124,7 +124,7 @@ def test_the_fp16_candidate_is_the_graph_the_pipeline_builds(tmp_path: Path) -> 
 def test_weight_only_and_dynamic_candidates_that_leave_most_weights_float_are_error_rows(tmp_path: Path) -> None:
     """Convolutions hold 76 % of the weights beside one classifier Gemm: int8-dynamic and int4 would be FP32
     under another name (auto chose such an 'int8-dynamic' for PP-OCR's classifier, 0.3 % of it int8)."""
-    from tests.quantize.test_ort_layout import batches, cnn
+    from tests.quantize.ort.test_layout import batches, cnn
 
     fp32 = cnn(tmp_path / "fp32.onnx", 8)
     target = get_target("x86-64-cpu")

@@ -76,7 +76,7 @@ def test_padded_conv_keeps_the_affine_pair_in_front(tmp_path):
 
 
 def test_a_graph_without_the_patterns_is_not_rewritten(tmp_path):
-    from tests.quantize.test_ort_layout import cnn
+    from tests.quantize.ort.test_layout import cnn
 
     fp32 = cnn(tmp_path / "fp32.onnx", 3)
     folded, counts = fold_for_int8(fp32, tmp_path / "folded.onnx")

@@ -134,7 +134,7 @@ def test_int8_dynamic_on_a_cnn_says_it_quantized_nothing(tmp_path, caplog):
 
 def test_int8_dynamic_names_the_share_it_quantized(tmp_path):
     """Convolutions holding most weights beside one classifier Gemm: the note gives the Gemm's share."""
-    from tests.quantize.test_ort_layout import cnn
+    from tests.quantize.ort.test_layout import cnn
 
     result = _dynamic(cnn(tmp_path / "fp32.onnx", 8), tmp_path)
     note = result.plan.notes[-1]
