@@ -128,30 +128,37 @@ def export_dynamo(name: str, folder: Path) -> Path:
     return path
 
 
-def ort_sessions(path: Path, platform: Platform) -> dict[str, Any]:
-    """One session per kind on the platform's provider: plain, and with enable_cuda_graph (CPU for the ops CUDA leaves)."""
-    import onnxruntime as ort
-
-    def session(options: dict[str, str]) -> Any:
-        provider = (platform.provider, options if platform.provider == "CUDAExecutionProvider" else {})
-        made = ort.InferenceSession(str(path), providers=[provider, "CPUExecutionProvider"])
-        if made.get_providers()[0] != platform.provider:
-            raise RuntimeError(f"{path.name}: the {platform.provider} did not load (providers {made.get_providers()})")
-        return made
-
-    return {"plain": session({"device_id": "0"}), "graph": session({"device_id": "0", "enable_cuda_graph": "1"})}
-
-
-def ort_calls(sessions: dict[str, Any], feeds: dict[str, Any], output_names: list[str], platform: Platform) -> dict[str, Callable[[], Any]]:
+def ort_bindings(path: Path, output_names: list[str], platform: Platform) -> dict[str, Any]:
+    """One binding (edgekit's DeviceBinding) per session kind on the platform's provider: plain, and with
+    enable_cuda_graph, which a model with nodes left on the CPU cannot have (then: the reason, a string).
+    TF32 is off as in the PyTorch rows (use_tf32 0: FP32 means FP32)."""
     import onnxruntime as ort
 
     from edgekit_runtime.backends.ort_device_io import DeviceBinding
 
-    plain = DeviceBinding(ort, sessions["plain"], output_names, device=platform.ort_device)
-    graph = DeviceBinding(ort, sessions["graph"], output_names, device=platform.ort_device, cuda_graph=not platform.dry_run)
-    graph.run(feeds)  # learns the output shapes, fixes the buffers, gives the shape its graph id
-    return {"ort-cuda": lambda: plain.run(feeds), "ort-cuda-device-io": plain.resident_call(feeds),
-            "ort-cuda-graph": graph.resident_call(feeds)}  # fmt: skip
+    def binding(options: dict[str, str], cuda_graph: bool) -> Any:
+        provider = (platform.provider, {"device_id": "0", "use_tf32": "0", **options} if platform.provider == "CUDAExecutionProvider" else {})
+        made = ort.InferenceSession(str(path), providers=[provider, "CPUExecutionProvider"])
+        if made.get_providers()[0] != platform.provider:
+            raise RuntimeError(f"{path.name}: the {platform.provider} did not load (providers {made.get_providers()})")
+        return DeviceBinding(ort, made, output_names, device=platform.ort_device, cuda_graph=cuda_graph)
+
+    bindings: dict[str, Any] = {"plain": binding({}, False)}
+    try:
+        bindings["graph"] = binding({"enable_cuda_graph": "1"}, not platform.dry_run)
+    except Exception as error:  # noqa: BLE001 -- ONNX Runtime refuses capture for this graph: no graph rows, say why
+        bindings["graph"] = f"{type(error).__name__}: {str(error)[:300]}"
+        print(f"{path.name}: no CUDA graph rows: {bindings['graph']}", flush=True)
+    return bindings
+
+
+def ort_calls(bindings: dict[str, Any], feeds: dict[str, Any]) -> dict[str, Callable[[], Any]]:
+    plain, graph = bindings["plain"], bindings["graph"]
+    calls = {"ort-cuda": lambda: plain.run(feeds), "ort-cuda-device-io": plain.resident_call(feeds)}
+    if not isinstance(graph, str):
+        graph.run(feeds)  # learns the output shapes, fixes the buffers, gives the shape its own graph id
+        calls["ort-cuda-graph"] = graph.resident_call(feeds)
+    return calls
 
 
 def host_output(method: str, result: Any) -> Any:
@@ -175,7 +182,7 @@ def time_model(model: str, cases: list[base.Case], args: argparse.Namespace, fol
         module = base.build_model(model).to(where)
         if precision == "fp16":
             module = module.half()
-        sessions = ort_sessions(files[precision], platform)
+        bindings = ort_bindings(files[precision], base.OUTPUT_NAMES[model], platform)
         for case in cases:
             inputs = [t.to(where) for t in base.example_inputs(case)]
             torch_inputs = [t.half() if precision == "fp16" and t.is_floating_point() else t for t in inputs]
@@ -189,7 +196,7 @@ def time_model(model: str, cases: list[base.Case], args: argparse.Namespace, fol
                 except Exception as error:  # noqa: BLE001 -- e.g. MiniLM refuses graph capture: no row, say why
                     print(f"{model:<13} {case.label:<16} {precision} {method:<19} FAILED {type(error).__name__}: {error}"[:300], flush=True)
                     sync()
-            calls.update(ort_calls(sessions, feeds, base.OUTPUT_NAMES[model], platform))
+            calls.update(ort_calls(bindings, feeds))
             if reference is None:
                 reference = host_output("torch-eager", calls["torch-eager"]())
             for method, call in calls.items():
@@ -206,7 +213,7 @@ def time_model(model: str, cases: list[base.Case], args: argparse.Namespace, fol
                 on_row(row)
                 watts = f"  {energy['mj_per_inference']:8.3f} mJ/inf {energy['mean_w']:5.0f} W" if energy else ""
                 print(f"{model:<13} {case.label:<16} {precision} {method:<19} p50 {row['p50_ms']:9.4f} ms  cos {row['cosine_to_torch_fp32']:.5f}{watts}", flush=True)
-        del module, sessions
+        del module, bindings
         if not platform.dry_run:
             torch.cuda.empty_cache()
 

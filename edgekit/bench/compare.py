@@ -32,11 +32,12 @@ class BenchReport:
     device: str = "cpu"
     providers: list[str] = field(default_factory=list)  # what the bundle variants ran on, as ONNX Runtime reports it
     energy_note: str | None = None  # why variants have no ``energy`` (GPU runs without NVML's energy counter)
+    notes: list[str] = field(default_factory=list)  # variants that could not run, and why
 
     def to_json(self) -> dict[str, Any]:
         return {"bundle": self.bundle, "dims": self.dims, "batch": self.batch, "threads": self.threads, "iterations": self.iterations,
                 "device": self.device, "providers": self.providers, "variants": self.variants,
-                **({"energy_note": self.energy_note} if self.energy_note else {})}  # fmt: skip
+                **({"energy_note": self.energy_note} if self.energy_note else {}), **({"notes": self.notes} if self.notes else {})}  # fmt: skip
 
 
 def parse_dims(text: str | None) -> dict[str, int]:
@@ -117,8 +118,9 @@ def bench_bundle(bundle_dir: Path, dims: dict[str, int] | None = None, iteration
     if device == "cuda":
         from edgekit.bench import gpu
 
-        contenders, runners = gpu.cuda_contenders(bundle, signature, feeds)
+        contenders, runners, notes = gpu.cuda_contenders(bundle, signature, feeds)
     else:
+        notes = []
         runner = host_runner(bundle, signature, threads)
         runners = [runner]
         contenders = {"bundle": lambda: runner.infer(feeds)}
@@ -150,7 +152,7 @@ def bench_bundle(bundle_dir: Path, dims: dict[str, int] | None = None, iteration
     if vs_pytorch:
         variants["bundle"]["ratio_vs_pytorch_p50"] = variants["bundle"]["p50_ms"] / variants["pytorch_eager"]["p50_ms"]
     return BenchReport(bundle=str(bundle_dir), dims=all_dims, batch=batch, threads=threads, iterations=per_round * rounds, variants=variants,
-                       device=device, providers=providers, energy_note=energy if isinstance(energy, str) else None)  # fmt: skip
+                       device=device, providers=providers, energy_note=energy if isinstance(energy, str) else None, notes=notes)  # fmt: skip
 
 
 def time_bundles_interleaved(bundle_dirs: list[Path], iterations: int = 30, rounds: int = 5, threads: int | None = None,

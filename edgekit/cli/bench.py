@@ -46,8 +46,8 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(name, *cells)
     printer = results(args)
     printer.print(table)
-    if report.energy_note:
-        printer.print(report.energy_note)
+    for note in ([report.energy_note] if report.energy_note else []) + report.notes:
+        printer.print(note)
     if "ratio_vs_pytorch_p50" in report.variants.get("bundle", {}):
         printer.print(f"bundle / PyTorch eager (p50): [bold]{report.variants['bundle']['ratio_vs_pytorch_p50']:.2f}×[/]")
     if args.json:

@@ -198,3 +198,26 @@ def test_tensorrt_missing_falls_to_cuda_with_the_manifests_options(model_path: P
         assert runner.device_binding is not None and runner.device_binding.cuda_graph  # enable_cuda_graph survived
         np.testing.assert_allclose(runner.infer({"image": images})["logits"], reference_logits(images), atol=1e-3, rtol=1e-3)
     assert "TensorrtExecutionProvider did not load" in caplog.text
+
+
+def test_two_bindings_over_one_session_never_share_a_graph_id(model_path: Path) -> None:
+    """Graph ids are ONNX Runtime's per session: a second binding must not reuse the first's ids (on the GPU
+    it would replay the first's graph on the first's buffers). On the CPU the ids are given out the same way."""
+    from edgekit_runtime.backends.ort_device_io import DeviceBinding
+
+    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    first = DeviceBinding(ort, session, ["logits"], device="cpu", cuda_graph=True)
+    second = DeviceBinding(ort, session, ["logits"], device="cpu", cuda_graph=True)
+    for binding, batch in ((first, 1), (second, 4), (first, 3)):
+        images = _images(batch, batch)
+        np.testing.assert_allclose(binding.run({"image": images})[0], reference_logits(images), atol=1e-4)
+    ids = sorted(slot.graph_id for binding in (first, second) for slot in binding._slots.values())
+    assert ids == [0, 1, 2]
+
+
+def test_cuda_runs_fp32_as_fp32_unless_the_manifest_asks_for_tf32(model_path: Path) -> None:
+    """ONNX Runtime's CUDA provider defaults to TF32 for FP32 MatMul/Conv; edgekit turns it off by default
+    (an FP32 bundle's golden self-check failed on an H100 with it on) and keeps an explicit choice."""
+    runner = OnnxRuntimeRunner(model_path, SIGNATURE, execution_providers=[CUDA, {"name": "CUDAExecutionProvider", "options": {"use_tf32": True}}])
+    assert runner.execution_providers[0].ort_options() == {"use_tf32": "0", "device_id": "0"}
+    assert runner.execution_providers[1].ort_options() == {"use_tf32": "1"}

@@ -62,6 +62,11 @@ _PROVIDER_PACKAGES: Mapping[str, str] = {
     "QNNExecutionProvider": "onnxruntime-qnn",
 }
 
+#: Provider options edgekit sets unless a manifest names them. The CUDA provider runs FP32 MatMul and Conv
+#: in TF32 by default (10-bit mantissa): on an H100 that put an FP32 bundle's outputs 4e-3 from its golden
+#: FP32 outputs (1e-3 relative) and failed its self-check, so FP32 means FP32 unless ``use_tf32: true``.
+PROVIDER_DEFAULTS: Mapping[str, Mapping[str, str]] = {"CUDAExecutionProvider": {"use_tf32": "0"}}
+
 _CONSTRUCTOR_OPTIONS = ("execution_providers", "graph_optimization", "intra_op_threads", "optimized_model_path", "denormal_as_zero",
                         "io_binding")
 
@@ -91,11 +96,10 @@ class ExecutionProviderConfig:
         )
 
     def ort_options(self) -> dict[str, str]:
-        """Options as ONNX Runtime wants them: strings, booleans as "1"/"0"."""
-        return {
-            str(key): ("1" if value else "0") if isinstance(value, bool) else str(value)
-            for key, value in self.options.items()
-        }
+        """Options as ONNX Runtime wants them: strings, booleans as "1"/"0"; with the provider's defaults
+        that edgekit sets (:data:`PROVIDER_DEFAULTS`) unless the options name them."""
+        given = {str(key): ("1" if value else "0") if isinstance(value, bool) else str(value) for key, value in self.options.items()}
+        return {**PROVIDER_DEFAULTS.get(self.name, {}), **given}
 
 
 def _import_onnxruntime() -> ModuleType:
@@ -434,6 +438,12 @@ class OnnxRuntimeRunner(Runner):
                 f"model file '{self.model_path}' is not a valid ONNX model: {message}",
                 hint="the file is truncated or corrupt: copy the bundle again and open it with "
                 "open_bundle(root, verify=True) to check every file's hash",
+            )
+        if "graph capture" in message:
+            return BackendError(
+                f"ONNX Runtime cannot capture '{self.model_path}' as a CUDA graph: {message}",
+                hint="a CUDA graph needs every node on the CUDA provider; this model leaves some on the CPU (shape "
+                "arithmetic on int64, for instance): drop the enable_cuda_graph option for this bundle",
             )
         return BackendError(
             f"ONNX Runtime cannot load model '{self.model_path}': {message}",

@@ -17,6 +17,7 @@ on the CPU provider too, which is how it is tested without a GPU.
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,10 @@ KEPT_SHAPES = 8
 DEFAULT_MAX_CUDA_GRAPHS = 8
 #: ``gpu_graph_id`` that tells the CUDA provider to run without capturing or replaying a graph.
 NO_GRAPH = -1
+#: Graph ids already given out, per session: ONNX Runtime keys its graphs by id within a session, so two
+#: bindings over one session must never hand out the same id (the second would replay the first's graph,
+#: on the first's buffers: wrong outputs, or an illegal-instruction fault that ends the CUDA context).
+_GRAPH_IDS_TAKEN: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -144,6 +149,8 @@ class DeviceBinding:
             binding.bind_output(name, self.device, self.device_id)
         slot = _ShapeSlot(inputs, binding, self._run_options(NO_GRAPH))
         if self.cuda_graph and self.graphs_captured < self.max_cuda_graphs:
+            graph_id = _GRAPH_IDS_TAKEN.get(self._session, 0)
+            _GRAPH_IDS_TAKEN[self._session] = graph_id + 1
             # A first run without a graph gives the output shapes; the graph's outputs are then fixed buffers.
             self._session.run_with_iobinding(binding, slot.run_options)
             slot.outputs = [self._ort.OrtValue.ortvalue_from_shape_and_type(value.shape(), _numpy_type(value), self.device, self.device_id)
@@ -151,7 +158,7 @@ class DeviceBinding:
             binding.clear_binding_outputs()
             for name, value in zip(self.output_names, slot.outputs):
                 binding.bind_ortvalue_output(name, value)
-            slot.graph_id = self.graphs_captured
+            slot.graph_id = graph_id
             slot.run_options = self._run_options(slot.graph_id)
             self.graphs_captured += 1
         self._slots[key] = slot
