@@ -35,12 +35,12 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections import deque
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from edgekit.fleet.acks import StoredAcks
 from edgekit.fleet.errors import CollectorError, StoreError, StoreUnavailableError
+from edgekit.fleet.handoff import Handoff, HandoffItem
 from edgekit.fleet.ingest import MAX_PAYLOAD_BYTES, READ_KINDS, Rejection, parse_message
 from edgekit.fleet.metrics import IngestMetrics
 from edgekit.fleet.rejected_samples import RejectedSampler, RejectedSampling
@@ -77,66 +77,6 @@ def default_client_id(fleet: str | None = None, shared_group: str | None = None,
 
     host_name = re.sub(r"[^A-Za-z0-9_.-]+", "-", host if host is not None else socket.gethostname()) or "host"
     return "-".join(["edgekit-collector", host_name, fleet or "all"] + ([shared_group] if shared_group else []))
-
-
-class _Item(NamedTuple):
-    record: TelemetryWindow | DeviceStatus | DeviceEvent | Rejection
-    mid: int
-    qos: int
-    generation: int
-
-
-class _Handoff:
-    """The records between the network thread and the writer, with the writer woken once per batch.
-
-    ``queue.Queue`` wakes a waiting consumer on every put, which at thousands of messages a second
-    passes the GIL back and forth once per message. Here the writer says how many items it waits
-    for (:meth:`take`); a put wakes it only when that many are queued, or for a control item (a
-    flush's event, the stop marker), which it must see at once.
-    """
-
-    def __init__(self, maxsize: int) -> None:
-        self._items: deque[Any] = deque()
-        self._maxsize = maxsize
-        self._lock = threading.Lock()
-        self._filled = threading.Condition(self._lock)
-        self._drained = threading.Condition(self._lock)
-        self._wanted = 1  # queued items that wake the writer
-        self._controls = 0  # control items queued
-
-    def put(self, item: Any, timeout: float | None = None) -> bool:
-        """Queue ``item``, waiting up to ``timeout`` s (None: forever) while full; False if still full."""
-        with self._lock:
-            if len(self._items) >= self._maxsize and not self._drained.wait_for(
-                    lambda: len(self._items) < self._maxsize, timeout):  # fmt: skip
-                return False
-            self._items.append(item)
-            if not isinstance(item, _Item):
-                self._controls += 1
-                self._filled.notify()
-            elif len(self._items) >= self._wanted:
-                self._filled.notify()
-            return True
-
-    def take(self, max_items: int, wanted: int, timeout: float) -> list[Any]:
-        """Up to ``max_items`` items, in order, once ``wanted`` are queued (or a control item is), or after
-        ``timeout`` s with what there is (maybe nothing)."""
-        wanted = min(wanted, self._maxsize)  # a full queue wakes the writer whatever it asked for
-        with self._lock:
-            if len(self._items) < wanted and not self._controls and timeout > 0:
-                self._wanted = wanted
-                self._filled.wait(timeout)
-                self._wanted = 1
-            items = self._items
-            taken = [items.popleft() for _ in range(min(max_items, len(items)))]
-            if taken:
-                if self._controls:
-                    self._controls -= sum(1 for item in taken if not isinstance(item, _Item))
-                self._drained.notify_all()
-            return taken
-
-    def qsize(self) -> int:
-        return len(self._items)
 
 
 class Collector:
@@ -232,7 +172,7 @@ class Collector:
         )  # fmt: skip
         self._auth = (username, password_file, tls_ca, tls_cert, tls_key)
         self._keepalive_s, self._session_expiry_s = keepalive_s, session_expiry_s
-        self._queue = _Handoff(queue_size)
+        self._queue = Handoff(queue_size)
         self._generation = 0
         self._subscribed = threading.Event()
         self._unsubscribed = threading.Event()
@@ -466,7 +406,7 @@ class Collector:
             self._note_rejection(record)
         elif isinstance(record, DeviceStatus):
             self.metrics.observe_status(record)
-        item = _Item(record, message.mid, message.qos, self._generation)
+        item = HandoffItem(record, message.mid, message.qos, self._generation)
         # A full queue holds the network thread: the broker then buffers (backpressure).
         while not self._queue.put(item, timeout=0.5):
             if not self._writer.is_alive():
@@ -486,7 +426,7 @@ class Collector:
     def _write_loop(self) -> None:
         # A batch is written when it holds batch_size records, flush_interval_s after its first record,
         # before a flush's event is set (and at stop), and with ack_after_store after a pause in arrivals.
-        pending: list[_Item] = []
+        pending: list[HandoffItem] = []
         deadline: float | None = None
         while True:
             room = self.batch_size - len(pending)
@@ -499,7 +439,7 @@ class Collector:
             else:
                 items = self._queue.take(room, room, deadline - time.monotonic())
             for item in items:
-                if isinstance(item, _Item):
+                if isinstance(item, HandoffItem):
                     pending.append(item)
                     continue
                 if pending:
@@ -521,7 +461,7 @@ class Collector:
             if summaries := self._rejected.due():  # the summaries of an ended window, even when idle
                 self._write_step("rejected", summaries)
 
-    def _write_batch(self, batch: list[_Item]) -> None:
+    def _write_batch(self, batch: list[HandoffItem]) -> None:
         steps: list[tuple[str, list[Any]]] = [  # status first: the fleet aggregates take a device's target from it
             ("status", [i.record for i in batch if isinstance(i.record, DeviceStatus)]),
             ("telemetry", [i.record for i in batch if isinstance(i.record, TelemetryWindow)]),
