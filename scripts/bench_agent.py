@@ -37,17 +37,14 @@ import argparse
 import importlib.util
 import json
 import os
-import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from functools import partial
 from datetime import datetime, timezone
 from pathlib import Path
@@ -69,13 +66,14 @@ from edgekit_runtime.bundle import Bundle, open_bundle
 from edgekit_runtime.signature import IOSignature
 
 REPO = Path(__file__).resolve().parent.parent
-BROKER = ("127.0.0.1", 1883)
-TARGET = "x86-64-cpu"
+sys.path.insert(0, str(REPO))  # scripts.* helpers
+
+from scripts.interleaved_rounds import Variant, VariantSamples, interleave, median_interval  # noqa: E402
+from scripts.shared_setup import LOCAL_BROKER as BROKER  # noqa: E402
+from scripts.shared_setup import aligned_lines, broker_reachable, ensure_bundle, free_port, host_conditions, load_average  # noqa: E402,F401 (free_port: scripts/bench_oip_grpc.py)
+
 THROUGHPUT_TARGET_RATIO = 0.98
 IDLE_RSS_TARGET_MB = 60.0
-MIN_ROUNDS = 8
-#: each round times one call in this many one by one, after its throughput loop
-TIMED_SHARE = 4
 VARIANTS = ("bare", "agent", "api_binary", "api_json", "oip_binary")
 #: the Open Inference Protocol's binary path may cost at most this much of /v1's binary per-request overhead
 OIP_OVERHEAD_TARGET_RATIO = 1.25
@@ -84,31 +82,9 @@ CASES: tuple[tuple[str, str, tuple[dict[str, int], ...]], ...] = (
     ("digits-cnn", "recipes/digits-cnn.yaml", ({"batch": 1}, {"batch": 64})),
     ("minilm", "recipes/minilm.yaml", ({"batch": 1, "seq": 128}, {"batch": 8, "seq": 128})),
 )
-_NS_PER_US = 1_000
 
 
 # -- bundles, configs, feeds ----------------------------------------------------------------------------
-
-
-def ensure_bundle(recipe: str, given: Path | None, workdir: Path) -> Path:
-    """``given`` if set, else a fresh ``edgekit build`` of ``recipe`` for x86-64-cpu under ``workdir``."""
-    if given is not None:
-        open_bundle(given, verify=True)
-        return given
-    edgekit = Path(sys.executable).with_name("edgekit")
-    command = [str(edgekit) if edgekit.exists() else shutil.which("edgekit") or "edgekit"]
-    out = workdir / Path(recipe).stem
-    started_s = time.perf_counter()
-    subprocess.run([*command, "build", str(REPO / recipe), "--target", TARGET, "--out", str(out)], check=True,
-                   stdout=subprocess.DEVNULL)  # fmt: skip
-    print(f"built {out} in {time.perf_counter() - started_s:.0f} s", file=sys.stderr)
-    return out
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def write_agent_config(directory: Path, device_id: str, *, interval_s: float, power_sensor: str, port: int = 0) -> Path:
@@ -232,109 +208,6 @@ def agent_threads_cpu_s() -> float:
 
 # -- throughput and API overhead ------------------------------------------------------------------------
 
-#: One request; returns the compute time the server measured (ms), or None for the bare loop.
-Call = Callable[[], "float | None"]
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One way to serve a request: ``run`` for the throughput loop (a ``functools.partial`` of the very
-    call, so every variant's loop costs the same), ``timed`` for the per-request timings."""
-
-    run: Callable[[], object]
-    timed: Call
-
-
-@dataclass
-class VariantSamples:
-    iterations_per_round: int = 0
-    items: int = 0
-    seconds: float = 0.0
-    round_items_per_s: list[float] = field(default_factory=list)
-    wall_us: list[float] = field(default_factory=list)
-    overhead_us: list[float] = field(default_factory=list)  # wall - server compute
-
-    def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "iterations_per_round": self.iterations_per_round,
-            "rounds": len(self.round_items_per_s),
-            "items_per_s_median": statistics.median(self.round_items_per_s),
-            "items_per_s_pooled": self.items / self.seconds,
-            "items_per_s_max": max(self.round_items_per_s),
-        }
-        if self.wall_us:  # calls timed one by one (not in the short-round pair phase)
-            out["wall_us_median"] = statistics.median(self.wall_us)
-            out["wall_us_p90"] = float(np.percentile(self.wall_us, 90))
-        if self.overhead_us:
-            out["overhead_us_median"] = statistics.median(self.overhead_us)
-        return out
-
-
-def calibrate(variant: Variant, round_s: float, *, warmup_s: float = 0.3) -> tuple[int, float]:
-    """Warm ``variant`` up for about ``warmup_s``; returns the iteration count of a ``round_s`` round (at
-    least 1) and the seconds such a round takes."""
-    call = variant.run
-    variant.timed()
-    started_s, calls = time.perf_counter(), 0
-    while calls < 2 or time.perf_counter() - started_s < warmup_s:
-        call()
-        calls += 1
-    per_call_s = (time.perf_counter() - started_s) / calls
-    iterations = max(1, round(round_s / per_call_s))
-    return iterations, iterations * per_call_s
-
-
-def run_loop(variant: Variant, iterations: int, items: int, samples: VariantSamples) -> None:
-    """A tight loop of ``iterations`` calls (only the call in the loop, the same for every variant): one
-    throughput sample."""
-    clock, run = time.perf_counter_ns, variant.run
-    started_ns = clock()
-    for _ in range(iterations):
-        run()
-    round_s = (clock() - started_ns) / 1e9
-    samples.round_items_per_s.append(iterations * items / round_s)
-    samples.items += iterations * items
-    samples.seconds += round_s
-
-
-def run_round(variant: Variant, iterations: int, items: int, samples: VariantSamples) -> None:
-    """One round of one variant: a tight loop of ``iterations`` calls for throughput (only the call in the
-    loop, the same for every variant), then a quarter as many calls timed one by one for wall times and
-    overheads (kept out of the throughput, so that the per-call bookkeeping of the agent's variant, which
-    also reads the server's compute time, is not charged to the agent)."""
-    run_loop(variant, iterations, items, samples)
-    clock, timed = time.perf_counter_ns, variant.timed
-    for _ in range(max(1, iterations // TIMED_SHARE)):
-        before_ns = clock()
-        compute_ms = timed()
-        wall_ns = clock() - before_ns
-        samples.wall_us.append(wall_ns / _NS_PER_US)
-        if compute_ms is not None:
-            samples.overhead_us.append(wall_ns / _NS_PER_US - compute_ms * 1000.0)
-
-
-def interleave(calls: Mapping[str, Variant], pairs: Sequence[tuple[str, str]], items: int, *, timed: bool,
-               max_rounds: int, round_s: float, budget_s: float) -> dict[str, VariantSamples]:  # fmt: skip
-    """Rounds of ``round_s`` per variant, as many as fit in ``budget_s`` (``MIN_ROUNDS`` to ``max_rounds``): each
-    round runs every pair's two variants back to back, so that their ratio compares the same moment of a
-    noisy machine, swapping the order within each pair every other round. With ``timed``, each variant's
-    loop is followed by calls timed one by one (:func:`run_round`)."""
-    names = [name for pair in pairs for name in pair]
-    samples = {name: VariantSamples() for name in names}
-    share = 1 + 1 / TIMED_SHARE if timed else 1.0
-    one_round_s = 0.0
-    for name in names:
-        samples[name].iterations_per_round, variant_round_s = calibrate(calls[name], round_s)
-        one_round_s += variant_round_s * share
-    rounds = max(MIN_ROUNDS, min(max_rounds, int(budget_s / one_round_s)))
-    step = run_round if timed else run_loop
-    for index in range(rounds):
-        for pair in pairs:
-            for name in pair if index % 2 == 0 else pair[::-1]:
-                step(calls[name], samples[name].iterations_per_round, items, samples[name])
-    return samples
-
-
 def measure_pair(calls: Mapping[str, Variant], items: int, *, max_rounds: int, round_s: float, pair_s: float) -> dict[str, VariantSamples]:
     """The headline comparison: ``bare`` and ``agent`` alone, in many short rounds, no timed calls. Many
     short adjacent rounds pin the median ratio down to a few tenths of a percent."""
@@ -347,15 +220,6 @@ def measure_case(calls: Mapping[str, Variant], items: int, *, max_rounds: int, r
     Open Inference Protocol) run back to back, so that their overheads compare the same moment."""
     return interleave(calls, (("bare", "agent"), ("api_binary", "oip_binary"), ("api_json",)), items, timed=True,
                       max_rounds=max_rounds, round_s=round_s, budget_s=case_s)  # fmt: skip
-
-
-def median_interval(values: Sequence[float], *, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """A 95 % bootstrap interval of the median of ``values``."""
-    rng = np.random.default_rng(seed)
-    data = np.asarray(values)
-    medians = np.median(data[rng.integers(0, len(data), size=(resamples, len(data)))], axis=1)
-    low, high = np.percentile(medians, [2.5, 97.5])
-    return float(low), float(high)
 
 
 def summarise_case(model: str, dims: Mapping[str, int], pair: Mapping[str, VariantSamples],
@@ -581,17 +445,6 @@ def bench_spool(workdir: Path, messages: int) -> list[dict[str, Any]]:
 # -- report ------------------------------------------------------------------------------------------------
 
 
-def _aligned(header: Sequence[str], rows: Sequence[Sequence[str]], *, text_columns: int) -> list[str]:
-    """Columns padded to their widest cell: the first ``text_columns`` left-aligned, numbers right-aligned."""
-    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
-
-    def line(cells: Sequence[str]) -> str:
-        padded = (cell.ljust(w) if i < text_columns else cell.rjust(w) for i, (cell, w) in enumerate(zip(cells, widths, strict=True)))
-        return "  ".join(padded)
-
-    return [line(header), *(line(row) for row in rows)]
-
-
 def _dims(case: Mapping[str, Any]) -> str:
     return ",".join(f"{name}={size}" for name, size in case["dims"].items())
 
@@ -623,29 +476,24 @@ def table(result: Mapping[str, Any]) -> str:
     ]
     lines = ["Throughput (items/s, median of rounds); agent/bare: median of the short rounds' ratios with its 95 % bootstrap",
              "interval, pooled over those rounds, and the median in the long rounds the API variants run in"]
-    lines += _aligned(["model", "dims", "bare", "agent", "ratio", "95 %", "pooled", "long", ">=0.98", "rounds", "api bin", "api json"],
-                      throughput, text_columns=2)  # fmt: skip
+    lines += aligned_lines(["model", "dims", "bare", "agent", "ratio", "95 %", "pooled", "long", ">=0.98", "rounds", "api bin", "api json"],
+                           throughput, text_columns=2)  # fmt: skip
     lines += ["", "Per-request overhead (us; wall time - the compute time the server measured, median)"]
-    lines += _aligned(["model", "dims", "bare wall", "in-process", "api bin", "api json", "bin - in-proc", "json - in-proc",
-                       "oip bin", f"oip/v1 bin (<={OIP_OVERHEAD_TARGET_RATIO:g})"],
-                      overhead, text_columns=2)  # fmt: skip
+    lines += aligned_lines(["model", "dims", "bare wall", "in-process", "api bin", "api json", "bin - in-proc", "json - in-proc",
+                            "oip bin", f"oip/v1 bin (<={OIP_OVERHEAD_TARGET_RATIO:g})"],
+                           overhead, text_columns=2)  # fmt: skip
     lines += ["", "Telemetry during the throughput runs"]
     lines += [f"  {t['model']}: every {t['interval_s']:g} s, {t['published']} published, {t['acked']} acked, backlog {t['backlog']}, "
               f"dropped {t['dropped']}, {t['requests_served']} requests served; agent threads used "
               f"{t['agent_threads_cpu_percent']:.1f} % of a core" for t in result["telemetry"]]  # fmt: skip
     lines += ["", f"Resident memory (MB; idle target <= {IDLE_RSS_TARGET_MB:g})"]
-    lines += _aligned(["process / bundle", "VmRSS", "VmHWM", "onnxruntime mapped"], memory, text_columns=1)
+    lines += aligned_lines(["process / bundle", "VmRSS", "VmHWM", "onnxruntime mapped"], memory, text_columns=1)
     lines += ["", "Spool (messages/s; 900-byte payloads, acks in batches of 16)"]
-    lines += _aligned(["synchronous", "append", "ack", "append+ack"], spool, text_columns=1)
+    lines += aligned_lines(["synchronous", "append", "ack", "append+ack"], spool, text_columns=1)
+    host = result["host"]
+    lines += ["", f"Host: {host['at_start']['cpus']} CPUs, flags {' '.join(host['at_start']['cpu_flags']) or 'none of ISA_FLAGS'}, "
+                  f"load average {host['at_start']['load_average']} at start, {host.get('load_average_at_end')} at end"]
     return "\n".join(lines)
-
-
-def broker_reachable() -> bool:
-    try:
-        with socket.create_connection(BROKER, timeout=2):
-            return True
-    except OSError:
-        return False
 
 
 def main() -> None:
@@ -681,7 +529,8 @@ def main() -> None:
             "benchmark": "agent",
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "edgekit_runtime": runtime_version,
-            "host": {**host_description(), "cpu_count": os.cpu_count(), "onnxruntime": __import__("onnxruntime").__version__},
+            "host": {**host_description(), "cpu_count": os.cpu_count(), "onnxruntime": __import__("onnxruntime").__version__,
+                     "at_start": host_conditions()},
             "settings": {"max_rounds": args.max_rounds, "round_s": args.round_s, "case_s": args.case_s,
                          "telemetry_interval_s": args.telemetry_interval_s,
                          "power_sensor": args.power_sensor, "broker": f"{BROKER[0]}:{BROKER[1]}"},
@@ -707,6 +556,7 @@ def main() -> None:
         print("spool", file=sys.stderr)
         result["spool"] = bench_spool(workdir, args.spool_messages)
 
+    result["host"]["load_average_at_end"] = load_average()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(table(result))

@@ -18,6 +18,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from scripts.shared_setup import ensure_bundle  # noqa: E402
 CASES = [
     ("digits-cnn", {"batch": 1}),
     ("digits-cnn", {"batch": 64}),
@@ -25,15 +28,6 @@ CASES = [
     ("minilm", {"batch": 8, "seq": 128}),
 ]
 TARGET_RATIO = 0.8
-
-
-def ensure_bundle(recipe: str, bundles: Path) -> Path:
-    from edgekit.pipeline import build
-
-    out = bundles / f"{recipe}-x86-64-cpu-fp32"
-    if not (out / "manifest.json").is_file():
-        build(REPO / "recipes" / f"{recipe}.yaml", "x86-64-cpu", out=out)
-    return out
 
 
 def main() -> int:
@@ -44,14 +38,13 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=min(os.cpu_count() or 1, 2))
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    sys.path.insert(0, str(REPO))
 
     from edgekit.bench import bench_bundle
     from edgekit.bundle.manifest import host_description, toolchain_versions
 
     rows = []
     for recipe, dims in CASES:
-        bundle = ensure_bundle(recipe, args.bundles)
+        bundle = ensure_bundle(f"recipes/{recipe}.yaml", None, args.bundles, name=f"{recipe}-x86-64-cpu-fp32")
         report = bench_bundle(bundle, dims, iterations=args.iterations, warmup=5, vs_pytorch=True, threads=args.threads, rounds=6)
         ours, eager = report.variants["bundle"], report.variants["pytorch_eager"]
         rows.append({

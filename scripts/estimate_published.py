@@ -33,6 +33,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import yaml  # noqa: E402
 
 from edgekit.errors import EdgekitError  # noqa: E402
+from scripts.published_graphs import GRAPHS, PublishedFiguresError  # noqa: E402
+from scripts.shared_setup import markdown_table  # noqa: E402
 
 HEADING = "## Against published Jetson figures"
 FIGURES = REPO / "docs" / "benchmarks" / "published_jetson.yaml"
@@ -48,7 +50,7 @@ REQUIRED = {
     "target": "the edgekit target profile the row is estimated on (targets/<name>.yaml)",
     "power_mode": "the target power mode matching the source's nvpmodel mode",
     "model": "the model as the source names it",
-    "graph": "the graph builder that reproduces it (see GRAPHS in scripts/estimate_published.py)",
+    "graph": "the graph builder that reproduces it (see GRAPHS in scripts/published_graphs.py)",
     "precision": "the precision the source ran",
     "batch": "the batch size the figure is for",
     "shape": "the dims the graph is estimated at, e.g. {batch: 1, seq: 384}",
@@ -60,10 +62,6 @@ REQUIRED = {
     "source": "where the figure is published: {url: ..., title: ...}",
 }
 OPTIONAL = {"notes", "conditions_source", "input"}
-
-
-class PublishedFiguresError(EdgekitError):
-    """The published-figures file is malformed (names the row, the field and the fix)."""
 
 
 @dataclass(frozen=True)
@@ -160,230 +158,6 @@ def load_published(path: Path, graphs: Mapping[str, Any] | None = None) -> list[
 # ---------------------------------------------------------------------------------------------- graphs
 
 
-def _export(module: Any, example: dict[str, Any], output_names: list[str], path: Path, dynamic: dict[str, dict[int, str]]) -> Path:
-    import torch
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.onnx")
-    with torch.inference_mode():
-        torch.onnx.export(module.eval(), tuple(example.values()), str(tmp), input_names=list(example), output_names=output_names,
-                          dynamic_axes=dynamic, opset_version=17, dynamo=False)  # fmt: skip
-    tmp.replace(path)
-    return path
-
-
-class _First:  # a wrapper returning one tensor of a transformers ModelOutput
-    def __new__(cls, model: Any, fields: Sequence[str]) -> Any:
-        import torch
-
-        class Wrapped(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.model = model
-
-            def forward(self, *args: Any) -> Any:
-                out = self.model(*args)
-                return tuple(getattr(out, f) for f in fields) if len(fields) > 1 else getattr(out, fields[0])
-
-        return Wrapped()
-
-
-def build_resnet50(path: Path) -> str:
-    """ResNet-50 v1.5 (transformers' default ResNetConfig: bottleneck 3-4-6-3, 256..2048 wide, stride on the 3x3),
-    1000 classes, 224x224, seed 0."""
-    import torch
-    from transformers import ResNetConfig, ResNetForImageClassification
-
-    torch.manual_seed(0)
-    model = _First(ResNetForImageClassification(ResNetConfig(num_labels=1000)).eval(), ["logits"])
-    _export(model, {"pixel_values": torch.zeros(1, 3, 224, 224)}, ["logits"], path,
-            {"pixel_values": {0: "batch"}, "logits": {0: "batch"}})  # fmt: skip
-    return "transformers ResNetConfig() (ResNet-50 v1.5), 1000 classes, seed 0, 224x224"
-
-
-def build_bert_large(path: Path) -> str:
-    """BERT-large for SQuAD question answering (MLPerf's bert-99 model): 24 layers, 1024 hidden, 16 heads,
-    4096 FFN, 30522-token vocabulary, start/end logits, 384 tokens. Inputs: token, segment and position ids, no padding
-    mask (NVIDIA's harness runs each sequence at its own length instead of masking padding; a mask's elementwise
-    work is small beside the GEMMs). Only the batch is dynamic, and the weights are stored beside the graph
-    (``bert-large.onnx.data``): with a dynamic sequence, a mask or position ids sliced from the model's buffer, ONNX
-    shape inference loses the shapes of the embeddings (at batch 1) and of the mask nodes, and the estimate would run the whole graph on ONNX Runtime at the benchmark batch to
-    learn them (tens of GB at batch 256 x 384 tokens); with the weights inline it would copy 1.3 GB several times."""
-    import onnx
-    import torch
-    from transformers import BertConfig, BertForQuestionAnswering
-
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
-    bert = BertForQuestionAnswering(config).eval()
-
-    class Logits(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.bert = bert
-
-        def forward(self, input_ids: Any, token_type_ids: Any, position_ids: Any) -> Any:
-            out = self.bert(input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids)
-            return out.start_logits, out.end_logits
-
-    ids = torch.zeros(1, 384, dtype=torch.int64)
-    example = {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "position_ids": torch.arange(384).unsqueeze(0)}
-    inline = path.with_name(path.stem + ".inline.onnx")
-    _export(Logits(), example, ["start_logits", "end_logits"], inline,
-            {name: {0: "batch"} for name in [*example, "start_logits", "end_logits"]})  # fmt: skip
-    model = _without_padding_mask(onnx.load(str(inline)))
-    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=path.name + ".data")
-    inline.unlink()
-    return ("transformers BertConfig (BERT-large: 24 layers, 1024 hidden, 16 heads, 4096 FFN) + QA head, seed 0, "
-            "384 tokens, the all-ones padding mask folded to 0")  # fmt: skip
-
-
-def _without_padding_mask(model: Any) -> Any:
-    """The BERT graph with its additive attention mask (built from an all-ones mask: zeros) replaced by a constant 0.
-    Its Expand / Where chain takes shapes that ONNX shape inference cannot follow at batch 1, which would leave every
-    attention Add, Softmax and score-value MatMul without a shape (and uncounted)."""
-    import numpy as np
-    from onnx import numpy_helper
-
-    consumers = {name: [n for n in model.graph.node if name in n.input] for n in model.graph.node for name in n.output}
-    masks = [out for node in model.graph.node if node.op_type == "Where" for out in node.output
-             if sum("attention/self/Add" in c.name for c in consumers.get(out, [])) == 24]  # fmt: skip
-    if len(masks) != 1:
-        raise PublishedFiguresError(f"expected one attention-mask tensor feeding the 24 attention Adds, found {len(masks)}",
-                                    hint="the transformers export changed: update _without_padding_mask")  # fmt: skip
-    model.graph.initializer.append(numpy_helper.from_array(np.zeros((), np.float32), "zero_attention_mask"))
-    for node in consumers[masks[0]]:
-        node.input[list(node.input).index(masks[0])] = "zero_attention_mask"
-    while True:  # drop the nodes nothing reads any more
-        used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
-        dead = [n for n in model.graph.node if not any(o in used for o in n.output)]
-        if not dead:
-            return model
-        for node in dead:
-            model.graph.node.remove(node)
-
-
-def _yolov8n_module() -> Any:
-    """YOLOv8n as Ultralytics describes it (yolov8.yaml at depth 0.33, width 0.25): Conv = Conv2d + BatchNorm +
-    SiLU, C2f blocks, SPPF, a PAN neck and the anchor-free decoupled head with a 16-bin DFL box decoder, 80
-    classes; output [batch, 84, anchors] (boxes in pixels, class probabilities)."""
-    import torch
-    from torch import nn
-
-    class Conv(nn.Module):
-        def __init__(self, c_in: int, c_out: int, k: int = 1, s: int = 1) -> None:
-            super().__init__()
-            self.conv = nn.Conv2d(c_in, c_out, k, s, k // 2, bias=False)
-            self.bn = nn.BatchNorm2d(c_out, eps=1e-3)
-            self.act = nn.SiLU()
-
-        def forward(self, x: Any) -> Any:
-            return self.act(self.bn(self.conv(x)))
-
-    class Bottleneck(nn.Module):
-        def __init__(self, c: int, shortcut: bool) -> None:
-            super().__init__()
-            self.cv1, self.cv2, self.add = Conv(c, c, 3), Conv(c, c, 3), shortcut
-
-        def forward(self, x: Any) -> Any:
-            y = self.cv2(self.cv1(x))
-            return x + y if self.add else y
-
-    class C2f(nn.Module):
-        def __init__(self, c_in: int, c_out: int, n: int, shortcut: bool) -> None:
-            super().__init__()
-            self.c = c_out // 2
-            self.cv1 = Conv(c_in, 2 * self.c, 1)
-            self.cv2 = Conv((2 + n) * self.c, c_out, 1)
-            self.m = nn.ModuleList(Bottleneck(self.c, shortcut) for _ in range(n))
-
-        def forward(self, x: Any) -> Any:
-            parts = list(self.cv1(x).split((self.c, self.c), 1))
-            for block in self.m:
-                parts.append(block(parts[-1]))
-            return self.cv2(torch.cat(parts, 1))
-
-    class SPPF(nn.Module):
-        def __init__(self, c_in: int, c_out: int) -> None:
-            super().__init__()
-            hidden = c_in // 2
-            self.cv1, self.cv2 = Conv(c_in, hidden, 1), Conv(hidden * 4, c_out, 1)
-            self.m = nn.MaxPool2d(5, 1, 2)
-
-        def forward(self, x: Any) -> Any:
-            y = [self.cv1(x)]
-            for _ in range(3):
-                y.append(self.m(y[-1]))
-            return self.cv2(torch.cat(y, 1))
-
-    class Detect(nn.Module):
-        def __init__(self, channels: tuple[int, ...], classes: int = 80, bins: int = 16) -> None:
-            super().__init__()
-            self.classes, self.bins, self.strides = classes, bins, (8, 16, 32)
-            box_c, cls_c = max(16, channels[0] // 4, 4 * bins), max(channels[0], min(classes, 100))
-            self.box = nn.ModuleList(nn.Sequential(Conv(c, box_c, 3), Conv(box_c, box_c, 3), nn.Conv2d(box_c, 4 * bins, 1)) for c in channels)
-            self.cls = nn.ModuleList(nn.Sequential(Conv(c, cls_c, 3), Conv(cls_c, cls_c, 3), nn.Conv2d(cls_c, classes, 1)) for c in channels)
-            self.dfl = nn.Conv2d(bins, 1, 1, bias=False).requires_grad_(False)
-            self.dfl.weight.data[:] = torch.arange(bins, dtype=torch.float32).view(1, bins, 1, 1)
-
-        def forward(self, features: list[Any]) -> Any:
-            batch = features[0].shape[0]
-            outs, anchors, strides = [], [], []
-            for i, x in enumerate(features):
-                outs.append(torch.cat((self.box[i](x), self.cls[i](x)), 1).view(batch, 4 * self.bins + self.classes, -1))
-                h, w = x.shape[2], x.shape[3]
-                ys, xs = torch.meshgrid(torch.arange(h) + 0.5, torch.arange(w) + 0.5, indexing="ij")
-                anchors.append(torch.stack((xs, ys), -1).view(-1, 2))
-                strides.append(torch.full((h * w, 1), float(self.strides[i])))
-            out = torch.cat(outs, 2)
-            box, cls = out.split((4 * self.bins, self.classes), 1)
-            anchor = torch.cat(anchors).transpose(0, 1).unsqueeze(0)
-            stride = torch.cat(strides).transpose(0, 1)
-            dist = self.dfl(box.view(batch, 4, self.bins, -1).transpose(2, 1).softmax(1)).view(batch, 4, -1)
-            lt, rb = dist.chunk(2, 1)
-            x1y1, x2y2 = anchor - lt, anchor + rb
-            boxes = torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), 1) * stride
-            return torch.cat((boxes, cls.sigmoid()), 1)
-
-    class YOLOv8n(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.b0, self.b1, self.b2 = Conv(3, 16, 3, 2), Conv(16, 32, 3, 2), C2f(32, 32, 1, True)
-            self.b3, self.b4 = Conv(32, 64, 3, 2), C2f(64, 64, 2, True)
-            self.b5, self.b6 = Conv(64, 128, 3, 2), C2f(128, 128, 2, True)
-            self.b7, self.b8, self.b9 = Conv(128, 256, 3, 2), C2f(256, 256, 1, True), SPPF(256, 256)
-            self.up = nn.Upsample(scale_factor=2.0, mode="nearest")
-            self.h12, self.h15 = C2f(384, 128, 1, False), C2f(192, 64, 1, False)
-            self.h16, self.h18 = Conv(64, 64, 3, 2), C2f(192, 128, 1, False)
-            self.h19, self.h21 = Conv(128, 128, 3, 2), C2f(384, 256, 1, False)
-            self.detect = Detect((64, 128, 256))
-
-        def forward(self, x: Any) -> Any:
-            p3 = self.b4(self.b3(self.b2(self.b1(self.b0(x)))))
-            p4 = self.b6(self.b5(p3))
-            p5 = self.b9(self.b8(self.b7(p4)))
-            n4 = self.h12(torch.cat((self.up(p5), p4), 1))
-            o3 = self.h15(torch.cat((self.up(n4), p3), 1))
-            o4 = self.h18(torch.cat((self.h16(o3), n4), 1))
-            o5 = self.h21(torch.cat((self.h19(o4), p5), 1))
-            return self.detect([o3, o4, o5])
-
-    return YOLOv8n()
-
-
-def build_yolov8n(path: Path) -> str:
-    import torch
-
-    torch.manual_seed(0)
-    _export(_yolov8n_module().eval(), {"images": torch.zeros(1, 3, 640, 640)}, ["output0"], path,
-            {"images": {0: "batch"}, "output0": {0: "batch"}})  # fmt: skip
-    return "hand-written YOLOv8n (Ultralytics yolov8.yaml at depth 0.33 / width 0.25, 80 classes), seed 0, 640x640"
-
-
-#: graph name -> builder writing the ONNX file and returning how it was made
-GRAPHS: dict[str, Callable[[Path], str]] = {"resnet50": build_resnet50, "bert-large": build_bert_large, "yolov8n": build_yolov8n}
-
-
 def cache_dir() -> Path:
     return Path(os.environ.get("EDGEKIT_CACHE_DIR", Path.home() / ".cache" / "edgekit")) / "published"
 
@@ -475,17 +249,17 @@ def _figure(row: PublishedRow) -> str:
 
 
 def render_table(compared: Sequence[Compared]) -> str:
-    lines = ["| module | mode | model | precision | batch | published figure (source) | estimate | error | nodes (overhead) "
-             "| elementwise + norm + data movement share | conv/GEMM only, no overhead (diagnostic) | its error |",
-             "|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    header = ["module", "mode", "model", "precision", "batch", "published figure (source)", "estimate", "error", "nodes (overhead)",
+              "elementwise + norm + data movement share", "conv/GEMM only, no overhead (diagnostic)", "its error"]
+    rows = []
     for c in compared:
         r = c.row
         unit = "ms" if r.metric == "latency_ms" else "/s"
         side = sum(v for k, v in c.shares.items() if k not in GEMM_CLASSES)
-        lines.append(f"| {r.module} | {r.power_mode} | {r.model} | {r.precision} | {r.batch} | {_figure(r)} | "
-                     f"{_fmt(c.estimate_value)} {unit} | {c.error * 100:+.0f} % | {c.nodes} ({c.overhead_ms:.2g} ms) | "
-                     f"{side * 100:.0f} % | {_fmt(c.gemm_only_value)} {unit} | {c.gemm_only_error * 100:+.0f} % |")  # fmt: skip
-    return "\n".join(lines)
+        rows.append([r.module, r.power_mode, r.model, r.precision, r.batch, _figure(r), f"{_fmt(c.estimate_value)} {unit}",
+                     f"{c.error * 100:+.0f} %", f"{c.nodes} ({c.overhead_ms:.2g} ms)", f"{side * 100:.0f} %",
+                     f"{_fmt(c.gemm_only_value)} {unit}", f"{c.gemm_only_error * 100:+.0f} %"])  # fmt: skip
+    return markdown_table(header, rows, right_aligned=(4, 6, 7, 8, 9, 10, 11))
 
 
 def render_conditions(compared: Sequence[Compared]) -> str:

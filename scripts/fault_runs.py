@@ -29,25 +29,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import queue
 import signal
 import sqlite3
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tests.* helpers: the private Mosquitto, sample messages, tiny bundles
 
-from tests.runtime.agent.mosquitto import MosquittoBroker, free_port  # noqa: E402
+from scripts.shared_setup import ChildProcess, MosquittoBroker, free_port, host_conditions, markdown_table  # noqa: E402
 
 FLEET = "faults"
 #: The broker settings docs/fleet.md asks for (beyond persistence): queue for an absent collector without bound.
@@ -60,62 +57,6 @@ AGENT = str(Path(sys.executable).with_name("edgekit-agent"))
 # -- processes --------------------------------------------------------------------------------
 
 
-class Child:
-    """A subprocess whose stdout lines are read by a thread (JSON lines kept apart); stderr goes to a file."""
-
-    def __init__(self, argv: list[str], log: Path, env: dict[str, str] | None = None) -> None:
-        self.log, self.argv = log, argv
-        self._stderr = log.open("ab")
-        self.process = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
-                                        env={**os.environ, **(env or {})})  # fmt: skip
-        self.lines: list[str] = []
-        self.json: queue.Queue[dict[str, Any]] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, args=(self.process.stdout,), daemon=True)
-        self._reader.start()
-
-    def _read(self, stream: IO[str] | None) -> None:
-        assert stream is not None
-        for line in stream:
-            line = line.strip()
-            self.lines.append(line)
-            if line.startswith("{"):
-                try:
-                    self.json.put(json.loads(line))
-                except json.JSONDecodeError:
-                    pass
-
-    def next_json(self, event: str, timeout_s: float = 30.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                found = self.json.get(timeout=max(deadline - time.monotonic(), 0.01))
-            except queue.Empty:
-                break
-            if found.get("event") == event:
-                return found
-        raise RuntimeError(f"no {event!r} line from {' '.join(self.argv)} within {timeout_s:g} s; see {self.log}")
-
-    def stop(self, timeout_s: float = 60.0) -> int:
-        """SIGTERM, then wait (SIGKILL after ``timeout_s``)."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
-        self._reader.join(5)
-        self._stderr.close()
-        return int(self.process.returncode)
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
-        self._reader.join(5)
-        self._stderr.close()
-
-
 class Stack:
     """One run's broker, store and logs in a temporary directory."""
 
@@ -124,19 +65,19 @@ class Stack:
         self.broker = MosquittoBroker(workdir / "mosquitto", persistence=True, extra_config=broker_config).start()
         self.db = workdir / "fleet.db"
         self.store_url = f"sqlite:///{self.db}"
-        self.children: list[Child] = []
+        self.children: list[ChildProcess] = []
 
-    def collector(self, *extra: str, name: str = "collector") -> Child:
-        child = Child([PYTHON, "-m", "edgekit.cli.main", "fleet", "collect", "--broker", self.broker.url,
-                       "--store", self.store_url, "--fleet", FLEET, "--no-metrics", "--json", *extra],
-                      self.workdir / f"{name}.log")  # fmt: skip
+    def collector(self, *extra: str, name: str = "collector") -> ChildProcess:
+        child = ChildProcess([PYTHON, "-m", "edgekit.cli.main", "fleet", "collect", "--broker", self.broker.url,
+                              "--store", self.store_url, "--fleet", FLEET, "--no-metrics", "--json", *extra],
+                             self.workdir / f"{name}.log")  # fmt: skip
         self.children.append(child)
         return child
 
-    def link(self, device: str, count: int, interval_s: float) -> Child:
-        child = Child([PYTHON, str(Path(__file__).resolve()), "produce", "--device", device, "--spool",
-                       str(self.workdir / f"spool-{device}.db"), "--broker", self.broker.url, "--count", str(count),
-                       "--interval", str(interval_s)], self.workdir / f"link-{device}.log")  # fmt: skip
+    def link(self, device: str, count: int, interval_s: float) -> ChildProcess:
+        child = ChildProcess([PYTHON, str(Path(__file__).resolve()), "produce", "--device", device, "--spool",
+                              str(self.workdir / f"spool-{device}.db"), "--broker", self.broker.url, "--count", str(count),
+                              "--interval", str(interval_s)], self.workdir / f"link-{device}.log")  # fmt: skip
         self.children.append(child)
         return child
 
@@ -200,7 +141,7 @@ class Result:
     notes: list[str] = field(default_factory=list)
 
 
-def count(result: Result, store_url: str, produced: dict[str, set[int]], survivors: list[Child]) -> Result:
+def count(result: Result, store_url: str, produced: dict[str, set[int]], survivors: list[ChildProcess]) -> Result:
     from edgekit.fleet.store import open_store
 
     with open_store(store_url) as store:
@@ -220,11 +161,11 @@ def count(result: Result, store_url: str, produced: dict[str, set[int]], survivo
     return result
 
 
-def spooled(child: Child) -> set[int]:
+def spooled(child: ChildProcess) -> set[int]:
     return {int(line.split()[1]) for line in child.lines if line.startswith("spooled ")}
 
 
-def wait_drained(links: list[Child], timeout_s: float = 120.0) -> None:
+def wait_drained(links: list[ChildProcess], timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
     for link in links:
         try:
@@ -240,7 +181,7 @@ def wait_drained(links: list[Child], timeout_s: float = 120.0) -> None:
 DEVICES, WINDOWS, INTERVAL_S = 4, 400, 0.005
 
 
-def _links(s: Stack) -> list[Child]:
+def _links(s: Stack) -> list[ChildProcess]:
     return [s.link(f"dev-{i}", WINDOWS, INTERVAL_S) for i in range(DEVICES)]
 
 
@@ -356,12 +297,12 @@ class Agent:
         }), encoding="utf-8")  # fmt: skip
         subprocess.run([AGENT, "install", str(bundle), "--config", str(self.config)], check=True, capture_output=True,
                        cwd=REPO, timeout=120)  # fmt: skip
-        self.child: Child | None = None
+        self.child: ChildProcess | None = None
         self.runs = 0
 
     def start(self) -> Agent:
         self.runs += 1
-        self.child = Child([AGENT, "run", "--config", str(self.config)], self.stack.workdir / f"agent-{self.runs}.log")
+        self.child = ChildProcess([AGENT, "run", "--config", str(self.config)], self.stack.workdir / f"agent-{self.runs}.log")
         self.stack.children.append(self.child)
         self.wait_health(lambda health: True, "its API")
         return self
@@ -603,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
         written = [ran.get(name) or earlier[name] for name in RUNS if name in ran or name in earlier]
     document = {
         "description": "edgekit fleet delivery under faults: produced vs stored windows (scripts/fault_runs.py)",
-        "host": {"machine": platform.machine(), "python": platform.python_version(), "cpus": os.cpu_count()},
+        "host": host_conditions(),
         "broker": "private Mosquitto 2 per run: persistence true, max_queued_messages 0 (unless the run says "
                   "otherwise), other settings Mosquitto's defaults",
         "collector": "edgekit fleet collect with its CLI defaults, SQLite store",
@@ -616,11 +557,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _table(results: list[Result]) -> str:
-    lines = ["| run | fault | publisher | produced | stored | lost | duplicated | redelivered | s |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-    lines += [f"| {r.name} | {r.fault} | {r.publisher} | {r.produced} | {r.stored} | {r.lost} | {r.duplicated} | "
-              f"{r.redelivered} | {r.seconds} |" for r in results]  # fmt: skip
-    return "\n".join(lines)
+    header = ["run", "fault", "publisher", "produced", "stored", "lost", "duplicated", "redelivered", "s"]
+    rows = [[r.name, r.fault, r.publisher, r.produced, r.stored, r.lost, r.duplicated, r.redelivered, r.seconds] for r in results]
+    return markdown_table(header, rows, right_aligned=range(3, 9))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,8 @@ PUBLISHERS, WINDOWS_EACH, INTERVAL_S, RESEND_AFTER_S = 3, 100, 0.005, 2.0
 
 def _stack(workdir: Path, broker_config: tuple[str, ...], persistence: bool) -> Any:
     """A fault_runs ``Stack`` whose broker may run without persistence (Mosquitto's default)."""
-    from scripts.fault_runs import PYTHON, Child, Stack
+    from scripts.fault_runs import PYTHON, Stack
+    from scripts.shared_setup import ChildProcess
     from tests.runtime.agent.mosquitto import MosquittoBroker
 
     class BrokerStack(Stack):
@@ -42,11 +43,11 @@ def _stack(workdir: Path, broker_config: tuple[str, ...], persistence: bool) -> 
             self.store_url = f"sqlite:///{self.db}"
             self.children = []
 
-        def publisher(self, device: str, delivery: str) -> Child:
-            child = Child([PYTHON, str(Path(__file__).resolve()), "produce", "--device", device, "--spool",
-                           str(workdir / f"spool-{device}.db"), "--broker", self.broker.url, "--count",
-                           str(WINDOWS_EACH), "--interval", str(INTERVAL_S), "--delivery", delivery],
-                          workdir / f"link-{device}.log")  # fmt: skip
+        def publisher(self, device: str, delivery: str) -> ChildProcess:
+            child = ChildProcess([PYTHON, str(Path(__file__).resolve()), "produce", "--device", device, "--spool",
+                                  str(workdir / f"spool-{device}.db"), "--broker", self.broker.url, "--count",
+                                  str(WINDOWS_EACH), "--interval", str(INTERVAL_S), "--delivery", delivery],
+                                 workdir / f"link-{device}.log")  # fmt: skip
             self.children.append(child)
             return child
 

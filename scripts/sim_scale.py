@@ -45,7 +45,7 @@ from edgekit.fleet.sim.shards import ShardedFleetSimulator, auto_processes  # no
 from edgekit.fleet.simulate import SimulationConfig  # noqa: E402
 from edgekit_runtime.agent.topics import DeviceTopics  # noqa: E402
 from edgekit.fleet.store import open_store  # noqa: E402
-from tests.runtime.agent.mosquitto import MosquittoBroker  # noqa: E402
+from scripts.shared_setup import MosquittoBroker, load_average  # noqa: E402
 
 BROKER_CONFIG = ["max_connections -1", "max_queued_messages 0", "connection_messages false", "log_type error",
                  "log_type warning"]  # fmt: skip
@@ -64,10 +64,6 @@ def max_rss_mb(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024.0
     return 0.0
-
-
-def load_average() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def count_windows(store_url: str, fleet: str, since: dt.datetime) -> int:
