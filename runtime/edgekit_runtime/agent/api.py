@@ -47,6 +47,9 @@ from what a header claims):
 * a kept-alive connection with no request for ``idle_timeout_s`` is closed;
 * the request line and headers must arrive within ``header_timeout_s`` of their first byte and fit in
   ``max_header_bytes`` (else 408 / 431);
+* the bodies of all requests in progress together may hold at most ``max_inflight_body_bytes``
+  (:mod:`edgekit_runtime.agent.body_budget`): a body that does not fit beside them is refused (503
+  ``busy_bodies`` with ``Retry-After``) from its ``Content-Length``, one larger than the whole budget 413;
 * a body over ``max_request_bytes``, or larger than the served model's inputs can need (every dim at its
   bound, 32 bytes a value, plus 64 KiB), is refused (413) from its ``Content-Length`` before a byte of
   it is read; a JSON body holding more commas or ``[`` than the model has input values is refused (400)
@@ -74,6 +77,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from edgekit_runtime.agent.body_budget import DEFAULT_INFLIGHT_BODY_BYTES, RETRY_AFTER_S, BodyBudget
 from edgekit_runtime.agent.config import ApiAddress, ApiConfig, parse_api_address
 from edgekit_runtime.agent.errors import AgentApiError, NoModelError
 from edgekit_runtime.agent.http_connections import DEFAULT_MAX_CONNECTIONS, ConnectionTracking
@@ -135,6 +139,8 @@ class _ApiError(Exception):
     def __init__(self, status: HTTPStatus, kind: str, message: str, hint: str | None = None, **extra: Any) -> None:
         super().__init__(message)
         self.status, self.kind, self.message, self.hint, self.extra = status, kind, message, hint, extra
+        #: headers the answer carries (``Retry-After`` for a body refused for the in-flight budget)
+        self.headers: dict[str, str] = {}
 
     @classmethod
     def from_refusal(cls, refusal: Refusal) -> _ApiError:
@@ -146,6 +152,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     api: AgentApi  # set on the per-server subclass, with ``timeout`` (the idle timeout)
     _requests_started = 0  # per connection (set on the instance)
+    _reserved_body_bytes = 0  # this request's share of the API's body budget (set on the instance)
     #: buffered, so that a reply's status line, headers and body leave in one write (http.server flushes
     #: after each request); a body larger than this goes out in a write of its own
     wbufsize = 64 * 1024
@@ -159,6 +166,7 @@ class _Handler(BaseHTTPRequestHandler):
         logger.debug("%s %s", self.address_string(), format % args)
 
     def _send(self, status: HTTPStatus, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
+        self._release_body()  # before the reply leaves, so that the client's next body finds its bytes free
         self.server.set_deadline(self.connection, self.api.body_timeout_s, "reply")  # type: ignore[attr-defined]
         self.send_response(status)
         self.send_header("Content-Type", content_type)
@@ -179,7 +187,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send_error(self, err: _ApiError) -> None:
         payload = {"error": err.kind, "message": err.message, "hint": err.hint, **err.extra}
-        self._send_json(err.status, payload)
+        self._send_json(err.status, payload, err.headers or None)
 
     def _refuse(self, err: _ApiError) -> None:
         """Answer a request refused before any endpoint saw it, then close the connection (its framing cannot
@@ -238,6 +246,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         finally:
             server.clear_deadline(self.connection)  # type: ignore[attr-defined]
+            self._release_body()
+
+    def _release_body(self) -> None:
+        """Give the request body's bytes back to the API's budget (its request is answered, or failed)."""
+        if self._reserved_body_bytes:
+            self.api.body_budget.release(self._reserved_body_bytes)
+            self._reserved_body_bytes = 0
 
     def _read_request_head(self) -> bool:
         """Read the request line and headers (at most ``max_header_bytes``) and parse them; False when
@@ -336,7 +351,9 @@ class _Handler(BaseHTTPRequestHandler):
     def read_body(self, server: InferenceServer | None = None, model: str | None = None) -> bytearray:
         """The request body, read as it arrives: refused (413) from Content-Length when over the limit or
         larger than ``server``'s model can need (see :func:`~edgekit_runtime.agent.http_guard.json_body_limit`),
-        held in a buffer that starts small and doubles with the bytes received, due within ``body_timeout_s``."""
+        refused (503, or 413) when it does not fit in the API's budget for bodies in flight
+        (:mod:`~edgekit_runtime.agent.body_budget`; reserved until the request is answered), held in a
+        buffer that starts small and doubles with the bytes received, due within ``body_timeout_s``."""
         length_text = self.headers.get("Content-Length")
         if length_text is None or not length_text.isdigit() or not length_text.isascii():
             raise _ApiError(HTTPStatus.LENGTH_REQUIRED, "length_required", "send a Content-Length header with the body's size in bytes")
@@ -353,6 +370,14 @@ class _Handler(BaseHTTPRequestHandler):
             refusal = body_limit_refusal(length, signature, model or str(server.model_name), setting="api.max_request_mb")  # type: ignore[union-attr]
             if refusal is not None:
                 raise _ApiError.from_refusal(refusal)
+        refusal = self.api.body_budget.reserve(length)
+        if refusal is not None:
+            logger.info("API: refused a body of %d bytes from %s: %s", length, self.address_string(), refusal.message)
+            err = _ApiError.from_refusal(refusal)
+            if refusal.status == HTTPStatus.SERVICE_UNAVAILABLE:  # it fits once others are answered
+                err.headers["Retry-After"] = str(RETRY_AFTER_S)
+            raise err
+        self._reserved_body_bytes = length
         self.server.set_deadline(self.connection, self.api.body_timeout_s, "body")  # type: ignore[attr-defined]
         body = bytearray(min(length, _FIRST_BODY_BUFFER_BYTES))
         received = 0
@@ -555,6 +580,7 @@ class AgentApi:
         header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
         body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
         allowed_hosts: tuple[str, ...] = (),
+        max_inflight_body_bytes: int = DEFAULT_INFLIGHT_BODY_BYTES,
     ) -> None:
         if isinstance(models, (InferenceServer, list, tuple)):
             from edgekit_runtime.agent.repository import StaticModels
@@ -572,6 +598,8 @@ class AgentApi:
         self.max_connections = max_connections
         self.header_timeout_s = header_timeout_s
         self.body_timeout_s = body_timeout_s
+        #: the request bodies all connections hold at once (``api.max_inflight_body_mb``)
+        self.body_budget = BodyBudget(max_inflight_body_bytes)
         #: Host and Origin checks against pages in a browser (none over a Unix socket, which no page can reach)
         self.host_policy = None if self.address.is_unix else HostPolicy(allowed_hosts, bound_host=self.address.host,
                                                                         setting="api.allowed_hosts")  # fmt: skip
@@ -599,7 +627,8 @@ class AgentApi:
         return cls(server, config.address, health_provider=health_provider, max_request_bytes=config.max_request_bytes,
                    idle_timeout_s=config.idle_timeout_s, max_header_bytes=config.max_header_bytes,
                    max_connections=config.max_connections, header_timeout_s=config.header_timeout_s,
-                   body_timeout_s=config.body_timeout_s, allowed_hosts=config.allowed_hosts)  # fmt: skip
+                   body_timeout_s=config.body_timeout_s, allowed_hosts=config.allowed_hosts,
+                   max_inflight_body_bytes=config.max_inflight_body_bytes)  # fmt: skip
 
     def browser_refusal(self, headers: Any) -> Refusal | None:
         """Why a request must be refused as coming from a web page (an unknown ``Host``: DNS rebinding; a

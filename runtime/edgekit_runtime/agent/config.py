@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgekit_runtime.agent.body_budget import DEFAULT_INFLIGHT_BODY_BYTES, default_inflight_body_bytes
 from edgekit_runtime.agent.errors import AgentConfigError
 from edgekit_runtime.yaml_limited import parse_yaml_limited, read_limited_bytes
 
@@ -151,6 +152,8 @@ class ApiConfig:
     grpc: GrpcConfig | None = None  # off unless api.grpc is set
     #: host names (besides loopback ones) the API answers to in ``Host`` and ``Origin`` (``agent/http_guard.py``)
     allowed_hosts: tuple[str, ...] = ()
+    #: request bodies all connections may hold at once (``agent/body_budget.py``; a quarter of the memory budget)
+    max_inflight_body_bytes: int = DEFAULT_INFLIGHT_BODY_BYTES
 
 
 @dataclass(frozen=True)
@@ -384,6 +387,7 @@ def parse_config(data: object, *, file: Path) -> AgentConfig:
                "commands", "models"),
     )
     bundles = _parse_bundles(top.section("bundles", ("dir", "public_key", "allow_unsigned", "max_download_mb", "download_timeout_s", "inbox", "allowed_sources")))
+    models = _parse_models(top.section("models", ("dir", "names", "default", "memory_budget_mb")), bundles) if top.has("models") else None
     return AgentConfig(
         device_id=top.identifier("device_id", example="jetson-07"),
         fleet=top.identifier("fleet", example="warehouse-a"),
@@ -391,7 +395,8 @@ def parse_config(data: object, *, file: Path) -> AgentConfig:
         bundles=bundles,
         api=_parse_api(top.section("api", ("address", "max_request_mb", "max_header_kb", "max_connections",
                                            "idle_timeout_s", "header_timeout_s", "body_timeout_s", "grpc",
-                                           "allowed_hosts"))),
+                                           "allowed_hosts", "max_inflight_body_mb")),
+                       memory_budget_mb=None if models is None else models.memory_budget_mb),
         telemetry=_parse_telemetry(top.section("telemetry", ("interval_s", "spool", "delivery", "resend_after_s"))),
         power=_parse_power(top.section("power", ("sensor", "root", "sample_interval_s"))),
         health=_parse_health(top.section("health", ("window_s", "max_error_rate", "min_requests"))),
@@ -403,9 +408,7 @@ def parse_config(data: object, *, file: Path) -> AgentConfig:
                                                           "require_issued_at", "max_remembered", "require_signed")),
                                  bundles),
         source=file,
-        models=_parse_models(top.section("models", ("dir", "names", "default", "memory_budget_mb")), bundles)
-        if top.has("models")
-        else None,
+        models=models,
     )
 
 
@@ -536,10 +539,11 @@ def _parse_allowed_sources(section: _Section) -> tuple[str, ...]:
     return tuple(entries)
 
 
-def _parse_api(section: _Section) -> ApiConfig:
+def _parse_api(section: _Section, *, memory_budget_mb: float | None) -> ApiConfig:
     address = parse_api_address(section.string("address", DEFAULT_API_ADDRESS), where=f"{section.file}: api.address")
     max_mb = section.number("max_request_mb", 64, minimum=0, exclusive_minimum=True, example="64")
     max_header_kb = section.number("max_header_kb", 16, minimum=1, example="16")
+    inflight_mb = section.number("max_inflight_body_mb", None, minimum=0, exclusive_minimum=True, example="128")
     return ApiConfig(
         address=address,
         max_request_bytes=int(max_mb * 1024 * 1024),
@@ -550,6 +554,7 @@ def _parse_api(section: _Section) -> ApiConfig:
         body_timeout_s=section.number("body_timeout_s", 60.0, minimum=0, exclusive_minimum=True, example="60"),
         grpc=_parse_grpc(section.section("grpc", ("listen",))) if section.has("grpc") else None,
         allowed_hosts=_parse_allowed_hosts(section),
+        max_inflight_body_bytes=default_inflight_body_bytes(memory_budget_mb) if inflight_mb is None else int(inflight_mb * 1024 * 1024),
     )
 
 

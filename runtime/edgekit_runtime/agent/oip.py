@@ -62,9 +62,9 @@ _ACCEPTED_KINDS = {"f": "iuf", "i": "iu", "u": "iu", "b": "b"}
 class OipError(Exception):
     """An answer ``{"error": message}`` with ``status``."""
 
-    def __init__(self, status: HTTPStatus, message: str) -> None:
+    def __init__(self, status: HTTPStatus, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.headers = status, message, headers or {}
 
 
 def datatype_of(dtype: str | np.dtype) -> str:
@@ -95,14 +95,14 @@ def handle(handler: _Handler, method: str) -> None:
         route(handler, *args)
     except _ApiError as err:  # the API's own limits (body size, Content-Length, truncation)
         handler._drain_body()
-        _send_error(handler, OipError(err.status, f"{err.message}" + (f"; {err.hint}" if err.hint else "")))
+        _send_error(handler, OipError(err.status, f"{err.message}" + (f"; {err.hint}" if err.hint else ""), err.headers))
     except OipError as err:
         handler._drain_body()
         _send_error(handler, err)
 
 
 def _send_error(handler: _Handler, err: OipError) -> None:
-    handler._send_json(err.status, {"error": err.message})
+    handler._send_json(err.status, {"error": err.message}, err.headers or None)
 
 
 def _route(path: str) -> tuple[Callable[..., None], tuple[str, ...]]:
