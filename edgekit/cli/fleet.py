@@ -21,7 +21,7 @@ from rich.table import Table
 from edgekit.cli import fleet_collect
 from edgekit.cli.fleet_options import store_option
 from edgekit.cli.options import console, print_csv, print_json, results, table_output_parent
-from edgekit.fleet.liveness import STATES, state_counts, worst_first
+from edgekit.fleet.liveness import STATES
 
 #: Modules that each add fleet subcommands with ``register(fleet_subparsers)``, in ``--help`` order.
 FLEET_SUBCOMMAND_MODULES = (
@@ -108,7 +108,7 @@ STATE_STYLES = {"online": "[green]online[/]", "stale": "[yellow]stale[/]", "offl
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from edgekit.fleet.report import check_filter_values, summary_to_json
+    from edgekit.fleet.report import check_filter_values
     from edgekit.fleet.store import open_store
 
     if args.by_model:
@@ -117,31 +117,26 @@ def run_status(args: argparse.Namespace) -> int:
         from edgekit.fleet.errors import FleetError
 
         raise FleetError(f"--limit must be a whole number >= 0, got {args.limit}", hint="0 shows every device")
-    with open_store(args.store, must_exist=True) as store:
-        summaries = store.device_summaries(args.fleet)
-        if not summaries:
+    if args.json or args.csv:
+        return _print_every_device(args)
+    from edgekit.fleet.store.device_reads import STATUS_RANKS
+
+    now = dt.datetime.now(dt.timezone.utc)
+    with open_store(args.store, must_exist=True) as store:  # counted, sorted and cut in the store: the table is a page
+        counts = store.device_counts(args.fleet, now=now)
+        if not counts.devices:
             check_filter_values(store, {"--fleet": ("fleet", args.fleet)})
-    counts = state_counts([s.state for s in summaries])
-    if args.state is not None:
-        summaries = [s for s in summaries if s.state == args.state]
-    if args.json:
-        print_json({"devices": [summary_to_json(s) for s in summaries]})
-        return 0
-    if args.csv:
-        rows = [summary_to_json(s) for s in summaries]
-        print_csv(STATUS_CSV_COLUMNS, ([row[column] for column in STATUS_CSV_COLUMNS] for row in rows))
-        return 0
-    if not summaries:
+            console.print(f"no devices in {escape(args.store)}" + (f" for fleet {escape(args.fleet)}" if args.fleet else ""))
+            return 0
+        found = store.device_page(args.fleet, states=[args.state] if args.state else (), worst_ranks=STATUS_RANKS,
+                                  limit=args.limit or None, now=now)  # fmt: skip
+        fleets = [args.fleet] if args.fleet else store.device_fleets(states=[args.state] if args.state else ())
+    summaries, total = found.devices, found.total
+    if not total:
         console.print(f"no devices in {escape(args.store)}" + (f" for fleet {escape(args.fleet)}" if args.fleet else ""))
         return 0
-    now = dt.datetime.now(dt.timezone.utc)
-    fleets = sorted({s.fleet for s in summaries})
-    total = len(summaries)
-    summaries = sorted(summaries, key=lambda s: worst_first(s.state, s.p99_ms))
-    if args.limit:
-        summaries = summaries[: args.limit]
     shown = f"; the {len(summaries)} worst shown (--limit 0 for all)" if len(summaries) < total else ""
-    tally = ", ".join(f"{count} {state}" for state, count in counts.items() if count or state in ("online", "stale", "offline"))
+    tally = ", ".join(f"{count} {state}" for state, count in counts.states.items() if count or state in ("online", "stale", "offline"))
     title = (f"fleet {fleets[0] if len(fleets) == 1 else 'status'}: {total} devices"
              f"{' ' + args.state if args.state else ''} ({tally}){shown}")  # fmt: skip
     columns = ("device", "state", "bundle", "target", "p50 ms", "p99 ms", "power mW", "mJ/inf", "temp °C", "last seen",
@@ -160,6 +155,25 @@ def run_status(args: argparse.Namespace) -> int:
     for row in rows:
         table.add_row(escape(row[0]), STATE_STYLES.get(row[1], f"[dim]{escape(row[1])}[/]"), *map(escape, row[2:]))
     results(args).print(table)
+    return 0
+
+
+def _print_every_device(args: argparse.Namespace) -> int:
+    """``fleet status --json|--csv``: every device (of ``--state``), as the store lists them."""
+    from edgekit.fleet.report import check_filter_values, summary_to_json
+    from edgekit.fleet.store import open_store
+
+    with open_store(args.store, must_exist=True) as store:
+        summaries = store.device_summaries(args.fleet)
+        if not summaries:
+            check_filter_values(store, {"--fleet": ("fleet", args.fleet)})
+    if args.state is not None:
+        summaries = [s for s in summaries if s.state == args.state]
+    rows = [summary_to_json(s) for s in summaries]
+    if args.json:
+        print_json({"devices": rows})
+    else:
+        print_csv(STATUS_CSV_COLUMNS, ([row[column] for column in STATUS_CSV_COLUMNS] for row in rows))
     return 0
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from edgekit.fleet.liveness import STATES
 from edgekit.fleet.rollout_state import RolloutLog
 from edgekit.fleet.store.base import Aggregate, DeviceEvent, DeviceSummary, FleetStore, ModelAggregate
+from edgekit.fleet.store.device_reads import DeviceCounts
 from edgekit.fleet.store.postgres import redact
 
 DEFAULT_POINTS = 300
@@ -77,22 +78,27 @@ def events_json(events: Sequence[DeviceEvent]) -> list[dict[str, Any]]:
 
 def overview(store: FleetStore, rollouts: RolloutLog | None, *, fleet: str | None = None, events: int = 30,
              summaries: Sequence[DeviceSummary] | None = None, fleets: Sequence[str] | None = None,
-             breaching: int | None = None) -> dict[str, Any]:  # fmt: skip
+             breaching: int | None = None, counts: DeviceCounts | None = None) -> dict[str, Any]:  # fmt: skip
     """What the page shows besides the device table (``/api/devices`` pages that): devices per state, bundle
     versions, rejected messages, rollouts, recent events, and the fleets the selector offers. A few KB however
-    large the fleet. ``summaries`` and ``fleets`` may be passed when the caller has them already;
-    ``breaching`` (devices with an active alert) is left out when None."""
-    summaries = store.device_summaries(fleet) if summaries is None else summaries
-    counts: dict[str, Any] = {"devices": len(summaries), "states": state_counts(summaries)}
+    large the fleet. The devices are counted in the store (``counts``, when the caller has them already), or from
+    ``summaries`` when given; ``fleets`` may be passed too; ``breaching`` (devices with an active alert) is left out
+    when None."""
+    if summaries is not None:
+        devices, states, bundles = len(summaries), state_counts(summaries), bundle_rows(summaries)
+    else:
+        counts = store.device_counts(fleet) if counts is None else counts  # type: ignore[attr-defined]
+        devices, states, bundles = counts.devices, counts.states, counts.bundles
+    figures: dict[str, Any] = {"devices": devices, "states": states}
     if breaching is not None:
-        counts["breaching"] = breaching
+        figures["breaching"] = breaching
     return {
         "generated_at": _iso(dt.datetime.now(dt.timezone.utc)),
         "store": redact(store.url),  # the page shows it: never a password
         "fleet": fleet,
         "fleets": list(store.known_values("fleet") if fleets is None else fleets),
-        "counts": counts,
-        "bundles": bundle_rows(summaries),
+        "counts": figures,
+        "bundles": bundles,
         "rejected": store.rejected_counts(),
         "rollouts": [r.to_json() for r in rollouts.recent(10, fleet)] if rollouts is not None else [],
         "events": events_json(store.events(fleet=fleet, limit=events)),

@@ -16,8 +16,10 @@
 
 Every endpoint takes an optional ``fleet``; a ``fleet`` (or ``device``) no device ever reported is a 404 with a
 JSON error listing those the store knows; a bad parameter is a 400 whose JSON error names it (``parameter``).
-Results are cached for ``cache_s`` seconds; the device summaries that the overview and every page of the device
-table read for 5 s (at least ``cache_s``); the fleets, power modes and model names (rarely changing) for 30 s.
+Results are cached for ``cache_s`` seconds. The store counts the devices per state and bundle, and filters, sorts
+and cuts each page of the device table, in SQL (:mod:`edgekit.fleet.store.device_reads`): no request reads the whole
+fleet's summaries. The counts are kept for 5 s (at least ``cache_s``); the fleets, power modes, model names and the
+median telemetry interval (rarely changing) for 30 s.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class DashboardError(FleetError):
 
 #: How long the fleets, power modes and model names are kept (when responses are cached at all).
 SLOW_CHANGING_TTL_S = 30.0
-#: How long device summaries are kept at least (when responses are cached at all): shorter than the page's 10 s
+#: How long the device counts are kept at least (when responses are cached at all): shorter than the page's 10 s
 #: refresh, so each refresh shows the states judged anew.
 SUMMARIES_TTL_S = 5.0
 
@@ -97,10 +99,10 @@ class DashboardApp:
         self._known: dict[tuple[str, str | None], set[str]] = {}  # (key, fleet) -> values the store has reported
         self._ranges = api.SeriesRanges(ttl_s=60.0 if cache_s > 0 else 0.0)  # tests with cache_s=0 see every change
         slow_ttl = SLOW_CHANGING_TTL_S if cache_s > 0 else 0.0
-        # the overview and every page, sort and filter of the table read the same summaries: kept a little longer
-        # than answers, so a click on the table between two refreshes costs a sort, not a store read
+        # the fleet-level counts of the overview: kept a little longer than answers, between two refreshes
         summaries_ttl = max(cache_s, SUMMARIES_TTL_S) if cache_s > 0 else 0.0
-        self._summaries = _Kept(lambda fleet: self.store.device_summaries(fleet), summaries_ttl)
+        self._counts = _Kept(lambda fleet: self.store.device_counts(fleet), summaries_ttl)
+        self._median_interval_s = _Kept(lambda fleet: self.store.median_interval_s(fleet), slow_ttl)
         self._breaching = _Kept(self._devices_breaching, summaries_ttl)  # reads up to 100,000 alert events
         self._fleets = _Kept(lambda _: self.store.known_values("fleet"), slow_ttl)
         self._power_modes = _Kept(lambda fleet: {(i.fleet, i.device): i.power_mode for i in self.store.device_identities(fleet)},
@@ -182,7 +184,7 @@ class DashboardApp:
         payload: Any
         if endpoint == "overview":
             breaching = self._breaching(fleet)
-            payload = api.overview(store, self._rollouts, fleet=fleet, summaries=self._summaries(fleet), fleets=self._fleets(None),
+            payload = api.overview(store, self._rollouts, fleet=fleet, counts=self._counts(fleet), fleets=self._fleets(None),
                                    breaching=None if breaching is None else len(breaching))  # fmt: skip
         elif endpoint == "devices":
             try:
@@ -190,7 +192,7 @@ class DashboardApp:
             except DeviceQueryError as err:
                 return _parameter_error(err.parameter, err.message + (f"; {err.hint}" if err.hint else ""))
             table = DeviceTable(store, power_modes=self._power_modes, model_names=self._model_names, breaching=self._breaching)
-            payload = table.page(table_query, self._summaries(fleet))
+            payload = table.page(table_query)
         elif endpoint == "series":
             device = query.get("device")
             if not device or not fleet:
@@ -201,10 +203,10 @@ class DashboardApp:
             if by not in api.FLEET_GROUPS:
                 return _parameter_error("by", f"by must be one of {', '.join(api.FLEET_GROUPS)}, got {by!r}")
             payload = api.fleet_series(store, fleet=fleet, by=by, hours=hours, points=points, ranges=self._ranges,
-                                       window_s=lambda: api.median_interval_s(self._summaries(fleet)))  # fmt: skip
+                                       window_s=lambda: self._median_interval_s(fleet))  # fmt: skip
         elif endpoint == "bundle-series":
             payload = api.bundle_series(store, fleet=fleet, hours=hours, points=points, ranges=self._ranges,
-                                        window_s=lambda: api.median_interval_s(self._summaries(fleet)))  # fmt: skip
+                                        window_s=lambda: self._median_interval_s(fleet))  # fmt: skip
         elif endpoint == "rollouts":
             payload = [r.to_json() for r in self._rollouts.recent(50, fleet)] if self._rollouts else []
         elif endpoint == "rejected":

@@ -156,34 +156,50 @@ class DeviceTable:
     def page(self, query: DeviceQuery, summaries: Sequence[DeviceSummary] | None = None, *,
              now: dt.datetime | None = None) -> dict[str, Any]:  # fmt: skip
         """The rows of ``query``'s page, the number of devices matching it (``total``) and in the fleet, and which
-        optional columns (power mode, models) any device of the fleet has."""
+        optional columns (power mode, models) any device of the fleet has. The store filters, sorts and cuts the
+        page (:meth:`~edgekit.fleet.store.device_reads.DeviceReadsMixin.device_page`); given the fleet's
+        ``summaries``, this does it in Python instead (the same rows)."""
         now = now or dt.datetime.now(dt.timezone.utc)
-        summaries = list(self.store.device_summaries(query.fleet) if summaries is None else summaries)
         modes = self.power_modes(query.fleet)
         models = self.model_names(query.fleet)
-        matching = [s for s in summaries if not query.states or s.state in query.states]
-        if query.q:
-            matching = self._search(matching, query, modes, models, now)
         breaching = self.breaching(query.fleet) or frozenset()
-        ordered = _sorted(matching, query, modes, breaching)
-        page = ordered[query.offset:query.offset + query.limit]
+        if summaries is None:
+            found = self.store.device_page(  # type: ignore[attr-defined]
+                query.fleet, states=query.states, q=query.q, q_devices=self._serving(query, models, now) if query.q else (),
+                sort=query.sort, descending=query.order == "desc", breaching=breaching, offset=query.offset,
+                limit=query.limit, now=now)  # fmt: skip
+            page, page_modes, total, fleet_devices = found.devices, found.power_modes, found.total, found.fleet_devices
+        else:
+            matching = [s for s in summaries if not query.states or s.state in query.states]
+            if query.q:
+                matching = self._search(matching, query, modes, models, now)
+            ordered = _sorted(matching, query, modes, breaching)
+            page, page_modes = ordered[query.offset:query.offset + query.limit], modes
+            total, fleet_devices = len(ordered), len(summaries)
         served = self._models(page, now) if models else {}
         return {
             "fleet": query.fleet, "q": query.q, "state": list(query.states), "sort": query.sort, "order": query.order,
-            "offset": query.offset, "limit": query.limit, "total": len(ordered), "fleet_devices": len(summaries),
+            "offset": query.offset, "limit": query.limit, "total": total, "fleet_devices": fleet_devices,
             "columns": {"power_mode": any(m for m in modes.values()), "models": bool(models)},
-            "devices": [device_row(s, modes.get((s.fleet, s.device)), served.get((s.fleet, s.device), ()))
+            "devices": [device_row(s, page_modes.get((s.fleet, s.device)), served.get((s.fleet, s.device), ()))
                         | {"breaching": (s.fleet, s.device) in breaching} for s in page],
         }  # fmt: skip
+
+    def _serving(self, query: DeviceQuery, models: Sequence[str], now: dt.datetime) -> set[tuple[str, str]]:
+        """The devices that served, in the last :data:`MODELS_SEEN_S`, a model whose name holds ``query.q``."""
+        needle = query.q.lower()
+        serving: set[tuple[str, str]] = set()
+        since = now - dt.timedelta(seconds=MODELS_SEEN_S)
+        for model in (m for m in models if needle in m.lower()):  # only models whose name matches cost a query
+            serving.update((row.fleet, row.device) for row in
+                           self.store.model_aggregate(("fleet", "device"), fleet=query.fleet, model=model, since=since)  # fmt: skip
+                           if row.fleet is not None and row.device is not None)
+        return serving
 
     def _search(self, summaries: list[DeviceSummary], query: DeviceQuery, modes: Mapping[tuple[str, str], str | None],
                 models: Sequence[str], now: dt.datetime) -> list[DeviceSummary]:  # fmt: skip
         needle = query.q.lower()
-        serving: set[tuple[str | None, str | None]] = set()
-        since = now - dt.timedelta(seconds=MODELS_SEEN_S)
-        for model in (m for m in models if needle in m.lower()):  # only models whose name matches cost a query
-            serving.update((row.fleet, row.device) for row in
-                           self.store.model_aggregate(("fleet", "device"), fleet=query.fleet, model=model, since=since))  # fmt: skip
+        serving = self._serving(query, models, now)
 
         def matches(s: DeviceSummary) -> bool:
             texts = (s.device, s.fleet, s.state, s.bundle_id, s.target, modes.get((s.fleet, s.device)))

@@ -34,6 +34,7 @@ class PostgresStore(SqlFleetStore):
     dialect = "postgres"
     lock_rows_sql = " FOR UPDATE"
     multi_row_values = False  # psycopg pipelines executemany; parsing a 10,000-parameter statement costs more
+    text_order_sql = ' COLLATE "C"'  # device tables sort names by code point, as Python does, whatever the locale
 
     def _execute_each_row(self, cursor: Any, head: str, rows: Sequence[Sequence[Any]], tail: str, *,
                           returning: bool) -> list[tuple[Any, ...]]:  # fmt: skip

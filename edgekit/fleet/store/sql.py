@@ -32,6 +32,7 @@ from edgekit.fleet.store.base import (
     RejectedMessage,
     TelemetryWindow,
 )
+from edgekit.fleet.store.device_reads import DeviceReadsMixin
 from edgekit.fleet.store.migrate import pending, split_statements
 from edgekit.fleet.store.retention import (  # re-exported (__all__): the stores and older callers import them here
     DEFAULT_GAPS_OPEN_FOR,
@@ -57,7 +58,7 @@ _EVENT_COLUMNS = ("event_id", "fleet", "device", "kind", "level", "message", "at
 _NAMED_RE = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
 
 
-class SqlFleetStore(RetentionMixin, FleetStore):
+class SqlFleetStore(DeviceReadsMixin, RetentionMixin, FleetStore):
     """Everything but the connection. ``dialect`` names the migrations folder."""
 
     dialect: str
