@@ -484,21 +484,27 @@ RUNS.update(SPOOL_RUNS)
 CONTRASTS = ("collector_kill_stock_queue", "collector_kill_clean_session", *BROKER_CONTRASTS)
 
 
-def produce(device: str, spool_path: str, broker_url: str, count_: int, interval_s: float) -> int:
-    """The ``produce`` subcommand: the agent's MqttLink and Spool publishing ``count_`` windows, then draining."""
-    from edgekit_runtime.agent.backoff import Backoff
-    from edgekit_runtime.agent.mqtt import MqttLink
-    from edgekit_runtime.agent.spool import Spool
+def publish_windows(link: Any, spool: Any, device: str, count_: int, interval_s: float) -> None:
+    """Spool and publish ``count_`` sample telemetry windows through ``link``, printing each seq as it is taken."""
     from tests.runtime.agent.sample_messages import sample_telemetry
 
-    spool = Spool(spool_path)
-    link = MqttLink(broker_url, device, FLEET, device, spool=spool, backoff=Backoff(0.1, 0.5), keepalive_s=5)
-    link.start()
     for _ in range(count_):
         seq = spool.next_seq()
         link.publish_telemetry(sample_telemetry(seq, device=device, fleet=FLEET, spool=spool))
         print(f"spooled {seq}", flush=True)
         time.sleep(interval_s)
+
+
+def produce(device: str, spool_path: str, broker_url: str, count_: int, interval_s: float) -> int:
+    """The ``produce`` subcommand: the agent's MqttLink and Spool publishing ``count_`` windows, then draining."""
+    from edgekit_runtime.agent.backoff import Backoff
+    from edgekit_runtime.agent.mqtt import MqttLink
+    from edgekit_runtime.agent.spool import Spool
+
+    spool = Spool(spool_path)
+    link = MqttLink(broker_url, device, FLEET, device, spool=spool, backoff=Backoff(0.1, 0.5), keepalive_s=5)
+    link.start()
+    publish_windows(link, spool, device, count_, interval_s)
     if not link.flush(90):
         print(f"not drained: backlog {spool.backlog()}", flush=True)
         return 1

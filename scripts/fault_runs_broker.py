@@ -165,18 +165,13 @@ def produce(device: str, spool_path: str, broker_url: str, count_: int, interval
     from edgekit_runtime.agent.backoff import Backoff
     from edgekit_runtime.agent.mqtt import MqttLink
     from edgekit_runtime.agent.spool import Spool
-    from scripts.fault_runs import FLEET
-    from tests.runtime.agent.sample_messages import sample_telemetry
+    from scripts.fault_runs import FLEET, publish_windows
 
     spool = Spool(spool_path)
     link = MqttLink(broker_url, device, FLEET, device, spool=spool, backoff=Backoff(0.1, 0.5), keepalive_s=5,
                     delivery=delivery, resend_after_s=RESEND_AFTER_S)  # type: ignore[arg-type]  # fmt: skip
     link.start()
-    for _ in range(count_):
-        seq = spool.next_seq()
-        link.publish_telemetry(sample_telemetry(seq, device=device, fleet=FLEET, spool=spool))
-        print(f"spooled {seq}", flush=True)
-        time.sleep(interval_s)
+    publish_windows(link, spool, device, count_, interval_s)
     deadline = time.monotonic() + 60
     while link.counters.acked < count_ and time.monotonic() < deadline:
         time.sleep(0.02)
