@@ -169,6 +169,8 @@ fi
 tests=(
     tests/engines/test_tensorrt_runner.py
     tests/runtime/test_onnxruntime_runner.py
+    tests/runtime/test_onnxruntime_device_io.py
+    tests/cli/test_bench_cuda.py
     tests/runtime/sensors/test_sensor_nvml.py
     tests/runtime/sensors/test_sensor_nvml_gpu.py
     tests/runtime/sensors/test_sensor_registry.py
