@@ -108,8 +108,8 @@ def run_script(script: str, args: list[str]) -> dict[str, Any]:
 
 
 class Reader:
-    """Reads a store in a loop from another thread (status, report, overview), recording each read's seconds and
-    its errors; the loads that ingest and retention must not starve."""
+    """Reads a store in a loop from another thread (status as its table and as --json, report, overview), recording
+    each read's seconds and its errors; the loads that ingest and retention must not starve."""
 
     def __init__(self, store_url: str) -> None:
         self.store_url = store_url
@@ -134,7 +134,8 @@ class Reader:
 
         with open_store(self.store_url) as store:
             reads: list[tuple[str, Callable[[], Any]]] = [
-                ("status", store.device_summaries),
+                ("status", lambda: (store.device_counts(), store.device_page(limit=100))),  # the table: counts, a page
+                ("status --json", store.device_summaries),  # every device
                 ("report 24h", lambda: build_report(store, since=dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=24))),
                 ("overview", lambda: overview(store, None)),
             ]  # fmt: skip
