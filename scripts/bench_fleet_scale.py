@@ -198,9 +198,10 @@ def store_info(store_url: str) -> dict[str, Any]:
 def bench_store(store_url: str, kind: str, args: argparse.Namespace) -> dict[str, Any]:
     print(f"{kind}: {store_url}", flush=True)
     result: dict[str, Any] = {"url": store_url, "load_before": _load(), **store_info(store_url)}
-    result["cli"] = time_cli(store_url, args.repeat)
-    result["dashboard"] = run_script("bench_dashboard.py", ["--store", store_url, "--repeat", str(args.api_repeat)])
-    result["metrics"] = run_script("bench_metrics.py", ["--store", store_url, "--scrapes", "5"])
+    if not args.skip_reads:
+        result["cli"] = time_cli(store_url, args.repeat)
+        result["dashboard"] = run_script("bench_dashboard.py", ["--store", store_url, "--repeat", str(args.api_repeat)])
+        result["metrics"] = run_script("bench_metrics.py", ["--store", store_url, "--scrapes", "5"])
     if kind == "sqlite" and not args.skip_retention:
         result["retention"] = bench_retention(store_url)
     if kind == "postgres" and not args.skip_ingest:
@@ -220,6 +221,7 @@ def main() -> int:
     parser.add_argument("--ingest-windows", type=int, default=30)
     parser.add_argument("--skip-retention", action="store_true")
     parser.add_argument("--skip-ingest", action="store_true")
+    parser.add_argument("--skip-reads", action="store_true", help="time no CLI, dashboard or /metrics read (ingest only)")
     parser.add_argument("--out", type=Path, help="write the JSON here")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO / "scripts"))
