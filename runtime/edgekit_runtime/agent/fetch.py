@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgekit_runtime.agent.config import BundlesConfig
+from edgekit_runtime.agent.config_types import BundlesConfig
 from edgekit_runtime.agent.errors import DeployError
 from edgekit_runtime.archive import (
     MANIFEST_MAX_BYTES,

@@ -17,16 +17,8 @@ Delivery contract:
   :meth:`MqttLink.stop` publishes offline itself, then disconnects cleanly.
 * Failed connects wait :class:`~edgekit_runtime.agent.backoff.Backoff` delays (exponential, with
   jitter); the backoff resets when the broker accepts a connection.
-* Commands on ``.../cmd`` are untrusted. Each is parsed with size and depth limits
-  (:data:`MAX_COMMAND_BYTES`, :data:`MAX_COMMAND_DEPTH`), checked against ``command.v1``, then against
-  the fleet key when signed or when signatures are required (:mod:`~edgekit_runtime.agent.command_signing`),
-  then against the :class:`~edgekit_runtime.agent.replay.ReplayWindow` (``issued_at`` inside the
-  window, id not seen before, persisted across restarts). A command that fails any check is answered by one bounded
-  ``command_rejected`` event (ids and payloads quoted in at most 200 characters) and acknowledged, so
-  it is consumed; a *retained* or redelivered payload that was answered before is dropped quietly, so a
-  retained poison message does not come back after a restart. ``ping`` is answered by a ``pong``
-  event; the rest go to ``on_command`` on a separate thread (so a slow deploy does not stall the
-  network), and a handler that raises is answered by a ``command_failed`` event.
+* Commands on ``.../cmd`` are untrusted: each is checked (size, depth, schema, signature, replay)
+  before anything acts on it (:mod:`~edgekit_runtime.agent.mqtt_commands`).
 * No exception leaves a paho callback: an unexpected one is logged once per callback and type,
   counted in ``callback_errors`` and reported as an ``error`` event. (An exception out of
   ``on_message`` would make paho handle the same packet again on every loop, forever.)
@@ -37,14 +29,11 @@ Delivery contract:
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +45,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from edgekit_runtime import __version__ as AGENT_VERSION
 from edgekit_runtime.agent.backoff import Backoff
-from edgekit_runtime.agent.bounded import bound_event, excerpt, excerpt_bytes
+from edgekit_runtime.agent.bounded import bound_event
 from edgekit_runtime.agent.broker import (
     BrokerConnectionError,
     describe_connect_failure,
@@ -64,15 +53,13 @@ from edgekit_runtime.agent.broker import (
     parse_broker_url,
     read_password_file,
 )
-from edgekit_runtime.agent.command_signing import SIGNATURE_FIELD, CommandSignatureError, verify_command
 from edgekit_runtime.agent.delivery import DEFAULT_RESEND_AFTER_S, DeliveryMode, DeliveryTracker
-from edgekit_runtime.agent.replay import ReplayError, ReplayWindow
+from edgekit_runtime.agent.mqtt_commands import MAX_COMMAND_BYTES, MAX_COMMAND_DEPTH, CommandHandler, CommandIntake
+from edgekit_runtime.agent.mqtt_state import LinkCounters, LinkState, ConnectionPhase
+from edgekit_runtime.agent.replay import ReplayWindow
 from edgekit_runtime.agent.spool import Spool
 from edgekit_runtime.agent.telemetry import (
-    EVENT_COMMAND_FAILED,
-    EVENT_COMMAND_REJECTED,
     EVENT_ERROR,
-    EVENT_PONG,
     BundleRef,
     EventLevel,
     build_event,
@@ -81,8 +68,7 @@ from edgekit_runtime.agent.telemetry import (
     utc_timestamp,
 )
 from edgekit_runtime.agent.topics import DeviceTopics, TelemetryError, validate_id
-from edgekit_runtime.agent.wire import JsonLimitError, loads_limited
-from edgekit_runtime.schemas import schema_problems, validate_message
+from edgekit_runtime.schemas import validate_message
 
 logger = logging.getLogger(__name__)
 
@@ -90,60 +76,19 @@ DEFAULT_MAX_INFLIGHT = 16
 _LOOP_TIMEOUT_S = 0.05
 _STOP_FLUSH_S = 2.0
 _UNSPECIFIED_ERROR = 0x80
-#: Largest command payload the agent parses (a deploy command is under 3 KB).
-MAX_COMMAND_BYTES = 64 * 1024
-#: Deepest JSON nesting a command may have (command.v1 needs 3).
-MAX_COMMAND_DEPTH = 16
 #: Largest MQTT packet the agent accepts (announced in CONNECT): bigger commands never reach it at all;
 #: those up to this size get a command_rejected event naming the size.
 MAX_PACKET_BYTES = 1024 * 1024
-_LISTED_SCHEMA_PROBLEMS = 5
 _REPORTED_CALLBACK_FAILURES = 32
 
 
-@dataclass(frozen=True)
-class LinkCounters:
-    """What the link has done since :meth:`MqttLink.start` (``dropped`` counts over the spool's life)."""
-
-    published: int
-    acked: int
-    rejected: int
-    connects: int
-    reconnects: int
-    dropped: int
-    backlog: int
-    commands_received: int
-    commands_rejected: int
-    commands_duplicate: int
-    callback_errors: int
 
 
-@dataclass(frozen=True)
-class LinkState:
-    """The link as it is now: ``since`` is when it last connected or went down (UTC, None before the
-    first attempt), ``last_error`` why it went down or failed to connect (None while connected);
-    ``delivery`` the :class:`~edgekit_runtime.agent.delivery.DeliveryCounters` as a dict."""
-
-    connected: bool
-    since: str | None
-    last_error: str | None
-    delivery: dict[str, Any] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"connected": self.connected, "since": self.since, "last_error": self.last_error,
-                "delivery": self.delivery}  # fmt: skip
+__all__ = ["DEFAULT_MAX_INFLIGHT", "MAX_COMMAND_BYTES", "MAX_COMMAND_DEPTH", "MAX_PACKET_BYTES", "CommandHandler",
+           "LinkCounters", "LinkState", "MqttLink"]  # fmt: skip
 
 
-class _State(Enum):
-    DISCONNECTED = "disconnected"
-    CONNECTING = "connecting"
-    CONNECTED = "connected"
-
-
-CommandHandler = Callable[[dict[str, Any]], None]
-
-
-class MqttLink:
+class MqttLink(CommandIntake):
     """The device's connection to the broker. ``start()``, publish, ``stop()``; a context manager."""
 
     def __init__(
@@ -221,7 +166,7 @@ class MqttLink:
         self._json_properties.ContentType = "application/json"
 
         # Owned by the network thread.
-        self._state = _State.DISCONNECTED
+        self._state = ConnectionPhase.DISCONNECTED
         self._connack_deadline = 0.0
         self._cmd_subscribe_mid: int | None = None
         self._ack_subscribe_mid: int | None = None
@@ -251,7 +196,7 @@ class MqttLink:
     @property
     def connected(self) -> bool:
         """Whether the broker has accepted the current connection and the network thread is serving it."""
-        if self._state is not _State.CONNECTED:
+        if self._state is not ConnectionPhase.CONNECTED:
             return False
         thread = self._network_thread
         if thread is None or not thread.is_alive():
@@ -264,7 +209,7 @@ class MqttLink:
         """Connected or not, since when, and the last error (for the agent's health)."""
         connected = self.connected
         last_error = self.last_error
-        if not connected and last_error is None and self._state is _State.CONNECTED:
+        if not connected and last_error is None and self._state is ConnectionPhase.CONNECTED:
             last_error = "the MQTT network thread stopped serving the connection; see the agent log"
         return LinkState(connected, self._state_since, None if connected else last_error,
                          self.delivery.counters().to_dict())  # fmt: skip
@@ -424,9 +369,9 @@ class MqttLink:
         except Exception:  # noqa: BLE001 - reporting must not fail the boundary either
             logger.exception("cannot report the failure of MQTT %s", name)
 
-    def _set_state(self, state: _State) -> None:
-        up = state is _State.CONNECTED
-        if self._state_since is None or up != (self._state is _State.CONNECTED):
+    def _set_state(self, state: ConnectionPhase) -> None:
+        up = state is ConnectionPhase.CONNECTED
+        if self._state_since is None or up != (self._state is ConnectionPhase.CONNECTED):
             self._state_since = utc_timestamp()  # connecting again after a failure is still "down"
         self._state = state
 
@@ -460,7 +405,7 @@ class MqttLink:
 
     def _step(self) -> None:
         self._last_loop_monotonic = time.monotonic()
-        if self._state is _State.DISCONNECTED and not self._begin_connect():
+        if self._state is ConnectionPhase.DISCONNECTED and not self._begin_connect():
             self._pause_before_retry()
             return
         rc = self._client.loop(timeout=_LOOP_TIMEOUT_S)
@@ -469,13 +414,13 @@ class MqttLink:
                             "check that the broker is up; the link reconnects by itself")  # fmt: skip
             self._pause_before_retry()
             return
-        if self._state is _State.CONNECTING and time.monotonic() > self._connack_deadline:
+        if self._state is ConnectionPhase.CONNECTING and time.monotonic() > self._connack_deadline:
             self._link_down(f"broker {self.address.url} sent no CONNACK within {self._connect_timeout_s:g} s",
                             "check that the port is an MQTT listener and the TLS settings match")  # fmt: skip
             self._pause_before_retry()
             return
         self._settle_acks()
-        if self._state is _State.CONNECTED:
+        if self._state is ConnectionPhase.CONNECTED:
             if self._status_dirty:
                 self._status_dirty = False
                 self._publish_status("online", None)
@@ -494,7 +439,7 @@ class MqttLink:
             self._record_error(f"cannot send CONNECT to {self.address.url}: {paho.error_string(rc)}",
                                "check the broker URL and the network")  # fmt: skip
             return False
-        self._set_state(_State.CONNECTING)
+        self._set_state(ConnectionPhase.CONNECTING)
         self._connack_deadline = time.monotonic() + self._connect_timeout_s
         return True
 
@@ -510,8 +455,8 @@ class MqttLink:
         self._last_error = (message, hint)
 
     def _link_down(self, message: str, hint: str) -> None:
-        was_connected = self._state is _State.CONNECTED
-        self._set_state(_State.DISCONNECTED)
+        was_connected = self._state is ConnectionPhase.CONNECTED
+        self._set_state(ConnectionPhase.DISCONNECTED)
         self._connected_event.clear()
         self._record_error(*(self._drop_reason or (message, hint)))
         # The spool is the only queue: forget paho's copies, resend from the oldest the broker has not
@@ -532,7 +477,7 @@ class MqttLink:
                 "check username, password_file and the broker's ACL for this device",
             )
             return
-        self._set_state(_State.CONNECTED)
+        self._set_state(ConnectionPhase.CONNECTED)
         self.backoff.reset()
         self._last_error = None
         with self._counts_lock:
@@ -626,7 +571,7 @@ class MqttLink:
             self._counts["rejected"] += len(rejected)
 
     def _shutdown(self) -> None:
-        if self._state is _State.CONNECTED:
+        if self._state is ConnectionPhase.CONNECTED:
             info = self._publish_status("offline", "agent stopped")
             deadline = time.monotonic() + _STOP_FLUSH_S
             while not info.is_published() and time.monotonic() < deadline:
@@ -635,115 +580,7 @@ class MqttLink:
                 self._settle_acks()
             self._settle_acks()
             self._client.disconnect()  # sent at once: no paho thread, so paho writes it right here
-        self._set_state(_State.DISCONNECTED)
+        self._set_state(ConnectionPhase.DISCONNECTED)
         self._record_error("the link was stopped", "start the agent again")
         self._connected_event.clear()
         logger.info("MQTT link to %s stopped (backlog %d)", self.address.url, self.spool.backlog())
-
-    # -- commands -------------------------------------------------------------------------------
-
-    def _on_message(self, client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
-        if message.topic == self.topics.ack and self.delivery.waits_for_collector:
-            self.delivery.ack_received(bytes(message.payload))
-            return
-        if message.topic != self.topics.cmd:
-            logger.debug("ignoring message on %s", message.topic)
-            return
-        with self._counts_lock:
-            self._counts["commands_received"] += 1
-        try:
-            self._handle_command(bytes(message.payload), redelivered=bool(message.retain or message.dup))
-        except (TelemetryError, ReplayError):
-            logger.exception("cannot answer a command on %s", message.topic)
-
-    def _handle_command(self, payload: bytes, *, redelivered: bool = False) -> None:
-        if not payload:  # how a host deletes a retained command; nothing to answer
-            logger.debug("empty message on %s (a retained command was cleared)", self.topics.cmd)
-            return
-        digest = hashlib.sha256(payload).hexdigest()
-        if redelivered and self.replay.payload_seen(digest):
-            with self._counts_lock:
-                self._counts["commands_duplicate"] += 1
-            logger.info("retained or redelivered command %s... on %s was answered before; dropped", digest[:12],
-                        self.topics.cmd)  # fmt: skip
-            return
-        command = self._checked_command(payload, digest)
-        if command is None:
-            return
-        if command["command"] == "ping":
-            self.emit_event(EVENT_PONG, "pong", command_id=command["id"])
-        elif self._on_command is None:
-            self._reject_command(f"this agent has no handler for command '{command['command']}'", payload, digest,
-                                 command["id"], kind=EVENT_COMMAND_FAILED)  # fmt: skip
-        else:
-            self._commands.put(command)
-
-    def _checked_command(self, payload: bytes, digest: str) -> dict[str, Any] | None:
-        """The command in ``payload`` when it passes every check, else None (after rejecting it)."""
-        try:
-            command = loads_limited(payload, what="command payload", max_bytes=MAX_COMMAND_BYTES,
-                                    max_depth=MAX_COMMAND_DEPTH)  # fmt: skip
-        except JsonLimitError as err:
-            self._reject_command(err.message, payload, digest, None, reason="unparsable")
-            return None
-        raw_id = command.get("id") if isinstance(command, dict) else None
-        problems = schema_problems(command, "command.v1", limit=_LISTED_SCHEMA_PROBLEMS)
-        if problems:
-            self._reject_command(f"command does not match schema command.v1: {'; '.join(problems)}", payload, digest,
-                                 raw_id, reason="schema")  # fmt: skip
-            return None
-        if self._command_key is not None and (self._require_signed or SIGNATURE_FIELD in command):
-            try:
-                verify_command(command, self._command_key, fleet=self.topics.fleet, device=self.topics.device)
-            except CommandSignatureError as err:
-                self._reject_command(f"command {command['command']!r} refused: {err.message}", payload, digest,
-                                     command["id"], reason="unsigned" if SIGNATURE_FIELD not in command else "bad_signature")  # fmt: skip
-                return None
-        try:
-            refusal = self.replay.admit(command["id"], command.get("issued_at"), payload_digest=digest)
-        except ReplayError as err:  # an impossible date, or the record cannot be written: refuse, fail closed
-            self._reject_command(f"command {command['command']!r} refused: {err.message}", payload, digest,
-                                 command["id"], reason="replay_record")  # fmt: skip
-            return None
-        if refusal is not None:
-            self._reject_command(f"command {command['command']!r} refused: {refusal.message}", payload, digest,
-                                 command["id"], reason=refusal.reason, level="warning")  # fmt: skip
-            return None
-        return dict(command)
-
-    def _reject_command(self, problem: str, payload: bytes, digest: str, raw_id: object, *,
-                        kind: str = EVENT_COMMAND_REJECTED, reason: str | None = None,
-                        level: EventLevel = "error") -> None:  # fmt: skip
-        with self._counts_lock:
-            self._counts["commands_rejected"] += 1
-        try:  # remembered first: a retained or redelivered copy is then dropped, not answered again
-            self.replay.remember_payload(digest)
-        except ReplayError as err:
-            logger.error("rejected command %s... not remembered: %s", digest[:12], err)
-        command_id = raw_id if isinstance(raw_id, str) and 1 <= len(raw_id) <= 128 else None
-        details: dict[str, Any] = {"topic": self.topics.cmd, "payload_excerpt": excerpt_bytes(payload),
-                                   "payload_bytes": len(payload), "payload_sha256": digest}  # fmt: skip
-        if reason is not None:
-            details["reason"] = reason
-        if command_id is None and isinstance(raw_id, str):
-            details["id_excerpt"] = excerpt(raw_id, 80)
-        logger.warning("command on %s rejected: %s", self.topics.cmd, excerpt(problem, 500))
-        self.emit_event(kind, problem, level=level, command_id=command_id, details=details)
-
-    def _dispatch_commands(self) -> None:
-        while True:
-            command = self._commands.get()
-            handler = self._on_command
-            if command is None:
-                return
-            if handler is None:  # commands are queued only when a handler exists
-                continue
-            try:
-                handler(command)
-            except Exception as exc:  # a failing handler must not end the thread
-                logger.exception("command %s (%s) failed", command["id"], command["command"])
-                try:
-                    self.emit_event(EVENT_COMMAND_FAILED, f"command '{command['command']}' failed: "
-                                    f"{type(exc).__name__}: {exc}", level="error", command_id=command["id"])  # fmt: skip
-                except TelemetryError:
-                    logger.exception("cannot report the failure of command %s", command["id"])

@@ -18,8 +18,10 @@ not fit the model, 404 for an unknown model, version or path, 405 for the wrong 
 fails to run. A model's version is the served bundle's ``bundle_version``; only the served version
 is available (``previous`` is on disk, not loaded).
 
-Requests run on the same :class:`~edgekit_runtime.agent.serving.InferenceServer` as ``/v1/infer``: the
-same signature check, statistics, batching and health watch.
+Requests run through the serving core (:mod:`~edgekit_runtime.agent.serving_core`) on the same
+:class:`~edgekit_runtime.agent.serving.InferenceServer` as ``/v1/infer``: the same signature check,
+statistics, batching and health watch. This module only converts the protocol's wire format to and from
+that core, on the API's HTTP layer (:mod:`~edgekit_runtime.agent.http_handler`).
 """
 
 from __future__ import annotations
@@ -28,19 +30,16 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from edgekit_runtime import __version__ as AGENT_VERSION
-from edgekit_runtime.agent.errors import NoModelError
 from edgekit_runtime.agent.http_guard import check_json_item_counts, content_type_refusal
-from edgekit_runtime.agent.json_tensors import loads_tensor_json
-from edgekit_runtime.errors import EdgekitError, InputSignatureError
+from edgekit_runtime.agent.http_handler import ApiError, RequestHandler
+from edgekit_runtime.agent.serving_core import ServingError, parse_json_request, run_model, timing_headers
+from edgekit_runtime.errors import InputSignatureError
 from edgekit_runtime.signature import IOSignature
-
-if TYPE_CHECKING:
-    from edgekit_runtime.agent.api import _Handler
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 JSON_TYPE = "application/json"
@@ -82,10 +81,8 @@ def _shape(tensor_shape: tuple[Any, ...]) -> list[int]:
 # -- routing ------------------------------------------------------------------------------------------
 
 
-def handle(handler: _Handler, method: str) -> None:
+def handle(handler: RequestHandler, method: str) -> None:
     """Answer one ``/v2`` request (the API's handler calls this for every path under ``/v2``)."""
-    from edgekit_runtime.agent.api import _ApiError
-
     path = handler.path.split("?", 1)[0].rstrip("/") or "/"
     try:
         route, args = _route(path)
@@ -93,7 +90,7 @@ def handle(handler: _Handler, method: str) -> None:
         if method != allowed:
             raise OipError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} is not allowed on {path}; use {allowed}")
         route(handler, *args)
-    except _ApiError as err:  # the API's own limits (body size, Content-Length, truncation)
+    except ApiError as err:  # the API's own limits (body size, Content-Length, truncation)
         handler._drain_body()
         _send_error(handler, OipError(err.status, f"{err.message}" + (f"; {err.hint}" if err.hint else ""), err.headers))
     except OipError as err:
@@ -101,7 +98,7 @@ def handle(handler: _Handler, method: str) -> None:
         _send_error(handler, err)
 
 
-def _send_error(handler: _Handler, err: OipError) -> None:
+def _send_error(handler: RequestHandler, err: OipError) -> None:
     handler._send_json(err.status, {"error": err.message}, err.headers or None)
 
 
@@ -125,7 +122,7 @@ def _route(path: str) -> tuple[Callable[..., None], tuple[str, ...]]:
                    "/v2/models/NAME[/versions/VERSION][/ready|/infer]")  # fmt: skip
 
 
-def _slot(handler: _Handler, name: str, version: str) -> Any:
+def _slot(handler: RequestHandler, name: str, version: str) -> Any:
     models = handler.api.models
     slot = models.find(name)
     if slot is None:
@@ -141,27 +138,27 @@ def _slot(handler: _Handler, name: str, version: str) -> Any:
 # -- health and metadata --------------------------------------------------------------------------------
 
 
-def _live(handler: _Handler) -> None:
+def _live(handler: RequestHandler) -> None:
     handler._send_json(HTTPStatus.OK, {"live": True})
 
 
-def _server_ready(handler: _Handler) -> None:
+def _server_ready(handler: RequestHandler) -> None:
     slots = handler.api.models.slots()
     ready = bool(slots) and all(slot.ready for slot in slots)
     handler._send_json(HTTPStatus.OK if ready else HTTPStatus.BAD_REQUEST, {"ready": ready})
 
 
-def _server_metadata(handler: _Handler) -> None:
+def _server_metadata(handler: RequestHandler) -> None:
     handler._send_json(HTTPStatus.OK, {"name": "edgekit-agent", "version": AGENT_VERSION, "extensions": list(EXTENSIONS)})
 
 
-def _model_ready(handler: _Handler, name: str, version: str) -> None:
+def _model_ready(handler: RequestHandler, name: str, version: str) -> None:
     slot = _slot(handler, name, version)
     ready = slot.ready
     handler._send_json(HTTPStatus.OK if ready else HTTPStatus.BAD_REQUEST, {"name": name, "ready": ready})
 
 
-def _model_metadata(handler: _Handler, name: str, version: str) -> None:
+def _model_metadata(handler: RequestHandler, name: str, version: str) -> None:
     slot = _slot(handler, name, version)
     signature: IOSignature | None = slot.server.signature
     if signature is None:
@@ -178,7 +175,7 @@ def _model_metadata(handler: _Handler, name: str, version: str) -> None:
 # -- inference ------------------------------------------------------------------------------------------
 
 
-def _infer(handler: _Handler, name: str, version: str) -> None:
+def _infer(handler: RequestHandler, name: str, version: str) -> None:
     slot = _slot(handler, name, version)
     refusal = content_type_refusal(handler.headers.get("Content-Type"), (JSON_TYPE, BINARY_TYPE))
     if refusal is not None:
@@ -195,14 +192,13 @@ def _infer(handler: _Handler, name: str, version: str) -> None:
         header_length = int(digits)
     else:
         header_length = len(body)
-    counted = check_json_item_counts(body if header_length == len(body) else body[:header_length], slot.server.signature, name)
-    if counted is not None:
-        raise OipError(counted.status, f"{counted.message}; {counted.hint}")
     try:
-        if header_length == len(body):  # all JSON: large arrays of numbers straight to numpy, then the bytes go
-            request = loads_tensor_json(body)
-            body.clear()
+        if header_length == len(body):  # all JSON: counted, then large arrays of numbers straight to numpy, then the bytes go
+            request = parse_json_request(body, slot.server.signature, name)
         else:
+            counted = check_json_item_counts(body[:header_length], slot.server.signature, name)
+            if counted is not None:
+                raise InputSignatureError(counted.message, hint=counted.hint)
             request = json.loads(str(memoryview(body)[:header_length], "utf-8"))
     except InputSignatureError as err:
         raise OipError(HTTPStatus.BAD_REQUEST, f"{err.message}; {err.hint}") from err
@@ -214,8 +210,7 @@ def _infer(handler: _Handler, name: str, version: str) -> None:
     feeds = _decode_inputs(request.get("inputs"), memoryview(body)[header_length:])
     wanted, binary_default = _requested_outputs(request, slot.server.signature)
     result = infer_model(slot, name, feeds)
-    timing = result.timing  # the same timing headers as /v1 (extra headers are the protocol's to allow)
-    headers = {"X-Edgekit-Queue-Ms": f"{timing.queue_ms:.4f}", "X-Edgekit-Compute-Ms": f"{timing.compute_ms:.4f}"}
+    headers = timing_headers(result)  # the same timing headers as /v1 (extra headers are the protocol's to allow)
     _reply(handler, request, name, slot.version or "", result.outputs, wanted, binary_default, headers)
 
 
@@ -223,13 +218,12 @@ def infer_model(slot: Any, name: str, feeds: dict[str, np.ndarray]) -> Any:
     """Run ``feeds`` on model ``name``'s server, the serving core's errors as the protocol's: a request that
     does not fit the model is 400, a model with no bundle 503, a failed run 500 (HTTP and gRPC alike)."""
     try:
-        return slot.server.infer(feeds)
-    except InputSignatureError as err:
-        raise OipError(HTTPStatus.BAD_REQUEST, f"model '{name}': {err.message}" + (f"; {err.hint}" if err.hint else "")) from err
-    except NoModelError as err:
-        raise OipError(HTTPStatus.SERVICE_UNAVAILABLE, f"model '{name}' has no bundle loaded; {err.hint}") from err
-    except EdgekitError as err:
-        raise OipError(HTTPStatus.INTERNAL_SERVER_ERROR, f"model '{name}' failed to run: {err.message}") from err
+        return run_model(slot.server, feeds)
+    except ServingError as err:
+        message = {"input_signature": f"model '{name}': {err.message}" + (f"; {err.hint}" if err.hint else ""),
+                   "no_model": f"model '{name}' has no bundle loaded; {err.hint}",
+                   "inference_failed": f"model '{name}' failed to run: {err.message}"}[err.kind]  # fmt: skip
+        raise OipError(err.status, message) from err
 
 
 def _decode_inputs(inputs: object, binary: memoryview) -> dict[str, np.ndarray]:
@@ -328,7 +322,7 @@ def _requested_outputs(request: Mapping[str, Any], signature: IOSignature | None
     return wanted, binary_default
 
 
-def _reply(handler: _Handler, request: Mapping[str, Any], name: str, version: str, outputs: Mapping[str, np.ndarray],
+def _reply(handler: RequestHandler, request: Mapping[str, Any], name: str, version: str, outputs: Mapping[str, np.ndarray],
            wanted: dict[str, bool | None] | None, binary_default: bool, headers: dict[str, str]) -> None:  # fmt: skip
     chosen = outputs if wanted is None else {key: outputs[key] for key in wanted}
     entries: list[dict[str, Any]] = []

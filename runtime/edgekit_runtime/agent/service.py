@@ -39,43 +39,36 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from edgekit_runtime.agent.api import AgentApi
 from edgekit_runtime.agent.bounded import bound_event
 from edgekit_runtime.agent.backoff import Backoff
 from edgekit_runtime.agent.config import AgentConfig, parse_api_address
 from edgekit_runtime.agent.errors import AgentApiError
-from edgekit_runtime.agent.ota import DeployRequest
 from edgekit_runtime.agent.probation import resume_watches
 from edgekit_runtime.agent.repository import ModelRepository
+from edgekit_runtime.agent.service_commands import COMMAND_HANDLERS, CommandHandling
+from edgekit_runtime.agent.service_outbox import SpoolOutbox
+from edgekit_runtime.agent.service_telemetry import TelemetryReporting, synthetic_feeds
 from edgekit_runtime.agent.telemetry import (
     EVENT_THREAD_RESTARTED,
     BundleRef,
     TelemetryProblem,
     build_event,
-    build_telemetry,
-    encode_message,
 )
 from edgekit_runtime.errors import EdgekitError
-from edgekit_runtime.schemas import validate_message
 from edgekit_runtime.sensors import DeviceStateReader, PowerIntegrator, PowerSensor, create_sensor
 from edgekit_runtime.sensors.identity import DeviceIdentity, read_identity
 from edgekit_runtime.sensors.power_mode import PowerModeReader, PowerModeState
 from edgekit_runtime.sensors.target_detect import TargetDetection, detect_target
-from edgekit_runtime.signature import ANONYMOUS_DIM, IOSignature
-from edgekit_runtime.timing import rss_mb
 
 logger = logging.getLogger(__name__)
 
 LinkFactory = Callable[..., Any]
 MAX_RECENT_EVENTS = 200
-_COMMAND_POLL_S = 0.2
 #: a supervised thread that crashes waits this long before its restart, doubling up to the max
 RESTART_INITIAL_S = 0.5
 RESTART_MAX_S = 30.0
@@ -83,34 +76,6 @@ RESTART_MAX_S = 30.0
 _RESTART_RESET_AFTER_S = 60.0
 #: how often the supervised ``edgekit-api`` watch checks that the local API's serving thread is alive
 _API_CHECK_S = 0.2
-#: how often messages waiting in memory (the spool could not be written) are tried again
-_OUTBOX_RETRY_S = 1.0
-
-
-def synthetic_feeds(signature: IOSignature, dims: Mapping[str, int], *, seed: int = 0) -> dict[str, np.ndarray]:
-    """Feeds that match ``signature``: named dims from ``dims``, else their ``opt`` (or ``min``), else 1;
-    an input with a pinned ``value`` holds it, other floats are standard normal, integers and booleans
-    zero (valid indices for any embedding). A scalar input (shape ``[]``) gets a rank-0 array."""
-    rng = np.random.default_rng(seed)
-    feeds: dict[str, np.ndarray] = {}
-    for tensor in signature.inputs:
-        shape: list[int] = []
-        for dim in tensor.shape:
-            if isinstance(dim, int):
-                shape.append(dim)
-            elif dim in dims:
-                shape.append(dims[dim])
-            elif dim != ANONYMOUS_DIM and dim in signature.dims:
-                bounds = signature.dims[dim]
-                shape.append(bounds.opt if bounds.opt is not None else max(bounds.min, 1))
-            else:
-                shape.append(1)
-        dtype = np.dtype(tensor.dtype)
-        if tensor.value is not None:  # the recipe pins it (a sample rate)
-            feeds[tensor.name] = np.full(shape, tensor.value, dtype)
-        else:
-            feeds[tensor.name] = np.asarray(rng.standard_normal(shape), dtype) if dtype.kind == "f" else np.zeros(shape, dtype)
-    return feeds
 
 
 def _default_link_factory(**kwargs: Any) -> Any:
@@ -119,8 +84,14 @@ def _default_link_factory(**kwargs: Any) -> Any:
     return MqttLink(**kwargs)
 
 
-class AgentService:
-    """The running agent. ``start()`` returns once everything runs; ``stop()`` shuts it down."""
+__all__ = ["COMMAND_HANDLERS", "RESTART_INITIAL_S", "RESTART_MAX_S", "AgentService", "synthetic_feeds"]
+
+
+class AgentService(SpoolOutbox, TelemetryReporting, CommandHandling):
+    """The running agent. ``start()`` returns once everything runs; ``stop()`` shuts it down. Its parts:
+    the outbox to the spool (:mod:`~edgekit_runtime.agent.service_outbox`), the measuring threads
+    (:mod:`~edgekit_runtime.agent.service_telemetry`) and the fleet commands
+    (:mod:`~edgekit_runtime.agent.service_commands`)."""
 
     def __init__(self, config: AgentConfig, *, link_factory: LinkFactory | None = None) -> None:
         self.config = config
@@ -522,301 +493,3 @@ class AgentService:
             "in_memory_dropped": dropped,
             "backlog": spool.backlog(),
         }
-
-    # -- the outbox: spool writes in order, kept in memory while the spool cannot be written -----------
-
-    def _send(self, kind: str, message: dict[str, Any]) -> None:
-        """Under ``_events_lock``: queue ``message`` behind any waiting ones and move what can go to the spool."""
-        self._outbox.append((kind, message))
-        limit = self.config.telemetry.spool.overflow_messages
-        if len(self._outbox) > limit:  # the oldest window goes; events (deploy results, answers) only when all are
-            index = next((i for i, (waiting, _) in enumerate(self._outbox) if waiting == "telemetry"), 0)
-            dropped_kind, dropped = self._outbox[index]
-            del self._outbox[index]
-            if dropped_kind == "telemetry":  # it takes its seq once the spool is written again: a gap, reported
-                self._outbox_dropped_windows.append(str(dropped.get("window_start")))
-            else:
-                self._outbox_dropped_unrecorded += 1
-            self._outbox_dropped_total += 1
-            logger.warning("spool not writable and %d messages wait in memory: dropped the oldest (%s; %d dropped so far)",
-                           limit, dropped_kind, self._outbox_dropped_total)  # fmt: skip
-        if len(self._outbox) == 1 or time.monotonic() >= self._outbox_retry_at:
-            self._flush_outbox()
-
-    def _flush_outbox(self) -> bool:
-        """Under ``_events_lock``: spool waiting messages, oldest first; False while the spool refuses writes."""
-        from edgekit_runtime.agent.spool import SpoolError
-
-        while self._outbox:
-            kind, message = self._outbox[0]
-            try:
-                if self._outbox_dropped_unrecorded:
-                    self._spool.add_dropped(self._outbox_dropped_unrecorded)
-                    self._outbox_dropped_unrecorded = 0
-                if self._outbox_dropped_windows:
-                    starts = self._outbox_dropped_windows
-                    self._spool.drop_windows(len(starts), first_window_start=starts[0], last_window_start=starts[-1])
-                    self._outbox_dropped_windows = []
-                if kind == "telemetry":
-                    self._store_telemetry(message)
-                else:
-                    self._link.publish_event(message)
-            except SpoolError:
-                if kind == "telemetry":  # a refused window: the events behind it may use the room kept for them
-                    self._flush_events_behind()
-                self._outbox_retry_at = time.monotonic() + _OUTBOX_RETRY_S
-                return False  # logged by the spool once; retried by the telemetry thread and the next send
-            except EdgekitError as err:  # a message that can never be stored (a bug): do not block the rest
-                logger.error("%s message dropped: %s", kind, err)
-            self._outbox.popleft()
-        return True
-
-    def _flush_events_behind(self) -> None:
-        """Under ``_events_lock``: spool the events waiting behind refused windows, ahead of them (an event is a
-        vital write for the spool: it may use the headroom and reserve that windows may not)."""
-        from edgekit_runtime.agent.spool import SpoolError
-
-        for entry in [entry for entry in self._outbox if entry[0] != "telemetry"]:
-            try:
-                self._link.publish_event(entry[1])
-            except SpoolError:
-                return
-            except EdgekitError as err:
-                logger.error("event message dropped: %s", err)
-            self._outbox.remove(entry)
-
-    def _store_telemetry(self, message: dict[str, Any]) -> None:
-        """Spool a window, taking its ``seq`` in the same commit (a window that is not stored uses no number)."""
-
-        def encode(seq: int) -> bytes:
-            message["seq"] = seq
-            validate_message(message, "telemetry.v1", what=f"telemetry message seq {seq}")
-            return encode_message(message)
-
-        self._spool.append_numbered(self._link.topics.telemetry, encode)
-
-    def retry_outbox(self) -> bool:
-        """Try now to spool the messages waiting in memory; True when none wait any more."""
-        with self._events_lock:
-            return self._flush_outbox() if self._link_started else not self._outbox
-
-    # -- telemetry ------------------------------------------------------------------------------------
-
-    def _power_loop(self) -> None:
-        sensor, integrator = self._sensor, self.integrator
-        if sensor is None or integrator is None or not sensor.available():
-            return
-        while not self._stop.is_set():
-            try:
-                integrator.extend(sensor.read_pending())
-            except EdgekitError as err:
-                self._problem("sensor.read_failed", str(err.message))
-                logger.warning("power sensor read failed: %s", err.message)
-            self._stop.wait(self.config.power.sample_interval_s)
-
-    def _telemetry_loop(self) -> None:
-        while not self._stop.is_set():
-            deadline = time.monotonic() + self._interval_s
-            while not self._stop.is_set() and time.monotonic() < deadline:
-                if self._interval_changed.wait(min(_COMMAND_POLL_S, max(deadline - time.monotonic(), 0))):
-                    self._interval_changed.clear()
-                    deadline = time.monotonic() + self._interval_s
-                if self._outbox and time.monotonic() >= self._outbox_retry_at:
-                    self.retry_outbox()
-            if self._stop.is_set():
-                return
-            try:
-                self.publish_telemetry()
-            except EdgekitError as err:
-                logger.error("telemetry window not published: %s", err)
-
-    def build_telemetry_window(self) -> dict[str, Any]:
-        """Close the current window and return it as a telemetry.v1 message (without publishing)."""
-        with self._telemetry_lock:
-            window_mode = self.power_mode.label if self.power_mode is not None else None  # as at the window's start
-            mode_changed = self._refresh_power_mode()
-            window_end = datetime.now(timezone.utc)
-            serving = self.server.take_window()
-            power = self.integrator.take_window() if self.integrator is not None else None
-            with self._problems_lock:
-                problems, self._problems = self._problems, []
-            problems.extend(problem for problem in self._current_problems() if problem.code.startswith("spool."))
-            try:
-                state = self.state_reader.read()
-            except EdgekitError as err:
-                state = None
-                problems.append(TelemetryProblem("device_state.read_failed", err.message))
-            if mode_changed is not None:
-                problems.append(mode_changed)
-            if serving.errors:
-                problems.append(TelemetryProblem("inference.failed", f"{serving.errors} inference(s) failed in the window"))
-            if power is None:
-                from edgekit_runtime.sensors import PowerStats
-
-                power = PowerStats(None, None, None, 0.0, 0, "none", reason="no power sensor started")
-            message = build_telemetry(
-                seq=self._spool.last_seq() + 1 if self._spool is not None else 1,  # taken when stored
-                device=self.config.device_id,
-                fleet=self.config.fleet,
-                window_start=self._window_start,
-                window_end=window_end,
-                latency=serving.latency,
-                power=power,
-                device_state=state,
-                failed_inferences=serving.errors,
-                queue_latency=serving.queue,
-                bundle=self._bundle_ref(),
-                rss_mb=rss_mb(),
-                errors=problems,
-                spool_dropped=self._spool.dropped_total() if self._spool is not None else 0,
-                spool_backlog=self._spool.backlog() if self._spool is not None else 0,
-                power_mode=window_mode,
-                model=self.models.default.name,
-                models=self._model_windows(serving) if self.config.models is not None else None,
-            )
-            self._window_start = window_end
-            return message
-
-    def _model_windows(self, default_window: Any) -> list[dict[str, Any]]:
-        """Every model's window (the default model's already taken as ``default_window``) for ``models``."""
-        entries = []
-        for slot in self.models.slots():
-            window = default_window if slot is self.models.default else slot.server.take_window()
-            latency, served = window.latency, slot.served
-            entries.append({
-                "model": slot.name, "count": window.requests, "errors": window.errors,
-                "bundle": None if served is None else {"id": served.bundle_id[:128], "sha256": served.manifest_sha256},
-                "p50_ms": None if latency is None else round(latency.p50_ms, 4),
-                "p99_ms": None if latency is None else round(latency.p99_ms, 4),
-                "throughput_per_s": round(window.throughput_per_s, 4), "memory_mb": slot.deployer.held_mb,
-            })  # fmt: skip
-        return entries
-
-    def publish_telemetry(self) -> dict[str, Any]:
-        """Close the window and publish it (spooled until the broker acknowledges it).
-
-        The window's ``seq`` is taken when it is stored; while the spool cannot be written it waits in
-        memory (see the module docstring) and the returned message's ``seq`` is only a guess."""
-        message = self.build_telemetry_window()
-        with self._events_lock:
-            if self._link is not None and self._link_started:
-                self._send("telemetry", message)
-        return message
-
-    def _probe_loop(self) -> None:
-        probe = self.config.probe
-        if probe is None:
-            return
-        seed = 0
-        while not self._stop.wait(probe.interval_s):
-            seed += 1
-            for slot in self.models.slots():  # every model of the repository, each on its own server
-                signature = slot.server.signature
-                if signature is None:
-                    continue
-                try:
-                    slot.server.infer(synthetic_feeds(signature, probe.dims, seed=seed))
-                except EdgekitError as err:
-                    self._problem("probe.failed", err.message if slot.key is None else f"model {slot.key}: {err.message}")
-
-    # -- commands -------------------------------------------------------------------------------------
-
-    def handle_command(self, command: dict[str, Any]) -> None:
-        """The link's ``on_command``: queue the command; never blocks the network thread."""
-        self._commands.put(command)
-
-    def _command_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                command = self._commands.get(timeout=_COMMAND_POLL_S)
-            except queue.Empty:
-                continue
-            self.dispatch_command(command)
-
-    def dispatch_command(self, command: Mapping[str, Any]) -> None:
-        """Carry out one command dict (``command.v1``: ``{id, command, args}``)."""
-        command_id = command.get("id") if isinstance(command.get("id"), str) else None
-        name = command.get("command")
-        args = command.get("args") or {}
-        handler = COMMAND_HANDLERS.get(name) if isinstance(name, str) else None
-        if handler is None or not isinstance(args, Mapping):
-            problem = f"unknown command {name!r}" if handler is None else "args must be an object"
-            self._emit({"kind": "command_rejected", "level": "error", "command_id": command_id,
-                        "message": f"{problem}; known commands: {', '.join(COMMAND_HANDLERS)}", "details": {"command": str(name)}})  # fmt: skip
-            return
-        try:
-            handler(self, dict(args), command_id)
-        except EdgekitError as err:
-            self._emit({"kind": "command_rejected", "level": "error", "command_id": command_id, "message": err.message,
-                        "details": {"command": name, "hint": err.hint}})  # fmt: skip
-        except Exception as exc:  # a bug: answer the command rather than leave the host waiting
-            logger.exception("command %s (%s) failed", command_id, name)
-            self._emit({"kind": "command_failed", "level": "error", "command_id": command_id,
-                        "message": f"command '{name}' failed: {type(exc).__name__}: {exc}", "details": {"command": name}})  # fmt: skip
-
-    def _command_deploy(self, args: dict[str, Any], command_id: str | None) -> None:
-        request = DeployRequest.from_command(args, command_id=command_id, require_signed=self.config.commands.require_signed,
-                                             config_file=self.config.source)  # fmt: skip
-        deployer = self.models.get(request.model, create=True).deployer  # an unknown model: command_rejected
-        self._spawn_ota("edgekit-deploy", lambda: deployer.deploy(request))
-
-    def _command_deploy_pipeline(self, args: dict[str, Any], command_id: str | None) -> None:
-        deploys = args.get("deploys")
-        hint = 'send args {"deploys": [{"model": "detector", "bundle_id": ..., "url": ..., "sha256": ...}, ...]}'
-        if set(args) - {"deploys"} or not isinstance(deploys, list) or not deploys:
-            raise EdgekitError(f"deploy_pipeline: args must be {{\"deploys\": [...]}} with at least one deploy, got keys {sorted(args)}", hint=hint)
-        requests = []
-        for index, item in enumerate(deploys):
-            if not isinstance(item, dict) or not isinstance(item.get("model"), str):
-                raise EdgekitError(f"deploy_pipeline: deploys[{index}] must be an object naming its model", hint=hint)
-            requests.append(DeployRequest.from_command(item, command_id=command_id, config_file=self.config.source,
-                                                       require_signed=self.config.commands.require_signed))  # fmt: skip
-        self._spawn_ota("edgekit-deploy", lambda: self.models.deploy_pipeline(requests, command_id=command_id))
-
-    def _command_rollback(self, args: dict[str, Any], command_id: str | None) -> None:
-        bundle_id, model = args.get("bundle_id"), args.get("model")
-        if bundle_id is not None and not isinstance(bundle_id, str):
-            raise EdgekitError(f"rollback: bundle_id must be a string, got {bundle_id!r}")
-        if model is not None and not isinstance(model, str):
-            raise EdgekitError(f"rollback: model must be a model name (a string), got {model!r}")
-        deployer = self.models.get(model).deployer
-        self._spawn_ota("edgekit-rollback", lambda: deployer.rollback(command_id=command_id, bundle_id=bundle_id))
-
-    def _spawn_ota(self, name: str, work: Callable[[], object]) -> None:
-        def run() -> None:
-            try:
-                work()
-            except Exception:  # a bug; the deployer reports user-facing failures as events itself
-                logger.exception("%s crashed", name)
-                self._emit({"kind": "error", "level": "error", "message": f"{name} crashed; see the agent log"})
-
-        thread = threading.Thread(target=run, name=name, daemon=True)
-        thread.start()
-        self._threads.append(thread)
-
-    def _command_set_interval(self, args: dict[str, Any], command_id: str | None) -> None:
-        interval_s = args.get("interval_s")
-        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or not 1 <= interval_s <= 86400:
-            raise EdgekitError(f"set_interval: interval_s must be a number in 1..86400, got {interval_s!r}",
-                               hint='send args {"interval_s": 30}')  # fmt: skip
-        previous_s, self._interval_s = self._interval_s, float(interval_s)
-        self._interval_changed.set()
-        self._emit({"kind": "interval_changed", "level": "info", "command_id": command_id,
-                    "message": f"telemetry interval {previous_s:g} s -> {interval_s:g} s",
-                    "details": {"interval_s": float(interval_s), "previous_interval_s": previous_s}})  # fmt: skip
-
-    def _command_ping(self, args: dict[str, Any], command_id: str | None) -> None:
-        served = self.deployer.served
-        self._emit({"kind": "pong", "level": "info", "command_id": command_id, "message": "pong",
-                    "details": {"bundle": served.telemetry_ref() if served else None,
-                                "uptime_s": round(time.monotonic() - self._started_monotonic_s, 3)}})  # fmt: skip
-
-
-#: Command name -> handler, dispatched by :meth:`AgentService.dispatch_command`.
-COMMAND_HANDLERS: dict[str, Callable[[AgentService, dict[str, Any], str | None], None]] = {
-    "deploy": AgentService._command_deploy,
-    "rollback": AgentService._command_rollback,
-    "set_interval": AgentService._command_set_interval,
-    "ping": AgentService._command_ping,
-    "deploy_pipeline": AgentService._command_deploy_pipeline,
-}
