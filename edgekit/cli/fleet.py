@@ -130,7 +130,7 @@ def run_status(args: argparse.Namespace) -> int:
             return 0
         found = store.device_page(args.fleet, states=[args.state] if args.state else (), worst_ranks=STATUS_RANKS,
                                   limit=args.limit or None, now=now)  # fmt: skip
-        fleets = [args.fleet] if args.fleet else store.device_fleets(states=[args.state] if args.state else ())
+        fleets = [args.fleet] if args.fleet else counts.fleets([args.state] if args.state else ())
     summaries, total = found.devices, found.total
     if not total:
         console.print(f"no devices in {escape(args.store)}" + (f" for fleet {escape(args.fleet)}" if args.fleet else ""))

@@ -98,6 +98,12 @@ class DeviceCounts:
     devices: int
     states: dict[str, int]
     bundles: list[dict[str, Any]]
+    #: each fleet that has devices (sorted) with the states its devices are in
+    fleet_states: dict[str, set[str]]
+
+    def fleets(self, states: Collection[str] = ()) -> list[str]:
+        """The fleets with devices (in one of ``states``, when given)."""
+        return [fleet for fleet, found in self.fleet_states.items() if not states or found & set(states)]
 
 
 @dataclass(frozen=True)
@@ -131,9 +137,13 @@ class DeviceReadsMixin:
     def device_counts(self, fleet: str | None = None, *, now: dt.datetime | None = None) -> DeviceCounts:
         """Devices per state and per bundle, counted in the store (one small result set however large the fleet)."""
         view, params = self._view(fleet, now or dt.datetime.now(dt.timezone.utc))
-        rows = self._query("counting devices", f"SELECT shown_bundle, target, state, COUNT(*) FROM ({view}) v "
-                                               "GROUP BY shown_bundle, target, state", params)  # fmt: skip
-        return DeviceCounts(devices=sum(int(r[3]) for r in rows), states=_state_counts(rows), bundles=_bundle_rows(rows))
+        rows = self._query("counting devices", f"SELECT shown_bundle, target, state, COUNT(*), fleet FROM ({view}) v "
+                                               "GROUP BY fleet, shown_bundle, target, state", params)  # fmt: skip
+        fleets: dict[str, set[str]] = {}
+        for row in rows:
+            fleets.setdefault(row[4], set()).add(row[2])
+        return DeviceCounts(devices=sum(int(r[3]) for r in rows), states=_state_counts(rows), bundles=_bundle_rows(rows),
+                            fleet_states=dict(sorted(fleets.items())))  # fmt: skip
 
     def median_interval_s(self, fleet: str | None = None) -> float | None:
         """The median device's telemetry interval (its newest window's length), None when no device has one."""
@@ -164,16 +174,6 @@ class DeviceReadsMixin:
         time_out = self.time_out
         page = [summary_from_row(row[:-1], now, time_out) for row in rows]
         return DevicePage(page, {(s.fleet, s.device): row[-1] for s, row in zip(page, rows)}, total, fleet_devices)
-
-    def device_fleets(self, *, states: Sequence[str] = (), now: dt.datetime | None = None) -> list[str]:
-        """The fleets that have devices (in one of ``states``, when given), sorted."""
-        if not states:
-            return [row[0] for row in self._query("listing fleets", f"SELECT fleet FROM ({_keys_sql(NO_FILTER)}) k "
-                                                                    f"GROUP BY fleet ORDER BY fleet{self.text_order_sql}")]  # fmt: skip
-        view, params = self._view(None, now or dt.datetime.now(dt.timezone.utc))
-        where = self._page_filters(params, states, "", ())
-        return [row[0] for row in self._query("listing fleets", f"SELECT fleet FROM ({view}) v WHERE {where} "
-                                                                f"GROUP BY fleet ORDER BY fleet{self.text_order_sql}", params)]  # fmt: skip
 
     def _fleet_devices(self, fleet: str | None) -> int:
         keys = _keys_sql("fleet = :fleet" if fleet is not None else "1 = 1")
@@ -222,7 +222,7 @@ def _state_counts(rows: Sequence[Sequence[Any]]) -> dict[str, int]:
 
 def _bundle_rows(rows: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
     bundles: dict[str | None, dict[str, Any]] = {}
-    for bundle, target, state, count in rows:
+    for bundle, target, state, count, _ in rows:
         entry = bundles.setdefault(bundle, {"bundle_id": bundle, "devices": 0, "online": 0, "targets": set()})
         entry["devices"] += int(count)
         entry["online"] += int(count) if state == "online" else 0
