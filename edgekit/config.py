@@ -129,11 +129,57 @@ def _position_for(loc: Location, positions: dict[Location, tuple[int, int]]) -> 
     return None
 
 
+def _is_union_member(part: object) -> bool:
+    """pydantic names the member of a union in ``loc`` by its class (``CallableData``); data keys are snake_case."""
+    return isinstance(part, str) and part[:1].isupper() and part.isidentifier()
+
+
+def closest_union_member(errors: list[Any]) -> list[Any]:
+    """For a value that matched no member of a union, the errors of the member it came closest to (the fewest
+    errors; the first on a tie), with the member's name taken out of each location: a typo in ``callable``
+    is one unknown key in ``data.samples``, not every member's complaints about every other member's keys."""
+    by_member: dict[tuple[Location, str], int] = {}
+    for err in errors:
+        loc = tuple(err["loc"])
+        for index, part in enumerate(loc):
+            if _is_union_member(part):
+                key = (loc[:index], str(part))
+                by_member[key] = by_member.get(key, 0) + 1
+                break
+    best: dict[Location, str] = {}
+    for (prefix, member), count in by_member.items():  # dicts keep pydantic's member order: the first wins a tie
+        if prefix not in best or count < by_member[(prefix, best[prefix])]:
+            best[prefix] = member
+    kept = []
+    for err in errors:
+        loc = tuple(err["loc"])
+        index = next((i for i, part in enumerate(loc) if _is_union_member(part)), None)
+        if index is None:
+            kept.append(err)
+        elif best.get(loc[:index]) == loc[index]:
+            kept.append({**err, "loc": loc[:index] + loc[index + 1:]})
+    return kept
+
+
+def _explained_by_a_typo(err: Any, errors: list[Any]) -> bool:
+    """A missing field next to an unknown key that is its near-miss: the unknown key's message names it."""
+    if err["type"] != "missing":
+        return False
+    loc = tuple(err["loc"])
+    for other in errors:
+        other_loc = tuple(other["loc"])
+        if other["type"] == "extra_forbidden" and other_loc[:-1] == loc[:-1]:
+            if difflib.get_close_matches(str(other_loc[-1]), [str(loc[-1])], n=1, cutoff=0.6):
+                return True
+    return False
+
+
 def validation_message(exc: ValidationError, model: type[BaseModel], path: Path, positions: dict[Location, tuple[int, int]]) -> tuple[str, str | None]:
     """Turn a pydantic ValidationError into (message, hint) naming file, line, field and fix."""
     lines: list[str] = []
     hints: list[str] = []
-    errors = exc.errors()
+    errors = closest_union_member(exc.errors())
+    errors = [err for err in errors if not _explained_by_a_typo(err, errors)]
     all_locs = [tuple(err["loc"]) for err in errors]
     for err in errors:
         if err["type"] == "too_short" and any(other[: len(err["loc"])] == tuple(err["loc"]) and len(other) > len(err["loc"]) for other in all_locs):

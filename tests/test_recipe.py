@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from edgekit.errors import RecipeError
@@ -37,7 +39,21 @@ def test_mistyped_key_suggests_the_closest(tiny_recipe):
     message = str(info.value)
     assert "unknown key 'ouputs'" in message and "did you mean 'outputs'?" in message
     assert f"{path}:9:1" in message  # line and column of the bad key
-    assert "missing required field 'outputs'" in message
+    assert "missing required field" not in message  # the typo explains the missing 'outputs': one message, not two
+
+
+def test_a_typo_inside_a_union_section_is_one_message_about_that_key(tiny_recipe, tmp_path):
+    """data.samples is a callable or an npz folder: a typo in 'callable' names that key once, with the fix,
+    not each member's complaints (missing 'callable', missing 'npz_dir', unknown 'kwargs' in NpzData)."""
+    text = Path("recipes/digits-cnn.yaml").read_text().replace("    callable: edgekit.demos.digits_cnn:sample_batches",
+                                                                "    calable: edgekit.demos.digits_cnn:sample_batches")
+    path = tmp_path / "typo.yaml"
+    path.write_text(text)
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    lines = str(info.value).splitlines()
+    assert lines[1:] == [f"{path}:32:5: unknown key 'calable' in data.samples (did you mean 'callable'?)",
+                         "  hint: rename 'calable' to 'callable'"]
 
 
 def test_nested_unknown_key_names_the_section(tiny_recipe):
