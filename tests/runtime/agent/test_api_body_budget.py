@@ -9,7 +9,6 @@ import http.client
 import json
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,21 +18,10 @@ from edgekit_runtime.agent.body_budget import MIB
 from edgekit_runtime.agent.config import parse_config
 from edgekit_runtime.agent.errors import AgentConfigError
 from edgekit_runtime.agent.serving import InferenceServer
-from edgekit_runtime.backends import create_runner
-from edgekit_runtime.bundle import open_bundle
-from tests.runtime.tiny_bundle import build_bundle
 
 MODEL = "tiny-linear-x86-64-cpu-fp32"
 BODY = json.dumps({"inputs": {"image": {"dtype": "float32", "shape": [1, 1, 8, 8], "data": [[[[0.5] * 8] * 8]]}}}).encode()
 OIP_BODY = json.dumps({"inputs": [{"name": "image", "datatype": "FP32", "shape": [1, 1, 8, 8], "data": [0.5] * 64}]}).encode()
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[InferenceServer]:
-    bundle = open_bundle(build_bundle(tmp_path / "bundle"))
-    server = InferenceServer(create_runner(bundle).load(), model_name=bundle.name)
-    yield server
-    server.close()
 
 
 def connect(api: AgentApi) -> socket.socket:

@@ -9,27 +9,15 @@ import http.client
 import json
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from edgekit_runtime.agent.api import AgentApi
 from edgekit_runtime.agent.serving import InferenceServer
-from edgekit_runtime.backends import create_runner
-from edgekit_runtime.bundle import open_bundle
-from tests.runtime.tiny_bundle import build_bundle
 
 MODEL = "tiny-linear-x86-64-cpu-fp32"
 MB = 1024 * 1024
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[InferenceServer]:
-    bundle = open_bundle(build_bundle(tmp_path / "bundle"))
-    server = InferenceServer(create_runner(bundle).load(), model_name=bundle.name)
-    yield server
-    server.close()
 
 
 def connect(api: AgentApi, source: str | None = None) -> socket.socket:

@@ -5,27 +5,14 @@ typed error with the status each protocol answers."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from http import HTTPStatus
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from edgekit_runtime.agent.serving import InferenceServer
 from edgekit_runtime.agent.serving_core import ServingError, parse_json_request, run_model, timing_headers
-from edgekit_runtime.backends import create_runner
-from edgekit_runtime.bundle import open_bundle
 from edgekit_runtime.errors import InputSignatureError
-from tests.runtime.tiny_bundle import build_bundle
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[InferenceServer]:
-    bundle = open_bundle(build_bundle(tmp_path / "bundle"))
-    server = InferenceServer(create_runner(bundle).load(), model_name=bundle.name)
-    yield server
-    server.close()
 
 
 def test_a_json_request_is_counted_then_parsed_into_numpy_and_its_buffer_emptied(server: InferenceServer) -> None:
