@@ -21,7 +21,7 @@ from edgekit_runtime.errors import EdgekitError
 
 if TYPE_CHECKING:
     from edgekit_runtime.agent.config import HealthConfig
-    from edgekit_runtime.agent.ota import ServedBundle, StagedDeploy
+    from edgekit_runtime.agent.deploy_state import ServedBundle, StagedDeploy
     from edgekit_runtime.agent.serving import InferenceServer
     from edgekit_runtime.agent.store import BundleStore
 

@@ -33,13 +33,14 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from edgekit_runtime.agent.config import BundlesConfig, HealthConfig
 from edgekit_runtime.agent.deploy_checks import LEDGER_NAME, VersionLedger, bundle_version, signature_changes
 from edgekit_runtime.agent.deploy_request import DeployRequest as DeployRequest  # re-exported: callers import it from here
+from edgekit_runtime.agent.deploy_state import ServedBundle as ServedBundle  # re-exported: callers import it from here
+from edgekit_runtime.agent.deploy_state import StagedDeploy as StagedDeploy
 from edgekit_runtime.agent.errors import DeployError, MemoryBudgetError
 from edgekit_runtime.agent.fetch import SourcePolicy, fetch_bundle, write_error
 from edgekit_runtime.agent.health_watch import HealthWatch
@@ -58,24 +59,6 @@ logger = logging.getLogger(__name__)
 EventSink = Callable[[dict[str, Any]], None]
 
 
-@dataclass(frozen=True)
-class ServedBundle:
-    """What the agent serves now, for telemetry, status and health."""
-
-    name: str
-    bundle_id: str
-    manifest_sha256: str
-    path: Path
-    signed_by: str | None
-    #: the version the repository serves it as (Open Inference Protocol): its ``bundle_version``, else its
-    #: manifest's sha256 prefix
-    version: str = ""
-
-    def telemetry_ref(self) -> dict[str, str]:
-        """The ``bundle`` object of telemetry.v1 and status.v1."""
-        return {"id": self.bundle_id, "sha256": self.manifest_sha256}
-
-
 #: ``guard(model, megabytes, measured)``: raises :class:`DeployError` when loading (``measured`` False: the
 #: model file's size, before loading) or keeping (True: the RSS growth the load caused) a model of that size
 #: would take the loaded models past the memory budget.
@@ -88,18 +71,6 @@ class _StageFailed(Exception):
     def __init__(self, step: str, error: EdgekitError) -> None:
         super().__init__(error.message)
         self.step, self.error = step, error
-
-
-@dataclass
-class StagedDeploy:
-    """A bundle that passed every check and is installed under ``versions/``, loaded but not yet served."""
-
-    request: DeployRequest
-    loaded: LoadedBundle
-    version_dir: Path
-    old_current: Path | None
-    old_signature: IOSignature | None
-    held_mb: float | None
 
 
 class Deployer(HealthWatch):

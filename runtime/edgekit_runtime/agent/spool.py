@@ -41,7 +41,7 @@ from typing import Literal, TypeVar
 
 from edgekit_runtime.agent import spool_space
 from edgekit_runtime.agent.spool_space import DEFAULT_HEADROOM_BYTES, DEFAULT_RESERVE_BYTES, DropReporter, DropSummary
-from edgekit_runtime.agent.topics import TelemetryError
+from edgekit_runtime.agent.spool_space import SpoolError as SpoolError  # re-exported: callers import it from here
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -59,10 +59,6 @@ _SCHEMA = (
     " qos INTEGER NOT NULL, created_at REAL NOT NULL)",
     "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
 )
-
-
-class SpoolError(TelemetryError):
-    """The spool file cannot be opened, is in use, or a message cannot be queued."""
 
 
 class SpoolFullError(SpoolError):

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekit_runtime.agent.disk_reserve import DEFAULT_RESERVE_BYTES, DiskReserve, free_bytes
+from edgekit_runtime.agent.topics import TelemetryError
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,12 @@ DROPS_SCHEMA = (
     " first_seq INTEGER, last_seq INTEGER, first_window_start TEXT, last_window_start TEXT, reasons TEXT NOT NULL,"
     " seq_ranges TEXT NOT NULL DEFAULT '[]')"
 )
+
+
+
+class SpoolError(TelemetryError):
+    """The spool file cannot be opened, is in use, or a message cannot be queued (defined here, below
+    :mod:`~edgekit_runtime.agent.spool`, which re-exports it: the space checks raise it too)."""
 
 
 @dataclass(frozen=True)
@@ -202,7 +209,6 @@ class DropReports:
 
     def report_if_due(self, spool: Any) -> None:
         """Under the spool's lock, after a write: queue the report when one is due."""
-        from edgekit_runtime.agent.spool import SpoolError
 
         if self.reporter is None:
             return
@@ -382,7 +388,6 @@ class SpoolSpace:
 
     def hand_back(self, spool: Any) -> None:
         """Return the database's free pages to the file system (one commit, then a WAL truncation)."""
-        from edgekit_runtime.agent.spool import SpoolError
 
         try:
             with spool._writing("cannot hand free pages back to the file system"):
@@ -394,7 +399,6 @@ class SpoolSpace:
     def drop_windows_for(self, spool: Any, need_bytes: int) -> int:
         """Drop the oldest telemetry windows worth ``need_bytes`` in one commit, hand their pages back to the
         file system and truncate the WAL; returns how many windows were dropped."""
-        from edgekit_runtime.agent.spool import SpoolError
 
         try:
             with spool._writing("cannot drop old windows to make room"):
