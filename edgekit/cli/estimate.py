@@ -49,12 +49,12 @@ def run(args: argparse.Namespace) -> int:
     if source.measured_p50_ms is not None:
         printer.print(f"  host measured   {source.measured_p50_ms:.3f} ms p50 on the build host ({source.measured_on or 'unknown CPU'}), for comparison")
     if result.energy:
-        energy = Table(title="energy per inference at each power mode (estimate)")
-        for column in ("mode", "watts", "p50 ms", "mJ / inference"):
+        energy = Table(title=f"energy per inference (one sample) at each power mode (estimate; one call = batch {result.batch})")
+        for column in ("mode", "watts", "p50 ms / call", "mJ / call", "mJ / inference"):
             energy.add_column(column, justify="right" if column != "mode" else "left")
         for mode_energy in result.energy:
             energy.add_row(mode_energy.power_mode, f"{mode_energy.watts:g}", f"{mode_energy.latency_ms:.3f}",
-                           f"{mode_energy.energy_per_inference_mj:.2f}")  # fmt: skip
+                           f"{mode_energy.energy_per_call_mj:.3g}", f"{mode_energy.energy_per_inference_mj:.3g}")  # fmt: skip
         printer.print(energy)
     table = Table(title="by node class (estimate)")
     for column in ("class", "nodes", "GOPs", "MB moved", "ms", "share"):

@@ -28,10 +28,20 @@ ASSUMED_COMPUTE_CLASSES = ("conv", "matmul", "attention")
 
 @dataclass(frozen=True)
 class ModeEnergy:
+    """Energy at one power mode. ``latency_ms`` is one call of ``batch`` samples; ``energy_per_call_mj`` is that
+    call's energy and ``energy_per_inference_mj`` is per SAMPLE (the call's energy / batch), matching throughput,
+    which counts samples."""
+
     power_mode: str
     watts: float
     latency_ms: float
-    energy_per_inference_mj: float
+    energy_per_call_mj: float
+    batch: int = 1
+
+    @property
+    def energy_per_inference_mj(self) -> float:
+        """Energy per sample (one inference), in mJ: the call's energy divided by its batch."""
+        return self.energy_per_call_mj / max(self.batch, 1)
 
 
 @dataclass(frozen=True)
@@ -65,8 +75,9 @@ class Estimate:
             "batch": self.batch, "p50_ms": self.p50_ms, "throughput_per_s": self.throughput_per_s,
             "memory_mb": {"weights": self.weights_mb, "activations": self.activations_mb,
                           "runtime_overhead": self.runtime_overhead_mb, "peak": self.peak_memory_mb},
-            "energy": [{"power_mode": e.power_mode, "watts": e.watts, "p50_ms": e.latency_ms,
-                        "energy_per_inference_mj": e.energy_per_inference_mj} for e in self.energy],
+            "energy": [{"power_mode": e.power_mode, "watts": e.watts, "p50_ms": e.latency_ms, "batch": e.batch,
+                        "energy_per_inference_mj": e.energy_per_inference_mj, "energy_per_call_mj": e.energy_per_call_mj}
+                       for e in self.energy],
             "by_class": self.by_class, "total_ops": self.cost.total_ops, "dims": self.cost.dims,
             "factors": list(self.factors), "calibration": self.calibration, "hardware": self.hardware,
         }  # fmt: skip
@@ -129,7 +140,6 @@ def estimate(model: Any, target: TargetProfile, *, dims: Mapping[str, int] | Non
     factors, calibration_info = resolve_factors(runs_on, calibration)
     timed, latency = apply_factors(line, factors)
     engine = runs_on.engine if runs_on is not hardware or not line.fallback_nodes else f"{hardware.engine}+{hardware.fallback.engine}"  # type: ignore[union-attr]
-    batch = int(batch or (cost.dims.get("batch") if cost.dims else None) or 1)
     by_class: dict[str, dict[str, float]] = {}
     raw = cost.by_class()
     for cls in ALL_CLASSES:
@@ -137,12 +147,13 @@ def estimate(model: Any, target: TargetProfile, *, dims: Mapping[str, int] | Non
         if cls in raw and (raw[cls]["nodes"] or ms):
             by_class[cls] = {**raw[cls], "ms": ms, "share": ms / latency if latency else 0.0,
                              "compute_bound_nodes": sum(1 for n in timed if n.op_class == cls and n.bound == "compute")}  # fmt: skip
+    batch = int(batch or (cost.dims.get("batch") if cost.dims else None) or 1)
     energy = []
     for mode, watts in target.power_modes.items():
         mode_hw = hardware if mode == hardware.power_mode else hardware_for(target, mode, measured=measured_peak)
         mode_factors = resolve_factors(mode_hw.fallback if runs_on is not hardware and mode_hw.fallback else mode_hw, calibration)[0]
         mode_ms = apply_factors(roofline(cost, mode_hw), mode_factors)[1]
-        energy.append(ModeEnergy(mode, watts, mode_ms, watts * mode_factors.power_fraction * mode_ms))
+        energy.append(ModeEnergy(mode, watts, mode_ms, watts * mode_factors.power_fraction * mode_ms, batch))
     words = [
         "ESTIMATE, not a measurement: per-node roofline max(ops/peak, bytes/bandwidth) / efficiency + per-node overhead",
         *hardware.sources, *line.notes, *notes, *cost.assumptions,
@@ -152,7 +163,8 @@ def estimate(model: Any, target: TargetProfile, *, dims: Mapping[str, int] | Non
         f"runtime memory overhead {RUNTIME_OVERHEAD_MB[engine_kind(runs_on.engine)]:g} MB (an estimate for the runtime's libraries and arenas)",
     ]  # fmt: skip
     if energy:
-        words.append(f"energy = power mode watts x {factors.power_fraction:g} active share x latency ({factors.source})")
+        words.append(f"energy per inference = power mode watts x {factors.power_fraction:g} active share x latency of one "
+                     f"batch-{batch} call / {batch} samples ({factors.source})")
     return Estimate(
         target=target.name, power_mode=hardware.power_mode, engine=engine, batch=batch, p50_ms=latency,
         throughput_per_s=batch * 1000.0 / latency if latency else 0.0, weights_mb=cost.weight_bytes / 2**20,

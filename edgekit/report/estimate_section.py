@@ -50,6 +50,7 @@ def estimate_section(result: Estimate | None) -> dict[str, Any]:
              ("peak memory (estimate)", f"{result.peak_memory_mb:.1f} MB: weights {result.weights_mb:.1f} + activations "
                                         f"{result.activations_mb:.1f} + runtime {result.runtime_overhead_mb:.0f}"),
              ("factors", "calibrated" if result.calibration.get("calibrated") else "default (uncalibrated)")]  # fmt: skip
-    energy = [(e.power_mode, f"{e.watts:g} W", f"{e.latency_ms:.3f} ms", f"{e.energy_per_inference_mj:.2f} mJ") for e in result.energy]
+    energy = [(e.power_mode, f"{e.watts:g} W", f"{e.latency_ms:.3f} ms", f"{e.energy_per_inference_mj:.3g} mJ per sample"
+               + (f" ({e.energy_per_call_mj:.3g} mJ per batch-{e.batch} call)" if e.batch > 1 else "")) for e in result.energy]
     return {"available": True, "facts": facts, "energy": energy, "factors": list(result.factors),
             "plot": Markup(plot) if plot else None}  # fmt: skip

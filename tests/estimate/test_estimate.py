@@ -58,7 +58,8 @@ def test_estimate_sums_the_roofline_and_lists_its_factors() -> None:
     assert sum(row["share"] for row in result.by_class.values()) == pytest.approx(1.0)
     assert {e.power_mode for e in result.energy} == {"15W", "7W"}
     e15 = next(e for e in result.energy if e.power_mode == "15W")
-    assert e15.energy_per_inference_mj == pytest.approx(15 * DEFAULT_POWER_FRACTION * result.p50_ms)
+    assert e15.energy_per_call_mj == pytest.approx(15 * DEFAULT_POWER_FRACTION * result.p50_ms)
+    assert e15.energy_per_inference_mj == pytest.approx(e15.energy_per_call_mj / 4)  # per sample of the batch-4 call
     assert result.peak_memory_mb == pytest.approx(result.weights_mb + result.activations_mb + 400.0)
 
 
