@@ -95,3 +95,14 @@ def test_fleet_status_order_is_worst_first(seeded: FleetStore) -> None:
     assert (len(stale.devices), stale.total, stale.fleet_devices) == (1, 2, 18)
     counts = seeded.device_counts(now=NOW)  # type: ignore[attr-defined]
     assert counts.fleets() == ["a", "b", "c", "d"] and counts.fleets(["offline"]) == ["b", "c"]
+
+
+def test_the_report_counts_states_per_target_as_the_summaries_do(seeded: FleetStore) -> None:
+    from edgekit.fleet.liveness import state_counts as liveness_counts
+    from edgekit.fleet.report import build_report
+
+    summaries = seeded.device_summaries()
+    for target in ("raspberry-pi-5", "jetson-orin-nx-16gb", "no-such-target"):
+        expected = liveness_counts([s.state for s in summaries if s.target == target])
+        assert build_report(seeded, target=target).device_states == expected, target
+    assert build_report(seeded).device_states == liveness_counts([s.state for s in summaries])

@@ -100,10 +100,16 @@ class DeviceCounts:
     bundles: list[dict[str, Any]]
     #: each fleet that has devices (sorted) with the states its devices are in
     fleet_states: dict[str, set[str]]
+    #: devices per state on each target (None: no target known)
+    target_states: dict[str | None, dict[str, int]]
 
     def fleets(self, states: Collection[str] = ()) -> list[str]:
         """The fleets with devices (in one of ``states``, when given)."""
         return [fleet for fleet, found in self.fleet_states.items() if not states or found & set(states)]
+
+    def states_on(self, target: str) -> dict[str, int]:
+        """Devices per state among those on ``target`` (:data:`STATES` always)."""
+        return self.target_states.get(target) or dict.fromkeys(STATES, 0)
 
 
 @dataclass(frozen=True)
@@ -140,10 +146,13 @@ class DeviceReadsMixin:
         rows = self._query("counting devices", f"SELECT shown_bundle, target, state, COUNT(*), fleet FROM ({view}) v "
                                                "GROUP BY fleet, shown_bundle, target, state", params)  # fmt: skip
         fleets: dict[str, set[str]] = {}
+        targets: dict[str | None, list[Sequence[Any]]] = {}
         for row in rows:
             fleets.setdefault(row[4], set()).add(row[2])
+            targets.setdefault(row[1], []).append(row)
         return DeviceCounts(devices=sum(int(r[3]) for r in rows), states=_state_counts(rows), bundles=_bundle_rows(rows),
-                            fleet_states=dict(sorted(fleets.items())))  # fmt: skip
+                            fleet_states=dict(sorted(fleets.items())),
+                            target_states={target: _state_counts(found) for target, found in targets.items()})  # fmt: skip
 
     def median_interval_s(self, fleet: str | None = None) -> float | None:
         """The median device's telemetry interval (its newest window's length), None when no device has one."""
