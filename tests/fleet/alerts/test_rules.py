@@ -62,7 +62,7 @@ def test_mistakes_name_the_file_line_rule_field_and_fix(tmp_path: Path) -> None:
     message, hint = info.value.message, info.value.hint or ""
     assert isinstance(info.value, ConfigError)
     assert f"{path}:5:5: unknown key 'treshold_ms' in rules.p99-slow (did you mean 'threshold_ms'?)" in message
-    assert f"{path}:3:3: missing required field 'rules.p99-slow.threshold_ms'" in message
+    assert "missing required field 'rules.p99-slow.threshold_ms'" not in message  # the typo explains it: said once
     assert f"{path}:9:5: field 'rules.hot.for'" in message and "e.g. 30s, 5m, 1h30m" in message
     assert "rename 'treshold_ms' to 'threshold_ms'" in hint
 
