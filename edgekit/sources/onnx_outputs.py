@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -53,8 +53,9 @@ def repair_declared_outputs(path: Path, recipe: Recipe, batch: Mapping[str, np.n
 def _points(recipe: Recipe) -> list[tuple[dict[str, int], str]]:
     """The dims the graph is run at: min, opt and max (each once)."""
     points: list[tuple[dict[str, int], str]] = []
-    for point in ("min", "opt", "max"):
-        dims = dims_at(recipe, point)  # type: ignore[arg-type]
+    points_named: tuple[Literal["min", "opt", "max"], ...] = ("min", "opt", "max")
+    for point in points_named:
+        dims = dims_at(recipe, point)
         if all(dims != seen for seen, _ in points):
             points.append((dims, point))
     return points
@@ -81,7 +82,7 @@ def _observed_shapes(model: Any, recipe: Recipe, batch: Mapping[str, np.ndarray]
     names = [o.name for o in session.get_outputs()]
     runs = []
     for dims, point in _points(recipe):
-        feed = fit_batch(recipe.inputs, model_inputs(recipe, batch), dims)
+        feed = fit_batch(recipe.inputs, model_inputs(recipe, dict(batch)), dims)
         try:
             arrays = session.run(None, feed)
         except Exception as exc:
