@@ -92,7 +92,7 @@ def quantize_model(fp32_path: Path, out_path: Path, spec: QuantizationSpec, targ
         if refine:
             plan = channel_spread.keep_wide_spread_convs_float(pre, plan, calibration_batches)
         ranges, section, cache_file = calibrate_plan(pre, plan, spec, calibration_batches, workdir, cache_dir)
-        static_qdq.write_static_qdq(pre, out_path, plan, ranges)
+        plan = static_qdq.write_static_qdq_around_failures(pre, out_path, plan, ranges)
         _drop_shape_annotations(out_path, backend)
         return QuantizedModel(out_path, plan, section, cache_file)
     if precision is Precision.INT8_DYNAMIC:

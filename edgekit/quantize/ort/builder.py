@@ -161,7 +161,7 @@ class OrtCandidateBuilder:
             raise QuantizationError(f"candidate {candidate.name} ({candidate.precision.value}) has no quantization plan")
         if candidate.precision is Precision.INT8:
             ranges = self.ranges(candidate.graph, plan)
-            static_qdq.write_static_qdq(model, out, plan, ranges)  # type: ignore[arg-type]  # TensorRange has min/max
+            plan = static_qdq.write_static_qdq_around_failures(model, out, plan, ranges)  # type: ignore[arg-type]  # TensorRange has min/max
             if not graph_files.quantized_ops(out):
                 raise QuantizationError(f"{candidate.name}: the plan quantized nothing (no Q/DQ or integer op written), so it is not an int8 plan",
                                         hint="every quantizable node is kept in higher precision; the FP32 candidate covers this")
@@ -207,11 +207,18 @@ def unquantized_nodes(path: Path, plan: QuantizationPlan) -> list[str]:
     missed = []
     dynamic_nodes = set(plan.dynamic_nodes)
     for node in nodes:
-        if node.name in skipped or node.op_type not in plan.op_types or layout.rewritten_from(node.name, skipped):
+        if node.name in skipped or node.op_type not in plan.op_types or layout.rewritten_from(node.name, skipped) or gemm_split_from(node.name, skipped):
             continue
         if node.name in dynamic_nodes or (node.op_type in INT8_OP_TYPES and not any(name in dequantized for name in node.input)):
             missed.append(node.name)
     return missed
+
+
+def gemm_split_from(node_name: str, originals: set[str]) -> str | None:
+    """The excluded Gemm that ONNX Runtime's dynamic quantizer (run for embedding tables and dynamic nodes) split into
+    ``<name>_MatMul`` + ``<name>_Add``: it stays float as its plan says."""
+    original = node_name[: -len("_MatMul")] if node_name.endswith("_MatMul") else None
+    return original if original in originals else None
 
 
 def _int8_only(plan: QuantizationPlan) -> QuantizationPlan:

@@ -73,8 +73,7 @@ def write_with_ranges(model_path: Path, out_path: Path, ranges: Mapping[str, Ten
                             activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
                             calibration_cache_path=str(cache))
         except Exception as exc:
-            raise QuantizationError(f"ONNX Runtime's quantize_static failed on {model_path}: {type(exc).__name__}: {exc}",
-                                    hint="the edgekit int8 and FP32 candidates cover this model") from exc
+            raise _quantize_static_error(exc, model_path) from exc
     return Path(out_path)
 
 
@@ -100,9 +99,20 @@ def write_ort_default_static(model_path: Path, out_path: Path, batches: Sequence
         quantize_static(str(model_path), str(out_path), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax)
     except Exception as exc:
-        raise QuantizationError(f"ONNX Runtime's quantize_static failed on {model_path}: {type(exc).__name__}: {exc}",
-                                hint="the edgekit int8 and FP32 candidates cover this model") from exc
+        raise _quantize_static_error(exc, model_path) from exc
     return out_path
+
+
+def _quantize_static_error(exc: Exception, model_path: Path) -> QuantizationError:
+    """ONNX Runtime's own ``quantize_static`` failed: the error names the node it was writing where the traceback says."""
+    import onnx
+
+    from edgekit.quantize.ort.static_qdq import failing_node
+
+    node = failing_node(exc, {n.name for n in onnx.load(str(model_path), load_external_data=False).graph.node})
+    at = f" at node '{node}'" if node else ""
+    return QuantizationError(f"ONNX Runtime's quantize_static failed on {model_path}{at}: {type(exc).__name__}: {exc}",
+                             hint="the edgekit int8 and FP32 candidates cover this model (they keep such a node float)")
 
 
 def ort_default_plan(plan: QuantizationPlan) -> QuantizationPlan:

@@ -4,6 +4,7 @@ float consumers reading through a Q/DQ pair, NHWC layout, dynamic nodes inside a
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -17,6 +18,8 @@ from edgekit.quantize.ort.dynamic import private_dynamic_inputs, write_dynamic
 from edgekit.quantize.ort.graph_files import save_model
 from edgekit.quantize.ort.static_plan import outside_conv_region, static_op_types
 from edgekit.quantize.plan import QuantizationPlan
+
+log = logging.getLogger(__name__)
 
 
 class Range(Protocol):
@@ -61,7 +64,7 @@ def write_static_qdq(fp32_path: Path, out_path: Path, plan: QuantizationPlan, ra
     try:
         quantizer.quantize_model()
     except Exception as exc:
-        raise QuantizationError(f"static QDQ quantization of {fp32_path} failed: {exc}", hint="exclude the node named above (quantization.exclude_nodes)") from exc
+        raise QuantizerNodeError.from_exception(exc, fp32_path, model) from exc
     rewire_subgraph_readers_of_folded(quantizer.model.model, activations, fp32_path)
     if plan.float_consumers_skip_qdq:
         quantized = {n.name for n in model.graph.node if n.op_type in plan.op_types and n.name not in skip}
@@ -81,6 +84,67 @@ def write_static_qdq(fp32_path: Path, out_path: Path, plan: QuantizationPlan, ra
     if plan.backend is Backend.ONNXRUNTIME:
         quantize_embedding_tables(out_path, plan)
     return out_path
+
+
+class QuantizerNodeError(QuantizationError):
+    """ONNX Runtime's QDQ quantizer raised while writing one node (``node``: its name, None where the traceback
+    does not say which)."""
+
+    def __init__(self, message: str, hint: str, node: str | None) -> None:
+        super().__init__(message, hint=hint)
+        self.node = node
+
+    @classmethod
+    def from_exception(cls, exc: Exception, fp32_path: Path, model: Any) -> "QuantizerNodeError":
+        node = failing_node(exc, {n.name for n in model.graph.node})
+        cause = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        if node is None:
+            return cls(f"static QDQ quantization of {fp32_path} failed inside ONNX Runtime's quantizer, which names no node: {cause}",
+                       hint="keep the op type float (quantization.exclude_op_types), or find the node by excluding halves of them "
+                            "(quantization.exclude_nodes)", node=None)
+        op_type = next(n.op_type for n in model.graph.node if n.name == node)
+        return cls(f"static QDQ quantization of {fp32_path} failed at {op_type} node '{node}' inside ONNX Runtime's quantizer: {cause}",
+                   hint=f"keep the node float: quantization.exclude_nodes: [{node}]", node=node)
+
+
+def failing_node(exc: BaseException, names: set[str]) -> str | None:
+    """The graph node ONNX Runtime's quantizer was writing when it raised ``exc``: from the innermost frame of the
+    traceback that holds one (a ``node`` being quantized, or the ``bias_info`` of a bias being scaled)."""
+    import traceback
+
+    frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
+    for frame in reversed(frames):
+        local = frame.f_locals
+        bias_info = local.get("bias_info")
+        candidates = [getattr(bias_info, "node_name", None), getattr(local.get("node"), "name", None)]
+        for name in candidates:
+            if isinstance(name, str) and name in names:
+                return name
+    return None
+
+
+#: How many nodes :func:`write_static_qdq_around_failures` keeps float before it gives up.
+MAX_NODES_KEPT_FLOAT_FOR_QUANTIZER = 8
+
+
+def write_static_qdq_around_failures(fp32_path: Path, out_path: Path, plan: QuantizationPlan, ranges: Mapping[str, Range]) -> QuantizationPlan:
+    """:func:`write_static_qdq`; where ONNX Runtime's quantizer fails at a node it names, that node is kept float and
+    the graph written again. Returns the plan as written: the kept nodes are in ``excluded``, with the quantizer's error
+    as the reason (the manifest records it), and the build log warns. A failure that names no node, or names one
+    already kept, is raised."""
+    for _ in range(MAX_NODES_KEPT_FLOAT_FOR_QUANTIZER + 1):
+        try:
+            write_static_qdq(fp32_path, out_path, plan, ranges)
+            return plan
+        except QuantizerNodeError as exc:
+            if exc.node is None or exc.node in plan.excluded:
+                raise
+            log.warning("int8: ONNX Runtime's quantizer failed at node '%s' (%s); that node stays float and the graph is written again",
+                        exc.node, exc.__cause__)
+            plan = plan.excluding({exc.node: f"ONNX Runtime's quantizer failed on it ({type(exc.__cause__).__name__}: {exc.__cause__}); kept float"})
+    raise QuantizationError(f"static QDQ quantization of {fp32_path}: ONNX Runtime's quantizer failed at {MAX_NODES_KEPT_FLOAT_FOR_QUANTIZER} nodes in turn "
+                            f"({', '.join(n for n, why in plan.excluded.items() if why.startswith('ONNX Runtime'))})",
+                            hint="keep the op type float (quantization.exclude_op_types), or build int8-dynamic")
 
 
 def embedding_gathers(model_path: Path) -> list[str]:
