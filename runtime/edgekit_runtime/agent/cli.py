@@ -73,10 +73,12 @@ def check_agent(config: AgentConfig, *, broker_timeout_s: float = 5.0) -> CheckR
     if config.bundles.allow_unsigned:
         report.warnings.append("bundles.allow_unsigned is true: unsigned bundles are accepted (development only)")
 
-    if not config.bundles.dir.is_dir():
-        report.problems.append(f"bundles.dir '{config.bundles.dir}' does not exist; create it (install a bundle with `edgekit-agent install`)")
-    elif not os.access(config.bundles.dir, os.W_OK):
-        report.problems.append(f"bundles.dir '{config.bundles.dir}' is not writable by this user; deploys would fail")
+    # bundles.dir holds the bundles only without a models: repository; with one, models.dir holds them
+    key, directory = ("bundles.dir", config.bundles.dir) if config.models is None else ("models.dir", config.models.dir)
+    if not directory.is_dir():
+        report.problems.append(f"{key} '{directory}' does not exist; create it (install a bundle with `edgekit-agent install`)")
+    elif not os.access(directory, os.W_OK):
+        report.problems.append(f"{key} '{directory}' is not writable by this user; deploys would fail")
     # one store per model of the repository (models:), else bundles.dir itself
     stores = [(None, config.bundles.dir)]
     if config.models is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from edgekit_runtime.agent.config_types import (
     parse_api_address,
 )
 from edgekit_runtime.agent.errors import AgentConfigError
-from edgekit_runtime.yaml_limited import parse_yaml_limited, read_limited_bytes
+from edgekit_runtime.yaml_limited import Location, Positions, parse_yaml_limited, read_limited_bytes
 
 __all__ = [
     "AgentConfig",
@@ -69,6 +70,21 @@ __all__ = [
 
 _ID_PATTERN = ID_PATTERN
 _REQUIRED = object()
+_KEY_PART = re.compile(r"\[(\d+)\]|([^.\[\]]+)")
+
+
+def _location(key: str) -> Location:
+    """``models.names[1]`` -> ``("models", "names", 1)``: the YAML path of a key as errors name it."""
+    return tuple(int(index) if index else name for index, name in _KEY_PART.findall(key))
+
+
+def _position(key: str, positions: Positions) -> tuple[int, int] | None:
+    """Line and column of ``key``, else of the nearest enclosing key the file has (a missing key: its section)."""
+    loc = _location(key)
+    for cut in range(len(loc), -1, -1):
+        if loc[:cut] in positions:
+            return positions[loc[:cut]]
+    return None
 
 
 # -- reading ------------------------------------------------------------------------------------------
@@ -77,9 +93,10 @@ _REQUIRED = object()
 class _Section:
     """One mapping of the YAML file; every read names ``file: key`` in its errors."""
 
-    def __init__(self, data: object, *, file: Path, prefix: str, known: tuple[str, ...]) -> None:
+    def __init__(self, data: object, *, file: Path, prefix: str, known: tuple[str, ...], positions: Positions) -> None:
         self.file = file
         self.prefix = prefix
+        self.positions = positions
         if data is None:
             data = {}
         if not isinstance(data, Mapping):
@@ -95,8 +112,13 @@ class _Section:
                     + f"known keys here: {', '.join(known)}",
                 )
 
+    def where(self, key: str) -> str:
+        """``FILE:LINE:COLUMN`` of ``key`` (the column of its name), as recipe errors name theirs."""
+        position = _position("" if key == "top level" else key, self.positions)
+        return f"{self.file}:{position[0]}:{position[1]}" if position else str(self.file)
+
     def error(self, key: str, problem: str, *, hint: str | None = None) -> AgentConfigError:
-        return AgentConfigError(f"{self.file}: {key}: {problem}", hint=hint)
+        return AgentConfigError(f"{self.where(key)}: {key}: {problem}", hint=hint)
 
     def key(self, name: str) -> str:
         return f"{self.prefix}{name}"
@@ -105,7 +127,8 @@ class _Section:
         return self.data.get(name) is not None
 
     def section(self, name: str, known: tuple[str, ...]) -> _Section:
-        return _Section(self.data.get(name), file=self.file, prefix=f"{self.prefix}{name}.", known=known)
+        return _Section(self.data.get(name), file=self.file, prefix=f"{self.prefix}{name}.", known=known,
+                        positions=self.positions)  # fmt: skip
 
     def _get(self, name: str, default: object, example: str) -> object:
         value = self.data.get(name)
@@ -175,16 +198,18 @@ def load_config(path: str | os.PathLike[str]) -> AgentConfig:
         raw = read_limited_bytes(file, AgentConfigError, "agent configuration")
     except OSError as err:
         raise AgentConfigError(f"agent configuration '{file}' cannot be read: {err.strerror or err}") from err
-    data, _ = parse_yaml_limited(raw, file, AgentConfigError, "agent configuration",
-                                 empty_hint="copy runtime/agent.example.yaml and edit it")  # fmt: skip
-    return parse_config(data, file=file.resolve())
+    data, positions = parse_yaml_limited(raw, file, AgentConfigError, "agent configuration",
+                                         empty_hint="copy runtime/agent.example.yaml and edit it")  # fmt: skip
+    return parse_config(data, file=file.resolve(), positions=positions)
 
 
-def parse_config(data: object, *, file: Path) -> AgentConfig:
-    """Validate already-parsed YAML ``data``; ``file`` names the source in errors and anchors paths."""
+def parse_config(data: object, *, file: Path, positions: Positions | None = None) -> AgentConfig:
+    """Validate already-parsed YAML ``data``; ``file`` names the source in errors and anchors paths,
+    ``positions`` (from the YAML reader) adds ``:LINE:COLUMN`` to them."""
     top = _Section(
         data,
         file=file,
+        positions=positions or {},
         prefix="",
         known=("device_id", "fleet", "broker", "bundles", "api", "telemetry", "power", "probe", "batching", "health",
                "commands", "models"),
@@ -288,10 +313,10 @@ def _parse_broker(top: _Section) -> BrokerConfig:
 
     try:
         refuse_plaintext_password(url, has_password=password_file is not None, allow=allow_plaintext,
-                                  source=str(section.file), field="broker.password_file",
+                                  source=section.where("broker.password_file"), field="broker.password_file",
                                   allow_option="broker.allow_plaintext_password: true")  # fmt: skip
     except TelemetryError as err:  # the refusal names the file; a URL the broker parser refuses does not yet
-        message = err.message if err.message.startswith(str(section.file)) else f"{section.file}: broker.url: {err.message}"
+        message = err.message if err.message.startswith(str(section.file)) else f"{section.where('broker.url')}: broker.url: {err.message}"
         raise AgentConfigError(message, hint=err.hint) from err
     return BrokerConfig(
         url=url,
@@ -343,7 +368,7 @@ def _parse_allowed_sources(section: _Section) -> tuple[str, ...]:
 
 
 def _parse_api(section: _Section, *, memory_budget_mb: float | None) -> ApiConfig:
-    address = parse_api_address(section.string("address", DEFAULT_API_ADDRESS), where=f"{section.file}: api.address")
+    address = parse_api_address(section.string("address", DEFAULT_API_ADDRESS), where=f"{section.where('api.address')}: api.address")
     max_mb = section.number("max_request_mb", 64, minimum=0, exclusive_minimum=True, example="64")
     max_header_kb = section.number("max_header_kb", 16, minimum=1, example="16")
     inflight_mb = section.number("max_inflight_body_mb", None, minimum=0, exclusive_minimum=True, example="128")
@@ -371,7 +396,7 @@ def _parse_allowed_hosts(section: _Section) -> tuple[str, ...]:
 
 def _parse_grpc(section: _Section) -> GrpcConfig:
     listen = section.string("listen", example="127.0.0.1:8001")
-    return GrpcConfig(listen=parse_api_address(listen, where=f"{section.file}: {section.key('listen')}"))
+    return GrpcConfig(listen=parse_api_address(listen, where=f"{section.where(section.key('listen'))}: {section.key('listen')}"))
 
 
 def _parse_telemetry(section: _Section) -> TelemetryConfig:

@@ -112,3 +112,48 @@ def test_api_addresses_accepted(text: str, expected: ApiAddress) -> None:
 def test_api_addresses_refused(text: str, fragment: str) -> None:
     with pytest.raises(AgentConfigError, match=fragment):
         parse_api_address(text)
+
+
+_POSITIONED = """\
+device_id: dev-1
+fleet: lab
+bundles:
+  dir: bundles
+  allow_unsigned: true
+  max_download_mb: {max_download_mb}
+models:
+  names: [detector, {second_model}]
+power:
+  {power_key}: none
+telemetry:
+  spool: {{path: spool.db}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("values", "where", "fragment"),
+    [
+        ({"max_download_mb": "-3"}, ":6:3: bundles.max_download_mb: expected a number > 0, got -3", None),
+        ({"second_model": "'bad name'"}, ":8:21: models.names[1]: 'bad name' is not a model name", None),
+        ({"power_key": "sensr"}, ":10:3: power.sensr: is not a known key", "did you mean 'power.sensor'"),
+    ],
+)
+def test_config_errors_carry_line_and_column(tmp_path: Path, values: dict[str, str], where: str, fragment: str | None) -> None:
+    """Like recipe errors, agent config errors say FILE:LINE:COLUMN of the key they are about (issue 32 item 8)."""
+    fields = {"max_download_mb": "64", "second_model": "keywords", "power_key": "sensor", **values}
+    path = tmp_path / "agent.yaml"
+    path.write_text(_POSITIONED.format(**fields), encoding="utf-8")
+    with pytest.raises(AgentConfigError) as info:
+        load_config(path)
+    text = str(info.value)
+    assert text.startswith(f"{path.resolve()}{where}"), text
+    assert fragment is None or fragment in text, text
+
+
+def test_missing_key_points_at_its_section(tmp_path: Path) -> None:
+    """A required key that is absent is placed at the section that should hold it."""
+    path = tmp_path / "agent.yaml"
+    path.write_text("device_id: dev-1\nfleet: lab\nbundles:\n  allow_unsigned: true\n", encoding="utf-8")
+    with pytest.raises(AgentConfigError) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{path.resolve()}:3:1: bundles.dir: is required"), str(info.value)

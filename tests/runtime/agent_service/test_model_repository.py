@@ -349,3 +349,21 @@ def test_the_probe_reaches_every_model(agent_config: Callable[..., Path], model_
             time.sleep(0.05)
         assert {slot.name: slot.server.totals().requests > 0 for slot in agent.models.slots()} == {"digits": True, "embedder": True}
         assert all(slot.server.totals().errors == 0 for slot in agent.models.slots())
+
+
+def test_check_passes_with_a_models_dir_and_no_bundles_dir(agent_config: Callable[..., Path], model_bundle: Callable[..., Path],
+                                                            tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """With a models: repository the bundles live in models.dir; a missing bundles.dir is no problem (issue 32 item 8)."""
+    models_dir = tmp_path / "repository"
+    path = agent_config(models={"names": ["digits"], "default": "digits", "dir": str(models_dir)},
+                        bundles={"dir": str(tmp_path / "never-created"), "allow_unsigned": True})  # fmt: skip
+    assert agent_main(["install", str(model_bundle("digits")), "--config", str(path), "--model", "digits"]) == 0
+    capsys.readouterr()
+    assert not (tmp_path / "never-created").exists()
+    assert agent_main(["check", "--config", str(path)]) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "ok    model digits: current bundle digits" in out and "bundles.dir" not in out, out
+    models_dir.rename(tmp_path / "moved")  # a missing models.dir is a problem, named by its key
+    assert agent_main(["check", "--config", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert f"FAIL  models.dir '{models_dir}' does not exist" in out, out
