@@ -159,21 +159,20 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def _print_every_device(args: argparse.Namespace) -> int:
-    """``fleet status --json|--csv``: every device (of ``--state``), as the store lists them."""
-    from edgekit.fleet.report import check_filter_values, summary_to_json
+    """``fleet status --json|--csv``: every device (of ``--state``), straight from the store's rows (no per-device object)."""
+    from edgekit.fleet.report import check_filter_values
     from edgekit.fleet.store import open_store
+    from edgekit.fleet.store.device_reads import DEVICE_ROW_FIELDS
 
     with open_store(args.store, must_exist=True) as store:
-        summaries = store.device_summaries(args.fleet)
-        if not summaries:
+        rows = list(store.device_rows(args.fleet, states=[args.state] if args.state else ()))
+        if not rows:
             check_filter_values(store, {"--fleet": ("fleet", args.fleet)})
-    if args.state is not None:
-        summaries = [s for s in summaries if s.state == args.state]
-    rows = [summary_to_json(s) for s in summaries]
     if args.json:
-        print_json({"devices": rows})
+        print_json({"devices": [dict(zip(DEVICE_ROW_FIELDS, row)) for row in rows]})
     else:
-        print_csv(STATUS_CSV_COLUMNS, ([row[column] for column in STATUS_CSV_COLUMNS] for row in rows))
+        columns = [DEVICE_ROW_FIELDS.index(column) for column in STATUS_CSV_COLUMNS]
+        print_csv(STATUS_CSV_COLUMNS, ([row[index] for index in columns] for row in rows))
     return 0
 
 

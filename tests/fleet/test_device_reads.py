@@ -106,3 +106,14 @@ def test_the_report_counts_states_per_target_as_the_summaries_do(seeded: FleetSt
         expected = liveness_counts([s.state for s in summaries if s.target == target])
         assert build_report(seeded, target=target).device_states == expected, target
     assert build_report(seeded).device_states == liveness_counts([s.state for s in summaries])
+
+
+def test_every_device_row_is_what_the_summary_says(seeded: FleetStore) -> None:
+    from edgekit.fleet.report import summary_to_json
+    from edgekit.fleet.store.device_reads import DEVICE_ROW_FIELDS
+
+    summaries = seeded.device_summaries()
+    rows = [dict(zip(DEVICE_ROW_FIELDS, row)) for row in seeded.device_rows(now=NOW)]  # type: ignore[attr-defined]
+    assert rows == [summary_to_json(s) for s in summaries] and len(rows) == 18
+    stale = [dict(zip(DEVICE_ROW_FIELDS, row)) for row in seeded.device_rows("b", states=["stale"], now=NOW)]  # type: ignore[attr-defined]
+    assert stale == [summary_to_json(s) for s in seeded.device_summaries("b") if s.state == "stale"] and len(stale) == 2
