@@ -135,7 +135,7 @@ class Reader:
         with open_store(self.store_url) as store:
             reads: list[tuple[str, Callable[[], Any]]] = [
                 ("status", lambda: (store.device_counts(), store.device_page(limit=100))),  # the table: counts, a page
-                ("status --json", store.device_summaries),  # every device
+                ("status --json", lambda: list(store.device_rows())),  # every device, as --json reads it
                 ("report 24h", lambda: build_report(store, since=dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=24))),
                 ("overview", lambda: overview(store, None)),
             ]  # fmt: skip
