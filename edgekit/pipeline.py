@@ -351,7 +351,8 @@ def stage_evaluate(state: BuildState, runner: OnnxRuntimeRunner) -> str | None:
         note = (f"measured with ONNX Runtime on this host on the bundle's FP32 graph: TensorRT applies {state.precision.value} "
                 "through builder flags on the device, so the device's accuracy can differ; its self-check compares against the golden outputs")
         state.accuracy = replace(state.accuracy, note=note)
-    return f"{state.accuracy.metric} {state.accuracy.value:.4f} (reference {state.accuracy.reference:.4f})"
+    advice = (state.accuracy.details or {}).get("advice")  # e.g. binary_decision on rare positives: budget F1, not agreement
+    return f"{state.accuracy.metric} {state.accuracy.value:.4f} (reference {state.accuracy.reference:.4f})" + (f"; {advice}" if advice else "")
 
 
 def stage_golden(state: BuildState, runner: OnnxRuntimeRunner) -> str | None:
