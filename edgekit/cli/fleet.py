@@ -137,13 +137,14 @@ def run_status(args: argparse.Namespace) -> int:
         return 0
     shown = f"; the {len(summaries)} worst shown (--limit 0 for all)" if len(summaries) < total else ""
     tally = ", ".join(f"{count} {state}" for state, count in counts.states.items() if count or state in ("online", "stale", "offline"))
-    title = (f"fleet {fleets[0] if len(fleets) == 1 else 'status'}: {total} devices"
+    title = (f"fleet {fleets[0] if len(fleets) == 1 else 'status'}: {total} device{'' if total == 1 else 's'}"
              f"{' ' + args.state if args.state else ''} ({tally}){shown}")  # fmt: skip
-    columns = ("device", "state", "bundle", "target", "p50 ms", "p99 ms", "power mW", "mJ/inf", "temp °C", "last seen",
+    columns = ("device", "state", "bundle", "target", "p50 ms", "p99 ms", "power W", "mJ/inf", "temp °C", "last seen",
                "windows", "gaps")  # fmt: skip
     rows = [(s.device if len(fleets) == 1 else f"{s.fleet}/{s.device}", s.state, s.bundle_id or "-", s.target or "-",
-             _num(s.p50_ms, 2), _num(s.p99_ms, 2), _num(s.power_mean_mw, 0), _num(s.energy_per_inference_mj, 2),
-             _num(s.temperature_max_c, 1), _ago(s.last_seen, now), str(s.windows), str(s.missing_seqs))
+             _latency(s, s.p50_ms), _latency(s, s.p99_ms), _num(None if s.power_mean_mw is None else s.power_mean_mw / 1000, 2),
+             _num(s.energy_per_inference_mj, 2), _num(s.temperature_max_c, 1), _ago(s.last_seen, now), str(s.windows),
+             str(s.missing_seqs))
             for s in summaries]  # fmt: skip
     if len(rows) > RICH_TABLE_ROWS:  # a boxed table of thousands of rows takes rich half a minute: plain columns
         print_plain_table(title, columns, rows, left=4)
@@ -294,12 +295,12 @@ def run_report(args: argparse.Namespace) -> int:
     tally = ", ".join(f"{count} {state}" for state, count in report.device_states.items() if count or state in ("online", "stale", "offline"))
     table = Table(title=f"by bundle, target and power mode since {since:%Y-%m-%d %H:%M} UTC; devices now: {tally}")
     for column in ("bundle", "target", "power mode", "devices", "windows", "inferences", "errors", "p50 ms", "p99 ms",
-                   "p99 max", "power mW", "mJ/inf", "max °C"):  # fmt: skip
+                   "p99 max", "power W", "mJ/inf", "max °C"):  # fmt: skip
         table.add_column(column, justify="left" if column in ("bundle", "target", "power mode") else "right")
     for g in report.groups:
         table.add_row(escape(g.bundle_id or "-"), escape(g.target or "-"), escape(g.power_mode or "-"), str(g.devices),
                       str(g.windows), str(g.inferences), str(g.errors), _num(g.p50_ms, 2), _num(g.p99_ms, 2),
-                      _num(g.p99_max_ms, 2), _num(g.power_mean_mw, 0), _num(g.energy_per_inference_mj, 2), _num(g.temperature_max_c, 1))  # fmt: skip
+                      _num(g.p99_max_ms, 2), _num(None if g.power_mean_mw is None else g.power_mean_mw / 1000, 2), _num(g.energy_per_inference_mj, 2), _num(g.temperature_max_c, 1))  # fmt: skip
     out = results(args)
     out.print(table)
     if any(group.model is not None for group in report.models):  # agents serving a model repository
@@ -341,6 +342,14 @@ def _rollout_table(rollout: Any) -> Table:
 
 def _num(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _latency(summary: Any, value: float | None) -> str:
+    """A device's p50/p99: ``idle`` for an online device whose newest window had no inference (no latency to
+    show, but not missing telemetry either), ``-`` for one never heard from."""
+    if value is None and summary.state == "online" and summary.windows > 0:
+        return "idle"
+    return _num(value, 2)
 
 
 def _ago(moment: dt.datetime | None, now: dt.datetime) -> str:

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from edgekit.cli.options import console, json_parent, print_json, results
 
@@ -94,20 +96,7 @@ def run(args: argparse.Namespace) -> int:
         signature = f"signature verified (key {checked.signed_by})" if checked.signed_by else "signature NOT checked here"
         console.print(f"verified {checked.bundle_id}: {checked.files_verified} file(s) match manifest.json, {signature}; "
                       f"target {checked.target or 'none'}", soft_wrap=True)  # fmt: skip
-    seen: list[tuple[str, int]] = []
-
-    def show(record: RolloutRecord) -> None:
-        if not seen:  # the devices and waves passed their checks: commands go out now
-            console.print(f"rollout {record.rollout_id}: {artifact.url} (sha256 {artifact.sha256[:12]}…, {artifact.size_bytes} "
-                          f"bytes) to {len(record.devices)} device(s) in {len(record.waves)} wave(s)", soft_wrap=True)  # fmt: skip
-            seen.append(("", 0))
-        active = next((w for w in record.waves if w["state"] in ("deploying", "watching")), None)
-        key = (record.state, active["index"] if active else 0)
-        if (active or record.state == "rolling_back") and (not seen or seen[-1] != key):
-            seen.append(key)
-            where = f" wave {active['index']}/{len(record.waves)} ({active['spec']}: {len(active['devices'])} device(s))" if active else ""
-            console.print(f"  {record.state}{where}" + (f": {record.reason}" if record.reason else ""), soft_wrap=True)
-
+    show = _progress_printer(artifact)
     devices = [d.strip() for d in args.devices.split(",") if d.strip()] if args.devices else None
     record = run_rollout(artifact, broker_url=args.broker, store_url=args.store, devices=devices, target=args.target,
                          fleet=args.fleet, policy=policy, mqtt_version=args.mqtt_version, on_update=show,
@@ -117,6 +106,82 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(record.to_json())
     return 0 if record.state == "completed" else 1
+
+
+def _progress_printer(artifact: Any) -> Callable[[RolloutRecord], None]:
+    """The ``on_update`` of ``fleet deploy``: one line per wave step on stderr, and while a gate watches a live
+    line (rewritten in place on a terminal, one line per update otherwise) with the wave's figures so far."""
+    from edgekit.fleet.rollout_state import FINAL_STATES
+
+    seen: list[tuple[str, int]] = []
+    live = {"open": False}
+
+    def end_live_line() -> None:
+        if live["open"]:
+            console.file.write("\n")
+            live["open"] = False
+
+    def show(record: RolloutRecord) -> None:
+        if not seen:  # the devices and waves passed their checks: commands go out now
+            console.print(f"rollout {record.rollout_id}: {artifact.url} (sha256 {artifact.sha256[:12]}…, {artifact.size_bytes} "
+                          f"bytes) to {plural(len(record.devices), 'device')} in {plural(len(record.waves), 'wave')}", soft_wrap=True)  # fmt: skip
+            for dropped in record.options.get("dropped_waves") or ():
+                console.print(f"  wave {dropped['spec']} dropped: {dropped['reason']}", soft_wrap=True)
+            seen.append(("", 0))
+        active = next((w for w in record.waves if w["state"] in ("deploying", "watching")), None)
+        key = (record.state, active["index"] if active else 0)
+        if (active or record.state == "rolling_back") and seen[-1] != key:
+            end_live_line()
+            seen.append(key)
+            where = f" wave {active['index']}/{len(record.waves)} ({active['spec']}: {plural(len(active['devices']), 'device')})" if active else ""
+            console.print(f"  {record.state}{where}" + (f": {record.reason}" if record.reason else ""), soft_wrap=True)
+        if active and active["state"] == "watching" and active.get("health") and not active["health"].get("final"):
+            line = "    " + watch_line(active, len(record.waves))
+            if console.is_terminal:
+                console.file.write("\r\x1b[K" + line)
+                console.file.flush()
+                live["open"] = True
+            else:
+                console.print(line, soft_wrap=True, markup=False)
+        elif record.state in FINAL_STATES:
+            end_live_line()
+
+    return show
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 device``, ``2 devices``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def watch_line(wave: dict[str, Any], waves: int, now: dt.datetime | None = None) -> str:
+    """A watched wave so far: devices switched, healthy (heard from on the new bundle), failed; the gate's
+    figures against their limits; seconds left in the health window."""
+    health = wave.get("health") or {}
+    now = now or dt.datetime.now(dt.timezone.utc)
+    left = ""
+    if wave.get("watch_ends_at"):
+        seconds = max(0.0, (dt.datetime.fromisoformat(wave["watch_ends_at"]) - now).total_seconds())
+        left = f"; {seconds:.0f} s left"
+    return (f"wave {wave['index']}/{waves} watching: {health.get('devices', 0)} switched, {health.get('healthy', 0)} healthy, "
+            f"{health.get('failed', 0)} failed; {gate_text(health)}{left}")  # fmt: skip
+
+
+def gate_text(health: dict[str, Any]) -> str:
+    """The health gate's figures beside their limits: ``error rate 0.0% (limit 2.0%), p99 4.02 -> 4.11 ms (1.02x,
+    limit 1.50x), 212 inferences``."""
+    rate, limit = health.get("error_rate"), health.get("max_error_rate")
+    errors = "error rate –" if rate is None else f"error rate {rate:.1%}"
+    errors += f" (limit {limit:.1%})" if limit is not None else ""
+    before, after, ratio = health.get("p99_before_ms"), health.get("p99_after_ms"), health.get("p99_ratio")
+    p99 = f"p99 {_ms(before)} -> {_ms(after)} ms"
+    p99 += f" ({ratio:.2f}x" if ratio is not None else " (no ratio"
+    p99 += f", limit {health['max_p99_ratio']:.2f}x)" if health.get("max_p99_ratio") is not None else ")"
+    return f"{errors}, {p99}, {health.get('inferences', 0)} inferences"
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
 
 
 def print_record(record: RolloutRecord, out: Console = console) -> None:
@@ -137,15 +202,24 @@ def print_record(record: RolloutRecord, out: Console = console) -> None:
               + (f": {escape(record.reason)}" if record.reason else ""), soft_wrap=True)  # fmt: skip
     for wave in record.waves:
         seconds = f", {wave['seconds']:.1f} s" if wave.get("seconds") is not None else ""
-        out.print(f"  wave {wave['index']} ({wave['spec']}, {len(wave['devices'])} device(s)): {wave['state']}{seconds}"
+        out.print(f"  wave {wave['index']} ({wave['spec']}, {plural(len(wave['devices']), 'device')}): {wave['state']}{seconds}"
                   + (f": {escape(wave['reason'])}" if wave.get("reason") else ""), soft_wrap=True)  # fmt: skip
+        if wave.get("health"):
+            out.print(f"      gate: {escape(gate_text(wave['health']))}", soft_wrap=True)
+    for dropped in record.options.get("dropped_waves") or ():
+        out.print(f"  wave {escape(str(dropped['spec']))} dropped: {escape(str(dropped['reason']))}", soft_wrap=True)
+    counts: dict[str, int] = {}
+    for outcome in record.outcomes.values():
+        counts[outcome] = counts.get(outcome, 0) + 1
+    if counts:
+        out.print("  devices: " + ", ".join(f"{n} {o}" for o, n in sorted(counts.items(), key=lambda i: (-i[1], i[0]))), soft_wrap=True)
     for device, why in record.forced.items():
         out.print(f"  [yellow]forced[/] {device}: {escape(why)}, bundle target {escape(record.target or 'none')}", soft_wrap=True)
     for device, outcome in sorted(record.outcomes.items()):
         result = record.device_results.get(device, {})
         in_wave = f" (wave {result['wave']})" if result.get("wave") else ""
         line = f"  {device}: {outcome}{in_wave}"
-        if result.get("reason") and outcome not in ("succeeded", "pending", "skipped_offline"):
+        if result.get("reason") and outcome not in ("succeeded", "pending", "not_started", "skipped_offline"):
             line += f": {escape(str(result['reason']))}"
             if result.get("hint"):
                 line += f"\n      hint: {escape(str(result['hint']))}"

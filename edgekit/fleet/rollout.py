@@ -38,7 +38,7 @@ from typing import Any
 from edgekit.fleet.commands import CommandName, CommandPublisher, build_command
 from edgekit.fleet.rollout_bundle import BundleArtifact, RolloutError
 from edgekit.fleet.rollout_models import ModelDeploy, model_health_rows, pipeline_bundle_id
-from edgekit.fleet.rollout_state import RolloutLog, RolloutRecord
+from edgekit.fleet.rollout_state import KEPT_OUTCOMES, RolloutLog, RolloutRecord
 from edgekit.fleet.store.base import DeviceEvent, DeviceSummary, FleetStore
 
 logger = logging.getLogger(__name__)
@@ -129,6 +129,7 @@ class RolloutPolicy:
     max_p99_ratio: float = 1.5
     baseline_s: float = 900.0
     poll_s: float = 0.5
+    progress_s: float = 5.0
     include_offline: bool = False
     force: bool = False
     allow_downgrade: bool = False
@@ -163,6 +164,20 @@ class RolloutPolicy:
                 plan.append((spec, tuple(devices[done:size])))
                 done = size
         return plan
+
+    def dropped_waves(self, devices: Sequence[str]) -> list[dict[str, Any]]:
+        """The waves :meth:`plan` leaves out because they add no device (``1,10%`` of 5 devices: 10 % is one
+        device, which wave 1 already has), each with its spec and why, so the rollout can say so."""
+        total, kept = len(devices), {spec for spec, _ in self.plan(devices)}
+        option = "--waves" if self.waves else "--canary"
+        dropped, reached = [], 0
+        for index, spec in enumerate(self.wave_specs()):
+            size = _count(spec, total, option) if self.waves else (self.canary_count(total) if index == 0 else total)
+            if size <= reached and spec not in kept:
+                dropped.append({"index": index + 1, "spec": spec,
+                                "reason": f"{spec} of {total} device(s) is {size}, which earlier waves already reach"})
+            reached = max(reached, size)
+        return dropped
 
 
 def select_devices(store: FleetStore, *, devices: Sequence[str] | None = None, target: str | None = None,
@@ -275,7 +290,8 @@ class Rollout:
         options: dict[str, Any] = {"allow_downgrade": policy.allow_downgrade, "allow_signature_change": policy.allow_signature_change,
                    "force": policy.force, "signed_commands": signed_commands, "health_window_s": policy.health_window_s,
                    "max_error_rate": policy.max_error_rate, "max_p99_ratio": policy.max_p99_ratio,
-                   "files_verified": artifact.files_verified, "signed_by": artifact.signed_by}  # fmt: skip
+                   "files_verified": artifact.files_verified, "signed_by": artifact.signed_by,
+                   "dropped_waves": policy.dropped_waves([d.device for d in ordered])}  # fmt: skip
         if self.models:  # the models deployed to, recorded with the rollout (report, dashboard)
             options["model"] = None if pipeline else self.models[0].model
             options["models"] = [{"model": m.model, "bundle_id": m.artifact.bundle_id, "url": m.artifact.url,
@@ -304,7 +320,7 @@ class Rollout:
             self._save(self.record.with_state("deploying"))
             self._deploy(devices, index + 1)
             switched += [d for d in devices if self.record.outcomes[d] == "succeeded"]
-            failed = {d: o for d, o in self._outcomes(devices).items() if o != "succeeded"}
+            failed = {d: o for d, o in self._outcomes(devices).items() if o not in KEPT_OUTCOMES}
             if failed and index < last:
                 reason = (f"wave {index + 1} ({wave['spec']}): the deploy did not succeed on {len(failed)} of {len(devices)} "
                           "device(s): " + "; ".join(self._describe(d) for d in sorted(failed)))  # fmt: skip
@@ -411,17 +427,46 @@ class Rollout:
         return results
 
     def _watch_health(self, devices: list[str], index: int) -> str | None:
-        """Wait out the health window; return why the switched devices are unhealthy, or None when healthy."""
+        """Wait out the health window; return why the switched devices are unhealthy, or None when healthy.
+        Every ``progress_s`` the wave's gate figures so far (``health`` with ``final: False``) and ``watch_ends_at``
+        are saved, so ``fleet deploy`` prints a live line and the dashboard shows the wave as it is watched."""
         policy = self.policy
         watch_start = _now()
         deadline = time.monotonic() + policy.health_window_s
+        ends_at = watch_start + dt.timedelta(seconds=policy.health_window_s)
+        self._set_wave(index, watch_ends_at=ends_at.isoformat())
+        shown_at: float | None = None
         while True:
             problem = self._error_events(devices, watch_start)
             if problem is not None:
                 return problem
             if time.monotonic() >= deadline or self._stop.is_set():
                 break
+            if shown_at is None or time.monotonic() - shown_at >= policy.progress_s:
+                shown_at = time.monotonic()
+                health, _ = self._gate_figures(devices)
+                self._set_wave(index, health={**health, "final": False})
+                self._save(self.record.with_state("watching", health={**health, "final": False}))
             self._stop.wait(min(policy.poll_s, max(0.0, deadline - time.monotonic())))
+        health, silent = self._gate_figures(devices)
+        health["final"] = True
+        self._set_wave(index, health=health)
+        self._save(self.record.with_state("watching", health=health))
+        if silent:
+            return f"no telemetry on {self.record.bundle_id} from device(s) {', '.join(silent)} within the health window"
+        error_rate, ratio = health["error_rate"], health["p99_ratio"]
+        if error_rate is not None and error_rate > policy.max_error_rate:
+            return f"error rate {error_rate:.1%} is above the limit of {policy.max_error_rate:.1%}"
+        if ratio is not None and ratio > policy.max_p99_ratio:
+            return (f"p99 grew from {health['p99_before_ms']:.2f} ms to {health['p99_after_ms']:.2f} ms ({ratio:.2f}x, "
+                    f"limit {policy.max_p99_ratio:.2f}x)")  # fmt: skip
+        return None
+
+    def _gate_figures(self, devices: list[str]) -> tuple[dict[str, Any], list[str]]:
+        """The gate's figures for the switched ``devices`` so far, and those that sent no telemetry on the new bundle
+        yet. ``healthy`` counts the devices heard from on the new bundle; ``failed`` the wave devices whose deploy
+        did not succeed."""
+        policy = self.policy
         pairs = [(self.fleet, d) for d in devices]
         baseline_since = self.record.started_at - dt.timedelta(seconds=policy.baseline_s)
         if self.models:  # per model: the deployed models' own windows (issue 20)
@@ -435,18 +480,12 @@ class Rollout:
         error_rate = errors / (inferences + errors) if inferences + errors else None
         p99_after, p99_before = _weighted_p99(after), _weighted_p99(before)
         ratio = p99_after / p99_before if p99_after is not None and p99_before else None
-        health = {"devices": len(devices), "windows": sum(a.windows for a in after), "inferences": inferences, "errors": errors,
+        failed = sum(1 for o in self.record.outcomes.values() if o not in ("succeeded", "pending", "deploying", "skipped_offline"))
+        health = {"devices": len(devices), "healthy": len(devices) - len(silent), "silent": silent, "failed": failed,
+                  "windows": sum(a.windows for a in after), "inferences": inferences, "errors": errors,
                   "error_rate": error_rate, "p99_before_ms": p99_before, "p99_after_ms": p99_after, "p99_ratio": ratio,
                   "max_error_rate": policy.max_error_rate, "max_p99_ratio": policy.max_p99_ratio}  # fmt: skip
-        self._set_wave(index, health=health)
-        self._save(self.record.with_state("watching", health=health))
-        if silent:
-            return f"no telemetry on {self.record.bundle_id} from device(s) {', '.join(silent)} within the health window"
-        if error_rate is not None and error_rate > policy.max_error_rate:
-            return f"error rate {error_rate:.1%} is above the limit of {policy.max_error_rate:.1%}"
-        if ratio is not None and ratio > policy.max_p99_ratio:
-            return f"p99 grew from {p99_before:.2f} ms to {p99_after:.2f} ms ({ratio:.2f}x, limit {policy.max_p99_ratio:.2f}x)"
-        return None
+        return health, silent
 
     def _error_events(self, devices: list[str], since: dt.datetime) -> str | None:
         for event in self.store.events(fleet=self.fleet, since=since - dt.timedelta(seconds=1), limit=10_000):
@@ -459,6 +498,9 @@ class Rollout:
         for wave_index, wave in enumerate(self.record.waves):
             if wave["state"] == "pending":
                 self._set_wave(wave_index, state="not_started")
+        untouched = {d: "not_started" for d, o in self.record.outcomes.items() if o == "pending"}
+        if untouched:  # devices of later waves: never sent anything (docs/fleet.md calls them not_started)
+            self.record = replace(self.record, outcomes={**self.record.outcomes, **untouched})
         logger.warning("rollout %s stopped: %s; rolling back %d device(s)", self.record.rollout_id, reason, len(switched))
         if not switched:
             return self._save(self.record.with_state("stopped", reason=reason))
@@ -511,9 +553,12 @@ def _answer(event: DeviceEvent, kind: str) -> dict[str, Any]:
     outcome = str(details.get("outcome") or ("rejected" if event.kind != kind else "failed"))
     if outcome == "rolled_back" and not step:
         step = "watching"  # the agent's own health watch rolled it back
+    if outcome == "succeeded" and details.get("unchanged") is True:
+        outcome = "already_current"  # the device served this bundle already: nothing switched, nothing to roll back
     reason = None if outcome == "succeeded" else event.message
     return {"outcome": outcome, "reason": reason, "step": step if isinstance(step, str) else None,
-            "hint": failure_hint(step, event.message) if reason else None, "answered_at": event.at.isoformat()}  # fmt: skip
+            "hint": failure_hint(step, event.message) if reason and outcome not in KEPT_OUTCOMES else None,
+            "answered_at": event.at.isoformat()}  # fmt: skip
 
 
 def _weighted_p99(rows: Sequence[Any]) -> float | None:

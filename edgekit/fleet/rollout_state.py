@@ -21,6 +21,10 @@ from edgekit.fleet.store.base import FleetStore
 ROLLOUT_STATES = ("deploying", "watching", "rolling_back", "completed", "completed_with_failures", "rolled_back",
                   "stopped", "canary", "widening")  # fmt: skip
 FINAL_STATES = ("completed", "completed_with_failures", "rolled_back", "stopped")
+#: Device outcomes that leave it on the bundle deployed: it switched, or it served that bundle already (a deploy of the
+#: bundle a device serves is answered "already the current bundle", issue 32 item 5)
+KEPT_OUTCOMES = ("succeeded", "already_current")
+
 
 def _time(value: dt.datetime | None) -> str | None:
     return None if value is None else value.isoformat()
@@ -30,7 +34,7 @@ def _time(value: dt.datetime | None) -> str | None:
 class RolloutRecord:
     """One rollout as stored. ``outcomes`` maps device -> its last outcome (``pending``, ``deploying``,
     ``succeeded``, ``failed``, ``rejected``, ``rolled_back``, ``timeout``, ``rollback_failed``,
-    ``skipped_offline``); ``canary`` is the first wave.
+    ``skipped_offline``, ``not_started``: in a wave the rollout stopped before); ``canary`` is the first wave.
 
     ``waves``: one dict per wave, in order: ``index`` (1-based), ``spec`` (as given, ``"10%"``),
     ``devices``, ``state`` (``pending``, ``deploying``, ``watching``, ``passed``, ``failed``,
@@ -71,7 +75,7 @@ class RolloutRecord:
     def failed_devices(self) -> dict[str, dict[str, Any]]:
         """device -> its result, for every device that was sent the bundle and did not keep it."""
         return {d: {"outcome": o, **self.device_results.get(d, {})} for d, o in sorted(self.outcomes.items())
-                if o not in ("succeeded", "pending", "skipped_offline", "deploying")}  # fmt: skip
+                if o not in (*KEPT_OUTCOMES, "pending", "not_started", "skipped_offline", "deploying")}  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -86,7 +86,7 @@ def test_status_table_and_fleet_filter(seeded: str, capsys: pytest.CaptureFixtur
     assert main(["fleet", "status", "--store", seeded]) == 0
     table = capsys.readouterr().out
     assert "fleet lab: 4 devices" in table
-    assert re.search(r"nano-1 +│ online +│ minilm-int8-b +│ jetson-orin-nano +│ +2\.00 +│ +2\.00 +│ +4000 ", table), table
+    assert re.search(r"nano-1 +│ online +│ minilm-int8-b +│ jetson-orin-nano +│ +2\.00 +│ +2\.00 +│ +4\.00 ", table), table
     assert re.search(r"nano-2 +│ stale +│", table) and re.search(r"nano-3 +│ offline +│", table), table
     assert main(["fleet", "status", "--store", seeded, "--fleet", "other", "--json"]) == 2  # no such fleet (a typo?)
     assert "--fleet 'other': no device in" in " ".join(capsys.readouterr().err.split())
@@ -114,6 +114,21 @@ def test_status_shows_the_worst_first_and_filters_by_state(seeded: str, capsys: 
     assert "--limit must be a whole number >= 0, got -1" in error and "0 shows every device" in error
 
 
+def test_status_says_idle_for_an_online_device_whose_newest_window_had_no_inference(seeded: str,
+                                                                                     capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    with open_store(seeded) as store:  # nano-1 reports again, a window without inferences (issue 32 item 3)
+        start = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=12)
+        store.add_windows([window(22, device="nano-1", bundle=BUNDLE_B, latencies_ms=[], start=start)])
+    assert main(["fleet", "status", "--store", seeded, "--limit", "0"]) == 0
+    table = capsys.readouterr().out
+    row = next(line for line in table.splitlines() if "nano-1" in line)
+    cells = [c.strip() for c in row.split("│")]
+    assert cells[2] == "online" and cells[5:7] == ["idle", "idle"], row
+    assert cells[7] == "5.00", row  # power in W, as on the dashboard (the window's default 5,000 mW)
+    offline = next(line for line in table.splitlines() if "nano-3" in line)
+    assert "idle" not in offline  # an offline device's missing latency is not called idle
+
+
 def test_status_prints_plain_columns_for_a_long_table(seeded: str, capsys: pytest.CaptureFixture[str],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     from edgekit.cli import fleet as fleet_cli
@@ -123,7 +138,7 @@ def test_status_prints_plain_columns_for_a_long_table(seeded: str, capsys: pytes
     assert main(["fleet", "status", "--store", seeded, "--limit", "0"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "fleet lab: 4 devices (1 online, 1 stale, 2 offline)"
-    assert lines[1].split() == ["device", "state", "bundle", "target", "p50", "ms", "p99", "ms", "power", "mW", "mJ/inf",
+    assert lines[1].split() == ["device", "state", "bundle", "target", "p50", "ms", "p99", "ms", "power", "W", "mJ/inf",
                                 "temp", "°C", "last", "seen", "windows", "gaps"]  # fmt: skip
     assert [line.split()[:2] for line in lines[2:]] == [["nano-3", "offline"], ["agx-1", "offline"], ["nano-2", "stale"],
                                                         ["nano-1", "online"]]  # fmt: skip

@@ -54,7 +54,7 @@ def test_slow_canary_is_rolled_back_and_the_rest_untouched(live_fleet, signed_bu
     bundles = fleet.simulator.bundles()
     assert set(bundles.values()) == {"demo-v1"}, bundles
     untouched = [d for d in record.devices if d != canary]
-    assert all(record.outcomes[d] == "pending" for d in untouched)
+    assert all(record.outcomes[d] == "not_started" for d in untouched)
     assert all(not _deploy_events(fleet, d) for d in untouched)
     rollbacks = [e for e in fleet.store.events(fleet="sim", device=canary, limit=1000) if e.kind == "rollback_result"]
     assert rollbacks and rollbacks[0].payload["details"]["outcome"] == "succeeded"

@@ -185,7 +185,7 @@ def test_a_failed_gate_rolls_every_model_of_the_switched_devices_back(mosquitto:
         assert args.func(args) == 1
         record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert record["state"] == "rolled_back" and "p99 grew" in record["reason"], record["reason"]
-        assert record["outcomes"] == {"cam-a": "rolled_back", "cam-b": "pending"}
+        assert record["outcomes"] == {"cam-a": "rolled_back", "cam-b": "not_started"}
         assert [w["state"] for w in record["waves"]] == ["failed", "not_started"]
         assert record["waves"][0]["health"]["windows"] > 0  # the gate read the deployed models' own windows
         after = {d: {m: s.models.get(m).served.bundle_id for m in installed} for d, s in services.items()}

@@ -68,7 +68,7 @@ def test_a_failing_gate_stops_the_waves_and_rolls_back_every_switched_device(liv
     assert record.reason.startswith("wave 2 (50%) gate: p99 grew from"), record.reason
     assert [w["state"] for w in record.waves] == ["passed", "failed", "not_started"]
     devices = sorted(fleet.simulator.agents)
-    assert [record.outcomes[d] for d in devices] == ["rolled_back", "rolled_back", "pending", "pending"]
+    assert [record.outcomes[d] for d in devices] == ["rolled_back", "rolled_back", "not_started", "not_started"]
     assert all(record.device_results[d]["rollback"] == "succeeded" for d in devices[:2])
     assert set(fleet.simulator.bundles().values()) == {"demo-v1"}
     untouched = [e for d in devices[2:] for e in fleet.store.events(fleet="sim", device=d, limit=100) if e.kind.startswith("deploy")]
@@ -127,10 +127,10 @@ def test_failed_devices_are_listed_with_their_agents_reason_in_deploy_and_in_rep
     out, err = capsys.readouterr()
     err += out  # progress on stderr, the outcome on stdout
     canary = sorted(fleet.simulator.agents)[0]
-    assert "deploying wave 1/2 (1: 1 device(s))" in err and "wave 2/2" not in err
+    assert "deploying wave 1/2 (1: 1 device)" in err and "wave 2/2" not in err
     assert "stopped vision-golden" in err and "wave 1 (1): the deploy did not succeed on 1 of 1 device(s)" in err
-    assert "wave 1 (1, 1 device(s)): failed, " in err and "s: the deploy failed on 1 of 1 device(s)" in err
-    assert "wave 2 (100%, 2 device(s)): not_started" in err
+    assert "wave 1 (1, 1 device): failed, " in err and "s: the deploy failed on 1 of 1 device(s)" in err
+    assert "wave 2 (100%, 2 devices): not_started" in err
     assert f"{canary}: failed (wave 1): deploy of {artifact.url} failed at self_check: golden outputs differ" in err
     assert "hint: the bundle does not reproduce its golden outputs on this device" in err
 
@@ -159,7 +159,7 @@ def test_a_device_that_never_answers_times_out_with_what_to_check(live_fleet, si
                          policy=RolloutPolicy(waves=("1", "100%"), health_window_s=1.0, deploy_timeout_s=2.0, poll_s=0.1),
                          on_update=crash_the_first_device)  # fmt: skip
 
-    assert record.state == "stopped" and record.outcomes == {first: "timeout", sorted(fleet.simulator.agents)[1]: "pending"}
+    assert record.state == "stopped" and record.outcomes == {first: "timeout", sorted(fleet.simulator.agents)[1]: "not_started"}
     result = record.device_results[first]
     assert result["reason"].startswith("no deploy_result from the device within 2 s") and "edgekit fleet status" in result["hint"]
     assert result["answered_at"] is None and result["seconds"] is None
