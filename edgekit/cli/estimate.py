@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from edgekit.cli.options import json_parent, print_json, results, target_parent
-from edgekit.estimate.estimate import ASSUMED_BYTE_SCALE
+from edgekit.precision import Precision
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--calibration", type=Path, metavar="FILE", help="fitted factors from `edgekit fleet calibrate` "
                         "(default: $EDGEKIT_CACHE_DIR/estimate-calibration.json when it exists)")  # fmt: skip
     parser.add_argument("--shape", metavar="DIMS", help="dynamic dims to estimate at, e.g. batch=8,seq=128 (default: the bundle's benchmark shape)")
-    parser.add_argument("--precision", choices=list(ASSUMED_BYTE_SCALE), help="time an FP32 graph as this precision (fp16, int8, ...; default: as stored, or the recipe's)")
+    parser.add_argument("--precision", choices=[precision.value for precision in Precision], help="time an FP32 graph as this precision (fp16, int8, ...; default: as stored, or the recipe's)")
     parser.add_argument("--measure-host", action="store_true", help="use this host's measured peak (GEMM and copy micro-benchmark, cached) "
                         "instead of the target's figures; automatic for a target without figures that describes this host")  # fmt: skip
     parser.add_argument("--nodes", action="store_true", help="with --json: include every node's estimated time")
