@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import tarfile
 import tempfile
 from pathlib import Path
@@ -29,6 +30,17 @@ def pack_bundle(bundle_dir: Path, out: Path | None = None, force: bool = False) 
             tar.add(path, arcname=member_name(bundle.manifest["name"], path.relative_to(bundle_dir).as_posix()), recursive=False)
     partial.replace(out)
     return out
+
+
+def bundle_id(bundle_dir: Path) -> str:
+    """The bundle's id, content-addressed: its name plus 12 hex of the sha256 of its ``manifest.json``. ``edgekit
+    pack`` prints it, ``edgekit fleet deploy`` sends it, and agents, simulated devices and the fleet store report
+    it (:func:`edgekit_runtime.agent.store.version_name`)."""
+    from edgekit_runtime.agent.store import version_name
+
+    manifest_bytes = (Path(bundle_dir) / "manifest.json").read_bytes()
+    bundle = open_bundle(bundle_dir, verify=False)
+    return version_name(bundle.manifest["name"], hashlib.sha256(manifest_bytes).hexdigest())
 
 
 def member_name(bundle_name: str, relative: str) -> str:

@@ -23,11 +23,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from edgekit.bundle.pack import pack_bundle
+    from edgekit.bundle.pack import bundle_id, pack_bundle
 
     out = pack_bundle(args.bundle, Path(args.out) if args.out else None, force=args.force)
-    size = out.stat().st_size
-    results(args).print(f"[green]packed[/] {escape(str(out))} ({fmt_bytes(size)})", soft_wrap=True)
+    size, identity = out.stat().st_size, bundle_id(args.bundle)
+    results(args).print(f"[green]packed[/] {escape(str(out))} ({fmt_bytes(size)}), bundle id {escape(identity)}", soft_wrap=True)
     if args.json:
-        print_json({"tar": str(out), "size_bytes": size})
+        print_json({"tar": str(out), "size_bytes": size, "bundle_id": identity})
     return 0

@@ -161,7 +161,7 @@ def rollout_failed_breaches(rule: RolloutFailedRule, snapshot: FleetSnapshot) ->
         if ended_at is None or (snapshot.now - ended_at).total_seconds() > rule.within_s:
             continue
         outcomes: dict[str, str] = record.get("outcomes") or {}
-        failed = sorted(d for d, o in outcomes.items() if o not in ("succeeded", "pending", "skipped_offline", "deploying"))
+        failed = sorted(d for d, o in outcomes.items() if o not in ("succeeded", "already_current", "pending", "skipped_offline", "deploying"))
         first = failed[0] if failed else next(iter(record.get("devices") or ()), None)
         found.append(Breach(record.get("fleet", ""), f"rollout/{record.get('rollout_id')}", first, record.get("state"),
                             "|".join(rule.states),

@@ -164,14 +164,13 @@ class Deployer(HealthWatch):
         return candidate if candidate.is_file() and candidate.is_relative_to(path.resolve()) else None
 
     def _serve(self, loaded: LoadedBundle, path: Path) -> ServedBundle:
-        meta = self.store.read_meta(path)
         manifest_sha256 = hashlib.sha256((path / MANIFEST_NAME).read_bytes()).hexdigest()
         old_runner = self.server.swap(loaded.runner, model_name=loaded.name)
         if old_runner is not None and old_runner is not loaded.runner:
             old_runner.close()
         self._served = ServedBundle(
             name=loaded.name,
-            bundle_id=str(meta.get("bundle_id") or loaded.name),
+            bundle_id=self.store.bundle_id(path),
             manifest_sha256=manifest_sha256,
             path=path,
             signed_by=loaded.signed_by,
@@ -372,7 +371,7 @@ class Deployer(HealthWatch):
                 return None
             version_dir = self.store.install(fetched.path, name)
             loaded.bundle = type(loaded.bundle)(root=version_dir, manifest=loaded.bundle.manifest)
-            self.store.write_meta(version_dir, bundle_id=request.bundle_id or loaded.name, sha256=fetched.sha256,
+            self.store.write_meta(version_dir, bundle_id=request.bundle_id or name, sha256=fetched.sha256,
                                   url=request.url, command_id=request.command_id)  # fmt: skip
         except EdgekitError as err:
             if loaded is not None:
@@ -444,7 +443,7 @@ class Deployer(HealthWatch):
             from_name = self._served.name if self._served else None
             try:
                 previous = self.store.previous
-                previous_id = None if previous is None else self.store.read_meta(previous).get("bundle_id")
+                previous_id = None if previous is None else self.store.bundle_id(previous)
                 if bundle_id is not None and bundle_id != previous_id:
                     raise DeployError(
                         f"cannot roll back to bundle {bundle_id!r}: the previous bundle is {previous_id!r}",

@@ -39,7 +39,11 @@ _UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 def version_name(bundle_name: str, manifest_sha256: str) -> str:
-    """The directory name of a version: the bundle's name made path-safe plus 12 hex of its manifest hash."""
+    """The directory name of a version: the bundle's name made path-safe plus 12 hex of its manifest hash.
+
+    This is also the bundle's id everywhere: ``edgekit pack`` prints it, ``edgekit fleet deploy`` sends it,
+    the agent and the simulator report it, the fleet store keys on it (content-addressed: the same bytes of
+    ``manifest.json`` give the same id)."""
     safe = _UNSAFE_CHARS.sub("-", bundle_name).strip(".-")[:80] or "bundle"
     return f"{safe}-{manifest_sha256[:12]}"
 
@@ -193,6 +197,15 @@ class BundleStore:
         partial = path.with_name(path.name + ".partial")
         partial.write_text(json.dumps(meta), encoding="utf-8")
         os.replace(partial, path)
+
+    def bundle_id(self, version_dir: Path) -> str:
+        """The id a version is reported under: the one its deploy command named, else its content id (the
+        version's directory name, :func:`version_name`). A bare bundle name, which agents before issue 32
+        recorded for ``edgekit-agent install``, counts as no id."""
+        named = self.read_meta(version_dir).get("bundle_id")
+        if not isinstance(named, str) or not named or version_dir.name == f"{named}-{version_dir.name[-12:]}":
+            return version_dir.name
+        return named
 
     def read_meta(self, version_dir: Path) -> dict[str, Any]:
         try:

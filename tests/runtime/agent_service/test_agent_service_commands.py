@@ -40,7 +40,8 @@ def test_every_command_in_the_table_is_handled(service: AgentService, signed_bun
     assert set(COMMAND_HANDLERS) == {"deploy", "rollback", "set_interval", "ping", "deploy_pipeline"}
     service.dispatch_command({"id": "c1", "command": "ping"})
     pong = wait_for(service, "pong")
-    assert pong["command_id"] == "c1" and pong["details"]["bundle"]["id"] == "tiny-a"
+    ref = pong["details"]["bundle"]  # installed without an id: the content id, as `edgekit pack` prints it
+    assert pong["command_id"] == "c1" and ref["id"] == f"tiny-a-{ref['sha256'][:12]}"
     service.dispatch_command({"id": "c2", "command": "set_interval", "args": {"interval_s": 5}})
     assert wait_for(service, "interval_changed")["details"] == {"interval_s": 5.0, "previous_interval_s": 60.0}
     assert service.telemetry_interval_s == 5.0
@@ -78,6 +79,6 @@ def test_telemetry_window_without_a_broker(service: AgentService) -> None:
     message = service.build_telemetry_window()
     validate_message(message, "telemetry.v1")
     assert message["latency"]["count"] == 3 and message["latency"]["errors"] == 0
-    assert message["bundle"]["id"] == "tiny-a" and message["power"]["reason"]
+    assert message["bundle"]["id"] == f"tiny-a-{message['bundle']['sha256'][:12]}" and message["power"]["reason"]
     assert message["energy_per_inference_mj"] is None  # no sensor, no energy: never estimated
     assert service.health()["status"] == "ok" and service.health()["broker_connected"] is None

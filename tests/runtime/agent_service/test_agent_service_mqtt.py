@@ -105,7 +105,8 @@ def test_agent_end_to_end_over_mqtt(
     assert agent_main(["install", str(first), "--config", str(config.source)]) == 0
     service = AgentService(config).start()
     try:
-        assert listener.next("status", lambda m: m["state"] == "online")["bundle"]["id"] == "tiny-a"
+        online = listener.next("status", lambda m: m["state"] == "online")["bundle"]  # installed: its content id
+        assert online["id"] == f"tiny-a-{online['sha256'][:12]}"
         serving = listener.next("events", lambda m: m["kind"] == "serving")
         assert serving["details"]["bundle"] == "tiny-a"
         client = AgentClient(service.api_address)
@@ -116,7 +117,7 @@ def test_agent_end_to_end_over_mqtt(
         telemetry = listener.next("telemetry", lambda m: m["latency"]["count"] >= 4)
         validate_message(telemetry, "telemetry.v1")
         assert telemetry["device"] == device and telemetry["fleet"] == fleet
-        assert telemetry["bundle"]["id"] == "tiny-a"
+        assert telemetry["bundle"] == online
         assert telemetry["bundle"]["sha256"] == hashlib.sha256((first / "manifest.json").read_bytes()).hexdigest()
         assert telemetry["latency"]["p99_ms"] >= telemetry["latency"]["p50_ms"] > 0
         assert telemetry["power"]["source"].startswith("none") and telemetry["power"]["mean_mw"] is None
