@@ -16,9 +16,10 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
         "is started; real agents speak MQTT 5, so for them run Mosquitto and pass --broker.",
     )  # fmt: skip
     parser.add_argument("--broker", metavar="URL", help="use this broker instead of starting the embedded one")
-    parser.add_argument("--broker-port", type=int, default=1883, help="port of the embedded broker (default 1883; 0 = free)")
+    parser.add_argument("--broker-port", type=int, default=None,
+                        help="port of the embedded broker (default 1883, or a free port when 1883 is taken; 0 = free)")
     parser.add_argument("--store", default="sqlite:///fleet.db", metavar="URL", help="fleet store (default sqlite:///fleet.db)")
-    parser.add_argument("--port", type=int, default=8480, help="dashboard port (default 8480)")
+    parser.add_argument("--port", type=int, default=None, help="dashboard port (default 8480, or a free port when 8480 is taken)")
     parser.add_argument("--host", default="127.0.0.1", help="dashboard address (default loopback)")
     parser.add_argument("--simulate", type=int, default=0, metavar="N", help="also run N simulated devices (SYNTHETIC numbers)")
     parser.add_argument("--rate", type=float, default=0.1, help="simulated telemetry windows per second per device")
@@ -28,23 +29,30 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from edgekit.fleet import local_stack
     from edgekit.fleet.local_stack import LocalStack, LocalStackConfig
 
     if args.verbose < 2:
         logging.getLogger("amqtt").setLevel(logging.WARNING)  # amqtt logs every connection at INFO
-    config = LocalStackConfig(broker_url=args.broker, broker_port=args.broker_port, store_url=args.store,
-                              dashboard_host=args.host, dashboard_port=args.port, simulate=args.simulate,
+    # a port left to its default moves to a free one when taken (and says so); one given explicitly must be free
+    config = LocalStackConfig(broker_url=args.broker, broker_port_fallback=args.broker_port is None,
+                              broker_port=local_stack.DEFAULT_BROKER_PORT if args.broker_port is None else args.broker_port,
+                              dashboard_port=local_stack.DEFAULT_DASHBOARD_PORT if args.port is None else args.port,
+                              dashboard_port_fallback=args.port is None, store_url=args.store,
+                              dashboard_host=args.host, simulate=args.simulate,
                               simulate_rate_per_s=args.rate, fleet=args.fleet)  # fmt: skip
     with LocalStack(config) as stack:
         kind = "embedded amqtt, MQTT 3.1.1" if stack.broker else "external"
         printer = results(args)  # what was started, where: the result (stdout unless --json)
+        for note in stack.notes:
+            console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
         printer.print(f"broker    {stack.broker_url} ({kind})", soft_wrap=True)
         printer.print(f"store     {args.store}", soft_wrap=True)
         printer.print(f"dashboard [bold]{stack.dashboard_url}[/]", soft_wrap=True)
         if args.simulate:
             printer.print(f"simulating {args.simulate} devices in fleet {args.fleet} (SYNTHETIC numbers)", soft_wrap=True)
         if args.json:
-            print_json({"broker": stack.broker_url, "mqtt_version": stack.mqtt_version, "store": args.store,
+            print_json({"broker": stack.broker_url, "mqtt_version": stack.mqtt_version, "store": args.store, "notes": stack.notes,
                         "dashboard": stack.dashboard_url, "simulated_devices": args.simulate})  # fmt: skip
         deadline = None if args.duration is None else time.monotonic() + args.duration
         try:

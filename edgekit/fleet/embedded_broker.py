@@ -36,6 +36,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def port_in_use(host: str, port: int) -> bool:
+    """Whether something listens on ``host:port`` already (a bind as amqtt makes it, with SO_REUSEADDR, fails)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 class EmbeddedBroker:
     """``EmbeddedBroker(port=1883).start()``; ``url``; ``stop()``. A context manager."""
 
@@ -66,6 +77,10 @@ class EmbeddedBroker:
         except ImportError as err:
             raise EmbeddedBrokerError(f"the embedded broker needs the 'amqtt' package, which cannot be imported: {err}",
                                       hint="pip install amqtt, or run a broker yourself and pass --broker mqtt://HOST:1883") from err  # fmt: skip
+        if port_in_use(self.host, self.port):  # said here, before amqtt logs a traceback about it
+            raise EmbeddedBrokerError(f"the embedded broker cannot listen on {self.host}:{self.port}: something listens there already",
+                                      hint=f"pass --broker mqtt://{self.host}:{self.port} if that is an MQTT broker you want to use, "
+                                      "--broker-port 0 for a free port, or stop what uses this one")  # fmt: skip
         self._thread = threading.Thread(target=self._run, name="edgekit-embedded-broker", daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout_s):

@@ -19,10 +19,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgekit.fleet.dashboard import DashboardServer
-from edgekit.fleet.embedded_broker import EmbeddedBroker, EmbeddedBrokerError
+from edgekit.fleet.embedded_broker import EmbeddedBroker, EmbeddedBrokerError, free_port, port_in_use
 from edgekit.fleet.simulate import FleetSimulator, SimulationConfig
 
 logger = logging.getLogger(__name__)
+
+
+#: The ports ``edgekit fleet up`` tries first (with ``*_port_fallback``: a free one when they are taken).
+DEFAULT_BROKER_PORT = 1883
+DEFAULT_DASHBOARD_PORT = 8480
 
 
 @dataclass(frozen=True)
@@ -30,9 +35,13 @@ class LocalStackConfig:
     broker_url: str | None = None
     broker_host: str = "127.0.0.1"
     broker_port: int = 1883
+    #: when ``broker_port`` is taken, listen on a free port instead (said in :attr:`LocalStack.notes`) rather than fail
+    #: (``edgekit fleet up`` without --broker-port: the documented first run must not break on a host with Mosquitto)
+    broker_port_fallback: bool = False
     store_url: str = "sqlite:///fleet.db"
     dashboard_host: str = "127.0.0.1"
     dashboard_port: int = 8480
+    dashboard_port_fallback: bool = False  # as broker_port_fallback, for the dashboard
     simulate: int = 0
     simulate_rate_per_s: float = 0.1
     fleet: str = "sim"
@@ -52,18 +61,23 @@ class LocalStack:
         self.collector: Any = None
         self.dashboard: DashboardServer | None = None
         self.simulator: FleetSimulator | None = None
+        #: what the stack chose differently from its configuration, for the user (a taken port)
+        self.notes: list[str] = []
 
     def start(self) -> LocalStack:
         from edgekit.fleet.store import open_store
 
         try:
             if self.broker_url is None:
-                self.broker = EmbeddedBroker(self.config.broker_host, self.config.broker_port).start()
+                port = self._free_if_taken("embedded broker", self.config.broker_host, self.config.broker_port,
+                                           self.config.broker_port_fallback, "--broker-port")  # fmt: skip
+                self.broker = EmbeddedBroker(self.config.broker_host, port).start()
                 self.broker_url, self.mqtt_version = self.broker.url, self.broker.mqtt_version
             self.store = open_store(self.config.store_url)
             self.collector = self._make_collector().start()
-            self.dashboard = DashboardServer(self.config.store_url, host=self.config.dashboard_host,
-                                             port=self.config.dashboard_port).start()  # fmt: skip
+            dashboard_port = self._free_if_taken("dashboard", self.config.dashboard_host, self.config.dashboard_port,
+                                                 self.config.dashboard_port_fallback, "--port")  # fmt: skip
+            self.dashboard = DashboardServer(self.config.store_url, host=self.config.dashboard_host, port=dashboard_port).start()
             if self.config.simulate:
                 self.simulator = FleetSimulator(SimulationConfig(
                     self.broker_url, devices=self.config.simulate, rate_per_s=self.config.simulate_rate_per_s,
@@ -75,6 +89,15 @@ class LocalStack:
             self.stop()
             raise
         return self
+
+    def _free_if_taken(self, what: str, host: str, port: int, fallback: bool, option: str) -> int:
+        """``port``, or with ``fallback`` a free port when something listens on ``port`` already (noted)."""
+        if not port or not fallback or not port_in_use(host, port):
+            return port
+        chosen = free_port(host)
+        also = f" (another MQTT broker? `--broker mqtt://{host}:{port}` uses it)" if what == "embedded broker" else ""
+        self.notes.append(f"port {port} on {host} is taken{also}; the {what} listens on {chosen} instead ({option} picks one)")
+        return chosen
 
     def _make_collector(self) -> Any:
         from edgekit.fleet.collector import Collector
