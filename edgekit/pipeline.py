@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from edgekit.bench.counts import bench_counts, recipe_sets_counts
 from edgekit.bundle.golden import derive_tolerances, golden_batches, margin_for, output_batch_axes, write_golden
 from edgekit.bundle.manifest import SCHEMA_VERSION, file_hashes, host_description, model_constant_args, model_opset, toolchain_versions, write_manifest
 from edgekit.bundle.staging import BundleStaging, check_destination
@@ -40,7 +41,7 @@ from edgekit.target import TargetProfile, get_target
 from edgekit.torch_reference import TorchReference
 from edgekit_runtime.backends.onnxruntime import OnnxRuntimeRunner
 from edgekit_runtime.signature import IOSignature
-from edgekit_runtime.timing import BenchmarkResult, benchmark_runner
+from edgekit_runtime.timing import BenchmarkResult, benchmark_runner, time_calls
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ class BuildState:
     bench: BenchmarkResult | None = None
     bench_dims: dict[str, int] = field(default_factory=dict)
     bench_providers: list[str] = field(default_factory=list)
+    bench_counts: str = "recipe build.benchmark"  # where the bench's warm-up and timed call counts came from
 
     @property
     def precision(self) -> Precision:
@@ -389,9 +391,13 @@ def stage_bench(state: BuildState, runner: OnnxRuntimeRunner) -> str:
     recipe = state.recipe
     state.bench_dims = bench_dims(recipe)
     feeds = fit_batch(recipe.inputs, state.samples[0], state.bench_dims)
-    state.bench = benchmark_runner(runner, feeds, recipe.build.benchmark.warmup, recipe.build.benchmark.iterations)
+    spec = recipe.build.benchmark
+    probe_ms = 0.0 if recipe_sets_counts(spec) else time_calls(lambda: runner.infer(feeds), 0, 1)[0]  # also a warm-up call
+    warmup, iterations, state.bench_counts = bench_counts(spec, probe_ms)
+    state.bench = benchmark_runner(runner, feeds, warmup, iterations)
     state.bench_providers = list(runner.providers)
-    return f"p50 {state.bench.stats.p50_ms:.2f} ms, p99 {state.bench.stats.p99_ms:.2f} ms at {state.bench_dims}"
+    bounded = f"; {state.bench_counts}" if state.bench_counts.startswith("time-bounded") else ""
+    return f"p50 {state.bench.stats.p50_ms:.2f} ms, p99 {state.bench.stats.p99_ms:.2f} ms at {state.bench_dims}{bounded}"
 
 
 def assemble_manifest(state: BuildState, stages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -425,8 +431,9 @@ def assemble_manifest(state: BuildState, stages: list[dict[str, Any]]) -> dict[s
             "host": host_description(),
             "batch": bench.batch,
             "shape": state.bench_dims,
-            "warmup": recipe.build.benchmark.warmup,
-            "iterations": recipe.build.benchmark.iterations,
+            "warmup": bench.warmup,
+            "iterations": bench.iterations,
+            "counts": state.bench_counts,  # the recipe's, the defaults, or time-bounded (edgekit.bench.counts)
             **{k: round(v, 4) for k, v in bench.stats.to_dict().items() if k.endswith("_ms")},
             "throughput_per_s": round(bench.throughput_per_s, 2),
             "peak_rss_mb": round(bench.peak_rss_mb, 1),
