@@ -57,6 +57,9 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
     where.add_argument("--url-base", metavar="URL", help="devices download the .tar from URL/<tar name> (an allowed source of theirs)")
     where.add_argument("--inbox", type=Path, metavar="DIR",
                        help="copy the .tar into DIR (the agents' bundles.inbox or an allowed_sources directory) and send its file:// URL")
+    where.add_argument("--file-url", action="store_true",
+                       help="send the bundle's own file:// URL to real agents too (their bundles.allowed_sources list its directory); "
+                       "without it, --inbox or --url-base, only simulated devices are sent a file:// URL")  # fmt: skip
     parser.add_argument("--key", type=Path, metavar="fleet.pub.pem",
                         help="fleet key (public or private PEM) to check the bundle's signature with before publishing; required "
                         "unless --sign-commands gives the private key or --skip-signature-check")  # fmt: skip
@@ -84,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     artifacts = []
     for name, path in bundles:
         artifacts.append(prepare_bundle(path, url_base=args.url_base, key=key, bundle_id=args.bundle_id,
-                                        skip_signature_check=args.skip_signature_check, inbox=args.inbox))  # fmt: skip
+                                        skip_signature_check=args.skip_signature_check, inbox=args.inbox,
+                                        file_url=args.file_url))  # fmt: skip
         if name is not None:
             models.append(ModelDeploy(check_model_name(name), artifacts[-1]))
     artifact = artifacts[0]

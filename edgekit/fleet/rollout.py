@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from edgekit.fleet.commands import CommandName, CommandPublisher, build_command
-from edgekit.fleet.rollout_bundle import BundleArtifact, RolloutError
+from edgekit.fleet.rollout_bundle import BundleArtifact, RolloutError, refuse_file_url_for_agents
 from edgekit.fleet.rollout_models import ModelDeploy, model_health_rows, pipeline_bundle_id
 from edgekit.fleet.rollout_state import KEPT_OUTCOMES, RolloutLog, RolloutRecord
 from edgekit.fleet.store.base import DeviceEvent, DeviceSummary, FleetStore
@@ -277,6 +277,8 @@ class Rollout:
             raise NoDevicesMatchError(f"none of the {len(devices)} selected device(s) is online",
                                       hint="start the agents (or pass include_offline) and try again")  # fmt: skip
         forced = check_targets(online, artifact.target, bundle=artifact.bundle_id, force=policy.force)
+        refuse_file_url_for_agents([artifact, *(m.artifact for m in self.models)], [(d.fleet, d.device) for d in online],
+                                   store.agent_versions(self.fleet))  # fmt: skip
         for deploy in self.models[1:]:
             forced.update(check_targets(online, deploy.artifact.target, bundle=deploy.artifact.bundle_id, force=policy.force))
         ordered = sorted(online, key=lambda d: d.device)

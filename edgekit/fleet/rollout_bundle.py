@@ -67,6 +67,9 @@ class BundleArtifact:
     signed_by: str | None  # key fingerprint, when a key was given to check the signature
     bundle_version: int | None = None
     files_verified: int = 0  # how many files were checked against their sha256 here
+    #: the URL is the file:// of the path given, neither --inbox nor --url-base nor --file-url: agents with default
+    #: settings refuse it (:func:`refuse_file_url_for_agents` stops the rollout before it sends anything)
+    own_file_url: bool = False
 
     def deploy_args(self, *, allow_downgrade: bool = False, allow_signature_change: bool = False) -> dict[str, Any]:
         """``args`` of a ``command.v1`` deploy (the signature is in the bundle). The two flags are sent
@@ -116,7 +119,7 @@ def _verified_contents(path: Path) -> tuple[bytes, bytes | None, int]:
 
 def prepare_bundle(path: str | Path, *, url_base: str | None = None, key: str | Path | None = None,
                    bundle_id: str | None = None, skip_signature_check: bool = False,
-                   inbox: str | Path | None = None) -> BundleArtifact:  # fmt: skip
+                   inbox: str | Path | None = None, file_url: bool = False) -> BundleArtifact:  # fmt: skip
     """Read a bundle directory or packed tar, verify it, and work out what its deploy commands carry.
 
     Every file is checked against its sha256 in ``manifest.json`` (a tar by the agent's own archive
@@ -128,8 +131,9 @@ def prepare_bundle(path: str | Path, *, url_base: str | None = None, key: str | 
     ``inbox``, a directory the agents accept deploys from (their ``bundles.inbox`` or a directory in
     ``bundles.allowed_sources``), the tar is copied there and its ``file://`` URL is used; otherwise the
     ``file://`` URL of ``path`` itself, which agents accept only when its directory is an allowed
-    source (simulated devices accept any). ``bundle_id`` defaults to ``<manifest name>-<12 hex of its
-    sha256>``.
+    source (simulated devices accept any; ``file_url`` says the agents' ``bundles.allowed_sources`` list it, else
+    :func:`refuse_file_url_for_agents` keeps it from real agents). ``bundle_id`` defaults to ``<manifest name>-<12
+    hex of its sha256>``.
     """
     path = Path(path).expanduser().resolve()
     if not path.exists():
@@ -177,7 +181,36 @@ def prepare_bundle(path: str | Path, *, url_base: str | None = None, key: str | 
                           size_bytes=max(1, size_bytes), manifest_sha256=manifest_sha256,
                           signature_b64=base64.b64encode(signature).decode("ascii"), signed_by=signed_by,
                           bundle_version=version if isinstance(version, int) and not isinstance(version, bool) else None,
-                          files_verified=files_verified)  # fmt: skip
+                          files_verified=files_verified, own_file_url=not (url_base or inbox or file_url))  # fmt: skip
+
+
+#: The agent_version simulated devices report (edgekit.fleet.sim.device.SIM_AGENT_VERSION is ``sim-1``).
+SIMULATED_AGENT_PREFIX = "sim-"
+
+
+def refuse_file_url_for_agents(artifacts: list[BundleArtifact] | tuple[BundleArtifact, ...], devices: list[tuple[str, str]],
+                               agent_versions: dict[tuple[str, str], str | None]) -> None:  # fmt: skip
+    """Raise :class:`BundleSourceError` before anything is sent when a bundle would go by its own ``file://`` URL to
+    (fleet, device)s that are not simulated: an agent with default settings takes bundles only from its inbox and
+    ``bundles.allowed_sources``, so it would refuse the deploy (issue 32 item 6)."""
+    local = [a for a in artifacts if a.own_file_url]
+    agents = [d for d in devices if not str(agent_versions.get(d) or "").startswith(SIMULATED_AGENT_PREFIX)]
+    if not local or not agents:
+        return
+    named = ", ".join(f"{device} (agent {agent_versions.get((fleet, device)) or 'version unknown'})" for fleet, device in agents[:5])
+    more = f" and {len(agents) - 5} more" if len(agents) > 5 else ""
+    folder = local[0].path.parent if local[0].path.is_file() else local[0].path
+    raise BundleSourceError(
+        f"{len(agents)} selected device(s) run a real agent: {named}{more}. An agent takes bundles only from its inbox "
+        f"and bundles.allowed_sources, so it would refuse {local[0].url}; nothing was sent",
+        hint="pass --inbox DIR to copy the tar where the agents read it (their bundles.inbox, default <bundles.dir>/inbox, "
+        "on this host or a shared mount), --url-base URL for an HTTP(S) server listed in their bundles.allowed_sources, "
+        f"or --file-url if their bundles.allowed_sources list {folder}",
+    )
+
+
+class BundleSourceError(RolloutError):
+    """The deploy's URL is one the selected agents would refuse (their inbox and allowed sources do not hold it)."""
 
 
 def _copy_to_inbox(tar: Path, inbox: Path, sha256: str) -> Path:

@@ -298,6 +298,11 @@ class FleetStore(abc.ABC):
         """(fleet, device) -> the target profile recorded for it (devices without one are left out)."""
         return {(s.fleet, s.device): s.target for s in self.device_summaries(fleet) if s.target is not None}
 
+    def agent_versions(self, fleet: str | None = None) -> dict[tuple[str, str], str | None]:
+        """(fleet, device) -> the agent version of its last status (``sim-*``: a simulated device); devices without
+        a status are left out. A store that keeps no statuses returns ``{}``."""
+        return {}
+
     def bundle_totals(self, devices: Sequence[tuple[str, str]], bundle_id: str | None) -> Aggregate | None:
         """The (fleet, device) ``devices``' figures summed over every window they ran ``bundle_id`` on, all history
         (the report's before/after of a bundle switch); None when they have none."""

@@ -1,6 +1,7 @@
 """`edgekit fleet deploy` to a real agent (AgentService: MQTT, the allowed-sources policy, OTA checks, serving) through
-a real Mosquitto and collector into SQLite: the default file:// URL outside the agent's sources fails with the agent's
-reason and a hint, and --inbox puts the tar where the agent takes it from."""
+a real Mosquitto and collector into SQLite: the default file:// URL, which a default agent refuses, stops the deploy
+before anything is sent (with --file-url the agent refuses it with its reason and a hint), and --inbox puts the tar where
+the agent takes it from."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pytest
 import yaml
 
 from edgekit.bundle.pack import pack_bundle
+from edgekit.fleet.rollout_bundle import BundleSourceError
+from edgekit.fleet.store import open_store
 from tests.fleet.simulate.test_fleet_cli import _parser
 from tests.runtime.agent.mosquitto import MosquittoBroker
 
@@ -68,7 +71,17 @@ def test_deploy_to_a_real_agent_needs_a_source_it_accepts(real_agent_fleet, sign
     base = ["deploy", str(tar), "--broker", real_agent_fleet["broker"], "--store", real_agent_fleet["store_url"], "--devices",
             real_agent_fleet["device"], "--key", str(fleet_keys[1]), "--deploy-timeout-s", "30", "--force", "--json"]  # fmt: skip
 
-    refused = _parser().parse_args(base)
+    # the tar's own file:// URL is one a default agent refuses: the deploy stops before sending (issue 32 item 6)
+    stopped = _parser().parse_args(base)
+    with pytest.raises(BundleSourceError) as info:
+        stopped.func(stopped)
+    assert f"{real_agent_fleet['device']} (agent " in info.value.message and tar.as_uri() in info.value.message
+    assert "nothing was sent" in info.value.message and "--inbox DIR" in info.value.hint and "--file-url" in info.value.hint
+    with open_store(real_agent_fleet["store_url"]) as store:
+        assert store.rollouts("lab") == [] and not [e for e in store.events("lab") if e.kind == "deploy_result"]
+
+    # sent anyway (--file-url: "their allowed_sources list it"), the agent refuses it with its reason and the hint
+    refused = _parser().parse_args(base + ["--file-url"])
     assert refused.func(refused) == 1
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     result = record["device_results"][real_agent_fleet["device"]]

@@ -1,0 +1,22 @@
+"""FleetStore.agent_versions on SQLite and PostgreSQL: what `fleet deploy` reads to tell simulated devices (``sim-*``)
+from real agents before it sends a file:// URL (issue 32 item 6)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from edgekit.fleet.rollout_bundle import SIMULATED_AGENT_PREFIX
+from edgekit.fleet.sim.device import SIM_AGENT_VERSION
+from edgekit.fleet.store.base import DeviceStatus, FleetStore
+
+
+def test_agent_versions_are_the_last_status_of_each_device(store: FleetStore) -> None:
+    at = dt.datetime(2026, 11, 28, 3, 0, tzinfo=dt.timezone.utc)
+    store.upsert_statuses([DeviceStatus("lab", "cam-1", "online", None, None, "0.1.0", at),
+                           DeviceStatus("lab", "sim-0001", "online", None, None, SIM_AGENT_VERSION, at),
+                           DeviceStatus("other", "cam-9", "online", None, None, None, at)])  # fmt: skip
+    store.upsert_status(DeviceStatus("lab", "cam-1", "online", None, None, "0.2.0", at + dt.timedelta(minutes=1)))
+    assert store.agent_versions("lab") == {("lab", "cam-1"): "0.2.0", ("lab", "sim-0001"): SIM_AGENT_VERSION}
+    assert store.agent_versions() == {**store.agent_versions("lab"), ("other", "cam-9"): None}
+    assert store.agent_versions("nowhere") == {}
+    assert SIM_AGENT_VERSION.startswith(SIMULATED_AGENT_PREFIX)  # the simulator's version is what the check looks for
