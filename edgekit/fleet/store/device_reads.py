@@ -131,7 +131,7 @@ class DevicePage:
 
 
 class DeviceReadsMixin:
-    """:meth:`device_counts` and :meth:`device_page` of :class:`edgekit.fleet.store.sql.SqlFleetStore`."""
+    """:meth:`device_counts`, :meth:`device_page` and :meth:`agent_versions` of :class:`edgekit.fleet.store.sql.SqlFleetStore`."""
 
     _query: Any
     time_in: Any
@@ -146,6 +146,12 @@ class DeviceReadsMixin:
         if fleet is not None:
             params["fleet"] = fleet
         return device_view_sql(self, fleet), params
+
+    def agent_versions(self, fleet: str | None = None) -> dict[tuple[str, str], str | None]:
+        """(fleet, device) -> the agent version of its last status (:meth:`FleetStore.agent_versions`)."""
+        sql = "SELECT fleet, device, agent_version FROM device_status" + (" WHERE fleet = :fleet" if fleet is not None else "")
+        rows = self._query("reading agent versions", sql, {"fleet": fleet} if fleet is not None else {})
+        return {(row[0], row[1]): row[2] for row in rows}
 
     def device_counts(self, fleet: str | None = None, *, now: dt.datetime | None = None) -> DeviceCounts:
         """Devices per state and per bundle, counted in the store (one small result set however large the fleet)."""

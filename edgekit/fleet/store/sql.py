@@ -529,11 +529,6 @@ class SqlFleetStore(DeviceReadsMixin, RetentionMixin, FleetStore):
         rows = self._query("reading device targets", sql, {"fleet": fleet} if fleet is not None else {})
         return {(row[0], row[1]): row[2] for row in rows}
 
-    def agent_versions(self, fleet: str | None = None) -> dict[tuple[str, str], str | None]:
-        sql = "SELECT fleet, device, agent_version FROM device_status" + (" WHERE fleet = :fleet" if fleet is not None else "")
-        rows = self._query("reading agent versions", sql, {"fleet": fleet} if fleet is not None else {})
-        return {(row[0], row[1]): row[2] for row in rows}
-
     def bundle_totals(self, devices: Sequence[tuple[str, str]], bundle_id: str | None) -> Aggregate | None:
         if not devices:
             return None
