@@ -127,7 +127,8 @@ class BundlesConfig:
 @dataclass(frozen=True)
 class GrpcConfig:
     """The optional Open Inference Protocol gRPC server (``api.grpc``, see ``agent/oip_grpc.py``): loopback
-    ``host:port`` or ``unix:/path``, like the API; it needs ``pip install 'edgekit-runtime[grpc]'``."""
+    ``host:port`` or ``unix:/path``, like the API; it needs the runtime's ``grpc`` extra (from a checkout
+    ``pip install './runtime[grpc]'``, or from its wheel, docs/agent.md: the package is on no index)."""
 
     listen: ApiAddress
 
