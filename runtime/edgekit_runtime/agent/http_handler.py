@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import zlib
 import logging
 import math
 import re
@@ -20,7 +21,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from edgekit_runtime.agent.body_budget import RETRY_AFTER_S
-from edgekit_runtime.agent.http_guard import Refusal, body_limit_refusal
+from edgekit_runtime.agent.http_guard import Refusal, body_limit_refusal, json_body_limit
 from edgekit_runtime.agent.serving import InferenceServer
 from edgekit_runtime.agent.wire import JSON_CONTENT_TYPE
 
@@ -306,10 +307,62 @@ class RequestHandler(BaseHTTPRequestHandler):
             received += count
         self._body_read = True
         self.server.clear_deadline(self.connection)  # type: ignore[attr-defined]  # inference has no deadline
+        coding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
+        if coding != "identity":
+            limit = self.api.max_request_bytes
+            if signature is not None:
+                limit = min(limit, json_body_limit(signature) or limit)
+            body = self._decompress(body, coding, limit)
         return body
+
+    def _decompress(self, body: bytearray, coding: str, limit: int) -> bytearray:
+        """``body`` decoded from its ``Content-Encoding`` (gzip, or deflate: zlib-wrapped, RFC 9110 8.4.1), a
+        megabyte at a time: each piece is reserved in the API's body budget before it is kept, and more than
+        ``limit`` bytes decoded is refused (413), so a small compressed body cannot decode into a large one."""
+        wbits = _WBITS.get(coding)
+        if wbits is None:
+            raise ApiError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "unsupported_content_encoding",
+                           f"Content-Encoding {coding[:40]!r} is not supported",
+                           hint="send the body as it is, or compressed with gzip or deflate")  # fmt: skip
+        decoder = zlib.decompressobj(wbits)
+        decoded = bytearray()
+        pending: bytes | bytearray = body
+        try:
+            while pending or not decoder.eof:
+                piece = decoder.decompress(pending, _DECODE_PIECE_BYTES)
+                pending = decoder.unconsumed_tail
+                if not piece and not pending:
+                    break
+                if len(decoded) + len(piece) > limit:
+                    raise ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "too_large",
+                                   f"the {coding} body decodes to more than {limit} bytes (the limit for this request)",
+                                   hint="send a smaller batch, or raise api.max_request_mb")  # fmt: skip
+                self._reserve_more(len(piece))
+                decoded += piece
+        except zlib.error as err:
+            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_content_encoding", f"the body is not valid {coding} data ({err})",
+                           hint=f"compress the whole body with {coding}, or leave Content-Encoding out") from err  # fmt: skip
+        if not decoder.eof:
+            raise ApiError(HTTPStatus.BAD_REQUEST, "bad_content_encoding", f"the {coding} body ends before its end marker",
+                           hint="send the whole compressed body")  # fmt: skip
+        body.clear()
+        return decoded
+
+    def _reserve_more(self, length: int) -> None:
+        """Add ``length`` bytes to this request's share of the API's body budget (503 / 413 when they do not fit)."""
+        refusal = self.api.body_budget.reserve(length)
+        if refusal is not None:
+            err = ApiError.from_refusal(refusal)
+            if refusal.status == HTTPStatus.SERVICE_UNAVAILABLE:
+                err.headers["Retry-After"] = str(RETRY_AFTER_S)
+            raise err
+        self._reserved_body_bytes += length
 
 
 _ZEROS = bytes(1024 * 1024)
+#: Content-Encoding -> zlib's wbits for it; decoded a piece of this many bytes at a time
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+_DECODE_PIECE_BYTES = 1024 * 1024
 
 
 def _grow(body: bytearray, size: int) -> None:

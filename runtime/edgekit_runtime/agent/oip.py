@@ -10,13 +10,20 @@ GET      ``/v2/models/<name>[/versions/<v>]``                ``{"name", "version
 GET      ``/v2/models/<name>[/versions/<v>]/ready``          200 ``{"name", "ready": true}``, else 400
 POST     ``/v2/models/<name>[/versions/<v>]/infer``          inference: JSON tensors, or the binary tensor data
                                                              extension (``Inference-Header-Content-Length``)
+GET      ``/v2/models/<name>[/versions/<v>]/config``         the model configuration (Triton's ``ModelConfig``)
+GET      ``/v2/models[/<name>[/versions/<v>]]/stats``        statistics: counts, queue and compute ns
+POST     ``/v2/repository/index``                            the models, ``READY`` or ``UNAVAILABLE``
+POST     ``/v2/repository/models/<name>/load|unload``        serve a model's bundle again / stop serving it
 =======  ==================================================  ====================================================
+
+The configuration, statistics and repository answers come from
+:mod:`~edgekit_runtime.agent.oip_extensions`, shared with gRPC.
 
 Errors are ``{"error": "<what, where and how to fix>"}``: 400 for a malformed request or inputs that do
 not fit the model, 404 for an unknown model, version or path, 405 for the wrong method, 413 / 431 /
 408 for the API's size and time limits, 503 for a model with no bundle loaded, 500 when the model
-fails to run. A model's version is the served bundle's ``bundle_version``; only the served version
-is available (``previous`` is on disk, not loaded).
+fails to run. A model's version is ``1`` (one version per model slot); the bundle's own version is in
+the metadata's and configuration's ``parameters`` (``bundle_version``) and is accepted in paths too.
 
 Requests run through the serving core (:mod:`~edgekit_runtime.agent.serving_core`) on the same
 :class:`~edgekit_runtime.agent.serving.InferenceServer` as ``/v1/infer``: the same signature check,
@@ -37,6 +44,11 @@ import numpy as np
 from edgekit_runtime import __version__ as AGENT_VERSION
 from edgekit_runtime.agent.http_guard import check_json_item_counts, content_type_refusal
 from edgekit_runtime.agent.http_handler import ApiError, RequestHandler
+from edgekit_runtime.agent.oip_classification import bytes_blob, classification_count, classify
+from edgekit_runtime.agent.oip_extensions import PLATFORM, batches_first, load_model, model_config, model_statistics, repository_index, unload_model
+from edgekit_runtime.agent.oip_types import BY_NUMPY as _BY_NUMPY
+from edgekit_runtime.agent.oip_types import DATATYPES, OipError, bundle_version, datatype_of, find_slot, protocol_version
+from edgekit_runtime.agent.oip_types import shape_of as _shape
 from edgekit_runtime.agent.serving_core import ServingError, parse_json_request, run_model, timing_headers
 from edgekit_runtime.errors import InputSignatureError
 from edgekit_runtime.signature import IOSignature
@@ -44,38 +56,11 @@ from edgekit_runtime.signature import IOSignature
 HEADER_LENGTH = "Inference-Header-Content-Length"
 JSON_TYPE = "application/json"
 BINARY_TYPE = "application/octet-stream"
-EXTENSIONS = ("binary_tensor_data",)
-PLATFORM = "edgekit_onnxruntime"
-
-#: OIP datatype <-> numpy dtype (little-endian on the wire). BYTES and BF16 have no numpy counterpart
-#: among the dtypes bundles declare.
-DATATYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype("bool"), "UINT8": np.dtype("<u1"), "UINT16": np.dtype("<u2"), "UINT32": np.dtype("<u4"),
-    "UINT64": np.dtype("<u8"), "INT8": np.dtype("<i1"), "INT16": np.dtype("<i2"), "INT32": np.dtype("<i4"),
-    "INT64": np.dtype("<i8"), "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
-}  # fmt: skip
-_BY_NUMPY = {dtype.newbyteorder("=").name: name for name, dtype in DATATYPES.items()}
+EXTENSIONS = ("binary_tensor_data", "classification", "model_configuration", "statistics", "model_repository")
 _ACCEPTED_KINDS = {"f": "iuf", "i": "iu", "u": "iu", "b": "b"}
-
-
-class OipError(Exception):
-    """An answer ``{"error": message}`` with ``status``."""
-
-    def __init__(self, status: HTTPStatus, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.headers = status, message, headers or {}
-
-
-def datatype_of(dtype: str | np.dtype) -> str:
-    name = np.dtype(dtype).name
-    try:
-        return _BY_NUMPY[name]
-    except KeyError:
-        raise OipError(HTTPStatus.INTERNAL_SERVER_ERROR, f"dtype {name} has no Open Inference Protocol datatype") from None
-
-
-def _shape(tensor_shape: tuple[Any, ...]) -> list[int]:
-    return [dim if isinstance(dim, int) else -1 for dim in tensor_shape]
+#: an output asked for: its ``binary_data`` (``None``: the request's default) and ``classification`` count
+Wanted = tuple["bool | None", "int | None"]
+__all__ = ["DATATYPES", "PLATFORM", "OipError", "datatype_of", "handle", "infer_model"]
 
 
 # -- routing ------------------------------------------------------------------------------------------
@@ -86,7 +71,7 @@ def handle(handler: RequestHandler, method: str) -> None:
     path = handler.path.split("?", 1)[0].rstrip("/") or "/"
     try:
         route, args = _route(path)
-        allowed = "POST" if route is _infer else "GET"
+        allowed = "POST" if route in _POSTS else "GET"
         if method != allowed:
             raise OipError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} is not allowed on {path}; use {allowed}")
         route(handler, *args)
@@ -110,29 +95,27 @@ def _route(path: str) -> tuple[Callable[..., None], tuple[str, ...]]:
         return _live, ()
     if parts == ["v2", "health", "ready"]:
         return _server_ready, ()
+    if parts == ["v2", "models", "stats"]:
+        return _stats, ("", "")
+    if parts == ["v2", "repository", "index"]:
+        return _repository_index, ()
+    if len(parts) == 5 and parts[1:3] == ["repository", "models"] and parts[4] in ("load", "unload") and parts[3]:
+        return (_load if parts[4] == "load" else _unload), (parts[3],)
     if len(parts) >= 3 and parts[1] == "models":
         name, rest = parts[2], parts[3:]
         version = ""
         if len(rest) >= 2 and rest[0] == "versions":
             version, rest = rest[1], rest[2:]
-        action = {(): _model_metadata, ("ready",): _model_ready, ("infer",): _infer}.get(tuple(rest))
+        action = _MODEL_ACTIONS.get(tuple(rest))
         if action is not None and name:
             return action, (name, version)
     raise OipError(HTTPStatus.NOT_FOUND, f"no endpoint {path}; endpoints: /v2, /v2/health/live, /v2/health/ready, "
-                   "/v2/models/NAME[/versions/VERSION][/ready|/infer]")  # fmt: skip
+                   "/v2/models/NAME[/versions/VERSION][/ready|/infer|/config|/stats], /v2/models/stats, "
+                   "/v2/repository/index, /v2/repository/models/NAME/load|unload")  # fmt: skip
 
 
 def _slot(handler: RequestHandler, name: str, version: str) -> Any:
-    models = handler.api.models
-    slot = models.find(name)
-    if slot is None:
-        known = ", ".join(str(s.name) for s in models.slots() if s.name is not None) or "none"
-        raise OipError(HTTPStatus.NOT_FOUND, f"unknown model '{name}'; this agent serves: {known}")
-    if version and version != slot.version:
-        served = slot.version or "none (no bundle loaded)"
-        raise OipError(HTTPStatus.NOT_FOUND, f"model '{name}' has no version '{version}' loaded; it serves version {served} "
-                       f"(leave /versions/... out for the served one)")  # fmt: skip
-    return slot
+    return find_slot(handler.api.models, name, version)
 
 
 # -- health and metadata --------------------------------------------------------------------------------
@@ -167,9 +150,55 @@ def _model_metadata(handler: RequestHandler, name: str, version: str) -> None:
     def tensors(specs: tuple[Any, ...]) -> list[dict[str, Any]]:
         return [{"name": t.name, "datatype": datatype_of(t.dtype), "shape": _shape(t.shape)} for t in specs]
 
-    handler._send_json(HTTPStatus.OK, {"name": name, "versions": [slot.version] if slot.version else [],
-                                       "platform": PLATFORM, "inputs": tensors(signature.inputs),
-                                       "outputs": tensors(signature.outputs)})  # fmt: skip
+    handler._send_json(HTTPStatus.OK, {"name": name, "versions": [protocol_version(slot)], "platform": PLATFORM,
+                                       "inputs": tensors(signature.inputs), "outputs": tensors(signature.outputs),
+                                       "parameters": {"bundle_version": bundle_version(slot)}})  # fmt: skip
+
+
+# -- configuration, statistics and repository extensions (oip_extensions.py) --------------------------
+
+
+def _config(handler: RequestHandler, name: str, version: str) -> None:
+    handler._send_json(HTTPStatus.OK, model_config(handler.api.models, name, version))
+
+
+def _stats(handler: RequestHandler, name: str, version: str) -> None:
+    handler._send_json(HTTPStatus.OK, model_statistics(handler.api.models, name, version))
+
+
+def _control_request(handler: RequestHandler) -> dict[str, Any]:
+    """The JSON object of a repository request's body (empty when there is none)."""
+    if handler.headers.get("Content-Length", "0") in ("0", ""):
+        handler._body_read = True
+        return {}
+    body = handler.read_body()
+    try:
+        request = json.loads(bytes(body) or b"{}")
+    except (UnicodeDecodeError, ValueError) as err:
+        raise OipError(HTTPStatus.BAD_REQUEST, f"the request body is not valid JSON ({err}); send an object such as "
+                       "{\"ready\": true}, or no body") from err  # fmt: skip
+    if not isinstance(request, dict):
+        raise OipError(HTTPStatus.BAD_REQUEST, f"the request body must be a JSON object, got {type(request).__name__}")
+    return request
+
+
+def _repository_index(handler: RequestHandler) -> None:
+    ready = _control_request(handler).get("ready", False)
+    if not isinstance(ready, bool):
+        raise OipError(HTTPStatus.BAD_REQUEST, f"ready must be true or false, got {ready!r}")
+    handler._send_json(HTTPStatus.OK, repository_index(handler.api.models, ready_only=ready))
+
+
+def _load(handler: RequestHandler, name: str) -> None:
+    _control_request(handler)  # parameters (a config or files to load from) are not taken: the store holds the bundle
+    load_model(handler.api.models, name)
+    handler._send(HTTPStatus.OK, b"", JSON_TYPE)
+
+
+def _unload(handler: RequestHandler, name: str) -> None:
+    _control_request(handler)
+    unload_model(handler.api.models, name)
+    handler._send(HTTPStatus.OK, b"", JSON_TYPE)
 
 
 # -- inference ------------------------------------------------------------------------------------------
@@ -207,11 +236,13 @@ def _infer(handler: RequestHandler, name: str, version: str) -> None:
                        f"{{\"inputs\": [...]}}, and with binary tensor data set {HEADER_LENGTH} to its size") from err  # fmt: skip
     if not isinstance(request, dict):
         raise OipError(HTTPStatus.BAD_REQUEST, "the inference request must be a JSON object with \"inputs\"")
+    if "id" in request and not isinstance(request["id"], str):
+        raise OipError(HTTPStatus.BAD_REQUEST, f"id must be a string (the protocol's request id), got {request['id']!r}")
     feeds = _decode_inputs(request.get("inputs"), memoryview(body)[header_length:])
     wanted, binary_default = _requested_outputs(request, slot.server.signature)
     result = infer_model(slot, name, feeds)
     headers = timing_headers(result)  # the same timing headers as /v1 (extra headers are the protocol's to allow)
-    _reply(handler, request, name, slot.version or "", result.outputs, wanted, binary_default, headers)
+    _reply(handler, request, slot, result.outputs, wanted, binary_default, headers)
 
 
 def infer_model(slot: Any, name: str, feeds: dict[str, np.ndarray]) -> Any:
@@ -292,9 +323,9 @@ def _json_array(data: object, dtype: np.dtype, shape: list[int], where: str) -> 
     return array.reshape(shape)
 
 
-def _requested_outputs(request: Mapping[str, Any], signature: IOSignature | None) -> tuple[dict[str, bool | None] | None, bool]:
-    """The outputs asked for (name -> its ``binary_data``, ``None`` when unset), ``None`` for all; and the
-    request's ``binary_data_output`` (default false)."""
+def _requested_outputs(request: Mapping[str, Any], signature: IOSignature | None) -> tuple[dict[str, Wanted] | None, bool]:
+    """The outputs asked for (name -> its ``binary_data``, ``None`` when unset, and its ``classification``
+    count), ``None`` for all; and the request's ``binary_data_output`` (default false)."""
     parameters = request.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise OipError(HTTPStatus.BAD_REQUEST, f"parameters must be an object, got {parameters!r}")
@@ -307,41 +338,55 @@ def _requested_outputs(request: Mapping[str, Any], signature: IOSignature | None
     known = signature.output_names if signature is not None else ()
     if not isinstance(outputs, list):
         raise OipError(HTTPStatus.BAD_REQUEST, f"outputs must be a list of {{\"name\": ...}}, got {outputs!r}")
-    wanted: dict[str, bool | None] = {}
+    wanted: dict[str, Wanted] = {}
     for index, output in enumerate(outputs):
         name = output.get("name") if isinstance(output, dict) else None
         if not isinstance(name, str):
             raise OipError(HTTPStatus.BAD_REQUEST, f"outputs[{index}] must be an object with a name")
+        if name in wanted:
+            raise OipError(HTTPStatus.BAD_REQUEST, f"outputs[{index}]: output '{name}' is asked for twice; name each output once")
         if signature is not None and name not in known:
             raise OipError(HTTPStatus.BAD_REQUEST, f"outputs[{index}]: the model has no output '{name}'; its outputs: {', '.join(known)}")
         output_parameters = output.get("parameters") or {}
-        binary = output_parameters.get("binary_data") if isinstance(output_parameters, dict) else None
+        if not isinstance(output_parameters, dict):
+            raise OipError(HTTPStatus.BAD_REQUEST, f"outputs[{index}].parameters must be an object, got {output_parameters!r}")
+        binary = output_parameters.get("binary_data")
         if binary is not None and not isinstance(binary, bool):
             raise OipError(HTTPStatus.BAD_REQUEST, f"outputs[{index}].parameters.binary_data must be true or false, got {binary!r}")
-        wanted[name] = binary
+        wanted[name] = (binary, classification_count(output_parameters.get("classification"), f"outputs[{index}]"))
     return wanted, binary_default
 
 
-def _reply(handler: RequestHandler, request: Mapping[str, Any], name: str, version: str, outputs: Mapping[str, np.ndarray],
-           wanted: dict[str, bool | None] | None, binary_default: bool, headers: dict[str, str]) -> None:  # fmt: skip
+def _reply(handler: RequestHandler, request: Mapping[str, Any], slot: Any, outputs: Mapping[str, np.ndarray],
+           wanted: dict[str, Wanted] | None, binary_default: bool, headers: dict[str, str]) -> None:  # fmt: skip
     chosen = outputs if wanted is None else {key: outputs[key] for key in wanted}
     entries: list[dict[str, Any]] = []
     blobs: list[bytes] = []
     for key, array in chosen.items():
-        binary = (wanted or {}).get(key)
-        entry: dict[str, Any] = {"name": key, "datatype": datatype_of(array.dtype), "shape": list(array.shape)}
+        binary, classes = (wanted or {}).get(key) or (None, None)
+        if classes is not None:
+            array = classify(array, classes, batched=batches_first(slot.server), name=key)
+        datatype = "BYTES" if classes is not None else datatype_of(array.dtype)
+        entry: dict[str, Any] = {"name": key, "datatype": datatype, "shape": list(array.shape)}
         if binary if binary is not None else binary_default:
-            blob = np.ascontiguousarray(array, dtype=DATATYPES[entry["datatype"]]).tobytes()
+            blob = bytes_blob(array) if classes is not None else np.ascontiguousarray(array, dtype=DATATYPES[datatype]).tobytes()
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
+        elif classes is not None:
+            entry["data"] = [item.decode() for item in array.reshape(-1)]
         else:
             entry["data"] = array.reshape(-1).tolist()
         entries.append(entry)
-    response: dict[str, Any] = {"model_name": name, "model_version": version, "outputs": entries}
-    if isinstance(request.get("id"), str):
+    response: dict[str, Any] = {"model_name": str(slot.name), "model_version": protocol_version(slot), "outputs": entries}
+    if "id" in request:
         response["id"] = request["id"]
     if not blobs:
         handler._send_json(HTTPStatus.OK, response, headers)
         return
     header = json.dumps(response, allow_nan=False).encode("utf-8")
     handler._send(HTTPStatus.OK, b"".join([header, *blobs]), BINARY_TYPE, {**headers, HEADER_LENGTH: str(len(header))})
+
+
+_MODEL_ACTIONS: dict[tuple[str, ...], Callable[..., None]] = {(): _model_metadata, ("ready",): _model_ready, ("infer",): _infer,
+                                                               ("config",): _config, ("stats",): _stats}  # fmt: skip
+_POSTS = (_infer, _repository_index, _load, _unload)

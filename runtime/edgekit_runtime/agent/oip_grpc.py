@@ -13,6 +13,10 @@ ModelMetadata      ``name``, ``versions``, ``platform``, ``inputs``, ``outputs``
 ModelInfer         inputs as ``raw_input_contents`` (one blob per input) or typed ``contents``; outputs always
                    as ``raw_output_contents`` (as Triton); the request's ``id`` is echoed; queue and compute
                    milliseconds in the trailing metadata ``x-edgekit-queue-ms`` / ``x-edgekit-compute-ms``
+ModelConfig        the model configuration (as ``GET /v2/models/NAME/config``)
+ModelStatistics    counts and queue / compute ns of one model, or of every model for an empty name
+RepositoryIndex    the models, ``READY`` or ``UNAVAILABLE``; RepositoryModelLoad / RepositoryModelUnload
+                   verify and serve a model's bundle again / stop serving it (the bundle stays on disk)
 =================  ==========================================================================================
 
 Errors are gRPC status codes with the same messages as the HTTP ``/v2`` routes: INVALID_ARGUMENT (400),
@@ -42,7 +46,10 @@ import numpy as np
 from edgekit_runtime import __version__ as AGENT_VERSION
 from edgekit_runtime.agent.config import ApiConfig, GrpcConfig
 from edgekit_runtime.agent.errors import AgentConfigError
-from edgekit_runtime.agent.oip import DATATYPES, EXTENSIONS, PLATFORM, OipError, _json_array, _shape, datatype_of, infer_model
+from edgekit_runtime.agent.oip import EXTENSIONS, _json_array, infer_model
+from edgekit_runtime.agent.oip_classification import bytes_blob, classification_count, classify
+from edgekit_runtime.agent.oip_extensions import PLATFORM, batches_first, load_model, model_config, model_statistics, repository_index, unload_model
+from edgekit_runtime.agent.oip_types import DATATYPES, OipError, datatype_of, find_slot, protocol_version, shape_of
 
 if TYPE_CHECKING:
     from edgekit_runtime.agent.repository import ModelRepository, ModelSlot
@@ -108,6 +115,11 @@ class OipGrpcServer:
             "ServerMetadata": (self._server_metadata, m["ServerMetadataRequest"]),
             "ModelMetadata": (self._model_metadata, m["ModelMetadataRequest"]),
             "ModelInfer": (self._model_infer, m["ModelInferRequest"]),
+            "ModelConfig": (self._model_config, m["ModelConfigRequest"]),
+            "ModelStatistics": (self._model_statistics, m["ModelStatisticsRequest"]),
+            "RepositoryIndex": (self._repository_index, m["RepositoryIndexRequest"]),
+            "RepositoryModelLoad": (self._repository_load, m["RepositoryModelLoadRequest"]),
+            "RepositoryModelUnload": (self._repository_unload, m["RepositoryModelUnloadRequest"]),
         }
         handlers = {name: grpc.unary_unary_rpc_method_handler(self._answering(method), request_deserializer=request.FromString,
                                                               response_serializer=lambda message: message.SerializeToString())
@@ -174,23 +186,35 @@ class OipGrpcServer:
         signature = slot.server.signature
         if signature is None:
             raise OipError(HTTPStatus.SERVICE_UNAVAILABLE, f"model '{request.name}' has no bundle loaded; deploy one to it")
-        response = self.messages["ModelMetadataResponse"](name=request.name, platform=PLATFORM,
-                                                          versions=[slot.version] if slot.version else [])  # fmt: skip
+        response = self.messages["ModelMetadataResponse"](name=request.name, platform=PLATFORM, versions=[protocol_version(slot)])
         for specs, field in ((signature.inputs, response.inputs), (signature.outputs, response.outputs)):
             for spec in specs:
-                field.add(name=spec.name, datatype=datatype_of(spec.dtype), shape=_shape(spec.shape))
+                field.add(name=spec.name, datatype=datatype_of(spec.dtype), shape=shape_of(spec.shape))
         return response
 
     def _slot(self, name: str, version: str) -> ModelSlot:
-        slot = self.models.find(name)
-        if slot is None:
-            known = ", ".join(str(s.name) for s in self.models.slots() if s.name is not None) or "none"
-            raise OipError(HTTPStatus.NOT_FOUND, f"unknown model '{name}'; this agent serves: {known}")
-        if version and version != slot.version:
-            served = slot.version or "none (no bundle loaded)"
-            raise OipError(HTTPStatus.NOT_FOUND, f"model '{name}' has no version '{version}' loaded; it serves version "
-                           f"{served} (leave model_version empty for the served one)")  # fmt: skip
-        return slot
+        return find_slot(self.models, name, version)  # type: ignore[no-any-return]
+
+    # -- configuration, statistics and repository (oip_extensions.py, shared with HTTP) ---------------
+
+    def _model_config(self, request: Any, context: Any) -> Any:
+        config = _parse(model_config(self.models, request.name, request.version), self.messages["ModelConfig"])
+        return self.messages["ModelConfigResponse"](config=config)
+
+    def _model_statistics(self, request: Any, context: Any) -> Any:
+        stats = model_statistics(self.models, request.name, request.version)
+        return _parse(stats, self.messages["ModelStatisticsResponse"])
+
+    def _repository_index(self, request: Any, context: Any) -> Any:
+        return _parse({"models": repository_index(self.models, ready_only=request.ready)}, self.messages["RepositoryIndexResponse"])
+
+    def _repository_load(self, request: Any, context: Any) -> Any:
+        load_model(self.models, request.model_name)
+        return self.messages["RepositoryModelLoadResponse"]()
+
+    def _repository_unload(self, request: Any, context: Any) -> Any:
+        unload_model(self.models, request.model_name)
+        return self.messages["RepositoryModelUnloadResponse"]()
 
     # -- inference ----------------------------------------------------------------------------------
 
@@ -198,17 +222,16 @@ class OipGrpcServer:
         name = request.model_name
         slot = self._slot(name, request.model_version)
         feeds = _decode_inputs(request)
-        signature = slot.server.signature
-        wanted = [output.name for output in request.outputs]
-        if signature is not None:
-            for index, output in enumerate(wanted):
-                if output not in signature.output_names:
-                    raise OipError(HTTPStatus.BAD_REQUEST, f"outputs[{index}]: the model has no output '{output}'; "
-                                   f"its outputs: {', '.join(signature.output_names)}")  # fmt: skip
+        wanted = _requested_outputs(request, slot.server.signature)
         result = infer_model(slot, name, feeds)
-        response = self.messages["ModelInferResponse"](model_name=name, model_version=slot.version or "", id=request.id)
-        for key in wanted or result.outputs:
+        response = self.messages["ModelInferResponse"](model_name=name, model_version=protocol_version(slot), id=request.id)
+        for key, classes in (wanted or dict.fromkeys(result.outputs)).items():
             array = result.outputs[key]
+            if classes is not None:
+                labels = classify(array, classes, batched=batches_first(slot.server), name=key)
+                response.outputs.add(name=key, datatype="BYTES", shape=labels.shape)
+                response.raw_output_contents.append(bytes_blob(labels))
+                continue
             datatype = datatype_of(array.dtype)
             response.outputs.add(name=key, datatype=datatype, shape=array.shape)
             response.raw_output_contents.append(np.ascontiguousarray(array, dtype=DATATYPES[datatype]).tobytes())
@@ -216,6 +239,32 @@ class OipGrpcServer:
         context.set_trailing_metadata((("x-edgekit-queue-ms", f"{timing.queue_ms:.4f}"),
                                        ("x-edgekit-compute-ms", f"{timing.compute_ms:.4f}")))  # fmt: skip
         return response
+
+
+def _requested_outputs(request: Any, signature: Any) -> dict[str, int | None] | None:
+    """The outputs asked for (name -> its ``classification`` count), ``None`` for every output: 400 for an
+    output the model lacks or one named twice."""
+    wanted: dict[str, int | None] = {}
+    for index, output in enumerate(request.outputs):
+        if signature is not None and output.name not in signature.output_names:
+            raise OipError(HTTPStatus.BAD_REQUEST, f"outputs[{index}]: the model has no output '{output.name}'; "
+                           f"its outputs: {', '.join(signature.output_names)}")  # fmt: skip
+        if output.name in wanted:
+            raise OipError(HTTPStatus.BAD_REQUEST, f"outputs[{index}]: output '{output.name}' is asked for twice; name each output once")
+        parameter = output.parameters.get("classification")
+        count = None
+        if parameter is not None:
+            choice = parameter.WhichOneof("parameter_choice")
+            count = classification_count(getattr(parameter, choice) if choice else None, f"outputs[{index}]")
+        wanted[output.name] = count
+    return wanted or None
+
+
+def _parse(value: dict[str, Any], message_class: Any) -> Any:
+    """A message of ``message_class`` from the protocol's JSON form of it (field names as in the proto)."""
+    from google.protobuf import json_format
+
+    return json_format.ParseDict(value, message_class())
 
 
 def _decode_inputs(request: Any) -> dict[str, np.ndarray]:

@@ -49,6 +49,8 @@ class ModelSlot:
         self.server = server
         self.store = store
         self.deployer = deployer
+        #: stopped by an Open Inference Protocol ``unload`` (its bundle is on disk)
+        self.unloaded = False
 
     @property
     def name(self) -> str | None:
@@ -70,6 +72,33 @@ class ModelSlot:
     @property
     def ready(self) -> bool:
         return self.server.signature is not None
+
+    def unload(self) -> None:
+        """Stop serving the model (the Open Inference Protocol's repository ``unload``); its bundles stay on
+        disk, ``current`` and ``previous`` unchanged, and :meth:`load` serves it again. Refused while a
+        deploy or rollback of it runs."""
+        if not self.deployer.lock.acquire(blocking=False):
+            raise DeployError(f"model {self.name!r} has a deploy or rollback in progress", hint="unload it once that ends")
+        try:
+            runner = self.server.swap(None, model_name=None)
+            if runner is not None:
+                runner.close()
+            self.deployer.held_mb = None  # its memory is free for other models' loads
+            self.unloaded = True
+        finally:
+            self.deployer.lock.release()
+        logger.info("model %s unloaded; its bundle stays in %s", self.name, self.store.root)
+
+    def load(self) -> None:
+        """Verify the model's ``current`` bundle again (else ``previous``) and serve it, as at start; raises
+        :class:`DeployError` when no bundle of it passes its checks (the model then serves nothing)."""
+        if self.deployer.busy:
+            raise DeployError(f"model {self.name!r} has a deploy or rollback in progress", hint="load it once that ends")
+        served = self.deployer.start()
+        if served is None:
+            raise DeployError(f"no bundle of model {self.name!r} in {self.store.root} passes its checks",
+                              hint="deploy a bundle to it; the agent's log says why each failed")  # fmt: skip
+        self.unloaded = False
 
     def info(self) -> dict[str, Any]:
         """What health and stats say about the model."""

@@ -26,6 +26,7 @@ import numpy as np
 from edgekit_runtime.agent.batching import BatchPlan, BatchQueue, PendingRequest, plan_batching
 from edgekit_runtime.agent.config import BatchingConfig
 from edgekit_runtime.agent.errors import NoModelError
+from edgekit_runtime.agent.serving_stats import LifetimeStats
 from edgekit_runtime.backends.base import CompiledCall, Recovery, Runner
 from edgekit_runtime.errors import InputSignatureError
 from edgekit_runtime.signature import FeedCounter, IOSignature, compile_feed_counter
@@ -241,6 +242,7 @@ class InferenceServer:
         self._max_stamps = max_window_samples
         self._direct: _DirectPath | None = None
         self._taken = dict.fromkeys(_COUNTERS, 0)  # counters of the windows taken so far; totals add the open one
+        self._lifetime = LifetimeStats()  # what the statistics extension reports; never reset
         self._plan: BatchPlan | None = None
         self._queue: BatchQueue | None = None
         if batching is not None:
@@ -261,6 +263,17 @@ class InferenceServer:
     @property
     def batching_active(self) -> bool:
         return self._plan is not None
+
+    @property
+    def batching(self) -> BatchingConfig | None:
+        """The agent's dynamic batching settings (``batching_active`` says whether this model batches)."""
+        return self._batching
+
+    @property
+    def providers(self) -> tuple[str, ...]:
+        """What runs the served model (ONNX Runtime's execution providers); ``()`` with none served."""
+        runner = self._runner
+        return () if runner is None else tuple(runner.providers)
 
     def swap(self, runner: Runner | None, *, model_name: str | None) -> Runner | None:
         """Serve ``runner`` (already loaded) from now on; returns the previous runner for the caller to close."""
@@ -412,6 +425,7 @@ class InferenceServer:
             self._window.requests += 1
             self._window.items += items
             self._window.runner_calls += 1
+            self._lifetime.add_unsampled(items)
 
     def _drain_stamps(self) -> None:
         """Move the direct path's stamps into the open window; the caller holds the stats lock. Requests append
@@ -422,17 +436,27 @@ class InferenceServer:
             taken = stamps[:count]
             del stamps[:count]
             self._window.record_stamps(taken)
+            lifetime = self._lifetime
+            for submitted, started, finished, items, runner_items in taken:
+                lifetime.add_request(submitted, started, finished, items)
+                lifetime.add_call(runner_items, finished - started)
 
     def _count(self, key: str, *, amount: int = 1, runner_calls: int = 0) -> None:
         with self._stats_lock:
             setattr(self._window, key, getattr(self._window, key) + amount)
             self._window.runner_calls += runner_calls
+            if key == "errors":
+                self._lifetime.failures += amount
 
     def _record(self, timings: list[RequestTiming], *, runner_calls: int) -> None:
         with self._stats_lock:
             for timing in timings:
                 self._window.record(timing.queue_ms, timing.compute_ms, timing.items)
+                self._lifetime.add_request(timing.submitted_ns, timing.started_ns, timing.finished_ns, timing.items)
             self._window.runner_calls += runner_calls
+            if timings:  # one runner call served them all
+                first = timings[0]
+                self._lifetime.add_call(first.runner_items, first.finished_ns - first.started_ns)
 
     def totals(self) -> ServingTotals:
         with self._stats_lock:
@@ -445,6 +469,13 @@ class InferenceServer:
         with self._stats_lock:
             self._drain_stamps()
             return self._window.summary(time.monotonic(), self._model_name)
+
+    def protocol_statistics(self, name: str, version: str) -> dict[str, Any]:
+        """Counts and nanoseconds since the server started, as one entry of the statistics extension's
+        ``model_stats`` (:class:`~edgekit_runtime.agent.serving_stats.LifetimeStats`)."""
+        with self._stats_lock:
+            self._drain_stamps()
+            return self._lifetime.to_protocol(name, version)
 
     def take_window(self) -> ServingWindow:
         """Close the open window, return its statistics and start the next one."""

@@ -24,13 +24,15 @@ from tests.runtime.tiny_bundle import reference_logits
 grpc = pytest.importorskip("grpc", reason="grpcio is the runtime's grpc extra: pip install 'edgekit-runtime[grpc]' (scripts/setup.sh)")
 grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] is in the dev extra (scripts/setup.sh)")
 httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is in the dev extra (scripts/setup.sh)")
-from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from edgekit_runtime.agent.oip_grpc import INSTALL_HINT, load_messages  # noqa: E402
 
 MODELS = ["digits", "embedder"]
-VERSION = "1735689600000"  # the bundles' created time in ms: their bundle_version
+VERSION = "1"  # each model slot serves version 1
+BUNDLE_VERSION = "1735689600000"  # the bundles' created time in ms: their bundle_version, accepted as a version too
+EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "statistics", "model_repository"]
 PROTO_DIR = Path(__file__).parents[3] / "runtime" / "edgekit_runtime" / "agent" / "proto"
 
 
@@ -66,9 +68,10 @@ def tensor(name: str, array: np.ndarray) -> Any:
 def test_health_and_metadata(client: Any) -> None:
     assert client.is_server_live() and client.is_server_ready()
     metadata = client.get_server_metadata()
-    assert (metadata.name, metadata.version, list(metadata.extensions)) == ("edgekit-agent", AGENT_VERSION, ["binary_tensor_data"])
+    assert (metadata.name, metadata.version, list(metadata.extensions)) == ("edgekit-agent", AGENT_VERSION, EXTENSIONS)
     for name in MODELS:
         assert client.is_model_ready(name) and client.is_model_ready(name, model_version=VERSION)
+        assert client.is_model_ready(name, model_version=BUNDLE_VERSION)
     assert not client.is_model_ready("digits", model_version="7") and not client.is_model_ready("nope")
     digits = client.get_model_metadata("digits")
     assert (digits.name, list(digits.versions), digits.platform) == ("digits", [VERSION], "edgekit_onnxruntime")
@@ -130,7 +133,7 @@ def test_infer_typed_contents_with_tritons_own_messages(agent: AgentService) -> 
     [
         (lambda c: c.infer("nope", [tensor("image", images(1))]), "NOT_FOUND", "unknown model 'nope'; this agent serves: digits, embedder"),
         (lambda c: c.infer("digits", [tensor("image", images(1))], model_version="3"), "NOT_FOUND",
-         "model 'digits' has no version '3' loaded; it serves version 1735689600000"),
+         "model 'digits' has no version '3'; it serves version 1 (bundle version 1735689600000)"),
         (lambda c: c.get_model_metadata("nope"), "NOT_FOUND", "unknown model 'nope'"),
         (lambda c: c.infer("digits", [tensor("image", images(1).reshape(1, 64))]), "INVALID_ARGUMENT", "model 'digits':"),
         (lambda c: c.infer("digits", [tensor("pixels", images(1))]), "INVALID_ARGUMENT", "model 'digits':"),
@@ -164,7 +167,7 @@ def test_malformed_requests_are_invalid_argument(agent: AgentService) -> None:
             with pytest.raises(grpc.RpcError) as info:
                 stub.ModelInfer(request, timeout=20)
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and fragment in info.value.details()
-        statistics = channel.unary_unary("/inference.GRPCInferenceService/ModelStatistics")  # not served
+        statistics = channel.unary_unary("/inference.GRPCInferenceService/CudaSharedMemoryStatus")  # not served
         with pytest.raises(grpc.RpcError) as info:
             statistics(b"", timeout=20)
         assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
@@ -174,9 +177,10 @@ def test_messages_match_tritons_field_for_field() -> None:
     """Every field of the agent's messages (from its own descriptor) is tritonclient's, same number and type: the
     same on the wire (Triton adds fields the protocol lacks, e.g. InferParameter.double_param; they are ignored)."""
     ours = load_messages()
-    assert len(ours) == 14 and len(ours["ModelInferRequest"].DESCRIPTOR.fields) == 7
-    for name, cls in ours.items():
-        theirs = getattr(service_pb2, name).DESCRIPTOR
+    assert len(ours) == 35 and len(ours["ModelInferRequest"].DESCRIPTOR.fields) == 7
+    for name, cls in ours.items():  # the configuration's messages are in Triton's model_config.proto
+        theirs = getattr(service_pb2, name, None) or getattr(model_config_pb2, name)
+        theirs = theirs.DESCRIPTOR
 
         def fields(descriptor: Any) -> dict[str, tuple[int, int, bool]]:
             # protobuf 7 dropped FieldDescriptor.label for is_repeated

@@ -27,7 +27,9 @@ httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient[http]
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 MODELS = ["digits", "embedder", "flat"]
-VERSION = "1735689600000"  # the bundles' created time in ms: their bundle_version
+VERSION = "1"  # each model slot serves version 1
+BUNDLE_VERSION = "1735689600000"  # the bundles' created time in ms: their bundle_version, accepted as a version too
+EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "statistics", "model_repository"]
 CURL = shutil.which("curl")
 
 
@@ -66,9 +68,10 @@ def tensor(name: str, array: np.ndarray, *, binary: bool) -> Any:
 def test_health_and_server_metadata(client: Any) -> None:
     assert client.is_server_live() and client.is_server_ready()
     metadata = client.get_server_metadata()
-    assert metadata == {"name": "edgekit-agent", "version": AGENT_VERSION, "extensions": ["binary_tensor_data"]}
+    assert metadata == {"name": "edgekit-agent", "version": AGENT_VERSION, "extensions": EXTENSIONS}
     for name in MODELS:
         assert client.is_model_ready(name) and client.is_model_ready(name, model_version=VERSION)
+        assert client.is_model_ready(name, model_version=BUNDLE_VERSION)
     assert not client.is_model_ready("digits", model_version="7")
 
 
@@ -76,7 +79,8 @@ def test_model_metadata_of_each_model(client: Any) -> None:
     digits = client.get_model_metadata("digits")
     assert digits == {"name": "digits", "versions": [VERSION], "platform": "edgekit_onnxruntime",
                       "inputs": [{"name": "image", "datatype": "FP32", "shape": [-1, 1, 8, 8]}],
-                      "outputs": [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]}]}  # fmt: skip
+                      "outputs": [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]}],
+                      "parameters": {"bundle_version": BUNDLE_VERSION}}  # fmt: skip
     embedder = client.get_model_metadata("embedder", model_version=VERSION)
     assert embedder["inputs"] == [{"name": "input_ids", "datatype": "INT64", "shape": [-1, -1]},
                                   {"name": "attention_mask", "datatype": "INT64", "shape": [-1, -1]}]  # fmt: skip
@@ -117,7 +121,7 @@ def test_oip_and_v1_answer_with_the_same_numbers_from_one_server(agent: AgentSer
     [
         (lambda c: c.infer("nope", [tensor("image", images(1), binary=False)]), "unknown model 'nope'; this agent serves: digits, embedder, flat"),
         (lambda c: c.infer("digits", [tensor("image", images(1), binary=False)], model_version="3"),
-         "model 'digits' has no version '3' loaded; it serves version 1735689600000"),
+         "model 'digits' has no version '3'; it serves version 1 (bundle version 1735689600000)"),
         (lambda c: c.infer("digits", [tensor("pixels", images(1), binary=True)]), "model 'digits':"),
         (lambda c: c.infer("flat", [tensor("image", images(1), binary=True)]), "model 'flat':"),
         (lambda c: c.infer("digits", [tensor("image", images(1), binary=False)], outputs=[httpclient.InferRequestedOutput("probs")]),

@@ -1,0 +1,73 @@
+"""What the Open Inference Protocol's HTTP (:mod:`~edgekit_runtime.agent.oip`) and gRPC
+(:mod:`~edgekit_runtime.agent.oip_grpc`) adapters share below both: the error, the datatypes and the
+lookup of a model (and version) in the agent's repository.
+
+A model's version is a small integer per model slot, ``"1"`` (the one version a slot serves); the
+bundle's own version (``bundle_version``, else its manifest's sha256 prefix) is in the model metadata's
+``parameters`` and the repository index's ``reason``. A version path or field with the bundle's own
+version resolves too, as earlier agents named it.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Any
+
+import numpy as np
+
+#: the version every served model answers to (Triton's numbered versions; one is served per model slot)
+SERVED_VERSION = "1"
+
+#: OIP datatype <-> numpy dtype (little-endian on the wire). BYTES and BF16 have no numpy counterpart
+#: among the dtypes bundles declare.
+DATATYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype("bool"), "UINT8": np.dtype("<u1"), "UINT16": np.dtype("<u2"), "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"), "INT8": np.dtype("<i1"), "INT16": np.dtype("<i2"), "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"), "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
+}  # fmt: skip
+BY_NUMPY = {dtype.newbyteorder("=").name: name for name, dtype in DATATYPES.items()}
+
+
+class OipError(Exception):
+    """An answer ``{"error": message}`` with ``status`` (a gRPC status code of the same meaning over gRPC)."""
+
+    def __init__(self, status: HTTPStatus, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
+
+
+def datatype_of(dtype: str | np.dtype) -> str:
+    name = np.dtype(dtype).name
+    try:
+        return BY_NUMPY[name]
+    except KeyError:
+        raise OipError(HTTPStatus.INTERNAL_SERVER_ERROR, f"dtype {name} has no Open Inference Protocol datatype") from None
+
+
+def shape_of(tensor_shape: tuple[Any, ...]) -> list[int]:
+    """A signature's shape in the protocol: a named (variable) dim is ``-1``."""
+    return [dim if isinstance(dim, int) else -1 for dim in tensor_shape]
+
+
+def bundle_version(slot: Any) -> str:
+    """The served bundle's own version (``""`` with no bundle served)."""
+    return str(slot.version or "")
+
+
+def protocol_version(slot: Any) -> str:
+    """The version the protocol names the slot's model by: ``"1"`` while a bundle is loaded, else ``""``."""
+    return SERVED_VERSION if slot.ready else ""
+
+
+def find_slot(models: Any, name: str, version: str) -> Any:
+    """Model ``name`` of ``models`` (a repository), checked to serve ``version`` (``""``: whatever it serves):
+    404 for an unknown model or a version it does not serve."""
+    slot = models.find(name)
+    if slot is None:
+        known = ", ".join(str(s.name) for s in models.slots() if s.name is not None) or "none"
+        raise OipError(HTTPStatus.NOT_FOUND, f"unknown model '{name}'; this agent serves: {known}")
+    if version and version not in (SERVED_VERSION, bundle_version(slot)):
+        served = f"version {SERVED_VERSION} (bundle version {slot.version})" if slot.version else "no version (no bundle loaded)"
+        raise OipError(HTTPStatus.NOT_FOUND, f"model '{name}' has no version '{version}'; it serves {served}; "
+                       f"ask for version {SERVED_VERSION}, or leave the version out for the served one")  # fmt: skip
+    return slot
