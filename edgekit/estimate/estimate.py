@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,8 @@ from edgekit.estimate.hardware import Hardware, hardware_for
 from edgekit.estimate.roofline import RUNTIME_OVERHEAD_MB, Factors, apply_factors, engine_kind, host_factors, roofline
 from edgekit.target import TargetProfile
 
+#: how a graph is grouped before it is timed: one roofline per ONNX node, or per TensorRT fused layer
+LAYER_MODELS = ("per-node", "tensorrt")
 #: How a graph stored at one precision is timed at another (``assume_precision`` on an FP32 export):
 #: the byte scale of every tensor moved, relative to FP32.
 #: The block formats count their scales: NVFP4 4 bits + an FP8 scale per 16, MXFP4 4 bits + an E8M0 scale per 32, MXFP8 8 + 8/32.
@@ -91,13 +93,12 @@ def _assume(cost: GraphCost, precision: str | None) -> tuple[GraphCost, list[str
         return cost, []
     if precision not in ASSUMED_BYTE_SCALE:
         raise EstimateError(f"cannot time a graph as {precision}", hint=f"choose one of {', '.join(ASSUMED_BYTE_SCALE)}")
-    from dataclasses import replace
-
     scale = ASSUMED_BYTE_SCALE[precision]
     nodes = tuple(replace(n, precision=precision if n.op_class in ASSUMED_COMPUTE_CLASSES and n.precision == "fp32" else n.precision,
                           bytes_read=n.bytes_read * scale, bytes_written=n.bytes_written * scale, weight_bytes=n.weight_bytes * scale)
                   for n in cost.nodes)  # fmt: skip
-    adjusted = replace(cost, nodes=nodes, weight_bytes=cost.weight_bytes * scale, peak_activation_bytes=cost.peak_activation_bytes * scale)
+    adjusted = replace(cost, nodes=nodes, weight_bytes=cost.weight_bytes * scale, peak_activation_bytes=cost.peak_activation_bytes * scale,
+                       tensor_bytes={name: size * scale for name, size in cost.tensor_bytes.items()})
     return adjusted, [f"graph stored as FP32, timed as {precision}: compute classes at the {precision} peak, bytes x{scale:g}"]
 
 
@@ -121,10 +122,20 @@ def resolve_factors(hardware: Hardware, calibration: Path | Mapping[str, Any] | 
 def estimate(model: Any, target: TargetProfile, *, dims: Mapping[str, int] | None = None, batch: int | None = None,
              power_mode: str | None = None, calibration: Path | Mapping[str, Any] | None = None,
              measured_peak: Mapping[str, Any] | None = None, assume_precision: str | None = None,
-             cost: GraphCost | None = None) -> Estimate:  # fmt: skip
+             cost: GraphCost | None = None, layer_model: str | None = None) -> Estimate:  # fmt: skip
     """Estimate ``model`` (ONNX path or ModelProto) on ``target`` at ``dims`` (the benchmark shape).
     With ``measured_peak`` (this host runs it, on ONNX Runtime's CPU provider) the graph costed is the one ONNX
-    Runtime optimises (:mod:`edgekit.estimate.runtime_graph`); otherwise the exported graph with implicit fusions."""
+    Runtime optimises (:mod:`edgekit.estimate.runtime_graph`); otherwise the exported graph with implicit fusions.
+    ``layer_model``: "tensorrt" (the graph as TensorRT's fused layers, :mod:`edgekit.estimate.tensorrt_layers`) or
+    "per-node"; default: "tensorrt" on a GPU target whose preferred backend is TensorRT, else "per-node"."""
+    if layer_model is not None and layer_model not in LAYER_MODELS:
+        raise EstimateError(f"layer model '{layer_model}' is not one of {', '.join(LAYER_MODELS)}",
+                            hint="'tensorrt' to time TensorRT's fused layers, 'per-node' for one roofline per ONNX node")  # fmt: skip
+
+    def figures(mode: str | None) -> Hardware:
+        found = hardware_for(target, mode, measured=measured_peak)
+        return replace(found, layer_model=layer_model) if layer_model is not None else found
+
     if cost is None and measured_peak is not None:
         from edgekit.estimate.host_peak import host_threads
         from edgekit.estimate.runtime_graph import runtime_graph_costs
@@ -132,7 +143,7 @@ def estimate(model: Any, target: TargetProfile, *, dims: Mapping[str, int] | Non
         cost = runtime_graph_costs(model, host_threads(target.cpu.cores), dims=dims or {})
     cost = cost if cost is not None else graph_costs(model, dims or {})
     cost, notes = _assume(cost, assume_precision)
-    hardware = hardware_for(target, power_mode, measured=measured_peak)
+    hardware = figures(power_mode)
     line = roofline(cost, hardware)
     runs_on = hardware
     if hardware.fallback is not None and line.counted_nodes and line.fallback_nodes == line.counted_nodes:
@@ -142,23 +153,29 @@ def estimate(model: Any, target: TargetProfile, *, dims: Mapping[str, int] | Non
     engine = runs_on.engine if runs_on is not hardware or not line.fallback_nodes else f"{hardware.engine}+{hardware.fallback.engine}"  # type: ignore[union-attr]
     by_class: dict[str, dict[str, float]] = {}
     raw = cost.by_class()
+    layered = hardware.layer_model == "tensorrt"  # "nodes" are TensorRT layers: count those, the ONNX work beside them
     for cls in ALL_CLASSES:
         ms = sum(n.ms for n in timed if n.op_class == cls)
-        if cls in raw and (raw[cls]["nodes"] or ms):
-            by_class[cls] = {**raw[cls], "ms": ms, "share": ms / latency if latency else 0.0,
+        count = sum(1 for n in timed if n.op_class == cls)
+        if (cls in raw or layered) and ((raw.get(cls, {}).get("nodes") and not layered) or count or ms):
+            row = {**raw.get(cls, {"nodes": 0, "ops": 0.0, "bytes": 0.0}), **({"nodes": count} if layered else {})}
+            by_class[cls] = {**row, "ms": ms, "share": ms / latency if latency else 0.0,
                              "compute_bound_nodes": sum(1 for n in timed if n.op_class == cls and n.bound == "compute")}  # fmt: skip
     batch = int(batch or (cost.dims.get("batch") if cost.dims else None) or 1)
     energy = []
     for mode, watts in target.power_modes.items():
-        mode_hw = hardware if mode == hardware.power_mode else hardware_for(target, mode, measured=measured_peak)
+        mode_hw = hardware if mode == hardware.power_mode else figures(mode)
         mode_factors = resolve_factors(mode_hw.fallback if runs_on is not hardware and mode_hw.fallback else mode_hw, calibration)[0]
         mode_ms = apply_factors(roofline(cost, mode_hw), mode_factors)[1]
         energy.append(ModeEnergy(mode, watts, mode_ms, watts * mode_factors.power_fraction * mode_ms, batch))
     words = [
-        "ESTIMATE, not a measurement: per-node roofline max(ops/peak, bytes/bandwidth) / efficiency + per-node overhead",
+        ("ESTIMATE, not a measurement: per-layer roofline max(ops/peak, bytes/bandwidth) / efficiency + launch cost per layer, "
+         "over the graph fused as TensorRT fuses it" if layered else
+         "ESTIMATE, not a measurement: per-node roofline max(ops/peak, bytes/bandwidth) / efficiency + per-node overhead"),
         *hardware.sources, *line.notes, *notes, *cost.assumptions,
         f"efficiency factors ({factors.source}): " + ", ".join(f"{k} {v:g}" for k, v in sorted(factors.efficiency.items())),
-        f"per-node overhead {factors.node_overhead_us:g} us over {line.counted_nodes} nodes ({factors.source})",
+        f"{'launch cost per layer' if layered else 'per-node overhead'} {factors.node_overhead_us:g} us over {line.counted_nodes} "
+        f"{'layers' if layered else 'nodes'} ({factors.source})",
         f"shapes from {cost.shape_source} at {cost.dims or 'static shapes'}",
         f"runtime memory overhead {RUNTIME_OVERHEAD_MB[engine_kind(runs_on.engine)]:g} MB (an estimate for the runtime's libraries and arenas)",
     ]  # fmt: skip

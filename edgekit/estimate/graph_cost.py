@@ -109,6 +109,9 @@ class NodeCost:
     fused: bool = False  # a Q/DQ node folded into its neighbour: no cost of its own
     kind: str = ""  # the kernel family that runs it (node_kind), for hosts whose kernels were micro-benchmarked
     subgraph_calls: int = 0  # an If that ran: one subgraph invocation (its branch's nodes are costed on their own)
+    inputs: tuple[str, ...] = ()  # its activation inputs (tensors not folded to constants), for layer fusion
+    outputs: tuple[str, ...] = ()
+    gemm_mnk: tuple[int, int, int] = ()  # a conv / matmul as a GEMM: rows (M), output channels (N), reduction (K)
 
     @property
     def bytes(self) -> float:
@@ -126,6 +129,7 @@ class GraphCost:
     input_bytes: float
     shape_source: str  # "onnx shape inference" or "onnxruntime probe"
     assumptions: tuple[str, ...] = field(default=())
+    tensor_bytes: dict[str, float] = field(default_factory=dict, repr=False, compare=False)  # activation tensor -> bytes
 
     @property
     def total_ops(self) -> float:
@@ -376,6 +380,22 @@ def _ops(node: Any, shapes: Mapping[str, tuple[tuple[int, ...], int]], out_shape
     return out * TRANSCENDENTAL_OPS.get(op, 1)
 
 
+def _gemm_mnk(node: Any, shapes: Mapping[str, tuple[tuple[int, ...], int]], out_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """A Conv (implicit GEMM: M = batch x output pixels, N = output channels, K = input channels / group x kernel) or a
+    MatMul / Gemm (M = all rows, N, K) as GEMM dimensions; () for anything else or an unknown shape."""
+    if node.op_type in ("Conv", "FusedConv", "ConvInteger") and len(node.input) > 1 and len(out_shape) >= 3:
+        weight = shapes.get(node.input[1], ((), 1))[0]
+        if len(weight) >= 3:
+            return int(_numel(out_shape) // max(out_shape[1], 1)), int(weight[0]), int(_numel(weight[1:]))
+    if node.op_type in ("MatMul", "Gemm", "MatMulInteger") and len(node.input) > 1 and out_shape:
+        first, second = shapes.get(node.input[0], ((), 1))[0], shapes.get(node.input[1], ((), 1))[0]
+        if first and second:
+            k = int(first[0] if node.op_type == "Gemm" and _attr(node, "transA", 0) else first[-1])
+            n = int(out_shape[-1])
+            return int(_numel(out_shape) // max(n, 1)), n, k
+    return ()
+
+
 def _precision(node: Any, shapes: Mapping[str, tuple[tuple[int, ...], int]], producers: Mapping[str, Any]) -> str:
     op = node.op_type
     if op in INT8_COMPUTE_OPS:
@@ -479,6 +499,7 @@ def graph_costs(model: Any, dims: Mapping[str, int] | None = None, *, input_shap
             bytes_read=0.0 if idle else sum(nbytes(n) for n in acts) + sum(nbytes(n) for n in weights),
             bytes_written=0.0 if idle else sum(nbytes(n) for n in node.output if n),
             weight_bytes=sum(nbytes(n) for n in weights), fused=fused, kind=_kind(node, shapes),
+            inputs=tuple(acts), outputs=tuple(n for n in node.output if n), gemm_mnk=_gemm_mnk(node, shapes, out_shape),
         ))  # fmt: skip
     for call in if_calls:  # the If itself: no work of its own, one subgraph invocation
         nodes.append(NodeCost(name=call.name, op_type="If", op_class="data_movement", precision="fp32", ops=0.0, bytes_read=0.0,
@@ -487,7 +508,8 @@ def graph_costs(model: Any, dims: Mapping[str, int] | None = None, *, input_shap
     input_bytes = sum(nbytes(v.name) for v in proto.graph.input if v.name not in initializers)
     return GraphCost(nodes=tuple(nodes), dims=dims, weight_bytes=weight_bytes,
                      peak_activation_bytes=_peak_activations(proto, nbytes, folded),
-                     input_bytes=input_bytes, shape_source=source, assumptions=tuple(assumptions))  # fmt: skip
+                     input_bytes=input_bytes, shape_source=source, assumptions=tuple(assumptions),
+                     tensor_bytes={name: nbytes(name) for name in shapes if name not in folded})  # fmt: skip
 
 
 def _peak_activations(proto: Any, nbytes: Any, static: set[str]) -> float:

@@ -68,6 +68,8 @@ class Hardware:
     kernel_efficiency: dict[str, list[list[float]]] | None = None  # kind -> [[roofline s, efficiency]] (host_kernels)
     subgraph_overhead_us: float | None = None  # measured cost of one If's subgraph invocation (measured hosts)
     parallel_sync_us: float | None = None  # measured cost of splitting one node over the intra-op pool (measured hosts)
+    layer_model: str = "per-node"  # "tensorrt": the graph is timed as TensorRT's fused layers (tensorrt_layers)
+    gpu_cuda_cores: int | None = None  # the GPU's CUDA cores (its SMs: 128 a piece on Ampere and Hopper), for tile waves
 
     def resolve(self, precision: str) -> tuple[float, str, Hardware]:
         """(ops/s, the precision whose figure it is, the engine that runs it): this engine following
@@ -180,8 +182,12 @@ def hardware_for(target: TargetProfile, power_mode: str | None = None, *, measur
     fp32_as = target.npu.fp32_runs_as.value if engine == "npu" and target.npu is not None and target.npu.fp32_runs_as else None
     if fp32_as:
         sources.append(f"fp32 layers run as {fp32_as} on the {target.npu.name} (npu.fp32_runs_as)")  # type: ignore[union-attr]
+    layer_model = "tensorrt" if engine in ("gpu", "total") and target.backends[0].name == "tensorrt" else "per-node"
+    if layer_model == "tensorrt":
+        sources.append("timed as TensorRT layers: the target's preferred backend is tensorrt (backends[0])")
     return Hardware(target.name, engine, mode, peaks, bandwidth * 1e9 if bandwidth else None, watts, tuple(sources),
-                    fallback=fallback, fp32_runs_as=fp32_as)  # fmt: skip
+                    fallback=fallback, fp32_runs_as=fp32_as, layer_model=layer_model,
+                    gpu_cuda_cores=target.gpu.cuda_cores if target.gpu is not None else None)  # fmt: skip
 
 
 def _engine_peaks(target: TargetProfile, engine: str, mode: str | None) -> tuple[dict[str, float], list[str]]:

@@ -31,6 +31,15 @@ DEFAULT_EFFICIENCY: dict[str, dict[str, float]] = {
             "resize": 0.3, "data_movement": 0.5, "quantize": 0.5},  # fmt: skip
 }
 DEFAULT_NODE_OVERHEAD_US = {"cpu": 3.0, "gpu": 8.0}
+#: TensorRT-shaped layers (:mod:`edgekit.estimate.tensorrt_layers`) on an NVIDIA GPU: the share of the roofline a
+#: fused layer reaches, per layer class, and the launch cost of one layer (uncalibrated priors, not fitted to the
+#: published figures: a fused conv / GEMM keeps the per-node GPU prior, pointwise and reformat layers stream at
+#: a higher share of bandwidth than a lone elementwise node, a layer launch costs what an enqueued kernel does)
+TENSORRT_EFFICIENCY: dict[str, float] = {"conv": 0.45, "matmul": 0.55, "attention": 0.45, "elementwise": 0.6, "normalization": 0.6,
+                                         "pooling": 0.5, "resize": 0.4, "data_movement": 0.6, "quantize": 0.6}  # fmt: skip
+TENSORRT_LAYER_LAUNCH_US = 5.0
+#: the share of the memory bandwidth a streaming layer reaches (a prior, the same for every layer class)
+TENSORRT_MEMORY_SHARE = 0.75
 #: Runtime memory beyond weights and activations (ONNX Runtime / TensorRT libraries and arenas), an estimate.
 RUNTIME_OVERHEAD_MB = {"cpu": 60.0, "gpu": 400.0}
 #: The share of the power mode's watts the module draws while it infers (an estimate; calibration sets it from
@@ -64,6 +73,9 @@ def default_factors(engine: str) -> Factors:
 def host_factors(hardware: Hardware) -> Factors:
     """The uncalibrated factors for ``hardware``: the priors, with a measured host's per-node overhead; on a host
     whose kernels were micro-benchmarked, 1 for every class (the node times already carry the measured efficiency)."""
+    if hardware.layer_model == "tensorrt":
+        return Factors(dict(TENSORRT_EFFICIENCY), TENSORRT_LAYER_LAUNCH_US,
+                       source="TensorRT layer priors (uncalibrated estimate): efficiency per fused-layer class, launch cost per layer")  # fmt: skip
     factors = default_factors(hardware.engine)
     if hardware.kernel_efficiency:
         return Factors(dict.fromkeys(factors.efficiency, 1.0), hardware.node_overhead_us or factors.node_overhead_us,
@@ -136,6 +148,10 @@ def roofline(cost: GraphCost, hardware: Hardware) -> Roofline:
     cost of that split (the pool's dispatch and barrier) as fixed time."""
     from edgekit.estimate.host_kernels import runs_parallel
 
+    if hardware.layer_model == "tensorrt":
+        from edgekit.estimate.tensorrt_layers import tensorrt_roofline
+
+        return tensorrt_roofline(cost, hardware)
     nodes, notes, fallbacks = [], [], set()
     on_other: dict[str, int] = {}  # precision -> nodes the fallback engine ran
     for node in cost.nodes:

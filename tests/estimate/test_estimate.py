@@ -44,7 +44,7 @@ def test_unknown_power_mode_and_a_target_without_figures_say_how_to_fix() -> Non
 
 def test_estimate_sums_the_roofline_and_lists_its_factors() -> None:
     target = get_target("jetson-orin-nano-8gb")
-    result = estimate(cnn(), target, dims={"batch": 4})
+    result = estimate(cnn(), target, dims={"batch": 4}, layer_model="per-node")
     hw, factors = hardware_for(target), default_factors("gpu")
     expected = 0.0
     for node in graph_costs(cnn(), {"batch": 4}).nodes:
@@ -73,8 +73,8 @@ def test_a_compute_bound_graph_is_slower_in_a_lower_power_mode() -> None:
 
 def test_timing_an_fp32_graph_as_int8_uses_the_int8_peak_and_quarter_bytes() -> None:
     target = get_target("jetson-orin-nano-8gb")
-    fp32 = estimate(mlp(2048, 3, 2048), target, dims={"batch": 256})
-    int8 = estimate(mlp(2048, 3, 2048), target, dims={"batch": 256}, assume_precision="int8")
+    fp32 = estimate(mlp(2048, 3, 2048), target, dims={"batch": 256}, layer_model="per-node")
+    int8 = estimate(mlp(2048, 3, 2048), target, dims={"batch": 256}, assume_precision="int8", layer_model="per-node")
     assert int8.p50_ms < fp32.p50_ms / 4
     assert int8.weights_mb == pytest.approx(fp32.weights_mb / 4)
     assert any("timed as int8" in f for f in int8.factors)
@@ -84,8 +84,8 @@ def test_a_calibration_file_replaces_the_default_factors(tmp_path) -> None:
     target = get_target("jetson-orin-nano-8gb")
     slow = Factors({k: v / 2 for k, v in default_factors("gpu").efficiency.items()}, 16.0, 0.5, "test fit")
     path = write_calibration(tmp_path / "cal.json", [CalibrationEntry(target.name, "15W", slow, 3, 40.0, 5.0)])
-    base = estimate(cnn(), target, dims={"batch": 4})
-    fitted = estimate(cnn(), target, dims={"batch": 4}, calibration=path)
+    base = estimate(cnn(), target, dims={"batch": 4}, layer_model="per-node")
+    fitted = estimate(cnn(), target, dims={"batch": 4}, calibration=path, layer_model="per-node")
     assert fitted.p50_ms == pytest.approx(2 * base.p50_ms)
     assert fitted.calibration["calibrated"] and fitted.calibration["file"] == str(path)
     assert any("test fit" in f for f in fitted.factors)
