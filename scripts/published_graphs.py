@@ -119,27 +119,27 @@ def _without_padding_mask(model: Any) -> Any:
             model.graph.node.remove(node)
 
 
-def _yolov8n_module() -> Any:
-    """YOLOv8n as Ultralytics describes it (yolov8.yaml at depth 0.33, width 0.25): Conv = Conv2d + BatchNorm +
-    SiLU, C2f blocks, SPPF, a PAN neck and the anchor-free decoupled head with a 16-bin DFL box decoder, 80
-    classes; output [batch, 84, anchors] (boxes in pixels, class probabilities)."""
+def _yolo_parts() -> Any:
+    """The Ultralytics building blocks both YOLO graphs use: Conv = Conv2d + BatchNorm + SiLU (groups for the
+    depthwise DWConv), Bottleneck, C2f, SPPF and the anchor-free decoupled Detect head with a 16-bin DFL box
+    decoder (``depthwise_cls``: YOLO11's class branch, DWConv + 1x1 Conv pairs); output [batch, 4 + classes, anchors]."""
     import torch
     from torch import nn
 
     class Conv(nn.Module):
-        def __init__(self, c_in: int, c_out: int, k: int = 1, s: int = 1) -> None:
+        def __init__(self, c_in: int, c_out: int, k: int = 1, s: int = 1, g: int = 1, act: bool = True) -> None:
             super().__init__()
-            self.conv = nn.Conv2d(c_in, c_out, k, s, k // 2, bias=False)
+            self.conv = nn.Conv2d(c_in, c_out, k, s, k // 2, groups=g, bias=False)
             self.bn = nn.BatchNorm2d(c_out, eps=1e-3)
-            self.act = nn.SiLU()
+            self.act = nn.SiLU() if act else nn.Identity()
 
         def forward(self, x: Any) -> Any:
             return self.act(self.bn(self.conv(x)))
 
     class Bottleneck(nn.Module):
-        def __init__(self, c: int, shortcut: bool) -> None:
+        def __init__(self, c: int, shortcut: bool, e: float = 1.0) -> None:
             super().__init__()
-            self.cv1, self.cv2, self.add = Conv(c, c, 3), Conv(c, c, 3), shortcut
+            self.cv1, self.cv2, self.add = Conv(c, int(c * e), 3), Conv(int(c * e), c, 3), shortcut
 
         def forward(self, x: Any) -> Any:
             y = self.cv2(self.cv1(x))
@@ -173,12 +173,16 @@ def _yolov8n_module() -> Any:
             return self.cv2(torch.cat(y, 1))
 
     class Detect(nn.Module):
-        def __init__(self, channels: tuple[int, ...], classes: int = 80, bins: int = 16) -> None:
+        def __init__(self, channels: tuple[int, ...], classes: int = 80, bins: int = 16, depthwise_cls: bool = False) -> None:
             super().__init__()
             self.classes, self.bins, self.strides = classes, bins, (8, 16, 32)
             box_c, cls_c = max(16, channels[0] // 4, 4 * bins), max(channels[0], min(classes, 100))
             self.box = nn.ModuleList(nn.Sequential(Conv(c, box_c, 3), Conv(box_c, box_c, 3), nn.Conv2d(box_c, 4 * bins, 1)) for c in channels)
-            self.cls = nn.ModuleList(nn.Sequential(Conv(c, cls_c, 3), Conv(cls_c, cls_c, 3), nn.Conv2d(cls_c, classes, 1)) for c in channels)
+            if depthwise_cls:
+                self.cls = nn.ModuleList(nn.Sequential(Conv(c, c, 3, g=c), Conv(c, cls_c, 1), Conv(cls_c, cls_c, 3, g=cls_c), Conv(cls_c, cls_c, 1),
+                                                       nn.Conv2d(cls_c, classes, 1)) for c in channels)  # fmt: skip
+            else:
+                self.cls = nn.ModuleList(nn.Sequential(Conv(c, cls_c, 3), Conv(cls_c, cls_c, 3), nn.Conv2d(cls_c, classes, 1)) for c in channels)
             self.dfl = nn.Conv2d(bins, 1, 1, bias=False).requires_grad_(False)
             self.dfl.weight.data[:] = torch.arange(bins, dtype=torch.float32).view(1, bins, 1, 1)
 
@@ -200,6 +204,17 @@ def _yolov8n_module() -> Any:
             x1y1, x2y2 = anchor - lt, anchor + rb
             boxes = torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), 1) * stride
             return torch.cat((boxes, cls.sigmoid()), 1)
+
+    from types import SimpleNamespace
+
+    return SimpleNamespace(Conv=Conv, Bottleneck=Bottleneck, C2f=C2f, SPPF=SPPF, Detect=Detect, torch=torch, nn=nn)
+
+
+def _yolov8n_module() -> Any:
+    """YOLOv8n as Ultralytics describes it (yolov8.yaml at depth 0.33, width 0.25): C2f blocks, SPPF, a PAN neck
+    and the Detect head, 80 classes; output [batch, 84, anchors] (boxes in pixels, class probabilities)."""
+    p = _yolo_parts()
+    torch, nn, Conv, C2f, SPPF, Detect = p.torch, p.nn, p.Conv, p.C2f, p.SPPF, p.Detect
 
     class YOLOv8n(nn.Module):
         def __init__(self) -> None:
@@ -227,6 +242,132 @@ def _yolov8n_module() -> Any:
     return YOLOv8n()
 
 
+#: YOLO11 scales as Ultralytics' yolo11.yaml gives them: (depth, width, max channels)
+YOLO11_SCALES = {"n": (0.50, 0.25, 1024), "s": (0.50, 0.50, 1024), "m": (0.50, 1.00, 512), "l": (1.00, 1.00, 512), "x": (1.00, 1.50, 512)}
+
+
+def _yolo11_module(scale: str) -> Any:
+    """YOLO11 at ``scale`` as Ultralytics' yolo11.yaml describes it: C3k2 blocks (C3k inside at m/l/x), SPPF, C2PSA
+    (position-sensitive attention, heads of 64 channels), the PAN neck and the Detect head with YOLO11's depthwise
+    class branch, 80 classes, 640x640."""
+    p = _yolo_parts()
+    torch, nn, Conv, Bottleneck, SPPF, Detect = p.torch, p.nn, p.Conv, p.Bottleneck, p.SPPF, p.Detect
+    depth, width, max_c = YOLO11_SCALES[scale]
+    c3k_everywhere = scale in "mlx"
+
+    def ch(c: int) -> int:
+        return int(-(-min(c, max_c) * width // 8) * 8)
+
+    def reps(n: int) -> int:
+        return max(round(n * depth), 1) if n > 1 else n
+
+    class C3k(nn.Module):
+        def __init__(self, c_in: int, c_out: int, n: int, shortcut: bool) -> None:
+            super().__init__()
+            hidden = c_out // 2
+            self.cv1, self.cv2, self.cv3 = Conv(c_in, hidden, 1), Conv(c_in, hidden, 1), Conv(2 * hidden, c_out, 1)
+            self.m = nn.Sequential(*(Bottleneck(hidden, shortcut) for _ in range(n)))
+
+        def forward(self, x: Any) -> Any:
+            return self.cv3(torch.cat((self.m(self.cv1(x)), self.cv2(x)), 1))
+
+    class C3k2(nn.Module):
+        def __init__(self, c_in: int, c_out: int, n: int, c3k: bool, e: float = 0.5, shortcut: bool = True) -> None:
+            super().__init__()
+            self.c = int(c_out * e)
+            self.cv1, self.cv2 = Conv(c_in, 2 * self.c, 1), Conv((2 + n) * self.c, c_out, 1)
+            c3k = c3k or c3k_everywhere
+            self.m = nn.ModuleList(C3k(self.c, self.c, 2, shortcut) if c3k else Bottleneck(self.c, shortcut, 0.5) for _ in range(n))
+
+        def forward(self, x: Any) -> Any:
+            parts = list(self.cv1(x).split((self.c, self.c), 1))
+            for block in self.m:
+                parts.append(block(parts[-1]))
+            return self.cv2(torch.cat(parts, 1))
+
+    class Attention(nn.Module):
+        def __init__(self, dim: int, heads: int) -> None:
+            super().__init__()
+            self.heads, self.head_dim = heads, dim // heads
+            self.key_dim = int(self.head_dim * 0.5)
+            self.scale = self.key_dim**-0.5
+            self.qkv = Conv(dim, dim + 2 * self.key_dim * heads, 1, act=False)
+            self.proj, self.pe = Conv(dim, dim, 1, act=False), Conv(dim, dim, 3, g=dim, act=False)
+
+        def forward(self, x: Any) -> Any:
+            b, c, h, w = x.shape
+            q, k, v = self.qkv(x).view(b, self.heads, 2 * self.key_dim + self.head_dim, h * w).split((self.key_dim, self.key_dim, self.head_dim), 2)
+            attn = ((q.transpose(-2, -1) @ k) * self.scale).softmax(-1)
+            y = (v @ attn.transpose(-2, -1)).view(b, c, h, w) + self.pe(v.reshape(b, c, h, w))
+            return self.proj(y)
+
+    class PSABlock(nn.Module):
+        def __init__(self, c: int) -> None:
+            super().__init__()
+            self.attn = Attention(c, max(c // 64, 1))
+            self.ffn = nn.Sequential(Conv(c, 2 * c, 1), Conv(2 * c, c, 1, act=False))
+
+        def forward(self, x: Any) -> Any:
+            x = x + self.attn(x)
+            return x + self.ffn(x)
+
+    class C2PSA(nn.Module):
+        def __init__(self, c_io: int, n: int) -> None:
+            super().__init__()
+            self.c = c_io // 2
+            self.cv1, self.cv2 = Conv(c_io, 2 * self.c, 1), Conv(2 * self.c, c_io, 1)
+            self.m = nn.Sequential(*(PSABlock(self.c) for _ in range(n)))
+
+        def forward(self, x: Any) -> Any:
+            a, b = self.cv1(x).split((self.c, self.c), 1)
+            return self.cv2(torch.cat((a, self.m(b)), 1))
+
+    c64, c128, c256, c512, c1024 = ch(64), ch(128), ch(256), ch(512), ch(1024)
+
+    class YOLO11(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.b0, self.b1, self.b2 = Conv(3, c64, 3, 2), Conv(c64, c128, 3, 2), C3k2(c128, c256, reps(2), False, 0.25)
+            self.b3, self.b4 = Conv(c256, c256, 3, 2), C3k2(c256, c512, reps(2), False, 0.25)
+            self.b5, self.b6 = Conv(c512, c512, 3, 2), C3k2(c512, c512, reps(2), True)
+            self.b7, self.b8 = Conv(c512, c1024, 3, 2), C3k2(c1024, c1024, reps(2), True)
+            self.b9, self.b10 = SPPF(c1024, c1024), C2PSA(c1024, reps(2))
+            self.up = nn.Upsample(scale_factor=2.0, mode="nearest")
+            self.h13 = C3k2(c1024 + c512, c512, reps(2), False)
+            self.h16 = C3k2(c512 + c512, c256, reps(2), False)
+            self.h17, self.h19 = Conv(c256, c256, 3, 2), C3k2(c256 + c512, c512, reps(2), False)
+            self.h20, self.h22 = Conv(c512, c512, 3, 2), C3k2(c512 + c1024, c1024, reps(2), True)
+            self.detect = Detect((c256, c512, c1024), depthwise_cls=True)
+
+        def forward(self, x: Any) -> Any:
+            p3 = self.b4(self.b3(self.b2(self.b1(self.b0(x)))))
+            p4 = self.b6(self.b5(p3))
+            p5 = self.b10(self.b9(self.b8(self.b7(p4))))
+            n4 = self.h13(torch.cat((self.up(p5), p4), 1))
+            o3 = self.h16(torch.cat((self.up(n4), p3), 1))
+            o4 = self.h19(torch.cat((self.h17(o3), n4), 1))
+            o5 = self.h22(torch.cat((self.h20(o4), p5), 1))
+            return self.detect([o3, o4, o5])
+
+    return YOLO11()
+
+
+def _yolo11_builder(scale: str) -> Callable[[Path], str]:
+    def build(path: Path) -> str:
+        import torch
+
+        torch.manual_seed(0)
+        module = _yolo11_module(scale).eval()
+        params = sum(p.numel() for p in module.parameters())
+        _export(module, {"images": torch.zeros(1, 3, 640, 640)}, ["output0"], path, {"images": {0: "batch"}, "output0": {0: "batch"}})
+        depth, width, max_c = YOLO11_SCALES[scale]
+        return (f"hand-written YOLO11{scale} (Ultralytics yolo11.yaml at depth {depth} / width {width} / max channels {max_c}, "
+                f"80 classes, {params / 1e6:.2f} M parameters with BatchNorm), seed 0, 640x640")  # fmt: skip
+
+    build.__name__ = f"build_yolo11{scale}"
+    return build
+
+
 def build_yolov8n(path: Path) -> str:
     import torch
 
@@ -237,4 +378,5 @@ def build_yolov8n(path: Path) -> str:
 
 
 #: graph name -> builder writing the ONNX file and returning how it was made
-GRAPHS: dict[str, Callable[[Path], str]] = {"resnet50": build_resnet50, "bert-large": build_bert_large, "yolov8n": build_yolov8n}
+GRAPHS: dict[str, Callable[[Path], str]] = {"resnet50": build_resnet50, "bert-large": build_bert_large, "yolov8n": build_yolov8n,
+                                            **{f"yolo11{scale}": _yolo11_builder(scale) for scale in YOLO11_SCALES}}  # fmt: skip

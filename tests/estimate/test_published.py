@@ -7,6 +7,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
@@ -54,8 +55,9 @@ def _tiny_graphs() -> dict:
 
 def test_every_published_row_has_a_source_and_its_conditions() -> None:
     rows = ep.load_published(ep.FIGURES)
-    assert len(rows) >= 6
-    assert len({r.target for r in rows}) >= 2 and len({r.graph for r in rows}) >= 3
+    assert len(rows) >= 40  # issue 31: at least 40 rows over at least 4 sources and 3 Jetson modules
+    assert len({r.group for r in rows}) >= 4 and len({r.target for r in rows}) >= 3 and len({r.graph for r in rows}) >= 3
+    assert all(r.source_group for r in rows)  # every row says which source it is left out with
     for row in rows:
         assert row.source["url"].startswith("https://") and row.source["title"], row.id
         assert row.measured and row.engine and row.software and row.power_mode and row.precision, row.id
@@ -91,15 +93,49 @@ def test_the_table_renders_one_row_from_a_real_graph_and_keeps_the_text_above(tm
     assert compared.estimate_value == pytest.approx(compared.p50_ms) and compared.p50_ms > 0
     assert compared.error == pytest.approx((compared.p50_ms - 0.05) / 0.05)
     assert compared.engine == "gpu" and compared.gops > 0 and compared.nodes >= 2
+    assert compared.layers == 2 and compared.work is not None  # conv + relu, fc: TensorRT layers on a Jetson
 
     section = ep.render_section([compared], "Why it is off: a test paragraph.", "now")
     above = "# How close are the estimates?\n\nthe host table\n\n## Using estimates\n\nusage\n\n"
     page = ep.replace_section(above + ep.HEADING + "\n\nNot done: this table has no rows.\n", section)
     assert page.startswith(above) and "Not done" not in page
-    row_line = next(line for line in page.splitlines() if line.startswith("| Jetson Orin Nano"))
+    row_line = next(line for line in page.splitlines() if line.startswith("| example.org | Jetson Orin Nano"))
     assert "[example figures](https://example.org/figures)" in row_line and "| MAXN_SUPER |" in row_line
-    assert f"{compared.error * 100:+.0f} %" in row_line and "| fp16 | 4 |" in row_line
+    assert f"{compared.error * 100:+.0f} %" in row_line and "| fp16 | 4 |" in row_line and "| 4 -> 2 |" in row_line
     assert f"**{abs(compared.error) * 100:.0f} %**" in page and "a test paragraph" in page
+    assert "fewer than two sources" in page  # one source: no leave-one-source-out validation
     assert "**tiny**: a made-up figure for the rendering test; GPU; none" in page
     # no heading yet: the section is appended, the page kept
     assert ep.replace_section("# Title\n", section) == "# Title\n\n" + section
+
+
+def _work(group: str, value: float, compute_ms: float, layers: int = 10) -> "ep.RowWork":
+    return ep.RowWork(f"{group}-{value}", group, "latency_ms", value, 1, np.full(layers, compute_ms / layers / 1e3),
+                      np.zeros(layers), np.full(layers, 0.5), np.zeros(layers))  # fmt: skip
+
+
+def test_default_parameters_reproduce_the_estimate(tmp_path: Path) -> None:
+    from edgekit.estimate.roofline import TENSORRT_LAYER_LAUNCH_US, TENSORRT_MEMORY_SHARE
+    from scripts.published_fit import Params
+
+    figures = tmp_path / "figures.yaml"
+    figures.write_text(TINY_ROW)
+    graphs = _tiny_graphs()
+    [compared] = ep.compare_all(ep.load_published(figures, graphs=graphs), graphs, tmp_path / "graphs")
+    default = Params(1.0, 1.0, TENSORRT_MEMORY_SHARE, TENSORRT_LAYER_LAUNCH_US)
+    assert ep.predicted(compared.work, default) == pytest.approx(compared.estimate_value)
+
+
+def test_leave_one_source_out_never_scores_a_row_with_factors_fitted_to_it() -> None:
+    from scripts.published_fit import leave_one_source_out
+
+    # sources a and b agree (published = the roofline at the prior efficiency 0.5: compute scale 1), c disagrees wildly
+    rows = [_work("a", 2.0, 1.0), _work("a", 4.0, 2.0), _work("b", 8.0, 4.0), _work("c", 0.5, 4.0)]
+    folds, everything = leave_one_source_out(rows)
+    assert set(folds) == {"a", "b", "c"}
+    params_c, _ = folds["c"]  # fitted on a and b only: their scale, not c's
+    assert params_c.compute_scale == pytest.approx(1.0, rel=0.15) and params_c.launch_us == 0.0
+    assert folds["a"][0] != everything[0] or folds["b"][0] != everything[0]  # c moved the in-sample fit
+    # changing c's published figure cannot change the factors c is scored with
+    moved = [*rows[:3], _work("c", 50.0, 4.0)]
+    assert leave_one_source_out(moved)[0]["c"][0] == params_c

@@ -1,0 +1,129 @@
+"""Factors fitted on published figures, scored only on figures they were not fitted to (leave one source out).
+
+Each published row is reduced to its TensorRT layers' work at efficiency 1 (compute seconds at the peak the
+layer uses, memory seconds at the full bandwidth: :func:`edgekit.estimate.tensorrt_layers.layer_work`). A
+parameter set predicts a row's call time as
+
+    sum over layers of max(compute / (prior_efficiency[class] x compute_scale x (int8_scale if INT8)),
+                           memory / memory_share) + layers x launch_us + call_us
+
+with the efficiencies capped at 1. :func:`fit` picks the set on a grid that minimises the mean absolute log
+error over the rows it is given; :func:`leave_one_source_out` fits on every source but one and predicts the one
+left out, so no row is scored by parameters fitted to it. With the defaults (compute_scale 1, int8_scale 1,
+memory_share and launch_us the priors, call_us 0) the prediction equals `edgekit estimate`'s. ``call_us`` is a
+fixed cost per call (enqueue, synchronisation, the harness's own work), which sources time differently.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+#: the grid searched: wide enough that no fit sits on an edge without the report saying so
+COMPUTE_SCALES = tuple(float(x) for x in np.geomspace(0.25, 2.0, 10))
+INT8_SCALES = tuple(float(x) for x in np.geomspace(0.5, 2.5, 8))
+MEMORY_SHARES = (0.3, 0.4, 0.5, 0.6, 0.75, 0.9, 1.0)
+LAUNCH_US = (0.0, 2.0, 4.0, 6.0, 8.0, 12.0, 16.0, 25.0)
+CALL_US = (0.0, 100.0, 200.0, 400.0, 800.0, 1500.0)
+
+
+@dataclass(frozen=True)
+class RowWork:
+    """One published row as layer work: what the fit needs, nothing else."""
+
+    id: str
+    group: str  # the source it came from (left out together)
+    metric: str  # latency_ms or throughput_per_s
+    value: float  # the published figure
+    batch: int
+    compute_s: np.ndarray  # per layer, at the peak its precision uses
+    memory_s: np.ndarray  # per layer, at the full bandwidth
+    efficiency: np.ndarray  # per layer, the prior efficiency of its class
+    int8: np.ndarray  # per layer, 1.0 where its GEMM runs INT8
+
+
+@dataclass(frozen=True)
+class Params:
+    compute_scale: float
+    int8_scale: float
+    memory_share: float
+    launch_us: float
+    call_us: float = 0.0
+
+    def describe(self) -> str:
+        return (f"compute efficiency x{self.compute_scale:.2f}, INT8 x{self.int8_scale:.2f}, memory at {self.memory_share:g} of "
+                f"the bandwidth, {self.launch_us:g} us a layer, {self.call_us:g} us a call")  # fmt: skip
+
+
+def call_ms(row: RowWork, p: Params) -> float:
+    """The predicted time of one call (one batch) of ``row`` in ms."""
+    eff = np.minimum(row.efficiency * p.compute_scale * np.where(row.int8 > 0, p.int8_scale, 1.0), 1.0)
+    seconds = np.maximum(row.compute_s / eff, row.memory_s / p.memory_share).sum()
+    return float(seconds * 1e3 + len(row.compute_s) * p.launch_us / 1e3 + p.call_us / 1e3)
+
+
+def predicted(row: RowWork, p: Params) -> float:
+    """The prediction in the row's own metric."""
+    ms = call_ms(row, p)
+    return ms if row.metric == "latency_ms" else row.batch * 1000.0 / ms
+
+
+def log_error(row: RowWork, p: Params) -> float:
+    return abs(math.log(predicted(row, p) / row.value))
+
+
+def grid() -> list[Params]:
+    return [Params(cs, i8, share, launch, call) for share, launch, call, cs, i8 in
+            itertools.product(MEMORY_SHARES, LAUNCH_US, CALL_US, COMPUTE_SCALES, INT8_SCALES)]  # fmt: skip
+
+
+def error_matrix(rows: Sequence[RowWork], params: Sequence[Params]) -> np.ndarray:
+    """[parameter set, row] -> absolute log error, every row at every grid point (the layers of all rows stacked)."""
+    owner = np.concatenate([np.full(len(r.compute_s), i) for i, r in enumerate(rows)])
+    compute = np.concatenate([r.compute_s for r in rows])
+    memory = np.concatenate([r.memory_s for r in rows])
+    prior = np.concatenate([r.efficiency for r in rows])
+    int8 = np.concatenate([r.int8 for r in rows]) > 0
+    layers = np.array([len(r.compute_s) for r in rows], dtype=float)
+    value = np.array([r.value for r in rows])
+    batch = np.array([r.batch for r in rows], dtype=float)
+    latency = np.array([r.metric == "latency_ms" for r in rows])
+    out = np.empty((len(params), len(rows)))
+    for i, p in enumerate(params):
+        eff = np.minimum(prior * p.compute_scale * np.where(int8, p.int8_scale, 1.0), 1.0)
+        seconds = np.bincount(owner, np.maximum(compute / eff, memory / p.memory_share), minlength=len(rows))
+        ms = seconds * 1e3 + layers * p.launch_us / 1e3 + p.call_us / 1e3
+        out[i] = np.abs(np.log(np.where(latency, ms, batch * 1000.0 / ms) / value))
+    return out
+
+
+def fit(rows: Sequence[RowWork], errors: np.ndarray | None = None, params: Sequence[Params] | None = None,
+        columns: Sequence[int] | None = None) -> tuple[Params, list[str]]:  # fmt: skip
+    """The grid point with the least mean absolute log error over ``rows`` (or the ``columns`` of a precomputed
+    :func:`error_matrix`), and a note for each parameter that landed on an edge of its grid."""
+    params = list(params) if params is not None else grid()
+    errors = errors if errors is not None else error_matrix(rows, params)
+    chosen = errors[:, list(columns)] if columns is not None else errors
+    best = params[int(np.argmin(chosen.mean(axis=1)))]
+    edges = []
+    for name, value, values in (("compute_scale", best.compute_scale, COMPUTE_SCALES), ("int8_scale", best.int8_scale, INT8_SCALES),
+                                ("memory_share", best.memory_share, MEMORY_SHARES), ("launch_us", best.launch_us, LAUNCH_US),
+                                ("call_us", best.call_us, CALL_US)):  # fmt: skip
+        if value in (values[0], values[-1]):
+            edges.append(f"{name} at the edge of its grid ({value:g})")
+    return best, edges
+
+
+def leave_one_source_out(rows: Sequence[RowWork]) -> tuple[dict[str, tuple[Params, list[str]]], tuple[Params, list[str]]]:
+    """(source -> the parameters fitted on every OTHER source's rows, with edge notes; the fit on all rows, in-sample)."""
+    params = grid()
+    errors = error_matrix(rows, params)
+    folds = {}
+    for group in sorted({r.group for r in rows}):
+        columns = [i for i, r in enumerate(rows) if r.group != group]
+        folds[group] = fit(rows, errors, params, columns)
+    return folds, fit(rows, errors, params)
