@@ -6,7 +6,10 @@
 * ``fleet-200x24h``: a store seeded with 200 devices x 24 h of 1-minute windows, everything older than
   1 h rolled up into 5-minute buckets by the store's retention (the collector's defaults), at the 24 h range;
 * ``spike``: one device whose p99 tripled for 20 s, at the 1 h range;
-* ``empty``: an empty store.
+* ``empty``: an empty store;
+* ``operator``: the operator's day (issue 32): a rollout in progress (wave 2/3 watching, the gate so far), six
+  rollouts in 15 minutes on the charts, cameras serving models (the widest device table), an idle device, one
+  without a power sensor, and the device page of a camera that reports its identity and events, at 15 min.
 
 PNGs go to ``--out`` (default ``docs/screenshots/``), reduced to 128-colour palettes when Pillow is
 installed so they stay small. Needs Debian's ``chromium`` and ``chromium-driver``; the quick start runs the
@@ -27,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 WIDTHS = (1280, 1920)
-SCENES = ("quickstart", "fleet-200x24h", "spike", "empty")
+SCENES = ("quickstart", "fleet-200x24h", "spike", "empty", "operator")
 
 
 def shoot(browser: Any, url: str, out: Path, name: str) -> None:
@@ -118,6 +121,15 @@ def empty(browser: Any, out: Path, work: Path) -> None:
         shoot(browser, server.url, out, "empty")
 
 
+def operator(browser: Any, out: Path, work: Path) -> None:
+    from edgekit.fleet.dashboard import DashboardServer
+    from tests.fleet.dashboard.operator_store import CAMERAS, seed_operator_store  # the browser tests' store
+
+    store_url = seed_operator_store(str(work / "operator.db"))
+    with DashboardServer(store_url, port=0) as server:
+        shoot(browser, server.url + f"#range=0.25&device=lab/{CAMERAS[0]}", out, "operator")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "screenshots", help="folder for the PNGs")
@@ -142,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                 fleet_day(browser, args.out, work)
             elif scene == "spike":
                 spike(browser, args.out, work)
+            elif scene == "operator":
+                operator(browser, args.out, work)
             else:
                 empty(browser, args.out, work)
     return 0

@@ -18,8 +18,6 @@ from typing import Any
 
 from rich.console import Console
 
-#: Progress, logs, warnings and errors: stderr, so stdout stays for results.
-console = Console(stderr=True, highlight=False)
 
 #: Width of the results console when stdout is not a terminal (a pipe, a file): wide enough that no table is
 #: cut or wrapped. ``COLUMNS`` in the environment overrides it (and the terminal's width on a TTY).
@@ -44,6 +42,11 @@ def results_width(stream: Any = None) -> int | None:
     if columns.isdigit() and int(columns) > 0:
         return int(columns)
     return None if _is_terminal(sys.stdout if stream is None else stream) else PIPED_WIDTH
+
+
+#: Progress, logs, warnings and errors: stderr, so stdout stays for results. Not cut at 80 columns when stderr is
+#: a pipe or a log file (a banner wrapped mid-phrase there): as wide as results are (``COLUMNS``, else the terminal's).
+console = Console(stderr=True, highlight=False, width=results_width(sys.stderr))
 
 
 class _TrimmedLines:

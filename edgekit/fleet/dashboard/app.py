@@ -7,6 +7,7 @@
 ``/api/devices``            ``?q=&state=&sort=&order=&offset=&limit=``: one page of the device table (see
                             :mod:`~edgekit.fleet.dashboard.device_table`), sorted and filtered here
 ``/api/series``             ``?fleet=F&device=D&hours=24&points=300``: one device over time
+``/api/device``             ``?fleet=F&device=D``: its identity, its newest events, the rollouts that included it
 ``/api/fleet-series``       ``?by=bundle_id|target|power_mode|model&hours=24``: p50/p99/worst p99/power (by model: throughput) per group
 ``/api/bundle-series``      ``?hours=24``: the same by bundle, under ``bundles``
 ``/api/rollouts``           the latest rollouts with per-device outcomes and health figures
@@ -33,6 +34,7 @@ from typing import Any
 
 from edgekit.fleet.alerts import active_alerts
 from edgekit.fleet.dashboard import api
+from edgekit.fleet.dashboard.device_page import device_detail
 from edgekit.fleet.dashboard.device_table import DeviceQuery, DeviceQueryError, DeviceTable
 from edgekit.fleet.dashboard.http import HttpServer, Request, Response
 from edgekit.fleet.errors import FleetError
@@ -178,7 +180,7 @@ class DashboardApp:
             return _parameter_error("points", f"points must be in [2, {api.MAX_POINTS}], got {points}")
         endpoint = request.path[len("/api/"):]
         unknown = self._unknown("fleet", fleet) or (self._unknown("device", query.get("device"), fleet=fleet)
-                                                    if endpoint == "series" and fleet else None)  # fmt: skip
+                                                    if endpoint in ("series", "device") and fleet else None)  # fmt: skip
         if unknown is not None:
             return unknown
         payload: Any
@@ -198,6 +200,11 @@ class DashboardApp:
             if not device or not fleet:
                 return _parameter_error("device" if fleet else "fleet", "series needs ?fleet=F&device=D")
             payload = api.device_series(store, fleet, device, hours=hours, points=points, ranges=self._ranges)
+        elif endpoint == "device":  # the device page: identity, its events, its rollouts (device_page.py)
+            device = query.get("device")
+            if not device or not fleet:
+                return _parameter_error("device" if fleet else "fleet", "device needs ?fleet=F&device=D")
+            payload = device_detail(store, self._rollouts, fleet, device)
         elif endpoint == "fleet-series":
             by = query.get("by", "bundle_id")
             if by not in api.FLEET_GROUPS:

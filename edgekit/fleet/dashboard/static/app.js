@@ -10,6 +10,7 @@ const STATE_NAMES = ["online", "stale", "offline", "unknown"];
 const state = {
   overview: null, page: null, selected: null, fleet: "", hours: "1", by: "bundle_id",
   sort: "worst", order: "asc", q: "", states: [], offset: 0, limit: 100,  // the device table's page, as asked
+  missing: null, detail: null,  // a device the URL named that the store does not know; the device page's details
 };
 
 function el(tag, attrs, text) {
@@ -17,11 +18,6 @@ function el(tag, attrs, text) {
   for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
   if (text !== undefined && text !== null) node.textContent = String(text);
   return node;
-}
-
-function fmt(value, digits) {
-  if (value === null || value === undefined) return "–";
-  return Number(value).toFixed(digits);
 }
 
 function ago(iso) {
@@ -151,7 +147,7 @@ function renderCards(overview) {
     }
     if (label === "breaching" && value > 0) card.classList.add("breaching");
     card.appendChild(el("b", {}, value));
-    card.appendChild(document.createTextNode(label));
+    card.appendChild(document.createTextNode(value === 1 ? ({ devices: "device", bundles: "bundle", "rejected messages": "rejected message" }[label] || label) : label));
     return card;
   }));
 }
@@ -187,11 +183,22 @@ function renderDevices() {
     models.classList.add("models");
     if (state.selected && state.selected.device === d.device && state.selected.fleet === d.fleet) tr.classList.add("selected");
     tr.append(clipped(d.device), clipped(d.fleet, 20), stateCell(d.state), clipped(d.bundle_id || "–"), models, clipped(d.target || "–"), mode,
-      cell(fmt(d.p50_ms, 2), "num"), cell(fmt(d.p99_ms, 2), "num"), cell(d.power_mw === null ? "–" : fmt(d.power_mw / 1000, 2), "num"),
-      cell(fmt(d.energy_per_inference_mj, 1), "num"), cell(fmt(d.temperature_c, 1), "num"), cell(ago(d.last_seen)), cell(d.missing_seqs, "num"));
+      latencyCell(d, d.p50_ms), latencyCell(d, d.p99_ms), cell(formatPower(d.power_mw, false), "num"),
+      cell(formatNumber(d.energy_per_inference_mj, 1), "num"), cell(formatNumber(d.temperature_c, 1), "num"), cell(ago(d.last_seen)), cell(d.missing_seqs, "num"));
     tr.addEventListener("click", () => selectDevice(d.fleet, d.device));
     return tr;
   }), state.q || state.states.length ? `no device matches${state.q ? ` "${state.q}"` : ""}${state.states.length ? " in state " + state.states.join(", ") : ""}` : "no devices");
+}
+
+// p50/p99 of a device's newest window: "idle" when it is online and that window had no inference (not "–", which
+// would read as missing telemetry)
+function latencyCell(d, value) {
+  if ((value === null || value === undefined) && d.state === "online" && d.windows > 0) {
+    const td = cell("idle", "num idle");
+    td.title = "online, but its newest telemetry window had no inference";
+    return td;
+  }
+  return cell(formatNumber(value, 2), "num");
 }
 
 function renderFleets(overview) {
@@ -215,7 +222,7 @@ function renderOverview(overview) {
   document.querySelectorAll(".store-url").forEach((node) => { node.textContent = overview.store; });
   document.getElementById("store").textContent = overview.store;
   document.getElementById("store").title = overview.store;
-  document.getElementById("updated").textContent = "updated " + new Date(overview.generated_at).toLocaleTimeString();
+  document.getElementById("updated").textContent = "updated " + formatClock(overview.generated_at);
   renderFleets(overview);
   renderCards(overview);
   fill("bundles", overview.bundles.map((b) => {
@@ -228,26 +235,85 @@ function renderOverview(overview) {
     tr.append(clipped(reason), cell(count, "num"));
     return tr;
   }), "none: every message was valid");
-  fill("rollouts", overview.rollouts.map((r) => {
-    const tr = el("tr");
-    const h = r.health || {};
-    const health = h.error_rate === undefined ? "–" : `errors ${h.error_rate === null ? "–" : (100 * h.error_rate).toFixed(1) + "%"}, p99 ${fmt(h.p99_before_ms, 2)} → ${fmt(h.p99_after_ms, 2)} ms`;
-    tr.append(cell(new Date(r.started_at).toLocaleString()), clipped(r.fleet, 20), clipped(r.bundle_id), cell(r.state), cell(r.canary.join(", "), "wrap"),
-      cell(r.devices.length, "num"), cell(health, "wrap"), cell(r.reason || "", "wrap wide"));
-    return tr;
-  }), "no rollouts yet (edgekit fleet deploy)");
+  fill("rollouts", overview.rollouts.map(rolloutRow), "no rollouts yet (edgekit fleet deploy)");
   fill("events", overview.events.map((e) => {
     const tr = el("tr");
-    tr.append(cell(new Date(e.at).toLocaleTimeString()), clipped(e.fleet, 20), clipped(e.device), cell(e.kind), cell(e.level, "level-" + e.level), cell(e.message, "wrap wide"));
+    tr.append(cell(formatWhen(e.at)), clipped(e.fleet, 20), clipped(e.device), cell(e.kind), cell(e.level, "level-" + e.level), cell(e.message, "wrap wide"));
     return tr;
   }), "no events yet");
 }
 
-// Rollouts as chart markers: [{t (s), label}], those of one device when `device` is given.
+// -- rollouts ---------------------------------------------------------------------------------------
+
+// The wave a rollout is at (deploying or watching), else the last one it started; null before any.
+function currentWave(r) {
+  const waves = r.waves || [];
+  return waves.find((w) => w.state === "deploying" || w.state === "watching")
+    || [...waves].reverse().find((w) => w.state !== "pending" && w.state !== "not_started") || null;
+}
+
+// "error rate 0.0% (limit 2.0%), p99 8.00 → 7.50 ms (0.94×, limit 1.50×)" from a gate's figures
+function gateText(h) {
+  if (!h || h.error_rate === undefined) return DASH;
+  const limit = (v, f) => (v === null || v === undefined ? "" : ` (limit ${f(v)})`);
+  let ratio = "";
+  if (h.p99_ratio !== null && h.p99_ratio !== undefined) {
+    ratio = ` (${formatNumber(h.p99_ratio, 2)}×` + (h.max_p99_ratio === undefined ? "" : `, limit ${formatNumber(h.max_p99_ratio, 2)}×`) + ")";
+  }
+  return `error rate ${formatPercent(h.error_rate)}${limit(h.max_error_rate, formatPercent)}, p99 ${formatNumber(h.p99_before_ms, 2)} → ${formatNumber(h.p99_after_ms, 2)} ms${ratio}`
+    + (h.final === false ? ` so far, ${plural(h.healthy || 0, "device")} of ${h.devices} heard from` : "");
+}
+
+// devices per outcome ("3 succeeded, 5 pending"), and each device's outcome (and reason) when opened
+function outcomesCell(r) {
+  const counts = {};
+  for (const outcome of Object.values(r.outcomes || {})) counts[outcome] = (counts[outcome] || 0) + 1;
+  const summary = Object.entries(counts).sort((a, b) => b[1] - a[1] || a[0].localeCompare(b[0])).map(([o, n]) => `${n} ${o}`).join(", ");
+  const td = el("td", { class: "wrap outcomes" });
+  const details = el("details");
+  details.appendChild(el("summary", {}, `${plural(r.devices.length, "device")}: ${summary || DASH}`));
+  const list = el("ul");
+  for (const [device, outcome] of Object.entries(r.outcomes || {}).sort()) {
+    const result = (r.device_results || {})[device] || {};
+    const reason = result.reason && !["succeeded", "pending", "not_started"].includes(outcome) ? `: ${result.reason}` : "";
+    list.appendChild(el("li", { "data-device": device, "data-outcome": outcome }, `${device}: ${outcome}${result.wave ? ` (wave ${result.wave})` : ""}${reason}`));
+  }
+  details.appendChild(list);
+  td.appendChild(details);
+  return td;
+}
+
+// elapsed since the start (to the end once final), and while a gate watches, the seconds it has left
+function rolloutTime(r, wave) {
+  const end = r.finished_at ? Date.parse(r.finished_at) : Date.now();
+  let text = formatSeconds((end - Date.parse(r.started_at)) / 1000);
+  if (!r.finished_at && wave && wave.state === "watching" && wave.watch_ends_at) {
+    text += `, gate ${formatSeconds((Date.parse(wave.watch_ends_at) - Date.now()) / 1000)} left`;
+  }
+  return text;
+}
+
+function rolloutRow(r) {
+  const tr = el("tr", { "data-rollout": r.rollout_id, "data-state": r.state });
+  const wave = currentWave(r), waves = (r.waves || []).length;
+  const where = wave ? `wave ${wave.index}/${waves}` + (wave.state === r.state ? "" : ` ${wave.state}`) : (waves ? `${plural(waves, "wave")}` : "");
+  const stateTd = el("td", { class: "wrap rollout-state" });
+  stateTd.appendChild(el("b", {}, r.state));
+  if (where) stateTd.appendChild(el("span", { class: "muted wave" }, " " + where));
+  const dropped = (r.options && r.options.dropped_waves) || [];
+  if (dropped.length) stateTd.appendChild(el("div", { class: "muted", title: dropped.map((d) => d.reason).join("; ") }, `dropped: ${dropped.map((d) => d.spec).join(", ")}`));
+  const gate = wave && wave.health && wave.health.error_rate !== undefined ? wave.health : r.health;
+  tr.append(cell(formatWhen(r.started_at)), clipped(r.fleet, 20), clipped(r.bundle_id), stateTd, outcomesCell(r),
+    cell(gateText(gate), "wrap gate"), cell(rolloutTime(r, wave), "time"), cell(r.reason || "", "wrap wide"));
+  return tr;
+}
+
+// Rollouts as chart markers: [{t (s), short, label}], those of one device when `device` is given.
 function rolloutMarkers(device) {
   const rollouts = (state.overview && state.overview.rollouts) || [];
   return rollouts.filter((r) => !device || (r.fleet === device.fleet && r.devices.includes(device.device)))
-    .map((r) => ({ t: Date.parse(r.started_at) / 1000, label: `rollout ${shortId(r.bundle_id, 24)}: ${r.state}` }));
+    .map((r) => ({ t: Date.parse(r.started_at) / 1000, short: shortId(r.bundle_id, 14), id: r.rollout_id,
+      label: `${formatWhen(r.started_at)} rollout ${r.bundle_id}: ${r.state}` }));
 }
 
 // -- data flow --------------------------------------------------------------------------------------
@@ -256,48 +322,132 @@ function resolutionText(data) {
   return `${RANGES[state.hours]}, one point per ${duration(data.bucket_s)}`;
 }
 
+// the resolution, and that the newest bucket is left out of the lines while it fills (charts.js dropFillingBucket)
+function noteFilling(id, data, figures) {
+  const filling = figures.map((f) => f.dataset.filling).find((v) => v !== undefined);
+  const note = filling === undefined ? "" : `; the newest ${duration(data.bucket_s)} (from ${formatClock(Number(filling) * 1000)}) is still filling and not drawn`;
+  document.getElementById(id).textContent = resolutionText(data) + note;
+}
+
 async function loadDevice() {
   const { fleet, device } = state.selected;
   const query = new URLSearchParams({ fleet, device, hours: state.hours });
-  let data;
+  let data, detail;
   try {
-    data = await getJSON(`/api/series?${query}`);
+    [data, detail] = await Promise.all([getJSON(`/api/series?${query}`), getJSON(`/api/device?${new URLSearchParams({ fleet, device })}`)]);
   } catch (err) {
     if (err.status !== 404 || !state.selected || state.selected.device !== device) throw err;
-    state.selected = null;  // a device in the URL that the store does not know (or not in this fleet): pick another
-    document.getElementById("selected").textContent = `(${device} is not in ${fleet}; click a row)`;
-    writeHash();
+    showMissingDevice(fleet, device);  // a device in the URL the store does not know: say so, never show another one
     return;
   }
   if (!state.selected || state.selected.device !== device || state.selected.fleet !== fleet) return;  // clicked elsewhere meanwhile
+  state.missing = null;
+  document.getElementById("selected").textContent = `${device} (${fleet})`;
+  document.getElementById("device-missing").hidden = true;
+  document.getElementById("device-body").hidden = false;
+  state.detail = detail;
+  renderIdentity(detail.identity);
+  renderDeviceRollouts(detail.rollouts);
+  renderDeviceEvents();
   const s = data.series, range = RANGES[state.hours];
-  const common = { since: data.since, until: data.until, empty: `no telemetry from ${device} in the last ${range}`,
+  const common = { since: data.since, until: data.until, bucket_s: data.bucket_s, empty: `no telemetry from ${device} in the last ${range}`,
     markers: rolloutMarkers({ fleet, device }) };
-  document.getElementById("resolution").textContent = resolutionText(data);
-  timeChart(document.getElementById("chart-latency"), { ...common, title: `${device}: latency`, unit: "ms", digits: 2, zero: true, lines: [
+  const heard = s.t.length > 0;  // buckets exist only where the device sent windows
+  const figures = ["chart-latency", "chart-power", "chart-temperature"].map((id) => document.getElementById(id));
+  timeChart(figures[0], { ...common, title: `${device}: latency`, unit: "ms", digits: 2, zero: true,
+    empty: heard ? `${device} ran no inference in the last ${range} (idle): no latency to show` : common.empty, lines: [
     { name: "p50", t: s.t, v: s.p50_ms, color: COLORS[2] }, { name: "p99 (worst window)", t: s.t, v: s.p99_max_ms, color: COLORS[1] }] });
-  timeChart(document.getElementById("chart-power"), { ...common, title: `${device}: power`, unit: "W", digits: 2, zero: true, lines: [
+  timeChart(figures[1], { ...common, title: `${device}: power`, unit: "W", digits: 2, zero: true,
+    empty: heard ? `no power sensor on ${device}: its telemetry carries no power readings` : common.empty, lines: [
     { name: "mean power", t: s.t, v: s.power_mean_mw.map((v) => (v === null ? null : v / 1000)), color: COLORS[0] }] });
-  timeChart(document.getElementById("chart-temperature"), { ...common, title: `${device}: temperature`, unit: "°C", digits: 1, zero: false, lines: [
+  timeChart(figures[2], { ...common, title: `${device}: temperature`, unit: "°C", digits: 1, zero: false,
+    empty: heard ? `${device} reports no temperature sensor` : common.empty, lines: [
     { name: "hottest sensor", t: s.t, v: s.temperature_max_c, color: COLORS[3] }] });
+  noteFilling("resolution", data, figures);
+}
+
+function showMissingDevice(fleet, device) {
+  state.selected = null;
+  state.missing = { fleet, device };
+  document.getElementById("selected").textContent = `${device} (${fleet})`;
+  const notice = document.getElementById("device-missing");
+  notice.textContent = `No device ${device} in fleet ${fleet} in this store: the link names a device that never reported here (a typo, or another store). Click a row to show a device.`;
+  notice.hidden = false;
+  document.getElementById("device-body").hidden = true;
+  document.getElementById("resolution").textContent = "";
+  document.querySelectorAll("#devices tbody tr.selected").forEach((tr) => tr.classList.remove("selected"));
+}
+
+// board, OS, JetPack, power mode... as the agent reports them (status.v1 identity)
+function renderIdentity(identity) {
+  const list = document.getElementById("device-identity");
+  if (!identity) {
+    list.replaceChildren(el("div", { class: "muted" }, "its agent reports no identity (board, OS, JetPack, power mode): agents before device identity and simulated devices do not"));
+    return;
+  }
+  const items = identity.fields.filter((f) => f.value !== null && f.value !== undefined).map((f) => {
+    const item = el("div", { "data-field": f.name });
+    const value = f.name === "power_mode" && identity.clocks_locked ? `${f.value} (clocks locked)` : f.value;
+    item.append(el("dt", {}, f.label), el("dd", {}, value));
+    return item;
+  });
+  const when = el("div", { class: "muted" });
+  when.append(el("dt", {}, "reported"), el("dd", {}, formatWhen(identity.updated_at)));
+  list.replaceChildren(...items, when);
+}
+
+function renderDeviceRollouts(rollouts) {
+  fill("device-rollouts", rollouts.map((r) => {
+    const tr = el("tr", { "data-rollout": r.rollout_id, "data-outcome": r.outcome || "" });
+    const bundles = el("td");
+    bundles.append(el("span", { class: "clip", title: r.previous_bundle_id || "(none)" }, shortId(r.previous_bundle_id || "(none)", 24)),
+      document.createTextNode(" → "), el("span", { class: "clip", title: r.bundle_id }, shortId(r.bundle_id, 24)));
+    const outcome = `${r.outcome || DASH}${r.wave ? ` (wave ${r.wave})` : ""}` + (r.state !== r.outcome ? `; rollout ${r.state}` : "");
+    tr.append(cell(formatWhen(r.started_at)), bundles, cell(outcome, "wrap"), cell(r.reason || "", "wrap wide"));
+    return tr;
+  }), "no rollout has included this device");
+}
+
+// the device's events, filtered by level, kind and text in the page (the API sends its newest 200)
+function renderDeviceEvents() {
+  const events = (state.detail && state.detail.events) || [];
+  const kinds = [...new Set(events.map((e) => e.kind))].sort();
+  const kindSelect = document.getElementById("device-event-kind");
+  const chosen = kindSelect.value;
+  const wanted = ["", ...kinds];
+  if (chosen && !wanted.includes(chosen)) wanted.push(chosen);
+  if (JSON.stringify([...kindSelect.options].map((o) => o.value)) !== JSON.stringify(wanted)) {
+    kindSelect.replaceChildren(...wanted.map((k) => el("option", { value: k }, k || "every kind")));
+    kindSelect.value = chosen;
+  }
+  const level = document.getElementById("device-event-level").value;
+  const text = document.getElementById("device-event-filter").value.trim().toLowerCase();
+  const shown = events.filter((e) => (!level || e.level === level) && (!chosen || e.kind === chosen)
+    && (!text || `${e.kind} ${e.message}`.toLowerCase().includes(text)));
+  document.getElementById("device-event-count").textContent = shown.length === events.length ? plural(events.length, "event") : `${shown.length} of ${plural(events.length, "event")}`;
+  fill("device-events", shown.map((e) => {
+    const tr = el("tr", { "data-kind": e.kind, "data-level": e.level });
+    tr.append(cell(formatWhen(e.at)), cell(e.kind), cell(e.level, "level-" + e.level), cell(e.message, "wrap wide"));
+    return tr;
+  }), events.length ? "no event of this device matches" : "no events from this device");
 }
 
 async function loadFleet() {
   const data = await getJSON(`/api/fleet-series?${apiQuery({ by: state.by, hours: state.hours })}`);
   const groups = Object.entries(data.groups);
   const what = { bundle_id: "bundle", target: "target", power_mode: "power mode", model: "model" }[state.by];
-  const common = { since: data.since, until: data.until, empty: `no telemetry in the last ${RANGES[state.hours]}`,
+  const common = { since: data.since, until: data.until, bucket_s: data.bucket_s, empty: `no telemetry in the last ${RANGES[state.hours]}`,
     markers: rolloutMarkers(null) };
-  document.getElementById("fleet-resolution").textContent = resolutionText(data);
   timeChart(document.getElementById("chart-bundles"), { ...common, title: `worst p99 by ${what}`, unit: "ms", digits: 2, zero: true,
     lines: groups.map(([name, s], i) => ({ name, t: s.t, v: s.p99_max_ms, color: COLORS[i % COLORS.length] })) });
   if (state.by === "model") {  // power is the device's, shared by its models: each model's throughput instead
     timeChart(document.getElementById("chart-fleet-power"), { ...common, title: "throughput per device by model", unit: "inf/s", digits: 2, zero: true,
       lines: groups.map(([name, s], i) => ({ name, t: s.t, v: s.throughput_per_s, color: COLORS[i % COLORS.length] })) });
-    return;
+  } else {
+    timeChart(document.getElementById("chart-fleet-power"), { ...common, title: `mean power per device by ${what}`, unit: "W", digits: 2, zero: true,
+      lines: groups.map(([name, s], i) => ({ name, t: s.t, v: s.power_mean_mw.map((v) => (v === null ? null : v / 1000)), color: COLORS[i % COLORS.length] })) });
   }
-  timeChart(document.getElementById("chart-fleet-power"), { ...common, title: `mean power per device by ${what}`, unit: "W", digits: 2, zero: true,
-    lines: groups.map(([name, s], i) => ({ name, t: s.t, v: s.power_mean_mw.map((v) => (v === null ? null : v / 1000)), color: COLORS[i % COLORS.length] })) });
+  noteFilling("fleet-resolution", data, ["chart-bundles", "chart-fleet-power"].map((id) => document.getElementById(id)));
 }
 
 // The device table's page as state asks for it; an answer to an older request (typing fast) is dropped.
@@ -331,6 +481,7 @@ function setStates(states) {
 
 async function selectDevice(fleet, device) {
   state.selected = { fleet, device };
+  state.missing = null;
   document.getElementById("selected").textContent = `${device} (${fleet})`;
   writeHash();
   document.querySelectorAll("#devices tbody tr.selected").forEach((tr) => tr.classList.remove("selected"));
@@ -378,6 +529,7 @@ async function refresh(first) {
           await loadDevice();
           if (state.selected) return;
         }
+        if (state.missing) return;  // the URL named a device the store does not know: the page says so and waits for a click
         const d = page && page.devices.length ? defaultDevice(page) : null;
         if (d) await selectDevice(d.fleet, d.device);
       }));
@@ -457,6 +609,8 @@ document.addEventListener("DOMContentLoaded", () => {
     writeHash();
     loading(loadFleet());
   });
+  for (const id of ["device-event-level", "device-event-kind"]) document.getElementById(id).addEventListener("change", renderDeviceEvents);
+  document.getElementById("device-event-filter").addEventListener("input", renderDeviceEvents);
   if (window.ResizeObserver) new ResizeObserver(resizeCharts).observe(document.querySelector("main"));
   refresh(true);
   setInterval(() => refresh(false), REFRESH_MS);
