@@ -13,9 +13,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("estimate", parents=[target_parent(), json_parent()],
                                    help="estimate latency, throughput, memory and energy on a target",
                                    description="Estimate what a bundle, ONNX file or recipe will do on a target: p50 latency, "
-                                               "throughput, peak memory and energy per inference at each power mode. A per-node "
-                                               "roofline over the ONNX graph at the benchmark shape, with efficiency factors per "
-                                               "op class (defaults, or fitted by `edgekit fleet calibrate`). An estimate, not a "
+                                               "throughput, peak memory and energy per inference (per sample) at each power mode. A "
+                                               "roofline over the ONNX graph at the benchmark shape, per fused TensorRT layer on a "
+                                               "GPU target that builds with TensorRT and per node elsewhere, with efficiency factors "
+                                               "per class (defaults, or fitted by `edgekit fleet calibrate`). An estimate, not a "
                                                "measurement: the output lists the factors it rests on.")  # fmt: skip
     parser.add_argument("source", type=Path, metavar="BUNDLE|RECIPE", help="bundle directory, model .onnx, or recipe .yaml")
     parser.add_argument("--power-mode", metavar="MODE", help="power mode to estimate latency at (default: the mode the target's peak is quoted at)")
@@ -25,7 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--precision", choices=[precision.value for precision in Precision], help="time an FP32 graph as this precision (fp16, int8, ...; default: as stored, or the recipe's)")
     parser.add_argument("--measure-host", action="store_true", help="use this host's measured peak (GEMM and copy micro-benchmark, cached) "
                         "instead of the target's figures; automatic for a target without figures that describes this host")  # fmt: skip
-    parser.add_argument("--nodes", action="store_true", help="with --json: include every node's estimated time")
+    parser.add_argument("--layers", choices=["tensorrt", "per-node"], help="time the graph as TensorRT's fused layers or one "
+                        "roofline per ONNX node (default: tensorrt on a GPU target whose preferred backend is TensorRT)")  # fmt: skip
+    parser.add_argument("--nodes", action="store_true", help="with --json: include every node's (or layer's) estimated time")
     parser.add_argument("--trust-code", action="store_true", help="a recipe may run callables outside its own folder (as edgekit build)")
     parser.set_defaults(func=run)
 
@@ -38,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
 
     result, source = estimate_path(args.source, args.target, power_mode=args.power_mode, calibration=args.calibration,
                                    dims=parse_dims(args.shape) if args.shape else None, precision=args.precision,
-                                   measure_host=True if args.measure_host else None, trust_code=args.trust_code)  # fmt: skip
+                                   measure_host=True if args.measure_host else None, trust_code=args.trust_code,
+                                   layer_model=args.layers)  # fmt: skip
     printer = results(args)
     mode = f" at {result.power_mode}" if result.power_mode else ""
     printer.print(f"[bold]ESTIMATE[/] for {source.name} on {result.target}{mode} ({result.engine}, batch {result.batch}, dims {result.cost.dims or 'static'})")

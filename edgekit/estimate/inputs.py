@@ -16,8 +16,10 @@ from edgekit.target import TargetProfile, get_target
 
 def estimate_path(path: Path | str, target: TargetProfile | str, *, power_mode: str | None = None,
                   calibration: Path | Mapping[str, Any] | None = None, dims: Mapping[str, int] | None = None,
-                  precision: str | None = None, measure_host: bool | None = None, trust_code: bool = False) -> tuple[Estimate, EstimateInput]:  # fmt: skip
-    """Estimate a bundle, ``.onnx`` file or recipe on ``target``; ``dims`` override the benchmark shape."""
+                  precision: str | None = None, measure_host: bool | None = None, trust_code: bool = False,
+                  layer_model: str | None = None) -> tuple[Estimate, EstimateInput]:  # fmt: skip
+    """Estimate a bundle, ``.onnx`` file or recipe on ``target``; ``dims`` override the benchmark shape; ``layer_model``
+    as :func:`~edgekit.estimate.estimate.estimate` takes it (default: TensorRT layers where the target builds with TensorRT)."""
     profile = get_target(target) if isinstance(target, str) else target
     path = Path(path)
     measured = None
@@ -31,12 +33,13 @@ def estimate_path(path: Path | str, target: TargetProfile | str, *, power_mode: 
             wanted = {**source.dims, **(dims or {})}
             assume = precision or source.precision
             result = estimate(source.model_path, profile, dims=wanted, batch=wanted.get("batch"), power_mode=power_mode,
-                              calibration=calibration, measured_peak=measured, assume_precision=None if assume == "fp32" else assume)  # fmt: skip
+                              calibration=calibration, measured_peak=measured, assume_precision=None if assume == "fp32" else assume,
+                              layer_model=layer_model)  # fmt: skip
             return result, source
     source = bundle_input(path)
     wanted = {**source.dims, **(dims or {})}
     result = estimate(source.model_path, profile, dims=wanted, batch=wanted.get("batch", source.batch), power_mode=power_mode,
-                      calibration=calibration, measured_peak=measured, assume_precision=precision)  # fmt: skip
+                      calibration=calibration, measured_peak=measured, assume_precision=precision, layer_model=layer_model)  # fmt: skip
     return result, source
 
 

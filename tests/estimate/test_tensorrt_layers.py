@@ -128,3 +128,20 @@ def test_the_per_node_model_stays_for_cpu_targets() -> None:
     assert hardware_for(get_target("raspberry-pi-5")).layer_model == "per-node"
     line = tensorrt_roofline(graph_costs(residual_block()), hardware_for(get_target(TARGET)))
     assert line.counted_nodes == 2
+
+
+def test_cli_layers_option_picks_the_model(tmp_path, capsys) -> None:
+    import json
+
+    from edgekit.cli.main import main
+
+    path = tmp_path / "block.onnx"
+    onnx.save(residual_block(), str(path))
+    assert main(["estimate", str(path), "--target", TARGET, "--json", "--nodes"]) == 0
+    layered = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(["estimate", str(path), "--target", TARGET, "--layers", "per-node", "--json", "--nodes"]) == 0
+    per_node = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [n["name"] for n in layered["nodes"]] == ["conv1", "conv2"]
+    assert [n["op_type"] for n in layered["nodes"]] == ["Conv+BatchNormalization+Relu", "Conv+BatchNormalization+Add+Relu"]
+    assert len(per_node["nodes"]) > 2 and per_node["p50_ms"] > layered["p50_ms"]
+    assert "launch cost per layer" in layered["factors"][0] and "per-node overhead" in per_node["factors"][0]
