@@ -7,6 +7,7 @@ import hashlib
 import http.server
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -188,7 +189,9 @@ def test_allowed_sources_in_the_agent_config(agent_config: Callable[..., Path], 
         path = agent_config(bundles={"dir": str(tmp_path / "b"), "allow_unsigned": True, "allowed_sources": [entry]})
         with pytest.raises(AgentConfigError) as caught:
             load_config(path)
-        assert f"{path}: bundles.allowed_sources[0]: " in caught.value.message and fragment in caught.value.message
+        # FILE:LINE:COLUMN of the entry, as every agent config error names it
+        assert re.match(rf"{re.escape(str(path))}:\d+:\d+: bundles\.allowed_sources\[0\]: ", caught.value.message), caught.value.message
+        assert fragment in caught.value.message
 
 
 # -- anti-rollback ---------------------------------------------------------------------------------------
