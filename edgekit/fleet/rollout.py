@@ -483,7 +483,8 @@ class Rollout:
         p99_after, p99_before = _weighted_p99(after), _weighted_p99(before)
         ratio = p99_after / p99_before if p99_after is not None and p99_before else None
         failed = sum(1 for o in self.record.outcomes.values() if o not in ("succeeded", "pending", "deploying", "skipped_offline"))
-        health = {"devices": len(devices), "healthy": len(devices) - len(silent), "silent": silent, "failed": failed,
+        # the first 20 silent devices by name (the record is saved every progress_s: no list of thousands each time)
+        health = {"devices": len(devices), "healthy": len(devices) - len(silent), "silent": silent[:20], "failed": failed,
                   "windows": sum(a.windows for a in after), "inferences": inferences, "errors": errors,
                   "error_rate": error_rate, "p99_before_ms": p99_before, "p99_after_ms": p99_after, "p99_ratio": ratio,
                   "max_error_rate": policy.max_error_rate, "max_p99_ratio": policy.max_p99_ratio}  # fmt: skip
