@@ -124,7 +124,8 @@ class HealthWatch:
         self.store.prune()
         self.probation.clear()
         resumed_details: dict[str, Any] = {"resumed": True, "crashes": probation.crashes} if resumed else {}
-        self._event("deploy_result", f"deployed {loaded.name}", command_id=request.command_id, outcome="succeeded",
+        served_as = f" as {self._served.bundle_id}" if self._served else ""
+        self._event("deploy_result", f"deployed {loaded.name}{served_as}", command_id=request.command_id, outcome="succeeded",
                     bundle=loaded.name, bundle_id=self._served.bundle_id if self._served else None,
                     **resumed_details)  # fmt: skip
         return "succeeded"

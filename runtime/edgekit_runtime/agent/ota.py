@@ -306,7 +306,8 @@ class Deployer(HealthWatch):
             return self._watch(request, staged.loaded, probation, can_roll_back=previous_served is not None,
                                window_s=self.health.window_s, signature_changed=signature_changed)
         self.finish(staged)
-        self._event("deploy_result", f"deployed {staged.loaded.name}", command_id=request.command_id,
+        served_as = f" as {self._served.bundle_id}" if self._served else ""  # the id pack printed, the fleet sees
+        self._event("deploy_result", f"deployed {staged.loaded.name}{served_as}", command_id=request.command_id,
                     outcome="succeeded", bundle=staged.loaded.name, bundle_id=self._served.bundle_id if self._served else None)  # fmt: skip
         return "succeeded"
 

@@ -37,6 +37,8 @@ def test_a_real_agent_reports_the_id_pack_and_deploy_use(real_agent_fleet, fleet
     assert bundle_id.startswith("tiny-a-") and len(bundle_id) == len("tiny-a-") + 12
     client = AgentClient(real_agent_fleet["service"].api_address)
     assert client.health()["bundle_id"] == bundle_id  # installed by `edgekit-agent install`, which names no id
+    installed = real_agent_fleet["install_output"]
+    assert f"deploy_result: deployed tiny-a as {bundle_id}" in installed, installed  # and says the id when it installs
     device = real_agent_fleet["device"]
     deadline = time.monotonic() + 20
     with open_store(real_agent_fleet["store_url"]) as store:

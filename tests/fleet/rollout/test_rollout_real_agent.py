@@ -22,7 +22,7 @@ from tests.runtime.agent.mosquitto import MosquittoBroker
 
 @pytest.fixture
 def real_agent_fleet(mosquitto: MosquittoBroker, tmp_path: Path, fleet_keys: tuple[Path, Path], signed_bundle,  # noqa: F811
-                     request: pytest.FixtureRequest):  # fmt: skip
+                     request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]):  # fmt: skip
     """One real agent (``@pytest.mark.parametrize("real_agent_fleet", [{"commands": {...}}], indirect=True)`` adds config)."""
     from edgekit.fleet.collector import Collector
     from edgekit.fleet.store import open_store
@@ -41,6 +41,7 @@ def real_agent_fleet(mosquitto: MosquittoBroker, tmp_path: Path, fleet_keys: tup
         "probe": {"interval_s": 0.1, "dims": {"batch": 2}}, **getattr(request, "param", {}),
     }), encoding="utf-8")  # fmt: skip
     assert agent_main(["install", str(signed_bundle("tiny-a")), "--config", str(config_path)]) == 0
+    install_output = capsys.readouterr().out
     store_url = f"sqlite:///{tmp_path}/fleet.db"
     store = open_store(store_url)
     collector = Collector(mosquitto.url, store, client_id=f"collector-{device}", flush_interval_s=0.05).start()
@@ -55,7 +56,8 @@ def real_agent_fleet(mosquitto: MosquittoBroker, tmp_path: Path, fleet_keys: tup
             time.sleep(0.1)
         else:
             raise AssertionError(f"the real agent's telemetry did not reach the store: {store.device_summaries(fleet)}")
-        yield {"store_url": store_url, "broker": mosquitto.url, "device": device, "service": service, "config": config}
+        yield {"store_url": store_url, "broker": mosquitto.url, "device": device, "service": service, "config": config,
+               "install_output": install_output}
     finally:
         service.stop()
         collector.stop()
