@@ -109,8 +109,9 @@ class BatchQueue:
     """A worker thread that groups :class:`PendingRequest`\\ s and hands each group to ``run_group``.
 
     A group starts with the oldest waiting request and takes later ones with the same key while the
-    total stays within ``max_items`` and less than ``max_delay_ms`` has passed since the first one
-    arrived. Requests with another key wait, in order, for a later group.
+    total stays within ``max_items``: those that arrive less than ``max_delay_ms`` after the first one,
+    and those already queued (they arrived while the runner ran the group before). Requests with another
+    key wait, in order, for a later group.
     """
 
     def __init__(self, run_group: Callable[[list[PendingRequest]], None], *, max_delay_ms: float) -> None:
@@ -144,6 +145,14 @@ class BatchQueue:
             if not request.future.done():
                 request.future.set_exception(BackendError("the inference server shut down before this request ran"))
 
+    def _waiting(self) -> PendingRequest | None:
+        """A request already queued, without waiting: past the delay, the ones that arrived while the runner
+        was busy still join the group (with ``max_delay_ms: 0`` that is the whole of batching)."""
+        try:
+            return self._queue.get_nowait()
+        except queue.Empty:
+            return None
+
     def _next(self, timeout_s: float | None) -> PendingRequest | None:
         try:
             return self._queue.get(timeout=timeout_s)
@@ -168,7 +177,7 @@ class BatchQueue:
             deadline_ns = first.submitted_ns + self._max_delay_ns
             while items < limit:
                 remaining_s = (deadline_ns - time.perf_counter_ns()) / 1e9
-                request = self._next(remaining_s) if remaining_s > 0 else None
+                request = self._next(remaining_s) if remaining_s > 0 else self._waiting()
                 if request is None:
                     break
                 if request.key == first.key and items + request.items <= limit:
