@@ -162,7 +162,7 @@ def main() -> None:
     bundle = open_bundle(args.bundle, verify=True)
     runner = create_runner(bundle)
     runner.load()
-    session = runner.session
+    session = getattr(runner, "session")  # the onnxruntime runner's InferenceSession  # noqa: B009
     tensor = bundle.io.inputs[0]
     image = np.random.default_rng(0).standard_normal([1 if isinstance(d, str) else d for d in tensor.shape]).astype(tensor.dtype)
     feeds = {tensor.name: image}

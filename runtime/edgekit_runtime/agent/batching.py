@@ -177,14 +177,14 @@ class BatchQueue:
             deadline_ns = first.submitted_ns + self._max_delay_ns
             while items < limit:
                 remaining_s = (deadline_ns - time.perf_counter_ns()) / 1e9
-                request = self._next(remaining_s) if remaining_s > 0 else self._waiting()
-                if request is None:
+                arrival = self._next(remaining_s) if remaining_s > 0 else self._waiting()
+                if arrival is None:
                     break
-                if request.key == first.key and items + request.items <= limit:
-                    group.append(request)
-                    items += request.items
+                if arrival.key == first.key and items + arrival.items <= limit:
+                    group.append(arrival)
+                    items += arrival.items
                 else:
-                    self._deferred.append(request)
+                    self._deferred.append(arrival)
             try:
                 self._run_group(group)
             except Exception as err:  # run_group resolves futures itself; this is a last resort
