@@ -36,6 +36,9 @@ def test_device_page_has_identity_its_own_events_and_its_rollouts(dashboard: str
     assert [e["kind"] for e in data["events"]][:2] == ["bundle_installed", "thermal_throttle"]  # newest first
     assert [r["rollout_id"] for r in data["rollouts"]] == ["r6", "r5", "r4", "r3", "r2", "r1"]
     assert data["rollouts"][0]["state"] == "watching" and data["rollouts"][0]["outcome"] == "succeeded"
+    oldest = data["rollouts"][-1]  # 14 min ago: the seeded 20 minutes of windows lie on both sides
+    assert oldest["before"]["windows"] > 0 and oldest["after"]["windows"] > 0
+    assert oldest["before"]["p99_ms"] == pytest.approx(oldest["after"]["p99_ms"]) and oldest["after"]["power_mean_mw"] == pytest.approx(5000.0)
 
     other = _get(f"{dashboard}/api/device?fleet={FLEET}&device={CAMERAS[1]}")
     assert other["identity"] is None and [e["message"] for e in other["events"]] == ["another camera's event"]

@@ -62,6 +62,9 @@ def test_rollout_row_markers_and_layout(operator_store, browser, screenshot_dir,
     assert table <= box, f"the device table is {table} px in a {box} px box: it scrolls sideways"
     assert driver.execute_script("return getComputedStyle(document.querySelector('#devices .models')).display") != "none"
     assert driver.execute_script("return [...document.querySelectorAll('#devices th')].map((th) => th.offsetWidth > 0).every(Boolean)")
+    for table in ("rollouts", "device-rollouts", "device-events"):  # no table of the page scrolls sideways either
+        inner, outer = driver.execute_script(f"const t = document.getElementById('{table}'); return [t.scrollWidth, t.parentElement.clientWidth]")
+        assert inner <= outer, f"#{table} is {inner} px in a {outer} px box"
 
     # the rollout in progress: its wave, devices per outcome, the gate so far, elapsed and what the gate has left
     row = driver.find_element("css selector", "#rollouts tr[data-rollout='r6']")
@@ -128,6 +131,7 @@ def test_device_page_shows_identity_its_events_and_rollouts(operator_dashboard, 
     history = driver.find_elements("css selector", "#device-rollouts tbody tr")
     assert [r.get_attribute("data-rollout") for r in history] == ["r6", "r5", "r4", "r3", "r2", "r1"]
     assert "succeeded (wave" not in history[1].text and "digits-cnn" in history[0].text
+    assert re.search(r"p99 \d+\.\d\d → \d+\.\d\d ms, \d+\.\d\d → \d+\.\d\d W", history[-1].find_element("css selector", "td.compare").text)
 
     # the view exported: the lines shown as CSV (full names, units, local times), the plot as PNG
     csv_text = driver.execute_script("return chartCsv('chart-latency')")

@@ -396,6 +396,15 @@ function renderIdentity(identity) {
   list.replaceChildren(...items, when);
 }
 
+// "p99 11.90 → 12.60 ms, 5.00 → 4.80 W": the device's figures in the 15 min before and after a rollout started
+function beforeAfter(before, after) {
+  if (!before && !after) return DASH;
+  const pick = (side, key) => (side ? side[key] : null);
+  const p99 = `p99 ${formatNumber(pick(before, "p99_ms"), 2)} → ${formatNumber(pick(after, "p99_ms"), 2)} ms`;
+  const hasPower = pick(before, "power_mean_mw") !== null || pick(after, "power_mean_mw") !== null;
+  return p99 + (hasPower ? `, ${formatPower(pick(before, "power_mean_mw"), false)} → ${formatPower(pick(after, "power_mean_mw"))}` : "");
+}
+
 function renderDeviceRollouts(rollouts) {
   fill("device-rollouts", rollouts.map((r) => {
     const tr = el("tr", { "data-rollout": r.rollout_id, "data-outcome": r.outcome || "" });
@@ -403,7 +412,8 @@ function renderDeviceRollouts(rollouts) {
     bundles.append(el("span", { class: "clip", title: r.previous_bundle_id || "(none)" }, shortId(r.previous_bundle_id || "(none)", 24)),
       document.createTextNode(" → "), el("span", { class: "clip", title: r.bundle_id }, shortId(r.bundle_id, 24)));
     const outcome = `${r.outcome || DASH}${r.wave ? ` (wave ${r.wave})` : ""}` + (r.state !== r.outcome ? `; rollout ${r.state}` : "");
-    tr.append(cell(formatWhen(r.started_at)), bundles, cell(outcome, "wrap"), cell(r.reason || "", "wrap wide"));
+    tr.append(cell(formatWhen(r.started_at)), bundles, cell(outcome, "wrap"), cell(beforeAfter(r.before, r.after), "wrap compare"),
+      cell(r.reason || "", "wrap wide"));
     return tr;
   }), "no rollout has included this device");
 }
