@@ -6,6 +6,7 @@ simulated devices (tests/fleet/rollout/conftest.py)."""
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 import re
 
 from edgekit.cli.fleet_deploy import gate_text, plural, watch_line
@@ -70,3 +71,31 @@ def test_watch_line_and_gate_text_show_missing_figures_as_dashes() -> None:
     health = {**wave["health"], "error_rate": 0.031, "p99_after_ms": 9.0, "p99_ratio": 2.25, "inferences": 97}
     assert gate_text(health) == "error rate 3.1% (limit 2.0%), p99 4.00 -> 9.00 ms (2.25x, limit 1.50x), 97 inferences"
     assert (plural(1, "device"), plural(0, "device"), plural(2, "wave")) == ("1 device", "0 devices", "2 waves")
+
+
+def test_on_a_terminal_the_live_line_is_rewritten_in_place(monkeypatch) -> None:
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from edgekit.cli import fleet_deploy
+    from edgekit.fleet.rollout_state import RolloutRecord
+
+    screen = io.StringIO()
+    monkeypatch.setattr(fleet_deploy, "console", Console(file=screen, force_terminal=True, width=200, highlight=False))
+    show = fleet_deploy._progress_printer(SimpleNamespace(url="file:///b.tar", sha256="0" * 64, size_bytes=10))
+    now = dt.datetime.now(dt.timezone.utc)
+    health = {"devices": 1, "healthy": 0, "failed": 0, "error_rate": None, "p99_before_ms": 4.0, "p99_after_ms": None,
+              "p99_ratio": None, "inferences": 0, "max_error_rate": 0.02, "max_p99_ratio": 1.5, "final": False}  # fmt: skip
+    wave = {"index": 1, "spec": "1", "devices": ["a"], "state": "watching", "watch_ends_at": (now + dt.timedelta(seconds=30)).isoformat(),
+            "health": health}  # fmt: skip
+    later = {"index": 2, "spec": "100%", "devices": ["b"], "state": "pending"}
+    record = RolloutRecord("r1", "lab", "b-1", "file:///b.tar", "0" * 64, "watching", ("a",), ("a", "b"), now, now, waves=(wave, later))
+    show(record)
+    show(replace(record, waves=({**wave, "health": {**health, "healthy": 1, "inferences": 12}}, later)))
+    show(replace(record, state="completed", waves=({**wave, "state": "passed", "health": {**health, "final": True}}, later)))
+    text = screen.getvalue()
+    assert text.count("\r\x1b[K    wave 1/2 watching: 1 switched, ") == 2  # the same line, rewritten
+    assert "0 healthy" in text and "1 healthy, 0 failed; error rate – (limit 2.0%)" in text and "12 inferences; " in text
+    assert text.endswith("s left\n")  # the live line is ended before anything else is printed
