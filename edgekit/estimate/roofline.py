@@ -17,11 +17,16 @@ is each ``If``'s measured subgraph invocation (not scaled by any factor).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from edgekit.estimate.graph_cost import ALL_CLASSES, GraphCost, NodeCost, node_kind
+from edgekit.estimate.graph_cost import GraphCost, NodeCost, node_kind
 from edgekit.estimate.hardware import Hardware
+from edgekit.estimate.node_times import TENSORRT_EFFICIENCY as TENSORRT_EFFICIENCY  # re-exported: callers import them from here
+from edgekit.estimate.node_times import TENSORRT_LAYER_LAUNCH_US as TENSORRT_LAYER_LAUNCH_US
+from edgekit.estimate.node_times import TENSORRT_MEMORY_SHARE as TENSORRT_MEMORY_SHARE
+from edgekit.estimate.node_times import NodeTime as NodeTime
+from edgekit.estimate.node_times import Roofline as Roofline
 
 #: engine -> op class -> share of the roofline reached (uncalibrated priors); "node_overhead_us" per node.
 DEFAULT_EFFICIENCY: dict[str, dict[str, float]] = {
@@ -31,15 +36,6 @@ DEFAULT_EFFICIENCY: dict[str, dict[str, float]] = {
             "resize": 0.3, "data_movement": 0.5, "quantize": 0.5},  # fmt: skip
 }
 DEFAULT_NODE_OVERHEAD_US = {"cpu": 3.0, "gpu": 8.0}
-#: TensorRT-shaped layers (:mod:`edgekit.estimate.tensorrt_layers`) on an NVIDIA GPU: the share of the roofline a
-#: fused layer reaches, per layer class, and the launch cost of one layer (uncalibrated priors, not fitted to the
-#: published figures: a fused conv / GEMM keeps the per-node GPU prior, pointwise and reformat layers stream at
-#: a higher share of bandwidth than a lone elementwise node, a layer launch costs what an enqueued kernel does)
-TENSORRT_EFFICIENCY: dict[str, float] = {"conv": 0.45, "matmul": 0.55, "attention": 0.45, "elementwise": 0.6, "normalization": 0.6,
-                                         "pooling": 0.5, "resize": 0.4, "data_movement": 0.6, "quantize": 0.6}  # fmt: skip
-TENSORRT_LAYER_LAUNCH_US = 5.0
-#: the share of the memory bandwidth a streaming layer reaches (a prior, the same for every layer class)
-TENSORRT_MEMORY_SHARE = 0.75
 #: Runtime memory beyond weights and activations (ONNX Runtime / TensorRT libraries and arenas), an estimate.
 RUNTIME_OVERHEAD_MB = {"cpu": 60.0, "gpu": 400.0}
 #: The share of the power mode's watts the module draws while it infers (an estimate; calibration sets it from
@@ -85,36 +81,6 @@ def host_factors(hardware: Hardware) -> Factors:
         return Factors(factors.efficiency, hardware.node_overhead_us,
                        source="default priors (uncalibrated estimate); per-node overhead measured on this host")  # fmt: skip
     return factors
-
-
-@dataclass(frozen=True)
-class NodeTime:
-    name: str
-    op_type: str
-    op_class: str
-    precision: str
-    roofline_ms: float  # at efficiency 1: max(compute, memory)
-    bound: str  # "compute" or "memory"
-    ms: float
-    fixed_ms: float = 0.0  # a measured cost no factor scales (an If's subgraph invocation)
-
-
-@dataclass(frozen=True)
-class Roofline:
-    nodes: tuple[NodeTime, ...]
-    counted_nodes: int
-    notes: tuple[str, ...] = field(default=())
-    fallback_nodes: int = 0  # nodes the fallback engine (the CPU) ran
-
-    def class_roofline_ms(self) -> dict[str, float]:
-        out = dict.fromkeys(ALL_CLASSES, 0.0)
-        for node in self.nodes:
-            out[node.op_class] += node.roofline_ms
-        return out
-
-    @property
-    def fixed_ms(self) -> float:
-        return sum(node.fixed_ms for node in self.nodes)
 
 
 def node_roofline_s(node: NodeCost, hardware: Hardware) -> tuple[float, str, Hardware, str]:

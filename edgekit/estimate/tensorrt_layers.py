@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from edgekit.estimate.graph_cost import VIEW_OPS, GraphCost, NodeCost
 from edgekit.estimate.hardware import Hardware
-from edgekit.estimate.roofline import NodeTime, Roofline
+from edgekit.estimate.node_times import NodeTime, Roofline
 
 #: layer classes a conv / GEMM / attention layer is named after; pointwise members join them
 ANCHOR_CLASSES = ("conv", "matmul", "attention")
@@ -282,7 +282,7 @@ def tensorrt_roofline(cost: GraphCost, hardware: Hardware) -> Roofline:
     bandwidth whatever its class, and computes at its class's efficiency: its time with the prior factors is
     ``max(compute / e_class, memory / memory_share)``. It is given as ``roofline_ms`` = that time x the class's prior,
     so the factors divide it as any node's (fitted factors scale it, the prior ones give exactly that time)."""
-    from edgekit.estimate.roofline import TENSORRT_EFFICIENCY, TENSORRT_MEMORY_SHARE
+    from edgekit.estimate.node_times import TENSORRT_EFFICIENCY, TENSORRT_MEMORY_SHARE
 
     work = layer_work(cost, hardware)
     times = []
