@@ -9,7 +9,6 @@ import json
 import socket
 import struct
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,19 +18,10 @@ from edgekit_runtime.agent.api import AgentApi
 from edgekit_runtime.agent.client import AgentClient
 from edgekit_runtime.agent.serving import InferenceServer
 from edgekit_runtime.agent.wire import BINARY_CONTENT_TYPE, encode_binary
-from edgekit_runtime.backends import create_runner
-from edgekit_runtime.bundle import open_bundle
-from tests.runtime.tiny_bundle import build_bundle
 
 MB = 1024 * 1024
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[InferenceServer]:
-    bundle = open_bundle(build_bundle(tmp_path / "bundle"))
-    server = InferenceServer(create_runner(bundle).load(), model_name=bundle.name)
-    yield server
-    server.close()
 
 
 def rss_mb() -> float:
