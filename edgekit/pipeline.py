@@ -329,6 +329,10 @@ def host_runner(state: BuildState) -> OnnxRuntimeRunner:
     provider cannot run."""
     engine = state.engine
     assert engine is not None
+    if state.backend is Backend.OPENVINO:  # the bundle's OpenVINO device, or the CPU plugin standing in for it
+        from edgekit.engines.openvino import host_runner as openvino_runner
+
+        return openvino_runner(engine, engine.model_path, state.signature, state.threads)
     denormal_as_zero = bool(engine.details.get("denormal_as_zero"))
     if state.host_twin is not None:
         return state.runner(state.host_twin, HOST_PROVIDERS, "basic", denormal_as_zero)

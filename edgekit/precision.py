@@ -29,6 +29,7 @@ class Precision(str, Enum):
 class Backend(str, Enum):
     ONNXRUNTIME = "onnxruntime"
     TENSORRT = "tensorrt"
+    OPENVINO = "openvino"
 
     def __str__(self) -> str:
         return self.value

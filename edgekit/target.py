@@ -120,6 +120,9 @@ class BackendSupport(StrictModel):
     name: Backend
     precisions: tuple[Precision, ...] = Field(min_length=1)
     execution_providers: tuple[ExecutionProvider, ...] = ()
+    device: Literal["CPU", "GPU", "NPU"] | None = Field(
+        default=None, description="openvino only: the OpenVINO device the bundle compiles for (CPU, GPU = Intel iGPU/Arc, NPU)"
+    )
 
     @model_validator(mode="after")
     def _providers_only_for_ort(self) -> "BackendSupport":
@@ -127,6 +130,8 @@ class BackendSupport(StrictModel):
             raise ValueError("execution_providers apply only to the onnxruntime backend")
         if self.name is Backend.ONNXRUNTIME and not self.execution_providers:
             raise ValueError("the onnxruntime backend needs at least one execution provider")
+        if (self.device is None) is (self.name is Backend.OPENVINO):
+            raise ValueError("device (CPU, GPU or NPU) is required for the openvino backend and applies to no other backend")
         return self
 
 
@@ -192,7 +197,8 @@ class TargetProfile(StrictModel):
                 )
         if self.npu is not None:
             providers = {ep.name for b in self.backends for ep in b.execution_providers}
-            if self.npu.execution_provider not in providers:
+            openvino_npu = any(b.name is Backend.OPENVINO and b.device == "NPU" for b in self.backends)
+            if self.npu.execution_provider not in providers and not openvino_npu:
                 raise ValueError(
                     f"npu.execution_provider '{self.npu.execution_provider}' is not among the onnxruntime backend's "
                     f"execution_providers ({', '.join(sorted(providers)) or 'none'})"

@@ -209,8 +209,10 @@ def test_orin_nano_super_is_the_nano_in_maxn_super():
 def test_cpu_targets_run_every_cpu_precision_on_the_cpu_provider(name: str):
     profile = get_target(name)
     assert profile.gpu is None and profile.npu is None and profile.dla_cores == 0
-    (backend,) = profile.backends
+    backend = profile.backends[0]
     assert backend.name is Backend.ONNXRUNTIME
+    # x86-64-cpu also offers OpenVINO's CPU plugin (tests/engines/test_openvino_build.py), never before ONNX Runtime
+    assert [b.name for b in profile.backends[1:]] == ([Backend.OPENVINO] if profile.cpu.arch == "x86_64" else [])
     assert [ep.name for ep in backend.execution_providers] == ["CPUExecutionProvider"]
     assert set(backend.precisions) == {
         Precision.FP32, Precision.FP16, Precision.INT8, Precision.INT8_DYNAMIC, Precision.INT4,
@@ -221,7 +223,7 @@ def test_cpu_targets_run_every_cpu_precision_on_the_cpu_provider(name: str):
 def test_npu_targets_reach_the_npu_through_an_execution_provider(name: str):
     profile = get_target(name)
     assert profile.npu is not None and profile.gpu is None
-    (backend,) = profile.backends
+    backend = profile.backend(Backend.ONNXRUNTIME)
     providers = [ep.name for ep in backend.execution_providers]
     assert providers[0] == profile.npu.execution_provider  # the NPU first, the CPU as fallback
     assert providers[-1] == "CPUExecutionProvider"
@@ -239,6 +241,7 @@ def test_qcs6490_runs_int8_qdq_on_htp_v68():
 
 def test_intel_npu_uses_openvino_with_device_type_npu():
     intel = get_target("intel-core-ultra-npu")
+    assert intel.default_backend is Backend.OPENVINO and intel.backend(Backend.OPENVINO).device == "NPU"
     openvino = intel.backend("onnxruntime").execution_providers[0]
     assert openvino.name == "OpenVINOExecutionProvider"
     assert openvino.options["device_type"] == "NPU"

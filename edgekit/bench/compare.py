@@ -63,7 +63,8 @@ def feeds_at(bundle: Bundle, signature: IOSignature, dims: dict[str, int]) -> di
 
 def host_runner(bundle: Bundle, signature: IOSignature, threads: int) -> Any:
     """The bundle's ONNX graph on this host's CPU with ONNX Runtime, whatever backend the bundle targets:
-    a TensorRT bundle's engine can only run on its device, and host timings are labelled as such."""
+    a TensorRT bundle's engine can only run on its device, and host timings are labelled as such. An OpenVINO
+    bundle runs with OpenVINO (its device when here, else the CPU plugin)."""
     from edgekit_runtime.backends.onnxruntime import OnnxRuntimeRunner
 
     precision = bundle.manifest.get("precision")
@@ -73,6 +74,10 @@ def host_runner(bundle: Bundle, signature: IOSignature, threads: int) -> Any:
             "so it cannot be timed on this host",
             hint="time it on its device (edgekit-agent serves it and reports latency); its manifest has the accuracy measured here",
         )
+    if bundle.manifest["backend"].get("name") == "openvino":  # its device, or the CPU plugin standing in for it
+        from edgekit.engines.openvino import host_runner as openvino_runner
+
+        return openvino_runner(bundle.manifest["backend"]["openvino"], bundle.model_path, signature, threads)
     graph_optimization = bundle.manifest["backend"].get("graph_optimization", "all")
     return OnnxRuntimeRunner(bundle.model_path, signature, execution_providers=[{"name": "CPUExecutionProvider", "options": {}}],
                              graph_optimization=graph_optimization, intra_op_threads=threads,

@@ -9,6 +9,7 @@ in which case the decision, with its reason, goes into the manifest.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from edgekit.errors import QuantizationError
@@ -80,6 +81,45 @@ REQUIREMENTS: dict[Precision, PrecisionRequirement] = {
     Precision.NVFP4: PrecisionRequirement(Precision.NVFP4, "Blackwell tensor cores (compute capability >= 10.0)", _gpu_at_least(10, 0, "nvfp4")),
 }
 
+#: OpenVINO devices -> the float precisions their plugins compute in (INFERENCE_PRECISION_HINT), with the CPU flags
+#: a CPU needs for each (any one of them); GPU (Intel iGPU/Arc) and NPU compute f16, never bf16.
+OPENVINO_FLOAT_PRECISIONS: dict[str, dict[Precision, tuple[str, ...]]] = {
+    "CPU": {Precision.BF16: ("avx512_bf16", "amx_bf16"), Precision.FP16: ("avx512_fp16", "amx_fp16")},
+    "GPU": {Precision.FP16: ()},
+    "NPU": {Precision.FP16: ()},
+}
+
+
+def _cpu_flags(target: TargetProfile) -> set[str]:
+    """The target's CPU flags: its ``cpu.isa`` list, or this host's /proc/cpuinfo for ``isa: host``."""
+    if isinstance(target.cpu.isa, list):
+        return set(target.cpu.isa)
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace") if target.cpu.isa == "host" else ""
+    except OSError:
+        return set()
+    return next((set(line.partition(":")[2].split()) for line in text.splitlines() if line.startswith("flags")), set())
+
+
+def openvino_refusal(target: TargetProfile, precision: Precision) -> str | None:
+    """Why OpenVINO cannot run ``precision`` on the target's device (None when it can)."""
+    device = target.backend(Backend.OPENVINO).device or "CPU"
+    if precision in (Precision.FP32, Precision.INT8):
+        return "the NPU compiles FP32 layers to FP16: use fp16 or int8" if precision is Precision.FP32 and device == "NPU" else None
+    floats = OPENVINO_FLOAT_PRECISIONS[device]
+    if precision not in floats:
+        return f"OpenVINO on {device} runs fp32, int8 (static QDQ) and {', '.join(p.value for p in floats) or 'no other float'}, not {precision.value}"
+    needs = floats[precision]
+    if needs and not needs_met(needs, _cpu_flags(target)):
+        return (f"OpenVINO's CPU plugin computes {precision.value} only with {' or '.join(needs)}, which target '{target.name}' "
+                f"does not have ({'this host' if target.cpu.isa == 'host' else 'cpu.isa'})")
+    return None
+
+
+def needs_met(needs: tuple[str, ...], flags: set[str]) -> bool:
+    return any(flag in flags for flag in needs)
+
+
 #: What NVIDIA's DLA can run (DLA cores on AGX Orin / Orin NX): everything else falls back to the GPU.
 DLA_PRECISIONS = (Precision.FP16, Precision.INT8)
 
@@ -87,7 +127,7 @@ DLA_PRECISIONS = (Precision.FP16, Precision.INT8)
 def refusal_reason(target: TargetProfile, backend: Backend, precision: Precision, use_dla: bool = False) -> str | None:
     """Why ``precision`` cannot run on ``target`` with ``backend`` (None when it can)."""
     declared = target.backend(backend).precisions
-    reason = REQUIREMENTS[precision].check(target, backend)
+    reason = openvino_refusal(target, precision) if backend is Backend.OPENVINO else REQUIREMENTS[precision].check(target, backend)
     if reason is None and precision not in declared:
         reason = f"the target profile does not list {precision.value} for {backend.value}"
     if reason is None and use_dla:

@@ -113,6 +113,8 @@ def build_bundle(root: Path, *, batches: int = 2, backend: str = "onnxruntime", 
         "golden": {"batches": golden_batches, "atol": ATOL, "rtol": RTOL, "min_cosine": MIN_COSINE},
         "stages": [],
     }
+    if backend == "openvino":  # what edgekit.engines.openvino records
+        manifest["backend"]["openvino"] = {"device": "CPU", "inference_precision_hint": "f32", "shapes": "dynamic"}
     manifest["model"]["size_bytes"] = (root / "model.onnx").stat().st_size
     write_manifest(root, manifest)
     return root

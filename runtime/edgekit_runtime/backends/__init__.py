@@ -6,17 +6,18 @@ from typing import Any
 
 from edgekit_runtime.backends.base import Runner
 from edgekit_runtime.backends.onnxruntime import OnnxRuntimeRunner
+from edgekit_runtime.backends.openvino import OpenVinoRunner
 from edgekit_runtime.backends.tensorrt import TensorRTRunner
 from edgekit_runtime.errors import BackendError
 
 #: Backend name -> runner class. Importing a runner module imports no engine library (onnxruntime,
-#: tensorrt and pycuda load when a runner loads).
-BACKENDS: dict[str, type[Runner]] = {"onnxruntime": OnnxRuntimeRunner, "tensorrt": TensorRTRunner}
+#: tensorrt, pycuda and openvino load when a runner loads).
+BACKENDS: dict[str, type[Runner]] = {"onnxruntime": OnnxRuntimeRunner, "tensorrt": TensorRTRunner, "openvino": OpenVinoRunner}
 
 # Backends edgekit knows of but this runtime cannot run yet, with the reason shown to the user.
 _PLANNED_BACKENDS: dict[str, str] = {}
 
-__all__ = ["BACKENDS", "OnnxRuntimeRunner", "Runner", "TensorRTRunner", "create_runner"]
+__all__ = ["BACKENDS", "OnnxRuntimeRunner", "OpenVinoRunner", "Runner", "TensorRTRunner", "create_runner"]
 
 
 def create_runner(bundle: Any, **overrides: Any) -> Runner:
