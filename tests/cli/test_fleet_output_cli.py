@@ -113,8 +113,12 @@ def test_dashboard_prints_its_url_on_stdout(store_url: str) -> None:
     import signal
     import urllib.request
 
+    def sigint_as_a_terminal_sends_it() -> None:  # in the child, before exec: whatever this test process inherited
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # (an ignored or blocked SIGINT survives exec and would make
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # Ctrl-C do nothing: seen only in full runs)
+
     process = subprocess.Popen([sys.executable, "-m", "edgekit.cli.main", "fleet", "dashboard", "--store", store_url, "--port", "0"],
-                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_a_terminal_sends_it,
                                env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})  # fmt: skip
     try:
         assert process.stdout is not None
@@ -125,5 +129,10 @@ def test_dashboard_prints_its_url_on_stdout(store_url: str) -> None:
             assert answer.status == 200
     finally:
         process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=30)
+        try:
+            _, err = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            _, err = process.communicate(timeout=10)
+            raise AssertionError(f"the dashboard did not stop within 30 s of Ctrl-C; its stderr:\n{err[-3000:]}") from None
     assert process.returncode == 0 and "stopping" in err  # the shutdown note is a log line: stderr
