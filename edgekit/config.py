@@ -129,9 +129,19 @@ def _position_for(loc: Location, positions: dict[Location, tuple[int, int]]) -> 
     return None
 
 
-def _is_union_member(part: object) -> bool:
-    """pydantic names the member of a union in ``loc`` by its class (``CallableData``); data keys are snake_case."""
-    return isinstance(part, str) and part[:1].isupper() and part.isidentifier()
+def _model_class_names() -> set[str]:
+    names, todo = set(), [BaseModel]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            names.add(sub.__name__)
+            todo.append(sub)
+    return names
+
+
+def _is_union_member(part: object, loc: tuple[Any, ...], index: int) -> bool:
+    """pydantic names the member of a union in ``loc`` by its class (``CallableData``), never as the last part; a
+    data key (even a capitalised one a file made up) is not the name of a model class."""
+    return isinstance(part, str) and index < len(loc) - 1 and part[:1].isupper() and part in _model_class_names()
 
 
 def closest_union_member(errors: list[Any]) -> list[Any]:
@@ -142,7 +152,7 @@ def closest_union_member(errors: list[Any]) -> list[Any]:
     for err in errors:
         loc = tuple(err["loc"])
         for index, part in enumerate(loc):
-            if _is_union_member(part):
+            if _is_union_member(part, loc, index):
                 key = (loc[:index], str(part))
                 by_member[key] = by_member.get(key, 0) + 1
                 break
@@ -153,7 +163,7 @@ def closest_union_member(errors: list[Any]) -> list[Any]:
     kept = []
     for err in errors:
         loc = tuple(err["loc"])
-        index = next((i for i, part in enumerate(loc) if _is_union_member(part)), None)
+        index = next((i for i, part in enumerate(loc) if _is_union_member(part, loc, i)), None)
         if index is None:
             kept.append(err)
         elif best.get(loc[:index]) == loc[index]:

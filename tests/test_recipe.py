@@ -107,3 +107,12 @@ def test_json_schema_is_published_shape():
     assert schema["title"] == "edgekit recipe"
     assert {"model", "inputs", "outputs", "data"} <= set(schema["required"])
     assert "path" not in schema["properties"]
+
+
+def test_a_capitalised_key_is_a_typo_not_a_union_member(tiny_recipe):
+    """pydantic names union members by class in error locations; a made-up 'Aname' key (found by the fuzz test)
+    must still be reported as an unknown key of the file, never escape as a raw ValidationError."""
+    path = tiny_recipe(text=TINY_RECIPE.format(factory="tiny_net").replace("name: tiny", "Aname: tiny", 1))
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    assert "unknown key 'Aname' in (top level) (did you mean 'name'?)" in str(info.value)
