@@ -484,13 +484,18 @@ def parser() -> argparse.ArgumentParser:
     export.add_argument("dir", type=Path)
     export.add_argument("--models", **models)
     export.set_defaults(func=cmd_export)
+    add_compare_command(commands, cmd_compare, "folder written by `export`")
+    return main
+
+
+def add_compare_command(commands: Any, func: Callable[[argparse.Namespace], int], dir_help: str) -> None:
+    """The `compare` subcommand (measured rows vs `edgekit estimate`), shared with scripts/gpu_baseline_ort.py."""
     compare = commands.add_parser("compare", help="measured rows vs edgekit estimate (markdown table)")
     compare.add_argument("measured", type=Path, help="JSON written by `time`")
-    compare.add_argument("dir", type=Path, help="folder written by `export`")
+    compare.add_argument("dir", type=Path, help=dir_help)
     compare.add_argument("--target", default="nvidia-h100")
     compare.add_argument("--json-out", type=Path)
-    compare.set_defaults(func=cmd_compare)
-    return main
+    compare.set_defaults(func=func)
 
 
 def main(argv: list[str] | None = None) -> int:

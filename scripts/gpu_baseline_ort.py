@@ -304,12 +304,7 @@ def parser() -> argparse.ArgumentParser:
     timing.add_argument("--cpu-dry-run", action="store_true", help="run the same code on the CPU to check the script (needs --out)")
     timing.add_argument("--energy-s", type=float, default=1.5, help="seconds of calls behind each energy figure; 0: none (default: %(default)s)")
     timing.set_defaults(func=cmd_time)
-    compare = commands.add_parser("compare", help="measured rows vs edgekit estimate (markdown table)")
-    compare.add_argument("measured", type=Path, help="JSON written by `time`")
-    compare.add_argument("dir", type=Path, help="folder written by `scripts/gpu_baseline.py export`")
-    compare.add_argument("--target", default="nvidia-h100")
-    compare.add_argument("--json-out", type=Path)
-    compare.set_defaults(func=cmd_compare)
+    base.add_compare_command(commands, cmd_compare, "folder written by `scripts/gpu_baseline.py export`")
     return main
 
 
