@@ -4,10 +4,7 @@ runtime's runner, bench, and the precision gating with each refusal named."""
 
 from __future__ import annotations
 
-import builtins
-import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -20,6 +17,7 @@ from edgekit.quantize.gating import decide_precision, refusal_reason
 from edgekit.target import BackendSupport, TargetProfile, get_target
 from edgekit_runtime.backends import OpenVinoRunner, create_runner
 from edgekit_runtime.bundle import open_bundle, self_check
+from tests.hidden_module import hide_module
 from tests.sources.onnx_models import image_batches, paddle_style_cnn, write_recipe
 
 ov = pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install 'edgekit[openvino]')")
@@ -130,15 +128,7 @@ def test_the_openvino_backend_names_its_device_and_only_it_does() -> None:
 
 
 def test_a_build_without_openvino_names_the_extra(recipe: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_import = builtins.__import__
-
-    def without_openvino(name: str, *args: Any, **kwargs: Any) -> Any:
-        if name == "openvino" or name.startswith("openvino."):
-            raise ImportError("No module named 'openvino'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.delitem(sys.modules, "openvino", raising=False)
-    monkeypatch.setattr(builtins, "__import__", without_openvino)
+    hide_module(monkeypatch, "openvino")
     with pytest.raises(BuildError) as caught:
         build(recipe, "x86-64-cpu", precision="fp32", out=tmp_path / "b", backend="openvino")
     assert "the openvino backend needs the OpenVINO runtime, which is not installed" in str(caught.value)

@@ -3,8 +3,6 @@ per-shape policy, and errors that name the manifest field and the fix."""
 
 from __future__ import annotations
 
-import builtins
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +13,7 @@ import pytest
 from edgekit_runtime.backends import OpenVinoRunner, create_runner
 from edgekit_runtime.bundle import open_bundle, self_check
 from edgekit_runtime.errors import BackendError
+from tests.hidden_module import hide_module
 from tests.runtime.tiny_bundle import load_manifest, reference_logits, save_manifest
 
 ov = pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install 'edgekit-runtime[openvino]')")
@@ -78,15 +77,7 @@ def test_a_device_this_machine_lacks_is_named_with_the_stand_in_fix(make_bundle:
 
 
 def test_missing_openvino_names_the_extra(make_bundle: Callable[..., Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    real_import = builtins.__import__
-
-    def without_openvino(name: str, *args: Any, **kwargs: Any) -> Any:
-        if name == "openvino" or name.startswith("openvino."):
-            raise ImportError("No module named 'openvino'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.delitem(sys.modules, "openvino", raising=False)
-    monkeypatch.setattr(builtins, "__import__", without_openvino)
+    hide_module(monkeypatch, "openvino")
     with pytest.raises(BackendError) as caught:
         create_runner(open_bundle(_openvino_bundle(make_bundle))).load()
     assert "backend is openvino (manifest.json backend.name), but OpenVINO is not installed" in str(caught.value)
