@@ -14,6 +14,8 @@ Golden outputs come from numpy, so each self-check compares two independent comp
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +159,22 @@ def make_model_bundle(root: Path, kind: str, *, name: str | None = None, corrupt
         manifest["golden"]["atol"] = 0.05
     write_manifest(root, manifest)
     return root
+
+
+@contextmanager
+def serving_models(agent_config: Callable[..., Path], folder: Path, signing_key: Path, models: list[str],
+                   **config: Any) -> Iterator[Any]:  # fmt: skip
+    """A real agent serving a model repository of ``models`` (kinds of :func:`make_model_bundle`, the first the
+    default), each bundle signed and installed with ``edgekit-agent install``; ``config`` goes to ``agent_config``."""
+    from edgekit.bundle.signing import sign_bundle
+    from edgekit_runtime.agent.cli import main as agent_main
+    from edgekit_runtime.agent.config import load_config
+    from edgekit_runtime.agent.service import AgentService
+
+    path = agent_config(models={"names": models, "default": models[0]}, **config)
+    for kind in models:
+        bundle = make_model_bundle(folder / "src" / kind, kind)
+        sign_bundle(bundle, signing_key)
+        assert agent_main(["install", str(bundle), "--config", str(path), "--model", kind]) == 0
+    with AgentService(load_config(path)) as service:
+        yield service

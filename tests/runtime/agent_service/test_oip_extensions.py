@@ -20,7 +20,7 @@ from edgekit.bundle.signing import sign_bundle
 from edgekit_runtime.agent.cli import main as agent_main
 from edgekit_runtime.agent.config import load_config
 from edgekit_runtime.agent.service import AgentService
-from tests.runtime.agent_service.model_bundles import make_model_bundle
+from tests.runtime.agent_service.model_bundles import make_model_bundle, serving_models
 from tests.runtime.tiny_bundle import reference_logits
 
 grpc = pytest.importorskip("grpc", reason="grpcio is the runtime's grpc extra: pip install 'edgekit-runtime[grpc]' (scripts/setup.sh)")
@@ -35,13 +35,7 @@ BATCH_BOUND = 128  # make_model_bundle's batch dim: 1..128
 
 @pytest.fixture
 def agent(agent_config: Callable[..., Path], tmp_path: Path, fleet_keys: tuple[Path, Path]) -> Iterator[AgentService]:
-    path = agent_config(models={"names": MODELS, "default": "digits"},
-                        api={"address": "127.0.0.1:0", "grpc": {"listen": "127.0.0.1:0"}})  # fmt: skip
-    for kind in MODELS:
-        bundle = make_model_bundle(tmp_path / "src" / kind, kind)
-        sign_bundle(bundle, fleet_keys[0])
-        assert agent_main(["install", str(bundle), "--config", str(path), "--model", kind]) == 0
-    with AgentService(load_config(path)) as service:
+    with serving_models(agent_config, tmp_path, fleet_keys[0], MODELS, api={"address": "127.0.0.1:0", "grpc": {"listen": "127.0.0.1:0"}}) as service:
         yield service
 
 

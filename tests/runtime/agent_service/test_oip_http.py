@@ -20,7 +20,7 @@ from edgekit_runtime.agent.cli import main as agent_main
 from edgekit_runtime.agent.client import AgentClient
 from edgekit_runtime.agent.config import load_config
 from edgekit_runtime.agent.service import AgentService
-from tests.runtime.agent_service.model_bundles import embedder_inputs, make_model_bundle, reference_embedding
+from tests.runtime.agent_service.model_bundles import embedder_inputs, make_model_bundle, reference_embedding, serving_models
 from tests.runtime.tiny_bundle import reference_logits
 
 httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is in the dev extra (scripts/setup.sh)")
@@ -35,12 +35,7 @@ CURL = shutil.which("curl")
 
 @pytest.fixture
 def agent(agent_config: Callable[..., Path], tmp_path: Path, fleet_keys: tuple[Path, Path]) -> Iterator[AgentService]:
-    path = agent_config(models={"names": MODELS, "default": "digits"})
-    for kind in MODELS:
-        bundle = make_model_bundle(tmp_path / "src" / kind, kind)
-        sign_bundle(bundle, fleet_keys[0])
-        assert agent_main(["install", str(bundle), "--config", str(path), "--model", kind]) == 0
-    with AgentService(load_config(path)) as service:
+    with serving_models(agent_config, tmp_path, fleet_keys[0], MODELS) as service:
         yield service
 
 
