@@ -27,13 +27,14 @@ export HF_HUB_OFFLINE=1
 # dropped 3.10), then what tests/runtime imports: pytest, hypothesis, jsonschema, Triton's clients
 # for the Open Inference Protocol tests, onnx for the fixtures, and the host modules' pydantic, rich,
 # fastjsonschema and prometheus_client (tests that run a real collector beside an agent import the
-# collector, whose /metrics it writes). setuptools builds the runtime's wheel.
+# collector, whose /metrics it writes), and the runtime's openvino extra (CPython 3.10 wheels exist, so the
+# OpenVINO runner's tests run here instead of skipping). setuptools builds the runtime's wheel.
 pins=(
     numpy==2.2.6 onnxruntime==1.23.2 cryptography==50.0.2 paho-mqtt==2.2.0 pyyaml==6.0.4
     grpcio==1.85.3 protobuf==6.33.6 nvidia-ml-py==13.615.71
     pytest==9.2.0 hypothesis==6.168.5 jsonschema==4.26.0 "tritonclient[grpc,http]==2.73.0"
     onnx==1.23.2 ml_dtypes==0.5.4 pydantic==2.14.4 rich==15.0.0 fastjsonschema==2.22.3 prometheus_client==0.26.0
-    setuptools==84.2.1
+    openvino==2026.4.1 setuptools==84.2.1
 )
 cache="${EDGEKIT_PY310_CACHE:-/var/cache/edgekit/py310-venv}"
 start=$SECONDS
