@@ -21,9 +21,27 @@ def test_orin_nano_hardware_halves_sparse_figures_and_derives_fp16_fp32() -> Non
     assert hw.peak_ops["fp32"] == pytest.approx(1024 * 2 * 625e6)  # CUDA cores x FMA x gpu.max_clock_mhz
     assert hw.bandwidth_bytes_s == pytest.approx(68e9)
     assert any("1024 CUDA cores x 2 x 625 MHz" in s for s in hw.sources) and any("sparse, counted half" in s for s in hw.sources)
-    nx = hardware_for(get_target("jetson-orin-nx-16gb"))  # no clock in its profile: the Ampere ratio
-    assert nx.engine == "total" and nx.peak_ops["fp32"] == pytest.approx(nx.peak_ops["int8"] / 16)
-    assert any("fp32 derived: AGX Orin technical brief ratio" in s for s in nx.sources)
+    agx = hardware_for(get_target("jetson-agx-orin-64gb"))  # no clock, no FP16 figure: the Ampere ratio
+    assert agx.engine == "gpu" and agx.peak_ops["fp16"] == pytest.approx(agx.peak_ops["int8"] / 2)
+    assert any("fp16 derived: Ampere tensor cores" in s for s in agx.sources)
+
+
+def test_orin_nx_is_timed_on_its_gpu_alone_not_the_gpu_plus_dla_total() -> None:
+    target = get_target("jetson-orin-nx-16gb")
+    assert target.gpu is not None and target.gpu.max_clock_mhz == 918  # the clock the published tables name
+    nx = hardware_for(target, "25W")
+    assert nx.engine == "gpu"  # the GPU's own figure wins over the GPU + 2 DLA total (100 sparse TOPS)
+    assert nx.peak_ops["int8"] == pytest.approx(30e12)  # 60 sparse GPU TOPS counted half
+    assert nx.peak_ops["fp16"] == pytest.approx(15e12)
+    assert nx.peak_ops["fp32"] == pytest.approx(1024 * 2 * 918e6)  # CUDA cores x FMA x clock
+    assert any("less the 2 DLAs" in s for s in nx.sources)  # the derivation is named in every estimate
+    # the GPU figure agrees with the per-clock rate of the AGX Orin's GPU (170 sparse TOPS, 64 tensor cores, 1.3 GHz)
+    agx_per_core_clock = 170 / 64 / 1300
+    assert 60 == pytest.approx(agx_per_core_clock * 32 * 918, rel=0.01)
+    dla = [p for p in target.peak_throughput if p.engine == "dla"]
+    gpu = [p for p in target.peak_throughput if p.engine == "gpu"]
+    total = [p for p in target.peak_throughput if p.engine == "total" and p.power_mode == "25W"]
+    assert dla[0].value + gpu[0].value == total[0].value  # GPU + DLAs = the datasheet's 100 TOPS
 
 
 def test_another_power_mode_scales_the_peak_by_its_watts() -> None:
