@@ -276,12 +276,15 @@ def stage_auto(state: BuildState, fixed_s: float = 0.0) -> str:
         calibration = run_batches(recipe, state.reference, state.calibration)[0]
     quantized, result = search_auto_precision(
         state.fp32_path, state.workdir / "auto-chosen.onnx", recipe, state.target, state.backend,
-        calibration, state.evaluation, feeds, state.workdir, state.threads, fixed_s=fixed_s,
+        calibration, state.evaluation, feeds, state.workdir, state.threads, fixed_s=fixed_s, backend_reason=state.backend_reason,
     )
     chosen = result.chosen.precision
+    if result.chosen.engine:  # another engine's candidate won (OpenVINO on x86-64-cpu): the bundle is built for it
+        state.backend = Backend(result.chosen.engine)
+        state.backend_reason = f"--precision auto: {quantized.details['auto'].get('engines', {}).get('why', result.chosen.name)}"
     # FP32/FP16 choices go through the engine builder from the FP32 export, like an explicit fp16 build; the
     # float-rewrite FP32 candidate ("fp32 (rewritten)") from the rewritten graph it was timed as.
-    rewritten = chosen is Precision.FP32 and result.chosen.graph != "exported"
+    rewritten = chosen is Precision.FP32 and result.chosen.graph != "exported" and not result.chosen.engine
     state.model_path = state.fp32_path if chosen in UNQUANTIZED and not rewritten else quantized.path
     state.quantization = quantized.to_manifest()
     state.decision = PrecisionDecision(chosen, chosen, None, f"auto: {result.chosen.name} ({result.rule})")

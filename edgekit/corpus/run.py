@@ -27,7 +27,12 @@ from edgekit.engines.ort_session import cpu_session
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "fp16", "int8", "int8-dynamic", "auto")
-PEERS = ("ort-quantize_static", "ort-quantize_dynamic")
+PEERS = ("ort-quantize_static", "ort-quantize_dynamic", "openvino-default", "openvino-f32", "openvino-nncf-int8")
+#: The OpenVINO peers (``--openvino``): the source ONNX file compiled by OpenVINO's CPU plugin with its own default
+#: precision (bf16 where the CPU has AVX-512 BF16 or AMX) and at strict f32; NNCF's int8 where edgekit has it.
+OPENVINO_PEERS = ("openvino-default", "openvino-f32", "openvino-nncf-int8")
+#: peer -> the INFERENCE_PRECISION_HINT it compiles with ("default": none, OpenVINO's own choice)
+OPENVINO_PEER_HINTS = {"openvino-default": "default", "openvino-f32": "f32"}
 TARGETS = ("x86-64-cpu", "raspberry-pi-5", "jetson-orin-nano-8gb")
 #: The target this host runs and times; the others are built, self-checked and estimated.
 HOST_TARGET = "x86-64-cpu"
@@ -154,6 +159,26 @@ def peer_path(work: Path, name: str) -> Path:
     return work / {"ort-quantize_static": "ort_static.onnx", "ort-quantize_dynamic": "ort_dynamic.onnx"}[name]
 
 
+def openvino_peers(model: CorpusModel) -> list[CorpusRow]:
+    """OpenVINO's peers: nothing to build (OpenVINO compiles the source ONNX file when it loads it), so their build time is
+    the compile, measured when timed; NNCF int8 is listed as not available while edgekit has no NNCF path."""
+    from edgekit.engines.openvino_session import available
+
+    rows = []
+    for name in OPENVINO_PEERS:
+        row = CorpusRow(model.name, name, HOST_TARGET)
+        rows.append(row)
+        if not available():
+            row.error = "not available: OpenVINO (edgekit[openvino]) is not installed here"
+        elif name not in OPENVINO_PEER_HINTS:
+            row.error = "not available: edgekit has no NNCF quantization path yet (edgekit/engines/openvino*.py)"
+        else:
+            row.size_bytes = _size(model.onnx_path)
+            row.notes.append(f"OpenVINO CPU plugin, {'its default precision' if OPENVINO_PEER_HINTS[name] == 'default' else 'strict f32'}, "
+                             "on the source ONNX file")
+    return rows
+
+
 # ---------------------------------------------------------------- timing
 
 
@@ -245,9 +270,9 @@ def golden_check(bundle_dir: Path, threads: int) -> str:
 
     try:
         bundle = open_bundle(bundle_dir)
-        stand_in = bundle.backend.get("name") != "onnxruntime"
+        stand_in = bundle.backend.get("name") == "tensorrt"
         runner = (OnnxRuntimeRunner.from_bundle(bundle, execution_providers=["CPUExecutionProvider"], intra_op_threads=threads)
-                  if stand_in else create_runner(bundle, intra_op_threads=threads))
+                  if stand_in else create_runner(bundle, **{"threads" if bundle.backend.get("name") == "openvino" else "intra_op_threads": threads}))
         result = self_check(bundle, runner, raise_on_failure=False)
     except EdgekitError as exc:
         return f"fail: {exc.message.splitlines()[0]}"
@@ -297,16 +322,18 @@ def _judge(row: CorpusRow, value: float | None, min_value: float) -> None:
 
 def run_model(model: CorpusModel, work: Path, targets: Sequence[str] = TARGETS, precisions: Sequence[str] = PRECISIONS,
               rounds: int = 10, threads: int = 2, peers: bool = True, reuse: bool = False,
-              other_precisions: Sequence[str] | None = None) -> list[CorpusRow]:
+              other_precisions: Sequence[str] | None = None, openvino: bool = False) -> list[CorpusRow]:
     """Build, self-check, evaluate and time one model; rows for every (target, variant). The host target's
     rows are evaluated and timed here; other targets' rows (at ``other_precisions``, default ``precisions``)
-    carry the build's own (host) evaluation and ``edgekit estimate``'s p50 for the target."""
+    carry the build's own (host) evaluation and ``edgekit estimate``'s p50 for the target. ``openvino``: OpenVINO's
+    peers too (:func:`openvino_peers`), timed in the same rounds."""
     spec = evaluation_spec(model)
     metric_name = _metric_name(spec)
     recipe = write_recipe(model, work / "recipe")
     auto_recipe = write_recipe(model, work / "recipe-auto", min_value=model.min_value)
     rows: list[CorpusRow] = []
     bundles: dict[str, Path] = {}
+    hints: dict[str, str] = {}  # variant -> OpenVINO precision hint, for those OpenVINO runs (the rest: ONNX Runtime)
     for target in targets:
         for precision in precisions if target == HOST_TARGET or other_precisions is None else other_precisions:
             row = CorpusRow(model.name, precision, target, metric_name=metric_name, min_value=model.min_value)
@@ -318,6 +345,9 @@ def run_model(model: CorpusModel, work: Path, targets: Sequence[str] = TARGETS, 
             row.golden = golden_check(bundle, threads)
             if target == HOST_TARGET:
                 bundles[precision] = bundle / "model.onnx"
+                backend = json.loads((bundle / "manifest.json").read_text()).get("backend") or {}
+                if backend.get("name") == "openvino":
+                    hints[precision] = str((backend.get("openvino") or {}).get("inference_precision_hint", "f32"))
             else:
                 _estimate(bundle, target, model.bench, row)
                 accuracy = json.loads((bundle / "manifest.json").read_text()).get("accuracy") or {}
@@ -333,8 +363,14 @@ def run_model(model: CorpusModel, work: Path, targets: Sequence[str] = TARGETS, 
             host.append(row)
             if row.error is None:
                 bundles[row.variant] = peer_path(work / "peers", row.variant)
+    if openvino:
+        for row in openvino_peers(model):
+            row.metric_name, row.min_value = metric_name, model.min_value
+            host.append(row)
+            if row.error is None:
+                bundles[row.variant], hints[row.variant] = model.onnx_path, OPENVINO_PEER_HINTS[row.variant]
     if "fp32" in bundles:
-        measure_host(model, host, bundles, rounds, threads)
+        measure_host(model, host, bundles, rounds, threads, hints)
     return host + [r for r in rows if r.target != HOST_TARGET]
 
 
@@ -364,16 +400,27 @@ def _bench_call(session: Any, batch: Batch) -> Callable[[], Any]:
     return lambda: session.run(None, feeds)
 
 
-def outputs_and_samples(model: CorpusModel, paths: dict[str, Path], rounds: int,
-                        threads: int) -> tuple[dict[str, list[dict[str, np.ndarray]]], dict[str, list[list[float]]]]:
-    """Every variant's outputs over the evaluation batches and its interleaved latency samples, in this process."""
+def outputs_and_samples(model: CorpusModel, paths: dict[str, Path], rounds: int, threads: int,
+                        hints: dict[str, str] | None = None) -> tuple[dict[str, list[dict[str, np.ndarray]]], dict[str, list[list[float]]]]:
+    """Every variant's outputs over the evaluation batches and its interleaved latency samples, in this process.
+    ``hints``: the variants OpenVINO runs, with their precision hint ("default": OpenVINO's own)."""
     # Spinning off: the variants run back to back, and a pool left spinning by one would take a core from the next.
-    sessions = {name: cpu_session(path, threads, allow_spinning=False, log_severity_level=2) for name, path in paths.items()}
+    sessions = {name: _session(path, threads, (hints or {}).get(name)) for name, path in paths.items()}
     outputs = {name: evaluate_outputs(s, model) for name, s in sessions.items()}
     return outputs, interleaved_samples({name: _bench_call(s, model.bench) for name, s in sessions.items()}, rounds)
 
 
-def measure_host(model: CorpusModel, rows: list[CorpusRow], paths: dict[str, Path], rounds: int, threads: int) -> None:
+def _session(path: Path, threads: int, hint: str | None) -> Any:
+    """An ONNX Runtime session of ``path``, or (``hint``) an OpenVINO compiled model with the same calls."""
+    if hint is None:
+        return cpu_session(path, threads, allow_spinning=False, log_severity_level=2)
+    from edgekit.engines.openvino_session import OpenVinoSession
+
+    return OpenVinoSession(path, None if hint == "default" else hint, threads)
+
+
+def measure_host(model: CorpusModel, rows: list[CorpusRow], paths: dict[str, Path], rounds: int, threads: int,
+                 hints: dict[str, str] | None = None) -> None:
     """Evaluate (task metric and cosine against FP32's outputs) and time every variant in ``paths`` interleaved.
 
     The sessions live in a fresh process: in the process that had just built the bundles, byte-identical
@@ -382,7 +429,7 @@ def measure_host(model: CorpusModel, rows: list[CorpusRow], paths: dict[str, Pat
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        outputs, samples = pool.submit(outputs_and_samples, model, paths, rounds, threads).result()
+        outputs, samples = pool.submit(outputs_and_samples, model, paths, rounds, threads, hints).result()
     for row in rows:
         if row.variant not in paths:
             continue

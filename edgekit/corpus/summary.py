@@ -1,5 +1,6 @@
-"""The corpus's verdicts and its markdown: per model, is ``auto`` at least as fast as the faster ONNX Runtime
-quantizer that meets the model's task-metric budget (faster than FP32 where none does), and did its build
+"""The corpus's verdicts and its markdown: per model, is ``auto`` at least as fast as the fastest peer that meets the
+model's task-metric budget (ONNX Runtime's quantizers, and OpenVINO's peers in a run with them; faster than FP32 where
+none does), and did its build
 take at most :data:`BUILD_RATIO_GOAL` times a plain ``int8`` build. Pure functions of :class:`CorpusRow`s,
 so a table can be re-rendered from ``docs/benchmarks/corpus.json``."""
 
@@ -10,7 +11,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from edgekit.corpus.run import CALLS_PER_ROUND, HOST_TARGET, PEERS, CorpusRow
+from edgekit.corpus.run import CALLS_PER_ROUND, HOST_TARGET, OPENVINO_PEERS, PEERS, CorpusRow
 
 #: The issue's goals: auto wins on this share of the models, and builds within this multiple of int8.
 WIN_GOAL = 0.8
@@ -93,10 +94,23 @@ def model_verdict(model: str, rows: Sequence[CorpusRow]) -> ModelVerdict:
         return verdict(win, f"{'at least as fast as' if win else 'slower than'} {peer.variant}", peer.variant, ratio, per_round_iqr(auto, peer))
     ratio = auto.p50_ms / fp32.p50_ms
     if auto.model_sha256 is not None and auto.model_sha256 == fp32.model_sha256:
-        return verdict(False, "no ORT quantizer meets the budget, and auto returned FP32's own model (the same file): not faster than FP32",
+        return verdict(False, f"no {_peers_word(rows)} meets the budget, and auto returned FP32's own model (the same file): not faster than FP32",
                        "fp32", ratio, per_round_iqr(auto, fp32))
     win = ratio < 1.0
-    return verdict(win, f"no ORT quantizer meets the budget; {'faster' if win else 'not faster'} than FP32", "fp32", ratio, per_round_iqr(auto, fp32))
+    return verdict(win, f"no {_peers_word(rows)} meets the budget; {'faster' if win else 'not faster'} than FP32", "fp32", ratio, per_round_iqr(auto, fp32))
+
+
+def with_openvino(rows: Iterable[CorpusRow]) -> bool:
+    """The run had OpenVINO's peers (``scripts/corpus.py --openvino``)."""
+    return any(r.variant in OPENVINO_PEERS for r in rows)
+
+
+def _peers_word(rows: Sequence[CorpusRow]) -> str:
+    return "peer (ORT or OpenVINO)" if with_openvino(rows) else "ORT quantizer"
+
+
+def _short(variant: str) -> str:
+    return variant.removeprefix("ort-quantize_")
 
 
 def model_verdicts(rows: Iterable[CorpusRow]) -> list[ModelVerdict]:
@@ -133,26 +147,30 @@ def _budget(row: CorpusRow) -> str:
 
 def results_table(rows: Sequence[CorpusRow]) -> list[str]:
     lines = [
-        "| model | target | variant | size MB | build s | latency ms (IQR) | × FP32 | × ORT in budget | task metric | meets budget | cosine | golden | notes |",
+        f"| model | target | variant | size MB | build s | latency ms (IQR) | × FP32 | × {'best peer' if with_openvino(rows) else 'ORT'} in budget | "
+        "task metric | meets budget | cosine | golden | notes |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         notes = "; ".join([*([f"chose {r.chosen}"] if r.chosen else []), *r.notes, *([f"error: {r.error}"] if r.error else [])])
         metric = f"{r.metric_name} {r.metric:.4f}" if r.metric is not None else ""
-        peer = f"{r.x_best_ort:.2f} ({r.best_ort.removeprefix('ort-quantize_')})" if r.x_best_ort is not None and r.best_ort else ""
+        peer = f"{r.x_best_ort:.2f} ({_short(r.best_ort)})" if r.x_best_ort is not None and r.best_ort else ""
         lines.append(f"| {r.model} | {r.target} | {r.variant} | {_fmt(r.size_bytes and r.size_bytes / 1e6, '.2f')} | {_fmt(r.build_s, '.1f')} | "
                      f"{_latency(r)} | {_fmt(r.x_fp32, '.2f')} | {peer} | {metric} | {_budget(r)} | {_fmt(r.cosine, '.4f')} | "
                      f"{_cell(r.golden or '')} | {_cell(notes)} |")
     return lines
 
 
-def summary(verdicts: Sequence[ModelVerdict], rounds: int) -> list[str]:
-    """The per-model verdict table and the two counts the issue's Done-when asks for."""
+def summary(verdicts: Sequence[ModelVerdict], rounds: int, openvino: bool = False) -> list[str]:
+    """The per-model verdict table and the two counts the issue's Done-when asks for. ``openvino``: the peers include
+    OpenVINO's (the verdict is then against the fastest budget-meeting peer of either engine)."""
+    peers = ("fastest peer that also meets the budget among ONNX Runtime's quantizers and OpenVINO (default precision, strict f32)"
+             if openvino else "faster ONNX Runtime quantizer that also meets the budget")
     lines = [
         "### Verdict per model",
         "",
-        f"`auto` (with the recipe's task-metric budget) against the faster ONNX Runtime quantizer that also meets the budget on "
-        f"{HOST_TARGET}, or against FP32 when neither does: a win is auto's median latency ≤ the peer's (< FP32's). "
+        f"`auto` (with the recipe's task-metric budget) against the {peers} on "
+        f"{HOST_TARGET}, or against FP32 when none does: a win is auto's median latency ≤ the peer's (< FP32's). "
         f"{rounds} interleaved rounds of {CALLS_PER_ROUND} timed calls per variant; the IQR is the interquartile range of the "
         "per-round ratios, so a ratio whose IQR holds 1.0 is within this host's noise.",
         "",
@@ -160,7 +178,7 @@ def summary(verdicts: Sequence[ModelVerdict], rounds: int) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for v in verdicts:
-        against = f"{v.ratio:.2f} ({v.against.removeprefix('ort-quantize_') if v.against != 'fp32' else 'FP32'})" if v.ratio is not None else ""
+        against = f"{v.ratio:.2f} ({_short(v.against) if v.against != 'fp32' else 'FP32'})" if v.ratio is not None else ""
         iqr = f"{v.ratio_iqr[0]:.2f}–{v.ratio_iqr[1]:.2f}" if v.ratio_iqr else ""
         word = ("win" if v.win else "**lose**") + (" (within noise)" if v.within_noise else "")
         build = (f"{v.auto_build_s:.1f} / {v.int8_build_s:.1f} = {v.build_ratio:.1f}×{'' if v.build_ok else ' **> 3×**'}"
@@ -175,7 +193,7 @@ def summary(verdicts: Sequence[ModelVerdict], rounds: int) -> list[str]:
     fast_builds = sum(bool(v.build_ok) for v in timed_builds)
     lines += [
         "",
-        f"**{wins} of {total} models: auto at least as fast as the better budget-meeting ORT quantizer** (faster than FP32 where none "
+        f"**{wins} of {total} models: auto at least as fast as the {'fastest budget-meeting peer (ORT or OpenVINO)' if openvino else 'better budget-meeting ORT quantizer'}** (faster than FP32 where none "
         f"meets the budget); the goal is {WIN_GOAL:.0%} ({needed} of {total}): {'met' if total and wins >= needed else '**not met**'}. "
         f"{total - wins} loss(es), {noisy_losses} of them within the per-round noise.",
         "",

@@ -51,6 +51,9 @@ class Candidate:
     levels: Mapping[str, int] = field(default_factory=dict)
     #: Why it is listed but not worth building (a static argument, e.g. a work bound): skipped with this reason.
     not_worth: str = ""
+    #: The engine that runs it when not the search's own (``"openvino"`` on a target that allows both): the chosen
+    #: candidate's engine becomes the bundle's backend. Empty: the search's engine (ONNX Runtime).
+    engine: str = ""
 
     @property
     def scheme(self) -> tuple[Any, ...] | None:

@@ -145,11 +145,14 @@ def copy_calibration(model: QuantizedModel, bundle_dir: Path) -> str | None:
 
 def search_auto_precision(fp32_path: Path, out_path: Path, recipe: Any, target: TargetProfile, backend: Backend,
                           calibration_batches: list[dict[str, np.ndarray]], evaluation_batches: list[dict[str, np.ndarray]],
-                          bench_feeds: dict[str, np.ndarray], workdir: Path, threads: int, fixed_s: float = 0.0) -> tuple[QuantizedModel, Any]:
+                          bench_feeds: dict[str, np.ndarray], workdir: Path, threads: int, fixed_s: float = 0.0,
+                          backend_reason: str = "") -> tuple[QuantizedModel, Any]:
     """``--precision auto``: the fastest plan this target supports that meets the recipe's budget (see
     :mod:`edgekit.quantize.auto`). Writes the chosen model to ``out_path``; returns it and the search result.
     ``fixed_s``: the seconds the build spent before the search, which a plain int8 build spends too (the
-    search's time budget is a multiple of that build)."""
+    search's time budget is a multiple of that build). On a target that allows OpenVINO too (and a backend the user did
+    not name, ``backend_reason``), OpenVINO's candidates are tried beside ONNX Runtime's (:mod:`edgekit.quantize.ov.auto`)
+    and the manifest's ``auto.engines`` says which engines were tried and why the winner won."""
     from edgekit.quantize.ort.judges import OrtInterleavedTimer, RecipeEvaluator, recipe_metric_spec
     from edgekit.quantize.ort.planner import plan_auto_onnxruntime
     from edgekit.quantize.calibration import CalibrationCache
@@ -161,22 +164,34 @@ def search_auto_precision(fp32_path: Path, out_path: Path, recipe: Any, target: 
                                 hint="add evaluation: {metric: cosine, budget: {min_value: 0.99}} (or choose a precision)")
     if not calibration_batches:
         raise QuantizationError(f"{recipe.path}: --precision auto needs data.calibration", hint="add a calibration data source to the recipe")
+    from edgekit.quantize.ov.auto import for_search
+
+    engines = for_search(target, backend, backend_reason, workdir / "auto" / "openvino", threads)
     # Candidates are judged by the recipe's own metric (task metrics and callables too), as the build's evaluation stage does.
-    evaluator = RecipeEvaluator(recipe, evaluation_batches, fp32_path, threads=threads)
+    if engines is not None:
+        evaluator = engines.evaluator(recipe, evaluation_batches, fp32_path, threads=threads)
+    else:
+        evaluator = RecipeEvaluator(recipe, evaluation_batches, fp32_path, threads=threads)
     if getattr(recipe, "state", None):
         # Candidates run each sequence call by call, carrying their own state (the evaluator); the per-batch
         # sensitivity pass sees each chunk with the state FP32 carries into it, as calibration does.
         from edgekit.data import run_batches
 
         evaluation_batches = run_batches(recipe, evaluator._runner(fp32_path), list(evaluation_batches))[0]
-    timer = OrtInterleavedTimer(bench_feeds, threads=threads, keep_loaded=[fp32_path])
+    if engines is not None:
+        timer = engines.timer(bench_feeds, threads=threads, keep_loaded=[fp32_path])
+    else:
+        timer = OrtInterleavedTimer(bench_feeds, threads=threads, keep_loaded=[fp32_path])
     result = plan_auto_onnxruntime(
         fp32_path, workdir / "auto", spec=recipe.build.quantization, target=target, backend=backend,
         supported=supported_precisions(target, backend), calibration_batches=calibration_batches, evaluation_batches=evaluation_batches,
         metric=recipe_metric_spec(recipe), evaluate=evaluator, time_models=timer,
         cache=CalibrationCache(default_cache_dir()), threads=threads, time_budget_s=recipe.build.quantization.auto_time_budget_s,
-        bench_feeds=bench_feeds, fixed_s=fixed_s,
+        bench_feeds=bench_feeds, fixed_s=fixed_s, engines=engines,
     )
     shutil.copyfile(result.model_path, out_path)
     plan = result.plan if result.chosen.precision in WRITTEN else None
-    return QuantizedModel(out_path, plan, details={"auto": result.to_manifest()}), result
+    details = {"auto": result.to_manifest()}
+    if engines is not None:
+        details["auto"]["engines"] = engines.summary(result.table, result.chosen)
+    return QuantizedModel(out_path, plan, details=details), result

@@ -33,7 +33,8 @@ def test_a_bundle_self_checks_on_the_cpu_plugin_at_strict_f32(make_bundle: Calla
     runner = create_runner(bundle)
     assert isinstance(runner, OpenVinoRunner) and runner.device == "CPU" and runner.threads == 1
     with runner:
-        assert runner.compile_config() == {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": "1"}
+        assert runner.compile_config() == {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": "NO",
+                                           "INFERENCE_NUM_THREADS": "1"}
         assert runner.providers == ("OpenVINO CPU (f32)",)
         result = self_check(bundle, runner)
         image = np.random.default_rng(3).standard_normal((5, 1, 8, 8)).astype(np.float32)

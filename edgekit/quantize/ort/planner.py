@@ -109,6 +109,7 @@ def plan_auto_onnxruntime(
     bench_feeds: Mapping[str, np.ndarray] | None = None,
     time_budget_multiple: float | None = AUTO_TIME_BUDGET_MULTIPLE,
     fixed_s: float = 0.0,
+    engines: Any = None,
 ) -> AutoResult:
     """End to end on ONNX Runtime: list candidates for each graph variant that applies (fused variants
     first: expected faster), and run :func:`search_auto` with ``evaluate`` and ``time_models``.
@@ -123,7 +124,9 @@ def plan_auto_onnxruntime(
     ``MATMUL_WORK_FLOOR`` of the graph's work (at ``bench_feeds``' shapes), they are skipped.
     ``time_budget_multiple``: the build stays within that multiple of a plain int8 build (estimated from
     ``fixed_s``, the seconds the build spent before this call, and the first candidate, the plain static int8
-    plan, built and evaluated); ``time_budget_s`` caps the whole call."""
+    plan, built and evaluated); ``time_budget_s`` caps the whole call. ``engines``: another engine's side of the search
+    on a target that allows it (:class:`edgekit.quantize.ov.auto.OpenVinoAuto`): its candidates join the list and its
+    builder wraps this one; ``None`` (one engine) leaves the search as it is."""
     started = time.perf_counter()
     exported_plan = make_plan(spec, target, backend, Precision.INT8)
     calibrators = dict(calibrators or auto_calibrators(spec, exported_plan))
@@ -184,7 +187,10 @@ def plan_auto_onnxruntime(
     if backend is Backend.ONNXRUNTIME and _cpu_first(target, backend):  # its case is ONNX Runtime's CPU kernels (NCHWc float Conv)
         candidates = with_thin_conv_candidates(candidates, base, exported)
     candidates = with_edge_candidates(candidates, exported)
-    result = search_auto(candidates, build=builder, evaluate=evaluate, time_models=time_models, reference=Path(fp32_path),
+    build: Any = builder
+    if engines is not None:
+        candidates, build = engines.add_to(candidates), engines.builder(builder)
+    result = search_auto(candidates, build=build, evaluate=evaluate, time_models=time_models, reference=Path(fp32_path),
                          graph_references=references, sensitivity=None, noise_margin=noise_margin,
                          higher_is_better=metric.higher_is_better, metric_name=metric.name, budget_text=budget_text, notes=notes,
                          time_budget_s=time_budget_s, started=started, time_budget_multiple=time_budget_multiple,
@@ -196,6 +202,8 @@ def plan_auto_onnxruntime(
                   f"{' and ' + counts if counts else ''}; no quantized op",)
     elif result.chosen.name == INT8_ORT_DEFAULT:
         notes += ("int8 (ONNX Runtime quantize_static defaults) was the fastest plan inside the budget on this host",)
+    if engines is not None:
+        notes += (f"engines: {engines.why_chosen(result.table, result.chosen)}",)
     if report is None:
         notes += ("sensitivity analysis not run: no ladder was tried (static int8 passed, was not faster than the bar, or could not be built)",)
     stats = {**result.stats, "calibration_passes": builder.calibration_passes, "calibration_cache_hits": builder.calibration_cache_hits,
