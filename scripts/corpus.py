@@ -208,8 +208,13 @@ def main() -> int:
                 print(f"   skipped: {exc}", file=sys.stderr)
                 rows.append(corpus_run.CorpusRow(name, "-", "-", error=exc.message.splitlines()[0]))
                 continue
-            model_rows = corpus_run.run_model(model, work / name / "runs", targets, precisions, args.rounds, args.threads, reuse=args.reuse,
-                                               other_precisions=other_precisions, openvino=args.openvino)
+            try:
+                model_rows = corpus_run.run_model(model, work / name / "runs", targets, precisions, args.rounds, args.threads, reuse=args.reuse,
+                                                   other_precisions=other_precisions, openvino=args.openvino)
+            except Exception as exc:  # one model's crash is its row, not the end of the run
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                print(f"   failed: {type(exc).__name__}: {first}", file=sys.stderr)
+                model_rows = [corpus_run.CorpusRow(name, "-", "-", error=f"the run failed: {type(exc).__name__}: {first}")]
             for row in model_rows:
                 print(f"   {row.target} {row.variant}: {_progress(row)}", file=sys.stderr, flush=True)
             rows.extend(model_rows)

@@ -401,13 +401,25 @@ def _bench_call(session: Any, batch: Batch) -> Callable[[], Any]:
 
 
 def outputs_and_samples(model: CorpusModel, paths: dict[str, Path], rounds: int, threads: int,
-                        hints: dict[str, str] | None = None) -> tuple[dict[str, list[dict[str, np.ndarray]]], dict[str, list[list[float]]]]:
+                        hints: dict[str, str] | None = None) -> tuple[dict[str, list[dict[str, np.ndarray]]], dict[str, list[list[float]]], dict[str, str]]:
     """Every variant's outputs over the evaluation batches and its interleaved latency samples, in this process.
-    ``hints``: the variants OpenVINO runs, with their precision hint ("default": OpenVINO's own)."""
+    ``hints``: the variants OpenVINO runs, with their precision hint ("default": OpenVINO's own). An OpenVINO variant that
+    cannot compile or run (Silero VAD's LSTM inside ``If``: OpenVINO's ONNX frontend needs static ranks) is left out with
+    the reason, the third value: a peer's failure is a result."""
     # Spinning off: the variants run back to back, and a pool left spinning by one would take a core from the next.
-    sessions = {name: _session(path, threads, (hints or {}).get(name)) for name, path in paths.items()}
-    outputs = {name: evaluate_outputs(s, model) for name, s in sessions.items()}
-    return outputs, interleaved_samples({name: _bench_call(s, model.bench) for name, s in sessions.items()}, rounds)
+    sessions, errors, outputs = {}, {}, {}
+    for name, path in paths.items():
+        hint = (hints or {}).get(name)
+        try:
+            sessions[name] = _session(path, threads, hint)
+            outputs[name] = evaluate_outputs(sessions[name], model)
+        except Exception as exc:
+            if hint is None:
+                raise
+            sessions.pop(name, None)
+            text = str(exc).strip()
+            errors[name] = f"OpenVINO failed: {' '.join(text.split())[:300] if text else type(exc).__name__}"
+    return outputs, interleaved_samples({name: _bench_call(s, model.bench) for name, s in sessions.items()}, rounds), errors
 
 
 def _session(path: Path, threads: int, hint: str | None) -> Any:
@@ -429,7 +441,11 @@ def measure_host(model: CorpusModel, rows: list[CorpusRow], paths: dict[str, Pat
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        outputs, samples = pool.submit(outputs_and_samples, model, paths, rounds, threads, hints).result()
+        outputs, samples, errors = pool.submit(outputs_and_samples, model, paths, rounds, threads, hints).result()
+    for row in rows:
+        if row.variant in errors:
+            row.error = errors[row.variant]
+    paths = {name: path for name, path in paths.items() if name not in errors}
     for row in rows:
         if row.variant not in paths:
             continue

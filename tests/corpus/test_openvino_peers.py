@@ -1,0 +1,63 @@
+"""The corpus's OpenVINO peers (``scripts/corpus.py --openvino``): the source ONNX file on OpenVINO's CPU plugin at its
+default precision and at strict f32, timed in the same interleaved rounds as the ONNX Runtime variants and scored by the
+same task metric; a peer OpenVINO cannot compile is a row with the reason; and the verdict is against the fastest
+budget-meeting peer of either engine. Real OpenVINO and ONNX Runtime on a small CNN."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import onnx
+import pytest
+
+from edgekit.corpus.base import CorpusModel
+from edgekit.corpus.run import HOST_TARGET, CorpusRow, measure_host, openvino_peers
+from edgekit.corpus.summary import model_verdict, summary
+from tests.corpus.test_run import _measured, _row
+from tests.sources.onnx_models import image_batches, paddle_style_cnn
+
+
+@pytest.fixture()
+def small_model(tmp_path: Path) -> CorpusModel:
+    path = tmp_path / "cnn.onnx"
+    onnx.save(paddle_style_cnn(opset=13, batch_dim="batch"), str(path))
+    batches = image_batches(count=2, batch=4)
+    return CorpusModel("cnn", "classification", path, batches, batches, batches[0], "prob", "tests.sources.onnx_models", min_value=0.9)
+
+
+def test_openvino_peers_are_evaluated_and_timed_in_the_same_rounds(small_model: CorpusModel, tmp_path: Path) -> None:
+    pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install 'edgekit[openvino]')")
+    peers = openvino_peers(small_model)
+    assert [r.variant for r in peers] == ["openvino-default", "openvino-f32", "openvino-nncf-int8"]
+    assert peers[2].error is not None and peers[2].error.startswith("not available: edgekit has no NNCF")
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(small_model.onnx_path.read_bytes()[:200])  # a file OpenVINO cannot read: the peer's failure is its row
+    rows = [CorpusRow("cnn", "fp32", HOST_TARGET), *peers[:2], CorpusRow("cnn", "openvino-broken", HOST_TARGET)]
+    paths = {"fp32": small_model.onnx_path, "openvino-default": small_model.onnx_path, "openvino-f32": small_model.onnx_path, "openvino-broken": broken}
+    hints = {"openvino-default": "default", "openvino-f32": "f32", "openvino-broken": "f32"}
+    measure_host(small_model, rows, paths, rounds=2, threads=1, hints=hints)
+    by = {r.variant: r for r in rows}
+    assert by["openvino-broken"].error.startswith("OpenVINO failed:") and by["openvino-broken"].p50_ms is None
+    for name in ("openvino-default", "openvino-f32"):
+        row = by[name]
+        assert row.error is None and row.p50_ms > 0 and len(row.round_ms) == 2 and row.cosine > 0.99 and row.meets_budget, row
+    assert by["openvino-f32"].cosine > 0.99999  # strict f32: ONNX Runtime's FP32 numbers
+    best = min((by["openvino-default"], by["openvino-f32"]), key=lambda r: r.p50_ms or 0.0)
+    assert by["fp32"].best_ort == best.variant and by["fp32"].x_best_ort == pytest.approx(by["fp32"].p50_ms / best.p50_ms)
+
+
+def test_the_verdict_is_against_the_fastest_budget_meeting_peer_of_either_engine() -> None:
+    rows = _measured()  # ppocr-det's measured ORT rows: auto 69.1 ms, ORT quantize_static 81.3 ms
+    ov_default = _row("openvino-default", 43.5, 0.996, [43.0, 44.1, 43.8, 42.9], 0.0)
+    verdict = model_verdict("ppocr-det", [*rows.values(), ov_default])
+    assert not verdict.win and verdict.against == "openvino-default" and verdict.ratio == pytest.approx(69.10 / 43.5)
+    outside = replace(ov_default, metric=0.85, meets_budget=False)  # faster but outside the budget: not a comparator
+    assert model_verdict("ppocr-det", [*rows.values(), outside]).against == "ort-quantize_static"
+    auto_ov = replace(rows["auto"], p50_ms=42.0, round_ms=[41.5, 42.3, 42.0, 41.9], chosen="openvino-bf16")
+    won = model_verdict("ppocr-det", [*(r for r in rows.values() if r.variant != "auto"), auto_ov, ov_default])
+    assert won.win and won.reason == "at least as fast as openvino-default"
+    text = "\n".join(summary([won], 4, openvino=True))
+    assert "fastest budget-meeting peer (ORT or OpenVINO)" in text and "1.0 (openvino-default)" not in text and "(openvino-default)" in text
+    without = [r for r in rows.values() if not r.variant.startswith("ort-")]
+    assert "no peer (ORT or OpenVINO) meets the budget" in model_verdict("ppocr-det", [*without, outside]).reason
