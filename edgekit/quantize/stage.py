@@ -168,6 +168,7 @@ def search_auto_precision(fp32_path: Path, out_path: Path, recipe: Any, target: 
 
     engines = for_search(target, backend, backend_reason, workdir / "auto" / "openvino", threads)
     # Candidates are judged by the recipe's own metric (task metrics and callables too), as the build's evaluation stage does.
+    evaluator: RecipeEvaluator
     if engines is not None:
         evaluator = engines.evaluator(recipe, evaluation_batches, fp32_path, threads=threads)
     else:
@@ -178,6 +179,7 @@ def search_auto_precision(fp32_path: Path, out_path: Path, recipe: Any, target: 
         from edgekit.data import run_batches
 
         evaluation_batches = run_batches(recipe, evaluator._runner(fp32_path), list(evaluation_batches))[0]
+    timer: OrtInterleavedTimer
     if engines is not None:
         timer = engines.timer(bench_feeds, threads=threads, keep_loaded=[fp32_path])
     else:

@@ -163,7 +163,10 @@ class OpenVinoAuto:
         if best_other is not None:
             text += f"; the other engine's best inside the budget, {best_other.name}, ran {_ratio(best_other)}"
         elif others:
-            text += f"; the other engine's {len(others)} timed candidate(s) were slower or outside the budget"
+            fastest = min(others, key=lambda row: row.latency_ratio)
+            how = "outside the budget" if fastest.status == "failed" else "not faster" if fastest.status == "slower" else fastest.status
+            text += (f"; the other engine's {len(others)} timed candidate(s) were slower or outside the budget (fastest: "
+                     f"{fastest.name}, {_ratio(fastest)}, {how})")
         return text
 
 
