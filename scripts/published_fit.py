@@ -4,14 +4,17 @@ Each published row is reduced to its TensorRT layers' work at efficiency 1 (comp
 layer uses, memory seconds at the full bandwidth: :func:`edgekit.estimate.tensorrt_layers.layer_work`). A
 parameter set predicts a row's call time as
 
-    sum over layers of max(compute / (prior_efficiency[class] x compute_scale x (int8_scale if INT8)),
+    sum over layers of max(compute / (prior_efficiency[class] x (int8_scale if INT8 else compute_scale)),
                            memory / memory_share) + layers x launch_us + call_us
 
-with the efficiencies capped at 1. :func:`fit` picks the set on a grid that minimises the mean absolute log
-error over the rows it is given; :func:`leave_one_source_out` fits on every source but one and predicts the one
-left out, so no row is scored by parameters fitted to it. With the defaults (compute_scale 1, int8_scale 1,
-memory_share and launch_us the priors, call_us 0) the prediction equals `edgekit estimate`'s. ``call_us`` is a
-fixed cost per call (enqueue, synchronisation, the harness's own work), which sources time differently.
+with the efficiencies capped at 1. :func:`fit` picks the set on a grid that minimises the absolute log error over
+the rows it is given, each SOURCE weighing the same (the mean over a source's rows, then over sources: a source
+with 30 rows does not outvote one with 3); where several sets score the same (a parameter the rows do not
+constrain, e.g. the FP16 / FP32 scale when every row given is INT8) the one nearest the priors is kept.
+:func:`leave_one_source_out` fits on every source but one and predicts the one left out, so no row is scored by
+parameters fitted to it. With the defaults (both scales 1, memory_share and launch_us the priors, call_us 0) the
+prediction equals `edgekit estimate`'s. ``call_us`` is a fixed cost per call (enqueue, synchronisation, the
+harness's own work), which sources time differently.
 """
 
 from __future__ import annotations
@@ -24,10 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 
 #: the grid searched: wide enough that no fit sits on an edge without the report saying so
-COMPUTE_SCALES = tuple(float(x) for x in np.geomspace(0.25, 2.0, 10))
-INT8_SCALES = tuple(float(x) for x in np.geomspace(0.5, 2.5, 8))
+COMPUTE_SCALES = tuple(float(x) for x in np.geomspace(0.25, 4.0, 13))  # holds 1 (the prior)
+INT8_SCALES = COMPUTE_SCALES
 MEMORY_SHARES = (0.3, 0.4, 0.5, 0.6, 0.75, 0.9, 1.0)
-LAUNCH_US = (0.0, 2.0, 4.0, 6.0, 8.0, 12.0, 16.0, 25.0)
+LAUNCH_US = (0.0, 2.0, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0, 25.0)
 CALL_US = (0.0, 100.0, 200.0, 400.0, 800.0, 1500.0)
 
 
@@ -48,20 +51,20 @@ class RowWork:
 
 @dataclass(frozen=True)
 class Params:
-    compute_scale: float
-    int8_scale: float
+    compute_scale: float  # on the efficiency of FP16 / FP32 (TF32) layers
+    int8_scale: float  # on the efficiency of INT8 layers (not multiplied by compute_scale)
     memory_share: float
     launch_us: float
     call_us: float = 0.0
 
     def describe(self) -> str:
-        return (f"compute efficiency x{self.compute_scale:.2f}, INT8 x{self.int8_scale:.2f}, memory at {self.memory_share:g} of "
+        return (f"FP16/FP32 efficiency x{self.compute_scale:.2f}, INT8 x{self.int8_scale:.2f}, memory at {self.memory_share:g} of "
                 f"the bandwidth, {self.launch_us:g} us a layer, {self.call_us:g} us a call")  # fmt: skip
 
 
 def call_ms(row: RowWork, p: Params) -> float:
     """The predicted time of one call (one batch) of ``row`` in ms."""
-    eff = np.minimum(row.efficiency * p.compute_scale * np.where(row.int8 > 0, p.int8_scale, 1.0), 1.0)
+    eff = np.minimum(row.efficiency * np.where(row.int8 > 0, p.int8_scale, p.compute_scale), 1.0)
     seconds = np.maximum(row.compute_s / eff, row.memory_s / p.memory_share).sum()
     return float(seconds * 1e3 + len(row.compute_s) * p.launch_us / 1e3 + p.call_us / 1e3)
 
@@ -94,21 +97,40 @@ def error_matrix(rows: Sequence[RowWork], params: Sequence[Params]) -> np.ndarra
     latency = np.array([r.metric == "latency_ms" for r in rows])
     out = np.empty((len(params), len(rows)))
     for i, p in enumerate(params):
-        eff = np.minimum(prior * p.compute_scale * np.where(int8, p.int8_scale, 1.0), 1.0)
+        eff = np.minimum(prior * np.where(int8, p.int8_scale, p.compute_scale), 1.0)
         seconds = np.bincount(owner, np.maximum(compute / eff, memory / p.memory_share), minlength=len(rows))
         ms = seconds * 1e3 + layers * p.launch_us / 1e3 + p.call_us / 1e3
         out[i] = np.abs(np.log(np.where(latency, ms, batch * 1000.0 / ms) / value))
     return out
 
 
+def prior_distance(p: Params) -> float:
+    """How far ``p`` is from the priors (the defaults `edgekit estimate` uses): the tie-break of :func:`fit`."""
+    from edgekit.estimate.roofline import TENSORRT_LAYER_LAUNCH_US, TENSORRT_MEMORY_SHARE
+
+    return (abs(math.log(p.compute_scale)) + abs(math.log(p.int8_scale)) + abs(math.log(p.memory_share / TENSORRT_MEMORY_SHARE))
+            + abs(p.launch_us - TENSORRT_LAYER_LAUNCH_US) / TENSORRT_LAYER_LAUNCH_US + p.call_us / 100.0)  # fmt: skip
+
+
+def source_weights(rows: Sequence[RowWork]) -> np.ndarray:
+    """Each row's weight in the fit: 1 / (its source's row count) / (sources), so every source weighs the same."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.group] = counts.get(r.group, 0) + 1
+    return np.array([1.0 / counts[r.group] / len(counts) for r in rows])
+
+
 def fit(rows: Sequence[RowWork], errors: np.ndarray | None = None, params: Sequence[Params] | None = None,
         columns: Sequence[int] | None = None) -> tuple[Params, list[str]]:  # fmt: skip
-    """The grid point with the least mean absolute log error over ``rows`` (or the ``columns`` of a precomputed
-    :func:`error_matrix`), and a note for each parameter that landed on an edge of its grid."""
+    """The grid point with the least source-weighted mean absolute log error over ``rows`` (or the ``columns`` of a
+    precomputed :func:`error_matrix`), the one nearest the priors among equals, and a note for each parameter that
+    landed on an edge of its grid."""
     params = list(params) if params is not None else grid()
     errors = errors if errors is not None else error_matrix(rows, params)
-    chosen = errors[:, list(columns)] if columns is not None else errors
-    best = params[int(np.argmin(chosen.mean(axis=1)))]
+    columns = list(columns) if columns is not None else list(range(len(rows)))
+    score = errors[:, columns] @ source_weights([rows[i] for i in columns])
+    tied = np.flatnonzero(score <= score.min() * (1 + 1e-9) + 1e-12)
+    best = min((params[int(i)] for i in tied), key=prior_distance)
     edges = []
     for name, value, values in (("compute_scale", best.compute_scale, COMPUTE_SCALES), ("int8_scale", best.int8_scale, INT8_SCALES),
                                 ("memory_share", best.memory_share, MEMORY_SHARES), ("launch_us", best.launch_us, LAUNCH_US),

@@ -57,9 +57,9 @@ def build_resnet50(path: Path) -> str:
     return "transformers ResNetConfig() (ResNet-50 v1.5), 1000 classes, seed 0, 224x224"
 
 
-def build_bert_large(path: Path) -> str:
+def build_bert_large(path: Path, seq: int = 384) -> str:
     """BERT-large for SQuAD question answering (MLPerf's bert-99 model): 24 layers, 1024 hidden, 16 heads,
-    4096 FFN, 30522-token vocabulary, start/end logits, 384 tokens. Inputs: token, segment and position ids, no padding
+    4096 FFN, 30522-token vocabulary, start/end logits, ``seq`` tokens (384: MLPerf's padded length). Inputs: token, segment and position ids, no padding
     mask (NVIDIA's harness runs each sequence at its own length instead of masking padding; a mask's elementwise
     work is small beside the GEMMs). Only the batch is dynamic, and the weights are stored beside the graph
     (``bert-large.onnx.data``): with a dynamic sequence, a mask or position ids sliced from the model's buffer, ONNX
@@ -82,8 +82,10 @@ def build_bert_large(path: Path) -> str:
             out = self.bert(input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids)
             return out.start_logits, out.end_logits
 
-    ids = torch.zeros(1, 384, dtype=torch.int64)
-    example = {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "position_ids": torch.arange(384).unsqueeze(0)}
+    if not 1 <= seq <= config.max_position_embeddings:
+        raise PublishedFiguresError(f"BERT-large cannot run {seq} tokens", hint=f"a length from 1 to {config.max_position_embeddings}")
+    ids = torch.zeros(1, seq, dtype=torch.int64)
+    example = {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "position_ids": torch.arange(seq).unsqueeze(0)}
     inline = path.with_name(path.stem + ".inline.onnx")
     _export(Logits(), example, ["start_logits", "end_logits"], inline,
             {name: {0: "batch"} for name in [*example, "start_logits", "end_logits"]})  # fmt: skip
@@ -91,7 +93,7 @@ def build_bert_large(path: Path) -> str:
     onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=path.name + ".data")
     inline.unlink()
     return ("transformers BertConfig (BERT-large: 24 layers, 1024 hidden, 16 heads, 4096 FFN) + QA head, seed 0, "
-            "384 tokens, the all-ones padding mask folded to 0")  # fmt: skip
+            f"{seq} tokens, the all-ones padding mask folded to 0")  # fmt: skip
 
 
 def _without_padding_mask(model: Any) -> Any:
@@ -380,3 +382,5 @@ def build_yolov8n(path: Path) -> str:
 #: graph name -> builder writing the ONNX file and returning how it was made
 GRAPHS: dict[str, Callable[[Path], str]] = {"resnet50": build_resnet50, "bert-large": build_bert_large, "yolov8n": build_yolov8n,
                                             **{f"yolo11{scale}": _yolo11_builder(scale) for scale in YOLO11_SCALES}}  # fmt: skip
+#: graphs that can be built at another sequence length: name -> builder(path, seq) (a row's ``sequence_length``)
+SEQUENCE_GRAPHS: dict[str, Callable[[Path, int], str]] = {"bert-large": build_bert_large}
