@@ -27,6 +27,8 @@ logger = logging.getLogger(__name__)
 
 _NS_PER_MS = 1_000_000
 _IDLE_POLL_S = 0.2
+#: the largest batch when neither the agent config (``max_batch``) nor the bundle's signature bounds the dim
+UNBOUNDED_MAX_BATCH = 64
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,8 @@ def plan_batching(signature: IOSignature, config: BatchingConfig) -> BatchPlan |
                 return None
             axes[section][tensor.name] = axis
     bounds = signature.dims.get(config.dim)
-    max_items = config.max_batch if bounds is None else min(config.max_batch, bounds.max)
+    most = [value for value in (config.max_batch, None if bounds is None else bounds.max) if value is not None]
+    max_items = min(most) if most else UNBOUNDED_MAX_BATCH
     return BatchPlan(config.dim, axes["inputs"], axes["outputs"], max_items)
 
 
@@ -106,22 +109,34 @@ class PendingRequest:
 
 
 class BatchQueue:
-    """A worker thread that groups :class:`PendingRequest`\\ s and hands each group to ``run_group``.
+    """Worker threads that group :class:`PendingRequest`\\ s and hand each group to ``run_group``.
 
     A group starts with the oldest waiting request and takes later ones with the same key while the
     total stays within ``max_items``: those that arrive less than ``max_delay_ms`` after the first one,
     and those already queued (they arrived while the runner ran the group before). Requests with another
-    key wait, in order, for a later group.
+    key wait, in order, for a later group. With ``workers`` > 1 (the model's ``instances``) one worker
+    gathers while the others run their groups; gathering is one at a time.
     """
 
-    def __init__(self, run_group: Callable[[list[PendingRequest]], None], *, max_delay_ms: float) -> None:
+    def __init__(self, run_group: Callable[[list[PendingRequest]], None], *, max_delay_ms: float, workers: int = 1) -> None:
         self._run_group = run_group
         self._max_delay_ns = int(max_delay_ms * _NS_PER_MS)
         self._queue: queue.Queue[PendingRequest | None] = queue.Queue()
         self._deferred: deque[PendingRequest] = deque()
         self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="edgekit-batcher", daemon=True)
-        self._thread.start()
+        self._gather_lock = threading.Lock()
+        self._count_lock = threading.Lock()
+        self._gathering = 0  # workers holding requests they have not handed to run_group yet
+        self._threads = [threading.Thread(target=self._loop, name=f"edgekit-batcher-{index}", daemon=True)
+                         for index in range(workers)]  # fmt: skip
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def idle(self) -> bool:
+        """No request waits and no worker holds one: a request may skip the queue (a read without a lock, so
+        a hint: a request that skips it while a worker just took one only runs before that one)."""
+        return not self._gathering and not self._deferred and self._queue.empty()
 
     def put(self, request: PendingRequest) -> None:
         if self._closed.is_set():
@@ -131,8 +146,10 @@ class BatchQueue:
 
     def close(self) -> None:
         self._closed.set()
-        self._queue.put(None)
-        self._thread.join(timeout=5)
+        for thread in self._threads:
+            self._queue.put(None)
+        for thread in self._threads:
+            thread.join(timeout=5)
         leftovers = list(self._deferred)
         while True:
             try:
@@ -161,30 +178,10 @@ class BatchQueue:
 
     def _loop(self) -> None:
         while not self._closed.is_set():
-            first = self._deferred.popleft() if self._deferred else self._next(_IDLE_POLL_S)
-            if first is None:
+            with self._gather_lock:
+                group = self._gather()
+            if group is None:
                 continue
-            group, items = [first], first.items
-            limit = max(first.max_items, first.items)
-            still_deferred: deque[PendingRequest] = deque()
-            for request in self._deferred:  # older requests first
-                if request.key == first.key and items + request.items <= limit:
-                    group.append(request)
-                    items += request.items
-                else:
-                    still_deferred.append(request)
-            self._deferred = still_deferred
-            deadline_ns = first.submitted_ns + self._max_delay_ns
-            while items < limit:
-                remaining_s = (deadline_ns - time.perf_counter_ns()) / 1e9
-                arrival = self._next(remaining_s) if remaining_s > 0 else self._waiting()
-                if arrival is None:
-                    break
-                if arrival.key == first.key and items + arrival.items <= limit:
-                    group.append(arrival)
-                    items += arrival.items
-                else:
-                    self._deferred.append(arrival)
             try:
                 self._run_group(group)
             except Exception as err:  # run_group resolves futures itself; this is a last resort
@@ -192,3 +189,36 @@ class BatchQueue:
                 for request in group:
                     if not request.future.done():
                         request.future.set_exception(err)
+            finally:
+                with self._count_lock:
+                    self._gathering -= 1
+
+    def _gather(self) -> list[PendingRequest] | None:
+        """The next group (``None`` after an idle poll); the caller holds the gather lock."""
+        first = self._deferred.popleft() if self._deferred else self._next(_IDLE_POLL_S)
+        if first is None:
+            return None
+        with self._count_lock:
+            self._gathering += 1
+        group, items = [first], first.items
+        limit = max(first.max_items, first.items)
+        still_deferred: deque[PendingRequest] = deque()
+        for request in self._deferred:  # older requests first
+            if request.key == first.key and items + request.items <= limit:
+                group.append(request)
+                items += request.items
+            else:
+                still_deferred.append(request)
+        self._deferred = still_deferred
+        deadline_ns = first.submitted_ns + self._max_delay_ns
+        while items < limit:
+            remaining_s = (deadline_ns - time.perf_counter_ns()) / 1e9
+            arrival = self._next(remaining_s) if remaining_s > 0 else self._waiting()
+            if arrival is None:
+                break
+            if arrival.key == first.key and items + arrival.items <= limit:
+                group.append(arrival)
+                items += arrival.items
+            else:
+                self._deferred.append(arrival)
+        return group

@@ -223,13 +223,13 @@ def parse_config(data: object, *, file: Path, positions: Positions | None = None
         bundles=bundles,
         api=_parse_api(top.section("api", ("address", "max_request_mb", "max_header_kb", "max_connections",
                                            "idle_timeout_s", "header_timeout_s", "body_timeout_s", "grpc",
-                                           "allowed_hosts", "max_inflight_body_mb")),
+                                           "allowed_hosts", "max_inflight_body_mb", "model_control")),
                        memory_budget_mb=None if models is None else models.memory_budget_mb),
         telemetry=_parse_telemetry(top.section("telemetry", ("interval_s", "spool", "delivery", "resend_after_s"))),
         power=_parse_power(top.section("power", ("sensor", "root", "sample_interval_s"))),
         health=_parse_health(top.section("health", ("window_s", "max_error_rate", "min_requests"))),
         probe=_parse_probe(top.section("probe", ("interval_s", "dims"))) if top.has("probe") else None,
-        batching=_parse_batching(top.section("batching", ("max_batch", "max_delay_ms", "dim")))
+        batching=_parse_batching(top.section("batching", ("max_batch", "max_delay_ms", "dim", "instances", "models")))
         if top.has("batching")
         else None,
         commands=_parse_commands(top.section("commands", ("replay_path", "replay_window_h", "max_clock_skew_s",
@@ -383,6 +383,7 @@ def _parse_api(section: _Section, *, memory_budget_mb: float | None) -> ApiConfi
         grpc=_parse_grpc(section.section("grpc", ("listen",))) if section.has("grpc") else None,
         allowed_hosts=_parse_allowed_hosts(section),
         max_inflight_body_bytes=default_inflight_body_bytes(memory_budget_mb) if inflight_mb is None else int(inflight_mb * 1024 * 1024),
+        model_control=section.boolean("model_control", True),
     )
 
 
@@ -448,12 +449,33 @@ def _parse_probe(section: _Section) -> ProbeConfig:
     )
 
 
+_BATCHING_PER_MODEL = ("max_batch", "max_delay_ms", "instances")
+
+
+def _batching_values(section: _Section) -> dict[str, Any]:
+    """The per-model settings ``section`` names (unnamed ones left out, so the agent-wide ones apply)."""
+    values: dict[str, Any] = {}
+    if section.has("max_batch"):
+        values["max_batch"] = section.number("max_batch", minimum=1, integer=True, example="8")
+    if section.has("max_delay_ms"):
+        values["max_delay_ms"] = section.number("max_delay_ms", minimum=0, maximum=10_000, example="0.5")
+    if section.has("instances"):
+        values["instances"] = section.number("instances", minimum=1, integer=True, maximum=64, example="1")
+    return values
+
+
 def _parse_batching(section: _Section) -> BatchingConfig:
-    return BatchingConfig(
-        max_batch=section.number("max_batch", minimum=1, integer=True, example="8"),
-        max_delay_ms=section.number("max_delay_ms", minimum=0, example="2"),
-        dim=section.string("dim", "batch"),
-    )
+    models_data = section.data.get("models") or {}
+    if not isinstance(models_data, Mapping):
+        raise section.error("batching.models", f"expected model names mapped to settings, got {models_data!r}",
+                            hint="e.g. models: {detector: {max_delay_ms: 2, instances: 2}}")  # fmt: skip
+    models = {}
+    per_model = section.section("models", tuple(str(name) for name in models_data))
+    for name in models_data:
+        if not isinstance(name, str) or not _ID_PATTERN.match(name):
+            raise section.error("batching.models", f"{name!r} is not a model name", hint="use a name from models.names")
+        models[name] = _batching_values(per_model.section(name, _BATCHING_PER_MODEL))
+    return BatchingConfig(**_batching_values(section), dim=section.string("dim", "batch"), models=models)
 
 
 def _parse_commands(section: _Section, bundles: BundlesConfig) -> CommandsConfig:

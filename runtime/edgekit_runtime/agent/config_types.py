@@ -8,7 +8,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +149,9 @@ class ApiConfig:
     allowed_hosts: tuple[str, ...] = ()
     #: request bodies all connections may hold at once (``agent/body_budget.py``; a quarter of the memory budget)
     max_inflight_body_bytes: int = DEFAULT_INFLIGHT_BODY_BYTES
+    #: the Open Inference Protocol's repository load/unload (HTTP and gRPC); they take no credentials, so an
+    #: agent whose API is reachable by others turns them off (index, statistics and config stay)
+    model_control: bool = True
 
 
 @dataclass(frozen=True)
@@ -185,14 +188,29 @@ class ProbeConfig:
     dims: Mapping[str, int] = field(default_factory=dict)
 
 
+#: the queue delay when the agent config names none: chosen by the sweep in docs/agent.md ("Dynamic batching")
+DEFAULT_MAX_DELAY_MS = 0.5
+
+
 @dataclass(frozen=True)
 class BatchingConfig:
     """Dynamic batching: requests that arrive within ``max_delay_ms`` run as one call of at most
-    ``max_batch`` items along the dimension named ``dim``."""
+    ``max_batch`` items along the dimension named ``dim`` (``None``: as many as the bundle's signature
+    allows for ``dim``); ``instances`` runner calls of the model may run at once. ``models`` overrides
+    any of these for one model by name (:meth:`for_model`)."""
 
-    max_batch: int
-    max_delay_ms: float
+    max_batch: int | None = None
+    max_delay_ms: float = DEFAULT_MAX_DELAY_MS
     dim: str = "batch"
+    instances: int = 1
+    models: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def for_model(self, name: str | None) -> BatchingConfig:
+        """The settings for model ``name``: these, with its entry of ``models`` applied."""
+        override = self.models.get(name or "")
+        if not override:
+            return replace(self, models={}) if self.models else self
+        return replace(self, models={}, **override)
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,14 @@ the HTTP routes (:mod:`~edgekit_runtime.agent.oip`) send these dicts as they are
   signature and the agent's config: ``max_batch_size`` is the bound of the batch dim when every input and
   output has it first (the dims then leave it out, as Triton's do), else 0 with the whole shapes;
   ``dynamic_batching`` when the agent batches the model (``max_queue_delay_microseconds`` from
-  ``batching.max_delay_ms``); one instance, ``KIND_GPU`` when a GPU execution provider runs it, else
+  ``batching.max_delay_ms``); ``batching.instances`` instances, ``KIND_GPU`` when a GPU execution provider runs it, else
   ``KIND_CPU``; ``parameters`` carry the bundle's name, version and manifest sha256.
 * **statistics** (``GET /v2/models[/M[/versions/V]]/stats``, ``ModelStatistics``): counts and nanoseconds
   since the model's server started (:mod:`~edgekit_runtime.agent.serving_stats`).
 * **repository** (``POST /v2/repository/index``, ``/v2/repository/models/M/load`` and ``/unload``, and the
   ``Repository*`` RPCs): the models of the agent's repository; unload stops serving a model and keeps its
   bundle on disk, load verifies its ``current`` bundle again (else ``previous``), as at start, and serves it.
+  Load and unload take no credentials: ``api.model_control: false`` refuses them (403, ``PERMISSION_DENIED``).
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def model_config(models: Any, name: str, version: str) -> dict[str, Any]:
     max_batch = 0
     if batched:
         max_batch = signature.dims[batching.dim if batching is not None else "batch"].max
-        if server.batching_active and batching is not None:
-            max_batch = min(max_batch, batching.max_batch)
+        if server.batching_active:
+            max_batch = min(max_batch, server.max_batch_items)
 
     def dims(shape: tuple[Any, ...]) -> list[int]:
         return shape_of(shape[1:] if batched else shape)
@@ -57,7 +58,7 @@ def model_config(models: Any, name: str, version: str) -> dict[str, Any]:
         "max_batch_size": max_batch,
         "input": [{"name": t.name, "data_type": data_type(t.dtype), "dims": dims(t.shape)} for t in signature.inputs],
         "output": [{"name": t.name, "data_type": data_type(t.dtype), "dims": dims(t.shape)} for t in signature.outputs],
-        "instance_group": [{"name": f"{name}_0", "kind": _instance_kind(server), "count": 1}],
+        "instance_group": [{"name": f"{name}_0", "kind": _instance_kind(server), "count": server.instances}],
         "parameters": _bundle_parameters(slot),
     }
     if server.batching_active and batching is not None:
@@ -112,16 +113,20 @@ def repository_index(models: Any, *, ready_only: bool) -> list[dict[str, str]]:
 def load_model(models: Any, name: str) -> None:
     """Verify model ``name``'s bundle again and serve it (400 when no bundle of it passes its checks)."""
     slot = find_slot(models, name, "")
-    _control(slot, name, "load")
+    _control(models, slot, name, "load")
 
 
 def unload_model(models: Any, name: str) -> None:
     """Stop serving model ``name``; its bundle stays on disk."""
     slot = find_slot(models, name, "")
-    _control(slot, name, "unload")
+    _control(models, slot, name, "unload")
 
 
-def _control(slot: Any, name: str, action: str) -> None:
+def _control(models: Any, slot: Any, name: str, action: str) -> None:
+    config = getattr(models, "config", None)
+    if config is not None and not config.api.model_control:
+        raise OipError(HTTPStatus.FORBIDDEN, f"model '{name}' cannot be {action}ed: model control is off in the agent "
+                       "config (api.model_control: false); deploy or roll back through the fleet instead")  # fmt: skip
     method = getattr(slot, action, None)
     if method is None:
         raise OipError(HTTPStatus.BAD_REQUEST, f"model '{name}' cannot be {action}ed: it was given to the API already "

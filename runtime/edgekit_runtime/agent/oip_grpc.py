@@ -66,7 +66,8 @@ CONTENTS_FIELDS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "in
                    "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
                    "FP64": "fp64_contents"}  # fmt: skip
 _STATUS_NAMES = {HTTPStatus.BAD_REQUEST: "INVALID_ARGUMENT", HTTPStatus.NOT_FOUND: "NOT_FOUND",
-                 HTTPStatus.SERVICE_UNAVAILABLE: "UNAVAILABLE", HTTPStatus.INTERNAL_SERVER_ERROR: "INTERNAL"}  # fmt: skip
+                 HTTPStatus.SERVICE_UNAVAILABLE: "UNAVAILABLE", HTTPStatus.INTERNAL_SERVER_ERROR: "INTERNAL",
+                 HTTPStatus.FORBIDDEN: "PERMISSION_DENIED"}  # fmt: skip
 
 
 def _import_grpc() -> Any:

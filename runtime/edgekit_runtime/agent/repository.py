@@ -155,7 +155,8 @@ class ModelRepository:
         return sorted(path.name for path in directory.iterdir() if path.is_dir() and MODEL_NAME_PATTERN.match(path.name))
 
     def _add(self, key: str | None, directory: Path) -> ModelSlot:
-        server = InferenceServer(batching=self.config.batching)
+        batching = self.config.batching
+        server = InferenceServer(batching=None if batching is None else batching.for_model(key))
         store = BundleStore(directory)
         deployer = Deployer(store, self.config.bundles, self.config.health, server, self._emit, stop=self._stop,
                             runner_options=self._runner_options, on_change=self._on_change, model=key,

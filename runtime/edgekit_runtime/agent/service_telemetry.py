@@ -17,7 +17,7 @@ import numpy as np
 
 from edgekit_runtime.agent.config import AgentConfig
 from edgekit_runtime.agent.service_commands import COMMAND_POLL_S
-from edgekit_runtime.agent.telemetry import BundleRef, TelemetryProblem, build_telemetry
+from edgekit_runtime.agent.telemetry import BundleRef, TelemetryProblem, batches_field, build_telemetry
 from edgekit_runtime.errors import EdgekitError
 from edgekit_runtime.sensors import DeviceStateReader, PowerIntegrator, PowerSensor
 from edgekit_runtime.sensors.power_mode import PowerModeState
@@ -154,6 +154,7 @@ class TelemetryReporting:
                 power_mode=window_mode,
                 model=self.models.default.name,
                 models=self._model_windows(serving) if self.config.models is not None else None,
+                batches=batches_field(serving.batch_sizes),
             )
             self._window_start = window_end
             return message
@@ -170,6 +171,9 @@ class TelemetryReporting:
                 "p50_ms": None if latency is None else round(latency.p50_ms, 4),
                 "p99_ms": None if latency is None else round(latency.p99_ms, 4),
                 "throughput_per_s": round(window.throughput_per_s, 4), "memory_mb": slot.deployer.held_mb,
+                "queue_p50_ms": None if window.queue is None else round(window.queue.p50_ms, 4),
+                "queue_p99_ms": None if window.queue is None else round(window.queue.p99_ms, 4),
+                "batches": batches_field(window.batch_sizes),
             })  # fmt: skip
         return entries
 

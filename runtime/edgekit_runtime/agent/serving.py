@@ -18,15 +18,16 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator, NamedTuple, TypeVar
 
 import numpy as np
 
 from edgekit_runtime.agent.batching import BatchPlan, BatchQueue, PendingRequest, plan_batching
 from edgekit_runtime.agent.config import BatchingConfig
 from edgekit_runtime.agent.errors import NoModelError
-from edgekit_runtime.agent.serving_stats import LifetimeStats
+from edgekit_runtime.agent.serving_stats import COUNTERS, LifetimeStats, ServingWindow, WindowAccumulator
 from edgekit_runtime.backends.base import CompiledCall, Recovery, Runner
 from edgekit_runtime.errors import InputSignatureError
 from edgekit_runtime.signature import FeedCounter, IOSignature, compile_feed_counter
@@ -108,117 +109,6 @@ class ServingTotals:
     items: int
 
 
-@dataclass(frozen=True)
-class ServingWindow:
-    """Statistics of the requests completed in one window of time.
-
-    ``latency`` is queue + compute per request; ``throughput_per_s`` counts successful requests,
-    ``items_per_s`` the items (batch rows) in them; ``error_rate`` is errors / (requests + errors).
-    """
-
-    started_at_s: float
-    duration_s: float
-    requests: int
-    errors: int
-    rejected: int
-    items: int
-    runner_calls: int
-    latency: LatencyStats | None
-    queue: LatencyStats | None
-    compute: LatencyStats | None
-    model: str | None
-
-    @property
-    def throughput_per_s(self) -> float:
-        return self.requests / self.duration_s if self.duration_s > 0 else 0.0
-
-    @property
-    def items_per_s(self) -> float:
-        return self.items / self.duration_s if self.duration_s > 0 else 0.0
-
-    @property
-    def error_rate(self) -> float | None:
-        attempts = self.requests + self.errors
-        return self.errors / attempts if attempts else None
-
-    def to_dict(self) -> dict[str, Any]:
-        def stats(value: LatencyStats | None) -> dict[str, Any] | None:
-            return None if value is None else value.to_dict()
-
-        return {
-            "started_at_s": self.started_at_s,
-            "duration_s": self.duration_s,
-            "model": self.model,
-            "requests": self.requests,
-            "errors": self.errors,
-            "rejected": self.rejected,
-            "items": self.items,
-            "runner_calls": self.runner_calls,
-            "throughput_per_s": self.throughput_per_s,
-            "items_per_s": self.items_per_s,
-            "error_rate": self.error_rate,
-            "latency": stats(self.latency),
-            "queue": stats(self.queue),
-            "compute": stats(self.compute),
-        }
-
-
-#: The counters of a window, and of the totals since the server started.
-_COUNTERS = ("requests", "errors", "rejected", "runner_calls", "items")
-
-
-class _WindowAccumulator:
-    """Samples and counters of the open window; bounded so a flood of requests cannot eat memory."""
-
-    def __init__(self, max_samples: int) -> None:
-        self.max_samples = max_samples
-        self.reset(time.time(), time.monotonic())
-
-    def reset(self, wall_s: float, monotonic_s: float) -> None:
-        self.started_at_s = wall_s
-        self.started_monotonic_s = monotonic_s
-        self.samples: list[tuple[float, float]] = []  # (queue_ms, compute_ms): one append per request
-        self.requests = self.errors = self.rejected = self.items = self.runner_calls = 0
-
-    def record(self, queue_ms: float, compute_ms: float, items: int) -> None:
-        """One request of the batching path (its runner calls are counted per batch)."""
-        self.requests += 1
-        self.items += items
-        if len(self.samples) < self.max_samples:  # the counts stay exact; percentiles use the first samples
-            self.samples.append((queue_ms, compute_ms))
-
-    def record_stamps(self, stamps: list[RequestTiming]) -> None:
-        """Requests of the direct path, one runner call each."""
-        self.requests += len(stamps)
-        self.runner_calls += len(stamps)
-        self.items += sum([stamp.items for stamp in stamps])
-        room = self.max_samples - len(self.samples)
-        if room > 0:
-            self.samples += [((started - submitted) / _NS_PER_MS, (finished - started) / _NS_PER_MS)
-                             for submitted, started, finished, _, _ in stamps[:room]]  # fmt: skip
-
-    def counters(self) -> dict[str, int]:
-        return {key: getattr(self, key) for key in _COUNTERS}
-
-    def summary(self, monotonic_s: float, model: str | None) -> ServingWindow:
-        def stats(samples: list[float]) -> LatencyStats | None:
-            return LatencyStats.from_samples(samples) if samples else None
-
-        return ServingWindow(
-            started_at_s=self.started_at_s,
-            duration_s=max(monotonic_s - self.started_monotonic_s, 0.0),
-            requests=self.requests,
-            errors=self.errors,
-            rejected=self.rejected,
-            items=self.items,
-            runner_calls=self.runner_calls,
-            latency=stats([queue_ms + compute_ms for queue_ms, compute_ms in self.samples]),
-            queue=stats([queue_ms for queue_ms, _ in self.samples]),
-            compute=stats([compute_ms for _, compute_ms in self.samples]),
-            model=model,
-        )
-
-
 class InferenceServer:
     """Owns the serving runner; thread-safe. ``swap`` replaces the runner (deploy, rollback)."""
 
@@ -233,20 +123,23 @@ class InferenceServer:
         self._runner = runner
         self._model_name = model_name
         self._batching = batching
-        self._run_lock = threading.Lock()  # serialises runner calls and swaps
+        self._run_lock = threading.Lock()  # serialises runner calls (without batching) and swaps
+        self._instances = 1 if batching is None else batching.instances
+        self._run_slots = threading.Semaphore(self._instances)  # runner calls with batching: instances at once
+        self._compiled: _DirectPath | None = None  # the served runner's compiled call (both paths)
         self._stats_lock = threading.Lock()
         self._items_dim = "batch" if batching is None else batching.dim  # the dim whose size counts as items
-        self._window = _WindowAccumulator(max_window_samples)
+        self._window = WindowAccumulator(max_window_samples)
         # The direct path's requests, appended under the run lock and moved into the window by _drain_stamps.
         self._stamps: list[RequestTiming] = []
         self._max_stamps = max_window_samples
         self._direct: _DirectPath | None = None
-        self._taken = dict.fromkeys(_COUNTERS, 0)  # counters of the windows taken so far; totals add the open one
+        self._taken = dict.fromkeys(COUNTERS, 0)  # counters of the windows taken so far; totals add the open one
         self._lifetime = LifetimeStats()  # what the statistics extension reports; never reset
         self._plan: BatchPlan | None = None
         self._queue: BatchQueue | None = None
         if batching is not None:
-            self._queue = BatchQueue(self._run_batch, max_delay_ms=batching.max_delay_ms)
+            self._queue = BatchQueue(self._run_batch, max_delay_ms=batching.max_delay_ms, workers=self._instances)
         self._replan()
 
     # -- model ----------------------------------------------------------------------------------------
@@ -270,6 +163,17 @@ class InferenceServer:
         return self._batching
 
     @property
+    def max_batch_items(self) -> int:
+        """The most items one batched runner call holds (0 when this model does not batch)."""
+        plan = self._plan
+        return 0 if plan is None else plan.max_items
+
+    @property
+    def instances(self) -> int:
+        """How many runner calls of this model may run at once (``batching.instances``)."""
+        return self._instances
+
+    @property
     def providers(self) -> tuple[str, ...]:
         """What runs the served model (ONNX Runtime's execution providers); ``()`` with none served."""
         runner = self._runner
@@ -277,7 +181,7 @@ class InferenceServer:
 
     def swap(self, runner: Runner | None, *, model_name: str | None) -> Runner | None:
         """Serve ``runner`` (already loaded) from now on; returns the previous runner for the caller to close."""
-        with self._run_lock:
+        with self._exclusive():
             previous, self._runner, self._model_name = self._runner, runner, model_name
             self._replan()
         logger.info("now serving %s", model_name)
@@ -285,22 +189,35 @@ class InferenceServer:
 
     def call_runner(self, fn: Callable[[Runner], T]) -> T:
         """Run ``fn(runner)`` with the runner to itself (for a self-check on the live model)."""
-        with self._run_lock:
+        with self._exclusive():
             runner = self._require_runner()
             return fn(runner)
 
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """The runner to the caller alone: the run lock and every instance's slot."""
+        with self._run_lock:
+            for _ in range(self._instances):
+                self._run_slots.acquire()
+            try:
+                yield
+            finally:
+                for _ in range(self._instances):
+                    self._run_slots.release()
+
     def _replan(self) -> None:
         """Decide how requests reach the runner; the caller holds the run lock (or is the constructor)."""
-        runner, self._plan, self._direct = self._runner, None, None
+        runner, self._plan, self._direct, self._compiled = self._runner, None, None, None
         if runner is None:
             return
         if self._batching is not None:
             self._plan = plan_batching(runner.signature, self._batching)
+        count_items = compile_feed_counter(runner.signature, self._items_dim)
+        run, names, recover = runner.compiled_run()
+        single = names[0] if len(names) == 1 else None
+        self._compiled = (count_items, run, names, single, recover, self._run_lock, self._stamps, self._max_stamps)
         if self._plan is None:
-            count_items = compile_feed_counter(runner.signature, self._items_dim)
-            run, names, recover = runner.compiled_run()
-            single = names[0] if len(names) == 1 else None
-            self._direct = (count_items, run, names, single, recover, self._run_lock, self._stamps, self._max_stamps)
+            self._direct = self._compiled
 
     def _require_runner(self) -> Runner:
         if self._runner is None:
@@ -374,13 +291,42 @@ class InferenceServer:
         plan, queue = self._plan, self._queue
         if plan is None or queue is None:  # swapped to a model that runs directly since infer looked
             return self.infer(feeds)
+        compiled = self._compiled
+        if compiled is not None and queue.idle and self._run_slots.acquire(blocking=False):
+            try:  # nothing waits and an instance is free: run now, without the hand-off to a batching worker
+                if self._compiled is compiled:
+                    return self._run_now(compiled, feeds, bound.get(plan.dim, 1), submitted_ns)
+            finally:
+                self._run_slots.release()
         future: Future[InferenceResult] = Future()
         queue.put(PendingRequest(dict(feeds), bound.get(plan.dim, 1), plan.key(feeds), submitted_ns, future, plan.max_items))
         return future.result()
 
+    def _run_now(self, compiled: _DirectPath, feeds: Mapping[str, np.ndarray], items: int, submitted_ns: int) -> InferenceResult:
+        """A validated request of a batching model run at once; the caller holds a run slot."""
+        _, run, names, single, recover, _, stamps, max_stamps = compiled
+        feeds = feeds if type(feeds) is dict else dict(feeds)
+        started_ns = _clock_ns()
+        try:
+            outputs = run(names, feeds, None)
+        except Exception as err:
+            try:
+                outputs = recover(feeds, err)
+            except Exception:
+                self._count("errors", runner_calls=1)
+                raise
+            self._replan()
+        timing = _new_tuple(RequestTiming, (submitted_ns, started_ns, _clock_ns(), items, items))
+        if len(stamps) < max_stamps:
+            stamps.append(timing)
+        else:
+            self._count_unsampled(items)
+        named = {single: outputs[0]} if single is not None else dict(zip(names, outputs, strict=True))
+        return _new_tuple(InferenceResult, (named, timing))
+
     def _run_batch(self, group: list[PendingRequest]) -> None:
-        """Called by the batching worker with requests that share a key; resolves their futures."""
-        with self._run_lock:
+        """Called by a batching worker with requests that share a key; resolves their futures."""
+        with self._run_slots:
             plan = self._plan
             try:
                 runner = self._require_runner()
@@ -400,7 +346,7 @@ class InferenceServer:
                 return
         total_items = sum(request.items for request in group)
         timings = [RequestTiming(request.submitted_ns, started_ns, finished_ns, request.items, total_items) for request in group]
-        self._record(timings, runner_calls=1)
+        self._record(timings)
         for request, piece, timing in zip(group, pieces, timings):
             request.future.set_result(InferenceResult(piece, timing))
 
@@ -414,7 +360,7 @@ class InferenceServer:
             return
         finished_ns = time.perf_counter_ns()
         timing = RequestTiming(request.submitted_ns, started_ns, finished_ns, request.items, request.items)
-        self._record([timing], runner_calls=1)
+        self._record([timing])
         request.future.set_result(InferenceResult(outputs, timing))
 
     # -- statistics -----------------------------------------------------------------------------------
@@ -424,7 +370,7 @@ class InferenceServer:
         with self._stats_lock:
             self._window.requests += 1
             self._window.items += items
-            self._window.runner_calls += 1
+            self._window.record_call(items)
             self._lifetime.add_unsampled(items)
 
     def _drain_stamps(self) -> None:
@@ -448,14 +394,14 @@ class InferenceServer:
             if key == "errors":
                 self._lifetime.failures += amount
 
-    def _record(self, timings: list[RequestTiming], *, runner_calls: int) -> None:
+    def _record(self, timings: list[RequestTiming]) -> None:
         with self._stats_lock:
             for timing in timings:
                 self._window.record(timing.queue_ms, timing.compute_ms, timing.items)
                 self._lifetime.add_request(timing.submitted_ns, timing.started_ns, timing.finished_ns, timing.items)
-            self._window.runner_calls += runner_calls
             if timings:  # one runner call served them all
                 first = timings[0]
+                self._window.record_call(first.runner_items)
                 self._lifetime.add_call(first.runner_items, first.finished_ns - first.started_ns)
 
     def totals(self) -> ServingTotals:
@@ -492,7 +438,7 @@ class InferenceServer:
         """Stop the batching worker and close the runner; pending requests fail."""
         if self._queue is not None:
             self._queue.close()
-        with self._run_lock:
+        with self._exclusive():
             runner, self._runner = self._runner, None
             self._replan()
         if runner is not None:

@@ -1,4 +1,6 @@
-"""A model's statistics since it started serving, as the Open Inference Protocol's statistics extension
+"""A model's statistics: windows for telemetry (:class:`ServingWindow`, gathered by
+:class:`WindowAccumulator`: latency, queue and compute percentiles and the batch sizes actually run), and
+the statistics since it started serving, as the Open Inference Protocol's statistics extension
 (Triton's ``ModelStatistics``) reports them: counts and nanoseconds that only grow.
 
 :class:`~edgekit_runtime.agent.serving.InferenceServer` keeps windows of statistics for telemetry; every
@@ -13,6 +15,140 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from edgekit_runtime.timing import LatencyStats
+
+_NS_PER_MS = 1_000_000
+
+@dataclass(frozen=True)
+class ServingWindow:
+    """Statistics of the requests completed in one window of time.
+
+    ``latency`` is queue + compute per request; ``throughput_per_s`` counts successful requests,
+    ``items_per_s`` the items (batch rows) in them; ``error_rate`` is errors / (requests + errors).
+    """
+
+    started_at_s: float
+    duration_s: float
+    requests: int
+    errors: int
+    rejected: int
+    items: int
+    runner_calls: int
+    latency: LatencyStats | None
+    queue: LatencyStats | None
+    compute: LatencyStats | None
+    model: str | None
+    #: items in one runner call -> how many calls of that size ran in the window (the batches actually run)
+    batch_sizes: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def mean_batch(self) -> float | None:
+        """Items per runner call (1.0 without batching; ``None`` with no call)."""
+        calls = sum(self.batch_sizes.values())
+        return sum(size * count for size, count in self.batch_sizes.items()) / calls if calls else None
+
+    @property
+    def throughput_per_s(self) -> float:
+        return self.requests / self.duration_s if self.duration_s > 0 else 0.0
+
+    @property
+    def items_per_s(self) -> float:
+        return self.items / self.duration_s if self.duration_s > 0 else 0.0
+
+    @property
+    def error_rate(self) -> float | None:
+        attempts = self.requests + self.errors
+        return self.errors / attempts if attempts else None
+
+    def to_dict(self) -> dict[str, Any]:
+        def stats(value: LatencyStats | None) -> dict[str, Any] | None:
+            return None if value is None else value.to_dict()
+
+        return {
+            "started_at_s": self.started_at_s,
+            "duration_s": self.duration_s,
+            "model": self.model,
+            "requests": self.requests,
+            "errors": self.errors,
+            "rejected": self.rejected,
+            "items": self.items,
+            "runner_calls": self.runner_calls,
+            "throughput_per_s": self.throughput_per_s,
+            "items_per_s": self.items_per_s,
+            "error_rate": self.error_rate,
+            "latency": stats(self.latency),
+            "queue": stats(self.queue),
+            "compute": stats(self.compute),
+            "batch_sizes": {str(size): count for size, count in sorted(self.batch_sizes.items())},
+            "mean_batch": self.mean_batch,
+        }
+
+
+#: The counters of a window, and of the totals since the server started.
+COUNTERS = ("requests", "errors", "rejected", "runner_calls", "items")
+
+
+class WindowAccumulator:
+    """Samples and counters of the open window; bounded so a flood of requests cannot eat memory."""
+
+    def __init__(self, max_samples: int) -> None:
+        self.max_samples = max_samples
+        self.reset(time.time(), time.monotonic())
+
+    def reset(self, wall_s: float, monotonic_s: float) -> None:
+        self.started_at_s = wall_s
+        self.started_monotonic_s = monotonic_s
+        self.samples: list[tuple[float, float]] = []  # (queue_ms, compute_ms): one append per request
+        self.batch_sizes: dict[int, int] = {}  # items in a runner call -> calls
+        self.requests = self.errors = self.rejected = self.items = self.runner_calls = 0
+
+    def record_call(self, runner_items: int) -> None:
+        self.runner_calls += 1
+        self.batch_sizes[runner_items] = self.batch_sizes.get(runner_items, 0) + 1
+
+    def record(self, queue_ms: float, compute_ms: float, items: int) -> None:
+        """One request of the batching path (its runner calls are counted per batch)."""
+        self.requests += 1
+        self.items += items
+        if len(self.samples) < self.max_samples:  # the counts stay exact; percentiles use the first samples
+            self.samples.append((queue_ms, compute_ms))
+
+    def record_stamps(self, stamps: list[Any]) -> None:
+        """Requests of the direct path, one runner call each."""
+        self.requests += len(stamps)
+        self.runner_calls += len(stamps)
+        self.items += sum([stamp.items for stamp in stamps])
+        sizes = self.batch_sizes
+        for stamp in stamps:
+            sizes[stamp.runner_items] = sizes.get(stamp.runner_items, 0) + 1
+        room = self.max_samples - len(self.samples)
+        if room > 0:
+            self.samples += [((started - submitted) / _NS_PER_MS, (finished - started) / _NS_PER_MS)
+                             for submitted, started, finished, _, _ in stamps[:room]]  # fmt: skip
+
+    def counters(self) -> dict[str, int]:
+        return {key: getattr(self, key) for key in COUNTERS}
+
+    def summary(self, monotonic_s: float, model: str | None) -> ServingWindow:
+        def stats(samples: list[float]) -> LatencyStats | None:
+            return LatencyStats.from_samples(samples) if samples else None
+
+        return ServingWindow(
+            started_at_s=self.started_at_s,
+            duration_s=max(monotonic_s - self.started_monotonic_s, 0.0),
+            requests=self.requests,
+            errors=self.errors,
+            rejected=self.rejected,
+            items=self.items,
+            runner_calls=self.runner_calls,
+            latency=stats([queue_ms + compute_ms for queue_ms, compute_ms in self.samples]),
+            queue=stats([queue_ms for queue_ms, _ in self.samples]),
+            compute=stats([compute_ms for _, compute_ms in self.samples]),
+            model=model,
+            batch_sizes=dict(self.batch_sizes),
+        )
+
 
 #: a perf_counter_ns stamp plus this is nanoseconds since the epoch (for ``last_inference``)
 _EPOCH_OFFSET_NS = time.time_ns() - time.perf_counter_ns()

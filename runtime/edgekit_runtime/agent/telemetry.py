@@ -131,11 +131,14 @@ def build_telemetry(
     power_mode: str | None = None,
     model: str | None = None,
     models: Sequence[Mapping[str, Any]] | None = None,
+    batches: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One ``telemetry.v1`` message for the window ``[window_start, window_end]``.
 
     ``model`` (optional) names the model ``bundle`` and ``latency`` are for; ``models`` (optional) lists
     every model's window on an agent serving several (:meth:`ModelSlot <edgekit_runtime.agent.repository>`).
+
+    ``batches`` (optional, :func:`batches_field`) counts the runner calls by batch size.
 
     ``power_mode`` (optional, left out when ``None``) is the mode the window was measured in
     (:attr:`PowerModeState.label`).
@@ -191,8 +194,18 @@ def build_telemetry(
         message["model"] = model
     if models is not None:
         message["models"] = [dict(entry) for entry in models]
+    if batches is not None:
+        message["batches"] = dict(batches)
     validate_message(message, "telemetry.v1", what=f"telemetry message seq {seq}")
     return message
+
+
+def batches_field(batch_sizes: Mapping[int, int]) -> dict[str, Any]:
+    """The ``batches`` object of a window whose runner calls held ``batch_sizes`` (items -> calls)."""
+    calls = sum(batch_sizes.values())
+    items = sum(size * count for size, count in batch_sizes.items())
+    return {"calls": calls, "mean_items": round(items / calls, 4) if calls else None,
+            "sizes": {str(size): count for size, count in sorted(batch_sizes.items())}}  # fmt: skip
 
 
 def build_status(

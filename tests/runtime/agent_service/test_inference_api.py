@@ -23,7 +23,7 @@ from edgekit_runtime.agent.errors import AgentApiError, AgentConfigError, NoMode
 from edgekit_runtime.agent.serving import InferenceResult, InferenceServer, RequestTiming, ServingTotals, ServingWindow
 from edgekit_runtime.agent.wire import BINARY_CONTENT_TYPE, decode_binary, encode_binary
 from edgekit_runtime.backends import OnnxRuntimeRunner, create_runner
-from edgekit_runtime.backends.base import Runner
+from edgekit_runtime.backends.base import CompiledRun, Runner
 from edgekit_runtime.bundle import Bundle, open_bundle
 from edgekit_runtime.errors import BackendError, InputSignatureError
 from edgekit_runtime.signature import IOSignature
@@ -35,11 +35,25 @@ class CountingRunner(OnnxRuntimeRunner):
 
     calls = 0
     batch_sizes: list[int]
+    #: seconds each compiled call sleeps first (holding the runner, so that concurrent requests queue up)
+    delay_s = 0.0
 
     def _infer_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.calls += 1
         self.batch_sizes.append(int(feeds["image"].shape[0]))
         return super()._infer_impl(feeds)
+
+    def compiled_run(self) -> CompiledRun:
+        """The compiled call (a batching server's request that finds the runner idle runs it) counted too."""
+        run, names, recover = super().compiled_run()
+
+        def counted(output_names: list[str], feeds: dict[str, np.ndarray], run_options: Any) -> Any:
+            self.calls += 1
+            self.batch_sizes.append(int(feeds["image"].shape[0]))
+            time.sleep(self.delay_s)
+            return run(output_names, feeds, run_options)
+
+        return CompiledRun(counted, names, recover)
 
 
 @pytest.fixture
@@ -191,7 +205,7 @@ def test_concurrent_requests_from_threads(served: tuple) -> None:
 
 def test_dynamic_batching_batches_and_splits_correctly(bundle: Bundle) -> None:
     runner = CountingRunner.from_bundle(bundle)
-    runner.batch_sizes = []
+    runner.batch_sizes, runner.delay_s = [], 0.05  # the first request runs at once and holds the runner: the rest queue
     server = InferenceServer(runner.load(), model_name=bundle.name, batching=BatchingConfig(max_batch=32, max_delay_ms=200))
     assert server.batching_active
     barrier = threading.Barrier(12)
