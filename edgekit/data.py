@@ -15,6 +15,7 @@ import numpy as np
 from edgekit.errors import RecipeError
 from edgekit.recipe import CallableData, DataSource, NpzData, Recipe, StateSpec, TensorSpec
 from edgekit.sources._util import import_callable
+from edgekit_runtime.signature import STRING_DTYPE, is_string_array, numpy_dtype
 
 Batch = dict[str, np.ndarray]
 RunFn = Callable[[Batch], dict[str, np.ndarray]]
@@ -106,7 +107,7 @@ def initial_state(recipe: Recipe, state: StateSpec, chunk: Batch) -> np.ndarray:
             if isinstance(dim, str):
                 sizes.setdefault(dim, int(size))
     shape = tuple(d if isinstance(d, int) else sizes.get(d, recipe.dims[d].opt) for d in (state.zeros or spec.shape))
-    return np.zeros(shape, dtype=np.dtype(spec.dtype))
+    return np.zeros(shape, dtype=numpy_dtype(spec.dtype))
 
 
 def run_batches(recipe: Recipe, run: RunFn, batches: list[Batch]) -> tuple[list[Batch], list[dict[str, np.ndarray]]]:
@@ -160,7 +161,7 @@ def check_batch(recipe: Recipe, batch: object, where: str) -> None:
         array = batch[spec.name]
         if not isinstance(array, np.ndarray):
             raise RecipeError(f"{where}: input '{spec.name}' is a {type(array).__name__}, not a NumPy array")
-        if array.dtype != np.dtype(spec.dtype):
+        if array.dtype != numpy_dtype(spec.dtype) and not (spec.dtype == STRING_DTYPE and is_string_array(array)):
             raise RecipeError(f"{where}: input '{spec.name}' has dtype {array.dtype}, the recipe says {spec.dtype}")
         if array.ndim != len(spec.shape):
             raise RecipeError(f"{where}: input '{spec.name}' has shape {array.shape}, the recipe says {list(spec.shape)}")
@@ -219,6 +220,10 @@ def random_batch(recipe: Recipe, dims: dict[str, int], rng: np.random.Generator)
 
 
 def random_tensor(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    if spec.dtype == STRING_DTYPE:  # decimal integers as text, within low..high (default 0..1000)
+        low, high = (0 if spec.low is None else int(spec.low)), (1000 if spec.high is None else int(spec.high))
+        numbers = np.full(shape, int(spec.value)) if spec.value is not None else rng.integers(low, high, size=shape, dtype=np.int64)
+        return np.asarray(numbers.astype(str), dtype=object)
     dtype = np.dtype(spec.dtype) if spec.dtype != "bfloat16" else np.dtype(np.float32)
     if spec.value is not None:  # a pinned value (a sample rate): every test input uses it
         return np.full(shape, spec.value, dtype=dtype)

@@ -7,11 +7,14 @@ from typing import Any
 
 from edgekit.errors import ExportError
 from edgekit.recipe import Recipe
+from edgekit_runtime.signature import STRING_DTYPE
 
 
 def _onnx_dtype(elem_type: int) -> str:
     import onnx
 
+    if elem_type == onnx.TensorProto.STRING:
+        return STRING_DTYPE
     return str(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
 
 

@@ -14,15 +14,19 @@ from pydantic import Field, field_validator, model_validator
 from edgekit.config import FieldError, StrictModel
 
 CALLABLE_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
-DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool")
+DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool", "string")
 #: The values each dtype holds ([low, high] inclusive): bounds of random inputs and constant values must fit.
 DTYPE_RANGES: dict[str, tuple[float, float]] = {
     "float32": (-3.4028234663852886e38, 3.4028234663852886e38), "float16": (-65504.0, 65504.0),
     "bfloat16": (-3.3895313892515355e38, 3.3895313892515355e38), "int64": (-(2**63), 2**63 - 1),
     "int32": (-(2**31), 2**31 - 1), "int8": (-128, 127), "uint8": (0, 255), "bool": (0, 1),
+    "string": (-(2**63), 2**63 - 1),
 }
-#: Bytes per element of the arrays edgekit makes for each dtype (bfloat16 test inputs are made as float32).
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 4, "int64": 8, "int32": 4, "int8": 1, "uint8": 1, "bool": 1}
+#: Bytes per element of the arrays edgekit makes for each dtype (bfloat16 test inputs are made as float32; a
+#: string element is counted as a pointer and a short word).
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 4, "int64": 8, "int32": 4, "int8": 1, "uint8": 1, "bool": 1, "string": 64}
+#: ``string`` tensors (ONNX ``tensor(string)``, the protocol's BYTES) are numpy object arrays of ``str``; random
+#: test inputs of one are decimal integers drawn from low..high (default 0..1000), as text.
 #: The largest dimension (TensorRT and many kernels index with int32).
 MAX_DIM = 2**31 - 1
 #: The most bytes one batch of inputs may take at the max shape: test, golden and benchmark batches are made
@@ -144,7 +148,7 @@ class TensorSpec(StrictModel):
         if self.dtype == "bool" and (self.low is not None or self.high is not None):
             raise FieldError(("low" if self.low is not None else "high",), f"input '{self.name}' is bool: low/high do not apply (random bools are 0 or 1); remove them")
         lowest, highest = DTYPE_RANGES[self.dtype]
-        integer = self.dtype.startswith(("int", "uint"))
+        integer = self.dtype.startswith(("int", "uint")) or self.dtype == "string"
         for field, value, top in (("low", self.low, highest), ("high", self.high, highest + 1 if integer else highest),
                                   ("value", getattr(self, "value", None), highest)):
             if value is None or isinstance(value, bool):

@@ -104,6 +104,15 @@ def derive_tolerances(expected: Sequence[Mapping[str, np.ndarray]], built: Seque
         if check.shape_error is not None:
             raise InternalError(f"golden output '{name}': the built model's {check.shape_error} (batch {check.worst_batch})")
         error, cosine = check.max_abs_diff, check.cosine_min
+        if np.asarray(expected[0][name]).dtype.kind in "OUS":  # strings (labels): the self-check wants them equal
+            if check.mismatched_elements:
+                raise BuildError(f"golden output '{name}': {check.mismatched_elements} of {check.total_elements} strings the built model "
+                                 f"answers differ from the reference's (golden batch {check.worst_batch})",
+                                 hint="string outputs must match exactly: build a wider precision (fp32), or exclude the nodes that feed them from quantization")  # fmt: skip
+            loosest[name] = Tolerance(atol=parity.atol, rtol=parity.rtol, min_cosine=parity.min_cosine)
+            outputs[name] = replace(loosest[name], batch_axis=axis)
+            measured[name] = {"max_abs_diff": 0.0, "cosine_min": 1.0, "max_abs_reference": 0.0}
+            continue
         scale = max(float(np.abs(np.nan_to_num(np.asarray(e[name], dtype=np.float64))).max(initial=0.0)) for e in expected)
         if not math.isfinite(error):
             raise BuildError(f"golden output '{name}': the built model computes NaN or infinity where the reference is finite (golden batch {check.worst_batch})",
@@ -191,6 +200,12 @@ def _outlier_tolerance(expected: Sequence[np.ndarray], built: Sequence[np.ndarra
     return Tolerance(atol=atol, rtol=loosest.rtol, min_cosine=loosest.min_cosine, max_mismatched_fraction=allowed)
 
 
+def _storable(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The arrays as .npz holds them without pickle: a string tensor (an object array of ``str``) as a numpy
+    unicode array (``<U``; the runtime reads it back with ``allow_pickle=False`` and feeds it as it is)."""
+    return {name: np.asarray(array, dtype=str) if np.asarray(array).dtype.kind == "O" else array for name, array in arrays.items()}
+
+
 def write_golden(root: Path, pairs: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]], tolerances: GoldenTolerances,
                  *, measured: Mapping[str, Any] | None = None, steps: list[tuple[int, int]] | None = None,
                  state: tuple[StateSpec, ...] = ()) -> dict[str, Any]:
@@ -207,8 +222,8 @@ def write_golden(root: Path, pairs: list[tuple[dict[str, np.ndarray], dict[str, 
     for index, (inputs, outputs) in enumerate(pairs):
         inputs_name = f"golden/inputs_{index:03d}.npz"
         outputs_name = f"golden/outputs_{index:03d}.npz"
-        np.savez_compressed(root / inputs_name, **inputs)
-        np.savez_compressed(root / outputs_name, **outputs)
+        np.savez_compressed(root / inputs_name, **_storable(inputs))
+        np.savez_compressed(root / outputs_name, **_storable(outputs))
         entry: dict[str, Any] = {"inputs": inputs_name, "outputs": outputs_name}
         if steps is not None and state:
             entry["sequence"], entry["step"] = steps[index]

@@ -302,10 +302,15 @@ class GoldenBatch:
         return _load_npz(self.inputs_path), _load_npz(self.outputs_path)
 
 
+def _as_objects(array: np.ndarray) -> np.ndarray:
+    """A unicode array as an object array of ``str`` (ONNX Runtime cuts a ``<U`` element at its first NUL)."""
+    return array.astype(object) if array.dtype.kind == "U" else array
+
+
 def _load_npz(path: Path) -> dict[str, np.ndarray]:
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            return {name: archive[name] for name in archive.files}
+        with np.load(path, allow_pickle=False) as archive:  # string tensors are unicode arrays: as str objects,
+            return {name: _as_objects(archive[name]) for name in archive.files}  # which ONNX Runtime feeds whole
     except (OSError, ValueError) as err:
         raise BundleError(
             f"golden file '{path}' cannot be read as a .npz archive: {err}",

@@ -5,7 +5,7 @@ but ``max_mismatched_fraction`` of them, where the bundle allows a few outliers)
 cosine similarity of every row (one sample of the batch, along the output's ``batch_axis``: 0 unless the
 bundle records another, as for a recurrent state ``[layers, batch, hidden]``) is at least ``min_cosine``,
 the same measures the host's export parity check uses. Both are computed in float64, so an fp16 or
-int8 build is compared with its FP32 reference directly.
+int8 build is compared with its FP32 reference directly. String outputs (BYTES) must match exactly.
 """
 
 from __future__ import annotations
@@ -115,6 +115,8 @@ def compare_output(
             worst_batch=batch,
             shape_error=shape_error,
         )
+    if expected_array.dtype.kind in "OUS" or actual_array.dtype.kind in "OUS":
+        return _compare_strings(name, expected_array, actual_array, batch, max_mismatched_fraction)
     a = actual_array.astype(np.float64)
     e = expected_array.astype(np.float64)
     both_nan = np.isnan(a) & np.isnan(e)
@@ -137,6 +139,18 @@ def compare_output(
         passed=mismatched <= allowed_mismatches(total, max_mismatched_fraction) and cosine >= min_cosine,
         worst_batch=batch,
     )
+
+
+def _compare_strings(name: str, expected: np.ndarray, actual: np.ndarray, batch: int, max_mismatched_fraction: float) -> OutputCheck:
+    """String outputs (labels, tokens) match element for element: no tolerance applies. ``max_abs_diff`` is 1
+    where any element differs (0 otherwise) and the cosine 1 or 0, as for integer labels."""
+    as_text = np.vectorize(lambda item: item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item), otypes=[object])
+    equal = as_text(expected) == as_text(actual) if expected.size else np.ones(expected.shape, bool)
+    total = int(expected.size)
+    mismatched = int(total - np.count_nonzero(equal))
+    return OutputCheck(name=name, max_abs_diff=1.0 if mismatched else 0.0, cosine_min=0.0 if mismatched else 1.0,
+                       mismatched_elements=mismatched, total_elements=total,
+                       passed=mismatched <= allowed_mismatches(total, max_mismatched_fraction), worst_batch=batch)  # fmt: skip
 
 
 def allowed_mismatches(total: int, max_mismatched_fraction: float) -> int:

@@ -46,11 +46,25 @@ EXTENSION_DTYPE_NAMES = frozenset(
 )
 
 
+#: A string tensor (ONNX ``tensor(string)``, the Open Inference Protocol's BYTES): fed and returned as numpy
+#: arrays of ``str`` (``dtype=object``, as ONNX Runtime answers; unicode arrays ``<U..`` are accepted as feeds).
+STRING_DTYPE = "string"
+
+
+def numpy_dtype(name: str) -> np.dtype[Any]:
+    """The numpy dtype arrays of signature dtype ``name`` have (``object`` for ``string``)."""
+    return np.dtype(object) if name == STRING_DTYPE else np.dtype(name)
+
+
+def is_string_array(value: np.ndarray) -> bool:
+    return value.dtype.kind in "OU"
+
+
 def canonical_dtype_name(dtype: object, *, where: str) -> str:
     """Return ``dtype`` if it is a canonical numpy (or ml_dtypes) dtype name, else raise BundleError."""
     if not isinstance(dtype, str) or not dtype:
         raise BundleError(f"{where}: dtype must be a numpy dtype name such as 'float32', got {dtype!r}")
-    if dtype in EXTENSION_DTYPE_NAMES:
+    if dtype in EXTENSION_DTYPE_NAMES or dtype == STRING_DTYPE:
         return dtype
     try:
         resolved = np.dtype(dtype).name
@@ -270,6 +284,8 @@ FeedValidator = Callable[[Mapping[str, Any]], dict[str, int]]
 
 def _resolve_dtype(name: str) -> np.dtype[Any] | None:
     """The numpy dtype called ``name`` (ml_dtypes' for its extension names), ``None`` if unavailable."""
+    if name == STRING_DTYPE:
+        return np.dtype(object)
     try:
         if name in EXTENSION_DTYPE_NAMES:
             resolved = np.dtype(getattr(importlib.import_module("ml_dtypes"), name))
@@ -416,7 +432,12 @@ def _check_feeds_in_detail(signature: IOSignature, feeds: Mapping[str, Any]) -> 
         def prefix(tensor: TensorSignature = tensor, value: np.ndarray = value) -> str:
             return f"input '{tensor.name}': expected {signature.describe_tensor(tensor)}, got {describe_array(value)}"
 
-        if value.dtype.name != tensor.dtype:
+        if tensor.dtype == STRING_DTYPE and is_string_array(value):
+            pass
+        elif value.dtype.name != tensor.dtype:
+            if tensor.dtype == STRING_DTYPE:
+                raise InputSignatureError(f"{prefix()} (dtype {value.dtype.name}, expected strings)",
+                                          hint="pass numpy.asarray(texts, dtype=object): an array of str")  # fmt: skip
             raise InputSignatureError(
                 f"{prefix()} (dtype {value.dtype.name}, expected {tensor.dtype})",
                 hint=f"convert it with .astype(numpy.{tensor.dtype}) in your preprocessing",

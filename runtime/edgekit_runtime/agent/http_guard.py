@@ -151,9 +151,12 @@ def content_type_refusal(content_type: str | None, accepted: Iterable[str]) -> R
 
 def max_input_values(signature: Any) -> int | None:
     """How many values one request for ``signature`` can hold at most (every dim at its bound); None when a
-    dimension has no bound (``"?"`` or a dim name without ``io.dims`` bounds)."""
+    dimension has no bound (``"?"`` or a dim name without ``io.dims`` bounds) or an input is a string tensor
+    (its elements have no fixed size: ``api.max_request_mb`` bounds such requests)."""
     total = 0
     for tensor in signature.inputs:
+        if tensor.dtype == "string":
+            return None
         count = 1
         for dim in tensor.shape:
             if isinstance(dim, int):

@@ -44,7 +44,8 @@ import numpy as np
 from edgekit_runtime import __version__ as AGENT_VERSION
 from edgekit_runtime.agent.http_guard import check_json_item_counts, content_type_refusal
 from edgekit_runtime.agent.http_handler import ApiError, RequestHandler
-from edgekit_runtime.agent.oip_classification import bytes_blob, classification_count, classify
+from edgekit_runtime.agent import oip_bytes
+from edgekit_runtime.agent.oip_classification import classification_count, classify
 from edgekit_runtime.agent.oip_extensions import PLATFORM, batches_first, load_model, model_config, model_statistics, repository_index, unload_model
 from edgekit_runtime.agent.oip_types import BY_NUMPY as _BY_NUMPY
 from edgekit_runtime.agent.oip_types import DATATYPES, OipError, bundle_version, datatype_of, find_slot, protocol_version
@@ -272,12 +273,15 @@ def _decode_inputs(inputs: object, binary: memoryview) -> dict[str, np.ndarray]:
         if name in feeds:
             raise OipError(HTTPStatus.BAD_REQUEST, f"{where} is given twice; send each input once")
         datatype = tensor.get("datatype")
-        if datatype not in DATATYPES:
+        if datatype not in DATATYPES and datatype != oip_bytes.BYTES:
             raise OipError(HTTPStatus.BAD_REQUEST, f"{where}: datatype {datatype!r} is not supported; use one of "
-                           f"{', '.join(DATATYPES)} (BYTES and BF16 tensors are not served)")  # fmt: skip
+                           f"{', '.join(DATATYPES)}, BYTES (BF16 tensors are not served)")  # fmt: skip
         shape = tensor.get("shape")
         if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
             raise OipError(HTTPStatus.BAD_REQUEST, f"{where}: shape must be a list of integers >= 0, got {shape!r}")
+        if datatype == oip_bytes.BYTES:
+            feeds[name], offset = _bytes_input(tensor, shape, binary, offset, where)
+            continue
         dtype = DATATYPES[datatype]
         count = math.prod(shape)
         parameters = tensor.get("parameters") or {}
@@ -304,6 +308,24 @@ def _decode_inputs(inputs: object, binary: memoryview) -> dict[str, np.ndarray]:
         raise OipError(HTTPStatus.BAD_REQUEST, f"the body holds {len(binary)} bytes of binary tensor data but the inputs' "
                        f"binary_data_size add up to {offset}; check {HEADER_LENGTH} and each binary_data_size")  # fmt: skip
     return feeds
+
+
+def _bytes_input(tensor: Mapping[str, Any], shape: list[int], binary: memoryview, offset: int, where: str) -> tuple[np.ndarray, int]:
+    """A BYTES input (JSON strings, or length-prefixed elements in the binary data) and the binary offset after it."""
+    parameters = tensor.get("parameters") or {}
+    size = parameters.get("binary_data_size") if isinstance(parameters, dict) else None
+    if size is None:
+        if "data" not in tensor:
+            raise OipError(HTTPStatus.BAD_REQUEST, f"{where} has no data (and no binary_data_size parameter)")
+        return oip_bytes.from_json(tensor["data"], shape, where), offset
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise OipError(HTTPStatus.BAD_REQUEST, f"{where}: binary_data_size must be an integer >= 0, got {size!r}")
+    if "data" in tensor:
+        raise OipError(HTTPStatus.BAD_REQUEST, f"{where} has both data and binary_data_size; send one of them")
+    if offset + size > len(binary):
+        raise OipError(HTTPStatus.BAD_REQUEST, f"{where}: its {size} bytes of binary data run past the end of the "
+                       f"body ({len(binary)} bytes after the JSON header); check {HEADER_LENGTH}")  # fmt: skip
+    return oip_bytes.from_blob(binary[offset : offset + size], shape, where), offset + size
 
 
 def _json_array(data: object, dtype: np.dtype, shape: list[int], where: str) -> np.ndarray:
@@ -366,14 +388,15 @@ def _reply(handler: RequestHandler, request: Mapping[str, Any], slot: Any, outpu
         binary, classes = (wanted or {}).get(key) or (None, None)
         if classes is not None:
             array = classify(array, classes, batched=batches_first(slot.server), name=key)
-        datatype = "BYTES" if classes is not None else datatype_of(array.dtype)
+        text = classes is not None or oip_bytes.is_bytes(array)
+        datatype = oip_bytes.BYTES if text else datatype_of(array.dtype)
         entry: dict[str, Any] = {"name": key, "datatype": datatype, "shape": list(array.shape)}
         if binary if binary is not None else binary_default:
-            blob = bytes_blob(array) if classes is not None else np.ascontiguousarray(array, dtype=DATATYPES[datatype]).tobytes()
+            blob = oip_bytes.to_blob(array) if text else np.ascontiguousarray(array, dtype=DATATYPES[datatype]).tobytes()
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
-        elif classes is not None:
-            entry["data"] = [item.decode() for item in array.reshape(-1)]
+        elif text:
+            entry["data"] = oip_bytes.to_json(array)
         else:
             entry["data"] = array.reshape(-1).tolist()
         entries.append(entry)

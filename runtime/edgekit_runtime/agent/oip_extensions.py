@@ -48,8 +48,9 @@ def model_config(models: Any, name: str, version: str) -> dict[str, Any]:
     def dims(shape: tuple[Any, ...]) -> list[int]:
         return shape_of(shape[1:] if batched else shape)
 
-    def data_type(dtype: str) -> str:
-        return "TYPE_" + datatype_of(dtype)
+    def data_type(dtype: str) -> str:  # Triton's config calls BYTES TYPE_STRING
+        datatype = datatype_of(dtype)
+        return "TYPE_STRING" if datatype == "BYTES" else "TYPE_" + datatype
 
     config: dict[str, Any] = {
         "name": name,

@@ -10,8 +10,9 @@ ServerReady        ``ready``: every model has a bundle loaded
 ModelReady         ``ready`` of a model (false for an unknown model or a version that is not served)
 ServerMetadata     ``name``, ``version``, ``extensions`` (as ``GET /v2``)
 ModelMetadata      ``name``, ``versions``, ``platform``, ``inputs``, ``outputs`` (as ``GET /v2/models/NAME``)
-ModelInfer         inputs as ``raw_input_contents`` (one blob per input) or typed ``contents``; outputs always
-                   as ``raw_output_contents`` (as Triton); the request's ``id`` is echoed; queue and compute
+ModelInfer         inputs as ``raw_input_contents`` (one blob per input; BYTES elements length-prefixed) or typed
+                   ``contents`` (BYTES: ``bytes_contents``); outputs always as ``raw_output_contents`` (as
+                   Triton); the request's ``id`` is echoed; queue and compute
                    milliseconds in the trailing metadata ``x-edgekit-queue-ms`` / ``x-edgekit-compute-ms``
 ModelConfig        the model configuration (as ``GET /v2/models/NAME/config``)
 ModelStatistics    counts and queue / compute ns of one model, or of every model for an empty name
@@ -47,7 +48,8 @@ from edgekit_runtime import __version__ as AGENT_VERSION
 from edgekit_runtime.agent.config import ApiConfig, GrpcConfig
 from edgekit_runtime.agent.errors import AgentConfigError
 from edgekit_runtime.agent.oip import EXTENSIONS, _json_array, infer_model
-from edgekit_runtime.agent.oip_classification import bytes_blob, classification_count, classify
+from edgekit_runtime.agent import oip_bytes
+from edgekit_runtime.agent.oip_classification import classification_count, classify
 from edgekit_runtime.agent.oip_extensions import PLATFORM, batches_first, load_model, model_config, model_statistics, repository_index, unload_model
 from edgekit_runtime.agent.oip_types import DATATYPES, OipError, datatype_of, find_slot, protocol_version, shape_of
 
@@ -231,9 +233,13 @@ class OipGrpcServer:
             if classes is not None:
                 labels = classify(array, classes, batched=batches_first(slot.server), name=key)
                 response.outputs.add(name=key, datatype="BYTES", shape=labels.shape)
-                response.raw_output_contents.append(bytes_blob(labels))
+                response.raw_output_contents.append(oip_bytes.to_blob(labels))
                 continue
             datatype = datatype_of(array.dtype)
+            if datatype == oip_bytes.BYTES:
+                response.outputs.add(name=key, datatype=datatype, shape=array.shape)
+                response.raw_output_contents.append(oip_bytes.to_blob(array))
+                continue
             response.outputs.add(name=key, datatype=datatype, shape=array.shape)
             response.raw_output_contents.append(np.ascontiguousarray(array, dtype=DATATYPES[datatype]).tobytes())
         timing = result.timing
@@ -283,12 +289,19 @@ def _decode_inputs(request: Any) -> dict[str, np.ndarray]:
             raise OipError(HTTPStatus.BAD_REQUEST, f"{where} has no name")
         if tensor.name in feeds:
             raise OipError(HTTPStatus.BAD_REQUEST, f"{where} is given twice; send each input once")
-        if tensor.datatype not in DATATYPES:
+        if tensor.datatype not in DATATYPES and tensor.datatype != oip_bytes.BYTES:
             raise OipError(HTTPStatus.BAD_REQUEST, f"{where}: datatype {tensor.datatype!r} is not supported; use one of "
-                           f"{', '.join(DATATYPES)} (BYTES and BF16 tensors are not served)")  # fmt: skip
+                           f"{', '.join(DATATYPES)}, BYTES (BF16 tensors are not served)")  # fmt: skip
         shape = list(tensor.shape)
         if any(dim < 0 for dim in shape):
             raise OipError(HTTPStatus.BAD_REQUEST, f"{where}: shape must hold integers >= 0, got {shape}")
+        if tensor.datatype == oip_bytes.BYTES:  # length-prefixed in raw_input_contents, else contents.bytes_contents
+            if raw and tensor.HasField("contents"):
+                raise OipError(HTTPStatus.BAD_REQUEST, f"{where} has contents while the request has raw_input_contents; "
+                               "send every input one way")  # fmt: skip
+            feeds[tensor.name] = (oip_bytes.from_blob(raw[index], shape, f"{where}: raw_input_contents[{index}]") if raw
+                                  else oip_bytes.from_items(tensor.contents.bytes_contents, shape, f"{where}: contents.bytes_contents"))  # fmt: skip
+            continue
         dtype = DATATYPES[tensor.datatype]
         count = math.prod(shape)
         if raw:

@@ -18,8 +18,8 @@ import numpy as np
 #: the version every served model answers to (Triton's numbered versions; one is served per model slot)
 SERVED_VERSION = "1"
 
-#: OIP datatype <-> numpy dtype (little-endian on the wire). BYTES and BF16 have no numpy counterpart
-#: among the dtypes bundles declare.
+#: OIP datatype <-> numpy dtype (little-endian on the wire). BYTES (a bundle's ``string`` tensors, numpy
+#: object arrays of str) travels length-prefixed (:mod:`~edgekit_runtime.agent.oip_bytes`); BF16 is not served.
 DATATYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype("bool"), "UINT8": np.dtype("<u1"), "UINT16": np.dtype("<u2"), "UINT32": np.dtype("<u4"),
     "UINT64": np.dtype("<u8"), "INT8": np.dtype("<i1"), "INT16": np.dtype("<i2"), "INT32": np.dtype("<i4"),
@@ -37,6 +37,10 @@ class OipError(Exception):
 
 
 def datatype_of(dtype: str | np.dtype) -> str:
+    """The protocol's datatype of a signature dtype name or an array's dtype: a ``string`` tensor (an object or
+    unicode array) is ``BYTES``."""
+    if dtype == "string" or (isinstance(dtype, np.dtype) and dtype.kind in "OUS"):
+        return "BYTES"
     name = np.dtype(dtype).name
     try:
         return BY_NUMPY[name]

@@ -51,6 +51,7 @@ ORT_TYPE_TO_DTYPE: Mapping[str, str] = {
     "tensor(uint32)": "uint32",
     "tensor(uint64)": "uint64",
     "tensor(bool)": "bool",
+    "tensor(string)": "string",
 }
 
 # Which package brings which provider, for the hint when one is missing from the installed build.
