@@ -26,6 +26,10 @@ SHAPE_POLICIES = ("dynamic", "per-shape")
 MAX_COMPILED_SHAPES = 8
 #: OpenVINO's INFERENCE_PRECISION_HINT values edgekit writes into manifests.
 PRECISION_HINTS = ("f32", "bf16", "f16")
+#: Environment variable naming an OpenVINO device (``CPU``) that stands in when the bundle's device is absent: a
+#: machine without the NPU or iGPU (a CI runner, the build host) can still load, self-check and serve the bundle.
+#: Only ever used where it is set, and the runner's providers say which device stood in for which.
+STAND_IN_ENV = "EDGEKIT_OPENVINO_STAND_IN"
 
 
 def _import_openvino() -> Any:
@@ -71,6 +75,7 @@ class OpenVinoRunner(Runner):
         self._request: Any = None
         self._outputs: list[tuple[str, Any]] = []
         self._per_shape: dict[tuple[tuple[int, ...], ...], tuple[Any, list[tuple[str, Any]]]] = {}
+        self.stands_in_for: str | None = None  # the manifest's device when another one stands in for it
 
     @classmethod
     def from_bundle(cls, bundle: Any, **overrides: Any) -> OpenVinoRunner:
@@ -113,12 +118,13 @@ class OpenVinoRunner(Runner):
     def _load_impl(self) -> None:
         ov = _import_openvino()
         core = ov.Core()
+        self._stand_in(core.available_devices)
         if self.device not in core.available_devices:
             raise BackendError(
                 f"OpenVINO device {self.device} (manifest.json backend.openvino.device) is not present on this machine; "
                 f"OpenVINO {ov.__version__} sees: {', '.join(core.available_devices) or 'none'}",
                 hint="install the device's driver (Intel NPU: linux-npu-driver; iGPU: intel-opencl-icd), or check the bundle on "
-                "the CPU as a stand-in: create_runner(bundle, device='CPU')",
+                f"the CPU as a stand-in: create_runner(bundle, device='CPU'), or {STAND_IN_ENV}=CPU for the agent",
             )
         if not self.model_path.is_file():
             raise BackendError(f"model file '{self.model_path}' does not exist",
@@ -126,6 +132,20 @@ class OpenVinoRunner(Runner):
         self._core, self._version = core, ov.__version__
         if self.shapes == "dynamic":
             self._compiled, self._request, self._outputs = self._compile(None)
+
+    def _stand_in(self, available: list[str]) -> None:
+        """Switch to the device named by ``EDGEKIT_OPENVINO_STAND_IN`` when the bundle's device is not here (an f16
+        hint runs as f32 on a CPU stand-in: OpenVINO's CPU plugin would quietly turn it into bf16, and the build host
+        made the golden outputs at f32 the same way). Nothing changes where the variable is unset or the device is here."""
+        stand_in = os.environ.get(STAND_IN_ENV, "").strip()
+        if not stand_in or self.device in available or self.stands_in_for is not None:
+            return
+        if stand_in not in available:
+            raise BackendError(f"{STAND_IN_ENV}={stand_in} names an OpenVINO device this machine lacks (it sees: "
+                               f"{', '.join(available) or 'none'})", hint=f"set {STAND_IN_ENV}=CPU, or unset it")
+        self.stands_in_for, self.device = self.device, stand_in
+        if stand_in == "CPU" and self.inference_precision_hint == "f16":
+            self.inference_precision_hint = "f32"
 
     def _compile(self, shapes: dict[str, tuple[int, ...]] | None) -> tuple[Any, Any, list[tuple[str, Any]]]:
         """The compiled model, its infer request and output ports; ``shapes`` fixes every input (static)."""
@@ -165,4 +185,5 @@ class OpenVinoRunner(Runner):
         self._per_shape.clear()
 
     def _providers_impl(self) -> tuple[str, ...]:
-        return (f"OpenVINO {self.device} ({self.inference_precision_hint})",)
+        standing = f" standing in for {self.stands_in_for}" if self.stands_in_for else ""
+        return (f"OpenVINO {self.device}{standing} ({self.inference_precision_hint})",)
