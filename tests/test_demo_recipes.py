@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from edgekit.recipe import CallableData, FactorySource, HuggingFaceSource, Recipe, load_recipe
+from edgekit_runtime.signature import numpy_dtype
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 RECIPE_PATHS = sorted(RECIPES_DIR.glob("*.yaml"))
@@ -64,7 +65,7 @@ def test_data_batches_fit_the_recipe_inputs(path: Path):
                 assert not extra, f"{section}: unexpected keys {sorted(extra)}"
             for name, spec in input_specs.items():
                 array = batch[name]
-                assert array.dtype == np.dtype(spec.dtype), f"{section}: {name} is {array.dtype}, recipe says {spec.dtype}"
+                assert array.dtype == numpy_dtype(spec.dtype), f"{section}: {name} is {array.dtype}, recipe says {spec.dtype}"
                 assert array.ndim == len(spec.shape), f"{section}: {name} has shape {array.shape}"
                 for size, dim in zip(array.shape, spec.shape):
                     if isinstance(dim, int):

@@ -38,13 +38,13 @@ def build_model() -> bytes:
     weight[3] = [0.1, -0.1, 0.05]
     bias = np.array([0.1, 0.0, -0.1], np.float32)  # an unknown word (all-zero embedding) is a fruit
     nodes = [
-        helper.make_node("CategoryMapper", ["text"], ["word_id"], domain="ai.onnx.ml", cats_strings=words,
+        helper.make_node("CategoryMapper", ["text"], ["word_id"], name="word_ids", domain="ai.onnx.ml", cats_strings=words,
                          cats_int64s=list(range(len(words))), default_int64=len(words)),  # fmt: skip
-        helper.make_node("Gather", ["embedding", "word_id"], ["embedded"], axis=0),
-        helper.make_node("MatMul", ["embedded", "weight"], ["scores"]),
-        helper.make_node("Add", ["scores", "bias"], ["logits"]),
-        helper.make_node("ArgMax", ["logits"], ["class_id"], axis=1, keepdims=0),
-        helper.make_node("LabelEncoder", ["class_id"], ["label"], domain="ai.onnx.ml",
+        helper.make_node("Gather", ["embedding", "word_id"], ["embedded"], name="lookup", axis=0),
+        helper.make_node("MatMul", ["embedded", "weight"], ["scores"], name="scores"),
+        helper.make_node("Add", ["scores", "bias"], ["logits"], name="logits"),
+        helper.make_node("ArgMax", ["logits"], ["class_id"], name="class_id", axis=1, keepdims=0),
+        helper.make_node("LabelEncoder", ["class_id"], ["label"], name="label", domain="ai.onnx.ml",
                          keys_int64s=list(range(len(LABELS))), values_strings=list(LABELS), default_string="unknown"),  # fmt: skip
     ]
     graph = helper.make_graph(

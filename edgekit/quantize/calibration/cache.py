@@ -51,8 +51,14 @@ def hash_calibration_data(batches: Iterable[Mapping[str, np.ndarray]]) -> str:
         digest.update(f"batch\0{index}\0{len(batch)}\n".encode())
         for name in sorted(batch):
             array = batch[name]
+            if isinstance(array, np.ndarray) and array.dtype.hasobject and all(isinstance(item, str) for item in array.reshape(-1)):
+                digest.update(f"{name}\0strings\0{array.shape}\n".encode())  # a string input: each element's length and UTF-8
+                for item in array.reshape(-1):
+                    data = item.encode("utf-8")
+                    digest.update(len(data).to_bytes(8, "little") + data)
+                continue
             if not isinstance(array, np.ndarray) or array.dtype.hasobject:
-                raise CalibrationError(f"calibration batch {index}: '{name}' is not a numeric NumPy array ({type(array).__name__})")
+                raise CalibrationError(f"calibration batch {index}: '{name}' is not a numeric NumPy array or an array of str ({type(array).__name__})")
             digest.update(f"{name}\0{array.dtype.str}\0{array.shape}\n".encode())
             digest.update(np.ascontiguousarray(array).view(np.uint8).reshape(-1).data)
     return digest.hexdigest()

@@ -171,7 +171,8 @@ def quantize_embedding_tables(model_path: Path, plan: QuantizationPlan) -> int:
         quantize_dynamic(str(model_path), str(staged), op_types_to_quantize=["Gather"], nodes_to_quantize=gathers,
                          weight_type=QuantType.QInt8)
     except Exception as exc:
-        raise QuantizationError(f"int8 embedding tables of {model_path} failed: {exc}",
+        raise QuantizationError(f"int8 embedding tables of {model_path} failed: ONNX Runtime's quantizer raised {type(exc).__name__}"
+                                f"{f': {exc}' if str(exc) else ''}",
                                 hint=f"exclude the Gather nodes ({', '.join(gathers[:3])}) with quantization.exclude_nodes") from exc
     staged.replace(model_path)
     return len(gathers)
