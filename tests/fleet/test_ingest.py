@@ -41,6 +41,16 @@ def test_telemetry_becomes_a_flat_window() -> None:
     assert record.payload == message and json.loads(record.payload_json or "") == message
 
 
+def test_numbers_with_exponents_in_range_are_read_as_written() -> None:
+    # floats are checked for overflow only where a number has an exponent (or 300 digits): this one takes that path
+    p99 = GOOD["latency"]["p99_ms"]
+    payload = _changed(GOOD, "latency.p99_ms", p99).replace(f'"p99_ms": {p99!r}'.encode(), f'"p99_ms": {p99:e}'.encode())
+    assert f"{p99:e}".encode() in payload
+    result = parse_message(topic("telemetry"), payload, received_at=AT)
+    assert isinstance(result, TelemetryWindow), result
+    assert result.p99_ms == float(f"{p99:e}")
+
+
 def test_status_and_event_become_records() -> None:
     online = parse_message(topic("status"), encode_message(status("online", bundle=BUNDLE_A)), received_at=AT)
     assert isinstance(online, DeviceStatus)
@@ -72,6 +82,11 @@ BAD_INPUTS = [
     (topic("telemetry"), b'{"schema": "edgekit.telemetry/1", ', "malformed_json", "Expecting"),
     (topic("telemetry"), b'{"seq": NaN}', "malformed_json", "NaN is not a JSON number"),
     (topic("telemetry"), b'{"seq": 1e999}', "malformed_json", "out of range"),
+    # a float that overflows inside a real window, with an exponent and as 400 plain digits (no exponent to see)
+    (topic("telemetry"), encode_message(GOOD).replace(b'"p99_ms":', b'"p99_ms": -2E+400, "x":'), "malformed_json",
+     "out of range"),
+    (topic("telemetry"), encode_message(GOOD).replace(b'"p99_ms":', b'"p99_ms": ' + b"9" * 400 + b'.5, "x":'),
+     "malformed_json", "out of range"),
     (topic("telemetry"), b"[" * 100_000 + b"]" * 100_000, "malformed_json", "nested too deeply"),
     (topic("telemetry"), b"[1, 2]", "not_an_object", "JSON list"),
     (topic("telemetry"), b"{}", "unknown_schema", "no 'schema' field"),
