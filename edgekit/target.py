@@ -45,13 +45,22 @@ class CPU(StrictModel):
 
 
 class GPU(StrictModel):
-    """A CUDA GPU (integrated on Jetson, discrete elsewhere). Non-CUDA GPUs go in ``notes``."""
+    """The target's GPU: a CUDA GPU (``api: cuda``, integrated on Jetson, discrete elsewhere) or an Intel GPU that
+    OpenVINO's ``GPU`` device reaches (``api: openvino``: Arc discrete, or the Xe-LPG / Xe2 iGPU of a Core Ultra)."""
 
     name: str
-    architecture: str = Field(description="NVIDIA architecture name, e.g. 'ampere', 'hopper', 'blackwell'")
-    compute_capability: str = Field(pattern=r"^\d+\.\d+$", description="CUDA compute capability, e.g. '8.7'")
+    api: Literal["cuda", "openvino"] = Field(
+        default="cuda", description="how models reach the GPU: 'cuda' (NVIDIA: TensorRT, ONNX Runtime's CUDA/TensorRT providers) "
+        "or 'openvino' (Intel: the openvino backend with device GPU)",
+    )
+    architecture: str = Field(description="the GPU architecture, e.g. 'ampere', 'hopper', 'blackwell' (NVIDIA), 'xe-lpg' (Intel)")
+    compute_capability: str | None = Field(
+        default=None, pattern=r"^\d+\.\d+$", description="CUDA compute capability, e.g. '8.7' (required with api: cuda)"
+    )
     cuda_cores: int | None = Field(default=None, gt=0)
     tensor_cores: int | None = Field(default=None, ge=0)
+    xe_cores: int | None = Field(default=None, gt=0, description="Intel Xe-cores (api: openvino)")
+    vector_engines: int | None = Field(default=None, gt=0, description="Intel Xe vector engines, all Xe-cores together (api: openvino)")
     memory_gb: float | None = Field(default=None, gt=0, description="the GPU's own memory (discrete GPUs only)")
     memory_bandwidth_gbps: float | None = Field(default=None, gt=0, description="GB/s of the GPU's own memory")
     max_clock_mhz: float | None = Field(
@@ -60,8 +69,28 @@ class GPU(StrictModel):
         "as cuda_cores x 2 x clock where the profile quotes no FP32 figure",
     )
 
+    @model_validator(mode="after")
+    def _fields_of_its_api(self) -> "GPU":
+        cuda_only = [key for key in ("compute_capability", "cuda_cores", "tensor_cores") if getattr(self, key) is not None]
+        intel_only = [key for key in ("xe_cores", "vector_engines") if getattr(self, key) is not None]
+        if self.api == "cuda" and self.compute_capability is None:
+            raise ValueError("gpu.compute_capability is required for a CUDA GPU (or set gpu.api: openvino for an Intel GPU)")
+        if self.api == "cuda" and intel_only:
+            raise ValueError(f"gpu.{', gpu.'.join(intel_only)} describe Intel GPUs: set gpu.api: openvino, or remove them")
+        if self.api == "openvino" and cuda_only:
+            raise ValueError(f"gpu.{', gpu.'.join(cuda_only)} describe CUDA GPUs, not an OpenVINO GPU (gpu.api: openvino): remove them")
+        return self
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.api == "cuda"
+
     @property
     def sm(self) -> tuple[int, int]:
+        """The CUDA compute capability as (major, minor); only CUDA GPUs have one (check :attr:`is_cuda` first)."""
+        if self.compute_capability is None:
+            raise TargetError(f"GPU '{self.name}' (gpu.api: {self.api}) has no CUDA compute capability",
+                              hint="only CUDA GPUs (gpu.api: cuda) have gpu.compute_capability")
         major, minor = self.compute_capability.split(".")
         return int(major), int(minor)
 
@@ -185,10 +214,16 @@ class TargetProfile(StrictModel):
         names = [b.name for b in self.backends]
         if len(set(names)) != len(names):
             raise ValueError(f"backend listed twice: {names}")
-        if Backend.TENSORRT in names and self.gpu is None:
-            raise ValueError("the tensorrt backend needs a gpu section")
-        if self.dla_cores and self.gpu is None:
-            raise ValueError("dla_cores needs a gpu section (DLA ships on NVIDIA Jetson modules)")
+        if Backend.TENSORRT in names and (self.gpu is None or not self.gpu.is_cuda):
+            raise ValueError("the tensorrt backend needs a gpu section with a CUDA GPU (gpu.api: cuda)")
+        if self.dla_cores and (self.gpu is None or not self.gpu.is_cuda):
+            raise ValueError("dla_cores needs a gpu section with a CUDA GPU (DLA ships on NVIDIA Jetson modules)")
+        openvino_gpu = any(b.name is Backend.OPENVINO and b.device == "GPU" for b in self.backends)
+        if openvino_gpu and (self.gpu is None or self.gpu.api != "openvino"):
+            raise ValueError("the openvino backend's device GPU needs a gpu section with gpu.api: openvino (an Intel GPU)")
+        cuda_providers = {"CUDAExecutionProvider", "TensorrtExecutionProvider"} & {ep.name for b in self.backends for ep in b.execution_providers}
+        if cuda_providers and (self.gpu is None or not self.gpu.is_cuda):
+            raise ValueError(f"execution providers {', '.join(sorted(cuda_providers))} need a gpu section with a CUDA GPU (gpu.api: cuda)")
         for peak in self.peak_throughput:
             if peak.power_mode is not None and peak.power_mode not in self.power_modes:
                 raise ValueError(
@@ -203,7 +238,7 @@ class TargetProfile(StrictModel):
                     f"npu.execution_provider '{self.npu.execution_provider}' is not among the onnxruntime backend's "
                     f"execution_providers ({', '.join(sorted(providers)) or 'none'})"
                 )
-        if self.gpu is not None and Backend.TENSORRT in names:
+        if self.gpu is not None and self.gpu.is_cuda and Backend.TENSORRT in names:
             sm = self.gpu.sm
             for precision in self.backend(Backend.TENSORRT).precisions:
                 need = TENSORRT_MIN_COMPUTE_CAPABILITY.get(precision)

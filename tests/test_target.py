@@ -248,7 +248,7 @@ def test_intel_npu_uses_openvino_with_device_type_npu():
     assert set(intel.precisions()) == {Precision.FP16, Precision.INT8}
 
 
-@pytest.mark.parametrize("name", [n for n in SHIPPED if get_target(n).gpu is not None])
+@pytest.mark.parametrize("name", [n for n in SHIPPED if (gpu := get_target(n).gpu) is not None and gpu.is_cuda])
 def test_jetson_and_gpu_targets_offer_tensorrt_then_onnxruntime(name: str):
     profile = get_target(name)
     assert [b.name for b in profile.backends] == [Backend.TENSORRT, Backend.ONNXRUNTIME]

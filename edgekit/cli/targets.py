@@ -104,7 +104,7 @@ def targets_table(profiles: list[TargetProfile], *, display_names: bool = True) 
     for profile in profiles:
         gpu = "-"
         if profile.gpu is not None:
-            gpu = profile.gpu.compute_capability
+            gpu = profile.gpu.compute_capability or profile.gpu.architecture  # an Intel GPU has no CUDA capability
             if profile.gpu.memory_gb is not None:  # a discrete GPU brings its own memory
                 gpu += f"\n{profile.gpu.memory_gb:g}GB"
         npu = profile.npu.execution_provider.removesuffix("ExecutionProvider") if profile.npu else "-"

@@ -161,6 +161,9 @@ def hardware_for(target: TargetProfile, power_mode: str | None = None, *, measur
                                  f"or add vendor figures with sources to targets/{target.name}.yaml")  # fmt: skip
     engines = {p.engine for p in target.peak_throughput}
     engine = next(e for e in ENGINE_ORDER if e in engines)
+    projected = openvino_projection(target, engine)
+    if projected:
+        sources.append(projected)
     peaks, peak_sources = _engine_peaks(target, engine, mode)
     sources.extend(peak_sources)
     bandwidth = None
@@ -188,6 +191,17 @@ def hardware_for(target: TargetProfile, power_mode: str | None = None, *, measur
     return Hardware(target.name, engine, mode, peaks, bandwidth * 1e9 if bandwidth else None, watts, tuple(sources),
                     fallback=fallback, fp32_runs_as=fp32_as, layer_model=layer_model,
                     gpu_cuda_cores=target.gpu.cuda_cores if target.gpu is not None else None)  # fmt: skip
+
+
+def openvino_projection(target: TargetProfile, engine: str) -> str | None:
+    """The label of an estimate for an Intel GPU or NPU that OpenVINO reaches: edgekit has timed no bundle on one,
+    and a build host without the device measures the CPU plugin standing in, so the figures are a projection."""
+    devices = {b.device for b in target.backends if b.device in ("GPU", "NPU")}
+    if engine not in ("gpu", "npu") or engine.upper() not in devices:
+        return None
+    return (f"PROJECTED for the OpenVINO {engine.upper()} device: from the target's vendor figures and derivations only; edgekit "
+            f"has timed no bundle on this {engine.upper()}, and a build host without it measures the CPU plugin standing in "
+            "(manifest backend.openvino.host_stand_in)")
 
 
 def _engine_peaks(target: TargetProfile, engine: str, mode: str | None) -> tuple[dict[str, float], list[str]]:

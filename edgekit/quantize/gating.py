@@ -27,7 +27,7 @@ class PrecisionRequirement:
 
 
 def _cc(target: TargetProfile) -> tuple[int, int] | None:
-    return target.gpu.sm if target.gpu else None
+    return target.gpu.sm if target.gpu is not None and target.gpu.is_cuda else None
 
 
 def _gpu_at_least(major: int, minor: int, what: str) -> Check:

@@ -1,7 +1,7 @@
 """OpenVINO bundles of the digits demo, built by edgekit for x86-64-cpu (engine openvino, fp32 strict) and for the
-Core Ultra NPU (fp16, the CPU plugin standing in on the build host), installed signed into a real agent's model
+Core Ultra NPU and iGPU (fp16, the CPU plugin standing in on the build host), installed signed into a real agent's model
 repository and served over HTTP by the Open Inference Protocol: every golden batch sent as JSON comes back within the
-bundle's own golden tolerances. This host has no NPU, so the agent runs that bundle on the CPU plugin because
+bundle's own golden tolerances. This host has neither, so the agent runs those bundles on the CPU plugin because
 ``EDGEKIT_OPENVINO_STAND_IN=CPU`` says so, and its self-check names the stand-in."""
 
 from __future__ import annotations
@@ -29,13 +29,14 @@ from tests.conftest import REPO
 ov = pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install 'edgekit[openvino]')")
 DIGITS = REPO / "recipes" / "digits-cnn.yaml"
 #: model name in the agent's repository -> (target, precision, backend option)
-BUILDS = {"digits-x86": ("x86-64-cpu", "fp32", "openvino"), "digits-npu": ("intel-core-ultra-npu", "fp16", None)}
+BUILDS = {"digits-x86": ("x86-64-cpu", "fp32", "openvino"), "digits-npu": ("intel-core-ultra-npu", "fp16", None),
+          "digits-igpu": ("intel-core-ultra-igpu", "fp16", None)}
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    if "NPU" in ov.Core().available_devices:
-        pytest.skip("this machine has an Intel NPU: nothing stands in")
+    if {"NPU", "GPU"} & set(ov.Core().available_devices):
+        pytest.skip("this machine has an Intel NPU or GPU: nothing stands in")
     root = tmp_path_factory.mktemp("openvino-bundles")
     return {name: build(DIGITS, target, precision=precision, out=root / name, backend=backend).bundle_dir
             for name, (target, precision, backend) in BUILDS.items()}  # fmt: skip
@@ -75,6 +76,9 @@ def test_the_bundles_record_their_devices(built: dict[str, Path]) -> None:
     assert "host_stand_in" not in x86["openvino"]
     assert (npu["openvino"]["device"], npu["openvino"]["inference_precision_hint"], npu["openvino"]["shapes"]) == ("NPU", "f16", "per-shape")
     assert npu["openvino"]["host_stand_in"].startswith("CPU plugin on this host (no OpenVINO NPU here)")
+    igpu = open_bundle(built["digits-igpu"]).backend["openvino"]
+    assert (igpu["device"], igpu["inference_precision_hint"], igpu["shapes"]) == ("GPU", "f16", "dynamic")
+    assert igpu["host_stand_in"].startswith("CPU plugin on this host (no OpenVINO GPU here)")
 
 
 def test_the_agent_serves_both_over_http_oip_with_golden_outputs(agent: AgentService, built: dict[str, Path]) -> None:
