@@ -69,7 +69,8 @@ def find_slot(models: Any, name: str, version: str) -> Any:
     slot = models.find(name)
     if slot is None:
         known = ", ".join(str(s.name) for s in models.slots() if s.name is not None) or "none"
-        raise OipError(HTTPStatus.NOT_FOUND, f"unknown model '{name}'; this agent serves: {known}")
+        # worded as Triton's ("Request for unknown model: ..."), which its example clients check for
+        raise OipError(HTTPStatus.NOT_FOUND, f"Request for unknown model '{name}'; this agent serves: {known}")
     if version and version not in (SERVED_VERSION, bundle_version(slot)):
         served = f"version {SERVED_VERSION} (bundle version {slot.version})" if slot.version else "no version (no bundle loaded)"
         raise OipError(HTTPStatus.NOT_FOUND, f"model '{name}' has no version '{version}'; it serves {served}; "
