@@ -276,3 +276,78 @@ def test_text_labels_recipe_serves_string_labels(clients: tuple[Any, Any]) -> No
     item.set_data_from_numpy(np.array([1, 2], np.int32))
     with pytest.raises(InferenceServerException, match="text"):
         http.infer("text-labels", [item])
+
+
+def _post(agent: AgentService, path: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, bytes, dict[str, str]]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"http://{agent.api_address}{path}", data=body, method="POST",
+                                     headers={"Content-Type": "application/json", **(headers or {})})  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=20) as reply:
+            return reply.status, reply.read(), dict(reply.headers)
+    except urllib.error.HTTPError as err:
+        return err.code, err.read(), dict(err.headers)
+
+
+def test_bytes_on_the_wire_and_its_refusals(agent: AgentService) -> None:
+    """The binary form byte for byte (4-byte little-endian length, then UTF-8), nested JSON strings, and a 400
+    naming the input for a cut length prefix, a length past the data, numbers as BYTES data and a count mismatch."""
+    import json
+    import struct
+
+    words = ["oak", "wörd"]
+    blob = b"".join(struct.pack("<I", len(w.encode())) + w.encode() for w in words)
+    header = json.dumps({"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "parameters": {"binary_data_size": len(blob)}}],
+                         "outputs": [{"name": "label", "parameters": {"binary_data": True}}]}).encode()  # fmt: skip
+    status, body, headers = _post(agent, "/v2/models/text-labels/infer", header + blob, {"Inference-Header-Content-Length": str(len(header))})
+    assert status == 200, body
+    size = int(headers["Inference-Header-Content-Length"])
+    reply = json.loads(body[:size])
+    assert reply["outputs"][0]["datatype"] == "BYTES" and reply["outputs"][0]["shape"] == [2]
+    assert body[size:] == struct.pack("<I", 4) + b"tree" + struct.pack("<I", 5) + b"fruit"
+    status, body, _ = _post(agent, "/v2/models/text-labels/infer",
+                            json.dumps({"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "data": [["cat"], ["pear"]]}]}).encode())  # fmt: skip
+    assert status == 200 and json.loads(body)["outputs"][1]["data"] == ["animal", "fruit"]
+    for data, blob_bytes, fragment in (
+        (None, struct.pack("<I", 3) + b"oak" + b"\x01\x00", "ends inside the 4-byte length of element 1"),
+        (None, struct.pack("<I", 9) + b"oak", "element 0 says 9 bytes but only 3 follow"),
+        ([1, 2], None, "a BYTES tensor's data holds strings, got 1"),
+        (["a", "b", "c"], None, "shape [2] has 2 elements but 3 strings were sent"),
+    ):
+        tensor: dict[str, Any] = {"name": "text", "shape": [2], "datatype": "BYTES"}
+        if blob_bytes is None:
+            tensor["data"] = data
+            request, extra = json.dumps({"inputs": [tensor]}).encode(), {}
+        else:
+            tensor["parameters"] = {"binary_data_size": len(blob_bytes)}
+            head = json.dumps({"inputs": [tensor]}).encode()
+            request, extra = head + blob_bytes, {"Inference-Header-Content-Length": str(len(head))}
+        status, body, _ = _post(agent, "/v2/models/text-labels/infer", request, extra)
+        assert status == 400 and "input 'text'" in json.loads(body)["error"] and fragment in json.loads(body)["error"], body
+
+
+def test_grpc_bytes_contents_and_cut_raw_contents(agent: AgentService) -> None:
+    """gRPC typed ``bytes_contents`` (no raw contents) and a raw blob whose length prefix runs past it."""
+    import struct
+
+    from edgekit_runtime.agent.oip_grpc import load_messages
+
+    messages = load_messages()
+    channel = grpc.insecure_channel(agent.grpc.bound_address)
+    infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer", request_serializer=lambda m: m.SerializeToString(),
+                                response_deserializer=messages["ModelInferResponse"].FromString)  # fmt: skip
+    request = messages["ModelInferRequest"](model_name="text-labels")
+    tensor = request.inputs.add(name="text", datatype="BYTES", shape=[3])
+    tensor.contents.bytes_contents.extend([b"pine", b"plum", b"horse"])
+    response = infer(request, timeout=20)
+    label = [o.name for o in response.outputs].index("label")
+    assert response.raw_output_contents[label] == b"".join(struct.pack("<I", len(w)) + w for w in (b"tree", b"fruit", b"animal"))
+    cut = messages["ModelInferRequest"](model_name="text-labels")
+    cut.inputs.add(name="text", datatype="BYTES", shape=[1])
+    cut.raw_input_contents.append(struct.pack("<I", 10) + b"oak")
+    with pytest.raises(grpc.RpcError) as info:
+        infer(cut, timeout=20)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "element 0 says 10 bytes" in info.value.details()
+    channel.close()
