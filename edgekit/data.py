@@ -221,8 +221,8 @@ def random_batch(recipe: Recipe, dims: dict[str, int], rng: np.random.Generator)
 
 def random_tensor(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     if spec.dtype == STRING_DTYPE:  # decimal integers as text, within low..high (default 0..1000)
-        low, high = (0 if spec.low is None else int(spec.low)), (1000 if spec.high is None else int(spec.high))
-        numbers = np.full(shape, int(spec.value)) if spec.value is not None else rng.integers(low, high, size=shape, dtype=np.int64)
+        first, end = (0 if spec.low is None else int(spec.low)), (1000 if spec.high is None else int(spec.high))
+        numbers = np.full(shape, int(spec.value)) if spec.value is not None else rng.integers(first, end, size=shape, dtype=np.int64)
         return np.asarray(numbers.astype(str), dtype=object)
     dtype = np.dtype(spec.dtype) if spec.dtype != "bfloat16" else np.dtype(np.float32)
     if spec.value is not None:  # a pinned value (a sample rate): every test input uses it

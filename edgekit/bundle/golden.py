@@ -200,7 +200,7 @@ def _outlier_tolerance(expected: Sequence[np.ndarray], built: Sequence[np.ndarra
     return Tolerance(atol=atol, rtol=loosest.rtol, min_cosine=loosest.min_cosine, max_mismatched_fraction=allowed)
 
 
-def _storable(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _storable(arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
     """The arrays as .npz holds them without pickle: a string tensor (an object array of ``str``) as a numpy
     unicode array (``<U``; the runtime reads it back with ``allow_pickle=False`` and feeds it as it is)."""
     return {name: np.asarray(array, dtype=str) if np.asarray(array).dtype.kind == "O" else array for name, array in arrays.items()}

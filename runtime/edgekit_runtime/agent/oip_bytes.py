@@ -48,7 +48,8 @@ def _shaped(items: list[str], shape: Sequence[int], where: str) -> np.ndarray:
 
 def from_blob(blob: bytes | memoryview, shape: Sequence[int], where: str) -> np.ndarray:
     """A BYTES tensor of ``shape`` from its binary form (length-prefixed elements filling ``blob`` exactly)."""
-    view, items, offset = memoryview(blob), [], 0
+    view, offset = memoryview(blob), 0
+    items: list[str] = []
     while offset < len(view):
         if offset + 4 > len(view):
             raise OipError(HTTPStatus.BAD_REQUEST, f"{where}: the binary BYTES data ends inside the 4-byte length of "
