@@ -216,6 +216,7 @@ def parse_config(data: object, *, file: Path, positions: Positions | None = None
     )
     bundles = _parse_bundles(top.section("bundles", ("dir", "public_key", "allow_unsigned", "max_download_mb", "download_timeout_s", "inbox", "allowed_sources")))
     models = _parse_models(top.section("models", ("dir", "names", "default", "memory_budget_mb")), bundles) if top.has("models") else None
+    _check_batched_models(top, models)
     return AgentConfig(
         device_id=top.identifier("device_id", example="jetson-07"),
         fleet=top.identifier("fleet", example="warehouse-a"),
@@ -462,6 +463,19 @@ def _batching_values(section: _Section) -> dict[str, Any]:
     if section.has("instances"):
         values["instances"] = section.number("instances", minimum=1, integer=True, maximum=64, example="1")
     return values
+
+
+def _check_batched_models(top: _Section, models: ModelsConfig | None) -> None:
+    """``batching.models`` may only name models the repository lists (a typo would silently not apply)."""
+    named = (top.data.get("batching") or {}).get("models") if isinstance(top.data.get("batching"), Mapping) else None
+    if not isinstance(named, Mapping) or not named:
+        return
+    known = None if models is None else models.names
+    for name in named:
+        if models is None or (known is not None and name not in known):
+            listed = "the agent serves one model (no models section)" if models is None else f"models.names lists {', '.join(known or ())}"
+            raise top.error(f"batching.models.{name}", f"names a model the agent does not serve: {listed}",
+                            hint="name models of models.names, or put the settings directly under batching")  # fmt: skip
 
 
 def _parse_batching(section: _Section) -> BatchingConfig:

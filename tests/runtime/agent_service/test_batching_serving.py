@@ -5,6 +5,7 @@ a real agent and Triton's own clients (``tritonclient``)."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -226,3 +227,30 @@ def test_model_control_off_refuses_load_and_unload(locked_agent: Any) -> None:
     finally:
         http.close()
         rpc.close()
+
+
+@pytest.mark.parametrize(
+    ("batching", "models", "problem"),
+    [
+        ({"models": {"embeder": {"instances": 2}}}, {"dir": "m", "names": ["embedder"]},
+         "batching.models.embeder: names a model the agent does not serve: models.names lists embedder"),
+        ({"models": {"embedder": {"instances": 2}}}, None, "the agent serves one model (no models section)"),
+        ({"models": {"embedder": {"max_delay": 2}}}, {"dir": "m", "names": ["embedder"]},
+         "batching.models.embedder.max_delay: is not a known key"),
+        ({"instances": 0}, None, "batching.instances: expected an integer >= 1 and <= 64, got 0"),
+    ],
+)
+def test_batching_config_errors_name_the_field(agent_config: Callable[..., Path], batching: dict[str, Any],
+                                               models: dict[str, Any] | None, problem: str) -> None:  # fmt: skip
+    from edgekit_runtime.agent.errors import AgentConfigError
+
+    path = agent_config(batching=batching, **({"models": models} if models else {}))
+    with pytest.raises(AgentConfigError, match=re.escape(problem)):
+        load_config(path)
+
+
+def test_per_model_settings_override_the_agent_wide_ones(agent_config: Callable[..., Path]) -> None:
+    config = load_config(agent_config(models={"dir": "m", "names": ["a", "b"]},
+                                      batching={"max_batch": 8, "models": {"b": {"max_delay_ms": 3, "instances": 2}}}))  # fmt: skip
+    assert config.batching is not None and config.batching.for_model("a") == BatchingConfig(max_batch=8)
+    assert config.batching.for_model("b") == BatchingConfig(max_batch=8, max_delay_ms=3, instances=2)
