@@ -231,11 +231,13 @@ def bench_ingest_workers(store_url: str, workdir: Path, devices: int, windows: i
 
 
 class Postgres:
-    """A throwaway PostgreSQL server (initdb in a temp dir, run as the 'postgres' user when root)."""
+    """A throwaway PostgreSQL server (initdb in a temp dir, run as the 'postgres' user when root); ``settings``:
+    more ``name=value`` server settings (e.g. ``shared_preload_libraries=timescaledb``)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, settings: tuple[str, ...] = ()) -> None:
         self.workdir, self.port = workdir, free_port()
         self.data = workdir / "pgdata"
+        self.settings = settings
 
     @staticmethod
     def available() -> bool:
@@ -253,8 +255,9 @@ class Postgres:
             self.workdir.parent.chmod(0o755)  # the postgres user must reach its folder
             shutil.chown(self.workdir, "postgres")
         self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
+        extra = "".join(f" -c {setting}" for setting in self.settings)
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.workdir / "pg.log"), "-w", "-o",
-                  f"-p {self.port} -k {self.workdir} -c listen_addresses=127.0.0.1 -c fsync=on", "start")  # fmt: skip
+                  f"-p {self.port} -k {self.workdir} -c listen_addresses=127.0.0.1 -c fsync=on{extra}", "start")  # fmt: skip
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def stop(self) -> None:

@@ -209,9 +209,12 @@ def _collect(args: argparse.Namespace, on_started: Callable[[], None] | None = N
                     on_started()
                 console.print(f"collecting from {escape(collector.broker_url)} into {escape(store.url)} as "
                               f"{escape(client_id)} ({', '.join(collector.subscriptions)})"
-                              + (f"; metrics on {server.url}" if server else ""))  # fmt: skip
+                              + (f"; metrics on {server.url}" if server else "")
+                              + (f"; store layout: {store.layout} ({escape(store.timescale_detection.reason)})"
+                                 if hasattr(store, "timescale_detection") else ""))  # fmt: skip
                 if args.json:
                     print_json({"event": "started", "broker": collector.broker_url, "store": store.url,
+                                "store_layout": getattr(store, "layout", None),
                                 "client_id": client_id, "session_expiry_s": args.session_expiry, "pid": os.getpid(),
                                 "subscriptions": list(collector.subscriptions),
                                 "metrics_url": server.url if server else None})  # fmt: skip

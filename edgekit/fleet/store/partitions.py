@@ -10,8 +10,8 @@ Raw windows stay one table: their key (fleet, device, seq) has no time in it, so
 unique across time partitions, and the dedup guarantee (a window stored once, whenever it comes again) rests on
 it. They are kept only for the raw retention (an hour by default) and rolled up in short batches.
 
-TimescaleDB is not used even where the extension is installed: none could be installed here to test against,
-and this layout needs nothing but PostgreSQL 11+.
+This is the native layout (it needs nothing but PostgreSQL 11+). Where the TimescaleDB extension is present
+when a store is created, the same tables become hypertables instead (:mod:`edgekit.fleet.store.timescale`).
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ from functools import lru_cache
 from typing import Any, Callable, Sequence
 
 from edgekit.fleet.errors import StoreError, StoreUnavailableError
-from edgekit.fleet.store import partitions, queries
+from edgekit.fleet.store import partitions, queries, timescale
 from edgekit.fleet.store.base import TelemetryWindow
+from edgekit.fleet.store.retention import DEFAULT_GAPS_OPEN_FOR
 from edgekit.fleet.store.sql import SeqRun, SqlFleetStore, named_to_pyformat
 
 CONNECT_TIMEOUT_S = 10
@@ -73,12 +74,30 @@ class PostgresStore(SqlFleetStore):
                 break
         return found
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, timescaledb: str | None = None) -> None:
+        """``timescaledb``: ``auto`` (use the extension where the server has it) or ``off``; default from the
+        environment variable ``EDGEKIT_FLEET_TIMESCALEDB``, else ``auto`` (see :mod:`timescale`)."""
         super().__init__(url)
         self._psycopg = _import_psycopg(url)
         self._connection: Any = None
+        mode = timescale.wanted_mode(timescaledb)
         self._connect()
+        with self._transaction("detecting TimescaleDB") as cursor:
+            self._lock_for_migration(cursor)
+            #: What detection found at open (path taken for a new store, and why).
+            self.timescale_detection = timescale.detect(cursor, mode)
         self._migrate()
+        with self._transaction("reading the store's layout", write=False) as cursor:
+            #: ``timescaledb`` where the rollup tables are hypertables, else ``native`` (daily partitions).
+            self.layout = timescale.TIMESCALEDB if timescale.is_hypertable(cursor, "telemetry_rollups") else timescale.NATIVE
+            self._extension_schema = timescale.extension_schema(cursor)
+        timescale.log_path(redact(url), self.timescale_detection, self.layout)
+
+    def storage_layout(self) -> dict[str, Any]:
+        """How this store keeps time series: ``layout``, ``detected`` (why), and TimescaleDB's retention policies."""
+        with self._transaction("reading retention policies", write=False) as cursor:
+            policies = timescale.retention_policies(cursor)
+        return {"layout": self.layout, "detected": self.timescale_detection.reason, "retention_policies": policies}
 
     def _connect(self) -> None:
         psycopg = self._psycopg
@@ -170,15 +189,33 @@ class PostgresStore(SqlFleetStore):
                        (ROLLED_SEQS_LOCK_KEY,))  # fmt: skip
 
     def _organise_rollups(self, cursor: Any) -> None:
-        partitions.partition_tables(cursor)
+        if self.timescale_detection.schema is not None:
+            timescale.make_hypertables(cursor, self.timescale_detection.schema)
+        else:
+            partitions.partition_tables(cursor)
+
+    def apply_retention(self, raw_for: dt.timedelta, rollup_minutes: int = 5, now: dt.datetime | None = None, *,
+                        gaps_open_for: dt.timedelta = DEFAULT_GAPS_OPEN_FOR,
+                        rollups_for: dt.timedelta | None = None) -> int:  # fmt: skip
+        if rollups_for is not None and self.layout == timescale.TIMESCALEDB and rollups_for.total_seconds() >= 0:
+            with self._transaction("setting TimescaleDB retention policies") as cursor:
+                for table in timescale.RETAINED_BY_POLICY:
+                    timescale.ensure_retention_policy(cursor, self._extension_schema, table, rollups_for)
+        return super().apply_retention(raw_for, rollup_minutes, now, gaps_open_for=gaps_open_for, rollups_for=rollups_for)
 
     def _forget_rollups(self, table: str, before: dt.datetime) -> None:
         with self._transaction(f"dropping {table} partitions before {before.isoformat()}") as cursor:
             self._lock_rolled_seqs(cursor, exclusive=True)  # no retention creating partitions meanwhile
-            partitions.drop_partitions_before(cursor, table, before)
+            if self.layout == timescale.TIMESCALEDB:
+                timescale.drop_chunks_before(cursor, self._extension_schema, table, before)
+            else:
+                partitions.drop_partitions_before(cursor, table, before)
 
     def _ensure_rollup_partitions(self, cursor: Any, table: str, source: str, cutoff: Any) -> None:
-        """The partitions of ``table`` that rolling up ``source``'s windows ending before ``cutoff`` writes into."""
+        """The partitions of ``table`` that rolling up ``source``'s windows ending before ``cutoff`` writes into
+        (hypertables make their chunks themselves)."""
+        if self.layout == timescale.TIMESCALEDB:
+            return
         cursor.execute(f"SELECT MIN(window_start), MAX(window_start) FROM {source} WHERE window_end < %s", (cutoff,))
         first, last = cursor.fetchone()
         if first is not None:
