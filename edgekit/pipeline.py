@@ -26,6 +26,7 @@ from edgekit.bundle.staging import BundleStaging, check_destination
 from edgekit.data import Batch, dims_at, fit_batch, load_batches, model_inputs, run_batches, sequence_steps
 from edgekit.engines import BUILDERS, EngineBuild
 from edgekit.engines.onnxruntime import device_threads
+from edgekit.engines.openvino_nncf import check_quantizer
 from edgekit.errors import BuildError
 from edgekit.evaluate import AccuracyResult, check_budget, evaluate_accuracy
 from edgekit.evaluate.accuracy import run_reference
@@ -173,6 +174,7 @@ def stage_load(recipe_path: Path | str, target_name: str, precision: Precision |
         decision = PrecisionDecision(Precision.FP32, Precision.FP32, None, "auto")
     else:
         decision = decide_precision(target, backend, Precision(requested), recipe.build.precision_fallback, use_dla=use_dla)
+    check_quantizer(recipe.build.quantization, backend, "auto" if auto else decision.used, recipe.path)
     out_dir = Path(out) if out else default_output(recipe, target, decision.used)
     check_destination(out_dir.resolve(), force)
     samples = load_batches(recipe, recipe.data.samples, "samples")
@@ -299,6 +301,13 @@ def stage_quantize(state: BuildState) -> str:
     if state.recipe.state and calibration:  # state inputs as the FP32 model carries them through each sequence
         assert state.reference is not None
         calibration = run_batches(state.recipe, state.reference, calibration)[0]
+    if state.recipe.build.quantization.quantizer == "nncf":  # checked at load: int8 on openvino
+        from edgekit.engines.openvino_nncf import quantize_with_nncf
+
+        state.model_path = state.workdir / "quantized.onnx"
+        record = quantize_with_nncf(state.fp32_path, state.model_path, state.recipe.build.quantization, state.target, calibration)
+        state.quantization = {"plan": None, "calibration": None, "quantizer": record}
+        return f"int8: NNCF {record['version']} post-training quantization ({record['samples']} calibration samples)"
     quantized = quantize_model(state.fp32_path, state.workdir / "quantized.onnx", state.recipe.build.quantization, state.target,
                                state.backend, state.precision, calibration, state.workdir)
     state.model_path = quantized.path

@@ -240,6 +240,10 @@ class QuantizationSpec(StrictModel):
         default=None, gt=0, description="--precision auto: seconds after which candidates not yet tried are skipped (listed in the plan); FP32 is always available"
     )
     int4: Int4Spec = Int4Spec()
+    quantizer: Literal["edgekit", "nncf"] = Field(
+        default="edgekit", description="int8 on the openvino backend: edgekit's own QDQ graph, or NNCF's post-training "
+        "quantization (pip install 'edgekit[openvino]'; edgekit/engines/openvino_nncf.py)",
+    )
 
 
 class FineTuneSpec(StrictModel):

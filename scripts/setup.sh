@@ -17,8 +17,9 @@ if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+
 fi
 echo "setup: installing edgekit, edgekit-runtime and extras" >&2
 # the runtime with its nvml extra (the NVML sensor tests check their fake against the real bindings), its grpc extra
-# and its openvino extra (the OpenVINO backend's tests run the real runtime on this CPU; about 50 MB, no torch)
-pip install -q -c constraints.txt -e "./runtime[nvml,grpc,openvino]" -e ".[dev]"
+# and its openvino extra (the OpenVINO backend's tests run the real runtime on this CPU; about 50 MB, no torch);
+# edgekit's openvino extra adds NNCF (int8 quantizer: nncf; no torch of its own)
+pip install -q -c constraints.txt -e "./runtime[nvml,grpc,openvino]" -e ".[dev,openvino]"
 # TensorRT 10 type stubs for the mypy check of the TensorRT modules. --no-deps: their metadata pins
 # tensorrt itself, whose libraries download from NVIDIA's own index (unreachable here, and not needed).
 pip install -q --no-deps "tensorrt-stubs==10.13.0.35.1"
