@@ -167,15 +167,11 @@ def _finite_float(text: str) -> float:
 
 
 _DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
-#: The same without a Python call per float: used when no number in the text can overflow to infinity (none has an
-#: exponent or 300 digits in a row), which is every agent's window; the checking decoder reads the rest.
-_FAST_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
-_MAY_OVERFLOW = re.compile(r"[0-9.][eE]|[0-9]{300}")
 
 
 def _load_json(text: str) -> Any:
     try:
-        return (_DECODER if _MAY_OVERFLOW.search(text) else _FAST_DECODER).decode(text)
+        return _DECODER.decode(text)
     except RecursionError:
         raise _Rejected("malformed_json", "JSON nested too deeply") from None
     except ValueError as exc:  # json.JSONDecodeError, and the hooks' and int conversion's ValueErrors
