@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -64,3 +65,56 @@ def test_calibration_hash_takes_strings() -> None:
     first = hash_calibration_data([{"text": np.array(["a", "bc"], dtype=object)}])
     assert first != hash_calibration_data([{"text": np.array(["ab", "c"], dtype=object)}])
     assert first == hash_calibration_data([{"text": np.array(["a", "bc"], dtype=object)}])
+
+
+def test_concurrent_string_requests_are_batched_and_split_back(tmp_path: Path) -> None:
+    """Dynamic batching on a string model: requests queued behind a held call run as one call (object arrays
+    concatenated), and each caller gets its own labels back."""
+    import threading
+    import time
+
+    from edgekit_runtime.agent.config import BatchingConfig
+    from edgekit_runtime.agent.serving import InferenceServer
+    from edgekit_runtime.backends.onnxruntime import OnnxRuntimeRunner
+
+    from edgekit_runtime.backends.base import CompiledRun
+
+    sizes: list[int] = []
+
+    class HeldRunner(OnnxRuntimeRunner):
+        """Records each call's batch size; the first call holds the runner so the others queue behind it."""
+
+        def _held(self, feeds: Any, call: Any) -> Any:
+            sizes.append(len(feeds["text"]))
+            time.sleep(0.1 if len(sizes) == 1 else 0.0)
+            return call()
+
+        def _infer_impl(self, feeds: Any) -> dict[str, np.ndarray]:  # a batching worker's call
+            return self._held(feeds, lambda: super(HeldRunner, self)._infer_impl(feeds))  # type: ignore[no-any-return]
+
+        def compiled_run(self) -> CompiledRun:  # a request that finds the model idle
+            run, names, recover = super().compiled_run()
+            return CompiledRun(lambda output_names, feeds, options: self._held(feeds, lambda: run(output_names, feeds, options)), names, recover)
+
+    build(RECIPE, "x86-64-cpu", precision="fp32", out=tmp_path / "bundle", force=True)
+    runner = HeldRunner.from_bundle(open_bundle(tmp_path / "bundle"))
+    words = list(text_labels.WORDS)[:8]
+    results: dict[int, list[str]] = {}
+    server = InferenceServer(runner.load(), model_name="text-labels", batching=BatchingConfig(max_delay_ms=50))
+    barrier = threading.Barrier(len(words))
+
+    def ask(index: int) -> None:
+        barrier.wait()
+        answer = server.infer({"text": np.array([words[index]], dtype=object)})
+        results[index] = list(answer.outputs["label"])
+
+    threads = [threading.Thread(target=ask, args=(index,)) for index in range(len(words))]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    finally:
+        server.close()
+    assert results == {index: [text_labels.LABELS[text_labels.WORDS[word]]] for index, word in enumerate(words)}
+    assert sum(sizes) == len(words) and len(sizes) < len(words) and max(sizes) > 1, sizes
