@@ -10,9 +10,11 @@ parameter set predicts a row's call time as
 with the efficiencies capped at 1. :func:`fit` picks the set on a grid that minimises the absolute log error over
 the rows it is given, each SOURCE weighing the same (the mean over a source's rows, then over sources: a source
 with 30 rows does not outvote one with 3); where several sets score the same (a parameter the rows do not
-constrain, e.g. the FP16 / FP32 scale when every row given is INT8) the one nearest the priors is kept.
-:func:`leave_one_source_out` fits on every source but one and predicts the one left out, so no row is scored by
-parameters fitted to it. With the defaults (both scales 1, memory_share and launch_us the priors, call_us 0) the
+constrain, e.g. the FP16 / FP32 scale when every row given is INT8) the one nearest the priors is kept. The
+objective may add a pull toward the priors (``weight x`` :func:`prior_distance`), whose weight a nested validation
+chooses: :func:`leave_one_source_out` fits on every source but one and predicts the one left out, so no row is scored
+by parameters fitted to it, and picks each fold's weight by a leave-one-source-out over that fold's training sources
+alone (:func:`choose_prior_weight`). With the defaults (both scales 1, memory_share and launch_us the priors, call_us 0) the
 prediction equals `edgekit estimate`'s. ``call_us`` is a fixed cost per call (enqueue, synchronisation, the
 harness's own work), which sources time differently.
 """
@@ -120,17 +122,24 @@ def source_weights(rows: Sequence[RowWork]) -> np.ndarray:
     return np.array([1.0 / counts[r.group] / len(counts) for r in rows])
 
 
+#: strengths of the pull toward the priors (a penalty of ``weight x prior_distance`` on the fit's objective) that the
+#: nested validation chooses from, on the training sources only (:func:`choose_prior_weight`)
+PRIOR_WEIGHTS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
 def fit(rows: Sequence[RowWork], errors: np.ndarray | None = None, params: Sequence[Params] | None = None,
-        columns: Sequence[int] | None = None) -> tuple[Params, list[str]]:  # fmt: skip
+        columns: Sequence[int] | None = None, prior_weight: float = 0.0,
+        distances: np.ndarray | None = None) -> tuple[Params, list[str]]:  # fmt: skip
     """The grid point with the least source-weighted mean absolute log error over ``rows`` (or the ``columns`` of a
-    precomputed :func:`error_matrix`), the one nearest the priors among equals, and a note for each parameter that
-    landed on an edge of its grid."""
+    precomputed :func:`error_matrix`) plus ``prior_weight`` x its :func:`prior_distance`, the one nearest the priors
+    among equals, and a note for each parameter that landed on an edge of its grid."""
     params = list(params) if params is not None else grid()
     errors = errors if errors is not None else error_matrix(rows, params)
+    distances = distances if distances is not None else np.array([prior_distance(q) for q in params])
     columns = list(columns) if columns is not None else list(range(len(rows)))
-    score = errors[:, columns] @ source_weights([rows[i] for i in columns])
+    score = errors[:, columns] @ source_weights([rows[i] for i in columns]) + prior_weight * distances
     tied = np.flatnonzero(score <= score.min() * (1 + 1e-9) + 1e-12)
-    best = min((params[int(i)] for i in tied), key=prior_distance)
+    best = params[int(min(tied, key=lambda i: distances[i]))]
     edges = []
     for name, value, values in (("compute_scale", best.compute_scale, COMPUTE_SCALES), ("int8_scale", best.int8_scale, INT8_SCALES),
                                 ("memory_share", best.memory_share, MEMORY_SHARES), ("launch_us", best.launch_us, LAUNCH_US),
@@ -140,12 +149,40 @@ def fit(rows: Sequence[RowWork], errors: np.ndarray | None = None, params: Seque
     return best, edges
 
 
+def choose_prior_weight(rows: Sequence[RowWork], errors: np.ndarray, params: Sequence[Params], distances: np.ndarray,
+                        columns: Sequence[int]) -> float:  # fmt: skip
+    """The :data:`PRIOR_WEIGHTS` entry whose leave-one-source-out error over the ``columns``' sources alone is least
+    (each of them predicted by a fit on the others): the inner loop of a nested validation, so the source being scored
+    never takes part in choosing it. 0 when fewer than three sources are given."""
+    groups = sorted({rows[i].group for i in columns})
+    if len(groups) < 3:
+        return 0.0
+    best, best_error = 0.0, math.inf
+    for weight in PRIOR_WEIGHTS:
+        held_out = []
+        for group in groups:
+            train = [i for i in columns if rows[i].group != group]
+            p = fit(rows, errors, params, train, weight, distances)[0]
+            held_out.append(float(np.mean([log_error(rows[i], p) for i in columns if rows[i].group == group])))
+        error = float(np.mean(held_out))
+        if error < best_error - 1e-12:
+            best, best_error = weight, error
+    return best
+
+
 def leave_one_source_out(rows: Sequence[RowWork]) -> tuple[dict[str, tuple[Params, list[str]]], tuple[Params, list[str]]]:
-    """(source -> the parameters fitted on every OTHER source's rows, with edge notes; the fit on all rows, in-sample)."""
+    """(source -> the parameters fitted on every OTHER source's rows, with notes; the fit on all rows, in-sample). Each
+    fold's pull toward the priors is chosen by an inner leave-one-source-out on that fold's training sources."""
     params = grid()
     errors = error_matrix(rows, params)
+    distances = np.array([prior_distance(q) for q in params])
     folds = {}
     for group in sorted({r.group for r in rows}):
         columns = [i for i, r in enumerate(rows) if r.group != group]
-        folds[group] = fit(rows, errors, params, columns)
-    return folds, fit(rows, errors, params)
+        weight = choose_prior_weight(rows, errors, params, distances, columns)
+        best, notes = fit(rows, errors, params, columns, weight, distances)
+        folds[group] = (best, [f"pull toward the priors {weight:g}, chosen on the other sources", *notes])
+    everything = list(range(len(rows)))
+    weight = choose_prior_weight(rows, errors, params, distances, everything)
+    best, notes = fit(rows, errors, params, everything, weight, distances)
+    return folds, (best, [f"pull toward the priors {weight:g}", *notes])

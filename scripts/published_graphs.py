@@ -379,8 +379,78 @@ def build_yolov8n(path: Path) -> str:
     return "hand-written YOLOv8n (Ultralytics yolov8.yaml at depth 0.33 / width 0.25, 80 classes), seed 0, 640x640"
 
 
+def _retinanet_module(classes: int = 264, anchors: int = 9) -> Any:
+    """RetinaNet as MLPerf's object-detection benchmark defines it (torchvision's retinanet with a ResNeXt-50 32x4d
+    backbone, FPN P3-P7 of 256 channels, 4-conv class and box heads shared over the levels, 264 OpenImages classes,
+    9 anchors a location), written out here because torchvision is not installed. NMS is not part of the graph."""
+    import torch
+    from torch import nn
+
+    def conv_bn(c_in: int, c_out: int, k: int, s: int = 1, g: int = 1, act: bool = True) -> nn.Sequential:
+        layers: list[nn.Module] = [nn.Conv2d(c_in, c_out, k, s, k // 2, groups=g, bias=False), nn.BatchNorm2d(c_out)]
+        return nn.Sequential(*layers, nn.ReLU()) if act else nn.Sequential(*layers)
+
+    class Bottleneck(nn.Module):  # ResNeXt 32x4d: width = planes x 2, 32 groups, expansion 4
+        def __init__(self, c_in: int, planes: int, stride: int) -> None:
+            super().__init__()
+            width, out = planes * 2, planes * 4
+            self.body = nn.Sequential(conv_bn(c_in, width, 1), conv_bn(width, width, 3, stride, 32), conv_bn(width, out, 1, act=False))
+            self.down = conv_bn(c_in, out, 1, stride, act=False) if stride != 1 or c_in != out else nn.Identity()
+
+        def forward(self, x: Any) -> Any:
+            return torch.relu(self.body(x) + self.down(x))
+
+    def stage(c_in: int, planes: int, blocks: int, stride: int) -> nn.Sequential:
+        return nn.Sequential(Bottleneck(c_in, planes, stride), *[Bottleneck(planes * 4, planes, 1) for _ in range(blocks - 1)])
+
+    def head(out: int) -> nn.Sequential:
+        return nn.Sequential(*[m for _ in range(4) for m in (nn.Conv2d(256, 256, 3, 1, 1), nn.ReLU())], nn.Conv2d(256, out, 3, 1, 1))
+
+    class RetinaNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Sequential(conv_bn(3, 64, 7, 2), nn.MaxPool2d(3, 2, 1))
+            self.c2, self.c3 = stage(64, 64, 3, 1), stage(256, 128, 4, 2)
+            self.c4, self.c5 = stage(512, 256, 6, 2), stage(1024, 512, 3, 2)
+            self.lateral = nn.ModuleList(nn.Conv2d(c, 256, 1) for c in (512, 1024, 2048))
+            self.smooth = nn.ModuleList(nn.Conv2d(256, 256, 3, 1, 1) for _ in range(3))
+            self.p6, self.p7 = nn.Conv2d(256, 256, 3, 2, 1), nn.Conv2d(256, 256, 3, 2, 1)
+            self.cls, self.box = head(anchors * classes), head(anchors * 4)
+
+        def forward(self, x: Any) -> Any:
+            c3 = self.c3(self.c2(self.stem(x)))
+            c4 = self.c4(c3)
+            c5 = self.c5(c4)
+            p5 = self.lateral[2](c5)
+            p4 = self.lateral[1](c4) + nn.functional.interpolate(p5, size=c4.shape[-2:], mode="nearest")
+            p3 = self.lateral[0](c3) + nn.functional.interpolate(p4, size=c3.shape[-2:], mode="nearest")
+            p3, p4, p5 = self.smooth[0](p3), self.smooth[1](p4), self.smooth[2](p5)
+            p6 = self.p6(p5)
+            p7 = self.p7(torch.relu(p6))
+            levels = (p3, p4, p5, p6, p7)
+            n = x.shape[0]
+            cls = torch.cat([self.cls(p).permute(0, 2, 3, 1).reshape(n, -1, classes) for p in levels], 1)
+            box = torch.cat([self.box(p).permute(0, 2, 3, 1).reshape(n, -1, 4) for p in levels], 1)
+            return cls, box
+
+    return RetinaNet()
+
+
+def build_retinanet(path: Path) -> str:
+    import torch
+
+    torch.manual_seed(0)
+    module = _retinanet_module().eval()
+    params = sum(p.numel() for p in module.parameters())
+    _export(module, {"images": torch.zeros(1, 3, 800, 800)}, ["cls_logits", "bbox_regression"], path,
+            {"images": {0: "batch"}, "cls_logits": {0: "batch"}, "bbox_regression": {0: "batch"}})  # fmt: skip
+    return (f"hand-written RetinaNet (MLPerf's: ResNeXt-50 32x4d, FPN P3-P7 256 wide, 4-conv heads, 264 classes, 9 anchors; "
+            f"{params / 1e6:.1f} M parameters with BatchNorm; NMS not in the graph), seed 0, 800x800")  # fmt: skip
+
+
 #: graph name -> builder writing the ONNX file and returning how it was made
 GRAPHS: dict[str, Callable[[Path], str]] = {"resnet50": build_resnet50, "bert-large": build_bert_large, "yolov8n": build_yolov8n,
+                                            "retinanet": build_retinanet,
                                             **{f"yolo11{scale}": _yolo11_builder(scale) for scale in YOLO11_SCALES}}  # fmt: skip
 #: graphs that can be built at another sequence length: name -> builder(path, seq) (a row's ``sequence_length``)
 SEQUENCE_GRAPHS: dict[str, Callable[[Path, int], str]] = {"bert-large": build_bert_large}

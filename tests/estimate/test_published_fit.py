@@ -57,3 +57,19 @@ def _published(group: str, value: float, metric: str = "throughput_per_s") -> "e
                            precision="int8", batch=256, shape={"batch": 256}, metric=metric, value=value, measured="m",
                            engine="GPU + 2 DLA", software="s", source={"url": "https://example.org", "title": "t"},
                            source_group=group)  # fmt: skip
+
+
+def test_the_pull_toward_the_priors_is_chosen_on_the_training_sources_only() -> None:
+    from scripts.published_fit import choose_prior_weight, error_matrix, grid, prior_distance
+
+    # three sources that disagree (x2, x1, x0.5 of the prior time): fitting on two mispredicts the third, so the
+    # nested choice pulls toward the priors; with two sources there is nothing to choose on
+    rows = [_row("a", 2.0, 1.0), _row("b", 1.0, 1.0), _row("c", 0.5, 1.0), _row("d", 7.0, 1.0)]
+    params = grid()
+    errors = error_matrix(rows, params)
+    distances = np.array([prior_distance(p) for p in params])
+    assert choose_prior_weight(rows, errors, params, distances, [0, 1, 2]) > 0
+    assert choose_prior_weight(rows, errors, params, distances, [0, 1]) == 0.0
+    folds, _ = leave_one_source_out(rows)
+    moved = [*rows[:3], _row("d", 70.0, 1.0)]  # d's own figure cannot change the factors d is scored with
+    assert leave_one_source_out(moved)[0]["d"][0] == folds["d"][0]
