@@ -305,7 +305,7 @@ class _Search:
         started = time.perf_counter()
         floor = self.judge.floor(candidate)
         bar = self.judge.bar(candidate)
-        over = self.budget.over_budget(candidate) if not is_reference(candidate) else None
+        over = self.budget.over_budget(candidate) if not (is_reference(candidate) or candidate.baseline) else None
         if over is not None:
             return self._row(_result(candidate, "skipped", detail=over), started, candidate)
         if self.judge.best is not None and floor is not None and floor[0] >= self.judge.to_beat():

@@ -54,6 +54,9 @@ class Candidate:
     #: The engine that runs it when not the search's own (``"openvino"`` on a target that allows both): the chosen
     #: candidate's engine becomes the bundle's backend. Empty: the search's engine (ONNX Runtime).
     engine: str = ""
+    #: Another engine's own FP32-like baseline (OpenVINO's fp32 and bf16: a copy and a compile, no calibration): like the
+    #: FP32 reference, never skipped for the time budget, or the search would not have compared the engines at all.
+    baseline: bool = False
 
     @property
     def scheme(self) -> tuple[Any, ...] | None:

@@ -94,21 +94,25 @@ class OpenVinoAuto:
     # -- candidates ------------------------------------------------------------------------------
 
     def add_to(self, listed: Sequence[Candidate | CandidateLadder]) -> list[Candidate | CandidateLadder]:
-        """``listed`` with the OpenVINO candidates right after the first one (the plain static int8 plan, which the
-        search's time budget is scaled from): expected fast, they set an early bar for what follows."""
-        source = next((item for item in listed if isinstance(item, Candidate) and item.name == INT8_SOURCE), None)
-        added = []
-        for precision in self.supported:
-            name, _ = CANDIDATES[precision]
-            if precision is Precision.INT8:
-                if source is None or source.plan is None:
-                    continue
+        """``listed`` with OpenVINO's float candidates (bf16, fp32) right after the first one (the plain static int8 plan,
+        which the search's time budget is scaled from): cheap (a copy and a compile) and often fast, they set an early bar,
+        and as the engine's baselines they are never skipped for time (:attr:`Candidate.baseline`). ``openvino-int8``
+        comes right after ``int8-static``, whose file it compiles (MiniLM's search wrote that graph for it, out of turn,
+        and spent its time budget before OpenVINO's bf16 was tried)."""
+        out = list(listed)
+        floats = [Candidate(CANDIDATES[p][0], p, None, GRAPH, engine=ENGINE, baseline=True) for p in (Precision.BF16, Precision.FP32)
+                  if p in self.supported]
+        at = 1 if out else 0
+        out[at:at] = floats
+        source_at = next((i for i, item in enumerate(out) if isinstance(item, Candidate) and item.name == INT8_SOURCE), None)
+        if Precision.INT8 in self.supported and source_at is not None:
+            source = out[source_at]
+            assert isinstance(source, Candidate)
+            if source.plan is not None:
                 plan = replace(source.plan, backend=Backend.OPENVINO)
-                added.append(Candidate(name, precision, plan, GRAPH, dict(source.kept), engine=ENGINE))
-            else:
-                added.append(Candidate(name, precision, None, GRAPH, engine=ENGINE))
-        at = 1 if listed else 0
-        return [*listed[:at], *added, *listed[at:]]
+                out.insert(source_at + 1 + (len(floats) if source_at == 0 else 0),
+                           Candidate(CANDIDATES[Precision.INT8][0], Precision.INT8, plan, GRAPH, dict(source.kept), engine=ENGINE))
+        return out
 
     # -- building --------------------------------------------------------------------------------
 
