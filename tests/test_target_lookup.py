@@ -56,4 +56,4 @@ def test_the_cli_refuses_a_climbing_target_with_the_known_names(tmp_path: Path):
                             cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert result.returncode == 2 and result.stdout == ""
     assert "error: target '../README' is neither a known target name nor an existing .yaml file" in result.stderr
-    assert "known: arm64-cpu, intel-core-ultra-npu," in result.stderr and "Traceback" not in result.stderr
+    assert "known: arm64-cpu, intel-core-ultra-igpu, intel-core-ultra-npu," in result.stderr and "Traceback" not in result.stderr

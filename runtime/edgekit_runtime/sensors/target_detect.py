@@ -56,6 +56,8 @@ TARGET_RULES: tuple[TargetRule, ...] = (
     TargetRule("nvidia-h100", "x86_64", 128, gpu_model_any=("H100",)),
     TargetRule("nvidia-h200", "x86_64", 128, gpu_model_any=("H200",)),
     TargetRule("intel-core-ultra-npu", "x86_64", 32, cpu_model_any=("Core(TM) Ultra",)),
+    # the same chip's Arc iGPU (another accelerator of the one device): the NPU row comes first, detection notes this one
+    TargetRule("intel-core-ultra-igpu", "x86_64", 32, cpu_model_any=("Core(TM) Ultra",)),
     TargetRule("arm64-cpu", "arm64", None, generic=True, not_for_compatible_prefixes=("nvidia,", "qcom,")),
     TargetRule("x86-64-cpu", "x86_64", None, generic=True),
 )  # fmt: skip

@@ -85,5 +85,9 @@ def test_every_detection_row_is_exercised(tmp_path: Path) -> None:
     }  # fmt: skip
     for expected, root in constructed.items():
         assert inspect_device(root).detection.target == expected
+    # one Core Ultra chip, two accelerator profiles: the NPU's row wins and the detection names the iGPU's too
+    core_ultra = inspect_device(constructed["intel-core-ultra-npu"]).detection
+    assert "also matched intel-core-ultra-igpu; intel-core-ultra-npu comes first" in core_ultra.notes
+    detected.add("intel-core-ultra-igpu")
     missing = {rule.target for rule in TARGET_RULES} - detected - set(constructed)
     assert not missing, f"no test tree detects {sorted(missing)}"
