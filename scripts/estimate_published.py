@@ -524,8 +524,9 @@ held-out check here.
    ten small-YOLO rows (YOLO11n at every precision, YOLOv8n FP32 and INT8, YOLO11s INT8: -35 to -58 %, points 3
    and 4).
 6. **Priors, measured or cited.** *5 us a layer*: on the lent H100, PyTorch's CUDA-graph replay of digits-cnn at batch
-   1 takes 0.056 ms for its 11 kernels (`docs/benchmarks/gpu_ort_h100.json`, torch-graph, FP32 and FP16), about 5 us a
-   kernel doing almost no work: back-to-back kernels with no host in between, on a data-centre GPU. Jetson GPUs clock
+   1 takes 0.056 ms for its 11 ops (at least a kernel each; `docs/benchmarks/gpu_ort_h100.json`, torch-graph, FP32 and
+   FP16), at most about 5 us a kernel doing almost no work: back-to-back kernels with no host in between, on a
+   data-centre GPU. Jetson GPUs clock
    at 0.9-1.3 GHz, so 5 us is the low side; the published rows do not settle it (point 3). *Memory at 0.75 of the
    bandwidth*: still a prior, no Jetson bandwidth was measured here; without the pull every fold preferred 0.9-1.0.
    *Per-class efficiencies* (0.45-0.6): priors; without the pull every fold kept the INT8 scale at x1.00.
