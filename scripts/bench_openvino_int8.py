@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from shared_setup import host_conditions, markdown_table  # noqa: E402
+from shared_setup import cpu_flags, host_conditions, markdown_table  # noqa: E402
 
 
-def compile_cpu(core: Any, model: Any, threads: int, pinned: bool = False) -> Any:
+def compile_cpu(core: Any, model: Any, threads: int, pinned: bool = False, hint: str = "f32") -> Any:
     """As edgekit's runner compiles (strict f32 float layers, latency mode, threads unpinned), or pinned (OpenVINO's default)."""
-    config = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": "YES" if pinned else "NO",
+    config = {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": "YES" if pinned else "NO",
               "INFERENCE_NUM_THREADS": str(threads)}  # fmt: skip
     return core.compile_model(model, "CPU", config)
 
@@ -97,6 +97,8 @@ def main() -> int:
         "NNCF int8 (OpenVINO IR)": nncf.quantize(core.read_model(str(args.fp32)), dataset),
     }
     compiled = {label: compile_cpu(core, model, args.threads) for label, model in variants.items()}
+    if {"avx512_bf16", "amx_bf16"} & set(cpu_flags(("avx512_bf16", "amx_bf16"))):  # OpenVINO's own default on this CPU
+        compiled["OpenVINO bf16 (its default here)"] = compile_cpu(core, variants["OpenVINO strict f32"], args.threads, hint="bf16")
     if args.also_pinned:
         for label in ("OpenVINO strict f32", "edgekit QDQ int8"):
             compiled[f"{label}, threads pinned"] = compile_cpu(core, variants[label], args.threads, pinned=True)
@@ -121,7 +123,7 @@ def main() -> int:
         median = statistics.median(times[label])
         rows.append([label, f"{median:.3f}", f"{median / base:.2f}", f"{cosine:.5f}",
                      " ".join(f"{k}x{v}" for k, v in runtime_precisions(compiled[label]).items())])  # fmt: skip
-    print(f"host: {host_conditions()}")
+    print(f"host: {host_conditions()}, bf16/AMX flags: {cpu_flags(('avx512_bf16', 'amx_bf16', 'amx_int8', 'avx_vnni'))}")
     print(f"OpenVINO {ov.__version__}, NNCF {nncf.__version__}, input {name} {shape}, {args.threads} threads, {args.rounds} rounds x {args.calls} calls")
     print(f"edgekit QDQ: {describe_qdq(args.qdq)}")
     print(f"NNCF QDQ:    {describe_qdq(nncf_onnx)}")
