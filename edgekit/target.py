@@ -86,12 +86,17 @@ class GPU(StrictModel):
         return self.api == "cuda"
 
     @property
-    def sm(self) -> tuple[int, int]:
-        """The CUDA compute capability as (major, minor); only CUDA GPUs have one (check :attr:`is_cuda` first)."""
+    def cuda_compute_capability(self) -> str:
+        """``compute_capability`` of a CUDA GPU ('8.7'); a TargetError for an OpenVINO GPU (check :attr:`is_cuda` first)."""
         if self.compute_capability is None:
             raise TargetError(f"GPU '{self.name}' (gpu.api: {self.api}) has no CUDA compute capability",
                               hint="only CUDA GPUs (gpu.api: cuda) have gpu.compute_capability")
-        major, minor = self.compute_capability.split(".")
+        return self.compute_capability
+
+    @property
+    def sm(self) -> tuple[int, int]:
+        """The CUDA compute capability as (major, minor); only CUDA GPUs have one (check :attr:`is_cuda` first)."""
+        major, minor = self.cuda_compute_capability.split(".")
         return int(major), int(minor)
 
 

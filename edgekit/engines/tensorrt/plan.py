@@ -176,7 +176,7 @@ def plan_tensorrt_build(
     return TensorRTBuildPlan(
         target=target.name,
         gpu_name=target.gpu.name,
-        compute_capability=target.gpu.compute_capability,
+        compute_capability=target.gpu.cuda_compute_capability,
         precision=precision.value,
         tensorrt_major=major,
         api=api.value,
