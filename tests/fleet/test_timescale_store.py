@@ -10,9 +10,11 @@ archive); ``scripts/install_timescaledb.sh`` builds and installs it from source.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -36,7 +38,7 @@ def _missing_timescaledb() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def timescale_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def timescale_server() -> Iterator[str]:
     """URL of the ``postgres`` database of a private server that preloads TimescaleDB."""
     missing = _missing_timescaledb()
     if missing:
@@ -44,13 +46,14 @@ def timescale_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     pytest.importorskip("psycopg", reason="psycopg 3 is not installed (pip install 'edgekit[fleet]')")
     from scripts.bench_fleet import Postgres
 
-    server = Postgres(tmp_path_factory.mktemp("timescale") / "pg", settings=(
+    parent = Path(tempfile.mkdtemp(prefix="edgekit-timescale-"))  # not under pytest's 0700 folder: the server runs as postgres
+    server = Postgres(parent / "pg", settings=(
         "shared_preload_libraries=timescaledb", "timescaledb.telemetry_level=off", "max_worker_processes=16"))
-    url = server.start()
     try:
-        yield url
+        yield server.start()
     finally:
         server.stop()
+        shutil.rmtree(parent, ignore_errors=True)
 
 
 _databases = iter(range(1_000_000))
@@ -77,9 +80,24 @@ def _seed(store: FleetStore, days: int = 3, per_day: int = 6, devices: int = 3) 
     store.add_windows(windows)
 
 
+def _rounded(value: Any) -> Any:
+    """``value`` with every float to 12 significant digits: a percentile merged from rollups sums its parts in
+    the order the scan returns them (hypertable chunks vs. partitions), which moves the last bit (9.864999999999998
+    vs 9.864999999999997); everything else must match exactly."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return (type(value).__name__, *(_rounded(getattr(value, f.name)) for f in dataclasses.fields(value)))
+    if isinstance(value, (list, tuple)):
+        return [_rounded(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _rounded(item) for key, item in value.items()}
+    if isinstance(value, float):
+        return float(f"{value:.12g}")
+    return value
+
+
 def _reads(store: FleetStore) -> dict[str, Any]:
-    """Every read the console, report and dashboard use, as plain values."""
-    return {
+    """Every read the console, report and dashboard use, as plain values (floats to 12 significant digits)."""
+    return _rounded({
         "summaries": store.device_summaries(),
         "by_bundle": store.aggregate(("bundle_id", "target")),
         "by_device": store.aggregate(("device",)),
@@ -90,7 +108,7 @@ def _reads(store: FleetStore) -> dict[str, Any]:
         "spans": store.bundle_spans(),
         "windows": list(store.windows()),
         "missing": store.missing_seqs("lab", "dev-2"),
-    }
+    })
 
 
 def _scalar(store: FleetStore, sql: str) -> Any:
@@ -146,9 +164,9 @@ def test_reads_and_retention_are_the_same_as_the_native_layout(new_database: Any
         assert _scalar(timescaled, "SELECT COUNT(*) FROM timescaledb_information.chunks "
                                    "WHERE hypertable_name = 'telemetry_rollups'") == 2  # day 0 dropped whole  # fmt: skip
         assert timescaled.storage_layout()["retention_policies"] == {
-            "telemetry_rollups": "2 days", "telemetry_model_rollups": "2 days"}  # fmt: skip
+            "telemetry_rollups": "48:00:00", "telemetry_model_rollups": "48:00:00"}  # fmt: skip
         timescaled.apply_retention(dt.timedelta(0), now=D0 + 3 * DAY, rollups_for=3 * DAY)  # policy replaced
-        assert timescaled.storage_layout()["retention_policies"]["telemetry_rollups"] == "3 days"
+        assert timescaled.storage_layout()["retention_policies"]["telemetry_rollups"] == "72:00:00"
     finally:
         native.close()
         timescaled.close()
@@ -189,7 +207,19 @@ def test_a_store_made_natively_stays_native_when_timescaledb_appears(new_databas
         _seed(store, days=1)
     with PostgresStore(url) as reopened:
         assert reopened.layout == timescale.NATIVE
-        assert reopened.timescale_detection.path == timescale.TIMESCALEDB
+        assert "laid out natively before; the extension is not created for it" in reopened.timescale_detection.reason
         assert len(reopened.device_summaries()) == 3
         reopened.apply_retention(dt.timedelta(0), now=D0 + 3 * DAY, rollups_for=DAY)  # drops partitions as before
         assert _scalar(reopened, "SELECT COUNT(*) FROM telemetry_rollups") == 0
+
+
+def test_a_server_without_timescaledb_preloaded_gets_the_native_layout(postgres_url: str) -> None:
+    """The shared test server: TimescaleDB not installed, or installed but not preloaded; either way native, said why."""
+    with open_store(postgres_url) as store:
+        assert (store.layout, store.timescale_detection.path) == ("native", "native")  # type: ignore[attr-defined]
+        assert store.timescale_detection.reason in (  # type: ignore[attr-defined]
+            "the server has no timescaledb extension installed (pg_available_extensions)",
+        ) or "does not preload it" in store.timescale_detection.reason  # type: ignore[attr-defined]
+        assert store.storage_layout() == {"layout": "native", "detected": store.timescale_detection.reason,  # type: ignore[attr-defined]
+                                          "retention_policies": {}}
+        assert _scalar(store, "SELECT relkind FROM pg_class WHERE oid = to_regclass('telemetry_rollups')") == "p"

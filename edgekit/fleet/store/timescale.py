@@ -87,6 +87,10 @@ def detect(cursor: Any, mode: str) -> Detection:
     offered = cursor.fetchone()
     if offered is None:
         return Detection(NATIVE, "the server has no timescaledb extension installed (pg_available_extensions)")
+    cursor.execute("SELECT current_setting('shared_preload_libraries')")
+    if EXTENSION not in [name.strip().strip('"') for name in str(cursor.fetchone()[0]).split(",")]:
+        return Detection(NATIVE, f"the server offers timescaledb {offered[0]} but does not preload it "
+                                 "(shared_preload_libraries = 'timescaledb' and a restart would enable it)")  # fmt: skip
     if to_regclass(cursor, "telemetry_rollups"):
         return Detection(NATIVE, f"the server offers timescaledb {offered[0]}, but this store was laid out natively "
                                  "before; the extension is not created for it")  # fmt: skip
