@@ -22,6 +22,7 @@ from typing import Any
 
 from edgekit_runtime.agent.body_budget import RETRY_AFTER_S
 from edgekit_runtime.agent.http_guard import Refusal, body_limit_refusal, json_body_limit
+from edgekit_runtime.agent.http_head import parse_plain_head
 from edgekit_runtime.agent.serving import InferenceServer
 from edgekit_runtime.agent.wire import JSON_CONTENT_TYPE
 
@@ -92,6 +93,8 @@ class RequestHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         for name, value in (headers or {}).items():
             self.send_header(name, value)
+        if self.close_connection and "Connection" not in (headers or {}):  # e.g. a body left unread: say so, or
+            self.send_header("Connection", "close")  # a keep-alive client sends its next request into a closed socket
         self.end_headers()
         self.wfile.write(body)
 
@@ -202,12 +205,13 @@ class RequestHandler(BaseHTTPRequestHandler):
             self._refuse(problem)
             return False
         self.raw_requestline = lines[0]
-        socket_file, self.rfile = self.rfile, io.BytesIO(b"".join(lines[1:]))
-        try:
-            if not self.parse_request():  # answers 400 / 431 / 505 itself (send_error) when it returns False
-                return False
-        finally:
-            self.rfile = socket_file
+        if not parse_plain_head(self, lines):  # not a plain HTTP/1.1 head: the standard library parses it
+            socket_file, self.rfile = self.rfile, io.BytesIO(b"".join(lines[1:]))
+            try:
+                if not self.parse_request():  # answers 400 / 431 / 505 itself (send_error) when it returns False
+                    return False
+            finally:
+                self.rfile = socket_file
         problem = _unreadable_framing(self.headers.get_all("Content-Length") or [],
                                       self.headers.get_all("Transfer-Encoding") or [])  # fmt: skip
         if problem is not None:
