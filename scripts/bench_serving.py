@@ -1,19 +1,22 @@
 #!/usr/bin/env python
 """The agent as a server under concurrent batch-1 clients, beside a bare in-process ONNX Runtime loop.
 
-    .venv/bin/python scripts/bench_serving.py --bundle DIR [--seconds 6] [--rounds 2] [--concurrency 1,4,16]
-        [--protocols http,grpc] [--max-batch 16] [--max-delay-ms 1.0] [--perf-analyzer PATH] [--out FILE]
+    .venv/bin/python scripts/bench_serving.py --model digits-cnn|minilm [--bundle DIR] [--seconds 4] [--rounds 2]
+        [--concurrency 1,4,16] [--protocols http,grpc] [--max-delay-ms 0.5[,1,...]] [--max-batch N]
+        [--perf-analyzer PATH] [--out docs/benchmarks/serving.json --key NAME]
 
-Two agents run as processes (``edgekit-agent run``) with the bundle installed, HTTP and gRPC on
-loopback: ``plain`` (no ``batching`` section: one runner call per request) and ``batched`` (``batching:
-{max_batch, max_delay_ms}``: concurrent requests combined). For each protocol and concurrency, in
-every round, three cases run back to back for ``--seconds`` each: ``bare`` (``session.run`` at batch 1
-in a loop in this process, on a session made from the bundle with its manifest's options, as the agent
-makes it), then ``plain``, then ``batched``; each agent case's ratio is to the ``bare`` run just before
-it, so the three see the same moment of a shared host. The load comes from perf_analyzer (the
-tritonclient 2.41.0 wheel's ``bin/perf_analyzer``, with libb64 and the CUDA runtime on
-``LD_LIBRARY_PATH``) when ``--perf-analyzer`` is given, else from one tritonclient per thread (binary
-tensors over HTTP). Prints a table, and writes JSON with the CPU flags and load averages to ``--out``.
+Agents run as processes (``edgekit-agent run``) with the bundle installed, HTTP and gRPC on loopback:
+``plain`` (no ``batching`` section: one runner call per request) and one ``batched_<delay>`` per
+``--max-delay-ms`` value (``batching: {max_delay_ms}``, max batch from the bundle unless ``--max-batch``).
+For each protocol and concurrency, in every round, the cases run back to back for ``--seconds`` each:
+``bare`` (``session.run`` at batch 1 in a loop in this process, on a session made from the bundle with its
+manifest's options, as the agent makes it), then each agent, then ``bare`` again; each agent case's ratio is
+to the mean of the two bare runs around it, so they see the same stretch of a shared host. The request is the first item of the bundle's
+first golden input (real token ids for MiniLM). The load comes from perf_analyzer (the tritonclient 2.41.0
+wheel's ``bin/perf_analyzer``; ``libb64.so.0d`` and ``libcudart.so.12`` in a ``lib`` folder beside it or on
+``LD_LIBRARY_PATH``) when ``--perf-analyzer`` is given, with the same request as its input data, else from
+one tritonclient per thread (binary tensors over HTTP). Prints a table; writes JSON (CPU flags, load
+averages before and after every row) under ``runs.<key>`` of ``--out``, keeping the other runs.
 """
 
 from __future__ import annotations
@@ -37,7 +40,10 @@ import yaml
 from edgekit_runtime.backends import create_runner
 from edgekit_runtime.bundle import open_bundle
 
-CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "amx_tile")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from shared_setup import ensure_bundle, host_conditions  # noqa: E402
+
+RECIPES = {"digits-cnn": "recipes/digits-cnn.yaml", "minilm": "recipes/minilm.yaml"}
 
 
 def free_port() -> int:
@@ -46,15 +52,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def cpu_flags() -> list[str]:
-    text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
-    return sorted({flag for flag in CPU_FLAGS if re.search(rf"\b{flag}\b", text)})
-
-
 class Agent:
     """An ``edgekit-agent run`` process serving ``bundle`` on free loopback ports."""
 
     def __init__(self, root: Path, bundle: Path, batching: dict[str, float] | None) -> None:
+        self.batching = batching
         root.mkdir(parents=True)
         self.http_port, self.grpc_port = free_port(), free_port()
         config: dict[str, Any] = {
@@ -94,6 +96,19 @@ class Agent:
         self.process.wait(timeout=30)
 
 
+def request_feeds(bundle: Any, item: int, dims: dict[str, int]) -> dict[str, np.ndarray]:
+    """Item ``item`` of the bundle's first golden input batch (batch-first inputs), cut to ``dims`` along the
+    axes whose signature names them (MiniLM's golden sentences are padded to 128 tokens; a client sends one
+    sentence unpadded)."""
+    with np.load(bundle.root / "golden" / "inputs_000.npz") as arrays:
+        feeds = {tensor.name: arrays[tensor.name][item : item + 1] for tensor in bundle.io.inputs}
+    for tensor in bundle.io.inputs:
+        for axis, name in enumerate(tensor.shape):
+            if name in dims:
+                feeds[tensor.name] = feeds[tensor.name].take(range(dims[name]), axis=axis)
+    return {name: np.ascontiguousarray(array) for name, array in feeds.items()}
+
+
 def bare_loop(session: Any, feeds: dict[str, np.ndarray], seconds: float) -> dict[str, float]:
     names = [output.name for output in session.get_outputs()]
     count, start = 0, time.perf_counter()
@@ -103,19 +118,41 @@ def bare_loop(session: Any, feeds: dict[str, np.ndarray], seconds: float) -> dic
     return {"throughput_per_s": count / elapsed}
 
 
-def perf_analyzer(binary: str, model: str, url: str, protocol: str, concurrency: int, seconds: float) -> dict[str, float]:
+def perf_analyzer_input(feeds: dict[str, np.ndarray], folder: Path) -> tuple[Path, list[str]]:
+    """perf_analyzer's ``--input-data`` JSON holding ``feeds`` (without the batch dim) and its ``--shape`` flags."""
+    entry = {name: {"content": array[0].ravel().tolist(), "shape": list(array.shape[1:])} for name, array in feeds.items()}
+    path = folder / "perf_analyzer_input.json"
+    path.write_text(json.dumps({"data": [entry]}), encoding="utf-8")
+    shapes = [flag for name, array in feeds.items() for flag in ("--shape", f"{name}:{','.join(map(str, array.shape[1:]))}")]
+    return path, shapes
+
+
+def perf_analyzer(binary: str, model: str, url: str, protocol: str, concurrency: int, seconds: float,
+                  data: tuple[Path, list[str]]) -> dict[str, float]:  # fmt: skip
     command = [binary, "-m", model, "-u", url, "-i", protocol, "--concurrency-range", str(concurrency),
-               "--measurement-interval", str(int(seconds * 1000)), "-s", "100", "-r", "3"]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=seconds * 10 + 60)
+               "--measurement-interval", str(int(seconds * 1000)), "-s", "1000", "-r", "3",  # a shared host moves latency by over 100 % between windows
+               "--input-data", str(data[0]), *data[1]]  # fmt: skip
+    env = dict(os.environ)
+    lib = Path(binary).resolve().parent / "lib"
+    if lib.is_dir():
+        env["LD_LIBRARY_PATH"] = f"{lib}:{env.get('LD_LIBRARY_PATH', '')}"
+    done = subprocess.run(command, capture_output=True, text=True, timeout=seconds * 10 + 60, env=env)
     found = re.search(r"Throughput: ([\d.]+) infer/sec", done.stdout)
     if found is None:
         raise SystemExit(f"perf_analyzer failed ({done.returncode}): {done.stdout[-800:]} {done.stderr[-800:]}")
     p50 = re.search(r"p50 latency: (\d+) usec", done.stdout)
-    return {"throughput_per_s": float(found.group(1)), "p50_us": float(p50.group(1)) if p50 else float("nan")}
+    calls = re.search(r"Inference count: (\d+)\s+Execution count: (\d+)", done.stdout)
+    result = {"throughput_per_s": float(found.group(1)), "p50_us": float(p50.group(1)) if p50 else float("nan")}
+    if calls is not None and int(calls.group(2)):
+        result["items_per_call"] = int(calls.group(1)) / int(calls.group(2))
+    return result
 
 
-def tritonclient_load(model: str, url: str, protocol: str, concurrency: int, seconds: float, image: np.ndarray) -> dict[str, float]:
+def tritonclient_load(model: str, url: str, protocol: str, concurrency: int, seconds: float,
+                      feeds: dict[str, np.ndarray]) -> dict[str, float]:  # fmt: skip
     """``concurrency`` threads, one tritonclient each, batch-1 requests for ``seconds``."""
+    from tritonclient.utils import np_to_triton_dtype
+
     if protocol == "http":
         import tritonclient.http as client_module
     else:
@@ -125,11 +162,14 @@ def tritonclient_load(model: str, url: str, protocol: str, concurrency: int, sec
 
     def worker(index: int) -> None:
         client = client_module.InferenceServerClient(url=url)
-        item = client_module.InferInput("image", list(image.shape), "FP32")
-        item.set_data_from_numpy(image, **({"binary_data": True} if protocol == "http" else {}))
+        items = []
+        for name, array in feeds.items():
+            item = client_module.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            item.set_data_from_numpy(array, **({"binary_data": True} if protocol == "http" else {}))
+            items.append(item)
         while not stop.is_set():
             started = time.perf_counter()
-            client.infer(model, [item])
+            client.infer(model, items)
             latencies[index].append(time.perf_counter() - started)
             counts[index] += 1
         client.close()
@@ -147,30 +187,52 @@ def tritonclient_load(model: str, url: str, protocol: str, concurrency: int, sec
     return {"throughput_per_s": sum(counts) / elapsed, "p50_us": every[len(every) // 2] * 1e6 if every else float("nan")}
 
 
+def write_report(path: Path, key: str, report: dict[str, Any]) -> None:
+    """``report`` as ``runs[key]`` of the JSON at ``path``, the other runs kept."""
+    existing: dict[str, Any] = {}
+    if path.is_file():
+        existing = json.loads(path.read_text(encoding="utf-8"))
+    runs = existing.get("runs", {}) if isinstance(existing, dict) else {}
+    runs[key] = report
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"runs": runs}, indent=2) + "\n", encoding="utf-8")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bundle", type=Path, required=True, help="an onnxruntime bundle with image float32[batch, ...] input")
-    parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--model", choices=sorted(RECIPES), default="digits-cnn", help="the demo recipe to serve")
+    parser.add_argument("--bundle", type=Path, help="a built bundle of --model (default: built into --workdir)")
+    parser.add_argument("--workdir", type=Path, default=Path("out/bench_serving"))
+    parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--concurrency", default="1,4,16")
     parser.add_argument("--protocols", default="http,grpc")
-    parser.add_argument("--max-batch", type=int, default=16)
-    parser.add_argument("--max-delay-ms", type=float, default=1.0)
+    parser.add_argument("--max-batch", type=int, help="batching.max_batch (default: the bundle's bound)")
+    parser.add_argument("--max-delay-ms", default="0.5", help="batching.max_delay_ms; a comma list sweeps it")
+    parser.add_argument("--item", type=int, default=0, help="which item of the first golden batch is the request")
+    parser.add_argument("--dims", default="", help="cut the request to these dim sizes, e.g. seq=48")
     parser.add_argument("--perf-analyzer", help="path of perf_analyzer; default: a tritonclient load generator")
     parser.add_argument("--out", type=Path, default=Path("out/bench_serving.json"))
+    parser.add_argument("--key", help="the name of this run in --out (default: --model)")
     args = parser.parse_args()
-    bundle = open_bundle(args.bundle, verify=True)
+    bundle_dir = ensure_bundle(RECIPES[args.model], args.bundle, args.workdir)
+    bundle = open_bundle(bundle_dir, verify=True)
     runner = create_runner(bundle)
     runner.load()
     session = getattr(runner, "session")  # the onnxruntime runner's InferenceSession  # noqa: B009
-    tensor = bundle.io.inputs[0]
-    image = np.random.default_rng(0).standard_normal([1 if isinstance(d, str) else d for d in tensor.shape]).astype(tensor.dtype)
-    feeds = {tensor.name: image}
-    batching = {"max_batch": args.max_batch, "max_delay_ms": args.max_delay_ms}
+    dims = {name: int(size) for name, _, size in (pair.partition("=") for pair in args.dims.split(",") if pair)}
+    feeds = request_feeds(bundle, args.item, dims)
+    delays = [float(value) for value in args.max_delay_ms.split(",")]
     rows: list[dict[str, Any]] = []
+    conditions = host_conditions()
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as scratch:
-        agents = {"plain": Agent(Path(scratch) / "plain", args.bundle, None),
-                  "batched": Agent(Path(scratch) / "batched", args.bundle, batching)}  # fmt: skip
+        data = perf_analyzer_input(feeds, Path(scratch))
+        agents = {"plain": Agent(Path(scratch) / "plain", bundle_dir, None)}
+        for delay in delays:
+            batching: dict[str, float] = {"max_delay_ms": delay}
+            if args.max_batch is not None:
+                batching["max_batch"] = args.max_batch
+            agents[f"batched_{delay:g}"] = Agent(Path(scratch) / f"batched_{delay:g}", bundle_dir, batching)
         model = bundle.name
         try:
             for round_index in range(args.rounds):
@@ -179,29 +241,38 @@ def main() -> None:
                         bare = bare_loop(session, feeds, args.seconds)
                         row: dict[str, Any] = {"round": round_index, "protocol": protocol, "concurrency": concurrency,
                                                "bare_per_s": bare["throughput_per_s"], "load_before": os.getloadavg()[0]}  # fmt: skip
+                        line = [f"r{round_index} {protocol:4} c={concurrency:<2} bare {row['bare_per_s']:7.0f}/s"]
                         for kind, agent in agents.items():
                             if args.perf_analyzer:
-                                result = perf_analyzer(args.perf_analyzer, model, agent.url(protocol), protocol, concurrency, args.seconds)
+                                result = perf_analyzer(args.perf_analyzer, model, agent.url(protocol), protocol, concurrency, args.seconds, data)
                             else:
-                                result = tritonclient_load(model, agent.url(protocol), protocol, concurrency, args.seconds, image)
+                                result = tritonclient_load(model, agent.url(protocol), protocol, concurrency, args.seconds, feeds)
                             row[f"{kind}_per_s"] = result["throughput_per_s"]
                             row[f"{kind}_p50_us"] = result["p50_us"]
                             row[f"{kind}_ratio"] = result["throughput_per_s"] / bare["throughput_per_s"]
+                            if "items_per_call" in result:
+                                row[f"{kind}_items_per_call"] = result["items_per_call"]
+                            line.append(f"{kind} {result['throughput_per_s']:7.0f}/s ({row[f'{kind}_ratio']:.2f}x, "
+                                        f"p50 {result['p50_us']:.0f} us, {result.get('items_per_call', float('nan')):.1f}/call)")  # fmt: skip
+                        bare_after = bare_loop(session, feeds, args.seconds)["throughput_per_s"]
+                        row["bare_after_per_s"] = bare_after  # the ratios are to the mean of the bare runs around them
+                        for kind in agents:
+                            row[f"{kind}_ratio"] = row[f"{kind}_per_s"] / ((row["bare_per_s"] + bare_after) / 2)
+                        line.append(f"bare after {bare_after:7.0f}/s")
                         row["load_after"] = os.getloadavg()[0]
                         rows.append(row)
-                        print(f"r{round_index} {protocol:4} c={concurrency:<2} bare {row['bare_per_s']:7.0f}/s  "
-                              f"plain {row['plain_per_s']:7.0f}/s ({row['plain_ratio']:.2f}x, p50 {row['plain_p50_us']:.0f} us)  "
-                              f"batched {row['batched_per_s']:7.0f}/s ({row['batched_ratio']:.2f}x, p50 {row['batched_p50_us']:.0f} us)  "
-                              f"load {row['load_before']:.1f}-{row['load_after']:.1f}", flush=True)  # fmt: skip
+                        print("  ".join(line) + f"  load {row['load_before']:.1f}-{row['load_after']:.1f}", flush=True)
         finally:
             for agent in agents.values():
                 agent.stop()
-    report = {"bundle": str(args.bundle), "model": bundle.name, "cpu_flags": cpu_flags(), "cores": os.cpu_count(),
+    report = {"bundle": bundle.name, "model": args.model, "host": conditions, "cpu_flags": conditions["cpu_flags"],
+              "cores": os.cpu_count(), "intra_op_threads": bundle.backend.get("intra_op_threads"),
+              "request": {name: list(array.shape) for name, array in feeds.items()},
               "load_generator": "perf_analyzer" if args.perf_analyzer else "tritonclient threads",
-              "seconds": args.seconds, "batching": batching, "rows": rows}  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2), encoding="utf-8")
-    print(f"cpu flags {' '.join(report['cpu_flags'])}; wrote {args.out}")
+              "seconds": args.seconds, "batching": {name: agent.batching for name, agent in agents.items()},
+              "rows": rows}  # fmt: skip
+    write_report(args.out, args.key or args.model, report)
+    print(f"cpu flags {' '.join(report['cpu_flags'])}; load now {os.getloadavg()[0]:.1f}; wrote runs.{args.key or args.model} of {args.out}")
 
 
 if __name__ == "__main__":
