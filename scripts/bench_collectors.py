@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """N collectors over ``$share`` into one PostgreSQL: windows stored per second at 1, 2 and 4 collectors.
 
-For each N (``--collectors 1,2,4``), on loopback:
+The configurations run interleaved over repeated rounds (``--rounds 3``: 1, 2, 4, 1, 2, 4, 1, 2, 4), each run
+on the same offered load, so a busy moment of the shared host falls on every configuration alike. Each run,
+on loopback:
 
 1. a scratch PostgreSQL database on the running server (``createdb``; dropped afterwards) and a private
    Mosquitto on a free port (no queue or in-flight bound, as docs/fleet.md's Delivery asks);
@@ -9,15 +11,22 @@ For each N (``--collectors 1,2,4``), on loopback:
    them, round robin), simulated devices (:class:`~edgekit.fleet.simulate.FleetSimulator`, one MQTT
    connection each) publish a fixed backlog (``--devices`` x ``--windows``, QoS 1, built beforehand)
    while no collector runs; then N collector processes (imported beforehand, so process start-up is
-   not timed) resume those sessions and are timed until the store holds every window;
-3. **live**: with the N collectors running, the devices publish the same backlog again (the next
-   seqs) and the run is timed from the first publish until every window is stored (the devices'
-   publishing shares the host with the collectors, the broker and PostgreSQL).
+   not timed) resume those sessions and are timed until the store holds every window: the whole
+   backlog is offered at once, which saturates any number of collectors;
+3. **live**: with the N collectors running, the devices build the same backlog again (the next seqs) and
+   publish it as fast as the broker takes it (several thousand a second, more than one collector stores),
+   timed until every window is stored (the devices' publishing shares the host with the collectors, the
+   broker and PostgreSQL).
 
 Stored and lost are counted in the store (``device_summaries``), never on the collectors' counters.
-CPU seconds of the collector processes, of Mosquitto and of the PostgreSQL backends serving the
-collectors (``pg_stat_activity`` of the scratch database) are read from /proc around each phase.
-The broker and collector set-up is :mod:`scripts.bench_fleet`'s (``_prime_session``,
+Where the CPU went in each phase is read from /proc: the collector processes, Mosquitto, the PostgreSQL
+backends serving the collectors (``pg_stat_activity`` of the scratch database), every PostgreSQL process
+(its background writers too, and other users' sessions), this script's process (the simulated devices)
+and the whole host (``/proc/stat``), whose remainder is the other work sharing the machine. The summary
+gives, per configuration, the median windows/s (from the first window stored), its ratio to one
+collector (the median of each round's ratio, and the ratio of the medians), the windows lost, and the
+collectors' windows per collector CPU-second: the per-core rate that projects to a machine with more
+cores. The broker and collector set-up is :mod:`scripts.bench_fleet`'s (``_prime_session``,
 ``_collector_process``, ``COLLECTOR_OPTIONS``). Writes JSON (``--out``) and prints a table. Device
 figures are SYNTHETIC (the simulator's).
 """
@@ -30,6 +39,7 @@ import multiprocessing
 import os
 import platform
 import secrets
+import statistics
 import subprocess
 import sys
 import time
@@ -56,6 +66,26 @@ def cpu_seconds(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def host_busy_seconds() -> float:
+    """CPU seconds every core of the host has spent busy since boot (``/proc/stat``: all but idle and iowait)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / CLOCK_TICKS
+
+
+def postgres_seconds() -> float:
+    """CPU seconds of every process named ``postgres`` still running (server, backends, background workers)."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == "postgres":
+                    total += cpu_seconds(int(entry.name))
+            except OSError:
+                continue
+    return total
 
 
 def postgres_backend_pids(store: Any) -> list[int]:
@@ -98,10 +128,21 @@ class ScratchDatabase:
         subprocess.run(["dropdb", "-h", self.host, "-U", self.user, "--force", self.name], check=False, timeout=60)
 
 
-def wait_stored(store: Any, expected: int, timeout_s: float, start: float, stall_s: float = 60.0) -> tuple[int, float, float | None]:
+def backends_waiting_on_locks(store: Any) -> int:
+    """How many of the store database's backends wait on a lock now (a collector's batch waiting for the rows
+    another collector's open transaction holds: ``device_latest``, the fleet buckets)."""
+    rows = store._connection.execute(  # noqa: SLF001 - a benchmark reads the store's own connection
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'").fetchall()
+    return int(rows[0][0])
+
+
+def wait_stored(store: Any, expected: int, timeout_s: float, start: float,
+                stall_s: float = 60.0) -> tuple[int, float, float | None, int, float]:  # fmt: skip
     """(windows in the store, seconds from ``start`` until ``expected`` were there or the count stalled for
-    ``stall_s``, seconds until the first window was stored or None)."""
-    last, last_change, first = -1, start, None
+    ``stall_s``, seconds until the first window was stored or None, windows stored at that moment, the share of
+    the polls meanwhile that found a backend waiting on a lock)."""
+    last, last_change, first, first_count = -1, start, None, 0
+    polls = waiting = 0
     baseline = _count_windows(store)
     while time.monotonic() - start < timeout_s:
         count = _count_windows(store)
@@ -109,11 +150,12 @@ def wait_stored(store: Any, expected: int, timeout_s: float, start: float, stall
         if count != last:
             last, last_change = count, now
             if first is None and count > baseline:
-                first = now - start
+                first, first_count = now - start, count - baseline
         if count >= expected or now - last_change > stall_s:
-            return count, last_change - start, first
+            return count, last_change - start, first, first_count, waiting / max(polls, 1)
+        polls, waiting = polls + 1, waiting + (backends_waiting_on_locks(store) > 0)
         time.sleep(0.1)
-    return last, time.monotonic() - start, first
+    return last, time.monotonic() - start, first, first_count, waiting / max(polls, 1)
 
 
 def _profiled_collector_process(profile_path: str, *args: Any) -> None:
@@ -137,6 +179,26 @@ def _profiled_collector_process(profile_path: str, *args: Any) -> None:
     finally:
         threading.setprofile(None)  # type: ignore[arg-type]
         pstats.Stats(main, *profilers).dump_stats(profile_path)
+
+
+def cpu_split(before: dict[str, Any], after: dict[str, Any], collectors: int, stored: int) -> dict[str, Any]:
+    """CPU seconds per process between two samples, the host's share of each (of wall x cores), and the collectors'
+    windows per collector CPU-second."""
+    delta = {key: after[key] - before[key] for key in ("postgres_backends", "postgres_all", "simulator", "host_busy")}
+    process = [a - b for a, b in zip(after["processes"], before["processes"])]
+    collector_cpu, broker_cpu = process[:collectors], process[collectors]
+    capacity = (after["at"] - before["at"]) * (os.cpu_count() or 1)
+    named = sum(collector_cpu) + broker_cpu + delta["postgres_all"] + delta["simulator"]
+    split = {"collectors": sum(collector_cpu), "mosquitto": broker_cpu, "postgres_all": delta["postgres_all"],
+             "simulator": delta["simulator"], "other_work_on_the_host": max(0.0, delta["host_busy"] - named),
+             "idle": max(0.0, capacity - delta["host_busy"])}  # fmt: skip
+    return {"collectors": [round(v, 2) for v in collector_cpu], "collectors_total": round(sum(collector_cpu), 2),
+            "mosquitto": round(broker_cpu, 2), "postgres_backends": round(delta["postgres_backends"], 2),
+            "postgres_all": round(delta["postgres_all"], 2), "simulator": round(delta["simulator"], 2),
+            "host_busy": round(delta["host_busy"], 2), "host_capacity": round(capacity, 2),
+            "share_of_host_pct": {k: round(100 * v / capacity, 1) for k, v in split.items()} if capacity else {},
+            "windows_per_collector_cpu_s": round(stored / sum(collector_cpu), 1) if sum(collector_cpu) > 0 else None,
+            "collector_cpu_us_per_window": round(1e6 * sum(collector_cpu) / stored, 1) if stored else None}  # fmt: skip
 
 
 def bench_collectors(collectors: int, store_url: str, workdir: Path, devices: int, windows: int,
@@ -175,13 +237,15 @@ def bench_collectors(collectors: int, store_url: str, workdir: Path, devices: in
                 pids = [p.pid for p in processes] + [broker._process.pid]  # type: ignore[union-attr]
                 backends: dict[int, float] = {}  # the collectors' PostgreSQL backends: CPU seconds last seen
 
-                def sample() -> tuple[list[float], float]:
+                def sample() -> dict[str, Any]:
                     if phase == "live" or go.is_set():
                         for pid in postgres_backend_pids(store):
                             backends[pid] = cpu_seconds(pid)
                     for pid in backends:  # a backend gone since keeps its last reading
                         backends[pid] = max(backends[pid], cpu_seconds(pid))
-                    return [cpu_seconds(pid) for pid in pids], sum(backends.values())
+                    return {"at": time.monotonic(), "processes": [cpu_seconds(pid) for pid in pids],
+                            "postgres_backends": sum(backends.values()), "postgres_all": postgres_seconds(),
+                            "simulator": cpu_seconds(os.getpid()), "host_busy": host_busy_seconds()}  # fmt: skip
                 cpu_before = sample()  # live: the publishing is counted too (collectors store meanwhile)
                 t_publish = time.monotonic()
                 sent = simulator.publish_backlog(windows)
@@ -194,23 +258,20 @@ def bench_collectors(collectors: int, store_url: str, workdir: Path, devices: in
                     go.set()  # the collectors connect, resume their sessions and get the queued backlog
                 else:
                     t0 = t_publish
-                stored, seconds, first_s = wait_stored(store, before + sent, 600, t0)
+                stored, seconds, first_s, first_count, lock_waits = wait_stored(store, before + sent, 600, t0)
                 cpu_after = sample()
                 new = stored - before
-                deltas = [round(a - b, 2) for a, b in zip(cpu_after[0], cpu_before[0])]
-                collector_cpu, broker_cpu = deltas[:-1], deltas[-1]
                 result[phase] = {
                     "sent": sent, "all_acked_by_broker": acked, "stored": new, "lost": sent - new,
                     "seconds": round(seconds, 2), "first_stored_after_s": None if first_s is None else round(first_s, 2),
                     "stored_per_s": round(new / seconds, 1) if seconds > 0 else None,
-                    # from the first window stored to the last: leaves out the collectors' connecting (drain) and
-                    # the devices' building of the backlog before they send anything (live)
-                    "stored_per_s_after_first": (round(new / (seconds - first_s), 1)
+                    # the windows stored after the first commit seen, over the time from it to the last: leaves out the
+                    # collectors' connecting (drain) and the devices' building of the backlog before they send (live)
+                    "stored_per_s_after_first": (round((new - first_count) / (seconds - first_s), 1)
                                                  if first_s is not None and seconds > first_s else None),
                     "publish_per_s": round(sent / publish_s, 1) if publish_s > 0 else None,
-                    "cpu_s": {"collectors": collector_cpu, "collectors_total": round(sum(collector_cpu), 2),
-                              "mosquitto": broker_cpu,
-                              "postgres_backends": round(cpu_after[1] - cpu_before[1], 2)},
+                    "cpu_s": cpu_split(cpu_before, cpu_after, collectors, new),
+                    "polls_with_a_backend_waiting_on_a_lock": round(lock_waits, 2),
                     "load_average_1m_after": os.getloadavg()[0],
                 }  # fmt: skip
                 result[phase]["cpu_s"]["counted"] = ("from the collectors' go to the last window stored (the broker's "
@@ -220,6 +281,7 @@ def bench_collectors(collectors: int, store_url: str, workdir: Path, devices: in
         finally:
             simulator.stop()
             stop.set()
+            go.set()  # collectors interrupted before their go see the stop at once
             for process in processes:
                 process.join(60)
                 if process.is_alive():
@@ -228,11 +290,50 @@ def bench_collectors(collectors: int, store_url: str, workdir: Path, devices: in
     return result
 
 
+def summarise(runs: list[dict[str, Any]], counts: list[int]) -> dict[str, Any]:
+    """Per configuration and phase: median windows/s (from the first stored; whole run), the ratio to one
+    collector (median of the rounds' ratios, and of the medians), lost, and the median CPU split."""
+    summary: dict[str, Any] = {}
+    for phase in ("drain", "live"):
+        by_n = {n: [r for r in runs if r["collectors"] == n and phase in r] for n in counts}
+        base = {r["round"]: r[phase]["stored_per_s_after_first"] for r in by_n.get(1, [])}
+        rows = {}
+        for n, found in by_n.items():
+            if not found:
+                continue
+            rates = [r[phase]["stored_per_s_after_first"] or 0.0 for r in found]
+            ratios = [r[phase]["stored_per_s_after_first"] / base[r["round"]] for r in found
+                      if base.get(r["round"]) and r[phase]["stored_per_s_after_first"]]  # fmt: skip
+            shares = [r[phase]["cpu_s"]["share_of_host_pct"] for r in found]
+            rows[str(n)] = {
+                "rounds": len(found), "stored_per_s_after_first": rates,
+                "median_stored_per_s_after_first": round(statistics.median(rates), 1),
+                "median_stored_per_s": round(statistics.median(r[phase]["stored_per_s"] or 0.0 for r in found), 1),
+                "ratio_to_one_per_round": [round(x, 2) for x in ratios],
+                "median_ratio_to_one": round(statistics.median(ratios), 2) if ratios else None,
+                "lost": sum(r[phase]["lost"] for r in found),
+                "median_windows_per_collector_cpu_s": round(statistics.median(
+                    r[phase]["cpu_s"]["windows_per_collector_cpu_s"] or 0.0 for r in found), 1),
+                "median_collector_cpu_us_per_window": round(statistics.median(
+                    r[phase]["cpu_s"]["collector_cpu_us_per_window"] or 0.0 for r in found), 1),
+                "median_share_of_host_pct": {key: round(statistics.median(s[key] for s in shares), 1) for key in shares[0]},
+                "load_average_1m_after": [r[phase]["load_average_1m_after"] for r in found],
+                "polls_with_a_backend_waiting_on_a_lock": [r[phase]["polls_with_a_backend_waiting_on_a_lock"] for r in found],
+            }  # fmt: skip
+        if "1" in rows:
+            for row in rows.values():
+                row["ratio_of_medians_to_one"] = round(row["median_stored_per_s_after_first"]
+                                                       / rows["1"]["median_stored_per_s_after_first"], 2)  # fmt: skip
+        summary[phase] = rows
+    return summary
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--collectors", default="1,2,4", help="comma-separated collector counts (default 1,2,4)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of every configuration, interleaved (default 3)")
     parser.add_argument("--devices", type=int, default=500)
-    parser.add_argument("--windows", type=int, default=40, help="telemetry windows per device per phase")
+    parser.add_argument("--windows", type=int, default=60, help="telemetry windows per device per phase")
     parser.add_argument("--mqtt-version", default="3.1.1", choices=("3.1.1", "5"))
     parser.add_argument("--pg-host", default="127.0.0.1")
     parser.add_argument("--pg-user", default="postgres")
@@ -241,25 +342,33 @@ def main() -> int:
                         "(pstats files, one per collector and run; profiling slows them: not for the rates)")
     args = parser.parse_args()
     counts = [int(n) for n in args.collectors.split(",")]
-    results: dict[str, Any] = {"host": host_facts(), "synthetic": True, "store": "postgresql", "runs": []}
+    results: dict[str, Any] = {"host": host_facts(), "synthetic": True, "store": "postgresql",
+                               "order": f"{args.rounds} rounds of {counts}, interleaved", "runs": []}  # fmt: skip
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="edgekit-bench-collectors-") as tmp:
-        for n in counts:
-            print(f"{n} collector(s), {args.devices} devices x {args.windows} windows per phase", flush=True)
-            with ScratchDatabase(args.pg_host, args.pg_user) as store_url:
-                results["runs"].append(bench_collectors(n, store_url, Path(tmp) / f"n{n}", args.devices, args.windows,
-                                                        args.mqtt_version, args.profile_dir))  # fmt: skip
+        for round_ in range(1, args.rounds + 1):
+            for n in counts:
+                print(f"round {round_}: {n} collector(s), {args.devices} devices x {args.windows} windows per phase",
+                      flush=True)  # fmt: skip
+                with ScratchDatabase(args.pg_host, args.pg_user) as store_url:
+                    run = bench_collectors(n, store_url, Path(tmp) / f"r{round_}n{n}", args.devices, args.windows,
+                                           args.mqtt_version, args.profile_dir)  # fmt: skip
+                results["runs"].append({"round": round_, **run})
     results["host"]["load_average_at_end"] = list(os.getloadavg())
+    results["summary"] = summarise(results["runs"], counts)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print("\n| collectors | drain windows/s (after the first) | live windows/s (after the first) | lost (drain, live) | "
-          "collector CPU s (drain) | PostgreSQL CPU s (drain) |\n| --- | --- | --- | --- | --- | --- |")  # fmt: skip
-    for run in results["runs"]:
-        d, live = run["drain"], run["live"]
-        print(f"| {run['collectors']} | {d['stored_per_s']} ({d['stored_per_s_after_first']}) | {live['stored_per_s']} "
-              f"({live['stored_per_s_after_first']}) | {d['lost']}, {live['lost']} | "
-              f"{d['cpu_s']['collectors_total']} | {d['cpu_s']['postgres_backends']} |")  # fmt: skip
+    for phase, rows in results["summary"].items():
+        print(f"\n{phase}: | collectors | median windows/s from the first stored (rounds) | ratio to one: median of "
+              "rounds (of medians) | lost | windows per collector CPU-s | share of the 2-core host: collectors / "
+              "PostgreSQL / Mosquitto / devices / other work / idle |")  # fmt: skip
+        for n, row in rows.items():
+            share = row["median_share_of_host_pct"]
+            print(f"| {n} | {row['median_stored_per_s_after_first']} ({', '.join(str(x) for x in row['stored_per_s_after_first'])})"
+                  f" | {row['median_ratio_to_one']} ({row.get('ratio_of_medians_to_one')}) | {row['lost']} | "
+                  f"{row['median_windows_per_collector_cpu_s']} | {share['collectors']} / {share['postgres_all']} / "
+                  f"{share['mosquitto']} / {share['simulator']} / {share['other_work_on_the_host']} / {share['idle']} % |")  # fmt: skip
     print(f"wrote {args.out}")
     return 0
 
