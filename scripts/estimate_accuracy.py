@@ -72,12 +72,15 @@ def combine_peaks(peaks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def time_interleaved(models: list[tuple[Path, dict[str, np.ndarray]]], threads: int, runs: int, rounds: int,
-                     round_seconds: float, between: Any = None) -> list[list[float]]:  # fmt: skip
-    """Each model's p50 ms per round: ONNX Runtime CPU at ORT_ENABLE_ALL (the bench's level), after 3 warm-up runs;
+                     round_seconds: float, between: Any = None) -> tuple[list[list[float]], list[list[float]]]:  # fmt: skip
+    """Each model's quiet time (:func:`edgekit.estimate.host_kernels.quiet_time`, the statistic the host peak and
+    kernel benchmarks report) and p50, ms, per round: ONNX Runtime CPU at ORT_ENABLE_ALL (the bench's level), after 3 warm-up runs;
     the rounds are interleaved (round 1 of every model, then round 2, ...), so a burst of load on the shared host
     lands in one round of several models instead of every round of one. A round is ``runs`` runs, or as many as
     fit in about ``round_seconds`` (at least 5), so the whole script stays within minutes."""
     import onnxruntime as ort
+
+    from edgekit.estimate.host_kernels import quiet_time
 
     sessions, counts = [], []
     for path, feeds in models:
@@ -93,6 +96,7 @@ def time_interleaved(models: list[tuple[Path, dict[str, np.ndarray]]], threads: 
         sessions.append(session)
         counts.append(max(5, min(runs, int(round_seconds / max(warm_s, 1e-6)))))
     p50s: list[list[float]] = [[] for _ in models]
+    quiets: list[list[float]] = [[] for _ in models]
     for _ in range(rounds):
         for index, ((_, feeds), session) in enumerate(zip(models, sessions)):
             times = []
@@ -101,9 +105,10 @@ def time_interleaved(models: list[tuple[Path, dict[str, np.ndarray]]], threads: 
                 session.run(None, feeds)
                 times.append((time.perf_counter() - start) * 1e3)
             p50s[index].append(float(np.median(times)))
+            quiets[index].append(quiet_time(times))
         if between is not None:  # after each round: the host micro-benchmarks again, under the load of this moment
             between()
-    return p50s
+    return quiets, p50s
 
 
 def recipe_model(path: Path, work: Path) -> tuple[str, Path, dict[str, np.ndarray], str]:
@@ -183,15 +188,15 @@ def main(argv: list[str] | None = None) -> int:
             prepared.append((label, where, path, feeds, cost))
         peaks = [peak]
         between = None if args.cached_peak or args.from_json else (lambda: peaks.append(measure_host_peak(threads, refresh=True)))
-        p50s = time_interleaved([(p, f) for _, _, p, f, _ in prepared], threads, args.runs, args.rounds, args.round_seconds, between)
+        quiets, p50s = time_interleaved([(p, f) for _, _, p, f, _ in prepared], threads, args.runs, args.rounds, args.round_seconds, between)
         if len(peaks) > 1:  # the micro-benchmarks ran before the models and after each round: the load the models saw
             peak = combine_peaks(peaks)
             hardware = hardware_for(target, measured=peak)
-        for (label, where, path, feeds, cost), model_p50s in zip(prepared, p50s):
+        for (label, where, path, feeds, cost), model_quiet, model_p50s in zip(prepared, quiets, p50s):
             result = estimate(path, target, cost=cost, measured_peak=peak, calibration={"kind": "none", "entries": []})
             line = roofline(cost, hardware)
-            rows.append({"model": label, "where": where, "gops": cost.total_ops / 1e9, "measured_ms": statistics.median(model_p50s),
-                         "measured_range_ms": [min(model_p50s), max(model_p50s)], "estimate_ms": result.p50_ms,
+            rows.append({"model": label, "where": where, "gops": cost.total_ops / 1e9, "measured_ms": statistics.median(model_quiet),
+                         "measured_range_ms": [min(model_quiet), max(model_quiet)], "measured_p50_ms": statistics.median(model_p50s), "estimate_ms": result.p50_ms,
                          "class_ms": line.class_roofline_ms(), "nodes": line.counted_nodes, "fixed_ms": line.fixed_ms,
                          "if_calls": sum(n.subgraph_calls for n in cost.nodes),
                          "top_class": max(result.by_class.items(), key=lambda kv: kv[1]["ms"])[0]})  # fmt: skip
@@ -276,12 +281,14 @@ def render(doc: dict[str, Any], timed: list[dict[str, Any]], args: argparse.Name
         + ("; measured share of the roofline per node kind (smallest..largest synthetic node): "
            + ", ".join(f"{k} {min(p[1] for p in v):.2f}..{max(p[1] for p in v):.2f}" for k, v in sorted(peak["kernel_efficiency"].items()))
            if peak.get("kernel_efficiency") else "")
-        + (f". These are the medians of {peak['spread']['measurements']} runs of the micro-benchmarks (before the models and "
+        + (f". Every figure is the 10th percentile of its runs (the uncontended ones: `host_kernels.quiet_time`), and "
+           f"these are the medians of {peak['spread']['measurements']} runs of the micro-benchmarks (before the models and "
            f"after each round, so they saw the load the models saw); fp32 peak ranged {peak['spread']['fp32'][0] / 1e9:.0f}-"
            f"{peak['spread']['fp32'][1] / 1e9:.0f} GFLOPS, copy {peak['spread']['bandwidth_bytes_s'][0] / 1e9:.1f}-"
            f"{peak['spread']['bandwidth_bytes_s'][1] / 1e9:.1f} GB/s" if peak.get("spread") else "")
-        + f". Peak and models both at {doc.get('threads', 2)} intra-op threads (the bench's count). Each model's p50 is "
-        f"the median of {args.rounds} interleaved rounds (every model once a round) of up to {args.runs} runs "
+        + f". Peak and models both at {doc.get('threads', 2)} intra-op threads (the bench's count). Each model's measured "
+        f"time is its runs' 10th percentile, the same statistic (a quiet host's p50; the p50 here is shown beside it), the "
+        f"median of {args.rounds} interleaved rounds (every model once a round) of up to {args.runs} runs "
         f"(fewer for slow models: about {getattr(args, 'round_seconds', 3.0):g} s a round), with the rounds' range"
         + (f"; load average at the end {doc['loadavg']}" if doc.get("loadavg") else "") + ".",
         "",
@@ -293,12 +300,13 @@ def render(doc: dict[str, Any], timed: list[dict[str, Any]], args: argparse.Name
         "* **host-calibrated (leave-one-out)**: factors fitted to all the OTHER models' measurements on this host, "
         "the fit `edgekit fleet calibrate` runs on fleet telemetry; the model itself is not in its fit.",
         "",
-        "| model | input | GOPs | measured p50 ms (range) | estimate, default ms | error | estimate, host-calibrated ms | error | most time in |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "| model | input | GOPs | measured quiet ms (range) | p50 ms | estimate, default ms | error | estimate, host-calibrated ms | error | most time in |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]  # fmt: skip
     for r in timed:
         lo, hi = r["measured_range_ms"]
-        lines.append(f"| {r['model']} | {r['where']} | {r['gops']:.3f} | {r['measured_ms']:.2f} ({lo:.2f}-{hi:.2f}) | "
+        p50 = f"{r['measured_p50_ms']:.2f}" if "measured_p50_ms" in r else "-"  # a --from-json run saved before it
+        lines.append(f"| {r['model']} | {r['where']} | {r['gops']:.3f} | {r['measured_ms']:.2f} ({lo:.2f}-{hi:.2f}) | {p50} | "
                      f"{r['estimate_ms']:.2f} | {r['error_pct']:+.0f} % | {r['loo_estimate_ms']:.2f} | {r['loo_error_pct']:+.0f} % | {r['top_class']} |")  # fmt: skip
     n = len(timed)
     lines += [
