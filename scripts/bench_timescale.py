@@ -12,7 +12,9 @@ does. Reads are then timed interleaved (native, TimescaleDB, native, ...), ``--r
 
 - ``edgekit fleet status --json`` / ``status --csv`` and ``fleet report --since 24h --json`` / ``--since 7d --json``
   as a user runs them (a new process each, start-up included), and whether both stores print the same;
-- in process: the dashboard's fleet series at 1 h and 24 h, one device's 24 h series, the per-device aggregate.
+- in process: the dashboard's fleet series at 1 h and 24 h, one device's 24 h series, the per-device aggregate;
+
+and whether both layouts answer the same (JSON without its since/until; floats to a relative 1e-9).
 
 Reports medians and the TimescaleDB / native ratio, the seeding rate, and the host's CPU flags and load (a shared
 2-core host: compare within one run). Every device figure is SYNTHETIC.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -55,6 +58,39 @@ def _cli(args: list[str], url: str) -> tuple[float, bytes]:
     if done.returncode != 0:
         raise RuntimeError(f"edgekit fleet {' '.join(args)} failed ({done.returncode}): {done.stderr.decode()[-400:]}")
     return took, done.stdout
+
+
+def _comparable(output: Any) -> Any:
+    """``output`` as compared between the layouts: JSON parsed without its ``since``/``until`` (the moment each
+    command ran), dataclasses as lists."""
+    import dataclasses
+
+    if isinstance(output, bytes):
+        try:
+            output = json.loads(output)
+        except ValueError:
+            return output
+        if isinstance(output, dict):
+            output = {key: value for key, value in output.items() if key not in ("since", "until")}
+    if dataclasses.is_dataclass(output) and not isinstance(output, type):
+        return [_comparable(getattr(output, f.name)) for f in dataclasses.fields(output)]
+    if isinstance(output, (list, tuple)):
+        return [_comparable(item) for item in output]
+    if isinstance(output, dict):
+        return {key: _comparable(value) for key, value in output.items()}
+    return output
+
+
+def same_answer(a: Any, b: Any) -> bool:
+    """Whether two :func:`_comparable` outputs agree: exactly, except floats to a relative 1e-9 (sums over 10,000
+    devices' rollups add in the order the scan returns them, chunks or partitions: the 12th digit moves)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_answer(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_answer(a[key], b[key]) for key in a)
+    return bool(a == b)
 
 
 def _timed(call: Callable[[], Any]) -> tuple[float, Any]:
@@ -126,7 +162,7 @@ def main() -> int:
                         times.setdefault(label, {}).setdefault(layout, []).append(took)
                         outputs.setdefault(label, {})[layout] = out
                 for label, by_layout in outputs.items():
-                    same[label] = same.get(label, True) and by_layout["native"] == by_layout["timescaledb"]
+                    same[label] = same.get(label, True) and same_answer(_comparable(by_layout["native"]), _comparable(by_layout["timescaledb"]))
             for label, by_layout in times.items():
                 medians = {layout: statistics.median(values) for layout, values in by_layout.items()}
                 results["reads"][label] = {**{f"{layout}_median_s": round(value, 3) for layout, value in medians.items()},
