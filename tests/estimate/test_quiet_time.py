@@ -41,3 +41,26 @@ def test_host_benchmarks_report_the_quiet_runs() -> None:
 
 def test_cached_peaks_measured_at_the_median_are_not_reused() -> None:
     assert "quiet=p10" in host_peak._key(2)
+
+
+def test_data_movement_benchmark_survives_onnxruntime_optimisation(tmp_path) -> None:
+    """The data-movement micro-benchmark must leave data-movement nodes in the graph ONNX Runtime runs (a Transpose
+    chain was cancelled into an Identity, so the kind had no measured point), and they must be what models run."""
+    import onnxruntime as ort
+
+    from edgekit.estimate.graph_cost import graph_costs, node_kind
+    from edgekit.estimate.host_kernels import KERNELS
+
+    for build in KERNELS["data_movement"]:
+        model, feeds = build()
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.optimized_model_filepath = str(tmp_path / "reorder.onnx")
+        options.log_severity_level = 3
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        out = session.run(None, feeds)[0]
+        np.testing.assert_array_equal(out, feeds["x"])  # layout there and back: the same tensor
+        cost = graph_costs(tmp_path / "reorder.onnx", input_shapes={k: v.shape for k, v in feeds.items()}, fusion="runtime")
+        moved = [n for n in cost.nodes if node_kind(n) == "data_movement" and not n.fused]
+        assert [n.op_type for n in moved] == ["ReorderInput", "ReorderOutput"] * 3
+        assert all(n.bytes >= 2 * feeds["x"].nbytes for n in moved)
