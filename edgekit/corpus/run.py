@@ -31,8 +31,11 @@ PEERS = ("ort-quantize_static", "ort-quantize_dynamic", "openvino-default", "ope
 #: The OpenVINO peers (``--openvino``): the source ONNX file compiled by OpenVINO's CPU plugin with its own default
 #: precision (bf16 where the CPU has AVX-512 BF16 or AMX) and at strict f32; NNCF's int8 where edgekit has it.
 OPENVINO_PEERS = ("openvino-default", "openvino-f32", "openvino-nncf-int8")
-#: peer -> the INFERENCE_PRECISION_HINT it compiles with ("default": none, OpenVINO's own choice)
-OPENVINO_PEER_HINTS = {"openvino-default": "default", "openvino-f32": "f32"}
+#: peer -> the INFERENCE_PRECISION_HINT it compiles with ("default": none, OpenVINO's own choice); NNCF's int8 QDQ graph
+#: runs its float layers at strict f32, as an edgekit openvino int8 bundle does (edgekit.engines.openvino.PRECISION_HINTS)
+OPENVINO_PEER_HINTS = {"openvino-default": "default", "openvino-f32": "f32", "openvino-nncf-int8": "f32"}
+#: The graph a configuration runs (CorpusRow.config): the FP32 graph (the source ONNX file, or edgekit's FP32 export of it)
+FP32_GRAPH = "fp32 graph"
 TARGETS = ("x86-64-cpu", "raspberry-pi-5", "jetson-orin-nano-8gb")
 #: The target this host runs and times; the others are built, self-checked and estimated.
 HOST_TARGET = "x86-64-cpu"
@@ -64,6 +67,9 @@ class CorpusRow:
     model_sha256: str | None = None  # the bundle's model file (the manifest's model.sha256): tells an auto that returned FP32's own file
     golden: str | None = None  # "pass", "fail: ...", or why it could not run; None for peers (no bundle)
     chosen: str | None = None  # auto: the precision and plan it chose
+    #: engine, precision and graph, for the verdict's same-configuration rule (summary.model_verdict): "openvino bf16 fp32
+    #: graph" for auto's OpenVINO bf16 candidate and for the OpenVINO default peer on a bf16 host; None where no peer can share it
+    config: str | None = None
     notes: list[str] = field(default_factory=list)
     error: str | None = None
 
@@ -159,24 +165,61 @@ def peer_path(work: Path, name: str) -> Path:
     return work / {"ort-quantize_static": "ort_static.onnx", "ort-quantize_dynamic": "ort_dynamic.onnx"}[name]
 
 
-def openvino_peers(model: CorpusModel) -> list[CorpusRow]:
-    """OpenVINO's peers: nothing to build (OpenVINO compiles the source ONNX file when it loads it), so their build time is
-    the compile, measured when timed; NNCF int8 is listed as not available while edgekit has no NNCF path."""
-    from edgekit.engines.openvino_session import available
+def openvino_peers(model: CorpusModel, work: Path, reuse: bool = False) -> tuple[list[CorpusRow], dict[str, Path]]:
+    """OpenVINO's peers and the file each compiles. Default and strict f32 compile the source ONNX file (nothing to build;
+    the compile is measured when timed); NNCF int8 is ``nncf.quantize`` of the source file on the corpus's calibration
+    batches (edgekit.engines.openvino_nncf, NNCF's defaults for the CPU), written in ``work``."""
+    from edgekit.engines.openvino_session import available, default_precision
 
-    rows = []
+    rows, paths = [], {}
     for name in OPENVINO_PEERS:
         row = CorpusRow(model.name, name, HOST_TARGET)
         rows.append(row)
         if not available():
             row.error = "not available: OpenVINO (edgekit[openvino]) is not installed here"
-        elif name not in OPENVINO_PEER_HINTS:
-            row.error = "not available: edgekit has no NNCF quantization path yet (edgekit/engines/openvino*.py)"
-        else:
-            row.size_bytes = _size(model.onnx_path)
-            row.notes.append(f"OpenVINO CPU plugin, {'its default precision' if OPENVINO_PEER_HINTS[name] == 'default' else 'strict f32'}, "
-                             "on the source ONNX file")
-    return rows
+            continue
+        hint = OPENVINO_PEER_HINTS[name]
+        if name == "openvino-nncf-int8":
+            paths[name] = path = work / "nncf_int8.onnx"
+            row.config = "openvino int8 NNCF graph"
+            row.notes.append("OpenVINO CPU plugin, NNCF int8 (nncf.quantize on the corpus's calibration batches), float layers strict f32")
+            _nncf_peer(model, path, row, reuse)
+            continue
+        paths[name] = model.onnx_path
+        row.size_bytes = _size(model.onnx_path)
+        row.config = f"openvino {_short_precision(default_precision() if hint == 'default' else hint)} {FP32_GRAPH}"
+        row.notes.append(f"OpenVINO CPU plugin, {'its default precision' if hint == 'default' else 'strict f32'}, on the source ONNX file")
+    return rows, {name: path for name, path in paths.items() if next(r for r in rows if r.variant == name).error is None}
+
+
+def _short_precision(hint: str) -> str:
+    """OpenVINO's precision names as edgekit's (f32 -> fp32, f16 -> fp16), so configurations compare."""
+    return {"f32": "fp32", "f16": "fp16"}.get(hint.lower(), hint.lower())
+
+
+def _nncf_peer(model: CorpusModel, out: Path, row: CorpusRow, reuse: bool) -> None:
+    """Write ``out``, NNCF's int8 QDQ graph of the source file (reused from an earlier run with ``reuse``), or the row's error."""
+    from edgekit.engines.openvino_nncf import quantize_with_nncf
+    from edgekit.errors import EdgekitError
+    from edgekit.recipe import QuantizationSpec
+    from edgekit.target import get_target
+
+    if reuse and out.is_file() and _recalled_build(out) is not None:
+        row.build_s, row.size_bytes = _recalled_build(out), _size(out)
+        row.notes.append("reused")
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    try:
+        quantize_with_nncf(model.onnx_path, out, QuantizationSpec(), get_target(HOST_TARGET), list(model.calibration))
+    except EdgekitError as exc:
+        row.error = f"NNCF failed: {exc.message.splitlines()[0]}"
+        return
+    except Exception as exc:  # the peer's own failure is a result, not a crash of the corpus
+        row.error = f"NNCF failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return
+    row.build_s, row.size_bytes = time.perf_counter() - start, _size(out)
+    _remember_build(out, row.build_s)
 
 
 # ---------------------------------------------------------------- timing
@@ -348,6 +391,7 @@ def run_model(model: CorpusModel, work: Path, targets: Sequence[str] = TARGETS, 
                 backend = json.loads((bundle / "manifest.json").read_text()).get("backend") or {}
                 if backend.get("name") == "openvino":
                     hints[precision] = str((backend.get("openvino") or {}).get("inference_precision_hint", "f32"))
+                    row.config = _auto_config(row.chosen, hints[precision]) if precision == "auto" else None
             else:
                 _estimate(bundle, target, model.bench, row)
                 accuracy = json.loads((bundle / "manifest.json").read_text()).get("accuracy") or {}
@@ -364,14 +408,23 @@ def run_model(model: CorpusModel, work: Path, targets: Sequence[str] = TARGETS, 
             if row.error is None:
                 bundles[row.variant] = peer_path(work / "peers", row.variant)
     if openvino:
-        for row in openvino_peers(model):
+        ov_rows, ov_paths = openvino_peers(model, work / "peers", reuse)
+        for row in ov_rows:
             row.metric_name, row.min_value = metric_name, model.min_value
             host.append(row)
-            if row.error is None:
-                bundles[row.variant], hints[row.variant] = model.onnx_path, OPENVINO_PEER_HINTS[row.variant]
+        for name, path in ov_paths.items():
+            bundles[name], hints[name] = path, OPENVINO_PEER_HINTS[name]
     if "fp32" in bundles:
         measure_host(model, host, bundles, rounds, threads, hints)
     return host + [r for r in rows if r.target != HOST_TARGET]
+
+
+def _auto_config(chosen: str | None, hint: str) -> str | None:
+    """The configuration of auto's OpenVINO choice: its float candidates (openvino-bf16, openvino-fp32) compile the FP32
+    export at their hint; openvino-int8 compiles edgekit's own int8 QDQ graph, which no peer runs."""
+    if not chosen or not chosen.startswith(("openvino-bf16", "openvino-fp32", "openvino-fp16")):
+        return None
+    return f"openvino {_short_precision(hint)} {FP32_GRAPH}"
 
 
 def _metric_name(spec: Any) -> str:
