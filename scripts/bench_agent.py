@@ -95,7 +95,10 @@ def write_agent_config(directory: Path, device_id: str, *, interval_s: float, po
         "broker": {"url": f"mqtt://{BROKER[0]}:{BROKER[1]}"},
         "bundles": {"dir": str(directory / "bundles"), "allow_unsigned": True},
         "api": {"address": f"127.0.0.1:{port}"},
-        "telemetry": {"interval_s": interval_s, "spool": {"path": str(directory / "spool.db")}},
+        # No collector runs here: with the default collector_ack every window would wait in the spool for an
+        # ack that never comes and be sent again and again, which is not the agent's steady state. broker_ack
+        # removes a window on the broker's PUBACK, as before collector_ack became the default (2f5de57).
+        "telemetry": {"interval_s": interval_s, "delivery": "broker_ack", "spool": {"path": str(directory / "spool.db")}},
         "power": {"sensor": power_sensor},
     }
     path = directory / "agent.yaml"
@@ -321,6 +324,7 @@ def bench_model(model: str, bundle_dir: Path, dims_list: tuple[dict[str, int], .
         telemetry = {
             "model": model,
             "interval_s": service.telemetry_interval_s,
+            "delivery": service.config.telemetry.delivery,
             "power_sensor": args.power_sensor,
             "published": counters.published,
             "acked": counters.acked,
