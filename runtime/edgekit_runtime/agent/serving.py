@@ -272,7 +272,7 @@ class InferenceServer:
     def _recover_locked(self, recover: Recovery, feeds: dict[str, np.ndarray], err: Exception) -> Sequence[np.ndarray]:
         """The runner's compiled call raised ``err``: the runner recovers (an execution-provider fallback,
         after which its compiled call is a new one, so the direct path is planned again) or explains the
-        failure, which counts as an error. The caller holds the run lock."""
+        failure, which counts as an error. The caller holds the run lock or a run slot."""
         try:
             outputs = recover(feeds, err)
         except Exception:
@@ -310,12 +310,7 @@ class InferenceServer:
         try:
             outputs = run(names, feeds, None)
         except Exception as err:
-            try:
-                outputs = recover(feeds, err)
-            except Exception:
-                self._count("errors", runner_calls=1)
-                raise
-            self._replan()
+            outputs = self._recover_locked(recover, feeds, err)
         timing = _new_tuple(RequestTiming, (submitted_ns, started_ns, _clock_ns(), items, items))
         if len(stamps) < max_stamps:
             stamps.append(timing)

@@ -178,3 +178,18 @@ def serving_models(agent_config: Callable[..., Path], folder: Path, signing_key:
         assert agent_main(["install", str(bundle), "--config", str(path), "--model", kind]) == 0
     with AgentService(load_config(path)) as service:
         yield service
+
+
+@contextmanager
+def oip_clients(service: Any) -> Iterator[tuple[Any, Any]]:
+    """Triton's HTTP and gRPC clients (tritonclient) for a running agent with ``api.grpc.listen`` set; closed after."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    http = httpclient.InferenceServerClient(url=service.api_address)
+    rpc = grpcclient.InferenceServerClient(url=service.grpc.bound_address)
+    try:
+        yield http, rpc
+    finally:
+        http.close()
+        rpc.close()

@@ -20,7 +20,7 @@ from edgekit.bundle.signing import sign_bundle
 from edgekit_runtime.agent.cli import main as agent_main
 from edgekit_runtime.agent.config import load_config
 from edgekit_runtime.agent.service import AgentService
-from tests.runtime.agent_service.model_bundles import make_model_bundle, serving_models
+from tests.runtime.agent_service.model_bundles import make_model_bundle, oip_clients, serving_models
 from tests.runtime.tiny_bundle import reference_logits
 
 grpc = pytest.importorskip("grpc", reason="grpcio is the runtime's grpc extra: pip install 'edgekit-runtime[grpc]' (scripts/setup.sh)")
@@ -41,11 +41,8 @@ def agent(agent_config: Callable[..., Path], tmp_path: Path, fleet_keys: tuple[P
 
 @pytest.fixture
 def clients(agent: AgentService) -> Iterator[tuple[Any, Any]]:
-    http = httpclient.InferenceServerClient(url=agent.api_address)
-    rpc = grpcclient.InferenceServerClient(url=agent.grpc.bound_address)
-    yield http, rpc
-    http.close()
-    rpc.close()
+    with oip_clients(agent) as pair:
+        yield pair
 
 
 def images(batch: int, seed: int = 0) -> np.ndarray:

@@ -25,6 +25,7 @@ from onnx import TensorProto, helper
 from edgekit.demos import text_labels
 from edgekit.pipeline import build
 from edgekit_runtime.agent.service import AgentService
+from tests.runtime.agent_service.model_bundles import oip_clients
 
 _HOST_PIPELINE = (
     "builds its bundles with edgekit's host pipeline (its report needs markupsafe); "
@@ -139,11 +140,8 @@ def agent(built: dict[str, Path], agent_config: Callable[..., Path], tmp_path: P
 
 @pytest.fixture
 def clients(agent: AgentService) -> Iterator[tuple[Any, Any]]:
-    http = httpclient.InferenceServerClient(url=agent.api_address)
-    rpc = grpcclient.InferenceServerClient(url=agent.grpc.bound_address)
-    yield http, rpc
-    http.close()
-    rpc.close()
+    with oip_clients(agent) as pair:
+        yield pair
 
 
 def _int_inputs(module: Any, in0: np.ndarray, in1: np.ndarray, datatype: str, binary: bool | None = None) -> list[Any]:
