@@ -303,7 +303,8 @@ class InferenceServer:
         return future.result()
 
     def _run_now(self, compiled: _DirectPath, feeds: Mapping[str, np.ndarray], items: int, submitted_ns: int) -> InferenceResult:
-        """A validated request of a batching model run at once; the caller holds a run slot."""
+        """A validated request of a batching model run at once; the caller holds a run slot. The same steps as
+        the locked part of :meth:`infer`, which keeps them inline on purpose (see the comment there)."""
         _, run, names, single, recover, _, stamps, max_stamps = compiled
         feeds = feeds if type(feeds) is dict else dict(feeds)
         started_ns = _clock_ns()
