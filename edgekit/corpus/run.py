@@ -181,7 +181,7 @@ def openvino_peers(model: CorpusModel, work: Path, reuse: bool = False) -> tuple
         hint = OPENVINO_PEER_HINTS[name]
         if name == "openvino-nncf-int8":
             paths[name] = path = work / "nncf_int8.onnx"
-            row.config = "openvino int8 NNCF graph"
+            row.config = NNCF_CONFIG
             row.notes.append("OpenVINO CPU plugin, NNCF int8 (nncf.quantize on the corpus's calibration batches), float layers strict f32")
             _nncf_peer(model, path, row, reuse)
             continue
@@ -419,9 +419,18 @@ def run_model(model: CorpusModel, work: Path, targets: Sequence[str] = TARGETS, 
     return host + [r for r in rows if r.target != HOST_TARGET]
 
 
+#: auto's NNCF int8 candidate and the NNCF peer: ``nncf.quantize`` with NNCF's CPU defaults on the corpus's calibration
+#: batches (the recipe's data), float layers strict f32; the FP32 export's graph for auto, the source file for the peer,
+#: as auto's float candidates and OpenVINO's float peers are.
+NNCF_CONFIG = "openvino int8 NNCF graph"
+
+
 def _auto_config(chosen: str | None, hint: str) -> str | None:
     """The configuration of auto's OpenVINO choice: its float candidates (openvino-bf16, openvino-fp32) compile the FP32
-    export at their hint; openvino-int8 compiles edgekit's own int8 QDQ graph, which no peer runs."""
+    export at their hint; openvino-nncf-int8 is NNCF's int8 graph of it (the NNCF peer's configuration); openvino-int8
+    compiles edgekit's own int8 QDQ graph, which no peer runs."""
+    if chosen and chosen.startswith("openvino-nncf-int8"):
+        return NNCF_CONFIG
     if not chosen or not chosen.startswith(("openvino-bf16", "openvino-fp32", "openvino-fp16")):
         return None
     return f"openvino {_short_precision(hint)} {FP32_GRAPH}"

@@ -166,7 +166,7 @@ def search_auto_precision(fp32_path: Path, out_path: Path, recipe: Any, target: 
         raise QuantizationError(f"{recipe.path}: --precision auto needs data.calibration", hint="add a calibration data source to the recipe")
     from edgekit.quantize.ov.auto import for_search
 
-    engines = for_search(target, backend, backend_reason, workdir / "auto" / "openvino", threads)
+    engines = for_search(target, backend, backend_reason, workdir / "auto" / "openvino", threads, spec=recipe.build.quantization)
     # Candidates are judged by the recipe's own metric (task metrics and callables too), as the build's evaluation stage does.
     evaluator: RecipeEvaluator
     if engines is not None:
@@ -196,4 +196,5 @@ def search_auto_precision(fp32_path: Path, out_path: Path, recipe: Any, target: 
     details = {"auto": result.to_manifest()}
     if engines is not None:
         details["auto"]["engines"] = engines.summary(result.table, result.chosen)
+        details.update(engines.manifest_extra(result.chosen))  # NNCF's int8 won: its quantizer record, as a plain nncf build's
     return QuantizedModel(out_path, plan, details=details), result

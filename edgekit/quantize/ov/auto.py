@@ -5,7 +5,13 @@ with OpenVINO installed and its CPU plugin here, the search also tries
   by OpenVINO, float layers strict f32;
 * ``openvino-bf16``: the FP32 export at OpenVINO's bf16 inference precision (OpenVINO's CPU default where the CPU has
   AVX-512 BF16 or AMX; gated per target like every precision: :func:`edgekit.quantize.gating.openvino_refusal`);
-* ``openvino-fp32``: the FP32 export at strict f32.
+* ``openvino-fp32``: the FP32 export at strict f32;
+* ``openvino-nncf-int8``: NNCF's int8 QDQ graph of the FP32 export (``nncf.quantize`` on the recipe's calibration batches
+  with the recipe's quantization spec, :func:`edgekit.engines.openvino_nncf.quantize_with_nncf`, exactly what a plain
+  ``--precision int8 --backend openvino`` build with ``build.quantization.quantizer: nncf`` writes), float layers strict
+  f32. Tried where NNCF is installed (:func:`nncf_why_not`); when it wins, the manifest's ``quantization.quantizer`` is
+  NNCF's record, as that plain build's is (:meth:`OpenVinoAuto.manifest_extra`). NNCF's defaults cost the task metric on
+  detectors and MiniLM in the corpus: the recipe's metric rejects those like any other candidate.
 
 They are plain :class:`~edgekit.quantize.candidates.Candidate` rows (``engine="openvino"``) in the same list, judged by
 the same :class:`~edgekit.quantize.judging.LatencyJudge`: timed interleaved with the ONNX Runtime FP32 reference and
@@ -46,6 +52,10 @@ CANDIDATES: dict[Precision, tuple[str, str]] = {
     Precision.BF16: ("openvino-bf16", "bf16"),
     Precision.FP32: ("openvino-fp32", "f32"),
 }
+#: NNCF's int8 candidate: its name and OpenVINO INFERENCE_PRECISION_HINT (float layers strict f32, as an int8 bundle runs).
+NNCF_CANDIDATE = ("openvino-nncf-int8", "f32")
+#: Every OpenVINO candidate's name (the manifest's ``auto.engines.tried`` sorts rows by it).
+OPENVINO_NAMES = frozenset({*(name for name, _ in CANDIDATES.values()), NNCF_CANDIDATE[0]})
 #: How a recipe or the command line names the backend: then the search stays on it.
 NAMED_BACKEND = ("--backend", "recipe build.backend")
 
@@ -68,27 +78,56 @@ def why_not(target: TargetProfile, backend: Backend, backend_reason: str) -> str
     return None
 
 
-def for_search(target: TargetProfile, backend: Backend, backend_reason: str, work_dir: Path, threads: int | None) -> OpenVinoAuto | None:
-    """The OpenVINO side of one search, or None (the reason is logged) where the target or host allows one engine."""
+def nncf_why_not(refused_int8: str | None) -> str | None:
+    """Why this search tries no NNCF int8 candidate (None: it does): int8 refused on OpenVINO for the target, or NNCF not
+    installed or not importable. Importing NNCF imports torch where torch is installed (5 s on the 2-core host when
+    nothing loaded it before); the search pays that only on a target and host where it tries the candidate."""
+    import importlib
+    import importlib.util
+
+    if refused_int8:
+        return refused_int8
+    missing = "NNCF is not installed (pip install 'edgekit[openvino]')"
+    if importlib.util.find_spec("nncf") is None:
+        return missing
+    try:
+        importlib.import_module("nncf")
+    except ImportError as exc:
+        return f"{missing}: {exc}"
+    return None
+
+
+def for_search(target: TargetProfile, backend: Backend, backend_reason: str, work_dir: Path, threads: int | None,
+               spec: Any = None) -> OpenVinoAuto | None:
+    """The OpenVINO side of one search, or None (the reason is logged) where the target or host allows one engine.
+    ``spec``: the recipe's ``build.quantization`` (its NNCF int8 candidate quantizes with it, as a plain build does)."""
     reason = why_not(target, backend, backend_reason)
     if reason is not None:
         log.info("--precision auto tries ONNX Runtime only: %s", reason)
         return None
-    return OpenVinoAuto(target, work_dir, threads)
+    return OpenVinoAuto(target, work_dir, threads, spec)
 
 
 class OpenVinoAuto:
     """OpenVINO's candidates, builder and judges for one search. ``sessions`` maps each OpenVINO candidate's file to
     its compiled model, made once by the builder and shared by the timer and the evaluator."""
 
-    def __init__(self, target: TargetProfile, work_dir: Path, threads: int | None) -> None:
+    def __init__(self, target: TargetProfile, work_dir: Path, threads: int | None, spec: Any = None) -> None:
         from edgekit.quantize.gating import refusal_reason
+        from edgekit.recipe import QuantizationSpec
 
         self.target, self.work_dir, self.threads = target, Path(work_dir), threads
+        self.spec = spec if spec is not None else QuantizationSpec()
         self.work_dir.mkdir(parents=True, exist_ok=True)
         declared = target.backend(Backend.OPENVINO).precisions
         self.refused = {p: refusal_reason(target, Backend.OPENVINO, p) for p in CANDIDATES if p in declared}
         self.supported = [p for p, why in self.refused.items() if why is None]
+        int8_refused = (self.refused.get(Precision.INT8) if Precision.INT8 in declared
+                        else f"target '{target.name}' lists no int8 for openvino")
+        #: why NNCF's int8 candidate is not tried (None: it is); the manifest's ``auto.engines.refused`` says so
+        self.nncf_refused = nncf_why_not(int8_refused)
+        #: NNCF's record of the candidate it wrote (the manifest's ``quantization.quantizer`` when it wins)
+        self.nncf_record: dict[str, Any] | None = None
         self.sessions: dict[Path, Any] = {}
 
     # -- candidates ------------------------------------------------------------------------------
@@ -98,7 +137,9 @@ class OpenVinoAuto:
         which the search's time budget is scaled from): cheap (a copy and a compile) and often fast, they set an early bar,
         and as the engine's baselines they are never skipped for time (:attr:`Candidate.baseline`). ``openvino-int8``
         comes right after ``int8-static``, whose file it compiles (MiniLM's search wrote that graph for it, out of turn,
-        and spent its time budget before OpenVINO's bf16 was tried)."""
+        and spent its time budget before OpenVINO's bf16 was tried). ``openvino-nncf-int8`` follows OpenVINO's last
+        candidate there: early, so that the search's time budget is not spent before it is tried (its seconds, like every
+        OpenVINO candidate's, are added to that budget, not spent from it: :mod:`edgekit.quantize.pricing`)."""
         out = list(listed)
         floats = [Candidate(CANDIDATES[p][0], p, None, GRAPH, engine=ENGINE, baseline=True) for p in (Precision.BF16, Precision.FP32)
                   if p in self.supported]
@@ -112,6 +153,9 @@ class OpenVinoAuto:
                 plan = replace(source.plan, backend=Backend.OPENVINO)
                 out.insert(source_at + 1 + (len(floats) if source_at == 0 else 0),
                            Candidate(CANDIDATES[Precision.INT8][0], Precision.INT8, plan, GRAPH, dict(source.kept), engine=ENGINE))
+        if self.nncf_refused is None:
+            last = max((i for i, item in enumerate(out) if isinstance(item, Candidate) and item.engine == ENGINE), default=at - 1)
+            out.insert(last + 1, Candidate(NNCF_CANDIDATE[0], Precision.INT8, None, GRAPH, engine=ENGINE))
         return out
 
     # -- building --------------------------------------------------------------------------------
@@ -147,16 +191,25 @@ class OpenVinoAuto:
 
     def summary(self, rows: Sequence[Any], chosen: Candidate) -> dict[str, Any]:
         """Which engines were tried (their candidates' rows) and why the winner won, for the manifest's ``auto.engines``."""
-        engine_of = {CANDIDATES[p][0] for p in CANDIDATES}
         tried: dict[str, list[str]] = {Backend.ONNXRUNTIME.value: [], ENGINE: []}
         for row in rows:
-            tried[ENGINE if row.name in engine_of else Backend.ONNXRUNTIME.value].append(row.name)
+            tried[ENGINE if row.name in OPENVINO_NAMES else Backend.ONNXRUNTIME.value].append(row.name)
         winner = chosen.engine or Backend.ONNXRUNTIME.value
-        return {"tried": tried, "chosen": winner, "why": self.why_chosen(rows, chosen),
-                "refused": {p.value: why for p, why in self.refused.items() if why}}
+        refused = {p.value: why for p, why in self.refused.items() if why}
+        if self.nncf_refused:
+            refused[NNCF_CANDIDATE[0]] = self.nncf_refused
+        return {"tried": tried, "chosen": winner, "why": self.why_chosen(rows, chosen), "refused": refused}
+
+    def manifest_extra(self, chosen: Candidate) -> dict[str, Any]:
+        """What the manifest's ``quantization`` section adds for the chosen candidate: NNCF's record (``quantizer``: name,
+        version, target device, batches, samples, ignored scope) when NNCF's int8 won, exactly as a plain
+        ``--precision int8`` build with ``quantizer: nncf`` records it; nothing for any other candidate."""
+        if chosen.name == NNCF_CANDIDATE[0] and self.nncf_record is not None:
+            return {"quantizer": dict(self.nncf_record)}
+        return {}
 
     def why_chosen(self, rows: Sequence[Any], chosen: Candidate) -> str:
-        engine_of = {CANDIDATES[p][0] for p in CANDIDATES}
+        engine_of = OPENVINO_NAMES
         winner = next((row for row in rows if row.name == chosen.name and row.status == "chosen"), None)
         if winner is None:
             return f"{chosen.name} was chosen"
@@ -164,6 +217,10 @@ class OpenVinoAuto:
         others = [row for row in rows if (row.name in engine_of) != (winner_engine == ENGINE) and row.latency_ratio is not None]
         best_other = min((row for row in others if row.passed), key=lambda row: row.latency_ratio, default=None)
         text = f"{chosen.name} ({winner_engine}) was the fastest candidate inside the budget: {_ratio(winner)} the ONNX Runtime FP32 reference"
+        if chosen.name == NNCF_CANDIDATE[0] and self.nncf_record is not None:
+            record = self.nncf_record
+            text += (f", with the recipe's metric at {winner.value:.6g} (NNCF {record['version']} int8 on {record['samples']} calibration "
+                     "samples, float layers strict f32)")
         if best_other is not None:
             text += f"; the other engine's best inside the budget, {best_other.name}, ran {_ratio(best_other)}"
         elif others:
@@ -190,7 +247,8 @@ class EngineBuilder:
         return getattr(self.ort, name)
 
     def has_ranges(self, candidate: Candidate) -> bool:
-        """OpenVINO candidates calibrate nothing of their own (int8 reuses ``int8-static``'s file and ranges)."""
+        """OpenVINO candidates need no calibration pass of the search's (int8 reuses ``int8-static``'s file and ranges;
+        NNCF calibrates inside ``nncf.quantize``, seconds the time budget adds rather than spends)."""
         if candidate.engine == ENGINE:
             return True
         has = getattr(self.ort, "has_ranges", None)
@@ -201,9 +259,11 @@ class EngineBuilder:
             built: BuiltCandidate = self.ort(candidate)
             self.built[candidate.name] = built
             return built
-        name, hint = CANDIDATES[candidate.precision]
+        name, hint = NNCF_CANDIDATE if candidate.name == NNCF_CANDIDATE[0] else CANDIDATES[candidate.precision]
         out = self.engine.work_dir / f"{re.sub(r'[^A-Za-z0-9_.+-]', '_', name)}.onnx"
-        if candidate.precision is Precision.INT8:
+        if name == NNCF_CANDIDATE[0]:
+            built = self._nncf(out)
+        elif candidate.precision is Precision.INT8:
             source = self.built.get(INT8_SOURCE)
             if source is None:  # int8-static was skipped or failed: write its graph now
                 assert candidate.plan is not None
@@ -215,6 +275,16 @@ class EngineBuilder:
             built = BuiltCandidate(out)
         self.engine.compile(out, hint, name)
         return built
+
+    def _nncf(self, out: Path) -> BuiltCandidate:
+        """NNCF's int8 QDQ graph of the FP32 export on the search's calibration batches (the recipe's, as a plain build
+        quantizes with), and its record for the manifest."""
+        from edgekit.engines.openvino_nncf import quantize_with_nncf
+
+        self.engine.nncf_record = None
+        record = quantize_with_nncf(self.ort.fp32_path, out, self.engine.spec, self.engine.target, list(self.ort.calibration_batches))
+        self.engine.nncf_record = record
+        return BuiltCandidate(out)
 
 
 def _copy_model(source: Path, out: Path) -> None:
