@@ -123,7 +123,7 @@ def test_detected_at_open_with_hypertables_for_the_rollups_and_buckets(new_datab
                             "JOIN timescaledb_information.dimensions d USING (hypertable_schema, hypertable_name) "
                             "ORDER BY 1")  # fmt: skip
         assert {name: interval for name, interval in rows} == {
-            "fleet_buckets": dt.timedelta(days=7), "fleet_model_buckets": dt.timedelta(days=7),
+            "fleet_minute_buckets": DAY, "fleet_model_minute_buckets": DAY,
             "telemetry_model_rollups": DAY, "telemetry_rollups": DAY}  # fmt: skip
         assert _scalar(store, "SELECT relkind FROM pg_class WHERE oid = to_regclass('telemetry_windows')") == "r"
 
@@ -221,5 +221,5 @@ def test_a_server_without_timescaledb_preloaded_gets_the_native_layout(postgres_
             "the server has no timescaledb extension installed (pg_available_extensions)",
         ) or "does not preload it" in store.timescale_detection.reason  # type: ignore[attr-defined]
         assert store.storage_layout() == {"layout": "native", "detected": store.timescale_detection.reason,  # type: ignore[attr-defined]
-                                          "retention_policies": {}}
+                                          "retention_policies": {}, "hour_tier": "table", "refresh_policies": {}}
         assert _scalar(store, "SELECT relkind FROM pg_class WHERE oid = to_regclass('telemetry_rollups')") == "p"

@@ -12,7 +12,9 @@ the same transaction. It sums them, in Python, into
 A bucket's ``devices`` grows when a window is its device's first in that bucket and group, which
 ``device_latest.marks`` remembers per tier (the newest bucket counted and its groups). Windows that arrive out of
 order (an older bucket than the mark: spool replay) add their sums but not a device: counts are exact for
-devices that report in order, which agents do. Target and power mode are the device's as known when the window
+devices that report in order, which agents do. A minute bucket's ``hour_devices`` counts the devices whose first window
+in the hour (and group) fell in that minute, so the minutes of an hour sum to the hour's ``devices``: on TimescaleDB
+the hour tier is a continuous aggregate of the minute tier (:mod:`edgekit.fleet.store.timescale_aggregates`). Target and power mode are the device's as known when the window
 arrived (its status or ``set_device_target``; the window's own ``power_mode``, else its reported identity's).
 """
 
@@ -51,6 +53,8 @@ MODEL_KEY = ("fleet", "model", "bundle_id", "bucket_s", "bucket_start")
 _TIME_SUMS = ("window_start_min", "window_end_max")
 #: device_bundles columns after (fleet, device, bundle_id): a device's sums on one bundle over all its history.
 BUNDLE_SUMS = tuple(item for item in FLEET_SUMS if item[0] != "devices")
+#: The minute tier's extra column where the hour tier is a continuous aggregate of it (see ``hour_devices`` above).
+HOUR_DEVICES = (("hour_devices", "sum"),)
 
 
 def _merge(how: str, old: Any, new: Any) -> Any:
@@ -99,6 +103,7 @@ class _Merger:
 
 
 _MERGE_FLEET, _MERGE_MODEL, _MERGE_BUNDLE = _Merger(FLEET_SUMS), _Merger(MODEL_SUMS), _Merger(BUNDLE_SUMS)
+_MERGE_FLEET_HOURLY, _MERGE_MODEL_HOURLY = _Merger(FLEET_SUMS + HOUR_DEVICES), _Merger(MODEL_SUMS + HOUR_DEVICES)
 
 
 def _epoch(moment: dt.datetime) -> float:
@@ -208,27 +213,36 @@ def ingest(store: SqlDialect, cursor: Any, parts: Sequence[Part]) -> None:
     model: dict[tuple[Any, ...], dict[str, Any]] = {}
     spans: dict[tuple[str, str, str], list[Any]] = {}
     changed: dict[tuple[str, str], _Device] = {}
+    written = getattr(store, "bucket_tiers", TIERS)  # TimescaleDB: the minute tier; the hour tier is a continuous aggregate
+    extra = HOUR_DEVICES if TIERS[1] not in written else ()
+    merge_fleet, merge_model = (_MERGE_FLEET_HOURLY, _MERGE_MODEL_HOURLY) if extra else (_MERGE_FLEET, _MERGE_MODEL)
     for part in sorted(parts, key=lambda p: (p.fleet, p.device, p.seq_min if p.seq_min is not None else -1, p.start)):
         key = (part.fleet, part.device)
         device = changed.setdefault(key, known.get(key) or _Device())
         mode = part.power_mode if part.power_mode is not None else modes.get(key)
         group = [part.fleet, part.bundle_id, targets.get(key) or "", mode or ""]
-        for tier in TIERS:
+        hour_new: dict[str, int] = {}  # whether the part is its device's first in its hour, per group: a minute's hour_devices
+        for tier in reversed(TIERS):
             start = bucket_start(part.start, tier)
             if part.device_wide:
                 sums = dict(part.sums)
                 sums["devices"] = 1 if _counts_device(device.marks, f"f{tier}", "\x1f".join(group), start) else 0
-                _MERGE_FLEET(fleet, (*group, tier, start), sums)
+                sums["hour_devices"] = hour_new.setdefault("", sums["devices"])
+                if tier in written:
+                    merge_fleet(fleet, (*group, tier, start), sums)
             for model_name, bundle, model_sums in part.models:
                 msums = dict(model_sums)
                 msums["devices"] = 1 if _counts_device(device.marks, f"m{tier}:{model_name}", bundle, start) else 0
-                _MERGE_MODEL(model, (part.fleet, model_name, bundle, tier, start), msums)
+                msums["hour_devices"] = hour_new.setdefault(f"m:{model_name}\x1f{bundle}", msums["devices"])
+                if tier in written:
+                    merge_model(model, (part.fleet, model_name, bundle, tier, start), msums)
         if not part.device_wide:
             continue
         _MERGE_BUNDLE(spans, (part.fleet, part.device, part.bundle_id), part.sums)
         _add_to_device(device, part)
-    _write(store, cursor, "fleet_buckets", FLEET_KEY, FLEET_SUMS, fleet)
-    _write(store, cursor, "fleet_model_buckets", MODEL_KEY, MODEL_SUMS, model)
+    tables = getattr(store, "bucket_tables", {})
+    _write(store, cursor, tables.get("fleet_buckets", "fleet_buckets"), FLEET_KEY, FLEET_SUMS + extra, fleet)
+    _write(store, cursor, tables.get("fleet_model_buckets", "fleet_model_buckets"), MODEL_KEY, MODEL_SUMS + extra, model)
     _write_spans(store, cursor, spans)
     _write_devices(store, cursor, changed)
 
@@ -376,4 +390,4 @@ def model_history_parts(rows: Iterable[Sequence[Any]], time_out: Any) -> list[Pa
     return parts
 
 
-__all__ = ["FLEET_SUMS", "MODEL_SUMS", "Part", "TIERS", "bucket_start", "ingest", "model_history_parts", "rollup_parts", "window_part"]
+__all__ = ["FLEET_SUMS", "HOUR_DEVICES", "MODEL_SUMS", "Part", "TIERS", "bucket_start", "ingest", "model_history_parts", "rollup_parts", "window_part"]

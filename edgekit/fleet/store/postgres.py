@@ -14,8 +14,9 @@ from typing import Any, Callable, Sequence
 
 from edgekit.fleet.errors import StoreError, StoreUnavailableError
 from edgekit.fleet.store import partitions, queries, timescale
+from edgekit.fleet.store import timescale_aggregates as aggregates
 from edgekit.fleet.store.base import TelemetryWindow
-from edgekit.fleet.store.retention import DEFAULT_GAPS_OPEN_FOR
+from edgekit.fleet.store.retention import DEFAULT_GAPS_OPEN_FOR, ROLLUP_TABLES
 from edgekit.fleet.store.sql import SeqRun, SqlFleetStore, named_to_pyformat
 
 CONNECT_TIMEOUT_S = 10
@@ -33,6 +34,7 @@ ROLLED_SEQS_LOCK_KEY = 0x726F_6C6C_6564
 class PostgresStore(SqlFleetStore):
     """``PostgresStore("postgresql://...")``; the schema is migrated on open."""
 
+    ROLLUP_TABLES = ROLLUP_TABLES
     dialect = "postgres"
     lock_rows_sql = " FOR UPDATE"
     multi_row_values = False  # psycopg pipelines executemany; parsing a 10,000-parameter statement costs more
@@ -91,13 +93,35 @@ class PostgresStore(SqlFleetStore):
             #: ``timescaledb`` where the rollup tables are hypertables, else ``native`` (daily partitions).
             self.layout = timescale.TIMESCALEDB if timescale.is_hypertable(cursor, "telemetry_rollups") else timescale.NATIVE
             self._extension_schema = timescale.extension_schema(cursor)
+        #: ``continuous aggregate`` where TimescaleDB keeps the fleet hour tier, else ``table`` (written at ingest).
+        self.hour_tier = "table"
+        if self.layout == timescale.TIMESCALEDB:
+            with self._transaction("making the fleet hour tier a continuous aggregate") as cursor:
+                self._lock_for_migration(cursor)
+                if aggregates.present(cursor) or aggregates.create(cursor, self._extension_schema):
+                    self.hour_tier = "continuous aggregate"
+                    self.bucket_tiers = (60,)  # ingest writes minutes; the server aggregates hours
+                    self.bucket_tables = {view: tiers[0] for view, tiers in aggregates.TIERED.items()}
         timescale.log_path(redact(url), self.timescale_detection, self.layout)
 
     def storage_layout(self) -> dict[str, Any]:
         """How this store keeps time series: ``layout``, ``detected`` (why), and TimescaleDB's retention policies."""
         with self._transaction("reading retention policies", write=False) as cursor:
             policies = timescale.retention_policies(cursor)
-        return {"layout": self.layout, "detected": self.timescale_detection.reason, "retention_policies": policies}
+            refresh = aggregates.refresh_policies(cursor) if self.hour_tier != "table" else {}
+        return {"layout": self.layout, "detected": self.timescale_detection.reason, "retention_policies": policies,
+                "hour_tier": self.hour_tier, "refresh_policies": refresh}  # fmt: skip
+
+    def add_windows(self, windows: Sequence[TelemetryWindow]) -> int:
+        added = super().add_windows(windows)
+        if added and self.hour_tier != "table":  # a late window under the watermark: its hours are refreshed now
+            starts = [w.window_start for w in windows]
+            with self._transaction("reading the hour aggregates' watermark", write=False) as cursor:
+                mark = aggregates.watermark(cursor)
+                late = aggregates.late_range(min(starts), max(starts), mark, aggregates.horizon(cursor)[1])
+            if late is not None:
+                self._refresh_hours(*late)
+        return added
 
     def _connect(self) -> None:
         psycopg = self._psycopg
@@ -201,7 +225,36 @@ class PostgresStore(SqlFleetStore):
             with self._transaction("setting TimescaleDB retention policies") as cursor:
                 for table in timescale.RETAINED_BY_POLICY:
                     timescale.ensure_retention_policy(cursor, self._extension_schema, table, rollups_for)
+                if self.hour_tier != "table":  # the refresh policy must not reach minutes retention removes
+                    for _, hour, _, _ in aggregates.TIERED.values():
+                        aggregates.ensure_refresh_policy(cursor, self._extension_schema, hour, rollups_for - aggregates.END_OFFSET)
         return super().apply_retention(raw_for, rollup_minutes, now, gaps_open_for=gaps_open_for, rollups_for=rollups_for)
+
+    def _refresh_hours(self, start: dt.datetime | None, end: dt.datetime | None) -> None:
+        """Materialize the hour aggregates from ``start`` to ``end`` (a procedure that runs outside transactions)."""
+        with self._lock:
+            try:
+                aggregates.refresh(self._cursor(), self._extension_schema, start, end)
+            except Exception as exc:
+                translated = self._translate(exc, f"refreshing the hour aggregates from {start} to {end}")
+                if translated is None:
+                    raise
+                raise translated from exc
+
+    def _drop_rollups_before(self, before: dt.datetime) -> None:
+        if self.hour_tier == "table":
+            super()._drop_rollups_before(before)
+            return
+        # the hours of the minutes about to go are materialized first: the hour tier outlives them, as natively
+        with self._transaction("reading the minute tier's horizon", write=False) as cursor:
+            complete_from = aggregates.horizon(cursor)[1]
+        end = aggregates.ceil_hour(before)
+        if complete_from is None or complete_from < end:
+            self._refresh_hours(complete_from, end)
+        for table in self.ROLLUP_TABLES:
+            self._forget_rollups(table, before)
+        with self._transaction(f"dropping fleet minute buckets before {before.isoformat()}") as cursor:
+            aggregates.drop_minutes_before(cursor, self._extension_schema, before)
 
     def _forget_rollups(self, table: str, before: dt.datetime) -> None:
         with self._transaction(f"dropping {table} partitions before {before.isoformat()}") as cursor:
