@@ -3,6 +3,11 @@
 
     python scripts/bench_timescale.py --devices 10000 --hours 6 --window-s 300 --out /tmp/bench_timescale.json
 
+    # 7 days at 10,000 devices: seed once (long; nice 10, outside the quiet lock), then measure under the lock
+    nice -n 10 python scripts/bench_timescale.py --phase seed --data-dir /var/tmp/ts7d --hours 168 --window-s 3600
+    flock /tmp/quiet.lock nice -n -20 python scripts/bench_timescale.py --phase measure --data-dir /var/tmp/ts7d \
+        --out docs/benchmarks/fleet_timescale_7d.json
+
 Needs TimescaleDB installed into the system PostgreSQL (``scripts/install_timescaledb.sh``). One private server
 (initdb on a free loopback port, ``shared_preload_libraries=timescaledb``; the shared server is not touched) holds
 two databases: one store opened with ``timescaledb="off"`` (native daily partitions), one detecting the extension
@@ -14,7 +19,12 @@ does. Reads are then timed interleaved (native, TimescaleDB, native, ...), ``--r
   as a user runs them (a new process each, start-up included), and whether both stores print the same;
 - in process: the dashboard's fleet series at 1 h and 24 h, one device's 24 h series, the per-device aggregate;
 
-and whether both layouts answer the same (JSON without its since/until; floats to a relative 1e-9).
+and whether both layouts answer the same (JSON without its since/until; floats to a relative 1e-9). With
+``--dashboard``, every dashboard API call of a refresh and of the table's actions (``scripts/bench_dashboard.py``'s
+lists) is timed against a dashboard server on each store, interleaved, p95 over ``--dashboard-repeat`` calls.
+
+``--phase seed`` keeps the server's data in ``--data-dir`` (and what was seeded in ``seed.json`` there) and ends
+by refreshing the hour continuous aggregates as their policy does; ``--phase measure`` starts that server again.
 
 Reports medians and the TimescaleDB / native ratio, the seeding rate, and the host's CPU flags and load (a shared
 2-core host: compare within one run). Every device figure is SYNTHETIC.
@@ -42,12 +52,24 @@ from scripts.bench_fleet import Postgres  # noqa: E402
 from scripts.shared_setup import host_conditions, markdown_table  # noqa: E402
 
 EDGEKIT = [sys.executable, "-m", "edgekit.cli.main"]
-COMMANDS = [
-    ("status --json", ["status", "--json"]),
-    ("status --csv", ["status", "--csv"]),
-    ("report --since 24h --json", ["report", "--since", "24h", "--json"]),
-    ("report --since 7d --json", ["report", "--since", "7d", "--json"]),
-]
+def commands(now: dt.datetime) -> list[tuple[str, list[str]]]:
+    """The CLI reads; a report's range is pinned (ISO --since/--until, the last 24 h / 7 d of the seeded history)
+    so that both layouts, run seconds apart, read the same range."""
+    until = ["--until", now.isoformat()]
+    day, week = (["--since", (now - dt.timedelta(days=days)).isoformat(), *until] for days in (1, 7))
+    return [
+        ("status", ["status"]),
+        ("status --json", ["status", "--json"]),
+        ("status --csv", ["status", "--csv"]),
+        ("report --since 24h --json", ["report", *day, "--json"]),
+        ("report --since 7d --json", ["report", *week, "--json"]),
+        ("report --since 24h", ["report", *day]),
+        ("report --since 7d", ["report", *week]),
+    ]
+
+
+#: Tables print times relative to the moment they ran ("4 min ago"): timed, not compared.
+UNCOMPARED = ("status", "report --since 24h", "report --since 7d")
 LAYOUTS = ("native", "timescaledb")
 
 
@@ -110,6 +132,115 @@ def in_process_reads(store: Any, now: dt.datetime, device: tuple[str, str]) -> d
     }
 
 
+class KeptPostgres(Postgres):
+    """:class:`Postgres` whose data folder outlives it: initdb only when there is none yet."""
+
+    def start(self) -> str:
+        if (self.data / "PG_VERSION").is_file():
+            extra = "".join(f" -c {setting}" for setting in self.settings)
+            self._run("pg_ctl", "-D", str(self.data), "-l", str(self.workdir / "pg.log"), "-w", "-o",
+                      f"-p {self.port} -k {self.workdir} -c listen_addresses=127.0.0.1 -c fsync=on{extra}", "start")  # fmt: skip
+            return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        return super().start()
+
+
+SETTINGS = ("shared_preload_libraries=timescaledb", "timescaledb.telemetry_level=off", "max_worker_processes=16")
+
+
+def seed(args: argparse.Namespace, base: str, results: dict[str, Any], now: dt.datetime) -> dict[str, str]:
+    """Both stores made and seeded the same way; returns their URLs."""
+    import psycopg
+
+    from edgekit.fleet.sim.seed import seed_history
+    from edgekit.fleet.store import timescale_aggregates
+    from edgekit.fleet.store.postgres import PostgresStore
+
+    urls = {}
+    with psycopg.connect(base, autocommit=True) as admin:
+        for layout in LAYOUTS:
+            admin.execute(f"CREATE DATABASE fleet_{layout}")
+            urls[layout] = base.rsplit("/", 1)[0] + f"/fleet_{layout}"
+    for layout in LAYOUTS:
+        with PostgresStore(urls[layout], timescaledb="off" if layout == "native" else "auto") as store:
+            assert store.layout == layout, "the private server has no TimescaleDB"
+            summary = seed_history(store, devices=args.devices, hours=args.hours, window_s=args.window_s, now=now, seed=1)
+            results["seed"][layout] = {"windows": summary.windows, "seconds": round(summary.seconds, 1),
+                                       "windows_per_s": round(summary.windows / summary.seconds), "load_after": os.getloadavg()}  # fmt: skip
+            print(f"seeded {layout}: {summary.windows} windows in {summary.seconds:.0f} s", flush=True)
+            took, rolled = _timed(lambda: store.apply_retention(dt.timedelta(hours=args.raw_hours), now=now))
+            results["retention_s"][layout] = round(took, 1)
+            print(f"retention {layout}: {rolled} windows rolled up in {took:.0f} s", flush=True)
+            if store.hour_tier != "table":  # what the refresh policy does every 10 minutes: hours older than one
+                took, _ = _timed(lambda: store._refresh_hours(None, timescale_aggregates.floor_hour(now) - timescale_aggregates.END_OFFSET))
+                results["refresh_s"] = round(took, 1)
+            results["layout"][layout] = store.storage_layout()
+    return urls
+
+
+def measure(args: argparse.Namespace, urls: dict[str, str], results: dict[str, Any], now: dt.datetime) -> None:
+    from edgekit.fleet.store.postgres import PostgresStore
+
+    stores = {layout: PostgresStore(urls[layout], timescaledb="off" if layout == "native" else "auto") for layout in LAYOUTS}
+    try:
+        device = next(iter(stores["native"].device_targets()))
+        times: dict[str, dict[str, list[float]]] = {}
+        same: dict[str, bool] = {}
+        for _ in range(args.repeat):
+            outputs: dict[str, dict[str, Any]] = {}
+            for layout in LAYOUTS:  # interleaved: both layouts see the same load
+                for label, command in commands(now):
+                    took, out = _cli(command, urls[layout])
+                    times.setdefault(label, {}).setdefault(layout, []).append(took)
+                    outputs.setdefault(label, {})[layout] = out
+                for label, call in in_process_reads(stores[layout], now, device).items():
+                    took, out = _timed(call)
+                    times.setdefault(label, {}).setdefault(layout, []).append(took)
+                    outputs.setdefault(label, {})[layout] = out
+            for label, by_layout in outputs.items():
+                if label not in UNCOMPARED:
+                    same[label] = same.get(label, True) and same_answer(_comparable(by_layout["native"]), _comparable(by_layout["timescaledb"]))
+        for label, by_layout in times.items():
+            medians = {layout: statistics.median(values) for layout, values in by_layout.items()}
+            results["reads"][label] = {**{f"{layout}_median_s": round(value, 3) for layout, value in medians.items()},
+                                       **{f"{layout}_max_s": round(max(values), 3) for layout, values in by_layout.items()},
+                                       "ratio": round(medians["timescaledb"] / medians["native"], 2),
+                                       "same_output": same.get(label)}  # fmt: skip
+        if args.dashboard:
+            results["dashboard"] = dashboard_calls(urls, device, args.dashboard_repeat)
+    finally:
+        for store in stores.values():
+            store.close()
+
+
+def dashboard_calls(urls: dict[str, str], device: tuple[str, str], repeat: int) -> dict[str, Any]:
+    """p50/p95 of every dashboard API call, a dashboard server per store, the layouts alternating call by call."""
+    from edgekit.fleet.dashboard import DashboardServer
+    from scripts.bench_dashboard import ACTIONS, REFRESH, _fetch
+
+    fields = {"fleet": device[0], "device": device[1]}
+    found: dict[str, dict[str, list[float]]] = {}
+    sizes: dict[str, dict[str, int]] = {}
+    with DashboardServer(urls["native"], port=0, cache_s=0.0) as native, DashboardServer(urls["timescaledb"], port=0, cache_s=0.0) as timescaled:
+        servers = {"native": native.url, "timescaledb": timescaled.url}
+        for _ in range(repeat):
+            for label, path in REFRESH + ACTIONS:
+                for layout in LAYOUTS:
+                    took, size = _fetch(servers[layout] + path.format(**fields))
+                    found.setdefault(label, {}).setdefault(layout, []).append(took)
+                    sizes.setdefault(label, {})[layout] = size
+    out = {}
+    for label, by_layout in found.items():
+        row: dict[str, Any] = {}
+        for layout, values in by_layout.items():
+            values.sort()
+            row[f"{layout}_p50_ms"] = round(statistics.median(values))
+            row[f"{layout}_p95_ms"] = round(values[min(len(values) - 1, int(0.95 * len(values)))])
+            row[f"{layout}_gzip_bytes"] = sizes[label][layout]
+        out[label] = row
+        print(f"  {label:32s} p95 native {row['native_p95_ms']:5d} ms  TimescaleDB {row['timescaledb_p95_ms']:5d} ms", flush=True)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=int, default=10_000)
@@ -117,66 +248,47 @@ def main() -> int:
     parser.add_argument("--window-s", type=float, default=300.0, help="seeded window length")
     parser.add_argument("--raw-hours", type=float, default=1.0, help="raw windows kept; older ones are rolled up")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--phase", choices=("all", "seed", "measure"), default="all")
+    parser.add_argument("--data-dir", type=Path, help="keep the server's data here (needed by --phase seed/measure)")
+    parser.add_argument("--dashboard", action="store_true", help="also time every dashboard API call")
+    parser.add_argument("--dashboard-repeat", type=int, default=20)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.phase != "all" and args.data_dir is None:
+        parser.error(f"--phase {args.phase} needs --data-dir (where the seeded server's data is kept)")
 
-    from edgekit.fleet.sim.seed import seed_history
-    from edgekit.fleet.store.postgres import PostgresStore
-
-    results: dict[str, Any] = {"host_before": host_conditions(), "devices": args.devices, "hours": args.hours,
-                               "window_s": args.window_s, "seed": {}, "retention_s": {}, "reads": {}}  # fmt: skip
-    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    results: dict[str, Any] = {"host_before": host_conditions(), "phase": args.phase, "nice": os.nice(0), "seed": {},
+                               "retention_s": {}, "layout": {}, "reads": {}}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench-timescale-", dir="/tmp") as tmp:
-        server = Postgres(Path(tmp) / "pg", settings=("shared_preload_libraries=timescaledb", "timescaledb.telemetry_level=off"))
+        folder = args.data_dir if args.data_dir is not None else Path(tmp)
+        server = KeptPostgres(folder / "pg", settings=SETTINGS)
+        seeded = folder / "seed.json"
+        if args.phase == "measure":
+            kept = json.loads(seeded.read_text())
+            results.update({key: kept[key] for key in ("seed", "retention_s", "layout", "devices", "hours", "window_s", "now")})
+            results["seed_host"] = kept["host_before"]
+            now = dt.datetime.fromisoformat(kept["now"])
+        else:
+            now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+            results.update(devices=args.devices, hours=args.hours, window_s=args.window_s, now=now.isoformat())
         base = server.start()
         try:
-            import psycopg
-
-            urls = {}
-            with psycopg.connect(base, autocommit=True) as admin:
-                for layout in LAYOUTS:
-                    admin.execute(f"CREATE DATABASE fleet_{layout}")
-                    urls[layout] = base.rsplit("/", 1)[0] + f"/fleet_{layout}"
-            stores = {layout: PostgresStore(urls[layout], timescaledb="off" if layout == "native" else "auto") for layout in LAYOUTS}
-            assert [stores[layout].layout for layout in LAYOUTS] == list(LAYOUTS), "the private server has no TimescaleDB"
-            for layout, store in stores.items():
-                summary = seed_history(store, devices=args.devices, hours=args.hours, window_s=args.window_s, now=now, seed=1)
-                results["seed"][layout] = {"windows": summary.windows, "seconds": round(summary.seconds, 1),
-                                           "windows_per_s": round(summary.windows / summary.seconds)}  # fmt: skip
-                print(f"seeded {layout}: {summary.windows} windows in {summary.seconds:.0f} s", flush=True)
-                took, rolled = _timed(lambda: store.apply_retention(dt.timedelta(hours=args.raw_hours), now=now))
-                results["retention_s"][layout] = round(took, 1)
-                print(f"retention {layout}: {rolled} windows rolled up in {took:.0f} s", flush=True)
-            device = next(iter(stores["native"].device_targets()))
-            times: dict[str, dict[str, list[float]]] = {}
-            same: dict[str, bool] = {}
-            for _ in range(args.repeat):
-                outputs: dict[str, dict[str, Any]] = {}
-                for layout in LAYOUTS:  # interleaved: both layouts see the same load
-                    for label, command in COMMANDS:
-                        took, out = _cli(command, urls[layout])
-                        times.setdefault(label, {}).setdefault(layout, []).append(took)
-                        outputs.setdefault(label, {})[layout] = out
-                    for label, call in in_process_reads(stores[layout], now, device).items():
-                        took, out = _timed(call)
-                        times.setdefault(label, {}).setdefault(layout, []).append(took)
-                        outputs.setdefault(label, {})[layout] = out
-                for label, by_layout in outputs.items():
-                    same[label] = same.get(label, True) and same_answer(_comparable(by_layout["native"]), _comparable(by_layout["timescaledb"]))
-            for label, by_layout in times.items():
-                medians = {layout: statistics.median(values) for layout, values in by_layout.items()}
-                results["reads"][label] = {**{f"{layout}_median_s": round(value, 3) for layout, value in medians.items()},
-                                           "ratio": round(medians["timescaledb"] / medians["native"], 2),
-                                           "same_output": same[label]}  # fmt: skip
-            for store in stores.values():
-                store.close()
+            if args.phase == "measure":
+                urls = {layout: base.rsplit("/", 1)[0] + f"/fleet_{layout}" for layout in LAYOUTS}
+            else:
+                urls = seed(args, base, results, now)
+                if args.phase == "seed":
+                    seeded.write_text(json.dumps(results, indent=1, default=str) + "\n")
+            if args.phase != "seed":
+                measure(args, urls, results, now)
         finally:
             server.stop()
     results["host_after"] = host_conditions()
-    rows = [(label, f"{r['native_median_s']:.3f}", f"{r['timescaledb_median_s']:.3f}", f"{r['ratio']:.2f}",
-             "yes" if r["same_output"] else "NO") for label, r in results["reads"].items()]  # fmt: skip
-    print(markdown_table(["read", "native s", "TimescaleDB s", "ratio", "same output"], rows, right_aligned=(1, 2, 3)))
-    print(json.dumps({k: results[k] for k in ("seed", "retention_s", "host_before", "host_after")}, indent=1))
+    if args.phase != "seed":
+        rows = [(label, f"{r['native_median_s']:.3f}", f"{r['timescaledb_median_s']:.3f}", f"{r['ratio']:.2f}",
+                 {True: "yes", False: "NO", None: "(not compared)"}[r["same_output"]]) for label, r in results["reads"].items()]  # fmt: skip
+        print(markdown_table(["read", "native s", "TimescaleDB s", "ratio", "same output"], rows, right_aligned=(1, 2, 3)))
+    print(json.dumps({k: results.get(k) for k in ("seed", "retention_s", "host_before", "host_after")}, indent=1, default=str))
     if args.out:
         args.out.write_text(json.dumps(results, indent=1, default=str) + "\n")
     return 0

@@ -47,8 +47,11 @@ def timescale_server() -> Iterator[str]:
     from scripts.bench_fleet import Postgres
 
     parent = Path(tempfile.mkdtemp(prefix="edgekit-timescale-"))  # not under pytest's 0700 folder: the server runs as postgres
+    # no background workers: the tests seed days in the past, which a policy job started by the clock would drop or
+    # refresh behind the test's back; the tests run the jobs themselves (run_job) where that is the point
     server = Postgres(parent / "pg", settings=(
-        "shared_preload_libraries=timescaledb", "timescaledb.telemetry_level=off", "max_worker_processes=16"))
+        "shared_preload_libraries=timescaledb", "timescaledb.telemetry_level=off", "max_worker_processes=16",
+        "timescaledb.max_background_workers=0"))
     try:
         yield server.start()
     finally:
@@ -223,3 +226,112 @@ def test_a_server_without_timescaledb_preloaded_gets_the_native_layout(postgres_
         assert store.storage_layout() == {"layout": "native", "detected": store.timescale_detection.reason,  # type: ignore[attr-defined]
                                           "retention_policies": {}, "hour_tier": "table", "refresh_policies": {}}
         assert _scalar(store, "SELECT relkind FROM pg_class WHERE oid = to_regclass('telemetry_rollups')") == "p"
+
+
+def test_the_hour_tier_is_a_real_time_continuous_aggregate_of_the_minute_tier(new_database: Any) -> None:
+    from edgekit.fleet.store import timescale_aggregates
+
+    with open_store(new_database()) as store:
+        layout = store.storage_layout()  # type: ignore[attr-defined]
+        assert (layout["hour_tier"], layout["refresh_policies"]) == (
+            "continuous aggregate", {"fleet_hour_buckets": None, "fleet_model_hour_buckets": None})  # fmt: skip
+        rows = store._query("test", "SELECT view_name, materialized_only, hypertable_name "  # type: ignore[attr-defined]
+                            "FROM timescaledb_information.continuous_aggregates ORDER BY 1")  # fmt: skip
+        assert rows == [("fleet_hour_buckets", False, "fleet_minute_buckets"),
+                        ("fleet_model_hour_buckets", False, "fleet_model_minute_buckets")]  # fmt: skip
+        for view in timescale_aggregates.TIERED:  # the reads' tables are views: minutes UNION ALL hours
+            assert _scalar(store, f"SELECT relkind FROM pg_class WHERE oid = to_regclass('{view}')") == "v"
+        _seed(store, days=1)
+        assert _scalar(store, "SELECT COUNT(*) FROM fleet_minute_buckets WHERE bucket_s <> 60") == 0  # ingest writes minutes
+
+
+def _dense(store: FleetStore, first_seq: int = 1) -> None:
+    """3 devices, a window every 10 minutes for 6 hours: each hour holds 6 minutes of each device."""
+    store.add_windows([window(first_seq + i, device=f"dev-{d}", start=D0 + i * dt.timedelta(minutes=10),
+                              latencies_ms=(1.0 + d, 2.0 + i % 7, 5.0 * d))
+                       for d in range(1, 4) for i in range(36)])  # fmt: skip
+
+
+def test_hours_count_distinct_devices_and_match_native_before_and_after_refresh_and_late_windows(new_database: Any) -> None:
+    from edgekit.fleet.store import timescale_aggregates
+    from edgekit.fleet.store.postgres import PostgresStore
+
+    native = PostgresStore(new_database(), timescaledb="off")
+    timescaled = PostgresStore(new_database())
+    try:
+        for store in (native, timescaled):
+            _dense(store)
+        hours = timescaled.aggregate((), bucket_s=3600)
+        assert [(h.devices, h.windows) for h in hours] == [(3, 18)] * 6  # not the 18 device-minutes summed
+        assert _scalar(timescaled, "SELECT SUM(devices) FROM fleet_minute_buckets") == 108  # minutes: 3 devices x 36
+        assert _reads(timescaled) == _reads(native)  # nothing materialized yet: real-time aggregation
+        with timescaled._transaction("test", write=False) as cursor:  # type: ignore[attr-defined]
+            assert timescale_aggregates.watermark(cursor) is None
+        timescaled._refresh_hours(None, D0 + dt.timedelta(hours=4))  # type: ignore[attr-defined]  # what the policy does
+        with timescaled._transaction("test", write=False) as cursor:  # type: ignore[attr-defined]
+            assert timescale_aggregates.watermark(cursor) == D0 + dt.timedelta(hours=4)
+        assert _scalar(timescaled, "SELECT COUNT(*) FROM _timescaledb_catalog.continuous_agg c JOIN "
+                                   "timescaledb_information.chunks k ON k.hypertable_name = "
+                                   "(SELECT table_name FROM _timescaledb_catalog.hypertable WHERE id = c.mat_hypertable_id)") == 2  # fmt: skip
+        assert _reads(timescaled) == _reads(native)  # four hours materialized, two computed at read time
+        for store in (native, timescaled):  # a late window (spool replay) of dev-1 in a materialized hour, and a new device
+            assert store.add_windows([window(100, device="dev-1", start=D0 + dt.timedelta(minutes=65), latencies_ms=(40.0,)),
+                                      window(1, device="dev-9", start=D0 + dt.timedelta(minutes=70), latencies_ms=(7.0,))]) == 2  # fmt: skip
+        assert [(h.devices, h.windows) for h in timescaled.aggregate((), bucket_s=3600)][1] == (4, 20)
+        assert _reads(timescaled) == _reads(native)
+    finally:
+        native.close()
+        timescaled.close()
+
+
+def test_retention_bounds_the_refresh_policy_and_the_hour_tier_outlives_its_minutes(new_database: Any) -> None:
+    from edgekit.fleet.store.postgres import PostgresStore
+
+    native = PostgresStore(new_database(), timescaledb="off")
+    timescaled = PostgresStore(new_database())
+    try:
+        for store in (native, timescaled):
+            _seed(store, days=3)
+            store.apply_retention(dt.timedelta(0), now=D0 + 3 * DAY + dt.timedelta(hours=2), rollups_for=DAY + dt.timedelta(hours=2))
+        # minutes before D0 + 2 days are gone on both (a chunk dropped, the rest hidden); every hour is kept
+        assert _reads(timescaled) == _reads(native)
+        assert len(timescaled.aggregate((), bucket_s=3600)) == 18
+        assert timescaled.aggregate((), since=D0, until=D0 + 2 * DAY, bucket_s=60) == []
+        assert _scalar(timescaled, "SELECT COUNT(*) FROM timescaledb_information.chunks "
+                                   "WHERE hypertable_name = 'fleet_minute_buckets'") == 1  # fmt: skip
+        assert timescaled.storage_layout()["refresh_policies"] == {  # type: ignore[attr-defined]
+            "fleet_hour_buckets": "25:00:00", "fleet_model_hour_buckets": "25:00:00"}  # the retention less an hour
+        _run_jobs(timescaled, "policy_refresh_continuous_aggregate")  # the policy, run now, recomputes no dropped hour
+        assert _reads(timescaled) == _reads(native)
+        for store in (native, timescaled):  # the next day's retention: the hours stay, again
+            store.apply_retention(dt.timedelta(0), now=D0 + 4 * DAY + dt.timedelta(hours=2), rollups_for=DAY + dt.timedelta(hours=2))
+        assert _reads(timescaled) == _reads(native)
+        assert len(timescaled.aggregate((), bucket_s=3600)) == 18
+        timescaled.apply_retention(dt.timedelta(0), now=D0 + 4 * DAY, rollups_for=dt.timedelta(hours=2))
+        assert timescaled.storage_layout()["refresh_policies"] == {}  # type: ignore[attr-defined]  # too short for a policy
+        assert len(timescaled.aggregate((), bucket_s=3600)) == 18
+    finally:
+        native.close()
+        timescaled.close()
+
+
+def _run_jobs(store: FleetStore, proc_name: str) -> None:
+    for (job_id,) in store._query("test", "SELECT job_id FROM timescaledb_information.jobs WHERE proc_name = %s",  # type: ignore[attr-defined]
+                                  (proc_name,)):  # fmt: skip
+        with store._lock:  # type: ignore[attr-defined]  # a procedure that commits: outside a transaction
+            store._cursor().execute(f"CALL {store.timescale_detection.schema}.run_job({job_id})")  # type: ignore[attr-defined]
+
+
+def test_raw_windows_keep_one_row_per_seq_which_a_hypertable_key_would_not(new_database: Any) -> None:
+    """Why raw windows are not a hypertable (docs/fleet.md): its unique key would need the window's time, and then a
+    second window with a stored seq but another start (a device whose seqs started again while the first is still
+    raw) would be stored beside it; every reader of raw windows (missing seqs, the rolled-seq runs) takes a seq as
+    one window."""
+    with open_store(new_database()) as store:
+        assert store.add_windows([window(1, start=D0)]) == 1
+        assert store.add_windows([window(1, start=D0 + dt.timedelta(minutes=5))]) == 0
+        assert _scalar(store, "SELECT COUNT(*) FROM telemetry_windows") == 1
+        assert [c for c in store._query("test", "SELECT a.attname FROM pg_index i JOIN pg_attribute a "  # type: ignore[attr-defined]
+                                         "ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+                                         "WHERE i.indrelid = 'telemetry_windows'::regclass AND i.indisprimary")] == [
+            ("fleet",), ("device",), ("seq",)]  # fmt: skip

@@ -98,7 +98,7 @@ class PostgresStore(SqlFleetStore):
         if self.layout == timescale.TIMESCALEDB:
             with self._transaction("making the fleet hour tier a continuous aggregate") as cursor:
                 self._lock_for_migration(cursor)
-                if aggregates.present(cursor) or aggregates.create(cursor, self._extension_schema):
+                if aggregates.present(cursor) or aggregates.create(cursor, self._ts_schema()):
                     self.hour_tier = "continuous aggregate"
                     self.bucket_tiers = (60,)  # ingest writes minutes; the server aggregates hours
                     self.bucket_tables = {view: tiers[0] for view, tiers in aggregates.TIERED.items()}
@@ -224,17 +224,24 @@ class PostgresStore(SqlFleetStore):
         if rollups_for is not None and self.layout == timescale.TIMESCALEDB and rollups_for.total_seconds() >= 0:
             with self._transaction("setting TimescaleDB retention policies") as cursor:
                 for table in timescale.RETAINED_BY_POLICY:
-                    timescale.ensure_retention_policy(cursor, self._extension_schema, table, rollups_for)
+                    timescale.ensure_retention_policy(cursor, self._ts_schema(), table, rollups_for)
                 if self.hour_tier != "table":  # the refresh policy must not reach minutes retention removes
                     for _, hour, _, _ in aggregates.TIERED.values():
-                        aggregates.ensure_refresh_policy(cursor, self._extension_schema, hour, rollups_for - aggregates.END_OFFSET)
+                        aggregates.ensure_refresh_policy(cursor, self._ts_schema(), hour, rollups_for - aggregates.END_OFFSET)
         return super().apply_retention(raw_for, rollup_minutes, now, gaps_open_for=gaps_open_for, rollups_for=rollups_for)
+
+    def _ts_schema(self) -> str:
+        """The schema of TimescaleDB's functions (on the TimescaleDB layout only)."""
+        if self._extension_schema is None:
+            raise StoreError(f"fleet store {redact(self.url)} has no timescaledb extension, but its layout needs it",
+                             hint="CREATE EXTENSION timescaledb in the database, or restore it from a backup that has it")  # fmt: skip
+        return str(self._extension_schema)
 
     def _refresh_hours(self, start: dt.datetime | None, end: dt.datetime | None) -> None:
         """Materialize the hour aggregates from ``start`` to ``end`` (a procedure that runs outside transactions)."""
         with self._lock:
             try:
-                aggregates.refresh(self._cursor(), self._extension_schema, start, end)
+                aggregates.refresh(self._cursor(), self._ts_schema(), start, end)
             except Exception as exc:
                 translated = self._translate(exc, f"refreshing the hour aggregates from {start} to {end}")
                 if translated is None:
@@ -254,13 +261,13 @@ class PostgresStore(SqlFleetStore):
         for table in self.ROLLUP_TABLES:
             self._forget_rollups(table, before)
         with self._transaction(f"dropping fleet minute buckets before {before.isoformat()}") as cursor:
-            aggregates.drop_minutes_before(cursor, self._extension_schema, before)
+            aggregates.drop_minutes_before(cursor, self._ts_schema(), before)
 
     def _forget_rollups(self, table: str, before: dt.datetime) -> None:
         with self._transaction(f"dropping {table} partitions before {before.isoformat()}") as cursor:
             self._lock_rolled_seqs(cursor, exclusive=True)  # no retention creating partitions meanwhile
             if self.layout == timescale.TIMESCALEDB:
-                timescale.drop_chunks_before(cursor, self._extension_schema, table, before)
+                timescale.drop_chunks_before(cursor, self._ts_schema(), table, before)
             else:
                 partitions.drop_partitions_before(cursor, table, before)
 
@@ -290,7 +297,7 @@ class PostgresStore(SqlFleetStore):
 
     def _insert_new_windows(self, cursor: Any, windows: Sequence[TelemetryWindow]) -> list[TelemetryWindow]:
         # RETURNING names the rows this statement inserted: a window another collector stored first is not among them.
-        by_key = {}
+        by_key: dict[tuple[str, str, int], TelemetryWindow] = {}
         for w in windows:
             by_key.setdefault((w.fleet, w.device, w.seq), w)
         head, tail = self._window_insert()

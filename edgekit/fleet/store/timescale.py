@@ -11,15 +11,17 @@ What changes on the TimescaleDB path (:data:`HYPERTABLES`):
 - the per-device 5-minute rollups (``telemetry_rollups``, ``telemetry_model_rollups``) become hypertables with
   one-day chunks instead of daily declarative partitions, and rollup retention is a retention policy
   (``add_retention_policy``, run by TimescaleDB's background workers) plus ``drop_chunks`` when retention runs;
-- the fleet 1-minute and 1-hour buckets (``fleet_buckets``, ``fleet_model_buckets``) become hypertables with
-  seven-day chunks (their minute tier is still deleted by rows: both tiers share a table and a chunk).
+- the fleet 1-minute buckets (``fleet_buckets``, ``fleet_model_buckets``) become hypertables with one-day chunks,
+  renamed ``fleet_minute_buckets`` / ``fleet_model_minute_buckets``, and the 1-hour tier becomes a continuous
+  aggregate of them, read through views under the old names (:mod:`edgekit.fleet.store.timescale_aggregates`).
 
 Unchanged, on purpose: raw windows stay a plain table, because their key (fleet, device, seq) has no time in it
-and TimescaleDB, like native partitioning, can only keep a unique key that includes the time column; the dedup
-guarantee rests on that key. Raw windows live an hour by default and are rolled up in short batches. The 1-minute
-and 1-hour aggregates are written at ingest (merged percentile sketches, see :mod:`buckets`), not continuous
-aggregates: a continuous aggregate would have to read raw windows that retention deletes after an hour, and
-cannot merge the percentile parts the reads use. Reads are therefore the same SQL on both paths.
+and TimescaleDB, like native partitioning, can only keep a unique key that includes the time column; a key with
+the window's start in it would store a second window with a seq already held (a device whose seqs start again
+while the first is still raw), and the readers of raw windows (missing seqs, the rolled-seq runs) take a seq for
+one window. Their retention is a roll-up anyway: every row is read and summed as it goes (one DELETE ... RETURNING,
+which also keeps two collectors' retention from counting a window twice), so dropping chunks would add a pass,
+not save one. Raw windows live an hour by default and are rolled up in short batches.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ EXTENSION = "timescaledb"
 HYPERTABLES: dict[str, str] = {
     "telemetry_rollups": "1 day",
     "telemetry_model_rollups": "1 day",
-    "fleet_buckets": "7 days",
-    "fleet_model_buckets": "7 days",
+    "fleet_buckets": "1 day",  # the minute tier (timescale_aggregates renames it); the hour tier aggregates it
+    "fleet_model_buckets": "1 day",
 }
 #: Hypertables whose retention is a retention policy (the per-device rollups; the rollup retention names them).
 RETAINED_BY_POLICY = ("telemetry_rollups", "telemetry_model_rollups")

@@ -4,7 +4,7 @@ On the native layout, ingest writes every window's sums into two tiers of ``flee
 ``fleet_model_buckets`` (``bucket_s`` 60 and 3600). On a store created on TimescaleDB (:func:`create`):
 
 - ingest writes the minute tier only, into the hypertables ``fleet_minute_buckets`` / ``fleet_model_minute_buckets``
-  (one-day chunks);
+  (one-day chunks, :data:`edgekit.fleet.store.timescale.HYPERTABLES`);
 - the hour tier is a continuous aggregate of the minute tier (``fleet_hour_buckets`` / ``fleet_model_hour_buckets``):
   every column of a bucket merges by SUM, MIN or MAX, so an hour is its minutes merged. The one that does not is the
   number of distinct devices; each minute carries ``hour_devices`` (the devices whose first window in the hour fell
@@ -39,7 +39,6 @@ TIERED: dict[str, tuple[str, str, tuple[str, ...], tuple[tuple[str, str], ...]]]
     "fleet_buckets": ("fleet_minute_buckets", "fleet_hour_buckets", FLEET_KEY, FLEET_SUMS + HOUR_DEVICES),
     "fleet_model_buckets": ("fleet_model_minute_buckets", "fleet_model_hour_buckets", MODEL_KEY, MODEL_SUMS + HOUR_DEVICES),
 }
-MINUTE_CHUNK = "1 day"
 #: One row: minute buckets before ``hidden_before`` are gone for the reads (retention, as the native DELETE), and
 #: minute rows from ``complete_from`` on are all still there (no chunk of theirs dropped), so hours from there may be
 #: recomputed. NULL: nothing dropped yet.
@@ -109,7 +108,6 @@ def create(cursor: Any, schema: str) -> bool:
     for view, (minute, hour, key, sums) in TIERED.items():
         cursor.execute(f"ALTER TABLE {view} RENAME TO {minute}")
         cursor.execute(f"ALTER TABLE {minute} ADD COLUMN hour_devices BIGINT NOT NULL DEFAULT 0")
-        cursor.execute(f"SELECT {schema}.set_chunk_time_interval(%s::regclass, INTERVAL '{MINUTE_CHUNK}')", (minute,))
         cursor.execute(hour_view_sql(schema, minute, hour, key, sums))
         cursor.execute(tiers_view_sql(view, minute, hour, key, sums))
         ensure_refresh_policy(cursor, schema, hour, None)
