@@ -72,7 +72,7 @@ def combine_peaks(peaks: list[dict[str, Any]]) -> dict[str, Any]:
     out = dict(peaks[-1])
     out["peak_ops"] = {k: med([p["peak_ops"][k] for p in peaks]) for k in peaks[0]["peak_ops"]}
     out["large_peak_ops"] = {k: med([p["large_peak_ops"][k] for p in peaks]) for k in peaks[0].get("large_peak_ops") or {}}
-    for key in ("bandwidth_bytes_s", "cache_bandwidth_bytes_s", "node_overhead_us", "subgraph_overhead_us", "parallel_sync_us"):
+    for key in ("bandwidth_bytes_s", "cache_bandwidth_bytes_s", "node_overhead_us", "subgraph_overhead_us", "subgraph_node_us", "parallel_sync_us"):
         if all(p.get(key) is not None for p in peaks):
             out[key] = med([p[key] for p in peaks])
     kernels = {}
@@ -276,7 +276,8 @@ def render(doc: dict[str, Any], timed: list[dict[str, Any]], args: argparse.Name
         "compares it with latency measured on the host, for the `x86-64-cpu` target whose peak is measured "
         "(`edgekit/estimate/host_peak.py`). For it the estimate costs the graph ONNX Runtime runs here (its saved "
         "`ORT_ENABLE_ALL` graph: its fusions and NCHWc layout, `edgekit/estimate/runtime_graph.py`), an `If` counts the "
-        "branch taken plus a measured subgraph invocation (`subgraphs.py`), and each node's efficiency is the share of "
+        "branch taken plus a measured subgraph invocation and a measured premium for each node run inside it, a `Loop` "
+        "its body's node dispatches per iteration (`subgraphs.py`), and each node's efficiency is the share of "
         "the roofline its KIND of kernel reached in host micro-benchmarks on synthetic nodes (`host_kernels.py`: dense, "
         "pointwise, depthwise and 3-channel stem convolutions, 1-D convolutions, GEMMs, simple and transcendental "
         "elementwise ops, data movement; no corpus model is involved). Regenerate with "
@@ -289,6 +290,7 @@ def render(doc: dict[str, Any], timed: list[dict[str, Any]], args: argparse.Name
            f"int8 {peak['large_peak_ops']['int8'] / 1e9:.0f} GOPS" if peak.get("large_peak_ops") else "")
         + (f"; per-node dispatch overhead {peak['node_overhead_us']:.2f} us" if peak.get("node_overhead_us") else "")
         + (f"; If subgraph invocation {peak['subgraph_overhead_us']:.1f} us" if peak.get("subgraph_overhead_us") is not None else "")
+        + (f", {peak['subgraph_node_us']:.2f} us more a node inside a subgraph" if peak.get("subgraph_node_us") is not None else "")
         + (f"; a node split over the {doc['threads']} threads pays {peak['parallel_sync_us']:.1f} us (range "
            f"{min(peak['spread'].get('parallel_sync_us', [peak['parallel_sync_us']])):.1f}-{max(peak['spread'].get('parallel_sync_us', [peak['parallel_sync_us']])):.1f})"
            if peak.get("parallel_sync_us") is not None else "")

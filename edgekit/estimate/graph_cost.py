@@ -21,7 +21,8 @@ bias/scale right after a Conv/MatMul/Gemm that is its only reader is fused into 
 ``fusion="runtime"`` (a graph the runtime already optimised, e.g. ONNX Runtime's saved ``ORT_ENABLE_ALL`` graph:
 :mod:`edgekit.estimate.runtime_graph`): every node left runs as written, no fusion is assumed, and a view op
 (Reshape, Squeeze, ...) moves no bytes but still costs its dispatch.
-An ``If`` counts the nodes of the branch it takes (:mod:`edgekit.estimate.subgraphs`) and one subgraph call.
+An ``If`` counts the nodes of the branch it takes (:mod:`edgekit.estimate.subgraphs`, each marked ``in_subgraph``) and one
+subgraph call; a ``Loop`` / ``Scan`` counts a subgraph call per iteration and its body's node dispatches (``body_node_calls``).
 Each node gets a ``kind`` for the kernel that runs it (:func:`node_kind`: conv-dense, conv-depthwise, ...). Nodes whose inputs are all constants are folded at load time (no cost; their outputs count as weights read).
 Bytes are what the node reads plus what it writes, each tensor at its stored element size (an int8
 weight 1 byte, MatMulNBits' packed 4-bit weights half a byte per value). Quantized forms compute at
@@ -41,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from edgekit.errors import EdgekitError
-from edgekit.estimate.subgraphs import inline_taken_branches
+from edgekit.estimate.subgraphs import inline_taken_branches, loop_bodies
 
 
 class EstimateError(EdgekitError):
@@ -112,6 +113,8 @@ class NodeCost:
     inputs: tuple[str, ...] = ()  # its activation inputs (tensors not folded to constants), for layer fusion
     outputs: tuple[str, ...] = ()
     gemm_mnk: tuple[int, int, int] = ()  # a conv / matmul as a GEMM: rows (M), output channels (N), reduction (K)
+    in_subgraph: bool = False  # brought in from an If branch: runs inside a subgraph (a measured per-node premium)
+    body_node_calls: int = 0  # a Loop / Scan: its body's node executions (body nodes x iterations), costed as dispatches
 
     @property
     def bytes(self) -> float:
@@ -432,6 +435,9 @@ def graph_costs(model: Any, dims: Mapping[str, int] | None = None, *, input_shap
     feeds = lambda: _feeds(proto, dims, input_shapes, input_values)  # noqa: E731
     if_calls, notes = inline_taken_branches(proto, feeds, prepare=lambda m: _runnable(m, base))
     assumptions.extend(notes)
+    inlined = {out for call in if_calls for out in call.inlined}
+    loops, loop_notes = loop_bodies(proto)
+    assumptions.extend(loop_notes)
     shapes = _shapes_by_inference(proto)
     source = "onnx shape inference"
     missing = [out for node in proto.graph.node for out in node.output[:1] if out and out not in shapes]
@@ -500,6 +506,9 @@ def graph_costs(model: Any, dims: Mapping[str, int] | None = None, *, input_shap
             bytes_written=0.0 if idle else sum(nbytes(n) for n in node.output if n),
             weight_bytes=sum(nbytes(n) for n in weights), fused=fused, kind=_kind(node, shapes),
             inputs=tuple(acts), outputs=tuple(n for n in node.output if n), gemm_mnk=_gemm_mnk(node, shapes, out_shape),
+            in_subgraph=bool(node.output) and node.output[0] in inlined,
+            subgraph_calls=loops[key].iterations if key in loops else 0,
+            body_node_calls=loops[key].iterations * loops[key].body_nodes if key in loops else 0,
         ))  # fmt: skip
     for call in if_calls:  # the If itself: no work of its own, one subgraph invocation
         nodes.append(NodeCost(name=call.name, op_type="If", op_class="data_movement", precision="fp32", ops=0.0, bytes_read=0.0,

@@ -40,6 +40,7 @@ DERIVATIONS: dict[str, dict[str, tuple[float, str]]] = {
                   "fp32": (0.25, "TensorRT runs FP32 convolutions and GEMMs as TF32 on the tensor cores (TF32 builder flag on by "
                                  "default), at half the FP16 rate (H100 datasheet ratio: 989 TF32 vs 1979 FP16 TFLOPS)")},
 }
+SUBGRAPH_NODES_NOTE = 8  # the larger branch of the subgraph micro-benchmark (host_kernels.SUBGRAPH_NODES), for the sources
 #: Precisions a runtime computes in when the table has no figure of their own.
 COMPUTE_FALLBACK = {"int4": "int8", "int8-dynamic": "int8", "mxfp8": "fp8", "mxfp4": "nvfp4", "fp8": "fp16", "bf16": "fp16",
                     "nvfp4": "fp8", "fp16": "fp32", "int8": "fp32"}  # fmt: skip
@@ -67,6 +68,7 @@ class Hardware:
     large_peak_ops: dict[str, float] | None = None  # the peak of nodes moving more than cache_bytes (measured hosts)
     kernel_efficiency: dict[str, list[list[float]]] | None = None  # kind -> [[roofline s, efficiency]] (host_kernels)
     subgraph_overhead_us: float | None = None  # measured cost of one If's subgraph invocation (measured hosts)
+    subgraph_node_us: float | None = None  # measured extra cost of a node run inside a subgraph (measured hosts)
     parallel_sync_us: float | None = None  # measured cost of splitting one node over the intra-op pool (measured hosts)
     layer_model: str = "per-node"  # "tensorrt": the graph is timed as TensorRT's fused layers (tensorrt_layers)
     gpu_cuda_cores: int | None = None  # the GPU's CUDA cores (its SMs: 128 a piece on Ampere and Hopper), for tile waves
@@ -96,7 +98,7 @@ class Hardware:
                 "cache_bytes": self.cache_bytes, "cache_bandwidth_bytes_per_s": self.cache_bandwidth_bytes_s,
                 "sources": list(self.sources), "fp32_runs_as": self.fp32_runs_as, "node_overhead_us": self.node_overhead_us,
                 "large_peak_ops_per_s": self.large_peak_ops, "kernel_efficiency": self.kernel_efficiency,
-                "subgraph_overhead_us": self.subgraph_overhead_us,
+                "subgraph_overhead_us": self.subgraph_overhead_us, "subgraph_node_us": self.subgraph_node_us,
                 "fallback": self.fallback.to_json() if self.fallback is not None else None}  # fmt: skip
 
 
@@ -143,9 +145,11 @@ def hardware_for(target: TargetProfile, power_mode: str | None = None, *, measur
         if kernels:
             sources.append("share of the roofline per node kind measured on this host (ONNX Runtime's kernels on synthetic nodes): "
                            + ", ".join(f"{k} {'..'.join(f'{p[1]:.2f}' for p in v)}" for k, v in sorted(kernels.items())))  # fmt: skip
-        subgraph = measured.get("subgraph_overhead_us")
+        subgraph, inside = measured.get("subgraph_overhead_us"), measured.get("subgraph_node_us")
         if subgraph is not None:
-            sources.append(f"If subgraph invocation {subgraph:.1f} us measured on this host (a chain of Ifs against the same nodes without)")
+            sources.append(f"If subgraph invocation {subgraph:.1f} us measured on this host (a chain of Ifs against the same nodes without)"
+                           + (f", and {inside:.2f} us more for each node run inside a subgraph (branches of 1 and "
+                              f"{SUBGRAPH_NODES_NOTE} nodes)" if inside is not None else ""))  # fmt: skip
         sync = measured.get("parallel_sync_us")
         if sync is not None:
             sources.append(f"split across the intra-op threads: {sync:.1f} us a node measured on this host (small MatMuls "
@@ -154,6 +158,7 @@ def hardware_for(target: TargetProfile, power_mode: str | None = None, *, measur
                         float(cache) if cache and cache_bw else None, float(cache_bw) if cache and cache_bw else None,
                         node_overhead_us=float(overhead) if overhead else None, large_peak_ops=large or None,
                         kernel_efficiency=kernels, subgraph_overhead_us=float(subgraph) if subgraph is not None else None,
+                        subgraph_node_us=float(inside) if inside is not None else None,
                         parallel_sync_us=float(sync) if sync is not None else None)  # fmt: skip
     if not target.peak_throughput:
         raise EstimateError(f"target '{target.name}' has no peak_throughput figures to estimate from",

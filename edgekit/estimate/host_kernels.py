@@ -8,8 +8,8 @@ it here: NCHWc convolutions on x86, fused activations) and timed by the wall clo
 roofline time of one node (costed by the same graph cost) over the chain's time per node. An estimate interpolates a node's efficiency from its kind's
 points by the node's roofline time (log scale, clamped to the measured range). Nothing here looks at a model.
 
-:func:`subgraph_overhead_us`: a chain of ``If`` nodes with one tiny node per branch against the same chain without
-the ``If``, per ``If``: what running a subgraph costs beyond its nodes.
+:func:`subgraph_costs_us`: chains of ``If`` nodes with 1 and :data:`SUBGRAPH_NODES` tiny nodes a branch against the same
+nodes without the ``If``: what an If costs per call, and what each node inside a subgraph costs beyond a top-level node.
 
 :func:`parallel_sync_us`: what splitting one node over ONNX Runtime's intra-op pool costs (waking the other threads,
 the barrier at its end, which on a loaded host waits for a descheduled thread): a chain of small MatMuls (ones MLAS
@@ -39,6 +39,7 @@ from edgekit.engines.ort_session import cpu_session
 
 RUNS = 10
 IF_CHAIN = 64
+SUBGRAPH_NODES = 8  # the larger branch of subgraph_costs_us: the slope from 1 to this many nodes is the per-node premium
 CHAIN = 6  # identical nodes a synthetic graph chains, so the layout reorders at its ends are shared
 #: a kind may beat the roofline of its measured figures (an in-cache kernel against the copy bandwidth); bounded
 MAX_EFFICIENCY = 4.0
@@ -226,18 +227,23 @@ def efficiency_at(points: list[list[float]], roofline_s: float) -> float:
     return points[-1][1]
 
 
-def _if_chain(with_if: bool) -> Any:
+def _if_chain(with_if: bool, branch_nodes: int = 1) -> Any:
+    """x[1,16] -> IF_CHAIN links of ``branch_nodes`` Neg nodes each, inside an If (both branches alike) or not."""
     from onnx import TensorProto, helper
+
+    def negs(first: str, tag: str, last: str) -> list[Any]:
+        names = [f"{tag}_{j}" for j in range(branch_nodes - 1)] + [last]
+        return [helper.make_node("Neg", [src], [dst]) for src, dst in zip([first, *names[:-1]], names)]
 
     nodes, current = [], "x"
     for i in range(IF_CHAIN):
         out = f"v{i}"
         if with_if:
-            branch = lambda tag: helper.make_graph([helper.make_node("Neg", [current], [f"{tag}{i}"])], f"{tag}{i}", [],  # noqa: E731
+            branch = lambda tag: helper.make_graph(negs(current, f"{tag}{i}", f"{tag}{i}"), f"{tag}{i}", [],  # noqa: E731
                                                    [helper.make_tensor_value_info(f"{tag}{i}", TensorProto.FLOAT, [1, 16])])  # fmt: skip
             nodes.append(helper.make_node("If", ["cond"], [out], then_branch=branch("t"), else_branch=branch("e"), name=f"if{i}"))
         else:
-            nodes.append(helper.make_node("Neg", [current], [out], name=f"n{i}"))
+            nodes.extend(negs(current, f"n{i}", out))
         current = out
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])]
     if with_if:  # the condition is an input, so ONNX Runtime cannot fold the Ifs away at load
@@ -245,16 +251,30 @@ def _if_chain(with_if: bool) -> Any:
     return _model(nodes, inputs, [helper.make_tensor_value_info(current, TensorProto.FLOAT, [1, 16])], [])
 
 
-def subgraph_overhead_us(threads: int, runs: int = 40) -> float:
-    """Per If: the quiet time (:func:`quiet_time`) of a chain of Ifs (one Neg a branch) minus that of the same Negs without them."""
+def subgraph_costs_us(threads: int, runs: int = 40) -> tuple[float, float]:
+    """(per If call, per node inside a subgraph), us: chains of Ifs whose branches hold 1 and :data:`SUBGRAPH_NODES`
+    Neg nodes, each against the same Negs without the If (quiet times, :func:`quiet_time`, three rounds interleaved so
+    the load hits both). An If of ``k`` nodes costs ``call + k x inside`` more than its nodes at top level: ``inside``
+    is the slope between the two sizes (a subgraph's nodes run in a frame of their own, their outputs allocated per
+    call), ``call`` the rest. Both at least 0."""
     def quiet_s(model: Any) -> float:
         session = cpu_session(model, threads, denormal_as_zero=False)
         feed = {"x": np.ones((1, 16), np.float32), "cond": np.array(True)}
         return quiet_run_s(session, {i.name: feed[i.name] for i in session.get_inputs()}, runs, warmup=5)
 
-    plain, branched = _if_chain(False), _if_chain(True)
-    samples = [(quiet_s(branched) - quiet_s(plain)) / IF_CHAIN for _ in range(3)]  # interleaved: the load hits both
-    return max(0.0, float(np.median(samples)) * 1e6)
+    pairs = {k: (_if_chain(True, k), _if_chain(False, k)) for k in (1, SUBGRAPH_NODES)}
+    per_if: dict[int, list[float]] = {k: [] for k in pairs}
+    for _ in range(3):
+        for k, (branched, plain) in pairs.items():
+            per_if[k].append((quiet_s(branched) - quiet_s(plain)) / IF_CHAIN * 1e6)
+    small, large = (float(np.median(per_if[k])) for k in (1, SUBGRAPH_NODES))
+    inside = max(0.0, (large - small) / (SUBGRAPH_NODES - 1))
+    return max(0.0, small - inside), inside
+
+
+def subgraph_overhead_us(threads: int, runs: int = 40) -> float:
+    """Per If: what an If with a one-node branch costs beyond that node (:func:`subgraph_costs_us`'s call part)."""
+    return subgraph_costs_us(threads, runs)[0]
 
 
 def quiet_run_s(session: Any, feeds: Mapping[str, np.ndarray], runs: int, warmup: int = 3) -> float:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.estimate.host_kernels import kernel_efficiency, quiet_run_s, quiet_time, parallel_sync_us, subgraph_overhead_us
+from edgekit.estimate.host_kernels import SUBGRAPH_NODES, kernel_efficiency, parallel_sync_us, quiet_run_s, quiet_time, subgraph_costs_us
 
 GEMM_SIZE = 512
 LARGE_GEMM_SIZE = 1024  # 12 MB of fp32 operands: past the L2, the rate a large layer sees
@@ -142,8 +142,10 @@ def _measure(threads: int) -> dict[str, Any]:
                       f"({LARGE_GEMM_SIZE}x{LARGE_GEMM_SIZE}: past the L2, of 3), {threads} threads; per-node overhead: 10th percentile of a {CHAIN_NODES}-node Add/Mul chain"}  # fmt: skip
     result["parallel_sync_us"] = parallel_sync_us(threads)
     result["kernel_efficiency"] = kernel_efficiency(threads, _roofline_of(result), result["node_overhead_us"], result["parallel_sync_us"])
-    result["subgraph_overhead_us"] = subgraph_overhead_us(threads)
-    result["method"] += "; per node kind: chains of synthetic nodes on ONNX Runtime (wall clock) against their roofline; If: a chain of 64; split over the threads: 256x64 MatMul chain on all threads against one"
+    result["subgraph_overhead_us"], result["subgraph_node_us"] = subgraph_costs_us(threads)
+    result["method"] += (f"; per node kind: chains of synthetic nodes on ONNX Runtime (wall clock) against their roofline; If: chains of 64 "
+                         f"with 1 and {SUBGRAPH_NODES} nodes a branch (per call, and per node inside a subgraph); split over the "
+                         "threads: 256x64 MatMul chain on all threads against one")  # fmt: skip
     return result
 
 
@@ -164,7 +166,7 @@ def _key(threads: int) -> str:
 
     from edgekit.bundle.manifest import host_description
 
-    return f"{host_description()['cpu']}|threads={threads}|onnxruntime={onnxruntime.__version__}|gemm={GEMM_SIZE}|cache=1|overhead=1|large={LARGE_GEMM_SIZE}|kernels=7|quiet=p10"
+    return f"{host_description()['cpu']}|threads={threads}|onnxruntime={onnxruntime.__version__}|gemm={GEMM_SIZE}|cache=1|overhead=1|large={LARGE_GEMM_SIZE}|kernels=7|quiet=p10|subgraph=2"
 
 
 def measure_host_peak(threads: int, *, refresh: bool = False) -> dict[str, Any]:

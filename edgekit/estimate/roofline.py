@@ -11,7 +11,8 @@ Because the factor divides each class's roofline time, latency is linear in the 
 On a host whose kernels were micro-benchmarked (:mod:`edgekit.estimate.host_kernels`), each node's roofline
 time is divided by its kind's MEASURED efficiency at its size (or, for a kind not benchmarked, by its class's
 prior) before the factors apply, so the default factors there are 1 (:func:`host_factors`); the ``fixed`` part
-is each ``If``'s measured subgraph invocation (not scaled by any factor).
+is the measured control-flow cost (:func:`subgraph_fixed_us`: each ``If`` / loop iteration's subgraph invocation,
+the premium of each node run inside a subgraph, a loop body's node dispatches; not scaled by any factor).
 """
 
 from __future__ import annotations
@@ -108,6 +109,15 @@ def _measured_share(node: NodeCost, engine: Hardware, seconds: float) -> float:
     return DEFAULT_EFFICIENCY[engine_kind(engine.engine)].get(node.op_class, 1.0)
 
 
+def subgraph_fixed_us(node: NodeCost, engine: Hardware) -> float:
+    """The measured control-flow cost of ``node`` (us), no factor scales it: a subgraph invocation per call (an If
+    that ran, a Loop / Scan iteration), the premium a node pays for running inside a subgraph (an If branch's nodes),
+    and a Loop / Scan body's node dispatches (the top-level dispatch plus that premium, per body node and iteration)."""
+    call, inside = engine.subgraph_overhead_us or 0.0, engine.subgraph_node_us or 0.0
+    return (node.subgraph_calls * call + (inside if node.in_subgraph else 0.0)
+            + node.body_node_calls * ((engine.node_overhead_us or 0.0) + inside))  # fmt: skip
+
+
 def roofline(cost: GraphCost, hardware: Hardware) -> Roofline:
     """Each node's roofline time at efficiency 1 (factors are applied by :func:`latency_ms`); a node ONNX Runtime
     splits over its intra-op threads (:func:`edgekit.estimate.host_kernels.runs_parallel`) also pays the measured
@@ -129,7 +139,7 @@ def roofline(cost: GraphCost, hardware: Hardware) -> Roofline:
         if used != node.precision:
             fallbacks.add(f"{node.precision} ops timed at the {engine.engine} {used} peak (no {node.precision} figure there)")
         seconds /= _measured_share(node, engine, seconds)
-        fixed = node.subgraph_calls * (engine.subgraph_overhead_us or 0.0) / 1e3
+        fixed = subgraph_fixed_us(node, engine) / 1e3
         if engine.parallel_sync_us and runs_parallel(node):  # split over the intra-op pool: dispatch + barrier
             fixed += engine.parallel_sync_us / 1e3
         nodes.append(NodeTime(node.name, node.op_type, node.op_class, node.precision, seconds * 1e3, bound, 0.0, fixed))

@@ -4,8 +4,13 @@
 benchmark's inputs (read by running the graph up to the condition on ONNX Runtime with those inputs, or zeros of
 their shapes), or, where that cannot be read, the branch with more nodes (said in the notes). Nested ``If`` nodes
 are resolved one level a pass. Each ``If`` that ran is returned as an :class:`IfCall`: the runtime pays a
-subgraph invocation for it (timed on a measured host by :func:`edgekit.estimate.host_kernels.subgraph_overhead_us`).
-``Loop`` and ``Scan`` bodies are not inlined: their nodes count once, said in the notes.
+subgraph invocation for it, and each node the branch brought in pays what running a node inside a subgraph costs
+beyond a top-level node (both timed on a measured host by :func:`edgekit.estimate.host_kernels.subgraph_costs_us`);
+:attr:`IfCall.inlined` names those nodes.
+
+``Loop`` and ``Scan`` bodies are not inlined (their values change every iteration): :func:`loop_bodies` counts a
+body's nodes (nested subgraphs included) and the iterations (a ``Loop``'s constant trip count, else one, said in the
+notes), and the cost model charges each body node's dispatch per iteration and a subgraph invocation per iteration.
 """
 
 from __future__ import annotations
@@ -26,6 +31,17 @@ class IfCall:
     name: str
     branch: str  # "then_branch" or "else_branch"
     chosen_by: str  # "condition at the benchmark inputs" or "the larger branch (condition unknown)"
+    inlined: tuple[str, ...] = ()  # the first output of each node the branch brought into the graph
+
+
+@dataclass(frozen=True)
+class LoopBody:
+    """A ``Loop`` or ``Scan`` node: its body's node count (nested subgraphs included) and the iterations counted."""
+
+    name: str
+    body_nodes: int
+    iterations: int
+    iterations_known: bool
 
 
 def _branches(node: Any) -> dict[str, Any]:
@@ -107,8 +123,6 @@ def inline_taken_branches(model: Any, feeds: Callable[[], Mapping[str, np.ndarra
     Returns the Ifs that ran and notes on what was assumed."""
     calls: list[IfCall] = []
     notes: list[str] = []
-    if any(n.op_type in ("Loop", "Scan") for n in model.graph.node):
-        notes.append("Loop/Scan bodies count once (their trip count is not read)")
     for _ in range(MAX_DEPTH):
         ifs = [n for n in model.graph.node if n.op_type == "If" and len(_branches(n)) == 2]
         if not ifs:
@@ -130,8 +144,9 @@ def inline_taken_branches(model: Any, feeds: Callable[[], Mapping[str, np.ndarra
                 name, how = ("then_branch" if values[node.input[0]] else "else_branch"), "condition at the benchmark inputs"
             else:
                 name, how = max(branches, key=lambda b: _size(branches[b])), "the larger branch (condition unknown)"
-            calls.append(IfCall(node.name or node.output[0], name, how))
-            replaced.extend(_inline(model, node, branches[name]))
+            inlined = _inline(model, node, branches[name])
+            calls.append(IfCall(node.name or node.output[0], name, how, tuple(n.output[0] for n in inlined if n.output)))
+            replaced.extend(inlined)
         del model.graph.node[:]
         model.graph.node.extend(replaced)
     if calls:
@@ -140,3 +155,39 @@ def inline_taken_branches(model: Any, feeds: Callable[[], Mapping[str, np.ndarra
                      + (f" ({unknown} without a readable condition: the larger branch)" if unknown else " (condition read at the benchmark inputs)")
                      + ", plus a subgraph invocation each")  # fmt: skip
     return calls, notes
+
+
+def _constant_int(model: Any, name: str) -> int | None:
+    """The value of ``name`` when it is a scalar initializer or Constant output of ``model``'s graph, else None."""
+    from onnx import numpy_helper
+
+    for init in model.graph.initializer:
+        if init.name == name:
+            return int(np.asarray(numpy_helper.to_array(init)).reshape(-1)[0])
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.output and node.output[0] == name:
+            for attribute in node.attribute:
+                if attribute.name == "value":
+                    return int(np.asarray(numpy_helper.to_array(attribute.t)).reshape(-1)[0])
+    return None
+
+
+def loop_bodies(model: Any) -> tuple[dict[str, LoopBody], list[str]]:
+    """Each ``Loop`` / ``Scan`` node of ``model``'s graph (by name, else first output) -> its :class:`LoopBody`: a Loop's
+    trip count when its ``M`` input is a constant, else one iteration (said in the notes, as for every Scan)."""
+    bodies: dict[str, LoopBody] = {}
+    for node in model.graph.node:
+        if node.op_type not in ("Loop", "Scan"):
+            continue
+        body = next((a.g for a in node.attribute if a.name == "body"), None)
+        if body is None:
+            continue
+        trips = _constant_int(model, node.input[0]) if node.op_type == "Loop" and node.input and node.input[0] else None
+        key = node.name or node.output[0]
+        bodies[key] = LoopBody(key, _size(body), max(1, trips) if trips is not None else 1, trips is not None)
+    unknown = [b.name for b in bodies.values() if not b.iterations_known]
+    notes = []
+    if bodies:
+        notes.append(f"{len(bodies)} Loop/Scan node(s): each body node's dispatch is counted per iteration, their work once"
+                     + (f" ({len(unknown)} without a constant trip count: one iteration counted)" if unknown else ""))  # fmt: skip
+    return bodies, notes

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from edgekit.estimate import graph_costs
 from edgekit.estimate.graph_cost import EstimateError, node_kind
 from edgekit.estimate.hardware import Hardware
-from edgekit.estimate.host_kernels import efficiency_at, subgraph_overhead_us
+from edgekit.estimate.host_kernels import efficiency_at, subgraph_costs_us
 from edgekit.estimate.roofline import apply_factors, host_factors, roofline
 from edgekit.estimate.runtime_graph import runtime_graph_costs
 from tests.estimate.graphs import cnn
@@ -83,8 +83,54 @@ def test_each_if_adds_the_measured_subgraph_invocation_to_the_estimate() -> None
     line = roofline(cost, with_if)
     assert line.fixed_ms == pytest.approx(0.025)
     assert apply_factors(line, host_factors(with_if))[1] == pytest.approx(base + 0.025)
-    overhead = subgraph_overhead_us(1, runs=5)
-    assert math.isfinite(overhead) and 0 <= overhead < 10_000
+    call, inside = subgraph_costs_us(1, runs=5)
+    assert all(math.isfinite(v) and 0 <= v < 10_000 for v in (call, inside))
+
+
+def test_nodes_run_inside_a_taken_branch_pay_the_measured_per_node_premium() -> None:
+    cost = graph_costs(if_model(), input_values={"x": np.ones((4, 64), np.float32), "flag": np.array(True)})
+    inside = {n.name for n in cost.nodes if n.in_subgraph}
+    assert {"then_mm0", "then_mm1", "then_mm2"} <= inside and "relu" not in inside
+    run = [n for n in cost.nodes if n.in_subgraph and not n.fused]
+    host = Hardware("host", "cpu", None, {"fp32": 100e9}, 10e9, None, node_overhead_us=1.0, subgraph_overhead_us=25.0, subgraph_node_us=2.0)
+    line = roofline(cost, host)
+    assert line.fixed_ms == pytest.approx((25.0 + 2.0 * len(run)) / 1e3)
+    # every node ONNX Runtime runs, the branch's included, also pays the top-level dispatch (the factors' overhead)
+    factors = host_factors(host)
+    timed, total = apply_factors(line, factors)
+    work = sum(n.roofline_ms / factors.efficiency.get(n.op_class, 1.0) for n in timed)
+    assert total == pytest.approx(work + len(timed) * 1e-3 + line.fixed_ms)
+
+
+def _loop_model(trips: int | None) -> onnx.ModelProto:
+    """x[4,64] -> Loop (M = ``trips`` as a constant, or a graph input) whose body runs Neg, Relu, Neg on the carried value."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Neg", ["v_in"], ["a"]),
+         helper.make_node("Relu", ["a"], ["b"]), helper.make_node("Neg", ["b"], ["v_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [4, 64])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [4, 64])])  # fmt: skip
+    inits = [numpy_helper.from_array(np.array(True), "keep")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])]
+    if trips is None:
+        inputs.append(helper.make_tensor_value_info("m", TensorProto.INT64, []))
+    else:
+        inits.append(numpy_helper.from_array(np.array(trips, np.int64), "m"))
+    loop = helper.make_node("Loop", ["m", "keep", "x"], ["y"], body=body, name="loop")
+    graph = helper.make_graph([loop], "loop", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])], inits)
+    return helper.make_model(graph, opset_imports=OPSET)
+
+
+def test_a_loop_body_pays_a_dispatch_per_node_and_an_invocation_per_iteration() -> None:
+    (loop,) = [n for n in graph_costs(_loop_model(5)).nodes if n.op_type == "Loop"]
+    assert loop.subgraph_calls == 5 and loop.body_node_calls == 5 * 4
+    host = Hardware("host", "cpu", None, {"fp32": 100e9}, 10e9, None, node_overhead_us=1.0, subgraph_overhead_us=3.0, subgraph_node_us=0.5)
+    (timed,) = [n for n in roofline(graph_costs(_loop_model(5)), host).nodes if n.op_type == "Loop"]
+    assert timed.fixed_ms == pytest.approx((5 * 3.0 + 20 * (1.0 + 0.5)) / 1e3)
+    unknown = graph_costs(_loop_model(None), input_values={"x": np.ones((4, 64), np.float32), "m": np.array(7)})
+    (loop,) = [n for n in unknown.nodes if n.op_type == "Loop"]
+    assert loop.subgraph_calls == 1 and loop.body_node_calls == 4  # a trip count that is not a constant counts once, said
+    assert any("without a constant trip count" in a for a in unknown.assumptions)
 
 
 def test_the_graph_onnx_runtime_runs_is_costed_with_its_fusions(tmp_path: Path) -> None:
