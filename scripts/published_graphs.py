@@ -448,9 +448,71 @@ def build_retinanet(path: Path) -> str:
             f"{params / 1e6:.1f} M parameters with BatchNorm; NMS not in the graph), seed 0, 800x800")  # fmt: skip
 
 
+
+def _unet3d_module(filters: Sequence[int] = (32, 64, 128, 256, 320), classes: int = 3) -> Any:
+    """MLPerf's 3D-UNet for KiTS19 (mlcommons/training image_segmentation/pytorch/model/unet3d.py and layers.py, the
+    model MLPerf Inference's 3d-unet-kits19 benchmark exports): an input block of two 3x3x3 convolutions, four
+    stride-2 downsampling blocks (32..320 wide), a stride-2 bottleneck, five upsampling blocks (a 2x2x2 stride-2
+    ConvTranspose3d with bias, a concat with the skip, two convolutions) and a 1x1x1 output convolution to 3 classes;
+    every convolution but the last two kinds is bias-free and followed by InstanceNorm3d(affine) and ReLU. 23 Conv,
+    5 ConvTranspose, 22 InstanceNormalization, 22 Relu and 5 Concat nodes, as the published ONNX counts them."""
+    import torch
+    from torch import nn
+
+    def block(c_in: int, c_out: int, stride: int = 1) -> nn.Sequential:
+        return nn.Sequential(nn.Conv3d(c_in, c_out, 3, stride, 1, bias=False), nn.InstanceNorm3d(c_out, affine=True), nn.ReLU())
+
+    class Up(nn.Module):
+        def __init__(self, c_in: int, c_out: int) -> None:
+            super().__init__()
+            self.up = nn.ConvTranspose3d(c_in, c_out, 2, 2)
+            self.convs = nn.Sequential(block(2 * c_out, c_out), block(c_out, c_out))
+
+        def forward(self, x: Any, skip: Any) -> Any:
+            return self.convs(torch.cat((self.up(x), skip), dim=1))
+
+    class UNet3D(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp = nn.Sequential(block(1, filters[0]), block(filters[0], filters[0]))
+            self.down = nn.ModuleList(nn.Sequential(block(i, o, 2), block(o, o)) for i, o in zip(filters[:-1], filters[1:]))
+            self.bottleneck = nn.Sequential(block(filters[-1], filters[-1], 2), block(filters[-1], filters[-1]))
+            ups = [(filters[-1], filters[-1])] + list(zip(reversed(filters[1:]), reversed(filters[:-1])))
+            self.up = nn.ModuleList(Up(i, o) for i, o in ups)
+            self.out = nn.Conv3d(filters[0], classes, 1)
+
+        def forward(self, x: Any) -> Any:
+            x = self.inp(x)
+            skips = [x]
+            for down in self.down:
+                x = down(x)
+                skips.append(x)
+            x = self.bottleneck(x)
+            for up, skip in zip(self.up, reversed(skips)):
+                x = up(x, skip)
+            return self.out(x)
+
+    return UNet3D()
+
+
+def build_unet3d(path: Path) -> str:
+    """MLPerf's 3D-UNet (KiTS19), traced at 1x1x64x64x64 (at 32^3 the bottleneck is 1 voxel, which InstanceNorm refuses) with the batch and the three spatial dims dynamic (``depth``,
+    ``height``, ``width``): estimate it at MLPerf's 128x128x128 sub-volume with ``{batch: 1, depth: 128, height: 128,
+    width: 128}`` (tracing at 128^3 would run a ~1 TFLOP forward on the host)."""
+    import torch
+
+    torch.manual_seed(0)
+    module = _unet3d_module().eval()
+    params = sum(p.numel() for p in module.parameters())
+    spatial = {0: "batch", 2: "depth", 3: "height", 4: "width"}
+    _export(module, {"image": torch.zeros(1, 1, 64, 64, 64)}, ["logits"], path, {"image": spatial, "logits": spatial})
+    return (f"hand-written 3D-UNet (MLPerf KiTS19: 32..320 wide, InstanceNorm, ConvTranspose3d upsampling, 3 classes; "
+            f"{params / 1e6:.1f} M parameters), seed 0, estimated per 128x128x128 sub-volume")  # fmt: skip
+
+
 #: graph name -> builder writing the ONNX file and returning how it was made
 GRAPHS: dict[str, Callable[[Path], str]] = {"resnet50": build_resnet50, "bert-large": build_bert_large, "yolov8n": build_yolov8n,
-                                            "retinanet": build_retinanet,
+                                            "retinanet": build_retinanet, "unet3d": build_unet3d,
                                             **{f"yolo11{scale}": _yolo11_builder(scale) for scale in YOLO11_SCALES}}  # fmt: skip
 #: graphs that can be built at another sequence length: name -> builder(path, seq) (a row's ``sequence_length``)
 SEQUENCE_GRAPHS: dict[str, Callable[[Path, int], str]] = {"bert-large": build_bert_large}

@@ -16,7 +16,9 @@ The fusions follow what TensorRT's builder documents (Developer Guide, "Layer Fu
 * **Q/DQ** pairs fold into the INT8 kernels around them; views (Reshape, Squeeze, Flatten...) and Concat
   (TensorRT writes each input into the output buffer) move nothing; Split and Slice are copy layers of their
   own; a Transpose beside a GEMM folds into its operand layout, elsewhere it is a reformat layer (a memory pass);
-* pooling and resize layers run on their own; constant subgraphs are folded when the engine is built.
+* pooling and resize layers run on their own, and so do InstanceNorm and GroupNorm (their statistics span the whole
+  volume of a channel, so no conv tile can apply them), with the pointwise ops after them fused in; constant
+  subgraphs are folded when the engine is built.
 
 Tensor-core kernels work in tiles: a conv / GEMM layer whose output channels or reduction do not fill a
 :data:`TILE_N` x :data:`TILE_K` tile, or whose tiles (:data:`TILE_MN` square) leave SMs idle in the last wave (128 CUDA
@@ -47,6 +49,9 @@ ANCHOR_CLASSES = ("conv", "matmul", "attention")
 POINTWISE_CLASSES = ("elementwise", "normalization")
 #: reductions join pointwise chains (LayerNorm's ReduceMean); pooling ops proper are layers of their own
 POINTWISE_REDUCTIONS = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL2")
+#: normalisations whose statistics span a channel's whole spatial extent: no conv tile holds them, so they run as a
+#: layer of their own after the conv (NVIDIA's MLPerf 3D-UNet: the INSTNORM3D plugin, with the activation fused in)
+WHOLE_TENSOR_NORMS = ("InstanceNormalization", "GroupNormalization")
 #: data movement the engine does without a kernel of its own
 FREE_MOVES = ("Concat", "Expand", "Cast", "CastLike")
 #: the output-channel and reduction tile of a tensor-core kernel, and the output tile (rows x channels) one SM
@@ -83,6 +88,8 @@ def _role(node: NodeCost) -> str:
         return "transpose"  # free beside a GEMM, a reformat layer elsewhere
     if node.op_class in ANCHOR_CLASSES:
         return "anchor"
+    if node.op_type in WHOLE_TENSOR_NORMS:
+        return "own"
     if node.op_class in POINTWISE_CLASSES or node.op_type in POINTWISE_REDUCTIONS:
         return "pointwise"
     return "own"

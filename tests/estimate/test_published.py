@@ -139,3 +139,44 @@ def test_leave_one_source_out_never_scores_a_row_with_factors_fitted_to_it() -> 
     # changing c's published figure cannot change the factors c is scored with
     moved = [*rows[:3], _work("c", 50.0, 4.0)]
     assert leave_one_source_out(moved)[0]["c"][0] == params_c
+
+
+def test_the_3d_unet_graph_is_valid_onnx_the_estimate_costs_with_its_3d_layers(tmp_path: Path) -> None:
+    """MLPerf's KiTS19 3D-UNet as scripts/published_graphs.py writes it (narrow filters here, so the export is quick):
+    the op counts of the published ONNX, a valid graph, and a TensorRT-shaped estimate that costs every Conv3D and
+    ConvTranspose3D and runs each InstanceNorm as a layer of its own (its statistics span the whole volume)."""
+    pytest.importorskip("torch", reason="the graph builders export with torch")
+    from collections import Counter
+
+    from edgekit.estimate.estimate import estimate
+    from edgekit.target import get_target
+    from scripts.published_graphs import _export, _unet3d_module
+
+    import torch
+
+    torch.manual_seed(0)
+    path = _export(_unet3d_module(filters=(4, 8, 8, 8, 8)), {"image": torch.zeros(1, 1, 64, 64, 64)}, ["logits"], tmp_path / "unet.onnx",
+                   {"image": {0: "batch", 2: "depth", 3: "height", 4: "width"}})  # fmt: skip
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model)
+    ops = Counter(n.op_type for n in model.graph.node)
+    assert (ops["Conv"], ops["ConvTranspose"], ops["InstanceNormalization"], ops["Relu"], ops["Concat"]) == (23, 5, 22, 22, 5)
+    result = estimate(model, get_target("jetson-agx-orin-64gb"), dims={"batch": 1, "depth": 128, "height": 128, "width": 128},
+                      batch=1, power_mode="MAXN", calibration={"entries": []}, assume_precision="int8")  # fmt: skip
+    convs = [n for n in result.cost.nodes if n.op_class == "conv"]
+    assert len(convs) == 28 and all(n.ops > 0 for n in convs)
+    first = next(n for n in convs if n.op_type == "Conv")  # 1 -> 4 channels, 3x3x3, over 128^3 voxels
+    assert first.ops == pytest.approx(2 * 4 * 128**3 * 1 * 27)
+    assert len(result.node_ms) == 28 + 22 and result.by_class["normalization"]["share"] > 0 and result.p50_ms > 0
+
+
+def test_gpu_and_dla_offline_rows_get_the_dla_share_and_latency_rows_do_not() -> None:
+    from edgekit.estimate.hardware import hardware_for
+    from edgekit.target import get_target
+
+    rows = {r.id: r for r in ep.load_published(ep.FIGURES)}
+    offline, single = rows["mlperf-v3.0-nvidia-agx-orin-64gb-retinanet-offline"], rows["mlperf-v3.0-nvidia-agx-orin-64gb-retinanet-singlestream"]
+    target = get_target(offline.target)
+    hardware = hardware_for(target, offline.power_mode)
+    assert offline.batch == 4 and "DLA" in offline.engine and ep.dla_share(offline, target, hardware) > 0
+    assert ep.dla_share(single, target, hardware) == 0
