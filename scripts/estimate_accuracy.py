@@ -63,7 +63,14 @@ gives -16 %). minilm (demo) -40 %, ppocr-det -55 %, mobilenet-v2 -50 %, convnext
 contended even at their 10th percentile (p50 1.1-1.9x it, wide round ranges); in the quiet 07:06 run the same models
 took 70.5, 10.6, 1.67, 2.77 and 13.8 ms against estimates now of 137.7, 10.2, 1.01, 2.38 and 14.2 ms. The fp32 peak
 benchmark itself spread 234-439 GFLOPS within this run (median 408 used), the largest single source of noise.
-Next: a per-node cost for shape nodes and If subgraphs, and a run on a quiet host."""
+Since 67d4e96 control flow is costed in general form: `host_kernels.subgraph_costs_us` times chains of Ifs whose
+branches hold 1 and 8 nodes against the same nodes without the If, giving a cost per If call and a premium for every
+node run inside a subgraph (the slope), which each node inlined from a taken branch pays on top of the top-level
+dispatch; a Loop/Scan body's nodes pay their dispatch per iteration. Measured under load 9-10 while it was written
+(not a docs figure): a Shape/Gather/Unsqueeze/Concat/Reshape chain on symbolic dims costs 0.25-0.29 us a node, no more
+than the Add/Mul chain (0.6-1.0 us in the same runs), an If 0.9-1.5 us a call and the premium 0-1 us a node: shape
+nodes are not what silero-vad misses, and the quiet profile's 1-D convolutions (0.23 ms against 0.07 estimated) are
+the larger gap. Next: this run on a quiet host."""
 
 def combine_peaks(peaks: list[dict[str, Any]]) -> dict[str, Any]:
     """The median of each figure over several runs of the host micro-benchmarks (kernel points matched by kind and
