@@ -55,8 +55,8 @@ def markdown(rows: list, flags: tuple[str, ...], args: argparse.Namespace, merge
     from edgekit.corpus.summary import model_verdicts, results_table, summary, with_openvino
 
     lines = [
-        f"Written by `scripts/corpus.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC. Host: {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cores shared, {args.threads} intra-op threads (spinning off), ONNX Runtime {onnxruntime.__version__}. "
+        f"Written by `scripts/corpus.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC. Host: {_cpu_model() or platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores shared, {args.threads} intra-op threads (spinning off), process niceness {os.nice(0)}, ONNX Runtime {onnxruntime.__version__}. "
         f"CPU flags: {', '.join(flags) or 'none known'}. {args.rounds} interleaved rounds.{_openvino_header(args)}",
         "",
         f"Only {HOST_TARGET} runs on this host: its latency is the median of interleaved rounds (every variant a turn each round, in an order shuffled per round; "
@@ -89,6 +89,15 @@ def _openvino_header(args: argparse.Namespace) -> str:
             "OpenVINO's default precision and at strict f32, and NNCF's int8 QDQ graph of it (`nncf.quantize`, NNCF's CPU defaults, "
             "float layers strict f32); they count as peers beside ONNX Runtime's quantizers. A verdict whose auto choice is the "
             "comparator's own engine, precision and graph is a tie by construction, counted apart from wins by timing.")
+
+
+def _cpu_model() -> str:
+    """/proc/cpuinfo's model name ("" where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return ""
+    return next((line.partition(":")[2].strip() for line in text.splitlines() if line.startswith("model name")), "")
 
 
 def _cpuinfo_flags() -> set[str]:
