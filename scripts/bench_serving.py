@@ -3,25 +3,34 @@
 
     .venv/bin/python scripts/bench_serving.py --model digits-cnn|minilm [--bundle DIR] [--seconds 4] [--rounds 2]
         [--concurrency 1,4,16] [--protocols http,grpc] [--max-delay-ms 0.5[,1,...]] [--max-batch N]
-        [--perf-analyzer PATH] [--out docs/benchmarks/serving.json --key NAME]
+        [--perf-analyzer PATH | --load-generator tritonclient] [--compare-runtime OTHER_TREE/runtime]
+        [--out docs/benchmarks/serving.json --key NAME]
 
 Agents run as processes (``edgekit-agent run``) with the bundle installed, HTTP and gRPC on loopback:
 ``plain`` (no ``batching`` section: one runner call per request) and one ``batched_<delay>`` per
-``--max-delay-ms`` value (``batching: {max_delay_ms}``, max batch from the bundle unless ``--max-batch``).
+``--max-delay-ms`` value (``batching: {max_delay_ms}``, max batch from the bundle unless ``--max-batch``), and
+with ``--compare-runtime`` a ``before_<delay>`` agent run from another tree's ``edgekit_runtime`` (``PYTHONPATH``;
+e.g. ``git archive COMMIT runtime | tar -x -C DIR``), so that a change and what it replaced share one run.
 For each protocol and concurrency, in every round, the cases run back to back for ``--seconds`` each:
 ``bare`` (``session.run`` at batch 1 in a loop in this process, on a session made from the bundle with its
 manifest's options, as the agent makes it), then each agent, then ``bare`` again; each agent case's ratio is
 to the mean of the two bare runs around it, so they see the same stretch of a shared host. The request is the first item of the bundle's
 first golden input (real token ids for MiniLM). The load comes from perf_analyzer (the tritonclient 2.41.0
 wheel's ``bin/perf_analyzer``; ``libb64.so.0d`` and ``libcudart.so.12`` in a ``lib`` folder beside it or on
-``LD_LIBRARY_PATH``) when ``--perf-analyzer`` is given, with the same request as its input data, else from
-one tritonclient per thread (binary tensors over HTTP). Prints a table; writes JSON (CPU flags, load
+``LD_LIBRARY_PATH``), with the same request as its input data: ``--perf-analyzer PATH``, else
+``$EDGEKIT_PERF_ANALYZER_DIR/bin/perf_analyzer`` or ``/var/cache/edgekit/perf_analyzer/bin/perf_analyzer``
+(where ``scripts/install_perf_analyzer.sh`` puts it), else ``perf_analyzer`` on ``PATH``; without one (or with
+``--load-generator tritonclient``) one tritonclient per thread (binary tensors over HTTP). Each agent's p50 less one bare call (the inverse of the
+bare rate) is its request overhead (``<agent>_overhead_p50_us``). The report says
+which binary ran and where it came from (the install's ``SOURCE`` file), the process's niceness and whether
+``/tmp/quiet.lock`` was held (``flock /tmp/quiet.lock nice -n -20 ...``: the house's quiet measurement). Prints a table; writes JSON (CPU flags, load
 averages before and after every row) under ``runs.<key>`` of ``--out``, keeping the other runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import re
@@ -36,6 +45,7 @@ from typing import Any
 
 import numpy as np
 import yaml
+import shutil
 
 from edgekit_runtime.backends import create_runner
 from edgekit_runtime.bundle import open_bundle
@@ -44,6 +54,40 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from shared_setup import ensure_bundle, host_conditions  # noqa: E402
 
 RECIPES = {"digits-cnn": "recipes/digits-cnn.yaml", "minilm": "recipes/minilm.yaml"}
+#: where scripts/install_perf_analyzer.sh installs perf_analyzer (bin/, lib/, SOURCE)
+PERF_ANALYZER_CACHE = Path("/var/cache/edgekit/perf_analyzer")
+QUIET_LOCK = Path("/tmp/quiet.lock")
+
+
+def find_perf_analyzer(given: str | None) -> tuple[str | None, str]:
+    """The perf_analyzer to run and where it came from: ``given``, the install script's cache folder
+    (``$EDGEKIT_PERF_ANALYZER_DIR`` or :data:`PERF_ANALYZER_CACHE`), or ``PATH``; ``(None, why)`` without one."""
+    if given:
+        return given, f"--perf-analyzer {given}"
+    folder = Path(os.environ.get("EDGEKIT_PERF_ANALYZER_DIR") or PERF_ANALYZER_CACHE)
+    binary = folder / "bin" / "perf_analyzer"
+    if os.access(binary, os.X_OK):
+        source = folder / "SOURCE"
+        origin = source.read_text(encoding="utf-8").strip().replace("\n", "; ") if source.is_file() else "no SOURCE file"
+        return str(binary), f"{binary} ({origin})"
+    on_path = shutil.which("perf_analyzer")
+    if on_path:
+        return on_path, f"{on_path} (PATH)"
+    return None, f"no perf_analyzer in {binary} nor on PATH (run scripts/install_perf_analyzer.sh)"
+
+
+def quiet_lock_held() -> bool:
+    """Whether someone (the ``flock`` this run was started under, normally) holds :data:`QUIET_LOCK`."""
+    try:
+        with open(QUIET_LOCK, "a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return True
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return False
+    except OSError:
+        return False
 
 
 def free_port() -> int:
@@ -55,8 +99,11 @@ def free_port() -> int:
 class Agent:
     """An ``edgekit-agent run`` process serving ``bundle`` on free loopback ports."""
 
-    def __init__(self, root: Path, bundle: Path, batching: dict[str, float] | None) -> None:
+    def __init__(self, root: Path, bundle: Path, batching: dict[str, float] | None, runtime: Path | None = None) -> None:
         self.batching = batching
+        env = dict(os.environ)
+        if runtime is not None:  # another tree's edgekit_runtime (--compare-runtime): before/after in one run
+            env["PYTHONPATH"] = f"{runtime}:{env.get('PYTHONPATH', '')}"
         root.mkdir(parents=True)
         self.http_port, self.grpc_port = free_port(), free_port()
         config: dict[str, Any] = {
@@ -70,9 +117,9 @@ class Agent:
         path = root / "agent.yaml"
         path.write_text(yaml.safe_dump(config), encoding="utf-8")
         command = [sys.executable, "-m", "edgekit_runtime.agent.cli"]
-        subprocess.run([*command, "install", "--config", str(path), str(bundle)], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([*command, "install", "--config", str(path), str(bundle)], check=True, stdout=subprocess.DEVNULL, env=env)
         self.process = subprocess.Popen([*command, "run", "--config", str(path)], stdout=subprocess.DEVNULL,
-                                        stderr=open(root / "agent.log", "wb"))  # fmt: skip
+                                        stderr=open(root / "agent.log", "wb"), env=env)  # fmt: skip
         self._wait_ready()
 
     def _wait_ready(self) -> None:
@@ -133,9 +180,10 @@ def perf_analyzer(binary: str, model: str, url: str, protocol: str, concurrency:
                "--measurement-interval", str(int(seconds * 1000)), "-s", "1000", "-r", "3",  # a shared host moves latency by over 100 % between windows
                "--input-data", str(data[0]), *data[1]]  # fmt: skip
     env = dict(os.environ)
-    lib = Path(binary).resolve().parent / "lib"
-    if lib.is_dir():
-        env["LD_LIBRARY_PATH"] = f"{lib}:{env.get('LD_LIBRARY_PATH', '')}"
+    here = Path(binary).resolve().parent
+    for lib in (here / "lib", here.parent / "lib"):  # beside it, or the install script's bin/ and lib/
+        if lib.is_dir():
+            env["LD_LIBRARY_PATH"] = f"{lib}:{env.get('LD_LIBRARY_PATH', '')}"
     done = subprocess.run(command, capture_output=True, text=True, timeout=seconds * 10 + 60, env=env)
     found = re.search(r"Throughput: ([\d.]+) infer/sec", done.stdout)
     if found is None:
@@ -211,10 +259,19 @@ def main() -> None:
     parser.add_argument("--max-delay-ms", default="0.5", help="batching.max_delay_ms; a comma list sweeps it")
     parser.add_argument("--item", type=int, default=0, help="which item of the first golden batch is the request")
     parser.add_argument("--dims", default="", help="cut the request to these dim sizes, e.g. seq=48")
-    parser.add_argument("--perf-analyzer", help="path of perf_analyzer; default: a tritonclient load generator")
+    parser.add_argument("--perf-analyzer", help="path of perf_analyzer (default: the install script's, else PATH)")
+    parser.add_argument("--load-generator", choices=("perf_analyzer", "tritonclient"), default="perf_analyzer",
+                        help="tritonclient: one tritonclient per thread even where perf_analyzer is installed")  # fmt: skip
+    parser.add_argument("--compare-runtime", type=Path, help="also run a batched agent (first --max-delay-ms) from this "
+                        "edgekit_runtime source folder, e.g. an earlier commit's runtime/ from git archive; named before_<delay>")
     parser.add_argument("--out", type=Path, default=Path("out/bench_serving.json"))
     parser.add_argument("--key", help="the name of this run in --out (default: --model)")
     args = parser.parse_args()
+    analyzer, analyzer_origin = find_perf_analyzer(args.perf_analyzer)
+    if args.load_generator == "tritonclient":
+        analyzer, analyzer_origin = None, "--load-generator tritonclient"
+    print(f"load generator: {'perf_analyzer ' + analyzer_origin if analyzer else 'tritonclient threads (' + analyzer_origin + ')'}"
+          f"; niceness {os.nice(0)}, {QUIET_LOCK} {'held' if quiet_lock_held() else 'not held'}", flush=True)  # fmt: skip
     bundle_dir = ensure_bundle(RECIPES[args.model], args.bundle, args.workdir)
     bundle = open_bundle(bundle_dir, verify=True)
     runner = create_runner(bundle)
@@ -233,6 +290,9 @@ def main() -> None:
             if args.max_batch is not None:
                 batching["max_batch"] = args.max_batch
             agents[f"batched_{delay:g}"] = Agent(Path(scratch) / f"batched_{delay:g}", bundle_dir, batching)
+        if args.compare_runtime is not None:
+            batching = {"max_delay_ms": delays[0], **({"max_batch": args.max_batch} if args.max_batch is not None else {})}
+            agents[f"before_{delays[0]:g}"] = Agent(Path(scratch) / "before", bundle_dir, batching, args.compare_runtime.resolve())
         model = bundle.name
         try:
             for round_index in range(args.rounds):
@@ -243,8 +303,8 @@ def main() -> None:
                                                "bare_per_s": bare["throughput_per_s"], "load_before": os.getloadavg()[0]}  # fmt: skip
                         line = [f"r{round_index} {protocol:4} c={concurrency:<2} bare {row['bare_per_s']:7.0f}/s"]
                         for kind, agent in agents.items():
-                            if args.perf_analyzer:
-                                result = perf_analyzer(args.perf_analyzer, model, agent.url(protocol), protocol, concurrency, args.seconds, data)
+                            if analyzer:
+                                result = perf_analyzer(analyzer, model, agent.url(protocol), protocol, concurrency, args.seconds, data)
                             else:
                                 result = tritonclient_load(model, agent.url(protocol), protocol, concurrency, args.seconds, feeds)
                             row[f"{kind}_per_s"] = result["throughput_per_s"]
@@ -258,6 +318,8 @@ def main() -> None:
                         row["bare_after_per_s"] = bare_after  # the ratios are to the mean of the bare runs around them
                         for kind in agents:
                             row[f"{kind}_ratio"] = row[f"{kind}_per_s"] / ((row["bare_per_s"] + bare_after) / 2)
+                            # the p50 round trip less the model's own time (one bare batch-1 call): the request's overhead
+                            row[f"{kind}_overhead_p50_us"] = row[f"{kind}_p50_us"] - 2e6 / (row["bare_per_s"] + bare_after)
                         line.append(f"bare after {bare_after:7.0f}/s")
                         row["load_after"] = os.getloadavg()[0]
                         rows.append(row)
@@ -268,7 +330,9 @@ def main() -> None:
     report = {"bundle": bundle.name, "model": args.model, "host": conditions, "cpu_flags": conditions["cpu_flags"],
               "cores": os.cpu_count(), "intra_op_threads": bundle.backend.get("intra_op_threads"),
               "request": {name: list(array.shape) for name, array in feeds.items()},
-              "load_generator": "perf_analyzer" if args.perf_analyzer else "tritonclient threads",
+              "load_generator": "perf_analyzer" if analyzer else "tritonclient threads", "load_generator_source": analyzer_origin,
+              "niceness": os.nice(0), "quiet_lock_held": quiet_lock_held(),
+              "compare_runtime": None if args.compare_runtime is None else str(args.compare_runtime),
               "seconds": args.seconds, "batching": {name: agent.batching for name, agent in agents.items()},
               "rows": rows}  # fmt: skip
     write_report(args.out, args.key or args.model, report)

@@ -84,6 +84,7 @@ from edgekit_runtime.agent.errors import AgentApiError
 from edgekit_runtime.agent.http_connections import DEFAULT_MAX_CONNECTIONS, ConnectionTracking
 from edgekit_runtime.agent.http_guard import HostPolicy, Refusal, content_type_refusal, media_type
 from edgekit_runtime.agent.http_handler import ApiError, RequestHandler
+from edgekit_runtime.agent.http_loop import InferLoop
 from edgekit_runtime.agent.serving import InferenceServer
 from edgekit_runtime.agent.serving_core import ServingError, parse_json_request, run_model, timing_headers
 from edgekit_runtime.agent.wire import (
@@ -240,6 +241,7 @@ class AgentApi:
         body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
         allowed_hosts: tuple[str, ...] = (),
         max_inflight_body_bytes: int = DEFAULT_INFLIGHT_BODY_BYTES,
+        event_loop: bool = True,
     ) -> None:
         if isinstance(models, (InferenceServer, list, tuple)):
             from edgekit_runtime.agent.repository import StaticModels
@@ -251,6 +253,8 @@ class AgentApi:
         if not self.address.is_unix:
             parse_api_address(str(self.address))
         self.health_provider = health_provider
+        #: kept-alive OIP inference connections move to one event loop (:mod:`~edgekit_runtime.agent.http_loop`)
+        self.event_loop = event_loop
         self.max_request_bytes = max_request_bytes
         self.idle_timeout_s = idle_timeout_s
         self.max_header_bytes = max_header_bytes
@@ -307,6 +311,12 @@ class AgentApi:
         return 0 if self._httpd is None else self._httpd.open_connections
 
     @property
+    def loop_connections(self) -> int:
+        """Kept-alive inference connections served by the event loop now (:mod:`~edgekit_runtime.agent.http_loop`)."""
+        loop = None if self._httpd is None else self._httpd.infer_loop
+        return 0 if loop is None else loop.connections
+
+    @property
     def refused_connections(self) -> int:
         """Connections refused (503) because ``max_connections`` were open."""
         return 0 if self._httpd is None else self._httpd.refused_connections
@@ -342,6 +352,8 @@ class AgentApi:
             ) from err
         httpd.max_connections = self.max_connections
         self._httpd = httpd
+        if self.event_loop:
+            httpd.infer_loop = InferLoop(self, httpd).start()
         self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.2}, name="edgekit-api", daemon=True)
         self._thread.start()
         logger.info("local API listening on %s", self.bound_address)
@@ -353,6 +365,9 @@ class AgentApi:
         self._httpd.shutdown()
         self._httpd.server_close()
         self._httpd.close_connections()
+        loop, self._httpd.infer_loop = self._httpd.infer_loop, None
+        if loop is not None:
+            loop.stop()
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self.address.unix_path is not None:

@@ -71,7 +71,32 @@ class ConnectionTracking:
         self.refused_connections = 0
         self.timed_out_connections = 0
         self.evicted_connections = 0
+        #: the API's event loop (:mod:`~edgekit_runtime.agent.http_loop`), which kept-alive inference
+        #: connections move to; None keeps every connection on its thread
+        self.infer_loop: Any = None
+        self._to_loop: dict[socket.socket, tuple[Any, bytes]] = {}  # handed over once their thread ends
+        self._prefixes: dict[socket.socket, bytes] = {}  # bytes the loop read before handing a connection back
         super().__init__(*args, **kwargs)
+
+    def move_to_loop(self, connection: socket.socket, client_address: Any, leftover: bytes) -> bool:
+        """Whether ``connection`` goes to the event loop when its thread ends (with ``leftover``, bytes of its
+        next request already read), instead of being closed."""
+        loop = self.infer_loop
+        if loop is None or not loop.running:
+            return False
+        self._to_loop[connection] = (client_address, leftover)
+        return True
+
+    def serve_on_thread(self, connection: socket.socket, client_address: Any, prefix: bytes) -> None:
+        """Serve ``connection`` (back from the event loop) on a thread of its own, reading ``prefix`` first."""
+        if prefix:
+            self._prefixes[connection] = prefix
+        thread = threading.Thread(target=self.process_request_thread, args=(connection, client_address),  # type: ignore[attr-defined]
+                                  name="edgekit-api-connection", daemon=True)  # fmt: skip
+        thread.start()
+
+    def take_prefix(self, connection: socket.socket) -> bytes:
+        return self._prefixes.pop(connection, b"")
 
     def set_deadline(self, connection: socket.socket, seconds: float, phase: str) -> None:
         """Close ``connection`` unless its ``phase`` (headers, body, reply) ends within ``seconds``."""
@@ -186,6 +211,11 @@ class ConnectionTracking:
         return request, client_address
 
     def shutdown_request(self, request: Any) -> None:
+        moved = self._to_loop.pop(request, None)
+        if moved is not None and self.infer_loop is not None:  # its thread ended; the loop serves it from now on
+            self.infer_loop.adopt(request, *moved)
+            return
+        self._prefixes.pop(request, None)
         with self._connections_lock:
             self._connections.discard(request)
             self._clients.pop(request, None)

@@ -53,6 +53,17 @@ def _finite_json(value: Any, counter: list[int]) -> Any:
     return value
 
 
+def json_body(payload: Any) -> tuple[bytes, dict[str, str]]:
+    """``payload`` as a JSON reply body, and the headers it needs: a NaN or infinity is spelled as a string and
+    counted in ``X-Edgekit-Non-Finite`` (no header when there is none)."""
+    try:
+        return json.dumps(payload, allow_nan=False).encode("utf-8"), {}
+    except ValueError:  # NaN or an infinity somewhere: spelled as strings, counted in a header
+        counter = [0]
+        body = json.dumps(_finite_json(payload, counter), allow_nan=False).encode("utf-8")
+        return body, {"X-Edgekit-Non-Finite": str(counter[0])}
+
+
 class ApiError(Exception):
     """A request refused or failed at the HTTP layer or by an endpoint: status, kind, message, hint, extra fields."""
 
@@ -77,7 +88,46 @@ class RequestHandler(BaseHTTPRequestHandler):
     #: after each request); a body larger than this goes out in a write of its own
     wbufsize = 64 * 1024
 
+    #: set by the OIP inference route once it answered: the connection may move to the API's event loop
+    served_infer = False
+
     # -- plumbing -------------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        super().setup()
+        prefix = self.server.take_prefix(self.connection)  # type: ignore[attr-defined]
+        if prefix:  # back from the event loop, which read these bytes of the next request already
+            self.rfile = io.BufferedReader(_PrefixedReader(prefix, self.rfile), self.rbufsize if self.rbufsize > 0 else io.DEFAULT_BUFFER_SIZE)
+            self._requests_started = 1
+
+    def handle(self) -> None:
+        """Requests until the connection closes, or until it is a kept-alive inference connection: those move
+        to the API's event loop (:mod:`~edgekit_runtime.agent.http_loop`) and this thread ends."""
+        self.close_connection = True
+        self.handle_one_request()
+        while not self.close_connection:
+            if self.served_infer and self._move_to_loop():
+                return
+            self.handle_one_request()
+
+    def _move_to_loop(self) -> bool:
+        try:
+            self.wfile.flush()
+            self.connection.setblocking(False)
+            buffered = self.rfile.peek(1)  # type: ignore[attr-defined]  # what is buffered, and what already arrived
+            leftover = self.rfile.read1(len(buffered))
+        except OSError:
+            return False
+        finally:
+            try:
+                self.connection.settimeout(self.timeout)
+            except OSError:
+                pass
+        if self.server.move_to_loop(self.connection, self.client_address, leftover or b""):  # type: ignore[attr-defined]
+            return True
+        if leftover:  # no loop after all: keep serving here, these bytes first
+            self.rfile = io.BufferedReader(_PrefixedReader(leftover, self.rfile))
+        return False
 
     def address_string(self) -> str:
         return self.client_address[0] if isinstance(self.client_address, tuple) else "unix"
@@ -99,13 +149,8 @@ class RequestHandler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _send_json(self, status: HTTPStatus, payload: Any, headers: dict[str, str] | None = None) -> None:
-        try:
-            body = json.dumps(payload, allow_nan=False).encode("utf-8")
-        except ValueError:  # NaN or an infinity somewhere: spelled as strings, counted in a header
-            counter = [0]
-            body = json.dumps(_finite_json(payload, counter), allow_nan=False).encode("utf-8")
-            headers = {**(headers or {}), "X-Edgekit-Non-Finite": str(counter[0])}
-        self._send(status, body, JSON_CONTENT_TYPE, headers)
+        body, extra = json_body(payload)
+        self._send(status, body, JSON_CONTENT_TYPE, {**headers, **extra} if headers and extra else headers or extra or None)
 
     def _send_error(self, err: ApiError) -> None:
         payload = {"error": err.kind, "message": err.message, "hint": err.hint, **err.extra}
@@ -361,6 +406,30 @@ class RequestHandler(BaseHTTPRequestHandler):
                 err.headers["Retry-After"] = str(RETRY_AFTER_S)
             raise err
         self._reserved_body_bytes += length
+
+
+class _PrefixedReader(io.RawIOBase):
+    """``prefix``, then what ``source`` (the connection's reader) gives: a request whose first bytes were read
+    elsewhere (the event loop) continues on a thread as if none had been taken."""
+
+    def __init__(self, prefix: bytes, source: Any) -> None:
+        self._prefix, self._source = memoryview(prefix), source
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._prefix:
+            count = min(len(buffer), len(self._prefix))
+            buffer[:count] = self._prefix[:count]
+            self._prefix = self._prefix[count:]
+            return count
+        read: int = self._source.readinto1(buffer) if hasattr(self._source, "readinto1") else self._source.readinto(buffer)
+        return read
+
+    def close(self) -> None:
+        super().close()
+        self._source.close()
 
 
 _ZEROS = bytes(1024 * 1024)

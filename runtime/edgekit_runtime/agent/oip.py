@@ -43,7 +43,7 @@ import numpy as np
 
 from edgekit_runtime import __version__ as AGENT_VERSION
 from edgekit_runtime.agent.http_guard import check_json_item_counts, content_type_refusal
-from edgekit_runtime.agent.http_handler import ApiError, RequestHandler
+from edgekit_runtime.agent.http_handler import ApiError, RequestHandler, json_body
 from edgekit_runtime.agent import oip_bytes
 from edgekit_runtime.agent.oip_classification import classification_count, classify
 from edgekit_runtime.agent.oip_extensions import PLATFORM, batches_first, load_model, model_config, model_statistics, repository_index, unload_model
@@ -214,6 +214,19 @@ def _infer(handler: RequestHandler, name: str, version: str) -> None:
         raise OipError(HTTPStatus.SERVICE_UNAVAILABLE, f"model '{name}' has no bundle loaded; deploy one to it")
     header_length_text = handler.headers.get(HEADER_LENGTH)
     body = handler.read_body(slot.server, name)
+    request, feeds, wanted, binary_default = decode_request(slot, name, header_length_text, body)
+    result = infer_model(slot, name, feeds)
+    headers = timing_headers(result)  # the same timing headers as /v1 (extra headers are the protocol's to allow)
+    reply, content_type, extra = encode_reply(request, slot, result.outputs, wanted, binary_default)
+    handler._send(HTTPStatus.OK, reply, content_type, {**headers, **extra})
+    handler.served_infer = True  # a keep-alive connection that infers may move to the API's event loop
+
+
+def decode_request(slot: Any, name: str, header_length_text: str | None,
+                   body: bytearray) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Wanted] | None, bool]:  # fmt: skip
+    """An inference request's body (with its ``Inference-Header-Content-Length``) for model ``name``: the JSON
+    request, the input tensors, the outputs asked for and ``binary_data_output``; :class:`OipError` (400) when
+    it does not parse or fit. Shared by the threaded handler and the event loop (:mod:`~.http_loop`)."""
     if header_length_text is not None:
         digits = header_length_text.strip()
         if not (digits.isascii() and digits.isdigit()) or int(digits) > len(body):  # "²" is a digit int() refuses
@@ -241,9 +254,7 @@ def _infer(handler: RequestHandler, name: str, version: str) -> None:
         raise OipError(HTTPStatus.BAD_REQUEST, f"id must be a string (the protocol's request id), got {request['id']!r}")
     feeds = _decode_inputs(request.get("inputs"), memoryview(body)[header_length:])
     wanted, binary_default = _requested_outputs(request, slot.server.signature)
-    result = infer_model(slot, name, feeds)
-    headers = timing_headers(result)  # the same timing headers as /v1 (extra headers are the protocol's to allow)
-    _reply(handler, request, slot, result.outputs, wanted, binary_default, headers)
+    return request, feeds, wanted, binary_default
 
 
 def infer_model(slot: Any, name: str, feeds: dict[str, np.ndarray]) -> Any:
@@ -252,10 +263,15 @@ def infer_model(slot: Any, name: str, feeds: dict[str, np.ndarray]) -> Any:
     try:
         return run_model(slot.server, feeds)
     except ServingError as err:
-        message = {"input_signature": f"model '{name}': {err.message}" + (f"; {err.hint}" if err.hint else ""),
-                   "no_model": f"model '{name}' has no bundle loaded; {err.hint}",
-                   "inference_failed": f"model '{name}' failed to run: {err.message}"}[err.kind]  # fmt: skip
-        raise OipError(err.status, message) from err
+        raise protocol_error(name, err) from err
+
+
+def protocol_error(name: str, err: ServingError) -> OipError:
+    """The serving core's error for model ``name`` in the protocol's words."""
+    message = {"input_signature": f"model '{name}': {err.message}" + (f"; {err.hint}" if err.hint else ""),
+               "no_model": f"model '{name}' has no bundle loaded; {err.hint}",
+               "inference_failed": f"model '{name}' failed to run: {err.message}"}[err.kind]  # fmt: skip
+    return OipError(err.status, message)
 
 
 def _decode_inputs(inputs: object, binary: memoryview) -> dict[str, np.ndarray]:
@@ -379,8 +395,10 @@ def _requested_outputs(request: Mapping[str, Any], signature: IOSignature | None
     return wanted, binary_default
 
 
-def _reply(handler: RequestHandler, request: Mapping[str, Any], slot: Any, outputs: Mapping[str, np.ndarray],
-           wanted: dict[str, Wanted] | None, binary_default: bool, headers: dict[str, str]) -> None:  # fmt: skip
+def encode_reply(request: Mapping[str, Any], slot: Any, outputs: Mapping[str, np.ndarray], wanted: dict[str, Wanted] | None,
+                 binary_default: bool) -> tuple[bytes, str, dict[str, str]]:  # fmt: skip
+    """An inference reply's body, content type and protocol headers (``Inference-Header-Content-Length`` with
+    binary outputs, ``X-Edgekit-Non-Finite`` for NaN or infinities spelled in JSON)."""
     chosen = outputs if wanted is None else {key: outputs[key] for key in wanted}
     entries: list[dict[str, Any]] = []
     blobs: list[bytes] = []
@@ -404,10 +422,10 @@ def _reply(handler: RequestHandler, request: Mapping[str, Any], slot: Any, outpu
     if "id" in request:
         response["id"] = request["id"]
     if not blobs:
-        handler._send_json(HTTPStatus.OK, response, headers)
-        return
+        body, extra = json_body(response)
+        return body, JSON_TYPE, extra
     header = json.dumps(response, allow_nan=False).encode("utf-8")
-    handler._send(HTTPStatus.OK, b"".join([header, *blobs]), BINARY_TYPE, {**headers, HEADER_LENGTH: str(len(header))})
+    return b"".join([header, *blobs]), BINARY_TYPE, {HEADER_LENGTH: str(len(header))}
 
 
 _MODEL_ACTIONS: dict[tuple[str, ...], Callable[..., None]] = {(): _model_metadata, ("ready",): _model_ready, ("infer",): _infer,

@@ -26,6 +26,8 @@ DATATYPES: dict[str, np.dtype] = {
     "INT64": np.dtype("<i8"), "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
 }  # fmt: skip
 BY_NUMPY = {dtype.newbyteorder("=").name: name for name, dtype in DATATYPES.items()}
+#: native-order numpy dtypes -> their datatype (the reply path's lookup)
+_DATATYPE_OF: dict[Any, str] = {dtype.newbyteorder("="): name for name, dtype in DATATYPES.items()}
 
 
 class OipError(Exception):
@@ -39,6 +41,9 @@ class OipError(Exception):
 def datatype_of(dtype: str | np.dtype) -> str:
     """The protocol's datatype of a signature dtype name or an array's dtype: a ``string`` tensor (an object or
     unicode array) is ``BYTES``."""
+    known = _DATATYPE_OF.get(dtype)  # an array's dtype, mostly: skips numpy's dtype-name property
+    if known is not None:
+        return known
     if dtype == "string" or (isinstance(dtype, np.dtype) and dtype.kind in "OUS"):
         return "BYTES"
     name = np.dtype(dtype).name

@@ -49,12 +49,18 @@ def run_model(server: Any, feeds: Mapping[str, np.ndarray]) -> Any:
     """``server.infer(feeds)``, the model's errors as :class:`ServingError`."""
     try:
         return server.infer(feeds)
-    except InputSignatureError as err:
-        raise ServingError(HTTPStatus.BAD_REQUEST, "input_signature", err.message, err.hint) from err
-    except NoModelError as err:
-        raise ServingError(HTTPStatus.SERVICE_UNAVAILABLE, "no_model", err.message, err.hint) from err
     except EdgekitError as err:
-        raise ServingError(HTTPStatus.INTERNAL_SERVER_ERROR, "inference_failed", err.message, err.hint) from err
+        raise serving_error(err) from err
+
+
+def serving_error(err: EdgekitError) -> ServingError:
+    """The model's error ``err`` (from :meth:`~edgekit_runtime.agent.serving.InferenceServer.infer` or
+    ``infer_together``) as a :class:`ServingError`."""
+    if isinstance(err, InputSignatureError):
+        return ServingError(HTTPStatus.BAD_REQUEST, "input_signature", err.message, err.hint)
+    if isinstance(err, NoModelError):
+        return ServingError(HTTPStatus.SERVICE_UNAVAILABLE, "no_model", err.message, err.hint)
+    return ServingError(HTTPStatus.INTERNAL_SERVER_ERROR, "inference_failed", err.message, err.hint)
 
 
 def timing_headers(result: Any) -> dict[str, str]:
