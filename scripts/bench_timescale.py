@@ -147,33 +147,51 @@ class KeptPostgres(Postgres):
 SETTINGS = ("shared_preload_libraries=timescaledb", "timescaledb.telemetry_level=off", "max_worker_processes=16")
 
 
-def seed(args: argparse.Namespace, base: str, results: dict[str, Any], now: dt.datetime) -> dict[str, str]:
-    """Both stores made and seeded the same way; returns their URLs."""
-    import psycopg
-
+def seed_one(layout: str, url: str, devices: int, hours: float, window_s: float, raw_hours: float, now: dt.datetime) -> dict[str, Any]:
+    """Seed one store through the store API (``seed_history``), roll up as a collector does, and (TimescaleDB)
+    refresh the hour aggregates as their policy would; returns what it took."""
     from edgekit.fleet.sim.seed import seed_history
     from edgekit.fleet.store import timescale_aggregates
     from edgekit.fleet.store.postgres import PostgresStore
+
+    out: dict[str, Any] = {}
+    with PostgresStore(url, timescaledb="off" if layout == "native" else "auto") as store:
+        assert store.layout == layout, "the private server has no TimescaleDB"
+        summary = seed_history(store, devices=devices, hours=hours, window_s=window_s, now=now, seed=1)
+        out["seed"] = {"windows": summary.windows, "seconds": round(summary.seconds, 1),
+                       "windows_per_s": round(summary.windows / summary.seconds), "load_after": os.getloadavg()}  # fmt: skip
+        print(f"seeded {layout}: {summary.windows} windows in {summary.seconds:.0f} s", flush=True)
+        took, rolled = _timed(lambda: store.apply_retention(dt.timedelta(hours=raw_hours), now=now))
+        out["retention_s"] = round(took, 1)
+        print(f"retention {layout}: {rolled} windows rolled up in {took:.0f} s", flush=True)
+        if store.hour_tier != "table":  # what the refresh policy does every 10 minutes: hours older than one
+            took, _ = _timed(lambda: store._refresh_hours(None, timescale_aggregates.floor_hour(now) - timescale_aggregates.END_OFFSET))
+            out["refresh_s"] = round(took, 1)
+        out["layout"] = store.storage_layout()
+    return out
+
+
+def seed(args: argparse.Namespace, base: str, results: dict[str, Any], now: dt.datetime) -> dict[str, str]:
+    """Both stores made and seeded the same way, at the same time (a process each); returns their URLs."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    import psycopg
 
     urls = {}
     with psycopg.connect(base, autocommit=True) as admin:
         for layout in LAYOUTS:
             admin.execute(f"CREATE DATABASE fleet_{layout}")
             urls[layout] = base.rsplit("/", 1)[0] + f"/fleet_{layout}"
-    for layout in LAYOUTS:
-        with PostgresStore(urls[layout], timescaledb="off" if layout == "native" else "auto") as store:
-            assert store.layout == layout, "the private server has no TimescaleDB"
-            summary = seed_history(store, devices=args.devices, hours=args.hours, window_s=args.window_s, now=now, seed=1)
-            results["seed"][layout] = {"windows": summary.windows, "seconds": round(summary.seconds, 1),
-                                       "windows_per_s": round(summary.windows / summary.seconds), "load_after": os.getloadavg()}  # fmt: skip
-            print(f"seeded {layout}: {summary.windows} windows in {summary.seconds:.0f} s", flush=True)
-            took, rolled = _timed(lambda: store.apply_retention(dt.timedelta(hours=args.raw_hours), now=now))
-            results["retention_s"][layout] = round(took, 1)
-            print(f"retention {layout}: {rolled} windows rolled up in {took:.0f} s", flush=True)
-            if store.hour_tier != "table":  # what the refresh policy does every 10 minutes: hours older than one
-                took, _ = _timed(lambda: store._refresh_hours(None, timescale_aggregates.floor_hour(now) - timescale_aggregates.END_OFFSET))
-                results["refresh_s"] = round(took, 1)
-            results["layout"][layout] = store.storage_layout()
+    with ProcessPoolExecutor(len(LAYOUTS)) as pool:
+        futures = {layout: pool.submit(seed_one, layout, urls[layout], args.devices, args.hours, args.window_s, args.raw_hours, now)
+                   for layout in LAYOUTS}  # fmt: skip
+        for layout, future in futures.items():
+            done = future.result()
+            results["seed"][layout] = done["seed"]
+            results["retention_s"][layout] = done["retention_s"]
+            results["layout"][layout] = done["layout"]
+            if "refresh_s" in done:
+                results["refresh_s"] = done["refresh_s"]
     return urls
 
 
