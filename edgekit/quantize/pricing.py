@@ -17,6 +17,9 @@ Another engine's candidates (``Candidate.engine``: OpenVINO's on a target that a
 own budget: the seconds they take are added to it (the budget scales with the engines compared) and they do not set
 the price of the search's own candidates. ResNet's search spent 1.3 s on OpenVINO's three candidates and then skipped
 ONNX Runtime's default int8 plan for time, which ran 0.37x FP32 where the chosen OpenVINO bf16 ran 0.44x.
+The exception is another engine's candidate that runs a calibration of its own (``build.engine_calibrates``: OpenVINO's
+NNCF int8, whose ``nncf.quantize`` took 1.5-26.7 s a search on the corpus and, added to the budget, lengthened 8 of 15
+builds past 3x a plain int8 build): it is priced and spent like the search's own calibrating candidates.
 """
 
 from __future__ import annotations
@@ -81,10 +84,18 @@ class TimeBudget:
         int8-dynamic, float and fp16 candidates need none; a ladder step reuses its base's ranges; nor does one
         whose ranges the builder already holds (``build.has_ranges``: ONNX Runtime's default plan, its MinMax
         ranges collected in the shared calibration's pass)."""
+        if candidate is not None and self.engine_calibrates(candidate):
+            return True
         has_ranges = getattr(self.build, "has_ranges", None)
         return (candidate is not None and candidate.precision is Precision.INT8 and candidate.plan is not None
                 and (candidate.graph, candidate.plan.calibrator) not in self.calibrated
                 and not (has_ranges is not None and has_ranges(candidate)))
+
+    def engine_calibrates(self, candidate: Candidate) -> bool:
+        """``candidate`` is another engine's that calibrates on its own (the builder's ``engine_calibrates`` says so):
+        its seconds are spent from the search's budget, at a calibrating candidate's price, not added to it."""
+        calibrates = getattr(self.build, "engine_calibrates", None)
+        return bool(candidate.engine) and calibrates is not None and bool(calibrates(candidate))
 
     def expected_cost(self, candidate: Candidate | None, ladder: CandidateLadder | bool = False) -> tuple[str, float]:
         """What ``candidate`` is expected to cost, by kind: one that calibrates, what the first candidate took
@@ -99,6 +110,11 @@ class TimeBudget:
         YOLOv8n's ranking (57 groups) took 6.65-19.6 s and overran its 17.8-20.9 s budget by 1-13 s under the price above."""
         calibrating = [seconds for kind, seconds in self.costs if kind == CALIBRATING]
         cheap = sorted(seconds for kind, seconds in self.costs if kind == CHEAP)
+        if candidate is not None and self.engine_calibrates(candidate):
+            # its own calibration pass runs whatever the cache held: the first candidate's seconds plus the calibration
+            # it found cached, at what that took (MobileNetV2's NNCF took 7.0-8.3 s where its cache-hit first candidate took 2.4 s)
+            cached = float(getattr(self.build, "cached_calibration_s", 0.0))
+            return CALIBRATING, max([*calibrating, (self.first_s or 0.0) + cached])
         if self.calibrates(candidate):
             return CALIBRATING, max([*calibrating, self.first_s or 0.0])
         expected = cheap[len(cheap) // 2] if cheap else min(calibrating, default=0.0)
@@ -143,7 +159,9 @@ class TimeBudget:
     def record(self, candidate: Candidate, status: str, seconds: float, *, first: bool, timing_s: float) -> None:
         """After each row of the search: what a built candidate cost, by kind; after the ``first``, the budget
         (``timing_s``: the seconds spent timing so far, which a plain int8 build does not spend)."""
-        if candidate.engine:
+        if candidate.engine and self.engine_calibrates(candidate):
+            pass  # spent from the budget (elapsed counts it); not a price for the search's own candidates
+        elif candidate.engine:
             self.other_engines_s += seconds
         elif status != "skipped":
             self.costs.append((CALIBRATING if self.calibrates(candidate) else CHEAP, seconds))

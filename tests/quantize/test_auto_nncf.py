@@ -7,6 +7,7 @@ Runtime."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,8 @@ import yaml
 from edgekit.pipeline import build
 from edgekit.precision import Backend, Precision
 from edgekit.quantize.candidates import Candidate
-from edgekit.quantize.ov.auto import NNCF_CANDIDATE, OPENVINO_NAMES, OpenVinoAuto, nncf_why_not
+from edgekit.quantize.ov.auto import NNCF_CANDIDATE, OPENVINO_NAMES, EngineBuilder, OpenVinoAuto, nncf_why_not
+from edgekit.quantize.pricing import CALIBRATING, TimeBudget
 from edgekit.target import get_target
 from edgekit_runtime.backends import create_runner
 from edgekit_runtime.bundle import open_bundle, self_check
@@ -59,9 +61,9 @@ def test_nncf_is_a_candidate_where_it_is_installed_and_int8_is_allowed(tmp_path:
     assert engines.nncf_refused is None
     listed = engines.add_to([_static(), Candidate("fp32", Precision.FP32, None)])
     names = [item.name for item in listed]
-    # right after OpenVINO's own candidates, before anything that spends the search's time budget
-    last_openvino = max(i for i, name in enumerate(names) if name in OPENVINO_NAMES - {NNCF})
-    assert names.index(NNCF) == last_openvino + 1 and names[-1] == "fp32"
+    # last, right before the FP32 reference: it spends the search's time budget, after the search's own candidates
+    assert names[-2:] == [NNCF, "fp32"] and max(names.index(name) for name in OPENVINO_NAMES - {NNCF} if name in names) < names.index(NNCF)
+    assert engines.add_to([_static()])[-1].name == NNCF  # no reference listed: at the end
     nncf = listed[names.index(NNCF)]
     assert isinstance(nncf, Candidate) and (nncf.engine, nncf.precision, nncf.plan, nncf.baseline) == ("openvino", Precision.INT8, None, False)
 
@@ -75,6 +77,49 @@ def test_nncf_is_a_candidate_where_it_is_installed_and_int8_is_allowed(tmp_path:
     hidden = OpenVinoAuto(get_target("x86-64-cpu"), tmp_path / "ov3", threads=1)
     assert "pip install 'edgekit[openvino]'" in (hidden.nncf_refused or "")
     assert NNCF not in [item.name for item in hidden.add_to([_static()])]
+
+
+class _OrtBuilder:
+    """What TimeBudget reads of ONNX Runtime's builder (through :class:`EngineBuilder`): no ranges held, nothing cached."""
+
+    cached_calibration_s = 0.0
+    auto_only_s = 0.0
+
+    def has_ranges(self, candidate: Candidate) -> bool:
+        return False
+
+
+def test_nncf_is_priced_and_spent_like_a_calibrating_candidate(tmp_path: Path) -> None:
+    """NNCF's ``nncf.quantize`` calibrates on its own (1.5-26.7 s a corpus search): the search's budget prices it at a
+    calibrating candidate's cost, skips it when that would overrun (the row's reason is the manifest's record of why it
+    was not tried), and spends its seconds rather than adding them, as it does for OpenVINO's copy-and-compile ones."""
+    _needs_openvino_and_nncf()
+    engines = OpenVinoAuto(get_target("x86-64-cpu"), tmp_path / "ov", threads=1)
+    builder = EngineBuilder(engines, _OrtBuilder())
+    nncf = next(item for item in engines.add_to([_static()]) if item.name == NNCF)
+    compile_only = Candidate("openvino-fp32", Precision.FP32, None, "openvino", engine="openvino", baseline=True)
+    assert isinstance(nncf, Candidate) and builder.engine_calibrates(nncf) and not builder.engine_calibrates(compile_only)
+
+    budget = TimeBudget(builder, started=time.perf_counter() - 3.0, time_budget_s=10.0)
+    budget.record(_static(), "passed", 3.0, first=True, timing_s=0.0)  # the first candidate, a calibrating one: 3 s
+    budget.record(Candidate("int8-dynamic", Precision.INT8, None), "passed", 0.5, first=False, timing_s=0.0)
+    assert budget.expected_cost(nncf)[0] == CALIBRATING and budget.expected_cost(nncf)[1] >= 3.0  # not a cheap one's 0.5 s
+    assert budget.over_budget(nncf) is None  # about 3 s of 10 s spent, 3 s expected
+
+    budget.record(nncf, "failed", 4.0, first=False, timing_s=0.0)
+    assert budget.other_engines_s == 0.0  # spent from the budget, not added to it
+    budget.record(compile_only, "passed", 1.0, first=False, timing_s=0.0)
+    assert budget.other_engines_s == 1.0  # a compile still is
+    assert sorted(kind for kind, _ in budget.costs) == [CALIBRATING, "a candidate without calibration"]  # NNCF prices none of ours
+
+    cached = _OrtBuilder()
+    cached.cached_calibration_s = 2.0  # the first candidate found its calibration cached: NNCF's own pass is not
+    assert TimeBudget(EngineBuilder(engines, cached), started=time.perf_counter(), time_budget_s=10.0).expected_cost(nncf)[1] == 2.0
+
+    late = TimeBudget(builder, started=time.perf_counter() - 8.0, time_budget_s=10.0)
+    late.record(_static(), "passed", 3.0, first=True, timing_s=0.0)
+    why = late.over_budget(nncf)
+    assert why is not None and "time budget would overrun" in why and "for a calibrating candidate" in why
 
 
 @pytest.mark.slow

@@ -9,7 +9,11 @@ with OpenVINO installed and its CPU plugin here, the search also tries
 * ``openvino-nncf-int8``: NNCF's int8 QDQ graph of the FP32 export (``nncf.quantize`` on the recipe's calibration batches
   with the recipe's quantization spec, :func:`edgekit.engines.openvino_nncf.quantize_with_nncf`, exactly what a plain
   ``--precision int8 --backend openvino`` build with ``build.quantization.quantizer: nncf`` writes), float layers strict
-  f32. Tried where NNCF is installed (:func:`nncf_why_not`); when it wins, the manifest's ``quantization.quantizer`` is
+  f32. Tried where NNCF is installed (:func:`nncf_why_not`), last before the FP32 reference and only while the search's
+  time budget can pay for it: ``nncf.quantize`` calibrates on its own (1.5-26.7 s a search on the corpus), so it is
+  priced and spent like the search's calibrating candidates (:meth:`EngineBuilder.engine_calibrates`), not added to the
+  budget as OpenVINO's copy-and-compile candidates are; a row ``skipped`` with the budget's reason says when it was
+  not tried. When it wins, the manifest's ``quantization.quantizer`` is
   NNCF's record, as that plain build's is (:meth:`OpenVinoAuto.manifest_extra`). NNCF's defaults cost the task metric on
   detectors and MiniLM in the corpus: the recipe's metric rejects those like any other candidate.
 
@@ -35,6 +39,7 @@ from typing import Any
 from edgekit.errors import EdgekitError, QuantizationError
 from edgekit.precision import Backend, Precision
 from edgekit.quantize.candidates import BuiltCandidate, Candidate, CandidateLadder
+from edgekit.quantize.judging import is_reference
 from edgekit.quantize.ort.judges import OrtInterleavedTimer, RecipeEvaluator
 from edgekit.target import TargetProfile
 
@@ -137,9 +142,11 @@ class OpenVinoAuto:
         which the search's time budget is scaled from): cheap (a copy and a compile) and often fast, they set an early bar,
         and as the engine's baselines they are never skipped for time (:attr:`Candidate.baseline`). ``openvino-int8``
         comes right after ``int8-static``, whose file it compiles (MiniLM's search wrote that graph for it, out of turn,
-        and spent its time budget before OpenVINO's bf16 was tried). ``openvino-nncf-int8`` follows OpenVINO's last
-        candidate there: early, so that the search's time budget is not spent before it is tried (its seconds, like every
-        OpenVINO candidate's, are added to that budget, not spent from it: :mod:`edgekit.quantize.pricing`)."""
+        and spent its time budget before OpenVINO's bf16 was tried). ``openvino-nncf-int8`` comes last, right before the
+        FP32 reference (at the end where there is none): its ``nncf.quantize`` is a calibration of its own, spent from the
+        search's time budget (:meth:`EngineBuilder.engine_calibrates`), so it is tried with what the search's own
+        candidates left. Listed early, with its seconds added to the budget, it lengthened 8 of the corpus's 15 searches
+        past 3x a plain int8 build (PicoDet's and PP-OCR rec's by 26 s) and was chosen in none."""
         out = list(listed)
         floats = [Candidate(CANDIDATES[p][0], p, None, GRAPH, engine=ENGINE, baseline=True) for p in (Precision.BF16, Precision.FP32)
                   if p in self.supported]
@@ -154,8 +161,9 @@ class OpenVinoAuto:
                 out.insert(source_at + 1 + (len(floats) if source_at == 0 else 0),
                            Candidate(CANDIDATES[Precision.INT8][0], Precision.INT8, plan, GRAPH, dict(source.kept), engine=ENGINE))
         if self.nncf_refused is None:
-            last = max((i for i, item in enumerate(out) if isinstance(item, Candidate) and item.engine == ENGINE), default=at - 1)
-            out.insert(last + 1, Candidate(NNCF_CANDIDATE[0], Precision.INT8, None, GRAPH, engine=ENGINE))
+            last = out[-1] if out else None
+            at_end = len(out) - 1 if isinstance(last, Candidate) and is_reference(last) else len(out)
+            out.insert(at_end, Candidate(NNCF_CANDIDATE[0], Precision.INT8, None, GRAPH, engine=ENGINE))
         return out
 
     # -- building --------------------------------------------------------------------------------
@@ -246,9 +254,15 @@ class EngineBuilder:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.ort, name)
 
+    def engine_calibrates(self, candidate: Candidate) -> bool:
+        """``openvino-nncf-int8`` calibrates inside ``nncf.quantize``: the search's time budget prices it as a calibrating
+        candidate and spends its seconds (:class:`edgekit.quantize.pricing.TimeBudget`); OpenVINO's other candidates
+        (a copy and a compile) are added to the budget instead."""
+        return candidate.name == NNCF_CANDIDATE[0]
+
     def has_ranges(self, candidate: Candidate) -> bool:
         """OpenVINO candidates need no calibration pass of the search's (int8 reuses ``int8-static``'s file and ranges;
-        NNCF calibrates inside ``nncf.quantize``, seconds the time budget adds rather than spends)."""
+        NNCF calibrates inside ``nncf.quantize``, priced by :meth:`engine_calibrates`)."""
         if candidate.engine == ENGINE:
             return True
         has = getattr(self.ort, "has_ranges", None)
