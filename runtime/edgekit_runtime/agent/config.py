@@ -34,6 +34,7 @@ from edgekit_runtime.agent.config_types import (
     ModelsConfig,
     PowerConfig,
     ProbeConfig,
+    RunnerConfig,
     SpoolConfig,
     TelemetryConfig,
     TlsConfig,
@@ -59,6 +60,7 @@ __all__ = [
     "POWER_SENSORS",
     "PowerConfig",
     "ProbeConfig",
+    "RunnerConfig",
     "SpoolConfig",
     "TelemetryConfig",
     "TlsConfig",
@@ -212,11 +214,12 @@ def parse_config(data: object, *, file: Path, positions: Positions | None = None
         positions=positions or {},
         prefix="",
         known=("device_id", "fleet", "broker", "bundles", "api", "telemetry", "power", "probe", "batching", "health",
-               "commands", "models"),
+               "commands", "models", "runner"),
     )
     bundles = _parse_bundles(top.section("bundles", ("dir", "public_key", "allow_unsigned", "max_download_mb", "download_timeout_s", "inbox", "allowed_sources")))
     models = _parse_models(top.section("models", ("dir", "names", "default", "memory_budget_mb")), bundles) if top.has("models") else None
-    _check_batched_models(top, models)
+    _check_batched_models(top, models, "batching")
+    _check_batched_models(top, models, "runner")
     return AgentConfig(
         device_id=top.identifier("device_id", example="jetson-07"),
         fleet=top.identifier("fleet", example="warehouse-a"),
@@ -233,6 +236,7 @@ def parse_config(data: object, *, file: Path, positions: Positions | None = None
         batching=_parse_batching(top.section("batching", ("max_batch", "max_delay_ms", "dim", "instances", "models")))
         if top.has("batching")
         else None,
+        runner=_parse_runner(top.section("runner", (*_RUNNER_PER_MODEL, "models"))),
         commands=_parse_commands(top.section("commands", ("replay_path", "replay_window_h", "max_clock_skew_s",
                                                           "require_issued_at", "max_remembered", "require_signed")),
                                  bundles),
@@ -465,17 +469,18 @@ def _batching_values(section: _Section) -> dict[str, Any]:
     return values
 
 
-def _check_batched_models(top: _Section, models: ModelsConfig | None) -> None:
-    """``batching.models`` may only name models the repository lists (a typo would silently not apply)."""
-    named = (top.data.get("batching") or {}).get("models") if isinstance(top.data.get("batching"), Mapping) else None
+def _check_batched_models(top: _Section, models: ModelsConfig | None, section: str) -> None:
+    """``<section>.models`` (``batching``, ``runner``) may only name models the repository lists (a typo would
+    silently not apply)."""
+    named = (top.data.get(section) or {}).get("models") if isinstance(top.data.get(section), Mapping) else None
     if not isinstance(named, Mapping) or not named:
         return
     known = None if models is None else models.names
     for name in named:
         if models is None or (known is not None and name not in known):
             listed = "the agent serves one model (no models section)" if models is None else f"models.names lists {', '.join(known or ())}"
-            raise top.error(f"batching.models.{name}", f"names a model the agent does not serve: {listed}",
-                            hint="name models of models.names, or put the settings directly under batching")  # fmt: skip
+            raise top.error(f"{section}.models.{name}", f"names a model the agent does not serve: {listed}",
+                            hint=f"name models of models.names, or put the settings directly under {section}")  # fmt: skip
 
 
 def _parse_batching(section: _Section) -> BatchingConfig:
@@ -490,6 +495,38 @@ def _parse_batching(section: _Section) -> BatchingConfig:
             raise section.error("batching.models", f"{name!r} is not a model name", hint="use a name from models.names")
         models[name] = _batching_values(per_model.section(name, _BATCHING_PER_MODEL))
     return BatchingConfig(**_batching_values(section), dim=section.string("dim", "batch"), models=models)
+
+
+_RUNNER_PER_MODEL = ("intra_op_spinning", "intra_op_threads")
+
+
+def _runner_values(section: _Section) -> dict[str, Any]:
+    """The runner options ``section`` names (null: the bundle's setting; unnamed ones left out)."""
+    values: dict[str, Any] = {}
+    if "intra_op_spinning" in section.data:
+        value = section.data["intra_op_spinning"]
+        if value is not None and not isinstance(value, bool):
+            raise section.error(section.key("intra_op_spinning"), f"expected true, false or null, got {value!r}",
+                                hint="false parks ONNX Runtime's intra-op threads between runs (the default); null keeps the bundle's setting")  # fmt: skip
+        values["intra_op_spinning"] = value
+    if "intra_op_threads" in section.data:
+        values["intra_op_threads"] = None if section.data["intra_op_threads"] is None else section.number(
+            "intra_op_threads", minimum=1, integer=True, maximum=256, example="1")
+    return values
+
+
+def _parse_runner(section: _Section) -> RunnerConfig:
+    models_data = section.data.get("models") or {}
+    if not isinstance(models_data, Mapping):
+        raise section.error("runner.models", f"expected model names mapped to settings, got {models_data!r}",
+                            hint="e.g. models: {detector: {intra_op_spinning: true}}")  # fmt: skip
+    models = {}
+    per_model = section.section("models", tuple(str(name) for name in models_data))
+    for name in models_data:
+        if not isinstance(name, str) or not _ID_PATTERN.match(name):
+            raise section.error("runner.models", f"{name!r} is not a model name", hint="use a name from models.names")
+        models[name] = _runner_values(per_model.section(name, _RUNNER_PER_MODEL))
+    return RunnerConfig(**_runner_values(section), models=models)
 
 
 def _parse_commands(section: _Section, bundles: BundlesConfig) -> CommandsConfig:

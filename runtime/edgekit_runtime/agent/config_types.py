@@ -213,6 +213,36 @@ class BatchingConfig:
         return replace(self, models={}, **override)
 
 
+#: whether ONNX Runtime's intra-op threads spin-wait between runs in a serving agent whose config names nothing:
+#: off, measured in docs/agent.md ("Spinning off for serving"): spinning threads took a core from the clients
+DEFAULT_SERVING_SPINNING = False
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """Runner options the agent sets over a bundle's own when it loads the bundle to serve (ONNX Runtime
+    bundles only; ``None``: the bundle's setting). ``intra_op_spinning``: whether the intra-op threads
+    spin-wait between runs (ONNX Runtime's default is to spin); ``intra_op_threads``: the intra-op pool's size.
+    ``models`` overrides them for one model by name (:meth:`for_model`)."""
+
+    intra_op_spinning: bool | None = DEFAULT_SERVING_SPINNING
+    intra_op_threads: int | None = None
+    models: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def for_model(self, name: str | None) -> RunnerConfig:
+        """The settings for model ``name``: these, with its entry of ``models`` applied."""
+        override = self.models.get(name or "")
+        return replace(self, models={}, **(override or {}))
+
+    def backend_options(self, name: str | None) -> dict[str, dict[str, Any]]:
+        """Model ``name``'s runner options by backend name, as :func:`~edgekit_runtime.agent.loading.load_bundle`
+        takes them (options a backend does not know are not given to it)."""
+        chosen = self.for_model(name)
+        options = {"intra_op_spinning": chosen.intra_op_spinning, "intra_op_threads": chosen.intra_op_threads}
+        given = {key: value for key, value in options.items() if value is not None}
+        return {"onnxruntime": given} if given else {}
+
+
 @dataclass(frozen=True)
 class HealthConfig:
     """After a deploy the agent watches ``window_s`` seconds; more than ``max_error_rate`` failed
@@ -270,6 +300,7 @@ class AgentConfig:
     health: HealthConfig = field(default_factory=HealthConfig)
     probe: ProbeConfig | None = None
     batching: BatchingConfig | None = None
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
     commands: CommandsConfig = field(default_factory=CommandsConfig)
     source: Path | None = None
     #: ``None``: one model, served from ``bundles.dir`` and named after its bundle (the single-bundle layout)

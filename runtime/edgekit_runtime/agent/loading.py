@@ -78,9 +78,10 @@ def load_bundle(
     config: BundlesConfig,
     *,
     on_step: StepCallback | None = None,
-    runner_options: dict[str, Any] | None = None,
+    runner_options: dict[str, dict[str, Any]] | None = None,
 ) -> LoadedBundle:
-    """Run every check on the bundle at ``root`` and return it with a loaded runner.
+    """Run every check on the bundle at ``root`` and return it with a loaded runner; ``runner_options``:
+    options over the manifest's, by backend name (:meth:`~edgekit_runtime.agent.config.RunnerConfig.backend_options`).
 
     Raises :class:`~edgekit_runtime.errors.BundleError` (signature, hashes, self-check) or
     :class:`~edgekit_runtime.errors.BackendError` (the runner cannot load).
@@ -93,7 +94,7 @@ def load_bundle(
     step("signature_verified" if fingerprint else "signature_skipped", key=fingerprint)
     bundle = open_bundle(root, verify=True)
     step("files_verified", files=len(bundle.files))
-    runner = create_runner(bundle, **(runner_options or {}))
+    runner = create_runner(bundle, **(runner_options or {}).get(str(bundle.backend.get("name")), {}))
     try:
         runner.load()
         result = self_check(bundle, runner)

@@ -91,7 +91,7 @@ class Deployer(HealthWatch):
         emit: EventSink,
         *,
         stop: threading.Event | None = None,
-        runner_options: dict[str, Any] | None = None,
+        runner_options: dict[str, dict[str, Any]] | None = None,
         on_change: Callable[[ServedBundle | None], None] | None = None,
         model: str | None = None,
         memory_guard: MemoryGuard | None = None,

@@ -127,7 +127,7 @@ class ModelRepository:
         *,
         stop: threading.Event | None = None,
         on_change: Callable[[ServedBundle | None], None] | None = None,
-        runner_options: dict[str, Any] | None = None,
+        runner_options: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         self.config = config
         self._emit = emit
@@ -158,8 +158,9 @@ class ModelRepository:
         batching = self.config.batching
         server = InferenceServer(batching=None if batching is None else batching.for_model(key))
         store = BundleStore(directory)
+        runner_options = self.config.runner.backend_options(key) if self._runner_options is None else self._runner_options
         deployer = Deployer(store, self.config.bundles, self.config.health, server, self._emit, stop=self._stop,
-                            runner_options=self._runner_options, on_change=self._on_change, model=key,
+                            runner_options=runner_options, on_change=self._on_change, model=key,
                             memory_guard=lambda _model, mb, measured: self._guard(key, mb, measured))  # fmt: skip
         slot = ModelSlot(key, server, store, deployer)
         self._slots[key] = slot

@@ -69,7 +69,7 @@ _PROVIDER_PACKAGES: Mapping[str, str] = {
 PROVIDER_DEFAULTS: Mapping[str, Mapping[str, str]] = {"CUDAExecutionProvider": {"use_tf32": "0"}}
 
 _CONSTRUCTOR_OPTIONS = ("execution_providers", "graph_optimization", "intra_op_threads", "optimized_model_path", "denormal_as_zero",
-                        "io_binding")
+                        "io_binding", "intra_op_spinning")
 
 
 @dataclass(frozen=True)
@@ -159,6 +159,12 @@ class OnnxRuntimeRunner(Runner):
     first provider is a GPU one (CUDA, TensorRT) and off on the CPU; ``True`` forces it (on the CPU too,
     where it binds host buffers), ``False`` turns it off. The CUDA provider's ``enable_cuda_graph`` option
     needs it, and a runner with that option refuses ``io_binding=False``.
+
+    ``intra_op_spinning`` sets whether the intra-op pool's threads spin-wait for work after a run
+    (``session.intra_op.allow_spinning``): ``None`` (the default) leaves ONNX Runtime's choice, which is to
+    spin; ``False`` parks them. Spinning saves a wake-up when calls come back to back from one thread; in a
+    server that does other work between calls the spinning threads burn a core the rest of the process (and
+    its clients) lack: the agent turns it off for serving (``runner.intra_op_spinning`` in its config).
     """
 
     backend_name = "onnxruntime"
@@ -173,6 +179,7 @@ class OnnxRuntimeRunner(Runner):
         optimized_model_path: str | os.PathLike[str] | None = None,
         denormal_as_zero: bool = False,
         io_binding: bool | None = None,
+        intra_op_spinning: bool | None = None,
     ) -> None:
         super().__init__(signature)
         self.model_path = Path(model_path)
@@ -210,6 +217,10 @@ class OnnxRuntimeRunner(Runner):
             raise BackendError("CUDAExecutionProvider option enable_cuda_graph needs io_binding, which is set to false",
                                hint="drop io_binding: false, or the enable_cuda_graph option")  # fmt: skip
         self.io_binding = io_binding
+        if intra_op_spinning is not None and not isinstance(intra_op_spinning, bool):
+            raise BackendError(f"intra_op_spinning must be true, false or null, got {intra_op_spinning!r}",
+                               hint="null keeps ONNX Runtime's default (spinning)")  # fmt: skip
+        self.intra_op_spinning = intra_op_spinning
         self._binding: DeviceBinding | None = None
         self.providers_that_failed: tuple[str, ...] = ()  # requested, built in, but not loaded (a later one ran)
         self._session: Any = None
@@ -232,6 +243,7 @@ class OnnxRuntimeRunner(Runner):
             "intra_op_threads": section.get("intra_op_threads"),
             "denormal_as_zero": section.get("denormal_as_zero", False),
             "io_binding": section.get("io_binding"),
+            "intra_op_spinning": section.get("intra_op_spinning"),
         }
         options.update(overrides)
         return cls(bundle.model_path, bundle.io, **options)
@@ -262,6 +274,8 @@ class OnnxRuntimeRunner(Runner):
             options.optimized_model_filepath = str(self.optimized_model_path)
         if self.denormal_as_zero:
             options.add_session_config_entry("session.set_denormal_as_zero", "1")
+        if self.intra_op_spinning is not None:
+            options.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.intra_op_spinning else "0")
         session = self._new_session(ort, options, self.execution_providers)
         self._check_providers_loaded(ort, session)
         session = self._without_providers_that_failed(ort, options, session)
