@@ -4,13 +4,17 @@
     .venv/bin/python scripts/bench_serving.py --model digits-cnn|minilm [--bundle DIR] [--seconds 4] [--rounds 2]
         [--concurrency 1,4,16] [--protocols http,grpc] [--max-delay-ms 0.5[,1,...]] [--max-batch N]
         [--perf-analyzer PATH | --load-generator tritonclient] [--compare-runtime OTHER_TREE/runtime]
-        [--out docs/benchmarks/serving.json --key NAME]
+        [--spinning off[,on,bundle]] [--intra-op-threads N] [--out docs/benchmarks/serving.json --key NAME]
 
 Agents run as processes (``edgekit-agent run``) with the bundle installed, HTTP and gRPC on loopback:
 ``plain`` (no ``batching`` section: one runner call per request) and one ``batched_<delay>`` per
 ``--max-delay-ms`` value (``batching: {max_delay_ms}``, max batch from the bundle unless ``--max-batch``), and
 with ``--compare-runtime`` a ``before_<delay>`` agent run from another tree's ``edgekit_runtime`` (``PYTHONPATH``;
-e.g. ``git archive COMMIT runtime | tar -x -C DIR``), so that a change and what it replaced share one run.
+e.g. ``git archive COMMIT runtime | tar -x -C DIR``; its config has no ``runner`` section, so it keeps the bundle's
+ONNX Runtime options), so that a change and what it replaced share one run. This tree's agents get ``runner:
+{intra_op_spinning}`` from the first ``--spinning`` value (``off``, the agent's default; ``on``; ``bundle``: the
+bundle's setting) and ``intra_op_threads`` from ``--intra-op-threads``; each further ``--spinning`` value adds a
+``batched_<delay>_spinning_<value>`` agent.
 For each protocol and concurrency, in every round, the cases run back to back for ``--seconds`` each:
 ``bare`` (``session.run`` at batch 1 in a loop in this process, on a session made from the bundle with its
 manifest's options, as the agent makes it), then each agent, then ``bare`` again; each agent case's ratio is
@@ -21,7 +25,9 @@ wheel's ``bin/perf_analyzer``; ``libb64.so.0d`` and ``libcudart.so.12`` in a ``l
 ``$EDGEKIT_PERF_ANALYZER_DIR/bin/perf_analyzer`` or ``/var/cache/edgekit/perf_analyzer/bin/perf_analyzer``
 (where ``scripts/install_perf_analyzer.sh`` puts it), else ``perf_analyzer`` on ``PATH``; without one (or with
 ``--load-generator tritonclient``) one tritonclient per thread (binary tensors over HTTP). Each agent's p50 less one bare call (the inverse of the
-bare rate) is its request overhead (``<agent>_overhead_p50_us``). The report says
+bare rate) is its request overhead (``<agent>_overhead_p50_us``). Each agent case also records the agent
+process's CPU a request (``<agent>_cpu_us_per_request``: its user and system time over the requests its
+statistics counted, every thread) and perf_analyzer's (``<agent>_client_cpu_us_per_request``). The report says
 which binary ran and where it came from (the install's ``SOURCE`` file), the process's niceness and whether
 ``/tmp/quiet.lock`` was held (``flock /tmp/quiet.lock nice -n -20 ...``: the house's quiet measurement). Prints a table; writes JSON (CPU flags, load
 averages before and after every row) under ``runs.<key>`` of ``--out``, keeping the other runs.
@@ -34,6 +40,7 @@ import fcntl
 import json
 import os
 import re
+import resource
 import socket
 import subprocess
 import sys
@@ -57,6 +64,8 @@ RECIPES = {"digits-cnn": "recipes/digits-cnn.yaml", "minilm": "recipes/minilm.ya
 #: where scripts/install_perf_analyzer.sh installs perf_analyzer (bin/, lib/, SOURCE)
 PERF_ANALYZER_CACHE = Path("/var/cache/edgekit/perf_analyzer")
 QUIET_LOCK = Path("/tmp/quiet.lock")
+#: --spinning values -> the agent config's runner.intra_op_spinning (bundle: the bundle's setting, ORT's default)
+SPINNING: dict[str, bool | None] = {"off": False, "on": True, "bundle": None}
 
 
 def find_perf_analyzer(given: str | None) -> tuple[str | None, str]:
@@ -90,6 +99,12 @@ def quiet_lock_held() -> bool:
         return False
 
 
+def children_cpu_s() -> float:
+    """CPU seconds this process's finished children (the perf_analyzer runs) have used."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -99,8 +114,9 @@ def free_port() -> int:
 class Agent:
     """An ``edgekit-agent run`` process serving ``bundle`` on free loopback ports."""
 
-    def __init__(self, root: Path, bundle: Path, batching: dict[str, float] | None, runtime: Path | None = None) -> None:
-        self.batching = batching
+    def __init__(self, root: Path, bundle: Path, batching: dict[str, float] | None, runtime: Path | None = None,
+                 runner: dict[str, Any] | None = None) -> None:  # fmt: skip
+        self.batching, self.runner = batching, runner
         env = dict(os.environ)
         if runtime is not None:  # another tree's edgekit_runtime (--compare-runtime): before/after in one run
             env["PYTHONPATH"] = f"{runtime}:{env.get('PYTHONPATH', '')}"
@@ -114,6 +130,8 @@ class Agent:
         }  # fmt: skip
         if batching is not None:
             config["batching"] = batching
+        if runner is not None:  # left out for --compare-runtime (an older agent may not know the section)
+            config["runner"] = runner
         path = root / "agent.yaml"
         path.write_text(yaml.safe_dump(config), encoding="utf-8")
         command = [sys.executable, "-m", "edgekit_runtime.agent.cli"]
@@ -137,6 +155,19 @@ class Agent:
 
     def url(self, protocol: str) -> str:
         return f"127.0.0.1:{self.http_port if protocol == 'http' else self.grpc_port}"
+
+    def cpu_s(self) -> float:
+        """CPU seconds the agent process has used (user and system, every thread)."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def inferences(self, model: str) -> int:
+        """Requests the agent has answered for ``model`` (its OIP statistics)."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/v2/models/{model}/stats", timeout=10) as reply:
+            stats = json.loads(reply.read())
+        return int(stats["model_stats"][0]["inference_count"])
 
     def stop(self) -> None:
         self.process.terminate()
@@ -264,9 +295,15 @@ def main() -> None:
                         help="tritonclient: one tritonclient per thread even where perf_analyzer is installed")  # fmt: skip
     parser.add_argument("--compare-runtime", type=Path, help="also run a batched agent (first --max-delay-ms) from this "
                         "edgekit_runtime source folder, e.g. an earlier commit's runtime/ from git archive; named before_<delay>")
+    parser.add_argument("--spinning", default="off", help="runner.intra_op_spinning of this tree's agents (off, on, bundle); "
+                        "a comma list adds a batched agent (first --max-delay-ms) for each further value")
+    parser.add_argument("--intra-op-threads", type=int, help="runner.intra_op_threads of this tree's agents (default: the bundle's)")
     parser.add_argument("--out", type=Path, default=Path("out/bench_serving.json"))
     parser.add_argument("--key", help="the name of this run in --out (default: --model)")
     args = parser.parse_args()
+    unknown = [value for value in args.spinning.split(",") if value not in SPINNING]
+    if unknown:
+        parser.error(f"--spinning {','.join(unknown)}: use {', '.join(SPINNING)}")
     analyzer, analyzer_origin = find_perf_analyzer(args.perf_analyzer)
     if args.load_generator == "tritonclient":
         analyzer, analyzer_origin = None, "--load-generator tritonclient"
@@ -284,12 +321,19 @@ def main() -> None:
     conditions = host_conditions()
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as scratch:
         data = perf_analyzer_input(feeds, Path(scratch))
-        agents = {"plain": Agent(Path(scratch) / "plain", bundle_dir, None)}
+        spinnings = args.spinning.split(",")
+        threads = {} if args.intra_op_threads is None else {"intra_op_threads": args.intra_op_threads}
+        runner = {"intra_op_spinning": SPINNING[spinnings[0]], **threads}
+        agents = {"plain": Agent(Path(scratch) / "plain", bundle_dir, None, runner=runner)}
         for delay in delays:
             batching: dict[str, float] = {"max_delay_ms": delay}
             if args.max_batch is not None:
                 batching["max_batch"] = args.max_batch
-            agents[f"batched_{delay:g}"] = Agent(Path(scratch) / f"batched_{delay:g}", bundle_dir, batching)
+            agents[f"batched_{delay:g}"] = Agent(Path(scratch) / f"batched_{delay:g}", bundle_dir, batching, runner=runner)
+        for spinning in spinnings[1:]:
+            batching = {"max_delay_ms": delays[0], **({"max_batch": args.max_batch} if args.max_batch is not None else {})}
+            agents[f"batched_{delays[0]:g}_spinning_{spinning}"] = Agent(Path(scratch) / f"spinning_{spinning}", bundle_dir, batching,
+                                                                        runner={"intra_op_spinning": SPINNING[spinning], **threads})  # fmt: skip
         if args.compare_runtime is not None:
             batching = {"max_delay_ms": delays[0], **({"max_batch": args.max_batch} if args.max_batch is not None else {})}
             agents[f"before_{delays[0]:g}"] = Agent(Path(scratch) / "before", bundle_dir, batching, args.compare_runtime.resolve())
@@ -303,17 +347,25 @@ def main() -> None:
                                                "bare_per_s": bare["throughput_per_s"], "load_before": os.getloadavg()[0]}  # fmt: skip
                         line = [f"r{round_index} {protocol:4} c={concurrency:<2} bare {row['bare_per_s']:7.0f}/s"]
                         for kind, agent in agents.items():
+                            cpu_before, count_before, client_before = agent.cpu_s(), agent.inferences(model), children_cpu_s()
                             if analyzer:
                                 result = perf_analyzer(analyzer, model, agent.url(protocol), protocol, concurrency, args.seconds, data)
                             else:
                                 result = tritonclient_load(model, agent.url(protocol), protocol, concurrency, args.seconds, feeds)
+                            answered = agent.inferences(model) - count_before
+                            if answered:  # the agent's CPU (every thread: the loop, handlers, ONNX Runtime's pool) a request
+                                row[f"{kind}_cpu_us_per_request"] = (agent.cpu_s() - cpu_before) * 1e6 / answered
+                                if analyzer:  # perf_analyzer's own CPU (a child of this process) over the same requests
+                                    row[f"{kind}_client_cpu_us_per_request"] = (children_cpu_s() - client_before) * 1e6 / answered
                             row[f"{kind}_per_s"] = result["throughput_per_s"]
                             row[f"{kind}_p50_us"] = result["p50_us"]
                             row[f"{kind}_ratio"] = result["throughput_per_s"] / bare["throughput_per_s"]
                             if "items_per_call" in result:
                                 row[f"{kind}_items_per_call"] = result["items_per_call"]
                             line.append(f"{kind} {result['throughput_per_s']:7.0f}/s ({row[f'{kind}_ratio']:.2f}x, "
-                                        f"p50 {result['p50_us']:.0f} us, {result.get('items_per_call', float('nan')):.1f}/call)")  # fmt: skip
+                                        f"p50 {result['p50_us']:.0f} us, {result.get('items_per_call', float('nan')):.1f}/call, "
+                                        f"cpu {row.get(f'{kind}_cpu_us_per_request', float('nan')):.0f} us/req, "
+                                        f"client {row.get(f'{kind}_client_cpu_us_per_request', float('nan')):.0f})")  # fmt: skip
                         bare_after = bare_loop(session, feeds, args.seconds)["throughput_per_s"]
                         row["bare_after_per_s"] = bare_after  # the ratios are to the mean of the bare runs around them
                         for kind in agents:
@@ -334,6 +386,7 @@ def main() -> None:
               "niceness": os.nice(0), "quiet_lock_held": quiet_lock_held(),
               "compare_runtime": None if args.compare_runtime is None else str(args.compare_runtime),
               "seconds": args.seconds, "batching": {name: agent.batching for name, agent in agents.items()},
+              "runner": {name: agent.runner for name, agent in agents.items()},
               "rows": rows}  # fmt: skip
     write_report(args.out, args.key or args.model, report)
     print(f"cpu flags {' '.join(report['cpu_flags'])}; load now {os.getloadavg()[0]:.1f}; wrote runs.{args.key or args.model} of {args.out}")

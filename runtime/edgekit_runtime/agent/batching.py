@@ -7,6 +7,7 @@ other dimensions and dtypes agree (their :meth:`BatchPlan.key` is equal).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
@@ -53,11 +54,12 @@ class BatchPlan:
         return {name: np.concatenate([f[name] for f in feeds], axis=axis) for name, axis in self.input_axes.items()}
 
     def split(self, outputs: Mapping[str, np.ndarray], items: Sequence[int]) -> list[dict[str, np.ndarray]]:
-        """Cut each output back into one piece per request, ``items[i]`` rows each."""
+        """Cut each output back into one piece per request, ``items[i]`` rows each (views of the output, sliced
+        directly: ``np.split`` costs a few microseconds a piece in Python, a batch of 16 small requests 2 %)."""
         total = sum(items)
         if len(items) == 1:
             return [dict(outputs)]
-        bounds = np.cumsum(items)[:-1]
+        bounds = list(itertools.accumulate(items, initial=0))
         pieces: list[dict[str, np.ndarray]] = [{} for _ in items]
         for name, array in outputs.items():
             axis = self.output_axes[name]
@@ -67,8 +69,9 @@ class BatchPlan:
                     f"(axis {axis}) for a batch of {total} items, so it cannot be split per request",
                     hint="the model does not treat this dimension as a batch: remove 'batching' from the agent config",
                 )
-            for piece, part in zip(pieces, np.split(array, bounds, axis=axis)):
-                piece[name] = part
+            lead = (slice(None),) * axis
+            for piece, start, stop in zip(pieces, bounds, bounds[1:]):
+                piece[name] = array[lead + (slice(start, stop),)]
         return pieces
 
 

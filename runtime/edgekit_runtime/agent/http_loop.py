@@ -38,9 +38,10 @@ from typing import Any
 from edgekit_runtime.agent.http_guard import body_limit_refusal, content_type_refusal
 from edgekit_runtime.agent.http_handler import _HEADER_LINE, RequestHandler, json_body
 from edgekit_runtime.agent.http_head import RequestHeaders
-from edgekit_runtime.agent.oip import BINARY_TYPE, HEADER_LENGTH, JSON_TYPE, decode_request, encode_reply, protocol_error
+from edgekit_runtime.agent.oip import BINARY_TYPE, HEADER_LENGTH, JSON_TYPE, protocol_error
+from edgekit_runtime.agent.oip_layouts import RequestLayout, RequestLayouts
 from edgekit_runtime.agent.oip_types import OipError, find_slot
-from edgekit_runtime.agent.serving_core import serving_error, timing_headers
+from edgekit_runtime.agent.serving_core import serving_error, timing_header_lines
 from edgekit_runtime.errors import EdgekitError
 
 logger = logging.getLogger("edgekit_runtime.agent.api")
@@ -56,10 +57,13 @@ _INFER_PATH = re.compile(r"/v2/models/([^/?#]+)(?:/versions/([^/?#]+))?/infer")
 #: headers whose presence sends the request to a thread (it answers or handles them as before)
 _THREAD_HEADERS = ("transfer-encoding", "expect", "content-encoding")
 _REASONS = {status.value: status.phrase for status in HTTPStatus}
+_INTERNAL_ERROR = "internal error in the agent; see its log"
+#: a request read whole and decoded: (connection, slot, model name, its layout, input tensors, arrival stamp)
+_Ready = tuple["_Connection", Any, str, RequestLayout, dict[str, Any], int]
 
 
 class _Connection:
-    __slots__ = ("sock", "address", "inbuf", "outbuf", "since", "partial_since", "reserved", "head")
+    __slots__ = ("sock", "address", "inbuf", "outbuf", "since", "partial_since", "reserved", "head", "writing")
 
     def __init__(self, sock: socket.socket, address: Any, leftover: bytes) -> None:
         self.sock, self.address = sock, address
@@ -69,6 +73,7 @@ class _Connection:
         self.partial_since = 0.0  # when the bytes of an incomplete request first arrived
         self.reserved = 0  # this request's body bytes in the API's budget
         self.head: tuple[int, Any, str, RequestHeaders, int] | None = None  # a parsed head whose body is still coming
+        self.writing = False  # registered for EVENT_WRITE too (a reply did not leave in one send)
 
 
 class InferLoop:
@@ -87,6 +92,8 @@ class InferLoop:
         self._next_tick = 0.0
         self._date = ("", 0)
         self._server_header = ""
+        self._head_starts: dict[tuple[int, str], str] = {}  # a reply head up to its Content-Length value, this second
+        self._layouts = RequestLayouts()
         self._heads: dict[bytes, tuple[str, str, RequestHeaders, int] | tuple[()]] = {}
         self._last_limits: tuple[int, Any] | None = None
         self._thread = threading.Thread(target=self._run, name="edgekit-api-loop", daemon=True)
@@ -132,7 +139,7 @@ class InferLoop:
     # -- the loop ---------------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        ready: list[tuple[_Connection, Any, str, dict[str, Any], Any, Any, bool, int]] = []
+        ready: list[_Ready] = []
         while not self._stopping:
             try:
                 events = self._selector.select(_TICK_S)
@@ -235,15 +242,11 @@ class InferLoop:
         del buffer[:body_end]
         connection.head, connection.partial_since = None, 0.0
         try:
-            request, feeds, wanted, binary_default = decode_request(slot, name, headers.get(HEADER_LENGTH), body)
-        except OipError as err:
-            self._reply_error(connection, err.status, err.message, err.headers)
+            layout, feeds = self._layouts.decode(slot, name, headers.get(HEADER_LENGTH), body)
+        except Exception as err:
+            self._reply_exception(connection, err, "decoding an inference request", name)
             return
-        except Exception:
-            logger.exception("API event loop: decoding an inference request for %s failed", name)
-            self._reply_error(connection, HTTPStatus.INTERNAL_SERVER_ERROR, "internal error in the agent; see its log")
-            return
-        ready.append((connection, slot, name, request, feeds, wanted, binary_default, submitted_ns))
+        ready.append((connection, slot, name, layout, feeds, submitted_ns))
 
     def _plain_head(self, buffer: bytearray, end: int) -> tuple[int, Any, str, RequestHeaders, int] | None:
         """The head ending at ``end`` as (end, slot, model name, headers, body length) when it is a plain
@@ -303,32 +306,30 @@ class InferLoop:
             return ()
         return matched.group(1), matched.group(2) or "", headers, int(lengths[0])
 
-    def _serve(self, batch: list[tuple[_Connection, Any, str, dict[str, Any], Any, Any, bool, int]]) -> None:
+    def _serve(self, batch: list[_Ready]) -> None:
         """Run the requests that arrived together, per model, and write their replies."""
-        by_server: dict[int, list[Any]] = {}
+        by_server: dict[int, list[_Ready]] = {}
         for item in batch:
             by_server.setdefault(id(item[1].server), []).append(item)
+        layouts = self._layouts
         for items in by_server.values():
             server = items[0][1].server
             try:
-                results = server.infer_together([(item[4], item[7]) for item in items])
+                results = server.infer_together([(item[4], item[5]) for item in items])
             except Exception as err:  # a bug: every request gets a 500
                 logger.exception("API event loop: running %d request(s) failed", len(items))
                 results = [err] * len(items)
-            for (connection, slot, name, request, _, wanted, binary_default, _), result in zip(items, results):
+            for (connection, slot, name, layout, _, _), result in zip(items, results):
                 if isinstance(result, Exception):
                     self._reply_failure(connection, name, result)
                     continue
                 try:
-                    body, content_type, extra = encode_reply(request, slot, result.outputs, wanted, binary_default)
-                except OipError as err:
-                    self._reply_error(connection, err.status, err.message, err.headers)
+                    body, content_type, extra = layouts.encode(layout, slot, result.outputs)
+                except Exception as err:
+                    self._reply_exception(connection, err, "the reply", name)
                     continue
-                except Exception:
-                    logger.exception("API event loop: the reply for %s failed", name)
-                    self._reply_error(connection, HTTPStatus.INTERNAL_SERVER_ERROR, "internal error in the agent; see its log")
-                    continue
-                self._send(connection, 200, body, content_type, {**timing_headers(result), **extra})
+                lines = timing_header_lines(result) + "".join(f"{key}: {value}\r\n" for key, value in extra.items())
+                self._send(connection, 200, body, content_type, lines)
 
     def _reply_failure(self, connection: _Connection, name: str, err: Exception) -> None:
         if isinstance(err, EdgekitError):
@@ -336,29 +337,46 @@ class InferLoop:
             self._reply_error(connection, failure.status, failure.message)
             return
         logger.error("API event loop: model %s failed: %s: %s", name, type(err).__name__, err)
-        self._reply_error(connection, HTTPStatus.INTERNAL_SERVER_ERROR, "internal error in the agent; see its log")
+        self._reply_error(connection, HTTPStatus.INTERNAL_SERVER_ERROR, _INTERNAL_ERROR)
+
+    def _reply_exception(self, connection: _Connection, err: Exception, doing: str, name: str) -> None:
+        """Answer ``err``, raised while ``doing`` for model ``name``: the protocol's error as it words it, anything
+        else (a bug) logged with its traceback and answered 500."""
+        if isinstance(err, OipError):
+            self._reply_error(connection, err.status, err.message, err.headers)
+            return
+        logger.error("API event loop: %s for %s failed", doing, name, exc_info=err)
+        self._reply_error(connection, HTTPStatus.INTERNAL_SERVER_ERROR, _INTERNAL_ERROR)
 
     def _reply_error(self, connection: _Connection, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         body, extra = json_body({"error": message})
-        self._send(connection, int(status), body, JSON_TYPE, {**(headers or {}), **extra})
+        lines = "".join(f"{key}: {value}\r\n" for key, value in {**(headers or {}), **extra}.items())
+        self._send(connection, int(status), body, JSON_TYPE, lines)
 
     # -- writing ----------------------------------------------------------------------------------------
 
-    def _head(self, status: int, content_type: str, length: int, headers: dict[str, str]) -> bytes:
+    def _head(self, status: int, content_type: str, length: int, lines: str) -> bytes:
+        """A reply's head; ``lines``: its further header lines, each ending in CRLF. What is the same for every
+        reply of this status and content type within a second (status line, Server, Date, Content-Type) is
+        made once."""
         now = int(time.time())
         if self._date[1] != now:
             self._date = (formatdate(now, usegmt=True), now)
+            self._head_starts.clear()
             if not self._server_header:
                 self._server_header = f"{RequestHandler.server_version} {RequestHandler.sys_version}".strip()
-        extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-        return (f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nServer: {self._server_header}\r\nDate: {self._date[0]}\r\n"
-                f"Content-Type: {content_type}\r\nContent-Length: {length}\r\n{extra}\r\n").encode("latin-1")  # fmt: skip
+        start = self._head_starts.get((status, content_type))
+        if start is None:
+            start = (f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nServer: {self._server_header}\r\nDate: {self._date[0]}\r\n"
+                     f"Content-Type: {content_type}\r\nContent-Length: ")  # fmt: skip
+            self._head_starts[(status, content_type)] = start
+        return f"{start}{length}\r\n{lines}\r\n".encode("latin-1")
 
-    def _send(self, connection: _Connection, status: int, body: bytes, content_type: str, headers: dict[str, str]) -> None:
+    def _send(self, connection: _Connection, status: int, body: bytes, content_type: str, lines: str) -> None:
         if connection.reserved:  # before the reply leaves, so that the client's next body finds its bytes free
             self.api.body_budget.release(connection.reserved)
             connection.reserved = 0
-        connection.outbuf = self._head(status, content_type, len(body), headers) + body
+        connection.outbuf = self._head(status, content_type, len(body), lines) + body
         connection.since = time.monotonic()
         self._flush(connection)
 
@@ -372,10 +390,13 @@ class InferLoop:
             return
         connection.outbuf = connection.outbuf[sent:]
         if connection.outbuf:
-            self._selector.modify(connection.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, connection)
+            if not connection.writing:
+                self._selector.modify(connection.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, connection)
+                connection.writing = True
             return
-        if sent:
+        if connection.writing:  # one epoll_ctl when the rest has left, none for a reply that left in one send
             self._selector.modify(connection.sock, selectors.EVENT_READ, connection)
+            connection.writing = False
         connection.since = time.monotonic()
         self.httpd.mark_waiting(connection.sock)
         if connection.inbuf and connection.head is None:  # the next request arrived while this reply left

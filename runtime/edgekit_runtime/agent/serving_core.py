@@ -63,6 +63,15 @@ def serving_error(err: EdgekitError) -> ServingError:
     return ServingError(HTTPStatus.INTERNAL_SERVER_ERROR, "inference_failed", err.message, err.hint)
 
 
+QUEUE_HEADER, COMPUTE_HEADER = "X-Edgekit-Queue-Ms", "X-Edgekit-Compute-Ms"
+
+
 def timing_headers(result: Any) -> dict[str, str]:
     """The reply headers every HTTP protocol sends with a result: queue and compute time in milliseconds."""
-    return {"X-Edgekit-Queue-Ms": f"{result.timing.queue_ms:.4f}", "X-Edgekit-Compute-Ms": f"{result.timing.compute_ms:.4f}"}
+    return {QUEUE_HEADER: f"{result.timing.queue_ms:.4f}", COMPUTE_HEADER: f"{result.timing.compute_ms:.4f}"}
+
+
+def timing_header_lines(result: Any) -> str:
+    """:func:`timing_headers` as header lines (each ending in CRLF), for a server that writes its head itself."""
+    timing = result.timing
+    return f"{QUEUE_HEADER}: {timing.queue_ms:.4f}\r\n{COMPUTE_HEADER}: {timing.compute_ms:.4f}\r\n"
