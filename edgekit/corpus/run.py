@@ -270,6 +270,10 @@ def _from_manifest(manifest: dict[str, Any], precision: str, row: CorpusRow) -> 
         chosen = str(search.get("chosen") or manifest.get("precision") or "")
         used = str(manifest.get("precision") or "")
         row.chosen = chosen if not used or used in chosen else f"{chosen} ({used})"
+        runoff = search.get("runoff")
+        if runoff:
+            medians = ", ".join(f"{name} {ratio:.3f}x" for name, ratio in runoff["median_ratio"].items())
+            row.notes.append(f"run-off ({runoff['rounds']} rounds, median × FP32: {medians})")
     if plan:
         row.notes.extend(note for note in plan.get("notes", []) if note.startswith(("int8-dynamic quantized", "kept float")))
     decision = manifest.get("precision_decision") or {}

@@ -33,7 +33,11 @@ than the bar; otherwise the whole ladder is one ``skipped`` row saying why. A ca
 ``not_worth`` reason (e.g. weight-only int4 on a graph whose MatMul/Gemm do almost none of the work) is
 skipped with it. With ``time_budget_s`` or ``time_budget_multiple``, a candidate reached after the budget is
 spent, or whose expected cost would overrun it, is skipped (FP32, the reference, never is): see
-:mod:`edgekit.quantize.pricing`. The search ends when the list is exhausted.
+:mod:`edgekit.quantize.pricing`. The list ends the search's first pass.
+
+**Run-off.** When other candidates faster than FP32 timed within the noise of the best inside the budget, the
+finalists are re-timed interleaved over several rounds and the lowest median per-round ratio wins
+(:mod:`edgekit.quantize.runoff`); the manifest's ``runoff`` records the finalists, their ratios and the rounds.
 
 Only the FP32 reference (exported graph) may be chosen at 1.0x or slower: every other candidate,
 including a float one on a rewritten graph, is chosen only when it is faster than FP32 on this host.
@@ -55,6 +59,7 @@ from edgekit.quantize.candidates import EXPORTED, BuiltCandidate, Candidate, Can
 from edgekit.quantize.judging import EvaluateFn, LatencyJudge, TimeFn, Timing, is_reference
 from edgekit.quantize.plan import QuantizationPlan
 from edgekit.quantize.pricing import TimeBudget
+from edgekit.quantize.runoff import MAX_FINALISTS, MIN_RUNOFF_ROUNDS, RUNOFF_ROUNDS, RunOff, near_tie_bound, run_off
 from edgekit.quantize.sensitivity import SensitivityReport
 
 log = logging.getLogger(__name__)
@@ -98,6 +103,8 @@ class AutoResult:
     #: What the search spent: candidates built, evaluated, timing calls, skipped, seconds (and, from the
     #: ONNX Runtime planner, calibration passes and sensitivity runs).
     stats: Mapping[str, float] = field(default_factory=dict)
+    #: The run-off between near-tied finalists (None: there was none; see ``notes`` for why one was skipped).
+    runoff: RunOff | None = None
 
     @property
     def plan(self) -> QuantizationPlan | None:
@@ -116,6 +123,7 @@ class AutoResult:
             "rule": self.rule,
             "notes": list(self.notes),
             "stats": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.stats.items()},
+            "runoff": self.runoff.to_manifest() if self.runoff else None,
         }
 
 
@@ -183,6 +191,7 @@ def search_auto(
             search.ladder(item)
         else:
             search.process(item)
+    search.run_off()
     search.confirm_faster_than_fp32(next((item for item in candidates if isinstance(item, Candidate) and is_reference(item)), None))
     if search.judge.best is None:
         evaluated = [(row.value, row) for row in search.rows if row.value is not None]
@@ -209,8 +218,11 @@ def search_auto(
         stats["time_budget_s"] = round(budget.time_budget_s, 2)
     if budget.plain_s is not None:
         stats["plain_int8_estimate_s"] = round(budget.fixed_s + budget.plain_s, 2)
+    if search.runoff is not None:
+        stats["runoff_rounds"], stats["runoff_seconds"] = search.runoff.rounds, round(search.runoff.seconds, 2)
     return AutoResult(chosen, chosen_row, built.path, rows, dict(chosen.kept), dict(built.ranges), sensitivity,
-                      rule=f"dominance floor + interleaved timing, noise margin {noise_margin:.0%}", notes=tuple(notes), stats=stats)
+                      rule=f"dominance floor + interleaved timing, noise margin {noise_margin:.0%}, run-off of near ties",
+                      notes=(*notes, *search.notes), stats=stats, runoff=search.runoff)
 
 
 class _Search:
@@ -226,6 +238,9 @@ class _Search:
         self.judge = LatencyJudge(time_models, reference, graph_references, noise_margin, self.counts)
         self.budget = budget if budget is not None else TimeBudget(build)
         self.higher_is_better = True
+        self.built: dict[str, BuiltCandidate] = {}  # candidate name -> its file, for the run-off
+        self.runoff: RunOff | None = None
+        self.notes: list[str] = []  # what the run-off did, or why it was not run
 
     def ladder(self, ladder: CandidateLadder) -> None:
         """Gallop k = 1, 2, 4, ... to the first passing step, then bisect back to the smallest."""
@@ -321,6 +336,7 @@ class _Search:
             built = self.build(candidate)
         except EdgekitError as exc:
             return self._row(_result(candidate, "error", detail=f"build failed: {exc.message}"), started, candidate)
+        self.built[candidate.name] = built
         timing: Timing | None = None
         if self.judge.best is not None:
             timing = self.judge.time(candidate, built.path, self._reference_latencies())
@@ -350,6 +366,81 @@ class _Search:
         if passed and timing is not None and timing.latency_ratio < self.judge.best_ratio:
             self.judge.best, self.judge.best_ratio = (candidate, built), timing.latency_ratio
         return self._row(row, started, candidate)
+
+    def near_ties(self) -> list[int]:
+        """Indices of the rows within timing noise of the best inside the budget (:func:`near_tie_bound`), faster than
+        FP32, built, and inside the budget or not evaluated (``slower``), nearest first; the best's row is not one."""
+        best, bound = self.judge.best[0], near_tie_bound(self.judge.best_ratio, self.margin)  # type: ignore[index]
+        found: dict[str, int] = {}
+        for index, row in enumerate(self.rows):
+            if (row.name != best.name and row.name in self.built and row.latency_ratio is not None and row.latency_ratio < min(bound, 1.0)
+                    and (row.status == "passed" or (row.status == "slower" and row.passed is None))):
+                found[row.name] = index  # the last row of a name is its latest timing
+        return sorted(found.values(), key=lambda i: self.rows[i].latency_ratio or 0.0)[:MAX_FINALISTS - 1]
+
+    def run_off(self) -> None:
+        """Re-times the best inside the budget and its near ties interleaved (:mod:`edgekit.quantize.runoff`); a near
+        tie not evaluated yet is evaluated first and is a finalist only inside the budget. The winner becomes the best."""
+        if self.judge.best is None or is_reference(self.judge.best[0]):
+            return
+        ties = self.near_ties()
+        if not ties:
+            return
+        unevaluated = sum(self.rows[i].passed is None for i in ties)
+        rounds, why = self.budget.runoff_rounds(len(ties) + 1, unevaluated, self.judge.timing_s, self.judge.models_timed,
+                                                RUNOFF_ROUNDS, MIN_RUNOFF_ROUNDS)
+        names = ", ".join(self.rows[i].name for i in ties)
+        if not rounds:
+            self.notes.append(f"run-off of {self.judge.best[0].name} and its near ties ({names}) not run: {why}")
+            log.info("auto run-off not run: %s", why)
+            return
+        finalists = [(self.judge.best[0], self.judge.best[1])]
+        for index in ties:
+            candidate = self._candidate(self.rows[index].name)
+            if candidate is not None and self._inside_budget(index, candidate):
+                finalists.append((candidate, self.built[candidate.name]))
+        if len(finalists) < 2:
+            self.notes.append(f"run-off not run: the near ties of {self.judge.best[0].name} ({names}) are outside the budget")
+            return
+        try:
+            result = run_off(self.judge.time_models, self.judge.reference, [(c.name, b.path) for c, b in finalists], rounds)
+        except EdgekitError as exc:
+            self.notes.append(f"run-off failed, the search's choice stands: {exc.message}")
+            return
+        self.judge.timing_s += result.seconds
+        self.judge.models_timed += rounds * (len(finalists) + 1)
+        self.counts["runoff_timed"] = rounds
+        self.runoff = result
+        winner = next(pair for pair in finalists if pair[0].name == result.winner)
+        self.judge.best, self.judge.best_ratio = winner, result.median(result.winner)
+        for index, row in enumerate(self.rows):
+            if row.name in result.ratios and row.status == "passed":
+                verdict = "won" if row.name == result.winner else "lost"
+                self.rows[index] = replace(row, detail=(f"{row.detail}; " if row.detail else "") +
+                                           f"run-off: {verdict}, median {result.median(row.name):.3f}x FP32 over {rounds} rounds")
+        self.notes.append(result.summary())
+        log.info("auto %s", result.summary())
+
+    def _candidate(self, name: str) -> Candidate | None:
+        return next((candidate for candidate, _ in self.judge.measured if candidate.name == name), None)
+
+    def _inside_budget(self, index: int, candidate: Candidate) -> bool:
+        """A near tie's row is inside the accuracy budget; one not evaluated (``slower``) is evaluated now, its row
+        updated with the metric and the verdict (it keeps its single-call ratio)."""
+        row = self.rows[index]
+        if row.passed is not None:
+            return bool(row.passed)
+        try:
+            self.counts["evaluated"] += 1
+            accuracy = self.evaluate(self.built[candidate.name].path)
+        except EdgekitError as exc:
+            self.rows[index] = replace(row, status="error", detail=f"{row.detail}; near tie, evaluation failed: {exc.message}")
+            return False
+        passed = bool(accuracy.passed)
+        self.rows[index] = replace(row, status="passed" if passed else "failed", value=float(accuracy.value), passed=passed,
+                                   cosine_min=getattr(accuracy, "cosine_min", None),
+                                   detail=f"{row.detail}; within timing noise of {self.judge.best[0].name}, evaluated for the run-off")  # type: ignore[index]
+        return passed
 
     def confirm_faster_than_fp32(self, reference: Candidate | None) -> None:
         """A choice within the noise margin of FP32 (over ``1 - margin`` x FP32) is timed beside FP32 once more and

@@ -57,6 +57,9 @@ class Candidate:
     #: Another engine's own FP32-like baseline (OpenVINO's fp32 and bf16: a copy and a compile, no calibration): like the
     #: FP32 reference, never skipped for the time budget, or the search would not have compared the engines at all.
     baseline: bool = False
+    #: It is quantized by its engine, calibration and all (OpenVINO's NNCF int8: ``nncf.quantize`` runs its own pass): the
+    #: time budget prices it as a calibrating candidate (:meth:`edgekit.quantize.pricing.TimeBudget.calibrates`).
+    calibrates_itself: bool = False
 
     @property
     def scheme(self) -> tuple[Any, ...] | None:

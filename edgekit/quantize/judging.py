@@ -61,6 +61,7 @@ class LatencyJudge:
         self.best: tuple[Candidate, BuiltCandidate] | None = None
         self.best_ratio = float("inf")
         self.timing_s = 0.0  # seconds spent inside time_models
+        self.models_timed = 0  # models timed in those calls, all calls together (prices a run-off's round)
         self.graph_ratios: dict[str, float] = {}  # graph variant -> its FP32 model's latency ratio to the reference
         self._timer_takes_bar = takes_keyword(time_models, "bar")
 
@@ -113,6 +114,7 @@ class LatencyJudge:
         else:
             latencies = [float(v) for v in self.time_models(paths)]
         self.timing_s += perf_counter() - timing
+        self.models_timed += len(paths)
         if len(latencies) != len(paths) or not all(v > 0 for v in latencies):
             raise QuantizationError(f"time_models returned {latencies} for {len(paths)} models", hint="return one positive latency in ms per path, in order")
         ratio = latencies[-1] / latencies[0]
@@ -126,6 +128,7 @@ class LatencyJudge:
         started = perf_counter()
         latencies = [float(v) for v in self.time_models([self.reference, path])]
         self.timing_s += perf_counter() - started
+        self.models_timed += 2
         self.counts["confirmation_timed"] = self.counts.get("confirmation_timed", 0) + 1
         if len(latencies) != 2 or not all(v > 0 for v in latencies):
             raise QuantizationError(f"time_models returned {latencies} for 2 models", hint="return one positive latency in ms per path, in order")

@@ -13,13 +13,16 @@ with the model's cost; an explicit ``time_budget_s`` is then an upper cap.
 :class:`TimeBudget` learns what each kind of candidate costs as the search builds them (:meth:`TimeBudget.record`)
 and says why a candidate or ladder is not tried for lack of time (:meth:`TimeBudget.over_budget`).
 
-Another engine's candidates (``Candidate.engine``: OpenVINO's on a target that allows both) do not spend the search's
-own budget: the seconds they take are added to it (the budget scales with the engines compared) and they do not set
-the price of the search's own candidates. ResNet's search spent 1.3 s on OpenVINO's three candidates and then skipped
-ONNX Runtime's default int8 plan for time, which ran 0.37x FP32 where the chosen OpenVINO bf16 ran 0.44x.
-The exception is another engine's candidate that runs a calibration of its own (``build.engine_calibrates``: OpenVINO's
-NNCF int8, whose ``nncf.quantize`` took 1.5-26.7 s a search on the corpus and, added to the budget, lengthened 8 of 15
-builds past 3x a plain int8 build): it is priced and spent like the search's own calibrating candidates.
+**One rule for every candidate, of either engine.** Each candidate's seconds are spent from the budget, and each is
+priced by what its kind actually took: one that runs a calibration of its own (a static int8 plan's first pass on its
+graph, ONNX Runtime's default plan when its ranges are not held, OpenVINO's NNCF int8, whose ``nncf.quantize`` calibrates
+inside: :attr:`Candidate.calibrates_itself`) at the calibrating kind's price; one that does not (int8-dynamic, float,
+a ladder step, OpenVINO's copy-and-compile candidates) at the median of those built so far, whichever engine built
+them. Another engine's baselines (OpenVINO's bf16 and fp32, :attr:`Candidate.baseline`) are never skipped, like the
+FP32 reference, but their seconds are spent too. So the search, run-off included (:meth:`TimeBudget.runoff_rounds`),
+stays inside ``time_budget_multiple`` x a plain int8 build. Before, OpenVINO's compile-only candidates were added to the
+budget and NNCF's spent from it (a per-engine flag): MiniLM's build ran 3.1x a plain int8 build on the corpus with
+OpenVINO's three compiles added.
 """
 
 from __future__ import annotations
@@ -61,14 +64,13 @@ class TimeBudget:
         #: stages take.
         self.plain_s: float | None = None
         self.first_evaluate_s = 0.0  # the first candidate's evaluation: the build's evaluate stage repeats it for the chosen plan
-        self.other_engines_s = 0.0  # seconds spent on another engine's candidates: added to the budget, not spent from it
 
     def over_budget(self, candidate: Candidate | None = None, ladder: CandidateLadder | bool = False) -> str | None:
         """Why the next candidate (or ladder) is not tried for lack of time (None: try it): the budget is spent,
         or its expected cost (:meth:`expected_cost`) would overrun it."""
         if self.time_budget_s is None:
             return None
-        elapsed = time.perf_counter() - self.started - self.other_engines_s
+        elapsed = self.elapsed()
         source = self.source()
         if elapsed >= self.time_budget_s:
             return f"time budget spent ({elapsed:.1f} s of {self.time_budget_s:.1f} s: {source})"
@@ -79,23 +81,20 @@ class TimeBudget:
         return None
 
     def calibrates(self, candidate: Candidate | None) -> bool:
-        """``candidate`` is a static int8 plan whose graph and calibrator no earlier candidate calibrated: it
-        pays for its own calibration (a graph variant's first static int8, ONNX Runtime's default plan).
-        int8-dynamic, float and fp16 candidates need none; a ladder step reuses its base's ranges; nor does one
-        whose ranges the builder already holds (``build.has_ranges``: ONNX Runtime's default plan, its MinMax
-        ranges collected in the shared calibration's pass)."""
-        if candidate is not None and self.engine_calibrates(candidate):
+        """``candidate`` runs a calibration of its own: it quantizes itself (:attr:`Candidate.calibrates_itself`: OpenVINO's
+        NNCF int8), or it is a static int8 plan whose graph and calibrator no earlier candidate calibrated (a graph
+        variant's first static int8, ONNX Runtime's default plan). int8-dynamic, float and fp16 candidates need none; a
+        ladder step reuses its base's ranges; nor does one whose ranges the builder already holds (``build.has_ranges``:
+        ONNX Runtime's default plan, its MinMax ranges collected in the shared calibration's pass; OpenVINO's int8, the
+        compile of ``int8-static``'s file)."""
+        if candidate is None:
+            return False
+        if candidate.calibrates_itself:
             return True
         has_ranges = getattr(self.build, "has_ranges", None)
-        return (candidate is not None and candidate.precision is Precision.INT8 and candidate.plan is not None
+        return (candidate.precision is Precision.INT8 and candidate.plan is not None
                 and (candidate.graph, candidate.plan.calibrator) not in self.calibrated
                 and not (has_ranges is not None and has_ranges(candidate)))
-
-    def engine_calibrates(self, candidate: Candidate) -> bool:
-        """``candidate`` is another engine's that calibrates on its own (the builder's ``engine_calibrates`` says so):
-        its seconds are spent from the search's budget, at a calibrating candidate's price, not added to it."""
-        calibrates = getattr(self.build, "engine_calibrates", None)
-        return bool(candidate.engine) and calibrates is not None and bool(calibrates(candidate))
 
     def expected_cost(self, candidate: Candidate | None, ladder: CandidateLadder | bool = False) -> tuple[str, float]:
         """What ``candidate`` is expected to cost, by kind: one that calibrates, what the first candidate took
@@ -110,7 +109,7 @@ class TimeBudget:
         YOLOv8n's ranking (57 groups) took 6.65-19.6 s and overran its 17.8-20.9 s budget by 1-13 s under the price above."""
         calibrating = [seconds for kind, seconds in self.costs if kind == CALIBRATING]
         cheap = sorted(seconds for kind, seconds in self.costs if kind == CHEAP)
-        if candidate is not None and self.engine_calibrates(candidate):
+        if candidate is not None and candidate.calibrates_itself:
             # its own calibration pass runs whatever the cache held: the first candidate's seconds plus the calibration
             # it found cached, at what that took (MobileNetV2's NNCF took 7.0-8.3 s where its cache-hit first candidate took 2.4 s)
             cached = float(getattr(self.build, "cached_calibration_s", 0.0))
@@ -132,9 +131,11 @@ class TimeBudget:
             return None
         return ladder.analysis_runs() * self.first_evaluate_s / self.evaluation_batches
 
+    def elapsed(self) -> float:
+        """Seconds since the search started: every candidate's, of either engine, is spent from the budget."""
+        return time.perf_counter() - self.started
+
     def source(self) -> str:
-        if self.other_engines_s:
-            return f"{self._source()}, not counting {self.other_engines_s:.1f} s on another engine's candidates"
         return self._source()
 
     def _source(self) -> str:
@@ -157,22 +158,36 @@ class TimeBudget:
         return multiple * self.plain_build_estimate() - self.fixed_s - self.first_evaluate_s
 
     def record(self, candidate: Candidate, status: str, seconds: float, *, first: bool, timing_s: float) -> None:
-        """After each row of the search: what a built candidate cost, by kind; after the ``first``, the budget
-        (``timing_s``: the seconds spent timing so far, which a plain int8 build does not spend)."""
-        if candidate.engine and self.engine_calibrates(candidate):
-            pass  # spent from the budget (elapsed counts it); not a price for the search's own candidates
-        elif candidate.engine:
-            self.other_engines_s += seconds
-        elif status != "skipped":
+        """After each row of the search: what a built candidate cost, by kind (of either engine); after the ``first``,
+        the budget (``timing_s``: the seconds spent timing so far, which a plain int8 build does not spend)."""
+        if status != "skipped":
             self.costs.append((CALIBRATING if self.calibrates(candidate) else CHEAP, seconds))
             if candidate.plan is not None and candidate.precision is Precision.INT8:
                 self.calibrated.add((candidate.graph, candidate.plan.calibrator))
         if first:
             self._set_from_first(timing_s)
 
+    def runoff_rounds(self, finalists: int, evaluations: int, timing_s: float, models_timed: int, wanted: int, fewest: int) -> tuple[int, str]:
+        """How many rounds of a run-off (:mod:`edgekit.quantize.runoff`) of ``finalists`` candidates the budget pays for,
+        after ``evaluations`` evaluations of near-tied candidates not evaluated yet (each at the first evaluation's
+        seconds): a round times the finalists and the FP32 reference once, at the seconds a model took in the search's
+        timing calls so far (``timing_s`` over ``models_timed``). ``wanted`` rounds at most; 0 with the reason when
+        fewer than ``fewest`` fit."""
+        per_model = timing_s / models_timed if models_timed else 0.0
+        round_s = (finalists + 1) * per_model
+        if self.time_budget_s is None:
+            return wanted, ""
+        left = self.time_budget_s - self.elapsed() - evaluations * self.first_evaluate_s
+        fits = wanted if round_s <= 0 else min(wanted, int(max(left, 0.0) // round_s))
+        if fits < fewest:
+            return 0, (f"time budget: {max(left, 0.0):.1f} s left of {self.time_budget_s:.1f} s pays for {fits} of the {fewest} rounds "
+                       f"a run-off needs (about {round_s:.2f} s a round of {finalists + 1} models{f' after {evaluations} evaluation(s)' if evaluations else ''}: "
+                       f"{self.source()})")
+        return fits, ""
+
     def _set_from_first(self, timing_s: float) -> None:
         """After the first candidate: the budget is :meth:`search_budget` (capped by ``auto_time_budget_s``)."""
-        self.first_s = time.perf_counter() - self.started - self.other_engines_s
+        self.first_s = self.elapsed()
         self.plain_s = (self.first_s - timing_s + float(getattr(self.build, "cached_calibration_s", 0.0))
                         - float(getattr(self.build, "auto_only_s", 0.0)))
         if self.time_budget_multiple is None:

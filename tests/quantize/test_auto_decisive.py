@@ -113,8 +113,12 @@ def test_conv_graph_builds_two_candidates_and_names_every_skip(tmp_path: Path, m
     for name in ("int8-dynamic", "int4"):
         assert rows[name].status == "skipped" and "MatMul/Gemm do 0.0% of the work" in rows[name].detail
     assert rows["fp32"].status == "skipped" and "cannot beat int8-static" in rows["fp32"].detail
-    for name in ("fp16", "fp32-rewritten", "int8-ort-default"):
+    for name in ("fp16", "fp32-rewritten"):
         assert rows[name].status == "slower"  # built and timed: nothing bounds them statically
+    # ONNX Runtime's default plan costs what int8-static does here (a tie, within the noise): evaluated, re-timed beside it
+    # in a run-off, and the search's choice stands on the tie
+    assert rows["int8-ort-default"].status == "passed" and "run-off: lost" in rows["int8-ort-default"].detail
+    assert result.runoff is not None and result.runoff.finalists == ("int8-static", "int8-ort-default") and result.runoff.winner == "int8-static"
     # bounded work, counted: four builds, one calibration pass (the recipe's calibrator), no sensitivity analysis
     assert counting.builds == ["int8-static", "int8-ort-default", "fp32-rewritten", "fp16"]  # ORT's default plan first on a conv graph
     assert sum(counting.calibrations) == len(counting.calibrations) == 1

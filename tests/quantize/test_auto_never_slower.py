@@ -86,8 +86,10 @@ def test_a_best_within_the_noise_of_fp32_sets_no_margin_for_later_candidates(tmp
     engine = Scripted(tmp_path, {"int8": 0.99, "fp16": 0.999, "fp32": 1.0}, {"int8": 80, "fp16": 78, "fp32": 100})
     result = engine.search([static("int8"), other("fp16", Precision.FP16), other("fp32", Precision.FP32)])
     rows = {row.name: row for row in result.table}
-    assert result.chosen.name == "int8" and rows["fp16"].status == "slower"
+    # the margin still holds fp16 (0.78x) off in the search's pass; within the noise of 0.80x, the run-off then
+    # evaluates it and, re-timed beside int8, it is the faster one (edgekit.quantize.runoff)
     assert "not faster than int8 (0.800x) by more than 5%; not evaluated" in rows["fp16"].detail
+    assert result.chosen.name == "fp16" and "evaluated for the run-off" in rows["fp16"].detail and result.runoff is not None
 
 
 def test_an_int8_dynamic_candidate_that_quantized_nothing_is_an_error_row(tmp_path: Path) -> None:

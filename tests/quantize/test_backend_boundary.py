@@ -8,7 +8,8 @@ import json
 import subprocess
 import sys
 
-SEARCH_MODULES = ("edgekit.quantize.auto", "edgekit.quantize.candidates", "edgekit.quantize.pricing", "edgekit.quantize.judging")
+SEARCH_MODULES = ("edgekit.quantize.auto", "edgekit.quantize.candidates", "edgekit.quantize.pricing", "edgekit.quantize.judging",
+                  "edgekit.quantize.runoff")
 ENGINE_PACKAGES = ("onnx", "onnxruntime", "tensorrt", "openvino", "torch")
 BACKEND_PREFIXES = ("edgekit.quantize.ort", "edgekit.engines")
 

@@ -11,9 +11,9 @@ with OpenVINO installed and its CPU plugin here, the search also tries
   ``--precision int8 --backend openvino`` build with ``build.quantization.quantizer: nncf`` writes), float layers strict
   f32. Tried where NNCF is installed (:func:`nncf_why_not`), last before the FP32 reference and only while the search's
   time budget can pay for it: ``nncf.quantize`` calibrates on its own (1.5-26.7 s a search on the corpus), so it is
-  priced and spent like the search's calibrating candidates (:meth:`EngineBuilder.engine_calibrates`), not added to the
-  budget as OpenVINO's copy-and-compile candidates are; a row ``skipped`` with the budget's reason says when it was
-  not tried. When it wins, the manifest's ``quantization.quantizer`` is
+  priced like the search's calibrating candidates (:attr:`Candidate.calibrates_itself`); like every candidate of either
+  engine, its seconds are spent from the budget (:mod:`edgekit.quantize.pricing`); a row ``skipped`` with the budget's
+  reason says when it was not tried. When it wins, the manifest's ``quantization.quantizer`` is
   NNCF's record, as that plain build's is (:meth:`OpenVinoAuto.manifest_extra`). NNCF's defaults cost the task metric on
   detectors and MiniLM in the corpus: the recipe's metric rejects those like any other candidate.
 
@@ -143,9 +143,8 @@ class OpenVinoAuto:
         and as the engine's baselines they are never skipped for time (:attr:`Candidate.baseline`). ``openvino-int8``
         comes right after ``int8-static``, whose file it compiles (MiniLM's search wrote that graph for it, out of turn,
         and spent its time budget before OpenVINO's bf16 was tried). ``openvino-nncf-int8`` comes last, right before the
-        FP32 reference (at the end where there is none): its ``nncf.quantize`` is a calibration of its own, spent from the
-        search's time budget (:meth:`EngineBuilder.engine_calibrates`), so it is tried with what the search's own
-        candidates left. Listed early, with its seconds added to the budget, it lengthened 8 of the corpus's 15 searches
+        FP32 reference (at the end where there is none): its ``nncf.quantize`` is a calibration of its own, priced as one
+        (:attr:`Candidate.calibrates_itself`), so it is tried with what the search's own candidates left. Listed early, with its seconds added to the budget, it lengthened 8 of the corpus's 15 searches
         past 3x a plain int8 build (PicoDet's and PP-OCR rec's by 26 s) and was chosen in none."""
         out = list(listed)
         floats = [Candidate(CANDIDATES[p][0], p, None, GRAPH, engine=ENGINE, baseline=True) for p in (Precision.BF16, Precision.FP32)
@@ -163,7 +162,7 @@ class OpenVinoAuto:
         if self.nncf_refused is None:
             last = out[-1] if out else None
             at_end = len(out) - 1 if isinstance(last, Candidate) and is_reference(last) else len(out)
-            out.insert(at_end, Candidate(NNCF_CANDIDATE[0], Precision.INT8, None, GRAPH, engine=ENGINE))
+            out.insert(at_end, Candidate(NNCF_CANDIDATE[0], Precision.INT8, None, GRAPH, engine=ENGINE, calibrates_itself=True))
         return out
 
     # -- building --------------------------------------------------------------------------------
@@ -254,15 +253,9 @@ class EngineBuilder:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.ort, name)
 
-    def engine_calibrates(self, candidate: Candidate) -> bool:
-        """``openvino-nncf-int8`` calibrates inside ``nncf.quantize``: the search's time budget prices it as a calibrating
-        candidate and spends its seconds (:class:`edgekit.quantize.pricing.TimeBudget`); OpenVINO's other candidates
-        (a copy and a compile) are added to the budget instead."""
-        return candidate.name == NNCF_CANDIDATE[0]
-
     def has_ranges(self, candidate: Candidate) -> bool:
         """OpenVINO candidates need no calibration pass of the search's (int8 reuses ``int8-static``'s file and ranges;
-        NNCF calibrates inside ``nncf.quantize``, priced by :meth:`engine_calibrates`)."""
+        NNCF calibrates inside ``nncf.quantize``, priced by :attr:`Candidate.calibrates_itself`)."""
         if candidate.engine == ENGINE:
             return True
         has = getattr(self.ort, "has_ranges", None)
