@@ -286,8 +286,13 @@ def render(doc: dict[str, Any], timed: list[dict[str, Any]], args: argparse.Name
         "branch taken plus a measured subgraph invocation and a measured premium for each node run inside it, a `Loop` "
         "its body's node dispatches per iteration (`subgraphs.py`), and each node's efficiency is the share of "
         "the roofline its KIND of kernel reached in host micro-benchmarks on synthetic nodes (`host_kernels.py`: dense, "
-        "pointwise, depthwise and 3-channel stem convolutions, 1-D convolutions, GEMMs, simple and transcendental "
-        "elementwise ops, data movement; no corpus model is involved). Regenerate with "
+        "pointwise, 3x3 and 7x7 depthwise and 3-channel stem convolutions; 1-D convolutions over [N, C, L] in three "
+        "kinds: long signals, outputs of fewer than 16 samples an image, and a waveform's one-channel first layer; "
+        "GEMMs; LayerNorm over rows of 128-384 features and, its own kind, of 16-32; InstanceNorm (what GroupNorm "
+        "exports as); GELU; simple and transcendental elementwise ops; data movement). The synthetic nodes are generic "
+        "shapes chosen by the kernel ONNX Runtime runs, not copies of any model's layers, and no corpus model's "
+        "measurement enters them or any default factor: the default column is not fitted to the models it scores. "
+        "Regenerate with "
         "`python scripts/estimate_accuracy.py` (it rewrites this page down to `## Using estimates`).",
         "",
         f"Run {doc['date']} on {peak.get('method', '')}; measured host peak: fp32 {peak['peak_ops']['fp32'] / 1e9:.0f} GFLOPS, "
@@ -299,7 +304,7 @@ def render(doc: dict[str, Any], timed: list[dict[str, Any]], args: argparse.Name
         + (f"; If subgraph invocation {peak['subgraph_overhead_us']:.1f} us" if peak.get("subgraph_overhead_us") is not None else "")
         + (f", {peak['subgraph_node_us']:.2f} us more a node inside a subgraph" if peak.get("subgraph_node_us") is not None else "")
         + (f"; a node split over the {doc['threads']} threads pays {peak['parallel_sync_us']:.1f} us (range "
-           f"{min(peak['spread'].get('parallel_sync_us', [peak['parallel_sync_us']])):.1f}-{max(peak['spread'].get('parallel_sync_us', [peak['parallel_sync_us']])):.1f})"
+           f"{min(peak.get('spread', {}).get('parallel_sync_us', [peak['parallel_sync_us']])):.1f}-{max(peak.get('spread', {}).get('parallel_sync_us', [peak['parallel_sync_us']])):.1f})"
            if peak.get("parallel_sync_us") is not None else "")
         + ("; measured share of the roofline per node kind (smallest..largest synthetic node): "
            + ", ".join(f"{k} {min(p[1] for p in v):.2f}..{max(p[1] for p in v):.2f}" for k, v in sorted(peak["kernel_efficiency"].items()))

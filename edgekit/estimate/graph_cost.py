@@ -164,25 +164,58 @@ _TRANSCENDENTAL_KIND = {op for op, ops in TRANSCENDENTAL_OPS.items() if ops >= 8
 NCHWC_BLOCK_MIN = 8  # the smallest NCHWc channel block (AVX2); fewer input channels take the stem kernel
 
 
+#: a 1-D convolution writing fewer outputs than this per image and channel runs as GEMMs of a few columns each
+#: (ONNX Runtime convolves image by image): another share of the peak than a long signal's
+CONV1D_SHORT_OUTPUT = 16
+DEPTHWISE_LARGE_AREA = 25  # a depthwise kernel this big (5x5, 7x7) reuses each input more than a 3x3: its own kind
+#: normalisations by the kernel that runs them (ONNX Runtime's LayerNorm family: per row over the last axes;
+#: InstanceNorm, which GroupNorm exports as: per channel over the spatial axes)
+_NORMALIZATION_KIND = {**dict.fromkeys(("LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization",
+                                        "SkipSimplifiedLayerNormalization", "RMSNormalization"), "layernorm"),
+                       **dict.fromkeys(("InstanceNormalization", "GroupNormalization", "MeanVarianceNormalization"), "instancenorm")}  # fmt: skip
+LAYERNORM_NARROW = 64  # a LayerNorm over fewer features a row than this: layernorm-narrow (its per-row reductions dominate)
+GELU_OPS = {"Gelu", "FastGelu", "BiasGelu", "QuickGelu"}
+
+
+def _conv_kind(node: Any, shapes: Mapping[str, tuple[tuple[int, ...], int]]) -> str:
+    """conv-dense / -pointwise / -depthwise(-large) / -stem for 2-D convolutions; conv-1d / -1d-short / -1d-stem for
+    1-D ones (im2col and a GEMM per image, no NCHWc kernel); conv-other for the rest (3-D, grouped, integer)."""
+    if node.op_type not in ("Conv", "FusedConv", "NhwcConv"):
+        return "conv-other"
+    weight = shapes.get(node.input[1], ((), 1))[0] if len(node.input) > 1 else ()
+    group = int(_attr(node, "group", 1))
+    if len(weight) == 3 and group == 1:
+        output = shapes.get(node.output[0], ((), 1))[0] if node.output else ()
+        if len(output) == 3 and output[2] < CONV1D_SHORT_OUTPUT:
+            return "conv-1d-short"
+        return "conv-1d-stem" if weight[1] < NCHWC_BLOCK_MIN else "conv-1d"
+    if len(weight) != 4:
+        return "conv-other"  # 3-D and grouped 1-D convolutions
+    if group > 1:
+        if weight[1] != 1:
+            return "conv-other"
+        return "conv-depthwise-large" if weight[2] * weight[3] >= DEPTHWISE_LARGE_AREA else "conv-depthwise"
+    if weight[1] < NCHWC_BLOCK_MIN:
+        return "conv-stem"
+    return "conv-pointwise" if weight[2] == weight[3] == 1 else "conv-dense"
+
+
 def _kind(node: Any, shapes: Mapping[str, tuple[tuple[int, ...], int]]) -> str:
-    """The kernel family a node runs on: its class, and for convolutions and elementwise ops the variant whose
-    speed differs (a depthwise or 3-channel stem convolution reaches another share of the GEMM peak than a dense one)."""
+    """The kernel family a node runs on: its class, and for convolutions, normalisations and elementwise ops the
+    variant whose speed differs (a depthwise or 3-channel stem convolution reaches another share of the GEMM peak than
+    a dense one; a LayerNorm another share of the bandwidth than a Softmax; GELU's polynomial than a Tanh)."""
     cls = op_class(node.op_type)
     if cls == "conv":
-        if node.op_type not in ("Conv", "FusedConv", "NhwcConv"):
-            return "conv-other"
-        weight = shapes.get(node.input[1], ((), 1))[0] if len(node.input) > 1 else ()
-        if len(weight) != 4:
-            return "conv-other"  # 1-D and 3-D convolutions: im2col and a GEMM
-        group = int(_attr(node, "group", 1))
-        if group > 1:
-            return "conv-depthwise" if weight[1] == 1 else "conv-other"
-        if weight[1] < NCHWC_BLOCK_MIN:
-            return "conv-stem"
-        return "conv-pointwise" if weight[2] == weight[3] == 1 else "conv-dense"
+        return _conv_kind(node, shapes)
     if cls == "matmul":
         return "matmul" if node.op_type in ("MatMul", "Gemm", "FusedMatMul", "FusedGemm") else "matmul-other"
+    if cls == "normalization":
+        kind = _NORMALIZATION_KIND.get(node.op_type, cls)
+        features = shapes.get(node.input[0], ((), 1))[0][-1:] if node.input else ()
+        return f"{kind}-narrow" if kind == "layernorm" and features and features[0] < LAYERNORM_NARROW else kind
     if cls == ELEMENTWISE:
+        if node.op_type in GELU_OPS:
+            return "gelu"
         return "elementwise-transcendental" if node.op_type in _TRANSCENDENTAL_KIND else "elementwise-simple"
     return cls
 

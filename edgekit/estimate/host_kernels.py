@@ -6,7 +6,19 @@ tanh runs. Each kind (:func:`edgekit.estimate.graph_cost.node_kind`) is timed he
 larger size, as a chain of identical nodes run by ONNX Runtime at ``ORT_ENABLE_ALL`` (the kernel ONNX Runtime picks for
 it here: NCHWc convolutions on x86, fused activations) and timed by the wall clock, and its efficiency is the
 roofline time of one node (costed by the same graph cost) over the chain's time per node. An estimate interpolates a node's efficiency from its kind's
-points by the node's roofline time (log scale, clamped to the measured range). Nothing here looks at a model.
+points by the node's roofline time (log scale, clamped to the measured range). Nothing here looks at a model: the
+shapes are generic ones picked per kernel (channels 16-256, sizes past and within the L2), none copied from a model
+whose estimate is scored against a measurement (``scripts/estimate_accuracy.py``), so the default estimate is not
+fitted to the models it is checked on.
+
+Kinds where a class's share of the roofline differs by kernel (measured on a 2-core AVX-512 host, 2026-11-28): 1-D
+convolutions run im2col and a GEMM image by image with no NCHWc kernel, so one whose output is a few samples an image
+(``conv-1d-short``) reached 0.1-0.5 of the roofline while a long signal's (``conv-1d``) reached 0.6-1.2, and a
+one-channel waveform front end (``conv-1d-stem``) 0.2-0.4; a 7x7 depthwise convolution (``conv-depthwise-large``) reuses
+each input 49 times and reached more than a 3x3; ONNX Runtime's LayerNorm reached 0.2-0.9 over rows of 128-384 features
+and 0.03-0.2 over rows of 16-32 (``layernorm-narrow``: its per-row reductions dominate), its GELU about half a Tanh's
+share (12 ops an element counted against 8), InstanceNorm (GroupNorm as exported) 0.3-0.7. Before these kinds the
+normalisations took the class prior and GELU the Tanh points.
 
 :func:`subgraph_costs_us`: chains of ``If`` nodes with 1 and :data:`SUBGRAPH_NODES` tiny nodes a branch against the same
 nodes without the ``If``: what an If costs per call, and what each node inside a subgraph costs beyond a top-level node.
@@ -60,7 +72,7 @@ def _model(nodes: list[Any], inputs: list[Any], outputs: list[Any], inits: list[
     from onnx import helper
 
     graph = helper.make_graph(nodes, "kernel", inputs, outputs, inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
 
 
 def _chain(shape: list[int], step: Callable[[str, int], tuple[list[Any], list[Any], list[int]]], count: int = CHAIN) -> tuple[Any, dict[str, np.ndarray]]:
@@ -78,17 +90,20 @@ def _chain(shape: list[int], step: Callable[[str, int], tuple[list[Any], list[An
     return model, {"x": np.random.default_rng(0).standard_normal(shape, dtype=np.float32)}
 
 
-def _conv(batch: int, c_in: int, c_out: int, size: int, kernel: int, group: int = 1, dims: int = 2) -> tuple[Any, dict[str, np.ndarray]]:
-    """Convolutions (+ Relu, which ONNX Runtime fuses) in a chain; a stem (c_in != c_out) alone."""
+def _conv(batch: int, c_in: int, c_out: int, size: int, kernel: int, group: int = 1, dims: int = 2, stride: int = 1) -> tuple[Any, dict[str, np.ndarray]]:
+    """Convolutions (+ Relu, which ONNX Runtime fuses) in a chain; a stem (c_in != c_out, the only kind with a
+    ``stride`` other than 1) alone."""
     from onnx import helper, numpy_helper
 
     spatial = [size] * dims
+    out_spatial = [(size + 2 * (kernel // 2) - kernel) // stride + 1] * dims
 
     def step(x: str, i: int) -> tuple[list[Any], list[Any], list[int]]:
         weight = numpy_helper.from_array(np.full((c_out, c_in // group, *[kernel] * dims), 0.01, np.float32), f"w{i}")
         bias = numpy_helper.from_array(np.zeros(c_out, np.float32), f"b{i}")
-        conv = helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], pads=[kernel // 2] * (2 * dims), group=group, name=f"k{i}")
-        return [conv, helper.make_node("Relu", [f"c{i}"], [f"y{i}"], name=f"act{i}")], [weight, bias], [batch, c_out, *spatial]
+        conv = helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], pads=[kernel // 2] * (2 * dims), group=group,
+                                strides=[stride] * dims, name=f"k{i}")  # fmt: skip
+        return [conv, helper.make_node("Relu", [f"c{i}"], [f"y{i}"], name=f"act{i}")], [weight, bias], [batch, c_out, *out_spatial]
 
     return _chain([batch, c_in, *spatial], step, CHAIN if c_in == c_out else 1)
 
@@ -103,16 +118,32 @@ def _matmul(m: int, k: int) -> tuple[Any, dict[str, np.ndarray]]:
     return _chain([m, k], step)
 
 
-def _elementwise(op: str, elements: int) -> tuple[Any, dict[str, np.ndarray]]:
+def _elementwise(op: str, elements: int, domain: str = "") -> tuple[Any, dict[str, np.ndarray]]:
     from onnx import helper, numpy_helper
 
     def step(x: str, i: int) -> tuple[list[Any], list[Any], list[int]]:
         if op in ("Add", "Mul"):  # a second operand as big as the first: reads two tensors, writes one
             other = numpy_helper.from_array(np.full(elements, 0.5, np.float32), f"z{i}")
             return [helper.make_node(op, [x, f"z{i}"], [f"y{i}"], name=f"k{i}")], [other], [elements]
-        return [helper.make_node(op, [x], [f"y{i}"], name=f"k{i}")], [], [elements]
+        return [helper.make_node(op, [x], [f"y{i}"], name=f"k{i}", domain=domain)], [], [elements]
 
     return _chain([elements], step)
+
+
+def _normalization(op: str, shape: list[int]) -> tuple[Any, dict[str, np.ndarray]]:
+    """LayerNormalization over the last axis of ``shape`` (rows x features) or InstanceNormalization over the
+    spatial axes of ``shape`` (N, C, L), with a scale and bias, chained."""
+    from onnx import helper, numpy_helper
+
+    width = shape[-1] if op == "LayerNormalization" else shape[1]
+
+    def step(x: str, i: int) -> tuple[list[Any], list[Any], list[int]]:
+        weights = [numpy_helper.from_array(np.full(width, 1.0 + 1e-3 * i, np.float32), f"s{i}"),
+                   numpy_helper.from_array(np.full(width, 0.01, np.float32), f"b{i}")]  # fmt: skip
+        extra = {"axis": -1} if op == "LayerNormalization" else {}
+        return [helper.make_node(op, [x, f"s{i}", f"b{i}"], [f"y{i}"], name=f"k{i}", **extra)], weights, shape
+
+    return _chain(shape, step)
 
 
 def _reorder(batch: int, channels: int, size: int) -> tuple[Any, dict[str, np.ndarray]]:
@@ -134,16 +165,32 @@ def _reorder(batch: int, channels: int, size: int) -> tuple[Any, dict[str, np.nd
 
 
 #: node kind -> synthetic nodes, smallest first; the kinds :func:`edgekit.estimate.graph_cost.node_kind` names.
+#: Generic shapes, chosen by the kernel ONNX Runtime runs (no model's layer copied); batch x channels x size.
 KERNELS: dict[str, tuple[Callable[[], tuple[Any, dict[str, np.ndarray]]], ...]] = {
     "conv-dense": (lambda: _conv(16, 32, 32, 8, 3), lambda: _conv(4, 32, 32, 32, 3)),
     "conv-pointwise": (lambda: _conv(32, 64, 64, 8, 1), lambda: _conv(8, 64, 64, 32, 1)),
     "conv-depthwise": (lambda: _conv(32, 64, 64, 8, 3, group=64), lambda: _conv(8, 64, 64, 32, 3, group=64)),
+    # 7x7 depthwise (group = channels): 5.4x the multiply-adds of a 3x3 on the same bytes
+    "conv-depthwise-large": (lambda: _conv(8, 64, 64, 8, 7, group=64), lambda: _conv(2, 48, 48, 48, 7, group=48)),
     "conv-stem": (lambda: _conv(64, 3, 32, 8, 3), lambda: _conv(16, 3, 32, 32, 3)),
-    "conv-other": (lambda: _conv(8, 64, 64, 64, 3, dims=1), lambda: _conv(8, 64, 64, 512, 3, dims=1)),
+    # 1-D convolutions over [N, C, L]: ONNX Runtime has no NCHWc kernel for them (im2col and a GEMM per image)
+    "conv-1d": (lambda: _conv(8, 64, 64, 64, 3, dims=1), lambda: _conv(2, 32, 32, 2048, 3, dims=1), lambda: _conv(8, 64, 64, 512, 3, dims=1)),
+    # outputs shorter than CONV1D_SHORT_OUTPUT an image: GEMMs of 1-8 columns, the per-image setup dominates
+    "conv-1d-short": (lambda: _conv(8, 64, 64, 1, 3, dims=1), lambda: _conv(8, 128, 128, 4, 3, dims=1), lambda: _conv(8, 256, 256, 8, 3, dims=1)),
+    # a waveform's first layer: 1 input channel, a long signal, a kernel of 8 samples at a stride of 4
+    "conv-1d-stem": (lambda: _conv(4, 1, 32, 2048, 8, dims=1, stride=4), lambda: _conv(4, 1, 32, 16384, 8, dims=1, stride=4)),
     "matmul": (lambda: _matmul(256, 64), lambda: _matmul(1024, 384)),
     # 256 K elements (3 MB moved by an Add): past the L2, within the L3, the size of PP-OCR's hard-swish nodes
     "elementwise-simple": (lambda: _elementwise("Add", 16384), lambda: _elementwise("Add", 1 << 18), lambda: _elementwise("Add", 1 << 20)),
     "elementwise-transcendental": (lambda: _elementwise("Tanh", 16384), lambda: _elementwise("Tanh", 1 << 18), lambda: _elementwise("Tanh", 1 << 20)),
+    # ONNX Runtime's GELU kernel (com.microsoft Gelu; BiasGelu and FastGelu are the same loop with a bias)
+    "gelu": (lambda: _elementwise("Gelu", 16384, "com.microsoft"), lambda: _elementwise("Gelu", 1 << 18, "com.microsoft"),
+             lambda: _elementwise("Gelu", 1 << 20, "com.microsoft")),  # fmt: skip
+    # rows of 128-384 features; rows of 16-32 (LAYERNORM_NARROW) are their own kind: the per-row work dominates
+    "layernorm": (lambda: _normalization("LayerNormalization", [256, 384]), lambda: _normalization("LayerNormalization", [1024, 384]),
+                  lambda: _normalization("LayerNormalization", [8192, 128])),  # fmt: skip
+    "layernorm-narrow": (lambda: _normalization("LayerNormalization", [1024, 16]), lambda: _normalization("LayerNormalization", [8192, 32])),
+    "instancenorm": (lambda: _normalization("InstanceNormalization", [4, 32, 512]), lambda: _normalization("InstanceNormalization", [4, 32, 4096])),
     # 512 KB a tensor (within the L2) and 8 MB (past it); every data-movement node takes this kind's efficiency
     "data_movement": (lambda: _reorder(8, 64, 16), lambda: _reorder(8, 64, 64)),
 }

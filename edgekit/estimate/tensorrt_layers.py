@@ -250,7 +250,7 @@ def layer_work_s(layer: Layer, moved: float, hardware: Hardware) -> tuple[float,
     pointwise_peak = hardware.resolve("fp32")[0]
     anchor_ops = sum(m.ops for m in layer.members if m.op_class in ANCHOR_CLASSES)
     other_ops = sum(m.ops for m in layer.members if m.op_class not in ANCHOR_CLASSES)
-    if anchor is not None and anchor.kind == "conv-depthwise":
+    if anchor is not None and anchor.kind.startswith("conv-depthwise"):
         peak, used = pointwise_peak * (1 if precision == "fp32" else 2), f"{precision} on CUDA cores"
     elif anchor is not None:
         peak *= tile_share(anchor, hardware)

@@ -161,7 +161,7 @@ def _conv(c_in: int, c_out: int, kernel: list[int], group: int = 1) -> onnx.Mode
 
 @pytest.mark.parametrize(("model", "kind"), [
     (_conv(32, 32, [3, 3]), "conv-dense"), (_conv(32, 64, [1, 1]), "conv-pointwise"), (_conv(32, 32, [3, 3], group=32), "conv-depthwise"),
-    (_conv(3, 32, [3, 3]), "conv-stem"), (_conv(32, 32, [3]), "conv-other"), (_conv(32, 32, [3, 3], group=4), "conv-other"),
+    (_conv(3, 32, [3, 3]), "conv-stem"), (_conv(32, 32, [3]), "conv-1d-short"), (_conv(32, 32, [3, 3], group=4), "conv-other"),
 ])  # fmt: skip
 def test_each_convolution_gets_the_kind_of_kernel_that_runs_it(model: onnx.ModelProto, kind: str) -> None:
     (node,) = graph_costs(model).nodes
