@@ -195,6 +195,7 @@ def plan_auto_onnxruntime(
                          higher_is_better=metric.higher_is_better, metric_name=metric.name, budget_text=budget_text, notes=notes,
                          time_budget_s=time_budget_s, started=started, time_budget_multiple=time_budget_multiple,
                          fixed_s=fixed_s, evaluation_batches=len(evaluation_batches))
+    notes = result.notes  # the planner's notes and the search's own (the run-off's, or why it was not run)
     report = ranked[0] if ranked else None
     if result.chosen.name == FP32_REWRITTEN:
         counts = builder.fold_counts.note() if builder.fold_counts is not None else None
