@@ -11,14 +11,14 @@ shapes are generic ones picked per kernel (channels 16-256, sizes past and withi
 whose estimate is scored against a measurement (``scripts/estimate_accuracy.py``), so the default estimate is not
 fitted to the models it is checked on.
 
-Kinds where a class's share of the roofline differs by kernel (measured on a 2-core AVX-512 host, 2026-11-28): 1-D
+Kinds where one class's share of the roofline differs by kernel (two runs on a 2-core AVX-512 host, 2026-11-28): 1-D
 convolutions run im2col and a GEMM image by image with no NCHWc kernel, so one whose output is a few samples an image
-(``conv-1d-short``) reached 0.1-0.5 of the roofline while a long signal's (``conv-1d``) reached 0.6-1.2, and a
-one-channel waveform front end (``conv-1d-stem``) 0.2-0.4; a 7x7 depthwise convolution (``conv-depthwise-large``) reuses
-each input 49 times and reached more than a 3x3; ONNX Runtime's LayerNorm reached 0.2-0.9 over rows of 128-384 features
-and 0.03-0.2 over rows of 16-32 (``layernorm-narrow``: its per-row reductions dominate), its GELU about half a Tanh's
-share (12 ops an element counted against 8), InstanceNorm (GroupNorm as exported) 0.3-0.7. Before these kinds the
-normalisations took the class prior and GELU the Tanh points.
+(``conv-1d-short``) reached 0.08-0.45 of the roofline, a long signal's (``conv-1d``) 0.6-1.2 and a one-channel
+waveform front end (``conv-1d-stem``) 0.2-0.4; a 7x7 depthwise convolution (``conv-depthwise-large``) 0.8-1.2 where a
+3x3 reached 0.3-1.0; ONNX Runtime's LayerNorm 0.2-0.6 over rows of 128-384 features and 0.02-0.16 over rows of 16-32
+(``layernorm-narrow``: the per-row reductions dominate); its GELU 0.15-0.67 where Tanh reached 0.2-1.4 (12 ops an
+element counted against 8); InstanceNorm (GroupNorm as exported) 0.17-0.63. Before these kinds the normalisations
+took the class prior (0.25) and GELU the Tanh points.
 
 :func:`subgraph_costs_us`: chains of ``If`` nodes with 1 and :data:`SUBGRAPH_NODES` tiny nodes a branch against the same
 nodes without the ``If``: what an If costs per call, and what each node inside a subgraph costs beyond a top-level node.
@@ -175,10 +175,10 @@ KERNELS: dict[str, tuple[Callable[[], tuple[Any, dict[str, np.ndarray]]], ...]] 
     "conv-stem": (lambda: _conv(64, 3, 32, 8, 3), lambda: _conv(16, 3, 32, 32, 3)),
     # 1-D convolutions over [N, C, L]: ONNX Runtime has no NCHWc kernel for them (im2col and a GEMM per image)
     "conv-1d": (lambda: _conv(8, 64, 64, 64, 3, dims=1), lambda: _conv(2, 32, 32, 2048, 3, dims=1), lambda: _conv(8, 64, 64, 512, 3, dims=1)),
-    # outputs shorter than CONV1D_SHORT_OUTPUT an image: GEMMs of 1-8 columns, the per-image setup dominates
-    "conv-1d-short": (lambda: _conv(8, 64, 64, 1, 3, dims=1), lambda: _conv(8, 128, 128, 4, 3, dims=1), lambda: _conv(8, 256, 256, 8, 3, dims=1)),
+    # outputs shorter than CONV1D_SHORT_OUTPUT an image (2, 6, 12): GEMMs of that many columns, per-image setup dominates
+    "conv-1d-short": (lambda: _conv(16, 64, 64, 2, 3, dims=1), lambda: _conv(4, 192, 192, 6, 3, dims=1), lambda: _conv(2, 256, 256, 12, 3, dims=1)),
     # a waveform's first layer: 1 input channel, a long signal, a kernel of 8 samples at a stride of 4
-    "conv-1d-stem": (lambda: _conv(4, 1, 32, 2048, 8, dims=1, stride=4), lambda: _conv(4, 1, 32, 16384, 8, dims=1, stride=4)),
+    "conv-1d-stem": (lambda: _conv(2, 1, 64, 4096, 8, dims=1, stride=4), lambda: _conv(2, 1, 64, 32768, 8, dims=1, stride=4)),
     "matmul": (lambda: _matmul(256, 64), lambda: _matmul(1024, 384)),
     # 256 K elements (3 MB moved by an Add): past the L2, within the L3, the size of PP-OCR's hard-swish nodes
     "elementwise-simple": (lambda: _elementwise("Add", 16384), lambda: _elementwise("Add", 1 << 18), lambda: _elementwise("Add", 1 << 20)),
@@ -190,7 +190,7 @@ KERNELS: dict[str, tuple[Callable[[], tuple[Any, dict[str, np.ndarray]]], ...]] 
     "layernorm": (lambda: _normalization("LayerNormalization", [256, 384]), lambda: _normalization("LayerNormalization", [1024, 384]),
                   lambda: _normalization("LayerNormalization", [8192, 128])),  # fmt: skip
     "layernorm-narrow": (lambda: _normalization("LayerNormalization", [1024, 16]), lambda: _normalization("LayerNormalization", [8192, 32])),
-    "instancenorm": (lambda: _normalization("InstanceNormalization", [4, 32, 512]), lambda: _normalization("InstanceNormalization", [4, 32, 4096])),
+    "instancenorm": (lambda: _normalization("InstanceNormalization", [8, 16, 1024]), lambda: _normalization("InstanceNormalization", [2, 64, 8192])),
     # 512 KB a tensor (within the L2) and 8 MB (past it); every data-movement node takes this kind's efficiency
     "data_movement": (lambda: _reorder(8, 64, 16), lambda: _reorder(8, 64, 64)),
 }

@@ -166,7 +166,7 @@ def _key(threads: int) -> str:
 
     from edgekit.bundle.manifest import host_description
 
-    return f"{host_description()['cpu']}|threads={threads}|onnxruntime={onnxruntime.__version__}|gemm={GEMM_SIZE}|cache=1|overhead=1|large={LARGE_GEMM_SIZE}|kernels=9|quiet=p10|subgraph=2"
+    return f"{host_description()['cpu']}|threads={threads}|onnxruntime={onnxruntime.__version__}|gemm={GEMM_SIZE}|cache=1|overhead=1|large={LARGE_GEMM_SIZE}|kernels=10|quiet=p10|subgraph=2"
 
 
 def measure_host_peak(threads: int, *, refresh: bool = False) -> dict[str, Any]:
