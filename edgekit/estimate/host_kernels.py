@@ -11,14 +11,14 @@ shapes are generic ones picked per kernel (channels 16-256, sizes past and withi
 whose estimate is scored against a measurement (``scripts/estimate_accuracy.py``), so the default estimate is not
 fitted to the models it is checked on.
 
-Kinds where one class's share of the roofline differs by kernel (two runs on a 2-core AVX-512 host, 2026-11-28): 1-D
+Kinds where one class's share of the roofline differs by kernel (runs on a 2-core AVX-512 host, 2026-11-28): 1-D
 convolutions run im2col and a GEMM image by image with no NCHWc kernel, so one whose output is a few samples an image
-(``conv-1d-short``) reached 0.08-0.45 of the roofline, a long signal's (``conv-1d``) 0.6-1.2 and a one-channel
-waveform front end (``conv-1d-stem``) 0.2-0.4; a 7x7 depthwise convolution (``conv-depthwise-large``) 0.8-1.2 where a
-3x3 reached 0.3-1.0; ONNX Runtime's LayerNorm 0.2-0.6 over rows of 128-384 features and 0.02-0.16 over rows of 16-32
-(``layernorm-narrow``: the per-row reductions dominate); its GELU 0.15-0.67 where Tanh reached 0.2-1.4 (12 ops an
-element counted against 8); InstanceNorm (GroupNorm as exported) 0.17-0.63. Before these kinds the normalisations
-took the class prior (0.25) and GELU the Tanh points.
+(``conv-1d-short``) reached 0.05-0.75 of the roofline, a long signal's (``conv-1d``) 0.6-1.2 and a one-channel
+waveform front end (``conv-1d-stem``) 0.2-0.5; a 7x7 depthwise convolution (``conv-depthwise-large``) 0.7-1.2 where a
+3x3 reached 0.3-1.3; ONNX Runtime's LayerNorm 0.2-0.8 over rows of 128-384 features and 0.02-0.17 over rows of 16-32
+(``layernorm-narrow``: the per-row reductions dominate); its GELU 0.12-0.72 where Tanh reached 0.2-1.5 (12 ops an
+element counted against 8); InstanceNorm (GroupNorm as exported) 0.3-1.2. Before these kinds the normalisations took
+the class prior (0.25) and GELU the Tanh points.
 
 :func:`subgraph_costs_us`: chains of ``If`` nodes with 1 and :data:`SUBGRAPH_NODES` tiny nodes a branch against the same
 nodes without the ``If``: what an If costs per call, and what each node inside a subgraph costs beyond a top-level node.
