@@ -48,7 +48,9 @@ def test_thirty_second_broker_outage_loses_nothing(
                 producer.start()
                 time.sleep(2.0)
                 broker.stop()
+                produced_at_stop = len(produced)
                 time.sleep(OUTAGE_S)
+                produced_in_outage = len(produced) - produced_at_stop  # read before the backlog, which can only grow
                 backlog_at_restart = spool.backlog()
                 failures_at_restart = link.backoff.failures
                 broker.start()
@@ -67,7 +69,9 @@ def test_thirty_second_broker_outage_loses_nothing(
     seqs = [json.loads(m.payload)["seq"] for m in recorder.messages]
     first_arrivals = list(dict.fromkeys(seqs))
     assert first_arrivals == list(range(1, len(produced) + 1)) == produced
-    assert backlog_at_restart >= int(0.8 * OUTAGE_S / PRODUCE_EVERY_S)  # the outage really queued on disk
+    # the outage really queued on disk: what was produced while the broker was down (counted, not assumed from the clock:
+    # a starved host produced 216 windows in the 30 s, not 300) is still in the spool when it comes back
+    assert produced_in_outage >= 50 and backlog_at_restart >= produced_in_outage
     assert failures_at_restart >= 5
     assert counters.reconnects == 1 and counters.dropped == 0 and counters.backlog == 0
     assert counters.acked == len(produced)
