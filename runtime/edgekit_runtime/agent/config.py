@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -483,17 +483,25 @@ def _check_batched_models(top: _Section, models: ModelsConfig | None, section: s
                             hint=f"name models of models.names, or put the settings directly under {section}")  # fmt: skip
 
 
-def _parse_batching(section: _Section) -> BatchingConfig:
+def _per_model_values(section: _Section, name: str, keys: tuple[str, ...], values: Callable[[_Section], dict[str, Any]],
+                      example: str) -> dict[str, dict[str, Any]]:
+    """``NAME.models``: each model name mapped to ``values`` of its own settings (only ``keys``)."""
     models_data = section.data.get("models") or {}
     if not isinstance(models_data, Mapping):
-        raise section.error("batching.models", f"expected model names mapped to settings, got {models_data!r}",
-                            hint="e.g. models: {detector: {max_delay_ms: 2, instances: 2}}")  # fmt: skip
+        raise section.error(f"{name}.models", f"expected model names mapped to settings, got {models_data!r}",
+                            hint=f"e.g. models: {example}")  # fmt: skip
     models = {}
-    per_model = section.section("models", tuple(str(name) for name in models_data))
-    for name in models_data:
-        if not isinstance(name, str) or not _ID_PATTERN.match(name):
-            raise section.error("batching.models", f"{name!r} is not a model name", hint="use a name from models.names")
-        models[name] = _batching_values(per_model.section(name, _BATCHING_PER_MODEL))
+    per_model = section.section("models", tuple(str(model) for model in models_data))
+    for model in models_data:
+        if not isinstance(model, str) or not _ID_PATTERN.match(model):
+            raise section.error(f"{name}.models", f"{model!r} is not a model name", hint="use a name from models.names")
+        models[model] = values(per_model.section(model, keys))
+    return models
+
+
+def _parse_batching(section: _Section) -> BatchingConfig:
+    models = _per_model_values(section, "batching", _BATCHING_PER_MODEL, _batching_values,
+                               "{detector: {max_delay_ms: 2, instances: 2}}")
     return BatchingConfig(**_batching_values(section), dim=section.string("dim", "batch"), models=models)
 
 
@@ -516,16 +524,7 @@ def _runner_values(section: _Section) -> dict[str, Any]:
 
 
 def _parse_runner(section: _Section) -> RunnerConfig:
-    models_data = section.data.get("models") or {}
-    if not isinstance(models_data, Mapping):
-        raise section.error("runner.models", f"expected model names mapped to settings, got {models_data!r}",
-                            hint="e.g. models: {detector: {intra_op_spinning: true}}")  # fmt: skip
-    models = {}
-    per_model = section.section("models", tuple(str(name) for name in models_data))
-    for name in models_data:
-        if not isinstance(name, str) or not _ID_PATTERN.match(name):
-            raise section.error("runner.models", f"{name!r} is not a model name", hint="use a name from models.names")
-        models[name] = _runner_values(per_model.section(name, _RUNNER_PER_MODEL))
+    models = _per_model_values(section, "runner", _RUNNER_PER_MODEL, _runner_values, "{detector: {intra_op_spinning: true}}")
     return RunnerConfig(**_runner_values(section), models=models)
 
 
