@@ -37,6 +37,10 @@ from edgekit.quantize.candidates import Candidate, CandidateLadder
 CALIBRATING, CHEAP, LADDER = "a calibrating candidate", "a candidate without calibration", "a ladder"
 
 
+#: The largest share of the time budget kept back for the run-off (:meth:`TimeBudget.reserve_runoff`).
+RUNOFF_SHARE = 0.25
+
+
 class TimeBudget:
     """The search's time budget and what its candidates cost so far.
 
@@ -64,6 +68,8 @@ class TimeBudget:
         #: stages take.
         self.plain_s: float | None = None
         self.first_evaluate_s = 0.0  # the first candidate's evaluation: the build's evaluate stage repeats it for the chosen plan
+        #: seconds kept back from the candidates for the run-off (:meth:`reserve_runoff`); the run-off itself spends them
+        self.runoff_reserve_s = 0.0
 
     def over_budget(self, candidate: Candidate | None = None, ladder: CandidateLadder | bool = False) -> str | None:
         """Why the next candidate (or ladder) is not tried for lack of time (None: try it): the budget is spent,
@@ -72,13 +78,31 @@ class TimeBudget:
             return None
         elapsed = self.elapsed()
         source = self.source()
-        if elapsed >= self.time_budget_s:
-            return f"time budget spent ({elapsed:.1f} s of {self.time_budget_s:.1f} s: {source})"
+        spendable = self.time_budget_s - self.runoff_reserve_s
+        kept = f", {self.runoff_reserve_s:.1f} s of it kept for the run-off" if self.runoff_reserve_s else ""
+        if elapsed >= spendable:
+            return f"time budget spent ({elapsed:.1f} s of {self.time_budget_s:.1f} s{kept}: {source})"
         kind, expected = self.expected_cost(candidate, ladder=ladder)
-        if elapsed + expected > self.time_budget_s:
+        if elapsed + expected > spendable:
             return (f"time budget would overrun ({elapsed:.1f} s spent + about {expected:.1f} s expected for {kind} > "
-                    f"{self.time_budget_s:.1f} s: {source})")
+                    f"{spendable:.1f} s{kept}: {source})")
         return None
+
+    def reserve_runoff(self, model_s: float, rounds: int, finalists: int, evaluations: int = 1, share: float = RUNOFF_SHARE) -> None:
+        """Keeps the run-off's price back from the candidates (:meth:`over_budget`): ``rounds`` rounds of ``finalists``
+        and the FP32 reference at ``model_s`` a model (what a model took in the search's timing calls), plus
+        ``evaluations`` of a near-tied candidate not evaluated yet. A heavy model's run-off is priced with fewer
+        finalists (down to two) when the full one is over ``share`` of the budget; when even two are, nothing is kept
+        back (the run-off would not fit: :meth:`runoff_rounds` says so). Before, the run-off was paid only from what the
+        candidates left, and was skipped for time on ConvNeXt, MiniLM and YOLOS in the corpus's OpenVINO section."""
+        self.runoff_reserve_s = 0.0
+        if self.time_budget_s is None:
+            return
+        for count in range(finalists, 1, -1):
+            price = rounds * (count + 1) * model_s + evaluations * self.first_evaluate_s
+            if price <= share * self.time_budget_s:
+                self.runoff_reserve_s = price
+                return
 
     def calibrates(self, candidate: Candidate | None) -> bool:
         """``candidate`` runs a calibration of its own: it quantizes itself (:attr:`Candidate.calibrates_itself`: OpenVINO's

@@ -214,4 +214,5 @@ def test_the_search_hands_the_timer_the_bar_to_beat(tmp_path: Path) -> None:
     engine = BarScripted(tmp_path, {"static": 0.995, "fp16": 1.0, "fp32": 1.0}, {"static": 50, "fp16": 90, "fp32": 100})
     result = engine.search([static("static"), other("fp16", Precision.FP16), other("fp32", Precision.FP32)])
     assert result.chosen.name == "static"
-    assert bars == [1.0, 0.5 * 0.95]  # FP32 before anything passed; then the best minus the noise margin
+    assert bars[:2] == [1.0, 0.5 * 0.95]  # FP32 before anything passed; then the best minus the noise margin
+    assert set(bars[2:]) <= {None}  # the run-off of static and fp16 (0.90x, by rank): no bar, every model timed in full

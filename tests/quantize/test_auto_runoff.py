@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from edgekit.precision import Precision
 from edgekit.quantize.candidates import BuiltCandidate, Candidate
 from edgekit.quantize.ort.judges import OrtInterleavedTimer
+from edgekit.quantize.pricing import TimeBudget
 from edgekit.quantize.runoff import near_tie_bound, run_off
 from tests.quantize.test_auto import Scripted, other, static
 
@@ -71,8 +73,8 @@ def test_a_near_tie_outside_the_accuracy_budget_is_no_finalist(tmp_path: Path) -
     assert any("outside the budget" in note for note in result.notes)
 
 
-def test_no_run_off_without_a_near_tie(tmp_path: Path) -> None:
-    engine = Scripted(tmp_path, {"static": 0.995, "dynamic": 0.995}, {"static": 40, "dynamic": 60})
+def test_no_run_off_when_the_next_is_over_twice_the_best(tmp_path: Path) -> None:
+    engine = Scripted(tmp_path, {"static": 0.995, "dynamic": 0.995}, {"static": 40, "dynamic": 90})
     result = engine.search([static("static"), other("dynamic", Precision.INT8_DYNAMIC)])
     assert result.chosen.name == "static" and result.runoff is None and result.to_manifest()["runoff"] is None
     assert "dynamic" not in engine.evaluated
@@ -87,7 +89,7 @@ def test_a_run_off_the_time_budget_cannot_pay_for_is_not_run_and_says_why(tmp_pa
         return slow_time(paths)
 
     engine.time_models = slow  # type: ignore[method-assign]
-    result = engine.search([static("static"), other("dynamic", Precision.INT8_DYNAMIC)], time_budget_s=0.12)
+    result = engine.search([static("static"), other("dynamic", Precision.INT8_DYNAMIC)], time_budget_s=0.2)
     assert result.chosen.name == "static" and result.runoff is None
     note = next(note for note in result.notes if note.startswith("run-off of static"))
     assert "not run: time budget" in note and "of the 3 rounds a run-off needs" in note
@@ -148,3 +150,44 @@ def test_the_search_re_times_real_near_ties(tmp_path: Path) -> None:
     if result.runoff is not None:
         manifest = result.to_manifest()["runoff"]
         assert manifest["winner"] == result.chosen.name and all(len(v) == manifest["rounds"] for v in manifest["per_round_ratio"].values())
+
+
+def test_finalists_go_by_rank_beyond_the_near_tie_bound(tmp_path: Path) -> None:
+    """SegFormer in the corpus: OpenVINO fp32 timed 0.56x in its one call, bf16 0.68x (1.21x behind, outside the former
+    1.105x bound), truly 0.90x and 0.65x. The next best by rank goes to the run-off and wins."""
+    engine = NoisyFirstCall(tmp_path, {"first": 0.9999, "bf16": 0.999}, {"first": 90, "bf16": 65}, {"first": 56, "bf16": 68})
+    result = engine.search([static("first"), other("bf16", Precision.BF16)])
+    assert result.chosen.name == "bf16" and result.runoff is not None and result.runoff.before == "first"
+    assert result.to_manifest()["runoff"]["median_ratio"] == {"first": 0.9, "bf16": 0.65}
+
+
+def test_another_engines_candidate_is_a_finalist_over_a_nearer_one_of_the_same_engine(tmp_path: Path) -> None:
+    """Three ONNX Runtime candidates timed 0.40x, 0.41x, 0.42x and OpenVINO's bf16 0.50x: the finalists are the best,
+    the nearest (0.41x) and OpenVINO's, whose single-call timings compare least with ONNX Runtime's."""
+    values = {"a": 0.995, "b": 0.995, "c": 0.995, "ov-bf16": 0.995}
+    engine = NoisyFirstCall(tmp_path, values, {"a": 40, "b": 41, "c": 42, "ov-bf16": 30}, {"a": 40, "b": 41, "c": 42, "ov-bf16": 50})
+    result = engine.search([static("a"), other("b", Precision.INT8_DYNAMIC), other("c", Precision.FP16),
+                            replace(other("ov-bf16", Precision.BF16), engine="openvino")])
+    assert result.runoff is not None and result.runoff.finalists == ("a", "b", "ov-bf16")
+    assert result.chosen.name == "ov-bf16"
+
+
+def test_a_run_off_within_one_percent_keeps_the_search_choice() -> None:
+    reference, first, second = Path("ref"), Path("first"), Path("second")
+    ms = {reference: 100.0, first: 50.0, second: 49.7}  # 0.6 % apart: noise, not a reason to switch
+    result = run_off(lambda paths: [ms[p] for p in paths], reference, [("first", first), ("second", second)], 5)
+    assert result.winner == "first" and result.median("second") < result.median("first")
+    ms[second] = 49.0  # 2 % apart: the faster one wins
+    assert run_off(lambda paths: [ms[p] for p in paths], reference, [("first", first), ("second", second)], 5).winner == "second"
+
+
+def test_the_run_off_is_kept_back_from_the_candidates_with_fewer_finalists_for_a_heavy_model() -> None:
+    budget = TimeBudget(object(), time_budget_s=10.0)
+    budget.reserve_runoff(model_s=0.1, rounds=3, finalists=3)  # 3 rounds of 4 models
+    assert abs(budget.runoff_reserve_s - 1.2) < 1e-9
+    budget.reserve_runoff(model_s=0.25, rounds=3, finalists=3)  # 3.0 s: over a quarter; 2 finalists: 2.25 s
+    assert abs(budget.runoff_reserve_s - 2.25) < 1e-9
+    budget.started -= 8.0  # 8 s spent: over the 7.75 s the candidates may spend
+    assert "2.2 s of it kept for the run-off" in (budget.over_budget() or "")
+    budget.reserve_runoff(model_s=1.0, rounds=3, finalists=3)  # even two finalists cannot fit: nothing kept back
+    assert budget.runoff_reserve_s == 0.0
