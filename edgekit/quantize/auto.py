@@ -466,7 +466,7 @@ class _Search:
         passed = bool(accuracy.passed)
         self.rows[index] = replace(row, status="passed" if passed else "failed", value=float(accuracy.value), passed=passed,
                                    cosine_min=getattr(accuracy, "cosine_min", None),
-                                   detail=f"{row.detail}; within timing noise of {self.judge.best[0].name}, evaluated for the run-off")  # type: ignore[index]
+                                   detail=f"{row.detail}; a run-off finalist beside {self.judge.best[0].name} (ranked by its one-call timing), evaluated for the run-off")  # type: ignore[index]
         return passed
 
     def confirm_faster_than_fp32(self, reference: Candidate | None) -> None:
