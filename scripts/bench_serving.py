@@ -25,9 +25,15 @@ wheel's ``bin/perf_analyzer``; ``libb64.so.0d`` and ``libcudart.so.12`` in a ``l
 ``$EDGEKIT_PERF_ANALYZER_DIR/bin/perf_analyzer`` or ``/var/cache/edgekit/perf_analyzer/bin/perf_analyzer``
 (where ``scripts/install_perf_analyzer.sh`` puts it), else ``perf_analyzer`` on ``PATH``; without one (or with
 ``--load-generator tritonclient``) one tritonclient per thread (binary tensors over HTTP). Each agent's p50 less one bare call (the inverse of the
-bare rate) is its request overhead (``<agent>_overhead_p50_us``). Each agent case also records the agent
+bare rate) is its request overhead (``<agent>_overhead_p50_us``); its p50 less the mean time of its own runner
+calls (``compute_infer`` of its statistics, ``<agent>_compute_us_mean``: the model on the agent's session options,
+which may differ from the bare session's, e.g. intra-op spinning off) is ``<agent>_overhead_beyond_compute_p50_us``. Each agent case also records the agent
 process's CPU a request (``<agent>_cpu_us_per_request``: its user and system time over the requests its
-statistics counted, every thread) and perf_analyzer's (``<agent>_client_cpu_us_per_request``). The report says
+statistics counted, every thread) and perf_analyzer's (``<agent>_client_cpu_us_per_request``). Beside it, the
+host's bound for that agent: the model's own CPU an item at the batch size the agent ran (``<agent>_compute_cpu_us_per_item``,
+timed in this process on a session made with the agent's runner options), and ``<agent>_bound_per_s`` = cores / (client
+CPU + model CPU) a request, the most any server could answer with the load generator on the same cores, were its own
+work free; ``<agent>_bound_ratio`` is that to the bare loop (below 1.0 the 1.0x goal cannot be met on this host). The report says
 which binary ran and where it came from (the install's ``SOURCE`` file), the process's niceness and whether
 ``/tmp/quiet.lock`` was held (``flock /tmp/quiet.lock nice -n -20 ...``: the house's quiet measurement). Prints a table; writes JSON (CPU flags, load
 averages before and after every row) under ``runs.<key>`` of ``--out``, keeping the other runs.
@@ -163,11 +169,17 @@ class Agent:
 
     def inferences(self, model: str) -> int:
         """Requests the agent has answered for ``model`` (its OIP statistics)."""
+        return self.statistics(model)[0]
+
+    def statistics(self, model: str) -> tuple[int, int, int]:
+        """(requests answered, requests timed, their runner calls' time in ns) for ``model``, from its OIP statistics
+        (``compute_infer``: each request counts the whole runner call that served it)."""
         import urllib.request
 
         with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/v2/models/{model}/stats", timeout=10) as reply:
-            stats = json.loads(reply.read())
-        return int(stats["model_stats"][0]["inference_count"])
+            stats = json.loads(reply.read())["model_stats"][0]
+        compute = stats["inference_stats"]["compute_infer"]
+        return int(stats["inference_count"]), int(compute["count"]), int(compute["ns"])
 
     def stop(self) -> None:
         self.process.terminate()
@@ -194,6 +206,27 @@ def bare_loop(session: Any, feeds: dict[str, np.ndarray], seconds: float) -> dic
         session.run(names, feeds)
         count += 1
     return {"throughput_per_s": count / elapsed}
+
+
+def batched_compute_cpu_us(bundle: Any, feeds: dict[str, np.ndarray], items: int, runner_options: dict[str, Any],
+                           seconds: float = 0.5) -> float:  # fmt: skip
+    """The model's own CPU an item (this process's user and system time, every ONNX Runtime thread) in calls of
+    ``items`` copies of ``feeds`` (batch-first inputs), on a session made as the agent makes it (the bundle's
+    options with ``runner_options``): what one request costs the agent's runner alone at that batch size."""
+    runner = create_runner(bundle, **{key: value for key, value in runner_options.items() if value is not None})
+    runner.load()
+    session = getattr(runner, "session")  # noqa: B009
+    batch = {name: np.ascontiguousarray(np.repeat(array, items, axis=0)) for name, array in feeds.items()}
+    names = [output.name for output in session.get_outputs()]
+    for _ in range(5):
+        session.run(names, batch)
+    calls, cpu_before, started = 0, time.process_time(), time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        session.run(names, batch)
+        calls += 1
+    cpu_us = (time.process_time() - cpu_before) * 1e6 / (calls * items)
+    runner.close()
+    return cpu_us
 
 
 def perf_analyzer_input(feeds: dict[str, np.ndarray], folder: Path) -> tuple[Path, list[str]]:
@@ -347,12 +380,16 @@ def main() -> None:
                                                "bare_per_s": bare["throughput_per_s"], "load_before": os.getloadavg()[0]}  # fmt: skip
                         line = [f"r{round_index} {protocol:4} c={concurrency:<2} bare {row['bare_per_s']:7.0f}/s"]
                         for kind, agent in agents.items():
-                            cpu_before, count_before, client_before = agent.cpu_s(), agent.inferences(model), children_cpu_s()
+                            cpu_before, client_before = agent.cpu_s(), children_cpu_s()
+                            count_before, timed_before, compute_ns_before = agent.statistics(model)
                             if analyzer:
                                 result = perf_analyzer(analyzer, model, agent.url(protocol), protocol, concurrency, args.seconds, data)
                             else:
                                 result = tritonclient_load(model, agent.url(protocol), protocol, concurrency, args.seconds, feeds)
-                            answered = agent.inferences(model) - count_before
+                            count_after, timed_after, compute_ns_after = agent.statistics(model)
+                            answered = count_after - count_before
+                            if timed_after > timed_before:  # the agent's own runner-call time a request, mean
+                                row[f"{kind}_compute_us_mean"] = (compute_ns_after - compute_ns_before) / 1e3 / (timed_after - timed_before)
                             if answered:  # the agent's CPU (every thread: the loop, handlers, ONNX Runtime's pool) a request
                                 row[f"{kind}_cpu_us_per_request"] = (agent.cpu_s() - cpu_before) * 1e6 / answered
                                 if analyzer:  # perf_analyzer's own CPU (a child of this process) over the same requests
@@ -362,16 +399,30 @@ def main() -> None:
                             row[f"{kind}_ratio"] = result["throughput_per_s"] / bare["throughput_per_s"]
                             if "items_per_call" in result:
                                 row[f"{kind}_items_per_call"] = result["items_per_call"]
+                            client_us = row.get(f"{kind}_client_cpu_us_per_request")
+                            if client_us is not None and agent.runner is not None:  # the host's bound at this batch size
+                                items = max(1, round(result.get("items_per_call", 1.0)))
+                                compute_us = batched_compute_cpu_us(bundle, feeds, items, agent.runner)
+                                row[f"{kind}_compute_cpu_us_per_item"] = compute_us
+                                row[f"{kind}_bound_per_s"] = (os.cpu_count() or 1) * 1e6 / (client_us + compute_us)
                             line.append(f"{kind} {result['throughput_per_s']:7.0f}/s ({row[f'{kind}_ratio']:.2f}x, "
                                         f"p50 {result['p50_us']:.0f} us, {result.get('items_per_call', float('nan')):.1f}/call, "
+                                        f"compute {row.get(f'{kind}_compute_us_mean', float('nan')):.0f} us, "
                                         f"cpu {row.get(f'{kind}_cpu_us_per_request', float('nan')):.0f} us/req, "
                                         f"client {row.get(f'{kind}_client_cpu_us_per_request', float('nan')):.0f})")  # fmt: skip
                         bare_after = bare_loop(session, feeds, args.seconds)["throughput_per_s"]
                         row["bare_after_per_s"] = bare_after  # the ratios are to the mean of the bare runs around them
                         for kind in agents:
                             row[f"{kind}_ratio"] = row[f"{kind}_per_s"] / ((row["bare_per_s"] + bare_after) / 2)
+                            if f"{kind}_bound_per_s" in row:
+                                row[f"{kind}_bound_ratio"] = row[f"{kind}_bound_per_s"] / ((row["bare_per_s"] + bare_after) / 2)
                             # the p50 round trip less the model's own time (one bare batch-1 call): the request's overhead
                             row[f"{kind}_overhead_p50_us"] = row[f"{kind}_p50_us"] - 2e6 / (row["bare_per_s"] + bare_after)
+                            if f"{kind}_compute_us_mean" in row:  # less the agent's own runner call instead (its session options)
+                                row[f"{kind}_overhead_beyond_compute_p50_us"] = row[f"{kind}_p50_us"] - row[f"{kind}_compute_us_mean"]
+                        bounds = [f"{kind} {row[f'{kind}_bound_ratio']:.2f}x" for kind in agents if f"{kind}_bound_ratio" in row]
+                        if bounds:
+                            line.append("bound " + ", ".join(bounds))
                         line.append(f"bare after {bare_after:7.0f}/s")
                         row["load_after"] = os.getloadavg()[0]
                         rows.append(row)
