@@ -48,6 +48,12 @@ def _target_file(tmp_path: Path, name: str, onnxruntime: list[str] | None = None
     return path
 
 
+def _int8_flags() -> str:
+    """The host's CPU flags that decide int8 speed (``none`` for AVX2 only)."""
+    flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").is_file() else set()
+    return ", ".join(sorted(flags & {"avx512_vnni", "avx_vnni", "amx_int8", "avx512bw"})) or "none"
+
+
 def _static() -> Candidate:
     from edgekit.quantize.plan import QuantizationPlan
 
@@ -132,6 +138,13 @@ def test_nncf_wins_and_the_manifest_records_it_as_a_plain_nncf_build_does(tmp_pa
     result = build(DIGITS, target, precision="auto", out=tmp_path / "auto")
     manifest, auto = result.manifest, result.manifest["quantization"]["auto"]
     rows = {row["name"]: row for row in auto["candidates"]}
+    if rows[NNCF]["status"] == "slower" and rows[NNCF]["latency_ratio"] >= 1.0:
+        # A host without VNNI or AMX (AVX2 only) runs this small CNN's OpenVINO int8 no faster than FP32: then FP32 is
+        # chosen (or its rewritten graph), and the row says why; the winning path needs a host where OpenVINO int8 beats FP32.
+        assert auto["chosen"] in ("fp32", "fp32-rewritten") and "faster than FP32" in rows[NNCF]["detail"]
+        assert manifest["precision"] == "fp32" and "quantizer" not in manifest["quantization"]
+        pytest.skip(f"NNCF int8 timed {rows[NNCF]['latency_ratio']:.2f}x FP32 on this host (cpu flags: {_int8_flags()}): "
+                    "FP32 was rightly chosen; the manifest of an NNCF win is checked on hosts where OpenVINO int8 is faster")
     assert auto["chosen"] == NNCF, [(r["name"], r["status"], r["latency_ratio"], r["value"]) for r in auto["candidates"]]
     assert rows[NNCF]["latency_ratio"] < 1.0 and rows[NNCF]["passed"] is True and rows[NNCF]["value"] >= 0.98
     assert auto["engines"]["tried"]["openvino"] == [NNCF] and auto["engines"]["chosen"] == "openvino"
