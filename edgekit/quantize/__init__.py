@@ -17,7 +17,7 @@ Where things live:
   - ``pricing.py`` - what a candidate is expected to cost against the search's time budget;
   - ``judging.py`` - how a candidate is judged: the recipe's metric, latency timed interleaved with FP32;
   - ``auto.py`` - the search: try candidates in order, skip what cannot win, return the fastest inside budget;
-  - ``runoff.py`` - near-tied finalists re-timed interleaved over several rounds before one is chosen.
+  - ``runoff.py`` - the finalists (by rank) re-timed interleaved over several rounds before one is chosen.
 
 * ``ort/`` - ONNX Runtime behind the backend boundary: the graph writers (pre-processing, static QDQ, NHWC
   layout, dynamic int8, int4, ONNX Runtime's default plan) and what ``auto`` needs from this engine (its own

@@ -109,7 +109,7 @@ class AutoResult:
     #: What the search spent: candidates built, evaluated, timing calls, skipped, seconds (and, from the
     #: ONNX Runtime planner, calibration passes and sensitivity runs).
     stats: Mapping[str, float] = field(default_factory=dict)
-    #: The run-off between near-tied finalists (None: there was none; see ``notes`` for why one was skipped).
+    #: The run-off between the finalists (None: there was none; see ``notes`` for why one was skipped).
     runoff: RunOff | None = None
 
     @property
@@ -227,7 +227,7 @@ def search_auto(
     if search.runoff is not None:
         stats["runoff_rounds"], stats["runoff_seconds"] = search.runoff.rounds, round(search.runoff.seconds, 2)
     return AutoResult(chosen, chosen_row, built.path, rows, dict(chosen.kept), dict(built.ranges), sensitivity,
-                      rule=f"dominance floor + interleaved timing, noise margin {noise_margin:.0%}, run-off of near ties",
+                      rule=f"dominance floor + interleaved timing, noise margin {noise_margin:.0%}, run-off of the finalists by rank",
                       notes=(*notes, *search.notes), stats=stats, runoff=search.runoff)
 
 
@@ -378,7 +378,7 @@ class _Search:
             self.judge.best, self.judge.best_ratio = (candidate, built), timing.latency_ratio
         return self._row(row, started, candidate)
 
-    def near_ties(self) -> list[int]:
+    def runoff_finalists(self) -> list[int]:
         """Indices of the rows that go to the run-off beside the best inside the budget, by rank, not by a ratio bound:
         the next fastest rows faster than FP32 and under :data:`RANK_SPAN` x the best's ratio, built, and inside the
         budget or not evaluated (``slower``), up to :data:`MAX_FINALISTS` - 1, nearest first, one of them of another
@@ -400,11 +400,11 @@ class _Search:
         return sorted(chosen, key=lambda i: self.rows[i].latency_ratio or 0.0)
 
     def run_off(self) -> None:
-        """Re-times the best inside the budget and its near ties interleaved (:mod:`edgekit.quantize.runoff`); a near
-        tie not evaluated yet is evaluated first and is a finalist only inside the budget. The winner becomes the best."""
+        """Re-times the best inside the budget and the next finalists interleaved (:mod:`edgekit.quantize.runoff`); a
+        finalist not evaluated yet is evaluated first and is a finalist only inside the budget. The winner becomes the best."""
         if self.judge.best is None or is_reference(self.judge.best[0]):
             return
-        ties = self.near_ties()
+        ties = self.runoff_finalists()
         if not ties:
             return
         rounds, why = 0, ""
@@ -418,7 +418,7 @@ class _Search:
                 break
         names = ", ".join(self.rows[i].name for i in ties)
         if not rounds:
-            self.notes.append(f"run-off of {self.judge.best[0].name} and its near ties ({names}) not run: {why}")
+            self.notes.append(f"run-off of {self.judge.best[0].name} and its finalists ({names}) not run: {why}")
             log.info("auto run-off not run: %s", why)
             return
         finalists = [(self.judge.best[0], self.judge.best[1])]
@@ -427,7 +427,7 @@ class _Search:
             if candidate is not None and self._inside_budget(index, candidate):
                 finalists.append((candidate, self.built[candidate.name]))
         if len(finalists) < 2:
-            self.notes.append(f"run-off not run: the near ties of {self.judge.best[0].name} ({names}) are outside the budget")
+            self.notes.append(f"run-off not run: the finalists beside {self.judge.best[0].name} ({names}) are outside the budget")
             return
         try:
             result = run_off(self.judge.time_models, self.judge.reference, [(c.name, b.path) for c, b in finalists], rounds)
@@ -452,7 +452,7 @@ class _Search:
         return next((candidate for candidate, _ in self.judge.measured if candidate.name == name), None)
 
     def _inside_budget(self, index: int, candidate: Candidate) -> bool:
-        """A near tie's row is inside the accuracy budget; one not evaluated (``slower``) is evaluated now, its row
+        """A finalist's row is inside the accuracy budget; one not evaluated (``slower``) is evaluated now, its row
         updated with the metric and the verdict (it keeps its single-call ratio)."""
         row = self.rows[index]
         if row.passed is not None:
@@ -461,7 +461,7 @@ class _Search:
             self.counts["evaluated"] += 1
             accuracy = self.evaluate(self.built[candidate.name].path)
         except EdgekitError as exc:
-            self.rows[index] = replace(row, status="error", detail=f"{row.detail}; near tie, evaluation failed: {exc.message}")
+            self.rows[index] = replace(row, status="error", detail=f"{row.detail}; run-off finalist, evaluation failed: {exc.message}")
             return False
         passed = bool(accuracy.passed)
         self.rows[index] = replace(row, status="passed" if passed else "failed", value=float(accuracy.value), passed=passed,

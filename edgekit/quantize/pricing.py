@@ -91,7 +91,7 @@ class TimeBudget:
     def reserve_runoff(self, model_s: float, rounds: int, finalists: int, evaluations: int = 1, share: float = RUNOFF_SHARE) -> None:
         """Keeps the run-off's price back from the candidates (:meth:`over_budget`): ``rounds`` rounds of ``finalists``
         and the FP32 reference at ``model_s`` a model (what a model took in the search's timing calls), plus
-        ``evaluations`` of a near-tied candidate not evaluated yet. A heavy model's run-off is priced with fewer
+        ``evaluations`` of a run-off finalist not evaluated yet. A heavy model's run-off is priced with fewer
         finalists (down to two) when the full one is over ``share`` of the budget; when even two are, nothing is kept
         back (the run-off would not fit: :meth:`runoff_rounds` says so). Before, the run-off was paid only from what the
         candidates left, and was skipped for time on ConvNeXt, MiniLM and YOLOS in the corpus's OpenVINO section."""
@@ -193,7 +193,7 @@ class TimeBudget:
 
     def runoff_rounds(self, finalists: int, evaluations: int, timing_s: float, models_timed: int, wanted: int, fewest: int) -> tuple[int, str]:
         """How many rounds of a run-off (:mod:`edgekit.quantize.runoff`) of ``finalists`` candidates the budget pays for,
-        after ``evaluations`` evaluations of near-tied candidates not evaluated yet (each at the first evaluation's
+        after ``evaluations`` evaluations of run-off finalists not evaluated yet (each at the first evaluation's
         seconds): a round times the finalists and the FP32 reference once, at the seconds a model took in the search's
         timing calls so far (``timing_s`` over ``models_timed``). ``wanted`` rounds at most; 0 with the reason when
         fewer than ``fewest`` fit."""

