@@ -31,13 +31,17 @@ pin the protobuf major they came from) and does not clash with a client's own ``
 in the same process. Requests run on the same :class:`~edgekit_runtime.agent.serving.InferenceServer`
 as ``/v1/infer`` and ``/v2``: one serving path, the same signature check, statistics, batching and
 health watch; decoding shares :mod:`edgekit_runtime.agent.oip`'s datatypes and checks.
+
+The server is grpcio's asyncio one on a loop in a thread of its own (:mod:`~edgekit_runtime.agent.oip_grpc_loop`):
+``ModelInfer`` requests that arrive together run together (``InferenceServer.infer_together``: one runner call
+for a batch when the model batches), the other RPCs on a few worker threads.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
-from concurrent import futures
 from http import HTTPStatus
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -47,11 +51,14 @@ import numpy as np
 from edgekit_runtime import __version__ as AGENT_VERSION
 from edgekit_runtime.agent.config import ApiConfig, GrpcConfig
 from edgekit_runtime.agent.errors import AgentConfigError
-from edgekit_runtime.agent.oip import EXTENSIONS, _json_array, infer_model
+from edgekit_runtime.agent.oip import EXTENSIONS, _json_array, protocol_error
 from edgekit_runtime.agent import oip_bytes
 from edgekit_runtime.agent.oip_classification import classification_count, classify
 from edgekit_runtime.agent.oip_extensions import PLATFORM, batches_first, load_model, model_config, model_statistics, repository_index, unload_model
+from edgekit_runtime.agent.oip_grpc_loop import AioServerThread
 from edgekit_runtime.agent.oip_types import DATATYPES, OipError, datatype_of, find_slot, protocol_version, shape_of
+from edgekit_runtime.agent.serving_core import serving_error
+from edgekit_runtime.errors import EdgekitError
 
 if TYPE_CHECKING:
     from edgekit_runtime.agent.repository import ModelRepository, ModelSlot
@@ -60,8 +67,8 @@ logger = logging.getLogger(__name__)
 
 SERVICE = "inference.GRPCInferenceService"
 INSTALL_HINT = "pip install 'edgekit-runtime[grpc]'"
-#: threads answering RPCs; a request's inference still queues on its model's runner (or batcher)
-WORKERS = 8
+#: the message of INTERNAL for a failure that is not the model's (a bug): the traceback goes to the log
+INTERNAL_ERROR = "internal error in the agent; see its log"
 #: the typed ``InferTensorContents`` field of each datatype (FP16 travels only as raw contents)
 CONTENTS_FIELDS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
                    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
@@ -106,7 +113,7 @@ class OipGrpcServer:
         self.models, self.config = models, config
         self._max_message_bytes = api.max_request_bytes
         self.messages = load_messages()
-        self._server: Any = None
+        self._server: AioServerThread | None = None
         self.bound_address: str | None = None
 
     def start(self) -> OipGrpcServer:
@@ -124,22 +131,22 @@ class OipGrpcServer:
             "RepositoryModelLoad": (self._repository_load, m["RepositoryModelLoadRequest"]),
             "RepositoryModelUnload": (self._repository_unload, m["RepositoryModelUnloadRequest"]),
         }
-        handlers = {name: grpc.unary_unary_rpc_method_handler(self._answering(method), request_deserializer=request.FromString,
+        server = AioServerThread(grpc)
+        handlers = {name: grpc.unary_unary_rpc_method_handler(self._answering(server, method, name == "ModelInfer"),
+                                                              request_deserializer=request.FromString,
                                                               response_serializer=lambda message: message.SerializeToString())
                     for name, (method, request) in rpcs.items()}  # fmt: skip
         limit = self._max_message_bytes
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="edgekit-grpc"),
-                             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)])  # fmt: skip
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        options = [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
         listen = self.config.listen
         target = f"unix:{listen.unix_path}" if listen.unix_path is not None else str(listen)
+        self._server = server
         try:
-            port = server.add_insecure_port(target)
+            port = server.start(grpc.method_handlers_generic_handler(SERVICE, handlers), options, target)
         except RuntimeError as err:  # grpcio raises when it cannot bind
+            self._server = None
             raise AgentConfigError(f"api.grpc.listen: cannot listen on {target} ({err})",
                                    hint="pick a free port, or 127.0.0.1:0 for any") from err  # fmt: skip
-        server.start()
-        self._server = server
         if listen.unix_path is not None:
             self.bound_address = target
         else:
@@ -150,18 +157,21 @@ class OipGrpcServer:
 
     def stop(self, grace_s: float = 2.0) -> None:
         if self._server is not None:
-            self._server.stop(grace_s).wait()
+            self._server.stop(grace_s)
             self._server = None
 
-    def _answering(self, method: Any) -> Any:
-        """``method`` with its :class:`OipError` turned into the matching gRPC status and message."""
+    def _answering(self, server: AioServerThread, method: Any, on_loop: bool) -> Any:
+        """``method`` as an async handler, its :class:`OipError` turned into the matching gRPC status and message:
+        awaited on the loop when ``on_loop`` (ModelInfer), else called on one of the server's worker threads."""
         codes = self._grpc.StatusCode
 
-        def call(request: Any, context: Any) -> Any:
+        async def call(request: Any, context: Any) -> Any:
             try:
-                return method(request, context)
+                if on_loop:
+                    return await method(request, context)
+                return await asyncio.get_running_loop().run_in_executor(server.workers, method, request, context)
             except OipError as err:
-                context.abort(getattr(codes, _STATUS_NAMES.get(err.status, "UNKNOWN")), err.message)
+                await context.abort(getattr(codes, _STATUS_NAMES.get(err.status, "UNKNOWN")), err.message)
 
         return call
 
@@ -221,15 +231,28 @@ class OipGrpcServer:
 
     # -- inference ----------------------------------------------------------------------------------
 
-    def _model_infer(self, request: Any, context: Any) -> Any:
+    async def _model_infer(self, request: Any, context: Any) -> Any:
         name = request.model_name
         slot = self._slot(name, request.model_version)
         feeds = _decode_inputs(request)
         wanted = _requested_outputs(request, slot.server.signature)
-        result = infer_model(slot, name, feeds)
-        response = self.messages["ModelInferResponse"](model_name=name, model_version=protocol_version(slot), id=request.id)
-        for key, classes in (wanted or dict.fromkeys(result.outputs)).items():
-            array = result.outputs[key]
+        passes = self._server.passes if self._server is not None else None
+        if passes is None:  # stopping
+            raise OipError(HTTPStatus.SERVICE_UNAVAILABLE, "the agent's gRPC server is stopping; try again")
+        result = await passes.infer(slot.server, feeds)
+        if isinstance(result, Exception):
+            raise _failure(name, result)
+        timing = result.timing
+        context.set_trailing_metadata((("x-edgekit-queue-ms", f"{timing.queue_ms:.4f}"),
+                                       ("x-edgekit-compute-ms", f"{timing.compute_ms:.4f}")))  # fmt: skip
+        return self._infer_response(slot, name, request.id, wanted, result.outputs)
+
+    def _infer_response(self, slot: ModelSlot, name: str, request_id: str, wanted: dict[str, int | None] | None,
+                        outputs: dict[str, np.ndarray]) -> Any:  # fmt: skip
+        """The ModelInferResponse of ``outputs``: those ``wanted`` (every one for ``None``), each raw."""
+        response = self.messages["ModelInferResponse"](model_name=name, model_version=protocol_version(slot), id=request_id)
+        for key, classes in (wanted or dict.fromkeys(outputs)).items():
+            array = outputs[key]
             if classes is not None:
                 labels = classify(array, classes, batched=batches_first(slot.server), name=key)
                 response.outputs.add(name=key, datatype="BYTES", shape=labels.shape)
@@ -242,10 +265,16 @@ class OipGrpcServer:
                 continue
             response.outputs.add(name=key, datatype=datatype, shape=array.shape)
             response.raw_output_contents.append(np.ascontiguousarray(array, dtype=DATATYPES[datatype]).tobytes())
-        timing = result.timing
-        context.set_trailing_metadata((("x-edgekit-queue-ms", f"{timing.queue_ms:.4f}"),
-                                       ("x-edgekit-compute-ms", f"{timing.compute_ms:.4f}")))  # fmt: skip
         return response
+
+
+def _failure(name: str, err: Exception) -> OipError:
+    """Model ``name``'s error ``err`` (from ``infer_together``) in the protocol's words: the model's own errors
+    as the HTTP routes word them, anything else (a bug) logged and INTERNAL."""
+    if isinstance(err, EdgekitError):
+        return protocol_error(name, serving_error(err))
+    logger.error("gRPC: model %s failed", name, exc_info=err)
+    return OipError(HTTPStatus.INTERNAL_SERVER_ERROR, INTERNAL_ERROR)
 
 
 def _requested_outputs(request: Any, signature: Any) -> dict[str, int | None] | None:
