@@ -49,6 +49,10 @@ class InferPasses:
     async def infer(self, server: Any, feeds: dict[str, Any]) -> Any:
         """``feeds``' result on ``server`` (an ``InferenceServer``): its ``InferenceResult``, or the exception it
         failed with (as ``infer_together`` gives it, returned, not raised). Call on the loop."""
+        if not self._queued and not self._running and not self._busy and not self._in_flight:
+            self._lone_passes += 1  # alone on an idle server: run now, no future, no further turn of the loop
+            if self._lone_passes % PROBE_EVERY:
+                return _run_together([(server, feeds, time.perf_counter_ns(), None)])[0]
         future = self._loop.create_future()
         if not self._queued and not self._running:
             self._loop.call_soon(self._start_pass)  # once this pass of the loop has woken every ready handler
@@ -63,11 +67,6 @@ class InferPasses:
         if self._running or not self._queued:
             return
         queued, self._queued = self._queued, []
-        if self._in_flight == 1 and not self._busy:  # alone: run here, unless it is time to probe
-            self._lone_passes += 1
-            if self._lone_passes % PROBE_EVERY:
-                self._resolve(queued, _run_together(queued))
-                return
         self._running = True
         done = self._loop.run_in_executor(self._runner, _run_together, queued)
         done.add_done_callback(lambda finished: self._finish_pass(queued, finished))
@@ -86,12 +85,12 @@ class InferPasses:
     def _resolve(queued: list[_Queued], results: list[Any]) -> None:
         for item, result in zip(queued, results):
             future = item[3]
-            if not future.done():  # a cancelled call (the client went away) has no one waiting
+            if future is not None and not future.done():  # a cancelled call (the client went away) has no one waiting
                 future.set_result(result)
 
 
 #: a queued request: (its model's InferenceServer, its feeds, its arrival stamp, the future of its result)
-_Queued = tuple[Any, dict[str, Any], int, "asyncio.Future[Any]"]
+_Queued = tuple[Any, dict[str, Any], int, "asyncio.Future[Any] | None"]
 
 
 def _run_together(queued: list[_Queued]) -> list[Any]:
