@@ -203,3 +203,25 @@ def test_fleet_ranges_from_the_fleet_aggregate_match_the_per_device_ones(store) 
             assert fast.bucket_s == slow.bucket_s and fast.until == slow.until, (fleet, hours)
             assert abs((fast.since - slow.since).total_seconds()) <= 120.0, (fleet, hours)
     assert series_range(store, hours=1, points=300, now=NOW, fleet="a", window_s=lambda: 10.0).bucket_s == 10
+
+
+def test_a_fleet_range_with_no_window_started_in_it_needs_no_per_device_read(store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hourly windows whose last one ended 33 minutes ago (none started in the last hour), and a fleet silent for two
+    hours: the fast path gives the per-device read's answer without making it (at 10,000 devices on PostgreSQL that
+    read took 1.3-1.4 s on every refresh of the 1-hour chart)."""
+    from edgekit.fleet.dashboard.api import median_interval_s, series_range
+
+    seed_history(store, fleet="hourly", devices=3, hours=6, window_s=3600.0, upgrade_at=None, now=NOW - dt.timedelta(minutes=33))
+    seed_history(store, fleet="silent", devices=2, hours=1, window_s=60.0, upgrade_at=None, now=NOW - dt.timedelta(hours=2))
+    groupings: list[tuple[str, ...]] = []
+    aggregate = store.aggregate
+    monkeypatch.setattr(store, "aggregate", lambda by, **kwargs: groupings.append(tuple(by)) or aggregate(by, **kwargs))
+    for fleet in ("hourly", "silent"):
+        summaries = store.device_summaries(fleet)
+        for hours in (0.25, 1, 24):
+            slow = series_range(store, hours=hours, points=300, now=NOW, fleet=fleet)
+            groupings.clear()
+            fast = series_range(store, hours=hours, points=300, now=NOW, fleet=fleet, window_s=lambda: median_interval_s(summaries))
+            assert groupings == [("fleet",)], (fleet, hours)  # the per-fleet aggregate only
+            assert fast.bucket_s == slow.bucket_s and fast.until == slow.until, (fleet, hours, fast, slow)
+            assert abs((fast.since - slow.since).total_seconds()) <= 3600.0, (fleet, hours)
