@@ -138,10 +138,10 @@ def test_nncf_wins_and_the_manifest_records_it_as_a_plain_nncf_build_does(tmp_pa
     result = build(DIGITS, target, precision="auto", out=tmp_path / "auto")
     manifest, auto = result.manifest, result.manifest["quantization"]["auto"]
     rows = {row["name"]: row for row in auto["candidates"]}
-    if rows[NNCF]["status"] == "slower" and rows[NNCF]["latency_ratio"] >= 1.0:
+    if rows[NNCF]["status"] == "slower":  # timed no faster than FP32 or than the best so far (fp32-rewritten)
         # A host without VNNI or AMX (AVX2 only) runs this small CNN's OpenVINO int8 no faster than FP32: then FP32 is
         # chosen (or its rewritten graph), and the row says why; the winning path needs a host where OpenVINO int8 beats FP32.
-        assert auto["chosen"] in ("fp32", "fp32-rewritten") and "faster than FP32" in rows[NNCF]["detail"]
+        assert auto["chosen"] in ("fp32", "fp32-rewritten") and "faster than" in rows[NNCF]["detail"].lower()  # than FP32, or the best so far
         assert manifest["precision"] == "fp32" and "quantizer" not in manifest["quantization"]
         pytest.skip(f"NNCF int8 timed {rows[NNCF]['latency_ratio']:.2f}x FP32 on this host (cpu flags: {_int8_flags()}): "
                     "FP32 was rightly chosen; the manifest of an NNCF win is checked on hosts where OpenVINO int8 is faster")
