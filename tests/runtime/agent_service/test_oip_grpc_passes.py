@@ -18,6 +18,7 @@ from edgekit_runtime.agent.cli import main as agent_main
 from edgekit_runtime.agent.config import load_config
 from edgekit_runtime.agent.service import AgentService
 from tests.runtime.agent_service.model_bundles import make_model_bundle, reference_slow
+from tests.runtime.agent_service.test_batching_serving import concurrently
 
 grpc = pytest.importorskip("grpc", reason="grpcio is the runtime's grpc extra: pip install 'edgekit-runtime[grpc]' (scripts/setup.sh)")
 pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] is in the dev extra (scripts/setup.sh)")
@@ -48,26 +49,6 @@ def answer(response: Any) -> np.ndarray:
     return np.frombuffer(response.raw_output_contents[0], "<f4").reshape(list(response.outputs[0].shape))
 
 
-def in_threads(count: int, work: Callable[[int], None]) -> None:
-    """``work(0..count-1)`` on as many threads, started together; the first error is raised here."""
-    barrier, errors = threading.Barrier(count), []
-
-    def run(index: int) -> None:
-        barrier.wait()
-        try:
-            work(index)
-        except BaseException as err:  # noqa: BLE001 - re-raised below
-            errors.append(err)
-
-    threads = [threading.Thread(target=run, args=(index,)) for index in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    if errors:
-        raise errors[0]
-
-
 def statistics(stub: Any) -> tuple[int, int]:
     stats = stub.ModelStatistics(service_pb2.ModelStatisticsRequest(name="slow"), timeout=20).model_stats[0]
     return stats.inference_count, stats.execution_count
@@ -86,7 +67,7 @@ def test_concurrent_calls_run_together_each_with_its_own_answer(agent: AgentServ
                 trailing = dict(call.trailing_metadata())
                 assert float(trailing["x-edgekit-compute-ms"]) > 0 and float(trailing["x-edgekit-queue-ms"]) >= 0
 
-    in_threads(CLIENTS, client)
+    concurrently(CLIENTS, client)
     with grpc.insecure_channel(address) as channel:
         inferences, executions = statistics(service_pb2_grpc.GRPCInferenceServiceStub(channel))
     assert inferences == CLIENTS * EACH
@@ -110,7 +91,7 @@ def test_a_failing_request_fails_alone(agent: AgentService) -> None:
                 except grpc.RpcError as err:
                     outcomes[index * 100 + turn] = (x, err)
 
-    in_threads(CLIENTS, client)
+    concurrently(CLIENTS, client)
     assert len(outcomes) == CLIENTS * EACH
     for key, (x, outcome) in outcomes.items():
         if (key // 100) % 3 == 0:
