@@ -528,7 +528,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="edgekit-bench-agent-") as tmp:
         workdir = Path(tmp)
         given = {"digits-cnn": args.digits_bundle, "minilm": args.minilm_bundle}
-        bundles = {model: ensure_bundle(recipe, given[model], workdir) for model, recipe, _ in selected}
+        # absolute: the agent's install and the RSS probe run in other folders
+        bundles = {model: ensure_bundle(recipe, given[model], workdir).resolve() for model, recipe, _ in selected}
         result: dict[str, Any] = {
             "benchmark": "agent",
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
