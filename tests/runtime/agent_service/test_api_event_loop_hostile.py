@@ -1,0 +1,129 @@
+"""Broken and hostile clients on connections the local API's event loop serves (``agent/http_loop.py``): pipelined
+requests, idle connections, bodies cut off by a disconnect, and one bad request among concurrent good ones.
+Each connection is moved onto the loop first (one good kept-alive inference request), as a real client's is."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.runtime.agent_service.model_bundles import serving_models
+from tests.runtime.agent_service.test_api_event_loop import MODEL, binary_request, images, logits_of, wait_for
+from tests.runtime.tiny_bundle import reference_logits
+
+IDLE_TIMEOUT_S = 1.0
+
+
+@pytest.fixture
+def agent(agent_config: Callable[..., Path], tmp_path: Path, fleet_keys: tuple[Path, Path]) -> Iterator[Any]:
+    api = {"address": "127.0.0.1:0", "idle_timeout_s": IDLE_TIMEOUT_S}
+    with serving_models(agent_config, tmp_path, fleet_keys[0], [MODEL], batching={"max_delay_ms": 0.5}, api=api) as service:
+        yield service
+
+
+def raw_request(array: np.ndarray) -> bytes:
+    """The whole HTTP/1.1 request (head and body) for ``array``, as one client sends it."""
+    body, headers = binary_request(array)
+    head = "".join(f"{name}: {value}\r\n" for name, value in {**headers, "Content-Length": str(len(body)), "Host": "127.0.0.1"}.items())
+    return f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\n{head}\r\n".encode() + body
+
+
+def on_the_loop(agent: Any) -> socket.socket:
+    """A connection the loop serves: one good request answered on it, and the loop counting it."""
+    host, port = agent.api_address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    array = images(1, 99)
+    sock.sendall(raw_request(array))
+    np.testing.assert_allclose(read_logits(sock), reference_logits(array), rtol=1e-4, atol=1e-5)
+    assert wait_for(lambda: agent.api.loop_connections >= 1)
+    return sock
+
+
+def read_logits(sock: socket.socket) -> np.ndarray:
+    reply = http.client.HTTPResponse(sock)
+    reply.begin()
+    return logits_of(reply)
+
+
+def test_two_requests_pipelined_in_one_send_are_both_answered_in_order(agent: Any) -> None:
+    with on_the_loop(agent) as sock, sock.makefile("rb") as stream:
+        first, second = images(1, 1), images(3, 2)
+        sock.sendall(raw_request(first) + raw_request(second))
+        for expected in (first, second):  # one buffered reader: both replies may come in one segment
+            status, headers, body = read_reply(stream)
+            assert status == 200, body
+            size = int(headers["inference-header-content-length"])
+            (output,) = json.loads(body[:size])["outputs"]
+            got = np.frombuffer(body[size:], dtype=np.float32).reshape(output["shape"])
+            np.testing.assert_allclose(got, reference_logits(expected), rtol=1e-4, atol=1e-5)
+
+
+def read_reply(stream: Any) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 reply off ``stream`` (status, headers by lower-case name, body by its Content-Length), leaving
+    what follows it in the stream."""
+    status = int(stream.readline().split(b" ", 2)[1])
+    headers: dict[str, str] = {}
+    while (line := stream.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers, stream.read(int(headers["content-length"]))
+
+
+def test_a_loop_connection_idle_past_the_idle_timeout_is_closed(agent: Any) -> None:
+    with on_the_loop(agent) as sock:
+        sock.settimeout(IDLE_TIMEOUT_S + 5)
+        assert sock.recv(1) == b"", "the agent should close an idle connection, sending nothing"
+        assert wait_for(lambda: agent.api.loop_connections == 0)
+
+
+def test_a_client_gone_halfway_through_its_body_leaves_no_bytes_reserved(agent: Any) -> None:
+    budget = agent.api.body_budget
+    with on_the_loop(agent) as sock:
+        request = raw_request(images(16, 5))
+        sock.sendall(request[: len(request) // 2])
+        assert wait_for(lambda: budget.reserved_bytes > 0), "the head was read, so its body's bytes are reserved"
+    assert wait_for(lambda: budget.reserved_bytes == 0 and agent.api.loop_connections == 0), budget.reserved_bytes
+    with on_the_loop(agent) as sock:  # and the API serves the next client as before
+        array = images(2, 6)
+        sock.sendall(raw_request(array))
+        np.testing.assert_allclose(read_logits(sock), reference_logits(array), rtol=1e-4, atol=1e-5)
+    assert wait_for(lambda: budget.reserved_bytes == 0)
+
+
+def test_one_wrong_shape_among_concurrent_requests_fails_alone(agent: Any) -> None:
+    clients, rounds = 6, 20
+    outcomes: dict[int, list[Any]] = {index: [] for index in range(clients)}
+    start = threading.Barrier(clients)
+
+    def client(index: int) -> None:
+        with on_the_loop(agent) as sock:
+            start.wait()
+            for step in range(rounds):
+                if index == 0:  # a 4x4 image: the right byte count for its header, the wrong shape for the model
+                    bad = np.zeros((1, 1, 4, 4), np.float32)
+                    sock.sendall(raw_request(bad))
+                    reply = http.client.HTTPResponse(sock)
+                    reply.begin()
+                    outcomes[index].append((reply.status, json.loads(reply.read())))
+                    continue
+                array = images(1, index * 100 + step)
+                sock.sendall(raw_request(array))
+                outcomes[index].append(np.allclose(read_logits(sock), reference_logits(array), rtol=1e-4, atol=1e-5))
+
+    threads = [threading.Thread(target=client, args=(index,)) for index in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert all(len(outcomes[index]) == rounds for index in range(clients)), {k: len(v) for k, v in outcomes.items()}
+    for status, body in outcomes[0]:
+        assert status == 400 and "image" in body["error"], (status, body)
+    assert all(all(outcomes[index]) for index in range(1, clients)), "a good request got a wrong answer"
