@@ -44,10 +44,20 @@ def binary_request(array: np.ndarray) -> tuple[bytes, dict[str, str]]:
 def logits_of(reply: http.client.HTTPResponse) -> np.ndarray:
     body = reply.read()
     assert reply.status == 200, body
-    size = int(reply.getheader("Inference-Header-Content-Length"))
-    header = json.loads(body[:size])
-    (output,) = header["outputs"]
-    return np.frombuffer(body[size:], dtype=np.float32).reshape(output["shape"])
+    return binary_logits(body, int(reply.getheader("Inference-Header-Content-Length")))
+
+
+def binary_logits(body: bytes, header_size: int) -> np.ndarray:
+    """The one output of a binary reply ``body`` whose JSON header is its first ``header_size`` bytes."""
+    (output,) = json.loads(body[:header_size])["outputs"]
+    return np.frombuffer(body[header_size:], dtype=np.float32).reshape(output["shape"])
+
+
+def raw_request(array: np.ndarray) -> bytes:
+    """The whole HTTP/1.1 request (head and body) of :func:`binary_request`, as a client writes it to its socket."""
+    body, headers = binary_request(array)
+    head = "".join(f"{name}: {value}\r\n" for name, value in {**headers, "Content-Length": str(len(body)), "Host": "127.0.0.1"}.items())
+    return f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\n{head}\r\n".encode() + body
 
 
 def connect(agent: Any) -> http.client.HTTPConnection:
@@ -105,9 +115,7 @@ def test_kept_alive_inference_moves_to_the_loop_and_other_requests_go_back_to_a_
 def test_a_request_split_across_a_pause_is_served_by_a_thread(agent: Any) -> None:
     host, port = agent.api_address.rsplit(":", 1)
     array = images(1, 3)
-    body, headers = binary_request(array)
-    head = "".join(f"{name}: {value}\r\n" for name, value in {**headers, "Content-Length": str(len(body)), "Host": "127.0.0.1"}.items())
-    request = f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\n{head}\r\n".encode() + body
+    request = raw_request(array)
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         for _ in range(2):  # the first moves the connection to the loop; the second arrives in two parts
             sock.sendall(request[:40])

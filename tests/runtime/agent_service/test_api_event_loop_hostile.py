@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.runtime.agent_service.model_bundles import serving_models
-from tests.runtime.agent_service.test_api_event_loop import MODEL, binary_request, images, logits_of, wait_for
+from tests.runtime.agent_service.test_api_event_loop import MODEL, binary_logits, images, logits_of, raw_request, wait_for
 from tests.runtime.tiny_bundle import reference_logits
 
 IDLE_TIMEOUT_S = 1.0
@@ -27,13 +27,6 @@ def agent(agent_config: Callable[..., Path], tmp_path: Path, fleet_keys: tuple[P
     api = {"address": "127.0.0.1:0", "idle_timeout_s": IDLE_TIMEOUT_S}
     with serving_models(agent_config, tmp_path, fleet_keys[0], [MODEL], batching={"max_delay_ms": 0.5}, api=api) as service:
         yield service
-
-
-def raw_request(array: np.ndarray) -> bytes:
-    """The whole HTTP/1.1 request (head and body) for ``array``, as one client sends it."""
-    body, headers = binary_request(array)
-    head = "".join(f"{name}: {value}\r\n" for name, value in {**headers, "Content-Length": str(len(body)), "Host": "127.0.0.1"}.items())
-    return f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\n{head}\r\n".encode() + body
 
 
 def on_the_loop(agent: Any) -> socket.socket:
@@ -60,9 +53,7 @@ def test_two_requests_pipelined_in_one_send_are_both_answered_in_order(agent: An
         for expected in (first, second):  # one buffered reader: both replies may come in one segment
             status, headers, body = read_reply(stream)
             assert status == 200, body
-            size = int(headers["inference-header-content-length"])
-            (output,) = json.loads(body[:size])["outputs"]
-            got = np.frombuffer(body[size:], dtype=np.float32).reshape(output["shape"])
+            got = binary_logits(body, int(headers["inference-header-content-length"]))
             np.testing.assert_allclose(got, reference_logits(expected), rtol=1e-4, atol=1e-5)
 
 
