@@ -317,6 +317,12 @@ class AgentApi:
         return 0 if loop is None else loop.connections
 
     @property
+    def loop_held_bytes(self) -> int:
+        """Bytes the event loop holds now: requests read and not yet served, and replies not yet sent."""
+        loop = None if self._httpd is None else self._httpd.infer_loop
+        return 0 if loop is None else loop.held_bytes
+
+    @property
     def refused_connections(self) -> int:
         """Connections refused (503) because ``max_connections`` were open."""
         return 0 if self._httpd is None else self._httpd.refused_connections

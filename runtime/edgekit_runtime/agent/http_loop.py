@@ -17,7 +17,9 @@ no ``Content-Length``, ``Connection: close``), a refused ``Host``/``Origin`` or 
 found or without a bundle, a body over a limit or over the budget of bodies in flight, and a request whose
 head and body have not all arrived within ``PARTIAL_HAND_BACK_S`` (the thread then applies
 ``header_timeout_s`` / ``body_timeout_s`` to the rest). The loop itself closes a connection idle for
-``idle_timeout_s`` and one that does not take its reply within ``body_timeout_s``; a body it holds is
+``idle_timeout_s`` and one that does not take its reply within ``body_timeout_s``, and reads nothing more from a
+connection while its reply waits to leave (a client that sends without reading is held back by TCP, not buffered
+here); a body it holds is
 reserved in the API's body budget until the reply is written, as on a thread. An error in decoding a
 request or running the model is answered here, in the protocol's ``{"error": ...}`` format.
 """
@@ -106,6 +108,11 @@ class InferLoop:
     def connections(self) -> int:
         """Connections the loop serves now."""
         return len(self._connections)
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes held now over all connections: requests read and not yet served, replies not yet sent."""
+        return sum(len(c.inbuf) + len(c.outbuf) for c in list(self._connections.values()))
 
     def start(self) -> InferLoop:
         self._thread.start()
@@ -202,10 +209,9 @@ class InferLoop:
         if not data:  # the client closed, or a shutdown (eviction, stop)
             self._close(connection)
             return
-        if connection.outbuf:  # a pipelined request while the reply is still leaving: a thread takes it after
-            connection.inbuf += data
-            return
         connection.inbuf += data
+        if connection.outbuf:  # read in the pass that left a reply unsent: parsed once it has left
+            return
         self._parse(connection, ready)
 
     def _parse(self, connection: _Connection, ready: list[Any]) -> None:
@@ -390,8 +396,8 @@ class InferLoop:
             return
         connection.outbuf = connection.outbuf[sent:]
         if connection.outbuf:
-            if not connection.writing:
-                self._selector.modify(connection.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, connection)
+            if not connection.writing:  # and no reading meanwhile: a client that takes no replies is held back by TCP
+                self._selector.modify(connection.sock, selectors.EVENT_WRITE, connection)
                 connection.writing = True
             return
         if connection.writing:  # one epoll_ctl when the rest has left, none for a reply that left in one send

@@ -1,13 +1,16 @@
 """Broken and hostile clients on connections the local API's event loop serves (``agent/http_loop.py``): pipelined
-requests, idle connections, bodies cut off by a disconnect, and one bad request among concurrent good ones.
+requests, idle connections, bodies cut off by a disconnect, one bad request among concurrent good ones, and a client
+that keeps sending without ever reading its replies.
 Each connection is moved onto the loop first (one good kept-alive inference request), as a real client's is."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import select
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,11 +23,12 @@ from tests.runtime.agent_service.test_api_event_loop import MODEL, binary_logits
 from tests.runtime.tiny_bundle import reference_logits
 
 IDLE_TIMEOUT_S = 1.0
+BODY_TIMEOUT_S = 2.0
 
 
 @pytest.fixture
 def agent(agent_config: Callable[..., Path], tmp_path: Path, fleet_keys: tuple[Path, Path]) -> Iterator[Any]:
-    api = {"address": "127.0.0.1:0", "idle_timeout_s": IDLE_TIMEOUT_S}
+    api = {"address": "127.0.0.1:0", "idle_timeout_s": IDLE_TIMEOUT_S, "body_timeout_s": BODY_TIMEOUT_S}
     with serving_models(agent_config, tmp_path, fleet_keys[0], [MODEL], batching={"max_delay_ms": 0.5}, api=api) as service:
         yield service
 
@@ -118,3 +122,36 @@ def test_one_wrong_shape_among_concurrent_requests_fails_alone(agent: Any) -> No
     for status, body in outcomes[0]:
         assert status == 400 and "image" in body["error"], (status, body)
     assert all(all(outcomes[index]) for index in range(1, clients)), "a good request got a wrong answer"
+
+
+def test_a_client_that_never_reads_its_replies_is_held_back_then_closed_and_others_are_served(agent: Any) -> None:
+    """Requests pipelined without end by a client that reads nothing: the agent stops reading that connection
+    while its reply waits (the client's sends block: what the agent holds stays bounded), serves another client
+    meanwhile, and closes the stalled one once its reply has waited ``body_timeout_s``."""
+    with on_the_loop(agent) as greedy:
+        greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # replies back up at once
+        greedy.setblocking(False)
+        request = raw_request(images(16, 7))
+        sent, held_back, limit = 0, False, 256 * 2**20  # far past what the kernel buffers on loopback hold
+        deadline = time.monotonic() + 10
+        while sent < limit and time.monotonic() < deadline:
+            try:  # request after request, each whole: a partial send is carried on from where it stopped
+                sent += greedy.send(memoryview(request)[sent % len(request) :])
+            except BlockingIOError:
+                _, writable, _ = select.select([], [greedy], [], 0.5)
+                if not writable:  # nobody has read for half a second: the agent holds the rest back
+                    held_back = True
+                    break
+        assert held_back, f"the agent went on reading a client that takes no replies ({sent / 2**20:.0f} MiB sent)"
+        held = agent.api.loop_held_bytes  # the rest of what was sent waits in the kernel's socket buffers
+        assert held <= 2 * 2**20, f"the agent holds {held / 2**20:.1f} MiB of a client that takes no replies"
+
+        with on_the_loop(agent) as other:  # a well-behaved client is served meanwhile, on the same loop
+            array = images(2, 8)
+            other.sendall(raw_request(array))
+            np.testing.assert_allclose(read_logits(other), reference_logits(array), rtol=1e-4, atol=1e-5)
+
+        greedy.setblocking(True)
+        greedy.settimeout(BODY_TIMEOUT_S + 10)
+        assert wait_for(lambda: agent.api.loop_connections == 0, BODY_TIMEOUT_S + 5), "the stalled connection stayed open"
+        assert agent.api.body_budget.reserved_bytes == 0
