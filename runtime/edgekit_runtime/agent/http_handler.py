@@ -114,8 +114,7 @@ class RequestHandler(BaseHTTPRequestHandler):
         try:
             self.wfile.flush()
             self.connection.setblocking(False)
-            buffered = self.rfile.peek(1)  # type: ignore[attr-defined]  # what is buffered, and what already arrived
-            leftover = self.rfile.read1(len(buffered))
+            leftover = _already_read(self.rfile)
         except OSError:
             return False
         finally:
@@ -408,12 +407,34 @@ class RequestHandler(BaseHTTPRequestHandler):
         self._reserved_body_bytes += length
 
 
+def _already_read(reader: Any) -> bytes:
+    """Every byte ``reader`` (the connection's reader, its socket non-blocking) holds or can read without waiting,
+    in order, taken out of it: its buffer, then what each layer below it holds (a connection back from the event
+    loop reads through a :class:`_PrefixedReader` over the socket's own buffered reader, and each buffers)."""
+    if isinstance(reader, io.BufferedReader):
+        buffered = reader.peek(1)  # what is buffered, or one read of what has arrived
+        taken = reader.read1(len(buffered)) if buffered else b""
+        return taken + _already_read(reader.raw)
+    if isinstance(reader, _PrefixedReader):
+        return reader.take_prefix() + _already_read(reader.source)
+    return b""  # the socket itself: what arrived since is read by whoever serves the connection next
+
+
 class _PrefixedReader(io.RawIOBase):
     """``prefix``, then what ``source`` (the connection's reader) gives: a request whose first bytes were read
     elsewhere (the event loop) continues on a thread as if none had been taken."""
 
     def __init__(self, prefix: bytes, source: Any) -> None:
         self._prefix, self._source = memoryview(prefix), source
+
+    @property
+    def source(self) -> Any:
+        return self._source
+
+    def take_prefix(self) -> bytes:
+        """What is left of the prefix, taken out of it."""
+        rest, self._prefix = bytes(self._prefix), memoryview(b"")
+        return rest
 
     def readable(self) -> bool:
         return True

@@ -157,6 +157,8 @@ class InferLoop:
                         continue
                     if mask & selectors.EVENT_WRITE:
                         self._flush(connection)
+                        if connection.inbuf and not connection.outbuf and connection.sock in self._connections:
+                            self._parse(connection, ready)  # a request read before the reply got stuck
                     if mask & selectors.EVENT_READ and connection.sock in self._connections:
                         self._read(connection, ready)
                 while ready:

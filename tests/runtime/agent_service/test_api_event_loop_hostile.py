@@ -5,6 +5,7 @@ Each connection is moved onto the loop first (one good kept-alive inference requ
 
 from __future__ import annotations
 
+import gzip
 import http.client
 import json
 import select
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 
 from tests.runtime.agent_service.model_bundles import serving_models
-from tests.runtime.agent_service.test_api_event_loop import MODEL, binary_logits, images, logits_of, raw_request, wait_for
+from tests.runtime.agent_service.test_api_event_loop import MODEL, binary_logits, binary_request, images, logits_of, raw_request, wait_for
 from tests.runtime.tiny_bundle import reference_logits
 
 IDLE_TIMEOUT_S = 1.0
@@ -29,6 +30,14 @@ BODY_TIMEOUT_S = 2.0
 @pytest.fixture
 def agent(agent_config: Callable[..., Path], tmp_path: Path, fleet_keys: tuple[Path, Path]) -> Iterator[Any]:
     api = {"address": "127.0.0.1:0", "idle_timeout_s": IDLE_TIMEOUT_S, "body_timeout_s": BODY_TIMEOUT_S}
+    with serving_models(agent_config, tmp_path, fleet_keys[0], [MODEL], batching={"max_delay_ms": 0.5}, api=api) as service:
+        yield service
+
+
+@pytest.fixture
+def patient_agent(agent_config: Callable[..., Path], tmp_path: Path, fleet_keys: tuple[Path, Path]) -> Iterator[Any]:
+    """An agent that waits long for a reply to be taken (the default ``body_timeout_s``)."""
+    api = {"address": "127.0.0.1:0", "body_timeout_s": 60}
     with serving_models(agent_config, tmp_path, fleet_keys[0], [MODEL], batching={"max_delay_ms": 0.5}, api=api) as service:
         yield service
 
@@ -155,3 +164,61 @@ def test_a_client_that_never_reads_its_replies_is_held_back_then_closed_and_othe
         greedy.settimeout(BODY_TIMEOUT_S + 10)
         assert wait_for(lambda: agent.api.loop_connections == 0, BODY_TIMEOUT_S + 5), "the stalled connection stayed open"
         assert agent.api.body_budget.reserved_bytes == 0
+
+
+def test_a_slow_reader_gets_every_pipelined_request_answered_in_order_once_it_reads(patient_agent: Any) -> None:
+    """The same client, held back, starts reading before ``body_timeout_s``: nothing it sent is lost or reordered
+    (requests read before a reply got stuck are served by the loop once it has left, the rest as they come)."""
+    with on_the_loop(patient_agent) as slow, slow.makefile("rb") as stream:
+        slow.setblocking(False)  # its receive buffer left as it is: one shrunk below an MSS stalls loopback TCP itself
+        arrays = [images(4, seed) for seed in range(8)]
+        requests = [raw_request(array) for array in arrays]
+        sent, count = 0, 0  # bytes of the current request sent, requests begun
+        while True:
+            request = requests[count % len(requests)]
+            try:
+                sent += slow.send(memoryview(request)[sent:])
+            except BlockingIOError:
+                if not select.select([], [slow], [], 0.5)[1]:
+                    break  # held back
+                continue
+            if sent == len(request):
+                sent, count = 0, count + 1
+        answers: list[Any] = []
+
+        def read_all(expected: int) -> None:
+            for _ in range(expected):
+                status, headers, body = read_reply(stream)
+                answers.append((status, binary_logits(body, int(headers["inference-header-content-length"]))))
+
+        slow.settimeout(30)
+        expected = count + (1 if sent else 0)
+        reader = threading.Thread(target=read_all, args=(expected,))
+        reader.start()
+        if sent:  # finish the request cut off mid-way, while the replies are read
+            rest = memoryview(requests[count % len(requests)])[sent:]
+            threading.Thread(target=lambda: slow.sendall(rest), daemon=True).start()
+        reader.join(timeout=60)
+        assert len(answers) == expected > 100, (len(answers), expected)
+        for index, (status, logits) in enumerate(answers):
+            assert status == 200
+            np.testing.assert_allclose(logits, reference_logits(arrays[index % len(arrays)]), rtol=1e-4, atol=1e-5)
+
+
+def test_requests_pipelined_behind_one_a_thread_serves_are_all_answered_in_order(agent: Any) -> None:
+    """A gzip body goes to a thread (the loop serves plain requests only) with every byte the loop had read, here
+    the ten requests pipelined behind it too (far more than the thread's read buffer); the thread answers it and
+    moves the connection back to the loop with all of what it holds, so none is lost."""
+    with on_the_loop(agent) as sock, sock.makefile("rb") as stream:
+        first = images(2, 40)
+        body, headers = binary_request(first)
+        packed = gzip.compress(body)
+        head = {**headers, "Content-Encoding": "gzip", "Content-Length": str(len(packed)), "Host": "127.0.0.1"}
+        gzipped = f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\n".encode() + "".join(f"{k}: {v}\r\n" for k, v in head.items()).encode() + b"\r\n" + packed
+        behind = [images(16, 41 + index) for index in range(10)]
+        sock.sendall(gzipped + b"".join(raw_request(array) for array in behind))
+        for expected in (first, *behind):
+            status, reply_headers, reply = read_reply(stream)
+            assert status == 200, reply
+            got = binary_logits(reply, int(reply_headers["inference-header-content-length"]))
+            np.testing.assert_allclose(got, reference_logits(expected), rtol=1e-4, atol=1e-5)
