@@ -27,7 +27,7 @@ import numpy as np
 from edgekit_runtime.agent.batching import BatchPlan, BatchQueue, PendingRequest, plan_batching
 from edgekit_runtime.agent.config import BatchingConfig
 from edgekit_runtime.agent.errors import NoModelError
-from edgekit_runtime.agent.serving_stats import COUNTERS, LifetimeStats, ServingWindow, WindowAccumulator
+from edgekit_runtime.agent.serving_stats import COUNTERS, LifetimeStats, ServingWindow, WindowAccumulator, stamp_table
 from edgekit_runtime.backends.base import CompiledCall, Recovery, Runner
 from edgekit_runtime.errors import InputSignatureError
 from edgekit_runtime.signature import FeedCounter, IOSignature, compile_feed_counter
@@ -437,13 +437,10 @@ class InferenceServer:
         stamps = self._stamps
         count = len(stamps)
         if count:
-            taken = stamps[:count]
+            table = stamp_table(stamps[:count])
             del stamps[:count]
-            self._window.record_stamps(taken)
-            lifetime = self._lifetime
-            for submitted, started, finished, items, runner_items in taken:
-                lifetime.add_request(submitted, started, finished, items)
-                lifetime.add_call(runner_items, finished - started)
+            self._window.record_stamps(table)
+            self._lifetime.add_stamps(table)
 
     def _count(self, key: str, *, amount: int = 1, runner_calls: int = 0) -> None:
         with self._stats_lock:

@@ -12,13 +12,26 @@ number of items (batch rows) it held: how many calls of that size ran and their 
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from edgekit_runtime.timing import LatencyStats
 
 _NS_PER_MS = 1_000_000
+#: the columns of a stamp table: a request's RequestTiming fields, in their order
+_SUBMITTED, _STARTED, _FINISHED, _ITEMS, _RUNNER_ITEMS = range(5)
+
+
+def stamp_table(stamps: list[Any]) -> np.ndarray:
+    """The direct serving path's :class:`~edgekit_runtime.agent.serving.RequestTiming` stamps as one (n, 5) int64
+    array (submitted, started, finished, items, runner items), so that a telemetry window folds in thousands of
+    requests in a few array operations instead of Python per request: the thread doing it holds the GIL that the
+    serving thread needs (10,000 stamps: 0.2-0.3 µs a request this way, 0.6-0.75 µs one request at a time)."""
+    return np.fromiter(itertools.chain.from_iterable(stamps), dtype=np.int64, count=5 * len(stamps)).reshape(-1, 5)
 
 @dataclass(frozen=True)
 class ServingWindow:
@@ -114,18 +127,21 @@ class WindowAccumulator:
         if len(self.samples) < self.max_samples:  # the counts stay exact; percentiles use the first samples
             self.samples.append((queue_ms, compute_ms))
 
-    def record_stamps(self, stamps: list[Any]) -> None:
-        """Requests of the direct path, one runner call each."""
-        self.requests += len(stamps)
-        self.runner_calls += len(stamps)
-        self.items += sum([stamp.items for stamp in stamps])
+    def record_stamps(self, table: np.ndarray) -> None:
+        """Requests of the direct path, one runner call each, as a :func:`stamp_table`."""
+        count = len(table)
+        self.requests += count
+        self.runner_calls += count
+        self.items += int(table[:, _ITEMS].sum())
         sizes = self.batch_sizes
-        for stamp in stamps:
-            sizes[stamp.runner_items] = sizes.get(stamp.runner_items, 0) + 1
+        for size, calls in zip(*np.unique(table[:, _RUNNER_ITEMS], return_counts=True)):
+            sizes[int(size)] = sizes.get(int(size), 0) + int(calls)
         room = self.max_samples - len(self.samples)
         if room > 0:
-            self.samples += [((started - submitted) / _NS_PER_MS, (finished - started) / _NS_PER_MS)
-                             for submitted, started, finished, _, _ in stamps[:room]]  # fmt: skip
+            head = table[:room]
+            queue_ms = ((head[:, _STARTED] - head[:, _SUBMITTED]) / _NS_PER_MS).tolist()
+            compute_ms = ((head[:, _FINISHED] - head[:, _STARTED]) / _NS_PER_MS).tolist()
+            self.samples += zip(queue_ms, compute_ms)
 
     def counters(self) -> dict[str, int]:
         return {key: getattr(self, key) for key in COUNTERS}
@@ -177,6 +193,25 @@ class LifetimeStats:
         self.compute_ns += finished_ns - started_ns
         if finished_ns > self.last_finished_ns:
             self.last_finished_ns = finished_ns
+
+    def add_stamps(self, table: np.ndarray) -> None:
+        """Requests of the direct path, one runner call each, as a :func:`stamp_table`: :meth:`add_request` and
+        :meth:`add_call` for every row, in a few array operations."""
+        submitted, started, finished = table[:, _SUBMITTED], table[:, _STARTED], table[:, _FINISHED]
+        compute = finished - started
+        self.requests += len(table)
+        self.runner_calls += len(table)
+        self.items += int(table[:, _ITEMS].sum())
+        self.request_ns += int((finished - submitted).sum())
+        self.queue_ns += int((started - submitted).sum())
+        self.compute_ns += int(compute.sum())
+        self.last_finished_ns = max(self.last_finished_ns, int(finished.max()))
+        sizes = table[:, _RUNNER_ITEMS]
+        for size in np.unique(sizes).tolist():
+            chosen = compute[sizes == size]
+            entry = self.batches.setdefault(size, [0, 0])
+            entry[0] += len(chosen)
+            entry[1] += int(chosen.sum())
 
     def add_call(self, items: int, compute_ns: int) -> None:
         """One runner call of ``items`` rows that took ``compute_ns``."""
