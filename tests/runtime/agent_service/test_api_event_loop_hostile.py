@@ -166,6 +166,36 @@ def test_a_client_that_never_reads_its_replies_is_held_back_then_closed_and_othe
         assert agent.api.body_budget.reserved_bytes == 0
 
 
+def test_a_client_that_never_reads_its_replies_on_a_thread_is_held_back_then_closed(agent: Any) -> None:
+    """The same on a connection a thread serves (requests other than inference stay on threads): the thread reads
+    the next request only once its reply has left, so TCP holds the client back, and the connection is cut when a
+    reply cannot leave in time (its send's socket timeout, ``idle_timeout_s``, or ``body_timeout_s``, whichever
+    comes first); the agent stays healthy for other clients."""
+    host, port = agent.api_address.rsplit(":", 1)
+    request = f"GET /v2/models/{MODEL} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
+    open_before = agent.api.open_connections
+    with socket.create_connection((host, int(port)), timeout=30) as greedy:
+        greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        greedy.setblocking(False)
+        sent, held_back, limit = 0, False, 256 * 2**20
+        deadline = time.monotonic() + 10
+        while sent < limit and time.monotonic() < deadline:
+            try:
+                sent += greedy.send(memoryview(request)[sent % len(request) :])
+            except BlockingIOError:
+                if not select.select([], [greedy], [], 0.5)[1]:
+                    held_back = True
+                    break
+        assert held_back, f"the agent went on reading a client that takes no replies ({sent / 2**20:.0f} MiB sent)"
+        with on_the_loop(agent) as other:
+            array = images(1, 9)
+            other.sendall(raw_request(array))
+            np.testing.assert_allclose(read_logits(other), reference_logits(array), rtol=1e-4, atol=1e-5)
+        greedy.setblocking(True)
+        greedy.settimeout(1)
+        assert wait_for(lambda: agent.api.open_connections <= open_before, BODY_TIMEOUT_S + 10), agent.api.open_connections
+
+
 def test_a_slow_reader_gets_every_pipelined_request_answered_in_order_once_it_reads(patient_agent: Any) -> None:
     """The same client, held back, starts reading before ``body_timeout_s``: nothing it sent is lost or reordered
     (requests read before a reply got stuck are served by the loop once it has left, the rest as they come)."""
