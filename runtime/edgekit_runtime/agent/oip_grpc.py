@@ -22,7 +22,12 @@ RepositoryIndex    the models, ``READY`` or ``UNAVAILABLE``; RepositoryModelLoad
 
 Errors are gRPC status codes with the same messages as the HTTP ``/v2`` routes: INVALID_ARGUMENT (400),
 NOT_FOUND (404), UNAVAILABLE (503: no bundle loaded), INTERNAL (500: the model failed to run).
-RESOURCE_EXHAUSTED for a message over ``api.max_request_mb`` is grpcio's own.
+RESOURCE_EXHAUSTED for a message over the server's message limit is grpcio's own, sent when the message's length
+prefix arrives, before its bytes are buffered: the limit is what the served models' inputs can need (as the HTTP
+path's body limit: every dim at its bound, 32 bytes a value, at least 4 MiB) up to ``api.max_request_mb``, so a
+large request cannot take memory a served model could not use. grpcio fixes it when the server starts: when a
+model that needs more comes to be served, the server restarts on the same address with the larger limit (in the
+background, after in-flight calls finish; the limit never shrinks).
 
 The messages are not generated code: ``proto/grpc_service.desc`` (``proto/grpc_service.proto`` compiled to
 a ``FileDescriptorSet`` with grpcio-tools) is loaded into a private descriptor pool and the classes are
@@ -42,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 from http import HTTPStatus
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -51,6 +57,7 @@ import numpy as np
 from edgekit_runtime import __version__ as AGENT_VERSION
 from edgekit_runtime.agent.config import ApiConfig, GrpcConfig
 from edgekit_runtime.agent.errors import AgentConfigError
+from edgekit_runtime.agent.http_guard import json_body_limit
 from edgekit_runtime.agent.oip import EXTENSIONS, _json_array, protocol_error
 from edgekit_runtime.agent import oip_bytes
 from edgekit_runtime.agent.oip_classification import classification_count, classify
@@ -105,8 +112,31 @@ def load_messages() -> dict[str, Any]:
     return {name: get_class(descriptor) for name, descriptor in file.message_types_by_name.items()}
 
 
+#: the least message limit: room for every RPC but inference and for small models' requests
+MIN_MESSAGE_BYTES = 4 * 2**20
+#: how long in-flight calls may finish when the server restarts with a larger message limit
+RESTART_GRACE_S = 5.0
+
+
+def message_limit(models: Any, max_request_bytes: int) -> int:
+    """The largest request message the served models can need (:func:`json_body_limit` of each one's inputs), at
+    least :data:`MIN_MESSAGE_BYTES`; ``max_request_bytes`` when a model's inputs are unbounded (a dim without bounds,
+    a string tensor) or need more."""
+    limit = MIN_MESSAGE_BYTES
+    for slot in models.slots():
+        signature = slot.server.signature
+        if signature is None:  # nothing served: calls to it fail before their inputs matter
+            continue
+        needed = json_body_limit(signature)
+        if needed is None:
+            return max_request_bytes
+        limit = max(limit, needed)
+    return min(limit, max_request_bytes)
+
+
 class OipGrpcServer:
-    """The gRPC server over the agent's :class:`ModelRepository`; ``start()`` / ``stop()``."""
+    """The gRPC server over the agent's :class:`ModelRepository`; ``start()`` / ``stop()``; ``models_changed()``
+    when what is served changed (the message limit may have to grow)."""
 
     def __init__(self, models: ModelRepository, config: GrpcConfig, api: ApiConfig) -> None:
         self._grpc = _import_grpc()
@@ -114,9 +144,37 @@ class OipGrpcServer:
         self._max_message_bytes = api.max_request_bytes
         self.messages = load_messages()
         self._server: AioServerThread | None = None
+        self._restart_lock = threading.Lock()
+        self._stopped = False  # stop() was called: a restart under way does not start the server again
+        self.message_limit = 0  # bytes: the limit the running server took in messages with
         self.bound_address: str | None = None
 
+    def models_changed(self) -> None:
+        """Restart the server, in the background, when the models served now need a larger message limit."""
+        if self._server is None or message_limit(self.models, self._max_message_bytes) <= self.message_limit:
+            return
+        threading.Thread(target=self._restart, name="edgekit-grpc-restart", daemon=True).start()
+
+    def _restart(self) -> None:
+        with self._restart_lock:
+            limit = message_limit(self.models, self._max_message_bytes)
+            if self._server is None or limit <= self.message_limit:
+                return
+            logger.info("gRPC: the models served now need messages up to %d bytes (was %d): restarting on %s",
+                        limit, self.message_limit, self.bound_address)  # fmt: skip
+            self._stop_server(RESTART_GRACE_S)
+            if self._stopped:  # the agent stopped meanwhile
+                return
+            try:
+                self._start(self.bound_address)
+            except AgentConfigError:
+                logger.exception("gRPC: could not restart on %s; gRPC is off until the agent restarts", self.bound_address)
+
     def start(self) -> OipGrpcServer:
+        self._stopped = False
+        return self._start(None)
+
+    def _start(self, address: str | None) -> OipGrpcServer:
         grpc, m = self._grpc, self.messages
         rpcs = {
             "ServerLive": (self._server_live, m["ServerLiveRequest"]),
@@ -136,10 +194,10 @@ class OipGrpcServer:
                                                               request_deserializer=request.FromString,
                                                               response_serializer=lambda message: message.SerializeToString())
                     for name, (method, request) in rpcs.items()}  # fmt: skip
-        limit = self._max_message_bytes
-        options = [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
+        limit = message_limit(self.models, self._max_message_bytes)
+        options = [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", self._max_message_bytes)]
         listen = self.config.listen
-        target = f"unix:{listen.unix_path}" if listen.unix_path is not None else str(listen)
+        target = address or (f"unix:{listen.unix_path}" if listen.unix_path is not None else str(listen))
         self._server = server
         try:
             port = server.start(grpc.method_handlers_generic_handler(SERVICE, handlers), options, target)
@@ -152,13 +210,18 @@ class OipGrpcServer:
         else:
             host = f"[{listen.host}]" if listen.host and ":" in listen.host else listen.host
             self.bound_address = f"{host}:{port}"
-        logger.info("Open Inference Protocol gRPC on %s", self.bound_address)
+        self.message_limit = limit  # once it serves with it
+        logger.info("Open Inference Protocol gRPC on %s (messages up to %d bytes)", self.bound_address, limit)
         return self
 
     def stop(self, grace_s: float = 2.0) -> None:
-        if self._server is not None:
-            self._server.stop(grace_s)
-            self._server = None
+        self._stopped = True
+        self._stop_server(grace_s)
+
+    def _stop_server(self, grace_s: float) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop(grace_s)
 
     def _answering(self, server: AioServerThread, method: Any, on_loop: bool) -> Any:
         """``method`` as an async handler, its :class:`OipError` turned into the matching gRPC status and message:

@@ -428,6 +428,9 @@ class AgentService(SpoolOutbox, TelemetryReporting, CommandHandling):
         return None if served is None else BundleRef(served.bundle_id[:128], served.manifest_sha256)
 
     def _served_changed(self, served: object) -> None:
+        grpc_server = getattr(self, "grpc", None)  # None while the repository is being made, or without api.grpc
+        if grpc_server is not None:
+            grpc_server.models_changed()
         identity = self.identity
         if identity is not None and served is not None:  # a model loaded: onnxruntime (and its providers) now imported
             self.identity = identity.with_onnxruntime_providers()
