@@ -182,17 +182,23 @@ install_bundle() {
 serve_one_request() {
     "${proot_cmd[@]}" agent "$served" >"$work/logs/agent-run.log" 2>&1 &
     local agent_pid=$!  # proot's; the agent is its child
+    # The agent by its command line (qemu runs it under proot; proot's children are not always just the agent), so
+    # that the SIGTERM reaches it and no emulated agent outlives the step.
+    local agent_command="edgekit-agent -v run --config /check/agents/$served.yaml"
     # shellcheck disable=SC2064  # expand now: this step runs in its own subshell
-    trap "pkill -KILL -P $agent_pid; kill -KILL $agent_pid 2>/dev/null || true" EXIT
+    trap "pkill -KILL -f -- '$agent_command'; pkill -KILL -P $agent_pid; kill -KILL $agent_pid 2>/dev/null || true" EXIT
     local rc=0
     .venv/bin/python scripts/arm64/drive_agent.py --api "127.0.0.1:$api_port" --broker "127.0.0.1:$broker_port" \
         --fleet "$fleet" --device "arm64-$served" --bundle "$work/bundles/$served" || rc=$?
     # SIGTERM to the agent itself (proot's child, which guest.sh exec'd), so that it stops as systemd
     # would stop it; proot exits with it. Only if it does not within 60 s is proot killed.
     local agent waited=0 status=0
-    agent="$(pgrep -P "$agent_pid" | head -n 1 || true)"
+    agent="$(pgrep -f -- "$agent_command" | head -n 1 || true)"
+    [ -n "$agent" ] || agent="$(pgrep -P "$agent_pid" | head -n 1 || true)"
+    echo "check_arm64: SIGTERM to the agent, pid ${agent:-$agent_pid (proot: no agent process found)}" >&2
     kill -TERM "${agent:-$agent_pid}" 2>/dev/null || true
     while kill -0 "$agent_pid" 2>/dev/null && [ "$waited" -lt 60 ]; do sleep 1; waited=$((waited + 1)); done
+    pkill -KILL -f -- "$agent_command" 2>/dev/null || true
     kill -KILL "$agent_pid" 2>/dev/null || true
     wait "$agent_pid" || status=$?
     trap - EXIT
