@@ -133,24 +133,29 @@ def test_one_wrong_shape_among_concurrent_requests_fails_alone(agent: Any) -> No
     assert all(all(outcomes[index]) for index in range(1, clients)), "a good request got a wrong answer"
 
 
+def send_without_reading(sock: socket.socket, request: bytes) -> tuple[int, bool]:
+    """Send ``request`` over and over on ``sock`` (its receive buffer shrunk, so that replies back up at once) and
+    read nothing, until nothing more goes out for half a second (the agent holds the client back), 256 MiB went
+    (far past what the kernel buffers on loopback hold) or 10 s passed: (bytes sent, held back). A partial send is
+    carried on from where it stopped, so each request arrives whole."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    sent, limit, deadline = 0, 256 * 2**20, time.monotonic() + 10
+    while sent < limit and time.monotonic() < deadline:
+        try:
+            sent += sock.send(memoryview(request)[sent % len(request) :])
+        except BlockingIOError:
+            if not select.select([], [sock], [], 0.5)[1]:
+                return sent, True
+    return sent, False
+
+
 def test_a_client_that_never_reads_its_replies_is_held_back_then_closed_and_others_are_served(agent: Any) -> None:
     """Requests pipelined without end by a client that reads nothing: the agent stops reading that connection
     while its reply waits (the client's sends block: what the agent holds stays bounded), serves another client
     meanwhile, and closes the stalled one once its reply has waited ``body_timeout_s``."""
     with on_the_loop(agent) as greedy:
-        greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # replies back up at once
-        greedy.setblocking(False)
-        request = raw_request(images(16, 7))
-        sent, held_back, limit = 0, False, 256 * 2**20  # far past what the kernel buffers on loopback hold
-        deadline = time.monotonic() + 10
-        while sent < limit and time.monotonic() < deadline:
-            try:  # request after request, each whole: a partial send is carried on from where it stopped
-                sent += greedy.send(memoryview(request)[sent % len(request) :])
-            except BlockingIOError:
-                _, writable, _ = select.select([], [greedy], [], 0.5)
-                if not writable:  # nobody has read for half a second: the agent holds the rest back
-                    held_back = True
-                    break
+        sent, held_back = send_without_reading(greedy, raw_request(images(16, 7)))
         assert held_back, f"the agent went on reading a client that takes no replies ({sent / 2**20:.0f} MiB sent)"
         held = agent.api.loop_held_bytes  # the rest of what was sent waits in the kernel's socket buffers
         assert held <= 2 * 2**20, f"the agent holds {held / 2**20:.1f} MiB of a client that takes no replies"
@@ -175,17 +180,7 @@ def test_a_client_that_never_reads_its_replies_on_a_thread_is_held_back_then_clo
     request = f"GET /v2/models/{MODEL} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
     open_before = agent.api.open_connections
     with socket.create_connection((host, int(port)), timeout=30) as greedy:
-        greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        greedy.setblocking(False)
-        sent, held_back, limit = 0, False, 256 * 2**20
-        deadline = time.monotonic() + 10
-        while sent < limit and time.monotonic() < deadline:
-            try:
-                sent += greedy.send(memoryview(request)[sent % len(request) :])
-            except BlockingIOError:
-                if not select.select([], [greedy], [], 0.5)[1]:
-                    held_back = True
-                    break
+        sent, held_back = send_without_reading(greedy, request)
         assert held_back, f"the agent went on reading a client that takes no replies ({sent / 2**20:.0f} MiB sent)"
         with on_the_loop(agent) as other:
             array = images(1, 9)
