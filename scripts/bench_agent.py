@@ -230,6 +230,11 @@ def summarise_case(model: str, dims: Mapping[str, int], pair: Mapping[str, Varia
     """``pair`` (:func:`measure_pair`) gives the agent / bare ratio, ``samples`` (:func:`measure_case`) the
     API throughput and every per-request time."""
     ratios = [agent / bare for agent, bare in zip(pair["agent"].round_items_per_s, pair["bare"].round_items_per_s, strict=True)]
+    # Even rounds run bare then agent, odd rounds agent then bare (interleave swaps the order every other round).
+    agent_second, agent_first = ratios[0::2], ratios[1::2]
+    # A round and the next, in the two orders, as one sample: the geometric mean of their ratios cancels
+    # whatever running first or second does to a variant, which a median over single rounds leaves in.
+    balanced = [float(np.sqrt(even * odd)) for even, odd in zip(agent_second, agent_first)]
     variants = {name: value.summary() for name, value in samples.items()}
     headline = {name: value.summary() for name, value in pair.items()}
     agent_overhead_us = variants["agent"]["overhead_us_median"]
@@ -246,6 +251,10 @@ def summarise_case(model: str, dims: Mapping[str, int], pair: Mapping[str, Varia
             "ratio_max": max(ratios),
             "ratio_pooled": headline["agent"]["items_per_s_pooled"] / headline["bare"]["items_per_s_pooled"],
             "rounds": len(ratios),
+            "ratio_median_agent_second": statistics.median(agent_second),
+            "ratio_median_agent_first": statistics.median(agent_first),
+            "ratio_median_order_balanced": statistics.median(balanced),
+            "ratio_median_order_balanced_ci95": list(median_interval(balanced)),
             # the same comparison in the longer rounds of the four-variant phase, for reference
             "ratio_median_long_rounds": statistics.median(
                 agent / bare for agent, bare in zip(samples["agent"].round_items_per_s, samples["bare"].round_items_per_s, strict=True)
@@ -317,7 +326,9 @@ def bench_model(model: str, bundle_dir: Path, dims_list: tuple[dict[str, int], .
             pair = measure_pair(calls, dims["batch"], max_rounds=args.max_pair_rounds, round_s=args.pair_round_s, pair_s=args.pair_s)
             samples = measure_case(calls, dims["batch"], max_rounds=args.max_rounds, round_s=args.round_s, case_s=args.case_s)
             cases.append({**summarise_case(model, dims, pair, samples), "session": session_settings})
-            print(f"  {model} {dims}: agent/bare {cases[-1]['agent_vs_bare']['ratio_median']:.3f}", file=sys.stderr)
+            headline = cases[-1]["agent_vs_bare"]
+            print(f"  {model} {dims}: agent/bare {headline['ratio_median']:.3f} (agent second {headline['ratio_median_agent_second']:.3f}, "
+                  f"first {headline['ratio_median_agent_first']:.3f}, order-balanced {headline['ratio_median_order_balanced']:.3f})", file=sys.stderr)
         threads_cpu_s, wall_s = agent_threads_cpu_s() - started_cpu_s, time.perf_counter() - started_wall_s
         service.link.flush(5.0)
         counters = service.link.counters

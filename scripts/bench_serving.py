@@ -4,7 +4,7 @@
     .venv/bin/python scripts/bench_serving.py --model digits-cnn|minilm [--bundle DIR] [--seconds 4] [--rounds 2]
         [--concurrency 1,4,16] [--protocols http,grpc] [--max-delay-ms 0.5[,1,...]] [--max-batch N]
         [--perf-analyzer PATH | --load-generator tritonclient] [--compare-runtime OTHER_TREE/runtime]
-        [--spinning off[,on,bundle]] [--intra-op-threads N] [--out docs/benchmarks/serving.json --key NAME]
+        [--spinning spin10[,off,on,bundle,spin<N>]] [--intra-op-threads N] [--analyzer-modes sync[,async]] [--out docs/benchmarks/serving.json --key NAME]
 
 Agents run as processes (``edgekit-agent run``) with the bundle installed, HTTP and gRPC on loopback:
 ``plain`` (no ``batching`` section: one runner call per request) and one ``batched_<delay>`` per
@@ -12,8 +12,9 @@ Agents run as processes (``edgekit-agent run``) with the bundle installed, HTTP 
 with ``--compare-runtime`` a ``before_<delay>`` agent run from another tree's ``edgekit_runtime`` (``PYTHONPATH``;
 e.g. ``git archive COMMIT runtime | tar -x -C DIR``; its config has no ``runner`` section, so it keeps the bundle's
 ONNX Runtime options), so that a change and what it replaced share one run. This tree's agents get ``runner:
-{intra_op_spinning}`` from the first ``--spinning`` value (``off``, the agent's default; ``on``; ``bundle``: the
-bundle's setting) and ``intra_op_threads`` from ``--intra-op-threads``; each further ``--spinning`` value adds a
+{intra_op_spinning, intra_op_spin_us}`` from the first ``--spinning`` value (``spin<N>``: spin N microseconds, the
+agent's default being ``spin10``; ``off``; ``on``: ONNX Runtime's own spin length; ``bundle``: the bundle's setting)
+and ``intra_op_threads`` from ``--intra-op-threads``; each further ``--spinning`` value adds a
 ``batched_<delay>_spinning_<value>`` agent.
 For each protocol and concurrency, in every round, the cases run back to back for ``--seconds`` each:
 ``bare`` (``session.run`` at batch 1 in a loop in this process, on a session made from the bundle with its
@@ -60,7 +61,9 @@ import numpy as np
 import yaml
 import shutil
 
+from edgekit_runtime.agent.config_types import DEFAULT_SERVING_SPIN_US
 from edgekit_runtime.backends import create_runner
+from edgekit_runtime.backends.onnxruntime import MAX_SPIN_US
 from edgekit_runtime.bundle import open_bundle
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -70,8 +73,19 @@ RECIPES = {"digits-cnn": "recipes/digits-cnn.yaml", "minilm": "recipes/minilm.ya
 #: where scripts/install_perf_analyzer.sh installs perf_analyzer (bin/, lib/, SOURCE)
 PERF_ANALYZER_CACHE = Path("/var/cache/edgekit/perf_analyzer")
 QUIET_LOCK = Path("/tmp/quiet.lock")
-#: --spinning values -> the agent config's runner.intra_op_spinning (bundle: the bundle's setting, ORT's default)
-SPINNING: dict[str, bool | None] = {"off": False, "on": True, "bundle": None}
+#: --spinning values -> the agent config's runner options (bundle: the bundle's setting, ORT's default); spin<N> (e.g.
+#: spin10) spins for N microseconds (runner.intra_op_spin_us)
+SPINNING: dict[str, dict[str, Any]] = {"off": {"intra_op_spinning": False},
+                                       "on": {"intra_op_spinning": True, "intra_op_spin_us": None},
+                                       "bundle": {"intra_op_spinning": None, "intra_op_spin_us": None}}  # fmt: skip
+
+
+def spinning_options(value: str) -> dict[str, Any] | None:
+    """The runner options of one ``--spinning`` value; None if it is not one."""
+    found = re.fullmatch(r"spin(\d+)", value)
+    if found is not None and 1 <= int(found.group(1)) <= MAX_SPIN_US:
+        return {"intra_op_spinning": True, "intra_op_spin_us": int(found.group(1))}
+    return SPINNING.get(value)
 
 
 def find_perf_analyzer(given: str | None) -> tuple[str | None, str]:
@@ -239,8 +253,10 @@ def perf_analyzer_input(feeds: dict[str, np.ndarray], folder: Path) -> tuple[Pat
 
 
 def perf_analyzer(binary: str, model: str, url: str, protocol: str, concurrency: int, seconds: float,
-                  data: tuple[Path, list[str]]) -> dict[str, float]:  # fmt: skip
-    command = [binary, "-m", model, "-u", url, "-i", protocol, "--concurrency-range", str(concurrency),
+                  data: tuple[Path, list[str]], mode: str = "sync") -> dict[str, float]:  # fmt: skip
+    """One perf_analyzer window set; ``mode`` ``sync`` (a thread a concurrent request, its default) or ``async`` (``-a``:
+    a few threads keep ``concurrency`` requests in flight)."""
+    command = [binary, "-m", model, "-u", url, "-i", protocol, "--concurrency-range", str(concurrency), f"--{mode}",
                "--measurement-interval", str(int(seconds * 1000)), "-s", "1000", "-r", "3",  # a shared host moves latency by over 100 % between windows
                "--input-data", str(data[0]), *data[1]]  # fmt: skip
     env = dict(os.environ)
@@ -328,15 +344,21 @@ def main() -> None:
                         help="tritonclient: one tritonclient per thread even where perf_analyzer is installed")  # fmt: skip
     parser.add_argument("--compare-runtime", type=Path, help="also run a batched agent (first --max-delay-ms) from this "
                         "edgekit_runtime source folder, e.g. an earlier commit's runtime/ from git archive; named before_<delay>")
-    parser.add_argument("--spinning", default="off", help="runner.intra_op_spinning of this tree's agents (off, on, bundle); "
+    parser.add_argument("--spinning", default=f"spin{DEFAULT_SERVING_SPIN_US}", help="runner.intra_op_spinning of this tree's agents "
+                        "(off, on, bundle, spin<microseconds>: the default is the agent's); "
                         "a comma list adds a batched agent (first --max-delay-ms) for each further value")
     parser.add_argument("--intra-op-threads", type=int, help="runner.intra_op_threads of this tree's agents (default: the bundle's)")
+    parser.add_argument("--analyzer-modes", default="sync", help="perf_analyzer's modes, a comma list of sync and async; "
+                        "each mode after the first adds every agent again as <agent>_<mode>")
     parser.add_argument("--out", type=Path, default=Path("out/bench_serving.json"))
     parser.add_argument("--key", help="the name of this run in --out (default: --model)")
     args = parser.parse_args()
-    unknown = [value for value in args.spinning.split(",") if value not in SPINNING]
+    modes = args.analyzer_modes.split(",")
+    if not modes or any(mode not in ("sync", "async") for mode in modes):
+        parser.error(f"--analyzer-modes {args.analyzer_modes}: a comma list of sync and async")
+    unknown = [value for value in args.spinning.split(",") if spinning_options(value) is None]
     if unknown:
-        parser.error(f"--spinning {','.join(unknown)}: use {', '.join(SPINNING)}")
+        parser.error(f"--spinning {','.join(unknown)}: use {', '.join(SPINNING)} or spin<microseconds>, e.g. spin10")
     analyzer, analyzer_origin = find_perf_analyzer(args.perf_analyzer)
     if args.load_generator == "tritonclient":
         analyzer, analyzer_origin = None, "--load-generator tritonclient"
@@ -356,7 +378,7 @@ def main() -> None:
         data = perf_analyzer_input(feeds, Path(scratch))
         spinnings = args.spinning.split(",")
         threads = {} if args.intra_op_threads is None else {"intra_op_threads": args.intra_op_threads}
-        runner = {"intra_op_spinning": SPINNING[spinnings[0]], **threads}
+        runner = {**spinning_options(spinnings[0]), **threads}  # type: ignore[dict-item]
         agents = {"plain": Agent(Path(scratch) / "plain", bundle_dir, None, runner=runner)}
         for delay in delays:
             batching: dict[str, float] = {"max_delay_ms": delay}
@@ -366,7 +388,7 @@ def main() -> None:
         for spinning in spinnings[1:]:
             batching = {"max_delay_ms": delays[0], **({"max_batch": args.max_batch} if args.max_batch is not None else {})}
             agents[f"batched_{delays[0]:g}_spinning_{spinning}"] = Agent(Path(scratch) / f"spinning_{spinning}", bundle_dir, batching,
-                                                                        runner={"intra_op_spinning": SPINNING[spinning], **threads})  # fmt: skip
+                                                                        runner={**spinning_options(spinning), **threads})  # type: ignore[dict-item]  # fmt: skip
         if args.compare_runtime is not None:
             batching = {"max_delay_ms": delays[0], **({"max_batch": args.max_batch} if args.max_batch is not None else {})}
             agents[f"before_{delays[0]:g}"] = Agent(Path(scratch) / "before", bundle_dir, batching, args.compare_runtime.resolve())
@@ -379,11 +401,13 @@ def main() -> None:
                         row: dict[str, Any] = {"round": round_index, "protocol": protocol, "concurrency": concurrency,
                                                "bare_per_s": bare["throughput_per_s"], "load_before": os.getloadavg()[0]}  # fmt: skip
                         line = [f"r{round_index} {protocol:4} c={concurrency:<2} bare {row['bare_per_s']:7.0f}/s"]
-                        for kind, agent in agents.items():
+                        cases = [(name if mode == modes[0] else f"{name}_{mode}", agent, mode) for mode in modes
+                                 for name, agent in agents.items()]  # fmt: skip
+                        for kind, agent, mode in cases:
                             cpu_before, client_before = agent.cpu_s(), children_cpu_s()
                             count_before, timed_before, compute_ns_before = agent.statistics(model)
                             if analyzer:
-                                result = perf_analyzer(analyzer, model, agent.url(protocol), protocol, concurrency, args.seconds, data)
+                                result = perf_analyzer(analyzer, model, agent.url(protocol), protocol, concurrency, args.seconds, data, mode)
                             else:
                                 result = tritonclient_load(model, agent.url(protocol), protocol, concurrency, args.seconds, feeds)
                             count_after, timed_after, compute_ns_after = agent.statistics(model)
@@ -412,7 +436,7 @@ def main() -> None:
                                         f"client {row.get(f'{kind}_client_cpu_us_per_request', float('nan')):.0f})")  # fmt: skip
                         bare_after = bare_loop(session, feeds, args.seconds)["throughput_per_s"]
                         row["bare_after_per_s"] = bare_after  # the ratios are to the mean of the bare runs around them
-                        for kind in agents:
+                        for kind, _, _ in cases:
                             row[f"{kind}_ratio"] = row[f"{kind}_per_s"] / ((row["bare_per_s"] + bare_after) / 2)
                             if f"{kind}_bound_per_s" in row:
                                 row[f"{kind}_bound_ratio"] = row[f"{kind}_bound_per_s"] / ((row["bare_per_s"] + bare_after) / 2)
@@ -420,7 +444,7 @@ def main() -> None:
                             row[f"{kind}_overhead_p50_us"] = row[f"{kind}_p50_us"] - 2e6 / (row["bare_per_s"] + bare_after)
                             if f"{kind}_compute_us_mean" in row:  # less the agent's own runner call instead (its session options)
                                 row[f"{kind}_overhead_beyond_compute_p50_us"] = row[f"{kind}_p50_us"] - row[f"{kind}_compute_us_mean"]
-                        bounds = [f"{kind} {row[f'{kind}_bound_ratio']:.2f}x" for kind in agents if f"{kind}_bound_ratio" in row]
+                        bounds = [f"{kind} {row[f'{kind}_bound_ratio']:.2f}x" for kind, _, _ in cases if f"{kind}_bound_ratio" in row]
                         if bounds:
                             line.append("bound " + ", ".join(bounds))
                         line.append(f"bare after {bare_after:7.0f}/s")
@@ -433,7 +457,7 @@ def main() -> None:
     report = {"bundle": bundle.name, "model": args.model, "host": conditions, "cpu_flags": conditions["cpu_flags"],
               "cores": os.cpu_count(), "intra_op_threads": bundle.backend.get("intra_op_threads"),
               "request": {name: list(array.shape) for name, array in feeds.items()},
-              "load_generator": "perf_analyzer" if analyzer else "tritonclient threads", "load_generator_source": analyzer_origin,
+              "load_generator": "perf_analyzer" if analyzer else "tritonclient threads", "analyzer_modes": modes, "load_generator_source": analyzer_origin,
               "niceness": os.nice(0), "quiet_lock_held": quiet_lock_held(),
               "compare_runtime": None if args.compare_runtime is None else str(args.compare_runtime),
               "seconds": args.seconds, "batching": {name: agent.batching for name, agent in agents.items()},

@@ -57,3 +57,22 @@ def test_a_run_records_the_agents_compute_and_overhead_beyond_it(slow_bundle: Pa
         assert row[f"{kind}_overhead_beyond_compute_p50_us"] == pytest.approx(row[f"{kind}_p50_us"] - row[f"{kind}_compute_us_mean"])
         assert f"{kind}_bound_ratio" not in row  # the bound needs perf_analyzer's own CPU, which only perf_analyzer runs report
     assert run["load_generator"] == "tritonclient threads"
+
+
+@pytest.mark.parametrize(("value", "options"), [
+    ("off", {"intra_op_spinning": False}),
+    ("on", {"intra_op_spinning": True, "intra_op_spin_us": None}),
+    ("bundle", {"intra_op_spinning": None, "intra_op_spin_us": None}),
+    ("spin10", {"intra_op_spinning": True, "intra_op_spin_us": 10}),
+    ("spin0", None), ("spin100001", None), ("spin", None), ("fast", None),
+])  # fmt: skip
+def test_spinning_values_name_the_runner_options(bench_serving, value: str, options: dict | None) -> None:
+    assert bench_serving.spinning_options(value) == options
+
+
+def test_a_bad_spinning_or_analyzer_mode_is_refused_before_any_agent_starts(slow_bundle: Path) -> None:
+    for flag, value, message in (("--spinning", "spin10,fast", "--spinning fast: use off, on, bundle or spin<microseconds>"),
+                                 ("--analyzer-modes", "sync,burst", "--analyzer-modes sync,burst: a comma list of sync and async")):  # fmt: skip
+        done = subprocess.run([sys.executable, str(SCRIPTS / "bench_serving.py"), "--bundle", str(slow_bundle), flag, value],
+                              capture_output=True, text=True, timeout=60, cwd=SCRIPTS.parent)  # fmt: skip
+        assert done.returncode == 2 and message in done.stderr, done.stderr[-1000:]

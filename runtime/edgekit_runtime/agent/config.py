@@ -42,6 +42,7 @@ from edgekit_runtime.agent.config_types import (
 )
 from edgekit_runtime.agent.errors import AgentConfigError
 from edgekit_runtime.yaml_limited import Location, Positions, parse_yaml_limited, read_limited_bytes
+from edgekit_runtime.backends.onnxruntime import MAX_SPIN_US
 
 __all__ = [
     "AgentConfig",
@@ -505,7 +506,7 @@ def _parse_batching(section: _Section) -> BatchingConfig:
     return BatchingConfig(**_batching_values(section), dim=section.string("dim", "batch"), models=models)
 
 
-_RUNNER_PER_MODEL = ("intra_op_spinning", "intra_op_threads")
+_RUNNER_PER_MODEL = ("intra_op_spinning", "intra_op_spin_us", "intra_op_threads")
 
 
 def _runner_values(section: _Section) -> dict[str, Any]:
@@ -517,6 +518,12 @@ def _runner_values(section: _Section) -> dict[str, Any]:
             raise section.error(section.key("intra_op_spinning"), f"expected true, false or null, got {value!r}",
                                 hint="false parks ONNX Runtime's intra-op threads between runs (the default); null keeps the bundle's setting")  # fmt: skip
         values["intra_op_spinning"] = value
+    if "intra_op_spin_us" in section.data:
+        values["intra_op_spin_us"] = None if section.data["intra_op_spin_us"] is None else section.number(
+            "intra_op_spin_us", minimum=1, integer=True, maximum=MAX_SPIN_US, example="10")
+        if values["intra_op_spin_us"] is not None and values.get("intra_op_spinning") is False:
+            raise section.error(section.key("intra_op_spin_us"), "bounds spinning, which intra_op_spinning: false turns off",
+                                hint="drop one of the two: intra_op_spinning: false parks the threads, intra_op_spin_us lets them spin that long")  # fmt: skip
     if "intra_op_threads" in section.data:
         values["intra_op_threads"] = None if section.data["intra_op_threads"] is None else section.number(
             "intra_op_threads", minimum=1, integer=True, maximum=256, example="1")

@@ -214,18 +214,23 @@ class BatchingConfig:
 
 
 #: whether ONNX Runtime's intra-op threads spin-wait between runs in a serving agent whose config names nothing:
-#: off, measured in docs/agent.md ("Per-request work in the event loop"): as fast at c=16, 35-40 % less CPU
-DEFAULT_SERVING_SPINNING = False
+#: yes, but only for DEFAULT_SERVING_SPIN_US (docs/agent.md, "Intra-op threads: a brief spin"); unbounded
+#: spinning burnt a core at c=16 ("Per-request work in the event loop"), parking them cost a wake-up per operator
+DEFAULT_SERVING_SPINNING = True
+#: how long those threads spin before they sleep, in microseconds (ONNX Runtime 1.26 and later; older ones park them)
+DEFAULT_SERVING_SPIN_US = 10
 
 
 @dataclass(frozen=True)
 class RunnerConfig:
     """Runner options the agent sets over a bundle's own when it loads the bundle to serve (ONNX Runtime
     bundles only; ``None``: the bundle's setting). ``intra_op_spinning``: whether the intra-op threads
-    spin-wait between runs (ONNX Runtime's default is to spin); ``intra_op_threads``: the intra-op pool's size.
+    spin-wait between runs (ONNX Runtime's default is to spin); ``intra_op_spin_us``: for how long, where they
+    spin (``None``: ONNX Runtime's own length); ``intra_op_threads``: the intra-op pool's size.
     ``models`` overrides them for one model by name (:meth:`for_model`)."""
 
     intra_op_spinning: bool | None = DEFAULT_SERVING_SPINNING
+    intra_op_spin_us: int | None = DEFAULT_SERVING_SPIN_US
     intra_op_threads: int | None = None
     models: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
@@ -238,7 +243,8 @@ class RunnerConfig:
         """Model ``name``'s runner options by backend name, as :func:`~edgekit_runtime.agent.loading.load_bundle`
         takes them (options a backend does not know are not given to it)."""
         chosen = self.for_model(name)
-        options = {"intra_op_spinning": chosen.intra_op_spinning, "intra_op_threads": chosen.intra_op_threads}
+        options = {"intra_op_spinning": chosen.intra_op_spinning, "intra_op_spin_us": chosen.intra_op_spin_us,
+                   "intra_op_threads": chosen.intra_op_threads}  # fmt: skip
         given = {key: value for key, value in options.items() if value is not None}
         return {"onnxruntime": given} if given else {}
 

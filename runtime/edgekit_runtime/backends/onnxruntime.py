@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,7 +70,19 @@ _PROVIDER_PACKAGES: Mapping[str, str] = {
 PROVIDER_DEFAULTS: Mapping[str, Mapping[str, str]] = {"CUDAExecutionProvider": {"use_tf32": "0"}}
 
 _CONSTRUCTOR_OPTIONS = ("execution_providers", "graph_optimization", "intra_op_threads", "optimized_model_path", "denormal_as_zero",
-                        "io_binding", "intra_op_spinning")
+                        "io_binding", "intra_op_spinning", "intra_op_spin_us")
+
+#: The first ONNX Runtime release that reads ``session.intra_op.spin_duration_us`` (1.25.1's library has no such
+#: key; 1.26.0's has). Older ones ignore it and spin for their own default length.
+SPIN_DURATION_SINCE = (1, 26)
+#: the longest intra-op spin a runner accepts, in microseconds (a tenth of a second)
+MAX_SPIN_US = 100_000
+
+
+def spin_duration_supported(version: str) -> bool:
+    """Whether ONNX Runtime ``version`` (``onnxruntime.__version__``) bounds its intra-op spinning by time."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return found is not None and (int(found.group(1)), int(found.group(2))) >= SPIN_DURATION_SINCE
 
 
 @dataclass(frozen=True)
@@ -164,7 +177,15 @@ class OnnxRuntimeRunner(Runner):
     (``session.intra_op.allow_spinning``): ``None`` (the default) leaves ONNX Runtime's choice, which is to
     spin; ``False`` parks them. Spinning saves a wake-up when calls come back to back from one thread; in a
     server that does other work between calls the spinning threads burn a core the rest of the process (and
-    its clients) lack: the agent turns it off for serving (``runner.intra_op_spinning`` in its config).
+    its clients) lack.
+
+    ``intra_op_spin_us`` bounds that spinning in time where spinning is allowed (``intra_op_spinning`` true or
+    ``None``; with ``False`` it has no effect): after a parallel section, a thread spins for about that many
+    microseconds, then sleeps (``session.intra_op.spin_duration_us``, ONNX Runtime 1.26 and later). A few
+    microseconds keep the pool awake between the operators of one run and between calls made back to back,
+    and cost little CPU when calls are far apart: the agent's serving default (``runner.intra_op_spin_us``).
+    An ONNX Runtime older than 1.26 ignores the key and would spin its full default length, so there the
+    threads are parked instead (``intra_op_spinning`` taken as false) and the log says so.
     """
 
     backend_name = "onnxruntime"
@@ -180,6 +201,7 @@ class OnnxRuntimeRunner(Runner):
         denormal_as_zero: bool = False,
         io_binding: bool | None = None,
         intra_op_spinning: bool | None = None,
+        intra_op_spin_us: int | None = None,
     ) -> None:
         super().__init__(signature)
         self.model_path = Path(model_path)
@@ -221,6 +243,11 @@ class OnnxRuntimeRunner(Runner):
             raise BackendError(f"intra_op_spinning must be true, false or null, got {intra_op_spinning!r}",
                                hint="null keeps ONNX Runtime's default (spinning)")  # fmt: skip
         self.intra_op_spinning = intra_op_spinning
+        if intra_op_spin_us is not None and (not isinstance(intra_op_spin_us, int) or isinstance(intra_op_spin_us, bool)
+                                             or not 1 <= intra_op_spin_us <= MAX_SPIN_US):  # fmt: skip
+            raise BackendError(f"intra_op_spin_us must be an int from 1 to {MAX_SPIN_US} or null, got {intra_op_spin_us!r}",
+                               hint="a few microseconds keep the pool awake between operators; null keeps ONNX Runtime's spin length")  # fmt: skip
+        self.intra_op_spin_us = intra_op_spin_us
         self._binding: DeviceBinding | None = None
         self.providers_that_failed: tuple[str, ...] = ()  # requested, built in, but not loaded (a later one ran)
         self._session: Any = None
@@ -244,6 +271,7 @@ class OnnxRuntimeRunner(Runner):
             "denormal_as_zero": section.get("denormal_as_zero", False),
             "io_binding": section.get("io_binding"),
             "intra_op_spinning": section.get("intra_op_spinning"),
+            "intra_op_spin_us": section.get("intra_op_spin_us"),
         }
         options.update(overrides)
         return cls(bundle.model_path, bundle.io, **options)
@@ -274,8 +302,16 @@ class OnnxRuntimeRunner(Runner):
             options.optimized_model_filepath = str(self.optimized_model_path)
         if self.denormal_as_zero:
             options.add_session_config_entry("session.set_denormal_as_zero", "1")
-        if self.intra_op_spinning is not None:
-            options.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.intra_op_spinning else "0")
+        spinning = self.intra_op_spinning
+        if self.intra_op_spin_us is not None and spinning is not False:
+            if spin_duration_supported(ort.__version__):
+                options.add_session_config_entry("session.intra_op.spin_duration_us", str(self.intra_op_spin_us))
+            else:
+                spinning = False
+                logger.info("onnxruntime %s cannot bound intra-op spinning to %d us (1.26 and later can): the intra-op "
+                            "threads of '%s' sleep between runs instead", ort.__version__, self.intra_op_spin_us, self.model_path)  # fmt: skip
+        if spinning is not None:
+            options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         session = self._new_session(ort, options, self.execution_providers)
         self._check_providers_loaded(ort, session)
         session = self._without_providers_that_failed(ort, options, session)
