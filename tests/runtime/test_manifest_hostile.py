@@ -141,3 +141,25 @@ def test_file_paths_are_checked_when_the_manifest_is_read_even_without_verify(bu
     save_manifest(bundle_dir, manifest)
     with pytest.raises(BundleError, match=fragment):
         open_bundle(bundle_dir, verify=False)
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("intra_op_spinning", "yes", "intra_op_spinning must be true, false or null, got 'yes'"),
+    ("intra_op_spin_us", "abc", "intra_op_spin_us must be an int from 1 to 100000 or null, got 'abc'"),
+    ("intra_op_spin_us", 0, "intra_op_spin_us must be an int from 1 to 100000 or null, got 0"),
+    ("intra_op_threads", -2, "intra_op_threads must be an int >= 0 or null, got -2"),
+])  # fmt: skip
+def test_bad_backend_options_in_a_manifest_name_the_bundle_and_section(bundle_dir: Path, key: str, value: object, message: str) -> None:
+    from edgekit_runtime.backends import create_runner
+    from edgekit_runtime.errors import BackendError
+
+    manifest = load_manifest(bundle_dir)
+    manifest["backend"][key] = value
+    save_manifest(bundle_dir, manifest)
+    bundle = open_bundle(bundle_dir, verify=False)
+    with pytest.raises(BackendError) as caught:
+        create_runner(bundle)
+    assert str(caught.value).startswith(f"bundle '{bundle_dir}' (manifest.json backend): {message}")
+    with pytest.raises(BackendError) as caught:  # the options a caller gave are named as well: they may be the cause
+        create_runner(bundle, io_binding=False)
+    assert f"(manifest.json backend, with io_binding from the runner options): {message}" in str(caught.value)

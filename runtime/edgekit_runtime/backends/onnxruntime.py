@@ -274,7 +274,11 @@ class OnnxRuntimeRunner(Runner):
             "intra_op_spin_us": section.get("intra_op_spin_us"),
         }
         options.update(overrides)
-        return cls(bundle.model_path, bundle.io, **options)
+        try:
+            return cls(bundle.model_path, bundle.io, **options)
+        except BackendError as err:  # say where the options came from: the manifest, or the caller's overrides
+            given = f", with {', '.join(sorted(overrides))} from the runner options" if overrides else ""
+            raise BackendError(f"bundle '{bundle.root}' (manifest.json backend{given}): {err.message}", hint=err.hint) from err
 
     @property
     def session(self) -> Any:
