@@ -41,8 +41,8 @@ from edgekit_runtime.agent.config_types import (
     parse_api_address,
 )
 from edgekit_runtime.agent.errors import AgentConfigError
-from edgekit_runtime.yaml_limited import Location, Positions, parse_yaml_limited, read_limited_bytes
 from edgekit_runtime.backends.onnxruntime import MAX_SPIN_US
+from edgekit_runtime.yaml_limited import Location, Positions, parse_yaml_limited, read_limited_bytes
 
 __all__ = [
     "AgentConfig",
@@ -516,7 +516,7 @@ def _runner_values(section: _Section) -> dict[str, Any]:
         value = section.data["intra_op_spinning"]
         if value is not None and not isinstance(value, bool):
             raise section.error(section.key("intra_op_spinning"), f"expected true, false or null, got {value!r}",
-                                hint="false parks ONNX Runtime's intra-op threads between runs (the default); null keeps the bundle's setting")  # fmt: skip
+                                hint="true (the default) lets ONNX Runtime's intra-op threads spin intra_op_spin_us after a run; false parks them; null keeps the bundle's setting")  # fmt: skip
         values["intra_op_spinning"] = value
     if "intra_op_spin_us" in section.data:
         values["intra_op_spin_us"] = None if section.data["intra_op_spin_us"] is None else section.number(
