@@ -132,7 +132,12 @@ class Reader:
         from edgekit.fleet.report import build_report
         from edgekit.fleet.store import open_store
 
-        with open_store(self.store_url) as store:
+        try:
+            store = open_store(self.store_url)
+        except Exception as exc:  # noqa: BLE001 (recorded: a reader that cannot even open the store is the worst read)
+            self.errors.append(f"opening the store: {type(exc).__name__}: {exc}")
+            return
+        with store:
             reads: list[tuple[str, Callable[[], Any]]] = [
                 ("status", lambda: (store.device_counts(), store.device_page(limit=100))),  # the table: counts, a page
                 ("status --json", lambda: list(store.device_rows())),  # every device, as --json reads it
@@ -157,16 +162,55 @@ class Reader:
                 for label, times in self.times.items() if times} | {"errors": self.errors[:5], "error_count": len(self.errors)}  # fmt: skip
 
 
+class WriteProbe:
+    """Takes SQLite's write lock and lets it go again (``BEGIN IMMEDIATE``, ``ROLLBACK``) twice a second from its own
+    connection, recording how long each wait was: what a collector's write meets while retention runs."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.waits: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-write-probe", daemon=True)
+
+    def __enter__(self) -> WriteProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(120)
+
+    def _run(self) -> None:
+        import sqlite3
+
+        connection = sqlite3.connect(self.path, timeout=120, isolation_level=None)
+        try:
+            while not self._stop.wait(0.5):
+                started = time.perf_counter()
+                connection.execute("BEGIN IMMEDIATE")
+                self.waits.append(time.perf_counter() - started)
+                connection.execute("ROLLBACK")
+        finally:
+            connection.close()
+
+    def summary(self) -> dict[str, Any]:
+        waits = sorted(self.waits) or [0.0]
+        return {"probes": len(self.waits), "median_s": round(statistics.median(waits), 3),
+                "p95_s": round(waits[int(0.95 * (len(waits) - 1))], 3), "max_s": round(waits[-1], 3)}  # fmt: skip
+
+
 def bench_retention(store_url: str) -> dict[str, Any]:
-    """Roll every raw window older than an hour up, while a reader reads; how long each took."""
+    """Roll every raw window older than an hour up, while a reader reads and (SQLite) a probe waits for the write
+    lock now and then; how long each took."""
     from edgekit.fleet.store import open_store
 
-    with open_store(store_url) as store, Reader(store_url) as reader:
+    with open_store(store_url) as store, Reader(store_url) as reader, WriteProbe(store_url.split("://", 1)[1][1:]) as probe:
         raw = int(store._query("counting", "SELECT COUNT(*) FROM telemetry_windows")[0][0])  # type: ignore[attr-defined]
         started = time.perf_counter()
         rolled = store.apply_retention(dt.timedelta(hours=1))
         seconds = time.perf_counter() - started
-    return {"raw_windows_before": raw, "rolled": rolled, "seconds": round(seconds, 1), "reads_meanwhile": reader.summary()}
+    return {"raw_windows_before": raw, "rolled": rolled, "seconds": round(seconds, 1), "reads_meanwhile": reader.summary(),
+            "write_lock_waits": probe.summary()}  # fmt: skip
 
 
 def bench_ingest_while_reading(store_url: str, devices: int, windows: int, workers: int) -> dict[str, Any]:

@@ -96,3 +96,30 @@ def test_a_new_sqlite_store_gives_freed_pages_back_after_retention(tmp_path) -> 
         assert connection.execute("PRAGMA freelist_count").fetchone()[0] == 0
         connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     assert path.stat().st_size < grown / 2, (grown, path.stat().st_size)
+
+
+def test_a_store_opens_for_reading_while_a_writer_holds_the_lock(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """A retention pass holds SQLite's write lock a few seconds a batch (longer than the busy timeout on a
+    loaded host, with 10,000 devices of history): `fleet status` and the dashboard, which open the store
+    meanwhile, read the schema version from a snapshot instead of waiting for the lock."""
+    import sqlite3
+
+    from edgekit.fleet.store import sqlite as sqlite_store
+
+    path = tmp_path / "fleet.db"
+    with open_store(f"sqlite:///{path}") as store:
+        store.add_windows([window(seq, start=D0 + seq * dt.timedelta(minutes=5)) for seq in range(1, 13)])
+    monkeypatch.setattr(sqlite_store, "BUSY_TIMEOUT_S", 0.2)  # what waiting for the writer would run into
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")  # the write lock, as a retention batch or the collector holds it
+    try:
+        with open_store(f"sqlite:///{path}") as reader:
+            assert reader.device_counts()  # and it reads: the devices' states from the same snapshot
+            rows = reader._query("test", "SELECT COUNT(*) FROM telemetry_windows")  # type: ignore[attr-defined]
+            assert rows[0][0] == 12
+        with pytest.raises(StoreError, match="is busy while"):  # a writer still waits for the lock, and says so
+            with open_store(f"sqlite:///{path}") as blocked:
+                blocked.add_windows([window(13, start=D0 + 13 * dt.timedelta(minutes=5))])
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()

@@ -162,6 +162,8 @@ class SqlFleetStore(DeviceReadsMixin, RetentionMixin, FleetStore):
             return list(cursor.fetchall())
 
     def _migrate(self) -> None:
+        if self._schema_is_current():
+            return
         with self._transaction("reading the schema version") as cursor:
             self._lock_for_migration(cursor)
             cursor.execute(self._sql(queries.CREATE_SCHEMA_VERSION))
@@ -175,6 +177,17 @@ class SqlFleetStore(DeviceReadsMixin, RetentionMixin, FleetStore):
                     self._organise_rollups(cursor)
                     if current > 0:
                         self._sum_in_history(cursor)
+
+    def _schema_is_current(self) -> bool:
+        """Whether the store needs no migration, read without the write lock: opening a store to read it (``fleet
+        status``, the dashboard) must not wait for a writer (a retention pass holds SQLite's write lock for seconds
+        at a time; waiting past the busy timeout failed the open). Anything unclear (no schema table yet, an error)
+        is left to the write transaction, which reads the version again under the lock."""
+        try:
+            rows = self._query("reading the schema version", "SELECT MAX(version) FROM schema_version")
+        except StoreError:  # a new store (no table), or unreadable: the locked path decides and reports
+            return False
+        return not pending(self.dialect, int(rows[0][0] or 0), self.url)
 
     def _organise_rollups(self, cursor: Any) -> None:
         """Lay out the rollup tables for retention by time (PostgreSQL: daily partitions), when migrating."""
