@@ -73,11 +73,15 @@ class RetentionMixin(abc.ABC):
         """Roll windows ending before ``cutoff`` into rollups and delete them, in the open transaction; return
         the runs of consecutive seqs rolled up (:data:`ISLANDS_SQL` over the windows moved)."""
 
+    def _old_windows(self, table: str) -> str:
+        """``table`` aliased ``w``, as the statements that pick a batch's windows by ``window_end`` read it."""
+        return f"{table} w"
+
     def _retain_models(self, cursor: Any, cutoff: Any, bucket_s: int) -> None:
         """Sum the model windows ending before ``cutoff`` into model rollups and delete them."""
         params = {"cutoff": cutoff, "bucket_s": bucket_s}
-        cursor.execute(self._sql(queries.model_rollup_insert_sql(self, "telemetry_model_windows w", "w.window_end < :cutoff")),
-                       params)  # fmt: skip
+        source = self._old_windows("telemetry_model_windows")
+        cursor.execute(self._sql(queries.model_rollup_insert_sql(self, source, "w.window_end < :cutoff")), params)
         cursor.execute(self._sql("DELETE FROM telemetry_model_windows WHERE window_end < :cutoff"), params)
 
     def _lock_rolled_seqs(self, cursor: Any, exclusive: bool) -> None:

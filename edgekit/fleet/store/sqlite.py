@@ -123,12 +123,20 @@ class SqliteStore(SqlFleetStore):
     def least_sql(self, a: str, b: str) -> str:
         return f"MIN(COALESCE({a}, {b}), COALESCE({b}, {a}))"
 
+    def _old_windows(self, table: str) -> str:
+        # A batch's windows by their end. Left to itself SQLite's planner reads the whole table in primary-key
+        # order instead (fleet, device, seq: the order the GROUP BY and ROW_NUMBER want) and filters it: at 10,000
+        # devices with 24 h of windows that made a 20,000-window batch hold the write lock 12 s, past the busy
+        # timeout of every writer and reader that opened the store meanwhile. Through the index: 1.2 s.
+        return f"{table} w INDEXED BY {table}_by_end"
+
     def _retain(self, cursor: Any, cutoff: Any, bucket_s: int) -> list[SeqRun]:
         # BEGIN IMMEDIATE holds the write lock, so all three statements see the same windows.
         params = {"cutoff": cutoff, "bucket_s": bucket_s}
-        cursor.execute(queries.ISLANDS_SQL.format(source="telemetry_windows w", where="w.window_end < :cutoff"), params)
+        source = self._old_windows("telemetry_windows")
+        cursor.execute(queries.ISLANDS_SQL.format(source=source, where="w.window_end < :cutoff"), params)
         runs = [SeqRun(*row) for row in cursor.fetchall()]
-        cursor.execute(queries.rollup_insert_sql(self, "telemetry_windows w", "w.window_end < :cutoff"), params)
+        cursor.execute(queries.rollup_insert_sql(self, source, "w.window_end < :cutoff"), params)
         cursor.execute("DELETE FROM telemetry_windows WHERE window_end < :cutoff", params)
         return runs
 
