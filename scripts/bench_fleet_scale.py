@@ -107,24 +107,34 @@ def run_script(script: str, args: list[str]) -> dict[str, Any]:
     return json.loads("\n".join(lines[starts[-1]:]))  # type: ignore[no-any-return]
 
 
-class Reader:
-    """Reads a store in a loop from another thread (status as its table and as --json, report, overview), recording
-    each read's seconds and its errors; the loads that ingest and retention must not starve."""
+class Beside:
+    """Work that ``_run`` does in a thread of its own while the ``with`` block runs; ``_stop`` says when to end."""
 
-    def __init__(self, store_url: str) -> None:
-        self.store_url = store_url
-        self.times: dict[str, list[float]] = {}
-        self.errors: list[str] = []
+    def __init__(self, name: str) -> None:
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="bench-reader", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
-    def __enter__(self) -> Reader:
+    def __enter__(self):  # type: ignore[no-untyped-def]
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(120)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class Reader(Beside):
+    """Reads a store in a loop from another thread (status as its table and as --json, report, overview), recording
+    each read's seconds and its errors; the loads that ingest and retention must not starve."""
+
+    def __init__(self, store_url: str) -> None:
+        super().__init__("bench-reader")
+        self.store_url = store_url
+        self.times: dict[str, list[float]] = {}
+        self.errors: list[str] = []
 
     def _run(self) -> None:
         from edgekit.fleet.dashboard.api import overview
@@ -162,23 +172,14 @@ class Reader:
                 for label, times in self.times.items() if times} | {"errors": self.errors[:5], "error_count": len(self.errors)}  # fmt: skip
 
 
-class WriteProbe:
+class WriteProbe(Beside):
     """Takes SQLite's write lock and lets it go again (``BEGIN IMMEDIATE``, ``ROLLBACK``) twice a second from its own
     connection, recording how long each wait was: what a collector's write meets while retention runs."""
 
     def __init__(self, path: str) -> None:
+        super().__init__("bench-write-probe")
         self.path = path
         self.waits: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="bench-write-probe", daemon=True)
-
-    def __enter__(self) -> WriteProbe:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(120)
 
     def _run(self) -> None:
         import sqlite3
