@@ -33,7 +33,7 @@ from edgekit.fleet.store.base import (
     TelemetryWindow,
 )
 from edgekit.fleet.store.device_reads import DeviceReadsMixin
-from edgekit.fleet.store.migrate import pending, split_statements
+from edgekit.fleet.store.migrate import SchemaMigrations
 from edgekit.fleet.store.retention import (  # re-exported (__all__): the stores and older callers import them here
     DEFAULT_GAPS_OPEN_FOR,
     RetentionMixin,
@@ -47,8 +47,6 @@ from edgekit.fleet.store.summaries import summary_from_row
 PAGE_ROWS = 5000
 #: Parameters per multi-row statement (SQLite allows 32,766, PostgreSQL 65,535).
 PARAMS_PER_STATEMENT = 10_000
-#: The schema version that added the aggregates kept at ingest (edgekit/fleet/store/buckets.py).
-AGGREGATES_VERSION = 7
 WINDOW_COLUMNS = ("fleet", "device", "seq", "window_start", "window_end", "received_at", "bundle_id", "bundle_sha256",
                   "inferences", "errors", "p50_ms", "p90_ms", "p99_ms", "max_ms", "mean_ms", "throughput_per_s",
                   "power_mean_mw", "power_max_mw", "energy_mj", "energy_per_inference_mj", "temperature_max_c",
@@ -58,7 +56,7 @@ _EVENT_COLUMNS = ("event_id", "fleet", "device", "kind", "level", "message", "at
 _NAMED_RE = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
 
 
-class SqlFleetStore(DeviceReadsMixin, RetentionMixin, FleetStore):
+class SqlFleetStore(DeviceReadsMixin, RetentionMixin, SchemaMigrations, FleetStore):
     """Everything but the connection. ``dialect`` names the migrations folder."""
 
     dialect: str
@@ -161,37 +159,6 @@ class SqlFleetStore(DeviceReadsMixin, RetentionMixin, FleetStore):
             cursor.execute(self._sql(sql), params)
             return list(cursor.fetchall())
 
-    def _migrate(self) -> None:
-        if self._schema_is_current():
-            return
-        with self._transaction("reading the schema version") as cursor:
-            self._lock_for_migration(cursor)
-            cursor.execute(self._sql(queries.CREATE_SCHEMA_VERSION))
-            cursor.execute(self._sql("SELECT MAX(version) FROM schema_version"))
-            current = int(cursor.fetchone()[0] or 0)
-            for migration in pending(self.dialect, current, self.url):
-                self._run_script(cursor, migration.sql)
-                cursor.execute(self._sql("INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)"),
-                               (migration.version, migration.name, _now().isoformat()))  # fmt: skip
-                if migration.version == AGGREGATES_VERSION:
-                    self._organise_rollups(cursor)
-                    if current > 0:
-                        self._sum_in_history(cursor)
-
-    def _schema_is_current(self) -> bool:
-        """Whether the store needs no migration, read without the write lock: opening a store to read it (``fleet
-        status``, the dashboard) must not wait for a writer (a retention pass holds SQLite's write lock for seconds
-        at a time; waiting past the busy timeout failed the open). Anything unclear (no schema table yet, an error)
-        is left to the write transaction, which reads the version again under the lock."""
-        try:
-            rows = self._query("reading the schema version", "SELECT MAX(version) FROM schema_version")
-        except StoreError:  # a new store (no table), or unreadable: the locked path decides and reports
-            return False
-        return not pending(self.dialect, int(rows[0][0] or 0), self.url)
-
-    def _organise_rollups(self, cursor: Any) -> None:
-        """Lay out the rollup tables for retention by time (PostgreSQL: daily partitions), when migrating."""
-
     def _sum_in_history(self, cursor: Any) -> None:
         """Sum the windows and rollups a store kept before it had aggregates into them (once, when migrating)."""
         cursor.execute(self._sql(f"SELECT {', '.join(WINDOW_COLUMNS)} FROM telemetry_windows ORDER BY fleet, device, seq"))
@@ -204,13 +171,6 @@ class SqlFleetStore(DeviceReadsMixin, RetentionMixin, FleetStore):
         buckets.ingest(self, cursor, buckets.rollup_parts(cursor.fetchall(), self.time_out))
         cursor.execute(self._sql(queries.SELECT_MODEL_HISTORY))
         buckets.ingest(self, cursor, buckets.model_history_parts(cursor.fetchall(), self.time_out))
-
-    def _lock_for_migration(self, cursor: Any) -> None:
-        """Keep two processes opening the same new database from migrating it at once."""
-
-    def _run_script(self, cursor: Any, script: str) -> None:
-        for statement in split_statements(script):
-            cursor.execute(statement)
 
     @property
     def schema_version(self) -> int:
