@@ -356,6 +356,7 @@ class MessageRecorder:
             self.client.tls_set(ca_certs=str(broker.tls.ca_cert))
         self.client.on_message = self._on_message
         self.client.on_connect = self._on_connect
+        self.client.on_subscribe = self._on_subscribe
         self.client.reconnect_delay_set(0.1, 0.5)
         properties = None
         if session_expiry_s:
@@ -370,6 +371,11 @@ class MessageRecorder:
     def _on_connect(self, client, userdata, flags, reason, properties) -> None:  # type: ignore[no-untyped-def]
         if not reason.is_failure:
             client.subscribe([(topic, 1) for topic in self._topics])
+
+    def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:  # type: ignore[no-untyped-def]
+        # Subscribed once the broker acknowledged it (SUBACK), not when SUBSCRIBE was sent: a message published
+        # in between was missed (a CI run under load lost a rollout's first command that way).
+        if not any(code.is_failure for code in reason_codes):
             self._subscribed.set()
 
     def _on_message(self, client, userdata, message) -> None:  # type: ignore[no-untyped-def]
