@@ -88,8 +88,8 @@ def _unwrap(annotation: Any) -> list[Any]:
     return [annotation]
 
 
-def _valid_keys(model: type[BaseModel], loc: Location) -> list[str]:
-    """The field names valid at ``loc`` inside ``model`` (best effort; [] when unknown)."""
+def _types_at(model: type[BaseModel], loc: Location) -> list[Any]:
+    """The annotations a value at ``loc`` inside ``model`` may have (best effort; [] when unknown)."""
     candidates: list[Any] = [model]
     for part in loc:
         next_candidates: list[Any] = []
@@ -107,12 +107,43 @@ def _valid_keys(model: type[BaseModel], loc: Location) -> list[str]:
                     if len(args) == 2:
                         next_candidates.append(args[1])
         candidates = next_candidates
-    keys: list[str] = []
-    for candidate in candidates:
-        for concrete in _unwrap(candidate):
-            if isinstance(concrete, type) and issubclass(concrete, BaseModel):
-                keys.extend(field.alias or name for name, field in concrete.model_fields.items())
-    return keys
+    return [concrete for candidate in candidates for concrete in _unwrap(candidate)]
+
+
+def _valid_keys(model: type[BaseModel], loc: Location) -> list[str]:
+    """The field names valid at ``loc`` inside ``model`` (best effort; [] when unknown)."""
+    return [field.alias or name for concrete in _types_at(model, loc)
+            if isinstance(concrete, type) and issubclass(concrete, BaseModel)
+            for name, field in concrete.model_fields.items()]  # fmt: skip
+
+
+def _union_tags(model: type[BaseModel], loc: Location, discriminator: str) -> list[str]:
+    """The values ``discriminator`` may take at ``loc`` (a tagged union's members' ``Literal`` tags)."""
+    tags: list[str] = []
+    for concrete in _types_at(model, loc):
+        if isinstance(concrete, type) and issubclass(concrete, BaseModel) and discriminator in concrete.model_fields:
+            tags.extend(str(tag) for tag in typing.get_args(concrete.model_fields[discriminator].annotation))
+    return tags
+
+
+def _tag_message(err: Any, model: type[BaseModel], loc: Location, field: str) -> tuple[str, str]:
+    """(message, hint) for a section of a tagged union whose tag is missing or names no member: which key
+    picks the kind, the kinds there are, and a kind the section's own keys suggest (``onnx: x.onnx``)."""
+    ctx = err.get("ctx") or {}
+    discriminator = str(ctx.get("discriminator", "kind")).strip("'\"")
+    tags = _union_tags(model, loc, discriminator)
+    given = err.get("input")
+    keys = [str(key) for key in given] if isinstance(given, dict) else []
+    if err["type"] == "union_tag_invalid":
+        tag = str(ctx.get("tag"))
+        message = f"field '{field}.{discriminator}': unknown {discriminator} '{tag}'"
+        close = difflib.get_close_matches(tag, tags, n=1, cutoff=0.6)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+    else:
+        message = f"field '{field}': missing the '{discriminator}' key that says what this section is"
+        named = [key for key in keys if key in tags]
+        hint = f"write '{discriminator}: {named[0]}' (and its other fields, e.g. 'path') instead of '{named[0]}:'; " if named else ""
+    return message, hint + f"'{discriminator}' is one of: {', '.join(tags)}" if tags else hint.rstrip("; ")
 
 
 def _format_loc(loc: Location) -> str:
@@ -213,6 +244,11 @@ def validation_message(exc: ValidationError, model: type[BaseModel], path: Path,
             elif valid:
                 hints.append(f"valid keys there: {', '.join(sorted(valid))}")
             lines.append(msg)
+        elif err["type"] in ("union_tag_not_found", "union_tag_invalid"):
+            message, hint = _tag_message(err, model, loc, field)
+            lines.append(f"{where}: {message}")
+            if hint:
+                hints.append(hint)
         elif err["type"] == "missing":
             lines.append(f"{where}: missing required field '{field}'")
         elif isinstance(cause, FieldError):

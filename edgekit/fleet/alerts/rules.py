@@ -218,8 +218,6 @@ def load_alert_rules(path: Path | str = DEFAULT_RULES_PATH) -> AlertRules:
     except ValidationError as exc:
         message, hint = validation_message(_CleanedErrors(exc), AlertRules, path, positions)  # type: ignore[arg-type]
         kinds = ", ".join(RULE_KINDS)
-        if "expected tags" in message:
-            hint = (hint + "; " if hint else "") + f"a rule's kind is one of: {kinds}"
         raise AlertRulesError(f"invalid alert rules file:\n{message}",
                               hint=hint or f"see {DEFAULT_RULES_PATH} and {SCHEMA_PATH.name} for the fields of each kind ({kinds})") from None  # fmt: skip
 
