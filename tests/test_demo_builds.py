@@ -44,8 +44,11 @@ def test_digits_cnn_demo_build(tmp_path):
 
 
 @pytest.mark.slow
-def test_minilm_demo_build(tmp_path):
+def test_minilm_demo_build(tmp_path, capfd):
     result = build(REPO / "recipes" / "minilm.yaml", "x86-64-cpu", out=tmp_path / "minilm")
+    # stdout is a command's results (`edgekit build --json | jq`): ONNX Runtime's transformer optimizer
+    # prints 'failed in shape inference' there on this graph, and it goes to the log instead
+    assert capfd.readouterr().out == ""
     manifest = result.manifest
     _check_manifest(manifest)
     assert manifest["export"]["parity"]["max_abs_diff"] < 1e-4
