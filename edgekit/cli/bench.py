@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from edgekit.cli.options import json_parent, print_json, results
+from edgekit.cli.options import json_parent, library_output_to_stderr, print_json, results
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,9 +31,10 @@ def run(args: argparse.Namespace) -> int:
 
     from edgekit.bench import bench_bundle, parse_dims
 
-    report = bench_bundle(args.bundle, parse_dims(args.shape), iterations=args.iterations, warmup=args.warmup,
-                          vs_pytorch=args.vs_pytorch, threads=args.threads, recipe_path=args.recipe, trust_code=args.trust_code,
-                          device=args.device)
+    with library_output_to_stderr():
+        report = bench_bundle(args.bundle, parse_dims(args.shape), iterations=args.iterations, warmup=args.warmup,
+                              vs_pytorch=args.vs_pytorch, threads=args.threads, recipe_path=args.recipe, trust_code=args.trust_code,
+                              device=args.device)
     where = f"{report.threads} threads" if report.device == "cpu" else f"{report.device} on {', '.join(report.providers)}"
     table = Table(title=f"{args.bundle} at {report.dims} ({where}, {report.iterations} runs each)")
     energy = any("energy" in v for v in report.variants.values())

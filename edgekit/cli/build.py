@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from edgekit.cli.options import console, json_parent, output_parent, print_json, results, target_parent
+from edgekit.cli.options import console, json_parent, library_output_to_stderr, output_parent, print_json, results, target_parent
 from edgekit.precision import Backend, Precision
 from edgekit.report.formatting import (
     bundle_vs_fp32,
@@ -44,8 +44,9 @@ def run(args: argparse.Namespace) -> int:
     from edgekit.pipeline import build
     from edgekit.progress import RichStageReporter
 
-    result = build(args.recipe, args.target, precision=args.precision, out=args.out, force=args.force, progress=RichStageReporter(console),
-                   backend=args.backend, trust_code=args.trust_code)
+    with library_output_to_stderr():
+        result = build(args.recipe, args.target, precision=args.precision, out=args.out, force=args.force, progress=RichStageReporter(console),
+                       backend=args.backend, trust_code=args.trust_code)
     manifest = result.manifest
     results(args).print(summary_text(manifest, result.bundle_dir), soft_wrap=True, highlight=False)
     if args.json:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from edgekit.cli.options import json_parent, print_json, results, target_parent
+from edgekit.cli.options import json_parent, library_output_to_stderr, print_json, results, target_parent
 from edgekit.precision import Precision
 
 
@@ -39,10 +39,11 @@ def run(args: argparse.Namespace) -> int:
     from edgekit.bench import parse_dims
     from edgekit.estimate.inputs import estimate_path
 
-    result, source = estimate_path(args.source, args.target, power_mode=args.power_mode, calibration=args.calibration,
-                                   dims=parse_dims(args.shape) if args.shape else None, precision=args.precision,
-                                   measure_host=True if args.measure_host else None, trust_code=args.trust_code,
-                                   layer_model=args.layers)  # fmt: skip
+    with library_output_to_stderr():
+        result, source = estimate_path(args.source, args.target, power_mode=args.power_mode, calibration=args.calibration,
+                                       dims=parse_dims(args.shape) if args.shape else None, precision=args.precision,
+                                       measure_host=True if args.measure_host else None, trust_code=args.trust_code,
+                                       layer_model=args.layers)  # fmt: skip
     printer = results(args)
     mode = f" at {result.power_mode}" if result.power_mode else ""
     printer.print(f"[bold]ESTIMATE[/] for {source.name} on {result.target}{mode} ({result.engine}, batch {result.batch}, dims {result.cost.dims or 'static'})")

@@ -9,11 +9,12 @@ the human summary moves to stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -81,6 +82,24 @@ def results(args: argparse.Namespace | None = None) -> Console:
     if _stdout_is_terminal():
         return Console(file=sys.stdout, highlight=False, width=results_width())
     return Console(file=_TrimmedLines(sys.stdout), highlight=False, width=results_width())
+
+
+@contextlib.contextmanager
+def library_output_to_stderr() -> Iterator[None]:
+    """While a command does its work, whatever the libraries it calls print goes to stderr, at both levels
+    (``sys.stdout`` and file descriptor 1): NNCF's progress bars, ONNX Runtime's optimizer, C++ libraries
+    writing to fd 1. Stdout holds the results the command prints afterwards, so ``--json`` is one JSON
+    document for ``jq``. (A library's progress on stderr is still progress a person sees.)"""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def json_parent() -> argparse.ArgumentParser:

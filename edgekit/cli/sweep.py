@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from edgekit.cli.options import console, output_parent, print_csv, print_json, results, table_output_parent, target_parent
+from edgekit.cli.options import console, library_output_to_stderr, output_parent, print_csv, print_json, results, table_output_parent, target_parent
 
 #: ``edgekit sweep --csv``: the raw fields of each variant.
 CSV_COLUMNS = ("variant", "precision", "pruned", "status", "size_bytes", "p50_ms", "p99_ms", "latency_vs_fp32", "metric_value",
@@ -37,8 +37,9 @@ def run(args: argparse.Namespace) -> int:
     from edgekit.sweep import sweep
 
     out = Path(args.out) if args.out else Path("bundles") / f"sweep-{Path(args.recipe).stem}-{args.target}"
-    result = sweep(args.recipe, args.target, out, force=args.force, iterations=args.iterations, progress=RichStageReporter(console),
-                   trust_code=args.trust_code)
+    with library_output_to_stderr():
+        result = sweep(args.recipe, args.target, out, force=args.force, iterations=args.iterations, progress=RichStageReporter(console),
+                       trust_code=args.trust_code)
     if args.json:
         print_json(result.to_json())
     elif args.csv:

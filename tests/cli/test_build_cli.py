@@ -27,6 +27,16 @@ def test_build_json_summary_is_last_line(built):
     assert summary["accuracy"]["metric"] == "top1"
 
 
+def test_what_a_build_s_libraries_print_goes_to_stderr_and_json_is_all_stdout_holds(tiny_recipe, tmp_path, capfd):
+    """NNCF's progress bars and ONNX Runtime's transformer optimizer print to stdout, from Python and from C;
+    during the work that goes to stderr, so `edgekit build --json | jq` reads one document."""
+    out = tmp_path / "bundle"
+    assert main(["build", str(tiny_recipe(factory="chatty_tiny_net")), "--target", "x86-64-cpu", "--out", str(out), "--json"]) == 0
+    captured = capfd.readouterr()
+    assert json.loads(captured.out)["bundle"] == str(out.resolve())  # the whole of stdout is the JSON document
+    assert "chatty factory: loading weights" in captured.err and "chatty factory: written to fd 1" in captured.err
+
+
 def test_inspect_verifies_and_prints_manifest(built, capsys):
     out, _ = built
     assert main(["inspect", str(out), "--json"]) == 0
