@@ -102,6 +102,14 @@ DEFAULT_STATUS_ROWS = 100
 
 
 
+def simulated_note(store: Any, fleet: str | None) -> str:
+    """``; N simulated: numbers are SYNTHETIC`` when devices of ``fleet`` (all fleets: None) last reported a
+    simulator's agent version (``edgekit fleet simulate``, ``fleet up --simulate``), else ``""``: a table's title
+    says so, as the simulator's own output does, so made-up latency and power are never read as measured."""
+    count = store.simulated_devices(fleet)
+    return f"; {count} simulated: their numbers are SYNTHETIC" if count else ""
+
+
 #: How the status table colours each liveness state (the dashboard uses the same colours).
 STATE_STYLES = {"online": "[green]online[/]", "stale": "[yellow]stale[/]", "offline": "[red]offline[/]",
                 "unknown": "[dim]unknown[/]"}  # fmt: skip
@@ -131,6 +139,7 @@ def run_status(args: argparse.Namespace) -> int:
         found = store.device_page(args.fleet, states=[args.state] if args.state else (), worst_ranks=STATUS_RANKS,
                                   limit=args.limit or None, now=now)  # fmt: skip
         fleets = [args.fleet] if args.fleet else counts.fleets([args.state] if args.state else ())
+        simulated = simulated_note(store, args.fleet)
     summaries, total = found.devices, found.total
     if not total:
         console.print(f"no devices in {escape(args.store)}" + (f" for fleet {escape(args.fleet)}" if args.fleet else ""))
@@ -138,7 +147,7 @@ def run_status(args: argparse.Namespace) -> int:
     shown = f"; the {len(summaries)} worst shown (--limit 0 for all)" if len(summaries) < total else ""
     tally = ", ".join(f"{count} {state}" for state, count in counts.states.items() if count or state in ("online", "stale", "offline"))
     title = (f"fleet {fleets[0] if len(fleets) == 1 else 'status'}: {total} device{'' if total == 1 else 's'}"
-             f"{' ' + args.state if args.state else ''} ({tally}){shown}")  # fmt: skip
+             f"{' ' + args.state if args.state else ''} ({tally}){shown}{simulated}")  # fmt: skip
     columns = ("device", "state", "bundle", "target", "p50 ms", "p99 ms", "power W", "mJ/inf", "temp °C", "last seen",
                "windows", "gaps")  # fmt: skip
     rows = [(s.device if len(fleets) == 1 else f"{s.fleet}/{s.device}", s.state, s.bundle_id or "-", s.target or "-",
@@ -274,6 +283,7 @@ def run_report(args: argparse.Namespace) -> int:
                                         "--target": ("target", args.target)})  # fmt: skip
         if not report.models:
             check_filter_values(store, {"--model": ("model", args.model)})
+        simulated = simulated_note(store, args.fleet)
     if args.json:
         print_json(report.to_json())
         return 0
@@ -293,7 +303,7 @@ def run_report(args: argparse.Namespace) -> int:
         console.print(f"no telemetry in {escape(args.store)} since {since:%Y-%m-%d %H:%M} UTC")
         return 0
     tally = ", ".join(f"{count} {state}" for state, count in report.device_states.items() if count or state in ("online", "stale", "offline"))
-    table = Table(title=f"by bundle, target and power mode since {since:%Y-%m-%d %H:%M} UTC; devices now: {tally}")
+    table = Table(title=f"by bundle, target and power mode since {since:%Y-%m-%d %H:%M} UTC; devices now: {tally}{simulated}")
     for column in ("bundle", "target", "power mode", "devices", "windows", "inferences", "errors", "p50 ms", "p99 ms",
                    "p99 max", "power W", "mJ/inf", "max °C"):  # fmt: skip
         table.add_column(column, justify="left" if column in ("bundle", "target", "power mode") else "right")

@@ -53,6 +53,16 @@ def test_status_piped_prints_the_whole_table_on_stdout(store_url: str) -> None:
     assert max(len(line) for line in done.stdout.splitlines()) > 80
 
 
+def test_status_and_report_say_when_numbers_come_from_simulated_devices(store_url: str) -> None:
+    with open_store(store_url) as store:
+        assert "SYNTHETIC" not in _cli("fleet", "status", "--store", store_url).stdout  # a real agent's device only
+        store.upsert_status(DeviceStatus("lab", LONG_DEVICE, "online", BUNDLE_A.id, None, "sim-1", T0))
+    for command in (("fleet", "status"), ("fleet", "report", "--since", SINCE)):
+        done = _cli(*command, "--store", store_url)
+        assert done.returncode == 0, done.stderr
+        assert "; 1 simulated: their numbers are SYNTHETIC" in done.stdout.splitlines()[0], done.stdout
+
+
 def test_status_csv(store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["fleet", "status", "--store", store_url, "--csv"]) == 0
     captured = capsys.readouterr()

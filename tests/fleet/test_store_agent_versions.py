@@ -20,3 +20,17 @@ def test_agent_versions_are_the_last_status_of_each_device(store: FleetStore) ->
     assert store.agent_versions() == {**store.agent_versions("lab"), ("other", "cam-9"): None}
     assert store.agent_versions("nowhere") == {}
     assert SIM_AGENT_VERSION.startswith(SIMULATED_AGENT_PREFIX)  # the simulator's version is what the check looks for
+
+
+def test_simulated_devices_are_counted_in_the_store_per_fleet(store: FleetStore) -> None:
+    """What `fleet status`, `fleet report` and the dashboard read to say a fleet's numbers are SYNTHETIC."""
+    at = dt.datetime(2026, 11, 28, 3, 0, tzinfo=dt.timezone.utc)
+    store.upsert_statuses([DeviceStatus("lab", "cam-1", "online", None, None, "0.1.0", at),
+                           DeviceStatus("lab", "sim-0001", "online", None, None, SIM_AGENT_VERSION, at),
+                           DeviceStatus("lab", "sim-0002", "online", None, None, SIM_AGENT_VERSION, at),
+                           DeviceStatus("other", "sim-0003", "online", None, None, SIM_AGENT_VERSION, at),
+                           DeviceStatus("other", "cam-9", "online", None, None, None, at)])  # fmt: skip
+    assert (store.simulated_devices("lab"), store.simulated_devices("other"), store.simulated_devices()) == (2, 1, 3)
+    assert store.simulated_devices("nowhere") == 0
+    store.upsert_status(DeviceStatus("lab", "sim-0001", "online", None, None, "0.2.0", at + dt.timedelta(minutes=1)))
+    assert store.simulated_devices("lab") == 1  # its last status is a real agent's

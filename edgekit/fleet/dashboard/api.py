@@ -89,7 +89,7 @@ def overview(store: FleetStore, rollouts: RolloutLog | None, *, fleet: str | Non
     else:
         counts = store.device_counts(fleet) if counts is None else counts  # type: ignore[attr-defined]
         devices, states, bundles = counts.devices, counts.states, counts.bundles
-    figures: dict[str, Any] = {"devices": devices, "states": states}
+    figures: dict[str, Any] = {"devices": devices, "states": states, "simulated": store.simulated_devices(fleet)}
     if breaching is not None:
         figures["breaching"] = breaching
     return {

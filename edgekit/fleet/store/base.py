@@ -303,6 +303,13 @@ class FleetStore(abc.ABC):
         a status are left out. A store that keeps no statuses returns ``{}``."""
         return {}
 
+    def simulated_devices(self, fleet: str | None = None) -> int:
+        """How many devices (of ``fleet``) last reported a simulator's agent version (``sim-*``: ``edgekit fleet
+        simulate``): their latency, power and temperature are SYNTHETIC, and what shows them says so."""
+        from edgekit.fleet.rollout_bundle import SIMULATED_AGENT_PREFIX
+
+        return sum(1 for version in self.agent_versions(fleet).values() if str(version or "").startswith(SIMULATED_AGENT_PREFIX))
+
     def bundle_totals(self, devices: Sequence[tuple[str, str]], bundle_id: str | None) -> Aggregate | None:
         """The (fleet, device) ``devices``' figures summed over every window they ran ``bundle_id`` on, all history
         (the report's before/after of a bundle switch); None when they have none."""

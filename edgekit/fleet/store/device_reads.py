@@ -153,6 +153,14 @@ class DeviceReadsMixin:
         rows = self._query("reading agent versions", sql, {"fleet": fleet} if fleet is not None else {})
         return {(row[0], row[1]): row[2] for row in rows}
 
+    def simulated_devices(self, fleet: str | None = None) -> int:
+        """Devices whose last status came from the simulator (:meth:`FleetStore.simulated_devices`), counted in the store."""
+        from edgekit.fleet.rollout_bundle import SIMULATED_AGENT_PREFIX
+
+        sql = "SELECT COUNT(*) FROM device_status WHERE agent_version LIKE :prefix" + (" AND fleet = :fleet" if fleet is not None else "")
+        params = {"prefix": SIMULATED_AGENT_PREFIX + "%", **({"fleet": fleet} if fleet is not None else {})}
+        return int(self._query("counting simulated devices", sql, params)[0][0])
+
     def device_counts(self, fleet: str | None = None, *, now: dt.datetime | None = None) -> DeviceCounts:
         """Devices per state and per bundle, counted in the store (one small result set however large the fleet)."""
         view, params = self._view(fleet, now or dt.datetime.now(dt.timezone.utc))

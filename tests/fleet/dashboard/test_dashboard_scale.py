@@ -82,6 +82,9 @@ def test_thousands_of_devices_page_ready_small_and_usable(big_dashboard: str, br
     assert [cards[s].find_element(By.TAG_NAME, "b").text for s in ("online", "stale", "offline", "unknown")] == \
         [str(ONLINE), str(STALE), str(OFFLINE), "0"]  # fmt: skip
     assert cards["offline"].find_element(By.TAG_NAME, "b").value_of_css_property("color") in ("rgba(198, 40, 40, 1)", "rgb(198, 40, 40)")
+    # seeded by the simulator (agent sim-1): the page says the numbers are made up
+    assert cards["simulated"].find_element(By.TAG_NAME, "b").text == str(DEVICES)
+    assert "simulated (SYNTHETIC numbers)" in cards["simulated"].text and "SYNTHETIC" in cards["simulated"].get_attribute("title")
     rows = _rows(driver)
     assert len(rows) == 100 and {state for _, _, state in rows} == {"offline"} and {f for f, _, _ in rows} == {"yard"}
     assert driver.find_element(By.ID, "page-position").text == f"1–100 of {DEVICES}"

@@ -133,6 +133,7 @@ function renderCards(overview) {
   const rejected = Object.values(overview.rejected || {}).reduce((a, b) => a + b, 0);
   const cards = [["devices", c.devices, null]].concat(Object.entries(c.states).map(([name, count]) => [name, count, name]));
   if (c.breaching !== undefined) cards.push(["breaching", c.breaching, null]);
+  if (c.simulated) cards.push(["simulated", c.simulated, null]);
   cards.push(["bundles", overview.bundles.length, null], ["rejected messages", rejected, null]);
   document.getElementById("cards").replaceChildren(...cards.map(([label, value, filter]) => {
     const card = el(filter || label === "devices" ? "button" : "div", { class: "card", "data-card": label });
@@ -146,8 +147,12 @@ function renderCards(overview) {
       card.addEventListener("click", () => setStates([]));
     }
     if (label === "breaching" && value > 0) card.classList.add("breaching");
+    if (label === "simulated") {
+      card.classList.add("simulated");
+      card.title = "devices run by edgekit fleet simulate (agent sim-*): their latency, power and temperature are SYNTHETIC";
+    }
     card.appendChild(el("b", {}, value));
-    card.appendChild(document.createTextNode(value === 1 ? ({ devices: "device", bundles: "bundle", "rejected messages": "rejected message" }[label] || label) : label));
+    card.appendChild(document.createTextNode(label === "simulated" ? "simulated (SYNTHETIC numbers)" : value === 1 ? ({ devices: "device", bundles: "bundle", "rejected messages": "rejected message" }[label] || label) : label));
     return card;
   }));
 }
