@@ -21,6 +21,7 @@ import numpy as np
 
 from edgekit.bench.counts import bench_counts, recipe_sets_counts
 from edgekit.bundle.golden import derive_tolerances, golden_batches, margin_for, output_batch_axes, write_golden
+from edgekit.bundle.disk_full import build_places, disk_full_as_error
 from edgekit.bundle.manifest import SCHEMA_VERSION, file_hashes, host_description, model_constant_args, model_opset, toolchain_versions, write_manifest
 from edgekit.bundle.staging import BundleStaging, check_destination
 from edgekit.data import Batch, dims_at, fit_batch, load_batches, model_inputs, run_batches, sequence_steps
@@ -486,51 +487,52 @@ def build(
         progress.note(f"recipe {state.recipe.name} → target {state.target.name} ({state.backend.value}: {state.backend_reason}; {used})")
 
     with tempfile.TemporaryDirectory(prefix="edgekit-build-") as work, BundleStaging(state.out_dir, force) as staging:
-        state.workdir, state.staging_dir = Path(work), staging.path
-        with progress.stage("source", state.recipe.model.kind):
-            stage_source(state)
-        if state.recipe.build.prune is not None:
-            with progress.stage("prune", state.recipe.build.prune.method):
-                stage_prune(state)
-        export_what = "ONNX file" if state.recipe.model.kind == "onnx" else f"opset {state.recipe.export.opset or state.target.build.opset}"
-        with progress.stage("export", export_what):
-            _note(progress, stage_export(state))
-        with progress.stage("parity", "PyTorch vs ONNX at min/opt/max"):
-            _note(progress, stage_parity(state))
-        if state.auto:
-            with progress.stage("auto", "sensitivity + fastest plan inside the budget"):
-                _note(progress, stage_auto(state, fixed_s=sum(float(entry["seconds"]) for entry in progress.times.entries)))
-        elif state.precision not in UNQUANTIZED:
-            with progress.stage("quantize", state.precision.value):
-                _note(progress, stage_quantize(state))
-        with progress.stage("build", f"{state.backend.value} {state.precision.value}"):
-            stage_build(state)
-            assert state.engine is not None
-            runner = host_runner(state)
-            state.open_runners.append(runner)
-        try:
-            with progress.stage("evaluate", state.recipe.evaluation.metric if state.recipe.evaluation else "no metric"):
-                _note(progress, stage_evaluate(state, runner))
-            with progress.stage("golden"):
-                _note(progress, stage_golden(state, runner))
-            with progress.stage("bench", ", ".join(f"{k}={v}" for k, v in bench_dims(state.recipe).items())):
-                _note(progress, stage_bench(state, runner))
-        finally:
-            for open_runner in state.open_runners:
-                open_runner.close()
-        with progress.stage("bundle"):
-            from edgekit.estimate.summary import estimate_for_bundle
-            from edgekit.report import write_report
+        with disk_full_as_error("the build", build_places(state.out_dir)):  # said while the partial files still fill it
+            state.workdir, state.staging_dir = Path(work), staging.path
+            with progress.stage("source", state.recipe.model.kind):
+                stage_source(state)
+            if state.recipe.build.prune is not None:
+                with progress.stage("prune", state.recipe.build.prune.method):
+                    stage_prune(state)
+            export_what = "ONNX file" if state.recipe.model.kind == "onnx" else f"opset {state.recipe.export.opset or state.target.build.opset}"
+            with progress.stage("export", export_what):
+                _note(progress, stage_export(state))
+            with progress.stage("parity", "PyTorch vs ONNX at min/opt/max"):
+                _note(progress, stage_parity(state))
+            if state.auto:
+                with progress.stage("auto", "sensitivity + fastest plan inside the budget"):
+                    _note(progress, stage_auto(state, fixed_s=sum(float(entry["seconds"]) for entry in progress.times.entries)))
+            elif state.precision not in UNQUANTIZED:
+                with progress.stage("quantize", state.precision.value):
+                    _note(progress, stage_quantize(state))
+            with progress.stage("build", f"{state.backend.value} {state.precision.value}"):
+                stage_build(state)
+                assert state.engine is not None
+                runner = host_runner(state)
+                state.open_runners.append(runner)
+            try:
+                with progress.stage("evaluate", state.recipe.evaluation.metric if state.recipe.evaluation else "no metric"):
+                    _note(progress, stage_evaluate(state, runner))
+                with progress.stage("golden"):
+                    _note(progress, stage_golden(state, runner))
+                with progress.stage("bench", ", ".join(f"{k}={v}" for k, v in bench_dims(state.recipe).items())):
+                    _note(progress, stage_bench(state, runner))
+            finally:
+                for open_runner in state.open_runners:
+                    open_runner.close()
+            with progress.stage("bundle"):
+                from edgekit.estimate.summary import estimate_for_bundle
+                from edgekit.report import write_report
 
-            manifest = assemble_manifest(state, list(progress.times.entries))
-            manifest["files"] = file_hashes(staging.path)  # model and golden files; the report is added below
-            manifest["model"]["sha256"] = manifest["files"]["model.onnx"]
-            assert state.bench is not None
-            target_estimate, _ = estimate_for_bundle(manifest, staging.path)  # None for this host: its numbers are measured
-            write_report(staging.path, manifest, state.bench.samples_ms, staging.path / "model.onnx", estimate=target_estimate)
-            manifest["stages"] = list(progress.times.entries)
-            manifest = write_manifest(staging.path, manifest)
-            bundle_dir = staging.commit()
+                manifest = assemble_manifest(state, list(progress.times.entries))
+                manifest["files"] = file_hashes(staging.path)  # model and golden files; the report is added below
+                manifest["model"]["sha256"] = manifest["files"]["model.onnx"]
+                assert state.bench is not None
+                target_estimate, _ = estimate_for_bundle(manifest, staging.path)  # None for this host: its numbers are measured
+                write_report(staging.path, manifest, state.bench.samples_ms, staging.path / "model.onnx", estimate=target_estimate)
+                manifest["stages"] = list(progress.times.entries)
+                manifest = write_manifest(staging.path, manifest)
+                bundle_dir = staging.commit()
     return BuildResult(bundle_dir=bundle_dir, manifest=manifest)
 
 
