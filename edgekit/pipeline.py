@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -22,6 +21,7 @@ import numpy as np
 from edgekit.bench.counts import bench_counts, recipe_sets_counts
 from edgekit.bundle.golden import derive_tolerances, golden_batches, margin_for, output_batch_axes, write_golden
 from edgekit.bundle.disk_full import build_places, disk_full_as_error
+from edgekit.bundle.leftovers import work_folder
 from edgekit.bundle.manifest import SCHEMA_VERSION, file_hashes, host_description, model_constant_args, model_opset, toolchain_versions, write_manifest
 from edgekit.bundle.staging import BundleStaging, check_destination
 from edgekit.data import Batch, dims_at, fit_batch, load_batches, model_inputs, run_batches, sequence_steps
@@ -486,7 +486,7 @@ def build(
         used = decision.used.value if decision.used is decision.requested else f"{decision.used.value} (fallback from {decision.requested.value}: {decision.reason})"
         progress.note(f"recipe {state.recipe.name} → target {state.target.name} ({state.backend.value}: {state.backend_reason}; {used})")
 
-    with tempfile.TemporaryDirectory(prefix="edgekit-build-") as work, BundleStaging(state.out_dir, force) as staging:
+    with work_folder("edgekit-build-") as work, BundleStaging(state.out_dir, force) as staging:
         with disk_full_as_error("the build", build_places(state.out_dir)):  # said while the partial files still fill it
             state.workdir, state.staging_dir = Path(work), staging.path
             with progress.stage("source", state.recipe.model.kind):

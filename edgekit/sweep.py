@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgekit.bundle.leftovers import work_folder
 from edgekit.errors import EdgekitError
 from edgekit.precision import Precision
 from edgekit.progress import StageReporter
@@ -161,7 +161,7 @@ def _estimate(recipe: Any, target: Any, precision: Precision) -> dict[str, Any]:
     from edgekit.sources import load_source
     from edgekit.torch_reference import TorchReference
 
-    with tempfile.TemporaryDirectory(prefix="edgekit-sweep-") as tmp:
+    with work_folder("edgekit-sweep-") as tmp:
         work = Path(tmp)
         loaded = load_source(recipe, work)
         samples = load_batches(recipe, recipe.data.samples, "samples")

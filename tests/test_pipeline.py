@@ -187,6 +187,52 @@ def test_interrupted_build_leaves_no_partial_bundle(tiny_recipe, tmp_path):
     assert [p for p in tmp_path.iterdir() if p.name.startswith(".b.")] == []
 
 
+def test_a_killed_build_s_folders_are_removed_by_the_next_build(tiny_recipe, tmp_path, monkeypatch):
+    """kill -9 during export leaves the staging folder beside --out and the work folder in TMPDIR (no cleanup
+    runs); the next build into the same place removes both (their locks died with the process), and never a
+    folder a running build holds."""
+    import tempfile as tempfile_module
+
+    from edgekit.bundle.leftovers import hold, release
+
+    recipe, out, tmp = tiny_recipe(), tmp_path / "b", tmp_path / "tmp"
+    tmp.mkdir()
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(REPO)!r})
+        import edgekit.pipeline as pipeline
+        def slow_export(*args, **kwargs):
+            print("EXPORTING", flush=True)
+            time.sleep(60)
+        pipeline.export_onnx = slow_export
+        pipeline.build({str(recipe)!r}, "x86-64-cpu", out={str(out)!r})
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env={**os.environ, "TMPDIR": str(tmp)})
+    try:
+        assert proc.stdout.readline().strip() == "EXPORTING", proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    staging = [p for p in tmp_path.iterdir() if p.name.startswith(".b.partial-")]
+    work = [p for p in tmp.iterdir() if p.name.startswith("edgekit-build-")]
+    assert len(staging) == 1 and len(work) == 1  # what the killed build left
+    held = tmp / "edgekit-build-held-by-a-running-build"
+    held.mkdir()
+    for folder in (*staging, *work, held):
+        os.utime(folder, (time.time() - 3600, time.time() - 3600))  # older than the grace for a starting build
+    fd = hold(held)
+    try:
+        monkeypatch.setattr(tempfile_module, "tempdir", str(tmp))
+        build(recipe, "x86-64-cpu", out=out)
+    finally:
+        release(fd)
+    assert (out / "manifest.json").is_file()
+    assert not staging[0].exists() and not work[0].exists()
+    assert held.is_dir()  # a running build's folder stays
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".b.")) == []
+
+
 def test_jetson_target_gets_a_tensorrt_bundle_built_on_the_device(tiny_recipe, tmp_path):
     result = build(tiny_recipe(), "jetson-orin-nano-8gb", out=tmp_path / "jetson")
     backend = result.manifest["backend"]

@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 from types import TracebackType
 
+from edgekit.bundle.leftovers import hold, release, remove_abandoned
 from edgekit.errors import BuildError
 
 
@@ -39,11 +40,14 @@ class BundleStaging:
         self.force = force
         self.path = self.out.parent / f".{self.out.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.committed = False
+        self._held: int | None = None  # the staging folder's lock while the build runs (edgekit.bundle.leftovers)
 
     def __enter__(self) -> "BundleStaging":
         check_destination(self.out, self.force)
         self.out.parent.mkdir(parents=True, exist_ok=True)
+        remove_abandoned(self.out.parent, f".{self.out.name}.partial-*")  # what a killed build into --out left
         self.path.mkdir()
+        self._held = hold(self.path)
         return self
 
     def commit(self) -> Path:
@@ -59,5 +63,7 @@ class BundleStaging:
         return self.out
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        release(self._held)
+        self._held = None
         if not self.committed:
             shutil.rmtree(self.path, ignore_errors=True)
