@@ -64,7 +64,14 @@ def feeds_at(bundle: Bundle, signature: IOSignature, dims: dict[str, int]) -> di
 def host_runner(bundle: Bundle, signature: IOSignature, threads: int) -> Any:
     """The bundle's ONNX graph on this host's CPU with ONNX Runtime, whatever backend the bundle targets:
     a TensorRT bundle's engine can only run on its device, and host timings are labelled as such. An OpenVINO
-    bundle runs with OpenVINO (its device when here, else the CPU plugin)."""
+    bundle runs with OpenVINO (its device when here, else the CPU plugin).
+
+    Its intra-op threads spin briefly after each run (:data:`DEFAULT_SERVING_SPIN_US`, as the agent serves), not
+    for ONNX Runtime's default time: sessions timed in turn in one process (``edgekit sweep``'s variants,
+    ``--vs-pytorch``'s PyTorch) would otherwise run while the previous one's threads still spin on the same
+    cores. Five digits-cnn variants timed in turn on two cores measured 4.2x slower each that way (fp32 at batch
+    64: 6.59 ms against 1.55 ms alone), and their ratios to FP32 were wrong (int8 0.17x, 0.39x alone)."""
+    from edgekit_runtime.agent.config_types import DEFAULT_SERVING_SPIN_US
     from edgekit_runtime.backends.onnxruntime import OnnxRuntimeRunner
 
     precision = bundle.manifest.get("precision")
@@ -81,7 +88,8 @@ def host_runner(bundle: Bundle, signature: IOSignature, threads: int) -> Any:
     graph_optimization = bundle.manifest["backend"].get("graph_optimization", "all")
     return OnnxRuntimeRunner(bundle.model_path, signature, execution_providers=[{"name": "CPUExecutionProvider", "options": {}}],
                              graph_optimization=graph_optimization, intra_op_threads=threads,
-                             denormal_as_zero=bool(bundle.manifest["backend"].get("denormal_as_zero", False))).load()
+                             denormal_as_zero=bool(bundle.manifest["backend"].get("denormal_as_zero", False)),
+                             intra_op_spinning=True, intra_op_spin_us=DEFAULT_SERVING_SPIN_US).load()
 
 
 def _torch_model(bundle: Bundle, recipe_path: Path | None, trust_code: bool = False, device: str = "cpu") -> tuple[Any, Any]:
