@@ -46,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
         print_csv(CSV_COLUMNS, ([row.get(column) for column in CSV_COLUMNS] for row in result.rows))
     table = Table(title=f"sweep of {escape(sweep_title(result.recipe, result.target, result.batch))}")
     estimated = any(row.get("estimate_p50_ms") is not None for row in result.rows)  # a target other than this host
-    for column in ("variant", "status", "size", "p50 ms", "× fp32", result.metric or "metric", "cosine min", "note"):
+    latency = "p50 ms on this host" if estimated else "p50 ms"  # another device's bundles, timed here: say so
+    for column in ("variant", "status", "size", latency, "× fp32", result.metric or "metric", "cosine min", "note"):
         table.add_column(escape(column), justify="right" if column not in ("variant", "status", "note") else "left")
     if estimated:
         table.add_column(f"estimate p50 ms on {escape(args.target)}", justify="right")

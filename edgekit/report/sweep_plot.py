@@ -138,7 +138,7 @@ def render_sweep_html(rows: Sequence[dict[str, Any]], metric: str | None, higher
     title = sweep_title(recipe, target, batch)
     svg = sweep_pareto_svg(rows, metric or "metric", higher_is_better, title=title)
     plot = svg or "<p class='note'>Nothing to plot: no variant was both built and timed on this host.</p>"
-    header = ("variant", "status", "size", "p50 ms", "× fp32", metric or "metric", "cosine min", "note")
+    header = ("variant", "status", "size", "p50 ms on this host", "× fp32", metric or "metric", "cosine min", "note")
     body = "".join(
         "<tr>" + "".join(f"<td{' class=num' if 2 <= i <= 6 else ''}>{html.escape(cell)}</td>" for i, cell in enumerate(sweep_cells(row))) + "</tr>"
         for row in rows
