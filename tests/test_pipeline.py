@@ -217,9 +217,11 @@ def test_a_killed_build_s_folders_are_removed_by_the_next_build(tiny_recipe, tmp
     staging = [p for p in tmp_path.iterdir() if p.name.startswith(".b.partial-")]
     work = [p for p in tmp.iterdir() if p.name.startswith("edgekit-build-")]
     assert len(staging) == 1 and len(work) == 1  # what the killed build left
-    held = tmp / "edgekit-build-held-by-a-running-build"
+    held = tmp / "edgekit-build-flock-held-by-a-running-build"
+    older_version = tmp / "edgekit-build-abcd1234"  # an earlier edgekit's (never locked): not this one's to remove
     held.mkdir()
-    for folder in (*staging, *work, held):
+    older_version.mkdir()
+    for folder in (*staging, *work, held, older_version):
         os.utime(folder, (time.time() - 3600, time.time() - 3600))  # older than the grace for a starting build
     fd = hold(held)
     try:
@@ -229,7 +231,7 @@ def test_a_killed_build_s_folders_are_removed_by_the_next_build(tiny_recipe, tmp
         release(fd)
     assert (out / "manifest.json").is_file()
     assert not staging[0].exists() and not work[0].exists()
-    assert held.is_dir()  # a running build's folder stays
+    assert held.is_dir() and older_version.is_dir()  # a running build's folder stays, and a folder of another kind
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".b.")) == []
 
 

@@ -1,9 +1,9 @@
 """Folders a build writes into, held with a lock while it runs, so that what a killed build left is found and
 removed by the next one.
 
-``edgekit build`` writes into a work folder (``edgekit-build-*`` in the temporary folder: exported and quantized
+``edgekit build`` writes into a work folder (``edgekit-build-flock-*`` in the temporary folder: exported and quantized
 models, hundreds of MB for a large model) and into a hidden staging folder beside ``--out``
-(``.NAME.partial-*``). A failed or interrupted build removes both; a build that is killed (``kill -9``, the OOM
+(``.NAME.partial-flock-*``). A failed or interrupted build removes both; a build that is killed (``kill -9``, the OOM
 killer, a power cut) cannot. Each such folder is held with ``flock`` on its directory while its build runs (the
 kernel drops the lock when the process dies, in any PID namespace); a later build removes the folders of its
 pattern whose lock it can take and that have not changed for :data:`ABANDONED_AFTER_S` (a folder made a moment
@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 
 #: A folder of a build's pattern is someone else's, still starting, unless unchanged for this long.
 ABANDONED_AFTER_S = 60.0
+#: In the names of the folders held this way, so that an older edgekit's folders (never locked, maybe in use by
+#: a build of that version running beside this one) never match the pattern removed.
+HELD = "flock-"
 
 
 def hold(folder: Path) -> int:
@@ -74,8 +77,8 @@ def remove_abandoned(parent: Path, pattern: str, *, older_than_s: float = ABANDO
 def work_folder(prefix: str) -> Iterator[Path]:
     """A temporary folder like :class:`tempfile.TemporaryDirectory`, held while in use, after removing the
     ``prefix*`` folders killed runs left in the temporary folder."""
-    remove_abandoned(Path(tempfile.gettempdir()), f"{prefix}*")
-    path = Path(tempfile.mkdtemp(prefix=prefix))
+    remove_abandoned(Path(tempfile.gettempdir()), f"{prefix}{HELD}*")
+    path = Path(tempfile.mkdtemp(prefix=prefix + HELD))
     fd = hold(path)
     try:
         yield path

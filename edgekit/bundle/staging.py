@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 from types import TracebackType
 
-from edgekit.bundle.leftovers import hold, release, remove_abandoned
+from edgekit.bundle.leftovers import HELD, hold, release, remove_abandoned
 from edgekit.errors import BuildError
 
 
@@ -38,14 +38,14 @@ class BundleStaging:
     def __init__(self, out: Path, force: bool = False) -> None:
         self.out = Path(out).resolve()
         self.force = force
-        self.path = self.out.parent / f".{self.out.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.path = self.out.parent / f".{self.out.name}.partial-{HELD}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.committed = False
         self._held: int | None = None  # the staging folder's lock while the build runs (edgekit.bundle.leftovers)
 
     def __enter__(self) -> "BundleStaging":
         check_destination(self.out, self.force)
         self.out.parent.mkdir(parents=True, exist_ok=True)
-        remove_abandoned(self.out.parent, f".{self.out.name}.partial-*")  # what a killed build into --out left
+        remove_abandoned(self.out.parent, f".{self.out.name}.partial-{HELD}*")  # what a killed build into --out left
         self.path.mkdir()
         self._held = hold(self.path)
         return self
