@@ -32,12 +32,14 @@ def test_overview_counts_every_state_and_lists_fleets_but_no_devices(fleets_dash
     status, data = _get(fleets_dashboard.url, "api/overview")
     assert status == 200 and "devices" not in data
     assert data["counts"].pop("breaching") == 0  # no alert fired
+    assert data["counts"].pop("simulated") == 17  # the simulator's devices (agent sim-1): the page says SYNTHETIC
     assert data["counts"] == {"devices": 18, "states": {"online": 11, "stale": 3, "offline": 2, "unknown": 1, "updating": 1}}
     assert list(data["counts"]["states"])[:4] == ["online", "stale", "offline", "unknown"]  # the four first, always
     assert data["fleets"] == ["a", "b", "c", "d"]
     assert {(e["fleet"], e["device"]) for e in data["events"]} == {("b", "jetson-orin-nx-16gb-001"), ("a", "raspberry-pi-5-002")}
     status, only_c = _get(fleets_dashboard.url, "api/overview", fleet="c")
     assert only_c["counts"].pop("breaching") == 0
+    assert only_c["counts"].pop("simulated") == 2
     assert only_c["counts"] == {"devices": 2, "states": {"online": 0, "stale": 0, "offline": 2, "unknown": 0}}
     assert only_c["fleets"] == ["a", "b", "c", "d"] and only_c["fleet"] == "c" and only_c["events"] == []  # the selector keeps all
 
