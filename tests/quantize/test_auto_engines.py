@@ -111,6 +111,12 @@ def test_openvino_wins_where_it_is_faster_and_the_bundle_is_built_for_it(tmp_pat
 
     result = build(DIGITS, str(target), precision="auto", out=tmp_path / "b")
     manifest, auto = result.manifest, _auto(result.manifest)
+    rows = {row["name"]: row for row in auto["candidates"]}
+    if rows["openvino-bf16"]["status"] == "slower":  # timed slower here (an AMD EPYC: 1.05-1.09x FP32 on this tiny CNN)
+        chosen = next(row for row in auto["candidates"] if row["status"] == "chosen")
+        assert chosen["latency_ratio"] <= rows["openvino-bf16"]["latency_ratio"] and manifest["precision"] != "bf16"
+        pytest.skip(f"OpenVINO's bf16 was slower than {chosen['name']} on this host ({rows['openvino-bf16']['latency_ratio']:.2f}x "
+                    f"against {chosen['latency_ratio']:.2f}x FP32), so it rightly lost; the bf16 bundle is checked where it wins (AMX hosts)")
     assert auto["chosen"] == "openvino-bf16" and manifest["precision"] == "bf16", [(r["name"], r["status"], r["latency_ratio"]) for r in auto["candidates"]]
     assert "openvino-int8" not in auto["engines"]["tried"]["openvino"]  # no int8-static graph on this target to compile
     backend = manifest["backend"]
