@@ -30,7 +30,9 @@ bare rate) is its request overhead (``<agent>_overhead_p50_us``); its p50 less t
 calls (``compute_infer`` of its statistics, ``<agent>_compute_us_mean``: the model on the agent's session options,
 which may differ from the bare session's, e.g. intra-op spinning off) is ``<agent>_overhead_beyond_compute_p50_us``. Each agent case also records the agent
 process's CPU a request (``<agent>_cpu_us_per_request``: its user and system time over the requests its
-statistics counted, every thread) and perf_analyzer's (``<agent>_client_cpu_us_per_request``). Beside it, the
+statistics counted, every thread) and perf_analyzer's (``<agent>_client_cpu_us_per_request``), each with its kernel
+(system time) part (``<agent>_cpu_system_us_per_request``, ``<agent>_client_cpu_system_us_per_request``): the
+sockets and wake-ups any server pays, which a faster (e.g. native) front end would not remove. Beside it, the
 host's bound for that agent: the model's own CPU an item at the batch size the agent ran (``<agent>_compute_cpu_us_per_item``,
 timed in this process on a session made with the agent's runner options), and ``<agent>_bound_per_s`` = cores / (client
 CPU + model CPU) a request, the most any server could answer with the load generator on the same cores, were its own
@@ -119,10 +121,10 @@ def quiet_lock_held() -> bool:
         return False
 
 
-def children_cpu_s() -> float:
-    """CPU seconds this process's finished children (the perf_analyzer runs) have used."""
+def children_cpu_split_s() -> tuple[float, float]:
+    """User and system (kernel) CPU seconds this process's finished children (the perf_analyzer runs) have used."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    return usage.ru_utime, usage.ru_stime
 
 
 def free_port() -> int:
@@ -176,10 +178,11 @@ class Agent:
     def url(self, protocol: str) -> str:
         return f"127.0.0.1:{self.http_port if protocol == 'http' else self.grpc_port}"
 
-    def cpu_s(self) -> float:
-        """CPU seconds the agent process has used (user and system, every thread)."""
+    def cpu_split_s(self) -> tuple[float, float]:
+        """User and system (kernel: sockets, epoll, futexes) CPU seconds of the agent process, every thread."""
         fields = Path(f"/proc/{self.process.pid}/stat").read_text().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        ticks = os.sysconf("SC_CLK_TCK")
+        return int(fields[11]) / ticks, int(fields[12]) / ticks
 
     def inferences(self, model: str) -> int:
         """Requests the agent has answered for ``model`` (its OIP statistics)."""
@@ -404,7 +407,7 @@ def main() -> None:
                         cases = [(name if mode == modes[0] else f"{name}_{mode}", agent, mode) for mode in modes
                                  for name, agent in agents.items()]  # fmt: skip
                         for kind, agent, mode in cases:
-                            cpu_before, client_before = agent.cpu_s(), children_cpu_s()
+                            cpu_before, client_before = agent.cpu_split_s(), children_cpu_split_s()
                             count_before, timed_before, compute_ns_before = agent.statistics(model)
                             if analyzer:
                                 result = perf_analyzer(analyzer, model, agent.url(protocol), protocol, concurrency, args.seconds, data, mode)
@@ -415,9 +418,13 @@ def main() -> None:
                             if timed_after > timed_before:  # the agent's own runner-call time a request, mean
                                 row[f"{kind}_compute_us_mean"] = (compute_ns_after - compute_ns_before) / 1e3 / (timed_after - timed_before)
                             if answered:  # the agent's CPU (every thread: the loop, handlers, ONNX Runtime's pool) a request
-                                row[f"{kind}_cpu_us_per_request"] = (agent.cpu_s() - cpu_before) * 1e6 / answered
+                                user, system = (after - before for after, before in zip(agent.cpu_split_s(), cpu_before))
+                                row[f"{kind}_cpu_us_per_request"] = (user + system) * 1e6 / answered
+                                row[f"{kind}_cpu_system_us_per_request"] = system * 1e6 / answered  # the kernel's part
                                 if analyzer:  # perf_analyzer's own CPU (a child of this process) over the same requests
-                                    row[f"{kind}_client_cpu_us_per_request"] = (children_cpu_s() - client_before) * 1e6 / answered
+                                    user, system = (after - before for after, before in zip(children_cpu_split_s(), client_before))
+                                    row[f"{kind}_client_cpu_us_per_request"] = (user + system) * 1e6 / answered
+                                    row[f"{kind}_client_cpu_system_us_per_request"] = system * 1e6 / answered
                             row[f"{kind}_per_s"] = result["throughput_per_s"]
                             row[f"{kind}_p50_us"] = result["p50_us"]
                             row[f"{kind}_ratio"] = result["throughput_per_s"] / bare["throughput_per_s"]
@@ -432,8 +439,10 @@ def main() -> None:
                             line.append(f"{kind} {result['throughput_per_s']:7.0f}/s ({row[f'{kind}_ratio']:.2f}x, "
                                         f"p50 {result['p50_us']:.0f} us, {result.get('items_per_call', float('nan')):.1f}/call, "
                                         f"compute {row.get(f'{kind}_compute_us_mean', float('nan')):.0f} us, "
-                                        f"cpu {row.get(f'{kind}_cpu_us_per_request', float('nan')):.0f} us/req, "
-                                        f"client {row.get(f'{kind}_client_cpu_us_per_request', float('nan')):.0f})")  # fmt: skip
+                                        f"cpu {row.get(f'{kind}_cpu_us_per_request', float('nan')):.0f} us/req "
+                                        f"(kernel {row.get(f'{kind}_cpu_system_us_per_request', float('nan')):.0f}), "
+                                        f"client {row.get(f'{kind}_client_cpu_us_per_request', float('nan')):.0f} "
+                                        f"(kernel {row.get(f'{kind}_client_cpu_system_us_per_request', float('nan')):.0f}))")  # fmt: skip
                         bare_after = bare_loop(session, feeds, args.seconds)["throughput_per_s"]
                         row["bare_after_per_s"] = bare_after  # the ratios are to the mean of the bare runs around them
                         for kind, _, _ in cases:
