@@ -7,16 +7,22 @@ on each, and the partial output is removed as for any failed build (nothing half
 from __future__ import annotations
 
 import contextlib
-import errno
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from edgekit.errors import BuildError
+from edgekit_runtime.errors import DISK_FULL_ERRNOS
 
-#: The errors a full file system (or a full quota) gives.
-DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+class Place(NamedTuple):
+    """A folder a command writes to, as the error names it; ``work_folder`` when it is the ``TMPDIR`` work folder."""
+
+    label: str
+    folder: Path
+    work_folder: bool = False
 
 
 def _free(folder: Path) -> str:
@@ -31,21 +37,22 @@ def _free(folder: Path) -> str:
 
 
 @contextlib.contextmanager
-def disk_full_as_error(what: str, places: Sequence[tuple[str, Path]]) -> Iterator[None]:
+def disk_full_as_error(what: str, places: Sequence[Place]) -> Iterator[None]:
     """Turn ENOSPC / EDQUOT raised inside into :class:`BuildError` naming ``what`` ran out of space, the file being
-    written when the error names one, and each of ``places`` (label, folder) with its free space now."""
+    written when the error names one, and each of ``places`` with its free space now."""
     try:
         yield
     except OSError as exc:
         if exc.errno not in DISK_FULL_ERRNOS:
             raise
         writing = f" writing {exc.filename}" if exc.filename else ""
-        where = "; ".join(f"{label} {folder}: {_free(folder)}" for label, folder in places)
-        work = " and the work folder too (TMPDIR=/path/with/space)" if any("TMPDIR" in label for label, _ in places) else ""
+        where = "; ".join(f"{place.label} {place.folder}: {_free(place.folder)}" for place in places)
+        work = " and the work folder too (TMPDIR=/path/with/space)" if any(place.work_folder for place in places) else ""
         raise BuildError(f"{what} ran out of disk space{writing} ({exc.strerror}). {where}",
                          hint=f"free space there, or put the output on a larger disk (--out){work}") from None
 
 
-def build_places(out_dir: Path) -> list[tuple[str, Path]]:
+def build_places(out_dir: Path) -> list[Place]:
     """Where a build writes: the folder that gets ``--out`` (its staging folder sits there) and the work folder."""
-    return [("output folder (the bundle is staged there)", Path(out_dir).resolve().parent), ("work folder (TMPDIR)", Path(tempfile.gettempdir()))]
+    return [Place("output folder (the bundle is staged there)", Path(out_dir).resolve().parent),
+            Place("work folder (TMPDIR)", Path(tempfile.gettempdir()), work_folder=True)]

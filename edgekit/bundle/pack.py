@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
-from edgekit.bundle.disk_full import disk_full_as_error
+from edgekit.bundle.disk_full import Place, disk_full_as_error
 from edgekit.errors import BundleError
 from edgekit_runtime.archive import MANIFEST_MEMBER, ArchiveLimits, extract_bundle_archive, scan_bundle_archive
 from edgekit_runtime.bundle import SIGNATURE_NAME, check_bundle_name, open_bundle
@@ -23,7 +23,7 @@ def pack_bundle(bundle_dir: Path, out: Path | None = None, force: bool = False) 
         raise BundleError(f"{out} already exists", hint="pass --force to replace it, or choose another --out")
     partial = out.with_name(f".{out.name}.partial")
     try:
-        with disk_full_as_error("edgekit pack", [("output folder", out.resolve().parent)]), tarfile.open(partial, "w") as tar:
+        with disk_full_as_error("edgekit pack", [Place("output folder", out.resolve().parent)]), tarfile.open(partial, "w") as tar:
             members = [Path(bundle_dir) / "manifest.json", *(Path(bundle_dir) / rel for rel in bundle.manifest["files"])]
             signature = Path(bundle_dir) / SIGNATURE_NAME
             if signature.is_file():

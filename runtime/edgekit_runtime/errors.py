@@ -6,6 +6,11 @@ User-facing errors derive from :class:`EdgekitError`; their message says what we
 
 from __future__ import annotations
 
+import errno
+
+#: errnos of a write that found no room: the file system is full, or the user's quota is used up
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
 
 class EdgekitError(Exception):
     """Base of every error a user can cause and fix."""

@@ -17,6 +17,8 @@ import logging
 import os
 from pathlib import Path
 
+from edgekit_runtime.errors import DISK_FULL_ERRNOS
+
 logger = logging.getLogger(__name__)
 
 RESERVE_NAME = ".edgekit-disk-reserve"
@@ -70,7 +72,7 @@ class DiskReserve:
             os.replace(partial, self.path)
         except OSError as exc:
             self.path.with_name(self.path.name + ".partial").unlink(missing_ok=True)
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            if exc.errno not in DISK_FULL_ERRNOS:
                 logger.warning("cannot keep the disk reserve %s: %s", self.path, exc)
             return False
         logger.info("disk reserve %s allocated (%d bytes)", self.path, self.size_bytes)

@@ -15,7 +15,6 @@ written.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import logging
 import os
@@ -39,6 +38,7 @@ from edgekit_runtime.archive import (
     scan_bundle_archive,
 )
 from edgekit_runtime.bundle import MANIFEST_NAME, SIGNATURE_NAME
+from edgekit_runtime.errors import DISK_FULL_ERRNOS
 
 logger = logging.getLogger(__name__)
 
@@ -69,10 +69,6 @@ def _check_sha256(actual: str, expected: str | None, *, what: str) -> None:
             f"sha256 of {what} is {actual}, but the deploy command expects {expected.lower()}",
             hint="the download is corrupt or is not the bundle the command meant; check url and sha256",
         )
-
-
-#: errnos of a write that found no room: the file system is full, or the agent's quota is used up
-_DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 def _free_bytes(directory: Path) -> int | None:
@@ -107,7 +103,7 @@ def disk_full_error(url: str, directory: Path, *, what: str, needed_bytes: int |
 def write_error(err: OSError, url: str, directory: Path, *, what: str, needed_bytes: int | None = None) -> DeployError:
     """An ``OSError`` met while bringing a bundle onto the device, as the :class:`DeployError` a deploy reports:
     a full disk (``ENOSPC``, ``EDQUOT``) says how much ``what`` needed and how much is free."""
-    if err.errno in _DISK_FULL_ERRNOS:
+    if err.errno in DISK_FULL_ERRNOS:
         return disk_full_error(url, directory, what=what, needed_bytes=needed_bytes)
     where = f" ({err.filename})" if err.filename else ""
     return DeployError(f"cannot write bundle {url} on the device: {what} failed: {err.strerror or err}{where}",
@@ -136,7 +132,7 @@ def _download(url: str, destination: Path, *, max_bytes: int, timeout_s: float, 
     except urllib.error.HTTPError as err:
         raise DeployError(f"download of {url} failed: HTTP {err.code} {err.reason}", hint="check the URL and the server") from err
     except (urllib.error.URLError, OSError, TimeoutError) as err:
-        if isinstance(err, OSError) and err.errno in _DISK_FULL_ERRNOS:
+        if isinstance(err, OSError) and err.errno in DISK_FULL_ERRNOS:
             raise  # not a network error: fetch_bundle says how much room the download needed
         reason = getattr(err, "reason", None) or err
         raise DeployError(f"download of {url} failed: {reason}", hint="check the network, the URL and bundles.download_timeout_s") from err
@@ -429,7 +425,7 @@ def _fetch_into(url: str, target: Path | str, staging: Path, *, expected_sha256:
         bundle_dir = extract_bundle_archive(archive, unpacked, limits)
     except UnsafeArchiveError as err:  # the archive reader reports every OSError as an unreadable tar
         cause = err.__cause__
-        if isinstance(cause, OSError) and cause.errno in _DISK_FULL_ERRNOS:
+        if isinstance(cause, OSError) and cause.errno in DISK_FULL_ERRNOS:
             raise cause from None  # the disk filled as the files were written (blocks round sizes up): say so
         raise
     archive_path.unlink()
