@@ -156,10 +156,12 @@ def choose_backend(recipe: Recipe, target: TargetProfile) -> tuple[Backend, str]
 
 
 def stage_load(recipe_path: Path | str, target_name: str, precision: Precision | str | None, out: Path | str | None, force: bool,
-               backend_name: Backend | str | None = None, trust_code: bool = False) -> BuildState:
+               backend_name: Backend | str | None = None, trust_code: bool = False, prune: bool = True) -> BuildState:
     recipe = load_recipe(recipe_path, trust_code=trust_code)
     target = get_target(target_name)
     recipe = recipe.for_target(target.name)
+    if not prune and recipe.build.prune is not None:  # the recipe's build without its prune section (a sweep's variant)
+        recipe = recipe.model_copy(update={"build": recipe.build.model_copy(update={"prune": None})})
     if backend_name is not None:
         recipe = recipe.model_copy(update={"build": recipe.build.model_copy(update={"backend": Backend(backend_name)})})
     backend, backend_reason = choose_backend(recipe, target)
@@ -474,14 +476,16 @@ def build(
     progress: StageReporter | None = None,
     backend: Backend | str | None = None,
     trust_code: bool = False,
+    prune: bool = True,
 ) -> BuildResult:
     """``edgekit build``: everything from a recipe file to a bundle directory.
 
-    ``trust_code`` lets the recipe name callables outside its own folder (``edgekit.code_trust``).
+    ``trust_code`` lets the recipe name callables outside its own folder (``edgekit.code_trust``); ``prune=False``
+    builds it as if it had no ``build.prune`` section.
     """
     progress = progress or StageReporter()
     with progress.stage("load", str(recipe_path)):
-        state = stage_load(recipe_path, target_name, precision, out, force, backend, trust_code)
+        state = stage_load(recipe_path, target_name, precision, out, force, backend, trust_code, prune)
         decision = state.decision
         used = decision.used.value if decision.used is decision.requested else f"{decision.used.value} (fallback from {decision.requested.value}: {decision.reason})"
         progress.note(f"recipe {state.recipe.name} → target {state.target.name} ({state.backend.value}: {state.backend_reason}; {used})")

@@ -77,8 +77,8 @@ def sweep(recipe_path: Path | str, target_name: str, out: Path | str, force: boo
         with progress.stage(label):
             try:
                 if buildable:
-                    path = _variant_recipe(recipe.path, pruned) if recipe.build.prune is not None else recipe.path
-                    result = build(path, target.name, precision=precision, out=out_dir / label, force=force, trust_code=trust_code)
+                    result = build(recipe.path, target_name, precision=precision, out=out_dir / label, force=force,
+                                   trust_code=trust_code, prune=pruned)
                     manifest = result.manifest
                     accuracy = manifest.get("accuracy") or {}
                     row.update(status="built", size_bytes=manifest["model"]["size_bytes"], metric_value=accuracy.get("value"),
@@ -132,20 +132,6 @@ def _estimated_columns(manifest: dict[str, Any], bundle_dir: Path) -> dict[str, 
     energy = next((e.energy_per_inference_mj for e in estimate.energy if e.power_mode == estimate.power_mode), None)
     return {"estimate_p50_ms": estimate.p50_ms, "estimate_throughput_per_s": estimate.throughput_per_s,
             "estimate_energy_mj": energy, "estimate_power_mode": estimate.power_mode}  # fmt: skip
-
-
-def _variant_recipe(path: Path | None, pruned: bool) -> Path:
-    """The recipe as is (pruned), or a copy without its prune section (unpruned) next to it."""
-    import yaml
-
-    assert path is not None
-    if pruned:
-        return path
-    data = yaml.safe_load(path.read_text())
-    data.get("build", {}).pop("prune", None)
-    copy = path.with_name(f".{path.stem}.unpruned.yaml")
-    copy.write_text(yaml.safe_dump(data, sort_keys=False))
-    return copy
 
 
 def _estimate(recipe: Any, target: Any, precision: Precision) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import json
 
 from edgekit.cli.main import main
 from edgekit.report.sweep_plot import pareto_front
-from tests.conftest import TINY_RECIPE
+from tests.conftest import REPO, TINY_RECIPE
 
 CALIBRATED = TINY_RECIPE.replace(
     '  evaluation: {{callable: "tests.fixtures.tiny_models:tiny_batches", kwargs: {{labels: true}}}}',
@@ -68,3 +68,23 @@ def test_pareto_front():
     points = [(1.0, 0.90), (2.0, 0.95), (3.0, 0.94), (0.5, 0.80)]
     assert pareto_front(points, higher_is_better=True) == [3, 0, 1]
     assert pareto_front([(1.0, 0.1), (2.0, 0.05)], higher_is_better=False) == [0, 1]
+
+
+def test_sweep_of_a_pruned_recipe_builds_both_variants_and_writes_nothing_beside_the_recipe(tiny_recipe, tmp_path, capsys):
+    """The unpruned variants are the recipe built without its prune section, not a copy of the recipe written next to
+    it (which failed in a read-only folder and was left behind)."""
+    text = CALIBRATED.format(factory="tiny_net") + '  prune:\n    method: "magnitude"\n    sparsity: 0.5\n'
+    recipe = tiny_recipe(text=text.replace("budget: {max_drop: 0.5}", "budget: {max_drop: 1.0}"))
+    target = tmp_path / "two-precisions.yaml"
+    target.write_text((REPO / "targets" / "x86-64-cpu.yaml").read_text().replace(
+        "precisions: [fp32, fp16, int8, int8-dynamic, int4]", "precisions: [fp32, int8-dynamic]").replace(
+        "name: x86-64-cpu", "name: two-precisions"))
+    before = sorted(path.name for path in recipe.parent.iterdir())
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(recipe), "--target", str(target), "--out", str(out), "--iterations", "3", "--json"]) == 0
+    rows = {row["variant"]: row for row in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["variants"]}
+    for name in ("fp32", "int8-dynamic", "fp32+pruned", "int8-dynamic+pruned"):
+        assert rows[name]["status"] == "built", rows[name]
+        manifest = json.loads((out / name / "manifest.json").read_text())
+        assert ((manifest.get("prune") or {}).get("method") == "magnitude") is name.endswith("+pruned"), manifest.get("prune")
+    assert sorted(path.name for path in recipe.parent.iterdir()) == sorted([*before, "sweep"])  # nothing else beside it

@@ -78,18 +78,19 @@ def events_json(events: Sequence[DeviceEvent]) -> list[dict[str, Any]]:
 
 def overview(store: FleetStore, rollouts: RolloutLog | None, *, fleet: str | None = None, events: int = 30,
              summaries: Sequence[DeviceSummary] | None = None, fleets: Sequence[str] | None = None,
-             breaching: int | None = None, counts: DeviceCounts | None = None) -> dict[str, Any]:  # fmt: skip
+             breaching: int | None = None, counts: DeviceCounts | None = None,
+             simulated: int | None = None) -> dict[str, Any]:  # fmt: skip
     """What the page shows besides the device table (``/api/devices`` pages that): devices per state, bundle
     versions, rejected messages, rollouts, recent events, and the fleets the selector offers. A few KB however
     large the fleet. The devices are counted in the store (``counts``, when the caller has them already), or from
-    ``summaries`` when given; ``fleets`` may be passed too; ``breaching`` (devices with an active alert) is left out
-    when None."""
+    ``summaries`` when given; ``fleets`` and ``simulated`` (devices whose numbers are synthetic) may be passed too;
+    ``breaching`` (devices with an active alert) is left out when None."""
     if summaries is not None:
         devices, states, bundles = len(summaries), state_counts(summaries), bundle_rows(summaries)
     else:
         counts = store.device_counts(fleet) if counts is None else counts  # type: ignore[attr-defined]
         devices, states, bundles = counts.devices, counts.states, counts.bundles
-    figures: dict[str, Any] = {"devices": devices, "states": states, "simulated": store.simulated_devices(fleet)}
+    figures: dict[str, Any] = {"devices": devices, "states": states, "simulated": store.simulated_devices(fleet) if simulated is None else simulated}
     if breaching is not None:
         figures["breaching"] = breaching
     return {

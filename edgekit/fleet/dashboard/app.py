@@ -104,6 +104,7 @@ class DashboardApp:
         # the fleet-level counts of the overview: kept a little longer than answers, between two refreshes
         summaries_ttl = max(cache_s, SUMMARIES_TTL_S) if cache_s > 0 else 0.0
         self._counts = _Kept(lambda fleet: self.store.device_counts(fleet), summaries_ttl)
+        self._simulated = _Kept(lambda fleet: self.store.simulated_devices(fleet), summaries_ttl)
         self._median_interval_s = _Kept(lambda fleet: self.store.median_interval_s(fleet), slow_ttl)
         self._breaching = _Kept(self._devices_breaching, summaries_ttl)  # reads up to 100,000 alert events
         self._fleets = _Kept(lambda _: self.store.known_values("fleet"), slow_ttl)
@@ -187,7 +188,8 @@ class DashboardApp:
         if endpoint == "overview":
             breaching = self._breaching(fleet)
             payload = api.overview(store, self._rollouts, fleet=fleet, counts=self._counts(fleet), fleets=self._fleets(None),
-                                   breaching=None if breaching is None else len(breaching))  # fmt: skip
+                                   breaching=None if breaching is None else len(breaching),
+                                   simulated=self._simulated(fleet))  # fmt: skip
         elif endpoint == "devices":
             try:
                 table_query = DeviceQuery.from_params(query)
