@@ -20,6 +20,7 @@ from edgekit_runtime.agent.config_types import (
     BROKER_SCHEMES,
     DEFAULT_API_ADDRESS,
     ID_PATTERN,
+    MAX_MODELS,
     POWER_SENSORS,
     UNIX_PREFIX,
     AgentConfig,
@@ -260,6 +261,10 @@ def _parse_models(section: _Section, bundles: BundlesConfig) -> ModelsConfig:
             if not isinstance(name, str) or not _ID_PATTERN.match(name):
                 raise section.error(f"models.names[{index}]", f"{name!r} is not a model name: letters, digits, '_', '.' "
                                     "and '-', at most 64, starting with a letter or digit (it is part of URLs)", hint=hint)  # fmt: skip
+        if len(names_data) > MAX_MODELS:
+            raise section.error("models.names", f"lists {len(names_data)} models; an agent serves at most {MAX_MODELS} (each "
+                                f"telemetry window carries one entry a model, and telemetry.v1 holds {MAX_MODELS})",
+                                hint="serve the others from another agent or device")  # fmt: skip
         if len(set(names_data)) != len(names_data):
             twice = sorted({name for name in names_data if names_data.count(name) > 1})
             raise section.error("models.names", f"lists {', '.join(twice)} more than once", hint="name each model once")

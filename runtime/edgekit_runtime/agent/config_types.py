@@ -20,6 +20,8 @@ POWER_SENSORS = ("auto", "ina3221", "tegrastats", "nvml", "rapl", "none")
 BROKER_SCHEMES = {"mqtt": 1883, "mqtts": 8883}
 UNIX_PREFIX = "unix:"
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+#: The most models one agent serves: each telemetry window carries one entry a model, and telemetry.v1 holds 64
+MAX_MODELS = 64
 
 
 # -- the API address ----------------------------------------------------------------------------------

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from edgekit_runtime.agent.config import MODEL_NAME_PATTERN, AgentConfig
-from edgekit_runtime.agent.errors import DeployError, MemoryBudgetError, ModelNotFoundError
+from edgekit_runtime.agent.config_types import MAX_MODELS
+from edgekit_runtime.agent.errors import AgentConfigError, DeployError, MemoryBudgetError, ModelNotFoundError
 from edgekit_runtime.agent.ota import Deployer, DeployRequest, EventSink, ServedBundle, StagedDeploy, _StageFailed
 from edgekit_runtime.agent.probation import mark_stopped
 from edgekit_runtime.agent.serving import InferenceServer, ServingTotals
@@ -144,6 +145,10 @@ class ModelRepository:
             self.default_key: str | None = None
         else:
             names = models.names if models.names is not None else self._folders(models.dir)
+            if len(dict.fromkeys([models.default_name, *names])) > MAX_MODELS:  # only folders made by hand: deploys stop at it
+                raise AgentConfigError(f"{models.dir} holds {len(names)} model folders; an agent serves at most {MAX_MODELS} "
+                                       f"(each telemetry window carries one entry a model, and telemetry.v1 holds {MAX_MODELS})",
+                                       hint="move the others to another agent's models.dir, or list the ones to serve in models.names")  # fmt: skip
             for name in dict.fromkeys([models.default_name, *names]):
                 self._add(name, models.dir / name)
             self.default_key = models.default_name
@@ -204,6 +209,10 @@ class ModelRepository:
         if create and models.names is None and MODEL_NAME_PATTERN.match(name):
             with self._lock:
                 slot = self._slots.get(name)
+                if slot is None and len(self._slots) >= MAX_MODELS:
+                    raise ModelNotFoundError(f"model {name!r} would be a new model, and this agent serves {len(self._slots)}, "
+                                             f"the most one agent serves (telemetry carries at most {MAX_MODELS})",
+                                             hint="deploy it to another device, or to one of the models it serves")  # fmt: skip
                 if slot is None:
                     slot = self._add(name, models.dir / name)
                     slot.store.prepare()  # a new model's store: versions/ and staging/

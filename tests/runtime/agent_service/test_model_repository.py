@@ -17,6 +17,7 @@ import pytest
 from edgekit.bundle.signing import sign_bundle
 from edgekit_runtime.agent.cli import main as agent_main
 from edgekit_runtime.agent.config import load_config
+from edgekit_runtime.agent.config_types import MAX_MODELS
 from edgekit_runtime.agent.errors import AgentConfigError
 from edgekit_runtime.agent.service import AgentService
 from edgekit_runtime.schemas import validate_message
@@ -244,6 +245,7 @@ def test_a_slow_model_does_not_hold_up_a_fast_one(agent_config: Callable[..., Pa
         ({"dir": "/tmp/m"}, "models.default: is required when models.names is not given"),
         ({"names": ["a"], "memory_budget_mb": 0}, "models.memory_budget_mb: expected a number > 0, got 0"),
         ({"names": ["a"], "budget": 1}, "models.budget: is not a known key"),
+        ({"names": [f"m{i}" for i in range(65)]}, "models.names: lists 65 models; an agent serves at most 64"),
     ],
 )
 def test_bad_models_sections_are_errors_that_say_where(agent_config: Callable[..., Path], models: dict, fragment: str) -> None:
@@ -265,6 +267,29 @@ def test_a_models_dir_serves_each_folder_and_takes_deploys_to_new_models(agent_c
         assert (tmp_path / "models" / "embedder" / "current").is_symlink()
     with AgentService(load_config(path)) as agent:  # and after a restart
         assert sorted(slot.name for slot in agent.models.slots() if slot.ready) == ["digits", "embedder", "flat"]
+
+
+def test_an_agent_serves_at_most_64_models_and_a_window_carries_every_one(agent_config: Callable[..., Path], model_bundle: Callable[..., Path],
+                                                                        tmp_path: Path) -> None:  # fmt: skip
+    """telemetry.v1 holds 64 model windows: at 65 every window failed its check and none was published. Now a deploy
+    that would make a 65th model is refused, and so is a models.dir with more folders than that."""
+    models_dir = tmp_path / "models"
+    path = agent_config(models={"dir": str(models_dir), "default": "digits"})
+    assert agent_main(["install", str(model_bundle("digits")), "--config", str(path), "--model", "digits"]) == 0
+    for index in range(MAX_MODELS - 1):
+        (models_dir / f"m{index:02d}").mkdir()
+    with AgentService(load_config(path)) as agent:
+        assert len(agent.models.slots()) == MAX_MODELS
+        message = agent.build_telemetry_window()
+        validate_message(message, "telemetry.v1")
+        assert len(message["models"]) == MAX_MODELS
+        agent.dispatch_command({"id": "k65", "command": "deploy", "args": deploy_args(model_bundle("flat"), model="flat")})
+        rejected = wait_event(agent, "command_rejected", "k65")
+        assert "model 'flat' would be a new model, and this agent serves 64, the most one agent serves" in rejected["message"]
+        assert not (models_dir / "flat").exists() and len(agent.models.slots()) == MAX_MODELS
+    (models_dir / "m99").mkdir()  # a 65th folder, made by hand
+    with pytest.raises(AgentConfigError, match=r"holds 65 model folders; an agent serves at most 64"):
+        AgentService(load_config(path))
 
 
 def test_telemetry_windows_carry_each_model_and_the_collector_stores_them(repository: AgentService) -> None:
