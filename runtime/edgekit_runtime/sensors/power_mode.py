@@ -20,7 +20,7 @@ import logging
 import re
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,13 +96,54 @@ class PowerModeState:
         """How reports name the mode: ``"MAXN_SUPER"``, ``"15W+clocks"``; ``None`` without one."""
         return power_mode_label(self.mode_name, self.clocks_locked)
 
+    def reported_clocks(self) -> list[ClockRange]:
+        """The clocks as the status message carries them: each, or past :data:`MAX_REPORTED_CLOCKS` the CPU policies
+        that share a range as one entry (:func:`merged_clocks`), cut at the limit (``clocks_locked`` counts them all)."""
+        if len(self.clocks) <= MAX_REPORTED_CLOCKS:
+            return list(self.clocks)
+        return merged_clocks(self.clocks)[:MAX_REPORTED_CLOCKS]
+
     def to_dict(self) -> dict[str, Any]:
         """The status message's ``power_mode`` object (see ``status.v1.json``)."""
         return {
             "id": self.mode_id, "name": self.mode_name, "source": self.mode_source,
             "clocks_locked": self.clocks_locked,
-            "clocks": [{"domain": c.domain, "min_khz": c.min_khz, "max_khz": c.max_khz} for c in self.clocks],
+            "clocks": [{"domain": c.domain, "min_khz": c.min_khz, "max_khz": c.max_khz} for c in self.reported_clocks()],
         }  # fmt: skip
+
+
+#: ``status.v1`` carries at most this many clock domains (``power_mode.clocks``)
+MAX_REPORTED_CLOCKS = 32
+_POLICY_RE = re.compile(r"^cpu:policy(\d+)$")
+_POLICY_NAME_RE = re.compile(r"^policy\d+$")
+
+
+def merged_clocks(clocks: Sequence[ClockRange]) -> list[ClockRange]:
+    """``clocks`` with each run of CPU policies that share a range made one, ``cpu:policy0-47``: a many-core x86 or
+    Arm server has one cpufreq policy a core (``intel_pstate``), and one entry a core outgrew the status message."""
+    merged: list[ClockRange] = []
+    run: list[ClockRange] = []
+
+    def close_run() -> None:
+        if len(run) > 1:
+            first, last = _POLICY_RE.match(run[0].domain), _POLICY_RE.match(run[-1].domain)
+            assert first is not None and last is not None
+            merged.append(ClockRange(f"cpu:policy{first.group(1)}-{last.group(1)}", run[0].min_khz, run[0].max_khz))
+        else:
+            merged.extend(run)
+        run.clear()
+
+    for clock in clocks:
+        if _POLICY_RE.match(clock.domain) and (not run or (clock.min_khz, clock.max_khz) == (run[0].min_khz, run[0].max_khz)):
+            run.append(clock)
+            continue
+        close_run()
+        if _POLICY_RE.match(clock.domain):
+            run.append(clock)
+        else:
+            merged.append(clock)
+    close_run()
+    return merged
 
 
 def power_mode_label(mode_name: str | None, clocks_locked: bool | None) -> str | None:
@@ -172,7 +213,8 @@ class PowerModeReader:
 
     def _cpu_clocks(self) -> tuple[ClockRange, ...]:
         try:
-            policies = sorted(p for p in (self._root / CPUFREQ_DIR).iterdir() if p.name.startswith("policy"))
+            policies = sorted((p for p in (self._root / CPUFREQ_DIR).iterdir() if _POLICY_NAME_RE.match(p.name)),
+                              key=lambda p: int(p.name[len("policy"):]))  # policy2 before policy10
         except OSError:
             return ()
         return tuple(clock for policy in policies

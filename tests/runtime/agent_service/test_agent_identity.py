@@ -114,3 +114,35 @@ def test_onnxruntime_providers_are_reported_once_a_model_has_loaded(agent_config
             service.stop()
     finally:
         listener.close()
+
+
+def test_a_many_core_server_with_a_cpufreq_policy_a_core_goes_online(agent_config: Callable[..., Path], tmp_path: Path) -> None:
+    """intel_pstate (and many-core Arm servers) give each core its own cpufreq policy: 64 clock domains, past the 32
+    that status.v1 holds, so the status (and the will) failed its check and the agent never connected. Now the
+    policies that share a range are reported as one domain; clocks_locked still counts every one."""
+    root = tmp_path / "server"
+    for core in range(64):
+        policy = root / "sys/devices/system/cpu/cpufreq" / f"policy{core}"
+        policy.mkdir(parents=True)
+        (policy / "scaling_min_freq").write_text("800000\n")
+        (policy / "scaling_max_freq").write_text(("3900000" if core < 16 else "2900000") + "\n")  # performance and efficient cores
+    fleet, device = f"fleet-{uuid.uuid4().hex[:10]}", f"dev-{uuid.uuid4().hex[:10]}"
+    listener = Listener(fleet, device)
+    config = load_config(agent_config(
+        fleet=fleet, device_id=device, broker={"url": "mqtt://127.0.0.1:1883", "keepalive_s": 10},
+        power={"sensor": "none", "root": str(root)},
+        telemetry={"interval_s": 60, "spool": {"path": str(tmp_path / "spool.db")}},
+    ))  # fmt: skip
+    service = AgentService(config).start()
+    try:
+        online = listener.next("status", lambda m: m["state"] == "online")
+        validate_message(online, "status.v1")
+        assert online["power_mode"]["clocks"] == [
+            {"domain": "cpu:policy0-15", "min_khz": 800000.0, "max_khz": 3900000.0},
+            {"domain": "cpu:policy16-63", "min_khz": 800000.0, "max_khz": 2900000.0},
+        ]
+        assert online["power_mode"]["clocks_locked"] is False
+    finally:
+        service.stop()
+        listener.close()
+    assert listener.next("status", lambda m: m["state"] == "offline")["power_mode"]["clocks"][0]["domain"] == "cpu:policy0-15"
