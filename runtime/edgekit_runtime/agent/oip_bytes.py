@@ -48,9 +48,15 @@ def _shaped(items: list[str], shape: Sequence[int], where: str) -> np.ndarray:
 
 def from_blob(blob: bytes | memoryview, shape: Sequence[int], where: str) -> np.ndarray:
     """A BYTES tensor of ``shape`` from its binary form (length-prefixed elements filling ``blob`` exactly)."""
-    view, offset = memoryview(blob), 0
+    view, offset, expected = memoryview(blob), 0, math.prod(shape)
+    if 4 * expected > len(view):  # every element has its 4-byte length
+        raise OipError(HTTPStatus.BAD_REQUEST, f"{where}: shape {list(shape)} has {expected} elements, which take at least "
+                       f"{4 * expected} bytes (a 4-byte length each), but the binary BYTES data is {len(view)} bytes")  # fmt: skip
     items: list[str] = []
     while offset < len(view):
+        if len(items) == expected:  # said before decoding the rest: a body of millions of tiny elements costs nothing
+            raise OipError(HTTPStatus.BAD_REQUEST, f"{where}: shape {list(shape)} has {expected} elements but the binary "
+                           f"BYTES data holds more ({len(view) - offset} bytes follow element {expected - 1})")  # fmt: skip
         if offset + 4 > len(view):
             raise OipError(HTTPStatus.BAD_REQUEST, f"{where}: the binary BYTES data ends inside the 4-byte length of "
                            f"element {len(items)}; each element is a little-endian uint32 length, then its bytes")  # fmt: skip

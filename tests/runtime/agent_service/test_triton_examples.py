@@ -296,7 +296,8 @@ def _post(agent: AgentService, path: str, body: bytes, headers: dict[str, str] |
 
 def test_bytes_on_the_wire_and_its_refusals(agent: AgentService) -> None:
     """The binary form byte for byte (4-byte little-endian length, then UTF-8), nested JSON strings, and a 400
-    naming the input for a cut length prefix, a length past the data, numbers as BYTES data and a count mismatch."""
+    naming the input for a cut length prefix, a length past the data, too little data or too many elements for the
+    shape, numbers as BYTES data and a count mismatch."""
     import json
     import struct
 
@@ -315,7 +316,10 @@ def test_bytes_on_the_wire_and_its_refusals(agent: AgentService) -> None:
     assert status == 200 and json.loads(body)["outputs"][1]["data"] == ["animal", "fruit"]
     for data, blob_bytes, fragment in (
         (None, struct.pack("<I", 3) + b"oak" + b"\x01\x00", "ends inside the 4-byte length of element 1"),
-        (None, struct.pack("<I", 9) + b"oak", "element 0 says 9 bytes but only 3 follow"),
+        (None, struct.pack("<I", 3) + b"oak" + struct.pack("<I", 9) + b"ab", "element 1 says 9 bytes but only 2 follow"),
+        (None, struct.pack("<I", 3) + b"oak", "shape [2] has 2 elements, which take at least 8 bytes"),
+        # more elements than the shape: refused at the first one past it, not after decoding them all
+        (None, b"".join(struct.pack("<I", 3) + w for w in (b"oak", b"fig", b"yew")), "shape [2] has 2 elements but the binary BYTES data holds more"),
         ([1, 2], None, "a BYTES tensor's data holds strings, got 1"),
         (["a", "b", "c"], None, "shape [2] has 2 elements but 3 strings were sent"),
     ):
