@@ -255,6 +255,10 @@ class Postgres:
             self.workdir.parent.chmod(0o755)  # the postgres user must reach its folder
             shutil.chown(self.workdir, "postgres")
         self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
+        return self.start_again()
+
+    def start_again(self) -> str:
+        """Start the server (initdb'd by :meth:`start`) on its port again after :meth:`stop`: an outage's end."""
         extra = "".join(f" -c {setting}" for setting in self.settings)
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.workdir / "pg.log"), "-w", "-o",
                   f"-p {self.port} -k {self.workdir} -c listen_addresses=127.0.0.1 -c fsync=on{extra}", "start")  # fmt: skip

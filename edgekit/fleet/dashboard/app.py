@@ -37,7 +37,7 @@ from edgekit.fleet.dashboard import api
 from edgekit.fleet.dashboard.device_page import device_detail
 from edgekit.fleet.dashboard.device_table import DeviceQuery, DeviceQueryError, DeviceTable
 from edgekit.fleet.dashboard.http import HttpServer, Request, Response
-from edgekit.fleet.errors import FleetError
+from edgekit.fleet.errors import FleetError, StoreUnavailableError
 from edgekit.fleet.report import unknown_filter_error
 from edgekit.fleet.rollout_state import RolloutLog, open_rollout_log
 from edgekit.fleet.store.base import FleetStore
@@ -58,6 +58,8 @@ SLOW_CHANGING_TTL_S = 30.0
 #: How long the device counts are kept at least (when responses are cached at all): shorter than the page's 10 s
 #: refresh, so each refresh shows the states judged anew.
 SUMMARIES_TTL_S = 5.0
+#: What a 503 for an unreachable store asks the client to wait before asking again (seconds).
+STORE_RETRY_AFTER_S = 5
 
 
 def _parameter_error(parameter: str, message: str) -> Response:
@@ -148,7 +150,13 @@ class DashboardApp:
         if path == "/healthz":
             return Response(200, b"ok\n")
         if path.startswith("/api/"):
-            return self._cached(request)
+            try:
+                return self._cached(request)
+            except StoreUnavailableError as exc:  # the database is down or restarting: the page retries, nothing is wrong here
+                logger.warning("dashboard request %s: %s", path, exc.message)
+                response = Response.error(503, exc.message + (f"; {exc.hint}" if exc.hint else ""))
+                response.headers["Retry-After"] = str(STORE_RETRY_AFTER_S)
+                return response
         return Response.error(404, f"no page at {path}")
 
     def _cached(self, request: Request) -> Response:

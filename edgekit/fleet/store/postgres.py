@@ -8,6 +8,7 @@ a lost connection is reopened on the next call.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from functools import lru_cache
 from typing import Any, Callable, Sequence
@@ -132,11 +133,18 @@ class PostgresStore(SqlFleetStore):
             # 10,000 devices, when bloat made the planner expect millions of rows)
             self._connection.execute("SET jit = off")
         except psycopg.Error as exc:
+            if self._connection is not None:
+                with contextlib.suppress(Exception):
+                    self._connection.close()
+            self._connection = None  # nothing to ask again on: the server is not there (see _connection_was_cut)
             raise StoreUnavailableError(f"cannot connect to fleet store {redact(self.url)}: {str(exc).strip()}",
                                         hint="check that PostgreSQL runs, and the URL's host, port, user and "
                                              "database (postgresql://user@host:5432/dbname)") from exc  # fmt: skip
 
     # -- dialect hooks ------------------------------------------------------------------------
+    def _connection_was_cut(self) -> bool:
+        return self._connection is not None and bool(self._connection.closed)
+
     def _cursor(self) -> Any:
         if self._connection is None or self._connection.closed:
             self._connect()

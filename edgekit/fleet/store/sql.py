@@ -15,7 +15,7 @@ import threading
 from collections import Counter
 from typing import Any, Iterator, Sequence
 
-from edgekit.fleet.errors import StoreError
+from edgekit.fleet.errors import StoreError, StoreUnavailableError
 from edgekit.fleet.store import buckets, fleet_reads, queries
 from edgekit.fleet.store.base import (
     AGGREGATE_KEYS,
@@ -154,10 +154,22 @@ class SqlFleetStore(DeviceReadsMixin, RetentionMixin, SchemaMigrations, FleetSto
                 raise translated from exc
 
     def _query(self, doing: str, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
-        """Rows of one SELECT, in a read-only transaction."""
+        """Rows of one SELECT, in a read-only transaction; asked once more on a new connection when the one it used
+        turns out to have been cut (a database restart): the first read after an outage then succeeds."""
+        try:
+            with self._transaction(doing, write=False) as cursor:
+                cursor.execute(self._sql(sql), params)
+                return list(cursor.fetchall())
+        except StoreUnavailableError:
+            if not self._connection_was_cut():
+                raise
         with self._transaction(doing, write=False) as cursor:
             cursor.execute(self._sql(sql), params)
             return list(cursor.fetchall())
+
+    def _connection_was_cut(self) -> bool:
+        """Whether the last failure closed a connection that had been open (the next use makes a new one)."""
+        return False
 
     def _sum_in_history(self, cursor: Any) -> None:
         """Sum the windows and rollups a store kept before it had aggregates into them (once, when migrating)."""
