@@ -6,6 +6,7 @@ them); modules that only need the shapes (the bundle fetcher, the API) import th
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -46,6 +47,10 @@ class ApiAddress:
         return f"{host}:{self.port}"
 
 
+#: The longest Unix socket path bind() takes: ``sun_path`` is 108 bytes on Linux, the last one the terminating NUL
+MAX_UNIX_SOCKET_PATH_BYTES = 107
+
+
 def parse_api_address(text: object, *, where: str = "api.address") -> ApiAddress:
     """Parse ``127.0.0.1:8470``, ``[::1]:8470``, ``localhost:8470`` or ``unix:/run/edgekit/agent.sock``.
 
@@ -60,6 +65,10 @@ def parse_api_address(text: object, *, where: str = "api.address") -> ApiAddress
         path = text[len(UNIX_PREFIX) :]
         if not path.startswith("/"):
             raise AgentConfigError(f"{where}: Unix socket path '{path}' must be absolute", hint=hint)
+        if len(os.fsencode(path)) > MAX_UNIX_SOCKET_PATH_BYTES:
+            raise AgentConfigError(f"{where}: Unix socket path '{path}' is {len(os.fsencode(path))} bytes; the system "
+                                   f"takes at most {MAX_UNIX_SOCKET_PATH_BYTES} (sun_path)",
+                                   hint="use a shorter path, e.g. 'unix:/run/edgekit/agent.sock'")  # fmt: skip
         return ApiAddress(unix_path=Path(path))
     match = re.fullmatch(r"\[(?P<v6>[^\]]+)\]:(?P<port6>\d+)|(?P<host>[^:\[\]]+):(?P<port>\d+)", text)
     if match is None:

@@ -54,6 +54,8 @@ def test_example_config_is_valid(tmp_path: Path) -> None:
         ({"api": {"address": "0.0.0.0:8470"}}, ["api.address: '0.0.0.0:8470' is not a loopback address", "SSH port forwarding"]),
         ({"api": {"address": "192.168.1.5:8470"}}, ["is not a loopback address"]),
         ({"api": {"address": "unix:relative.sock"}}, ["Unix socket path 'relative.sock' must be absolute"]),
+        # bind() takes 107 bytes: before, the agent started and failed to listen with a hint about another process
+        ({"api": {"address": "unix:/run/" + "d" * 120 + "/agent.sock"}}, ["is 136 bytes; the system takes at most 107 (sun_path)"]),
         ({"bundles": {"dir": "b"}}, ["bundles.public_key: is required", "edgekit keygen --out DIR"]),
         ({"bundles": {"dir": "b", "public_key": "missing.pem"}}, ["bundles.public_key: file", "missing.pem' does not exist"]),
         ({"bundles": {"dir": "b", "allow_unsigned": "yes"}}, ["bundles.allow_unsigned: expected true or false, got 'yes'"]),
