@@ -239,12 +239,15 @@ def stage_export(state: BuildState) -> str | None:
         onnx.save(onnx.load(str(loaded.onnx_path), load_external_data=True), str(state.fp32_path))
         state.export = {"exporter": loaded.exporter or "none", "opset": loaded.details.get("opset", state.opset), "seconds": 0.0, "fallback_reason": None}
         if loaded.kind == "onnx":  # a file from another toolchain: named dims, true output shapes, the opset the precision needs
-            from edgekit.sources.onnx_file import upgrade_source_opset
+            from edgekit.sources.onnx_file import convert_to_target_opset, needed_opset, upgrade_source_opset
             from edgekit.sources.onnx_outputs import repair_declared_outputs
 
             output_notes = repair_declared_outputs(state.fp32_path, recipe, state.samples[0])
             feeds = [model_inputs(recipe, batch) for batch in state.samples]
-            state.recipe, conversion = upgrade_source_opset(state.fp32_path, recipe, state.precision, state.auto, feeds)
+            limit = max(state.opset, needed_opset(state.precision, state.auto))  # never below what the precision writes
+            conversion = convert_to_target_opset(state.fp32_path, recipe, limit, state.target.name, feeds)
+            state.recipe, upgrade = upgrade_source_opset(state.fp32_path, recipe, state.precision, state.auto, feeds)
+            conversion = upgrade or conversion
             state.export.update(source_notes=[*(loaded.details.get("notes") or []), *output_notes],
                                 opset_conversion=conversion.to_manifest() if conversion else None)
             note = "; ".join([*state.export["source_notes"], *([conversion.describe()] if conversion else [])])

@@ -11,6 +11,9 @@ Files from other toolchains (Paddle2ONNX, older exporters) need two repairs that
   if that fails, static int8 falls back to per-tensor scales, which older opsets support. Both are
   recorded in ``export.opset_conversion``. The user of a third-party file cannot re-export it, so no
   message here tells them to.
+* a graph above the target's opset (``build.opset`` of the target profile, or the recipe's ``export.opset``)
+  is converted down to it the same way, checked the same way, and kept as it is (with a note) when that
+  fails: a device runtime refuses opsets newer than it knows.
 """
 
 from __future__ import annotations
@@ -164,9 +167,11 @@ class OpsetConversion:
     fallback: str | None = None
 
     def describe(self) -> str:
+        way = "upgrade" if self.needed_opset > self.original_opset else "conversion"
         if self.fallback is not None:
-            return f"opset {self.original_opset} kept (upgrade to {self.needed_opset} failed: {self.error}); {self.fallback}"
-        return f"opset {self.original_opset} upgraded to {self.converted_opset} ({self.reason}); max abs diff {self.max_abs_diff:.2g} on the samples"
+            return f"opset {self.original_opset} kept ({way} to {self.needed_opset} failed: {self.error}); {self.fallback}"
+        done = "upgraded" if way == "upgrade" else "converted"
+        return f"opset {self.original_opset} {done} to {self.converted_opset} ({self.reason}); max abs diff {self.max_abs_diff:.2g} on the samples"
 
     def to_manifest(self) -> dict[str, Any]:
         return {
@@ -224,6 +229,43 @@ def upgrade_source_opset(path: Path, recipe: Recipe, precision: Precision, auto:
     quantization = recipe.build.quantization.model_copy(update={"per_channel": False})
     recipe = recipe.model_copy(update={"build": recipe.build.model_copy(update={"quantization": quantization})})
     return recipe, OpsetConversion(original, opset, reason, error=error, fallback=fallback)
+
+
+def needed_opset(precision: Precision, auto: bool) -> int:
+    """The least opset the precision's writers need (0 when any will do)."""
+    needed = OPSET_NEEDED.get("auto" if auto else precision)
+    return needed[0] if needed is not None else 0
+
+
+def convert_to_target_opset(path: Path, recipe: Recipe, opset: int, target: str,
+                            feeds: Sequence[Mapping[str, np.ndarray]]) -> OpsetConversion | None:
+    """Convert the ONNX source at ``path`` in place down to ``opset`` (the target's, or the recipe's export.opset)
+    when it is newer: a file stamped opset 28 does not load in a device runtime that reads opset 18 (ONNX Runtime
+    refuses opsets it does not know; TensorRT's parser too). The converted graph must pass the checker and match
+    the original on ``feeds``; otherwise the original stays, said in the returned record and the log: it is
+    refused at deploy (the agent's self-check) where the device's runtime cannot load it."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=True)
+    original = main_opset(model) or 0
+    if original <= opset:
+        return None
+    reason = f"{target} builds at opset {opset}"
+    try:
+        converted = _convert(model, opset)
+        onnx.checker.check_model(converted, full_check=True)
+        max_abs_diff = _compare_graphs(model, converted, feeds, recipe)
+    except _ConversionMismatch as exc:
+        error = str(exc)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    else:
+        onnx.save(converted, str(path))
+        log.info("ONNX source converted from opset %d to %d: %s", original, opset, reason)
+        return OpsetConversion(original, opset, reason, converted_opset=main_opset(converted), max_abs_diff=max_abs_diff)
+    fallback = f"the device's runtime must load opset {original} (the agent's self-check refuses the bundle where it cannot)"
+    log.warning("opset %d -> %d conversion failed (%s); %s", original, opset, error, fallback)
+    return OpsetConversion(original, opset, reason, error=error, fallback=fallback)
 
 
 class _ConversionMismatch(Exception):

@@ -166,3 +166,34 @@ def test_auto_upgrades_an_opset_11_file_for_its_search(tmp_path: Path) -> None:
     assert conversion["converted_opset"] == 13 and "sensitivity analysis" in conversion["reason"]
     assert manifest["precision_decision"]["requested"] == "auto"
     assert _self_check(tmp_path / "bundle").passed
+
+
+def test_a_file_newer_than_the_targets_opset_is_converted_down_to_it(tmp_path: Path) -> None:
+    """A file stamped opset 22 built for a Raspberry Pi 5 (its profile builds at opset 18): the bundle holds the
+    graph converted to opset 18, checked against the original on the samples, so an older device runtime loads it."""
+    model = paddle_style_cnn(opset=13)
+    model.opset_import[0].version = 22  # every op of this graph reads the same at 13 and 22
+    recipe = write_recipe(tmp_path, model)
+    manifest = build(recipe, "raspberry-pi-5", out=tmp_path / "bundle").manifest
+    conversion = manifest["export"]["opset_conversion"]
+    assert (conversion["original_opset"], conversion["converted_opset"], conversion["fallback"]) == (22, 18, None)
+    assert conversion["reason"] == "raspberry-pi-5 builds at opset 18" and conversion["max_abs_diff"] < 1e-5
+    assert manifest["export"]["opset"] == 22 and manifest["model"]["opset"] == 18  # the file, and what the bundle holds
+    assert _self_check(tmp_path / "bundle").passed
+
+
+def test_an_op_with_no_older_version_keeps_the_files_opset_and_says_so(tmp_path: Path) -> None:
+    """Gelu exists from opset 20 only: converting to 18 fails, the file's opset stays, and the manifest says what the
+    device's runtime must then load (the agent's self-check refuses the bundle where it cannot)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Gelu", ["x"], ["prob"])], "gelu",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 8, 8])],
+                              [helper.make_tensor_value_info("prob", TensorProto.FLOAT, ["batch", 3, 8, 8])])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 10
+    manifest = build(write_recipe(tmp_path, model), "raspberry-pi-5", out=tmp_path / "bundle").manifest
+    conversion = manifest["export"]["opset_conversion"]
+    assert conversion["converted_opset"] is None and "No Previous Version of Gelu" in conversion["error"]
+    assert conversion["fallback"].startswith("the device's runtime must load opset 20")
+    assert manifest["model"]["opset"] == 20
