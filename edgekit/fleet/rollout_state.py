@@ -97,6 +97,25 @@ class RolloutRecord:
         return cls(**values)
 
 
+def interrupted(record: RolloutRecord, exc: BaseException) -> RolloutRecord:
+    """``record`` stopped because the deploy ended before it did (Ctrl-C, SIGTERM, an error on the way): the wave in
+    progress failed, later waves and their devices ``not_started``, and the reason says that no rollback was sent."""
+    waves = [dict(wave) for wave in record.waves]
+    active = next((i for i, wave in enumerate(waves) if wave["state"] in ("deploying", "watching")), None)
+    what = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else f"ended by {type(exc).__name__}: {exc}"
+    where = f" during wave {active + 1} ({waves[active]['spec']}, {waves[active]['state']})" if active is not None else ""
+    if active is not None:
+        waves[active].update(state="failed", reason=what, finished_at=dt.datetime.now(dt.timezone.utc).isoformat())
+    for wave in waves:
+        if wave["state"] == "pending":
+            wave["state"] = "not_started"
+    kept = [d for d, o in record.outcomes.items() if o in KEPT_OUTCOMES]
+    reason = (f"the deploy was {what}{where}; no rollback was sent: {len(kept)} device(s) that took the bundle keep it"
+              + (" (roll them back by deploying the previous bundle)" if kept else ""))  # fmt: skip
+    outcomes = {d: "not_started" if o == "pending" else o for d, o in record.outcomes.items()}
+    return record.with_state("stopped", reason=reason, waves=tuple(waves), outcomes=outcomes)
+
+
 class RolloutLog(abc.ABC):
     """Where rollout records live."""
 

@@ -40,7 +40,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from datetime import datetime, timezone
 from typing import Any
 
 from edgekit_runtime.agent.api import AgentApi
@@ -120,7 +119,7 @@ class AgentService(SpoolOutbox, TelemetryReporting, CommandHandling):
         self._threads_health: dict[str, dict[str, Any]] = {}
         self._api_bound_address: str | None = None  # where the API served when last checked (for a restart)
         self._sensor: PowerSensor | None = None
-        self._window_start = datetime.now(timezone.utc)
+        self._open_window()
 
         # The models served (one per bundle store); server, store and deployer are the default model's.
         self.models = ModelRepository(config, self._emit, stop=self._stop, on_change=self._served_changed)
@@ -163,7 +162,7 @@ class AgentService(SpoolOutbox, TelemetryReporting, CommandHandling):
         if self.grpc is not None:
             self.grpc.start()
         self._start_link()
-        self._window_start = datetime.now(timezone.utc)
+        self._open_window()
         self.server.take_window()  # the first window starts now, not when the server was built
         if self.integrator is not None:
             self.integrator.take_window()

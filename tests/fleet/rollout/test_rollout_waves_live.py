@@ -163,3 +163,33 @@ def test_a_device_that_never_answers_times_out_with_what_to_check(live_fleet, si
     result = record.device_results[first]
     assert result["reason"].startswith("no deploy_result from the device within 2 s") and "edgekit fleet status" in result["hint"]
     assert result["answered_at"] is None and result["seconds"] is None
+
+
+def test_a_deploy_interrupted_while_it_watches_records_a_stopped_rollout(live_fleet, signed_bundle, fleet_keys) -> None:
+    """Ctrl-C during wave 1's health gate: before, the record stayed "watching" for good (the dashboard and
+    ``fleet report`` showed a rollout in progress that no process was running). Now it is stopped, says that no
+    rollback was sent and which devices keep the bundle, and the later waves are not_started."""
+    from edgekit.fleet.rollout_state import open_rollout_log
+
+    fleet = live_fleet(devices=4)
+    artifact = prepare_bundle(signed_bundle("vision-interrupted"), key=fleet_keys[1])
+
+    def ctrl_c_while_watching(record) -> None:
+        if record.state == "watching":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_rollout(artifact, broker_url=fleet.broker.url, store_url=fleet.store_url, target="x86-64-cpu", policy=WAVES,
+                    on_update=ctrl_c_while_watching)  # fmt: skip
+    log = open_rollout_log(fleet.store_url)
+    try:
+        (record,) = log.recent(10)
+    finally:
+        log.close()
+    devices = sorted(fleet.simulator.agents)
+    assert record.state == "stopped" and record.finished_at is not None
+    assert record.reason == ("the deploy was interrupted (Ctrl-C) during wave 1 (1, watching); no rollback was sent: 1 device(s) "
+                             "that took the bundle keep it (roll them back by deploying the previous bundle)")  # fmt: skip
+    assert [w["state"] for w in record.waves] == ["failed", "not_started", "not_started"]
+    assert record.outcomes[devices[0]] == "succeeded"
+    assert {record.outcomes[d] for d in devices[1:]} == {"not_started"}
