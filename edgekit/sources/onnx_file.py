@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -202,18 +202,10 @@ def upgrade_source_opset(path: Path, recipe: Recipe, precision: Precision, auto:
     original = main_opset(model) or 0
     if original >= opset:
         return recipe, None
-    try:
-        converted = _convert(model, opset)
-        onnx.checker.check_model(converted, full_check=True)
-        max_abs_diff = _compare_graphs(model, converted, feeds, recipe)
-    except _ConversionMismatch as exc:
-        error = str(exc)
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-    else:
-        onnx.save(converted, str(path))
-        log.info("ONNX source upgraded from opset %d to %d: %s", original, opset, reason)
-        return recipe, OpsetConversion(original, opset, reason, converted_opset=main_opset(converted), max_abs_diff=max_abs_diff)
+    conversion = _converted_in_place(path, model, opset, reason, feeds, recipe)
+    if conversion.error is None:
+        return recipe, conversion
+    error = conversion.error
     where = f"{recipe.path}: model.path {recipe.resolve(recipe.model.path)}"  # type: ignore[union-attr]
     fallback = PER_TENSOR_FALLBACK.get(precision) if not auto and original >= 10 else None  # QuantizeLinear is opset 10
     if fallback is None:
@@ -251,21 +243,33 @@ def convert_to_target_opset(path: Path, recipe: Recipe, opset: int, target: str,
     if original <= opset:
         return None
     reason = f"{target} builds at opset {opset}"
+    conversion = _converted_in_place(path, model, opset, reason, feeds, recipe)
+    if conversion.error is None:
+        return conversion
+    fallback = f"the device's runtime must load opset {original} (the agent's self-check refuses the bundle where it cannot)"
+    log.warning("opset %d -> %d conversion failed (%s); %s", original, opset, conversion.error, fallback)
+    return replace(conversion, fallback=fallback)
+
+
+def _converted_in_place(path: Path, model: Any, opset: int, reason: str, feeds: Sequence[Mapping[str, np.ndarray]],
+                        recipe: Recipe) -> OpsetConversion:
+    """Convert ``model`` (the file at ``path``) to ``opset``; saved over ``path`` when it passes the checker and matches
+    the original on ``feeds``, else left alone with the ``error`` said in the record."""
+    import onnx
+
+    original = main_opset(model) or 0
     try:
         converted = _convert(model, opset)
         onnx.checker.check_model(converted, full_check=True)
         max_abs_diff = _compare_graphs(model, converted, feeds, recipe)
     except _ConversionMismatch as exc:
-        error = str(exc)
+        return OpsetConversion(original, opset, reason, error=str(exc))
     except Exception as exc:
-        error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-    else:
-        onnx.save(converted, str(path))
-        log.info("ONNX source converted from opset %d to %d: %s", original, opset, reason)
-        return OpsetConversion(original, opset, reason, converted_opset=main_opset(converted), max_abs_diff=max_abs_diff)
-    fallback = f"the device's runtime must load opset {original} (the agent's self-check refuses the bundle where it cannot)"
-    log.warning("opset %d -> %d conversion failed (%s); %s", original, opset, error, fallback)
-    return OpsetConversion(original, opset, reason, error=error, fallback=fallback)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return OpsetConversion(original, opset, reason, error=f"{type(exc).__name__}: {first}")
+    onnx.save(converted, str(path))
+    log.info("ONNX source converted from opset %d to %d: %s", original, opset, reason)
+    return OpsetConversion(original, opset, reason, converted_opset=main_opset(converted), max_abs_diff=max_abs_diff)
 
 
 class _ConversionMismatch(Exception):

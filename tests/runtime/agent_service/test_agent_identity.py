@@ -21,10 +21,8 @@ IDENTITY = Path(__file__).resolve().parents[1] / "sensors" / "fixtures" / "ident
 pytestmark = pytest.mark.skipif(not broker_up(), reason="no MQTT broker on 127.0.0.1:1883 (apt-get install mosquitto)")
 
 
-def test_status_and_health_carry_identity_and_follow_the_power_mode(agent_config: Callable[..., Path],
-                                                                      tmp_path: Path) -> None:  # fmt: skip
-    root = tmp_path / "board"
-    shutil.copytree(IDENTITY / "jetson_orin_nano_super_jp62", root, symlinks=True)
+def _agent_on_the_broker(agent_config: Callable[..., Path], tmp_path: Path, root: Path) -> tuple[AgentService, Listener]:
+    """A started agent that reads the board at ``root``, on the test broker, and a listener for its messages."""
     fleet, device = f"fleet-{uuid.uuid4().hex[:10]}", f"dev-{uuid.uuid4().hex[:10]}"
     listener = Listener(fleet, device)
     config = load_config(agent_config(
@@ -32,7 +30,14 @@ def test_status_and_health_carry_identity_and_follow_the_power_mode(agent_config
         power={"sensor": "none", "root": str(root)},
         telemetry={"interval_s": 60, "spool": {"path": str(tmp_path / "spool.db")}},
     ))  # fmt: skip
-    service = AgentService(config).start()
+    return AgentService(config).start(), listener
+
+
+def test_status_and_health_carry_identity_and_follow_the_power_mode(agent_config: Callable[..., Path],
+                                                                      tmp_path: Path) -> None:  # fmt: skip
+    root = tmp_path / "board"
+    shutil.copytree(IDENTITY / "jetson_orin_nano_super_jp62", root, symlinks=True)
+    service, listener = _agent_on_the_broker(agent_config, tmp_path, root)
     try:
         online = listener.next("status", lambda m: m["state"] == "online")
         validate_message(online, "status.v1")
@@ -126,14 +131,7 @@ def test_a_many_core_server_with_a_cpufreq_policy_a_core_goes_online(agent_confi
         policy.mkdir(parents=True)
         (policy / "scaling_min_freq").write_text("800000\n")
         (policy / "scaling_max_freq").write_text(("3900000" if core < 16 else "2900000") + "\n")  # performance and efficient cores
-    fleet, device = f"fleet-{uuid.uuid4().hex[:10]}", f"dev-{uuid.uuid4().hex[:10]}"
-    listener = Listener(fleet, device)
-    config = load_config(agent_config(
-        fleet=fleet, device_id=device, broker={"url": "mqtt://127.0.0.1:1883", "keepalive_s": 10},
-        power={"sensor": "none", "root": str(root)},
-        telemetry={"interval_s": 60, "spool": {"path": str(tmp_path / "spool.db")}},
-    ))  # fmt: skip
-    service = AgentService(config).start()
+    service, listener = _agent_on_the_broker(agent_config, tmp_path, root)
     try:
         online = listener.next("status", lambda m: m["state"] == "online")
         validate_message(online, "status.v1")
