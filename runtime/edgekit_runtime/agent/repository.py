@@ -144,12 +144,13 @@ class ModelRepository:
             self._add(None, config.bundles.dir)
             self.default_key: str | None = None
         else:
-            names = models.names if models.names is not None else self._folders(models.dir)
-            if len(dict.fromkeys([models.default_name, *names])) > MAX_MODELS:  # only folders made by hand: deploys stop at it
-                raise AgentConfigError(f"{models.dir} holds {len(names)} model folders; an agent serves at most {MAX_MODELS} "
-                                       f"(each telemetry window carries one entry a model, and telemetry.v1 holds {MAX_MODELS})",
+            names = list(dict.fromkeys([models.default_name, *(models.names or self._folders(models.dir))]))
+            if len(names) > MAX_MODELS:  # only folders made by hand: deploys stop at the limit
+                raise AgentConfigError(f"{models.dir} holds model folders for {len(names)} models; an agent serves at most "
+                                       f"{MAX_MODELS} (each telemetry window carries one entry a model, and telemetry.v1 "
+                                       f"holds {MAX_MODELS})",
                                        hint="move the others to another agent's models.dir, or list the ones to serve in models.names")  # fmt: skip
-            for name in dict.fromkeys([models.default_name, *names]):
+            for name in names:
                 self._add(name, models.dir / name)
             self.default_key = models.default_name
 

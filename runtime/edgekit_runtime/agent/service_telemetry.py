@@ -53,7 +53,6 @@ def synthetic_feeds(signature: IOSignature, dims: Mapping[str, int], *, seed: in
     return feeds
 
 
-
 #: How far the wall clock may move apart from the monotonic clock over one window before it counts as stepped
 CLOCK_STEP_TOLERANCE_S = 2.0
 

@@ -288,7 +288,7 @@ def test_an_agent_serves_at_most_64_models_and_a_window_carries_every_one(agent_
         assert "model 'flat' would be a new model, and this agent serves 64, the most one agent serves" in rejected["message"]
         assert not (models_dir / "flat").exists() and len(agent.models.slots()) == MAX_MODELS
     (models_dir / "m99").mkdir()  # a 65th folder, made by hand
-    with pytest.raises(AgentConfigError, match=r"holds 65 model folders; an agent serves at most 64"):
+    with pytest.raises(AgentConfigError, match=r"holds model folders for 65 models; an agent serves at most 64"):
         AgentService(load_config(path))
 
 
