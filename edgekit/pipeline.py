@@ -85,6 +85,7 @@ class BuildState:
     export_module: Any = None  # what is exported: the source module, pruned if the recipe prunes
     open_runners: list[OnnxRuntimeRunner] = field(default_factory=list)
     auto: bool = False  # --precision auto: the quantize stage searches for the precision
+    prune_left_out: bool = False  # built with prune=False from a recipe that prunes (the manifest's recipe says so)
     prune: dict[str, Any] | None = None
     fp32_path: Path = Path()
     opset: int = 0
@@ -160,7 +161,8 @@ def stage_load(recipe_path: Path | str, target_name: str, precision: Precision |
     recipe = load_recipe(recipe_path, trust_code=trust_code)
     target = get_target(target_name)
     recipe = recipe.for_target(target.name)
-    if not prune and recipe.build.prune is not None:  # the recipe's build without its prune section (a sweep's variant)
+    prune_left_out = not prune and recipe.build.prune is not None
+    if prune_left_out:  # the recipe's build without its prune section (a sweep's unpruned variant)
         recipe = recipe.model_copy(update={"build": recipe.build.model_copy(update={"prune": None})})
     if backend_name is not None:
         recipe = recipe.model_copy(update={"build": recipe.build.model_copy(update={"backend": Backend(backend_name)})})
@@ -191,7 +193,7 @@ def stage_load(recipe_path: Path | str, target_name: str, precision: Precision |
     calibration = load_batches(recipe, recipe.data.calibration, "calibration") if needs_calibration and recipe.data.calibration else None
     threads = recipe.build.benchmark.threads or min(os.cpu_count() or 1, target.cpu.cores)
     state = BuildState(recipe, target, backend, backend_reason, decision, out_dir, samples, evaluation, calibration, threads)
-    state.auto = auto
+    state.auto, state.prune_left_out = auto, prune_left_out
     return state
 
 
@@ -429,7 +431,8 @@ def assemble_manifest(state: BuildState, stages: list[dict[str, Any]]) -> dict[s
         "schema_version": SCHEMA_VERSION,
         "name": f"{recipe.name}-{target.name}-{state.precision.value}",
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "recipe": {"name": recipe.name, "path": str(recipe.path), "sha256": recipe.sha256},
+        "recipe": {"name": recipe.name, "path": str(recipe.path), "sha256": recipe.sha256,
+                   **({"prune_left_out": True} if state.prune_left_out else {})},
         "target": target.to_json(),
         "backend": {**engine.to_manifest(device_threads(recipe, target)), "selected_because": state.backend_reason},
         "precision": state.precision.value,

@@ -87,4 +87,5 @@ def test_sweep_of_a_pruned_recipe_builds_both_variants_and_writes_nothing_beside
         assert rows[name]["status"] == "built", rows[name]
         manifest = json.loads((out / name / "manifest.json").read_text())
         assert ((manifest.get("prune") or {}).get("method") == "magnitude") is name.endswith("+pruned"), manifest.get("prune")
+        assert manifest["recipe"].get("prune_left_out", False) is not name.endswith("+pruned")  # said where it was left out
     assert sorted(path.name for path in recipe.parent.iterdir()) == sorted([*before, "sweep"])  # nothing else beside it
