@@ -63,9 +63,12 @@ def load_onnx_file(spec: OnnxSource, recipe: Recipe, workdir: Path) -> LoadedMod
         onnx.checker.check_model(model, full_check=False)
     except Exception as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        external = "TensorProto" in first_line and ("outside the directory" in first_line or "absolute path" in first_line)
         raise SourceError(
             f"{recipe.path}: model.path {path} is not a valid ONNX model: {first_line}",
-            hint="check that the file was copied completely (size, hash), or open it with onnx.load to see what its producer wrote",
+            hint=(f"its external data files must sit in {path.parent} (or below it), named by relative paths; they are not read "
+                  "from anywhere else" if external else
+                  "check that the file was copied completely (size, hash), or open it with onnx.load to see what its producer wrote"),
         ) from None
     notes = name_dynamic_dims(model, recipe)
     onnx_path = path

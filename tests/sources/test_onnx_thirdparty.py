@@ -197,3 +197,25 @@ def test_an_op_with_no_older_version_keeps_the_files_opset_and_says_so(tmp_path:
     assert conversion["converted_opset"] is None and "No Previous Version of Gelu" in conversion["error"]
     assert conversion["fallback"].startswith("the device's runtime must load opset 20")
     assert manifest["model"]["opset"] == 20
+
+
+@pytest.mark.parametrize("location", ["../../../etc/hostname", "/etc/hostname"])
+def test_external_data_outside_the_files_folder_is_refused_never_read(tmp_path: Path, location: str) -> None:
+    """A file from elsewhere whose external data points out of its folder: onnx refuses to read it (nothing of
+    /etc ends up in a bundle), and the hint says where the data must be, not that the copy was incomplete."""
+    from onnx import TensorProto
+
+    from edgekit.errors import SourceError
+
+    model = paddle_style_cnn(opset=13)
+    weight = model.graph.initializer[0]
+    weight.ClearField("raw_data")
+    weight.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", "64")):
+        entry = weight.external_data.add()
+        entry.key, entry.value = key, value
+    with pytest.raises(SourceError) as info:
+        build(write_recipe(tmp_path, model), "x86-64-cpu", out=tmp_path / "bundle")
+    assert "is not a valid ONNX model" in info.value.message and "/etc/hostname" in info.value.message
+    assert info.value.hint.startswith(f"its external data files must sit in {tmp_path}")
+    assert not (tmp_path / "bundle").exists()
