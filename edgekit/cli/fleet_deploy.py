@@ -204,6 +204,10 @@ def print_record(record: RolloutRecord, out: Console = console) -> None:
               + f"{escape(record.bundle_id)} (target "
               f"{escape(record.target or 'none')}), started {record.started_at:%Y-%m-%d %H:%M:%S} UTC, {took:.1f} s"
               + (f": {escape(record.reason)}" if record.reason else ""), soft_wrap=True)  # fmt: skip
+    silent = record.silent_s()
+    if silent is not None:
+        out.print(f"  [red]no update for {silent / 60:.0f} min[/]: the fleet deploy that ran it has most likely ended "
+                  "(killed, or its host lost); its devices keep what they were last sent", soft_wrap=True)  # fmt: skip
     for wave in record.waves:
         seconds = f", {wave['seconds']:.1f} s" if wave.get("seconds") is not None else ""
         out.print(f"  wave {wave['index']} ({wave['spec']}, {plural(len(wave['devices']), 'device')}): {wave['state']}{seconds}"

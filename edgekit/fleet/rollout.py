@@ -264,6 +264,7 @@ class Rollout:
         options: dict[str, Any] = {"allow_downgrade": policy.allow_downgrade, "allow_signature_change": policy.allow_signature_change,
                    "force": policy.force, "signed_commands": signed_commands, "health_window_s": policy.health_window_s,
                    "max_error_rate": policy.max_error_rate, "max_p99_ratio": policy.max_p99_ratio,
+                   "deploy_timeout_s": policy.deploy_timeout_s, "progress_s": policy.progress_s,
                    "files_verified": artifact.files_verified, "signed_by": artifact.signed_by,
                    "dropped_waves": policy.dropped_waves([d.device for d in ordered])}  # fmt: skip
         if self.models:  # the models deployed to, recorded with the rollout (report, dashboard)

@@ -77,12 +77,23 @@ class RolloutRecord:
         return {d: {"outcome": o, **self.device_results.get(d, {})} for d, o in sorted(self.outcomes.items())
                 if o not in (*KEPT_OUTCOMES, "pending", "not_started", "skipped_offline", "deploying")}  # fmt: skip
 
+    def silent_s(self, now: dt.datetime | None = None) -> float | None:
+        """Seconds since a rollout still in progress was last saved, when that is longer than a running deploy ever
+        goes without saving (its deploy timeout or gate progress interval, plus a minute): the ``fleet deploy`` that
+        ran it has most likely ended without a word (``kill -9``, a lost host). None otherwise."""
+        if self.state in FINAL_STATES:
+            return None
+        quiet = (now or dt.datetime.now(dt.timezone.utc)) - self.updated_at
+        longest = max(float(self.options.get("deploy_timeout_s", 180.0)), float(self.options.get("progress_s", 5.0))) + 60.0
+        return quiet.total_seconds() if quiet.total_seconds() > longest else None
+
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["canary"], data["devices"], data["waves"] = list(self.canary), list(self.devices), list(data["waves"])
         data["started_at"], data["updated_at"] = self.started_at.isoformat(), self.updated_at.isoformat()
         data["finished_at"] = _time(self.finished_at)
         data["seconds"] = round(((self.finished_at or self.updated_at) - self.started_at).total_seconds(), 3)
+        data["silent_s"] = self.silent_s()  # not null: no update for that long, its deploy has likely ended
         return data
 
     @classmethod

@@ -305,6 +305,10 @@ function rolloutRow(r) {
   const stateTd = el("td", { class: "wrap rollout-state" });
   stateTd.appendChild(el("b", {}, r.state));
   if (where) stateTd.appendChild(el("span", { class: "muted wave" }, " " + where));
+  if (r.silent_s) {  // still "deploying" or "watching", but its deploy has not saved it for longer than it ever waits
+    stateTd.appendChild(el("div", { class: "silent", title: "the fleet deploy that ran it has most likely ended (killed, or its host lost)" },
+      `no update for ${formatSeconds(r.silent_s)}`));
+  }
   const dropped = (r.options && r.options.dropped_waves) || [];
   if (dropped.length) stateTd.appendChild(el("div", { class: "muted", title: dropped.map((d) => d.reason).join("; ") }, `dropped: ${dropped.map((d) => d.spec).join(", ")}`));
   const gate = wave && wave.health && wave.health.error_rate !== undefined ? wave.health : r.health;
