@@ -546,12 +546,31 @@ def graph_costs(model: Any, dims: Mapping[str, int] | None = None, *, input_shap
     for call in if_calls:  # the If itself: no work of its own, one subgraph invocation
         nodes.append(NodeCost(name=call.name, op_type="If", op_class="data_movement", precision="fp32", ops=0.0, bytes_read=0.0,
                               bytes_written=0.0, weight_bytes=0.0, kind="subgraph", subgraph_calls=1))  # fmt: skip
+    assumptions.extend(_unknown_ops_note(proto))
     weight_bytes = sum(nbytes(n) for n in initializers)
     input_bytes = sum(nbytes(v.name) for v in proto.graph.input if v.name not in initializers)
     return GraphCost(nodes=tuple(nodes), dims=dims, weight_bytes=weight_bytes,
                      peak_activation_bytes=_peak_activations(proto, nbytes, folded),
                      input_bytes=input_bytes, shape_source=source, assumptions=tuple(assumptions),
                      tensor_bytes={name: nbytes(name) for name in shapes if name not in folded})  # fmt: skip
+
+
+def _unknown_ops_note(proto: Any) -> list[str]:
+    """What says that ops neither ONNX nor ONNX Runtime defines (a custom domain's) were costed as elementwise."""
+    import onnx.defs
+
+    unknown: dict[str, int] = {}
+    for node in proto.graph.node:
+        domain = node.domain or ""
+        known = domain == "com.microsoft" or (domain in ("", "ai.onnx") and onnx.defs.has(node.op_type))
+        if not known and node.op_type not in _CLASS_OF:
+            name = f"{domain}::{node.op_type}" if domain else node.op_type
+            unknown[name] = unknown.get(name, 0) + 1
+    if not unknown:
+        return []
+    listed = ", ".join(f"{name} x{count}" for name, count in sorted(unknown.items()))
+    return [f"{sum(unknown.values())} node(s) of ops neither ONNX nor ONNX Runtime defines ({listed}) costed as elementwise "
+            "(1 op an output element): their real cost is unknown, and a runtime without their kernels cannot load the graph"]
 
 
 def _peak_activations(proto: Any, nbytes: Any, static: set[str]) -> float:

@@ -134,3 +134,20 @@ def test_a_qdq_pattern_with_fp8_weights_counts_at_fp8() -> None:
             init.CopyFrom(helper.make_tensor("z", TensorProto.FLOAT8E4M3FN, [], [0]))
     nodes = {n.name: n for n in graph_costs(model).nodes}
     assert nodes["mm"].precision == "fp8"
+
+
+def test_ops_of_a_custom_domain_are_costed_as_elementwise_and_said_to_be_unknown() -> None:
+    """A graph from elsewhere with a custom-domain op: costed (1 op an element), and the assumptions say which op and
+    that its cost is unknown; ONNX's own ops and ONNX Runtime's contrib ops (com.microsoft) are not listed."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Gelu", ["a"], ["b"], domain="com.microsoft"),
+             helper.make_node("Frobnicate", ["b"], ["c"], domain="acme.ops"), helper.make_node("Frobnicate", ["c"], ["y"], domain="acme.ops")]
+    model = helper.make_model(helper.make_graph(nodes, "custom", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1), helper.make_opsetid("acme.ops", 1)])  # fmt: skip
+    cost = graph_costs(model)
+    assert [n.op_class for n in cost.nodes] == [ELEMENTWISE] * 4
+    (note,) = [a for a in cost.assumptions if "neither ONNX nor ONNX Runtime" in a]
+    assert note.startswith("2 node(s) of ops neither ONNX nor ONNX Runtime defines (acme.ops::Frobnicate x2) costed as elementwise")
+    assert "Relu" not in note and "Gelu" not in note
+    assert not any("neither ONNX" in a for a in graph_costs(cnn()).assumptions)
