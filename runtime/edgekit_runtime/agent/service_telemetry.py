@@ -53,21 +53,28 @@ def synthetic_feeds(signature: IOSignature, dims: Mapping[str, int], *, seed: in
     return feeds
 
 
-#: How far the wall clock may move apart from the monotonic clock over one window before it counts as stepped
+#: How far the wall clock may move apart from the steady clock (steady_s) over one window before it counts as stepped
 CLOCK_STEP_TOLERANCE_S = 2.0
+
+
+def steady_s() -> float:
+    """Seconds on a clock no one sets: CLOCK_BOOTTIME where there is one (it counts a suspend, as the wall clock
+    does, so a suspended device is not taken for a stepped clock), else the monotonic clock."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(boottime) if boottime is not None else time.monotonic()
 
 
 def window_bounds(start: datetime, end: datetime, elapsed_s: float) -> tuple[datetime, TelemetryProblem | None]:
     """The window's start: ``start``, or, when the wall clock was stepped during the window (NTP correcting a clock
     that was set wrong at boot, ``date -s``) by more than :data:`CLOCK_STEP_TOLERANCE_S`, ``end`` less the window's
-    length by the monotonic clock, with a ``clock.stepped`` problem. Before, a clock stepped back made every window
+    length by :func:`steady_s`, with a ``clock.stepped`` problem. Before, a clock stepped back made every window
     end before it started: none was published until the clock caught up again, and their counts were lost."""
     stepped_s = (end - start).total_seconds() - elapsed_s
     if abs(stepped_s) <= CLOCK_STEP_TOLERANCE_S:
         return start, None
     return end - timedelta(seconds=max(elapsed_s, 0.0)), TelemetryProblem(
         "clock.stepped", f"the wall clock was stepped {stepped_s:+.1f} s during this window (NTP or date -s); its start is "
-                         f"its end less its {elapsed_s:.1f} s by the monotonic clock")  # fmt: skip
+                         f"its end less its {elapsed_s:.1f} s by the steady clock (CLOCK_BOOTTIME)")  # fmt: skip
 
 
 class TelemetryReporting:
@@ -93,7 +100,7 @@ class TelemetryReporting:
     _link_started: bool
     _spool: Any
     _window_start: datetime
-    _window_started_mono: float
+    _window_started_steady: float
     _problem: Callable[[str, str], None]
     _refresh_power_mode: Callable[[], TelemetryProblem | None]
     _current_problems: Callable[[], list[TelemetryProblem]]
@@ -130,16 +137,16 @@ class TelemetryReporting:
                 logger.error("telemetry window not published: %s", err)
 
     def _open_window(self) -> None:
-        """The next telemetry window starts now (by the wall clock, and by the monotonic one for its length)."""
-        self._window_start, self._window_started_mono = datetime.now(timezone.utc), time.monotonic()
+        """The next telemetry window starts now (by the wall clock, and by the steady one for its length)."""
+        self._window_start, self._window_started_steady = datetime.now(timezone.utc), steady_s()
 
     def build_telemetry_window(self) -> dict[str, Any]:
         """Close the current window and return it as a telemetry.v1 message (without publishing)."""
         with self._telemetry_lock:
             window_mode = self.power_mode.label if self.power_mode is not None else None  # as at the window's start
             mode_changed = self._refresh_power_mode()
-            window_end, ended_mono = datetime.now(timezone.utc), time.monotonic()
-            window_start, stepped = window_bounds(self._window_start, window_end, ended_mono - self._window_started_mono)
+            window_end, ended_steady = datetime.now(timezone.utc), steady_s()
+            window_start, stepped = window_bounds(self._window_start, window_end, ended_steady - self._window_started_steady)
             serving = self.server.take_window()
             power = self.integrator.take_window() if self.integrator is not None else None
             with self._problems_lock:
@@ -181,7 +188,7 @@ class TelemetryReporting:
                 models=self._model_windows(serving) if self.config.models is not None else None,
                 batches=batches_field(serving.batch_sizes),
             )
-            self._window_start, self._window_started_mono = window_end, ended_mono
+            self._window_start, self._window_started_steady = window_end, ended_steady
             return message
 
     def _model_windows(self, default_window: Any) -> list[dict[str, Any]]:

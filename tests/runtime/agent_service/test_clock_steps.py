@@ -1,7 +1,7 @@
 """Telemetry windows across a wall-clock step: a device that booted with its clock a day ahead (no RTC, a stale
 fake-hwclock) and had it stepped back by NTP, or one stepped forward by a month. Before, a clock stepped back made
 every window end before it started: none was published until the clock caught up again, and their counts were lost.
-Now the window is its last seconds by the monotonic clock, with a ``clock.stepped`` problem."""
+Now the window is its last seconds by CLOCK_BOOTTIME, with a ``clock.stepped`` problem."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def test_a_window_across_a_clock_step_is_published_with_its_true_length(agent_co
         monkeypatch.setattr(SteppableClock, "offset", step)  # NTP steps the clock
         message = agent.build_telemetry_window()
         validate_message(message, "telemetry.v1")
-        assert 0 <= _seconds(message) < 60  # its length by the monotonic clock, not a day less or a month more
+        assert 0 <= _seconds(message) < 60  # its length by CLOCK_BOOTTIME, not a day less or a month more
         stepped = [e for e in message["errors"] if e["code"] == "clock.stepped"]
         assert len(stepped) == 1 and f"the wall clock was stepped {step.total_seconds():+.1f} s" in stepped[0]["message"]
         following = agent.build_telemetry_window()  # the next one chains on as before, with no problem
