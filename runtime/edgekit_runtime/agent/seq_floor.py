@@ -35,11 +35,7 @@ class SeqFloor:
     def start(self, db: sqlite3.Connection, counter: str) -> None:
         """A spool that has handed out no number of ``counter`` yet goes on after the kept one."""
         if self.reserved and db.execute("SELECT 1 FROM counters WHERE name = ?", (counter,)).fetchone() is None:
-            try:
-                db.execute("INSERT INTO counters (name, value) VALUES (?, ?)", (counter, self.reserved))
-            except sqlite3.DatabaseError as exc:  # a full disk: numbering from 1 is not worth refusing to start
-                logger.warning("cannot continue the telemetry numbers of %s in the new spool: %s", self.path, exc)
-                return
+            db.execute("INSERT INTO counters (name, value) VALUES (?, ?)", (counter, self.reserved))
             logger.warning("spool %s is new, and %s says numbers up to %d were handed out before: telemetry goes on "
                            "from %d, so the collector does not take new windows for old ones", self.path.with_suffix(""),
                            self.path.name, self.reserved, self.reserved + 1)  # fmt: skip
