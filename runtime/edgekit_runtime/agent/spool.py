@@ -40,7 +40,6 @@ from types import TracebackType
 from typing import Literal, TypeVar
 
 from edgekit_runtime.agent import spool_space
-from edgekit_runtime.agent.seq_floor import SeqFloor
 from edgekit_runtime.agent.spool_space import DEFAULT_HEADROOM_BYTES, DEFAULT_RESERVE_BYTES, DropReporter, DropSummary
 from edgekit_runtime.agent.spool_space import SpoolError as SpoolError  # re-exported: callers import it from here
 
@@ -128,8 +127,6 @@ class Spool:
             if not spool_space.checkpoint_truncate(self._db) and self._space.reserve.release():
                 spool_space.checkpoint_truncate(self._db)
             self._space.keep_reserve()
-            self._seq_floor = SeqFloor(self.path)
-            self._seq_floor.start(self._db, TELEMETRY_COUNTER)
             self._closed = False
             self._reload_sizes()
             # Messages already here may have been published before a restart (the broker may be holding them for
@@ -456,12 +453,12 @@ class Spool:
         return self._read_counter(_DROPPED_COUNTER)
 
     def _add_to_counter(self, name: str, amount: int) -> int:
-        self._db.execute("INSERT INTO counters (name, value) VALUES (?, ?) "
-                         "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value", (name, amount))  # fmt: skip
-        value = int(self._db.execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()[0])
-        if name == TELEMETRY_COUNTER:
-            self._seq_floor.cover(value)  # kept beside the spool: a new spool goes on from it (seq_floor.py)
-        return value
+        self._db.execute(
+            "INSERT INTO counters (name, value) VALUES (?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
+            (name, amount),
+        )
+        return int(self._db.execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()[0])
 
     def _read_counter(self, name: str) -> int:
         with self._lock:

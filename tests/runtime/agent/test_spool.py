@@ -179,29 +179,3 @@ def test_survives_sigkill_mid_append(tmp_path: Path) -> None:
         assert set(printed) <= set(seqs)
         assert spool.last_seq() in (seqs[-1], seqs[-1] + 1)  # killed between next_seq and append at worst
         assert spool.next_seq() > max(seqs)
-
-
-def test_a_new_spool_in_place_of_a_lost_one_goes_on_after_its_numbers(tmp_path: Path) -> None:
-    """A damaged spool moved away (as its error says to) or deleted: its replacement used to start the telemetry
-    numbers at 1 again, and the collector took every new window for a redelivery of one it had (the store below
-    drops them). Now ``spool.db.seq`` beside it keeps a number at least as high as any handed out (written 64 ahead),
-    and the new spool goes on after it; an intact spool reopened goes on exactly where it was."""
-    from edgekit.fleet.store.sqlite import SqliteStore
-    from tests.fleet.messages import window
-
-    path = tmp_path / "spool.db"
-    with Spool(path) as spool:
-        numbers = [spool.append_numbered("edgekit/v1/lab/dev-1/telemetry", lambda n: b"{}")[1] for _ in range(3)]
-    assert numbers == [1, 2, 3] and (tmp_path / "spool.db.seq").read_text() == "64\n"
-    with Spool(path) as spool:  # reopened: no jump
-        assert spool.next_seq() == 4
-    for leftover in tmp_path.glob("spool.db*"):
-        if leftover.name != "spool.db.seq":
-            leftover.unlink()
-    with Spool(path) as spool:  # a new spool file
-        assert spool.last_seq() == 64 and spool.next_seq() == 65
-    assert (tmp_path / "spool.db.seq").read_text() == "128\n"
-    with SqliteStore(":memory:") as store:  # what the collector does with each numbering
-        assert store.add_windows([window(seq) for seq in (1, 2, 3, 4)]) == 4
-        assert store.add_windows([window(seq) for seq in (1, 2)]) == 0  # numbers again from 1: taken for old windows
-        assert store.add_windows([window(seq) for seq in (65, 66)]) == 2  # numbers after the kept one: stored
