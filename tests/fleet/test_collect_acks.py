@@ -8,6 +8,7 @@ test reproduces the fault."""
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +23,7 @@ from edgekit_runtime.agent.mqtt import MqttLink
 from edgekit_runtime.agent.spool import Spool
 from edgekit_runtime.schemas import validate_message
 from tests.runtime.agent.mosquitto import MosquittoBroker, render_acl_template, write_password_file
-from tests.runtime.agent.sample_messages import sample_telemetry
+from tests.runtime.agent.sample_messages import WINDOW_START, sample_telemetry
 
 FLEET = "lab"
 WINDOWS = 60
@@ -116,6 +117,40 @@ def test_broker_ack_mode_loses_the_queued_windows(tmp_path: Path) -> None:
                 second.stop()
                 second.store.close()
         assert _stored(store_url, "dev-1") == []
+    finally:
+        broker.stop()
+
+
+def test_a_new_spool_whose_seqs_start_again_is_stored_not_acked_as_a_redelivery(tmp_path: Path) -> None:
+    """A damaged spool moved away (as its error says) or a reflashed device: the new spool numbers its windows
+    from 1 again while the collector still holds the old ones raw. Its windows are later, so they are stored and
+    then confirmed; before, they were confirmed as already held and the spool deleted them unstored."""
+    broker = MosquittoBroker(tmp_path / "mosquitto").start()
+    store_url = f"sqlite:///{tmp_path / 'fleet.db'}"
+    try:
+        collector = _collector(broker, store_url)
+        try:
+            for spool_file, hours_on in (("spool.db", 0), ("spool-new.db", 1)):
+                with Spool(tmp_path / spool_file) as spool:
+                    with _link(broker, spool, "dev-1", "collector_ack") as link:
+                        link.wait_connected(10)
+                        for _ in range(10):
+                            seq = spool.next_seq()
+                            start = WINDOW_START + dt.timedelta(hours=hours_on, seconds=10 * seq)
+                            link.publish_telemetry(sample_telemetry(seq, device="dev-1", fleet=FLEET, window_start=start,
+                                                                    window_end=start + dt.timedelta(seconds=10)))  # fmt: skip
+                        assert _wait(lambda: spool.backlog() == 0, 20), (spool.backlog(), link.delivery.counters())
+                        assert link.delivery.counters().confirmed == 10
+            assert collector.flush(10)
+        finally:
+            collector.stop()
+            collector.store.close()
+        with open_store(store_url) as store:
+            raw = [(w.seq, w.window_start) for w in store.windows(fleet=FLEET, device="dev-1")]
+            (totals,) = store.aggregate(("device",), devices=[(FLEET, "dev-1")])
+        assert [seq for seq, _ in raw] == list(range(1, 11))
+        assert all(start >= WINDOW_START + dt.timedelta(hours=1) for _, start in raw)  # the new spool's
+        assert totals.windows == 20  # the old spool's ten rolled up, counted once
     finally:
         broker.stop()
 

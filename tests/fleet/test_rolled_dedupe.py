@@ -67,6 +67,32 @@ def test_a_device_that_starts_its_seqs_again_is_not_taken_for_a_redelivery(store
     assert store.add_windows([window(1, start=later), window(5)]) == 0  # both rolled up now
 
 
+def test_a_device_that_starts_its_seqs_again_while_its_windows_are_raw_is_stored(store: FleetStore) -> None:
+    # A new spool (a damaged one moved away, a reflashed device) starts at seq 1 within the raw retention: its
+    # windows start after the held ones with those seqs ended, so they are new, and were once acked unstored.
+    store.add_windows([window(seq) for seq in range(1, 11)] + [window(seq, device="dev-2") for seq in range(1, 4)])
+    later = T0 + dt.timedelta(seconds=WINDOW_S * 12)
+    again = [window(1, start=later), window(2, start=later + dt.timedelta(seconds=WINDOW_S))]
+    assert store.add_windows(again) == 2
+    # The old windows from the first new seq on were rolled up early, to make room: counted once, still deduplicated.
+    assert [(w.device, w.seq, w.window_start) for w in store.windows()] == [
+        ("dev-1", 1, later), ("dev-1", 2, later + dt.timedelta(seconds=WINDOW_S)),
+        ("dev-2", 1, T0), ("dev-2", 2, T0 + dt.timedelta(seconds=WINDOW_S)),
+        ("dev-2", 3, T0 + dt.timedelta(seconds=2 * WINDOW_S))]  # fmt: skip
+    assert _rolled_rows(store) == [("dev-1", 1, 10)]
+    assert _totals(store) == (12, 60)
+    model_rows = store._query("test", "SELECT seq FROM telemetry_model_windows WHERE device = 'dev-1' "  # type: ignore[attr-defined]
+                              "ORDER BY seq")  # fmt: skip
+    assert [int(seq) for (seq,) in model_rows] == [1, 2]  # the new windows' model rows, not the old ones'
+    assert store.add_windows([window(5), window(1), again[1]]) == 0  # redeliveries of either spool's windows
+    assert store.add_windows([window(3, start=later + dt.timedelta(seconds=2 * WINDOW_S))]) == 1
+    assert _totals(store) == (13, 65)
+    store.apply_retention(HOUR, now=NOW)
+    assert _totals(store) == (13, 65) and _totals(store, "dev-2") == (3, 15)
+    assert _rolled_rows(store) == [("dev-1", 1, 10), ("dev-2", 1, 3)]
+    assert store.add_windows([window(3, start=later + dt.timedelta(seconds=2 * WINDOW_S)), window(9)]) == 0
+
+
 def test_gaps_older_than_the_horizon_close_and_other_devices_are_kept_apart(store: FleetStore) -> None:
     store.add_windows([window(seq) for seq in (1, 2, 3, 6, 7)] + [window(seq, device="dev-2") for seq in (1, 5)])
     store.apply_retention(HOUR, now=NOW, gaps_open_for=dt.timedelta(days=7))

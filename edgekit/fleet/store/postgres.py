@@ -279,29 +279,33 @@ class PostgresStore(SqlFleetStore):
             else:
                 partitions.drop_partitions_before(cursor, table, before)
 
-    def _ensure_rollup_partitions(self, cursor: Any, table: str, source: str, cutoff: Any) -> None:
-        """The partitions of ``table`` that rolling up ``source``'s windows ending before ``cutoff`` writes into
+    def _ensure_rollup_partitions(self, cursor: Any, table: str, source: str, where: str, params: dict[str, Any]) -> None:
+        """The partitions of ``table`` that rolling up ``source``'s windows matching ``where`` writes into
         (hypertables make their chunks themselves)."""
         if self.layout == timescale.TIMESCALEDB:
             return
-        cursor.execute(f"SELECT MIN(window_start), MAX(window_start) FROM {source} WHERE window_end < %s", (cutoff,))
+        cursor.execute(self._sql(f"SELECT MIN(window_start), MAX(window_start) FROM {source} WHERE {where}"), params)
         first, last = cursor.fetchone()
         if first is not None:
             partitions.ensure_partitions(cursor, table, first, last)
 
-    def _retain_models(self, cursor: Any, cutoff: Any, bucket_s: int) -> None:
-        self._ensure_rollup_partitions(cursor, "telemetry_model_rollups", "telemetry_model_windows", cutoff)
-        super()._retain_models(cursor, cutoff, bucket_s)
+    def _roll_up_models(self, cursor: Any, where: str, params: dict[str, Any], bucket_s: int, source: str) -> None:
+        self._ensure_rollup_partitions(cursor, "telemetry_model_rollups", "telemetry_model_windows", where, params)
+        super()._roll_up_models(cursor, where, params, bucket_s, source)
 
-    def _retain(self, cursor: Any, cutoff: Any, bucket_s: int) -> list[SeqRun]:
-        self._ensure_rollup_partitions(cursor, "telemetry_rollups", "telemetry_windows", cutoff)
+    def _roll_up(self, cursor: Any, where: str, params: dict[str, Any], bucket_s: int, source: str) -> list[SeqRun]:
+        self._ensure_rollup_partitions(cursor, "telemetry_rollups", "telemetry_windows", where, params)
         # One statement: only the rows this DELETE removed are summed, so collectors running retention at the
         # same time never roll a window up twice.
         insert = queries.rollup_insert_sql(self, "moved w", "1 = 1")
-        sql = (f"WITH moved AS (DELETE FROM telemetry_windows WHERE window_end < :cutoff RETURNING {_ROLLED_COLUMNS}),\n"
+        sql = (f"WITH moved AS (DELETE FROM telemetry_windows WHERE {where} RETURNING {_ROLLED_COLUMNS}),\n"
                f"rolled AS ({insert})\n{queries.ISLANDS_SQL.format(source='moved w', where='1 = 1')}")  # fmt: skip
-        cursor.execute(self._sql(sql), {"cutoff": cutoff, "bucket_s": bucket_s})
+        cursor.execute(self._sql(sql), {**params, "bucket_s": bucket_s})
         return [SeqRun(*row) for row in cursor.fetchall()]
+
+    def _lock_device_seqs(self, cursor: Any, fleet: str, device: str) -> None:
+        # Two 32-bit keys: a space apart from the rolled-seqs lock's one 64-bit key.
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s), hashtext(%s))", (fleet, device))
 
     def _insert_new_windows(self, cursor: Any, windows: Sequence[TelemetryWindow]) -> list[TelemetryWindow]:
         # RETURNING names the rows this statement inserted: a window another collector stored first is not among them.

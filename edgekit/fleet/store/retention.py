@@ -13,6 +13,7 @@ import datetime as dt
 from typing import Any, NamedTuple, Sequence
 
 from edgekit.fleet.errors import StoreError
+from edgekit.fleet.store.base import TelemetryWindow
 from edgekit.fleet.store import buckets, queries
 
 #: Per-device rollup tables, which rollup retention empties of old buckets.
@@ -21,6 +22,8 @@ ROLLUP_TABLES = ("telemetry_rollups", "telemetry_model_rollups")
 RETENTION_BATCH_ROWS = 20_000
 #: How long a gap between a device's rolled-up seqs stays open for a late window (see :func:`merge_rolled_seqs`).
 DEFAULT_GAPS_OPEN_FOR = dt.timedelta(days=7)
+#: Minutes per rollup bucket unless retention is told otherwise.
+DEFAULT_ROLLUP_MINUTES = 5
 
 
 class SeqRun(NamedTuple):
@@ -68,10 +71,17 @@ class RetentionMixin(abc.ABC):
     _sql: Any
     time_in: Any
 
-    @abc.abstractmethod
     def _retain(self, cursor: Any, cutoff: Any, bucket_s: int) -> list[SeqRun]:
         """Roll windows ending before ``cutoff`` into rollups and delete them, in the open transaction; return
-        the runs of consecutive seqs rolled up (:data:`ISLANDS_SQL` over the windows moved)."""
+        the runs of consecutive seqs rolled up."""
+        return self._roll_up(cursor, "window_end < :cutoff", {"cutoff": cutoff}, bucket_s,
+                             self._old_windows("telemetry_windows"))  # fmt: skip
+
+    @abc.abstractmethod
+    def _roll_up(self, cursor: Any, where: str, params: dict[str, Any], bucket_s: int, source: str) -> list[SeqRun]:
+        """Roll the raw windows matching ``where`` (unqualified columns; ``source`` is the table aliased ``w``)
+        into rollups and delete them, in the open transaction; return the runs of consecutive seqs rolled up
+        (:data:`ISLANDS_SQL` over the windows moved)."""
 
     def _old_windows(self, table: str) -> str:
         """``table`` aliased ``w``, as the statements that pick a batch's windows by ``window_end`` read it."""
@@ -79,17 +89,60 @@ class RetentionMixin(abc.ABC):
 
     def _retain_models(self, cursor: Any, cutoff: Any, bucket_s: int) -> None:
         """Sum the model windows ending before ``cutoff`` into model rollups and delete them."""
-        params = {"cutoff": cutoff, "bucket_s": bucket_s}
-        source = self._old_windows("telemetry_model_windows")
-        cursor.execute(self._sql(queries.model_rollup_insert_sql(self, source, "w.window_end < :cutoff")), params)
-        cursor.execute(self._sql("DELETE FROM telemetry_model_windows WHERE window_end < :cutoff"), params)
+        self._roll_up_models(cursor, "window_end < :cutoff", {"cutoff": cutoff}, bucket_s,
+                             self._old_windows("telemetry_model_windows"))  # fmt: skip
+
+    def _roll_up_models(self, cursor: Any, where: str, params: dict[str, Any], bucket_s: int, source: str) -> None:
+        """Sum the model windows matching ``where`` (as :meth:`_roll_up`) into model rollups and delete them."""
+        params = {**params, "bucket_s": bucket_s}
+        cursor.execute(self._sql(queries.model_rollup_insert_sql(self, source, where)), params)
+        cursor.execute(self._sql(f"DELETE FROM telemetry_model_windows WHERE {where}"), params)
 
     def _lock_rolled_seqs(self, cursor: Any, exclusive: bool) -> None:
         """Keep retention (``exclusive``) from moving windows while another process checks a batch against the
         rolled seqs and inserts it (SQLite's BEGIN IMMEDIATE already serialises every write)."""
 
+    def _lock_device_seqs(self, cursor: Any, fleet: str, device: str) -> None:
+        """Keep other processes from rolling up or recording this device's seqs until the commit (SQLite's
+        BEGIN IMMEDIATE already serialises every write)."""
+
+    def _make_room_for_a_new_spool(self, cursor: Any, windows: Sequence[TelemetryWindow]) -> bool:
+        """A device whose seqs start again (a damaged spool moved away, a reflashed device) while windows with
+        those seqs are still raw: an arriving window that starts after the held window with its seq ended is a new
+        one, not a redelivery (a spool resends a window as it was). The device's raw windows from that seq on that
+        ended by then are rolled up now, as retention would later (counted once, their seqs remembered), so the
+        new windows are stored instead of being taken for redeliveries and acknowledged unstored. ``windows``: those
+        whose keys the store held; returns whether any such device was found."""
+        params: dict[str, Any] = {"seq_low": min(w.seq for w in windows), "seq_high": max(w.seq for w in windows)}
+        where = queries.device_filter(self, "w", params, sorted({(w.fleet, w.device) for w in windows}))
+        cursor.execute(self._sql(f"SELECT w.fleet, w.device, w.seq, w.window_end FROM telemetry_windows w WHERE {where} "
+                                 "AND w.seq BETWEEN :seq_low AND :seq_high"), params)  # fmt: skip
+        held = {(fleet, device, int(seq)): end for fleet, device, seq, end in cursor.fetchall()}
+        first_new: dict[tuple[str, str], tuple[int, Any]] = {}
+        for w in windows:
+            ended = held.get((w.fleet, w.device, w.seq))
+            if ended is None or self.time_in(w.window_start) < ended:
+                continue  # not held, or the held window itself (a redelivery)
+            earliest = first_new.get((w.fleet, w.device))
+            if earliest is None or w.seq < earliest[0]:
+                first_new[(w.fleet, w.device)] = (w.seq, self.time_in(w.window_start))
+        now = _now()
+        for (fleet, device), (seq, start) in sorted(first_new.items()):
+            self._lock_device_seqs(cursor, fleet, device)
+            cursor.execute(self._sql("SELECT MAX(bucket_s) FROM telemetry_rollups WHERE fleet = :fleet AND device = :device"),
+                           {"fleet": fleet, "device": device})  # fmt: skip
+            bucket_s = int(cursor.fetchone()[0] or DEFAULT_ROLLUP_MINUTES * 60)  # the buckets retention makes
+            older = "fleet = :fleet AND device = :device AND seq >= :seq_from AND window_end <= :ended_by"
+            found = {"fleet": fleet, "device": device, "seq_from": seq, "ended_by": start}
+            runs = self._roll_up(cursor, older, found, bucket_s, "telemetry_windows w")
+            self._roll_up_models(cursor, older, found, bucket_s, "telemetry_model_windows w")
+            if runs:
+                self._record_rolled_seqs(cursor, runs, self.time_in(now), self.time_in(now - DEFAULT_GAPS_OPEN_FOR))
+        return bool(first_new)
+
     # -- maintenance --------------------------------------------------------------------------
-    def apply_retention(self, raw_for: dt.timedelta, rollup_minutes: int = 5, now: dt.datetime | None = None, *,
+    def apply_retention(self, raw_for: dt.timedelta, rollup_minutes: int = DEFAULT_ROLLUP_MINUTES,
+                        now: dt.datetime | None = None, *,
                         gaps_open_for: dt.timedelta = DEFAULT_GAPS_OPEN_FOR,
                         rollups_for: dt.timedelta | None = None) -> int:  # fmt: skip
         for label, value in (("retention time", raw_for), ("gaps_open_for", gaps_open_for),
@@ -179,5 +232,5 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-__all__ = ["DEFAULT_GAPS_OPEN_FOR", "RETENTION_BATCH_ROWS", "ROLLUP_TABLES", "RetentionMixin", "RolledSeqs", "SeqRun",
+__all__ = ["DEFAULT_GAPS_OPEN_FOR", "DEFAULT_ROLLUP_MINUTES", "RETENTION_BATCH_ROWS", "ROLLUP_TABLES", "RetentionMixin", "RolledSeqs", "SeqRun",
            "merge_rolled_seqs"]

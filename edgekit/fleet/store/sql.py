@@ -199,6 +199,11 @@ class SqlFleetStore(DeviceReadsMixin, RetentionMixin, SchemaMigrations, FleetSto
             if not fresh:
                 return 0
             added = self._insert_new_windows(cursor, fresh)
+            if len(added) < len(fresh):  # some keys were held: redeliveries, or a device whose seqs started again
+                inserted = {id(w) for w in added}
+                held = [w for w in fresh if id(w) not in inserted]
+                if self._make_room_for_a_new_spool(cursor, held):
+                    added += self._insert_new_windows(cursor, held)
             if added:
                 self.execute_rows(cursor, queries.INSERT_MODEL_WINDOW, [row for w in added for row in self._model_rows(w)],
                                   queries.INSERT_MODEL_WINDOW_END)  # fmt: skip

@@ -130,14 +130,13 @@ class SqliteStore(SqlFleetStore):
         # timeout of every writer and reader that opened the store meanwhile. Through the index: 1.2 s.
         return f"{table} w INDEXED BY {table}_by_end"
 
-    def _retain(self, cursor: Any, cutoff: Any, bucket_s: int) -> list[SeqRun]:
+    def _roll_up(self, cursor: Any, where: str, params: dict[str, Any], bucket_s: int, source: str) -> list[SeqRun]:
         # BEGIN IMMEDIATE holds the write lock, so all three statements see the same windows.
-        params = {"cutoff": cutoff, "bucket_s": bucket_s}
-        source = self._old_windows("telemetry_windows")
-        cursor.execute(queries.ISLANDS_SQL.format(source=source, where="w.window_end < :cutoff"), params)
+        params = {**params, "bucket_s": bucket_s}
+        cursor.execute(queries.ISLANDS_SQL.format(source=source, where=where), params)
         runs = [SeqRun(*row) for row in cursor.fetchall()]
-        cursor.execute(queries.rollup_insert_sql(self, source, "w.window_end < :cutoff"), params)
-        cursor.execute("DELETE FROM telemetry_windows WHERE window_end < :cutoff", params)
+        cursor.execute(queries.rollup_insert_sql(self, source, where), params)
+        cursor.execute(f"DELETE FROM telemetry_windows WHERE {where}", params)
         return runs
 
     def _insert_new_windows(self, cursor: Any, windows: Sequence[TelemetryWindow]) -> list[TelemetryWindow]:
