@@ -40,7 +40,15 @@ from edgekit.fleet.commands import CommandName, CommandPublisher, build_command
 from edgekit.fleet.rollout_bundle import BundleArtifact, RolloutError, refuse_file_url_for_agents
 from edgekit.fleet.rollout_models import ModelDeploy, model_health_rows, pipeline_bundle_id
 from edgekit.fleet.rollout_hints import FAILURE_HINTS, failure_hint
-from edgekit.fleet.rollout_state import FINAL_STATES, KEPT_OUTCOMES, RolloutLog, RolloutRecord, interrupted
+from edgekit.fleet.rollout_state import (
+    DEFAULT_DEPLOY_TIMEOUT_S,
+    DEFAULT_PROGRESS_S,
+    FINAL_STATES,
+    KEPT_OUTCOMES,
+    RolloutLog,
+    RolloutRecord,
+    interrupted,
+)
 from edgekit.fleet.store.base import DeviceEvent, DeviceSummary, FleetStore
 
 logger = logging.getLogger(__name__)
@@ -96,12 +104,12 @@ class RolloutPolicy:
     canary: str = "10%"
     waves: tuple[str, ...] | None = None
     health_window_s: float = 60.0
-    deploy_timeout_s: float = 180.0
+    deploy_timeout_s: float = DEFAULT_DEPLOY_TIMEOUT_S
     max_error_rate: float = 0.02
     max_p99_ratio: float = 1.5
     baseline_s: float = 900.0
     poll_s: float = 0.5
-    progress_s: float = 5.0
+    progress_s: float = DEFAULT_PROGRESS_S
     include_offline: bool = False
     force: bool = False
     allow_downgrade: bool = False
@@ -481,12 +489,7 @@ class Rollout:
 
     def _roll_back(self, reason: str, switched: list[str]) -> RolloutRecord:
         """Stop: send rollback to every device this rollout switched; devices of later waves stay untouched."""
-        for wave_index, wave in enumerate(self.record.waves):
-            if wave["state"] == "pending":
-                self._set_wave(wave_index, state="not_started")
-        untouched = {d: "not_started" for d, o in self.record.outcomes.items() if o == "pending"}
-        if untouched:  # devices of later waves: never sent anything (docs/fleet.md calls them not_started)
-            self.record = replace(self.record, outcomes={**self.record.outcomes, **untouched})
+        self.record = self.record.untouched_not_started()
         logger.warning("rollout %s stopped: %s; rolling back %d device(s)", self.record.rollout_id, reason, len(switched))
         if not switched:
             return self._save(self.record.with_state("stopped", reason=reason))

@@ -24,6 +24,9 @@ FINAL_STATES = ("completed", "completed_with_failures", "rolled_back", "stopped"
 #: Device outcomes that leave it on the bundle deployed: it switched, or it served that bundle already (a deploy of the
 #: bundle a device serves is answered "already the current bundle", issue 32 item 5)
 KEPT_OUTCOMES = ("succeeded", "already_current")
+#: RolloutPolicy's defaults, which a record saved without them in its options was run with.
+DEFAULT_DEPLOY_TIMEOUT_S = 180.0
+DEFAULT_PROGRESS_S = 5.0
 
 
 def _time(value: dt.datetime | None) -> str | None:
@@ -72,6 +75,13 @@ class RolloutRecord:
             changes["finished_at"] = now
         return replace(self, state=state, updated_at=now, **changes)
 
+    def untouched_not_started(self) -> RolloutRecord:
+        """This record with its pending waves, and their pending devices, marked ``not_started``: the rollout
+        stopped before it reached them (docs/fleet.md), so they were never sent anything."""
+        waves = tuple({**wave, "state": "not_started"} if wave["state"] == "pending" else wave for wave in self.waves)
+        outcomes = {d: "not_started" if o == "pending" else o for d, o in self.outcomes.items()}
+        return replace(self, waves=waves, outcomes=outcomes)
+
     def failed_devices(self) -> dict[str, dict[str, Any]]:
         """device -> its result, for every device that was sent the bundle and did not keep it."""
         return {d: {"outcome": o, **self.device_results.get(d, {})} for d, o in sorted(self.outcomes.items())
@@ -84,7 +94,8 @@ class RolloutRecord:
         if self.state in FINAL_STATES:
             return None
         quiet = (now or dt.datetime.now(dt.timezone.utc)) - self.updated_at
-        longest = max(float(self.options.get("deploy_timeout_s", 180.0)), float(self.options.get("progress_s", 5.0))) + 60.0
+        longest = max(float(self.options.get("deploy_timeout_s", DEFAULT_DEPLOY_TIMEOUT_S)),
+                      float(self.options.get("progress_s", DEFAULT_PROGRESS_S))) + 60.0
         return quiet.total_seconds() if quiet.total_seconds() > longest else None
 
     def to_json(self) -> dict[str, Any]:
@@ -117,14 +128,10 @@ def interrupted(record: RolloutRecord, exc: BaseException) -> RolloutRecord:
     where = f" during wave {active + 1} ({waves[active]['spec']}, {waves[active]['state']})" if active is not None else ""
     if active is not None:
         waves[active].update(state="failed", reason=what, finished_at=dt.datetime.now(dt.timezone.utc).isoformat())
-    for wave in waves:
-        if wave["state"] == "pending":
-            wave["state"] = "not_started"
     kept = [d for d, o in record.outcomes.items() if o in KEPT_OUTCOMES]
     reason = (f"the deploy was {what}{where}; no rollback was sent: {len(kept)} device(s) that took the bundle keep it"
               + (" (roll them back by deploying the previous bundle)" if kept else ""))  # fmt: skip
-    outcomes = {d: "not_started" if o == "pending" else o for d, o in record.outcomes.items()}
-    return record.with_state("stopped", reason=reason, waves=tuple(waves), outcomes=outcomes)
+    return replace(record, waves=tuple(waves)).untouched_not_started().with_state("stopped", reason=reason)
 
 
 class RolloutLog(abc.ABC):
