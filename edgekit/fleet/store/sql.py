@@ -156,16 +156,15 @@ class SqlFleetStore(DeviceReadsMixin, RetentionMixin, SchemaMigrations, FleetSto
     def _query(self, doing: str, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
         """Rows of one SELECT, in a read-only transaction; asked once more on a new connection when the one it used
         turns out to have been cut (a database restart): the first read after an outage then succeeds."""
-        try:
-            with self._transaction(doing, write=False) as cursor:
-                cursor.execute(self._sql(sql), params)
-                return list(cursor.fetchall())
-        except StoreUnavailableError:
-            if not self._connection_was_cut():
-                raise
-        with self._transaction(doing, write=False) as cursor:
-            cursor.execute(self._sql(sql), params)
-            return list(cursor.fetchall())
+        for last_try in (False, True):
+            try:
+                with self._transaction(doing, write=False) as cursor:
+                    cursor.execute(self._sql(sql), params)
+                    return list(cursor.fetchall())
+            except StoreUnavailableError:
+                if last_try or not self._connection_was_cut():
+                    raise
+        raise AssertionError("unreachable: the last try returns or raises")
 
     def _connection_was_cut(self) -> bool:
         """Whether the last failure closed a connection that had been open (the next use makes a new one)."""
