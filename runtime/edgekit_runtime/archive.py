@@ -374,6 +374,9 @@ def scan_bundle_archive(path: str | os.PathLike[str], limits: ArchiveLimits, *, 
         raise _unreadable(where, err, members[-1][1].name if members else "(the first header)") from err
     paths = [member_path for member_path, _ in members]
     top, manifest_path = _split_top(paths, where)
+    if manifest_path not in small:  # a folder, link or device named manifest.json
+        raise UnsafeArchiveError(f"{where}: member '{manifest_path}' is not a regular file",
+                                 hint="ship the tar `edgekit pack` makes: its manifest.json is a plain file")  # fmt: skip
     prefix = "" if top is None else top + "/"
     signature_path = prefix + SIGNATURE_MEMBER
     listed = tuple(

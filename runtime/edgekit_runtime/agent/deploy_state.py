@@ -32,6 +32,13 @@ class ServedBundle:
         return {"id": self.bundle_id, "sha256": self.manifest_sha256}
 
 
+@dataclass(frozen=True)
+class AlreadyCurrent:
+    """What staging a deploy of the bundle ``current`` already serves gives: nothing to switch."""
+
+    bundle: str
+
+
 @dataclass
 class StagedDeploy:
     """A bundle that passed every check and is installed under ``versions/``, loaded but not yet served."""

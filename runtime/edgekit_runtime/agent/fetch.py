@@ -379,16 +379,16 @@ def _fetch_into(url: str, target: Path | str, staging: Path, *, expected_sha256:
     """:func:`fetch_bundle` once the URL is admitted; ``step`` says what is written (for a full disk)."""
     if isinstance(target, Path) and target.is_dir():
         root = _bundle_root(target, url)
-        if check_manifest is not None:
-            signature = root / SIGNATURE_NAME
-            check_manifest(_read_capped(root / MANIFEST_NAME, MANIFEST_MAX_BYTES, what=f"{MANIFEST_NAME} of {url}"),
-                           _read_capped(signature, SIGNATURE_MAX_BYTES, what=f"{SIGNATURE_NAME} of {url}") if signature.is_file() else None)  # fmt: skip
         bundle_dir = staging / "bundle"
         step.what = "copying the bundle directory"
         step.needed_bytes = sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
         bundle_dir.mkdir()
         _copy_directory(root, bundle_dir, url=url, max_bytes=max_bytes)
         manifest = bundle_dir / MANIFEST_NAME
+        if check_manifest is not None:  # on the copy: the source folder may change after it was read
+            signature = bundle_dir / SIGNATURE_NAME
+            check_manifest(_read_capped(manifest, MANIFEST_MAX_BYTES, what=f"{MANIFEST_NAME} of {url}"),
+                           _read_capped(signature, SIGNATURE_MAX_BYTES, what=f"{SIGNATURE_NAME} of {url}") if signature.is_file() else None)  # fmt: skip
         sha256 = hashlib.sha256(manifest.read_bytes()).hexdigest()
         _check_sha256(sha256, expected_sha256, what=f"{MANIFEST_NAME} of {url}")
         size = sum(p.stat().st_size for p in bundle_dir.rglob("*") if p.is_file())

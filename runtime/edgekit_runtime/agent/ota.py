@@ -26,6 +26,7 @@ Events are dicts ``{kind, level, message, command_id, details}``; the service ad
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -40,6 +41,7 @@ from edgekit_runtime.agent.config import BundlesConfig, HealthConfig
 from edgekit_runtime.agent.deploy_checks import LEDGER_NAME, VersionLedger, bundle_version, signature_changes
 from edgekit_runtime.agent.deploy_request import DeployRequest as DeployRequest  # re-exported: callers import it from here
 from edgekit_runtime.agent.deploy_state import ServedBundle as ServedBundle  # re-exported: callers import it from here
+from edgekit_runtime.agent.deploy_state import AlreadyCurrent
 from edgekit_runtime.agent.deploy_state import StagedDeploy as StagedDeploy
 from edgekit_runtime.agent.errors import DeployError, MemoryBudgetError
 from edgekit_runtime.agent.fetch import SourcePolicy, fetch_bundle, write_error
@@ -234,6 +236,13 @@ class Deployer(HealthWatch):
             return "failed"
         try:
             return self._deploy_locked(request, watch=watch, check_source=check_source)
+        except Exception as err:  # noqa: BLE001 - a failure nothing foresaw: the fleet still gets its answer
+            logger.exception("deploy of %s failed unexpectedly", request.url)
+            serving = self._served.name if self._served else None
+            self._event("deploy_result", f"deploy of {request.url} failed: {type(err).__name__}: {err}; serving "
+                        f"{serving or 'nothing'}", level="error", command_id=request.command_id, outcome="failed",
+                        step="internal", error=f"{type(err).__name__}: {err}", serving=serving)  # fmt: skip
+            return "failed"
         finally:
             self._lock.release()
 
@@ -242,8 +251,9 @@ class Deployer(HealthWatch):
         try:
             version = bundle_version(loaded.bundle.manifest, where=str(loaded.bundle.manifest_path))
             self.ledger.record(loaded.name, version, manifest_sha256=manifest_sha256)
-        except EdgekitError as err:
-            self._event("version_not_recorded", f"the version of {loaded.name} was not recorded: {err.message}",
+        except (EdgekitError, OSError) as err:
+            problem = err.message if isinstance(err, EdgekitError) else (err.strerror or str(err))
+            self._event("version_not_recorded", f"the version of {loaded.name} was not recorded: {problem}",
                         level="warning", bundle=loaded.name, error=str(err))  # fmt: skip
 
     def _vet_manifest(self, request: DeployRequest, manifest_bytes: bytes, signature_bytes: bytes | None, on_step: Callable[[str], None]) -> None:
@@ -292,13 +302,17 @@ class Deployer(HealthWatch):
                         level="error", command_id=request.command_id, outcome="failed", step=failure.step,
                         error=str(failure.error))  # fmt: skip
             return "failed"
-        if staged is None:
+        if isinstance(staged, AlreadyCurrent):
+            self._event("deploy_result", f"{staged.bundle} is already the current bundle", command_id=request.command_id,
+                        outcome="succeeded", bundle=staged.bundle, unchanged=True)  # fmt: skip
             return "succeeded"
-        previous_served = self.switch(staged)
-        if watch and self.health.window_s > 0:
-            probation = begin(self.probation, version_dir=staged.version_dir, bundle=staged.loaded.name,
-                              previous=staged.old_current, url=request.url, command_id=request.command_id,
-                              window_s=self.health.window_s)  # fmt: skip
+        watching = watch and self.health.window_s > 0
+        try:  # the probation goes on disk before the links move: an agent killed after the switch finds its watch
+            probation = self.begin_probation(staged, command_id=request.command_id, window_s=self.health.window_s) if watching else None
+            previous_served = self.switch(staged)
+        except (EdgekitError, OSError) as err:
+            return self._switch_failed(staged, err)
+        if probation is not None:
             self._event("deploy_progress", f"watching {staged.loaded.name} for {self.health.window_s:g} s",
                         command_id=request.command_id, step="watching", window_s=self.health.window_s,
                         max_error_rate=self.health.max_error_rate)  # fmt: skip
@@ -311,15 +325,28 @@ class Deployer(HealthWatch):
                     outcome="succeeded", bundle=staged.loaded.name, bundle_id=self._served.bundle_id if self._served else None)  # fmt: skip
         return "succeeded"
 
+    def _switch_failed(self, staged: StagedDeploy, err: EdgekitError | OSError) -> str:
+        """The probation or the links could not be written (a full disk): the old bundle stays, the new one goes."""
+        request = staged.request
+        if not isinstance(err, EdgekitError):
+            err = write_error(err, request.url, self.store.root, what="switching to it")
+        if self.store.current != staged.version_dir:  # nothing switched: the old bundle is served, as before
+            with contextlib.suppress(OSError):
+                self.probation.clear()
+            self.discard(staged)
+        self._event("deploy_result", f"deploy of {request.url} failed at switch: {err.message}", level="error",
+                    command_id=request.command_id, outcome="failed", step="switch", error=str(err))  # fmt: skip
+        return "failed"
+
     @property
     def lock(self) -> threading.Lock:
         """Held during a deploy or rollback (a pipeline deploy holds the locks of all its models)."""
         return self._lock
 
-    def stage(self, request: DeployRequest, *, check_source: bool = True) -> StagedDeploy | None:
+    def stage(self, request: DeployRequest, *, check_source: bool = True) -> StagedDeploy | AlreadyCurrent:
         """Steps 1 to 4 (download, signature, files, self-check) and the install under ``versions/``; the
-        caller holds :attr:`lock`. Returns ``None`` (after its ``deploy_result``) when the bundle is already
-        current; raises :class:`_StageFailed` with the failed step, the device left as it was."""
+        caller holds :attr:`lock` and sends the ``deploy_result``. Returns :class:`AlreadyCurrent` when the bundle
+        is already current; raises :class:`_StageFailed` with the failed step, the device left as it was."""
 
         def progress(step: str, message: str, **details: Any) -> None:
             self._event("deploy_progress", message, command_id=request.command_id, step=step, **details)
@@ -367,9 +394,7 @@ class Deployer(HealthWatch):
             old_current = self.store.current
             if old_current is not None and old_current.name == name and self._served is not None:
                 loaded.runner.close()
-                self._event("deploy_result", f"{loaded.name} is already the current bundle", command_id=request.command_id,
-                            outcome="succeeded", bundle=loaded.name, unchanged=True)  # fmt: skip
-                return None
+                return AlreadyCurrent(loaded.name)
             version_dir = self.store.install(fetched.path, name)
             loaded.bundle = type(loaded.bundle)(root=version_dir, manifest=loaded.bundle.manifest)
             self.store.write_meta(version_dir, bundle_id=request.bundle_id or name, sha256=fetched.sha256,

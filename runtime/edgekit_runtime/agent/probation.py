@@ -69,6 +69,9 @@ class Probation:
             raise ValueError(f"crashes must be a count, got {crashes!r}")
         if isinstance(window_s, bool) or not isinstance(window_s, (int, float)) or window_s < 0:
             raise ValueError(f"window_s must be a number of seconds, got {window_s!r}")
+        started_at_s = fields["started_at_s"]
+        if started_at_s is not None and (isinstance(started_at_s, bool) or not isinstance(started_at_s, (int, float))):
+            raise ValueError(f"started_at_s must be a time in seconds, got {started_at_s!r}")
         previous, command_id = fields["previous"], fields["command_id"]
         return cls(version=fields["version"], bundle=fields["bundle"], url=fields["url"],
                    previous=previous if isinstance(previous, str) else None,
@@ -93,8 +96,8 @@ class ProbationFile:
             raise self._broken(err.strerror or str(err)) from err
         try:
             return Probation.from_dict(json.loads(text))
-        except ValueError as err:
-            raise self._broken(str(err)) from err
+        except (ValueError, TypeError, RecursionError) as err:  # damaged: any shape, any depth
+            raise self._broken(str(err) or type(err).__name__) from err
 
     def _broken(self, problem: str) -> DeployError:
         return DeployError(f"the deploy probation record '{self.path}' cannot be read: {problem}",
@@ -102,11 +105,15 @@ class ProbationFile:
 
     def write(self, probation: Probation) -> None:
         partial = self.path.with_name(f".{self.path.name}.partial")
-        with partial.open("w", encoding="utf-8") as handle:
-            json.dump(asdict(probation), handle, indent=1, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(partial, self.path)
+        try:
+            with partial.open("w", encoding="utf-8") as handle:
+                json.dump(asdict(probation), handle, indent=1, sort_keys=True)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(partial, self.path)
+        except OSError:  # a full disk: the old record (or none) stays, no partial file left behind
+            partial.unlink(missing_ok=True)
+            raise
         fsync_dir(self.path.parent)
 
     def clear(self) -> None:

@@ -25,6 +25,7 @@ the deploy fails at step ``memory`` and nothing changes).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -38,6 +39,7 @@ from edgekit_runtime.agent.ota import Deployer, DeployRequest, EventSink, Served
 from edgekit_runtime.agent.probation import mark_stopped
 from edgekit_runtime.agent.serving import InferenceServer, ServingTotals
 from edgekit_runtime.agent.store import BundleStore
+from edgekit_runtime.errors import EdgekitError
 
 logger = logging.getLogger(__name__)
 
@@ -292,6 +294,10 @@ class ModelRepository:
                 locked.append(slot)
             return self._pipeline_locked(list(zip(slots, requests, strict=True)), watch=watch, result=result,
                                          command_id=command_id)  # fmt: skip
+        except Exception as err:  # noqa: BLE001 - a failure nothing foresaw: the fleet still gets its answer
+            logger.exception("pipeline deploy failed unexpectedly")
+            return result(f"pipeline deploy failed: {type(err).__name__}: {err}", "failed", "error", step="internal",
+                          error=f"{type(err).__name__}: {err}")  # fmt: skip
         finally:
             self._pending_mb.clear()
             for slot in locked:
@@ -300,6 +306,7 @@ class ModelRepository:
     def _pipeline_locked(self, pairs: list[tuple[ModelSlot, DeployRequest]], *, watch: bool, result: Callable[..., str],
                          command_id: str | None) -> str:  # fmt: skip
         staged: list[tuple[ModelSlot, StagedDeploy]] = []
+        unchanged: list[str] = []  # already current: reported in the one result, not on their own
         for slot, request in pairs:
             try:
                 one = slot.deployer.stage(request)
@@ -309,16 +316,34 @@ class ModelRepository:
                 return result(f"pipeline deploy failed: model {slot.name} failed at {failure.step}: {failure.error.message}; "
                               "no model was switched", "failed", "error", step=failure.step, model=slot.name,
                               error=str(failure.error))  # fmt: skip
-            if one is not None:
+            if isinstance(one, StagedDeploy):
                 staged.append((slot, one))
                 self._pending_mb[slot.key] = one.held_mb or 0.0
-        previous = [(slot, one, slot.deployer.switch(one)) for slot, one in staged]
-        self._pending_mb.clear()
+            else:
+                unchanged.append(str(slot.name))
         window_s = self.config.health.window_s
-        if watch and window_s > 0 and staged:
+        watching = watch and window_s > 0 and bool(staged)
+        previous: list[tuple[ModelSlot, StagedDeploy, Any]] = []
+        try:  # every probation on disk before any link moves: an agent killed mid-switch finds its watches
+            probations = [slot.deployer.begin_probation(one, command_id=command_id, window_s=window_s)
+                          for slot, one in staged] if watching else []  # fmt: skip
+            for slot, one in staged:
+                previous.append((slot, one, slot.deployer.switch(one)))
+        except (EdgekitError, OSError) as err:  # a full disk: the switched models go back, the rest are discarded
+            restored, failed_rollbacks = self._restore(previous)
+            for slot, one in staged[len(previous):]:
+                slot.deployer.discard(one)
+                with contextlib.suppress(OSError):
+                    slot.deployer.probation.clear()
+            failing = staged[len(previous)][0].name if len(previous) < len(staged) else None
+            return result(f"pipeline deploy failed at switch{f' of model {failing}' if failing else ''}: {err}; rolled back "
+                          f"{', '.join(restored) or 'nothing'}", "failed", "error", step="switch", model=failing, error=str(err),
+                          restored=restored, rollback_failed=failed_rollbacks)  # fmt: skip
+        finally:
+            self._pending_mb.clear()
+        if watching:
             before: list[ServingTotals] = [slot.server.totals() for slot, _ in staged]
             watched = [slot.name for slot, _ in staged]
-            probations = [slot.deployer.begin_probation(one, command_id=command_id, window_s=window_s) for slot, one in staged]
             self._emit({"kind": "deploy_progress", "level": "info", "command_id": command_id,
                         "message": f"watching {', '.join(map(str, watched))} for {window_s:g} s",
                         "details": {"step": "watching", "pipeline": True, "models": watched, "window_s": window_s,
@@ -333,18 +358,7 @@ class ModelRepository:
                         for (slot, one), totals in zip(staged, before, strict=True)]  # fmt: skip
             unhealthy = [(slot.name, details) for (slot, _), (healthy, details) in zip(staged, verdicts, strict=True) if not healthy]
             if unhealthy and not interrupted:
-                restored = []
-                failed_rollbacks = {}
-                for slot, _, previous_served in previous:
-                    if previous_served is None or slot.store.previous is None:
-                        continue  # a model new to this device has nothing to go back to
-                    try:
-                        slot.deployer.restore_previous()
-                        restored.append(slot.name)
-                    except DeployError as err:
-                        failed_rollbacks[str(slot.name)] = str(err)
-                for slot, _ in staged:
-                    slot.deployer.probation.clear()
+                restored, failed_rollbacks = self._restore(previous)
                 unhealthy_names = ", ".join(str(name) for name, _ in unhealthy)
                 return result(f"pipeline deploy rolled back: {unhealthy_names} unhealthy; rolled back {', '.join(map(str, restored)) or 'nothing'}",
                               "rolled_back", "warning", unhealthy=[name for name, _ in unhealthy],
@@ -353,7 +367,29 @@ class ModelRepository:
         for slot, one in staged:
             slot.deployer.finish(one)
         switched = [{"model": slot.name, "bundle": one.loaded.name} for slot, one in staged]
-        return result(f"pipeline deploy switched {len(switched)} model(s) together", "succeeded", switched=switched)
+        return result(f"pipeline deploy switched {len(switched)} model(s) together", "succeeded", switched=switched,
+                      unchanged=unchanged)  # fmt: skip
+
+    @staticmethod
+    def _restore(switched: Sequence[tuple[ModelSlot, StagedDeploy, Any]]) -> tuple[list[str], dict[str, str]]:
+        """Serve each switched model's previous bundle again (one that fails its checks stays as it is, said in the
+        second value); every probation of the deploy ends either way. Returns (restored, failed rollbacks)."""
+        restored: list[str] = []
+        failed_rollbacks: dict[str, str] = {}
+        try:
+            for slot, _, previous_served in switched:
+                if previous_served is None or slot.store.previous is None:
+                    continue  # a model new to this device has nothing to go back to
+                try:
+                    slot.deployer.restore_previous()
+                    restored.append(str(slot.name))
+                except (EdgekitError, OSError) as err:  # a previous bundle that fails its checks, a full disk
+                    failed_rollbacks[str(slot.name)] = str(err)
+        finally:
+            for slot, _, _ in switched:
+                with contextlib.suppress(OSError):
+                    slot.deployer.probation.clear()
+        return restored, failed_rollbacks
 
 
 class StaticModel:

@@ -16,6 +16,7 @@ complete versions.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -128,10 +129,16 @@ class BundleStore:
 
     def switch_to(self, version_dir: Path) -> Path | None:
         """Make ``version_dir`` current; the old current becomes previous. Returns the old current."""
-        old_current = self.current
+        old_current, old_previous = self.current, self.previous
         if old_current is not None and old_current != version_dir:
             self._point(PREVIOUS, old_current)
-        self._point(CURRENT, version_dir)
+        try:
+            self._point(CURRENT, version_dir)
+        except DeployError:  # (a full disk: no inode for the new link) the switch did not happen: previous as it was
+            if old_previous is not None and old_previous != old_current:
+                with contextlib.suppress(DeployError, OSError):
+                    self._point(PREVIOUS, old_previous)
+            raise
         return old_current
 
     def swap_current_and_previous(self) -> tuple[Path, Path | None]:
