@@ -496,10 +496,12 @@ class Collector:
                                delay_s)  # fmt: skip
                 time.sleep(delay_s)
                 delay_s = min(delay_s * 2, 10.0)
-            except StoreError as exc:
+            except Exception as exc:  # noqa: BLE001 - a StoreError, or a failure nothing foresaw: the writer goes on
                 self.metrics.count_store_error()
+                if not isinstance(exc, StoreError):
+                    logger.exception("collector %s: storing %d %s records failed", self.client_id, len(records), kind)
                 logger.error("collector %s: the store refused %d %s records (%s); writing them one by one",
-                             self.client_id, len(records), kind, exc.message)  # fmt: skip
+                             self.client_id, len(records), kind, _why(exc))  # fmt: skip
                 self._write_one_by_one(kind, records)
                 return False  # not acknowledged to the agents: they publish these again (stored ones are duplicates)
 
@@ -522,19 +524,21 @@ class Collector:
         for record in records:
             try:
                 self._write_records(kind, [record])
-            except StoreError as exc:
+            except Exception as exc:  # noqa: BLE001 - one record's failure, whatever it is, loses only that record
                 if kind == "rejected":
+                    logger.error("collector %s: cannot record a rejected message on %r (%s): %s", self.client_id,
+                                 record.topic[:200], record.reason, _why(exc))  # fmt: skip
                     continue
                 topic = f"edgekit/v1/{record.fleet}/{record.device}/{kind}"
-                logger.error("collector %s: the store refused a message on %s: %s", self.client_id, topic, exc.message)
+                logger.error("collector %s: the store refused a message on %s: %s", self.client_id, topic, _why(exc))
                 self.metrics.count_rejected("store_refused")
                 refused.append(RejectedMessage(topic=topic, reason="store_refused", size_bytes=0,
-                                               at=dt.datetime.now(dt.timezone.utc), detail=exc.message[:512]))  # fmt: skip
+                                               at=dt.datetime.now(dt.timezone.utc), detail=_why(exc)[:512]))  # fmt: skip
         if refused:
             try:
                 self.store.add_rejected(refused)
-            except StoreError as exc:
-                logger.error("collector %s: cannot record %d refused messages: %s", self.client_id, len(refused), exc.message)
+            except Exception as exc:  # noqa: BLE001 - said in the log; the writer goes on
+                logger.error("collector %s: cannot record %d refused messages: %s", self.client_id, len(refused), _why(exc))
 
     def _maybe_apply_retention(self) -> None:
         if self.retention is None or time.monotonic() - self._last_retention < self.retention_interval_s:
@@ -548,6 +552,11 @@ class Collector:
         if rolled:
             logger.info("collector %s: rolled %d windows older than %s into %d-minute buckets", self.client_id, rolled,
                         self.retention, self.rollup_minutes)  # fmt: skip
+
+
+def _why(exc: BaseException) -> str:
+    """What went wrong, for the log and a store_refused row: a StoreError's message, else its type and text."""
+    return exc.message if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
 
 
 __all__ = [

@@ -29,20 +29,37 @@ logger = logging.getLogger(__name__)
 MAX_PAYLOAD_BYTES = 256 * 1024
 MAX_DETAIL_CHARS = 512
 INT64_MAX = 2**63 - 1
+#: Times a message may carry: from a device clock still at 1970 (no RTC yet) to before the year 3000; later ones
+#: would not survive the store's epoch seconds (9999-12-31T23:59:59.999999 comes back as the year 10000).
+EARLIEST_TIME = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+LATEST_TIME = dt.datetime(3000, 1, 1, tzinfo=dt.timezone.utc)
+#: The longest telemetry window taken: a longer one comes from a clock that jumped within it, and would make the
+#: device look alive (its expected interval) for that long.
+MAX_WINDOW = dt.timedelta(days=1)
+#: The largest request or error count a window may carry (a million requests a second for twelve days): the
+#: store's sums over a fleet stay 64-bit integers.
+MAX_COUNT = 2**40
+#: The largest magnitude of a measured value (milliseconds, milliwatts, millijoules, MB, percent, degrees): the
+#: store's sums of value x count stay finite.
+MAX_MEASURE = 1e12
+#: Topics longer than this are parsed without the cache (real ones are far shorter: ids have at most 64 characters).
+CACHED_TOPIC_CHARS = 256
 
 #: Every reason a message can be rejected for, with what it means.
 REJECTION_REASONS: dict[str, str] = {
     "oversized": "the payload is larger than the collector accepts",
     "bad_topic": "the topic is not an edgekit v1 telemetry, status or events topic",
     "not_utf8": "the payload is not UTF-8 text",
-    "malformed_json": "the payload is not valid JSON (or holds NaN, Infinity or numbers out of range)",
+    "malformed_json": "the payload is not valid JSON (or holds NaN, Infinity, numbers out of range or a key twice in "
+                      "one object)",
     "not_an_object": "the payload is JSON but not an object",
     "unknown_schema": "the 'schema' field is missing or names a message version this collector does not read",
     "wrong_topic": "the message's schema does not belong on the topic it came on",
     "schema_mismatch": "the message does not validate against its JSON Schema",
     "device_mismatch": "the fleet or device in the payload differs from the one in the topic",
-    "bad_value": "the message validates but holds a value the store cannot keep (impossible date, huge integer, "
-                 "NUL character, window ending before it starts)",
+    "bad_value": "the message validates but holds a value the store cannot keep (impossible date or one outside "
+                 "1970-2999, huge integer or measurement, NUL character, window ending before it starts or longer "
+                 "than a day, a model named twice)",
     "store_refused": "the store refused to write the message",
     "internal_error": "the collector failed on the message (a bug: please report it)",
 }  # fmt: skip
@@ -79,7 +96,15 @@ class _Rejected(Exception):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
-        self.detail = detail[:MAX_DETAIL_CHARS]
+        self.detail = _storable_text(detail)[:MAX_DETAIL_CHARS]
+
+
+def _storable_text(text: str) -> str:
+    """``text`` with what UTF-8 and PostgreSQL text cannot hold (unpaired surrogates, NUL) written as escapes: a
+    rejection quoting a bad value must itself be storable."""
+    if text.isascii() and "\x00" not in text:
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
 
 
 def parse_message(
@@ -98,10 +123,11 @@ def parse_message(
     try:
         return _parse(str(topic), raw, max_payload_bytes, at)
     except _Rejected as rejected:
-        return Rejection(str(topic), rejected.reason, rejected.detail, len(raw), at)
+        return Rejection(_storable_text(str(topic)), rejected.reason, rejected.detail, len(raw), at)
     except Exception as exc:  # a bug; the collector must keep running, and the message is kept as rejected
         logger.exception("parsing a message on %r failed", topic)
-        return Rejection(str(topic), "internal_error", f"{type(exc).__name__}: {exc}"[:MAX_DETAIL_CHARS], len(raw), at)
+        return Rejection(_storable_text(str(topic)), "internal_error",
+                         _storable_text(f"{type(exc).__name__}: {exc}")[:MAX_DETAIL_CHARS], len(raw), at)  # fmt: skip
 
 
 def _parse(topic: str, raw: bytes, max_payload_bytes: int, at: dt.datetime) -> Record:
@@ -135,7 +161,7 @@ def _parse(topic: str, raw: bytes, max_payload_bytes: int, at: dt.datetime) -> R
 
 
 def _split_topic(topic: str) -> tuple[str, str, str]:
-    parsed = _topic_parts(topic)
+    parsed = _topic_parts(topic) if len(topic) <= CACHED_TOPIC_CHARS else _topic_parts.__wrapped__(topic)
     if isinstance(parsed, str):
         raise _Rejected("bad_topic", parsed)
     return parsed
@@ -166,7 +192,19 @@ def _finite_float(text: str) -> float:
     return value
 
 
-_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
+def _object_without_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different: with a key twice, the stored text and the parsed message could
+    disagree (SQL's JSON functions read the first, Python the last), so it is refused (~3 us a window)."""
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        seen: set[str] = set()
+        repeated = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
+        raise ValueError(f"key {repeated[:40]!r} appears twice in one object")
+    return found
+
+
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float,
+                            object_pairs_hook=_object_without_repeats)  # fmt: skip
 
 
 def _load_json(text: str) -> Any:
@@ -280,29 +318,48 @@ def _int64(value: int, where: str) -> int:
     return int(value)
 
 
+def _count(value: int, where: str) -> int:
+    if value > MAX_COUNT:
+        raise _Rejected("bad_value", f"{where} {value} is larger than {MAX_COUNT} (2**40), more than a device counts")
+    return int(value)
+
+
+def _time(text: str, where: str) -> dt.datetime:
+    moment = _parse_utc_fast(text, where)
+    if not EARLIEST_TIME <= moment < LATEST_TIME:
+        raise _Rejected("bad_value", f"{where} {text[:40]} is outside 1970-01-01 to 2999-12-31: the device's clock is wrong")
+    return moment
+
+
 def _telemetry(message: dict[str, Any], at: dt.datetime, text: str) -> TelemetryWindow:
-    start = _parse_utc_fast(message["window"]["start"], "window.start")
-    end = _parse_utc_fast(message["window"]["end"], "window.end")
+    start = _time(message["window"]["start"], "window.start")
+    end = _time(message["window"]["end"], "window.end")
     if end < start:
         raise _Rejected("bad_value", f"window ends ({message['window']['end']}) before it starts "
                                      f"({message['window']['start']})")  # fmt: skip
+    if end - start > MAX_WINDOW:
+        raise _Rejected("bad_value", f"window from {message['window']['start']} to {message['window']['end']} is longer "
+                                     "than a day: the device's clock jumped within it")  # fmt: skip
     latency, power, bundle = message["latency"], message["power"], message["bundle"]
     for where, value in (("spool.dropped", message["spool"]["dropped"]), ("spool.backlog", message["spool"]["backlog"])):
         _int64(value, where)
-    temperatures = [float(v) for v in message["temperatures_c"].values()]
+    temperatures = [_float(v, f"temperatures_c.{k}") for k, v in message["temperatures_c"].items()]
     return TelemetryWindow(
         fleet=message["fleet"], device=message["device"], seq=_int64(message["seq"], "seq"),
         window_start=start, window_end=end, received_at=at,
         bundle_id=bundle["id"] if bundle else None, bundle_sha256=bundle["sha256"] if bundle else None,
-        count=_int64(latency["count"], "latency.count"), errors=_int64(latency["errors"], "latency.errors"),
-        p50_ms=_float(latency["p50_ms"]), p90_ms=_float(latency["p90_ms"]), p99_ms=_float(latency["p99_ms"]),
-        max_ms=_float(latency["max_ms"]), mean_ms=_float(latency["mean_ms"]),
-        throughput_per_s=_float(latency["throughput_per_s"]),
-        power_mean_mw=_float(power["mean_mw"]), power_max_mw=_float(power["max_mw"]),
-        energy_mj=_float(power["energy_mj"]), energy_per_inference_mj=_float(message["energy_per_inference_mj"]),
-        temperature_max_c=max(temperatures) if temperatures else None,
-        memory_used_mb=_float(message["memory"]["used_mb"]),
-        cpu_load_pct=_float(message["cpu_load_pct"]), gpu_load_pct=_float(message["gpu_load_pct"]),
+        count=_count(latency["count"], "latency.count"), errors=_count(latency["errors"], "latency.errors"),
+        p50_ms=_float(latency["p50_ms"], "latency.p50_ms"), p90_ms=_float(latency["p90_ms"], "latency.p90_ms"),
+        p99_ms=_float(latency["p99_ms"], "latency.p99_ms"), max_ms=_float(latency["max_ms"], "latency.max_ms"),
+        mean_ms=_float(latency["mean_ms"], "latency.mean_ms"),
+        throughput_per_s=_float(latency["throughput_per_s"], "latency.throughput_per_s"),
+        power_mean_mw=_float(power["mean_mw"], "power.mean_mw"), power_max_mw=_float(power["max_mw"], "power.max_mw"),
+        energy_mj=_float(power["energy_mj"], "power.energy_mj"),
+        energy_per_inference_mj=_float(message["energy_per_inference_mj"], "energy_per_inference_mj"),
+        temperature_max_c=max(temperatures) if temperatures else None,  # type: ignore[type-var]
+        memory_used_mb=_float(message["memory"]["used_mb"], "memory.used_mb"),
+        cpu_load_pct=_float(message["cpu_load_pct"], "cpu_load_pct"),
+        gpu_load_pct=_float(message["gpu_load_pct"], "gpu_load_pct"),
         payload=message, payload_json=text, model=message.get("model"), models=_model_windows(message),
     )  # fmt: skip
 
@@ -314,15 +371,19 @@ def _model_windows(message: dict[str, Any]) -> tuple[ModelWindow, ...]:
         bundle = entry["bundle"]
         found.append(ModelWindow(
             model=entry["model"], bundle_id=bundle["id"] if bundle else None,
-            count=_int64(entry["count"], "models[].count"), errors=_int64(entry["errors"], "models[].errors"),
-            p50_ms=_float(entry["p50_ms"]), p99_ms=_float(entry["p99_ms"]),
-            throughput_per_s=_float(entry["throughput_per_s"]), memory_mb=_float(entry.get("memory_mb")),
+            count=_count(entry["count"], "models[].count"), errors=_count(entry["errors"], "models[].errors"),
+            p50_ms=_float(entry["p50_ms"], "models[].p50_ms"), p99_ms=_float(entry["p99_ms"], "models[].p99_ms"),
+            throughput_per_s=_float(entry["throughput_per_s"], "models[].throughput_per_s"),
+            memory_mb=_float(entry.get("memory_mb"), "models[].memory_mb"),
         ))  # fmt: skip
+    if len({m.model for m in found}) < len(found):  # each view would count a different one of them
+        named = sorted({m.model or "" for m in found if sum(1 for o in found if o.model == m.model) > 1})
+        raise _Rejected("bad_value", f"models[] names model {named[0]!r} more than once")
     return tuple(found)
 
 
 def _status(message: dict[str, Any], at: dt.datetime, text: str) -> DeviceStatus:
-    _parse_utc_fast(message["at"], "at")
+    _time(message["at"], "at")
     bundle = message.get("bundle")
     target = message.get("target")  # optional (issue 19): the profile the agent detected, name null when none
     return DeviceStatus(fleet=message["fleet"], device=message["device"], state=message["state"],
@@ -353,11 +414,20 @@ def _identity(message: dict[str, Any], at: dt.datetime) -> DeviceIdentityRecord 
 def _event(message: dict[str, Any], at: dt.datetime, text: str) -> DeviceEvent:
     return DeviceEvent(fleet=message["fleet"], device=message["device"], event_id=message["event_id"],
                        kind=message["kind"], level=message["level"], message=message["message"],
-                       at=_parse_utc_fast(message["at"], "at"), command_id=message.get("command_id"), payload=message)  # fmt: skip
+                       at=_time(message["at"], "at"), command_id=message.get("command_id"), payload=message)  # fmt: skip
 
 
-def _float(value: float | int | None) -> float | None:
-    return None if value is None else float(value)
+def _float(value: float | int | None, where: str) -> float | None:
+    """A measured value as a float; refused when it is beyond :data:`MAX_MEASURE` (or beyond any float)."""
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        raise _Rejected("bad_value", f"{where} is too large to be a number") from None
+    if not -MAX_MEASURE <= number <= MAX_MEASURE:
+        raise _Rejected("bad_value", f"{where} {number:g} is beyond {MAX_MEASURE:g}, more than a device measures")
+    return number
 
 
 _BUILDERS: dict[str, Callable[[dict[str, Any], dt.datetime, str], Record]] = {

@@ -11,7 +11,7 @@ from edgekit.fleet.errors import StoreError
 from edgekit.fleet.store import FleetStore, open_store
 from edgekit.fleet.store.migrate import latest_version
 from edgekit.fleet.store.sql import RolledSeqs, merge_rolled_seqs
-from tests.fleet.messages import T0, WINDOW_S, window
+from tests.fleet.messages import BUNDLE_B, T0, WINDOW_S, window
 
 HOUR = dt.timedelta(hours=1)
 NOW = T0 + dt.timedelta(days=1)
@@ -72,8 +72,10 @@ def test_a_device_that_starts_its_seqs_again_while_its_windows_are_raw_is_stored
     # windows start after the held ones with those seqs ended, so they are new, and were once acked unstored.
     store.add_windows([window(seq) for seq in range(1, 11)] + [window(seq, device="dev-2") for seq in range(1, 4)])
     later = T0 + dt.timedelta(seconds=WINDOW_S * 12)
-    again = [window(1, start=later), window(2, start=later + dt.timedelta(seconds=WINDOW_S))]
+    again = [window(1, start=later, bundle=BUNDLE_B), window(2, start=later + dt.timedelta(seconds=WINDOW_S), bundle=BUNDLE_B)]
     assert store.add_windows(again) == 2
+    summary = next(s for s in store.device_summaries() if s.device == "dev-1")
+    assert summary.bundle_id == BUNDLE_B.id  # the newest window's figures, though its seq is lower than the old ones
     # The old windows from the first new seq on were rolled up early, to make room: counted once, still deduplicated.
     assert [(w.device, w.seq, w.window_start) for w in store.windows()] == [
         ("dev-1", 1, later), ("dev-1", 2, later + dt.timedelta(seconds=WINDOW_S)),

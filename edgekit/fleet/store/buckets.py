@@ -248,12 +248,18 @@ def ingest(store: SqlDialect, cursor: Any, parts: Sequence[Part]) -> None:
 
 
 def _add_to_device(device: _Device, part: Part) -> None:
+    # The newest window is the one with the highest seq, or one that starts after every window so far ended: a
+    # device whose seqs started again (a new spool, a reflash) would otherwise show its old figures until its
+    # seqs passed the old ones.
+    newest = part.latest is not None and part.seq_max is not None and (
+        device.latest_seq is None or part.seq_max > device.latest_seq
+        or (device.window_end_max is not None and part.start >= device.window_end_max))  # fmt: skip
     device.windows += int(part.sums["windows"])
     device.seq_min = _merge("min", device.seq_min, part.seq_min)
     device.seq_max = _merge("max", device.seq_max, part.seq_max)
     device.received_at_max = _merge("max", device.received_at_max, part.received_at_max)
     device.window_end_max = _merge("max", device.window_end_max, part.end)
-    if part.latest is not None and part.seq_max is not None and (device.latest_seq is None or part.seq_max > device.latest_seq):
+    if newest:
         device.latest_seq, device.latest, device.interval_s = part.seq_max, part.latest, max(part.end - part.start, 0.0)
 
 
@@ -342,9 +348,23 @@ def _write_spans(store: SqlDialect, cursor: Any, spans: dict[tuple[str, str, str
            {key: values for key, values in spans.items()}, tiered=False)  # fmt: skip
 
 
+#: Per-model marks a device keeps, those of its newest buckets: a device naming ever new models cannot grow its
+#: device_latest row without bound (an agent serves at most 64 at a time). A dropped mark only means that an
+#: out-of-order window of that model in that bucket counts its device there once more.
+MAX_MODEL_MARKS = 512
+
+
+def _trimmed(marks: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    model_keys = [key for key in marks if key.startswith("m")]
+    if len(model_keys) <= MAX_MODEL_MARKS:
+        return marks
+    kept = set(sorted(model_keys, key=lambda key: marks[key][0], reverse=True)[:MAX_MODEL_MARKS])
+    return {key: mark for key, mark in marks.items() if not key.startswith("m") or key in kept}
+
+
 def _write_devices(store: SqlDialect, cursor: Any, changed: dict[tuple[str, str], _Device]) -> None:
     rows = [(d.windows, d.seq_min, d.seq_max, _time(store, d.received_at_max), _time(store, d.window_end_max), d.latest_seq,
-             *d.latest, d.interval_s, json.dumps(d.marks, separators=(",", ":")), fleet_id, device_id)
+             *d.latest, d.interval_s, json.dumps(_trimmed(d.marks), separators=(",", ":")), fleet_id, device_id)
             for (fleet_id, device_id), d in sorted(changed.items())]  # fmt: skip
     # the rows exist and are locked (_lock_devices): an upsert that replaces them writes a batch in a few statements
     sets = ", ".join(f"{column} = excluded.{column}" for column in DEVICE_COLUMNS)
