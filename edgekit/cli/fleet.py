@@ -12,10 +12,11 @@ import argparse
 import datetime as dt
 import importlib
 import logging
+import re
 import sys
 from typing import Any, Callable, Sequence
 
-from rich.markup import escape
+from rich.markup import escape as escape_markup
 from rich.table import Table
 
 from edgekit.cli import fleet_collect
@@ -121,10 +122,10 @@ def run_status(args: argparse.Namespace) -> int:
 
     if args.by_model:
         return _run_status_by_model(args)
-    if args.limit < 0:
+    if not 0 <= args.limit <= 2**62:
         from edgekit.fleet.errors import FleetError
 
-        raise FleetError(f"--limit must be a whole number >= 0, got {args.limit}", hint="0 shows every device")
+        raise FleetError(f"--limit must be a whole number from 0 to 2**62, got {args.limit}", hint="0 shows every device")
     if args.json or args.csv:
         return _print_every_device(args)
     from edgekit.fleet.store.device_reads import STATUS_RANKS
@@ -158,7 +159,7 @@ def run_status(args: argparse.Namespace) -> int:
     if len(rows) > RICH_TABLE_ROWS:  # a boxed table of thousands of rows takes rich half a minute: plain columns
         print_plain_table(title, columns, rows, left=4)
         return 0
-    table = Table(title=title)
+    table = Table(title=escape(title))
     for column in columns:
         left = column in ("device", "state", "bundle", "target")
         table.add_column(column, justify="left" if left else "right", no_wrap=column == "device")
@@ -187,11 +188,27 @@ def _print_every_device(args: argparse.Namespace) -> int:
 
 
 #: Above this many rows ``fleet status`` prints plain aligned columns instead of a rich table.
+
+_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _visible(text: str) -> str:
+    """``text`` with control characters (ESC, BEL, ...: a device's bundle id may hold them) written as ``\\x..``
+    escapes, so that printing it cannot move the cursor or retitle the terminal."""
+    return _CONTROL_CHARACTERS.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
+
+
+def escape(text: str) -> str:
+    """``text`` for a rich console: control characters made visible, markup escaped."""
+    return escape_markup(_visible(text))
+
+
 RICH_TABLE_ROWS = 500
 
 
 def print_plain_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], *, left: int) -> None:
     """``rows`` under ``columns`` in aligned plain text (the first ``left`` columns left-aligned, the rest right)."""
+    title, rows = _visible(title), [[_visible(cell) for cell in row] for row in rows]
     widths = [max([len(column)] + [len(row[index]) for row in rows]) for index, column in enumerate(columns)]
 
     def line(cells: Sequence[str]) -> str:
@@ -274,7 +291,7 @@ def run_report(args: argparse.Namespace) -> int:
 
     now = dt.datetime.now(dt.timezone.utc)
     since = parse_since(args.since, now)
-    until = parse_since(args.until, now) if args.until else None
+    until = parse_since(args.until, now, "--until") if args.until else None
     with open_store(args.store, must_exist=True) as store:
         report = build_report(store, fleet=args.fleet, bundle_id=args.bundle, target=args.target, since=since, until=until,
                               model=args.model)  # fmt: skip

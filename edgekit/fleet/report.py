@@ -59,18 +59,30 @@ def check_filter_values(store: FleetStore, filters: Mapping[str, tuple[str, str 
             raise error
 
 
-def parse_since(text: str, now: dt.datetime | None = None) -> dt.datetime:
-    """``"24h"``, ``"30m"``, ``"7d"``, ``"90s"``, ``"2w"`` ago, or an ISO-8601 time (UTC if no zone)."""
+#: The times a store holds (the collector refuses others): a --since or --until outside them is a typo.
+EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+LATEST = dt.datetime(3000, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def parse_since(text: str, now: dt.datetime | None = None, option: str = "--since") -> dt.datetime:
+    """``"24h"``, ``"30m"``, ``"7d"``, ``"90s"``, ``"2w"`` ago, or an ISO-8601 time (UTC if no zone), between 1970
+    and the year 3000; ``option`` names the flag in errors."""
     now = now or dt.datetime.now(dt.timezone.utc)
+    hint = "write a duration like 24h, 30m, 7d, or a time like 2026-01-02T03:00:00Z"
     match = _DURATION_RE.match(text)
-    if match is not None:
-        return now - dt.timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
     try:
-        moment = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        if match is not None:
+            moment = now - dt.timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+        else:
+            moment = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+            moment = moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.timezone.utc)
+        if not EARLIEST <= moment < LATEST:
+            raise OverflowError
+    except OverflowError:  # a duration reaching before year 1, a time outside what a store holds
+        raise FleetError(f"{option} {text!r} is outside 1970 to 2999", hint=hint) from None
     except ValueError:
-        raise FleetError(f"--since {text!r} is neither a duration nor a time",
-                         hint="write a duration like 24h, 30m, 7d, or a time like 2026-01-02T03:00:00Z") from None  # fmt: skip
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.timezone.utc)
+        raise FleetError(f"{option} {text!r} is neither a duration nor a time", hint=hint) from None
+    return moment
 
 
 def _time(value: dt.datetime | None) -> str | None:

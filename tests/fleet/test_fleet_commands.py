@@ -111,7 +111,7 @@ def test_status_shows_the_worst_first_and_filters_by_state(seeded: str, capsys: 
     assert [(d["device"], d["state"]) for d in stale] == [("nano-2", "stale")]
     assert main(["fleet", "status", "--store", seeded, "--limit", "-1"]) == 2
     error = " ".join(capsys.readouterr().err.split())
-    assert "--limit must be a whole number >= 0, got -1" in error and "0 shows every device" in error
+    assert "--limit must be a whole number from 0 to 2**62, got -1" in error and "0 shows every device" in error
 
 
 def test_status_says_idle_for_an_online_device_whose_newest_window_had_no_inference(seeded: str,

@@ -18,6 +18,9 @@ from edgekit.fleet.store.base import Aggregate, DeviceEvent, DeviceSummary, Flee
 from edgekit.fleet.store.device_reads import DeviceCounts
 from edgekit.fleet.store.postgres import redact
 
+#: How far ahead of the host a device's clock may run and its windows still show: a device whose clock says 2999
+#: would otherwise stretch every chart's time axis to it.
+CLOCK_AHEAD = dt.timedelta(minutes=5)
 DEFAULT_POINTS = 300
 MAX_POINTS = 2000
 MAX_HOURS = 24 * 90
@@ -166,18 +169,19 @@ def series_range(store: FleetStore, *, hours: float, points: int, now: dt.dateti
     if window_s is not None and "devices" not in filters:
         length = window_s()
         if length:
-            firsts = [row.first_window_start for row in store.aggregate(("fleet",), since=since - dt.timedelta(seconds=length), **filters)
+            found = store.aggregate(("fleet",), since=since - dt.timedelta(seconds=length), until=now + CLOCK_AHEAD, **filters)
+            firsts = [row.first_window_start for row in found
                       if row.first_window_start is not None]  # fmt: skip
             if not firsts:
                 return SeriesRange(since, now, bucket_for(hours * 3600.0, points))
-            start = max(since, min(firsts))
+            start = min(max(since, min(firsts)), now)
             return SeriesRange(start, now, bucket_for(max(1.0, (now - start).total_seconds(), length * points * 0.999), points))
     spans = [(row.first_window_start, row.last_window_end, row.windows)
-             for row in store.aggregate(("fleet", "device"), since=since, **filters)
+             for row in store.aggregate(("fleet", "device"), since=since, until=now + CLOCK_AHEAD, **filters)
              if row.first_window_start is not None and row.last_window_end is not None]  # fmt: skip
     if not spans:
         return SeriesRange(since, now, bucket_for(hours * 3600.0, points))
-    start = max(since, min(first for first, _, _ in spans))
+    start = min(max(since, min(first for first, _, _ in spans)), now)  # a device clock ahead of now moves nothing
     # each device's mean window length (rollups count the windows they hold); the median device's
     lengths = sorted((last - first).total_seconds() / max(1, windows) for first, last, windows in spans)
     median_s = lengths[len(lengths) // 2]
@@ -210,7 +214,8 @@ def device_series(store: FleetStore, fleet: str, device: str, *, hours: float = 
     """One device's latency, power, energy and temperature over the last ``hours``, at most ``points`` buckets."""
     now = now or dt.datetime.now(dt.timezone.utc)
     span = (ranges or series_range)(store, hours=hours, points=points, now=now, devices=[(fleet, device)])
-    rows = store.aggregate(("device",), devices=[(fleet, device)], since=now - dt.timedelta(hours=hours), bucket_s=span.bucket_s)
+    rows = store.aggregate(("device",), devices=[(fleet, device)], since=now - dt.timedelta(hours=hours), until=now + CLOCK_AHEAD,
+                           bucket_s=span.bucket_s)  # fmt: skip
     return {"fleet": fleet, "device": device, "hours": hours, **span.to_json(), "series": _series(rows, SERIES_FIELDS)}
 
 
@@ -225,7 +230,7 @@ def fleet_series(store: FleetStore, *, fleet: str | None = None, by: str = "bund
     span = (ranges or series_range)(store, hours=hours, points=points, now=now, window_s=window_s, fleet=fleet)
     if by == "model":
         return _model_series(store, fleet=fleet, hours=hours, now=now, span=span)
-    rows = store.aggregate((by,), fleet=fleet, since=now - dt.timedelta(hours=hours), bucket_s=span.bucket_s)
+    rows = store.aggregate((by,), fleet=fleet, since=now - dt.timedelta(hours=hours), until=now + CLOCK_AHEAD, bucket_s=span.bucket_s)
     groups: dict[str, list[Aggregate]] = {}
     for row in rows:
         groups.setdefault(getattr(row, by) or ("(not reported)" if by == "power_mode" else "(none)"), []).append(row)
@@ -235,7 +240,8 @@ def fleet_series(store: FleetStore, *, fleet: str | None = None, by: str = "bund
 
 
 def _model_series(store: FleetStore, *, fleet: str | None, hours: float, now: dt.datetime, span: SeriesRange) -> dict[str, Any]:
-    rows = store.model_aggregate(("model",), fleet=fleet, since=now - dt.timedelta(hours=hours), bucket_s=span.bucket_s)
+    rows = store.model_aggregate(("model",), fleet=fleet, since=now - dt.timedelta(hours=hours), until=now + CLOCK_AHEAD,
+                                 bucket_s=span.bucket_s)  # fmt: skip
     groups: dict[str, list[ModelAggregate]] = {}
     for row in rows:
         groups.setdefault(row.model or "(none)", []).append(row)

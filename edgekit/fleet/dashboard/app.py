@@ -145,8 +145,8 @@ class DashboardApp:
                 return Response.error(404, f"no static file {name!r}")
             try:
                 return Response(200, _static(name), STATIC_TYPES[suffix], {"Cache-Control": "max-age=300"})
-            except (FileNotFoundError, IsADirectoryError):
-                return Response.error(404, f"no static file {name!r}")
+            except (OSError, ValueError):  # missing, a folder, a name too long, a NUL in it
+                return Response.error(404, f"no static file {name[:80]!r}")
         if path == "/healthz":
             return Response(200, b"ok\n")
         if path.startswith("/api/"):

@@ -35,6 +35,8 @@ from edgekit.fleet.store.base import DeviceSummary, FleetStore
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 MAX_QUERY_CHARS = 200
+#: The largest ``offset``: beyond any fleet, within the store's 64-bit integers.
+MAX_OFFSET = 2**62
 #: The device table's ``models``: the models a device reported windows of in this long (issue 20).
 MODELS_SEEN_S = 3600.0
 #: Columns the table sorts by, each with the summary value it sorts on (``power_mode`` is looked up apart).
@@ -94,6 +96,8 @@ class DeviceQuery:
         q = params.get("q", "").strip()
         if len(q) > MAX_QUERY_CHARS:
             raise DeviceQueryError("q", f"q must be at most {MAX_QUERY_CHARS} characters, got {len(q)}")
+        if any(ord(c) < 32 or ord(c) == 127 for c in q):  # no name holds one; SQLite would cut the text at a NUL
+            raise DeviceQueryError("q", "q must not contain control characters (NUL, newline, escape, ...)")
         states = tuple(dict.fromkeys(s.strip() for s in params.get("state", "").split(",") if s.strip()))
         bad = [s for s in states if not _STATE_NAME.match(s)]
         if bad:
@@ -106,7 +110,7 @@ class DeviceQuery:
         if order not in ORDERS:
             raise DeviceQueryError("order", f"order must be asc or desc, got {order!r}")
         return cls(fleet=params.get("fleet") or None, q=q, states=states, sort=sort, order=order,
-                   offset=_integer(params, "offset", 0, 0, None),
+                   offset=_integer(params, "offset", 0, 0, MAX_OFFSET),
                    limit=_integer(params, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT))  # fmt: skip
 
 

@@ -140,6 +140,8 @@ class DeviceReadsMixin:
     list_in: Any
     #: What makes ORDER BY of text compare code points, as Python does (PostgreSQL: COLLATE "C").
     text_order_sql: str = ""
+    #: The SQL function that lower-cases text for the device search (every letter, not ASCII only).
+    lower_sql: str = "LOWER"
 
     def _view(self, fleet: str | None, now: dt.datetime) -> tuple[str, dict[str, Any]]:
         params: dict[str, Any] = {"now": self.time_in(now)}
@@ -233,7 +235,7 @@ class DeviceReadsMixin:
             clauses.append(self.in_list_sql("state", "states"))
         if q:
             params["q"] = "%" + q.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-            found = [f"LOWER({column}) LIKE :q ESCAPE '\\'" for column in SEARCHED_SQL]
+            found = [f"{self.lower_sql}({column}) LIKE :q ESCAPE '\\'" for column in SEARCHED_SQL]
             if q_devices:
                 params["q_devices"] = self.list_in([f"{f}/{d}" for f, d in q_devices])
                 found.append(self.in_list_sql(DEVICE_KEY_SQL, "q_devices"))

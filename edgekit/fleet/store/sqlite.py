@@ -29,6 +29,7 @@ class SqliteStore(SqlFleetStore):
     """``SqliteStore(path)``; ``path`` may be ``":memory:"`` (one connection, gone on close)."""
 
     dialect = "sqlite"
+    lower_sql = "edgekit_lower"
     insert_ignore = ("INSERT OR IGNORE INTO", "")
 
     def __init__(self, path: str | Path, *, url: str | None = None) -> None:
@@ -48,6 +49,8 @@ class SqliteStore(SqlFleetStore):
                 # mode; setting it there would wait for another process's write lock for nothing)
                 self._connection.execute("PRAGMA auto_vacuum=INCREMENTAL")
                 self._connection.execute("PRAGMA journal_mode=WAL")
+            # SQLite's LOWER folds ASCII only: the device search folds every letter, as PostgreSQL does (ÜBER finds über)
+            self._connection.create_function("edgekit_lower", 1, _lower, deterministic=True)
             self._connection.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints; safe with WAL
             self._connection.execute("PRAGMA foreign_keys=ON")
         except sqlite3.Error as exc:
@@ -177,6 +180,10 @@ class SqliteStore(SqlFleetStore):
 
     def _close_connection(self) -> None:
         self._connection.close()
+
+
+def _lower(text: Any) -> Any:
+    return text.lower() if isinstance(text, str) else text
 
 
 __all__ = ["SqliteStore"]

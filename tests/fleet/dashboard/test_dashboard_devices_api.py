@@ -97,12 +97,14 @@ def test_filters_by_text_state_and_fleet(fleets_dashboard) -> None:
     ({"limit": "0"}, "limit", "limit must be between 1 and 1000, got 0"),
     ({"limit": "5000"}, "limit", "limit must be between 1 and 1000"),
     ({"limit": "ten"}, "limit", "limit must be an integer, got 'ten'"),
-    ({"offset": "-1"}, "offset", "offset must be at least 0"),
+    ({"offset": "-1"}, "offset", "offset must be between 0 and 4611686018427387904"),
     ({"sort": "colour"}, "sort", "sort must be one of worst, device"),
     ({"sort": "models"}, "sort", "got 'models'"),
     ({"order": "up"}, "order", "order must be asc or desc"),
     ({"state": "off line"}, "state", "state 'off line' is not a state name"),
     ({"q": "x" * 201}, "q", "q must be at most 200 characters"),
+    ({"offset": str(2**64)}, "offset", "offset must be between 0 and 4611686018427387904"),  # was a 500 from the SQL
+    ({"q": "a\x00"}, "q", "q must not contain control characters"),  # SQLite matched every device, PostgreSQL a 500
     ({"hours": "abc"}, "hours", "hours must be a number"),
 ])  # fmt: skip
 def test_bad_parameters_are_400_naming_the_parameter(fleets_dashboard, params: dict[str, str], parameter: str, message: str) -> None:
@@ -150,3 +152,14 @@ def test_overview_counts_devices_breaching_an_alert(tmp_path) -> None:
         rows = _devices(server.url, fleet="a")["devices"]  # all online: the one breaching first, then by p99
         assert [(d["device"], d["breaching"]) for d in rows] == [("jetson-orin-nano-8gb-000", True), ("raspberry-pi-5-002", False),
                                                                  ("jetson-orin-nx-16gb-001", False)]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["app.js%00.css", "a" * 300 + ".js"])
+def test_static_names_the_file_system_refuses_are_404(fleets_dashboard, name: str) -> None:
+    try:
+        with urllib.request.urlopen(fleets_dashboard.url + "static/" + name, timeout=30) as response:
+            status = response.status
+    except urllib.error.HTTPError as err:
+        status = err.code
+    assert status == 404  # was a 500 (embedded null byte, name too long)
+
