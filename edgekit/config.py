@@ -280,6 +280,10 @@ def load_model(path: Path, model: type[ModelT], error: type[ConfigError], what: 
     return instance
 
 
+#: The longest path a recipe or target may name (Linux's PATH_MAX).
+MAX_PATH_CHARS = 4096
+
+
 def _check_local_paths(value: Any, loc: Location, base_dir: Path, path: Path, positions: dict[Location, tuple[int, int]],
                        error: type[ConfigError]) -> None:
     """Every path the file names (relative ones against its folder) that exists is a regular file or a
@@ -295,14 +299,26 @@ def _check_local_paths(value: Any, loc: Location, base_dir: Path, path: Path, po
             if isinstance(item, BaseModel):
                 _check_local_paths(item, (*loc, key), base_dir, path, positions, error)
     elif isinstance(value, Path):
-        target = value.expanduser() if value.is_absolute() or str(value).startswith("~") else base_dir / value
+        pos = _position_for(loc, positions)
+        where = f"{path}:{pos[0]}:{pos[1]}" if pos else str(path)
+        text = str(value)
+        longest = max((len(part) for part in text.split("/")), default=0)
+        problem = ("contains a NUL character" if "\x00" in text else
+                   f"is {len(text)} characters long, more than any file system takes ({MAX_PATH_CHARS})"
+                   if len(text) > MAX_PATH_CHARS else
+                   f"has a name {longest} characters long, more than file systems take (255)" if longest > 255 else None)  # fmt: skip
+        if problem is None:
+            try:
+                target = value.expanduser() if value.is_absolute() or text.startswith("~") else base_dir / value
+            except RuntimeError:  # ~name of no user
+                problem = f"starts with '{text.split('/', 1)[0]}', a home folder this host does not know"
+        if problem is not None:
+            raise error(f"{where}: field '{_format_loc(loc)}': the path {problem}", hint="give a path relative to this file, or an absolute one")
         try:
             special = target.exists() and not (target.is_file() or target.is_dir())
         except OSError:  # too long, a loop of links: the stage that opens it says so
             special = False
         if special:
-            pos = _position_for(loc, positions)
-            where = f"{path}:{pos[0]}:{pos[1]}" if pos else str(path)
             raise error(
                 f"{where}: field '{_format_loc(loc)}': '{value}' is not a regular file or folder (a device, FIFO or socket)",
                 hint="point it at the model or data file itself",

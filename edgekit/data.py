@@ -51,8 +51,16 @@ def load_batches(recipe: Recipe, source: DataSource, field: str) -> list[Batch]:
 
 
 def _load_npz(path: Path) -> Batch:
-    with np.load(path, allow_pickle=False) as npz:
-        return {k: npz[k] for k in npz.files}
+    import zipfile
+
+    if not path.is_file():  # a FIFO would block the build, a device read for ever (docs/threats.md)
+        raise RecipeError(f"{path}: not a regular file", hint="keep only .npz files (one per batch) in the data folder")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return {k: npz[k] for k in npz.files}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:  # damaged, not an npz, object arrays (pickles)
+        raise RecipeError(f"{path}: cannot be read as an .npz of arrays: {exc}",
+                          hint="write it with numpy.savez (numeric or string arrays, no Python objects)") from exc  # fmt: skip
 
 
 def _load_npz_dir(recipe: Recipe, directory: Path, where: str) -> list[Any]:
@@ -155,6 +163,7 @@ def sequence_steps(batches: list[Batch]) -> list[tuple[int, int]] | None:
 def check_batch(recipe: Recipe, batch: object, where: str) -> None:
     if not isinstance(batch, dict):
         raise RecipeError(f"{where}: expected a dict of input name -> array, got {type(batch).__name__}")
+    sizes: dict[str, tuple[int, str]] = {}  # dynamic dim -> (its size in this batch, the input it was first seen in)
     for spec in recipe.inputs:
         if spec.name not in batch:
             raise RecipeError(f"{where}: missing input '{spec.name}' (has {sorted(batch)})")
@@ -168,6 +177,13 @@ def check_batch(recipe: Recipe, batch: object, where: str) -> None:
         for axis, (dim, size) in enumerate(zip(spec.shape, array.shape)):
             if isinstance(dim, int) and dim != size:
                 raise RecipeError(f"{where}: input '{spec.name}' axis {axis} is {size}, the recipe fixes it at {dim}")
+            if isinstance(dim, str) and size < 1:
+                raise RecipeError(f"{where}: input '{spec.name}' axis {axis} ({dim}) is empty",
+                                  hint="every batch needs at least one item along each dynamic dim")  # fmt: skip
+            seen = sizes.setdefault(dim, (size, spec.name)) if isinstance(dim, str) else (size, spec.name)
+            if seen[0] != size:
+                raise RecipeError(f"{where}: dim '{dim}' is {seen[0]} in input '{seen[1]}' but {size} in input '{spec.name}'",
+                                  hint="inputs that share a dynamic dim name must agree on its size within a batch")  # fmt: skip
 
 
 def model_inputs(recipe: Recipe, batch: Batch) -> Batch:

@@ -240,6 +240,13 @@ def stage_export(state: BuildState) -> str | None:
 
         onnx.save(onnx.load(str(loaded.onnx_path), load_external_data=True), str(state.fp32_path))
         state.export = {"exporter": loaded.exporter or "none", "opset": loaded.details.get("opset", state.opset), "seconds": 0.0, "fallback_reason": None}
+        passthrough = loaded.details.get("passthrough_outputs") or []
+        if passthrough and (state.auto or state.precision is not Precision.FP32):
+            what = "--precision auto" if state.auto else f"precision {state.precision.value}"
+            raise BuildError(f"{recipe.path}: model.path: output '{passthrough[0]}' is input '{passthrough[0]}' passed through "
+                             f"unchanged; {what} gives every output a node of its own and cannot keep that name twice",
+                             hint=f"build it at fp32, or leave '{passthrough[0]}' out of the graph's and the recipe's outputs "
+                                  "(the caller has it already)")  # fmt: skip
         if loaded.kind == "onnx":  # a file from another toolchain: named dims, true output shapes, the opset the precision needs
             from edgekit.sources.onnx_file import convert_to_target_opset, needed_opset, upgrade_source_opset
             from edgekit.sources.onnx_outputs import repair_declared_outputs

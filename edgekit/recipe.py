@@ -343,6 +343,9 @@ class Recipe(StrictModel):
         names = [s.name for s in self.inputs]
         if len(set(names)) != len(names):
             raise ValueError(f"input names must be unique, got {names}")
+        if len(set(self.outputs)) != len(self.outputs):
+            repeated = next(name for index, name in enumerate(self.outputs) if name in self.outputs[:index])
+            raise ValueError(f"outputs lists '{repeated}' more than once: name each output once")
         if self.evaluation and self.evaluation.output and self.evaluation.output not in self.outputs:
             raise ValueError(f"evaluation.output '{self.evaluation.output}' is not one of outputs {list(self.outputs)}")
         return self

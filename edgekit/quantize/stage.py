@@ -48,17 +48,23 @@ def calibrate_plan(pre_path: Path, plan: QuantizationPlan, spec: QuantizationSpe
                    workdir: Path, cache_dir: Path | None = None) -> tuple[dict[str, Any], dict[str, Any], Path | None]:
     """Ranges for every tensor the static writer needs, from the cache when it has them."""
     from edgekit.quantize.calibration import CalibrationCache, calibrate
+    from edgekit.quantize.calibration.errors import CalibrationError
 
     if spec.calibration_batches:
         batches = batches[: spec.calibration_batches]
     cache = CalibrationCache(cache_dir or default_cache_dir())
-    result = calibrate(pre_path, batches, calibrator_spec(spec, plan), tensor_names=static_plan.calibration_tensors(pre_path, plan),
-                       cache=cache, work_dir=workdir)
+    tensor_names = static_plan.calibration_tensors(pre_path, plan)
+    if not tensor_names:  # BatchNormalization, Identity, Cast or custom ops only: no activation feeds a quantizable op
+        raise CalibrationError(
+            f"precision {plan.precision.value} finds nothing to quantize in this model: no MatMul, Gemm, Conv or other "
+            "quantizable op takes an activation input",
+            hint="build it at fp32 or fp16 (int8 would change nothing), or check that model.path names the intended graph")  # fmt: skip
+    result = calibrate(pre_path, batches, calibrator_spec(spec, plan), tensor_names=tensor_names, cache=cache, work_dir=workdir)
     section = {
         "calibrator": spec.calibrator,
         "percentile": spec.percentile if spec.calibrator == "percentile" else None,
         "batches": len(batches),
-        "samples": int(sum(next(iter(b.values())).shape[0] for b in batches)),
+        "samples": int(sum(next((a.shape[0] for a in b.values() if getattr(a, "ndim", 0) > 0), 1) for b in batches)),
         "tensors": len(result.ranges),
         "key": result.key.digest,
         "from_cache": result.from_cache,

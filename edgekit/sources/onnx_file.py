@@ -59,7 +59,14 @@ def load_onnx_file(spec: OnnxSource, recipe: Recipe, workdir: Path) -> LoadedMod
     if not path.is_file():
         raise SourceError(f"{recipe.path}: model.path: ONNX file not found: {path}", hint="paths are relative to the recipe file")
     try:
-        model = onnx.load(str(path), load_external_data=True)
+        model = onnx.load(str(path), load_external_data=False)
+        external = sorted({entry.value for tensor in _external_tensors(model) for entry in tensor.external_data
+                           if entry.key == "location"})  # fmt: skip
+        if external:
+            from onnx.external_data_helper import load_external_data_for_model
+
+            load_external_data_for_model(model, str(path.parent))
+        declared = _declare_missing_shapes(model, recipe)  # ONNX Runtime runs such files; the checker refuses them
         onnx.checker.check_model(model, full_check=False)
     except Exception as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -70,7 +77,7 @@ def load_onnx_file(spec: OnnxSource, recipe: Recipe, workdir: Path) -> LoadedMod
                   "from anywhere else" if external else
                   "check that the file was copied completely (size, hash), or open it with onnx.load to see what its producer wrote"),
         ) from None
-    notes = name_dynamic_dims(model, recipe)
+    notes = [*declared, *_separate_output_tensors(model), *name_dynamic_dims(model, recipe)]
     onnx_path = path
     if notes:  # the bundle's graph is the repaired copy; the source hash stays the user's file
         onnx_path = workdir / "source.onnx"
@@ -81,9 +88,105 @@ def load_onnx_file(spec: OnnxSource, recipe: Recipe, workdir: Path) -> LoadedMod
         description=str(path),
         onnx_path=onnx_path,
         exporter="none",
-        file_sha256=sha256_file(path),
-        details={"opset": main_opset(model), "notes": notes, "producer": " ".join(filter(None, (model.producer_name, model.producer_version))) or None},
+        file_sha256=_source_sha256(path, external),
+        details={"opset": main_opset(model), "notes": notes,
+                 "passthrough_outputs": sorted({v.name for v in model.graph.output} & {v.name for v in model.graph.input}), "producer": " ".join(filter(None, (model.producer_name, model.producer_version))) or None},
     )
+
+
+def _declare_missing_shapes(model: Any, recipe: Recipe) -> list[str]:
+    """Give graph inputs that declare a dtype but no shape the recipe's shape, and such outputs the shape ONNX's
+    inference finds; one note per tensor so declared."""
+    notes: list[str] = []
+    specs = {spec.name: spec for spec in recipe.inputs}
+    for value in model.graph.input:
+        tensor = value.type.tensor_type
+        if value.type.HasField("tensor_type") and not tensor.HasField("shape") and value.name in specs:
+            for size in specs[value.name].shape:
+                dim = tensor.shape.dim.add()
+                if isinstance(size, int):
+                    dim.dim_value = size
+                else:
+                    dim.dim_param = size
+            notes.append(f"input '{value.name}' declared no shape: {list(specs[value.name].shape)} from the recipe")
+    missing = [v for v in model.graph.output if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")]
+    if missing:
+        import onnx
+
+        try:
+            inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(model).graph.output}
+        except Exception:  # noqa: BLE001 - past 2 GB, or a graph inference cannot follow: the checker says what is missing
+            inferred = {}
+        for value in missing:
+            found = inferred.get(value.name)
+            if found is not None and found.type.tensor_type.HasField("shape"):
+                value.type.tensor_type.shape.CopyFrom(found.type.tensor_type.shape)
+                dims = [d.dim_param or d.dim_value for d in found.type.tensor_type.shape.dim]
+                notes.append(f"output '{value.name}' declared no shape: {dims} inferred")
+    return notes
+
+
+def _separate_output_tensors(model: Any) -> list[str]:
+    """Graph outputs listed twice are listed once, and an output that is an initializer is fed through an Identity
+    node: fp16 conversion and the int8 writers give every output a node of its own and would define the name twice."""
+    from onnx import helper
+
+    notes: list[str] = []
+    seen: set[str] = set()
+    kept = []
+    for value in model.graph.output:
+        if value.name in seen:
+            notes.append(f"output '{value.name}' was listed twice in the graph: once now")
+            continue
+        seen.add(value.name)
+        kept.append(value)
+    if len(kept) < len(model.graph.output):
+        del model.graph.output[:]
+        model.graph.output.extend(kept)
+    initializers = {tensor.name: tensor for tensor in model.graph.initializer}
+    for value in model.graph.output:
+        tensor = initializers.get(value.name)
+        if tensor is None:
+            continue
+        inner = f"{value.name}__edgekit_constant"
+        tensor.name = inner
+        for node in model.graph.node:  # other nodes that read the constant read it under its new name
+            node.input[:] = [inner if name == value.name else name for name in node.input]
+        model.graph.node.append(helper.make_node("Identity", [inner], [value.name], name=f"{value.name}__edgekit_output"))
+        notes.append(f"output '{value.name}' is a constant of the graph: fed through an Identity node")
+    return notes
+
+
+def _external_tensors(model: Any) -> list[Any]:
+    """The model's tensors whose data live in external files (initializers and node attributes, subgraphs too)."""
+    from onnx.external_data_helper import uses_external_data
+
+    def tensors(graph: Any) -> Any:
+        yield from graph.initializer
+        for sparse in graph.sparse_initializer:
+            yield from (sparse.values, sparse.indices)
+        for node in graph.node:
+            for attribute in node.attribute:
+                if attribute.HasField("t"):
+                    yield attribute.t
+                yield from attribute.tensors
+                for subgraph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                    yield from tensors(subgraph)
+
+    return [tensor for tensor in tensors(model.graph) if uses_external_data(tensor)]
+
+
+def _source_sha256(path: Path, external: Sequence[str]) -> str:
+    """The source's hash: the file's own, or, with external data, one over the file and each data file (so that other
+    weights beside the same graph are another source)."""
+    if not external:
+        return sha256_file(path)
+    import hashlib
+
+    digest = hashlib.sha256(f"model\0{sha256_file(path)}\n".encode())
+    for location in external:
+        digest.update(f"external\0{location}\0{sha256_file(path.parent / location)}\n".encode())
+    return digest.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------- dims
@@ -301,6 +404,10 @@ def _compare_graphs(original: Any, converted: Any, feeds: Sequence[Mapping[str, 
             got = after.get(name)
             if got is None or np.shape(got) != np.shape(expected):
                 raise _ConversionMismatch(f"output '{name}' changed shape ({np.shape(expected)} -> {np.shape(got)}) after conversion")
+            if np.asarray(expected).dtype.kind not in "biuf":  # strings (labels): equal, or the conversion changed them
+                if not np.array_equal(np.asarray(expected), np.asarray(got)):
+                    raise _ConversionMismatch(f"the converted graph's output '{name}' holds other values than the original's")
+                continue
             e, g = np.asarray(expected, dtype=np.float64), np.asarray(got, dtype=np.float64)
             diff = float(np.abs(e - g).max(initial=0.0))
             worst = max(worst, diff)
