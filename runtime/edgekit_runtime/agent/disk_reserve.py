@@ -35,10 +35,12 @@ def free_bytes(directory: str | os.PathLike[str]) -> int:
 class DiskReserve:
     """The reserve file in ``directory``: ``size_bytes`` of real blocks, released when a vital write needs them."""
 
-    def __init__(self, directory: str | os.PathLike[str], size_bytes: int = DEFAULT_RESERVE_BYTES) -> None:
+    def __init__(self, directory: str | os.PathLike[str], size_bytes: int = DEFAULT_RESERVE_BYTES, *,
+                 name: str = RESERVE_NAME, purpose: str = "a vital write") -> None:  # fmt: skip
         self.directory = Path(directory)
-        self.path = self.directory / RESERVE_NAME
+        self.path = self.directory / name
         self.size_bytes = max(int(size_bytes), 0)
+        self.purpose = purpose
 
     @classmethod
     def beside(cls, path: str | os.PathLike[str]) -> DiskReserve:
@@ -88,8 +90,8 @@ class DiskReserve:
         except OSError as exc:
             logger.warning("cannot release the disk reserve %s: %s", self.path, exc)
             return 0
-        logger.warning("file system of %s is full: released the disk reserve (%d bytes) for a vital write",
-                       self.directory, size)  # fmt: skip
+        logger.warning("file system of %s is full: released the disk reserve %s (%d bytes) for %s",
+                       self.directory, self.path.name, size, self.purpose)  # fmt: skip
         return size
 
 

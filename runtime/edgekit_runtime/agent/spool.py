@@ -52,7 +52,11 @@ TELEMETRY_COUNTER = "telemetry"
 _DROPPED_COUNTER = spool_space.DROPPED_COUNTER
 _SCHEMA_VERSION = 1
 _ACK_CHUNK = 500
+#: Acks removed per commit on a full file system (see Spool._settle_in_small_steps).
+_SMALL_ACK_CHUNK = 16
 
+#: The tables every spool file holds (the statements below and spool_space.DROPS_SCHEMA create them).
+_TABLES = frozenset({"messages", "counters", "dropped_windows"})
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS messages ("
     " id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, payload BLOB NOT NULL,"
@@ -176,14 +180,20 @@ class Spool:
                     f"spool {self.path} has format version {version}; this agent reads version {_SCHEMA_VERSION}",
                     hint="upgrade the agent, or move the old spool file away",
                 )
-            with _transaction(db):
-                for statement in (*_SCHEMA, spool_space.DROPS_SCHEMA):
-                    db.execute(statement)
-                db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if version != _SCHEMA_VERSION or not _TABLES <= tables:  # a new file: its tables (a spool that has them
+                # writes nothing to open: on a file system full to the last byte it still opens)
+                with _transaction(db):
+                    for statement in (*_SCHEMA, spool_space.DROPS_SCHEMA):
+                        db.execute(statement)
+                    db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
         except BaseException as exc:
             db.close()
             if not isinstance(exc, sqlite3.DatabaseError):
                 raise
+            if _is_disk_full(exc):  # not damaged: moving it away would lose its windows
+                raise SpoolFullError(f"cannot open the spool database {self.path}: the file system is full ({exc})",
+                                     hint=_FREE_SPACE_HINT) from exc  # fmt: skip
             raise SpoolError(
                 f"cannot open the spool database {self.path}: {exc}",
                 hint="if the file is not an edgekit spool (or is damaged), move it away; the agent creates a new one",
@@ -256,6 +266,8 @@ class Spool:
         room (and for a ``vital`` write release the reserve) and try once more. A write that is not vital
         (a window) is refused while the headroom cannot be kept: that room is for the vital ones."""
         self._checked_db()
+        if self._deferred_acks:  # delivered messages to remove first: they are the room this write needs
+            self._settle_in_small_steps()
         self._space.keep_headroom(self, need_bytes)
         try:
             if not vital and self._space.short_by(need_bytes):
@@ -352,6 +364,9 @@ class Spool:
             return 0
         removed = 0
         with self._lock:
+            if self._space.short_by(0):  # a nearly full file system: small deletes, their pages handed back at once
+                self._deferred_acks.update(ids)
+                return self._settle_in_small_steps()
             try:
                 with self._writing("cannot remove acknowledged messages"):
                     for start in range(0, len(ids), _ACK_CHUNK):
@@ -367,9 +382,9 @@ class Spool:
                         self._bytes -= int(size)
                         removed += int(count)
             except SpoolFullError:
-                # Delivered, but not yet removed: remembered, removed by the next write that succeeds.
+                # Delivered, but the delete did not fit: remembered, and removed a few at a time (below).
                 self._deferred_acks.update(ids)
-                return 0
+                return self._settle_in_small_steps()
         return removed
 
     def backlog(self) -> int:
@@ -466,6 +481,39 @@ class Spool:
         return int(row[0]) if row else 0
 
     # -- lifetime -------------------------------------------------------------------------------
+
+    def _settle_in_small_steps(self) -> int:
+        """Under the lock: remove the deferred acks a few at a time, each delete its own commit with the freed pages
+        handed back and the WAL truncated after it. On a file system full to the last byte one large delete never
+        fits in the WAL; with the delete reserve released a small one does, and each frees room for the next.
+        Stops at one that still fails (the rest stay deferred); returns how many messages went."""
+        removed = 0
+        ids = sorted(self._deferred_acks)
+        for start in range(0, len(ids), _SMALL_ACK_CHUNK):
+            chunk = ids[start : start + _SMALL_ACK_CHUNK]
+            try:
+                removed += self._delete_and_hand_back(chunk)
+            except sqlite3.DatabaseError as exc:
+                if not _is_disk_full(exc) or not self._space.delete_reserve.release():
+                    break
+                spool_space.checkpoint_truncate(self._db)
+                try:
+                    removed += self._delete_and_hand_back(chunk)
+                except sqlite3.DatabaseError:
+                    break
+            self._deferred_acks.difference_update(chunk)
+            spool_space.checkpoint_truncate(self._db)
+        self._reload_sizes()
+        if removed:
+            logger.info("spool %s: removed %d delivered message(s) in small steps on a full file system", self.path, removed)
+        return removed
+
+    def _delete_and_hand_back(self, ids: list[int]) -> int:
+        with _transaction(self._db):
+            placeholders = ",".join("?" * len(ids))
+            count = self._db.execute(f"DELETE FROM messages WHERE id IN ({placeholders})", ids).rowcount
+            spool_space.hand_back_free_pages(self._db)
+        return int(count)
 
     def _settle_deferred_acks(self) -> None:
         """Inside a write: remove the messages acknowledged while the disk was full."""

@@ -295,6 +295,11 @@ def windows_up_to(db: sqlite3.Connection, last_id: int) -> list[tuple[bytes]]:
 # -- the database's journal -------------------------------------------------------------------------
 
 
+#: The delete reserve (see SpoolSpace): enough WAL for a small delete and the incremental vacuum after it.
+DELETE_RESERVE_NAME = ".edgekit-delete-reserve"
+DELETE_RESERVE_BYTES = 64 * 1024
+
+
 def wal_pages_for(file_system_bytes: int) -> int:
     """The WAL's checkpoint size in (4 KiB) pages for a file system this large: a 64th of it, 32 to 1,000."""
     return min(WAL_AUTOCHECKPOINT_MAX_PAGES, max(WAL_AUTOCHECKPOINT_PAGES, file_system_bytes // 64 // 4096))
@@ -345,6 +350,10 @@ class SpoolSpace:
         self.wal_pages = wal_pages_for(size)
         self.headroom_bytes = min(max(int(headroom_bytes), 0), eighth)
         self.reserve = DiskReserve(self.directory, min(max(int(reserve_bytes), 0), eighth))
+        # Vital writes may take the whole file system, the reserve included; removing delivered messages then needs
+        # room in the WAL for even a small delete. This one is released only for that, so the spool always gets out.
+        self.delete_reserve = DiskReserve(self.directory, min(DELETE_RESERVE_BYTES, size // 32) if self.reserve.size_bytes else 0,
+                                          name=DELETE_RESERVE_NAME, purpose="removing delivered messages")  # fmt: skip
         self._next_reserve_check = 0.0
 
     def free(self) -> int:
@@ -365,7 +374,8 @@ class SpoolSpace:
         if now < self._next_reserve_check:
             return
         self._next_reserve_check = now + _RESERVE_CHECK_S
-        self.reserve.ensure(keep_free_bytes=self.headroom_bytes)
+        if self.delete_reserve.ensure():  # first: it is what gets a spool out of a file system full to the last byte
+            self.reserve.ensure(keep_free_bytes=self.headroom_bytes)
 
 
     # -- making room (called by the spool under its lock, outside a transaction) ---------------------

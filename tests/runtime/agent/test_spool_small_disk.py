@@ -23,7 +23,7 @@ import pytest
 from edgekit_runtime.agent.disk_reserve import RESERVE_NAME
 from edgekit_runtime.agent.replay import ReplayWindow
 from edgekit_runtime.agent.spool import Spool, SpoolFullError
-from edgekit_runtime.agent.spool_space import JOURNAL_SIZE_LIMIT_BYTES, drop_event_reporter
+from edgekit_runtime.agent.spool_space import DELETE_RESERVE_NAME, JOURNAL_SIZE_LIMIT_BYTES, drop_event_reporter
 from edgekit_runtime.schemas import validate_message
 from tests.runtime.agent.mosquitto import REPO
 from tests.runtime.agent.small_fs import fill, mounted_tmpfs
@@ -196,3 +196,31 @@ def test_a_full_spool_takes_windows_again_once_its_windows_are_acknowledged(smal
         assert spool.ack_many(ids) == len(ids)
         entry_id, seq = spool.append_numbered(TELEMETRY, window)
         assert seq == len(ids) + 1 and not spool.disk_full and spool.write_error is None  # refused: no number used
+
+
+def test_a_spool_whose_vital_writes_took_the_last_byte_opens_and_gets_out(small_fs: Path) -> None:
+    """Command records and events (vital) may use the whole file system, the reserve included. Before, the spool then
+    could not even open after a restart ("move it away", which loses its windows), and once open no delivered
+    message could be removed: a delete needs room in the WAL. The delete reserve is released for that only."""
+    with Spool(small_fs / "spool.db") as spool:
+        ids = []
+        while True:
+            try:
+                ids.append(spool.append_numbered(TELEMETRY, window)[0])
+            except SpoolFullError:
+                break
+            spool.peek(1, after_id=ids[-1] - 1)  # handed to the link: not dropped for space
+        with pytest.raises(SpoolFullError):
+            for _ in range(10_000):
+                spool.append(EVENTS, b'{"kind":"pong","pad":"' + b"e" * 1500 + b'"}')
+        assert os.statvfs(small_fs).f_bavail == 0 and not (small_fs / RESERVE_NAME).exists()
+        assert (small_fs / DELETE_RESERVE_NAME).exists()  # never taken by a vital write
+    with Spool(small_fs / "spool.db") as spool:  # the agent starts again on the full file system
+        assert spool.backlog() > len(ids)
+        removed = sum(spool.ack_many(ids[start : start + 100]) for start in range(0, len(ids), 100))  # the collector is back
+        assert removed == len(ids) and not spool._deferred_acks
+        assert os.statvfs(small_fs).f_bavail * os.statvfs(small_fs).f_frsize > 128 * 1024  # the windows' pages went back
+        events = [entry.id for entry in spool.peek(100_000)]
+        assert spool.ack_many(events) == len(events)  # the broker took the events
+        entry_id, seq = spool.append_numbered(TELEMETRY, window)
+        assert seq == len(ids) + 1 and not spool.disk_full
