@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -122,6 +123,12 @@ def stack(broker_config: tuple[str, ...] = BROKER_CONFIG) -> Iterator[Stack]:
             yield opened
         finally:
             opened.close()
+            keep = os.environ.get("EDGEKIT_FAULT_LOGS")  # a folder to keep the run's logs in (agent, collector, broker)
+            if keep:
+                kept = Path(keep) / Path(directory).name
+                kept.mkdir(parents=True, exist_ok=True)
+                for log in Path(directory).glob("*.log"):
+                    shutil.copy2(log, kept / log.name)
 
 
 # -- counting ---------------------------------------------------------------------------------

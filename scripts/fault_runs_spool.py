@@ -235,10 +235,58 @@ def spool_small_disk(result: Any) -> Any:
 
 
 #: name -> (fault, publisher, run), merged into scripts/fault_runs.py's RUNS.
+def spool_replaced(result: Any) -> Any:
+    """A spool moved away, as its error says to do with a damaged one, while the collector still holds the old
+    windows raw: the new spool numbers its windows from 1 again. Counted per spool: the old one's windows in the
+    store's totals (rolled up once the new seqs reach theirs), the new one's among the raw windows that start
+    after the restart."""
+    import datetime as dt
+
+    from edgekit.fleet.store import open_store
+    from scripts.fault_runs import FLEET, Agent, stack
+
+    with stack() as s:
+        collector = s.collector()
+        collector.next_json("started")
+        agent = Agent(s, "agent-1", s.workdir / "agent").start()
+        s.wait_rows(25, 60)
+        assert agent.child is not None
+        agent.child.stop()  # SIGTERM: the agent publishes its last window and stops
+        s.wait_quiet()
+        first = agent.produced()
+        for suffix in ("", "-wal", "-shm"):  # the whole SQLite database: what an operator moves away
+            if Path(f"{agent.spool_path}{suffix}").exists():
+                Path(f"{agent.spool_path}{suffix}").rename(f"{agent.spool_path}.damaged{suffix}")
+        restarted_at = dt.datetime.now(dt.timezone.utc)
+        agent.start()
+        time.sleep(2.5)  # fewer windows than the old spool's: every new seq is one the store holds raw
+        agent.wait_drained()
+        agent.child.stop()
+        s.wait_quiet()
+        collector.stop()
+        second = agent.produced()
+        with open_store(s.store_url) as store:
+            raw = list(store.windows(fleet=FLEET, device=agent.device))
+            (totals,) = store.aggregate(("device",), fleet=FLEET)
+    new = [w.seq for w in raw if w.window_start >= restarted_at]
+    old_counted = totals.windows - len(new)
+    result.produced = len(first) + len(second)
+    lost_new, lost_old = len(second - set(new)), max(0, len(first) - old_counted)
+    result.lost = lost_new + lost_old
+    result.stored = result.produced - result.lost
+    result.duplicated = max(0, old_counted - len(first)) + len(new) - len(set(new))
+    result.notes.append(f"old spool: seqs 1-{max(first)}, {old_counted} counted; new spool: seqs 1-{max(second)}, "
+                        f"{len(set(new) & second)} stored raw; {len(raw) - len(new)} old windows left raw")  # fmt: skip
+    return result
+
+
 SPOOL_RUNS = {
     "spool_small_disk": ("spool on a 2 MiB disk (tmpfs) for 10 minutes: collector away 40 % of it, agent kill -9 "
                          "on the full disk, the disk filled to the last byte by another file for 10 %",
                          "edgekit-agent", spool_small_disk),  # fmt: skip
+    "spool_replaced": ("the agent stopped, its spool moved away (what its error says to do with a damaged one) and "
+                       "started again: seqs from 1 while the store holds the old ones raw", "edgekit-agent",
+                       spool_replaced),  # fmt: skip
 }
 
 
