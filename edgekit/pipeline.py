@@ -42,7 +42,7 @@ from edgekit.sources import LoadedModel, load_source
 from edgekit.target import TargetProfile, get_target
 from edgekit.torch_reference import TorchReference
 from edgekit_runtime.backends.onnxruntime import OnnxRuntimeRunner
-from edgekit_runtime.signature import IOSignature
+from edgekit_runtime.signature import STRING_DTYPE, IOSignature
 from edgekit_runtime.timing import BenchmarkResult, benchmark_runner, time_calls
 
 log = logging.getLogger(__name__)
@@ -130,9 +130,14 @@ def host_providers(target_providers: list[dict[str, Any]]) -> list[dict[str, Any
     return usable or HOST_PROVIDERS
 
 
+#: Backends whose engines have no string tensors (a TensorRT network's are numeric).
+NO_STRING_TENSORS = frozenset({Backend.TENSORRT})
+
+
 def choose_backend(recipe: Recipe, target: TargetProfile) -> tuple[Backend, str]:
     """The recipe's backend if it names one (an error if it cannot be built here), else the target's
     most preferred backend that this edgekit can build; the reason goes into the manifest."""
+    strings = [spec.name for spec in recipe.inputs if spec.dtype == STRING_DTYPE]
     if recipe.build.backend is not None:
         backend = Backend(recipe.build.backend)
         target.backend(backend)  # raises when the target has no such backend
@@ -141,12 +146,17 @@ def choose_backend(recipe: Recipe, target: TargetProfile) -> tuple[Backend, str]
                 f"{recipe.path}: build.backend {backend.value} has no builder in this edgekit version (target '{target.name}')",
                 hint=f"use build.backend: {' or '.join(b.value for b in BUILDERS)}",
             )
+        if strings and backend in NO_STRING_TENSORS:
+            raise BuildError(f"{recipe.path}: build.backend {backend.value} has no string tensors, and input '{strings[0]}' is one",
+                             hint="use build.backend: onnxruntime, which runs string tensors (tokenizer-in-graph models, labels)")  # fmt: skip
         return backend, "recipe build.backend"
+    passed: list[str] = []
     for support in target.backends:
-        if support.name in BUILDERS:
-            skipped = [b.name.value for b in target.backends[: target.backends.index(support)]]
-            reason = "target preference" if not skipped else f"target preference; {', '.join(skipped)} has no builder in this edgekit version"
+        if support.name in BUILDERS and not (strings and support.name in NO_STRING_TENSORS):
+            reason = "target preference" + "".join(f"; {why}" for why in passed)
             return support.name, reason
+        passed.append(f"{support.name.value} has no builder in this edgekit version" if support.name not in BUILDERS
+                      else f"{support.name.value} has no string tensors (input '{strings[0]}')")  # fmt: skip
     raise BuildError(
         f"target '{target.name}' lists no backend this edgekit can build ({', '.join(b.name.value for b in target.backends)})",
         hint=f"builders available: {', '.join(b.value for b in BUILDERS)}",
@@ -262,6 +272,11 @@ def stage_export(state: BuildState) -> str | None:
             note = "; ".join([*state.export["source_notes"], *([conversion.describe()] if conversion else [])])
         check_and_infer(state.fp32_path)
     state.signature_dict = io_section(state.recipe, state.fp32_path)
+    string_outputs = [o["name"] for o in state.signature_dict.get("outputs", []) if o.get("dtype") == STRING_DTYPE]
+    if string_outputs and state.backend in NO_STRING_TENSORS:
+        raise BuildError(f"{recipe.path}: output '{string_outputs[0]}' is a string tensor, which the {state.backend.value} backend "
+                         f"has no type for (target '{state.target.name}')",
+                         hint="pass --backend onnxruntime (or build.backend: onnxruntime), which runs string tensors")  # fmt: skip
     state.model_path = state.fp32_path
     return note or None
 

@@ -144,3 +144,13 @@ def test_odd_paths_in_a_recipe_are_refused_naming_the_field(tmp_path: Path, path
 def test_a_recipe_naming_an_output_twice_is_refused(tmp_path: Path) -> None:
     with pytest.raises(EdgekitError, match="outputs lists 'y' more than once"):
         build(_recipe(tmp_path, _model(), outputs="[y, y]"), "x86-64-cpu", precision="fp32", out=tmp_path / "b")
+
+
+def test_string_tensors_leave_tensorrt_for_onnx_runtime_on_a_jetson(tmp_path: Path) -> None:
+    # TensorRT networks have no string type: the bundle was built for it and could never load on the device
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "text-labels.yaml"
+    manifest = build(recipe, "jetson-orin-nano-8gb", precision="fp16", out=tmp_path / "b").manifest
+    assert manifest["backend"]["name"] == "onnxruntime"
+    assert "tensorrt has no string tensors (input 'text')" in manifest["backend"]["selected_because"]
+    with pytest.raises(EdgekitError, match="build.backend tensorrt has no string tensors, and input 'text' is one"):
+        build(recipe, "jetson-orin-nano-8gb", precision="fp16", out=tmp_path / "trt", backend="tensorrt")
