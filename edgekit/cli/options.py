@@ -13,6 +13,7 @@ import contextlib
 import csv
 import json
 import os
+import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -143,5 +144,14 @@ def print_csv(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
     writer = csv.writer(sys.stdout, lineterminator="\n")
     writer.writerow(columns)
     for row in rows:
-        writer.writerow(["" if value is None else value for value in row])
+        writer.writerow(["" if value is None else _not_a_formula(value) for value in row])
     sys.stdout.flush()
+
+
+_FORMULA_START = re.compile(r"^(?:[=+@\t\r]|-(?![0-9.]))")
+
+
+def _not_a_formula(value: Any) -> Any:
+    """Text a spreadsheet would run as a formula (a device-reported bundle id such as ``=HYPERLINK(...)``) starts
+    with an apostrophe instead, as spreadsheets write it themselves; numbers and other text are unchanged."""
+    return "'" + value if isinstance(value, str) and _FORMULA_START.match(value) else value

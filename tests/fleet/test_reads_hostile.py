@@ -66,3 +66,13 @@ def test_since_and_until_out_of_range_are_refused(hostile_store: str, capsys: py
                                                   options: list[str], message: str) -> None:  # fmt: skip
     assert main(["fleet", "report", "--store", hostile_store, *options]) == 2  # was a traceback (OverflowError)
     assert message in " ".join(capsys.readouterr().err.split())
+
+
+def test_csv_cells_a_spreadsheet_would_run_start_with_an_apostrophe(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'fleet.db'}"
+    with open_store(url) as store:
+        store.add_windows([window(1, bundle=BundleRef(id='=HYPERLINK("http://x","y")', sha256="d" * 64),
+                                  start=dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=1))])  # fmt: skip
+    assert main(["fleet", "status", "--store", url, "--csv"]) == 0
+    out = capsys.readouterr().out
+    assert "'=HYPERLINK" in out and ",=HYPERLINK" not in out and '"=HYPERLINK' not in out

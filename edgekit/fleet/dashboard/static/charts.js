@@ -219,8 +219,10 @@ function chartCsv(id) {
   const u = charts[id];
   if (!u) return null;
   const quote = (v) => (/[",\n]/.test(v) ? `"${v.replace(/"/g, '""')}"` : v);
+  // a line's name is a device-reported bundle id: one a spreadsheet would run as a formula starts with an apostrophe
+  const text = (v) => (/^[=+\-@\t\r]/.test(v) ? "'" + v : v);
   const unit = u.edgekit.unit ? ` (${u.edgekit.unit})` : "";
-  const header = ["time"].concat(u.edgekit.names.map((n) => n + unit));
+  const header = ["time"].concat(u.edgekit.names.map((n) => text(n) + unit));
   const lo = u.scales.x.min, hi = u.scales.x.max, rows = [header.map(quote).join(",")];
   u.data[0].forEach((t, i) => {
     if (t < lo || t > hi) return;
