@@ -39,7 +39,10 @@ def parse_broker_url(url: str) -> BrokerAddress:
     hint = "write the broker as mqtt://host:1883 or mqtts://host:8883"
     if not isinstance(url, str):
         raise TelemetryError(f"broker URL must be a string, got {url!r}", hint=hint)
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)  # "mqtt://[::1" (an unclosed IPv6 literal) raises
+    except ValueError as exc:
+        raise TelemetryError(f"broker URL {url!r} cannot be read: {exc}", hint=hint) from None
     if parts.scheme not in DEFAULT_PORTS:
         raise TelemetryError(f"broker URL {url!r} has scheme {parts.scheme!r}; only mqtt and mqtts are supported",
                              hint=hint)  # fmt: skip
@@ -94,8 +97,12 @@ def read_password_file(path: str | Path) -> str:
     file = Path(path)
     try:
         text = file.read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise TelemetryError(f"password_file {file} is a folder, not a file", hint=_PASSWORD_HINT) from None
     except OSError as exc:
         raise TelemetryError(f"cannot read password_file {file}: {exc.strerror or exc}", hint=_PASSWORD_HINT) from exc
+    except UnicodeDecodeError:
+        raise TelemetryError(f"password_file {file} is not UTF-8 text", hint=_PASSWORD_HINT) from None
     password = text.splitlines()[0] if text else ""
     if not password:
         raise TelemetryError(f"password_file {file} is empty", hint=_PASSWORD_HINT)

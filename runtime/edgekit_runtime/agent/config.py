@@ -9,6 +9,7 @@ live in :mod:`edgekit_runtime.agent.config_types` and are re-exported here.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -72,6 +73,9 @@ __all__ = [
     "parse_config",
 ]
 
+#: The largest value of a number field without a bound of its own: beyond it a time or size means "never"
+#: or "unbounded", which the field's own setting says better.
+MAX_NUMBER = 1e12
 _ID_PATTERN = ID_PATTERN
 _REQUIRED = object()
 _KEY_PART = re.compile(r"\[(\d+)\]|([^.\[\]]+)")
@@ -166,13 +170,16 @@ class _Section:
         if value is default:
             return value
         kinds = (int,) if integer else (int, float)
-        bad_type = isinstance(value, bool) or not isinstance(value, kinds)
+        bad_type = isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value)  # .nan, .inf
+        shown_maximum = maximum
+        maximum = maximum if maximum is not None else MAX_NUMBER  # past it every time and size means "never"
         too_low = not bad_type and (value <= minimum if exclusive_minimum else value < minimum)
-        too_high = not bad_type and maximum is not None and value > maximum
+        too_high = not bad_type and value > maximum
+        shown_maximum = maximum if too_high else shown_maximum
         if bad_type or too_low or too_high:
             kind = "an integer" if integer else "a number"
             low = f"> {minimum}" if exclusive_minimum else f">= {minimum}"
-            bounds = low + (f" and <= {maximum}" if maximum is not None else "")
+            bounds = low + (f" and <= {shown_maximum:g}" if shown_maximum is not None else "")
             raise self.error(self.key(name), f"expected {kind} {bounds}, got {value!r}", hint=f"e.g. {name}: {example}")
         return float(value) if not integer else int(value)
 
@@ -186,6 +193,8 @@ class _Section:
         value = self.string(name, default, example=example)
         if value is default or value is None:
             return value
+        if "\x00" in value:
+            raise self.error(self.key(name), "the path contains a NUL character", hint=f"e.g. {name}: {example}")
         path = Path(os.path.expanduser(value))
         return path if path.is_absolute() else (self.file.parent / path).resolve()
 
@@ -419,7 +428,7 @@ def _parse_telemetry(section: _Section) -> TelemetryConfig:
                             hint="collector_ack (default) keeps a window until the collector stored it; broker_ack "
                                  "is for a collector that publishes no acks (docs/agent.md, Delivery)")  # fmt: skip
     return TelemetryConfig(
-        interval_s=section.number("interval_s", 10.0, minimum=0, exclusive_minimum=True, example="10"),
+        interval_s=section.number("interval_s", 10.0, minimum=0, exclusive_minimum=True, maximum=86400, example="10"),
         delivery=delivery,
         resend_after_s=section.number("resend_after_s", 30.0, minimum=0, exclusive_minimum=True, example="30"),
         spool=SpoolConfig(

@@ -65,6 +65,8 @@ def parse_api_address(text: object, *, where: str = "api.address") -> ApiAddress
         path = text[len(UNIX_PREFIX) :]
         if not path.startswith("/"):
             raise AgentConfigError(f"{where}: Unix socket path '{path}' must be absolute", hint=hint)
+        if "\x00" in path:
+            raise AgentConfigError(f"{where}: Unix socket path {path!r} contains a NUL character", hint=hint)
         if len(os.fsencode(path)) > MAX_UNIX_SOCKET_PATH_BYTES:
             raise AgentConfigError(f"{where}: Unix socket path '{path}' is {len(os.fsencode(path))} bytes; the system "
                                    f"takes at most {MAX_UNIX_SOCKET_PATH_BYTES} (sun_path)",

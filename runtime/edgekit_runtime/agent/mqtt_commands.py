@@ -98,7 +98,7 @@ class CommandIntake:
     def _checked_command(self, payload: bytes, digest: str) -> dict[str, Any] | None:
         """The command in ``payload`` when it passes every check, else None (after rejecting it)."""
         try:
-            command = loads_limited(payload, what="command payload", max_bytes=MAX_COMMAND_BYTES,
+            command = loads_limited(payload, what="command payload", max_bytes=MAX_COMMAND_BYTES, strict=True,
                                     max_depth=MAX_COMMAND_DEPTH)  # fmt: skip
         except JsonLimitError as err:
             self._reject_command(err.message, payload, digest, None, reason="unparsable")
@@ -112,8 +112,9 @@ class CommandIntake:
         if self._command_key is not None and (self._require_signed or SIGNATURE_FIELD in command):
             try:
                 verify_command(command, self._command_key, fleet=self.topics.fleet, device=self.topics.device)
-            except CommandSignatureError as err:
-                self._reject_command(f"command {command['command']!r} refused: {err.message}", payload, digest,
+            except (CommandSignatureError, ValueError) as err:  # ValueError: a command its canonical form cannot hold
+                message = err.message if isinstance(err, CommandSignatureError) else f"its signed form cannot be made: {err}"
+                self._reject_command(f"command {command['command']!r} refused: {message}", payload, digest,
                                      command["id"], reason="unsigned" if SIGNATURE_FIELD not in command else "bad_signature")  # fmt: skip
                 return None
         try:

@@ -266,8 +266,10 @@ class ReplayWindow:
                               hint="check free space and permissions of the agent's state directory") from err  # fmt: skip
 
     def _evict_locked(self, count: int) -> None:
-        oldest = self._db.execute("SELECT key, issued_at, expires_at FROM seen ORDER BY expires_at LIMIT ?",
-                                  (count,)).fetchall()  # fmt: skip
+        # Payload records (answered or refused payloads) go first: a flood of refused junk must not push out the ids
+        # of admitted commands, or a captured signed command without issued_at would run again.
+        oldest = self._db.execute("SELECT key, issued_at, expires_at FROM seen ORDER BY substr(key, 1, 3) = ?, expires_at "
+                                  "LIMIT ?", (_ID_PREFIX, count)).fetchall()  # fmt: skip
         # An evicted id can no longer be recognised: refuse everything issued up to it from now on.
         raised = max((issued for key, issued, _ in oldest if key.startswith(_ID_PREFIX) and issued is not None),
                      default=None)  # fmt: skip

@@ -108,6 +108,8 @@ class CommandHandling:
 
         thread = threading.Thread(target=run, name=name, daemon=True)
         thread.start()
+        # finished ones go: every deploy and rollback command starts one, and the list lives as long as the agent
+        self._threads[:] = [t for t in self._threads if t.is_alive()]
         self._threads.append(thread)
 
     def _command_set_interval(self, args: dict[str, Any], command_id: str | None) -> None:

@@ -67,9 +67,12 @@ def json_depth(text: str) -> int:
     return max(accumulate(1 if bracket in "[{" else -1 for bracket in brackets))
 
 
-def loads_limited(data: bytes | bytearray | memoryview | str, *, what: str, max_bytes: int, max_depth: int) -> Any:
+def loads_limited(data: bytes | bytearray | memoryview | str, *, what: str, max_bytes: int, max_depth: int,
+                  strict: bool = False) -> Any:  # fmt: skip
     """``json.loads`` for untrusted input: at most ``max_bytes`` (UTF-8) and ``max_depth`` levels of
-    nesting, checked first. Every failure is a :class:`JsonLimitError` naming ``what`` and the limit."""
+    nesting, checked first. Every failure is a :class:`JsonLimitError` naming ``what`` and the limit. ``strict``
+    (commands, which are signed, remembered and answered) also refuses NaN and Infinity, a key twice in one object
+    and unpaired surrogates: each would make the stored, signed or answered message differ from what was sent."""
     size = len(data.encode("utf-8", "surrogatepass")) if isinstance(data, str) else len(data)
     if size > max_bytes:
         raise JsonLimitError(f"{what} is {size} bytes, more than the limit of {max_bytes} bytes",
@@ -87,11 +90,48 @@ def loads_limited(data: bytes | bytearray | memoryview | str, *, what: str, max_
         raise JsonLimitError(f"{what} nests arrays and objects {depth} levels deep, more than the limit of {max_depth}",
                              hint=f"flatten the JSON to at most {max_depth} levels")  # fmt: skip
     try:
-        return json.loads(text)
+        value = json.loads(text, **(_STRICT if strict else {}))
     except json.JSONDecodeError as err:
         raise JsonLimitError(f"{what} is not valid JSON: {err}", hint="send one JSON value, UTF-8 encoded") from err
     except RecursionError as err:  # unreachable with a sane max_depth; never let it escape
         raise JsonLimitError(f"{what} nests too deeply for the JSON parser", hint=f"use max_depth <= {max_depth // 2}") from err
+    except ValueError as err:  # an integer past Python's digit limit, or a strict hook's refusal
+        raise JsonLimitError(f"{what} is not valid JSON: {str(err)[:200]}", hint="send one JSON value, UTF-8 encoded") from err
+    if strict and "\\u" in text:
+        _check_no_surrogates(value, what)
+    return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _refuse_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        seen: set[str] = set()
+        repeated = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
+        raise ValueError(f"key {repeated[:40]!r} appears twice in one object")
+    return found
+
+
+_STRICT: dict[str, Any] = {"parse_constant": _refuse_constant, "object_pairs_hook": _refuse_repeated_keys}
+
+
+def _check_no_surrogates(value: Any, what: str) -> None:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise JsonLimitError(f"{what} holds an unpaired UTF-16 surrogate ({value.encode('utf-8', 'backslashreplace')[:60]!r})",
+                                 hint="send text as UTF-8 (\\ud800-\\udfff escapes must come in pairs)") from None  # fmt: skip
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_no_surrogates(key, what)
+            _check_no_surrogates(item, what)
+    elif isinstance(value, list):
+        for item in value:
+            _check_no_surrogates(item, what)
 
 
 def _wire_dtype(name: object, *, tensor: str) -> np.dtype:

@@ -8,6 +8,7 @@ import hashlib
 import http.client
 import json
 import queue
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -232,3 +233,73 @@ def test_a_service_that_requires_signed_commands_refuses_unsigned_ones(
         fleet.close()
     assert json.loads(unsigned)["details"]["reason"] == "unsigned"
     assert json.loads(signed)["kind"] == "interval_changed"
+
+
+def test_hostile_commands_are_each_answered_and_the_agent_goes_on(
+    mosquitto_factory: Callable[..., MosquittoBroker],  # noqa: F811
+    agent_config: Callable[..., Path], tmp_path: Path,
+) -> None:  # fmt: skip
+    """Found by a review: these raised past the command checks, so the fleet got no answer (at most one generic
+    error event per kind of error), and a retained copy was processed again at every reconnect."""
+    broker = mosquitto_factory()
+    fleet = Fleet(broker)
+    hostile = {
+        "surrogate": b'{"schema": "edgekit.command/1", "id": "\\ud800", "command": "ping", "issued_at": "%s"}',
+        "digits": b'{"schema": "edgekit.command/1", "id": "d-1", "command": "ping", "issued_at": "%s", "args": {"n": ' + b"9" * 5000 + b"}}",
+        "nan": b'{"schema": "edgekit.command/1", "id": "n-1", "command": "ping", "issued_at": "%s", "args": {"x": NaN}}',
+        "duplicate key": b'{"schema": "edgekit.command/1", "id": "k-1", "id": "k-2", "command": "ping", "issued_at": "%s"}',
+    }
+    messages = {"surrogate": "unpaired UTF-16 surrogate", "digits": "Exceeds the limit (4300 digits)",
+                "nan": "NaN is not a JSON number", "duplicate key": "key 'id' appears twice in one object"}  # fmt: skip
+    try:
+        service = AgentService(_config(agent_config, tmp_path, broker)).start()
+        try:
+            service.link.wait_connected(10)
+            for name, payload in hostile.items():
+                fleet.send(payload.replace(b"%s", utc_timestamp().encode()))
+                _, event = fleet.next_event(lambda e: e["kind"] == "command_rejected" and e["details"].get("reason") == "unparsable")
+                assert messages[name] in json.loads(event)["message"], name
+            fleet.send(_command("after", "ping"))
+            fleet.next_event(lambda e: e["kind"] == "pong" and e["command_id"] == "after")
+            assert service.link.counters.callback_errors == 0
+        finally:
+            service.stop()
+    finally:
+        fleet.close()
+
+
+def test_a_flood_of_refused_commands_cannot_push_out_an_admitted_id(tmp_path: Path) -> None:
+    from edgekit_runtime.agent.replay import ReplayPolicy, ReplayWindow
+
+    with ReplayWindow(tmp_path / "commands.db", ReplayPolicy(require_issued_at=False, max_entries=100)) as replay:
+        assert replay.admit("signed-1", None) is None
+        for index in range(150):  # refused junk, remembered by payload so it is answered once
+            replay.remember_payload(f"{index:064x}")
+        refusal = replay.admit("signed-1", None)  # the captured command, sent again
+    assert refusal is not None and refusal.reason == "replayed"  # before: evicted, and run a second time
+
+
+def test_config_numbers_must_be_finite_and_paths_hold_no_nul(agent_config: Callable[..., Path], tmp_path: Path) -> None:
+    cases = [({"telemetry": {"interval_s": float("nan"), "spool": {"path": "s.db"}}}, "telemetry.interval_s: expected a number > 0 and <= 86400, got nan"),
+             ({"telemetry": {"interval_s": 1e300, "spool": {"path": "s.db"}}}, "telemetry.interval_s: expected a number > 0 and <= 86400"),
+             ({"bundles": {"max_download_mb": float("inf"), "allow_unsigned": True}}, "bundles.max_download_mb: expected a number > 0, got inf"),
+             ({"api": {"max_request_mb": 1e15}}, "api.max_request_mb: expected a number > 0 and <= 1e+12, got 1000000000000000.0"),
+             ({"telemetry": {"spool": {"path": "a\x00b.db"}}}, "telemetry.spool.path: the path contains a NUL character"),
+             ({"api": {"address": "unix:/run/a\x00.sock"}}, "contains a NUL character")]  # fmt: skip
+    for overrides, message in cases:
+        with pytest.raises(AgentConfigError, match=re.escape(message)):
+            load_config(agent_config(**overrides))
+
+
+def test_broker_settings_that_cannot_be_read_are_errors_not_tracebacks(tmp_path: Path) -> None:
+    from edgekit_runtime.agent.broker import parse_broker_url, read_password_file
+    from edgekit_runtime.agent.topics import TelemetryError
+
+    with pytest.raises(TelemetryError, match=r"broker URL 'mqtt://\[::1' cannot be read"):  # was a ValueError traceback
+        parse_broker_url("mqtt://[::1")
+    password = tmp_path / "password"
+    password.write_bytes(b"\xff\xfe secret")
+    with pytest.raises(TelemetryError, match="is not UTF-8 text"):  # was a UnicodeDecodeError traceback
+        read_password_file(password)
+    with pytest.raises(TelemetryError, match="is a folder, not a file"):
+        read_password_file(tmp_path)

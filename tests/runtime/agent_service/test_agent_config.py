@@ -61,7 +61,7 @@ def test_example_config_is_valid(tmp_path: Path) -> None:
         ({"bundles": {"dir": "b", "allow_unsigned": "yes"}}, ["bundles.allow_unsigned: expected true or false, got 'yes'"]),
         ({"power": {"sensor": "ina3211"}}, ["power.sensor: unknown sensor 'ina3211'", "did you mean 'ina3221'?"]),
         ({"health": {"max_error_rate": 2}}, ["health.max_error_rate: expected a number >= 0 and <= 1, got 2"]),
-        ({"telemetry": {"interval_s": 0, "spool": {"path": "s.db"}}}, ["telemetry.interval_s: expected a number > 0, got 0"]),
+        ({"telemetry": {"interval_s": 0, "spool": {"path": "s.db"}}}, ["telemetry.interval_s: expected a number > 0 and <= 86400, got 0"]),
         ({"telemetry": {"interval_s": 5}}, ["telemetry.spool.path: is required"]),
         ({"batching": {"max_batch": 0, "max_delay_ms": 1}}, ["batching.max_batch: expected an integer >= 1, got 0"]),
         ({"probe": {"interval_s": 5, "dims": {"batch": 0}}}, ["probe.dims.batch: expected an integer >= 1, got 0"]),
