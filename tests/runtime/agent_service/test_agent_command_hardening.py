@@ -303,3 +303,24 @@ def test_broker_settings_that_cannot_be_read_are_errors_not_tracebacks(tmp_path:
         read_password_file(password)
     with pytest.raises(TelemetryError, match="is a folder, not a file"):
         read_password_file(tmp_path)
+
+
+def test_finished_deploy_threads_do_not_pile_up(
+    mosquitto_factory: Callable[..., MosquittoBroker],  # noqa: F811
+    agent_config: Callable[..., Path], tmp_path: Path,
+) -> None:  # fmt: skip
+    broker = mosquitto_factory()
+    fleet = Fleet(broker)
+    try:
+        service = AgentService(_config(agent_config, tmp_path, broker)).start()
+        try:
+            service.link.wait_connected(10)
+            before = len(service._threads)
+            for index in range(60):
+                fleet.send(_command(f"rb-{index}", "rollback"))
+                fleet.next_event(lambda e, i=index: e["kind"] == "rollback_result" and e["command_id"] == f"rb-{i}")
+            assert len(service._threads) <= before + 2  # before: one more finished thread kept per command (+60)
+        finally:
+            service.stop()
+    finally:
+        fleet.close()
