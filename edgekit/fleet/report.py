@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from edgekit.fleet.errors import FleetError
-from edgekit.fleet.rollout_state import RolloutRecord
+from edgekit.fleet.rollout_state import RolloutRecord, StoreRolloutLog
 from edgekit.fleet.store.postgres import redact
 from edgekit.fleet.store.base import Aggregate, BundleSpan, DeviceSummary, FleetStore, ModelAggregate
 
@@ -196,7 +196,7 @@ def build_report(store: FleetStore, *, fleet: str | None = None, bundle_id: str 
     """
     groups = store.aggregate(("bundle_id", "target", "power_mode"), fleet=fleet, bundle_id=bundle_id, target=target, since=since,
                              until=until)  # fmt: skip
-    records = [RolloutRecord.from_json(row) for row in store.rollouts(fleet, bundle_id=bundle_id, since=since, until=until)]
+    records = StoreRolloutLog(store).recent(limit=50, fleet=fleet, bundle_id=bundle_id, since=since, until=until)  # damaged ones left out
     counts = store.device_counts(fleet)  # type: ignore[attr-defined]  # counted in the store (device_reads.py)
     states = counts.states if target is None else counts.states_on(target)
     return FleetReport(since, until, fleet, bundle_id, target, tuple(groups),

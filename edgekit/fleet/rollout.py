@@ -39,6 +39,8 @@ from typing import Any
 from edgekit.fleet.commands import CommandName, CommandPublisher, build_command
 from edgekit.fleet.rollout_bundle import BundleArtifact, RolloutError, refuse_file_url_for_agents
 from edgekit.fleet.rollout_models import ModelDeploy, model_health_rows, pipeline_bundle_id
+from edgekit.fleet.rollout_answers import PROVISIONAL, all_final, late_switches, later_failures, newest_answers
+from edgekit.fleet.rollout_answers import refuse_a_second_rollout
 from edgekit.fleet.rollout_hints import FAILURE_HINTS, failure_hint
 from edgekit.fleet.rollout_state import (
     DEFAULT_DEPLOY_TIMEOUT_S,
@@ -49,9 +51,11 @@ from edgekit.fleet.rollout_state import (
     RolloutRecord,
     interrupted,
 )
-from edgekit.fleet.store.base import DeviceEvent, DeviceSummary, FleetStore
+from edgekit.fleet.store.base import DeviceSummary, FleetStore
 
 logger = logging.getLogger(__name__)
+#: How far a device's clock may lag the host's and its error events still count in a health gate.
+EVENT_CLOCK_LAG = dt.timedelta(minutes=5)
 
 
 class UnknownDeviceError(RolloutError):
@@ -250,6 +254,7 @@ class Rollout:
                                hint="pass --fleet")  # fmt: skip
         self.store, self.publisher, self.log, self.artifact, self.policy = store, publisher, log, artifact, policy
         self.fleet = fleets.pop()
+        refuse_a_second_rollout(log, self.fleet)
         self._on_update = on_update
         self._stop = stop or threading.Event()
         online = [d for d in devices if policy.include_offline or d.state == "online"]
@@ -265,7 +270,8 @@ class Rollout:
         plan = policy.plan([d.device for d in ordered])
         now = _now()
         outcomes = {d.device: "pending" for d in ordered}
-        outcomes.update({d.device: "skipped_offline" for d in devices if d not in online})
+        online_names = {d.device for d in online}
+        outcomes.update({d.device: "skipped_offline" for d in devices if d.device not in online_names})
         waves: tuple[dict[str, Any], ...] = tuple({"index": i + 1, "spec": spec, "devices": list(members), "state": "pending", "started_at": None,
                        "finished_at": None, "seconds": None, "health": {}, "reason": None}
                       for i, (spec, members) in enumerate(plan))  # fmt: skip
@@ -305,14 +311,16 @@ class Rollout:
 
     def _run_waves(self) -> RolloutRecord:
         self._save(self.record)
-        switched: list[str] = []
+        switched: list[str] = []  # devices this rollout switched: a rollback sends them back
+        watched: list[str] = []  # devices on the new bundle (also those already on it): the gates judge them
         last = len(self.record.waves) - 1
         for index, wave in enumerate(self.record.waves):
             devices = list(wave["devices"])
             self._set_wave(index, state="deploying", started_at=_now().isoformat())
             self._save(self.record.with_state("deploying"))
             self._deploy(devices, index + 1)
-            switched += [d for d in devices if self.record.outcomes[d] == "succeeded"]
+            switched += [d for d in devices if self.record.outcomes[d] in ("succeeded", *PROVISIONAL)]
+            watched += [d for d in devices if self.record.outcomes[d] in ("succeeded", "already_current", *PROVISIONAL)]
             failed = {d: o for d, o in self._outcomes(devices).items() if o not in KEPT_OUTCOMES}
             if failed and index < last:
                 reason = (f"wave {index + 1} ({wave['spec']}): the deploy did not succeed on {len(failed)} of {len(devices)} "
@@ -325,11 +333,15 @@ class Rollout:
                 break
             self._set_wave(index, state="watching")
             self._save(self.record.with_state("watching"))
-            problem = self._watch_health(switched, index)
+            problem = self._watch_health(watched, index)
+            again = self._answered_again(watched) if problem is None else []
+            problem = problem or (f"{len(again)} device(s) answered again after their deploy: " + "; ".join(map(self._describe, again))
+                                  if again else None)  # fmt: skip
             if problem is not None:
                 self._end_wave(index, "failed", problem)
                 return self._roll_back(f"wave {index + 1} ({wave['spec']}) gate: {problem}", switched)
             self._end_wave(index, "passed", None)
+        self._answered_again(watched)  # answers that came during the last wave
         bad = self.record.failed_devices()
         if not bad:
             return self._save(self.record.with_state("completed", reason=None))
@@ -409,14 +421,11 @@ class Rollout:
         since = self.record.started_at - dt.timedelta(minutes=5)  # device clocks may lag the host's
         results: dict[str, dict[str, Any]] = {}
         deadline = time.monotonic() + timeout_s
-        while len(results) < len(command_ids) and time.monotonic() < deadline and not self._stop.is_set():
-            for event in self.store.events(fleet=self.fleet, since=since, limit=100_000):
-                device = command_ids.get(event.command_id or "")
-                if device is None or event.kind not in (kind, "command_rejected", "command_failed"):
-                    continue
-                results[device] = _answer(event, kind)
-            if len(results) < len(command_ids):
-                self._stop.wait(self.policy.poll_s)
+        while time.monotonic() < deadline and not self._stop.is_set():  # until every device's answer is final
+            results = newest_answers(self.store.events(fleet=self.fleet, since=since, limit=100_000), command_ids, kind)
+            if all_final(results, command_ids.values()):
+                break
+            self._stop.wait(self.policy.poll_s)
         return results
 
     def _watch_health(self, devices: list[str], index: int) -> str | None:
@@ -429,8 +438,9 @@ class Rollout:
         ends_at = watch_start + dt.timedelta(seconds=policy.health_window_s)
         self._set_wave(index, watch_ends_at=ends_at.isoformat())
         shown_at: float | None = None
+        known = {e.event_id for e in self.store.events(fleet=self.fleet, since=watch_start - EVENT_CLOCK_LAG, limit=100_000)}
         while True:
-            problem = self._error_events(devices, watch_start)
+            problem = self._error_events(devices, watch_start, known)
             if problem is not None:
                 return problem
             if time.monotonic() >= deadline or self._stop.is_set():
@@ -473,7 +483,8 @@ class Rollout:
         error_rate = errors / (inferences + errors) if inferences + errors else None
         p99_after, p99_before = _weighted_p99(after), _weighted_p99(before)
         ratio = p99_after / p99_before if p99_after is not None and p99_before else None
-        failed = sum(1 for o in self.record.outcomes.values() if o not in ("succeeded", "pending", "deploying", "skipped_offline"))
+        failed = sum(1 for o in self.record.outcomes.values()
+                     if o not in ("succeeded", "already_current", "pending", "deploying", "skipped_offline"))  # fmt: skip
         # the first 20 silent devices by name (the record is saved every progress_s: no list of thousands each time)
         health = {"devices": len(devices), "healthy": len(devices) - len(silent), "silent": silent[:20], "failed": failed,
                   "windows": sum(a.windows for a in after), "inferences": inferences, "errors": errors,
@@ -481,15 +492,19 @@ class Rollout:
                   "max_error_rate": policy.max_error_rate, "max_p99_ratio": policy.max_p99_ratio}  # fmt: skip
         return health, silent
 
-    def _error_events(self, devices: list[str], since: dt.datetime) -> str | None:
-        for event in self.store.events(fleet=self.fleet, since=since - dt.timedelta(seconds=1), limit=10_000):
-            if event.device in devices and event.level == "error":
+    def _error_events(self, devices: list[str], since: dt.datetime, known: set[str]) -> str | None:
+        """An error event a watched device sent since the watch began: events by the device's clock, which may lag
+        the host's (read from EVENT_CLOCK_LAG before, less those already there when the watch began)."""
+        watched = set(devices)
+        for event in self.store.events(fleet=self.fleet, since=since - EVENT_CLOCK_LAG, limit=100_000):
+            if event.device in watched and event.level == "error" and event.event_id not in known:
                 return f"device {event.device} reported an error event ({event.kind}): {event.message}"
         return None
 
     def _roll_back(self, reason: str, switched: list[str]) -> RolloutRecord:
         """Stop: send rollback to every device this rollout switched; devices of later waves stay untouched."""
         self.record = self.record.untouched_not_started()
+        switched = [*switched, *self._late_switches(switched)]
         logger.warning("rollout %s stopped: %s; rolling back %d device(s)", self.record.rollout_id, reason, len(switched))
         if not switched:
             return self._save(self.record.with_state("stopped", reason=reason))
@@ -516,7 +531,23 @@ class Rollout:
                                    f"no rollback_result within {self.policy.deploy_timeout_s:g} s",
                                    "hint": "the device still runs the new bundle: send `rollback` again or deploy the old bundle"}  # fmt: skip
         self._update_devices(outcomes, results)
+        back = sum(1 for o in outcomes.values() if o == "rolled_back")
+        if back < len(switched):  # the state names what was attempted; the reason says what worked
+            reason += f"; rolled back {back} of {len(switched)} device(s), the others still run the new bundle"
         return self._save(self.record.with_state("rolled_back", reason=reason))
+
+    def _late_switches(self, switched: list[str]) -> list[str]:
+        """Timed-out devices that switched after all: the rollback sends them back too (rollout_answers.py)."""
+        found = late_switches(self.store, self.record, switched)
+        self._update_devices({d: a["outcome"] for d, a in found.items()}, found)
+        return sorted(found)
+
+    def _answered_again(self, devices: list[str]) -> list[str]:
+        """Devices whose newest answer is now a failure, taken into the record (rollout_answers.py)."""
+        changed = later_failures(self.store, self.record, devices)
+        if changed:
+            self._update_devices({d: a["outcome"] for d, a in changed.items()}, changed)
+        return sorted(changed)
 
 
     def _roll_back_models(self, switched: list[str]) -> dict[str, dict[str, Any]]:
@@ -533,21 +564,6 @@ class Rollout:
                 if answers.get(device, {}).get("outcome", "succeeded") == "succeeded":
                     answers[device] = answer
         return answers
-
-
-def _answer(event: DeviceEvent, kind: str) -> dict[str, Any]:
-    """What a device's answer to a command says: outcome, its own reason, the failed step and a hint."""
-    details = event.payload.get("details") or {}
-    step = details.get("step") if event.kind == kind else details.get("reason")
-    outcome = str(details.get("outcome") or ("rejected" if event.kind != kind else "failed"))
-    if outcome == "rolled_back" and not step:
-        step = "watching"  # the agent's own health watch rolled it back
-    if outcome == "succeeded" and details.get("unchanged") is True:
-        outcome = "already_current"  # the device served this bundle already: nothing switched, nothing to roll back
-    reason = None if outcome == "succeeded" else event.message
-    return {"outcome": outcome, "reason": reason, "step": step if isinstance(step, str) else None,
-            "hint": failure_hint(step, event.message) if reason and outcome not in KEPT_OUTCOMES else None,
-            "answered_at": event.at.isoformat()}  # fmt: skip
 
 
 def _weighted_p99(rows: Sequence[Any]) -> float | None:

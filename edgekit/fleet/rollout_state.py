@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import abc
 import datetime as dt
+import logging
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from edgekit.fleet.errors import StoreError
 from edgekit.fleet.store.base import FleetStore
+
+logger = logging.getLogger(__name__)
 
 #: States a rollout passes through; the last four are final. ``canary`` and ``widening`` appear only in
 #: records written before waves (a canary then everyone), which still load.
@@ -171,14 +175,33 @@ class StoreRolloutLog(RolloutLog):
     def recent(self, limit: int = 20, fleet: str | None = None, *, bundle_id: str | None = None,
                since: dt.datetime | None = None, until: dt.datetime | None = None) -> list[RolloutRecord]:  # fmt: skip
         rows = self.store.rollouts(fleet, bundle_id=bundle_id, since=since, until=until, limit=limit)
-        return [RolloutRecord.from_json(row) for row in rows]
+        records = []
+        for row in rows:  # a damaged record is left out of listings, said in the log: the others still show
+            try:
+                records.append(_record_from_row(row))
+            except StoreError as exc:
+                logger.warning("%s", exc.message)
+        return records
 
     def get(self, rollout_id: str) -> RolloutRecord | None:
         rows = self.store.rollouts(rollout_id=rollout_id, limit=1)
-        return RolloutRecord.from_json(rows[0]) if rows else None
+        return _record_from_row(rows[0]) if rows else None
 
     def close(self) -> None:
         self.store.close()
+
+
+def _record_from_row(row: dict[str, Any]) -> RolloutRecord:
+    """A stored rollout record, or a :class:`StoreError` naming the rollout and what is wrong with its record."""
+    from edgekit.fleet.store.base import DAMAGED_RECORD
+
+    try:
+        if DAMAGED_RECORD in row:
+            raise ValueError(row[DAMAGED_RECORD])
+        return RolloutRecord.from_json(row)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise StoreError(f"rollout record {str(row.get('rollout_id'))[:40]!r} is damaged: {type(exc).__name__}: {exc}",
+                         hint="restore the fleet store from a backup, or delete that row of edgekit_rollouts") from None  # fmt: skip
 
 
 def open_rollout_log(store_url: str) -> RolloutLog:

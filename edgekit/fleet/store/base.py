@@ -12,6 +12,9 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
+#: In a rollout row :meth:`FleetStore.rollouts` could not read, the key saying why (beside its ``rollout_id``).
+DAMAGED_RECORD = "_damaged"
+
 
 @dataclass(frozen=True)
 class TelemetryWindow:

@@ -18,6 +18,7 @@ from typing import Any, Iterator, Sequence
 from edgekit.fleet.errors import StoreError, StoreUnavailableError
 from edgekit.fleet.store import buckets, fleet_reads, queries
 from edgekit.fleet.store.base import (
+    DAMAGED_RECORD,
     AGGREGATE_KEYS,
     KNOWN_VALUE_KEYS,
     MODEL_AGGREGATE_KEYS,
@@ -550,8 +551,14 @@ class SqlFleetStore(DeviceReadsMixin, RetentionMixin, SchemaMigrations, FleetSto
                 clauses.append(clause)
                 params[name] = self.time_in(moment)
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
-        sql = f"SELECT record FROM edgekit_rollouts{where} ORDER BY started_at DESC, rollout_id LIMIT {int(limit)}"
-        return [self.json_out(row[0]) for row in self._query("reading rollouts", sql, params)]
+        sql = f"SELECT rollout_id, record FROM edgekit_rollouts{where} ORDER BY started_at DESC, rollout_id LIMIT {int(limit)}"
+        found = []
+        for found_id, record in self._query("reading rollouts", sql, params):
+            try:
+                found.append(self.json_out(record))
+            except ValueError as exc:  # a damaged row: named, so one bad record does not hide the others
+                found.append({"rollout_id": found_id, DAMAGED_RECORD: f"its JSON cannot be read: {exc}"})
+        return found
 
     def close(self) -> None:
         with self._lock:
