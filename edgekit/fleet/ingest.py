@@ -22,6 +22,7 @@ from fastjsonschema import JsonSchemaValueException as _JsonSchemaValueException
 
 from edgekit.fleet.store.base import (DeviceEvent, DeviceIdentityRecord, DeviceStatus, ModelWindow, RejectedMessage,
                                       TelemetryWindow)
+from edgekit_runtime.agent.wire import refuse_repeated_keys
 
 logger = logging.getLogger(__name__)
 
@@ -192,19 +193,9 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _object_without_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object whose keys are all different: with a key twice, the stored text and the parsed message could
-    disagree (SQL's JSON functions read the first, Python the last), so it is refused (~3 us a window)."""
-    found = dict(pairs)
-    if len(found) != len(pairs):
-        seen: set[str] = set()
-        repeated = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
-        raise ValueError(f"key {repeated[:40]!r} appears twice in one object")
-    return found
-
-
+# A key twice would make the stored text and the parsed message disagree: refused (~3 us a window).
 _DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float,
-                            object_pairs_hook=_object_without_repeats)  # fmt: skip
+                            object_pairs_hook=refuse_repeated_keys)  # fmt: skip
 
 
 def _load_json(text: str) -> Any:

@@ -39,9 +39,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal, TypeVar
 
-from edgekit_runtime.agent import spool_space
+from edgekit_runtime.agent import spool_acks, spool_space
 from edgekit_runtime.agent.spool_space import DEFAULT_HEADROOM_BYTES, DEFAULT_RESERVE_BYTES, DropReporter, DropSummary
 from edgekit_runtime.agent.spool_space import SpoolError as SpoolError  # re-exported: callers import it from here
+from edgekit_runtime.agent.spool_space import is_disk_full as _is_disk_full
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -52,8 +53,6 @@ TELEMETRY_COUNTER = "telemetry"
 _DROPPED_COUNTER = spool_space.DROPPED_COUNTER
 _SCHEMA_VERSION = 1
 _ACK_CHUNK = 500
-#: Acks removed per commit on a full file system (see Spool._settle_in_small_steps).
-_SMALL_ACK_CHUNK = 16
 
 #: The tables every spool file holds (the statements below and spool_space.DROPS_SCHEMA create them).
 _TABLES = frozenset({"messages", "counters", "dropped_windows"})
@@ -70,13 +69,6 @@ class SpoolFullError(SpoolError):
 
 
 _FREE_SPACE_HINT = "free space on the spool's file system (the agent keeps new messages in memory meanwhile)"
-
-
-def _is_disk_full(exc: sqlite3.Error) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return code & 0xFF == sqlite3.SQLITE_FULL
-    return "disk is full" in str(exc)
 
 
 @dataclass(frozen=True)
@@ -267,7 +259,7 @@ class Spool:
         (a window) is refused while the headroom cannot be kept: that room is for the vital ones."""
         self._checked_db()
         if self._deferred_acks:  # delivered messages to remove first: they are the room this write needs
-            self._settle_in_small_steps()
+            spool_acks.settle_in_small_steps(self)
         self._space.keep_headroom(self, need_bytes)
         try:
             if not vital and self._space.short_by(need_bytes):
@@ -366,7 +358,7 @@ class Spool:
         with self._lock:
             if self._space.short_by(0):  # a nearly full file system: small deletes, their pages handed back at once
                 self._deferred_acks.update(ids)
-                return self._settle_in_small_steps()
+                return spool_acks.settle_in_small_steps(self)
             try:
                 with self._writing("cannot remove acknowledged messages"):
                     for start in range(0, len(ids), _ACK_CHUNK):
@@ -384,7 +376,7 @@ class Spool:
             except SpoolFullError:
                 # Delivered, but the delete did not fit: remembered, and removed a few at a time (below).
                 self._deferred_acks.update(ids)
-                return self._settle_in_small_steps()
+                return spool_acks.settle_in_small_steps(self)
         return removed
 
     def backlog(self) -> int:
@@ -482,48 +474,6 @@ class Spool:
 
     # -- lifetime -------------------------------------------------------------------------------
 
-    def _settle_in_small_steps(self) -> int:
-        """Under the lock: remove the deferred acks a few at a time, each delete its own commit with the freed pages
-        handed back and the WAL truncated after it. On a file system full to the last byte one large delete never
-        fits in the WAL; with the delete reserve released a small one does, and each frees room for the next.
-        Stops at one that still fails (the rest stay deferred); returns how many messages went."""
-        removed = 0
-        ids = sorted(self._deferred_acks)
-        for start in range(0, len(ids), _SMALL_ACK_CHUNK):
-            chunk = ids[start : start + _SMALL_ACK_CHUNK]
-            try:
-                removed += self._delete_and_hand_back(chunk)
-            except sqlite3.DatabaseError as exc:
-                if not _is_disk_full(exc) or not self._space.delete_reserve.release():
-                    break
-                spool_space.checkpoint_truncate(self._db)
-                try:
-                    removed += self._delete_and_hand_back(chunk)
-                except sqlite3.DatabaseError:
-                    break
-            self._deferred_acks.difference_update(chunk)
-            spool_space.checkpoint_truncate(self._db)
-        self._reload_sizes()
-        if removed:
-            logger.info("spool %s: removed %d delivered message(s) in small steps on a full file system", self.path, removed)
-        return removed
-
-    def _delete_and_hand_back(self, ids: list[int]) -> int:
-        with _transaction(self._db):
-            placeholders = ",".join("?" * len(ids))
-            count = self._db.execute(f"DELETE FROM messages WHERE id IN ({placeholders})", ids).rowcount
-            spool_space.hand_back_free_pages(self._db)
-        return int(count)
-
-    def _settle_deferred_acks(self) -> None:
-        """Inside a write: remove the messages acknowledged while the disk was full."""
-        ids = sorted(self._deferred_acks)
-        for start in range(0, len(ids), _ACK_CHUNK):
-            chunk = ids[start : start + _ACK_CHUNK]
-            placeholders = ",".join("?" * len(chunk))
-            self._db.execute(f"DELETE FROM messages WHERE id IN ({placeholders})", chunk)
-        self._reload_sizes()
-
     def _reload_sizes(self) -> None:
         count, size = self._db.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM messages").fetchone()
         self._count, self._bytes = int(count), int(size)
@@ -572,7 +522,7 @@ class _write:
         try:
             db = self._transaction.__enter__()
             if spool._deferred_acks:
-                spool._settle_deferred_acks()
+                spool_acks.settle_deferred(spool)
             return db
         except sqlite3.DatabaseError as exc:
             raise self._failed(exc) from exc

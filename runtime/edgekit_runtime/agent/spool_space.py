@@ -300,6 +300,14 @@ DELETE_RESERVE_NAME = ".edgekit-delete-reserve"
 DELETE_RESERVE_BYTES = 64 * 1024
 
 
+def is_disk_full(exc: sqlite3.Error) -> bool:
+    """Whether SQLite failed for want of space (SQLITE_FULL)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return bool(code & 0xFF == sqlite3.SQLITE_FULL)
+    return "disk is full" in str(exc)
+
+
 def wal_pages_for(file_system_bytes: int) -> int:
     """The WAL's checkpoint size in (4 KiB) pages for a file system this large: a 64th of it, 32 to 1,000."""
     return min(WAL_AUTOCHECKPOINT_MAX_PAGES, max(WAL_AUTOCHECKPOINT_PAGES, file_system_bytes // 64 // 4096))

@@ -106,7 +106,9 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _refuse_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def refuse_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict, or ValueError naming a key given twice (``object_pairs_hook``): with a key
+    twice, readers disagree on which one counts (Python's json takes the last, SQL's JSON functions the first)."""
     found = dict(pairs)
     if len(found) != len(pairs):
         seen: set[str] = set()
@@ -115,7 +117,7 @@ def _refuse_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return found
 
 
-_STRICT: dict[str, Any] = {"parse_constant": _refuse_constant, "object_pairs_hook": _refuse_repeated_keys}
+_STRICT: dict[str, Any] = {"parse_constant": _refuse_constant, "object_pairs_hook": refuse_repeated_keys}
 
 
 def _check_no_surrogates(value: Any, what: str) -> None:

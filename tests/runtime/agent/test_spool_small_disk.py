@@ -45,6 +45,17 @@ def window(seq: int, index: int | None = None) -> bytes:
     return json.dumps({"seq": seq, "window_start": start.strftime("%Y-%m-%dT%H:%M:%SZ"), "pad": "p" * 1500}).encode()
 
 
+def _fill_with_handed_out_windows(spool: Spool) -> list[int]:
+    """Windows until the spool refuses one for space, each handed to the link (so none is dropped for space)."""
+    ids: list[int] = []
+    while True:
+        try:
+            ids.append(spool.append_numbered(TELEMETRY, window)[0])
+        except SpoolFullError:
+            return ids
+        spool.peek(1, after_id=ids[-1] - 1)
+
+
 def now_utc() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -185,13 +196,7 @@ def test_a_full_spool_takes_windows_again_once_its_windows_are_acknowledged(smal
     """The collector comes back: acknowledged windows free pages inside the database; they go back to the file
     system, so the headroom is there again and new windows are stored (before: refused for good)."""
     with Spool(small_fs / "spool.db") as spool:
-        ids = []
-        while True:
-            try:
-                ids.append(spool.append_numbered(TELEMETRY, window)[0])
-            except SpoolFullError:
-                break
-            spool.peek(1, after_id=ids[-1] - 1)  # handed to the link: not dropped for space
+        ids = _fill_with_handed_out_windows(spool)
         assert spool.disk_full and len(ids) > 500 and spool.dropped_total() == 0
         assert spool.ack_many(ids) == len(ids)
         entry_id, seq = spool.append_numbered(TELEMETRY, window)
@@ -203,13 +208,7 @@ def test_a_spool_whose_vital_writes_took_the_last_byte_opens_and_gets_out(small_
     could not even open after a restart ("move it away", which loses its windows), and once open no delivered
     message could be removed: a delete needs room in the WAL. The delete reserve is released for that only."""
     with Spool(small_fs / "spool.db") as spool:
-        ids = []
-        while True:
-            try:
-                ids.append(spool.append_numbered(TELEMETRY, window)[0])
-            except SpoolFullError:
-                break
-            spool.peek(1, after_id=ids[-1] - 1)  # handed to the link: not dropped for space
+        ids = _fill_with_handed_out_windows(spool)
         with pytest.raises(SpoolFullError):
             for _ in range(10_000):
                 spool.append(EVENTS, b'{"kind":"pong","pad":"' + b"e" * 1500 + b'"}')
