@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgekit.cli.options import console, json_parent, print_json, results
+from edgekit.errors import EdgekitError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -24,8 +25,8 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
         "every device reports the bundle's target (--force deploys anyway). Then publishes deploy commands (command.v1) "
         "wave by wave, waits for each device's deploy_result in the fleet store (a collector must be writing to it), "
         "and between waves watches the telemetry of the devices switched so far; a failed wave or gate rolls all of "
-        "them back and leaves later waves untouched. Exit code 0 when every device took the bundle, 1 when some did not, 2 when a check "
-        "before sending failed (nothing was sent).",
+        "them back and leaves later waves untouched. Exit code 0 when every device took the bundle, 1 when some did not "
+        "(or the deploy stopped on an error after commands went out), 2 when a check before sending failed (nothing was sent).",
     )  # fmt: skip
     parser.add_argument("bundle", type=Path, nargs="?",
                         help="signed bundle directory, or the .tar from `edgekit pack` (not with --pipeline)")
@@ -101,11 +102,28 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"verified {checked.bundle_id}: {checked.files_verified} file(s) match manifest.json, {signature}; "
                       f"target {checked.target or 'none'}", soft_wrap=True)  # fmt: skip
     show = _progress_printer(artifact)
+    started: list[RolloutRecord] = []  # once the rollout has saved its record, commands go out
+
+    def on_update(record: RolloutRecord) -> None:
+        started[:] = [record]
+        show(record)
+
     devices = [d.strip() for d in args.devices.split(",") if d.strip()] if args.devices else None
-    record = run_rollout(artifact, broker_url=args.broker, store_url=args.store, devices=devices, target=args.target,
-                         fleet=args.fleet, policy=policy, mqtt_version=args.mqtt_version, on_update=show,
-                         publisher_options={"signing_key": args.sign_commands} if args.sign_commands else None,
-                         models=models, pipeline=args.pipeline is not None)  # fmt: skip
+    try:
+        record = run_rollout(artifact, broker_url=args.broker, store_url=args.store, devices=devices, target=args.target,
+                             fleet=args.fleet, policy=policy, mqtt_version=args.mqtt_version, on_update=on_update,
+                             publisher_options={"signing_key": args.sign_commands} if args.sign_commands else None,
+                             models=models, pipeline=args.pipeline is not None)  # fmt: skip
+    except EdgekitError as err:
+        if not started:
+            raise  # a check before sending: exit 2, nothing was sent
+        from rich.markup import escape
+
+        console.print(f"[bold red]error:[/] {escape(err.message)}" + (f"\n  [yellow]hint:[/] {escape(err.hint)}" if err.hint else ""),
+                      soft_wrap=True)  # fmt: skip
+        console.print(f"rollout {started[0].rollout_id} stopped after commands went out ({started[0].state}): devices may run "
+                      f"the new bundle; `edgekit fleet report --fleet {started[0].fleet}` shows its record", soft_wrap=True)  # fmt: skip
+        return 1
     print_record(record, results(args))  # stdout, or stderr with --json
     if args.json:
         print_json(record.to_json())

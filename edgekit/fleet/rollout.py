@@ -40,7 +40,7 @@ from edgekit.fleet.commands import CommandName, CommandPublisher, build_command
 from edgekit.fleet.rollout_bundle import BundleArtifact, RolloutError, refuse_file_url_for_agents
 from edgekit.fleet.rollout_models import ModelDeploy, model_health_rows, pipeline_bundle_id
 from edgekit.fleet.rollout_answers import PROVISIONAL, all_final, late_switches, later_failures, newest_answers
-from edgekit.fleet.rollout_answers import refuse_a_second_rollout
+from edgekit.fleet.rollout_answers import EVENT_CLOCK_LAG, refuse_a_second_rollout
 from edgekit.fleet.rollout_hints import FAILURE_HINTS, failure_hint
 from edgekit.fleet.rollout_state import (
     DEFAULT_DEPLOY_TIMEOUT_S,
@@ -52,10 +52,9 @@ from edgekit.fleet.rollout_state import (
     interrupted,
 )
 from edgekit.fleet.store.base import DeviceSummary, FleetStore
+from edgekit.fleet.store_patience import patiently
 
 logger = logging.getLogger(__name__)
-#: How far a device's clock may lag the host's and its error events still count in a health gate.
-EVENT_CLOCK_LAG = dt.timedelta(minutes=5)
 
 
 class UnknownDeviceError(RolloutError):
@@ -377,6 +376,8 @@ class Rollout:
         return {d: self.record.outcomes[d] for d in devices}
 
     def _update_devices(self, outcomes: dict[str, str], results: dict[str, dict[str, Any]]) -> None:
+        if not outcomes and not results:
+            return
         merged = dict(self.record.device_results)
         for device, result in results.items():
             merged[device] = {**merged.get(device, {}), **result}
@@ -422,7 +423,8 @@ class Rollout:
         results: dict[str, dict[str, Any]] = {}
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and not self._stop.is_set():  # until every device's answer is final
-            results = newest_answers(self.store.events(fleet=self.fleet, since=since, limit=100_000), command_ids, kind)
+            results = newest_answers(patiently("reading answers", self.store.events, fleet=self.fleet, since=since,
+                                               limit=100_000), command_ids, kind)  # fmt: skip
             if all_final(results, command_ids.values()):
                 break
             self._stop.wait(self.policy.poll_s)
@@ -438,7 +440,8 @@ class Rollout:
         ends_at = watch_start + dt.timedelta(seconds=policy.health_window_s)
         self._set_wave(index, watch_ends_at=ends_at.isoformat())
         shown_at: float | None = None
-        known = {e.event_id for e in self.store.events(fleet=self.fleet, since=watch_start - EVENT_CLOCK_LAG, limit=100_000)}
+        known = {e.event_id for e in patiently("reading events", self.store.events, fleet=self.fleet,
+                                               since=watch_start - EVENT_CLOCK_LAG, limit=100_000)}  # fmt: skip
         while True:
             problem = self._error_events(devices, watch_start, known)
             if problem is not None:
@@ -482,7 +485,7 @@ class Rollout:
         inferences, errors = sum(a.inferences for a in after), sum(a.errors for a in after)
         error_rate = errors / (inferences + errors) if inferences + errors else None
         p99_after, p99_before = _weighted_p99(after), _weighted_p99(before)
-        ratio = p99_after / p99_before if p99_after is not None and p99_before else None
+        ratio = p99_after / max(p99_before, 0.01) if p99_after is not None and p99_before is not None else None  # 0 ms before: 0.01
         failed = sum(1 for o in self.record.outcomes.values()
                      if o not in ("succeeded", "already_current", "pending", "deploying", "skipped_offline"))  # fmt: skip
         # the first 20 silent devices by name (the record is saved every progress_s: no list of thousands each time)
@@ -496,7 +499,7 @@ class Rollout:
         """An error event a watched device sent since the watch began: events by the device's clock, which may lag
         the host's (read from EVENT_CLOCK_LAG before, less those already there when the watch began)."""
         watched = set(devices)
-        for event in self.store.events(fleet=self.fleet, since=since - EVENT_CLOCK_LAG, limit=100_000):
+        for event in patiently("reading events", self.store.events, fleet=self.fleet, since=since - EVENT_CLOCK_LAG, limit=100_000):
             if event.device in watched and event.level == "error" and event.event_id not in known:
                 return f"device {event.device} reported an error event ({event.kind}): {event.message}"
         return None
@@ -536,8 +539,7 @@ class Rollout:
             reason += f"; rolled back {back} of {len(switched)} device(s), the others still run the new bundle"
         return self._save(self.record.with_state("rolled_back", reason=reason))
 
-    def _late_switches(self, switched: list[str]) -> list[str]:
-        """Timed-out devices that switched after all: the rollback sends them back too (rollout_answers.py)."""
+    def _late_switches(self, switched: list[str]) -> list[str]:  # timed out, switched after all: sent back too
         found = late_switches(self.store, self.record, switched)
         self._update_devices({d: a["outcome"] for d, a in found.items()}, found)
         return sorted(found)
@@ -545,10 +547,8 @@ class Rollout:
     def _answered_again(self, devices: list[str]) -> list[str]:
         """Devices whose newest answer is now a failure, taken into the record (rollout_answers.py)."""
         changed = later_failures(self.store, self.record, devices)
-        if changed:
-            self._update_devices({d: a["outcome"] for d, a in changed.items()}, changed)
+        self._update_devices({d: a["outcome"] for d, a in changed.items()}, changed)
         return sorted(changed)
-
 
     def _roll_back_models(self, switched: list[str]) -> dict[str, dict[str, Any]]:
         """Each deployed model back to its previous bundle (``rollback`` with ``args.model``), one model at a time;

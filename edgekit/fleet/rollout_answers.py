@@ -15,9 +15,12 @@ from typing import Any, Iterable
 from edgekit.fleet.rollout_hints import failure_hint
 from edgekit.fleet.rollout_state import KEPT_OUTCOMES
 from edgekit.fleet.store.base import DeviceEvent
+from edgekit.fleet.store_patience import patiently
 
 #: The outcomes an agent answers a deploy or rollback with (agent/ota.py, agent/repository.py).
 KNOWN_OUTCOMES = ("succeeded", "already_current", "failed", "rejected", "rolled_back", "interrupted")
+#: How far a device's clock may lag the host's and its error events still count in a health gate.
+EVENT_CLOCK_LAG = dt.timedelta(minutes=5)
 #: An answer that leaves the command open: the bundle is switched and its watch will end at the agent's next start.
 PROVISIONAL = ("interrupted",)
 
@@ -66,7 +69,8 @@ def answers_to_deploys(store: Any, record: Any, devices: Iterable[str]) -> dict[
            if device in wanted and result.get("command_id")}  # fmt: skip
     if not ids:
         return {}
-    events = store.events(fleet=record.fleet, since=record.started_at - dt.timedelta(minutes=5), limit=100_000)
+    events = patiently("reading answers", store.events, fleet=record.fleet, since=record.started_at - dt.timedelta(minutes=5),
+                       limit=100_000)  # fmt: skip
     return newest_answers(events, ids, "deploy_result")
 
 
@@ -107,5 +111,5 @@ def all_final(answers: dict[str, dict[str, Any]], devices: Iterable[str]) -> boo
     return all(device in answers and answers[device]["outcome"] not in PROVISIONAL for device in devices)
 
 
-__all__ = ["KNOWN_OUTCOMES", "PROVISIONAL", "all_final", "answer_from", "answers_to_deploys", "late_switches",
+__all__ = ["EVENT_CLOCK_LAG", "KNOWN_OUTCOMES", "PROVISIONAL", "all_final", "answer_from", "answers_to_deploys", "late_switches",
            "later_failures", "newest_answers", "refuse_a_second_rollout"]

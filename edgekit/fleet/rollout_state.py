@@ -17,6 +17,7 @@ from typing import Any
 
 from edgekit.fleet.errors import StoreError
 from edgekit.fleet.store.base import FleetStore
+from edgekit.fleet.store_patience import patiently
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +171,7 @@ class StoreRolloutLog(RolloutLog):
         self.store = store
 
     def save(self, record: RolloutRecord) -> None:
-        self.store.save_rollout(record.to_json())
+        patiently(f"saving rollout {record.rollout_id}", self.store.save_rollout, record.to_json())
 
     def recent(self, limit: int = 20, fleet: str | None = None, *, bundle_id: str | None = None,
                since: dt.datetime | None = None, until: dt.datetime | None = None) -> list[RolloutRecord]:  # fmt: skip

@@ -213,3 +213,23 @@ def test_a_damaged_rollout_record_is_named_and_the_others_still_show(store: Flee
         log.get("broken-1")
     report = build_report(store, since=_now() - dt.timedelta(hours=1), fleet=FLEET)
     assert [r.rollout_id for r in report.rollout_records] == [good.rollout_id]
+
+
+def test_a_store_unavailable_for_moments_is_waited_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgekit.fleet import store_patience
+    from edgekit.fleet.errors import StoreUnavailableError
+
+    calls = []
+
+    def flaky(value: int) -> int:  # a PostgreSQL restart: two refusals, then it answers
+        calls.append(value)
+        if len(calls) < 3:
+            raise StoreUnavailableError("the fleet store is restarting")
+        return value * 2
+
+    monkeypatch.setattr(store_patience.time, "sleep", lambda s: None)
+    assert store_patience.patiently("saving rollout r1", flaky, 21) == 42 and len(calls) == 3
+    monkeypatch.setattr(store_patience, "STORE_PATIENCE_S", 0.0)
+    calls.clear()
+    with pytest.raises(StoreUnavailableError):  # past its patience the error goes up (the record says stopped)
+        store_patience.patiently("saving rollout r1", flaky, 21)
