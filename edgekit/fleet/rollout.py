@@ -247,6 +247,7 @@ class Rollout:
         if len(models) > 1 and not pipeline:
             raise RolloutError(f"{len(models)} models to deploy: send them as a pipeline", hint="use --pipeline")
         self.models, self.pipeline = tuple(models), pipeline
+        devices = list({(d.fleet, d.device): d for d in devices}.values())  # a device named twice gets one deploy
         fleets = {d.fleet for d in devices}
         if len(fleets) != 1:
             raise RolloutError(f"a rollout goes to one fleet, but the devices are in {len(fleets)}: {', '.join(sorted(fleets))}",
