@@ -9,6 +9,7 @@ why power is missing).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -159,6 +160,8 @@ def build_telemetry(
         raise TelemetryError(f"telemetry window ends ({end}) before it starts ({start})",
                              hint="pass window_start <= window_end")  # fmt: skip
     count = latency.count if latency is not None else 0
+    implausible: list[TelemetryProblem] = []  # readings a sensor cannot have meant: left out, said in errors
+    power, device_state = _plausible_power(power, implausible), _plausible_state(device_state, implausible)
 
     message: dict[str, Any] = {
         "schema": TELEMETRY_SCHEMA,
@@ -185,7 +188,7 @@ def build_telemetry(
         },
         "energy_per_inference_mj": _finite(energy_per_inference_mj(power, count)),
         **_device_state_fields(device_state, rss_mb),
-        "errors": _error_list(errors),
+        "errors": _error_list([*implausible, *errors]),
         "spool": {"dropped": spool_dropped, "backlog": spool_backlog},
     }
     if power_mode is not None:
@@ -286,6 +289,46 @@ def _finite(value: float | None) -> float | None:
     if value is None or not math.isfinite(value):
         return None
     return float(value)
+
+
+#: What a reading can be, by field: outside it a sensor misread (a signed shunt current, a counter that went
+#: back, a thermal zone's 2147483647), and the reading is left out rather than losing the whole window.
+PLAUSIBLE = {"power_mw": (0.0, 1e8), "energy_mj": (0.0, 1e12), "memory_mb": (0.0, 1e9), "load_pct": (0.0, 100.0),
+             "temperature_c": (-60.0, 200.0)}  # fmt: skip
+
+
+def _plausible(value: float | None, kind: str, where: str, problems: list[TelemetryProblem]) -> float | None:
+    if value is None or not math.isfinite(value):
+        return None
+    low, high = PLAUSIBLE[kind]
+    if kind == "load_pct" and high < value <= high + 1.0:  # a rounding of two counters read apart
+        return high
+    if not low <= value <= high:
+        problems.append(TelemetryProblem("sensor.implausible", f"{where} read {value:g}, outside {low:g} to {high:g}: left out"))
+        return None
+    return float(value)
+
+
+def _plausible_power(power: PowerStats, problems: list[TelemetryProblem]) -> PowerStats:
+    checked = {name: _plausible(getattr(power, name), kind, f"power.{name}", problems)
+               for name, kind in (("mean_mw", "power_mw"), ("max_mw", "power_mw"), ("energy_mj", "energy_mj"))}  # fmt: skip
+    if all(checked[name] == getattr(power, name) for name in checked):
+        return power
+    return dataclasses.replace(power, **checked)
+
+
+def _plausible_state(state: DeviceState | None, problems: list[TelemetryProblem]) -> DeviceState | None:
+    if state is None:
+        return None
+    temperatures = {zone: c for zone, c in state.temperatures_c.items()
+                    if _plausible(c, "temperature_c", f"temperatures_c.{zone}", problems) is not None}  # fmt: skip
+    return dataclasses.replace(
+        state, temperatures_c=temperatures,
+        memory_used_mb=_plausible(state.memory_used_mb, "memory_mb", "memory.used_mb", problems),
+        memory_total_mb=_plausible(state.memory_total_mb, "memory_mb", "memory.total_mb", problems),
+        cpu_load_pct=_plausible(state.cpu_load_pct, "load_pct", "cpu_load_pct", problems),
+        gpu_load_pct=_plausible(state.gpu_load_pct, "load_pct", "gpu_load_pct", problems),
+    )  # fmt: skip
 
 
 def _latency_fields(latency: LatencyStats | None) -> dict[str, float | None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import math
 from pathlib import Path
 
 from edgekit_runtime.errors import SensorError
@@ -26,9 +27,12 @@ def read_number(path: Path) -> float:
     # Some drivers append a unit ("32760 ma"); the number always comes first.
     token = text.split()[0] if text else ""
     try:
-        return float(int(token)) if token.lstrip("-").isdigit() else float(token)
-    except ValueError as exc:
+        value = float(int(token)) if token.lstrip("-").isdigit() else float(token)
+    except (ValueError, OverflowError) as exc:  # OverflowError: an integer of hundreds of digits
         raise SensorError(f"{path} should hold a number, found {text[:40]!r}") from exc
+    if not math.isfinite(value):  # "nan", "inf", "1e999": no reading, and it would poison every sum after it
+        raise SensorError(f"{path} should hold a finite number, found {text[:40]!r}")
+    return value
 
 
 def try_read_text(path: Path) -> str | None:

@@ -146,11 +146,16 @@ def merged_clocks(clocks: Sequence[ClockRange]) -> list[ClockRange]:
     return merged
 
 
+#: The longest label a telemetry window carries (telemetry.v1 ``power_mode``; status.v1 allows longer mode names).
+MAX_LABEL_CHARS = 128
+
+
 def power_mode_label(mode_name: str | None, clocks_locked: bool | None) -> str | None:
     """The mode name, with ``+clocks`` when jetson_clocks pinned the clocks (the collector groups by it)."""
     if mode_name is None:
         return None
-    return f"{mode_name}+clocks" if clocks_locked else mode_name
+    suffix = "+clocks" if clocks_locked else ""
+    return mode_name[: MAX_LABEL_CHARS - len(suffix)] + suffix  # telemetry.v1's power_mode holds 128 characters
 
 
 QueryRunner = Callable[[], str | None]

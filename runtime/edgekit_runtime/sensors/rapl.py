@@ -41,11 +41,16 @@ class _Zone:
 
     def advance(self, raw_uj: float) -> float:
         """Take a new raw reading; return the energy since the previous one (uJ), wrap included."""
+        if raw_uj > self.max_energy_range_uj:  # no counter holds more than its range: a misread, not energy
+            raise SensorError(f"{self.directory / 'energy_uj'} read {raw_uj:g} uJ, past its max_energy_range_uj "
+                              f"{self.max_energy_range_uj:g}")  # fmt: skip
         if self.last_raw_uj is None:
             delta_uj = 0.0
             self.unwrapped_uj = raw_uj
         elif raw_uj >= self.last_raw_uj:
             delta_uj = raw_uj - self.last_raw_uj
+        elif self.last_raw_uj - raw_uj < self.max_energy_range_uj / 2:  # a small step back: a reset, not a wrap
+            delta_uj = 0.0
         else:  # the counter passed max_energy_range_uj and started again from 0
             delta_uj = self.max_energy_range_uj - self.last_raw_uj + raw_uj
         self.last_raw_uj = raw_uj
@@ -91,6 +96,8 @@ class RaplPowerSensor(PowerSensor):
                 read_number(directory / "energy_uj")
             except SensorError as exc:
                 return unreadable_energy_reason(directory / "energy_uj", exc)
+            if max_range_uj <= 0:
+                return f"{directory / 'max_energy_range_uj'} is {max_range_uj:g}: the counter's wrap cannot be followed"
             if sub_index is None:
                 names[package_index] = zone_name
                 rail = zone_name
@@ -105,7 +112,8 @@ class RaplPowerSensor(PowerSensor):
 
     def _read_impl(self) -> PowerSample:
         timestamp_s = self._clock()
-        deltas_uj = {z.rail: z.advance(read_number(z.directory / "energy_uj")) for z in self._zones}
+        raws = [read_number(z.directory / "energy_uj") for z in self._zones]  # every zone read before any advances
+        deltas_uj = {z.rail: z.advance(raw) for z, raw in zip(self._zones, raws)}
         energy_mj = sum(z.unwrapped_uj for z in self._zones if z.is_package) / 1000.0
         previous_s, self._last_timestamp_s = self._last_timestamp_s, timestamp_s
         if previous_s is None or timestamp_s <= previous_s:

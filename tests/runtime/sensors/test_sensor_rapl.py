@@ -140,3 +140,39 @@ def test_energy_readable_by_root_only_as_on_recent_kernels(fixture_root) -> None
     assert sensor.unavailable_reason.startswith(
         f"cannot read {root / PACKAGE}: permission denied; since the PLATYPUS fix (CVE-2020-8694)"
     )
+
+
+def test_a_counter_reset_is_not_read_as_a_wrap_and_a_read_past_the_range_is_refused(fixture_root, clock) -> None:
+    # before: a reset (a driver reload) was taken for a wrap, 238 kW for a 1 W load; an all-ones read 1.8e16 mW
+    root = fixture_root("x86_intel_rapl")
+    sensor = RaplPowerSensor(root, clock=clock)
+    assert sensor.available(), sensor.unavailable_reason
+    sensor.read()
+    _set_uj(root, PACKAGE, 1_000_000)  # the counter starts again near 0
+    clock.advance(1.0)
+    assert sensor.read().total_mw == pytest.approx(0.0)
+    _set_uj(root, PACKAGE, 2_000_000)
+    clock.advance(1.0)
+    assert sensor.read().total_mw == pytest.approx(1000.0)  # then 1 W, as it is
+    _set_uj(root, PACKAGE, 2**64 - 1)
+    clock.advance(1.0)
+    with pytest.raises(SensorError, match="past its max_energy_range_uj"):
+        sensor.read()
+    _set_uj(root, PACKAGE, MAX_RANGE_UJ - 1_000)  # a real wrap still counts
+    clock.advance(1.0)
+    sensor.read()
+    _set_uj(root, PACKAGE, 4_000)
+    clock.advance(1.0)
+    assert sensor.read().total_mw == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "1e999", "9" * 400])
+def test_a_reading_that_is_no_finite_number_is_refused(fixture_root, clock, text: str) -> None:
+    root = fixture_root("x86_intel_rapl")
+    sensor = RaplPowerSensor(root, clock=clock)
+    assert sensor.available(), sensor.unavailable_reason
+    sensor.read()
+    (root / PACKAGE).write_text(text + "\n")
+    clock.advance(1.0)
+    with pytest.raises(SensorError, match="should hold a"):  # before: nan poisoned every later window's energy
+        sensor.read()
