@@ -18,12 +18,14 @@ from edgekit_runtime.bundle import SIGNATURE_NAME, check_bundle_name, open_bundl
 def pack_bundle(bundle_dir: Path, out: Path | None = None, force: bool = False) -> Path:
     """Verify the bundle, then write ``<name>.tar`` with the bundle's files under one folder."""
     bundle = open_bundle(bundle_dir, verify=True)
-    out = Path(out) if out else Path(bundle_dir).with_suffix(".tar")
+    out = Path(out) if out else Path(bundle_dir).resolve().with_suffix(".tar")  # resolved: "." has no name to suffix
+    if not out.resolve().parent.is_dir():
+        raise BundleError(f"cannot write {out}: folder {out.resolve().parent} does not exist", hint="create it, or choose another --out")
     if out.exists() and not force:
         raise BundleError(f"{out} already exists", hint="pass --force to replace it, or choose another --out")
     partial = out.with_name(f".{out.name}.partial")
     try:
-        with disk_full_as_error("edgekit pack", [Place("output folder", out.resolve().parent)]), tarfile.open(partial, "w") as tar:
+        with disk_full_as_error("edgekit pack", [Place("output folder", out.resolve().parent)]), tarfile.open(partial, "w", dereference=True) as tar:  # files, never links: the reader refuses links
             members = [Path(bundle_dir) / "manifest.json", *(Path(bundle_dir) / rel for rel in bundle.manifest["files"])]
             signature = Path(bundle_dir) / SIGNATURE_NAME
             if signature.is_file():

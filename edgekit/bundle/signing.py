@@ -50,7 +50,11 @@ def generate_keypair(private_path: str | os.PathLike[str], public_path: str | os
     )
     public_pem = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     for path in (private_path, public_path):
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise SigningKeyError(f"cannot write keys into '{path.parent}': it is a file, not a folder",
+                                  hint="pass --out a folder (it is created if missing)") from None  # fmt: skip
         path.unlink(missing_ok=True)
     descriptor = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "wb") as handle:
@@ -74,9 +78,17 @@ def sign_bundle(bundle_dir: str | os.PathLike[str], private_key_path: str | os.P
     open_bundle(root, verify=True)  # only sign what is intact: the signature vouches for every hash
     key = load_private_key(private_key_path)
     signature = key.sign((root / MANIFEST_NAME).read_bytes())
+    target = root / SIGNATURE_NAME
+    if target.exists() and not target.is_file():
+        raise BundleError(f"'{target}' is a {'folder' if target.is_dir() else 'special file'}, not a signature file",
+                          hint="remove it, then sign again")  # fmt: skip
     partial = root / f".{SIGNATURE_NAME}.partial"
-    partial.write_text(encode_signature(signature) + "\n", encoding="ascii")
-    partial.replace(root / SIGNATURE_NAME)
+    try:
+        partial.write_text(encode_signature(signature) + "\n", encoding="ascii")
+        partial.replace(target)
+    except OSError:
+        partial.unlink(missing_ok=True)  # a leftover would fail the bundle's own file check
+        raise
     verify_manifest_signature(root, key.public_key())
     return root / SIGNATURE_NAME
 

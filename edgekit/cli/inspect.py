@@ -41,7 +41,12 @@ def _tensors(manifest: dict[str, Any], kind: str) -> str:
 
 def _fmt(value: Any, spec: str) -> str:
     """``value`` formatted with ``spec`` when it is a number (a hostile manifest may hold anything)."""
-    return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return format(value, spec)
+        except OverflowError:  # an integer past any float
+            return f"{str(value)[:20]}… ({len(str(value))} digits)"
+    return str(value)
 
 
 def _ms(bench: Any, key: str) -> str:
@@ -88,7 +93,9 @@ def run(args: argparse.Namespace) -> int:
     parity = _dig(manifest, "export", "parity", default=None) or {}
     accuracy = manifest.get("accuracy")
     bench = manifest.get("benchmark") or {}
-    providers = [_dig(p, "name") for p in _dig(manifest, "backend", "execution_providers", default=[]) if isinstance(p, dict)]
+    listed = _dig(manifest, "backend", "execution_providers", default=[])
+    providers = [_dig(p, "name") for p in (listed if isinstance(listed, list) else []) if isinstance(p, dict)]
+    toolchain = _dig(manifest, "toolchain", default={})
     rows = [
         ("created", _dig(manifest, "created")),
         ("bundle_version", _dig(manifest, "bundle_version")),
@@ -106,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         ("accuracy", "n/a" if not isinstance(accuracy, dict) else
          f"{accuracy.get('metric')} {_fmt(accuracy.get('value'), '.4f')} (reference {_fmt(accuracy.get('reference'), '.4f')}), passed {accuracy.get('passed')}"),
         ("latency", f"p50 {_ms(bench, 'p50_ms')}, p99 {_ms(bench, 'p99_ms')} at {_dig(bench, 'shape')}"),
-        ("toolchain", ", ".join(f"{k} {v}" for k, v in (_dig(manifest, "toolchain", default={}) or {}).items() if v)),
+        ("toolchain", ", ".join(f"{k} {v}" for k, v in toolchain.items() if v) if isinstance(toolchain, dict) else str(toolchain)),
     ]  # fmt: skip
     for key, value in rows:
         table.add_row(key, escape(str(value)))

@@ -59,6 +59,8 @@ class _TrimmedLines:
         self._pending = ""
 
     def write(self, text: str) -> int:
+        if not text.isascii():  # an unpaired surrogate (a hostile manifest's text) as an escape, not a crash
+            text = text.encode("utf-8", "backslashreplace").decode("utf-8")
         *lines, self._pending = (self._pending + text).split("\n")
         if lines:
             self._stream.write("".join(line.rstrip(" ") + "\n" for line in lines))

@@ -30,7 +30,11 @@ def number(value: Any) -> float | None:
     """``value`` as a finite float, or ``None`` for anything else (bools, strings, NaN, None)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if math.isfinite(value) else None
+    try:
+        x = float(value)
+    except OverflowError:  # an integer past any float (a hostile manifest)
+        return None
+    return x if math.isfinite(x) else None
 
 
 def fmt_number(value: Any, digits: int = 4) -> str:

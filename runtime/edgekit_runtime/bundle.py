@@ -211,7 +211,15 @@ def _check_listed_path(rel: object, root_resolved: Path, where: str) -> None:
         raise BundleError(f"'{where}': files lists {rel}, which cannot hold its own hash")
     if "\x00" in rel or len(rel) > 4096:
         raise BundleError(f"'{where}': files entry {rel[:80]!r} holds a NUL character or is longer than 4096 characters")
-    resolved = (root_resolved / rel).resolve()
+    try:
+        if any(len(os.fsencode(part)) > 255 for part in rel.split("/")):
+            raise BundleError(f"'{where}': files entry {rel[:80]!r} has a name longer than 255 bytes, more than file systems take")
+        resolved = (root_resolved / rel).resolve()
+    except UnicodeEncodeError:
+        raise BundleError(f"'{where}': files entry {rel[:80]!r} cannot be a file name (an unpaired surrogate)") from None
+    except (RuntimeError, OSError) as err:  # a loop of symlinks (RuntimeError before Python 3.13)
+        raise BundleError(f"'{where}': files entry {rel[:80]!r} cannot be followed: {err}",
+                          hint="bundles must hold real files, not links") from None  # fmt: skip
     if resolved != root_resolved and root_resolved not in resolved.parents:
         raise BundleError(
             f"'{where}': files entry '{rel}' resolves to '{resolved}', outside the bundle (a symlink?)",

@@ -62,8 +62,12 @@ def load_public_key(path: str | os.PathLike[str]) -> Any:
     ed25519 = _ed25519()
     from cryptography.hazmat.primitives import serialization
 
+    from cryptography.exceptions import UnsupportedAlgorithm
+
     try:
         key = serialization.load_pem_public_key(_read_pem(path, "public key"))
+    except UnsupportedAlgorithm as err:  # an EC curve or key type this cryptography build cannot load
+        raise SigningKeyError(f"public key '{path}' is not an Ed25519 key: {err}", hint="create one with `edgekit keygen`") from err
     except ValueError as err:
         raise SigningKeyError(
             f"public key '{path}' is not a PEM public key: {err}",
@@ -80,8 +84,12 @@ def load_private_key(path: str | os.PathLike[str]) -> Any:
     ed25519 = _ed25519()
     from cryptography.hazmat.primitives import serialization
 
+    from cryptography.exceptions import UnsupportedAlgorithm
+
     try:
         key = serialization.load_pem_private_key(_read_pem(path, "private key"), password=None)
+    except UnsupportedAlgorithm as err:
+        raise SigningKeyError(f"private key '{path}' is not an Ed25519 key: {err}", hint="create one with `edgekit keygen`") from err
     except (ValueError, TypeError) as err:
         raise SigningKeyError(
             f"private key '{path}' is not an unencrypted PEM private key: {err}",

@@ -103,3 +103,61 @@ def test_cli_keygen_and_sign(tmp_path: Path, signed_bundle: Callable[..., Path],
     verify_manifest_signature(root, keys / "fleet.pub.pem")
     assert edgekit_main(["keygen", "--out", str(keys)]) == 2  # refuses to overwrite
     assert "already exists" in capsys.readouterr().err
+
+
+SECT163K1_PUBLIC_KEY = """-----BEGIN PUBLIC KEY-----
+MEAwEAYHKoZIzj0CAQYFK4EEAAEDLAAEBYrAgLTO/BLHQI96hPS4LPGMFh8vAzos
+mac4naCTVhZeCm2bTvoSiWo8
+-----END PUBLIC KEY-----
+"""
+
+
+def test_hostile_keys_bundles_and_arguments_are_errors_not_tracebacks(signed_bundle: Callable[..., Path], tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """Found by a review: each of these ended in a traceback (exit 1) instead of an error naming the fix (exit 2)."""
+    import json
+    import os
+
+    bundle = signed_bundle("tiny-a")
+    curve = tmp_path / "b163.pub.pem"
+    curve.write_text(SECT163K1_PUBLIC_KEY)  # an EC curve this cryptography build cannot load (UnsupportedAlgorithm)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    unsigned = signed_bundle("tiny-u", sign=False)
+    (unsigned / "manifest.sig").mkdir()  # an empty folder where the signature goes
+    hostile = signed_bundle("tiny-h", sign=False)
+    manifest = json.loads((hostile / "manifest.json").read_text())
+    manifest["files"]["\ud800x.bin"] = "0" * 64  # an unpaired surrogate as a file name
+    manifest["model"]["size_bytes"] = 10**400  # an integer past any float
+    (hostile / "manifest.json").write_text(json.dumps(manifest))
+    cases = [(["inspect", str(bundle), "--key", str(curve)], "is not an Ed25519 key"),
+             (["keygen", "--out", str(a_file)], "it is a file, not a folder"),
+             (["pack", str(bundle), "--out", str(tmp_path / "missing" / "x.tar")], "does not exist"),
+             (["sign", str(unsigned), "--key", str(tmp_path / "keys" / "fleet.key.pem")], "not a signature file"),
+             (["inspect", str(hostile)], "cannot be a file name (an unpaired surrogate)")]  # fmt: skip
+    edgekit_main(["keygen", "--out", str(tmp_path / "keys")])
+    capsys.readouterr()
+    for argv, message in cases:
+        assert edgekit_main(argv) == 2, argv
+        captured = capsys.readouterr()
+        assert message in " ".join((captured.out + captured.err).split()), argv
+
+
+def test_pack_writes_files_never_links(signed_bundle: Callable[..., Path], tmp_path: Path) -> None:
+    import hashlib
+    import json
+    import os
+    import tarfile
+
+    from edgekit.bundle.pack import pack_bundle
+    from edgekit_runtime.archive import ArchiveLimits, scan_bundle_archive
+
+    bundle = signed_bundle("tiny-l", sign=False)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    os.link(bundle / "model.onnx", bundle / "twin.onnx")  # a hard link of a listed file, listed too
+    manifest["files"]["twin.onnx"] = hashlib.sha256((bundle / "model.onnx").read_bytes()).hexdigest()
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    out = pack_bundle(bundle, tmp_path / "b.tar")
+    with tarfile.open(out) as tar:
+        assert all(member.isreg() or member.isdir() for member in tar.getmembers())  # before: a LNKTYPE member
+    scan_bundle_archive(out, ArchiveLimits(max_unpacked_bytes=1 << 30))  # its own reader takes it (before: "link or special file")
