@@ -356,7 +356,7 @@ class Spool:
             return 0
         removed = 0
         with self._lock:
-            if self._space.short_by(0):  # a nearly full file system: small deletes, their pages handed back at once
+            if self._space.short_by(self._space.headroom_bytes):  # under twice the headroom: small deletes, pages back
                 self._deferred_acks.update(ids)
                 return spool_acks.settle_in_small_steps(self)
             try:

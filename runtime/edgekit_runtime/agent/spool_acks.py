@@ -29,22 +29,39 @@ def settle_in_small_steps(spool: Any) -> int:
     ids = sorted(spool._deferred_acks)
     for start in range(0, len(ids), SMALL_ACK_CHUNK):
         chunk = ids[start : start + SMALL_ACK_CHUNK]
-        try:
-            removed += _delete_and_hand_back(spool._db, chunk)
-        except sqlite3.DatabaseError as exc:
-            if not spool_space.is_disk_full(exc) or not spool._space.delete_reserve.release():
-                break
-            spool_space.checkpoint_truncate(spool._db)
-            try:
-                removed += _delete_and_hand_back(spool._db, chunk)
-            except sqlite3.DatabaseError:
-                break
+        count = _delete_making_room(spool, chunk)
+        if count is None:
+            break
+        removed += count
         spool._deferred_acks.difference_update(chunk)
         spool_space.checkpoint_truncate(spool._db)
     spool._reload_sizes()
     if removed:
+        spool._space.delete_reserve.ensure()  # back as soon as there is room: the next full disk needs it
         logger.info("spool %s: removed %d delivered message(s) in small steps on a full file system", spool.path, removed)
     return removed
+
+
+def _delete_making_room(spool: Any, chunk: list[int]) -> int | None:
+    """Delete ``chunk``; on a full disk truncate the WAL (a failed transaction leaves its frames there) and try
+    again, then release the delete reserve and try once more. None when it still fails."""
+
+    def truncate() -> bool:
+        spool_space.checkpoint_truncate(spool._db)
+        return True
+
+    def release() -> bool:
+        return spool._space.delete_reserve.release() > 0 and truncate()
+
+    for make_room in (lambda: True, truncate, release):
+        if not make_room():
+            continue
+        try:
+            return _delete_and_hand_back(spool._db, chunk)
+        except sqlite3.DatabaseError as exc:
+            if not spool_space.is_disk_full(exc):
+                return None
+    return None
 
 
 def settle_deferred(spool: Any) -> None:
