@@ -13,8 +13,8 @@ import datetime as dt
 from typing import Any, NamedTuple, Sequence
 
 from edgekit.fleet.errors import StoreError
-from edgekit.fleet.store.base import TelemetryWindow
 from edgekit.fleet.store import buckets, queries
+from edgekit.fleet.store.base import TelemetryWindow
 
 #: Per-device rollup tables, which rollup retention empties of old buckets.
 ROLLUP_TABLES = ("telemetry_rollups", "telemetry_model_rollups")
