@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from edgekit.fleet.errors import FleetError
+from edgekit.fleet.ingest import EARLIEST_TIME, LATEST_TIME
 from edgekit.fleet.rollout_state import RolloutRecord, StoreRolloutLog
 from edgekit.fleet.store.postgres import redact
 from edgekit.fleet.store.base import Aggregate, BundleSpan, DeviceSummary, FleetStore, ModelAggregate
@@ -59,9 +60,6 @@ def check_filter_values(store: FleetStore, filters: Mapping[str, tuple[str, str 
             raise error
 
 
-#: The times a store holds (the collector refuses others): a --since or --until outside them is a typo.
-EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
-LATEST = dt.datetime(3000, 1, 1, tzinfo=dt.timezone.utc)
 
 
 def parse_since(text: str, now: dt.datetime | None = None, option: str = "--since") -> dt.datetime:
@@ -76,7 +74,7 @@ def parse_since(text: str, now: dt.datetime | None = None, option: str = "--sinc
         else:
             moment = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
             moment = moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.timezone.utc)
-        if not EARLIEST <= moment < LATEST:
+        if not EARLIEST_TIME <= moment < LATEST_TIME:  # the times a store holds: outside them, a typo
             raise OverflowError
     except OverflowError:  # a duration reaching before year 1, a time outside what a store holds
         raise FleetError(f"{option} {text!r} is outside 1970 to 2999", hint=hint) from None

@@ -37,6 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from edgekit_runtime.agent.disk_reserve import DiskReserve
+from edgekit_runtime.agent.spool_space import is_disk_full as _is_disk_full
 from edgekit_runtime.agent.topics import TelemetryError
 
 logger = logging.getLogger(__name__)
@@ -98,11 +99,6 @@ def parse_issued_at(text: str) -> float:
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=timezone.utc)
     return parsed.timestamp()
-
-
-def _is_disk_full(exc: sqlite3.Error) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)
-    return (code & 0xFF) == sqlite3.SQLITE_FULL if code is not None else "disk is full" in str(exc)
 
 
 def _utc(seconds: float) -> str:

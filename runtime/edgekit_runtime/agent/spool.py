@@ -52,7 +52,6 @@ DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 TELEMETRY_COUNTER = "telemetry"
 _DROPPED_COUNTER = spool_space.DROPPED_COUNTER
 _SCHEMA_VERSION = 1
-_ACK_CHUNK = 500
 
 #: The tables every spool file holds (the statements below and spool_space.DROPS_SCHEMA create them).
 _TABLES = frozenset({"messages", "counters", "dropped_windows"})
@@ -334,8 +333,8 @@ class Spool:
         found: list[SpoolEntry] = []
         with self._lock:
             db = self._checked_db()
-            for start in range(0, len(ids), _ACK_CHUNK):
-                chunk = ids[start : start + _ACK_CHUNK]
+            for start in range(0, len(ids), spool_acks.ACK_CHUNK):
+                chunk = ids[start : start + spool_acks.ACK_CHUNK]
                 rows = db.execute(
                     "SELECT id, topic, payload, qos, created_at FROM messages "
                     f"WHERE id IN ({','.join('?' * len(chunk))}) ORDER BY id",
@@ -361,8 +360,8 @@ class Spool:
                 return spool_acks.settle_in_small_steps(self)
             try:
                 with self._writing("cannot remove acknowledged messages"):
-                    for start in range(0, len(ids), _ACK_CHUNK):
-                        chunk = ids[start : start + _ACK_CHUNK]
+                    for start in range(0, len(ids), spool_acks.ACK_CHUNK):
+                        chunk = ids[start : start + spool_acks.ACK_CHUNK]
                         placeholders = ",".join("?" * len(chunk))
                         count, size = self._db.execute(
                             "SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM messages "

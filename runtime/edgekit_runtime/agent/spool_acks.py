@@ -18,7 +18,8 @@ from edgekit_runtime.agent import spool_space
 
 logger = logging.getLogger(__name__)
 
-#: Acks removed per commit on a full file system.
+#: Acks removed per statement in one commit, and per commit on a full file system.
+ACK_CHUNK = 500
 SMALL_ACK_CHUNK = 16
 
 
@@ -67,8 +68,8 @@ def _delete_making_room(spool: Any, chunk: list[int]) -> int | None:
 def settle_deferred(spool: Any) -> None:
     """Inside a write transaction of ``spool``: remove the messages acknowledged while the disk was full."""
     ids = sorted(spool._deferred_acks)
-    for start in range(0, len(ids), 500):
-        chunk = ids[start : start + 500]
+    for start in range(0, len(ids), ACK_CHUNK):
+        chunk = ids[start : start + ACK_CHUNK]
         spool._db.execute(f"DELETE FROM messages WHERE id IN ({','.join('?' * len(chunk))})", chunk)
     spool._reload_sizes()
 
@@ -86,4 +87,4 @@ def _delete_and_hand_back(db: sqlite3.Connection, ids: list[int]) -> int:
     return int(count)
 
 
-__all__ = ["SMALL_ACK_CHUNK", "settle_deferred", "settle_in_small_steps"]
+__all__ = ["ACK_CHUNK", "SMALL_ACK_CHUNK", "settle_deferred", "settle_in_small_steps"]
