@@ -223,3 +223,13 @@ def test_a_spool_whose_vital_writes_took_the_last_byte_opens_and_gets_out(small_
         assert spool.ack_many(events) == len(events)  # the broker took the events
         entry_id, seq = spool.append_numbered(TELEMETRY, window)
         assert seq == len(ids) + 1 and not spool.disk_full
+
+
+def test_a_new_spool_on_a_full_disk_says_the_disk_is_full_not_that_the_file_is_damaged(small_fs: Path) -> None:
+    filler = fill(small_fs)
+    try:
+        with pytest.raises(SpoolFullError, match="the file system is full") as caught:
+            Spool(small_fs / "spool.db")
+        assert "move it away" not in caught.value.message + (caught.value.hint or "")  # that advice loses the windows
+    finally:
+        filler.unlink()
