@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
@@ -86,6 +88,8 @@ def evaluate_accuracy(recipe: Recipe, candidate: RunFn, reference_outputs: list[
         passed = False
     if budget.max_value is not None and value > budget.max_value:
         passed = False
+    if not (math.isfinite(value) and math.isfinite(reference)):
+        passed = False  # every comparison with NaN is false: without this a NaN metric met any budget
     return AccuracyResult(
         metric=spec.metric,
         output=output,
@@ -106,6 +110,13 @@ def check_budget(recipe: Recipe, result: AccuracyResult, precision: str) -> None
     if result.passed:
         return
     parts = [f"{k} {v}" for k, v in result.budget.items() if v is not None]
+    if not (math.isfinite(result.value) and math.isfinite(result.reference)):
+        raise AccuracyBudgetError(
+            f"{recipe.path}: {precision} model's accuracy cannot be judged: {result.metric} is {result.value:.6g} (reference "
+            f"{result.reference:.6g}) over {result.samples} samples, not a finite number; budget: {', '.join(parts)}",
+            hint="the model's outputs (or the metric itself) give NaN or infinity on the evaluation data: check the model at "
+                 "fp32, the evaluation data, and a custom metric's arithmetic",
+        )  # fmt: skip
     raise AccuracyBudgetError(
         f"{recipe.path}: {precision} model is outside the accuracy budget: {result.metric} = {result.value:.6g} "
         f"(reference {result.reference:.6g}, drop {result.drop:.6g}) over {result.samples} samples; budget: {', '.join(parts)}",

@@ -40,7 +40,7 @@ from edgekit.fleet.commands import CommandName, CommandPublisher, build_command
 from edgekit.fleet.rollout_bundle import BundleArtifact, RolloutError, refuse_file_url_for_agents
 from edgekit.fleet.rollout_models import ModelDeploy, model_health_rows, pipeline_bundle_id
 from edgekit.fleet.rollout_answers import PROVISIONAL, all_final, late_switches, later_failures, newest_answers
-from edgekit.fleet.rollout_answers import EVENT_CLOCK_LAG, refuse_a_second_rollout
+from edgekit.fleet.rollout_answers import EVENT_CLOCK_LAG, answer_seconds, refuse_a_second_rollout
 from edgekit.fleet.rollout_hints import FAILURE_HINTS, failure_hint
 from edgekit.fleet.rollout_state import (
     DEFAULT_DEPLOY_TIMEOUT_S,
@@ -397,10 +397,10 @@ class Rollout:
         elif self.models:
             args = {**args, "model": self.models[0].model}
         for device in devices:
-            command = build_command(name, args)
+            command, sent_at = build_command(name, args), _now().isoformat()  # the time before the send: answers come after it
             self.publisher.send(self.fleet, device, command)
             command_ids[command["id"]] = device
-            sent[device] = {"wave": wave, "command_id": command["id"], "sent_at": _now().isoformat(), "outcome": "deploying",
+            sent[device] = {"wave": wave, "command_id": command["id"], "sent_at": sent_at, "outcome": "deploying",
                             "reason": None, "step": None, "hint": None}  # fmt: skip
         self._update_devices({d: "deploying" for d in devices}, sent)
         answers = self._await_results(command_ids, "deploy_result", self.policy.deploy_timeout_s)
@@ -412,10 +412,7 @@ class Rollout:
                           "collector is not writing its events to this store)",
                 "hint": "check `edgekit fleet status` and the device's log; raise --deploy-timeout-s for large bundles",
             }  # fmt: skip
-            started = dt.datetime.fromisoformat(sent[device]["sent_at"])
-            answered = answer.get("answered_at")
-            seconds = round((dt.datetime.fromisoformat(answered) - started).total_seconds(), 3) if answered else None
-            results[device] = {**answer, "seconds": seconds}
+            results[device] = {**answer, "seconds": answer_seconds(sent[device]["sent_at"], answer.get("answered_at"))}
         self._update_devices({d: results[d]["outcome"] for d in devices}, results)
 
     def _await_results(self, command_ids: dict[str, str], kind: str, timeout_s: float) -> dict[str, dict[str, Any]]:

@@ -25,6 +25,16 @@ EVENT_CLOCK_LAG = dt.timedelta(minutes=5)
 PROVISIONAL = ("interrupted",)
 
 
+def answer_seconds(sent_at: str, answered_at: str | None) -> float | None:
+    """Seconds from the host sending a command to the device answering it, by the device's clock for the answer:
+    None without an answer, or when the answer is stamped before the command was sent (the device's clock lags
+    the host's, so the figure would be negative and mean nothing)."""
+    if not answered_at:
+        return None
+    seconds = (dt.datetime.fromisoformat(answered_at) - dt.datetime.fromisoformat(sent_at)).total_seconds()
+    return round(seconds, 3) if seconds >= 0 else None
+
+
 def answer_from(event: DeviceEvent, kind: str) -> dict[str, Any]:
     """What a device's answer to a command says: outcome, its own reason, the failed step and a hint."""
     details = event.payload.get("details") or {}

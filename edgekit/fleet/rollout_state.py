@@ -49,7 +49,8 @@ class RolloutRecord:
     ``not_started``), ``started_at`` / ``finished_at`` (ISO), ``seconds``, ``health`` (the gate's
     figures) and ``reason`` (why its gate failed). ``device_results``: device -> ``wave``, ``outcome``,
     ``reason`` (the device's own message from its ``deploy_result`` event), ``step`` (the check that
-    failed), ``hint`` (what to do), ``command_id``, ``sent_at``, ``answered_at``, ``seconds``.
+    failed), ``hint`` (what to do), ``command_id``, ``sent_at``, ``answered_at`` (the device's clock), ``seconds`` (None when the device's clock
+    put its answer before the command was sent).
     ``forced``: device -> why its target did not match the bundle's (deployed with ``--force``).
     """
 

@@ -295,6 +295,8 @@ def write_float_format(fp32_path: Path, out_path: Path, plan: QuantizationPlan, 
     used = {i for n in graph.node for i in n.input}
     for init in [i for name, i in initializers.items() if name in result.weights and name not in used]:
         graph.initializer.remove(init)
+        for overridable in [i for i in graph.input if i.name == init.name]:  # an initializer that was an input too
+            graph.input.remove(overridable)  # (ONNX's overridable default) goes with it, as in the int8 writers
     if activation_dq and activation_format is not None:
         model.opset_import.append(helper.make_opsetid(block_activations.TRT_DOMAIN, 1))
     onnx.checker.check_model(model, full_check=activation_format is None or not activation_dq)

@@ -84,11 +84,13 @@ def make_plan(spec: QuantizationSpec, target: TargetProfile, backend: Backend, p
             reduce_range = reduce_range and act == "uint8"  # the saturation is a u8s8 one
             return QuantizationPlan(precision, backend, act, symmetric, "int8", spec.per_channel, spec.calibrator, op_types, excluded,
                                     reduce_range=reduce_range, notes=(why, *(range_notes if act == "uint8" else ())))
-        return QuantizationPlan(precision, backend, "uint8", False, "int8", spec.per_channel, None, ("MatMul", "Gemm"), excluded,
+        dynamic_op_types = tuple(t for t in ("MatMul", "Gemm") if t not in spec.exclude_op_types)
+        return QuantizationPlan(precision, backend, "uint8", False, "int8", spec.per_channel, None, dynamic_op_types, excluded,
                                 reduce_range=reduce_range,
                                 notes=("activations quantized per call (DynamicQuantizeLinear); no calibration", *range_notes))
     if precision is Precision.INT4:
-        return QuantizationPlan(precision, backend, "none", False, "int4", True, None, ("MatMul",), excluded, int4=spec.int4.model_dump(),
+        int4_op_types = tuple(t for t in ("MatMul", "Gemm") if t not in spec.exclude_op_types)  # a Gemm runs as a MatMul
+        return QuantizationPlan(precision, backend, "none", False, "int4", True, None, int4_op_types, excluded, int4=spec.int4.model_dump(),
                                 notes=("weight-only: activations stay float",))
     if precision is Precision.FP8:
         return QuantizationPlan(precision, backend, "fp8_e4m3", True, "fp8_e4m3", True, spec.calibrator, op_types, excluded, float_outputs=op_types,

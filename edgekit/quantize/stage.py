@@ -103,8 +103,14 @@ def quantize_model(fp32_path: Path, out_path: Path, spec: QuantizationSpec, targ
         return QuantizedModel(out_path, plan, section, cache_file)
     if precision is Precision.INT8_DYNAMIC:
         dynamic.write_dynamic(pre, out_path, plan)
-        _drop_shape_annotations(out_path, backend)
         note = dynamic.dynamic_coverage_note(pre, plan)
+        if not graph_files.quantized_ops(out_path):  # never a bundle labelled int8-dynamic that holds a float model
+            raise QuantizationError(
+                f"{fp32_path.name}: " + (note or f"int8-dynamic quantized nothing: no weights of {'/'.join(plan.op_types) or 'no op type'} "
+                f"left to quantize ({len(plan.excluded)} node(s) excluded by the recipe or the plan)"),
+                hint="int8-dynamic quantizes the weights of MatMul and Gemm; check quantization.exclude_nodes and "
+                     "exclude_op_types, use int8 (static, calibrated) for a convolutional model, or build at fp32/fp16")  # fmt: skip
+        _drop_shape_annotations(out_path, backend)
         recurrent = static_plan.recurrent_note(pre)
         plan = replace(plan, notes=(*plan.notes, *([recurrent] if recurrent else []), *([note] if note else [])))
         if note:  # never a silent no-op: the manifest's plan says it, and so does the build's log

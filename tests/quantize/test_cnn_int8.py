@@ -10,8 +10,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from edgekit.errors import QuantizationError
 from edgekit.precision import Backend, Precision
 from edgekit.quantize.stage import quantize_model
 from edgekit.recipe import QuantizationSpec
@@ -117,19 +119,39 @@ def _dynamic(fp32: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
                           Precision.INT8_DYNAMIC, None, tmp_path)
 
 
-def test_int8_dynamic_on_a_cnn_says_it_quantized_nothing(tmp_path, caplog):
+def test_int8_dynamic_on_a_cnn_refuses_to_label_a_float_model(tmp_path):
     """A graph whose weights are all in Conv nodes: int8-dynamic leaves them float (ConvInteger is slower than
-    float on ONNX Runtime's CPU) and says so in the plan, the manifest details and the log."""
+    float on ONNX Runtime's CPU), so it quantizes nothing; the build stops and says why and what to use, as
+    int8 and int4 do, instead of writing a bundle labelled int8-dynamic that holds the float model."""
     fp32 = silu_between(tmp_path / "fp32.onnx")
-    with caplog.at_level("WARNING", logger="edgekit.quantize.stage"):
-        result = _dynamic(fp32, tmp_path)
-    note = result.plan.notes[-1]
-    assert note.startswith("int8-dynamic quantized nothing: 2 Conv node(s) hold the rest and stay float")
-    assert "ConvInteger" in note and "use int8 (static, calibrated)" in note
-    assert result.to_manifest()["warnings"] == [note]
-    assert note in caplog.text and "fp32.onnx" in caplog.text
-    ops = {n.op_type for n in onnx.load(str(result.path)).graph.node}
-    assert "ConvInteger" not in ops and "DynamicQuantizeLinear" not in ops
+    with pytest.raises(QuantizationError) as info:
+        _dynamic(fp32, tmp_path)
+    message = info.value.message
+    assert message.startswith("fp32.onnx: int8-dynamic quantized nothing: 2 Conv node(s) hold the rest and stay float"), message
+    assert "ConvInteger" in message and "use int8 (static, calibrated)" in message
+
+
+def test_int8_dynamic_with_every_weighted_node_excluded_refuses(tmp_path):
+    """The recipe excludes the one MatMul (or its op type): nothing is quantized, and the error says so."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.2, (16, 16)).astype(np.float32), "w")]
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.save(model, str(tmp_path / "fp32.onnx"))
+    for spec, says in ((QuantizationSpec(exclude_nodes=("mm",)), "no weights of MatMul/Gemm left to quantize (1 node(s) excluded"),
+                       (QuantizationSpec(exclude_op_types=("MatMul", "Gemm")), "1 MatMul node(s) hold the rest and stay float, excluded by quantization.exclude_op_types")):
+        with pytest.raises(QuantizationError, match="int8-dynamic quantized nothing") as info:
+            quantize_model(tmp_path / "fp32.onnx", tmp_path / "dynamic.onnx", spec, get_target("x86-64-cpu"), Backend.ONNXRUNTIME,
+                           Precision.INT8_DYNAMIC, None, tmp_path)  # fmt: skip
+        assert says in info.value.message, info.value.message
+    # exclude_op_types: [Gemm] keeps the MatMul quantized (before, the op types were fixed for int8-dynamic)
+    spec = QuantizationSpec(exclude_op_types=("Gemm",))
+    result = quantize_model(tmp_path / "fp32.onnx", tmp_path / "dynamic.onnx", spec, get_target("x86-64-cpu"), Backend.ONNXRUNTIME,
+                            Precision.INT8_DYNAMIC, None, tmp_path)  # fmt: skip
+    assert result.plan.op_types == ("MatMul",)
 
 
 def test_int8_dynamic_names_the_share_it_quantized(tmp_path):

@@ -344,3 +344,26 @@ def test_a_failed_opset_conversion_names_the_file_and_the_fix(small_model, tmp_p
         "for a PyTorch model, export at opset 23 (recipe export.opset) so no conversion is needed; "
         "an ONNX file must already be opset 23: upgrade it with the tool that produced it"
     )
+
+
+@pytest.mark.parametrize("precision", FORMATS)
+def test_a_weight_that_is_also_a_graph_input_stops_being_an_input(precision: Precision, tmp_path: Path) -> None:
+    """ONNX lets an initializer also be a graph input (an overridable default; older exporters wrote every
+    weight so). The writers replace the weight, and used to leave the input behind: the model then asked for
+    the weight as a required input. Now it goes, as it does in the int8 writers."""
+    rng = np.random.default_rng(4)
+    weight = rng.normal(size=(64, 32)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 64]),
+                               helper.make_tensor_value_info("W", TensorProto.FLOAT, [64, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 32])], [numpy_helper.from_array(weight, "W")])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    onnx.save(model, str(tmp_path / "fp32.onnx"))
+    x = rng.normal(size=(3, 64)).astype(np.float32)
+    out = tmp_path / "q.onnx"
+    write_float_format(tmp_path / "fp32.onnx", out, _plan(precision), {"x": float(np.abs(x).max())})
+    assert [i.name for i in onnx.load(str(out)).graph.input] == ["x"]
+    twin = fold_weight_dequantize(out, tmp_path / "twin.onnx")
+    got = _session(twin).run(None, {"x": x})[0]  # before: "Required inputs (['W']) are missing"
+    assert _cosine(got, x @ weight) > 0.95

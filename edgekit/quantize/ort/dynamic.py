@@ -37,6 +37,7 @@ def weight_elements_by_op(model_path: Path, excluded: Sequence[str] = ()) -> dic
 #: int8-dynamic leaves convolutions float: measured on this project's AVX-512 VNNI host (2 threads), ONNX
 #: Runtime's ``quantize_dynamic`` with Conv (``ConvInteger`` + a float rescale, NCHW) ran PP-OCR's
 #: direction classifier at 6.3x the FP32 latency, against static int8's fused ``QLinearConv``.
+DYNAMIC_OP_TYPES = ("MatMul", "Gemm")  # what int8-dynamic quantizes here (Conv stays float: see below)
 DYNAMIC_CONV_WHY = ("ONNX Runtime's dynamic convolution (ConvInteger, activations quantized per call) is far slower than float "
                     "(PP-OCR's classifier: 6.3x FP32)")
 
@@ -49,11 +50,14 @@ def dynamic_coverage_note(model_path: Path, plan: QuantizationPlan) -> str | Non
     covered = sum(elements for op, (_, elements) in counts.items() if op in plan.op_types)
     if total == 0 or covered >= total / 2:
         return None
-    left = ", ".join(f"{nodes} {op}" for op, (nodes, _) in counts.items() if op not in plan.op_types)
     done = sum(nodes for op, (nodes, _) in counts.items() if op in plan.op_types)
     what = "quantized nothing" if done == 0 else f"quantized {done} MatMul/Gemm node(s), {covered / total:.1%} of the weights"
-    return (f"int8-dynamic {what}: {left} node(s) hold the rest and stay float, because {DYNAMIC_CONV_WHY}; "
-            "for a convolutional model use int8 (static, calibrated)")
+    convs = ", ".join(f"{nodes} {op}" for op, (nodes, _) in counts.items() if op not in plan.op_types and op not in DYNAMIC_OP_TYPES)
+    excluded = ", ".join(f"{nodes} {op}" for op, (nodes, _) in counts.items() if op not in plan.op_types and op in DYNAMIC_OP_TYPES)
+    reasons = [*([f"{convs} node(s) stay float, because {DYNAMIC_CONV_WHY}"] if convs else []),
+               *([f"{excluded} node(s) stay float, excluded by quantization.exclude_op_types"] if excluded else [])]
+    return (f"int8-dynamic {what}: " + (" and " if convs else "").join(reasons).replace(" stay float", " hold the rest and stay float", 1)
+            + ("; for a convolutional model use int8 (static, calibrated)" if convs else ""))
 
 
 def private_dynamic_inputs(model: Any, dynamic_nodes: set[str]) -> int:

@@ -22,6 +22,8 @@ def gemm_to_matmul(model: Any) -> int:
 
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
+    taken = set(initializers) | {o for n in graph.node for o in n.output} | {i.name for i in graph.input}
+    weights: dict[tuple[str, bool], str] = {}  # (Gemm weight, transposed) -> its MatMul weight: tied layers share one
     rewritten = 0
     for index, node in enumerate(list(graph.node)):
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -29,11 +31,16 @@ def gemm_to_matmul(model: Any) -> int:
             continue
         if len(node.input) < 2 or node.input[1] not in initializers:
             continue
-        weight = numpy_helper.to_array(initializers[node.input[1]])
-        if attrs.get("transB", 0):
-            weight = weight.T
-        name = node.input[1] + "_matmul"
-        graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(weight), name))
+        key = (node.input[1], bool(attrs.get("transB", 0)))
+        name = weights.get(key)
+        if name is None:
+            weight = numpy_helper.to_array(initializers[node.input[1]])
+            name = node.input[1] + ("_matmul_t" if key[1] else "_matmul")
+            while name in taken:
+                name += "_"
+            taken.add(name)
+            weights[key] = name
+            graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(weight.T if key[1] else weight), name))
         matmul_out = node.output[0] + ("_matmul" if len(node.input) > 2 and node.input[2] else "")
         replacement = [helper.make_node("MatMul", [node.input[0], name], [matmul_out], name=node.name or f"gemm_{index}")]
         if len(node.input) > 2 and node.input[2]:
@@ -47,7 +54,11 @@ def gemm_to_matmul(model: Any) -> int:
         used = {i for n in graph.node for i in n.input}
         for init in [i for i in graph.initializer if i.name not in used]:
             graph.initializer.remove(init)
-        onnx.checker.check_model(model)
+        try:
+            onnx.checker.check_model(model)
+        except onnx.checker.ValidationError as exc:
+            raise QuantizationError(f"int4: rewriting Gemm nodes as MatMul gave an invalid graph: {exc}",
+                                    hint="exclude the Gemm nodes (quantization.exclude_op_types: [Gemm]) and report the model") from exc
     return rewritten
 
 
@@ -62,7 +73,14 @@ def write_int4(fp32_path: Path, out_path: Path, plan: QuantizationPlan) -> Path:
     quant_format = QuantFormat.QDQ if plan.backend is Backend.TENSORRT else QuantFormat.QOperator
     block = settings["block_size"]
     model = onnx.load(str(fp32_path), load_external_data=True)
-    gemm_to_matmul(model)
+    excluded = set(plan.excluded)
+    if "MatMul" not in plan.op_types:  # quantization.exclude_op_types: [MatMul] keeps the model's own MatMuls float
+        for index, node in enumerate(model.graph.node):
+            if node.op_type == "MatMul":
+                node.name = node.name or f"matmul_{index}"
+                excluded.add(node.name)
+    if "Gemm" in plan.op_types:
+        gemm_to_matmul(model)
     # MatMul weights: RTN, or HQQ's optimised scales and zero points. Embedding tables (Gather) always use
     # RTN: ONNX Runtime's HQQ has no Gather path. Compute stays float (accuracy_level 0): int8 activations
     # inside MatMulNBits cost accuracy and were not faster on AVX-512 VNNI.
@@ -76,7 +94,7 @@ def write_int4(fp32_path: Path, out_path: Path, plan: QuantizationPlan) -> Path:
         passes.append(nbits.DefaultWeightOnlyQuantConfig(block_size=settings.get("embedding_block_size") or block, is_symmetric=settings.get("symmetric", True),
                                                          quant_format=quant_format, op_types_to_quantize=("Gather",), quant_axes=(("Gather", 1),)))
     for config in passes:
-        quantizer = nbits.MatMulNBitsQuantizer(model, nodes_to_exclude=sorted(plan.excluded), algo_config=config)
+        quantizer = nbits.MatMulNBitsQuantizer(model, nodes_to_exclude=sorted(excluded), algo_config=config)
         try:
             quantizer.process()
         except Exception as exc:

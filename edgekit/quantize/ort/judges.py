@@ -5,6 +5,8 @@ search's side of judging (ratios to FP32, the bar, the floor) is :mod:`edgekit.q
 
 from __future__ import annotations
 
+import math
+
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -120,7 +122,7 @@ class OrtMetricEvaluator:
         value = float(self.metric(got, self.reference_outputs, self.labels))
         cos_min = cosine_min(got, self.reference_outputs) if got and got[0].dtype.kind == "f" else None
         drop = (self.reference_value - value) if self.higher_is_better else (value - self.reference_value)
-        reasons = []
+        reasons = [] if math.isfinite(value) else [f"the metric is {value}, not a finite number"]
         if self.budget.max_drop is not None and drop > self.budget.max_drop + 1e-12:
             reasons.append(f"drop {drop:.6g} > max_drop {self.budget.max_drop}")
         if self.budget.min_value is not None and value < self.budget.min_value:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekit_runtime.agent.errors import DeployError
+from edgekit_runtime.agent.store import fsync_dir
 from edgekit_runtime.signature import IOSignature, TensorSignature
 
 logger = logging.getLogger(__name__)
@@ -165,11 +166,16 @@ class VersionLedger:
             data["slot"] = {"bundle_version": version, "bundle": name, "manifest_sha256": manifest_sha256,
                             "accepted_at_s": round(time.time(), 3)}  # fmt: skip
             partial = self.path.with_name(f".{self.path.name}.partial")
-            with partial.open("w", encoding="utf-8") as handle:
-                json.dump(data, handle, indent=1, sort_keys=True)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(partial, self.path)
+            try:
+                with partial.open("w", encoding="utf-8") as handle:
+                    json.dump(data, handle, indent=1, sort_keys=True)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.replace(partial, self.path)
+            except OSError:
+                partial.unlink(missing_ok=True)  # (a full disk) the ledger stays as it was, no half-written copy beside it
+                raise
+            fsync_dir(self.path.parent)  # the rename itself survives a power cut: the version stays accepted
         logger.info("anti-rollback: %s is now at version %d (bundle %s)", self.slot_label, version, name)
 
 

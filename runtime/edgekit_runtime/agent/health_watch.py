@@ -20,6 +20,8 @@ from edgekit_runtime.bundle import self_check
 from edgekit_runtime.errors import EdgekitError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from edgekit_runtime.agent.config import HealthConfig
     from edgekit_runtime.agent.deploy_state import ServedBundle, StagedDeploy
     from edgekit_runtime.agent.serving import InferenceServer
@@ -45,6 +47,7 @@ class HealthWatch:
                    **details: Any) -> None: ...
         def _remember_version(self, loaded: LoadedBundle) -> None: ...
         def _rollback_locked(self) -> ServedBundle: ...
+        def _load(self, path: Path) -> LoadedBundle: ...
 
     def _probation_at_start(self) -> Probation | None:
         """The interrupted health watch of ``current``, counting this start; at :data:`MAX_CRASHES` crashes
@@ -56,14 +59,24 @@ class HealthWatch:
             return None
         if probation is None or probation.crashes < MAX_CRASHES:
             return probation
-        if self.store.previous is None:
+        previous = self.store.previous
+        why_not = "there is no previous bundle to roll back to" if previous is None else self._unloadable(previous)
+        if why_not is not None:
             self._event("deploy_result", f"{probation.bundle} crashed the agent {probation.crashes} times within its health "
-                        "watch, but there is no previous bundle to roll back to; it keeps serving", level="error",
+                        f"watch, but {why_not}; it keeps serving", level="error",
                         command_id=probation.command_id, outcome="failed", step="watching", crashes=probation.crashes)  # fmt: skip
             self.probation.clear()
             return None
-        self.store.swap_current_and_previous()
+        self.store.swap_current_and_previous()  # the previous bundle passed its checks first: a broken one moves nothing
         self._pending_crash_result = probation
+        return None
+
+    def _unloadable(self, previous: Path) -> str | None:
+        """Why ``previous`` cannot be rolled back to (it fails its checks or its load), or None when it can."""
+        try:
+            self._load(previous).runner.close()
+        except EdgekitError as err:
+            return f"the previous bundle at {previous} fails its checks ({err.message}), so it cannot be rolled back to"
         return None
 
     def _end_probation(self, probation: Probation | None, reason: str) -> None:

@@ -235,6 +235,7 @@ class ModelRepository:
     def close(self) -> None:
         for slot in self.slots():
             slot.server.close()
+            slot.store.release()
 
     # -- memory -----------------------------------------------------------------------------------------
 

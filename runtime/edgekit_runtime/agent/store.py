@@ -17,11 +17,13 @@ complete versions.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
 import re
 import shutil
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -36,6 +38,7 @@ PREVIOUS = "previous"
 VERSIONS_DIR = "versions"
 STAGING_DIR = "staging"
 META_SUFFIX = ".deploy.json"
+REPLACED_MARK = ".replaced-"  # .<version><mark><hex>: an old copy of a version moved aside while a new one moves in
 _UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -63,11 +66,60 @@ def fsync_dir(path: Path) -> None:
         os.close(descriptor)
 
 
+LOCK_NAME = ".agent.lock"
+_held_locks: dict[str, list[int]] = {}  # resolved bundle dir -> [descriptor holding its lock, stores using it]
+_held_locks_guard = threading.Lock()
+
+
+def _take_process_lock(root: Path) -> None:
+    """Take ``root``'s lock for this process (counted: again in the same process is one more user), so that
+    two processes never move one store's links or clear its staging under each other: ``edgekit-agent
+    install`` while the agent runs, or two agents on one ``bundles.dir``."""
+    key = str(root.resolve())
+    with _held_locks_guard:
+        if key in _held_locks:
+            _held_locks[key][1] += 1
+            return
+        fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise DeployError(
+                f"bundle directory '{root}' is in use by another process (pid {holder}): an edgekit-agent runs on it",
+                hint="deploy to a running agent with `edgekit fleet deploy`, or stop the agent (systemctl stop "
+                "edgekit-agent) before `edgekit-agent install`; one agent per bundles.dir",
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        _held_locks[key] = [fd, 1]
+
+
+def _drop_process_lock(root: Path) -> None:
+    key = str(root.resolve())
+    with _held_locks_guard:
+        held = _held_locks.get(key)
+        if held is None:
+            return
+        held[1] -= 1
+        if held[1] <= 0:
+            del _held_locks[key]
+            os.close(held[0])  # closing the descriptor releases the flock
+
+
 class BundleStore:
     """The on-disk layout above; all paths it returns are inside ``root``."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
+        self._locked = False
+
+    def release(self) -> None:
+        """Give up this store's share of the bundle directory's lock (taken by :meth:`prepare`)."""
+        if self._locked:
+            self._locked = False
+            _drop_process_lock(self.root)
 
     @property
     def versions_dir(self) -> Path:
@@ -81,9 +133,13 @@ class BundleStore:
         """Create the layout and clear leftovers of an interrupted run (temporary links, staging)."""
         try:
             self.versions_dir.mkdir(parents=True, exist_ok=True)
+            if not self._locked:
+                _take_process_lock(self.root)
+                self._locked = True
             if self.staging_dir.exists():
                 shutil.rmtree(self.staging_dir, ignore_errors=True)
             self.staging_dir.mkdir(parents=True, exist_ok=True)
+            self._restore_replaced()
         except OSError as err:
             raise DeployError(
                 f"bundle directory '{self.root}' cannot be prepared: {err.strerror or err}",
@@ -169,20 +225,37 @@ class BundleStore:
         version is replaced, since only the staged copy was just verified (the caller does not
         replace the version it serves)."""
         destination = self.versions_dir / name
-        if destination.exists():
-            shutil.rmtree(destination)
-        try:
+        replaced = self.versions_dir / f".{name}{REPLACED_MARK}{uuid.uuid4().hex[:8]}"
+        try:  # the old copy moves aside with a rename, not a delete: a kill in between leaves it to restore
+            if destination.exists():
+                os.replace(destination, replaced)
             os.replace(staged_bundle, destination)
         except OSError as err:
+            if replaced.exists() and not destination.exists():
+                with contextlib.suppress(OSError):
+                    os.replace(replaced, destination)
             raise DeployError(f"cannot move '{staged_bundle}' to '{destination}': {err.strerror or err}") from err
         fsync_dir(self.versions_dir)
+        shutil.rmtree(replaced, ignore_errors=True)
         return destination
+
+    def _restore_replaced(self) -> None:
+        """Finish an :meth:`install` a kill interrupted: an old copy moved aside goes back where no new copy
+        arrived, and is deleted where one did."""
+        for aside in self.versions_dir.glob(f".*{REPLACED_MARK}*"):
+            original = self.versions_dir / aside.name[1:].rsplit(REPLACED_MARK, 1)[0]
+            if original.exists():
+                shutil.rmtree(aside, ignore_errors=True)
+                continue
+            logger.info("restoring %s, moved aside by an interrupted install", original.name)
+            with contextlib.suppress(OSError):
+                os.replace(aside, original)
 
     def prune(self, keep: int = 2) -> list[Path]:
         """Delete versions other than current and previous, oldest first, keeping ``keep`` in all."""
         protected = {p.resolve() for p in (self.current, self.previous) if p is not None}
         candidates = sorted(
-            (p for p in self.versions_dir.iterdir() if p.is_dir() and p.resolve() not in protected),
+            (p for p in self.versions_dir.iterdir() if p.is_dir() and not p.name.startswith(".") and p.resolve() not in protected),
             key=lambda p: p.stat().st_mtime,
         )
         removable = max(len(candidates) + len(protected) - keep, 0)

@@ -77,6 +77,7 @@ class RaplPowerSensor(PowerSensor):
     def __init__(self, root: Path = Path("/"), *, clock: Clock = time.monotonic) -> None:
         super().__init__(root, clock=clock)
         self._zones: list[_Zone] = []
+        self._skipped: list[str] = []  # zones left out because they cannot be read (a subzone, psys)
         self._last_timestamp_s: float | None = None
 
     def _probe_impl(self) -> str | None:
@@ -88,16 +89,21 @@ class RaplPowerSensor(PowerSensor):
                 "with the intel_rapl_msr kernel module loaded (not available in most VMs)"
             )
         names: dict[str, str] = {}
-        zones = []
+        zones, skipped = [], []
+        first_problem: str | None = None
         for directory, package_index, sub_index in zone_dirs:
             try:
                 zone_name = read_text(directory / "name")
                 max_range_uj = read_number(directory / "max_energy_range_uj")
                 read_number(directory / "energy_uj")
+                if max_range_uj <= 0:
+                    raise SensorError(f"{directory / 'max_energy_range_uj'} is {max_range_uj:g}: the counter's wrap "
+                                      "cannot be followed")  # fmt: skip
             except SensorError as exc:
-                return unreadable_energy_reason(directory / "energy_uj", exc)
-            if max_range_uj <= 0:
-                return f"{directory / 'max_energy_range_uj'} is {max_range_uj:g}: the counter's wrap cannot be followed"
+                problem = unreadable_energy_reason(directory / "energy_uj", exc)
+                first_problem = first_problem or problem
+                skipped.append(f"{directory.name} ({problem})")  # a zone that cannot be read leaves the others
+                continue
             if sub_index is None:
                 names[package_index] = zone_name
                 rail = zone_name
@@ -106,8 +112,10 @@ class RaplPowerSensor(PowerSensor):
             is_package = sub_index is None and zone_name.startswith("package")
             zones.append(_Zone(rail, directory, is_package, max_range_uj))
         if not any(z.is_package for z in zones):
+            if first_problem is not None:
+                return first_problem
             return f"RAPL zones under {powercap} include no package zone: {[z.rail for z in zones]}"
-        self._zones = zones
+        self._zones, self._skipped = zones, skipped
         return None
 
     def _read_impl(self) -> PowerSample:
@@ -125,7 +133,8 @@ class RaplPowerSensor(PowerSensor):
 
     def _source_impl(self) -> str:
         packages = " + ".join(z.rail for z in self._zones if z.is_package)
-        return f"rapl powercap: total_mw = {packages} (CPU packages only, not the whole machine)"
+        left_out = f"; left out, unreadable: {', '.join(self._skipped)}" if self._skipped else ""
+        return f"rapl powercap: total_mw = {packages} (CPU packages only, not the whole machine){left_out}"
 
 
 def _zone_dirs(powercap: Path) -> list[tuple[Path, str, str | None]]:

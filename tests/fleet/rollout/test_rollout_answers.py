@@ -249,3 +249,18 @@ def test_a_device_named_twice_gets_one_deploy(store: FleetStore) -> None:
     record = Rollout(store, devices, StoreRolloutLog(store), artifact, [*summaries, summaries[0]], policy).run()
     assert sorted(d for d, command, _ in devices.sent if command == "deploy") == ["a", "b"]  # before: a twice, a timeout
     assert record.state == "completed"
+
+
+def test_a_device_clock_behind_the_hosts_gives_no_negative_deploy_seconds(store: FleetStore) -> None:
+    lag = dt.timedelta(seconds=90)  # the device's answer is stamped 90 s before the host sent the command
+
+    def script(device: str, message: dict[str, Any]) -> Answer:
+        at = _now() - lag if device == "a" else None
+        return [(0, answer(device, message, "succeeded", at=at)), (0.05, lambda: devices.window(device, NEW))]
+
+    devices = Devices(store, script)
+    _fleet(store, ["a", "b"], devices=devices)
+    record = _run(store, devices, waves=("100%",))
+    assert record.state == "completed" and record.outcomes == {"a": "succeeded", "b": "succeeded"}
+    assert record.device_results["a"]["seconds"] is None  # before: -90 s, a deploy that ended before it began
+    assert record.device_results["b"]["seconds"] is not None and record.device_results["b"]["seconds"] >= 0

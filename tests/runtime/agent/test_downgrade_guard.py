@@ -184,3 +184,27 @@ def test_allow_downgrade_is_honoured_only_in_signed_commands_and_always_reported
             service.stop()
     finally:
         fleet.close()
+
+
+def test_a_ledger_write_on_a_full_disk_keeps_the_old_ledger_and_the_rename_is_made_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+    import os
+
+    from edgekit_runtime.agent import deploy_checks
+    from edgekit_runtime.agent.deploy_checks import VersionLedger
+
+    ledger = VersionLedger(tmp_path / LEDGER_NAME)
+    synced: list[Path] = []
+    monkeypatch.setattr(deploy_checks, "fsync_dir", synced.append)
+    ledger.record("tiny", 1000, manifest_sha256="a" * 64)
+    assert synced == [tmp_path] and ledger.highest() == 1000  # the folder is synced after the rename
+
+    def full(*_: Any) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(deploy_checks.os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        ledger.record("tiny", 2000, manifest_sha256="b" * 64)
+    assert ledger.highest() == 1000 and sorted(p.name for p in tmp_path.iterdir()) == [LEDGER_NAME]  # no partial left

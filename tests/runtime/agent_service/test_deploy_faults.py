@@ -248,3 +248,39 @@ def test_an_unforeseen_failure_still_answers_the_deploy(tmp_path: Path, monkeypa
     (result,) = [e for e in events if e["kind"] == "deploy_result"]
     assert result["command_id"] == "cmd-3" and result["details"]["step"] == "internal"
     assert "KeyError" in result["message"] and "serving nothing" in result["message"]
+
+
+def test_an_install_over_an_old_copy_never_leaves_the_version_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Installing a version again moves the old copy aside with a rename (before: deleted it first, so a kill
+    or a failing rename in between left ``previous`` pointing at nothing); the next start puts an old copy
+    back where no new one arrived and deletes it where one did."""
+    store = BundleStore(tmp_path / "store")
+    store.prepare()
+    old = store.versions_dir / "tiny-a-0123456789ab"
+    for staged_name, text in (("s1", "old"), ("s2", "new")):
+        staged = store.new_staging_dir() / staged_name
+        staged.mkdir()
+        (staged / "model.onnx").write_text(text)
+        if staged_name == "s1":
+            assert store.install(staged, old.name) == old
+    real_replace = os.replace
+    monkeypatch.setattr("edgekit_runtime.agent.store.os.replace",
+                        lambda src, dst: _enospc() if "staging" in str(src) else real_replace(src, dst))  # fmt: skip
+    with pytest.raises(Exception, match="cannot move"):
+        store.install(staged, old.name)
+    assert (old / "model.onnx").read_text() == "old"  # the failed move put the old copy back
+    monkeypatch.setattr("edgekit_runtime.agent.store.os.replace", real_replace)
+    assert (store.install(staged, old.name) / "model.onnx").read_text() == "new"
+    assert [p.name for p in store.versions_dir.iterdir()] == [old.name]  # nothing left aside
+
+    # a kill between the two renames: the old copy aside, no new copy yet
+    aside = store.versions_dir / f".{old.name}.replaced-deadbeef"
+    real_replace(old, aside)
+    store.prepare()
+    assert (old / "model.onnx").read_text() == "new" and not aside.exists()
+    # a kill after both renames, before the delete: the new copy stays, the old one goes
+    shutil.copytree(old, aside)
+    (aside / "model.onnx").write_text("older")
+    store.prepare()
+    assert (old / "model.onnx").read_text() == "new" and not aside.exists()
+    assert store.prune(keep=0) == [old]  # the hidden names are never taken for versions

@@ -362,3 +362,49 @@ def test_old_versions_are_pruned(make_device: Callable[..., Device], signed_bund
 def test_bad_deploy_commands(args: Any, fragment: str) -> None:
     with pytest.raises(BundleError, match=re.escape(fragment)):  # DeployError, or BundleSignatureError for the signature
         DeployRequest.from_args(args)
+
+
+def test_a_crash_rollback_at_start_checks_the_previous_bundle_before_moving_the_links(
+    make_device: Callable[..., Device], signed_bundle: Callable[..., Path]
+) -> None:
+    """A bundle that crashed the agent within its watch is rolled back at the next start only to a previous
+    bundle that passes its checks: with a corrupt previous the links stay, the new bundle keeps serving and its
+    deploy answers failed (before, the links moved first and the start fell back to the crashing bundle
+    while the answer said ``rolled_back``)."""
+    from edgekit_runtime.agent.probation import MAX_CRASHES, Probation
+
+    device = make_device()
+    deploy(device, signed_bundle("tiny-a"))
+    deploy(device, signed_bundle("tiny-b"))
+    a, b = device.store.previous, device.store.current
+    device.deployer.probation.write(Probation(version=b.name, bundle="tiny-b", previous=a.name, url="u", command_id="c-9",
+                                              window_s=60.0, crashes=MAX_CRASHES - 1))  # fmt: skip
+    (a / "model.onnx").write_bytes(b"corrupt")
+    device.server.close()
+
+    restarted = make_device()
+    assert (restarted.store.current, restarted.store.previous) == (b, a)
+    assert restarted.deployer.served.name == "tiny-b"
+    answer = [e for e in restarted.events if e["kind"] == "deploy_result"]
+    assert len(answer) == 1 and answer[0]["details"]["outcome"] == "failed" and answer[0]["command_id"] == "c-9"
+    assert "the previous bundle at" in answer[0]["message"] and "modified: model.onnx" in answer[0]["message"]
+    assert restarted.deployer.probation.read() is None
+
+
+def test_a_crash_rollback_at_start_serves_a_working_previous_bundle(
+    make_device: Callable[..., Device], signed_bundle: Callable[..., Path]
+) -> None:
+    from edgekit_runtime.agent.probation import MAX_CRASHES, Probation
+
+    device = make_device()
+    deploy(device, signed_bundle("tiny-a"))
+    deploy(device, signed_bundle("tiny-b"))
+    a, b = device.store.previous, device.store.current
+    device.deployer.probation.write(Probation(version=b.name, bundle="tiny-b", previous=a.name, url="u", command_id="c-8",
+                                              window_s=60.0, crashes=MAX_CRASHES - 1))  # fmt: skip
+    device.server.close()
+
+    restarted = make_device()
+    assert (restarted.store.current, restarted.store.previous) == (a, b) and restarted.deployer.served.name == "tiny-a"
+    answer = [e for e in restarted.events if e["kind"] == "deploy_result"]
+    assert len(answer) == 1 and answer[0]["details"]["outcome"] == "rolled_back" and answer[0]["command_id"] == "c-8"

@@ -176,3 +176,22 @@ def test_a_reading_that_is_no_finite_number_is_refused(fixture_root, clock, text
     clock.advance(1.0)
     with pytest.raises(SensorError, match="should hold a"):  # before: nan poisoned every later window's energy
         sensor.read()
+
+
+def test_an_unreadable_subzone_is_left_out_and_the_packages_still_measured(fixture_root, clock) -> None:
+    """A subzone the kernel will not give (a dram counter at 0 range on some AMD parts, a subzone with another
+    mode) used to make the whole sensor unavailable; now it is left out, named in the source."""
+    root = fixture_root("x86_intel_rapl_2socket")
+    (root / "sys/class/powercap/intel-rapl:1:0/energy_uj").write_text("garbage\n")
+    (root / "sys/class/powercap/intel-rapl:0:0/max_energy_range_uj").write_text("0\n")
+    sensor = RaplPowerSensor(root, clock=clock)
+    assert sensor.available(), sensor.unavailable_reason
+    sensor.read()
+    for relative, value in [("intel-rapl:0", 100_000_000 + 60_000_000), ("intel-rapl:1", 200_000_000 + 40_000_000)]:
+        _set_uj(root, f"sys/class/powercap/{relative}/energy_uj", value)
+    clock.advance(2.0)
+    sample = sensor.read()
+    assert sample.rails_mw == pytest.approx({"package-0": 30_000.0, "package-1": 20_000.0})
+    assert sample.total_mw == pytest.approx(50_000.0)
+    assert "left out, unreadable: intel-rapl:0:0 (" in sensor.source and "the counter's wrap cannot be followed" in sensor.source
+    assert "intel-rapl:1:0 (" in sensor.source and "should hold a number, found 'garbage'" in sensor.source
