@@ -5,7 +5,8 @@ here are re-timed interleaved at the end, so machine noise hits them alike. FP8 
 (built for a GPU target's TensorRT) are evaluated on their decoded host twin: accuracy and size, latency
 only on the device. Those only another backend of the target runs are written the same way and estimated
 on their twin, without a bundle.
-A variant that fails (over budget, a refusal) is a row with its reason, not the end of the sweep.
+A variant that fails (over budget, a refusal, an internal error: its trace logged) is a row with its reason, not the
+end of the sweep; sweep.json and sweep.html are written even when the final timing fails.
 """
 
 from __future__ import annotations
@@ -96,15 +97,27 @@ def sweep(recipe_path: Path | str, target_name: str, out: Path | str, force: boo
                     row.update(status="skipped", reason=f"{precision.value} {why}")
             except EdgekitError as exc:
                 row.update(status="failed", reason=exc.message.splitlines()[0])
+            except Exception as exc:  # an internal error in one variant (a runtime's, a bug): a failed row, the trace logged
+                log.error("sweep variant %s failed with an internal error", label, exc_info=True)
+                first = (str(exc).splitlines() or [""])[0]
+                row.update(status="failed", reason=f"internal error {type(exc).__name__}: {first} (trace in the log)")
         rows.append(row)
-    if built:
-        with progress.stage("timing", f"{len(built)} bundles interleaved"):
-            timings = time_bundles_interleaved(list(built.values()), iterations=iterations)
-        fp32 = timings.get(str(built.get("fp32", "")))
-        for row in rows:
-            timing = timings.get(row.get("bundle", ""))
-            if timing:
-                row.update(p50_ms=timing["p50_ms"], p99_ms=timing["p99_ms"], latency_vs_fp32=timing["p50_ms"] / fp32["p50_ms"] if fp32 else None)
+    try:
+        if built:
+            with progress.stage("timing", f"{len(built)} bundles interleaved"):
+                timings = time_bundles_interleaved(list(built.values()), iterations=iterations)
+            fp32 = timings.get(str(built.get("fp32", "")))
+            for row in rows:
+                timing = timings.get(row.get("bundle", ""))
+                if timing:
+                    row.update(p50_ms=timing["p50_ms"], p99_ms=timing["p99_ms"], latency_vs_fp32=timing["p50_ms"] / fp32["p50_ms"] if fp32 else None)
+    finally:  # the rows built so far are written even when the timing fails
+        result = _finish(rows, recipe_t, target, out_dir, metric)
+    return result
+
+
+def _finish(rows: list[dict[str, Any]], recipe_t: Any, target: Any, out_dir: Path, metric: str | None) -> SweepResult:
+    """The sweep's result from its rows (the budget line on each), with sweep.json and sweep.html written."""
     budget = recipe_t.evaluation.budget if recipe_t.evaluation else None
     budget_line = None
     if budget is not None:

@@ -89,3 +89,51 @@ def test_sweep_of_a_pruned_recipe_builds_both_variants_and_writes_nothing_beside
         assert ((manifest.get("prune") or {}).get("method") == "magnitude") is name.endswith("+pruned"), manifest.get("prune")
         assert manifest["recipe"].get("prune_left_out", False) is not name.endswith("+pruned")  # said where it was left out
     assert sorted(path.name for path in recipe.parent.iterdir()) == sorted([*before, "sweep"])  # nothing else beside it
+
+
+def _fp32_and_int8(recipe, target, backend):
+    from edgekit.precision import Precision
+
+    return [("fp32", Precision.FP32, False, True), ("int8", Precision.INT8, False, True)]
+
+
+def test_an_internal_error_in_one_variant_is_a_failed_row_and_the_others_are_kept(tiny_recipe, tmp_path, monkeypatch, caplog):
+    import edgekit.pipeline as pipeline
+    import edgekit.sweep as sweep_module
+
+    real_build = pipeline.build
+
+    def build(recipe_path, target_name, precision=None, **kwargs):
+        if precision.value == "int8":
+            raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : simulated\nsecond line")
+        return real_build(recipe_path, target_name, precision=precision, **kwargs)
+
+    monkeypatch.setattr(pipeline, "build", build)
+    monkeypatch.setattr(sweep_module, "_variants", _fp32_and_int8)
+    out = tmp_path / "sweep"
+    result = sweep_module.sweep(tiny_recipe(text=CALIBRATED.format(factory="tiny_net")), "x86-64-cpu", out, iterations=3)
+    rows = {row["variant"]: row for row in result.rows}
+    assert rows["fp32"]["status"] == "built" and rows["fp32"]["p50_ms"] > 0
+    assert rows["int8"] == {**rows["int8"], "status": "failed",
+                            "reason": "internal error RuntimeError: [ONNXRuntimeError] : 1 : FAIL : simulated (trace in the log)"}
+    assert "sweep variant int8 failed with an internal error" in caplog.text
+    written = {row["variant"]: row["status"] for row in json.loads((out / "sweep.json").read_text())["variants"]}
+    assert written == {"fp32": "built", "int8": "failed"} and (out / "sweep.html").is_file()
+
+
+def test_the_rows_built_are_written_when_the_timing_fails(tiny_recipe, tmp_path, monkeypatch):
+    import pytest
+
+    import edgekit.bench.compare as compare
+    import edgekit.sweep as sweep_module
+
+    def broken_timing(bundles, iterations):
+        raise RuntimeError("timing broke")
+
+    monkeypatch.setattr(compare, "time_bundles_interleaved", broken_timing)
+    monkeypatch.setattr(sweep_module, "_variants", lambda recipe, target, backend: _fp32_and_int8(recipe, target, backend)[:1])
+    out = tmp_path / "sweep"
+    with pytest.raises(RuntimeError, match="timing broke"):
+        sweep_module.sweep(tiny_recipe(text=CALIBRATED.format(factory="tiny_net")), "x86-64-cpu", out, iterations=3)
+    written = json.loads((out / "sweep.json").read_text())["variants"]
+    assert [(row["variant"], row["status"]) for row in written] == [("fp32", "built")]

@@ -49,6 +49,8 @@ def parse_dims(text: str | None) -> dict[str, int]:
         name, sep, value = part.partition("=")
         if not sep or not value.strip().isdigit():
             raise EdgekitError(f"--shape: cannot read '{part}'", hint="write dim=value pairs separated by commas, e.g. --shape batch=8,seq=128")
+        if int(value) < 1:
+            raise EdgekitError(f"--shape: {name.strip()} must be >= 1, not {int(value)}", hint="a dim is a size: give it 1 or more, e.g. --shape batch=1")
         dims[name.strip()] = int(value)
     return dims
 

@@ -34,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.markup import escape
     from rich.table import Table
 
     from edgekit.bench import parse_dims
@@ -46,30 +47,31 @@ def run(args: argparse.Namespace) -> int:
                                        layer_model=args.layers)  # fmt: skip
     printer = results(args)
     mode = f" at {result.power_mode}" if result.power_mode else ""
-    printer.print(f"[bold]ESTIMATE[/] for {source.name} on {result.target}{mode} ({result.engine}, batch {result.batch}, dims {result.cost.dims or 'static'})")
+    heading = f"{source.name} on {result.target}{mode} ({result.engine}, batch {result.batch}, dims {result.cost.dims or 'static'})"
+    printer.print(f"[bold]ESTIMATE[/] for {escape(heading)}")  # names come from the graph and the bundle: no markup
     printer.print(f"  p50 latency     {result.p50_ms:.3f} ms (estimate)")
     printer.print(f"  throughput      {result.throughput_per_s:.1f} /s (estimate)")
     printer.print(f"  peak memory     {result.peak_memory_mb:.1f} MB (estimate: weights {result.weights_mb:.1f} + activations "
                   f"{result.activations_mb:.1f} + runtime {result.runtime_overhead_mb:.0f})")  # fmt: skip
     if source.measured_p50_ms is not None:
-        printer.print(f"  host measured   {source.measured_p50_ms:.3f} ms p50 on the build host ({source.measured_on or 'unknown CPU'}), for comparison")
+        printer.print(f"  host measured   {source.measured_p50_ms:.3f} ms p50 on the build host ({escape(str(source.measured_on or 'unknown CPU'))}), for comparison")
     if result.energy:
         energy = Table(title=f"energy per inference (one sample) at each power mode (estimate; one call = batch {result.batch})")
         for column in ("mode", "watts", "p50 ms / call", "mJ / call", "mJ / inference"):
             energy.add_column(column, justify="right" if column != "mode" else "left")
         for mode_energy in result.energy:
-            energy.add_row(mode_energy.power_mode, f"{mode_energy.watts:g}", f"{mode_energy.latency_ms:.3f}",
+            energy.add_row(escape(mode_energy.power_mode), f"{mode_energy.watts:g}", f"{mode_energy.latency_ms:.3f}",
                            f"{mode_energy.energy_per_call_mj:.3g}", f"{mode_energy.energy_per_inference_mj:.3g}")  # fmt: skip
         printer.print(energy)
     table = Table(title="by node class (estimate)")
-    for column in ("class", "nodes", "GOPs", "MB moved", "ms", "share"):
+    for column in ("class", "nodes", "GOPs", "MB moved", "ms", "share"):  # MB: 10^6 bytes, as every size edgekit writes
         table.add_column(column, justify="right" if column != "class" else "left")
     for cls, row in sorted(result.by_class.items(), key=lambda item: -item[1]["ms"]):
-        table.add_row(cls, f"{row['nodes']:.0f}", f"{row['ops'] / 1e9:.3f}", f"{row['bytes'] / 2**20:.2f}", f"{row['ms']:.3f}", f"{row['share']:.0%}")
+        table.add_row(cls, f"{row['nodes']:.0f}", f"{row['ops'] / 1e9:.3f}", f"{row['bytes'] / 1e6:.2f}", f"{row['ms']:.3f}", f"{row['share']:.0%}")
     printer.print(table)
     printer.print("factors:")
     for factor in result.factors:
-        printer.print(f"  - {factor}", soft_wrap=True)
+        printer.print(f"  - {escape(factor)}", soft_wrap=True)
     if args.json:
         doc = result.to_json(nodes=args.nodes)
         doc["source"] = {"name": source.name, "model": str(source.model_path), "measured_p50_ms": source.measured_p50_ms,

@@ -166,13 +166,42 @@ def load_calibration(path: Path) -> dict[str, Any]:
     if not isinstance(document, dict) or document.get("kind") != FILE_KIND or document.get("schema_version") != SCHEMA_VERSION:
         raise EstimateError(f"{path} is not an edgekit calibration file (kind '{FILE_KIND}', schema_version {SCHEMA_VERSION})",
                             hint="pass the file `edgekit fleet calibrate --out` wrote")  # fmt: skip
-    for index, entry in enumerate(document.get("entries", [])):
-        efficiency = entry.get("efficiency") if isinstance(entry, dict) else None
-        if not isinstance(efficiency, dict) or not all(isinstance(v, (int, float)) and 0 < v <= 1 and math.isfinite(v)
-                                                       for v in efficiency.values()):  # fmt: skip
-            raise EstimateError(f"{path}: entries[{index}].efficiency must map op classes to numbers in (0, 1]",
-                                hint="write the file again with `edgekit fleet calibrate`")  # fmt: skip
+    entries = document.get("entries")
+    if not isinstance(entries, list):
+        raise EstimateError(f"{path}: entries must be a list of calibration entries, not {type(entries).__name__}", hint=_rewrite_hint(path))
+    for index, entry in enumerate(entries):
+        problem = _entry_problem(entry)
+        if problem is not None:
+            raise EstimateError(f"{path}: entries[{index}].{problem}", hint=_rewrite_hint(path))
     return document
+
+
+def _rewrite_hint(path: Path) -> str:
+    return f"write it again with `edgekit fleet calibrate --out {path}`, or delete it to estimate with the default factors"
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _entry_problem(entry: Any) -> str | None:
+    """What is wrong with one calibration entry ("field must ..."), or None: every field an estimate reads is checked."""
+    if not isinstance(entry, dict):
+        return f"(the entry itself) must be an object, not {type(entry).__name__}"
+    if not isinstance(entry.get("target"), str):
+        return "target must be a target name"
+    if entry.get("power_mode") is not None and not isinstance(entry.get("power_mode"), str):
+        return "power_mode must be a power mode name or null"
+    efficiency = entry.get("efficiency")
+    if not isinstance(efficiency, dict) or not all(_number(v) and 0 < v <= 1 for v in efficiency.values()):
+        return "efficiency must map op classes to numbers in (0, 1]"
+    overhead = entry.get("node_overhead_us")
+    if not _number(overhead) or overhead < 0:
+        return f"node_overhead_us must be a finite number of microseconds >= 0, not {overhead!r}"
+    fraction = entry.get("power_fraction", DEFAULT_POWER_FRACTION)
+    if not _number(fraction) or not 0 < fraction <= 1:
+        return f"power_fraction must be a share in (0, 1], not {fraction!r}"
+    return None
 
 
 def factors_for(document: Mapping[str, Any], target: str, power_mode: str | None) -> Factors | None:

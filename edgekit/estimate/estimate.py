@@ -56,7 +56,7 @@ class Estimate:
     batch: int
     p50_ms: float
     throughput_per_s: float
-    weights_mb: float
+    weights_mb: float  # decimal MB (10^6 bytes), as everywhere in edgekit's output
     activations_mb: float
     runtime_overhead_mb: float
     by_class: dict[str, dict[str, float]]  # class -> nodes, ops, bytes, ms, share
@@ -66,6 +66,7 @@ class Estimate:
     hardware: dict[str, Any]
     cost: GraphCost = field(repr=False, compare=False)
     node_ms: tuple[tuple[str, str, str, float], ...] = field(default=(), repr=False)  # name, op, class, ms
+    layer_model: str = "per-node"  # how the graph was timed: one roofline per ONNX node, or per TensorRT fused layer
 
     @property
     def peak_memory_mb(self) -> float:
@@ -74,7 +75,7 @@ class Estimate:
     def to_json(self, nodes: bool = False) -> dict[str, Any]:
         doc: dict[str, Any] = {
             "kind": "estimate", "target": self.target, "power_mode": self.power_mode, "engine": self.engine,
-            "batch": self.batch, "p50_ms": self.p50_ms, "throughput_per_s": self.throughput_per_s,
+            "batch": self.batch, "layer_model": self.layer_model, "p50_ms": self.p50_ms, "throughput_per_s": self.throughput_per_s,
             "memory_mb": {"weights": self.weights_mb, "activations": self.activations_mb,
                           "runtime_overhead": self.runtime_overhead_mb, "peak": self.peak_memory_mb},
             "energy": [{"power_mode": e.power_mode, "watts": e.watts, "p50_ms": e.latency_ms, "batch": e.batch,
@@ -88,11 +89,25 @@ class Estimate:
         return doc
 
 
+def stored_precisions(cost: GraphCost) -> set[str]:
+    """The precisions the graph's conv / matmul / attention nodes compute at as stored (every node's, if it has none)."""
+    compute = {n.precision for n in cost.nodes if not n.fused and n.op_class in ASSUMED_COMPUTE_CLASSES}
+    return compute or {n.precision for n in cost.nodes if not n.fused}
+
+
 def _assume(cost: GraphCost, precision: str | None) -> tuple[GraphCost, list[str]]:
     if precision is None:
         return cost, []
     if precision not in ASSUMED_BYTE_SCALE:
         raise EstimateError(f"cannot time a graph as {precision}", hint=f"choose one of {', '.join(ASSUMED_BYTE_SCALE)}")
+    stored = stored_precisions(cost)
+    if stored and stored != {"fp32"}:  # the byte scale is relative to FP32: it would shrink an fp16 / int8 graph again
+        listed = ", ".join(sorted(stored))
+        if stored == {precision.split("-")[0]}:
+            return cost, [f"graph already stored as {listed}: timed as stored ({precision} asked; no bytes scaled)"]
+        raise EstimateError(f"cannot time a graph stored as {listed} as {precision}: an assumed precision rescales an FP32 "
+                            "graph's bytes", hint="pass the FP32 bundle or its .onnx with --precision, or drop --precision to "
+                            "time this graph as stored")  # fmt: skip
     scale = ASSUMED_BYTE_SCALE[precision]
     nodes = tuple(replace(n, precision=precision if n.op_class in ASSUMED_COMPUTE_CLASSES and n.precision == "fp32" else n.precision,
                           bytes_read=n.bytes_read * scale, bytes_written=n.bytes_written * scale, weight_bytes=n.weight_bytes * scale)
@@ -131,6 +146,10 @@ def estimate(model: Any, target: TargetProfile, *, dims: Mapping[str, int] | Non
     if layer_model is not None and layer_model not in LAYER_MODELS:
         raise EstimateError(f"layer model '{layer_model}' is not one of {', '.join(LAYER_MODELS)}",
                             hint="'tensorrt' to time TensorRT's fused layers, 'per-node' for one roofline per ONNX node")  # fmt: skip
+
+    small = {name: size for name, size in {**(dims or {}), **({"batch": batch} if batch is not None else {})}.items() if int(size) < 1}
+    if small:
+        raise EstimateError(f"dims must be >= 1: {', '.join(f'{k}={v}' for k, v in small.items())}", hint="a dim is a size: give it 1 or more, e.g. --shape batch=1")
 
     def figures(mode: str | None) -> Hardware:
         found = hardware_for(target, mode, measured=measured_peak)
@@ -184,10 +203,11 @@ def estimate(model: Any, target: TargetProfile, *, dims: Mapping[str, int] | Non
                      f"batch-{batch} call / {batch} samples ({factors.source})")
     return Estimate(
         target=target.name, power_mode=hardware.power_mode, engine=engine, batch=batch, p50_ms=latency,
-        throughput_per_s=batch * 1000.0 / latency if latency else 0.0, weights_mb=cost.weight_bytes / 2**20,
-        activations_mb=cost.peak_activation_bytes / 2**20, runtime_overhead_mb=RUNTIME_OVERHEAD_MB[engine_kind(runs_on.engine)],
+        throughput_per_s=batch * 1000.0 / latency if latency else 0.0, weights_mb=cost.weight_bytes / 1e6,
+        activations_mb=cost.peak_activation_bytes / 1e6, runtime_overhead_mb=RUNTIME_OVERHEAD_MB[engine_kind(runs_on.engine)],
         by_class=by_class, energy=tuple(energy), factors=tuple(words), calibration={**calibration_info, **factors.to_json()},
         hardware=hardware.to_json(), cost=cost, node_ms=tuple((n.name, n.op_type, n.op_class, n.ms) for n in timed),
+        layer_model=hardware.layer_model,
     )  # fmt: skip
 
 
@@ -213,12 +233,28 @@ def bundle_input(path: Path) -> EstimateInput:
     if not manifest_path.is_file():
         raise EstimateError(f"{path} is neither a bundle directory (no manifest.json) nor an .onnx file",
                             hint="pass the folder `edgekit build` wrote, its model.onnx, or a recipe .yaml")  # fmt: skip
+    hint = "rebuild the bundle with `edgekit build`, or pass its model.onnx with --shape"
     try:
         manifest = json.loads(manifest_path.read_text())
-        bench = manifest.get("benchmark") or {}
-        model = path / manifest["model"]["path"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise EstimateError(f"{manifest_path}: not a bundle manifest ({exc})", hint="rebuild the bundle with `edgekit build`") from exc
-    dims = {str(k): int(v) for k, v in (bench.get("shape") or {}).items()}
+    except (OSError, ValueError) as exc:
+        raise EstimateError(f"{manifest_path}: not readable JSON ({exc})", hint=hint) from exc
+    if not isinstance(manifest, dict):
+        raise EstimateError(f"{manifest_path}: not a bundle manifest (a {type(manifest).__name__}, not an object)", hint=hint)
+    model_entry, bench = manifest.get("model"), manifest.get("benchmark") or {}
+    if not isinstance(model_entry, dict) or not isinstance(model_entry.get("path"), str):
+        raise EstimateError(f"{manifest_path}: model.path must name the bundle's ONNX file", hint=hint)
+    if not isinstance(bench, dict) or not isinstance(bench.get("shape") or {}, dict):
+        raise EstimateError(f"{manifest_path}: benchmark.shape must map dim names to sizes, e.g. {{\"batch\": 8}}", hint=hint)
+    model = path / model_entry["path"]
+    dims = {}
+    for name, size in (bench.get("shape") or {}).items():
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise EstimateError(f"{manifest_path}: benchmark.shape.{name} must be a whole number >= 1, not {size!r}", hint=hint)
+        dims[str(name)] = size
+    batch, p50 = bench.get("batch"), bench.get("p50_ms")
+    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
+        raise EstimateError(f"{manifest_path}: benchmark.batch must be a whole number >= 1, not {batch!r}", hint=hint)
+    if p50 is not None and (isinstance(p50, bool) or not isinstance(p50, (int, float))):
+        raise EstimateError(f"{manifest_path}: benchmark.p50_ms must be a number of milliseconds, not {p50!r}", hint=hint)
     return EstimateInput(model, dims, bench.get("batch"), str(manifest.get("name", path.name)), manifest.get("precision"),
                          bench.get("p50_ms"), (bench.get("host") or {}).get("cpu") if isinstance(bench.get("host"), dict) else bench.get("host"))  # fmt: skip

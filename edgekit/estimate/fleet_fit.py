@@ -80,7 +80,24 @@ def _hardware(target: TargetProfile, power_mode: str | None, cache: dict[Any, Ha
 def observation(bundle: KnownBundle, hardware: Hardware, measured_ms: float, label: str, *,
                 power_mean_w: float | None = None) -> Observation:  # fmt: skip
     line = roofline(bundle.cost, hardware)
-    return Observation(label, line.class_roofline_ms(), line.counted_nodes, measured_ms, power_mean_w, hardware.watts)
+    return Observation(label, line.class_roofline_ms(), line.counted_nodes, measured_ms, power_mean_w, hardware.watts,
+                       fixed_ms=line.fixed_ms)  # the measured control-flow and split costs the estimate adds unscaled
+
+
+def cost_on(bundle: KnownBundle, target: TargetProfile, cache: dict[Any, GraphCost]) -> KnownBundle:
+    """``bundle`` with the graph the estimate costs on ``target``: on a host whose peak is measured, the graph ONNX
+    Runtime optimises at the host's threads (as :func:`~edgekit.estimate.estimate.estimate` with a measured peak),
+    else the exported graph (:func:`find_bundles`'s)."""
+    if not needs_measured_peak(target):
+        return bundle
+    from edgekit.estimate.host_peak import host_threads
+    from edgekit.estimate.runtime_graph import runtime_graph_costs
+
+    threads = host_threads(target.cpu.cores)
+    key = (str(bundle.source.model_path), threads)
+    if key not in cache:
+        cache[key] = runtime_graph_costs(bundle.source.model_path, threads, dims=bundle.source.dims)
+    return replace(bundle, cost=cache[key])
 
 
 def observations_from_store(store: Any, bundles: Sequence[KnownBundle], *, fleet: str | None = None,
@@ -88,6 +105,7 @@ def observations_from_store(store: Any, bundles: Sequence[KnownBundle], *, fleet
     """(target, power mode) -> observations, from the store's aggregates of the known bundles."""
     by_id = {i: b for b in bundles for i in b.ids}
     hardware_cache: dict[Any, Hardware] = {}
+    runtime_costs: dict[Any, GraphCost] = {}
     out: dict[tuple[str, str | None], list[Observation]] = defaultdict(list)
     for row in store.aggregate(("bundle_id", "target", "power_mode"), fleet=fleet, since=since):
         bundle = by_id.get(row.bundle_id or "")
@@ -95,7 +113,7 @@ def observations_from_store(store: Any, bundles: Sequence[KnownBundle], *, fleet
             continue
         target = get_target(row.target)
         hardware = _hardware(target, row.power_mode, hardware_cache)
-        out[(target.name, row.power_mode)].append(observation(bundle, hardware, row.p50_ms, f"{row.bundle_id}@{target.name}",
+        out[(target.name, row.power_mode)].append(observation(cost_on(bundle, target, runtime_costs), hardware, row.p50_ms, f"{row.bundle_id}@{target.name}",
                                                               power_mean_w=row.power_mean_mw / 1000.0 if row.power_mean_mw else None))  # fmt: skip
     return dict(out)
 

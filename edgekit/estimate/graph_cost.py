@@ -8,7 +8,8 @@ once on ONNX Runtime with zero-filled inputs to read every intermediate shape.
 Counting rules (a multiply-add counts 2 ops):
 
 * Conv / ConvTranspose / ConvInteger / QLinearConv: ``2 x N x C_out x spatial_out x C_in/group x kernel``.
-* MatMul / Gemm / MatMulInteger / QLinearMatMul / MatMulNBits / FusedMatMul: ``2 x batch x M x K x N``.
+* MatMul / Gemm / MatMulInteger / QLinearMatMul / MatMulNBits / FusedMatMul: ``2 x batch x M x K x N`` (K as
+  :func:`edgekit.estimate.matmul_dims.reduction_dim` reads it: ``transA`` / ``transBatchA`` honoured).
 * LSTM / GRU / RNN: ``2 x seq x batch x (input + hidden) x gates x hidden x directions`` (4, 3, 1 gates).
 * Attention (ONNX Runtime contrib) / MultiHeadAttention: the QK^T and AV products, ``4 x B x S x S x hidden``.
 * elementwise: 1 op an output element (transcendental ops such as Erf, Exp, Tanh, Gelu: :data:`TRANSCENDENTAL_OPS`).
@@ -22,7 +23,8 @@ bias/scale right after a Conv/MatMul/Gemm that is its only reader is fused into 
 :mod:`edgekit.estimate.runtime_graph`): every node left runs as written, no fusion is assumed, and a view op
 (Reshape, Squeeze, ...) moves no bytes but still costs its dispatch.
 An ``If`` counts the nodes of the branch it takes (:mod:`edgekit.estimate.subgraphs`, each marked ``in_subgraph``) and one
-subgraph call; a ``Loop`` / ``Scan`` counts a subgraph call per iteration and its body's node dispatches (``body_node_calls``).
+subgraph call; a ``Loop`` / ``Scan`` counts a subgraph call per iteration, its body's node dispatches (``body_node_calls``)
+and its body's work per iteration (:mod:`edgekit.estimate.loop_work`: ops and bytes, under the body's heaviest class).
 Each node gets a ``kind`` for the kernel that runs it (:func:`node_kind`: conv-dense, conv-depthwise, ...). Nodes whose inputs are all constants are folded at load time (no cost; their outputs count as weights read).
 Bytes are what the node reads plus what it writes, each tensor at its stored element size (an int8
 weight 1 byte, MatMulNBits' packed 4-bit weights half a byte per value). Quantized forms compute at
@@ -42,6 +44,8 @@ from typing import Any
 import numpy as np
 
 from edgekit.errors import EdgekitError
+from edgekit.estimate.loop_work import body_work
+from edgekit.estimate.matmul_dims import reduction_dim
 from edgekit.estimate.subgraphs import inline_taken_branches, loop_bodies
 
 
@@ -115,6 +119,7 @@ class NodeCost:
     gemm_mnk: tuple[int, int, int] = ()  # a conv / matmul as a GEMM: rows (M), output channels (N), reduction (K)
     in_subgraph: bool = False  # brought in from an If branch: runs inside a subgraph (a measured per-node premium)
     body_node_calls: int = 0  # a Loop / Scan: its body's node executions (body nodes x iterations), costed as dispatches
+    body_bytes: float = 0.0  # a Loop / Scan: the bytes its body moves over the iterations counted (within bytes_read/written)
 
     @property
     def bytes(self) -> float:
@@ -385,16 +390,9 @@ def _ops(node: Any, shapes: Mapping[str, tuple[tuple[int, ...], int]], out_shape
                 return 0.0
             hidden = float(_attr(node, "hidden_size", weight[1] // _RECURRENT_GATES[op]))
             return 2.0 * first[0] * first[1] * (first[2] + hidden) * weight[1] * weight[0]
-        if op == "MatMulNBits":
-            k = float(_attr(node, "K", first[-1] if first else 0))
-        elif op == "Gemm":
-            k = float(first[0] if _attr(node, "transA", 0) else first[-1]) if first else 0.0
-        elif op in ("QLinearMatMul",):
-            k = float(first[-1]) if first else 0.0
-        elif op == "Einsum":
+        if op == "Einsum":
             return 2.0 * max(out, _numel(first))  # a lower bound: contraction size is not read here
-        else:
-            k = float(first[-1]) if first else 0.0
+        k = float(_attr(node, "K", first[-1] if first else 0)) if op == "MatMulNBits" else float(reduction_dim(node, first))
         return 2.0 * out * k
     if cls == "attention":
         if len(first) == 3:
@@ -423,12 +421,11 @@ def _gemm_mnk(node: Any, shapes: Mapping[str, tuple[tuple[int, ...], int]], out_
         weight = shapes.get(node.input[1], ((), 1))[0]
         if len(weight) >= 3:
             return int(_numel(out_shape) // max(out_shape[1], 1)), int(weight[0]), int(_numel(weight[1:]))
-    if node.op_type in ("MatMul", "Gemm", "MatMulInteger") and len(node.input) > 1 and out_shape:
+    if node.op_type in ("MatMul", "Gemm", "MatMulInteger", "FusedMatMul", "FusedGemm") and len(node.input) > 1 and out_shape:
         first, second = shapes.get(node.input[0], ((), 1))[0], shapes.get(node.input[1], ((), 1))[0]
         if first and second:
-            k = int(first[0] if node.op_type == "Gemm" and _attr(node, "transA", 0) else first[-1])
             n = int(out_shape[-1])
-            return int(_numel(out_shape) // max(n, 1)), n, k
+            return int(_numel(out_shape) // max(n, 1)), n, reduction_dim(node, first)
     return ()
 
 
@@ -481,6 +478,8 @@ def graph_costs(model: Any, dims: Mapping[str, int] | None = None, *, input_shap
         except Exception as exc:  # ORT cannot run it on CPU: keep the inferred shapes and say what is unknown
             assumptions.append(f"shape probe on ONNX Runtime failed ({type(exc).__name__}): {len(missing)} node(s) without "
                                "a static output shape count no work")  # fmt: skip
+    work, work_notes = body_work(proto, loops, shapes, lambda body, fed: graph_costs(body, input_shapes=fed, fusion=fusion))
+    assumptions.extend(work_notes)
     initializers = {i.name for i in proto.graph.initializer}
     constants = {out for node in proto.graph.node if node.op_type == "Constant" for out in node.output}
     producers = {out: node for node in proto.graph.node for out in node.output}
@@ -532,7 +531,7 @@ def graph_costs(model: Any, dims: Mapping[str, int] | None = None, *, input_shap
         out_shape = shapes.get(node.output[0], ((), 1))[0] if node.output and node.output[0] in shapes else ()
         known = bool(node.output) and node.output[0] in shapes
         idle = fused or view
-        nodes.append(NodeCost(
+        node_cost = NodeCost(
             name=key, op_type=node.op_type, op_class=cls, precision=precisions[key],
             ops=0.0 if idle or not known else _ops(node, shapes, out_shape),
             bytes_read=0.0 if idle else sum(nbytes(n) for n in acts) + sum(nbytes(n) for n in weights),
@@ -542,7 +541,8 @@ def graph_costs(model: Any, dims: Mapping[str, int] | None = None, *, input_shap
             in_subgraph=bool(node.output) and node.output[0] in inlined,
             subgraph_calls=loops[key].iterations if key in loops else 0,
             body_node_calls=loops[key].iterations * loops[key].body_nodes if key in loops else 0,
-        ))  # fmt: skip
+        )  # fmt: skip
+        nodes.append(work[key].added_to(node_cost, loops[key].iterations) if key in work else node_cost)
     for call in if_calls:  # the If itself: no work of its own, one subgraph invocation
         nodes.append(NodeCost(name=call.name, op_type="If", op_class="data_movement", precision="fp32", ops=0.0, bytes_read=0.0,
                               bytes_written=0.0, weight_bytes=0.0, kind="subgraph", subgraph_calls=1))  # fmt: skip

@@ -10,7 +10,9 @@ beyond a top-level node (both timed on a measured host by :func:`edgekit.estimat
 
 ``Loop`` and ``Scan`` bodies are not inlined (their values change every iteration): :func:`loop_bodies` counts a
 body's nodes (nested subgraphs included) and the iterations (a ``Loop``'s constant trip count, else one, said in the
-notes), and the cost model charges each body node's dispatch per iteration and a subgraph invocation per iteration.
+notes; a count of :data:`WHILE_TRIP_COUNT` or more with a condition input is a while loop's "no limit": one, said),
+and the cost model charges each body node's dispatch per iteration and a subgraph invocation per iteration.
+:mod:`edgekit.estimate.loop_work` adds the body's work (ops and bytes) for each iteration counted.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from typing import Any
 import numpy as np
 
 MAX_DEPTH = 8
+#: a constant Loop trip count this large beside a condition input is a while loop's "no limit" (torch.onnx writes
+#: INT64_MAX), not a count: its iterations are unknown
+WHILE_TRIP_COUNT = 2**31
 
 
 @dataclass(frozen=True)
@@ -174,8 +179,10 @@ def _constant_int(model: Any, name: str) -> int | None:
 
 def loop_bodies(model: Any) -> tuple[dict[str, LoopBody], list[str]]:
     """Each ``Loop`` / ``Scan`` node of ``model``'s graph (by name, else first output) -> its :class:`LoopBody`: a Loop's
-    trip count when its ``M`` input is a constant, else one iteration (said in the notes, as for every Scan)."""
+    trip count when its ``M`` input is a constant (below :data:`WHILE_TRIP_COUNT` when a condition input is present),
+    else one iteration (said in the notes, as for every Scan)."""
     bodies: dict[str, LoopBody] = {}
+    notes: list[str] = []
     for node in model.graph.node:
         if node.op_type not in ("Loop", "Scan"):
             continue
@@ -184,10 +191,13 @@ def loop_bodies(model: Any) -> tuple[dict[str, LoopBody], list[str]]:
             continue
         trips = _constant_int(model, node.input[0]) if node.op_type == "Loop" and node.input and node.input[0] else None
         key = node.name or node.output[0]
+        if trips is not None and trips >= WHILE_TRIP_COUNT and len(node.input) > 1 and node.input[1]:
+            trips = None  # a while loop (torch.onnx exports M = INT64_MAX): its condition stops it, at a count unknown here
+            notes.append(f"Loop '{key}' runs while its condition holds (trip count {WHILE_TRIP_COUNT:,} or more): iterations "
+                         "unknown, one counted")  # fmt: skip
         bodies[key] = LoopBody(key, _size(body), max(1, trips) if trips is not None else 1, trips is not None)
     unknown = [b.name for b in bodies.values() if not b.iterations_known]
-    notes = []
     if bodies:
-        notes.append(f"{len(bodies)} Loop/Scan node(s): each body node's dispatch is counted per iteration, their work once"
-                     + (f" ({len(unknown)} without a constant trip count: one iteration counted)" if unknown else ""))  # fmt: skip
+        notes.insert(0, f"{len(bodies)} Loop/Scan node(s): each body node's dispatch and one subgraph call are counted per "
+                        "iteration" + (f" ({len(unknown)} without a known trip count: one iteration counted)" if unknown else ""))  # fmt: skip
     return bodies, notes

@@ -18,7 +18,8 @@ The fusions follow what TensorRT's builder documents (Developer Guide, "Layer Fu
   own; a Transpose beside a GEMM folds into its operand layout, elsewhere it is a reformat layer (a memory pass);
 * pooling and resize layers run on their own, and so do InstanceNorm and GroupNorm (their statistics span the whole
   volume of a channel, so no conv tile can apply them), with the pointwise ops after them fused in; constant
-  subgraphs are folded when the engine is built.
+  subgraphs are folded when the engine is built; a ``Loop`` / ``Scan`` is a layer of its own carrying its body's
+  work over the iterations counted (:mod:`edgekit.estimate.loop_work`).
 
 Tensor-core kernels work in tiles: a conv / GEMM layer whose output channels or reduction do not fill a
 :data:`TILE_N` x :data:`TILE_K` tile, or whose tiles (:data:`TILE_MN` square) leave SMs idle in the last wave (128 CUDA
@@ -54,6 +55,8 @@ POINTWISE_REDUCTIONS = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "Re
 WHOLE_TENSOR_NORMS = ("InstanceNormalization", "GroupNormalization")
 #: data movement the engine does without a kernel of its own
 FREE_MOVES = ("Concat", "Expand", "Cast", "CastLike")
+#: control flow whose body runs as layers each iteration: a layer of its own carrying the body's work
+LOOP_OPS = ("Loop", "Scan")
 #: the output-channel and reduction tile of a tensor-core kernel, and the output tile (rows x channels) one SM
 #: computes (CUTLASS's Ampere implicit-GEMM threadblock tiles: 64 to 256 channels wide, K steps of 32)
 TILE_N = 64
@@ -82,6 +85,8 @@ def _role(node: NodeCost) -> str:
     """'constant', 'free', 'anchor', 'pointwise' or 'own' (a layer of its own: pooling, resize, reformat...)."""
     if not node.inputs and not node.subgraph_calls:
         return "constant"  # computed from constants only: folded at build time
+    if node.op_type in LOOP_OPS:
+        return "own"  # a loop runs its body's layers each iteration: its work (loop_work), on no other layer
     if node.op_type in VIEW_OPS or node.op_type in FREE_MOVES or node.op_class == "quantize" or node.subgraph_calls:
         return "free"
     if node.op_type == "Transpose":
@@ -168,7 +173,7 @@ def layer_bytes(layer: Layer, members_of: Mapping[str, int], index: int, readers
     total = 0.0
     read: set[str] = set()
     for member in layer.members:
-        total += member.weight_bytes
+        total += member.weight_bytes + member.body_bytes  # a Loop / Scan: what its body moves over the iterations
         for tensor in member.inputs:
             inside = tensor in members_of and members_of[tensor] == index or origin_free.get(tensor) == {index}
             if not inside and tensor not in read:

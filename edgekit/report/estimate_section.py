@@ -34,6 +34,12 @@ def time_by_class_svg(by_class: dict[str, dict[str, float]]) -> str | None:
     return _to_svg(figure, "estimate", "Bar chart of estimated milliseconds per node class on the target")
 
 
+#: the estimate's layer model -> how the section says the graph was timed
+METHOD = {"per-node": "a per-node roofline over the ONNX graph at the benchmark shape with efficiency factors per node class",
+          "tensorrt": "a per-layer roofline over the graph fused as TensorRT fuses it (conv / GEMM epilogues, pointwise chains, "
+                      "attention), at the benchmark shape, with efficiency factors per layer class and a launch cost per layer"}  # fmt: skip
+
+
 def estimate_section(result: Estimate | None) -> dict[str, Any]:
     """The section's context from the estimate of the bundle on its target, made by the pipeline
     (:func:`edgekit.estimate.summary.estimate_for_bundle`); None leaves the section out."""
@@ -52,5 +58,5 @@ def estimate_section(result: Estimate | None) -> dict[str, Any]:
              ("factors", "calibrated" if result.calibration.get("calibrated") else "default (uncalibrated)")]  # fmt: skip
     energy = [(e.power_mode, f"{e.watts:g} W", f"{e.latency_ms:.3f} ms", f"{e.energy_per_inference_mj:.3g} mJ per sample"
                + (f" ({e.energy_per_call_mj:.3g} mJ per batch-{e.batch} call)" if e.batch > 1 else "")) for e in result.energy]
-    return {"available": True, "facts": facts, "energy": energy, "factors": list(result.factors),
+    return {"available": True, "facts": facts, "energy": energy, "factors": list(result.factors), "method": METHOD[result.layer_model],
             "plot": Markup(plot) if plot else None}  # fmt: skip

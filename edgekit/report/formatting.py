@@ -123,10 +123,10 @@ def _three_digits(x: float, *, whole: bool) -> str:
     return f"{x:,.{decimals}f}".rstrip("0").rstrip(".") if decimals else f"{x:,.0f}"
 
 
-def fmt_mb(value: Any) -> str:
-    """A figure recorded in MB (``peak_rss_mb``) written as :func:`fmt_bytes` writes sizes."""
+def fmt_mib(value: Any) -> str:
+    """A figure recorded in MiB (``peak_rss_mb``: VmHWM kB / 1024) written as :func:`fmt_bytes` writes sizes (decimal)."""
     x = number(value)
-    return fmt_value(value) if x is None else fmt_bytes(x * 1e6)
+    return fmt_value(value) if x is None else fmt_bytes(x * 2**20)
 
 
 def fmt_percent(part: float | None, whole: float | None) -> str:

@@ -24,7 +24,7 @@ from edgekit.report.formatting import (
     bundle_vs_fp32,
     dig,
     fmt_cosine,
-    fmt_mb,
+    fmt_mib,
     fmt_ms,
     fmt_number,
     fmt_sci,
@@ -170,7 +170,7 @@ def _cards(
             f"{fmt_number(dig(bench, 'throughput_per_s'), 3)} /s" if number(dig(bench, "throughput_per_s")) else NA,
             f"batch {fmt_value(batch)}" if batch is not None else "",
         ),
-        _card("Peak RSS" + host_note, fmt_mb(dig(bench, "peak_rss_mb")), "resident memory while benchmarking"),
+        _card("Peak RSS" + host_note, fmt_mib(dig(bench, "peak_rss_mb")), "resident memory while benchmarking"),
     ]
 
 

@@ -18,7 +18,7 @@ from edgekit.report.formatting import (
     fmt_bytes,
     fmt_cosine,
     fmt_host,
-    fmt_mb,
+    fmt_mib,
     fmt_number,
     fmt_percent,
     fmt_sci,
@@ -175,7 +175,7 @@ def _memory_rows(manifest: dict[str, Any], model_bytes: float | None, memory_gb:
     host = dig(manifest, "benchmark", "host")
     rows = [
         ("model file(s)", fmt_bytes(model_bytes), model_bytes),
-        (f"peak RSS while benchmarking{f' on {fmt_host(host, short=True)}' if host else ''}", fmt_mb(rss_mb),
+        (f"peak RSS while benchmarking{f' on {fmt_host(host, short=True)}' if host else ''}", fmt_mib(rss_mb),
          rss_mb * 1e6 if rss_mb is not None else None),
     ]
     return [

@@ -18,7 +18,7 @@ from edgekit.report.formatting import (
     dig,
     fmt_cosine,
     fmt_host,
-    fmt_mb,
+    fmt_mib,
     fmt_ms,
     fmt_number,
     fmt_sci,
@@ -134,7 +134,7 @@ def benchmark_section(manifest: dict[str, Any], latency_samples_ms: Sequence[flo
         ("intra-op threads", fmt_value(dig(bench, "threads"))),
         ("execution providers", fmt_value(dig(bench, "providers"))),
         ("throughput", f"{fmt_number(throughput, 3)} per second" if throughput is not None else NA),
-        ("peak RSS", fmt_mb(dig(bench, "peak_rss_mb"))),
+        ("peak RSS", fmt_mib(dig(bench, "peak_rss_mb"))),
     ]
     percentiles = {name: dig(bench, f"{name}_ms") for name in ("p50", "p90", "p99")}
     samples = list(latency_samples_ms) if latency_samples_ms is not None else []  # a list, tuple or NumPy array

@@ -47,10 +47,15 @@ def sweep_title(recipe: str | None, target: str | None, batch: Any) -> str:
 
 
 @_styled
+def _finite(value: Any) -> bool:
+    return number(value) is not None  # number(): a finite float, else None
+
+
 def sweep_pareto_svg(rows: Sequence[dict[str, Any]], metric: str, higher_is_better: bool, *, title: str = "") -> str | None:
     """``rows``: sweep rows with ``variant``, ``p50_ms``, ``metric_value``, ``size_bytes``, ``status``;
     ``title``: what was swept (:func:`sweep_title`)."""
-    measured = [r for r in rows if r.get("p50_ms") and r.get("metric_value") is not None and r.get("status") == "built"]
+    measured = [r for r in rows if r.get("status") == "built" and _finite(r.get("p50_ms")) and r["p50_ms"] > 0
+                and _finite(r.get("metric_value"))]  # a NaN or infinite figure has no place on the axes: the table has it
     if not measured:
         return None
     figure, axes = _figure(4.2)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from edgekit.report import render_report
-from edgekit.report.formatting import bundle_vs_fp32, fmt_bytes, fmt_mb, measured_on_target, where_measured
+from edgekit.report.formatting import bundle_vs_fp32, fmt_bytes, fmt_mib, measured_on_target, where_measured
 from edgekit.report.sweep_plot import render_sweep_html, sweep_cells
 from tests.report.test_report import _parse, _visible_text, realistic_manifest
 
@@ -27,7 +27,8 @@ def test_sizes_have_units_and_no_exponent(size: Any, text: str) -> None:
 
 def test_fixed_units_and_megabyte_figures() -> None:
     assert fmt_bytes(1_234_567, "MB") == "1.23 MB" and fmt_bytes(45_300_000, "MB") == "45.3 MB"
-    assert fmt_mb(90.5) == "90.5 MB" and fmt_mb(0.5) == "500 KB" and fmt_mb(1500) == "1.5 GB"
+    # peak_rss_mb is MiB (VmHWM kB / 1024), written in decimal units as every size: 90.5 MiB = 94,896,128 bytes
+    assert fmt_mib(90.5) == "94.9 MB" and fmt_mib(0.5) == "524 KB" and fmt_mib(1500) == "1.57 GB"
     with pytest.raises(ValueError, match="fmt_bytes: unit 'MiB' is not one of B, KB, MB, GB, TB"):
         fmt_bytes(1, "MiB")
 
@@ -81,8 +82,8 @@ def test_the_host_target_has_no_host_label() -> None:
 def test_memory_figures_stay_on_one_line() -> None:
     page = render_report(_manifest(), None, None)
     assert re.search(r"td\.num, th\.num \{[^}]*white-space: nowrap;[^}]*overflow-wrap: normal;", page)
-    assert '<td class="num">90.5 MB</td>' in page  # peak RSS in the memory table, a numeric cell
-    assert "Peak RSS (this host)</div>\n    <div class=\"value\">90.5\u00a0MB</div>" in page  # number and unit glued
+    assert '<td class="num">94.9 MB</td>' in page  # peak RSS (90.5 MiB) in the memory table, a numeric cell
+    assert "Peak RSS (this host)</div>\n    <div class=\"value\">94.9\u00a0MB</div>" in page  # number and unit glued
 
 
 def _sweep_rows() -> list[dict[str, Any]]:

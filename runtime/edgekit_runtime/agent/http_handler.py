@@ -93,6 +93,13 @@ class RequestHandler(BaseHTTPRequestHandler):
 
     # -- plumbing -------------------------------------------------------------------------------------
 
+    def handle_expect_100(self) -> bool:
+        """``Expect: 100-continue``: the interim reply leaves now (the write buffer would hold it until the final
+        reply, and a client waiting for it before sending its body stalled for a second, or until its timeout)."""
+        answered = super().handle_expect_100()
+        self.wfile.flush()
+        return answered
+
     def setup(self) -> None:
         super().setup()
         prefix = self.server.take_prefix(self.connection)  # type: ignore[attr-defined]
@@ -256,7 +263,7 @@ class RequestHandler(BaseHTTPRequestHandler):
                     return False
             finally:
                 self.rfile = socket_file
-        problem = _unreadable_framing(self.headers.get_all("Content-Length") or [],
+        problem = _unreadable_framing([value.strip(" \t") for value in self.headers.get_all("Content-Length") or []],
                                       self.headers.get_all("Transfer-Encoding") or [])  # fmt: skip
         if problem is not None:
             self._refuse(problem)
@@ -320,6 +327,7 @@ class RequestHandler(BaseHTTPRequestHandler):
         (:mod:`~edgekit_runtime.agent.body_budget`; reserved until the request is answered), held in a
         buffer that starts small and doubles with the bytes received, due within ``body_timeout_s``."""
         length_text = self.headers.get("Content-Length")
+        length_text = length_text.strip(" \t") if length_text is not None else None
         if length_text is None or not length_text.isdigit() or not length_text.isascii():
             raise ApiError(HTTPStatus.LENGTH_REQUIRED, "length_required", "send a Content-Length header with the body's size in bytes")
         length = int(length_text)
@@ -376,17 +384,24 @@ class RequestHandler(BaseHTTPRequestHandler):
         decoded = bytearray()
         pending: bytes | bytearray = body
         try:
-            while pending or not decoder.eof:
+            while True:
                 piece = decoder.decompress(pending, _DECODE_PIECE_BYTES)
                 pending = decoder.unconsumed_tail
-                if not piece and not pending:
-                    break
                 if len(decoded) + len(piece) > limit:
                     raise ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "too_large",
                                    f"the {coding} body decodes to more than {limit} bytes (the limit for this request)",
                                    hint="send a smaller batch, or raise api.max_request_mb")  # fmt: skip
                 self._reserve_more(len(piece))
                 decoded += piece
+                if decoder.eof and decoder.unused_data:  # gzip allows members one after another (RFC 1952 2.2)
+                    if wbits != _WBITS["gzip"] or decoder.unused_data[:2] != b"\x1f\x8b":
+                        raise ApiError(HTTPStatus.BAD_REQUEST, "bad_content_encoding", f"the {coding} body has "
+                                       f"{len(decoder.unused_data)} bytes after its end marker",
+                                       hint=f"send only the {coding} data")  # fmt: skip
+                    pending, decoder = decoder.unused_data, zlib.decompressobj(wbits)
+                    continue
+                if decoder.eof or (not piece and not pending):
+                    break
         except zlib.error as err:
             raise ApiError(HTTPStatus.BAD_REQUEST, "bad_content_encoding", f"the body is not valid {coding} data ({err})",
                            hint=f"compress the whole body with {coding}, or leave Content-Encoding out") from err  # fmt: skip

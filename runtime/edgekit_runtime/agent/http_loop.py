@@ -298,10 +298,10 @@ class InferLoop:
             return ()
         items = []
         for line in lines[1:]:
-            if not _HEADER_LINE.match(line):
+            if not _HEADER_LINE.match(line) or b"\n" in line or b"\r" in line:  # a bare LF: the threads read the head line by line
                 return ()
             name, _, value = line.decode("iso-8859-1").partition(":")
-            items.append((name, value.lstrip(" \t")))
+            items.append((name, value.strip(" \t")))  # optional whitespace on both sides is no part of a value (RFC 9110 5.5)
         headers = RequestHeaders(items)
         lengths = headers.get_all("Content-Length") or []
         if len(lengths) != 1 or not (lengths[0].isascii() and lengths[0].isdigit()):

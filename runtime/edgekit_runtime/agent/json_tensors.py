@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,12 +49,13 @@ def loads_tensor_json(body: bytearray) -> Any:
         return json.loads(body.decode("utf-8"))
     pieces: list[bytes] = []
     start = 0
+    placeholder = _PLACEHOLDER.replace("{}", secrets.token_hex(8) + "-{}")  # this request's own: no string it sends matches
     for index, (begin, end) in enumerate(spans):
-        pieces += [bytes(body[start:begin]), json.dumps(_PLACEHOLDER.format(index)).encode("ascii")]
+        pieces += [bytes(body[start:begin]), json.dumps(placeholder.format(index)).encode("ascii")]
         start = end
     pieces.append(bytes(body[start:]))
     skeleton = json.loads(b"".join(pieces).decode("utf-8"))
-    arrays = {_PLACEHOLDER.format(index): _parse_array(body, begin, end) for index, (begin, end) in enumerate(spans)}
+    arrays = {placeholder.format(index): _parse_array(body, begin, end) for index, (begin, end) in enumerate(spans)}
     return _swap(skeleton, arrays)
 
 
@@ -116,11 +118,24 @@ def _closing_bracket(body: bytearray, begin: int, run_end: int) -> int | None:
     return None
 
 
+class _PastInt64(InputSignatureError):
+    """An integer past int64's range: the array is read again as uint64 when it has no negative number."""
+
+
 def _parse_array(body: bytearray, begin: int, end: int) -> np.ndarray:
+    is_float = _FRACTION.search(body, begin, end) is not None
+    try:
+        return _parse_array_as(body, begin, end, np.float64 if is_float else np.int64)
+    except _PastInt64:
+        if body.find(b"-", begin, end) >= 0:
+            raise
+        return _parse_array_as(body, begin, end, np.uint64)  # UINT64 data up to 2**64 - 1, as json.loads reads it
+
+
+def _parse_array_as(body: bytearray, begin: int, end: int, dtype: type) -> np.ndarray:
     shape, innermost = _shape(body, begin, end)
     count = int(np.prod(shape)) if shape else 0
-    is_float = _FRACTION.search(body, begin, end) is not None
-    values = np.empty(count, np.float64 if is_float else np.int64)
+    values = np.empty(count, dtype)
     filled = 0
     for first, last in innermost:  # the innermost lists, in order: their numbers are the values in C order
         chunk_start = first
@@ -148,8 +163,8 @@ def _parse_chunk(text: bytes, offset: int, values: np.ndarray, filled: int) -> i
     try:
         values[filled : filled + len(tokens)] = np.array(tokens).astype(values.dtype)
     except OverflowError as err:
-        raise InputSignatureError(f"request body: a number near byte {offset} does not fit {values.dtype.name} ({err})",
-                                  hint="integers must fit int64") from err  # fmt: skip
+        raise _PastInt64(f"request body: a number near byte {offset} does not fit {values.dtype.name} ({err})",
+                         hint="integers must fit int64, or uint64 in an array without negative numbers") from err  # fmt: skip
     except ValueError as err:
         raise InputSignatureError(f"request body: the array of numbers near byte {offset} holds something that is not a "
                                   f"number ({err})", hint=_HINT) from err  # fmt: skip

@@ -49,6 +49,7 @@ from edgekit_runtime.agent.oip_classification import classification_count, class
 from edgekit_runtime.agent.oip_extensions import PLATFORM, batches_first, load_model, model_config, model_statistics, repository_index, unload_model
 from edgekit_runtime.agent.oip_types import BY_NUMPY as _BY_NUMPY
 from edgekit_runtime.agent.oip_types import DATATYPES, OipError, bundle_version, datatype_of, find_slot, protocol_version
+from edgekit_runtime.agent.oip_types import SERVED_VERSION, refuse_impossible_shape
 from edgekit_runtime.agent.oip_types import shape_of as _shape
 from edgekit_runtime.agent.serving_core import ServingError, parse_json_request, run_model, timing_headers
 from edgekit_runtime.errors import InputSignatureError
@@ -137,8 +138,8 @@ def _server_metadata(handler: RequestHandler) -> None:
 
 
 def _model_ready(handler: RequestHandler, name: str, version: str) -> None:
-    slot = _slot(handler, name, version)
-    ready = slot.ready
+    slot = _slot(handler, name, "")  # an unknown model is a 404; a version it does not serve is not ready (400)
+    ready = bool(slot.ready) and (not version or version in (SERVED_VERSION, bundle_version(slot)))
     handler._send_json(HTTPStatus.OK if ready else HTTPStatus.BAD_REQUEST, {"name": name, "ready": ready})
 
 
@@ -295,6 +296,7 @@ def _decode_inputs(inputs: object, binary: memoryview) -> dict[str, np.ndarray]:
         shape = tensor.get("shape")
         if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
             raise OipError(HTTPStatus.BAD_REQUEST, f"{where}: shape must be a list of integers >= 0, got {shape!r}")
+        refuse_impossible_shape(shape, where)
         if datatype == oip_bytes.BYTES:
             feeds[name], offset = _bytes_input(tensor, shape, binary, offset, where)
             continue
@@ -355,9 +357,13 @@ def _json_array(data: object, dtype: np.dtype, shape: list[int], where: str) -> 
                        f"{_BY_NUMPY[dtype.name]} without rounding; send numbers of that type")  # fmt: skip
     if raw.size != math.prod(shape):
         raise OipError(HTTPStatus.BAD_REQUEST, f"{where}: shape {shape} has {math.prod(shape)} elements but data has {raw.size}")
-    array = raw.astype(dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        array = raw.astype(dtype)
     if raw.size and dtype.kind in "iu" and not np.array_equal(array, raw):
         raise OipError(HTTPStatus.BAD_REQUEST, f"{where}: values overflow {_BY_NUMPY[dtype.name]}")
+    if raw.size and dtype.kind == "f" and raw.dtype.kind in "iuf" and not np.array_equal(np.isfinite(array), np.isfinite(raw)):
+        raise OipError(HTTPStatus.BAD_REQUEST, f"{where}: values overflow {_BY_NUMPY[dtype.name]} (a finite number past its "
+                       f"largest, {float(np.finfo(dtype).max):g}, would become infinity)")  # fmt: skip
     return array.reshape(shape)
 
 
@@ -399,6 +405,10 @@ def encode_reply(request: Mapping[str, Any], slot: Any, outputs: Mapping[str, np
                  binary_default: bool) -> tuple[bytes, str, dict[str, str]]:  # fmt: skip
     """An inference reply's body, content type and protocol headers (``Inference-Header-Content-Length`` with
     binary outputs, ``X-Edgekit-Non-Finite`` for NaN or infinities spelled in JSON)."""
+    missing = [key for key in wanted or () if key not in outputs]
+    if missing:  # a deploy swapped in a model without this output while the request ran
+        raise OipError(HTTPStatus.SERVICE_UNAVAILABLE, f"model '{slot.name}' changed while this request ran and has no "
+                       f"output '{missing[0]}' now; send the request again")  # fmt: skip
     chosen = outputs if wanted is None else {key: outputs[key] for key in wanted}
     entries: list[dict[str, Any]] = []
     blobs: list[bytes] = []
@@ -424,8 +434,8 @@ def encode_reply(request: Mapping[str, Any], slot: Any, outputs: Mapping[str, np
     if not blobs:
         body, extra = json_body(response)
         return body, JSON_TYPE, extra
-    header = json.dumps(response, allow_nan=False).encode("utf-8")
-    return b"".join([header, *blobs]), BINARY_TYPE, {HEADER_LENGTH: str(len(header))}
+    header, extra = json_body(response)  # JSON outputs beside the binary ones may hold NaN: spelled and counted too
+    return b"".join([header, *blobs]), BINARY_TYPE, {**extra, HEADER_LENGTH: str(len(header))}
 
 
 _MODEL_ACTIONS: dict[tuple[str, ...], Callable[..., None]] = {(): _model_metadata, ("ready",): _model_ready, ("infer",): _infer,

@@ -32,7 +32,8 @@ def classify(array: np.ndarray, count: int, *, batched: bool, name: str) -> np.n
         raise OipError(HTTPStatus.BAD_REQUEST, f"output '{name}' is {array.dtype.name}: classification needs numbers")
     rows = array.reshape(array.shape[0], -1) if batched and array.ndim >= 1 else array.reshape(1, -1)
     top = min(count, rows.shape[1])
-    order = np.argsort(-rows, axis=1, kind="stable")[:, :top]
+    keys = rows if rows.dtype.kind == "f" else rows.astype(np.float64)  # negating a uint8 255 wraps to 1: order as floats
+    order = np.argsort(-keys, axis=1, kind="stable")[:, :top]
     labels = [[f"{float(row[index]):f}:{int(index)}".encode() for index in indices] for row, indices in zip(rows, order)]
     result = np.empty((rows.shape[0], top), dtype=object)
     result[:] = labels

@@ -70,6 +70,8 @@ def model_config(models: Any, name: str, version: str) -> dict[str, Any]:
 def batches_first(server: Any) -> bool:
     """Whether every input and output of ``server``'s model has the batch dim first (Triton's batching models)."""
     signature = server.signature
+    if signature is None:  # unloaded while a request ran: its outputs are answered unbatched, not a crash
+        return False
     batching = server.batching
     dim = batching.dim if batching is not None else "batch"
     tensors = (*signature.inputs, *signature.outputs)

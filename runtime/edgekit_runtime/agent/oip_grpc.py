@@ -64,6 +64,7 @@ from edgekit_runtime.agent.oip_classification import classification_count, class
 from edgekit_runtime.agent.oip_extensions import PLATFORM, batches_first, load_model, model_config, model_statistics, repository_index, unload_model
 from edgekit_runtime.agent.oip_grpc_loop import AioServerThread
 from edgekit_runtime.agent.oip_types import DATATYPES, OipError, datatype_of, find_slot, protocol_version, shape_of
+from edgekit_runtime.agent.oip_types import refuse_impossible_shape
 from edgekit_runtime.agent.serving_core import serving_error
 from edgekit_runtime.errors import EdgekitError
 
@@ -195,7 +196,9 @@ class OipGrpcServer:
                                                               response_serializer=lambda message: message.SerializeToString())
                     for name, (method, request) in rpcs.items()}  # fmt: skip
         limit = message_limit(self.models, self._max_message_bytes)
-        options = [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", self._max_message_bytes)]
+        # replies are not bounded by the request limit: a model's outputs may be larger than its inputs (Tile,
+        # upsampling, segmentation), and HTTP answers them whole
+        options = [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1)]
         listen = self.config.listen
         target = address or (f"unix:{listen.unix_path}" if listen.unix_path is not None else str(listen))
         self._server = server
@@ -315,7 +318,10 @@ class OipGrpcServer:
         """The ModelInferResponse of ``outputs``: those ``wanted`` (every one for ``None``), each raw."""
         response = self.messages["ModelInferResponse"](model_name=name, model_version=protocol_version(slot), id=request_id)
         for key, classes in (wanted or dict.fromkeys(outputs)).items():
-            array = outputs[key]
+            array = outputs.get(key)
+            if array is None:  # a deploy swapped in a model without this output while the request ran
+                raise OipError(HTTPStatus.SERVICE_UNAVAILABLE, f"model '{name}' changed while this request ran and has no "
+                               f"output '{key}' now; send the request again")  # fmt: skip
             if classes is not None:
                 labels = classify(array, classes, batched=batches_first(slot.server), name=key)
                 response.outputs.add(name=key, datatype="BYTES", shape=labels.shape)
@@ -350,11 +356,14 @@ def _requested_outputs(request: Any, signature: Any) -> dict[str, int | None] | 
                            f"its outputs: {', '.join(signature.output_names)}")  # fmt: skip
         if output.name in wanted:
             raise OipError(HTTPStatus.BAD_REQUEST, f"outputs[{index}]: output '{output.name}' is asked for twice; name each output once")
-        parameter = output.parameters.get("classification")
         count = None
-        if parameter is not None:
+        if "classification" in output.parameters:
+            parameter = output.parameters["classification"]
             choice = parameter.WhichOneof("parameter_choice")
-            count = classification_count(getattr(parameter, choice) if choice else None, f"outputs[{index}]")
+            if choice != "int64_param":  # as Triton: a double, a uint64 (unknown to this proto) or no value is refused
+                raise OipError(HTTPStatus.BAD_REQUEST, f"outputs[{index}].parameters.classification must be an int64_param "
+                               f"(how many top classes to return), got {choice or 'no value this server reads'}")  # fmt: skip
+            count = classification_count(parameter.int64_param, f"outputs[{index}]")
         wanted[output.name] = count
     return wanted or None
 
@@ -387,6 +396,7 @@ def _decode_inputs(request: Any) -> dict[str, np.ndarray]:
         shape = list(tensor.shape)
         if any(dim < 0 for dim in shape):
             raise OipError(HTTPStatus.BAD_REQUEST, f"{where}: shape must hold integers >= 0, got {shape}")
+        refuse_impossible_shape(shape, where)
         if tensor.datatype == oip_bytes.BYTES:  # length-prefixed in raw_input_contents, else contents.bytes_contents
             if raw and tensor.HasField("contents"):
                 raise OipError(HTTPStatus.BAD_REQUEST, f"{where} has contents while the request has raw_input_contents; "

@@ -26,6 +26,9 @@ from edgekit_runtime.agent.oip_types import DATATYPES, datatype_of
 
 #: distinct request layouts kept (cleared when full: a client that varies its header gains nothing, loses nothing)
 MAX_LAYOUTS = 256
+#: the longest JSON header a layout is kept for: real clients' are a few hundred bytes; a longer one (a huge
+#: ``id``) is decoded each time, so the cache holds at most MAX_LAYOUTS x (this + MAX_REPLIES x its reply header)
+MAX_CACHED_HEADER = 4096
 #: reply templates kept per layout (distinct output shapes, e.g. a sequence model's lengths)
 MAX_REPLIES = 64
 
@@ -67,7 +70,7 @@ class RequestLayouts:
         key = None
         if header_length_text is not None and header_length_text.isascii() and header_length_text.isdigit():
             header_length = int(header_length_text)
-            if header_length < len(body):  # binary data follows the JSON header
+            if header_length < len(body) and header_length <= MAX_CACHED_HEADER:  # binary data follows the JSON header
                 key = (id(slot), len(body), bytes(memoryview(body)[:header_length]))
                 layout = self._layouts.get(key)
                 if layout is not None and layout.signature is signature and layout.slot is slot:  # a deploy starts afresh
@@ -90,6 +93,8 @@ class RequestLayouts:
         """``encode_reply``'s answer for ``outputs``; from the layout's template when these outputs (names,
         datatypes, shapes) were answered before for it in binary."""
         wanted = layout.wanted
+        if wanted is not None and not all(key in outputs for key in wanted):  # the model changed meanwhile: encode_reply says so
+            return encode_reply(layout.request, slot, outputs, wanted, layout.binary_default)
         chosen = outputs if wanted is None else {key: outputs[key] for key in wanted}
         shapes = tuple((key, array.dtype.str, array.shape) for key, array in chosen.items())
         template = layout.replies.get(shapes)

@@ -10,6 +10,8 @@ version resolves too, as earlier agents named it.
 
 from __future__ import annotations
 
+import math
+
 from http import HTTPStatus
 from typing import Any
 
@@ -56,6 +58,18 @@ def datatype_of(dtype: str | np.dtype) -> str:
 def shape_of(tensor_shape: tuple[Any, ...]) -> list[int]:
     """A signature's shape in the protocol: a named (variable) dim is ``-1``."""
     return [dim if isinstance(dim, int) else -1 for dim in tensor_shape]
+
+
+#: no tensor's dims (the zero ones left out) may multiply past this: numpy cannot shape such an array even empty
+MAX_DIMS_PRODUCT = 2**62
+
+
+def refuse_impossible_shape(shape: list[int], where: str) -> None:
+    """400 for a shape whose non-zero dims multiply past :data:`MAX_DIMS_PRODUCT` (``[2**40, 2**40, 0]``: no
+    elements, and still no array numpy can make); the caller checked each dim is an integer >= 0."""
+    if math.prod(dim for dim in shape if dim) > MAX_DIMS_PRODUCT:
+        raise OipError(HTTPStatus.BAD_REQUEST, f"{where}: shape {shape} is larger than any tensor can be (its non-zero "
+                       f"dims multiply past 2**62)")  # fmt: skip
 
 
 def bundle_version(slot: Any) -> str:

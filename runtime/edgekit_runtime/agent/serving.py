@@ -264,7 +264,7 @@ class InferenceServer:
                 if len(stamps) < max_stamps:
                     stamps.append(timing)
                 else:
-                    self._count_unsampled(items)
+                    self._count_unsampled(timing)
             finally:
                 run_lock.release()
             named = {single: outputs[0]} if single is not None else dict(zip(names, outputs, strict=True))
@@ -305,20 +305,22 @@ class InferenceServer:
                    results: list[Any]) -> None:  # fmt: skip
         """One runner call for ``chunk`` (index, feeds, items, arrival) of :meth:`infer_together`; fills ``results``."""
         with self._run_slots:
-            try:
-                if self._runner is not runner:  # a deploy swapped the model meanwhile: each request on its own
-                    for index, feeds, _, submitted_ns in chunk:
-                        results[index] = self._infer_or_error(feeds, submitted_ns)
+            swapped = self._runner is not runner
+            if not swapped:
+                try:
+                    started_ns = _clock_ns()
+                    outputs = runner.infer(plan.concatenate([member[1] for member in chunk]))  # the batch validated again
+                    finished_ns = _clock_ns()
+                    pieces = plan.split(outputs, [member[2] for member in chunk])
+                except Exception as err:
+                    self._count("errors", amount=1 if len(chunk) == 1 else 0, runner_calls=1)  # many: counted alone
+                    for member, outcome in zip(chunk, self._each_alone(runner, [(m[1], m[2], m[3]) for m in chunk], err)):
+                        results[member[0]] = outcome
                     return
-                started_ns = _clock_ns()
-                outputs = runner.infer(plan.concatenate([member[1] for member in chunk]))  # the batch validated again
-                finished_ns = _clock_ns()
-                pieces = plan.split(outputs, [member[2] for member in chunk])
-            except Exception as err:  # every request of the call gets the error
-                self._count("errors", amount=len(chunk), runner_calls=1)
-                for member in chunk:
-                    results[member[0]] = err
-                return
+        if swapped:  # a deploy swapped the model meanwhile: each request on its own, the run slot given back first
+            for index, feeds, _, submitted_ns in chunk:  # (infer may queue for a slot: holding one here deadlocked)
+                results[index] = self._infer_or_error(feeds, submitted_ns)
+            return
         total = sum(member[2] for member in chunk)
         timings = [_new_tuple(RequestTiming, (member[3], started_ns, finished_ns, member[2], total)) for member in chunk]
         self._record(timings)
@@ -378,7 +380,7 @@ class InferenceServer:
         if len(stamps) < max_stamps:
             stamps.append(timing)
         else:
-            self._count_unsampled(items)
+            self._count_unsampled(timing)
         named = {single: outputs[0]} if single is not None else dict(zip(names, outputs, strict=True))
         return _new_tuple(InferenceResult, (named, timing))
 
@@ -397,16 +399,41 @@ class InferenceServer:
                 outputs = runner.infer(feeds)  # validated again: the batch, and perhaps a model swapped in meanwhile
                 finished_ns = time.perf_counter_ns()
                 pieces = plan.split(outputs, [request.items for request in group])
-            except Exception as err:  # every waiting caller gets the error
-                self._count("errors", amount=len(group), runner_calls=1)
-                for request in group:
-                    request.future.set_exception(err)
+            except Exception as err:
+                self._count("errors", amount=1 if len(group) == 1 else 0, runner_calls=1)  # many: counted alone
+                each = self._each_alone(self._runner, [(r.feeds, r.items, r.submitted_ns) for r in group], err)
+                for request, outcome in zip(group, each):
+                    if isinstance(outcome, Exception):
+                        request.future.set_exception(outcome)
+                    else:
+                        request.future.set_result(outcome)
                 return
         total_items = sum(request.items for request in group)
         timings = [RequestTiming(request.submitted_ns, started_ns, finished_ns, request.items, total_items) for request in group]
         self._record(timings)
         for request, piece, timing in zip(group, pieces, timings):
             request.future.set_result(InferenceResult(piece, timing))
+
+    def _each_alone(self, runner: Runner | None, members: list[tuple[dict[str, np.ndarray], int, int]],
+                    err: Exception) -> list[InferenceResult | Exception]:  # fmt: skip
+        """A batched call failed with ``err``: run each member (feeds, items, arrival) on its own, so that one
+        request the model cannot run (a token id past its table) fails alone and the others get their answers;
+        each failure counts as an error once. The caller holds a run slot. One member, or no runner: ``err``."""
+        if len(members) == 1 or runner is None:
+            return [err]
+        outcomes: list[InferenceResult | Exception] = []
+        for feeds, items, submitted_ns in members:
+            started_ns = time.perf_counter_ns()
+            try:
+                outputs = runner.infer(feeds)
+            except Exception as alone:  # noqa: BLE001 - this request's own failure
+                self._count("errors", runner_calls=1)
+                outcomes.append(alone)
+                continue
+            timing = RequestTiming(submitted_ns, started_ns, time.perf_counter_ns(), items, items)
+            self._record([timing])
+            outcomes.append(InferenceResult(outputs, timing))
+        return outcomes
 
     def _run_one_locked(self, runner: Runner, request: PendingRequest) -> None:
         started_ns = time.perf_counter_ns()
@@ -423,13 +450,15 @@ class InferenceServer:
 
     # -- statistics -----------------------------------------------------------------------------------
 
-    def _count_unsampled(self, items: int) -> None:
-        """A direct-path request once the stamp list is full: counted exactly, left out of the percentiles."""
+    def _count_unsampled(self, timing: RequestTiming) -> None:
+        """A direct-path request once the stamp list is full: left out of the window's percentiles, but counted
+        exactly, and its times added to the lifetime statistics (the protocol's counts and times agree)."""
         with self._stats_lock:
             self._window.requests += 1
-            self._window.items += items
-            self._window.record_call(items)
-            self._lifetime.add_unsampled(items)
+            self._window.items += timing.items
+            self._window.record_call(timing.items)
+            self._lifetime.add_request(timing.submitted_ns, timing.started_ns, timing.finished_ns, timing.items)
+            self._lifetime.add_call(timing.items, timing.finished_ns - timing.started_ns)
 
     def _drain_stamps(self) -> None:
         """Move the direct path's stamps into the open window; the caller holds the stats lock. Requests append

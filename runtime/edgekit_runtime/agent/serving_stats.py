@@ -223,12 +223,6 @@ class LifetimeStats:
             entry[0] += 1
             entry[1] += compute_ns
 
-    def add_unsampled(self, items: int) -> None:
-        """A request counted without its times (the server's sample list was full)."""
-        self.requests += 1
-        self.items += items
-        self.runner_calls += 1
-
     def to_protocol(self, name: str, version: str) -> dict[str, Any]:
         """One entry of ``model_stats`` in the protocol's JSON form (the gRPC message's fields, by name)."""
         count = self.requests

@@ -47,7 +47,7 @@ def test_large_arrays_match_json_loads_exactly() -> None:
     (b'{"d": [1,2,3,4,--5]}', "the array of numbers near byte 7 holds something that is not a number"),
     (b'{"d": [1,2,3,4,5,]}', "the array of numbers near byte 7 holds something that is not a number"),
     (b'{"d": [1e5e5, 1]}', "the array of numbers near byte 7 holds something that is not a number"),
-    (b'{"d": [99999999999999999999, 1, 2]}', "a number near byte 7 does not fit int64"),
+    (b'{"d": [99999999999999999999, 1, 2]}', "a number near byte 7 does not fit uint64"),
     (b'{"d": "[1,2,3] and no end', "request body is not valid JSON: the string at byte 6 does not end"),
 ])  # fmt: skip
 def test_malformed_arrays_are_named_errors(body: bytes, message: str) -> None:
@@ -75,3 +75,19 @@ def test_a_hostile_body_is_scanned_in_linear_time() -> None:
     with pytest.raises((json.JSONDecodeError, RecursionError)):
         loads_tensor_json(brackets)
     assert time.monotonic() - started < 10
+
+
+def test_uint64_values_past_int64_parse_in_large_arrays_as_in_small_ones() -> None:
+    """Small arrays go through json.loads (Python ints: any size); large ones were read as int64 only, so
+    UINT64 data past 2**63 was refused once its text passed MIN_NUMERIC_ARRAY_BYTES."""
+    values = [2**63 + 5] * 300
+    parsed = loads_tensor_json(bytearray(json.dumps({"data": values}).encode()))
+    assert parsed["data"].dtype == np.uint64 and parsed["data"].tolist() == values
+    with pytest.raises(InputSignatureError, match="does not fit int64"):  # a negative number beside them: no type holds both
+        loads_tensor_json(bytearray(json.dumps({"data": [-1, *values]}).encode()))
+
+
+def test_a_string_that_looks_like_the_internal_placeholder_stays_a_string() -> None:
+    body = {"id": "\x00edgekit-array-0", "data": [1.5] * 2000}
+    parsed = loads_tensor_json(bytearray(json.dumps(body).encode()))
+    assert parsed["id"] == "\x00edgekit-array-0" and parsed["data"].shape == (2000,)  # before: id became the array

@@ -110,3 +110,16 @@ def test_json_outputs_are_not_templated(slot: Any, calls: dict[str, int], images
         assert content_type == "application/json"
         assert json.loads(body_out)["outputs"][0]["data"] == pytest.approx(outputs["logits"].ravel().tolist())
     assert calls == {"decode": 1, "encode": 2}
+
+
+def test_a_long_header_is_never_kept(slot: Any, calls: dict[str, int], images: np.ndarray) -> None:
+    """A client varying a huge ``id`` once held 256 layouts of its headers (and their reply templates): hundreds
+    of MB with nothing in flight. Headers past MAX_CACHED_HEADER are decoded each time and kept nowhere."""
+    layouts = RequestLayouts()
+    header = {"id": "x" * (oip_layouts.MAX_CACHED_HEADER + 1),
+              "inputs": [{"name": "image", "datatype": "FP32", "shape": [1, 1, 8, 8], "parameters": {"binary_data_size": 256}}]}  # fmt: skip
+    text = json.dumps(header).encode()
+    for _ in range(3):
+        layout, feeds = layouts.decode(slot, "tiny", str(len(text)), bytearray(text + images[:1].tobytes()))
+        layouts.encode(layout, slot, slot.server.infer(feeds).outputs)
+    assert calls["decode"] == 3 and not layouts._layouts

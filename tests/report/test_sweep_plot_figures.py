@@ -1,0 +1,18 @@
+"""The sweep's Pareto plot leaves out points it cannot place (review: an infinite p50 crashed sweep.html)."""
+
+from __future__ import annotations
+
+from edgekit.report.sweep_plot import render_sweep_html, sweep_pareto_svg
+
+
+def _rows(p50_first: float, metric_second: float = 0.8) -> list[dict]:
+    return [{"variant": "fp32", "status": "built", "p50_ms": p50_first, "metric_value": 0.9, "size_bytes": 4000, "budget_line": None},
+            {"variant": "int8", "status": "built", "p50_ms": 0.9, "metric_value": metric_second, "size_bytes": 1000, "budget_line": None}]  # fmt: skip
+
+
+def test_an_infinite_or_nan_figure_is_left_off_the_plot_and_kept_in_the_table() -> None:
+    svg = sweep_pareto_svg(_rows(float("inf")), "accuracy", True)
+    assert svg is not None and "int8" in svg and "fp32" not in svg
+    assert sweep_pareto_svg(_rows(float("inf"), float("nan")), "accuracy", True) is None  # nothing left to place
+    page = render_sweep_html(_rows(float("inf")), "accuracy", True, recipe="digits", target="Board", batch=8)
+    assert "<svg" in page and "fp32" in page
