@@ -23,6 +23,7 @@ from edgekit.cli import fleet_collect
 from edgekit.cli.fleet_options import store_option
 from edgekit.cli.options import console, print_csv, print_json, results, table_output_parent
 from edgekit.fleet.liveness import STATES
+from edgekit.fleet.store.urls import redact
 
 #: Modules that each add fleet subcommands with ``register(fleet_subparsers)``, in ``--help`` order.
 FLEET_SUBCOMMAND_MODULES = (
@@ -135,7 +136,7 @@ def run_status(args: argparse.Namespace) -> int:
         counts = store.device_counts(args.fleet, now=now)
         if not counts.devices:
             check_filter_values(store, {"--fleet": ("fleet", args.fleet)})
-            console.print(f"no devices in {escape(args.store)}" + (f" for fleet {escape(args.fleet)}" if args.fleet else ""))
+            console.print(f"no devices in {escape(redact(args.store))}" + (f" for fleet {escape(args.fleet)}" if args.fleet else ""))
             return 0
         found = store.device_page(args.fleet, states=[args.state] if args.state else (), worst_ranks=STATUS_RANKS,
                                   limit=args.limit or None, now=now)  # fmt: skip
@@ -143,7 +144,7 @@ def run_status(args: argparse.Namespace) -> int:
         simulated = simulated_note(store, args.fleet)
     summaries, total = found.devices, found.total
     if not total:
-        console.print(f"no devices in {escape(args.store)}" + (f" for fleet {escape(args.fleet)}" if args.fleet else ""))
+        console.print(f"no devices in {escape(redact(args.store))}" + (f" for fleet {escape(args.fleet)}" if args.fleet else ""))
         return 0
     shown = f"; the {len(summaries)} worst shown (--limit 0 for all)" if len(summaries) < total else ""
     tally = ", ".join(f"{count} {state}" for state, count in counts.states.items() if count or state in ("online", "stale", "offline"))
@@ -235,7 +236,7 @@ def _run_status_by_model(args: argparse.Namespace) -> int:
         print_csv(STATUS_MODEL_CSV_COLUMNS, ([row[column] for column in STATUS_MODEL_CSV_COLUMNS] for row in found))
         return 0
     if not rows:
-        console.print(f"no telemetry in {escape(args.store)} since {since:%Y-%m-%d %H:%M} UTC")
+        console.print(f"no telemetry in {escape(redact(args.store))} since {since:%Y-%m-%d %H:%M} UTC")
         return 0
     fleets = sorted({r.fleet or "" for r in rows})
     table = Table(title=f"by device and model since {since:%Y-%m-%d %H:%M} UTC")
@@ -317,7 +318,7 @@ def run_report(args: argparse.Namespace) -> int:
         for record in report.rollout_records:
             print_record(record, results(args))
     if not report.groups:
-        console.print(f"no telemetry in {escape(args.store)} since {since:%Y-%m-%d %H:%M} UTC")
+        console.print(f"no telemetry in {escape(redact(args.store))} since {since:%Y-%m-%d %H:%M} UTC")
         return 0
     tally = ", ".join(f"{count} {state}" for state, count in report.device_states.items() if count or state in ("online", "stale", "offline"))
     table = Table(title=f"by bundle, target and power mode since {since:%Y-%m-%d %H:%M} UTC; devices now: {tally}{simulated}")
@@ -347,7 +348,7 @@ def _print_models(args: argparse.Namespace, report: Any, since: dt.datetime) -> 
         print_csv(MODEL_CSV_COLUMNS, ([row[column] for column in MODEL_CSV_COLUMNS] for row in rows))
         return 0
     if not report.models:
-        console.print(f"no telemetry in {escape(args.store)} since {since:%Y-%m-%d %H:%M} UTC")
+        console.print(f"no telemetry in {escape(redact(args.store))} since {since:%Y-%m-%d %H:%M} UTC")
         return 0
     results(args).print(_model_table(report.models, f"by model and bundle since {since:%Y-%m-%d %H:%M} UTC"))
     return 0

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from rich.markup import escape
 
-from edgekit.cli.fleet_options import store_option
+from edgekit.cli.fleet_options import MAX_PORT, finite_number, port_number, store_option
 from edgekit.cli.options import console, json_parent, print_json, results
 
 DEFAULT_METRICS_PORT = 9108
@@ -50,7 +50,7 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
                         help="keep the MQTT session S seconds after a disconnect, so messages published while the "
                              f"collector is down wait for it (default {DEFAULT_SESSION_EXPIRY_S}; MQTT 3.1.1: a "
                              "clean_session=false session; 0: a clean session, which loses them)")  # fmt: skip
-    parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT, metavar="P",
+    parser.add_argument("--metrics-port", type=port_number, default=DEFAULT_METRICS_PORT, metavar="P",
                         help=f"serve Prometheus /metrics on this port (default {DEFAULT_METRICS_PORT}; 0 picks a free one)")
     parser.add_argument("--metrics-host", default="127.0.0.1", metavar="ADDR", help="address of /metrics (default loopback)")
     parser.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
@@ -60,11 +60,11 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--metrics-cache-seconds", type=float, default=5.0, metavar="S",
                         help="read the store for the fleet-level series every S seconds while /metrics is scraped, "
                              "in the background (default 5; 0 reads it in every scrape)")  # fmt: skip
-    parser.add_argument("--retention-hours", type=float, default=DEFAULT_RETENTION_HOURS, metavar="H",
+    parser.add_argument("--retention-hours", type=finite_number, default=DEFAULT_RETENTION_HOURS, metavar="H",
                         help=f"keep raw windows H hours, then roll them up into buckets (default {DEFAULT_RETENTION_HOURS:g}; "
                              "0 keeps them forever)")  # fmt: skip
     parser.add_argument("--rollup-minutes", type=int, default=5, metavar="M", help="rollup bucket size (default 5)")
-    parser.add_argument("--rollup-retention-days", type=float, default=DEFAULT_ROLLUP_RETENTION_DAYS, metavar="D",
+    parser.add_argument("--rollup-retention-days", type=finite_number, default=DEFAULT_ROLLUP_RETENTION_DAYS, metavar="D",
                         help=f"keep each device's rollups and the fleet's 1-minute figures D days (default "
                              f"{DEFAULT_ROLLUP_RETENTION_DAYS:g}; 0 keeps them forever; the fleet's hourly figures and "
                              "each device's totals are always kept)")  # fmt: skip
@@ -155,6 +155,13 @@ def _check_collect_options(args: argparse.Namespace) -> None:
                          hint="0 keeps rollups forever")  # fmt: skip
     if args.retention_hours < 0:
         raise FleetError(f"--retention-hours must be >= 0, got {args.retention_hours:g}", hint="0 keeps raw windows forever")
+    if args.rollup_minutes < 1:
+        raise FleetError(f"--rollup-minutes must be a whole number of minutes >= 1, got {args.rollup_minutes}",
+                         hint="the size of the buckets raw windows are rolled up into; the default is 5")  # fmt: skip
+    last_port = args.metrics_port + args.workers - 1
+    if not args.no_metrics and args.metrics_port and last_port > MAX_PORT:
+        raise FleetError(f"--metrics-port {args.metrics_port} with --workers {args.workers} needs ports up to {last_port}, "
+                         f"beyond {MAX_PORT}", hint="give a lower --metrics-port (worker i serves /metrics on P+i), or 0")  # fmt: skip
     if args.session_expiry < 0:
         raise FleetError(f"--session-expiry must be >= 0 seconds, got {args.session_expiry}",
                          hint=f"0 is a clean session (messages sent while the collector is down are lost); the "
@@ -182,6 +189,7 @@ def _collect(args: argparse.Namespace, on_started: Callable[[], None] | None = N
     from edgekit.fleet.collector import Collector, default_client_id
     from edgekit.fleet.metrics import IngestMetrics
     from edgekit.fleet.store import open_store
+    from edgekit.fleet.store.urls import redact
 
     _check_collect_options(args)
     client_id = args.client_id or default_client_id(args.fleet, args.shared_group)
@@ -207,13 +215,13 @@ def _collect(args: argparse.Namespace, on_started: Callable[[], None] | None = N
             try:
                 if on_started is not None:
                     on_started()
-                console.print(f"collecting from {escape(collector.broker_url)} into {escape(store.url)} as "
+                console.print(f"collecting from {escape(collector.broker_url)} into {escape(redact(store.url))} as "
                               f"{escape(client_id)} ({', '.join(collector.subscriptions)})"
                               + (f"; metrics on {server.url}" if server else "")
                               + (f"; store layout: {store.layout} ({escape(store.timescale_detection.reason)})"
                                  if hasattr(store, "timescale_detection") else ""))  # fmt: skip
                 if args.json:
-                    print_json({"event": "started", "broker": collector.broker_url, "store": store.url,
+                    print_json({"event": "started", "broker": collector.broker_url, "store": redact(store.url),
                                 "store_layout": getattr(store, "layout", None),
                                 "client_id": client_id, "session_expiry_s": args.session_expiry, "pid": os.getpid(),
                                 "subscriptions": list(collector.subscriptions),

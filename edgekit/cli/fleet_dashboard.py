@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from edgekit.cli.fleet_options import port_number
 from edgekit.cli.options import console, json_parent, print_json, results
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -16,7 +17,7 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
                                                      "plots, bundles and rollouts. Read-only: the store must exist (`edgekit "
                                                      "fleet collect` creates it).")  # fmt: skip
     parser.add_argument("--store", required=True, metavar="URL", help="sqlite:///fleet.db or postgresql://...")
-    parser.add_argument("--port", type=int, default=8480, metavar="P", help="TCP port (default 8480; 0 picks a free one)")
+    parser.add_argument("--port", type=port_number, default=8480, metavar="P", help="TCP port (default 8480; 0 picks a free one)")
     parser.add_argument("--host", default="127.0.0.1", metavar="ADDR", help="address to listen on (default loopback only)")
     parser.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                         help="a host name the page may be opened under, besides loopback names and --host (repeatable; "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from edgekit.cli.fleet_options import name_list
 from edgekit.cli.fleet_simulate_history import add_history_options, run_history
 from edgekit.cli.options import console, json_parent, print_json, results
 
@@ -22,7 +23,7 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
                         help="telemetry windows per second per device (default 0.1: one 10 s window)")  # fmt: skip
     parser.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
     parser.add_argument("--fleet", default="sim", help="fleet id (default sim)")
-    parser.add_argument("--targets", default=None, metavar="A,B", help="target profiles to cycle through (default: a mix)")
+    parser.add_argument("--targets", type=name_list, default=None, metavar="A,B", help="target profiles to cycle through (default: a mix)")
     parser.add_argument("--bundle", default="demo-v1", help="bundle id the devices start with ('' for none)")
     parser.add_argument("--mqtt-version", choices=("5", "3.1.1"), default="5", help="3.1.1 for brokers such as amqtt")
     parser.add_argument("--store", metavar="URL", help="also record each device's target in this fleet store")
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.broker:
         raise SimulationError("fleet simulate needs --broker URL (live devices) or --history DURATION --store URL (seeded history)",
                               hint="e.g. --broker mqtt://127.0.0.1:1883, or --history 24h --store sqlite:///fleet.db")  # fmt: skip
-    targets = tuple(t.strip() for t in args.targets.split(",") if t.strip()) if args.targets else DEFAULT_TARGETS
+    targets = args.targets or DEFAULT_TARGETS
     config = SimulationConfig(
         args.broker, devices=args.devices, rate_per_s=args.rate, fleet=args.fleet, targets=targets,
         initial_bundle=args.bundle or None, mqtt_version=args.mqtt_version,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from edgekit.cli.fleet_options import finite_number
 from edgekit.cli.options import console, print_json, results
 
 #: Windows per device beyond which the command says how long it may take before it starts.
@@ -20,7 +21,7 @@ def add_history_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--history", metavar="DURATION",
                        help="write DURATION (e.g. 24h, 7d) of windows for --devices straight into --store and exit; "
                             "no broker needed")  # fmt: skip
-    group.add_argument("--window-s", type=float, default=10.0, metavar="S",
+    group.add_argument("--window-s", type=finite_number, default=10.0, metavar="S",
                        help="window length of --history (default 10, like the agent; 60 or 300 for long histories)")  # fmt: skip
     group.add_argument("--upgrade-to", default="demo-v2", metavar="ID",
                        help="with --history, every device switches to this bundle 70%% of the way through ('' for none)")  # fmt: skip
@@ -48,7 +49,7 @@ def run_history(args: argparse.Namespace) -> int:
     hours = history_hours(args.history)
     per_device = check_seed_request(args.devices, hours, args.window_s)
     total = per_device * args.devices
-    targets = tuple(t.strip() for t in args.targets.split(",") if t.strip()) if args.targets else DEFAULT_TARGETS
+    targets = args.targets or DEFAULT_TARGETS
     bundles = tuple(b for b in (args.bundle, args.upgrade_to) if b)
     console.print(f"seeding {args.history} of {args.window_s:g} s windows for [bold]{args.devices:,}[/] devices "
                   f"(fleet {args.fleet}) = {total:,} windows into {args.store}; numbers are SYNTHETIC")  # fmt: skip

@@ -6,6 +6,7 @@ import argparse
 import logging
 import time
 
+from edgekit.cli.fleet_options import port_number
 from edgekit.cli.options import console, json_parent, print_json, results
 
 
@@ -16,10 +17,10 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
         "is started; real agents speak MQTT 5, so for them run Mosquitto and pass --broker.",
     )  # fmt: skip
     parser.add_argument("--broker", metavar="URL", help="use this broker instead of starting the embedded one")
-    parser.add_argument("--broker-port", type=int, default=None,
+    parser.add_argument("--broker-port", type=port_number, default=None,
                         help="port of the embedded broker (default 1883, or a free port when 1883 is taken; 0 = free)")
     parser.add_argument("--store", default="sqlite:///fleet.db", metavar="URL", help="fleet store (default sqlite:///fleet.db)")
-    parser.add_argument("--port", type=int, default=None, help="dashboard port (default 8480, or a free port when 8480 is taken)")
+    parser.add_argument("--port", type=port_number, default=None, help="dashboard port (default 8480, or a free port when 8480 is taken)")
     parser.add_argument("--host", default="127.0.0.1", help="dashboard address (default loopback)")
     parser.add_argument("--simulate", type=int, default=0, metavar="N", help="also run N simulated devices (SYNTHETIC numbers)")
     parser.add_argument("--rate", type=float, default=0.1, help="simulated telemetry windows per second per device")

@@ -401,7 +401,8 @@ class Collector:
             topic = bytes(message._topic).decode("utf-8", "replace")
         kind = topic.rsplit("/", 1)[-1]
         self.metrics.count_received(kind if kind in READ_KINDS else "other")
-        record = parse_message(topic, message.payload, max_payload_bytes=self.max_payload_bytes, received_at=received_at)
+        record = parse_message(topic, message.payload, max_payload_bytes=self.max_payload_bytes, received_at=received_at,
+                               retained=bool(message.retain))  # fmt: skip
         if isinstance(record, Rejection):
             self._note_rejection(record)
         elif isinstance(record, DeviceStatus):

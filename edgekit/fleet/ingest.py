@@ -8,6 +8,7 @@ thousands of messages a second.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -45,6 +46,8 @@ MAX_COUNT = 2**40
 MAX_MEASURE = 1e12
 #: Topics longer than this are parsed without the cache (real ones are far shorter: ids have at most 64 characters).
 CACHED_TOPIC_CHARS = 256
+#: Event kinds starting with this are written by the collector's alert engine (edgekit.fleet.alerts), never by devices.
+RESERVED_EVENT_KIND_PREFIX = "alert_"
 
 #: Every reason a message can be rejected for, with what it means.
 REJECTION_REASONS: dict[str, str] = {
@@ -58,6 +61,8 @@ REJECTION_REASONS: dict[str, str] = {
     "wrong_topic": "the message's schema does not belong on the topic it came on",
     "schema_mismatch": "the message does not validate against its JSON Schema",
     "device_mismatch": "the fleet or device in the payload differs from the one in the topic",
+    "reserved_kind": "an event's kind starts with 'alert_': those events (alert_firing, alert_resolved) are the "
+                     "collector's alert engine's own, never a device's",
     "bad_value": "the message validates but holds a value the store cannot keep (impossible date or one outside "
                  "1970-2999, huge integer or measurement, NUL character, window ending before it starts or longer "
                  "than a day, a model named twice)",
@@ -114,15 +119,22 @@ def parse_message(
     *,
     max_payload_bytes: int = MAX_PAYLOAD_BYTES,
     received_at: dt.datetime | None = None,
+    retained: bool = False,
 ) -> TelemetryWindow | DeviceStatus | DeviceEvent | Rejection:
     """The record ``payload`` on ``topic`` carries, or a :class:`Rejection`; never raises.
 
-    ``received_at`` (default: now, UTC) becomes the window's ``received_at`` and the status's ``updated_at``.
+    ``received_at`` (default: now, UTC) becomes the window's ``received_at`` and the status's ``updated_at``
+    (when the device was last heard from). A ``retained`` status is one the broker kept and sends again to each
+    new subscriber (a collector starting or reconnecting): the device said it at its own ``at``, not now, so that
+    time (never later than ``received_at``, for a device clock running ahead) becomes its ``updated_at``, and the
+    status comes back marked ``retained``: the store takes its state (the broker keeps only a device's newest, such
+    as the last will of a device that died while no collector ran) but keeps a later heard-from time it holds, so a
+    device silent for an hour stays offline across a collector restart.
     """
     at = received_at if received_at is not None else dt.datetime.now(dt.timezone.utc)
     raw = payload.encode("utf-8", "surrogatepass") if isinstance(payload, str) else bytes(payload)
     try:
-        return _parse(str(topic), raw, max_payload_bytes, at)
+        return _parse(str(topic), raw, max_payload_bytes, at, retained)
     except _Rejected as rejected:
         return Rejection(_storable_text(str(topic)), rejected.reason, rejected.detail, len(raw), at)
     except Exception as exc:  # a bug; the collector must keep running, and the message is kept as rejected
@@ -131,7 +143,7 @@ def parse_message(
                          _storable_text(f"{type(exc).__name__}: {exc}")[:MAX_DETAIL_CHARS], len(raw), at)  # fmt: skip
 
 
-def _parse(topic: str, raw: bytes, max_payload_bytes: int, at: dt.datetime) -> Record:
+def _parse(topic: str, raw: bytes, max_payload_bytes: int, at: dt.datetime, retained: bool = False) -> Record:
     if len(raw) > max_payload_bytes:
         raise _Rejected("oversized", f"payload of {len(raw)} bytes is over the limit of {max_payload_bytes} bytes")
     fleet, device, kind = _split_topic(topic)
@@ -158,6 +170,8 @@ def _parse(topic: str, raw: bytes, max_payload_bytes: int, at: dt.datetime) -> R
                                            f"the topic fleet {fleet!r} device {device!r}")  # fmt: skip
     if "\\u" in text:
         _check_storable(message)
+    if retained and kind == "status":  # said at its own time, not now (see parse_message)
+        return dataclasses.replace(_status(message, min(_time(message["at"], "at"), at), text), retained=True)
     return _BUILDERS[kind](message, at, text)
 
 
@@ -403,6 +417,9 @@ def _identity(message: dict[str, Any], at: dt.datetime) -> DeviceIdentityRecord 
 
 
 def _event(message: dict[str, Any], at: dt.datetime, text: str) -> DeviceEvent:
+    if message["kind"].startswith(RESERVED_EVENT_KIND_PREFIX):
+        raise _Rejected("reserved_kind", f"event kind {message['kind']!r} is reserved for the collector's alerts; "
+                                         f"a device's event kinds must not start with {RESERVED_EVENT_KIND_PREFIX!r}")  # fmt: skip
     return DeviceEvent(fleet=message["fleet"], device=message["device"], event_id=message["event_id"],
                        kind=message["kind"], level=message["level"], message=message["message"],
                        at=_time(message["at"], "at"), command_id=message.get("command_id"), payload=message)  # fmt: skip
@@ -425,4 +442,4 @@ _BUILDERS: dict[str, Callable[[dict[str, Any], dt.datetime, str], Record]] = {
     "telemetry": _telemetry, "status": _status, "events": _event,
 }  # fmt: skip
 
-__all__ = ["MAX_PAYLOAD_BYTES", "REJECTION_REASONS", "SCHEMAS", "Rejection", "parse_message"]
+__all__ = ["MAX_PAYLOAD_BYTES", "REJECTION_REASONS", "RESERVED_EVENT_KIND_PREFIX", "SCHEMAS", "Rejection", "parse_message"]

@@ -36,6 +36,7 @@ from edgekit.fleet.errors import CollectorError, StoreError
 from edgekit.fleet.ingest import READ_KINDS, REJECTION_REASONS
 from edgekit.fleet.metrics_fleet import DEFAULT_CACHE_S, FleetCollector, FleetReader, device_state_family
 from edgekit.fleet.store.base import DeviceStatus, FleetStore, ModelWindow, TelemetryWindow
+from edgekit.fleet.store.urls import redact
 
 logger = logging.getLogger(__name__)
 
@@ -255,10 +256,10 @@ class MetricsServer:
             try:
                 known = self.reader.store.known_values("fleet")
             except StoreError as exc:  # cannot tell: serve the empty answer
-                logger.warning("metrics: cannot list the fleets of %s: %s", self.reader.store.url, exc)
+                logger.warning("metrics: cannot list the fleets of %s: %s", redact(self.reader.store.url), exc)
                 known = [fleet]
             if fleet not in known:
-                raise UnknownFleetError(f"no device of fleet {fleet!r} ever reported to the store {self.reader.store.url}",
+                raise UnknownFleetError(f"no device of fleet {fleet!r} ever reported to the store {redact(self.reader.store.url)}",
                                         hint=f"known fleets: {', '.join(known[:8]) or 'none yet'}")  # fmt: skip
         return render_families(families)
 

@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from edgekit.fleet.errors import StoreError
 from edgekit.fleet.liveness import STATES
 from edgekit.fleet.store.base import DeviceSummary, FleetStore, ModelAggregate
+from edgekit.fleet.store.urls import redact
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +85,9 @@ class FleetReader:
     waits for a read (for what is left of the primed one); later calls return the newest read at once, and a
     thread reads the store again every ``max_age_s`` seconds for as long as calls keep coming (it stops after
     ``idle_s`` without one), so a scrape costs the same however slow the store read is, and serves figures at
-    most ``max_age_s`` plus one read old. Otherwise a call finding the read older than
+    most ``max_age_s`` plus one read old. The first call after such a pause (the thread stopped, the read older
+    than that) reads the store itself, as a call without ``background`` does, then starts the thread again: it
+    never serves figures from before the pause. Otherwise a call finding the read older than
     ``max_age_s`` reads the store itself (callers arriving meanwhile wait for that read and share it)."""
 
     def __init__(self, store: FleetStore, *, fleet: str | None = None, max_age_s: float = DEFAULT_CACHE_S,
@@ -107,10 +110,13 @@ class FleetReader:
     def snapshot(self) -> FleetSnapshot | None:
         """The newest read (see the class); after a failed read, the last good one (None if there is none)."""
         with self._state:
-            self._asked_at, current = self._clock(), self._snapshot
+            self._asked_at, current, refreshing = self._clock(), self._snapshot, self._refresher is not None
         if current is None or not self.background:
             return self._read(current)
-        if self._clock() - current.read_at >= self.max_age_s:
+        age_s = self._clock() - current.read_at
+        if age_s >= self.max_age_s:
+            if not refreshing and age_s >= self.max_age_s + current.read_s:  # idle: older than a refresher lets it get
+                current = self._read(current) or current
             self._start_refresher()
         return current
 
@@ -126,7 +132,7 @@ class FleetReader:
                 models = tuple(self.store.model_aggregate(("fleet", "model", "bundle_id"), fleet=self.fleet, since=since))
             except StoreError as exc:
                 self.read_errors += 1
-                logger.warning("metrics: cannot read the fleet store %s: %s", self.store.url, exc)
+                logger.warning("metrics: cannot read the fleet store %s: %s", redact(self.store.url), exc)
                 return current
             families = (*fleet_families(summaries), *model_families(models))
             finished = self._clock()
@@ -236,7 +242,8 @@ def model_families(models: Sequence[ModelAggregate]) -> list[Metric]:
     p99 = GaugeMetricFamily("edgekit_fleet_model_latency_p99_seconds",
                             f"The model's windows' p99, last {minutes}: inference-weighted mean or worst window.",
                             labels=[*_MODEL_LABELS, "stat"])  # fmt: skip
-    errors = GaugeMetricFamily("edgekit_fleet_model_error_ratio", f"Failed inferences over inferences of the model, last {minutes}.",
+    errors = GaugeMetricFamily("edgekit_fleet_model_error_ratio",
+                               f"Failed inferences over attempted ones (completed + failed) of the model, last {minutes}.",
                                labels=list(_MODEL_LABELS))  # fmt: skip
     for row in sorted(models, key=lambda r: (r.fleet or "", r.model or "", r.bundle_id or "")):
         key = [row.fleet or "", row.model or "", row.bundle_id or ""]
@@ -249,8 +256,9 @@ def model_families(models: Sequence[ModelAggregate]) -> list[Metric]:
             p99.add_metric([*key, "mean"], row.p99_ms * 1e-3)
         if row.p99_max_ms is not None:
             p99.add_metric([*key, "max"], row.p99_max_ms * 1e-3)
-        if row.inferences:
-            errors.add_metric(key, row.errors / row.inferences)
+        attempts = (row.inferences or 0) + (row.errors or 0)  # the inferences count only those that completed
+        if attempts:
+            errors.add_metric(key, (row.errors or 0) / attempts)
     return [count, rate, p50, p99, errors]
 
 

@@ -105,6 +105,8 @@ BAD_INPUTS = [
     (topic("events"), json.dumps(event(), ensure_ascii=False).replace("deployed", "\ud800").encode("utf-8", "surrogatepass"),
      "not_utf8", "not UTF-8"),
     (topic("events"), json.dumps(event(message="x")).replace('"x"', '"\\ud800"').encode(), "bad_value", "surrogate"),
+    (topic("events"), encode_message(event("alert_firing")), "reserved_kind",
+     "event kind 'alert_firing' is reserved for the collector's alerts; a device's event kinds must not start with 'alert_'"),
 ]  # fmt: skip
 
 

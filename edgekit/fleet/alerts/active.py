@@ -1,7 +1,9 @@
 """The alerts firing now, read from the store's ``alert_firing`` / ``alert_resolved`` events, worst first.
 
 :func:`active_alerts` is what the dashboard and ``fleet status`` show ("devices breaching"); the alert engine
-also reads it at start to take back the alerts it had fired.
+also reads it at start to take back the alerts it had fired. Only events the engine wrote count: the store is asked
+for the two alert kinds alone (so no number of deploy or command events pushes a firing alert out of the read), and
+an event whose payload is not an alert message (``schema`` ``edgekit.alert/1``) is ignored, whatever its kind.
 """
 
 from __future__ import annotations
@@ -10,13 +12,13 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgekit.fleet.alerts.notify import EVENT_KINDS
+from edgekit.fleet.alerts.notify import ALERT_SCHEMA, EVENT_KINDS
 from edgekit.fleet.alerts.rules import SEVERITIES
 from edgekit.fleet.store.base import FleetStore
 
 #: How far back active_alerts looks for the events of alerts still firing (an alert firing longer is not shown).
 DEFAULT_LOOKBACK = dt.timedelta(days=30)
-#: The most events active_alerts reads.
+#: The most alert events (firing and resolved) active_alerts reads.
 MAX_EVENTS_READ = 100_000
 
 
@@ -67,10 +69,11 @@ def active_alerts(store: FleetStore, fleet: str | None = None, *, lookback: dt.t
     worst first: by severity (critical, warning, info), then how far past its threshold, then longest firing."""
     since = dt.datetime.now(dt.timezone.utc) - lookback
     newest: dict[tuple[str, str, str], tuple[str, Any]] = {}
-    for event in store.events(fleet, since=since, limit=MAX_EVENTS_READ):  # newest first
-        if event.kind not in (EVENT_KINDS["firing"], EVENT_KINDS["resolved"]):
-            continue
+    kinds = (EVENT_KINDS["firing"], EVENT_KINDS["resolved"])
+    for event in store.events(fleet, since=since, limit=MAX_EVENTS_READ, kinds=kinds):  # newest first
         payload = event.payload or {}
+        if event.kind not in kinds or payload.get("schema") != ALERT_SCHEMA:  # not written by the alert engine
+            continue
         key = (str(payload.get("rule")), event.fleet, str(payload.get("subject") or event.device))
         if key not in newest:
             newest[key] = (event.kind, event)

@@ -12,7 +12,9 @@ The engine reads the store (``device_summaries``: liveness, p99, temperature; ``
 its own (``edgekit fleet collect`` opens a second connection) so that a slow read never holds the collector's
 writer, and takes each device's newest window from the collector (:meth:`AlertEngine.observe_windows`, a dict
 update per stored window) for error rates and spool problems. At start it takes back the alerts the store
-says are firing (:func:`~edgekit.fleet.alerts.active.active_alerts`), so a restart neither repeats nor loses them.
+says are firing (:func:`~edgekit.fleet.alerts.active.active_alerts`), so a restart neither repeats nor loses them;
+one judged on windows (:data:`WINDOW_RULE_KINDS`) is kept firing until the device's first window since the restart
+is judged (or the device falls silent), since until then the engine has nothing to judge it on.
 Run it in one collector of a shared group: each engine alerts on its own.
 """
 
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from edgekit.fleet.alerts.conditions import CONDITIONS, Breach, FleetSnapshot, WindowFigures
+from edgekit.fleet.alerts.conditions import CONDITIONS, SILENT_STATES, Breach, FleetSnapshot, WindowFigures
 from edgekit.fleet.alerts.notify import WebhookSender, alert_event, alert_message, alerts_topic
 from edgekit.fleet.alerts.rules import AlertRules
 from edgekit.fleet.errors import StoreError
@@ -38,6 +40,8 @@ logger = logging.getLogger(__name__)
 
 #: How many recent rollout records an evaluation reads (only rollout_failed rules need them).
 ROLLOUTS_READ = 50
+#: Rule kinds judged on a device's newest window, which the engine holds only once the collector stored one.
+WINDOW_RULE_KINDS = ("error_rate_above", "spool_disk_full")
 
 Publish = Callable[[str, bytes], Any]
 
@@ -169,7 +173,9 @@ class AlertEngine:
                 if tracked.state == "pending" and (now - tracked.pending_since).total_seconds() >= for_s:
                     tracked.state, tracked.fired_at = "firing", now
                     notices.append(self._notice("firing", key, tracked, None))
-        for key in [k for k in self._tracked if k not in seen]:
+        gone = [k for k in self._tracked if k not in seen]
+        unjudged = self._awaiting_a_window(gone, snapshot)
+        for key in [k for k in gone if k not in unjudged]:
             tracked = self._tracked.pop(key)
             if tracked.state == "firing":
                 notices.append(self._notice("resolved", key, tracked, now))
@@ -177,6 +183,17 @@ class AlertEngine:
         self.counters.evaluations += 1
         self.counters.last_evaluation_s = time.monotonic() - began
         return notices
+
+    def _awaiting_a_window(self, keys: list[tuple[str, str, str]], snapshot: FleetSnapshot) -> set[tuple[str, str, str]]:
+        """Of ``keys``, the alerts taken back from the store, of rules judged on windows, whose device is heard from
+        but sent no window since the restart: they have not been judged yet, so they are still firing."""
+        restored = [(name, fleet, subject) for name, fleet, subject in keys
+                    if self._tracked[(name, fleet, subject)].breach is None and name in self.rules.rules
+                    and self.rules.rules[name].kind in WINDOW_RULE_KINDS and (fleet, subject) not in snapshot.windows]  # fmt: skip
+        if not restored:
+            return set()
+        heard = {(d.fleet, d.device) for d in snapshot.devices if d.state not in SILENT_STATES}
+        return {key for key in restored if (key[1], key[2]) in heard}
 
     def _notice(self, status: str, key: tuple[str, str, str], tracked: _Tracked, resolved_at: dt.datetime | None) -> dict[str, Any]:
         name, fleet, subject = key
@@ -255,4 +272,4 @@ def alert_engine_for(store: FleetStore, rules_path: str | Path | None, *, use_de
                        close_store=own)  # fmt: skip
 
 
-__all__ = ["AlertCounters", "AlertEngine", "alert_engine_for"]
+__all__ = ["WINDOW_RULE_KINDS", "AlertCounters", "AlertEngine", "alert_engine_for"]

@@ -13,6 +13,8 @@ value, where the collector's own engine names each device. Kinds with no series 
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -41,8 +43,10 @@ def _seconds(ms: float) -> str:
 
 
 def _device_state(rule: DeviceStateRule) -> tuple[str, str]:
+    """Every collector of a group (``fleet collect --workers N``, one scrape target each) serves the same counts, read
+    from the one store: one instance's are taken (``max without (instance)``) before the states are summed."""
     states = "|".join(rule.states)
-    return (f'sum by (fleet, bundle, target) (edgekit_fleet_devices{{state=~"{states}"}}) > 0',
+    return (f'sum by (fleet, bundle, target) (max without (instance) (edgekit_fleet_devices{{state=~"{states}"}})) > 0',
             f"{{{{ $value }}}} device(s) of fleet {{{{ $labels.fleet }}}} (bundle {{{{ $labels.bundle }}}}, target "
             f"{{{{ $labels.target }}}}) are {' or '.join(rule.states)}")  # fmt: skip
 
@@ -85,11 +89,15 @@ EXPRESSIONS: dict[str, Callable[[Any], tuple[str, str]]] = {
 }
 
 
+#: Characters a YAML reader would not take as they are inside a double-quoted scalar (not printable in YAML, or a
+#: line break to YAML 1.1): written as escapes.
+_YAML_ESCAPED = re.compile("[\x7f-\x9f\u2028\u2029\ud800-\udfff\ufeff\ufffe\uffff]")
+
+
 def _quote(text: str) -> str:
-    """A YAML scalar in quotes: single ones (nothing escaped) unless the text holds one."""
-    if "'" not in text:
-        return "'" + text + "'"
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """``text`` as a double-quoted YAML scalar: JSON's string escapes (quotes, backslashes, newlines and other control
+    characters), which YAML reads the same, plus ``\\uXXXX`` for what YAML does not take as it is."""
+    return _YAML_ESCAPED.sub(lambda found: f"\\u{ord(found.group()):04x}", json.dumps(text, ensure_ascii=False))
 
 
 def prometheus_rules_text(rules: AlertRules, source: str = "edgekit/fleet/alerts/default_rules.yaml") -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -70,10 +71,11 @@ def check_seed_request(devices: int, hours: float, window_s: float) -> int:
     """The number of windows per device; raises :class:`SeedError` naming the bad value."""
     if isinstance(devices, bool) or not isinstance(devices, int) or not 1 <= devices <= MAX_SEED_DEVICES:
         raise SeedError(f"devices must be an integer from 1 to {MAX_SEED_DEVICES}, got {devices!r}", hint="e.g. --devices 10000")
-    if not window_s >= 1.0:
-        raise SeedError(f"window length must be at least 1 s, got {window_s!r}", hint="e.g. --window-s 10 (the agent's default), 60 or 300")
-    if not hours >= 0:
-        raise SeedError(f"history must be zero or more hours, got {hours!r}", hint="e.g. --history 24h or --history 7d")
+    if not 1.0 <= window_s < math.inf:
+        raise SeedError(f"window length must be a finite number of seconds, at least 1, got {window_s!r}",
+                        hint="e.g. --window-s 10 (the agent's default), 60 or 300")  # fmt: skip
+    if not 0 <= hours < math.inf:
+        raise SeedError(f"history must be a finite number of hours, zero or more, got {hours!r}", hint="e.g. --history 24h or --history 7d")
     return int(hours * 3600.0 / window_s)
 
 
@@ -154,6 +156,8 @@ def seed_history(store: FleetStore, *, fleet: str = "sim", devices: int = 20, ho
     """Write ``hours`` of windows (one every ``window_s``) for ``devices`` devices; returns what was written.
     ``progress`` (e.g. :class:`~edgekit.progress.RichStageReporter`) gets a note every few seconds."""
     count = check_seed_request(devices, hours, window_s)
+    if not targets:
+        raise SeedError("no targets given: the devices need at least one target profile", hint=f"e.g. {', '.join(DEFAULT_TARGETS)}")
     started = time.monotonic()
     now = now or dt.datetime.now(dt.timezone.utc)
     start = now - dt.timedelta(seconds=count * window_s)

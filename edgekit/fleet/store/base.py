@@ -129,6 +129,9 @@ class DeviceStatus:
     payload: dict[str, Any] = field(default_factory=dict, compare=False)
     #: from agents that report it (status.v1 ``identity`` / ``power_mode``); stored by :meth:`FleetStore.upsert_status`
     identity: DeviceIdentityRecord | None = field(default=None, compare=False)
+    #: sent again by the broker (MQTT retained) to a collector subscribing: the device's newest status, said at
+    #: ``updated_at`` (its own ``at``) or before; stored over any other, but never moving the stored time back
+    retained: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -263,8 +266,10 @@ class FleetStore(abc.ABC):
         exclusive). Only raw windows: those rolled up by retention are in :meth:`aggregate`."""
 
     @abc.abstractmethod
-    def events(self, fleet: str | None = None, device: str | None = None, since: dt.datetime | None = None, limit: int = 200) -> list[DeviceEvent]:
-        """Events newest first (by the device's ``at``)."""
+    def events(self, fleet: str | None = None, device: str | None = None, since: dt.datetime | None = None, limit: int = 200,
+               *, kinds: Sequence[str] = ()) -> list[DeviceEvent]:  # fmt: skip
+        """Events newest first (by the device's ``at``); only those of ``kinds`` when given (filtered in the store, so
+        the ``limit`` newest of those kinds, however many events of other kinds came after them)."""
 
     @abc.abstractmethod
     def rejected_counts(self) -> dict[str, int]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from edgekit.fleet.errors import StoreError
 from edgekit.fleet.store import queries
+from edgekit.fleet.store.urls import redact
 
 #: The schema version that added the aggregates kept at ingest (edgekit/fleet/store/buckets.py).
 AGGREGATES_VERSION = 7
@@ -57,7 +58,7 @@ def pending(dialect: str, current: int, url: str) -> tuple[Migration, ...]:
     """The migrations to apply to a database at ``current``; refuse a database newer than this edgekit."""
     newest = latest_version(dialect)
     if current > newest:
-        raise StoreError(f"fleet store {url} has schema version {current}, newer than the {newest} this edgekit knows",
+        raise StoreError(f"fleet store {redact(url)} has schema version {current}, newer than the {newest} this edgekit knows",
                          hint="upgrade edgekit on this machine, or point --store at another database")  # fmt: skip
     return migrations(dialect)[current:]
 

@@ -19,6 +19,7 @@ from edgekit.fleet.store import timescale_aggregates as aggregates
 from edgekit.fleet.store.base import TelemetryWindow
 from edgekit.fleet.store.retention import DEFAULT_GAPS_OPEN_FOR, ROLLUP_TABLES
 from edgekit.fleet.store.sql import SeqRun, SqlFleetStore, named_to_pyformat
+from edgekit.fleet.store.urls import redact
 
 CONNECT_TIMEOUT_S = 10
 _ROLLED_COLUMNS = ("fleet, device, seq, bundle_id, window_start, window_end, received_at, inferences, errors, p50_ms, "
@@ -338,17 +339,6 @@ def _import_psycopg(url: str) -> Any:
         raise StoreError(f"fleet store {redact(url)} needs psycopg 3, which is not installed",
                          hint="pip install 'edgekit[fleet]' (or: pip install 'psycopg[binary]')") from exc  # fmt: skip
     return psycopg
-
-
-def redact(url: str) -> str:
-    """``url`` without its password, for messages and logs."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 __all__ = ["PostgresStore", "redact"]

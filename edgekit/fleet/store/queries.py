@@ -380,5 +380,31 @@ FROM telemetry_model_rollups r WHERE {rolled_where}"""
 FROM ({union}) u {group_by}"""
 
 
-__all__ = ["aggregate_sql", "bundle_spans_sql", "model_aggregate_sql", "model_rollup_insert_sql", "rollup_insert_sql", "union_sql",
+def upsert_retained_status_sql(store: SqlDialect) -> str:
+    """:data:`UPSERT_STATUS` for a status the broker sent again (MQTT retained) to a collector subscribing: it is the
+    device's newest (the broker keeps one a device), so its state is taken whatever its time; but it was said at its
+    ``updated_at`` or before, so a later heard-from time already stored is kept (a restart revives no one)."""
+    insert = UPSERT_STATUS[:UPSERT_STATUS.index("ON CONFLICT")]
+    return (f"{insert}ON CONFLICT (fleet, device) DO UPDATE SET state = excluded.state, bundle_id = excluded.bundle_id, "
+            f"agent_version = excluded.agent_version, payload = excluded.payload, "
+            f"updated_at = {store.greatest_sql('device_status.updated_at', 'excluded.updated_at')}")  # fmt: skip
+
+
+def event_filters(fleet: str | None, device: str | None, kinds: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
+    """WHERE clauses (``:name`` placeholders) and parameters of a device-event read: of one fleet, one device, some
+    kinds (each optional; no kinds: every kind)."""
+    clauses: list[str] = []
+    params: dict[str, Any] = {}
+    for column, value in (("fleet", fleet), ("device", device)):
+        if value is not None:
+            clauses.append(f"{column} = :{column}")
+            params[column] = value
+    chosen = (kinds,) if isinstance(kinds, str) else tuple(kinds)
+    if chosen:
+        clauses.append(f"kind IN ({', '.join(f':kind_{index}' for index in range(len(chosen)))})")
+        params.update({f"kind_{index}": kind for index, kind in enumerate(chosen)})
+    return clauses, params
+
+
+__all__ = ["aggregate_sql", "event_filters", "upsert_retained_status_sql", "bundle_spans_sql", "model_aggregate_sql", "model_rollup_insert_sql", "rollup_insert_sql", "union_sql",
            "window_seconds_sql"]

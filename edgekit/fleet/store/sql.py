@@ -43,6 +43,7 @@ from edgekit.fleet.store.retention import (  # re-exported (__all__): the stores
     merge_rolled_seqs,
 )
 from edgekit.fleet.store.summaries import summary_from_row
+from edgekit.fleet.store.urls import redact
 
 #: Rows fetched per query when iterating windows.
 PAGE_ROWS = 5000
@@ -138,7 +139,7 @@ class SqlFleetStore(DeviceReadsMixin, RetentionMixin, SchemaMigrations, FleetSto
     def _transaction(self, doing: str, *, write: bool = True) -> Iterator[Any]:
         with self._lock:
             if self._closed:
-                raise StoreError(f"fleet store {self.url} is closed", hint="open it again with open_store(url)")
+                raise StoreError(f"fleet store {redact(self.url)} is closed", hint="open it again with open_store(url)")
             cursor = None
             try:
                 cursor = self._cursor()
@@ -291,7 +292,7 @@ class SqlFleetStore(DeviceReadsMixin, RetentionMixin, SchemaMigrations, FleetSto
                 self._upsert_status(cursor, status)
 
     def _upsert_status(self, cursor: Any, status: DeviceStatus) -> None:
-        cursor.execute(self._sql(queries.UPSERT_STATUS),
+        cursor.execute(self._sql(queries.upsert_retained_status_sql(self) if status.retained else queries.UPSERT_STATUS),
                        (status.fleet, status.device, status.state, status.bundle_id, status.agent_version,
                         self.time_in(status.updated_at), self.json_in(status.payload)))  # fmt: skip
         if status.target is not None:
@@ -408,12 +409,8 @@ class SqlFleetStore(DeviceReadsMixin, RetentionMixin, SchemaMigrations, FleetSto
                                payload=values[24], model=values[24].get("model"))  # fmt: skip
 
     def events(self, fleet: str | None = None, device: str | None = None, since: dt.datetime | None = None,
-               limit: int = 200) -> list[DeviceEvent]:  # fmt: skip
-        clauses, params = [], {}
-        for column, value in (("fleet", fleet), ("device", device)):
-            if value is not None:
-                clauses.append(f"{column} = :{column}")
-                params[column] = value
+               limit: int = 200, *, kinds: Sequence[str] = ()) -> list[DeviceEvent]:  # fmt: skip
+        clauses, params = queries.event_filters(fleet, device, kinds)
         if since is not None:
             clauses.append("at >= :since")
             params["since"] = self.time_in(since)

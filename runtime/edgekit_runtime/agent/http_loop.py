@@ -50,6 +50,10 @@ logger = logging.getLogger("edgekit_runtime.agent.api")
 
 #: a request whose head and body are not all in after this long goes to a thread (which applies the deadlines)
 PARTIAL_HAND_BACK_S = 0.1
+#: a model whose requests took longer than this on the loop (one pass) is served on threads for SLOW_FOR_S, so
+#: that a slow model's requests never hold up another model's (then it is tried on the loop again)
+SLOW_ON_LOOP_S = 0.002
+SLOW_FOR_S = 10.0
 _READ_BYTES = 256 * 1024
 _TICK_S = 0.25
 _MAX_HEADERS = 100
@@ -98,6 +102,7 @@ class InferLoop:
         self._layouts = RequestLayouts()
         self._heads: dict[bytes, tuple[str, str, RequestHeaders, int] | tuple[()]] = {}
         self._last_limits: tuple[int, Any] | None = None
+        self._slow_until: dict[int, float] = {}  # id(InferenceServer) -> until when its requests go to threads
         self._thread = threading.Thread(target=self._run, name="edgekit-api-loop", daemon=True)
 
     @property
@@ -280,6 +285,8 @@ class InferLoop:
         signature = slot.server.signature
         if signature is None or length > self.api.max_request_bytes:
             return None
+        if self._slow_until and self._slow_until.get(id(slot.server), 0.0) > time.monotonic():
+            return None  # a slow model: its requests run on threads, so that they never hold up the loop's others
         limits = (length, signature)
         if limits != self._last_limits:  # the body limit's answer for this length and signature
             if body_limit_refusal(length, signature, model, setting="api.max_request_mb") is not None:
@@ -322,11 +329,14 @@ class InferLoop:
         layouts = self._layouts
         for items in by_server.values():
             server = items[0][1].server
+            started = time.monotonic()
             try:
                 results = server.infer_together([(item[4], item[5]) for item in items])
             except Exception as err:  # a bug: every request gets a 500
                 logger.exception("API event loop: running %d request(s) failed", len(items))
                 results = [err] * len(items)
+            if time.monotonic() - started > SLOW_ON_LOOP_S:  # it held up every other connection: threads for a while
+                self._slow_until[id(server)] = time.monotonic() + SLOW_FOR_S
             for (connection, slot, name, layout, _, _), result in zip(items, results):
                 if isinstance(result, Exception):
                     self._reply_failure(connection, name, result)

@@ -171,3 +171,32 @@ def test_a_dead_webhook_is_counted_and_never_holds_an_evaluation(sqlite_store: F
     assert time.monotonic() - began < 1.0
     engine.stop()  # sends what is queued first
     assert (engine.webhook.sent, engine.webhook.failed) == (0, 1)  # type: ignore[union-attr]
+
+
+def test_a_restarted_engine_keeps_window_alerts_firing_until_their_device_sends_a_window(sqlite_store: FleetStore) -> None:
+    window_rules = rules(errors={"kind": "error_rate_above", "share": 0.05}, disk={"kind": "spool_disk_full"})
+    failing = [live_window(1, device="dev-1", inferences=50, failed=50), live_window(1, device="dev-2", problems=["spool.disk_full"]),
+               live_window(1, device="dev-3", problems=["spool.disk_full"])]  # fmt: skip
+    sqlite_store.add_windows(failing)
+    first = AlertEngine(window_rules, sqlite_store)
+    first.observe_windows(failing)
+    assert len(first.evaluate(at(0))) == 3
+    sqlite_store.upsert_status(DeviceStatus(fleet="lab", device="dev-3", state="offline", bundle_id=None, target=None,
+                                            agent_version="test", updated_at=dt.datetime.now(dt.timezone.utc)))  # its will  # fmt: skip
+    engine = AlertEngine(window_rules, sqlite_store, evaluate_every_s=3600).start()  # the collector restarted
+    try:
+        deadline = time.monotonic() + 10
+        while engine.counters.evaluations < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert engine.firing() == [("disk", "lab", "dev-2"), ("errors", "lab", "dev-1")]  # no window yet: not judged
+        assert (engine.counters.fired, engine.counters.resolved) == (0, 1)  # dev-3 fell silent: resolved
+        later = [live_window(2, device="dev-1", inferences=50, failed=50), live_window(2, device="dev-2")]
+        sqlite_store.add_windows(later)
+        engine.observe_windows(later)
+        assert [(n["status"], n["rule"], n["device"]) for n in engine.evaluate()] == [("resolved", "disk", "dev-2")]
+        assert engine.firing() == [("errors", "lab", "dev-1")]  # still failing: still firing, never paged again
+    finally:
+        engine.stop()
+    assert alert_events(sqlite_store) == [("alert_firing", "dev-1", "errors"), ("alert_firing", "dev-2", "disk"),
+                                          ("alert_firing", "dev-3", "disk"), ("alert_resolved", "dev-2", "disk"),
+                                          ("alert_resolved", "dev-3", "disk")]  # fmt: skip

@@ -88,8 +88,10 @@ def test_progress_notes_say_how_far_and_how_fast(tmp_path, monkeypatch) -> None:
 
 @pytest.mark.parametrize(("devices", "hours", "window_s", "message"), [
     (0, 1.0, 10.0, "devices must be an integer from 1"),
-    (10, 1.0, 0.5, "window length must be at least 1 s"),
-    (10, -1.0, 10.0, "history must be zero or more hours"),
+    (10, 1.0, 0.5, "window length must be a finite number of seconds, at least 1, got 0.5"),
+    (10, 1.0, float("inf"), "window length must be a finite number of seconds, at least 1, got inf"),
+    (10, -1.0, 10.0, "history must be a finite number of hours, zero or more, got -1.0"),
+    (10, float("inf"), 10.0, "history must be a finite number of hours, zero or more, got inf"),
 ])  # fmt: skip
 def test_bad_requests_name_the_value(tmp_path, devices, hours, window_s, message) -> None:
     with open_store(f"sqlite:///{tmp_path / 'fleet.db'}") as store, pytest.raises(SeedError, match=message):
