@@ -42,6 +42,12 @@ def _seconds(ms: float) -> str:
     return f"{ms / 1000.0:g}"
 
 
+def _one_instance(series: str) -> str:
+    """``series`` as one collector serves it: every collector of a group (``fleet collect --workers N``, one scrape
+    target each) serves the same figures, read from the one store, so each rule fired N times without this."""
+    return f"max without (instance) ({series})"
+
+
 def _device_state(rule: DeviceStateRule) -> tuple[str, str]:
     """Every collector of a group (``fleet collect --workers N``, one scrape target each) serves the same counts, read
     from the one store: one instance's are taken (``max without (instance)``) before the states are summed."""
@@ -52,29 +58,31 @@ def _device_state(rule: DeviceStateRule) -> tuple[str, str]:
 
 
 def _p99_above(rule: P99AboveRule) -> tuple[str, str]:
-    return (f'edgekit_fleet_latency_p99_seconds{{stat="max"}} > {_seconds(rule.threshold_ms)}',
+    worst = _one_instance('edgekit_fleet_latency_p99_seconds{stat="max"}')
+    return (f"{worst} > {_seconds(rule.threshold_ms)}",
             f"a device of fleet {{{{ $labels.fleet }}}} on {{{{ $labels.bundle }}}} ({{{{ $labels.target }}}}) has p99 "
             f"{{{{ $value | humanizeDuration }}}} > {rule.threshold_ms:g} ms")  # fmt: skip
 
 
 def _p99_above_fleet_median(rule: P99AboveFleetMedianRule) -> tuple[str, str]:
-    worst = 'edgekit_fleet_latency_p99_seconds{stat="max"}'
-    median = 'edgekit_fleet_latency_p99_seconds{stat="median"}'
+    worst = _one_instance('edgekit_fleet_latency_p99_seconds{stat="max"}')
+    median = _one_instance('edgekit_fleet_latency_p99_seconds{stat="median"}')
     return (f"{worst} > ignoring(stat) {rule.factor:g} * {median}"
             f" and on(fleet, bundle, target) {worst} >= {_seconds(rule.min_p99_ms)}"
-            f" and on(fleet, bundle, target) edgekit_fleet_devices_reporting >= {rule.min_devices}",
+            f" and on(fleet, bundle, target) {_one_instance('edgekit_fleet_devices_reporting')} >= {rule.min_devices}",
             f"a device of fleet {{{{ $labels.fleet }}}} on {{{{ $labels.bundle }}}} ({{{{ $labels.target }}}}) has p99 "
             f"{{{{ $value | humanizeDuration }}}}, over {rule.factor:g} x the group's median")  # fmt: skip
 
 
 def _error_rate_above(rule: ErrorRateAboveRule) -> tuple[str, str]:
-    return (f"edgekit_fleet_model_error_ratio > {rule.share:g}",
+    return (f"{_one_instance('edgekit_fleet_model_error_ratio')} > {rule.share:g}",
             f"model {{{{ $labels.model }}}} of bundle {{{{ $labels.bundle }}}} in fleet {{{{ $labels.fleet }}}} failed "
             f"{{{{ $value | humanizePercentage }}}} of its inferences (> {rule.share:.1%}) over 5 minutes")  # fmt: skip
 
 
 def _temperature_above(rule: TemperatureAboveRule) -> tuple[str, str]:
-    return (f'edgekit_fleet_temperature_max_celsius{{stat="max"}} > {rule.threshold_c:g}',
+    hottest = _one_instance('edgekit_fleet_temperature_max_celsius{stat="max"}')
+    return (f"{hottest} > {rule.threshold_c:g}",
             f"a device of fleet {{{{ $labels.fleet }}}} on {{{{ $labels.bundle }}}} ({{{{ $labels.target }}}}) is at "
             f"{{{{ $value }}}} C > {rule.threshold_c:g} C")  # fmt: skip
 

@@ -48,7 +48,7 @@ def test_the_generator_writes_a_file_of_ones_own(tmp_path: Path) -> None:
     assert main(["--rules", str(mine), "--out", str(out)]) == 0
     text = out.read_text()
     assert "- alert: Hot\n" in text and "for: 10m" in text and 'team: "robots"' in text
-    assert 'expr: "edgekit_fleet_temperature_max_celsius{stat=\\"max\\"} > 70"' in text
+    assert 'expr: "max without (instance) (edgekit_fleet_temperature_max_celsius{stat=\\"max\\"}) > 70"' in text
     if PROMTOOL:
         checked = subprocess.run([PROMTOOL, "check", "rules", str(out)], capture_output=True, text=True, timeout=60)
         assert checked.returncode == 0, checked.stdout + checked.stderr
