@@ -143,9 +143,17 @@ def render_sweep_html(rows: Sequence[dict[str, Any]], metric: str | None, higher
     title = sweep_title(recipe, target, batch)
     svg = sweep_pareto_svg(rows, metric or "metric", higher_is_better, title=title)
     plot = svg or "<p class='note'>Nothing to plot: no variant was both built and timed on this host.</p>"
-    header = ("variant", "status", "size", "p50 ms on this host", "× fp32", metric or "metric", "cosine min", "note")
+    header: tuple[str, ...] = ("variant", "status", "size", "p50 ms on this host", "× fp32", metric or "metric", "cosine min", "note")
+    estimated = any(number(row.get("estimate_p50_ms")) is not None for row in rows)  # a target other than this host
+    if estimated:  # the projection for the target beside the host's timing, as the CLI's table has it
+        header = (*header, f"estimate p50 ms on {target or 'the target'}")
+
+    def cells(row: dict[str, Any]) -> tuple[str, ...]:
+        estimate = number(row.get("estimate_p50_ms"))
+        return (*sweep_cells(row), *([MISSING if estimate is None else f"{estimate:.2f}"] if estimated else []))
+
     body = "".join(
-        "<tr>" + "".join(f"<td{' class=num' if 2 <= i <= 6 else ''}>{html.escape(cell)}</td>" for i, cell in enumerate(sweep_cells(row))) + "</tr>"
+        "<tr>" + "".join(f"<td{' class=num' if 2 <= i <= 6 or i == 8 else ''}>{html.escape(cell)}</td>" for i, cell in enumerate(cells(row))) + "</tr>"
         for row in rows
     )
     return (

@@ -16,3 +16,12 @@ def test_an_infinite_or_nan_figure_is_left_off_the_plot_and_kept_in_the_table() 
     assert sweep_pareto_svg(_rows(float("inf"), float("nan")), "accuracy", True) is None  # nothing left to place
     page = render_sweep_html(_rows(float("inf")), "accuracy", True, recipe="digits", target="Board", batch=8)
     assert "<svg" in page and "fp32" in page
+
+
+def test_sweep_html_has_the_targets_estimate_beside_the_hosts_timing_as_the_cli_has() -> None:
+    rows = _rows(2.0)
+    rows[0]["estimate_p50_ms"], rows[1]["estimate_p50_ms"] = 12.345, None
+    page = render_sweep_html(rows, "accuracy", True, recipe="digits", target="jetson-orin-nano", batch=8)
+    assert "<th>estimate p50 ms on jetson-orin-nano</th>" in page  # before: only the CLI table and sweep.json had it
+    assert "<td class=num>12.35</td>" in page and "<td class=num>—</td></tr>" in page
+    assert "estimate p50" not in render_sweep_html(_rows(2.0), "accuracy", True, recipe="digits", target="x86-64-cpu", batch=8)
