@@ -362,7 +362,7 @@ def _requested_outputs(request: Any, signature: Any) -> dict[str, int | None] | 
             choice = parameter.WhichOneof("parameter_choice")
             if choice != "int64_param":  # as Triton: a double, a uint64 (unknown to this proto) or no value is refused
                 raise OipError(HTTPStatus.BAD_REQUEST, f"outputs[{index}].parameters.classification must be an int64_param "
-                               f"(how many top classes to return), got {choice or 'no value this server reads'}")  # fmt: skip
+                               f"(how many top classes to return), got {choice or 'an empty parameter'}")  # fmt: skip
             count = classification_count(parameter.int64_param, f"outputs[{index}]")
         wanted[output.name] = count
     return wanted or None

@@ -207,6 +207,11 @@ def test_classification_over_grpc_and_limits(clients: tuple[Any, Any]) -> None:
     assert [[int(item.split(b":")[1]) for item in row] for row in labels] == top_classes(reference_logits(x), 10)
     with pytest.raises(InferenceServerException, match="asked for twice"):
         rpc.infer("digits", [grpc_image(x)], outputs=[grpcclient.InferRequestedOutput("logits")] * 2)
+    for field, value in (("double_param", 3.0), ("uint64_param", 3)):  # as Triton: an int64_param only (before: ignored)
+        output = grpcclient.InferRequestedOutput("logits", class_count=3)
+        setattr(output._get_tensor().parameters["classification"], field, value)
+        with pytest.raises(InferenceServerException, match=f"classification must be an int64_param .*got {field}"):
+            rpc.infer("digits", [grpc_image(x)], outputs=[output])
 
 
 def test_request_id_must_be_a_string_and_outputs_named_once(agent: AgentService) -> None:
