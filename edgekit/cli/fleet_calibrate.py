@@ -25,6 +25,7 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.markup import escape
     from rich.table import Table
 
     from edgekit.estimate.calibration import default_calibration_path, write_calibration
@@ -32,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from edgekit.estimate.graph_cost import EstimateError
     from edgekit.fleet.report import check_filter_values, parse_since
     from edgekit.fleet.store import open_store
+    from edgekit.fleet.store.urls import redact
 
     bundles = find_bundles(args.bundles)
     out = args.out or default_calibration_path()
@@ -41,11 +43,11 @@ def run(args: argparse.Namespace) -> int:
             check_filter_values(store, {"--fleet": ("fleet", args.fleet)})
     if not observations:
         known = ", ".join(sorted({i for b in bundles for i in b.ids}))
-        raise EstimateError(f"the store {args.store} has no telemetry of the bundles given ({known})",
+        raise EstimateError(f"the store {redact(args.store)} has no telemetry of the bundles given ({known})",
                             hint="check the bundle ids in `edgekit fleet report --store URL` against the bundles' manifest names")  # fmt: skip
     fitted = calibrate(observations, out if out.is_file() else None)
     write_calibration(out, [r.entry for r in fitted])
-    table = Table(title=f"estimate calibration from {args.store} (median |estimate - fleet p50| / fleet p50)")
+    table = Table(title=f"estimate calibration from {escape(redact(args.store))} (median |estimate - fleet p50| / fleet p50)")
     for column in ("target", "power mode", "bundles", "error before", "error after", "leave-one-out"):
         table.add_column(column, justify="left" if column in ("target", "power mode") else "right")
     for r in fitted:

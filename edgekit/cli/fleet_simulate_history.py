@@ -38,9 +38,12 @@ def history_hours(text: str) -> float:
 
 
 def run_history(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+
     from edgekit.fleet.sim.profiles import DEFAULT_TARGETS
     from edgekit.fleet.sim.seed import SeedError, check_seed_request, seed_history
     from edgekit.fleet.store import open_store
+    from edgekit.fleet.store.urls import redact
     from edgekit.progress import RichStageReporter
 
     if not args.store:
@@ -52,7 +55,7 @@ def run_history(args: argparse.Namespace) -> int:
     targets = args.targets or DEFAULT_TARGETS
     bundles = tuple(b for b in (args.bundle, args.upgrade_to) if b)
     console.print(f"seeding {args.history} of {args.window_s:g} s windows for [bold]{args.devices:,}[/] devices "
-                  f"(fleet {args.fleet}) = {total:,} windows into {args.store}; numbers are SYNTHETIC")  # fmt: skip
+                  f"(fleet {args.fleet}) = {total:,} windows into {escape(redact(args.store))}; numbers are SYNTHETIC")  # fmt: skip
     if total > _LONG_HISTORY_WINDOWS:
         console.print(f"  [yellow]{total:,} windows is long work (about 10,000 windows/s into SQLite, 5,000 into PostgreSQL "
                       f"on a 2-core host); --window-s 60 or 300 writes fewer[/]")  # fmt: skip
@@ -68,5 +71,5 @@ def run_history(args: argparse.Namespace) -> int:
         print_json({"devices": summary.devices, "windows": summary.windows, "seconds": round(summary.seconds, 3),
                     "windows_per_s": round(summary.windows_per_s, 1), "window_s": args.window_s,
                     "first_window_start": summary.first_window_start, "last_window_end": summary.last_window_end,
-                    "store": args.store, "synthetic": True})  # fmt: skip
+                    "store": redact(args.store), "synthetic": True})  # fmt: skip
     return 0

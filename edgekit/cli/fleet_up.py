@@ -30,8 +30,11 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+
     from edgekit.fleet import local_stack
     from edgekit.fleet.local_stack import LocalStack, LocalStackConfig
+    from edgekit.fleet.store.urls import redact
 
     if args.verbose < 2:
         logging.getLogger("amqtt").setLevel(logging.WARNING)  # amqtt logs every connection at INFO
@@ -48,12 +51,12 @@ def run(args: argparse.Namespace) -> int:
         for note in stack.notes:
             console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
         printer.print(f"broker    {stack.broker_url} ({kind})", soft_wrap=True)
-        printer.print(f"store     {args.store}", soft_wrap=True)
+        printer.print(f"store     {escape(redact(args.store))}", soft_wrap=True)
         printer.print(f"dashboard [bold]{stack.dashboard_url}[/]", soft_wrap=True)
         if args.simulate:
             printer.print(f"simulating {args.simulate} devices in fleet {args.fleet} (SYNTHETIC numbers)", soft_wrap=True)
         if args.json:
-            print_json({"broker": stack.broker_url, "mqtt_version": stack.mqtt_version, "store": args.store, "notes": stack.notes,
+            print_json({"broker": stack.broker_url, "mqtt_version": stack.mqtt_version, "store": redact(args.store), "notes": stack.notes,
                         "dashboard": stack.dashboard_url, "simulated_devices": args.simulate})  # fmt: skip
         deadline = None if args.duration is None else time.monotonic() + args.duration
         try:

@@ -84,3 +84,18 @@ def test_fleet_collect_prints_the_store_without_its_password(secret_url: str, tm
     started = json.loads(result.stdout.splitlines()[0])
     assert started["event"] == "started" and started["store"] == _shown(secret_url)
     assert f"into {_shown(secret_url)} as" in result.stderr.replace("\n", "")
+
+
+@pytest.mark.parametrize("output", ["--json", "console"])
+def test_fleet_simulate_history_prints_the_store_without_its_password(secret_url: str, output: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "edgekit.cli.main", "fleet", "simulate", "--history", "1m", "--devices", "1", "--window-s", "30",
+         "--store", secret_url, *([output] if output == "--json" else [])],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert PASSWORD not in result.stdout + result.stderr  # before: in the "seeding ... into" line and the JSON
+    if output == "--json":
+        assert json.loads(result.stdout)["store"] == _shown(secret_url)
+    else:
+        assert _shown(secret_url) in (result.stdout + result.stderr).replace("\n", "")

@@ -158,9 +158,14 @@ class AgentService(SpoolOutbox, TelemetryReporting, CommandHandling):
         self._start_sensor()
         self._read_identity()
         self.models.start()
-        self.api.start()
-        if self.grpc is not None:
-            self.grpc.start()
+        try:
+            self.api.start()
+            if self.grpc is not None:
+                self.grpc.start()
+        except BaseException:  # (a port taken) what started stops, and the models let go of their bundle dirs' locks
+            self.api.stop()
+            self.models.close()
+            raise
         self._start_link()
         self._open_window()
         self.server.take_window()  # the first window starts now, not when the server was built

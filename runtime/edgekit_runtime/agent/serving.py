@@ -419,8 +419,10 @@ class InferenceServer:
         """A batched call failed with ``err``: run each member (feeds, items, arrival) on its own, so that one
         request the model cannot run (a token id past its table) fails alone and the others get their answers;
         each failure counts as an error once. The caller holds a run slot. One member, or no runner: ``err``."""
-        if len(members) == 1 or runner is None:
-            return [err]
+        if len(members) == 1 or runner is None:  # nothing to retry on: every member gets the batch's error, counted
+            if len(members) > 1:
+                self._count("errors", amount=len(members))
+            return [err] * len(members)
         outcomes: list[InferenceResult | Exception] = []
         for feeds, items, submitted_ns in members:
             started_ns = time.perf_counter_ns()

@@ -11,11 +11,11 @@ never wedges it: the real InferenceServer, ONNX Runtime runners, bundles from th
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from edgekit_runtime.agent.config_types import BatchingConfig
 from edgekit_runtime.agent.serving import InferenceResult, InferenceServer
@@ -117,3 +117,41 @@ def test_requests_past_the_sample_list_still_add_their_times_to_the_protocols_st
         assert success["ns"] >= stats["inference_stats"]["compute_infer"]["ns"] > 0
     finally:
         server.close()
+
+
+def test_queued_requests_of_a_model_unloaded_before_their_batch_ran_all_get_the_error(tmp_path: Path) -> None:
+    """Requests queue while the run slots are held; the model is unloaded (an OIP repository unload) before the
+    batching worker runs them: every caller gets NoModelError (a review of the per-request retry found only
+    the first answered and the others waiting forever)."""
+    from edgekit_runtime.agent.errors import NoModelError
+
+    server = InferenceServer(create_runner(open_bundle(build_bundle(tmp_path / "b"))).load(), model_name="m",
+                             batching=BatchingConfig(max_delay_ms=300.0))  # fmt: skip
+    x = np.zeros((1, 1, 8, 8), np.float32)
+    outcomes: dict[int, object] = {}
+    queued = threading.Event()
+
+    def hold_then_unload(_: object) -> None:  # under the same exclusive hold a swap(None) takes
+        assert queued.wait(10)
+        time.sleep(0.3)  # the callers are in the queue by now (they cannot take a slot)
+        server._runner = None
+        server._replan()
+
+    def call(index: int) -> None:
+        try:
+            outcomes[index] = server.infer({"image": x})
+        except Exception as err:  # noqa: BLE001 - the outcome under test
+            outcomes[index] = err
+
+    holder = threading.Thread(target=lambda: server.call_runner(hold_then_unload))
+    holder.start()
+    callers = [threading.Thread(target=call, args=(index,), daemon=True) for index in range(4)]
+    for caller in callers:
+        caller.start()
+    queued.set()
+    holder.join(10)
+    for caller in callers:
+        caller.join(10)
+    assert not any(caller.is_alive() for caller in callers), "a caller still waits for its batch"
+    assert all(isinstance(outcomes[index], NoModelError) for index in range(4)), outcomes
+    assert server.totals().errors == 4

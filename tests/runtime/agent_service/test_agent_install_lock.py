@@ -61,3 +61,24 @@ def test_stores_in_one_process_share_the_lock_until_the_last_lets_go(tmp_path: P
     second.release()
     free = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "b")], capture_output=True, text=True, env=env)
     assert free.returncode == 0, free.stderr
+
+
+def test_an_agent_that_fails_to_start_lets_go_of_the_bundle_dir(agent_config: Callable[..., Path], tmp_path: Path) -> None:
+    """The API's port taken: start() raises after the models took their bundle dirs' locks; before, the lock stayed
+    with the process and `edgekit-agent install` was refused with no agent running."""
+    import socket
+
+    from edgekit_runtime.agent.config import load_config
+    from edgekit_runtime.agent.errors import AgentApiError
+    from edgekit_runtime.agent.service import AgentService
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        path = agent_config(api={"address": f"127.0.0.1:{taken.getsockname()[1]}"})
+        with pytest.raises(AgentApiError, match="cannot listen on"):
+            AgentService(load_config(path)).run_forever()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "runtime")])}
+    probe = "import sys; from edgekit_runtime.agent.store import BundleStore; BundleStore(sys.argv[1]).prepare()"
+    free = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "bundles")], capture_output=True, text=True, env=env)
+    assert free.returncode == 0, free.stderr
