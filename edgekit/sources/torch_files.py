@@ -41,6 +41,7 @@ def load_exported_program(spec: ExportedProgramSource, recipe: Recipe, workdir: 
     import torch
 
     path = _existing(spec.path, recipe, "model.path")
+    _refuse_untrusted_pickles(path, recipe)
     try:
         program = torch.export.load(str(path))
     except Exception as exc:
@@ -55,3 +56,25 @@ def load_exported_program(spec: ExportedProgramSource, recipe: Recipe, workdir: 
         file_sha256=sha256_file(path),
         details={"program": program},
     )
+
+
+def _refuse_untrusted_pickles(path: Path, recipe: Recipe) -> None:
+    """Refuse a ``.pt2`` that loading would unpickle parts of (code it could run), unless the recipe is trusted."""
+    from edgekit.sources.pt2_pickles import unpickled_parts
+
+    trust = recipe._code_trust
+    if trust is None or trust.trust_code or any(folder in path.resolve().parents for folder in trust.folders):
+        return  # a recipe built in Python (its caller's code), --trust-code, or a trusted folder
+    try:
+        parts = unpickled_parts(path)
+    except (OSError, ValueError) as exc:  # not a zip: torch.export.load says what it is below
+        if "zip" in str(exc).lower():
+            return
+        raise SourceError(f"{recipe.path}: model.path {path} cannot be read: {exc}") from None
+    if parts:
+        raise SourceError(
+            f"{recipe.path}: model.path {path} holds parts torch.export.load unpickles, which can run any code: "
+            f"{'; '.join(parts[:3])}{' ...' if len(parts) > 3 else ''}. A model file is not trusted as code",
+            hint="if you trust this file, pass --trust-code (edgekit build, edgekit sweep) or put it in a folder listed in "
+                 "EDGEKIT_TRUSTED_CODE_DIRS; a program saved from plain tensors (torch.export.save) holds no pickles",
+        )

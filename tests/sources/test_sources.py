@@ -131,3 +131,50 @@ def test_huggingface_directory_without_config(tiny_recipe, tmp_path):
     (tmp_path / "bert").mkdir()
     with pytest.raises(SourceError, match=r"has no config\.json: not a Hugging Face model directory"):
         build(tiny_recipe(text=HF_RECIPE, name="bert.yaml"), "x86-64-cpu", out=tmp_path / "b")
+
+
+class _TouchOnLoad:
+    """Unpickling this creates a file: what a hostile pickle inside a model file could do instead."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (open, (str(self.marker), "w"))
+
+
+def _with_a_pickled_weight(path: Path, marker: Path) -> None:
+    """Rewrite the .pt2 at ``path``: its first weight marked ``use_pickle`` and replaced by a pickle."""
+    import json
+    import pickle
+    import zipfile
+
+    entries = {}
+    with zipfile.ZipFile(path) as archive:
+        for name in archive.namelist():
+            entries[name] = archive.read(name)
+    config_name = next(name for name in entries if name.endswith("model_weights_config.json"))
+    config = json.loads(entries[config_name])
+    first = next(iter(config["config"].values()))
+    first["use_pickle"] = True
+    entries[config_name] = json.dumps(config).encode()
+    entries[next(name for name in entries if name.endswith("/weights/" + first["path_name"]))] = pickle.dumps(_TouchOnLoad(marker))
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in entries.items():
+            archive.writestr(name, data)
+
+
+def test_an_exported_program_that_would_unpickle_is_refused_unless_trusted(tiny_recipe, tmp_path):
+    """torch.export.load unpickles (weights_only=False) weights marked use_pickle: loading such a .pt2 ran its code
+    before edgekit said anything (a model file is no code to its user). Now it is refused before loading."""
+    lines = _exported_program(tmp_path)
+    marker = tmp_path / "ran"
+    _with_a_pickled_weight(tmp_path / "tiny.pt2", marker)
+    recipe = _recipe_for(tiny_recipe, lines)
+    with pytest.raises(SourceError, match=r"tiny\.pt2 holds parts torch\.export\.load unpickles, which can run any code: "
+                                          r".*model_weights_config\.json: conv\.weight(?s:.*)--trust-code"):  # fmt: skip
+        build(recipe, "x86-64-cpu", out=tmp_path / "bundle")
+    assert not marker.exists()
+    with pytest.raises(SourceError):  # trusted: loaded (the pickle ran), then refused as no torch.export program
+        build(recipe, "x86-64-cpu", out=tmp_path / "bundle", trust_code=True)
+    assert marker.exists()
