@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edgekit.errors import SourceError
+from edgekit.export.flat_outputs import flat_outputs
 from edgekit.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -27,11 +28,7 @@ class TorchReference:
         args = [torch.from_numpy(np.require(feeds[s.name], requirements="C")).to(self.device) for s in self.recipe.inputs]  # keeps rank 0
         with torch.inference_mode():
             result = self.module(*args)
-        if isinstance(result, torch.Tensor):
-            result = (result,)
-        elif isinstance(result, dict):
-            result = tuple(result[name] for name in self.recipe.outputs)
-        result = tuple(result)
+        result = flat_outputs(result, self.recipe)  # as the exporters see it: a dict by name, nested tuples flattened
         if len(result) != len(self.recipe.outputs):
             raise SourceError(
                 f"{self.recipe.path}: the model returns {len(result)} outputs, the recipe names {len(self.recipe.outputs)}: {list(self.recipe.outputs)}",

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edgekit.errors import ExportError
+from edgekit.errors import ExportError, SourceError
 from edgekit.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -42,8 +42,20 @@ def _example_args(recipe: Recipe, batch: dict[str, np.ndarray]) -> tuple["torch.
 def _dynamo_shapes(recipe: Recipe) -> tuple[dict[int, Any], ...]:
     import torch
 
-    dims = {name: torch.export.Dim(name, min=d.min, max=d.max) for name, d in recipe.dims.items()}
-    return tuple({axis: dims[dim] for axis, dim in enumerate(spec.shape) if isinstance(dim, str)} for spec in recipe.inputs)
+    # a dim of one size (min == max, as static-shape targets such as NPUs want) is no Dim: torch.export refuses
+    # Dim(min=2, max=2); the axis is exported at that one size, a static axis (what such targets want)
+    dims = {name: torch.export.Dim(name, min=d.min, max=d.max) for name, d in recipe.dims.items() if d.min != d.max}
+    return tuple({axis: dims[dim] for axis, dim in enumerate(spec.shape) if isinstance(dim, str) and dim in dims}
+                 for spec in recipe.inputs)  # fmt: skip
+
+
+def _dynamic_shapes_for(module: Any, recipe: Recipe) -> Any:
+    """:func:`_dynamo_shapes` as ``module``'s signature takes them: under ``args`` for a ``forward(*args)``
+    (the wrapper of :mod:`edgekit.export.flat_outputs`)."""
+    if not recipe.dims:
+        return None
+    shapes = _dynamo_shapes(recipe)
+    return {"args": shapes} if getattr(module, "takes_varargs", False) else shapes
 
 
 def _legacy_axes(recipe: Recipe) -> dict[str, dict[int, str]]:
@@ -157,7 +169,7 @@ def _export_dynamo(module: Any, args: tuple[Any, ...], recipe: Recipe, opset: in
         dynamo=True,
         input_names=[s.name for s in recipe.inputs],
         output_names=list(recipe.outputs),
-        dynamic_shapes=_dynamo_shapes(recipe) if recipe.dims else None,
+        dynamic_shapes=_dynamic_shapes_for(module, recipe),
         opset_version=opset,
         optimize=True,
         verbose=False,
@@ -207,6 +219,7 @@ def export_onnx(module: "torch.nn.Module", recipe: Recipe, example: dict[str, np
 
     order = ["dynamo", "legacy"] if recipe.export.exporter == "auto" else [recipe.export.exporter]
     args = _example_args(recipe, example)
+    module = _with_flat_outputs(module, args, recipe)
     failures: dict[str, str] = {}
     started = time.perf_counter()
     for name in order:
@@ -229,6 +242,29 @@ def export_onnx(module: "torch.nn.Module", recipe: Recipe, example: dict[str, np
             log.warning("exported with the %s exporter after: %s", name, reason)
         return ExportResult(path=path, exporter=name, opset=opset if name == "dynamo" else min(opset, 20), seconds=time.perf_counter() - started, fallback_reason=reason)
     raise _export_error(failures, recipe, opset)
+
+
+def _with_flat_outputs(module: Any, args: tuple[Any, ...], recipe: Recipe) -> Any:
+    """``module``, wrapped to return its outputs flat in the recipe's order when it returns a dict or nested
+    sequences (:mod:`edgekit.export.flat_outputs`); a module that fails on the example is left to the exporters."""
+    import torch
+
+    from edgekit.export.flat_outputs import flattened_module, needs_flattening
+
+    try:
+        with torch.no_grad():
+            result = module(*args)
+    except Exception:  # noqa: BLE001 - the exporter reports what the module cannot do
+        return module
+    if not needs_flattening(result):
+        return module
+    flat = flattened_module(module, recipe, result)
+    with torch.no_grad():
+        count = len(flat(*args))
+    if count != len(recipe.outputs):
+        raise SourceError(f"{recipe.path}: the model returns {count} output tensors (nested ones counted), the recipe names "
+                          f"{len(recipe.outputs)}: {list(recipe.outputs)}", hint="list one name per returned tensor under outputs, in order")  # fmt: skip
+    return flat
 
 
 def _export_error(failures: dict[str, str], recipe: Recipe, opset: int) -> ExportError:

@@ -38,6 +38,12 @@ ENCODINGS = {"binary": BINARY_CONTENT_TYPE, "json": JSON_CONTENT_TYPE}
 _STALE_CONNECTION_ERRORS = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 
 
+def _evicted(answer: tuple[int, dict[str, str], bytes]) -> bool:
+    """Whether ``answer`` is the agent's word that it evicted the (idle) connection it came on, not a reply."""
+    status, _, body = answer
+    return status == 503 and body.startswith(b"{") and b'"evicted"' in body[:200]
+
+
 def _restore_non_finite(outputs: Any) -> Any:
     """Float outputs whose data spells NaN or an infinity as a string (see ``agent/api.py``) as numbers."""
     if not isinstance(outputs, dict):
@@ -104,13 +110,26 @@ class AgentClient:
         try:
             if connection is not None:
                 try:
-                    return self._exchange(connection, method, path, body, headers)
+                    answer = self._exchange(connection, method, path, body, headers)
+                    if not _evicted(answer):
+                        return answer
+                    # The agent evicted this idle kept-alive connection for another client (api.max_connections)
+                    # and said so on it: that 503 answers no request of ours.
+                    self._drop_connection(connection)
                 except _STALE_CONNECTION_ERRORS:
                     # The agent closed this kept-alive connection (idle timeout, restart). Every endpoint
                     # is free of side effects, so the request goes again, once, on a new connection.
                     self._drop_connection(connection)
             connection = self._new_connection()
             return self._exchange(connection, method, path, body, headers)
+        except http.client.HTTPException as err:  # a reply cut short or garbled: this connection cannot go on
+            if connection is not None:
+                self._drop_connection(connection)
+            raise AgentApiError(
+                f"the edgekit agent at {self.address} sent no complete HTTP reply to {method} {path} "
+                f"({type(err).__name__}: {err}); the agent restarted, or something else answers on that address",
+                hint="try again; check `edgekit-agent check --config CONFIG` and that api.address is the agent's",
+            ) from err
         except OSError as err:
             if connection is not None:
                 self._drop_connection(connection)
@@ -184,9 +203,10 @@ class AgentClient:
     def health(self) -> dict[str, Any]:
         """``/v1/health``; a 503 (no model, degraded) still returns the payload rather than raising."""
         status, _, body = self._request("GET", "/v1/health")
-        if status not in (200, 503):
+        payload = json.loads(body.decode("utf-8")) if body.startswith(b"{") else None
+        if status not in (200, 503) or not isinstance(payload, dict) or "status" not in payload:  # (busy: no health)
             self._raise_for(status, body)
-        return dict(json.loads(body.decode("utf-8")))
+        return dict(payload)
 
     def stats(self) -> dict[str, Any]:
         return self._get_json("/v1/stats")

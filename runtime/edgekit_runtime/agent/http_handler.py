@@ -34,6 +34,8 @@ _NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
 #: a header line: a token (RFC 9110 5.6.2), then a colon with no whitespace before it
 _HEADER_LINE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+:")
 _METHODS = ("GET", "POST")
+#: the most digits a Content-Length may have (leading zeros aside): 10**18 bytes is past any limit this API has
+MAX_LENGTH_DIGITS = 18
 #: http.server's own refusals (parse_request) -> the API's error kinds
 _REFUSAL_KINDS = {HTTPStatus.BAD_REQUEST: "bad_request", HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE: "headers_too_large",
                   HTTPStatus.HTTP_VERSION_NOT_SUPPORTED: "http_version_not_supported"}  # fmt: skip
@@ -90,15 +92,33 @@ class RequestHandler(BaseHTTPRequestHandler):
 
     #: set by the OIP inference route once it answered: the connection may move to the API's event loop
     served_infer = False
+    #: the request asked for ``100 Continue`` before its body (see :meth:`handle_expect_100`)
+    _expects_continue = False
 
     # -- plumbing -------------------------------------------------------------------------------------
 
     def handle_expect_100(self) -> bool:
-        """``Expect: 100-continue``: the interim reply leaves now (the write buffer would hold it until the final
-        reply, and a client waiting for it before sending its body stalled for a second, or until its timeout)."""
-        answered = super().handle_expect_100()
-        self.wfile.flush()
-        return answered
+        """``Expect: 100-continue``: nothing yet; :meth:`read_body` sends the interim reply once the request passed
+        the Host, Origin, content-type and size checks (a refused request's client never uploads its body)."""
+        self._expects_continue = True
+        return True
+
+    def _continue(self) -> None:
+        """The interim ``100 Continue`` a client that sent ``Expect: 100-continue`` waits for, sent now, at once
+        (the write buffer would hold it until the final reply: the client stalled for a second, or its timeout)."""
+        if self._expects_continue:
+            self._expects_continue = False
+            self.send_response_only(HTTPStatus.CONTINUE)
+            self.end_headers()
+            self.wfile.flush()
+
+    def finish(self) -> None:
+        """Close the connection's files; a client already gone (a reset, a reply the reaper cut off) is no error
+        (socketserver printed each such BrokenPipeError's traceback to stderr, outside the log)."""
+        try:
+            super().finish()
+        except OSError as err:
+            logger.debug("API connection from %s closed while its reply was written: %s", self.address_string(), err)
 
     def setup(self) -> None:
         super().setup()
@@ -152,7 +172,8 @@ class RequestHandler(BaseHTTPRequestHandler):
         if self.close_connection and "Connection" not in (headers or {}):  # e.g. a body left unread: say so, or
             self.send_header("Connection", "close")  # a keep-alive client sends its next request into a closed socket
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":  # a reply to HEAD never carries a body (RFC 9110 9.3.2), even a refusal's
+            self.wfile.write(body)
 
     def _send_json(self, status: HTTPStatus, payload: Any, headers: dict[str, str] | None = None) -> None:
         body, extra = json_body(payload)
@@ -200,7 +221,8 @@ class RequestHandler(BaseHTTPRequestHandler):
             if not self._read_request_head():
                 self.close_connection = True
                 return
-            server.mark_serving(self.connection)  # type: ignore[attr-defined]
+            if self.command != "POST":  # a POST's slot is in use once its body is in (read_body): until then a
+                server.mark_serving(self.connection)  # type: ignore[attr-defined]  # stalled body may be evicted
             refusal = self.api.browser_refusal(self.headers)
             if refusal is not None:
                 logger.info("API: refused %s %s from %s: %d %s (%s)", self.command, self.path[:80], self.address_string(),
@@ -283,8 +305,12 @@ class RequestHandler(BaseHTTPRequestHandler):
         except ApiError as err:
             self._drain_body()
             self._send_error(err)
+        except OSError:  # the client went away (a reset mid-body): no one to answer, nothing the agent did wrong
+            self.close_connection = True
+            raise
         except Exception:  # a bug: answer 500 rather than dropping the connection
             logger.exception("API handler for %s %s failed", self.command, path)
+            self._drain_body()  # a body the handler did not read must not be parsed as the next request
             self._send_error(ApiError(HTTPStatus.INTERNAL_SERVER_ERROR, "internal", "internal error in the agent; see its log"))
 
     def _drain_body(self) -> None:
@@ -330,7 +356,7 @@ class RequestHandler(BaseHTTPRequestHandler):
         length_text = length_text.strip(" \t") if length_text is not None else None
         if length_text is None or not length_text.isdigit() or not length_text.isascii():
             raise ApiError(HTTPStatus.LENGTH_REQUIRED, "length_required", "send a Content-Length header with the body's size in bytes")
-        length = int(length_text)
+        length = int(length_text.lstrip("0") or "0")  # (the framing check refused more than MAX_LENGTH_DIGITS digits)
         if length > self.api.max_request_bytes:
             raise ApiError(
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
@@ -352,6 +378,7 @@ class RequestHandler(BaseHTTPRequestHandler):
             raise err
         self._reserved_body_bytes = length
         self.server.set_deadline(self.connection, self.api.body_timeout_s, "body")  # type: ignore[attr-defined]
+        self._continue()
         body = bytearray(min(length, _FIRST_BODY_BUFFER_BYTES))
         received = 0
         while received < length:
@@ -363,6 +390,7 @@ class RequestHandler(BaseHTTPRequestHandler):
             received += count
         self._body_read = True
         self.server.clear_deadline(self.connection)  # type: ignore[attr-defined]  # inference has no deadline
+        self.server.mark_serving(self.connection)  # type: ignore[attr-defined]  # a whole request in hand
         coding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
         if coding != "identity":
             limit = self.api.max_request_bytes
@@ -522,4 +550,8 @@ def _unreadable_framing(lengths: list[str], codings: list[str]) -> ApiError | No
         return ApiError(HTTPStatus.BAD_REQUEST, "bad_content_length",
                          f"Content-Length {lengths[0][:40]!r} is not a non-negative decimal number of bytes",
                          hint="a request carries one Content-Length: its body's size in bytes")  # fmt: skip
+    if lengths and len(lengths[0].lstrip("0")) > MAX_LENGTH_DIGITS:  # (int() of 4,300 digits raises; no body is that big)
+        return ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "too_large",
+                         f"Content-Length of {len(lengths[0].lstrip('0'))} digits is larger than any body this API reads",
+                         hint="send the body's size in bytes, within api.max_request_mb")  # fmt: skip
     return None

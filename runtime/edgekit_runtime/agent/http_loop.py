@@ -38,7 +38,7 @@ from http import HTTPStatus
 from typing import Any
 
 from edgekit_runtime.agent.http_guard import body_limit_refusal, content_type_refusal
-from edgekit_runtime.agent.http_handler import _HEADER_LINE, RequestHandler, json_body
+from edgekit_runtime.agent.http_handler import _HEADER_LINE, MAX_LENGTH_DIGITS, RequestHandler, json_body
 from edgekit_runtime.agent.http_head import RequestHeaders
 from edgekit_runtime.agent.oip import BINARY_TYPE, HEADER_LENGTH, JSON_TYPE, protocol_error
 from edgekit_runtime.agent.oip_layouts import RequestLayout, RequestLayouts
@@ -311,8 +311,8 @@ class InferLoop:
             items.append((name, value.strip(" \t")))  # optional whitespace on both sides is no part of a value (RFC 9110 5.5)
         headers = RequestHeaders(items)
         lengths = headers.get_all("Content-Length") or []
-        if len(lengths) != 1 or not (lengths[0].isascii() and lengths[0].isdigit()):
-            return ()
+        if len(lengths) != 1 or not (lengths[0].isascii() and lengths[0].isdigit()) or len(lengths[0]) > MAX_LENGTH_DIGITS:
+            return ()  # (the threads answer each of these)
         if any(name in headers for name in _THREAD_HEADERS) or (headers.get("Connection") or "").lower() == "close":
             return ()
         if self.api.browser_refusal(headers) is not None:

@@ -449,6 +449,8 @@ class AgentService(SpoolOutbox, TelemetryReporting, CommandHandling):
 
     def health(self) -> dict[str, Any]:
         served = self.deployer.served
+        if self.server.signature is None:  # unloaded (the OIP repository's unload): its bundle stays, nothing is served
+            served = None
         link_state = self._link.link_state.to_dict() if self._link is not None else None
         return {
             "status": "ok" if served is not None else "no_model",

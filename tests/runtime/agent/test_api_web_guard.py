@@ -175,18 +175,23 @@ def test_the_client_holding_most_connections_gives_up_a_slot_first(server: Infer
             sock.close()
 
 
-def test_503_busy_when_every_slot_serves_a_request(server: InferenceServer) -> None:
+def test_503_busy_within_the_grace_and_a_stalled_body_evicted_after_it(server: InferenceServer) -> None:
+    """Whole headers with the body still to come: no whole request yet. Within the grace (a second) every slot is
+    busy (503 busy); past it the longest-waiting is evicted for the new connection, as for a connection stalled in
+    its headers (before: a trickled body held its slot for body_timeout_s, every other client refused)."""
     with AgentApi(server, "127.0.0.1:0", max_connections=2, body_timeout_s=60) as api:
         held = []
-        for _ in range(2):  # whole headers, the body still to come: serving, not waiting
+        for _ in range(2):
             sock = connect(api)
             sock.sendall(b"POST /v1/infer HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
             held.append(sock)
         assert _wait(lambda: api.open_connections == 2)
-        time.sleep(1.2)
         status, payload = _health(api)
         assert status == 503 and payload["error"] == "busy"
         assert "already serves 2 connections, its limit, each with a request in progress" in payload["message"]
+        time.sleep(1.2)
+        status, payload = _health(api)
+        assert status == 200 and api.evicted_connections == 1
         for sock in held:
             sock.close()
 
