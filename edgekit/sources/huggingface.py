@@ -95,6 +95,7 @@ def load_huggingface(spec: HuggingFaceSource, recipe: Recipe, workdir: Path) -> 
     if not onnx_path.is_file():
         raise ExportError(f"Optimum wrote no model.onnx into {out_dir}: found {sorted(p.name for p in out_dir.iterdir())}")
     log.info("optimum export took %.1f s", time.perf_counter() - started)
+    written_opset, renamed = _as_the_recipe_names_it(onnx_path, recipe)
     wrapped = _wrap(model, [s.name for s in recipe.inputs], list(recipe.outputs))
     return LoadedModel(
         kind="huggingface",
@@ -102,5 +103,31 @@ def load_huggingface(spec: HuggingFaceSource, recipe: Recipe, workdir: Path) -> 
         module=wrapped,
         onnx_path=onnx_path,
         exporter="optimum",
-        details={"model_type": config.model_type, "task": spec.task, "directory": str(directory)},
+        details={"model_type": config.model_type, "task": spec.task, "directory": str(directory), "opset": written_opset,
+                 **({"notes": renamed} if renamed else {})},
     )
+
+
+def _as_the_recipe_names_it(path: Path, recipe: Recipe) -> tuple[int, list[str]]:
+    """The opset Optimum wrote (the manifest's, not the one asked for), and its dim names (``batch_size``,
+    ``sequence_length``) renamed to the recipe's at the same input axes, across inputs and outputs, in place;
+    one note per renamed dim."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 0)
+    specs = {spec.name: spec for spec in recipe.inputs}
+    renames: dict[str, str] = {}
+    for value in model.graph.input:
+        spec = specs.get(value.name)
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim if spec is not None else ()):
+            wanted = spec.shape[axis] if axis < len(spec.shape) else None
+            if dim.dim_param and isinstance(wanted, str) and dim.dim_param != wanted:
+                renames.setdefault(dim.dim_param, wanted)
+    if renames:
+        for value in (*model.graph.input, *model.graph.output):
+            for dim in value.type.tensor_type.shape.dim:
+                if dim.dim_param in renames:
+                    dim.dim_param = renames[dim.dim_param]
+        onnx.save(model, str(path))  # the weights stay in their external file, untouched
+    return opset, [f"dim '{old}' of Optimum's export named '{new}', as the recipe names it" for old, new in renames.items()]

@@ -125,6 +125,10 @@ def test_huggingface_directory_through_optimum(tiny_recipe, tmp_path):
     assert manifest["export"]["parity"]["passed"] is True
     assert manifest["model"]["source"]["kind"] == "huggingface"
     assert manifest["io"]["outputs"][0]["name"] == "last_hidden_state"
+    # Optimum's own dim names (batch_size, sequence_length) renamed to the recipe's, so io.outputs names dims io.dims
+    # has (before: ['batch_size', 'sequence_length', 32]); the opset recorded is the one the graph has
+    assert manifest["io"]["outputs"][0]["shape"] == ["batch", "seq", 32]
+    assert manifest["export"]["opset"] == manifest["model"]["opset"]
 
 
 def test_huggingface_directory_without_config(tiny_recipe, tmp_path):
