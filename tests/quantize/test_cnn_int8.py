@@ -131,8 +131,8 @@ def test_int8_dynamic_on_a_cnn_refuses_to_label_a_float_model(tmp_path):
     assert "ConvInteger" in message and "use int8 (static, calibrated)" in message
 
 
-def test_int8_dynamic_with_every_weighted_node_excluded_refuses(tmp_path):
-    """The recipe excludes the one MatMul (or its op type): nothing is quantized, and the error says so."""
+def _one_matmul(path: Path) -> Path:
+    """One MatMul (``mm``) of a 16x16 weight: a transformer's weights in miniature."""
     rng = np.random.default_rng(3)
     inits = [numpy_helper.from_array(rng.normal(0, 0.2, (16, 16)).astype(np.float32), "w")]
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
@@ -140,7 +140,13 @@ def test_int8_dynamic_with_every_weighted_node_excluded_refuses(tmp_path):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
-    onnx.save(model, str(tmp_path / "fp32.onnx"))
+    onnx.save(model, str(path))
+    return path
+
+
+def test_int8_dynamic_with_every_weighted_node_excluded_refuses(tmp_path):
+    """The recipe excludes the one MatMul (or its op type): nothing is quantized, and the error says so."""
+    _one_matmul(tmp_path / "fp32.onnx")
     for spec, says in ((QuantizationSpec(exclude_nodes=("mm",)), "no weights of MatMul/Gemm left to quantize (1 node(s) excluded"),
                        (QuantizationSpec(exclude_op_types=("MatMul", "Gemm")), "1 MatMul node(s) hold the rest and stay float, excluded by quantization.exclude_op_types")):
         with pytest.raises(QuantizationError, match="int8-dynamic quantized nothing") as info:
@@ -168,14 +174,7 @@ def test_int8_dynamic_names_the_share_it_quantized(tmp_path):
 
 def test_int8_dynamic_on_a_transformer_has_no_warning(tmp_path):
     """MatMul weights only: nothing to say."""
-    rng = np.random.default_rng(3)
-    inits = [numpy_helper.from_array(rng.normal(0, 0.2, (16, 16)).astype(np.float32), "w")]
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9
-    onnx.save(model, str(tmp_path / "fp32.onnx"))
+    _one_matmul(tmp_path / "fp32.onnx")
     result = _dynamic(tmp_path / "fp32.onnx", tmp_path)
     assert not any(note.startswith("int8-dynamic quantized") for note in result.plan.notes)
     assert "warnings" not in result.to_manifest()

@@ -364,6 +364,21 @@ def test_bad_deploy_commands(args: Any, fragment: str) -> None:
         DeployRequest.from_args(args)
 
 
+def _crashed_in_its_watch(make_device: Callable[..., Device], signed_bundle: Callable[..., Path], command_id: str) -> tuple[Path, Path]:
+    """tiny-a deployed, then tiny-b, whose probation on disk says it crashed the agent once less than a rollback
+    takes (the next start counts one more); the device stopped. Returns the two versions (a, b)."""
+    from edgekit_runtime.agent.probation import MAX_CRASHES, Probation
+
+    device = make_device()
+    deploy(device, signed_bundle("tiny-a"))
+    deploy(device, signed_bundle("tiny-b"))
+    a, b = device.store.previous, device.store.current
+    device.deployer.probation.write(Probation(version=b.name, bundle="tiny-b", previous=a.name, url="u", command_id=command_id,
+                                              window_s=60.0, crashes=MAX_CRASHES - 1))  # fmt: skip
+    device.server.close()
+    return a, b
+
+
 def test_a_crash_rollback_at_start_checks_the_previous_bundle_before_moving_the_links(
     make_device: Callable[..., Device], signed_bundle: Callable[..., Path]
 ) -> None:
@@ -371,16 +386,8 @@ def test_a_crash_rollback_at_start_checks_the_previous_bundle_before_moving_the_
     bundle that passes its checks: with a corrupt previous the links stay, the new bundle keeps serving and its
     deploy answers failed (before, the links moved first and the start fell back to the crashing bundle
     while the answer said ``rolled_back``)."""
-    from edgekit_runtime.agent.probation import MAX_CRASHES, Probation
-
-    device = make_device()
-    deploy(device, signed_bundle("tiny-a"))
-    deploy(device, signed_bundle("tiny-b"))
-    a, b = device.store.previous, device.store.current
-    device.deployer.probation.write(Probation(version=b.name, bundle="tiny-b", previous=a.name, url="u", command_id="c-9",
-                                              window_s=60.0, crashes=MAX_CRASHES - 1))  # fmt: skip
+    a, b = _crashed_in_its_watch(make_device, signed_bundle, "c-9")
     (a / "model.onnx").write_bytes(b"corrupt")
-    device.server.close()
 
     restarted = make_device()
     assert (restarted.store.current, restarted.store.previous) == (b, a)
@@ -394,15 +401,7 @@ def test_a_crash_rollback_at_start_checks_the_previous_bundle_before_moving_the_
 def test_a_crash_rollback_at_start_serves_a_working_previous_bundle(
     make_device: Callable[..., Device], signed_bundle: Callable[..., Path]
 ) -> None:
-    from edgekit_runtime.agent.probation import MAX_CRASHES, Probation
-
-    device = make_device()
-    deploy(device, signed_bundle("tiny-a"))
-    deploy(device, signed_bundle("tiny-b"))
-    a, b = device.store.previous, device.store.current
-    device.deployer.probation.write(Probation(version=b.name, bundle="tiny-b", previous=a.name, url="u", command_id="c-8",
-                                              window_s=60.0, crashes=MAX_CRASHES - 1))  # fmt: skip
-    device.server.close()
+    a, b = _crashed_in_its_watch(make_device, signed_bundle, "c-8")
 
     restarted = make_device()
     assert (restarted.store.current, restarted.store.previous) == (a, b) and restarted.deployer.served.name == "tiny-a"
