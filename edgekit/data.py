@@ -180,10 +180,22 @@ def check_batch(recipe: Recipe, batch: object, where: str) -> None:
             if isinstance(dim, str) and size < 1:
                 raise RecipeError(f"{where}: input '{spec.name}' axis {axis} ({dim}) is empty",
                                   hint="every batch needs at least one item along each dynamic dim")  # fmt: skip
+            if isinstance(dim, str):
+                _check_in_range(recipe, spec.name, axis, dim, size, where)
             seen = sizes.setdefault(dim, (size, spec.name)) if isinstance(dim, str) else (size, spec.name)
             if seen[0] != size:
                 raise RecipeError(f"{where}: dim '{dim}' is {seen[0]} in input '{seen[1]}' but {size} in input '{spec.name}'",
                                   hint="inputs that share a dynamic dim name must agree on its size within a batch")  # fmt: skip
+
+
+def _check_in_range(recipe: Recipe, name: str, axis: int, dim: str, size: int, where: str) -> None:
+    """A dynamic axis of a batch lies within its dim's min..max (what the exported model, its golden self-check and the
+    device accept)."""
+    bounds = recipe.dims.get(dim)
+    if bounds is not None and not bounds.min <= size <= bounds.max:
+        fix = f"raise dims.{dim}.max to {size}" if size > bounds.max else f"lower dims.{dim}.min to {size}"
+        raise RecipeError(f"{where}: input '{name}' axis {axis} ({dim}) is {size}, outside dims.{dim} ({bounds.min} .. {bounds.max})",
+                          hint=f"give batches with {dim} from {bounds.min} to {bounds.max}, or {fix} in the recipe")
 
 
 def model_inputs(recipe: Recipe, batch: Batch) -> Batch:

@@ -34,7 +34,7 @@ from edgekit.evaluate.accuracy import run_reference
 from edgekit.export import check_and_infer, check_parity, export_onnx
 from edgekit.io_signature import io_section
 from edgekit.precision import Backend, Precision
-from edgekit.progress import StageReporter
+from edgekit.progress import SKIPPED, StageReporter
 from edgekit.quantize import float_writers
 from edgekit.quantize.gating import PrecisionDecision, decide_precision
 from edgekit.recipe import Recipe, load_recipe
@@ -176,6 +176,7 @@ def stage_load(recipe_path: Path | str, target_name: str, precision: Precision |
         recipe = recipe.model_copy(update={"build": recipe.build.model_copy(update={"prune": None})})
     if backend_name is not None:
         recipe = recipe.model_copy(update={"build": recipe.build.model_copy(update={"backend": Backend(backend_name)})})
+    check_max_batch(recipe, target)
     backend, backend_reason = choose_backend(recipe, target)
     if backend_name is not None:
         backend_reason = "--backend"
@@ -207,8 +208,17 @@ def stage_load(recipe_path: Path | str, target_name: str, precision: Precision |
     return state
 
 
+def check_max_batch(recipe: Recipe, target: TargetProfile) -> None:
+    """The recipe's batch dim (:attr:`Recipe.batch_dim`) stays within the target's ``build.max_batch``."""
+    limit, dim = target.build.max_batch, recipe.batch_dim
+    if limit is None or dim is None or recipe.dims[dim].max <= limit:
+        return
+    raise BuildError(f"{recipe.path}: dims.{dim}.max is {recipe.dims[dim].max}, above target '{target.name}' build.max_batch {limit}",
+                     hint=f"lower dims.{dim}.max (and opt) to {limit} or less, or raise build.max_batch in the target profile")
+
+
 def stage_source(state: BuildState) -> None:
-    state.loaded = load_source(state.recipe, state.workdir)
+    state.loaded = load_source(state.recipe, state.workdir, opset=state.target.build.opset)
     if state.loaded.module is not None:
         state.reference = TorchReference(state.loaded.module, state.recipe)
         state.export_module = state.loaded.module
@@ -287,7 +297,7 @@ def stage_parity(state: BuildState) -> str | None:
     if state.export_module is None:
         state.export["parity"] = {"passed": None, "skipped": "the source is an ONNX file: no PyTorch reference"}
         state.reference, state.reference_source = fp32.infer, "onnxruntime-fp32"
-        return None
+        return f"{SKIPPED}the source is an ONNX file, with no PyTorch reference to compare it with"
     parity = check_parity(state.recipe, TorchReference(state.export_module, state.recipe), fp32.infer, state.samples)
     state.export["parity"] = parity.to_manifest()
     return f"parity max abs diff {parity.max_abs_diff:.2e}, cosine min {parity.cosine_min:.6f}"
@@ -384,7 +394,7 @@ def host_runner(state: BuildState) -> OnnxRuntimeRunner:
 def stage_evaluate(state: BuildState, runner: OnnxRuntimeRunner) -> str | None:
     recipe = state.recipe
     if recipe.evaluation is None:
-        return None
+        return f"{SKIPPED}the recipe has no evaluation section (metric and budget)"
     assert state.reference is not None
     batches = state.evaluation or state.samples
     reference_outputs = run_reference(recipe, state.reference, batches)  # sequences call by call for a stateful recipe
@@ -440,7 +450,8 @@ def stage_bench(state: BuildState, runner: OnnxRuntimeRunner) -> str:
     spec = recipe.build.benchmark
     probe_ms = 0.0 if recipe_sets_counts(spec) else time_calls(lambda: runner.infer(feeds), 0, 1)[0]  # also a warm-up call
     warmup, iterations, state.bench_counts = bench_counts(spec, probe_ms)
-    state.bench = benchmark_runner(runner, feeds, warmup, iterations)
+    batch_dim = recipe.batch_dim  # throughput counts items along it, whatever its name (1 per call without one)
+    state.bench = benchmark_runner(runner, feeds, warmup, iterations, batch=state.bench_dims[batch_dim] if batch_dim else 1)
     state.bench_providers = list(runner.providers)
     bounded = f"; {state.bench_counts}" if state.bench_counts.startswith("time-bounded") else ""
     return f"p50 {state.bench.stats.p50_ms:.2f} ms, p99 {state.bench.stats.p99_ms:.2f} ms at {state.bench_dims}{bounded}"
@@ -569,5 +580,7 @@ def build(
 
 
 def _note(progress: StageReporter, message: str | None) -> None:
-    if message:
+    if message and message.startswith(SKIPPED):  # the stage did nothing: the reporter says so instead of a tick
+        progress.skip(message[len(SKIPPED):])
+    elif message:
         progress.note(message)

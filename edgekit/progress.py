@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 log = logging.getLogger("edgekit")
+#: How a stage's note starts when the stage had nothing to do (edgekit.pipeline passes it to :meth:`StageReporter.skip`).
+SKIPPED = "skipped: "
 
 
 @dataclass
@@ -27,10 +29,12 @@ class StageReporter:
 
     def __init__(self) -> None:
         self.times = StageTimes()
+        self._skipped: str | None = None
 
     @contextlib.contextmanager
     def stage(self, name: str, detail: str = "") -> Iterator[None]:
         started = time.perf_counter()
+        self._skipped = None
         self.started(name, detail)
         try:
             yield
@@ -39,10 +43,20 @@ class StageReporter:
             raise
         seconds = time.perf_counter() - started
         self.times.add(name, seconds)
-        self.finished(name, seconds)
+        if self._skipped is not None:
+            self.skipped(name, seconds, self._skipped)
+        else:
+            self.finished(name, seconds)
+
+    def skip(self, reason: str) -> None:
+        """The running stage had nothing to do: it ends as skipped (with ``reason``), not as done."""
+        self._skipped = reason
 
     def note(self, message: str) -> None:
         log.info("%s", message)
+
+    def skipped(self, name: str, seconds: float, reason: str) -> None:
+        log.info("stage %s skipped: %s", name, reason)
 
     def started(self, name: str, detail: str) -> None:
         log.info("stage %s started %s", name, detail)
@@ -88,3 +102,9 @@ class RichStageReporter(StageReporter):
     def failed(self, name: str, seconds: float) -> None:
         self._stop()
         self.console.print(f"[red]✗[/] {name:<10} {seconds:7.2f} s")
+
+    def skipped(self, name: str, seconds: float, reason: str) -> None:
+        from rich.markup import escape
+
+        self._stop()
+        self.console.print(f"[yellow]-[/] {name:<10} {seconds:7.2f} s  [dim]skipped: {escape(reason)}[/]")

@@ -12,10 +12,10 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, StrictInt, field_validator, model_validator
 
 from edgekit.code_trust import CodeTrust
-from edgekit.config import FieldError, StrictModel, load_model, read_config_bytes, validation_message
+from edgekit.config import FieldError, StrictModel, load_model, read_config_bytes, read_yaml
 from edgekit.errors import RecipeError
 from edgekit.precision import Backend, Precision
 from edgekit.recipe_model import (  # noqa: F401 (re-exported: the recipe's public names stay importable from here)
@@ -28,6 +28,7 @@ from edgekit.recipe_model import (  # noqa: F401 (re-exported: the recipe's publ
     MAX_DIM,
     SAFE_NAME_PATTERN,
     TENSOR_NAME_PATTERN,
+    SizeOrName,
     CallableData,
     ConstantArg,
     DataSource,
@@ -176,7 +177,7 @@ class StateSpec(StrictModel):
 
     input: str = Field(description="the state input (listed under inputs)")
     output: str = Field(description="the output that feeds it on the next call (listed under outputs)")
-    zeros: tuple[int | str, ...] | None = Field(
+    zeros: tuple[SizeOrName, ...] | None = Field(
         default=None, description="shape of the initial zeros (default: the input's shape, dims sized from the call's other inputs)"
     )
 
@@ -204,7 +205,7 @@ class ExportSpec(StrictModel):
 class BenchmarkSpec(StrictModel):
     warmup: int = Field(default=10, ge=0, le=1_000_000)
     iterations: int = Field(default=50, ge=1, le=1_000_000)
-    dims: dict[str, int] = Field(default_factory=dict, description="dynamic dim values to time at (default: opt)")
+    dims: dict[str, StrictInt] = Field(default_factory=dict, description="dynamic dim values to time at (default: opt)")
     threads: int | None = Field(default=None, ge=1, le=1024, description="intra-op threads (default: the target's cores)")
 
 
@@ -402,11 +403,7 @@ class Recipe(StrictModel):
             if state.zeros is not None:
                 if len(state.zeros) != len(spec.shape):
                     raise ValueError(f"{where}.zeros {list(state.zeros)} has rank {len(state.zeros)}; input '{spec.name}' has shape {list(spec.shape)}")
-                for axis, (dim, size) in enumerate(zip(spec.shape, state.zeros)):
-                    if isinstance(dim, int) and size != dim:
-                        raise ValueError(f"{where}.zeros axis {axis} is {size}; input '{spec.name}' fixes it at {dim}")
-                    if isinstance(size, str) and size not in self.dims:
-                        raise ValueError(f"{where}.zeros names dim '{size}', which is not under dims {sorted(self.dims)}")
+                self._check_zeros(index, spec)
         if self.evaluation is not None and self.evaluation.detection is not None:
             for field in ("boxes", "scores"):
                 output = getattr(self.evaluation.detection, field).output
@@ -414,10 +411,36 @@ class Recipe(StrictModel):
                     raise ValueError(f"evaluation.detection.{field}.output '{output}' is not one of outputs {list(self.outputs)}")
         return self
 
+    def _check_zeros(self, index: int, spec: TensorSpec) -> None:
+        """state[index].zeros: each size a whole number >= 1 within the input's dim (its fixed size, or its dims range)."""
+        state = self.state[index]
+        assert state.zeros is not None
+        where = f"input '{spec.name}' {list(spec.shape)}"
+        for axis, (dim, size) in enumerate(zip(spec.shape, state.zeros)):
+            loc = ("state", index, "zeros", axis)
+            if isinstance(size, str):
+                if size not in self.dims:
+                    raise FieldError(loc, f"axis {axis} names dim '{size}', which is not under dims {sorted(self.dims)}")
+                continue
+            if size < 1:
+                raise FieldError(loc, f"axis {axis} is {size}: sizes of the initial zeros are whole numbers >= 1 or dim names ({where})")
+            if isinstance(dim, int) and size != dim:
+                raise FieldError(loc, f"axis {axis} is {size}; {where} fixes it at {dim}")
+            if isinstance(dim, str) and not self.dims[dim].min <= size <= self.dims[dim].max:
+                low, high = self.dims[dim].min, self.dims[dim].max
+                raise FieldError(loc, f"axis {axis} is {size}, outside dims.{dim} ({low} .. {high}) of {where}: "
+                                      f"use a size in that range, or the dim's name '{dim}'")
+
     @property
     def state_inputs(self) -> dict[str, StateSpec]:
         """State input name -> its state entry (empty for a stateless model)."""
         return {state.input: state for state in self.state}
+
+    @property
+    def batch_dim(self) -> str | None:
+        """The batch dim: the named dim at axis 0 of the first input that has one (the rule of the golden outputs'
+        batch axes, edgekit.bundle.golden.output_batch_axes); None when no input starts with a named dim."""
+        return next((spec.shape[0] for spec in self.inputs if spec.shape and isinstance(spec.shape[0], str)), None)
 
     @property
     def base_dir(self) -> Path:
@@ -429,26 +452,18 @@ class Recipe(StrictModel):
         return path if path.is_absolute() else (self.base_dir / path).resolve()
 
     def for_target(self, target_name: str) -> "Recipe":
-        """This recipe with the target's override merged in (unknown keys are still errors)."""
-        override = self.overrides.get(target_name)
-        if override is None:
+        """This recipe with the target's override merged in (its key is the target's name or a profile path of that stem;
+        edgekit.recipe_overrides); the callables the merged recipe names are checked against the code trust."""
+        from edgekit.recipe_overrides import merged, override_key
+
+        key = override_key(self, target_name)
+        if key is None:
             return self
-        data = self.model_dump(mode="python", exclude={"path", "sha256"})
-        for section in ("build", "export"):
-            data[section] = _deep_merge(data[section], getattr(override, section))
-        try:
-            merged = Recipe.model_validate(data)
-        except ValidationError as exc:
-            message, hint = validation_message(exc, Recipe, Path(f"{self.path} (overrides.{target_name})"), {})
-            raise RecipeError(
-                f"overrides.{target_name} makes the recipe invalid:\n{message}",
-                hint=hint or "check the keys under overrides against the build and export sections",
-            ) from None
-        merged = merged.model_copy(update={"path": self.path, "sha256": self.sha256})
+        result: Recipe = merged(self, key)
         if self._code_trust is not None:  # an override may name a callable too (prune.fine_tune)
-            self._code_trust.check(merged, self.base_dir, f"{self.path} (overrides.{target_name})")
-            merged._code_trust = self._code_trust
-        return merged
+            self._code_trust.check(result, self.base_dir, f"{self.path} (overrides.{key})")
+            result._code_trust = self._code_trust
+        return result
 
     def shape_at(self, spec: TensorSpec, point: Literal["min", "opt", "max"] | dict[str, int]) -> tuple[int, ...]:
         """The concrete shape of ``spec`` with dynamic dims at min/opt/max or given values."""
@@ -463,16 +478,6 @@ class Recipe(StrictModel):
         return tuple(out)
 
 
-def _deep_merge(base: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in change.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def load_recipe(path: Path | str, trust_code: bool = False) -> Recipe:
     """Load and validate a recipe file.
 
@@ -484,6 +489,11 @@ def load_recipe(path: Path | str, trust_code: bool = False) -> Recipe:
     recipe = load_model(path, Recipe, RecipeError, "recipe", raw=raw)
     digest = hashlib.sha256(raw).hexdigest()
     recipe = recipe.model_copy(update={"path": path.resolve(), "sha256": digest})
+    if recipe.overrides:  # every target's override, whichever target this build is for (edgekit.recipe_overrides)
+        from edgekit.recipe_overrides import check_overrides
+        from edgekit.target import default_registry
+
+        check_overrides(recipe, read_yaml(path, RecipeError, "recipe", raw)[1], default_registry().names())
     trust = CodeTrust.for_recipe(recipe.base_dir, trust_code)
     trust.check(recipe, recipe.base_dir, str(recipe.path))
     recipe._code_trust = trust

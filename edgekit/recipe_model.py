@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, StrictInt, field_validator, model_validator
 
 from edgekit.config import FieldError, StrictModel
 
@@ -106,10 +106,20 @@ ModelSource = Annotated[
 # ---------------------------------------------------------------- inputs and outputs
 
 
+def _size_or_name(value: object) -> object:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError("a dimension is a whole number (a fixed size) or the name of a dim under dims")
+    return value
+
+
+#: A size or a dim name, exactly as written: YAML's ``true`` (or ``4.0``) is neither, not the size 1 (or 4).
+SizeOrName = Annotated[Union[int, str], BeforeValidator(_size_or_name)]
+
+
 class DynamicDim(StrictModel):
-    min: int = Field(ge=1, le=MAX_DIM)
-    opt: int = Field(ge=1, le=MAX_DIM)
-    max: int = Field(ge=1, le=MAX_DIM)
+    min: StrictInt = Field(ge=1, le=MAX_DIM)
+    opt: StrictInt = Field(ge=1, le=MAX_DIM)
+    max: StrictInt = Field(ge=1, le=MAX_DIM)
 
     @model_validator(mode="after")
     def _ordered(self) -> "DynamicDim":
@@ -121,7 +131,7 @@ class DynamicDim(StrictModel):
 class TensorSpec(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z_][\w.:/-]*$", max_length=256)
     dtype: Literal[DTYPES]  # type: ignore[valid-type]
-    shape: tuple[int | str, ...] = Field(description="ints for fixed dims, names for dynamic dims; [] for a scalar (rank 0)")
+    shape: tuple[SizeOrName, ...] = Field(description="ints for fixed dims, names for dynamic dims; [] for a scalar (rank 0)")
     low: float | None = Field(default=None, description="lower bound for random test inputs")
     high: float | None = Field(default=None, description="upper bound (exclusive for ints) for random test inputs")
     value: float | bool | None = Field(

@@ -84,7 +84,7 @@ def test_scalar_input_with_a_value_loads(tmp_path):
         ("{input: state, output: stateN}", "{input: state, output: hn}", r"state\[0\]\.output 'hn' is not one of outputs \['prob', 'stateN'\]"),
         ("{input: state, output: stateN}", "{input: state, output: stateN, zeros: [2, 16]}",
          r"state\[0\]\.zeros \[2, 16\] has rank 2; input 'state' has shape \[2, 'batch', 16\]"),
-        ("{input: state, output: stateN}", "{input: state, output: stateN, zeros: [3, batch, 16]}", r"state\[0\]\.zeros axis 0 is 3; input 'state' fixes it at 2"),
+        ("{input: state, output: stateN}", "{input: state, output: stateN, zeros: [3, batch, 16]}", r"vad\.yaml:\d+:\d+: field 'state\[0\]\.zeros\[0\]': axis 0 is 3; input 'state' \[2, 'batch', 16\] fixes it at 2"),
         ("  budget: {min_value: 0.9}", "  budget: {min_value: 0.9}\n  detection: {boxes: {output: prob}, scores: {output: prob}}",
          r"options 'detection' are only used with metric 'detection', not 'binary_decision'"),
         ("metric: binary_decision", "metric: detection", r"metric 'detection' needs options: detection: \{boxes:"),

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import numpy as np
 
 from edgekit.data import Batch, dims_at, fit_batch, random_batch
-from edgekit.errors import ParityError
+from edgekit.errors import EdgekitError, ParityError
 from edgekit.recipe import Recipe
 
 RunFn = Callable[[Batch], dict[str, np.ndarray]]
@@ -52,8 +52,13 @@ class ParityReport:
         return max(self.comparisons, key=lambda c: c.max_abs_diff, default=None)
 
     @property
+    def failing(self) -> list[OutputComparison]:
+        """The comparisons outside tolerance or below min_cosine (a NaN cosine fails: ``not >=``)."""
+        return [c for c in self.comparisons if not (c.within_tolerance and c.cosine_min >= self.min_cosine)]
+
+    @property
     def passed(self) -> bool:
-        return all(c.within_tolerance and c.cosine_min >= self.min_cosine for c in self.comparisons)
+        return not self.failing
 
     def to_manifest(self) -> dict[str, Any]:
         worst = self.worst
@@ -98,17 +103,27 @@ def compare_output(name: str, point: str, dims: dict[str, int], kind: str, expec
                                 float(expected[index]) if diff.size else 0.0, float(got[index]) if diff.size else 0.0, equal)
     e = expected.astype(np.float64)
     g = got.astype(np.float64)
-    finite_e, finite_g = np.isfinite(e), np.isfinite(g)
-    if not np.array_equal(finite_e, finite_g):
-        bad = np.unravel_index(int(np.argmax(finite_e != finite_g)), g.shape)
-        raise ParityError(f"output '{name}' at {point} shape {dims}: ONNX gives {g[bad]} at index {list(bad)} where PyTorch gives {e[bad]}")
-    diff = np.abs(e - g)
-    diff = np.where(np.isnan(diff), 0.0, diff)
+    finite = _check_non_finite(name, point, dims, e, g)
+    # inf/NaN lie at the same positions with the same values: compare (and take the cosine of) the finite elements
+    e_finite, g_finite = np.where(finite, e, 0.0), np.where(finite, g, 0.0)
+    diff = np.abs(e_finite - g_finite)
     index = np.unravel_index(int(np.argmax(diff)), diff.shape) if diff.size else ()
-    within = bool(np.all(diff <= atol + rtol * np.abs(e)))
-    cos = float(row_cosines(e, g).min()) if e.size else 1.0
+    within = bool(np.all(diff <= atol + rtol * np.abs(e_finite)))
+    cos = float(row_cosines(e_finite, g_finite).min()) if e.size else 1.0
     return OutputComparison(name, point, dims, kind, float(diff.max(initial=0.0)), cos, tuple(int(i) for i in index),
                             float(e[index]) if diff.size else 0.0, float(g[index]) if diff.size else 0.0, within)
+
+
+def _check_non_finite(name: str, point: str, dims: dict[str, int], e: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """The mask of finite elements; a ParityError where the two models' inf/NaN differ in place or value."""
+    finite_e: np.ndarray = np.isfinite(e)
+    finite_g: np.ndarray = np.isfinite(g)
+    same_special = (e == g) | (np.isnan(e) & np.isnan(g))  # inf equals only an inf of its sign, NaN only NaN
+    mismatch = (finite_e != finite_g) | (~finite_e & ~same_special)
+    if mismatch.any():
+        bad = tuple(int(i) for i in np.unravel_index(int(np.argmax(mismatch)), g.shape))
+        raise ParityError(f"output '{name}' at {point} shape {dims}: ONNX gives {g[bad]} at index {list(bad)} where PyTorch gives {e[bad]}")
+    return finite_e
 
 
 def parity_points(recipe: Recipe) -> list[tuple[str, dict[str, int]]]:
@@ -131,8 +146,8 @@ def check_parity(recipe: Recipe, reference: RunFn, candidate: RunFn, samples: li
         cases: list[tuple[str, Batch]] = [("sample", fit_batch(recipe.inputs, samples[0], dims))]
         cases += [("random", random_batch(recipe, dims, rng)) for _ in range(spec.random_inputs)]
         for kind, feeds in cases:
-            expected = reference(feeds)
-            got = candidate(feeds)
+            expected = run_case(recipe, reference, "PyTorch", feeds, point, kind)
+            got = run_case(recipe, candidate, "ONNX Runtime", feeds, point, kind)
             for name in recipe.outputs:
                 comparisons.append(compare_output(name, point, dims, kind, expected[name], got[name], spec.atol, spec.rtol))
     report = ParityReport(spec.atol, spec.rtol, spec.min_cosine, comparisons)
@@ -141,8 +156,34 @@ def check_parity(recipe: Recipe, reference: RunFn, candidate: RunFn, samples: li
     return report
 
 
+#: What to change when a model fails on a parity case's inputs.
+CASE_HINTS = {
+    "random": "random inputs are drawn from inputs[].low/high (integers from 0 to 100 unless set): set inputs[].low/high in "
+              "the recipe to the values the model takes (e.g. high: the vocabulary size for token ids)",
+    "sample": "the sample is cut or tiled to each parity shape (dims min/opt/max): check that the model runs on data.samples "
+              "at those shapes, or set the dims in the recipe to the sizes it takes",
+}
+
+
+def run_case(recipe: Recipe, run: RunFn, what: str, feeds: Batch, point: str, kind: str) -> dict[str, np.ndarray]:
+    """``run(feeds)``; a failure is a ParityError naming the case, the shapes and each integer input's range."""
+    try:
+        return run(feeds)
+    except EdgekitError:
+        raise
+    except Exception as exc:
+        shapes = ", ".join(f"{name} {array.dtype}{list(array.shape)}" for name, array in feeds.items())
+        ranges = [f"{name} {int(array.min())}..{int(array.max())}" for name, array in feeds.items()
+                  if array.dtype.kind in "iu" and array.size]
+        raise ParityError(
+            f"{recipe.path}: parity: the {what} model failed on the {kind} inputs at the {point} shape ({shapes}): "
+            f"{type(exc).__name__}: {exc}" + (f"; integer inputs span {', '.join(ranges)}" if ranges else ""),
+            hint=CASE_HINTS[kind],
+        ) from exc
+
+
 def parity_failure(recipe: Recipe, report: ParityReport) -> ParityError:
-    failing = [c for c in report.comparisons if not c.within_tolerance or c.cosine_min < report.min_cosine]
+    failing = report.failing
     worst = max(failing, key=lambda c: c.max_abs_diff)
     lines = [
         f"{recipe.path}: the ONNX model does not match PyTorch: output '{worst.output}' at the {worst.point} shape {worst.dims} "

@@ -21,8 +21,12 @@ SOURCES: dict[str, LoaderFn] = {
 }
 
 
-def load_source(recipe: Recipe, workdir: Path) -> LoadedModel:
-    """Load the recipe's model source (``workdir`` receives any intermediate files)."""
+def load_source(recipe: Recipe, workdir: Path, opset: int | None = None) -> LoadedModel:
+    """Load the recipe's model source (``workdir`` receives any intermediate files). ``opset``: the one the build
+    exports at (the recipe's ``export.opset``, else the target's), for the sources that export themselves
+    (Hugging Face, through Optimum)."""
+    if opset is not None and recipe.export.opset is None:
+        recipe = recipe.model_copy(update={"export": recipe.export.model_copy(update={"opset": opset})})
     return SOURCES[recipe.model.kind](recipe.model, recipe, workdir)
 
 

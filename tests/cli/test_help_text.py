@@ -64,7 +64,8 @@ def test_metavars_agree_with_what_the_option_takes() -> None:
             continue
         # what --help shows: the metavar, else argparse's default (DEST for an option, dest for an argument)
         metavar = action.metavar if isinstance(action.metavar, str) else action.dest.upper() if action.option_strings else action.dest
-        takes_number = action.type in (int, float)
+        # int, float, or a checking type of ours that returns one (fleet_options.port_number, finite_number)
+        takes_number = action.type in (int, float) or getattr(action.type, "__annotations__", {}).get("return") in (int, float, "int", "float")
         if takes_number and PATH_METAVARS.match(metavar):
             wrong.append(f"{path} {_name(action)}: takes a number but its metavar {metavar} names a path")
         if not takes_number and metavar.upper() in NUMBER_METAVARS:

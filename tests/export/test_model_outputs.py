@@ -44,8 +44,22 @@ class Nested(nn.Module):
         return (y, y * 2), y + 1
 
 
+class MaskInf(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.l1 = nn.Linear(4, 3)
+
+    def forward(self, x):  # a masked logit: -inf in PyTorch and ONNX Runtime alike
+        return self.l1(x).masked_fill(torch.arange(3) == 2, float("-inf"))
+
+
 def dict_out():
     return DictOut()
+
+
+def mask_inf():
+    return MaskInf()
 
 
 def nested():
@@ -104,3 +118,16 @@ def test_a_dim_of_one_size_exports_with_dynamo(tmp_path: Path) -> None:
     assert result.manifest["export"]["exporter"] == "dynamo" and result.manifest["export"]["fallback_reason"] is None
     assert result.manifest["io"]["dims"]["batch"] == {"min": 2, "opt": 2, "max": 2}
     assert np.isclose(result.manifest["export"]["parity"]["cosine_min"], 1.0)
+
+
+def test_a_masked_logit_of_minus_infinity_in_both_models_passes_parity_and_the_self_check(tmp_path: Path) -> None:
+    """Before: parity crashed (a NaN cosine: max() of nothing), then the golden check took -inf - -inf for an error."""
+    from edgekit_runtime.golden import compare_output
+
+    result = build(_recipe(tmp_path, "mask_inf", ["y"]), "x86-64-cpu", out=tmp_path / "bundle")
+    assert result.manifest["export"]["parity"]["passed"] is True
+    assert np.isclose(result.manifest["export"]["parity"]["cosine_min"], 1.0)
+    same = np.array([[0.5, -np.inf], [1.0, -np.inf]])
+    assert compare_output("y", same, same.copy(), atol=1e-6, rtol=0.0, min_cosine=0.99).passed
+    assert not compare_output("y", same, np.array([[0.5, 3.0], [1.0, -np.inf]]), atol=1e-6, rtol=0.0, min_cosine=0.99).passed
+    assert not compare_output("y", same, np.array([[0.5, np.inf], [1.0, -np.inf]]), atol=1e-6, rtol=0.0, min_cosine=0.99).passed

@@ -129,6 +129,9 @@ def test_huggingface_directory_through_optimum(tiny_recipe, tmp_path):
     # has (before: ['batch_size', 'sequence_length', 32]); the opset recorded is the one the graph has
     assert manifest["io"]["outputs"][0]["shape"] == ["batch", "seq", 32]
     assert manifest["export"]["opset"] == manifest["model"]["opset"]
+    from edgekit.target import get_target
+
+    assert manifest["model"]["opset"] == get_target("x86-64-cpu").build.opset  # the target's (before: Optimum's default)
 
 
 def test_huggingface_directory_without_config(tiny_recipe, tmp_path):
