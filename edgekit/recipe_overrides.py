@@ -8,14 +8,17 @@ is merged for its target (:meth:`edgekit.recipe.Recipe.for_target`)."""
 
 from __future__ import annotations
 
+import difflib
+import logging
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from edgekit.config import closest, validation_message
+from edgekit.config import validation_message
 from edgekit.errors import RecipeError
 
+log = logging.getLogger(__name__)
 #: An :class:`edgekit.recipe.Recipe` (not imported: that module imports this one).
 Recipe = Any
 Positions = dict[tuple[str | int, ...], tuple[int, int]]
@@ -55,6 +58,7 @@ def merged(recipe: Recipe, key: str, positions: Positions | None = None) -> Reci
 def check_overrides(recipe: Recipe, positions: Positions, known: list[str]) -> None:
     """Every key names a target (``known``: the shipped targets) or a profile file, and every override merges into a
     valid recipe."""
+    _check_one_key_per_target(recipe)
     for key in recipe.overrides:
         _check_key(recipe, key, positions, known)
         merged(recipe, key, positions)
@@ -69,13 +73,29 @@ def _check_key(recipe: Recipe, key: str, positions: Positions, known: list[str])
                               hint="key an override by a target name from `edgekit targets`, or by the path of a profile "
                                    "file relative to the recipe")  # fmt: skip
         return
-    if key not in known:
-        close = closest(key, known)
+    if key in known:
+        return
+    close = difflib.get_close_matches(key, known, n=2, cutoff=0.8)  # a typo of a shipped target's name
+    if close:
         raise RecipeError(
-            f"{where}: overrides key '{key}' is not a known target" + (f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""),
-            hint=(f"rename it to '{close[0]}'; " if close else "") + f"targets: {', '.join(known)}; for a profile of your own, "
-            "key the override by its file's path relative to the recipe (e.g. boards/myboard.yaml)",
-        )
+            f"{where}: overrides key '{key}' is not a known target (did you mean {' or '.join(repr(c) for c in close)}?)",
+            hint=f"rename it to '{close[0]}'; for a profile of your own, key the override by its name or by its file's "
+                 "path relative to the recipe (e.g. boards/myboard.yaml)",
+        )  # fmt: skip
+    log.warning("%s: overrides key '%s' is no shipped target: it applies only to a profile of your own named '%s' "
+                "(shipped: %s)", where, key, key, ", ".join(known))  # fmt: skip
+
+
+def _check_one_key_per_target(recipe: Recipe) -> None:
+    """Two keys that apply to one target (a name and a profile path of that stem, or two such paths) are refused:
+    only the first would apply."""
+    seen: dict[str, str] = {}
+    for key in recipe.overrides:
+        target = Path(key).stem if is_profile_path(key) else key
+        if target in seen:
+            raise RecipeError(f"{recipe.path}: overrides keys '{seen[target]}' and '{key}' both apply to target '{target}'; "
+                              "only the first would", hint="merge them into one override")  # fmt: skip
+        seen[target] = key
 
 
 def _override_positions(positions: Positions, key: str) -> Positions:

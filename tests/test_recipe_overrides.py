@@ -21,10 +21,24 @@ def test_an_unknown_target_key_is_refused_with_the_closest_names(tiny_recipe):
     with pytest.raises(RecipeError) as info:
         load_recipe(path)
     assert str(info.value).splitlines() == [
-        f"{path}:21:3: overrides key 'x86_64-cpu' is not a known target (did you mean 'x86-64-cpu' or 'arm64-cpu'?)",
-        f"  hint: rename it to 'x86-64-cpu'; targets: {', '.join(default_registry().names())}; for a profile of your own, "
-        "key the override by its file's path relative to the recipe (e.g. boards/myboard.yaml)",
+        f"{path}:21:3: overrides key 'x86_64-cpu' is not a known target (did you mean 'x86-64-cpu'?)",
+        "  hint: rename it to 'x86-64-cpu'; for a profile of your own, key the override by its name or by its file's "
+        "path relative to the recipe (e.g. boards/myboard.yaml)",
     ]
+
+
+def test_a_key_naming_a_profile_of_ones_own_is_kept_with_a_warning(tiny_recipe, caplog):
+    """A name like no shipped target's is a profile of the user's own (``-t boards/myboard.yaml``), as before
+    overrides were checked at load: kept, with a warning naming the shipped targets; two keys for one target refused."""
+    path = tiny_recipe(text=TINY + "overrides:\n  myboard: {build: {precision: fp16}}\n")
+    with caplog.at_level("WARNING", logger="edgekit.recipe_overrides"):
+        recipe = load_recipe(path)
+    assert recipe.for_target("myboard").build.precision == "fp16"
+    assert "overrides key 'myboard' is no shipped target: it applies only to a profile of your own named 'myboard'" in caplog.text
+    (path.parent / "myboard.yaml").write_text("name: myboard\n")
+    twice = tiny_recipe(text=TINY + "overrides:\n  myboard: {build: {precision: fp16}}\n  myboard.yaml: {build: {precision: fp32}}\n")
+    with pytest.raises(RecipeError, match="overrides keys 'myboard' and 'myboard.yaml' both apply to target 'myboard'"):
+        load_recipe(twice)
 
 
 def test_a_typo_in_another_target_s_override_fails_the_load_with_its_lines(tiny_recipe):

@@ -113,7 +113,7 @@ def derive_tolerances(expected: Sequence[Mapping[str, np.ndarray]], built: Seque
             outputs[name] = replace(loosest[name], batch_axis=axis)
             measured[name] = {"max_abs_diff": 0.0, "cosine_min": 1.0, "max_abs_reference": 0.0}
             continue
-        scale = max(float(np.abs(np.nan_to_num(np.asarray(e[name], dtype=np.float64))).max(initial=0.0)) for e in expected)
+        scale = max(_finite_magnitude(e[name]) for e in expected)  # a masked logit's -inf is no scale (nan_to_num made it 1.8e308)
         if not math.isfinite(error):
             raise BuildError(f"golden output '{name}': the built model computes NaN or infinity where the reference is finite (golden batch {check.worst_batch})",
                              hint="the precision overflows on this model: build a wider precision (fp16 -> fp32) or exclude the overflowing nodes from quantization")
@@ -151,6 +151,12 @@ def derive_tolerances(expected: Sequence[Mapping[str, np.ndarray]], built: Seque
     default = Tolerance(atol=max(t.atol for t in loosest.values()), rtol=max(t.rtol for t in loosest.values()),
                         min_cosine=min(t.min_cosine for t in loosest.values()))
     return GoldenTolerances(default, outputs), measured
+
+
+def _finite_magnitude(values: np.ndarray) -> float:
+    """The largest finite ``|value|`` (0 for none)."""
+    array = np.abs(np.asarray(values, dtype=np.float64))
+    return float(array[np.isfinite(array)].max(initial=0.0))
 
 
 def _without_equal_specials(expected: np.ndarray, built: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

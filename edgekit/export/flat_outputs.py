@@ -27,8 +27,9 @@ def flat_outputs(result: Any, recipe: Recipe) -> tuple[Any, ...]:
             raise SourceError(f"{recipe.path}: outputs: the model returns a dict with keys {sorted(map(str, result))}, "
                               f"which has no '{missing[0]}'",
                               hint="name the outputs as the model's dict keys, in the order you want them")  # fmt: skip
-        return tuple(result[name] for name in recipe.outputs)
-    leaves, _ = tree_flatten(result)
+        leaves = [result[name] for name in recipe.outputs]
+    else:
+        leaves, _ = tree_flatten(result)
     odd = next((leaf for leaf in leaves if not isinstance(leaf, torch.Tensor)), None)
     if odd is not None:
         raise SourceError(f"{recipe.path}: the model returns a {type(odd).__name__} among its outputs; every output "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zipfile
+import zlib
 from pathlib import Path
 
 from edgekit.errors import SourceError
@@ -67,10 +69,11 @@ def _refuse_untrusted_pickles(path: Path, recipe: Recipe) -> None:
         return  # a recipe built in Python (its caller's code), --trust-code, or a trusted folder
     try:
         parts = unpickled_parts(path)
-    except (OSError, ValueError) as exc:  # not a zip: torch.export.load says what it is below
-        if "zip" in str(exc).lower():
-            return
-        raise SourceError(f"{recipe.path}: model.path {path} cannot be read: {exc}") from None
+    except zipfile.BadZipFile:  # not a zip: torch.export.load says what it is below
+        return
+    except (OSError, ValueError, EOFError, zlib.error) as exc:
+        raise SourceError(f"{recipe.path}: model.path {path} cannot be read as a torch.export archive: {exc}",
+                          hint="save it with torch.export.save(torch.export.export(model, args), 'model.pt2')") from None
     if parts:
         raise SourceError(
             f"{recipe.path}: model.path {path} holds parts torch.export.load unpickles, which can run any code: "

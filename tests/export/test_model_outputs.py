@@ -131,3 +131,28 @@ def test_a_masked_logit_of_minus_infinity_in_both_models_passes_parity_and_the_s
     assert compare_output("y", same, same.copy(), atol=1e-6, rtol=0.0, min_cosine=0.99).passed
     assert not compare_output("y", same, np.array([[0.5, 3.0], [1.0, -np.inf]]), atol=1e-6, rtol=0.0, min_cosine=0.99).passed
     assert not compare_output("y", same, np.array([[0.5, np.inf], [1.0, -np.inf]]), atol=1e-6, rtol=0.0, min_cosine=0.99).passed
+
+
+def test_golden_tolerances_are_fitted_on_the_finite_values_of_a_masked_output() -> None:
+    """A masked logit's -inf in the reference and the build alike: the tolerance comes from the finite values
+    (before: nan_to_num took -inf for 1.8e308, and a device-applied tolerance became about 1.8e306, accepting any)."""
+    from edgekit.bundle.golden import derive_tolerances
+    from edgekit.recipe import ParitySpec
+
+    expected = np.array([[1.0, -np.inf, 2.0], [0.5, -np.inf, 3.0]], np.float32)
+    built = expected + np.array([[1e-3, 0, -1e-3], [2e-3, 0, 0]], np.float32)
+    tolerances, measured = derive_tolerances([{"logits": expected}], [{"logits": built}], ParitySpec(), device_applied=(0.01, 0.99))
+    assert measured["logits"]["max_abs_reference"] == 3.0 and tolerances.outputs["logits"].atol < 0.1
+
+
+def test_a_dict_output_holding_a_tuple_is_a_clear_error() -> None:
+    import torch
+
+    from edgekit.export.flat_outputs import flat_outputs
+    from edgekit.recipe import Recipe
+
+    recipe = Recipe.model_validate({"name": "d", "model": {"kind": "factory", "factory": "m:f"},
+                                    "inputs": [{"name": "x", "dtype": "float32", "shape": [2, 4]}], "outputs": ["a", "b"],
+                                    "data": {"samples": {"callable": "m:s"}}})  # fmt: skip
+    with pytest.raises(SourceError, match="the model returns a tuple among its outputs; every output must be a tensor"):
+        flat_outputs({"a": torch.zeros(1), "b": (torch.zeros(1), torch.zeros(1))}, recipe)  # before: AttributeError later

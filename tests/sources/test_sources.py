@@ -185,3 +185,34 @@ def test_an_exported_program_that_would_unpickle_is_refused_unless_trusted(tiny_
     with pytest.raises(SourceError):  # trusted: loaded (the pickle ran), then refused as no torch.export program
         build(recipe, "x86-64-cpu", out=tmp_path / "bundle", trust_code=True)
     assert marker.exists()
+
+
+def test_an_archive_of_the_older_layout_that_would_unpickle_is_refused_too(tiny_recipe, tmp_path):
+    """torch.export.load still reads torch 2.7's layout (serialized_state_dict.pt, ...), and loads a member that
+    weights_only refuses again with weights_only=False: every .pt member is checked, not only the newer layout's."""
+    import io
+    import zipfile
+
+    from torch._export.serde.schema import SCHEMA_VERSION
+    from torch._export.serde.serialize import serialize
+
+    lines = _exported_program(tmp_path)
+    marker = tmp_path / "ran"
+    serialized = serialize(torch.export.load(str(tmp_path / "tiny.pt2")))
+    state = io.BytesIO()
+    torch.save({"weight": _TouchOnLoad(marker)}, state)
+    with zipfile.ZipFile(tmp_path / "tiny.pt2", "w") as archive:
+        archive.writestr("version", ".".join(map(str, SCHEMA_VERSION)))
+        archive.writestr("serialized_exported_program.json", serialized.exported_program)
+        archive.writestr("serialized_state_dict.pt", state.getvalue())
+        archive.writestr("serialized_constants.pt", serialized.constants)
+        archive.writestr("serialized_example_inputs.pt", serialized.example_inputs)
+    with pytest.raises(SourceError, match=r"holds parts torch\.export\.load unpickles.*serialized_state_dict\.pt \(not plain tensors\)"):
+        build(_recipe_for(tiny_recipe, lines), "x86-64-cpu", out=tmp_path / "bundle")
+    assert not marker.exists()
+
+
+def test_a_pt2_that_is_no_zip_says_so_without_a_traceback(tiny_recipe, tmp_path):
+    (tmp_path / "tiny.pt2").write_bytes(b"not a zip at all")
+    with pytest.raises(SourceError, match=r"tiny\.pt2 is not a torch\.export program"):
+        build(_recipe_for(tiny_recipe, "kind: exported_program\n  path: tiny.pt2"), "x86-64-cpu", out=tmp_path / "b")

@@ -156,6 +156,8 @@ class AgentClient:
         try:
             payload = json.loads(body.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
+            payload = None
+        if not isinstance(payload, dict):
             payload = {"message": body[:200].decode("utf-8", "replace")}
         message, hint = str(payload.get("message")), payload.get("hint")
         kind = payload.get("error")
@@ -169,7 +171,20 @@ class AgentClient:
         status, _, body = self._request("GET", path)
         if status != 200:
             self._raise_for(status, body)
-        return dict(json.loads(body.decode("utf-8")))
+        payload = self._json_object(path, body)
+        if payload is None:
+            raise AgentApiError(f"agent at {self.address} answered GET {path} with a body that is no JSON object: {body[:80]!r}",
+                                hint="something other than the edgekit agent may answer on this address; check api.address")
+        return payload
+
+    @staticmethod
+    def _json_object(path: str, body: bytes) -> dict[str, Any] | None:
+        """``body`` as a JSON object, or None when it is none (cut short, garbled, another server's)."""
+        try:
+            payload = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            return None
+        return payload if isinstance(payload, dict) else None
 
     def infer(self, feeds: Mapping[str, np.ndarray], *, encoding: str = "binary") -> dict[str, np.ndarray]:
         """Run the served model on ``feeds``; returns its outputs by name.
@@ -203,10 +218,13 @@ class AgentClient:
     def health(self) -> dict[str, Any]:
         """``/v1/health``; a 503 (no model, degraded) still returns the payload rather than raising."""
         status, _, body = self._request("GET", "/v1/health")
-        payload = json.loads(body.decode("utf-8")) if body.startswith(b"{") else None
-        if status not in (200, 503) or not isinstance(payload, dict) or "status" not in payload:  # (busy: no health)
+        payload = self._json_object("/v1/health", body)
+        if status not in (200, 503) or payload is None or "status" not in payload:  # (busy: no health; garbled)
+            if status == 200:
+                raise AgentApiError(f"agent at {self.address} answered GET /v1/health with no health in it: {body[:80]!r}",
+                                    hint="something other than the edgekit agent may answer on this address; check api.address")
             self._raise_for(status, body)
-        return dict(payload)
+        return dict(payload)  # type: ignore[arg-type]
 
     def stats(self) -> dict[str, Any]:
         return self._get_json("/v1/stats")

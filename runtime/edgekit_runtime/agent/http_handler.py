@@ -218,11 +218,13 @@ class RequestHandler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 return
             server.set_deadline(self.connection, self.api.header_timeout_s, "headers")  # type: ignore[attr-defined]
-            if not self._read_request_head():
+            self._expects_continue = False  # a request before on this connection may have left it set
+            if not self._read_request_head():  # (this request's own Expect header sets it: handle_expect_100)
                 self.close_connection = True
                 return
-            if self.command != "POST":  # a POST's slot is in use once its body is in (read_body): until then a
-                server.mark_serving(self.connection)  # type: ignore[attr-defined]  # stalled body may be evicted
+            if self.command != "POST" or (self.headers.get("Content-Length") or "0").strip(" \t").lstrip("0") == "":
+                server.mark_serving(self.connection)  # type: ignore[attr-defined]  # a whole request: no body to come
+            # (a POST with a body is serving once its body is in, read_body: until then a stalled body may be evicted)
             refusal = self.api.browser_refusal(self.headers)
             if refusal is not None:
                 logger.info("API: refused %s %s from %s: %d %s (%s)", self.command, self.path[:80], self.address_string(),
@@ -305,7 +307,7 @@ class RequestHandler(BaseHTTPRequestHandler):
         except ApiError as err:
             self._drain_body()
             self._send_error(err)
-        except OSError:  # the client went away (a reset mid-body): no one to answer, nothing the agent did wrong
+        except (ConnectionError, TimeoutError):  # the client went away (a reset mid-body): no one to answer, no agent fault
             self.close_connection = True
             raise
         except Exception:  # a bug: answer 500 rather than dropping the connection
