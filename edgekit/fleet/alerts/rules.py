@@ -47,8 +47,10 @@ DURATION_PATTERN = r"^(0|([0-9]+d)?([0-9]+h)?([0-9]+m)?([0-9]+s)?([0-9]+ms)?)$"
 _DURATION_UNITS_S = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 #: Rule names: they become the ``alert`` of MQTT messages, events and Prometheus alerts.
 RULE_NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]{0,63}$"
-#: Alert labels edgekit sets itself (MQTT and webhook messages, the Prometheus rule file's ``edgekit_kind``).
-RESERVED_LABELS = ("alertname", "severity", "fleet", "device", "edgekit_kind")
+#: Alert labels edgekit sets itself (MQTT and webhook messages, the Prometheus rule file's ``edgekit_kind``), and the
+#: labels of the fleet series the Prometheus rules read (a rule label of that name would replace the series' own).
+RESERVED_LABELS = ("alertname", "severity", "fleet", "device", "edgekit_kind", "bundle", "target", "model", "stat", "state",
+                   "job", "instance")
 #: Severities, worst first (``active_alerts`` sorts by this order).
 SEVERITIES = ("critical", "warning", "info")
 #: Rollout states that count as failed for ``rollout_failed`` by default.

@@ -83,6 +83,8 @@ def test_an_unknown_kind_lists_the_kinds(tmp_path: Path) -> None:
     ("rules:\n  x:\n    kind: spool_disk_full\n    labels: {fleet: a}\n", "'rules.x.labels': Value error, label(s) fleet are set by edgekit itself"),
     ("rules:\n  x:\n    kind: p99_above\n    threshold_ms: 50\n    labels: {edgekit_kind: mine}\n",
      "rules.yaml:5:5: field 'rules.x.labels': Value error, label(s) edgekit_kind are set by edgekit itself; rename them"),
+    ("rules:\n  x:\n    kind: p99_above\n    threshold_ms: 50\n    labels: {bundle: mine, team: ml}\n",  # a series' own label
+     "rules.yaml:5:5: field 'rules.x.labels': Value error, label(s) bundle are set by edgekit itself; rename them"),
     ("rules:\n  'bad name':\n    kind: spool_disk_full\n", "rules.bad name"),
     ("evaluate_every: 50ms\nrules: {}\n", "evaluate_every must be at least 100ms"),
     ("rules:\n  x:\n    kind: spool_disk_full\n    for: 30\n", "'rules.x.for': Value error, a duration needs its unit: write 30s"),
