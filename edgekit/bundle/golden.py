@@ -26,7 +26,8 @@ from edgekit.errors import BuildError, InternalError
 from edgekit.precision import Precision
 from edgekit.recipe import ParitySpec, Recipe, StateSpec
 from edgekit_runtime.errors import BundleError
-from edgekit_runtime.golden import DEFAULT_BATCH_AXIS, GoldenTolerances, Tolerance, compare_output, merge_checks, parse_tolerances
+from edgekit_runtime.golden import (DEFAULT_BATCH_AXIS, GoldenTolerances, Tolerance, compare_output, merge_checks, parse_tolerances,
+                                    without_equal_specials)
 
 #: How much wider than the measured deviation a tolerance is: room for the device's kernels and threads,
 #: which round differently from this host's. Reduced-precision kernels (int8, fp16) differ more between
@@ -159,14 +160,6 @@ def _finite_magnitude(values: np.ndarray) -> float:
     return float(array[np.isfinite(array)].max(initial=0.0))
 
 
-def _without_equal_specials(expected: np.ndarray, built: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Both as float64, zero where they hold the same NaN or infinity (a masked logit's -inf): equal, and no
-    part of a tolerance (inf - inf is NaN), as the self-check compares them (edgekit_runtime.golden)."""
-    e, b = np.asarray(expected, dtype=np.float64), np.asarray(built, dtype=np.float64)
-    same = (np.isnan(e) & np.isnan(b)) | (np.isinf(e) & (e == b))
-    return np.where(same, 0.0, e), np.where(same, 0.0, b)
-
-
 def _relative_tolerance(expected: Sequence[np.ndarray], built: Sequence[np.ndarray], absolute: Tolerance, parity: ParitySpec,
                         margin: float) -> tuple[Tolerance, float] | None:
     """A band ``atol + rtol x |golden|`` that holds every element and is narrower on average over the golden
@@ -174,7 +167,7 @@ def _relative_tolerance(expected: Sequence[np.ndarray], built: Sequence[np.ndarr
     absolute band is as good (outputs of one range), or the output is not floating point."""
     if np.asarray(expected[0]).dtype.kind not in "fc":
         return None
-    pairs = [_without_equal_specials(e, b) for e, b in zip(expected, built)]
+    pairs = [without_equal_specials(e, b) for e, b in zip(expected, built)]
     magnitude = np.concatenate([np.abs(e).reshape(-1) for e, _ in pairs])
     error = np.concatenate([np.abs(b - e).reshape(-1) for e, b in pairs])
     if error.size == 0 or not np.isfinite(error).all() or error.max() == 0:
@@ -199,7 +192,7 @@ def _outlier_tolerance(expected: Sequence[np.ndarray], built: Sequence[np.ndarra
     None when every element is close anyway, or when too many (over MAX_OUTLIER_FRACTION) would be outside."""
     if np.asarray(expected[0]).dtype.kind not in "fc":
         return None
-    excess = [np.abs(b - e) - loosest.rtol * np.abs(e) for e, b in (_without_equal_specials(e, b) for e, b in zip(expected, built))]
+    excess = [np.abs(b - e) - loosest.rtol * np.abs(e) for e, b in (without_equal_specials(e, b) for e, b in zip(expected, built))]
     flat = np.concatenate([x.reshape(-1) for x in excess])
     if flat.size == 0:
         return None

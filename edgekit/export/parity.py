@@ -14,6 +14,7 @@ import numpy as np
 from edgekit.data import Batch, dims_at, fit_batch, random_batch
 from edgekit.errors import EdgekitError, ParityError
 from edgekit.recipe import Recipe
+from edgekit_runtime.golden import equal_specials
 
 RunFn = Callable[[Batch], dict[str, np.ndarray]]
 
@@ -118,8 +119,7 @@ def _check_non_finite(name: str, point: str, dims: dict[str, int], e: np.ndarray
     """The mask of finite elements; a ParityError where the two models' inf/NaN differ in place or value."""
     finite_e: np.ndarray = np.isfinite(e)
     finite_g: np.ndarray = np.isfinite(g)
-    same_special = (e == g) | (np.isnan(e) & np.isnan(g))  # inf equals only an inf of its sign, NaN only NaN
-    mismatch = (finite_e != finite_g) | (~finite_e & ~same_special)
+    mismatch = (finite_e != finite_g) | (~finite_e & ~equal_specials(e, g))  # inf equals only an inf of its sign
     if mismatch.any():
         bad = tuple(int(i) for i in np.unravel_index(int(np.argmax(mismatch)), g.shape))
         raise ParityError(f"output '{name}' at {point} shape {dims}: ONNX gives {g[bad]} at index {list(bad)} where PyTorch gives {e[bad]}")

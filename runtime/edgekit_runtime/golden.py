@@ -84,6 +84,19 @@ def row_cosine_min(actual: np.ndarray, expected: np.ndarray, batch_axis: int = 0
     return float(np.clip(cosines, -1.0, 1.0).min())
 
 
+def equal_specials(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The mask of elements where both arrays hold NaN, or the same infinity (a masked logit's -inf): such
+    elements are equal, and are left out of every difference and cosine, which they would make NaN."""
+    return (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & (a == b))
+
+
+def without_equal_specials(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both arrays as float64, with zero where they hold an equal NaN or infinity (``equal_specials``)."""
+    a64, b64 = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    same = equal_specials(a64, b64)
+    return np.where(same, 0.0, a64), np.where(same, 0.0, b64)
+
+
 def compare_output(
     name: str,
     expected: np.ndarray,
@@ -117,12 +130,7 @@ def compare_output(
         )
     if expected_array.dtype.kind in "OUS" or actual_array.dtype.kind in "OUS":
         return _compare_strings(name, expected_array, actual_array, batch, max_mismatched_fraction)
-    a = actual_array.astype(np.float64)
-    e = expected_array.astype(np.float64)
-    # NaN where the golden has NaN, an infinity where it has the same one (a masked logit's -inf): equal, and left
-    # out of the difference and the cosine, which they would make NaN
-    same_special = (np.isnan(a) & np.isnan(e)) | (np.isinf(a) & (a == e))
-    a, e = np.where(same_special, 0.0, a), np.where(same_special, 0.0, e)
+    a, e = without_equal_specials(actual_array, expected_array)
     with np.errstate(invalid="ignore"):
         diff = np.abs(a - e)
     diff = np.where(np.isnan(diff), np.inf, diff)
