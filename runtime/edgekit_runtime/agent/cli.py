@@ -212,6 +212,7 @@ def _cmd_install(args: argparse.Namespace) -> int:
         request = DeployRequest.from_args(
             {"url": str(args.bundle), "sha256": args.sha256, "signature": args.signature}, require_sha256=False
         )
+        models.hold()  # refused while an agent serves this models.dir, before any model folder is made
         slot = models.get(args.model, create=True)  # None: the default model (the one model of bundles.dir)
         slot.store.prepare()
         outcome = slot.deployer.deploy(request, watch=False, check_source=False)

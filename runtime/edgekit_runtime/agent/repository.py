@@ -38,7 +38,7 @@ from edgekit_runtime.agent.errors import AgentConfigError, DeployError, MemoryBu
 from edgekit_runtime.agent.ota import Deployer, DeployRequest, EventSink, ServedBundle, StagedDeploy, _StageFailed
 from edgekit_runtime.agent.probation import mark_stopped
 from edgekit_runtime.agent.serving import InferenceServer, ServingTotals
-from edgekit_runtime.agent.store import BundleStore
+from edgekit_runtime.agent.store import BundleStore, drop_process_lock, take_process_lock
 from edgekit_runtime.errors import EdgekitError
 
 logger = logging.getLogger(__name__)
@@ -140,6 +140,7 @@ class ModelRepository:
         self._lock = threading.Lock()
         self._slots: dict[str | None, ModelSlot] = {}
         self._pending_mb: dict[str | None, float] = {}  # staged in a pipeline deploy, loaded but not yet served
+        self._holds_models_dir = False
         models = config.models
         self.budget_mb = models.memory_budget_mb if models is not None else None
         if models is None:
@@ -227,8 +228,24 @@ class ModelRepository:
 
     # -- life cycle -----------------------------------------------------------------------------------
 
+    def hold(self) -> None:
+        """Take ``models.dir``'s process lock (each model's folder has its own, taken by its store): with it, no
+        other process adds a model folder while this one serves or installs (``edgekit-agent install --model
+        <a new model>`` while the agent runs). Without a ``models:`` section, ``bundles.dir``'s lock does it."""
+        models = self.config.models
+        if models is None or self._holds_models_dir:
+            return
+        try:
+            models.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise DeployError(f"models.dir '{models.dir}' cannot be created: {err.strerror or err}",
+                              hint="make models.dir writable by the agent (ReadWritePaths= in the systemd unit)") from err  # fmt: skip
+        take_process_lock(models.dir, "models.dir")
+        self._holds_models_dir = True
+
     def start(self) -> None:
         """Serve each model's ``current`` (else ``previous``), the default model first."""
+        self.hold()
         for slot in self.slots():
             slot.deployer.start()
 
@@ -236,6 +253,9 @@ class ModelRepository:
         for slot in self.slots():
             slot.server.close()
             slot.store.release()
+        if self._holds_models_dir and self.config.models is not None:
+            self._holds_models_dir = False
+            drop_process_lock(self.config.models.dir)
 
     # -- memory -----------------------------------------------------------------------------------------
 

@@ -71,7 +71,7 @@ _held_locks: dict[str, list[int]] = {}  # resolved bundle dir -> [descriptor hol
 _held_locks_guard = threading.Lock()
 
 
-def _take_process_lock(root: Path) -> None:
+def take_process_lock(root: Path, what: str = "bundle directory") -> None:
     """Take ``root``'s lock for this process (counted: again in the same process is one more user), so that
     two processes never move one store's links or clear its staging under each other: ``edgekit-agent
     install`` while the agent runs, or two agents on one ``bundles.dir``."""
@@ -87,7 +87,7 @@ def _take_process_lock(root: Path) -> None:
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
             os.close(fd)
             raise DeployError(
-                f"bundle directory '{root}' is in use by another process (pid {holder}): an edgekit-agent runs on it",
+                f"{what} '{root}' is in use by another process (pid {holder}): an edgekit-agent runs on it",
                 hint="deploy to a running agent with `edgekit fleet deploy`, or stop the agent (systemctl stop "
                 "edgekit-agent) before `edgekit-agent install`; one agent per bundles.dir",
             ) from None
@@ -96,7 +96,7 @@ def _take_process_lock(root: Path) -> None:
         _held_locks[key] = [fd, 1]
 
 
-def _drop_process_lock(root: Path) -> None:
+def drop_process_lock(root: Path) -> None:
     key = str(root.resolve())
     with _held_locks_guard:
         held = _held_locks.get(key)
@@ -119,7 +119,7 @@ class BundleStore:
         """Give up this store's share of the bundle directory's lock (taken by :meth:`prepare`)."""
         if self._locked:
             self._locked = False
-            _drop_process_lock(self.root)
+            drop_process_lock(self.root)
 
     @property
     def versions_dir(self) -> Path:
@@ -134,7 +134,7 @@ class BundleStore:
         try:
             self.versions_dir.mkdir(parents=True, exist_ok=True)
             if not self._locked:
-                _take_process_lock(self.root)
+                take_process_lock(self.root)
                 self._locked = True
             if self.staging_dir.exists():
                 shutil.rmtree(self.staging_dir, ignore_errors=True)

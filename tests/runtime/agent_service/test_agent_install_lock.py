@@ -82,3 +82,37 @@ def test_an_agent_that_fails_to_start_lets_go_of_the_bundle_dir(agent_config: Ca
     probe = "import sys; from edgekit_runtime.agent.store import BundleStore; BundleStore(sys.argv[1]).prepare()"
     free = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "bundles")], capture_output=True, text=True, env=env)
     assert free.returncode == 0, free.stderr
+
+
+REPOSITORY_HOLDER = """
+import sys, time
+from edgekit_runtime.agent.config import load_config
+from edgekit_runtime.agent.repository import ModelRepository
+ModelRepository(load_config(sys.argv[1]), lambda event: None).hold()
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+def test_install_of_a_new_model_refuses_while_an_agent_serves_the_models_dir(
+    agent_config: Callable[..., Path], signed_bundle: Callable[..., Path], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """Each model folder has its own lock, so before, `install --model <a model the agent does not serve yet>` made
+    the folder and switched its links under the running agent, which then never saw it."""
+    path = agent_config(models={"default": "first"})
+    bundle = signed_bundle("tiny-a")
+    models_dir = tmp_path / "bundles" / "models"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "runtime")])}
+    holder = subprocess.Popen([sys.executable, "-c", REPOSITORY_HOLDER, str(path)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert agent_main(["install", str(bundle), "--config", str(path), "--model", "brand-new"]) == 1
+        err = capsys.readouterr().err
+        assert f"models.dir '{models_dir}' is in use by another process (pid {holder.pid})" in err
+        assert not (models_dir / "brand-new").exists()  # no folder made under the running agent
+    finally:
+        holder.kill()
+        holder.wait()
+    assert agent_main(["install", str(bundle), "--config", str(path), "--model", "brand-new"]) == 0
+    assert (models_dir / "brand-new" / "current").is_symlink()
