@@ -76,7 +76,7 @@ def _refuse_untrusted_pickles(path: Path, recipe: Recipe) -> None:
                           hint="save it with torch.export.save(torch.export.export(model, args), 'model.pt2')") from None
     if parts:
         raise SourceError(
-            f"{recipe.path}: model.path {path} holds parts torch.export.load unpickles, which can run any code: "
+            f"{recipe.path}: model.path {path} holds parts torch.export.load unpickles or loads as native code, either of which can run any code: "
             f"{'; '.join(parts[:3])}{' ...' if len(parts) > 3 else ''}. A model file is not trusted as code",
             hint="if you trust this file, pass --trust-code (edgekit build, edgekit sweep) or put it in a folder listed in "
                  "EDGEKIT_TRUSTED_CODE_DIRS; a program saved from plain tensors (torch.export.save) holds no pickles",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -178,7 +179,7 @@ def test_an_exported_program_that_would_unpickle_is_refused_unless_trusted(tiny_
     marker = tmp_path / "ran"
     _with_a_pickled_weight(tmp_path / "tiny.pt2", marker)
     recipe = _recipe_for(tiny_recipe, lines)
-    with pytest.raises(SourceError, match=r"tiny\.pt2 holds parts torch\.export\.load unpickles, which can run any code: "
+    with pytest.raises(SourceError, match=r"tiny\.pt2 holds parts torch\.export\.load unpickles or loads as native code, either of which can run any code: "
                                           r".*model_weights_config\.json: conv\.weight(?s:.*)--trust-code"):  # fmt: skip
         build(recipe, "x86-64-cpu", out=tmp_path / "bundle")
     assert not marker.exists()
@@ -210,6 +211,69 @@ def test_an_archive_of_the_older_layout_that_would_unpickle_is_refused_too(tiny_
     with pytest.raises(SourceError, match=r"holds parts torch\.export\.load unpickles.*serialized_state_dict\.pt \(not plain tensors\)"):
         build(_recipe_for(tiny_recipe, lines), "x86-64-cpu", out=tmp_path / "bundle")
     assert not marker.exists()
+
+
+def _rewritten(path: Path, change: Callable[[dict[str, bytes], str], None]) -> None:
+    """Rewrite the .pt2 at ``path`` with ``change(entries, top_folder)`` applied to its members."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        entries = {name: archive.read(name) for name in archive.namelist()}
+    top = next(name for name in entries if name.endswith("/models/model.json")).split("/")[0]
+    change(entries, top)
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in entries.items():
+            archive.writestr(name, data)
+
+
+def test_a_second_program_aotinductor_code_or_a_stray_member_in_a_pt2_is_refused(tiny_recipe, tmp_path):
+    """torch.export.load loads every program of an archive (with its own weights config, which the scan read only for
+    the program named 'model'), and dlopens every AOTInductor library in it: both ran code with no --trust-code."""
+    import json
+    import pickle
+
+    lines = _exported_program(tmp_path)
+    marker = tmp_path / "ran"
+    recipe = _recipe_for(tiny_recipe, lines)
+
+    def second_program(entries: dict[str, bytes], top: str) -> None:
+        config = json.loads(entries[f"{top}/data/weights/model_weights_config.json"])
+        for entry in config["config"].values():
+            entry["use_pickle"], entry["path_name"] = True, "evil_weight_0"
+        entries[f"{top}/models/evil.json"] = entries[f"{top}/models/model.json"]
+        entries[f"{top}/data/weights/evil_weights_config.json"] = json.dumps(config).encode()
+        entries[f"{top}/data/weights/evil_weight_0"] = pickle.dumps(_TouchOnLoad(marker))
+
+    _rewritten(tmp_path / "tiny.pt2", second_program)
+    with pytest.raises(SourceError, match=r"evil_weights_config\.json: conv\.weight(?s:.*)--trust-code"):
+        build(recipe, "x86-64-cpu", out=tmp_path / "bundle")
+    assert not marker.exists()
+
+    _exported_program(tmp_path)
+    _rewritten(tmp_path / "tiny.pt2", lambda entries, top: entries.update({f"{top}/data/aotinductor/model/model.so": b"\x7fELF"}))
+    with pytest.raises(SourceError, match=r"data/aotinductor/model/model\.so \(native code, loaded and run by torch\.export\.load\)"):
+        build(recipe, "x86-64-cpu", out=tmp_path / "bundle")
+
+    _exported_program(tmp_path)
+    _rewritten(tmp_path / "tiny.pt2", lambda entries, top: entries.update({f"{top}/custom/loader.py": b"import os"}))
+    with pytest.raises(SourceError, match=r"custom/loader\.py \(not a part torch\.export\.save writes\)"):
+        build(recipe, "x86-64-cpu", out=tmp_path / "bundle")
+
+
+def test_a_pt2_member_that_decompresses_to_gigabytes_is_refused_without_reading_it(tmp_path):
+    """The scan read every .pt member whole into memory: a 1.6 MB archive made it allocate 1.5 GB."""
+    import zipfile
+
+    from edgekit.sources.pt2_pickles import BOMB_BYTES, unpickled_parts
+
+    path = tmp_path / "bomb.pt2"
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive, archive.open("a/data/sample_inputs/model.pt", "w") as member:
+        chunk = bytes(8 * 2**20)
+        for _ in range(BOMB_BYTES // len(chunk) + 1):
+            member.write(chunk)
+    assert path.stat().st_size < BOMB_BYTES // 100
+    (found,) = unpickled_parts(path)
+    assert found.startswith("a/data/sample_inputs/model.pt (decompresses") and "not a part torch.export.save writes" in found
 
 
 def test_a_pt2_that_is_no_zip_says_so_without_a_traceback(tiny_recipe, tmp_path):
