@@ -466,8 +466,6 @@ def graph_costs(model: Any, dims: Mapping[str, int] | None = None, *, input_shap
     if_calls, notes = inline_taken_branches(proto, feeds, prepare=lambda m: _runnable(m, base))
     assumptions.extend(notes)
     inlined = {out for call in if_calls for out in call.inlined}
-    loops, loop_notes = loop_bodies(proto)
-    assumptions.extend(loop_notes)
     shapes = _shapes_by_inference(proto)
     source = "onnx shape inference"
     missing = [out for node in proto.graph.node for out in node.output[:1] if out and out not in shapes]
@@ -478,6 +476,8 @@ def graph_costs(model: Any, dims: Mapping[str, int] | None = None, *, input_shap
         except Exception as exc:  # ORT cannot run it on CPU: keep the inferred shapes and say what is unknown
             assumptions.append(f"shape probe on ONNX Runtime failed ({type(exc).__name__}): {len(missing)} node(s) without "
                                "a static output shape count no work")  # fmt: skip
+    loops, loop_notes = loop_bodies(proto, shapes)
+    assumptions.extend(loop_notes)
     work, work_notes = body_work(proto, loops, shapes, lambda body, fed: graph_costs(body, input_shapes=fed, fusion=fusion))
     assumptions.extend(work_notes)
     initializers = {i.name for i in proto.graph.initializer}

@@ -177,10 +177,26 @@ def _constant_int(model: Any, name: str) -> int | None:
     return None
 
 
-def loop_bodies(model: Any) -> tuple[dict[str, LoopBody], list[str]]:
+def _scan_length(node: Any, shapes: Mapping[str, Any]) -> int | None:
+    """A Scan's iterations: its first scan input's length along its scan axis, where ``shapes`` know it."""
+    scans = next((int(a.i) for a in node.attribute if a.name == "num_scan_inputs"), 0)
+    if scans <= 0 or scans > len(node.input):
+        return None
+    first = node.input[len(node.input) - scans]
+    shape = tuple(shapes[first][0]) if first in shapes and shapes[first][0] is not None else ()
+    axes = next((list(a.ints) for a in node.attribute if a.name == "scan_input_axes"), [])
+    axis = axes[0] if axes else 0
+    if not shape or not -len(shape) <= axis < len(shape):
+        return None
+    length = shape[axis]
+    return int(length) if isinstance(length, (int, np.integer)) and length >= 0 else None
+
+
+def loop_bodies(model: Any, shapes: Mapping[str, Any] | None = None) -> tuple[dict[str, LoopBody], list[str]]:
     """Each ``Loop`` / ``Scan`` node of ``model``'s graph (by name, else first output) -> its :class:`LoopBody`: a Loop's
-    trip count when its ``M`` input is a constant (below :data:`WHILE_TRIP_COUNT` when a condition input is present),
-    else one iteration (said in the notes, as for every Scan)."""
+    trip count when its ``M`` input is a constant (below :data:`WHILE_TRIP_COUNT` when a condition input is present), a
+    Scan's the length of its scan inputs where ``shapes`` (name -> (shape, dtype)) know it, else one iteration (said
+    in the notes)."""
     bodies: dict[str, LoopBody] = {}
     notes: list[str] = []
     for node in model.graph.node:
@@ -189,7 +205,10 @@ def loop_bodies(model: Any) -> tuple[dict[str, LoopBody], list[str]]:
         body = next((a.g for a in node.attribute if a.name == "body"), None)
         if body is None:
             continue
-        trips = _constant_int(model, node.input[0]) if node.op_type == "Loop" and node.input and node.input[0] else None
+        if node.op_type == "Scan":
+            trips = _scan_length(node, shapes or {})
+        else:
+            trips = _constant_int(model, node.input[0]) if node.input and node.input[0] else None
         key = node.name or node.output[0]
         if trips is not None and trips >= WHILE_TRIP_COUNT and len(node.input) > 1 and node.input[1]:
             trips = None  # a while loop (torch.onnx exports M = INT64_MAX): its condition stops it, at a count unknown here

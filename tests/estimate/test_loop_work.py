@@ -69,8 +69,19 @@ def test_a_scan_body_is_costed_at_the_shape_of_one_slice() -> None:
     graph = helper.make_graph([scan], "g", [_value("x", TensorProto.FLOAT, [5, 4, 8])], [_value("y", TensorProto.FLOAT, None)], [weight])
     cost = graph_costs(helper.make_model(graph, opset_imports=OPSET))
     (node,) = cost.nodes
-    assert node.ops == 2 * 4 * 8 * 16  # one slice [4, 8] x [8, 16]: one iteration counted (a Scan's count is not read)
-    assert node.op_class == "matmul"
+    assert node.ops == 5 * 2 * 4 * 8 * 16  # one slice [4, 8] x [8, 16], five times: the scan axis holds 5 (was 1 counted)
+    assert node.subgraph_calls == 5 and node.op_class == "matmul"
+    assert not any("without a known trip count" in a for a in cost.assumptions)
+
+
+def test_a_scan_along_another_axis_counts_that_axis_length() -> None:
+    body = helper.make_graph([helper.make_node("MatMul", ["row", "W"], ["out"])], "body",
+                             [_value("row", TensorProto.FLOAT, None)], [_value("out", TensorProto.FLOAT, None)])  # fmt: skip
+    scan = helper.make_node("Scan", ["x"], ["y"], body=body, num_scan_inputs=1, scan_input_axes=[1], name="scan")
+    weight = numpy_helper.from_array(np.zeros((5, 16), np.float32), "W")
+    graph = helper.make_graph([scan], "g", [_value("x", TensorProto.FLOAT, [4, 7, 5])], [_value("y", TensorProto.FLOAT, None)], [weight])
+    (node,) = graph_costs(helper.make_model(graph, opset_imports=OPSET)).nodes
+    assert node.subgraph_calls == 7 and node.ops == 7 * 2 * 4 * 5 * 16  # scan axis 1: seven slices [4, 5]
 
 
 def test_tensorrt_runs_a_loop_as_a_layer_carrying_its_body_s_work() -> None:
