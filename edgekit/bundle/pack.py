@@ -18,24 +18,29 @@ from edgekit_runtime.bundle import SIGNATURE_NAME, check_bundle_name, open_bundl
 def pack_bundle(bundle_dir: Path, out: Path | None = None, force: bool = False) -> Path:
     """Verify the bundle, then write ``<name>.tar`` with the bundle's files under one folder."""
     bundle = open_bundle(bundle_dir, verify=True)
-    out = Path(out) if out else Path(bundle_dir).resolve().with_suffix(".tar")  # resolved: "." has no name to suffix
+    resolved = Path(bundle_dir).resolve()  # resolved: "." has no name; the whole name, so v1.2 and v1.3 stay apart
+    out = Path(out) if out else resolved.with_name(resolved.name + ".tar")
     if not out.resolve().parent.is_dir():
         raise BundleError(f"cannot write {out}: folder {out.resolve().parent} does not exist", hint="create it, or choose another --out")
+    if out.is_dir():  # --force replaces a tar, never a folder
+        raise BundleError(f"cannot write {out}: --out names a folder; it must name the tar file to write",
+                          hint=f"pass a tar file path, e.g. --out {out / (bundle.manifest['name'] + '.tar')}")  # fmt: skip
     if out.exists() and not force:
         raise BundleError(f"{out} already exists", hint="pass --force to replace it, or choose another --out")
     partial = out.with_name(f".{out.name}.partial")
     try:
-        with disk_full_as_error("edgekit pack", [Place("output folder", out.resolve().parent)]), tarfile.open(partial, "w", dereference=True) as tar:  # files, never links: the reader refuses links
-            members = [Path(bundle_dir) / "manifest.json", *(Path(bundle_dir) / rel for rel in bundle.manifest["files"])]
-            signature = Path(bundle_dir) / SIGNATURE_NAME
-            if signature.is_file():
-                members.append(signature)
-            for path in sorted(members):
-                tar.add(path, arcname=member_name(bundle.manifest["name"], path.relative_to(bundle_dir).as_posix()), recursive=False)
+        with disk_full_as_error("edgekit pack", [Place("output folder", out.resolve().parent)]):
+            with tarfile.open(partial, "w", dereference=True) as tar:  # files, never links: the reader refuses links
+                members = [Path(bundle_dir) / "manifest.json", *(Path(bundle_dir) / rel for rel in bundle.manifest["files"])]
+                signature = Path(bundle_dir) / SIGNATURE_NAME
+                if signature.is_file():
+                    members.append(signature)
+                for path in sorted(members):
+                    tar.add(path, arcname=member_name(bundle.manifest["name"], path.relative_to(bundle_dir).as_posix()), recursive=False)
+            partial.replace(out)
     except BaseException:
-        partial.unlink(missing_ok=True)  # a full disk or an interrupt leaves no half-written tar behind
+        partial.unlink(missing_ok=True)  # a full disk, a failed rename or an interrupt leaves no half-written tar behind
         raise
-    partial.replace(out)
     return out
 
 

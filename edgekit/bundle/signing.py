@@ -11,7 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgekit.errors import BundleError
+from edgekit.bundle.disk_full import Place, disk_full_as_error
+from edgekit.errors import BuildError, BundleError
 from edgekit_runtime.bundle import MANIFEST_NAME, SIGNATURE_NAME, open_bundle
 from edgekit_runtime.signing import (
     BundleSignatureError,
@@ -84,11 +85,18 @@ def sign_bundle(bundle_dir: str | os.PathLike[str], private_key_path: str | os.P
                           hint="remove it, then sign again")  # fmt: skip
     partial = root / f".{SIGNATURE_NAME}.partial"
     try:
-        partial.write_text(encode_signature(signature) + "\n", encoding="ascii")
-        partial.replace(target)
-    except OSError:
-        partial.unlink(missing_ok=True)  # a leftover would fail the bundle's own file check
-        raise
+        with disk_full_as_error("edgekit sign", [Place("bundle folder", root.resolve())]):
+            try:
+                partial.write_text(encode_signature(signature) + "\n", encoding="ascii")
+                partial.replace(target)
+            except OSError:
+                partial.unlink(missing_ok=True)  # a leftover would fail the bundle's own file check
+                raise
+    except BuildError as err:  # its hint names --out, which sign has not: manifest.sig goes into the bundle
+        raise BuildError(err.message, hint="free space on that disk, or copy the bundle to a larger disk and sign it there") from None
+    except OSError as err:
+        raise BundleError(f"cannot write '{target}': {err.strerror or err}",
+                          hint="make the bundle folder writable, or copy the bundle somewhere writable and sign it there") from None  # fmt: skip
     verify_manifest_signature(root, key.public_key())
     return root / SIGNATURE_NAME
 

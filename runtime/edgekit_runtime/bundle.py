@@ -168,6 +168,7 @@ def _check_manifest(manifest: Mapping[str, Any], manifest_path: Path) -> None:
         raise BundleError(f"'{where}': model.sha256 differs from files['{model['path']}']")
     if not isinstance(manifest["backend"].get("name"), str):
         raise BundleError(f"'{where}': backend.name must name a backend, e.g. 'onnxruntime'")
+    listed.extend(_tensorrt_files(manifest["backend"], where))
     golden = manifest["golden"]
     batches = golden.get("batches")
     if not isinstance(batches, list) or not batches:
@@ -186,6 +187,32 @@ def _check_manifest(manifest: Mapping[str, Any], manifest_path: Path) -> None:
                 f"'{where}': {field_name} '{rel}' is not listed in files, so its hash cannot be checked",
                 hint="every bundle file must appear in files with its sha256; rebuild the bundle",
             )
+
+
+def _tensorrt_files(backend: Mapping[str, Any], where: str) -> list[tuple[str, str]]:
+    """The files a ``backend.tensorrt`` section names (its build plan, the engine built on the host), each of
+    which must be listed in ``files``: the runner reads them from the bundle, so their hashes must be checked."""
+    section = backend.get("tensorrt")
+    if section is None:
+        return []
+    from edgekit_runtime.tensorrt_engines.plan import PLAN_PATH  # only for bundles with a tensorrt section
+
+    if not isinstance(section, Mapping):
+        raise BundleError(f"'{where}': backend.tensorrt must be a JSON object, got {type(section).__name__}",
+                          hint="rebuild the bundle with `edgekit build --backend tensorrt`")  # fmt: skip
+    plan = section.get("plan")
+    if plan is not None and not isinstance(plan, str):
+        raise BundleError(f"'{where}': backend.tensorrt.plan must name the build plan file, e.g. '{PLAN_PATH}', got "
+                          f"{type(plan).__name__}", hint="rebuild the bundle with `edgekit build --backend tensorrt`")  # fmt: skip
+    files = [("backend.tensorrt.plan", plan or PLAN_PATH)]
+    engine = section.get("engine")
+    if engine is not None:
+        path = engine.get("path") if isinstance(engine, Mapping) else None
+        if not isinstance(path, str):
+            raise BundleError(f"'{where}': backend.tensorrt.engine must be null or an object whose path names the engine "
+                              "file, e.g. 'tensorrt/model.engine'", hint="rebuild the bundle with `edgekit build --backend tensorrt`")  # fmt: skip
+        files.append(("backend.tensorrt.engine.path", path))
+    return files
 
 
 # -- file verification -----------------------------------------------------------------------------

@@ -87,7 +87,7 @@ def row_cosine_min(actual: np.ndarray, expected: np.ndarray, batch_axis: int = 0
 def equal_specials(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The mask of elements where both arrays hold NaN, or the same infinity (a masked logit's -inf): such
     elements are equal, and are left out of every difference and cosine, which they would make NaN."""
-    return (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & (a == b))
+    return np.asarray((np.isnan(a) & np.isnan(b)) | (np.isinf(a) & (a == b)), dtype=bool)
 
 
 def without_equal_specials(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -289,17 +289,30 @@ class GoldenTolerances:
         return self.outputs.get(name, self.default)
 
 
+def _finite_float(value: object) -> float | None:
+    """``value`` as a finite float, or ``None`` for a bool, a non-number, NaN, infinity or an int too large for a
+    float (JSON allows ``1e400`` written as digits: ``float()`` of it raises OverflowError)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _tolerance(section: Mapping[str, Any], *, where: str, prefix: str, default: Tolerance | None = None) -> Tolerance:
     values: dict[str, float] = {}
     for key, (low, high) in TOLERANCE_BOUNDS.items():
         value = section.get(key, TOLERANCE_OPTIONAL.get(key) if default is None else getattr(default, key))
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < low or (
-            high is not None and value > high
-        ):
+        number = _finite_float(value)
+        if number is None or number < low or (high is not None and number > high):
             bounds = f"in {low}..{high}" if high is not None else f">= {low}"
-            raise BundleError(f"'{where}': {prefix}.{key} must be a number {bounds}, got {value!r}",
+            shown = "an integer too large for a float" if isinstance(value, int) and number is None else repr(value)
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            raise BundleError(f"'{where}': {prefix}.{key} must be a number {bounds}, got {shown}",
                               hint="rebuild the bundle with edgekit build, which derives the golden tolerances")
-        values[key] = float(value)
+        values[key] = number
     axis = section.get("batch_axis", DEFAULT_BATCH_AXIS) if default is not None else DEFAULT_BATCH_AXIS
     if not isinstance(axis, int) or isinstance(axis, bool) or axis < 0:
         raise BundleError(f"'{where}': {prefix}.batch_axis must be an int >= 0 (the axis of the batch's samples), got {axis!r}",

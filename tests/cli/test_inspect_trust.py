@@ -168,3 +168,13 @@ def test_not_a_tar(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     junk.write_bytes(b"\x89PNG not a tar at all" * 100)
     code, _, err = inspect(capsys, str(junk))
     assert code == 2 and "junk.tar: not a complete, readable tar" in err
+
+
+def test_a_tolerance_too_large_for_a_float_is_a_clean_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = build_bundle(tmp_path / "bundle")
+    manifest = load_manifest(root)
+    manifest["golden"]["atol"] = 10**400  # valid JSON; float() of it overflows
+    save_manifest(root, manifest)
+    code, _, err = inspect(capsys, str(root))
+    assert code == 2 and "manifest.json': golden.atol must be a number >= 0.0, got an integer too large for a float" in err
+    assert "hint: rebuild the bundle with edgekit build" in err

@@ -189,3 +189,46 @@ def test_malformed_manifest_sections(bundle_dir: Path, edit, text: str) -> None:
 
 def test_read_manifest_returns_the_json(bundle_dir: Path) -> None:
     assert read_manifest(bundle_dir) == json.loads((bundle_dir / "manifest.json").read_text())
+
+
+def _with_tensorrt_section(bundle_dir: Path, section: object) -> Path:
+    """The bundle with a ``backend.tensorrt`` section (the plan file written and hashed when it names the default)."""
+    (bundle_dir / "tensorrt").mkdir(exist_ok=True)
+    (bundle_dir / "tensorrt" / "plan.json").write_text("{}")
+    manifest = load_manifest(bundle_dir)
+    manifest["files"]["tensorrt/plan.json"] = sha256_of(bundle_dir / "tensorrt" / "plan.json")
+    manifest["backend"] = {"name": "tensorrt", "tensorrt": section}
+    save_manifest(bundle_dir, manifest)
+    return bundle_dir
+
+
+@pytest.mark.parametrize(("section", "text"), [
+    ({"plan": "../outside_plan.json"}, "backend.tensorrt.plan '../outside_plan.json' is not listed in files"),
+    ({"plan": "/etc/hostname"}, "backend.tensorrt.plan '/etc/hostname' is not listed in files"),
+    ({"plan": "tensorrt/other.json"}, "backend.tensorrt.plan 'tensorrt/other.json' is not listed in files"),
+    ({"plan": 5}, "backend.tensorrt.plan must name the build plan file, e.g. 'tensorrt/plan.json', got int"),
+    ({"engine": {"path": "/etc/hostname", "key": {}}}, "backend.tensorrt.engine.path '/etc/hostname' is not listed in files"),
+    ({"engine": {"path": "../model.engine"}}, "backend.tensorrt.engine.path '../model.engine' is not listed in files"),
+    ({"engine": {"key": {}}}, "backend.tensorrt.engine must be null or an object whose path names the engine file"),
+    ({"engine": "tensorrt/model.engine"}, "backend.tensorrt.engine must be null or an object whose path names"),
+    (["plan.json"], "backend.tensorrt must be a JSON object, got list"),
+])  # fmt: skip
+def test_tensorrt_files_must_be_listed_in_files(bundle_dir: Path, section: object, text: str) -> None:
+    """The runner reads backend.tensorrt.plan and .engine.path from the bundle: unlisted (or outside it), refused."""
+    _with_tensorrt_section(bundle_dir, section)
+    for verify in (True, False):
+        with pytest.raises(BundleError) as caught:
+            open_bundle(bundle_dir, verify=verify)
+        assert f"{bundle_dir / 'manifest.json'}': {text}" in str(caught.value)
+        assert "rebuild the bundle" in str(caught.value)
+
+
+def test_listed_tensorrt_files_open(bundle_dir: Path) -> None:
+    _with_tensorrt_section(bundle_dir, {"plan": "tensorrt/plan.json", "engine": None})
+    assert open_bundle(bundle_dir).backend["tensorrt"]["plan"] == "tensorrt/plan.json"
+    (bundle_dir / "tensorrt" / "model.engine").write_bytes(b"engine")
+    manifest = load_manifest(bundle_dir)
+    manifest["files"]["tensorrt/model.engine"] = sha256_of(bundle_dir / "tensorrt" / "model.engine")
+    manifest["backend"]["tensorrt"] = {"engine": {"path": "tensorrt/model.engine", "key": {}}}  # plan: the default path
+    save_manifest(bundle_dir, manifest)
+    assert open_bundle(bundle_dir).backend["tensorrt"]["engine"]["path"] == "tensorrt/model.engine"

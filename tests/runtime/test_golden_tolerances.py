@@ -66,6 +66,18 @@ def test_non_finite_default_tolerance_is_refused() -> None:
         parse_tolerances({"atol": float("inf"), "rtol": 0.0, "min_cosine": 0.9}, where="m")
 
 
+def test_a_tolerance_too_large_for_a_float_is_refused_with_the_key(bundle_dir: Path) -> None:
+    """JSON allows 10**400 written as digits; float() of it overflows: a BundleError naming the field, not OverflowError."""
+    manifest = load_manifest(bundle_dir)
+    manifest["golden"]["atol"] = 10**400
+    manifest["golden"]["outputs"] = {"logits": {"rtol": -(10**400)}}
+    write_manifest(bundle_dir, manifest)
+    with pytest.raises(BundleError, match=r"manifest\.json': golden\.atol must be a number >= 0\.0, got an integer too large for a float"):
+        open_bundle(bundle_dir)
+    with pytest.raises(BundleError, match=r"'m': golden\.outputs\['logits'\]\.rtol must be a number >= 0\.0, got an integer too large"):
+        parse_tolerances({"atol": 0.1, "rtol": 0.0, "min_cosine": 0.9, "outputs": {"logits": {"rtol": -(10**400)}}}, where="m")
+
+
 def test_an_allowed_fraction_of_mismatched_elements_passes_and_one_more_fails(bundle_dir: Path) -> None:
     bundle = open_bundle(_with_outputs(bundle_dir, {"logits": {"atol": 1e-9, "rtol": 0.0, "min_cosine": 0.5}}))
     batches = [batch.load() for batch in bundle.golden_batches]

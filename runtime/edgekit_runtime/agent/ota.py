@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import shutil
 import threading
@@ -50,8 +49,8 @@ from edgekit_runtime.agent.loading import LoadedBundle, check_signature_bytes, l
 from edgekit_runtime.agent.probation import PROBATION_NAME, Probation, ProbationFile, begin
 from edgekit_runtime.agent.serving import InferenceServer
 from edgekit_runtime.agent.store import BundleStore, version_name
-from edgekit_runtime.bundle import MANIFEST_NAME, SIGNATURE_NAME, self_check
-from edgekit_runtime.errors import EdgekitError
+from edgekit_runtime.bundle import MANIFEST_NAME, SIGNATURE_NAME, parse_manifest_json, self_check
+from edgekit_runtime.errors import BundleError, EdgekitError
 from edgekit_runtime.signature import IOSignature
 from edgekit_runtime.signing import decode_signature, encode_signature
 from edgekit_runtime.timing import rss_mb
@@ -159,9 +158,9 @@ class Deployer(HealthWatch):
     @staticmethod
     def _model_file(path: Path) -> Path | None:
         try:
-            model = json.loads((path / MANIFEST_NAME).read_text(encoding="utf-8")).get("model") or {}
+            model = parse_manifest_json((path / MANIFEST_NAME).read_bytes(), str(path / MANIFEST_NAME)).get("model") or {}
             candidate = (path / str(model.get("path"))).resolve()
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError, BundleError):
             return None  # load_bundle says what is wrong with the manifest
         return candidate if candidate.is_file() and candidate.is_relative_to(path.resolve()) else None
 
@@ -203,9 +202,14 @@ class Deployer(HealthWatch):
                     continue
                 try:
                     loaded = self._load(path)
-                except EdgekitError as err:
-                    self._event("startup_check_failed", f"the {link} bundle at {path} fails its checks: {err.message}",
-                                level="error", link=link, path=str(path), error=str(err))  # fmt: skip
+                except Exception as err:  # noqa: BLE001 - whatever breaks one link, the next may still serve
+                    if isinstance(err, EdgekitError):
+                        problem, error = err.message, str(err)
+                    else:  # a failure nothing foresaw: logged with its traceback, reported like any other
+                        logger.exception("loading the %s bundle at %s failed unexpectedly", link, path)
+                        problem = error = f"{type(err).__name__}: {err}"
+                    self._event("startup_check_failed", f"the {link} bundle at {path} fails its checks: {problem}",
+                                level="error", link=link, path=str(path), error=error)  # fmt: skip
                     continue
                 if link == "previous":
                     self.store.point_current(path)
@@ -263,11 +267,11 @@ class Deployer(HealthWatch):
         if signature is None and signature_bytes is not None:
             signature = decode_signature(signature_bytes, where=f"{request.url}: {SIGNATURE_NAME}")
         check_signature_bytes(manifest_bytes, signature, self.bundles, where=request.url)
-        try:
-            manifest = json.loads(manifest_bytes.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as err:
-            raise DeployError(f"{request.url}: {MANIFEST_NAME} is not valid JSON: {err}", hint="rebuild the bundle") from err
-        name = manifest.get("name") if isinstance(manifest, dict) else None
+        try:  # depth- and size-limited before json.loads runs: a hostile manifest is an error, never a RecursionError
+            manifest = parse_manifest_json(manifest_bytes, f"{request.url}: {MANIFEST_NAME}")
+        except BundleError as err:
+            raise DeployError(err.message, hint=err.hint or "rebuild the bundle") from None
+        name = manifest.get("name")
         if not isinstance(name, str):
             raise DeployError(f"{request.url}: {MANIFEST_NAME} has no name", hint="see docs/bundle-format.md; rebuild the bundle")
         on_step("version")

@@ -6,6 +6,7 @@ import base64
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,6 +104,35 @@ def test_cli_keygen_and_sign(tmp_path: Path, signed_bundle: Callable[..., Path],
     verify_manifest_signature(root, keys / "fleet.pub.pem")
     assert edgekit_main(["keygen", "--out", str(keys)]) == 2  # refuses to overwrite
     assert "already exists" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("errno_code", "strerror", "expected", "hint"), [
+    (28, "No space left on device", "edgekit sign ran out of disk space (No space left on device). bundle folder {root}: ",
+     "hint: free space on that disk, or copy the bundle to a larger disk and sign it there"),
+    (30, "Read-only file system", "cannot write '{root}/manifest.sig': Read-only file system",
+     "hint: make the bundle folder writable, or copy the bundle somewhere writable and sign it there"),
+], ids=["disk-full", "read-only"])  # fmt: skip
+def test_a_signature_that_cannot_be_written_is_an_error_not_a_traceback(
+    signed_bundle: Callable[..., Path], fleet_keys: tuple[Path, Path], capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch, errno_code: int, strerror: str, expected: str, hint: str,
+) -> None:
+    """A full (or read-only) disk under the bundle: exit 2 naming the folder and the fix; no partial file left.
+    (tests/cli/test_disk_full_cli.py signs onto a real full tmpfs where this host lets the tests mount one.)"""
+    root = signed_bundle("tiny-full", sign=False)
+    before = sorted(p.name for p in root.iterdir())
+    real_write_text = Path.write_text
+
+    def write_text(self: Path, *args: Any, **kwargs: Any) -> int:
+        if self.name == ".manifest.sig.partial":
+            real_write_text(self, "")  # the file exists, as after a short write
+            raise OSError(errno_code, strerror)
+        return real_write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    assert edgekit_main(["sign", str(root), "--key", str(fleet_keys[0])]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "error: " + expected.format(root=root) in err and hint in err and "Traceback" not in err
+    assert sorted(p.name for p in root.iterdir()) == before  # no manifest.sig, no .manifest.sig.partial
 
 
 SECT163K1_PUBLIC_KEY = """-----BEGIN PUBLIC KEY-----

@@ -284,3 +284,60 @@ def test_an_install_over_an_old_copy_never_leaves_the_version_missing(tmp_path: 
     store.prepare()
     assert (old / "model.onnx").read_text() == "new" and not aside.exists()
     assert store.prune(keep=0) == [old]  # the hidden names are never taken for versions
+
+
+def test_an_unforeseen_failure_loading_current_at_start_falls_back_to_previous(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Any exception loading ``current`` (here a TypeError from the runner factory, as a wrongly typed manifest
+    field gave before the runner checked it) is that link failing: the agent comes up serving ``previous``."""
+    from edgekit_runtime.agent import loading
+
+    root = tmp_path / "store"
+    make_bundle(root / "inbox" / "a", name="tiny-a", bundle_version=1000)
+    make_bundle(root / "inbox" / "b", name="tiny-b", bundle_version=2000)
+    deployer = _deployer(root, [])
+    for name in ("a", "b"):
+        assert deployer.deploy(DeployRequest(str(root / "inbox" / name), None), watch=False) == "succeeded"
+    broken, working = deployer.store.current, deployer.store.previous
+    assert broken is not None and working is not None
+    real_create_runner = loading.create_runner
+
+    def create_runner(bundle: Any, **options: Any) -> Any:
+        if bundle.root == broken:
+            raise TypeError("'int' object is not iterable")
+        return real_create_runner(bundle, **options)
+
+    monkeypatch.setattr(loading, "create_runner", create_runner)
+    events: list[dict[str, Any]] = []
+    restarted = _deployer(root, events)
+    served = restarted.start()
+    assert served is not None and served.name == "tiny-a" and restarted.store.current == working
+    assert [e["kind"] for e in events] == ["startup_check_failed", "startup_fallback", "serving"]
+    failed = events[0]
+    assert failed["message"] == f"the current bundle at {broken} fails its checks: TypeError: 'int' object is not iterable"
+    assert failed["level"] == "error" and failed["details"]["error"] == "TypeError: 'int' object is not iterable"
+    (logged,) = [r for r in caplog.records if "failed unexpectedly" in r.getMessage()]
+    assert logged.exc_info is not None and logged.exc_info[0] is TypeError  # the traceback is in the log
+    assert restarted.server.model_name == "tiny-a" and restarted.server.infer({"image": np.zeros((1, 1, 8, 8), np.float32)}) is not None
+
+
+def test_a_deeply_nested_manifest_in_a_tar_is_a_named_refusal(tmp_path: Path) -> None:
+    """The manifest is vetted before any file is written with the depth-limited parser: a named error at the
+    signature step, never a RecursionError reported as step 'internal'."""
+    from tests.runtime.agent_service.bundles import pack_tar
+
+    source = make_bundle(tmp_path / "src" / "deep", name="tiny-a", bundle_version=1000)
+    manifest = (source / "manifest.json").read_text(encoding="utf-8").rstrip().rstrip("}")
+    (source / "manifest.json").write_text(manifest + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}", encoding="utf-8")
+    (tmp_path / "store" / "inbox").mkdir(parents=True)
+    tar = pack_tar(source, tmp_path / "store" / "inbox" / "deep.tar")
+    events: list[dict[str, Any]] = []
+    deployer = _deployer(tmp_path / "store", events)
+    assert deployer.deploy(DeployRequest(str(tar), None, command_id="cmd-7")) == "failed"
+    (result,) = [e for e in events if e["kind"] == "deploy_result"]
+    assert result["details"]["step"] == "signature" and result["command_id"] == "cmd-7"
+    assert (f"deploy of {tar} failed at signature: '{tar}: manifest.json' nests arrays and objects 100001 levels deep, "
+            "more than the limit of 32") == result["message"]
+    assert "hint: the file is truncated, hand-edited or hostile" in result["details"]["error"]
+    assert deployer.served is None and not list(deployer.store.versions_dir.iterdir())
