@@ -175,16 +175,21 @@ def _split_input_unsqueezes(model: Any) -> int:
     from onnx import helper, numpy_helper
 
     graph = model.graph
-    inputs = {value.name for value in graph.input}
+    # the rank of each graph input whose shape is known (None: unknown)
+    ranks = {value.name: len(value.type.tensor_type.shape.dim) if value.type.tensor_type.HasField("shape") else None for value in graph.input}
     constants = {tensor.name: tensor for tensor in graph.initializer}
     nodes, split = [], 0
     for node in graph.node:
         axes = numpy_helper.to_array(constants[node.input[1]]).reshape(-1) if node.op_type == "Unsqueeze" and len(node.input) == 2 and node.input[1] in constants else None
-        if axes is None or node.input[0] not in inputs or len(axes) < 2:
+        rank_in = ranks.get(node.input[0]) if axes is not None else None
+        if axes is None or node.input[0] not in ranks or len(axes) < 2 or (rank_in is None and min(axes) < 0):
             nodes.append(node)
             continue
+        # Unsqueeze counts negative axes from the end of its output (rank_in + len(axes) dims): applied one at a time in
+        # ascending order, non-negative axes give the same shape, negative ones would count from each step's own end.
+        rank_out = (rank_in or 0) + len(axes)
         current = node.input[0]
-        for step, axis in enumerate(sorted(int(a) for a in axes)):
+        for step, axis in enumerate(sorted(int(a) % rank_out for a in axes)):
             axis_name = f"{node.name}.axis{step}"
             graph.initializer.append(numpy_helper.from_array(np.array([axis], dtype=np.int64), axis_name))
             out = node.output[0] if step == len(axes) - 1 else f"{node.output[0]}.step{step}"

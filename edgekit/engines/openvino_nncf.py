@@ -50,6 +50,17 @@ def _import_nncf() -> Any:
     return nncf
 
 
+def count_samples(model: Any, names: list[str], batches: list[dict[str, np.ndarray]]) -> int:
+    """Items in the calibration batches, counted along the batch dim as :attr:`edgekit.recipe.Recipe.batch_dim` finds
+    it: the named dim at axis 0 of the first input that has one (a scalar or a state input shaped ``[2, batch, 16]``
+    before it does not count); one item per batch when no input starts with a named dim."""
+    shapes = {value.name: [dim.dim_param for dim in value.type.tensor_type.shape.dim] for value in model.graph.input}
+    first = next((name for name in names if shapes.get(name) and shapes[name][0]), None)
+    if first is None:
+        return len(batches)
+    return int(sum(np.shape(batch[first])[0] for batch in batches))
+
+
 def quantize_with_nncf(fp32_path: Path, out_path: Path, spec: QuantizationSpec, target: TargetProfile,
                        batches: list[dict[str, np.ndarray]] | None) -> dict[str, Any]:  # fmt: skip
     """Write ``out_path``, the NNCF int8 QDQ graph of ``fp32_path``; return the manifest's ``quantization.quantizer``."""
@@ -74,5 +85,5 @@ def quantize_with_nncf(fp32_path: Path, out_path: Path, spec: QuantizationSpec, 
     large = quantized.ByteSize() > 2**31 - 2**26
     onnx.save(quantized, str(out_path), save_as_external_data=large, location=out_path.name + ".data" if large else None)
     return {"name": "nncf", "version": str(nncf.__version__), "method": "nncf.quantize (post-training, on the ONNX model)",
-            "target_device": device, "batches": len(batches), "samples": int(sum(next(iter(b.values())).shape[0] for b in batches)),
+            "target_device": device, "batches": len(batches), "samples": count_samples(model, names, batches),
             "ignored_scope": {"names": list(spec.exclude_nodes), "types": list(spec.exclude_op_types)}}  # fmt: skip

@@ -49,16 +49,20 @@ def _names(graph: Any) -> set[str]:
     return names
 
 
+def _returned(graph: Any) -> set[str]:
+    """Names that ``graph`` or a subgraph nested in it returns as a graph output."""
+    return {value.name for g in _graphs(graph) for value in g.output}
+
+
 def _rename(graph: Any, old: str, new: str) -> None:
-    """Rename uses of ``old`` in ``graph`` and the subgraphs nested in it (its scope)."""
+    """Rename uses of ``old`` by nodes in ``graph`` and the subgraphs nested in it (its scope). Graph outputs
+    are never renamed: a subgraph that returned an outer-scope value directly would be invalid (ONNX Runtime:
+    "Subgraph output ... is an outer scope value being returned directly"), so such tensors are not shared."""
     for g in _graphs(graph):
         for node in g.node:
             for index, name in enumerate(node.input):
                 if name == old:
                     node.input[index] = new
-        for value in g.output:
-            if value.name == old:
-                value.name = new
         for value in list(g.value_info):
             if value.name == old:
                 g.value_info.remove(value)
@@ -78,14 +82,16 @@ def _content_key(tensor: Any) -> tuple[Any, ...] | None:
 def share_constants(model: Any) -> dict[str, int]:
     """Store each group of identical initializers (equal dtype, dims and bytes, at least
     :data:`MIN_SHARED_BYTES`) once in the main graph, in place; returns how many copies were removed and
-    the bytes they held. Initializers that are also graph inputs (overridable at run time) or graph outputs
-    (names callers use) are left alone."""
+    the bytes they held. Initializers that are also graph inputs (overridable at run time) or outputs of
+    their graph or a subgraph in its scope (the main graph's are names callers use; an ``If`` branch whose
+    output is a folded constant must keep returning a value of its own) are left alone."""
     main = model.graph
-    overridable = {value.name for value in (*main.input, *main.output)}
+    overridable = {value.name for value in main.input}
     groups: dict[tuple[Any, ...], list[_Member]] = {}
     for graph in _graphs(main):
+        kept = _returned(graph) | (overridable if graph is main else set())
         for tensor in graph.initializer:
-            key = None if (graph is main and tensor.name in overridable) else _content_key(tensor)
+            key = None if tensor.name in kept else _content_key(tensor)
             if key is not None:
                 groups.setdefault(key, []).append(_Member(graph, tensor))
     taken = _names(main)

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 import yaml
 
-from edgekit.engines.openvino_nncf import check_quantizer
+from edgekit.engines.openvino_nncf import check_quantizer, count_samples, quantize_with_nncf
 from edgekit.errors import QuantizationError
 from edgekit.pipeline import build
 from edgekit.precision import Backend, Precision
 from edgekit.recipe import QuantizationSpec
+from edgekit.target import get_target
 from edgekit_runtime.backends import create_runner
 from edgekit_runtime.bundle import open_bundle, self_check
 from tests.conftest import REPO
@@ -69,3 +71,40 @@ def test_without_nncf_the_error_names_the_extra(tmp_path: Path, monkeypatch: pyt
     with pytest.raises(QuantizationError, match="nncf needs NNCF, which is not installed") as err:
         build(_recipe(tmp_path), "x86-64-cpu", precision="int8", out=tmp_path / "b", backend="openvino")
     assert "edgekit[openvino]" in (err.value.hint or "")
+
+
+def _two_input_model(path: Path, first: str) -> Path:
+    """``x`` float32[batch, 16] -> MatMul -> ``y``, after a first input that is a scalar (``scale``) or a state whose
+    batch is axis 1 (``state`` [2, batch, 16]): neither starts with the batch dim."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.random.default_rng(0).normal(size=(16, 16)).astype(np.float32)
+    inputs = {"scale": helper.make_tensor_value_info("scale", TensorProto.FLOAT, []),
+              "state": helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "batch", 16])}  # fmt: skip
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Mul", ["h", "scale" if first == "scale" else "one"], ["y"])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])]
+    if first == "state":
+        nodes.append(helper.make_node("Identity", ["state"], ["state_out"]))
+        outputs.append(helper.make_tensor_value_info("state_out", TensorProto.FLOAT, [2, "batch", 16]))
+    graph = helper.make_graph(nodes, "two_inputs", [inputs[first], helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+                              outputs, [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(np.array(1, np.float32), "one")])  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
+    return path
+
+
+@pytest.mark.parametrize("first", ["scale", "state"])
+def test_samples_are_counted_along_the_batch_dim_whatever_the_first_input(tmp_path: Path, first: str) -> None:
+    rng = np.random.default_rng(1)
+    batches = [{"scale": np.array(1.0, np.float32)} if first == "scale" else {"state": np.zeros((2, 4, 16), np.float32)} for _ in range(3)]
+    for batch in batches:
+        batch["x"] = rng.normal(size=(4, 16)).astype(np.float32)
+    model = _two_input_model(tmp_path / "m.onnx", first)
+    record = quantize_with_nncf(model, tmp_path / "m.int8.onnx", QuantizationSpec(quantizer="nncf"), get_target("x86-64-cpu"), batches)
+    assert (record["batches"], record["samples"]) == (3, 12)  # 3 batches of 4 items along x's batch axis
+
+
+def test_without_a_batch_dim_each_batch_is_one_sample(tmp_path: Path) -> None:
+    model = onnx.load(str(_two_input_model(tmp_path / "m.onnx", "scale")))
+    model.graph.input[1].type.tensor_type.shape.dim[0].dim_value = 4  # x static: [4, 16]
+    batches = [{"scale": np.array(1.0, np.float32), "x": np.zeros((4, 16), np.float32)}] * 5
+    assert count_samples(model, ["scale", "x"], batches) == 5

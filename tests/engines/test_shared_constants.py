@@ -66,3 +66,32 @@ def test_main_graph_duplicates_are_merged_but_outputs_and_inputs_keep_their_name
     assert [o.name for o in model.graph.output] == ["y", "w3", "c"]
     for got, want in zip(_run(model, x), expected):
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_constant_a_branch_returns_stays_in_its_branch() -> None:
+    """ONNX Runtime folds ``Transpose(W)`` in each If branch into an initializer that is the branch's output. Hoisted
+    and renamed, the branch would return an outer-scope value directly, which ONNX Runtime refuses to load
+    ("Subgraph output ... is an outer scope value being returned directly"): such constants are not shared."""
+    weight = _weight(3)
+
+    def branch(name: str) -> onnx.GraphProto:
+        return helper.make_graph([], name, [], [helper.make_tensor_value_info(f"{name}_wt", TensorProto.FLOAT, [32, 32])],
+                                 [numpy_helper.from_array(weight.T.copy(), f"{name}_wt")])
+
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0), helper.make_node("Greater", ["total", "zero"], ["positive"]),
+         helper.make_node("If", ["positive"], ["wt"], then_branch=branch("then"), else_branch=branch("else")),
+         helper.make_node("MatMul", ["x", "wt"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 32])],
+        [numpy_helper.from_array(np.array(0, dtype=np.float32), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(4).normal(size=(2, 32)).astype(np.float32)
+    expected = [_run(model, x)[0], _run(model, -np.abs(x))[0]]
+    assert share_constants(model) == {"initializers_shared": 0, "bytes_saved": 0}
+    onnx.checker.check_model(model, full_check=True)
+    branches = {attribute.name: attribute.g for attribute in model.graph.node[2].attribute}
+    assert {key: [t.name for t in g.initializer] for key, g in branches.items()} == {"then_branch": ["then_wt"], "else_branch": ["else_wt"]}
+    assert {key: [o.name for o in g.output] for key, g in branches.items()} == {"then_branch": ["then_wt"], "else_branch": ["else_wt"]}
+    for want, x_in in zip(expected, (x, -np.abs(x))):  # ONNX Runtime loads and runs it, both branches
+        np.testing.assert_array_equal(_run(model, x_in)[0], want)
+        np.testing.assert_allclose(want, x_in @ weight.T, rtol=1e-5, atol=1e-5)

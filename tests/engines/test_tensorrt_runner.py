@@ -218,3 +218,10 @@ def test_runner_with_cuda_graphs_on_static_shapes(tmp_path: Path, tensorrt_ready
         for seed in range(4):
             image = np.random.default_rng(seed).standard_normal((2, 1, 8, 8)).astype(np.float32)
             np.testing.assert_allclose(runner.infer({"image": image})["logits"], reference_logits(image), rtol=1e-3, atol=1e-3)
+
+
+def test_calls_share_the_stream_so_they_are_not_concurrent_safe(tmp_path: Path) -> None:
+    """One stream, its buffers and the execution contexts serve every call: a server runs the runner on one instance."""
+    runner = create_runner(open_bundle(tensorrt_bundle(tmp_path / "bundle", linear_plan())), cache_dir=tmp_path / "cache")
+    assert runner.concurrent_calls_safe is False
+

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from edgekit_runtime.agent.config import BundlesConfig
 from edgekit_runtime.agent.loading import load_bundle
 from edgekit_runtime.backends.onnxruntime import OnnxRuntimeRunner
-from edgekit_runtime.backends.ort_device_io import KEPT_SHAPES
+from edgekit_runtime.backends.ort_device_io import KEPT_SHAPES, DeviceBinding
 from edgekit_runtime.errors import BackendError
 from edgekit_runtime.signature import IOSignature
 from tests.runtime.tiny_bundle import build_bundle, io_section, linear_weights, reference_logits
@@ -87,12 +87,40 @@ def test_a_reused_buffer_takes_the_new_values(model_path: Path) -> None:
         np.testing.assert_allclose(runner.infer({"image": second})["logits"], reference_logits(second), atol=1e-4)
 
 
+def test_the_callers_feeds_are_never_written_to(model_path: Path) -> None:
+    """On the CPU an OrtValue made from a numpy array wraps its memory: a slot made from the first call's feeds must
+    own a copy, or the next call of that shape writes its values into the first caller's array."""
+    with OnnxRuntimeRunner(model_path, SIGNATURE, io_binding=True) as runner:
+        first, second = _images(3, 1), _images(3, 2)
+        kept = first.copy()
+        logits = runner.infer({"image": first})["logits"]
+        runner.infer({"image": second})
+        np.testing.assert_array_equal(first, kept)
+        np.testing.assert_allclose(logits, reference_logits(first), atol=1e-4)
+
+
 def test_kept_shapes_are_bounded(model_path: Path) -> None:
     with OnnxRuntimeRunner(model_path, SIGNATURE, io_binding=True) as runner:
         for batch in range(1, KEPT_SHAPES + 5):
             images = _images(batch, batch)
             np.testing.assert_allclose(runner.infer({"image": images})["logits"], reference_logits(images), atol=1e-4)
         assert runner.device_binding is not None and runner.device_binding.describe()["shapes_kept"] == KEPT_SHAPES
+
+
+def test_slots_without_a_cuda_graph_are_bounded_when_graphs_are_on(model_path: Path) -> None:
+    """With CUDA graphs on, the shapes captured keep their slots for the session's life; the shapes past
+    max_cuda_graphs run without a graph, and only the KEPT_SHAPES most recently used of those keep theirs."""
+    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    binding = DeviceBinding(ort, session, ["logits"], device="cpu", cuda_graph=True, max_cuda_graphs=2)
+    for batch in range(1, 3 * KEPT_SHAPES):
+        images = _images(batch, batch)
+        np.testing.assert_allclose(binding.run({"image": images})[0], reference_logits(images), atol=1e-4)
+    assert binding.describe()["graphs_captured"] == 2
+    assert binding.describe()["shapes_kept"] == 2 + KEPT_SHAPES
+    kept = sorted(key[0][1][0] for key in binding._slots)  # noqa: SLF001 - which shapes kept their buffers
+    assert kept == [1, 2, *range(3 * KEPT_SHAPES - KEPT_SHAPES, 3 * KEPT_SHAPES)]  # the graphs' two, the latest plain ones
+    images = _images(1, 99)  # a captured shape still runs on its own slot
+    np.testing.assert_allclose(binding.run({"image": images})[0], reference_logits(images), atol=1e-4)
 
 
 def test_resident_run_takes_and_returns_ortvalues(model_path: Path) -> None:

@@ -191,6 +191,33 @@ def test_bad_constructor_arguments(model_path: Path, kwargs: dict, text: str) ->
     assert text in str(caught.value)
 
 
+@pytest.mark.parametrize(("key", "value", "text"), [
+    ("execution_providers", 1, "execution_providers must be a non-empty list, got 1"),
+    ("execution_providers", {"name": "CPUExecutionProvider"}, "execution_providers must be a non-empty list, got {"),
+    ("graph_optimization", [1], "graph_optimization [1] is not one of all, extended, basic, disable"),
+    ("graph_optimization", 3, "graph_optimization 3 is not one of all, extended, basic, disable"),
+    ("intra_op_threads", 10**30, f"intra_op_threads must be at most 1024, got {10**30}"),
+    ("intra_op_threads", 2.5, "intra_op_threads must be an int >= 0 or null, got 2.5"),
+])  # fmt: skip
+def test_a_wrongly_typed_manifest_backend_field_is_named_with_the_fix(make_bundle: Callable[..., Path], key: str, value: object,
+                                                                       text: str) -> None:  # fmt: skip
+    """A manifest whose ``backend`` values are well-formed JSON of the wrong type or range: a BackendError naming the
+    bundle, manifest.json backend.KEY and what to write there, before any session is made (not a TypeError from a
+    set lookup or from ONNX Runtime's bindings)."""
+    from edgekit_runtime.backends import create_runner
+    from edgekit_runtime.bundle import open_bundle
+    from tests.runtime.tiny_bundle import load_manifest, save_manifest
+
+    root = make_bundle()
+    manifest = load_manifest(root)
+    manifest["backend"][key] = value
+    save_manifest(root, manifest)
+    with pytest.raises(BackendError) as caught:
+        create_runner(open_bundle(root, verify=True))
+    assert caught.value.message.startswith(f"bundle '{root}' (manifest.json backend): {text}")
+    assert f"(manifest.json backend.{key})" in caught.value.hint
+
+
 @pytest.mark.parametrize("flush", [True, False])
 def test_denormal_as_zero_reaches_the_session(model_path: Path, images: np.ndarray, flush: bool) -> None:
     with OnnxRuntimeRunner(model_path, SIGNATURE, denormal_as_zero=flush) as runner:

@@ -98,3 +98,54 @@ def test_manifest_mistakes_name_the_field(make_bundle: Callable[..., Path]) -> N
     save_manifest(root, manifest)
     with pytest.raises(BackendError, match=r"(?s)backend\.openvino\.device is missing.*--backend openvino"):
         create_runner(open_bundle(root))
+
+
+def _io(**changes: Any) -> dict[str, Any]:
+    io = {"inputs": [{"name": "image", "dtype": "float32", "shape": ["batch", 1, 8, 8]}],
+          "outputs": [{"name": "logits", "dtype": "float32", "shape": ["batch", 10]}], "dims": {"batch": {"min": 1, "opt": 1, "max": 4}}}  # fmt: skip
+    for where, change in changes.items():
+        io[where][0].update(change)
+    return io
+
+
+@pytest.mark.parametrize(("io", "message"), [
+    (_io(outputs={"name": "scores"}), "the model has no output(s) ['scores']; its outputs: ['logits']"),
+    (_io(inputs={"name": "pixels"}), "disagree on the inputs: the model's are ['image'], io lists ['pixels']"),
+    (_io(inputs={"dtype": "float16"}), "tensor 'image' is float32 in the model but float16 in io"),
+    (_io(outputs={"shape": ["batch", 10, 1]}), "tensor 'logits' has rank 2 in the model but 3 in io"),
+])  # fmt: skip
+def test_an_io_section_that_does_not_describe_the_model_is_named_at_load(model_path: Path, io: dict[str, Any], message: str) -> None:
+    from edgekit_runtime.signature import IOSignature
+
+    runner = OpenVinoRunner(model_path, IOSignature.from_manifest(io))
+    with pytest.raises(BackendError) as caught:
+        runner.load()
+    assert str(caught.value).startswith(f"model '{model_path}' and manifest.json io")
+    assert message in caught.value.message
+    assert caught.value.hint == "the bundle's io section (manifest.json io) does not describe this model: rebuild the bundle"
+    assert not runner.is_loaded
+
+
+def test_a_run_openvino_rejects_is_a_backend_error(tmp_path: Path) -> None:
+    """Inputs that pass the signature check but that a value-dependent op rejects (a Reshape to a pattern the data
+    does not fit): a BackendError with OpenVINO's reason, not a bare RuntimeError."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from edgekit_runtime.signature import IOSignature
+
+    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "reshape",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4]),
+                               helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), tmp_path / "reshape.onnx")
+    io = {"inputs": [{"name": "x", "dtype": "float32", "shape": [3, 4]}, {"name": "shape", "dtype": "int64", "shape": [2]}],
+          "outputs": [{"name": "y", "dtype": "float32", "shape": ["a", "b"]}],
+          "dims": {"a": {"min": 1, "opt": 1, "max": 12}, "b": {"min": 1, "opt": 1, "max": 12}}}  # fmt: skip
+    with OpenVinoRunner(tmp_path / "reshape.onnx", IOSignature.from_manifest(io)) as runner:
+        assert runner.infer({"x": np.ones((3, 4), np.float32), "shape": np.array([2, 6])})["y"].shape == (2, 6)
+        with pytest.raises(BackendError) as caught:
+            runner.infer({"x": np.ones((3, 4), np.float32), "shape": np.array([5, 7])})
+    assert f"failed to run '{tmp_path / 'reshape.onnx'}' on CPU: [CPU] Reshape node with name 'y'" in caught.value.message
+    assert "conflicts with the reshape pattern" in caught.value.message and "Exception from src/" not in caught.value.message
+    assert "value-dependent op" in caught.value.hint

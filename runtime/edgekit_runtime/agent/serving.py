@@ -125,7 +125,9 @@ class InferenceServer:
         self._batching = batching
         self._run_lock = threading.Lock()  # serialises runner calls (without batching) and swaps
         self._instances = 1 if batching is None else batching.instances
-        self._run_slots = threading.Semaphore(self._instances)  # runner calls with batching: instances at once
+        # Runner calls with batching at once: instances, or 1 for a runner whose calls share state (_slots_for).
+        self._open_slots = self._slots_for(runner)
+        self._run_slots = threading.Semaphore(self._open_slots)
         self._compiled: _DirectPath | None = None  # the served runner's compiled call (both paths)
         self._stats_lock = threading.Lock()
         self._items_dim = "batch" if batching is None else batching.dim  # the dim whose size counts as items
@@ -170,8 +172,9 @@ class InferenceServer:
 
     @property
     def instances(self) -> int:
-        """How many runner calls of this model may run at once (``batching.instances``)."""
-        return self._instances
+        """How many runner calls of this model may run at once: ``batching.instances``, or 1 for a runner whose
+        calls are not safe to run concurrently (:attr:`Runner.concurrent_calls_safe`)."""
+        return self._open_slots
 
     @property
     def providers(self) -> tuple[str, ...]:
@@ -183,6 +186,7 @@ class InferenceServer:
         """Serve ``runner`` (already loaded) from now on; returns the previous runner for the caller to close."""
         with self._exclusive():
             previous, self._runner, self._model_name = self._runner, runner, model_name
+            self._open_slots = self._slots_for(runner)  # _exclusive gives back this many slots
             self._replan()
         logger.info("now serving %s", model_name)
         return previous
@@ -195,15 +199,26 @@ class InferenceServer:
 
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
-        """The runner to the caller alone: the run lock and every instance's slot."""
+        """The runner to the caller alone: the run lock and every open slot. The caller may change
+        ``_open_slots`` meanwhile (a swap): as many slots as it then says are given back."""
         with self._run_lock:
-            for _ in range(self._instances):
+            for _ in range(self._open_slots):
                 self._run_slots.acquire()
             try:
                 yield
             finally:
-                for _ in range(self._instances):
+                for _ in range(self._open_slots):
                     self._run_slots.release()
+
+    def _slots_for(self, runner: Runner | None) -> int:
+        """How many calls of ``runner`` may run at once: ``batching.instances``, unless its calls share state (an
+        IOBinding's buffers, a TensorRT stream), which run one at a time whatever the configuration says."""
+        if runner is None or self._instances == 1 or runner.concurrent_calls_safe:
+            return self._instances
+        runs_on = ", ".join(runner.providers) if runner.is_loaded else runner.backend_name
+        logger.warning("%s: batching.instances is %d, but the calls of its runner (%s) share state and must not run at "
+                       "once: serving it on one instance", self._model_name or "the model", self._instances, runs_on)  # fmt: skip
+        return 1
 
     def _replan(self) -> None:
         """Decide how requests reach the runner; the caller holds the run lock (or is the constructor)."""
@@ -526,6 +541,7 @@ class InferenceServer:
             self._queue.close()
         with self._exclusive():
             runner, self._runner = self._runner, None
+            self._open_slots = self._slots_for(None)
             self._replan()
         if runner is not None:
             runner.close()

@@ -68,6 +68,14 @@ class Runner(abc.ABC):
         return self._loaded
 
     @property
+    def concurrent_calls_safe(self) -> bool:
+        """Whether calls from several threads may run at once, each getting its own answer (ONNX Runtime's
+        ``session.run``, OpenVINO's pool of infer requests). False where calls share buffers, a binding or a
+        stream: such a runner serialises its own calls, and a server runs it on one instance only (more would
+        only queue at its lock). The default is the safe answer, False."""
+        return False
+
+    @property
     def providers(self) -> tuple[str, ...]:
         """What really runs the model once loaded (for ONNX Runtime: the session's providers)."""
         self._require_loaded("providers")

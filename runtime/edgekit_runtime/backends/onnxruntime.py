@@ -77,6 +77,9 @@ _CONSTRUCTOR_OPTIONS = ("execution_providers", "graph_optimization", "intra_op_t
 SPIN_DURATION_SINCE = (1, 26)
 #: the longest intra-op spin a runner accepts, in microseconds (a tenth of a second)
 MAX_SPIN_US = 100_000
+#: the most intra-op threads a runner accepts (ONNX Runtime takes a C int, and a pool of more threads than any
+#: host has cores only waits for them)
+MAX_INTRA_OP_THREADS = 1024
 
 
 def spin_duration_supported(version: str) -> bool:
@@ -207,18 +210,19 @@ class OnnxRuntimeRunner(Runner):
         self.model_path = Path(model_path)
         if execution_providers is None:
             execution_providers = [CPU_PROVIDER]
-        if isinstance(execution_providers, (str, Mapping)) or not execution_providers:
+        if isinstance(execution_providers, (str, Mapping)) or not isinstance(execution_providers, Sequence) or not execution_providers:
             raise BackendError(
                 f"execution_providers must be a non-empty list, got {execution_providers!r}",
-                hint='e.g. [{"name": "CPUExecutionProvider", "options": {}}]',
+                hint='e.g. [{"name": "CPUExecutionProvider", "options": {}}] (manifest.json backend.execution_providers)',
             )
         self.execution_providers = tuple(
             ExecutionProviderConfig.parse(entry, where=f"execution_providers[{index}]")
             for index, entry in enumerate(execution_providers)
         )
-        if graph_optimization not in GRAPH_OPTIMIZATION_LEVELS:
+        if not isinstance(graph_optimization, str) or graph_optimization not in GRAPH_OPTIMIZATION_LEVELS:
             raise BackendError(
-                f"graph_optimization {graph_optimization!r} is not one of {', '.join(GRAPH_OPTIMIZATION_LEVELS)}"
+                f"graph_optimization {graph_optimization!r} is not one of {', '.join(GRAPH_OPTIMIZATION_LEVELS)}",
+                hint='use one of those names, e.g. "all" (manifest.json backend.graph_optimization)',
             )
         self.graph_optimization = graph_optimization
         if intra_op_threads is not None and (
@@ -226,7 +230,12 @@ class OnnxRuntimeRunner(Runner):
         ):
             raise BackendError(
                 f"intra_op_threads must be an int >= 0 or null, got {intra_op_threads!r}",
-                hint="0 or null lets ONNX Runtime choose (one thread per physical core)",
+                hint="0 or null lets ONNX Runtime choose (one thread per physical core) (manifest.json backend.intra_op_threads)",
+            )
+        if intra_op_threads is not None and intra_op_threads > MAX_INTRA_OP_THREADS:
+            raise BackendError(
+                f"intra_op_threads must be at most {MAX_INTRA_OP_THREADS}, got {intra_op_threads!r}",
+                hint="use the device's core count, or 0 or null to let ONNX Runtime choose (manifest.json backend.intra_op_threads)",
             )
         self.intra_op_threads = intra_op_threads
         self.optimized_model_path = None if optimized_model_path is None else Path(optimized_model_path)
@@ -279,6 +288,12 @@ class OnnxRuntimeRunner(Runner):
         except BackendError as err:  # say where the options came from: the manifest, or the caller's overrides
             given = f", with {', '.join(sorted(overrides))} from the runner options" if overrides else ""
             raise BackendError(f"bundle '{bundle.root}' (manifest.json backend{given}): {err.message}", hint=err.hint) from err
+
+    @property
+    def concurrent_calls_safe(self) -> bool:
+        """True for ``session.run`` (ONNX Runtime's ``Run`` is thread-safe); False through an IOBinding, whose
+        device buffers one call at a time uses (:class:`DeviceBinding` serialises them)."""
+        return self._session is not None and self._binding is None
 
     @property
     def session(self) -> Any:

@@ -17,6 +17,7 @@ on the CPU provider too, which is how it is tested without a GPU.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -64,6 +65,10 @@ class DeviceBinding:
 
     ``run(feeds)`` takes and returns numpy arrays (copies in and out); ``run_resident(values)`` takes
     ``OrtValue`` inputs already on the device and returns the outputs as device ``OrtValue``s.
+
+    One shape's buffers serve one call at a time: ``run`` holds a lock from copying the feeds in until the
+    outputs are copied out, so calls from several threads wait for each other rather than overwrite each
+    other's inputs or read each other's outputs.
     """
 
     def __init__(self, ort: Any, session: Any, output_names: Sequence[str], *, device: str, device_id: int = 0,
@@ -77,6 +82,7 @@ class DeviceBinding:
         self.max_cuda_graphs = max_cuda_graphs
         self._slots: OrderedDict[tuple[Any, ...], _ShapeSlot] = OrderedDict()
         self.graphs_captured = 0
+        self._lock = threading.Lock()  # the slots, and each slot's buffers, belong to one call at a time
 
     def describe(self) -> dict[str, Any]:
         """What the binding does, for the runner's report (``io_binding`` in a self-check or bench)."""
@@ -87,26 +93,28 @@ class DeviceBinding:
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         key = shape_key(feeds)
-        slot = self._slots.get(key)
-        if slot is None:
-            slot = self._new_slot(key, feeds)
-        else:
-            self._slots.move_to_end(key)
-            for name, array in feeds.items():
-                slot.inputs[name].update_inplace(np.ascontiguousarray(array))
-        self._session.run_with_iobinding(slot.binding, slot.run_options)
-        if slot.outputs:
-            return [value.numpy() for value in slot.outputs]
-        return list(slot.binding.copy_outputs_to_cpu())
+        with self._lock:
+            slot = self._slots.get(key)
+            if slot is None:
+                slot = self._new_slot(key, feeds)
+            else:
+                self._slots.move_to_end(key)
+                for name, array in feeds.items():
+                    slot.inputs[name].update_inplace(np.ascontiguousarray(array))
+            self._session.run_with_iobinding(slot.binding, slot.run_options)
+            if slot.outputs:
+                return [value.numpy() for value in slot.outputs]
+            return list(slot.binding.copy_outputs_to_cpu())
 
     def resident_call(self, feeds: Mapping[str, np.ndarray]) -> Callable[[], list[Any]]:
         """A no-argument call that runs on ``feeds`` copied once into this shape's device buffers and leaves
         the outputs on the device: what a pipeline whose tensors never leave the GPU pays (with a CUDA
-        graph, one replay)."""
+        graph, one replay). For one thread's timing loop: the call itself takes no lock."""
         key = shape_key(feeds)
-        slot = self._slots.get(key) or self._new_slot(key, feeds)
-        for name, array in feeds.items():
-            slot.inputs[name].update_inplace(np.ascontiguousarray(array))
+        with self._lock:
+            slot = self._slots.get(key) or self._new_slot(key, feeds)
+            for name, array in feeds.items():
+                slot.inputs[name].update_inplace(np.ascontiguousarray(array))
         run, binding, options = self._session.run_with_iobinding, slot.binding, slot.run_options
 
         def call() -> list[Any]:
@@ -118,8 +126,11 @@ class DeviceBinding:
     # -- device values in, device values out ---------------------------------------------------
 
     def to_device(self, array: np.ndarray) -> Any:
-        """``array`` copied into a new ``OrtValue`` on this binding's device."""
-        return self._ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device, self.device_id)
+        """``array`` copied into a new ``OrtValue`` on this binding's device. On the CPU ``ortvalue_from_numpy``
+        wraps the array's own memory, and a slot's later ``update_inplace`` would overwrite the caller's array:
+        so the array is copied first there."""
+        host = np.array(array, order="C", copy=True) if self.device == "cpu" else np.ascontiguousarray(array)
+        return self._ort.OrtValue.ortvalue_from_numpy(host, self.device, self.device_id)
 
     def run_resident(self, values: Mapping[str, Any]) -> list[Any]:
         """Run on inputs already on the device; the outputs stay there (``OrtValue``s, ``.numpy()`` copies
@@ -162,9 +173,11 @@ class DeviceBinding:
             slot.run_options = self._run_options(slot.graph_id)
             self.graphs_captured += 1
         self._slots[key] = slot
-        if not self.cuda_graph:  # graph slots stay: their graph and buffers are ONNX Runtime's until the session ends
-            while len(self._slots) > KEPT_SHAPES:
-                self._slots.popitem(last=False)
+        # Graph slots stay (their graph and buffers are ONNX Runtime's until the session ends); the least recently
+        # used of the others go beyond KEPT_SHAPES, with or without CUDA graphs.
+        plain = [k for k, kept in self._slots.items() if kept.graph_id == NO_GRAPH]
+        for old in plain[: max(0, len(plain) - KEPT_SHAPES)]:
+            del self._slots[old]
         return slot
 
 

@@ -14,6 +14,7 @@ through pinned buffers asynchronously, enqueues the engine and copies the output
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -73,7 +74,8 @@ def _numpy_dtype(dtype: trt.DataType) -> np.dtype[Any]:
 
 
 class TensorRTRunner(Runner):
-    """Runs a bundle's TensorRT engine on CUDA device ``device_id``."""
+    """Runs a bundle's TensorRT engine on CUDA device ``device_id``. Calls share one stream, its buffers and the
+    execution contexts, so they run one at a time (a lock; :attr:`concurrent_calls_safe` is false)."""
 
     backend_name = "tensorrt"
 
@@ -111,6 +113,7 @@ class TensorRTRunner(Runner):
         self._dtypes: dict[str, np.dtype[Any]] = {}
         self._graph: CudaGraph | None = None
         self._calls = 0
+        self._call_lock = threading.Lock()  # one call at a time on the shared stream, buffers and contexts
 
     @classmethod
     def from_bundle(cls, bundle: Any, **overrides: Any) -> TensorRTRunner:
@@ -167,6 +170,10 @@ class TensorRTRunner(Runner):
         self._device, self.version = device, version
 
     def _infer_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with self._call_lock:
+            return self._infer_locked(feeds)
+
+    def _infer_locked(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         assert self._stream is not None  # loaded runners only (Runner.infer checks)
         stream = self._stream
         shapes = {name: tuple(int(s) for s in feeds[name].shape) for name in self.signature.input_names}
