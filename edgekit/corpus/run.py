@@ -100,14 +100,38 @@ def _sidecar(artifact: Path) -> Path:
 
 
 def _remember_build(artifact: Path, seconds: float) -> None:
-    _sidecar(artifact).write_text(json.dumps({"build_s": seconds}))
+    """The sidecar of a finished build: its time and, for a file, the file's size and sha256 (checked on reuse)."""
+    record: dict[str, Any] = {"build_s": seconds}
+    if artifact.is_file():
+        record.update(size_bytes=artifact.stat().st_size, sha256=_sha256(artifact))
+    _sidecar(artifact).write_text(json.dumps(record))
 
 
 def _recalled_build(artifact: Path) -> float | None:
+    """The build time of a finished build to reuse; None (build again) without a sidecar, or where the file is not the
+    one the sidecar describes (a run killed while it rewrote the file, or a sidecar of an older corpus without them)."""
     try:
-        return float(json.loads(_sidecar(artifact).read_text())["build_s"])
-    except (OSError, ValueError, KeyError):
+        record = json.loads(_sidecar(artifact).read_text())
+        if artifact.is_file() and (record["size_bytes"] != artifact.stat().st_size or record["sha256"] != _sha256(artifact)):
+            return None
+        return float(record["build_s"])
+    except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _forget_build(artifact: Path) -> None:
+    """Before a rebuild: without its sidecar, a file left half-written by a killed run is never reused."""
+    _sidecar(artifact).unlink(missing_ok=True)
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 # ---------------------------------------------------------------- peers
@@ -141,18 +165,23 @@ def ort_peers(model: CorpusModel, work: Path, reuse: bool = False) -> list[Corpu
     for name, quantize in quantizers.items():
         row = CorpusRow(model.name, name, HOST_TARGET)
         rows.append(row)
-        if reuse and out[name].is_file() and _recalled_build(out[name]) is not None:
-            row.build_s, row.size_bytes = _recalled_build(out[name]), _size(out[name])
+        recalled = _recalled_build(out[name]) if reuse and out[name].is_file() else None
+        if recalled is not None:
+            row.build_s, row.size_bytes = recalled, _size(out[name])
             row.notes.append("reused")
             continue
+        _forget_build(out[name])
+        partial = out[name].with_name(out[name].stem + ".partial.onnx")  # renamed once whole: a killed run leaves no half file
         start = time.perf_counter()
         try:
             if not pre_s:  # once, for both quantizers
                 preprocess(model.onnx_path, pre)
                 pre_s = time.perf_counter() - start
                 start = time.perf_counter()
-            quantize(pre, out[name])
+            quantize(pre, partial)
+            partial.replace(out[name])
         except Exception as exc:  # the peer's own failure is a result, not a crash of the corpus
+            partial.unlink(missing_ok=True)
             row.error = f"ONNX Runtime {name.removeprefix('ort-')} failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             continue
         row.build_s = pre_s + time.perf_counter() - start  # each peer pays its pre-processing
@@ -204,11 +233,13 @@ def _nncf_peer(model: CorpusModel, out: Path, row: CorpusRow, reuse: bool) -> No
     from edgekit.recipe import QuantizationSpec
     from edgekit.target import get_target
 
-    if reuse and out.is_file() and _recalled_build(out) is not None:
-        row.build_s, row.size_bytes = _recalled_build(out), _size(out)
+    recalled = _recalled_build(out) if reuse and out.is_file() else None
+    if recalled is not None:
+        row.build_s, row.size_bytes = recalled, _size(out)
         row.notes.append("reused")
         return
     out.parent.mkdir(parents=True, exist_ok=True)
+    _forget_build(out)
     start = time.perf_counter()
     try:
         quantize_with_nncf(model.onnx_path, out, QuantizationSpec(), get_target(HOST_TARGET), list(model.calibration))
@@ -469,9 +500,10 @@ def _bench_call(session: Any, batch: Batch) -> Callable[[], Any]:
 def outputs_and_samples(model: CorpusModel, paths: dict[str, Path], rounds: int, threads: int,
                         hints: dict[str, str] | None = None) -> tuple[dict[str, list[dict[str, np.ndarray]]], dict[str, list[list[float]]], dict[str, str]]:
     """Every variant's outputs over the evaluation batches and its interleaved latency samples, in this process.
-    ``hints``: the variants OpenVINO runs, with their precision hint ("default": OpenVINO's own). An OpenVINO variant that
-    cannot compile or run (Silero VAD's LSTM inside ``If``: OpenVINO's ONNX frontend needs static ranks) is left out with
-    the reason, the third value: a peer's failure is a result."""
+    ``hints``: the variants OpenVINO runs, with their precision hint ("default": OpenVINO's own). A variant that cannot
+    open or run (Silero VAD's LSTM inside ``If``: OpenVINO's ONNX frontend needs static ranks; a peer file ONNX Runtime
+    cannot parse) is left out with the reason, the third value: a peer's failure is a result, not the end of the model's
+    rows."""
     # Spinning off: the variants run back to back, and a pool left spinning by one would take a core from the next.
     sessions, errors, outputs = {}, {}, {}
     for name, path in paths.items():
@@ -479,12 +511,12 @@ def outputs_and_samples(model: CorpusModel, paths: dict[str, Path], rounds: int,
         try:
             sessions[name] = _session(path, threads, hint)
             outputs[name] = evaluate_outputs(sessions[name], model)
+            _bench_call(sessions[name], model.bench)()  # the timed batch too, before the rounds
         except Exception as exc:
-            if hint is None:
-                raise
             sessions.pop(name, None)
-            text = str(exc).strip()
-            errors[name] = f"OpenVINO failed: {' '.join(text.split())[:300] if text else type(exc).__name__}"
+            outputs.pop(name, None)
+            text = " ".join(str(exc).split())
+            errors[name] = f"{'ONNX Runtime' if hint is None else 'OpenVINO'} failed: {text[:300] if text else type(exc).__name__}"
     return outputs, interleaved_samples({name: _bench_call(s, model.bench) for name, s in sessions.items()}, rounds), errors
 
 
@@ -515,9 +547,10 @@ def measure_host(model: CorpusModel, rows: list[CorpusRow], paths: dict[str, Pat
     for row in rows:
         if row.variant not in paths:
             continue
-        value, _ = task_metric(model, outputs[row.variant], outputs["fp32"])
-        _judge(row, float(value), model.min_value)
-        row.cosine = cosine([o[model.output] for o in outputs[row.variant]], [o[model.output] for o in outputs["fp32"]])
+        if "fp32" in outputs:  # the reference; without it (its row has the error) the others are timed, not scored
+            value, _ = task_metric(model, outputs[row.variant], outputs["fp32"])
+            _judge(row, float(value), model.min_value)
+            row.cosine = cosine([o[model.output] for o in outputs[row.variant]], [o[model.output] for o in outputs["fp32"]])
         flat = [t for per_round in samples[row.variant] for t in per_round]
         row.p50_ms = float(np.median(flat))
         row.p25_ms, row.p75_ms = (float(q) for q in np.percentile(flat, [25, 75]))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
+from os import PathLike
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +26,7 @@ def _model_dir(spec: HuggingFaceSource, recipe: Recipe) -> Path:
     if spec.path is not None:
         directory = recipe.resolve(spec.path)
     else:
-        assert spec.path_from is not None  # guaranteed by the schema
-        directory = Path(import_callable(spec.path_from, SourceError, f"{recipe.path}: model.path_from", recipe.base_dir)())
+        directory = _called_path_from(spec, recipe)
     if not (directory / "config.json").is_file():
         raise SourceError(
             f"{recipe.path}: model directory {directory} has no config.json: not a Hugging Face model directory",
@@ -34,7 +35,25 @@ def _model_dir(spec: HuggingFaceSource, recipe: Recipe) -> Path:
     return directory
 
 
-def _wrap(model: Any, input_names: list[str], output_names: list[str]) -> Any:
+def _called_path_from(spec: HuggingFaceSource, recipe: Recipe) -> Path:
+    """The directory ``model.path_from`` returns; what it raises, or a result that is no path, as a SourceError."""
+    field = f"{recipe.path}: model.path_from"
+    if spec.path_from is None:  # the schema requires path or path_from
+        raise SourceError(f"{recipe.path}: model: neither path nor path_from is set", hint="set model.path to the model directory")
+    fn = import_callable(spec.path_from, SourceError, field, recipe.base_dir)
+    try:
+        result = fn()
+    except Exception as exc:
+        raise SourceError(f"{field} '{spec.path_from}' raised {type(exc).__name__}: {exc}",
+                          hint="the callable takes no arguments and returns the model directory (str or Path)") from exc
+    if not isinstance(result, (str, PathLike)):
+        raise SourceError(f"{field} '{spec.path_from}' returned {type(result).__name__}, not a path",
+                          hint="return the model directory as a str or pathlib.Path, e.g. `return Path(...)`")
+    return Path(result)
+
+
+def _wrap(model: Any, input_names: list[str], output_names: list[str], where: str = "model") -> Any:
+    """The model as a module returning the recipe's outputs, in order; ``where`` ("<recipe>: model.path") leads its errors."""
     import torch
 
     class HuggingFaceOutputs(torch.nn.Module):
@@ -43,11 +62,17 @@ def _wrap(model: Any, input_names: list[str], output_names: list[str]) -> Any:
             self.model = model
 
         def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            result = self.model(**dict(zip(input_names, args)))
+            # return_dict=True: a config.json saved with "return_dict": false would give a tuple, without names
+            result = self.model(**dict(zip(input_names, args)), return_dict=True)
+            if not isinstance(result, Mapping):
+                raise SourceError(
+                    f"{where}: the Hugging Face model returns a {type(result).__name__}, not its outputs by name",
+                    hint="use a transformers model whose forward() returns a ModelOutput (return_dict=True)",
+                )
             missing = [n for n in output_names if n not in result]
             if missing:
                 raise SourceError(
-                    f"the Hugging Face model returns {list(result.keys())}, not {missing}",
+                    f"{where}: the Hugging Face model returns {list(result.keys())}, not {missing}",
                     hint="set the recipe's outputs to names the model returns for its task",
                 )
             return tuple(result[n] for n in output_names)
@@ -57,6 +82,7 @@ def _wrap(model: Any, input_names: list[str], output_names: list[str]) -> Any:
 
 def load_huggingface(spec: HuggingFaceSource, recipe: Recipe, workdir: Path) -> LoadedModel:
     directory = _model_dir(spec, recipe)
+    where = f"{recipe.path}: {'model.path' if spec.path is not None else 'model.path_from'}"
     try:
         from optimum.exporters.onnx import main_export
         from transformers import AutoConfig
@@ -67,7 +93,15 @@ def load_huggingface(spec: HuggingFaceSource, recipe: Recipe, workdir: Path) -> 
         ) from None
     from optimum.exporters.tasks import TasksManager
 
-    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    try:
+        config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    except Exception as exc:  # OSError: not JSON; ValueError: a model_type this transformers does not know
+        text = " ".join(str(exc).split())
+        raise SourceError(
+            f"{where}: cannot read {directory / 'config.json'}: {type(exc).__name__}: {text[:300]}",
+            hint="config.json must be the JSON that save_pretrained() wrote, with a model_type this transformers "
+                 "version knows (re-save the model, or upgrade transformers within edgekit[hf])",
+        ) from None
     try:
         model = TasksManager.get_model_from_task(spec.task, str(directory), local_files_only=True, framework="pt", library_name="transformers")
     except Exception as exc:
@@ -96,7 +130,7 @@ def load_huggingface(spec: HuggingFaceSource, recipe: Recipe, workdir: Path) -> 
         raise ExportError(f"Optimum wrote no model.onnx into {out_dir}: found {sorted(p.name for p in out_dir.iterdir())}")
     log.info("optimum export took %.1f s", time.perf_counter() - started)
     written_opset, renamed = _as_the_recipe_names_it(onnx_path, recipe)
-    wrapped = _wrap(model, [s.name for s in recipe.inputs], list(recipe.outputs))
+    wrapped = _wrap(model, [s.name for s in recipe.inputs], list(recipe.outputs), where)
     return LoadedModel(
         kind="huggingface",
         description=f"{directory} ({config.model_type}, task {spec.task})",

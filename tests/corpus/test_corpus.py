@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 
 from edgekit.corpus import PROVIDERS
-from edgekit.corpus.base import find_wheel
+from edgekit.corpus.base import extract_member, find_wheel
 from edgekit.corpus.metrics import evaluation_spec, task_metric, text_map_iou
 from edgekit.errors import SourceError
 
@@ -59,6 +59,21 @@ def test_a_missing_wheel_names_the_command_that_fetches_it(tmp_path):
     with pytest.raises(SourceError, match=r"no wheel of rapidocr-onnxruntime in .*empty") as info:
         find_wheel(tmp_path / "empty", "rapidocr-onnxruntime")
     assert f"pip download --no-deps rapidocr-onnxruntime -d {tmp_path / 'empty'}" in info.value.hint
+
+
+def test_the_newest_wheel_is_picked_by_version_not_by_name(tmp_path):
+    for version in ("1.4.4", "1.10.0", "1.9.2"):
+        (tmp_path / f"rapidocr_onnxruntime-{version}-py3-none-any.whl").write_bytes(b"")
+    assert find_wheel(tmp_path, "rapidocr-onnxruntime").name == "rapidocr_onnxruntime-1.10.0-py3-none-any.whl"
+
+
+def test_a_wheel_that_is_no_zip_is_a_source_error_that_says_to_fetch_it_again(tmp_path):
+    wheel = tmp_path / "rapidocr_onnxruntime-1.4.4-py3-none-any.whl"
+    wheel.write_bytes(b"PK\x03\x04 a download cut short")
+    with pytest.raises(SourceError) as info:
+        extract_member(wheel, "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx", tmp_path / "out")
+    assert info.value.message == f"corpus: {wheel} is not a readable wheel (zip): File is not a zip file"
+    assert "delete it and rerun with --fetch" in info.value.hint
 
 
 def test_text_map_iou_on_known_outputs():
