@@ -43,6 +43,12 @@ def try_read_text(path: Path) -> str | None:
         return None
 
 
+def os_errno(error: SensorError) -> int | None:
+    """The ``errno`` of the OS error a :func:`read_text`/:func:`read_number` failure came from, if any."""
+    cause = error.__cause__
+    return cause.errno if isinstance(cause, OSError) else None
+
+
 def describe_os_error(exc: OSError) -> str:
     if exc.errno is not None and exc.errno in errno.errorcode:
         return f"{exc.strerror or errno.errorcode[exc.errno]} ({errno.errorcode[exc.errno]})"

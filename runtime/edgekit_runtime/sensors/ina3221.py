@@ -24,13 +24,19 @@ Rails are resolved by label, never by channel number, because boards wire them d
 (Orin Nano/NX: VDD_IN, VDD_CPU_GPU_CV, VDD_SOC on 1-0040; AGX Orin: VDD_GPU_SOC, VDD_CPU_CV,
 VIN_SYS_5V0 on 1-0040 and VDDQ_VDD2_1V8AO on 1-0041, per the tegra234 device trees in Linux
 ``arch/arm64/boot/dts/nvidia/tegra234-p3767.dtsi`` / ``tegra234-p3701.dtsi``). ``total_mw`` is the
-module input rail (``VDD_IN``; ``POM_5V_IN`` on the Nano) when the board has one, because the other
-rails are fed from it; boards without one (AGX Orin, AGX Xavier) report the sum of their rails and
-say so in :attr:`source`.
+module input rail (``VDD_IN``; ``POM_5V_IN`` on the Nano; ``VIN`` on Thor) when the board has one,
+because the other rails are fed from it; boards without one (AGX Orin, AGX Xavier) report the sum of
+their rails and say so in :attr:`source`.
+
+Only a channel that answers ``ENODATA`` when probed (the mainline driver's disabled channel) is left
+out. A channel that fails to read for another reason (EIO from a busy I2C bus at boot, an empty read)
+is kept, so a failure that outlasts the probe makes :meth:`read` raise rather than quietly turning
+``total_mw`` into the sum of the rails the input rail feeds.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -39,16 +45,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edgekit_runtime.errors import SensorError
-from edgekit_runtime.sensors._files import read_number, try_read_text
+from edgekit_runtime.sensors._files import os_errno, read_number, try_read_text
 from edgekit_runtime.sensors.base import Clock, PowerSample, PowerSensor
+from edgekit_runtime.sensors.tegrastats_parse import TOTAL_RAIL_NAMES
 
 logger = logging.getLogger(__name__)
 
 HWMON_DRIVER_DIR = "sys/bus/i2c/drivers/ina3221"
 IIO_DRIVER_DIR = "sys/bus/i2c/drivers/ina3221x"
 I2C_DEVICES_DIR = "sys/bus/i2c/devices"
-#: Module input rails, in order of preference (jetson-stats ``total_power``; energymon README).
-TOTAL_RAIL_LABELS = ("VDD_IN", "POM_5V_IN")
+#: Module input rails, in order of preference (jetson-stats ``total_power``; energymon README): the
+#: same rails tegrastats reports as the total.
+TOTAL_RAIL_LABELS = TOTAL_RAIL_NAMES
 UNCONNECTED_LABELS = frozenset({"", "NC"})
 
 _LAYOUT_NAMES = {"hwmon": "hwmon (JetPack 5/6)", "iio": "iio (JetPack 4)"}
@@ -87,6 +95,7 @@ class Ina3221PowerSensor(PowerSensor):
         self._total_rail_option = total_rail
         self._channels: list[Ina3221Channel] = []
         self._total_rail: str | None = None
+        self._disabled: list[Ina3221Channel] = []  # channels that answered ENODATA at probe
 
     @property
     def channels(self) -> list[Ina3221Channel]:
@@ -102,26 +111,34 @@ class Ina3221PowerSensor(PowerSensor):
                 "on-module power monitors (the Jetson Nano 2GB has none)"
             )
         found = [ch for d in device_dirs for ch in (*_hwmon_channels(d), *_iio_channels(d))]
-        channels, first_error = [], None
+        channels, disabled, readable, first_error = [], [], 0, None
         for channel in found:
             try:
                 channel.read_power_mw()
             except SensorError as exc:
-                # The mainline driver answers ENODATA for a disabled channel; drop it quietly.
-                logger.debug("INA3221 channel %s on %s skipped: %s", channel.rail, channel.device, exc)
                 first_error = first_error or exc.message
-                continue
+                if os_errno(exc) == errno.ENODATA:  # the mainline driver's answer for a disabled channel
+                    logger.debug("INA3221 channel %s on %s disabled: %s", channel.rail, channel.device, exc)
+                    disabled.append(channel)
+                    continue
+                # Anything else may pass (a busy I2C bus at boot): keep the rail; read() raises if it lasts.
+                logger.warning("INA3221 channel %s on %s failed its first read, kept: %s",
+                               channel.rail, channel.device, exc)  # fmt: skip
+            else:
+                readable += 1
             channels.append(channel)
-        if not channels:
+        if not readable:
             where = ", ".join(str(d) for d in device_dirs)
             if first_error is None:
                 return f"INA3221 found at {where} but no channel is connected (labels NC or no input files)"
             return f"INA3221 found at {where} but no channel could be read; first error: {first_error}"
-        self._channels = _unique_rail_names(channels)
+        self._channels, self._disabled = _unique_rail_names(channels), disabled
         rails = [ch.rail for ch in self._channels]
         if self._total_rail_option is not None:
             if self._total_rail_option not in rails:
-                return f"total_rail {self._total_rail_option!r} is not a rail of this board; rails: {rails}"
+                off = [ch.rail for ch in disabled if ch.rail == self._total_rail_option]
+                why = "is a disabled channel (ENODATA)" if off else "is not a rail of this board"
+                return f"total_rail {self._total_rail_option!r} {why}; rails: {rails}"
             self._total_rail = self._total_rail_option
         else:
             self._total_rail = next((r for r in TOTAL_RAIL_LABELS if r in rails), None)
@@ -153,10 +170,14 @@ class Ina3221PowerSensor(PowerSensor):
     def _source_impl(self) -> str:
         layouts = sorted({_LAYOUT_NAMES[ch.layout] for ch in self._channels})
         rails = ", ".join(f"{ch.rail}@{ch.device}" for ch in self._channels)
+        disabled_inputs = [f"{ch.rail}@{ch.device}" for ch in self._disabled if ch.rail in TOTAL_RAIL_LABELS]
         if self._total_rail:
             total = f"total_mw = {self._total_rail} rail"
+        elif disabled_inputs:  # the board has an input rail: the sum of the others is not the whole module
+            total = (f"total_mw = sum of rails, without the input rail: {', '.join(disabled_inputs)} "
+                     "is a disabled channel (ENODATA)")  # fmt: skip
         else:
-            total = "total_mw = sum of rails (no VDD_IN/POM_5V_IN rail on this board)"
+            total = f"total_mw = sum of rails (no {'/'.join(TOTAL_RAIL_LABELS)} rail on this board)"
         return f"ina3221 {' + '.join(layouts)}: {rails}; {total}"
 
 

@@ -6,7 +6,10 @@
   newer. When every device has it, samples carry it as ``energy_mj`` and windows use its difference.
 
 Either call may raise ``NVMLError`` with ``value == NVML_ERROR_NOT_SUPPORTED``: Jetson's NVML has no
-power counters at all, so the sensor reports itself unavailable there and ``auto`` moves on.
+power counters at all, so the sensor reports itself unavailable there and ``auto`` moves on. A binding
+too old to have a call (``nvidia-ml-py3`` 7.352.0 has no ``nvmlDeviceGetTotalEnergyConsumption``)
+counts as not supported; a binding that fails the probe in another way makes the sensor unavailable
+with the error as its reason, after shutting NVML down.
 
 ``pynvml`` is imported only when the sensor probes, never at module import. Pass ``nvml=`` any
 module-like object with the same names to use another binding, or a fake one in tests.
@@ -74,7 +77,10 @@ class NvmlPowerSensor(PowerSensor):
             reason = self._find_gpus()
         except nvml.NVMLError as exc:
             reason = f"NVML could not list GPUs: {exc}"
+        except Exception as exc:  # a binding without a name we call, or answering with odd types
+            reason = f"NVML could not list GPUs: the binding failed: {type(exc).__name__}: {exc}"
         if reason is not None:
+            self._gpus = []
             self._shutdown()
         return reason
 
@@ -91,8 +97,8 @@ class NvmlPowerSensor(PowerSensor):
         for index in indices:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             name = _text(nvml.nvmlDeviceGetName(handle))
-            has_power = self._supports(nvml.nvmlDeviceGetPowerUsage, handle)
-            has_energy = self._supports(nvml.nvmlDeviceGetTotalEnergyConsumption, handle)
+            has_power = self._supports(getattr(nvml, "nvmlDeviceGetPowerUsage", None), handle)
+            has_energy = self._supports(getattr(nvml, "nvmlDeviceGetTotalEnergyConsumption", None), handle)
             if has_power or has_energy:
                 self._gpus.append(_Gpu(index, name, handle, has_power, has_energy))
             else:
@@ -107,6 +113,8 @@ class NvmlPowerSensor(PowerSensor):
         return None
 
     def _supports(self, query: Any, handle: Any) -> bool:
+        if query is None:  # the binding predates the call
+            return False
         try:
             query(handle)
         except self._nvml.NVMLError as exc:

@@ -10,13 +10,17 @@ Layout (kernel ``Documentation/power/powercap/powercap.rst``)::
 ``total_mw`` is the sum of the package zones (subzones are parts of a package, ``psys`` covers
 more than the CPU); every zone is also reported as a rail (``package-0``, ``package-0/dram``).
 Power is the energy difference between two reads over the time between them, so the first read
-carries no power; ``energy_mj`` is the packages' counter unwrapped across wraparounds (read at least
-once per wrap period: minutes at full load). Since the PLATYPUS fix (CVE-2020-8694) kernels make
+carries no power; ``energy_mj`` is the packages' counter unwrapped across wraparounds. A counter that
+went back is a wrap only when the energy that implies, over the time since the last read, stays under
+:data:`MAX_ZONE_POWER_MW` (and the step back is at least half the range); otherwise it was reset (a
+driver reload, a resume, firmware) and counts no energy. So read at least once per half wrap period:
+minutes at full load. Since the PLATYPUS fix (CVE-2020-8694) kernels make
 ``energy_uj`` readable by root only; the sensor then reports itself unavailable with that reason.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from dataclasses import dataclass
@@ -26,7 +30,11 @@ from edgekit_runtime.errors import SensorError
 from edgekit_runtime.sensors._files import read_number, read_text
 from edgekit_runtime.sensors.base import Clock, PowerSample, PowerSensor
 
+logger = logging.getLogger(__name__)
+
 POWERCAP_DIR = "sys/class/powercap"
+#: No RAPL zone draws more (a server CPU package is under 1 kW): a "wrap" that would mean more was a reset.
+MAX_ZONE_POWER_MW = 5_000_000.0
 _ZONE_RE = re.compile(r"^intel-rapl:(\d+)(?::(\d+))?$")
 
 
@@ -39,20 +47,34 @@ class _Zone:
     last_raw_uj: float | None = None
     unwrapped_uj: float = 0.0
 
-    def advance(self, raw_uj: float) -> float:
-        """Take a new raw reading; return the energy since the previous one (uJ), wrap included."""
+    def check(self, raw_uj: float) -> None:
+        """Raise :class:`SensorError` for a raw reading no counter can hold (before any zone advances)."""
         if raw_uj > self.max_energy_range_uj:  # no counter holds more than its range: a misread, not energy
             raise SensorError(f"{self.directory / 'energy_uj'} read {raw_uj:g} uJ, past its max_energy_range_uj "
                               f"{self.max_energy_range_uj:g}")  # fmt: skip
+
+    def advance(self, raw_uj: float, elapsed_s: float) -> float:
+        """Take a new raw reading ``elapsed_s`` after the previous one; return the energy between (uJ).
+
+        A step back is a wrap only when at least half the range and at most :data:`MAX_ZONE_POWER_MW` over
+        ``elapsed_s``; otherwise the counter was reset and the step counts no energy.
+        """
+        self.check(raw_uj)
         if self.last_raw_uj is None:
             delta_uj = 0.0
             self.unwrapped_uj = raw_uj
         elif raw_uj >= self.last_raw_uj:
             delta_uj = raw_uj - self.last_raw_uj
-        elif self.last_raw_uj - raw_uj < self.max_energy_range_uj / 2:  # a small step back: a reset, not a wrap
-            delta_uj = 0.0
-        else:  # the counter passed max_energy_range_uj and started again from 0
-            delta_uj = self.max_energy_range_uj - self.last_raw_uj + raw_uj
+        else:
+            wrap_uj = self.max_energy_range_uj - self.last_raw_uj + raw_uj  # passed the top, started from 0
+            wrap_mw = wrap_uj / 1000.0 / elapsed_s if elapsed_s > 0 else float("inf")
+            if self.last_raw_uj - raw_uj >= self.max_energy_range_uj / 2 and wrap_mw <= MAX_ZONE_POWER_MW:
+                delta_uj = wrap_uj
+            else:
+                logger.warning("RAPL %s went back from %.0f to %.0f uJ in %.3g s: a counter reset (a wrap would "
+                               "mean %.3g mW), no energy counted", self.directory / "energy_uj",
+                               self.last_raw_uj, raw_uj, elapsed_s, wrap_mw)  # fmt: skip
+                delta_uj = 0.0
         self.last_raw_uj = raw_uj
         self.unwrapped_uj += delta_uj
         return delta_uj
@@ -121,12 +143,15 @@ class RaplPowerSensor(PowerSensor):
     def _read_impl(self) -> PowerSample:
         timestamp_s = self._clock()
         raws = [read_number(z.directory / "energy_uj") for z in self._zones]  # every zone read before any advances
-        deltas_uj = {z.rail: z.advance(raw) for z, raw in zip(self._zones, raws)}
+        for zone, raw in zip(self._zones, raws):  # and checked: a misread leaves every zone as it was
+            zone.check(raw)
+        previous_s = self._last_timestamp_s
+        elapsed_s = timestamp_s - previous_s if previous_s is not None else 0.0
+        deltas_uj = {z.rail: z.advance(raw, elapsed_s) for z, raw in zip(self._zones, raws)}
         energy_mj = sum(z.unwrapped_uj for z in self._zones if z.is_package) / 1000.0
-        previous_s, self._last_timestamp_s = self._last_timestamp_s, timestamp_s
-        if previous_s is None or timestamp_s <= previous_s:
+        self._last_timestamp_s = timestamp_s
+        if previous_s is None or elapsed_s <= 0:
             return PowerSample(timestamp_s=timestamp_s, rails_mw={}, total_mw=None, energy_mj=energy_mj)
-        elapsed_s = timestamp_s - previous_s
         rails_mw = {rail: delta_uj / 1000.0 / elapsed_s for rail, delta_uj in deltas_uj.items()}
         total_mw = sum(rails_mw[z.rail] for z in self._zones if z.is_package)
         return PowerSample(timestamp_s=timestamp_s, rails_mw=rails_mw, total_mw=total_mw, energy_mj=energy_mj)
@@ -151,4 +176,4 @@ def _zone_dirs(powercap: Path) -> list[tuple[Path, str, str | None]]:
     return sorted(zones, key=lambda z: (z[2] is not None, int(z[1]), int(z[2] or 0)))
 
 
-__all__ = ["POWERCAP_DIR", "RaplPowerSensor", "unreadable_energy_reason"]
+__all__ = ["MAX_ZONE_POWER_MW", "POWERCAP_DIR", "RaplPowerSensor", "unreadable_energy_reason"]

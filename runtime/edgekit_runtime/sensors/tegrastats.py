@@ -30,6 +30,7 @@ from typing import IO
 from edgekit_runtime.errors import SensorError
 from edgekit_runtime.sensors.base import Clock, PowerSample, PowerSensor
 from edgekit_runtime.sensors.tegrastats_parse import (
+    TOTAL_RAIL_NAMES,
     TegrastatsReading,
     parse_tegrastats_line,
 )
@@ -186,9 +187,9 @@ class TegrastatsPowerSensor(PowerSensor):
         if total_rail:
             total = f"total_mw = {total_rail} rail"
         elif self._last_reading and self._last_reading.rails_mw:
-            total = "total_mw = sum of rails (no VDD_IN/POM_5V_IN rail)"
+            total = f"total_mw = sum of rails (no {'/'.join(TOTAL_RAIL_NAMES)} rail)"
         else:
-            total = "total_mw = VDD_IN/POM_5V_IN rail when present, else the sum of rails"
+            total = f"total_mw = {'/'.join(TOTAL_RAIL_NAMES)} rail when present, else the sum of rails"
         return f"tegrastats ({origin}): {total}"
 
     def _close_impl(self) -> None:

@@ -10,6 +10,11 @@ The fields (NVIDIA Jetson Linux developer guide, "tegrastats Utility"; jetson-st
     cpu@45.5C  CPU@45.5C  tj@48C     temperatures, degrees C (names are thermal zone types)
     POM_5V_IN 3245/3245              JetPack 4 rails: current/average power, mW
     VDD_IN 5336mW/4970mW             JetPack 5+ rails: the same with units
+    VDD_GPU -392mW/-392mW            JetPack 7 (Thor): a rail may read slightly negative near idle
+    VIN 124486mW/36487mW/124486mW    JetPack 7 (Thor, r39+): current/average/max; max is not kept
+
+Temperatures of -256 C are thermal zones that are offline or power-gated (Orin: ``CV0@-256C``,
+``GPU@-256C``); :meth:`TegrastatsReading.device_state` leaves them out, as the sysfs reader does.
 
 Examples, JetPack 4 (Nano) and JetPack 6 (Orin Nano)::
 
@@ -26,9 +31,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from edgekit_runtime.sensors.base import DeviceState
+from edgekit_runtime.sensors.device_state import OFFLINE_TEMPERATURE_C
 
-#: Module input rails that carry the whole module's power (jetson-stats ``total_power``).
-TOTAL_RAIL_NAMES = ("VDD_IN", "POM_5V_IN")
+#: Input rails that carry the whole module's (or board's) power, in order of preference (jetson-stats
+#: ``total_power``): VDD_IN on Orin/Xavier/TX2, POM_5V_IN on the Nano, VIN on Thor (JetPack 7), whose
+#: other rails (VDD_GPU, VDD_CPU_SOC_MSS, VIN_SYS_5V0) are fed from it.
+TOTAL_RAIL_NAMES = ("VDD_IN", "POM_5V_IN", "VIN")
 UNCONNECTED_RAIL = "NC"
 
 _TIMESTAMP_RE = re.compile(r"^\s*(\d{2}-\d{2}-\d{4} \d{2}:\d{2}:\d{2})\b")
@@ -37,8 +45,10 @@ _CPU_RE = re.compile(r"\bCPU \[([^\]]*)\]")
 _CPU_LOAD_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)%")
 _GPU_RE = re.compile(r"\bGR3D(?:_FREQ)? (\d+(?:\.\d+)?)%")
 _TEMPERATURE_RE = re.compile(r"(?<![\w@%])([A-Za-z][\w-]*)@(-?\d+(?:\.\d+)?)C\b")
-# A rail is "NAME cur/avg" with optional "mW" units; the lookahead rejects "RAM 779/7620MB".
-_RAIL_RE = re.compile(r"(?<![\w@%/])([A-Za-z0-9_]+) (\d+(?:\.\d+)?)(?:mW)?/(\d+(?:\.\d+)?)(?:mW)?(?=\s|$)")
+# A rail is "NAME cur/avg" or "NAME cur/avg/max" (Thor, r39+), values signed, with optional "mW" units;
+# the lookahead rejects "RAM 779/7620MB".
+_MW = r"(-?\d+(?:\.\d+)?)(?:mW)?"
+_RAIL_RE = re.compile(rf"(?<![\w@%/])([A-Za-z0-9_]+) {_MW}/{_MW}(?:/{_MW})?(?=\s|$)")
 
 
 @dataclass(frozen=True)
@@ -77,7 +87,9 @@ class TegrastatsReading:
         if self.ram_used_mb is None or self.ram_total_mb is None:
             return None
         return DeviceState(
-            temperatures_c=dict(self.temperatures_c),
+            temperatures_c={
+                name: value for name, value in self.temperatures_c.items() if value > OFFLINE_TEMPERATURE_C
+            },
             memory_used_mb=self.ram_used_mb,
             memory_total_mb=self.ram_total_mb,
             cpu_load_pct=self.cpu_load_pct,
@@ -89,7 +101,7 @@ def parse_tegrastats_line(line: str) -> TegrastatsReading:
     """Parse one line; fields the line does not have stay empty (no error for partial lines)."""
     rails_mw: dict[str, float] = {}
     rails_average_mw: dict[str, float] = {}
-    for name, current, average in _RAIL_RE.findall(line):
+    for name, current, average, _maximum in _RAIL_RE.findall(line):
         if name == UNCONNECTED_RAIL:  # AGX Orin lists unconnected INA3221 channels as "NC 0mW/0mW"
             continue
         rails_mw[name] = float(current)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 from pathlib import Path
 
@@ -47,7 +49,7 @@ def test_agx_orin_skips_nc_channels_and_sums_rails_without_vdd_in(fixtures_dir: 
     assert sample.rails_mw == pytest.approx(expected)
     assert "NC" not in sample.rails_mw
     assert sample.total_mw == pytest.approx(sum(expected.values()))
-    assert "total_mw = sum of rails (no VDD_IN/POM_5V_IN rail on this board)" in sensor.source
+    assert "total_mw = sum of rails (no VDD_IN/POM_5V_IN/VIN rail on this board)" in sensor.source
 
 
 def test_labels_in_unusual_channel_order_resolve_by_label(fixtures_dir: Path) -> None:
@@ -130,11 +132,71 @@ def test_channel_whose_input_is_not_a_file_is_not_a_rail(fixture_root) -> None:
     assert set(Ina3221PowerSensor(root).read().rails_mw) == {"VDD_IN", "VDD_CPU_GPU_CV"}
 
 
-def test_unreadable_channel_is_dropped_at_probe(fixture_root) -> None:
+def _answer_enodata(monkeypatch: pytest.MonkeyPatch, *paths: Path) -> None:
+    """Make ``paths`` fail as the mainline driver's disabled channels do: read() gives ENODATA."""
+    real_read_text = Path.read_text
+
+    def read_text(self: Path, *args, **kwargs) -> str:
+        if self in paths:
+            raise OSError(errno.ENODATA, os.strerror(errno.ENODATA), str(self))
+        return real_read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+
+
+def test_disabled_channel_is_dropped_at_probe(fixture_root, monkeypatch) -> None:
     # A disabled channel of the mainline driver exists but fails to read (ENODATA).
     root = fixture_root("jetson_orin_nano_jp6")
-    (root / HWMON_ORIN_NANO / "in3_input").write_text("n/a\n")
-    assert set(Ina3221PowerSensor(root).read().rails_mw) == {"VDD_IN", "VDD_CPU_GPU_CV"}
+    _answer_enodata(monkeypatch, root / HWMON_ORIN_NANO / "in3_input")
+    sensor = Ina3221PowerSensor(root)
+    assert set(sensor.read().rails_mw) == {"VDD_IN", "VDD_CPU_GPU_CV"}
+    assert sensor.source.endswith("total_mw = VDD_IN rail")
+
+
+def test_input_rail_failing_its_probe_read_is_kept_not_replaced_by_the_sum(fixture_root, clock) -> None:
+    # before: VDD_IN's one failed read at probe dropped it for good; total_mw became the sub-rail sum
+    # (46 % low) labelled "no VDD_IN/POM_5V_IN rail on this board"
+    root = fixture_root("jetson_orin_nano_jp6")
+    current = root / HWMON_ORIN_NANO / "curr1_input"
+    good = current.read_text()
+    current.write_text("\n")  # an empty read, as from a busy I2C bus at boot
+    sensor = Ina3221PowerSensor(root, clock=clock)
+    assert sensor.available(), sensor.unavailable_reason
+    with pytest.raises(SensorError, match=r"curr1_input should hold a number, found ''"):
+        sensor.read()  # still failing: no total rather than a wrong one
+    current.write_text(good)
+    sample = sensor.read()
+    assert set(sample.rails_mw) == {"VDD_IN", "VDD_CPU_GPU_CV", "VDD_SOC"}
+    assert sample.total_mw == pytest.approx(5064 * 1308 / 1000)
+    assert sensor.source == (
+        "ina3221 hwmon (JetPack 5/6): VDD_IN@1-0040, VDD_CPU_GPU_CV@1-0040, VDD_SOC@1-0040; "
+        "total_mw = VDD_IN rail"
+    )
+
+
+def test_disabled_input_rail_is_named_not_called_absent(fixture_root, monkeypatch) -> None:
+    root = fixture_root("jetson_orin_nano_jp6")
+    _answer_enodata(monkeypatch, root / HWMON_ORIN_NANO / "curr1_input")
+    sensor = Ina3221PowerSensor(root)
+    sample = sensor.read()
+    assert set(sample.rails_mw) == {"VDD_CPU_GPU_CV", "VDD_SOC"}
+    assert sample.total_mw == pytest.approx(5064 * (242 + 470) / 1000)
+    assert sensor.source.endswith(
+        "total_mw = sum of rails, without the input rail: VDD_IN@1-0040 is a disabled channel (ENODATA)"
+    )
+    assert "no VDD_IN" not in sensor.source
+    pinned = Ina3221PowerSensor(root, total_rail="VDD_IN")
+    assert pinned.unavailable_reason == (
+        "total_rail 'VDD_IN' is a disabled channel (ENODATA); rails: ['VDD_CPU_GPU_CV', 'VDD_SOC']"
+    )
+
+
+def test_thor_vin_label_is_the_total(fixture_root) -> None:
+    root = fixture_root("jetson_orin_nano_jp6")
+    (root / HWMON_ORIN_NANO / "in1_label").write_text("VIN\n")  # Thor's whole-board input rail
+    sensor = Ina3221PowerSensor(root)
+    assert sensor.read().total_mw == pytest.approx(5064 * 1308 / 1000)
+    assert sensor.source.endswith("total_mw = VIN rail")
 
 
 def test_no_readable_channel_says_where_and_why(fixture_root) -> None:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 from edgekit_runtime.errors import SensorError
-from edgekit_runtime.sensors import NvmlPowerSensor, PowerIntegrator
+from edgekit_runtime.sensors import NvmlPowerSensor, PowerIntegrator, create_sensor
 from edgekit_runtime.sensors.base import METHOD_COUNTER, METHOD_TRAPEZOID
 
 
@@ -79,6 +79,35 @@ def test_gpu_without_power_support_is_left_out(fake_nvml, gpu_spec) -> None:
     gpus = [gpu_spec(power_mw=[100_000], energy_mj=[10]), gpu_spec(name="old", power_mw=None, energy_mj=None)]
     sample = NvmlPowerSensor(nvml=fake_nvml(gpus)).read()
     assert sample.rails_mw == {"gpu0": 100_000.0}
+
+
+def test_binding_without_the_energy_call_integrates_power(fake_nvml, gpu_spec, fixtures_dir, clock) -> None:
+    # nvidia-ml-py3 7.352.0's pynvml has no nvmlDeviceGetTotalEnergyConsumption; before, the probe raised
+    # AttributeError out of create_sensor('auto') and left NVML initialized
+    nvml = fake_nvml([gpu_spec(power_mw=[0, 30_000, 50_000])])
+    del nvml.nvmlDeviceGetTotalEnergyConsumption
+    sensor = create_sensor("auto", fixtures_dir / "x86_intel_rapl", nvml=nvml, clock=clock)
+    assert sensor.name == "nvml"
+    integrator = PowerIntegrator.for_sensor(sensor)
+    integrator.add(sensor.read())
+    clock.advance(2.0)
+    integrator.add(sensor.read())
+    stats = integrator.stats()
+    assert stats.energy_mj == pytest.approx(80_000.0) and stats.energy_method == METHOD_TRAPEZOID
+    assert stats.source == "nvml: total_mw = sum of gpu0 NVIDIA H100 80GB HBM3 board power (no energy counter)"
+
+
+def test_binding_failing_the_probe_shuts_nvml_down_and_auto_moves_on(fake_nvml, gpu_spec, fixtures_dir) -> None:
+    nvml = fake_nvml([gpu_spec()])
+    del nvml.nvmlDeviceGetHandleByIndex  # a binding without a call the probe needs
+    sensor = NvmlPowerSensor(nvml=nvml)
+    assert sensor.unavailable_reason == (
+        "NVML could not list GPUs: the binding failed: AttributeError: "
+        "module 'fake_pynvml' has no attribute 'nvmlDeviceGetHandleByIndex'"
+    )
+    assert nvml.calls["shutdown"] == nvml.calls["init"] == 1
+    assert create_sensor("auto", fixtures_dir / "x86_intel_rapl", nvml=nvml).name == "rapl"
+    assert nvml.calls["shutdown"] == nvml.calls["init"] == 2
 
 
 def test_library_missing(fake_nvml) -> None:

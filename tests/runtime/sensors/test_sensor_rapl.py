@@ -9,9 +9,10 @@ import pytest
 from edgekit_runtime.errors import SensorError
 from edgekit_runtime.sensors import PowerIntegrator, RaplPowerSensor
 from edgekit_runtime.sensors.base import METHOD_COUNTER
-from edgekit_runtime.sensors.rapl import unreadable_energy_reason
+from edgekit_runtime.sensors.rapl import MAX_ZONE_POWER_MW, unreadable_energy_reason
 
 PACKAGE = "sys/class/powercap/intel-rapl:0/energy_uj"
+CORE = "sys/class/powercap/intel-rapl:0:0/energy_uj"
 MAX_RANGE_UJ = 262143328850
 
 
@@ -195,3 +196,65 @@ def test_an_unreadable_subzone_is_left_out_and_the_packages_still_measured(fixtu
     assert sample.total_mw == pytest.approx(50_000.0)
     assert "left out, unreadable: intel-rapl:0:0 (" in sensor.source and "the counter's wrap cannot be followed" in sensor.source
     assert "intel-rapl:1:0 (" in sensor.source and "should hold a number, found 'garbage'" in sensor.source
+
+
+def test_a_reset_from_above_half_the_range_is_not_a_phantom_wrap(fixture_root, clock, caplog) -> None:
+    # before: a reset while the counter stood past half its range was read as a wrap: 1.05e8 mW, 1.05e8 mJ
+    root = fixture_root("x86_intel_rapl")
+    sensor = RaplPowerSensor(root, clock=clock)
+    integrator = PowerIntegrator.for_sensor(sensor)
+    start = int(MAX_RANGE_UJ * 0.6)
+    _set_uj(root, PACKAGE, start)
+    integrator.add(sensor.read())
+    _set_uj(root, PACKAGE, start + 20_000_000)  # 20 J in 1 s
+    clock.advance(1.0)
+    integrator.add(sensor.read())
+    _set_uj(root, PACKAGE, 5_000_000)  # the counter started again from 0
+    clock.advance(1.0)
+    with caplog.at_level("WARNING", logger="edgekit_runtime.sensors.rapl"):
+        after_reset = sensor.read()
+    integrator.add(after_reset)
+    assert after_reset.total_mw == pytest.approx(0.0)
+    stats = integrator.take_window()
+    assert stats.energy_mj == pytest.approx(20_000.0) and stats.energy_method == METHOD_COUNTER
+    assert f"{root / PACKAGE} went back from {start + 20_000_000} to 5000000 uJ in 1 s: a counter reset" in caplog.text
+    assert "no energy counted" in caplog.text
+    _set_uj(root, PACKAGE, 7_000_000)
+    clock.advance(1.0)
+    assert sensor.read().total_mw == pytest.approx(2000.0)  # counting goes on from the new value
+
+
+def test_a_wrap_counts_when_its_power_is_possible(fixture_root, clock) -> None:
+    root = fixture_root("x86_intel_rapl")
+    sensor = RaplPowerSensor(root, clock=clock)
+    start = int(MAX_RANGE_UJ * 0.6)
+    _set_uj(root, PACKAGE, start)
+    sensor.read()
+    _set_uj(root, PACKAGE, 5_000_000)
+    clock.advance(600.0)  # ten minutes unread: 0.4 of the range is 175 W, a wrap
+    wrap_uj = MAX_RANGE_UJ - start + 5_000_000
+    sample = sensor.read()
+    assert sample.total_mw == pytest.approx(wrap_uj / 1000 / 600.0)
+    assert sample.total_mw < MAX_ZONE_POWER_MW
+
+
+def test_a_misread_zone_leaves_every_zone_as_it_was(fixture_root, clock) -> None:
+    # before: package-0 advanced before the core subzone's misread raised, so the next read divided the
+    # package's energy since the failed read by the time since the last good one (10000 mW, not 20000)
+    root = fixture_root("x86_intel_rapl")
+    sensor = RaplPowerSensor(root, clock=clock)
+    core_max = int((root / "sys/class/powercap/intel-rapl:0:0/max_energy_range_uj").read_text())
+    package_0, core_0 = int((root / PACKAGE).read_text()), int((root / CORE).read_text())
+    first = sensor.read()
+    _set_uj(root, PACKAGE, package_0 + 20_000_000)
+    _set_uj(root, CORE, core_max + 5)  # past its range: a misread
+    clock.advance(1.0)
+    with pytest.raises(SensorError, match=r"intel-rapl:0:0/energy_uj read .* past its max_energy_range_uj"):
+        sensor.read()
+    _set_uj(root, PACKAGE, package_0 + 40_000_000)
+    _set_uj(root, CORE, core_0 + 20_000_000)
+    clock.advance(1.0)
+    sample = sensor.read()
+    assert sample.total_mw == pytest.approx(20_000.0)  # 40 J over the 2 s since the last good read
+    assert sample.rails_mw["package-0/core"] == pytest.approx(10_000.0)
+    assert sample.energy_mj == pytest.approx(first.energy_mj + 40_000.0)

@@ -95,6 +95,48 @@ def test_reading_as_device_state() -> None:
     assert parse_tegrastats_line("GR3D_FREQ 5%").device_state() is None
 
 
+def test_jetpack7_thor_vin_is_the_total_and_a_negative_rail_is_kept() -> None:
+    # before: VIN was summed with the rails it feeds (23992 mW) and "VDD_GPU -392mW/-392mW" was dropped
+    reading = parse_tegrastats_line(_lines("jetpack7_thor.log")[0])
+    assert reading.rails_mw == {"VDD_GPU": -392.0, "VDD_CPU_SOC_MSS": 3924.0, "VIN_SYS_5V0": 5064.0, "VIN": 15004.0}
+    assert reading.rails_average_mw["VDD_GPU"] == -392.0
+    assert reading.total_rail == "VIN" and reading.total_mw == 15004.0
+    sensor = TegrastatsPowerSensor(lines=_lines("jetpack7_thor.log"))
+    assert sensor.read().total_mw == 15004.0
+    assert sensor.source == "tegrastats (line source): total_mw = VIN rail"
+
+
+def test_jetpack7_thor_current_average_max_triples() -> None:
+    # before: "VDD_GPU 37939mW/8660mW/37939mW" (r39 and later) matched no rail at all
+    reading = parse_tegrastats_line(_lines("jetpack7_thor.log")[1])
+    assert reading.rails_mw == {"VDD_GPU": 37939.0, "VDD_CPU_SOC_MSS": 30059.0, "VIN_SYS_5V0": 15486.0, "VIN": 124486.0}
+    assert reading.rails_average_mw == {
+        "VDD_GPU": 8660.0,
+        "VDD_CPU_SOC_MSS": 12281.0,
+        "VIN_SYS_5V0": 7424.0,
+        "VIN": 36487.0,
+    }
+    assert reading.total_rail == "VIN" and reading.total_mw == 124486.0
+    assert reading.gpu_load_pct == 87.0 and reading.temperatures_c == {"cpu": 58.25, "tj": 66.625}
+
+
+def test_input_rail_is_preferred_to_vin_and_the_sum_names_every_input_rail() -> None:
+    both = parse_tegrastats_line("VIN 9000mW/9000mW VDD_IN 7000mW/7000mW VDD_SOC 1000mW/1000mW")
+    assert both.total_rail == "VDD_IN" and both.total_mw == 7000.0
+    sensor = TegrastatsPowerSensor(lines=_lines("jetpack5_agx_orin.log"))
+    sensor.read()
+    assert sensor.source == "tegrastats (line source): total_mw = sum of rails (no VDD_IN/POM_5V_IN/VIN rail)"
+
+
+def test_offline_thermal_zones_are_left_out_of_the_device_state() -> None:
+    # Orin prints power-gated zones as -256C; before, device_state() reported them as temperatures.
+    reading = parse_tegrastats_line(_lines("jetpack6_agx_orin_offline_zones.log")[0])
+    assert reading.temperatures_c["CV0"] == -256.0 and reading.temperatures_c["GPU"] == -256.0  # the line as printed
+    state = reading.device_state()
+    assert state is not None
+    assert state.temperatures_c == {"CPU": 44.562, "Tboard": 32.0, "SOC2": 40.093, "tj": 44.343}
+
+
 def test_line_source_replays_a_log_and_integrates(clock) -> None:
     sensor = TegrastatsPowerSensor(lines=_lines("jetpack4_nano.log"), clock=clock)
     assert sensor.available()
