@@ -4,19 +4,18 @@ Delivery contract:
 
 * :meth:`MqttLink.publish_telemetry` and :meth:`MqttLink.publish_event` validate the message, then
   commit it to the :class:`~edgekit_runtime.agent.spool.Spool`; nothing is sent that is not on disk.
-* One network thread owns the paho client. While connected it sends the oldest spooled messages,
-  at most ``max_inflight`` unacknowledged at a time. With ``delivery="broker_ack"`` each leaves the
-  spool when its PUBACK arrives; with ``"collector_ack"`` (the agent's default) a telemetry window
-  stays until the collector's ``ack.v1`` on ``.../ack`` says it is stored, and is published again
-  until then (:mod:`~edgekit_runtime.agent.delivery`). The spool is the only outgoing queue: when a
-  connection drops, what the broker had not acknowledged is sent again, in order, on the next one
-  (delivery is at least once; ``seq`` and ``event_id`` let the collector drop duplicates). A message the broker refuses (a
-  PUBACK reason code >= 0x80, e.g. "Not authorized") is removed and counted as ``rejected``.
+* One network thread owns the paho client. While connected it sends the oldest spooled messages, at most
+  ``max_inflight`` unacknowledged at a time. With ``delivery="broker_ack"`` each leaves the spool when its PUBACK
+  arrives; with ``"collector_ack"`` (the agent's default) a telemetry window stays until the collector's ``ack.v1`` on
+  ``.../ack`` says it is stored, and is published again until then (:mod:`~edgekit_runtime.agent.delivery`). The spool
+  is the only outgoing queue: when a connection drops, what the broker had not acknowledged is sent again, in order,
+  on the next one (delivery is at least once; ``seq`` and ``event_id`` let the collector drop duplicates). A message
+  the broker refuses (a PUBACK reason code >= 0x80, e.g. "Not authorized") is removed and counted as ``rejected``.
 * On connect the link subscribes to ``.../cmd`` and publishes ``{"state": "online"}`` retained on
   ``.../status``; the will publishes ``{"state": "offline"}`` retained when the connection is lost;
   :meth:`MqttLink.stop` publishes offline itself, then disconnects cleanly.
-* Failed connects wait :class:`~edgekit_runtime.agent.backoff.Backoff` delays (exponential, with
-  jitter); the backoff resets when the broker accepts a connection.
+* Failed connects wait :class:`~edgekit_runtime.agent.backoff.Backoff` delays (exponential, with jitter), reset once
+  a connection has lasted ``stable_after_s``; a message over the broker's packet limit is refused (:mod:`.mqtt_limits`).
 * Commands on ``.../cmd`` are untrusted: each is checked (size, depth, schema, signature, replay)
   before anything acts on it (:mod:`~edgekit_runtime.agent.mqtt_commands`).
 * No exception leaves a paho callback: an unexpected one is logged once per callback and type,
@@ -55,9 +54,10 @@ from edgekit_runtime.agent.broker import (
 )
 from edgekit_runtime.agent.delivery import DEFAULT_RESEND_AFTER_S, DeliveryMode, DeliveryTracker
 from edgekit_runtime.agent.mqtt_commands import MAX_COMMAND_BYTES, MAX_COMMAND_DEPTH, CommandHandler, CommandIntake
+from edgekit_runtime.agent.mqtt_limits import STABLE_CONNECTION_S, ConnectionWatch, report_oversize
 from edgekit_runtime.agent.mqtt_state import LinkCounters, LinkState, ConnectionPhase
 from edgekit_runtime.agent.replay import ReplayWindow
-from edgekit_runtime.agent.spool import Spool
+from edgekit_runtime.agent.spool import Spool, SpoolEntry
 from edgekit_runtime.agent.telemetry import (
     EVENT_ERROR,
     BundleRef,
@@ -80,9 +80,6 @@ _UNSPECIFIED_ERROR = 0x80
 #: those up to this size get a command_rejected event naming the size.
 MAX_PACKET_BYTES = 1024 * 1024
 _REPORTED_CALLBACK_FAILURES = 32
-
-
-
 
 __all__ = ["DEFAULT_MAX_INFLIGHT", "MAX_COMMAND_BYTES", "MAX_COMMAND_DEPTH", "MAX_PACKET_BYTES", "CommandHandler",
            "LinkCounters", "LinkState", "MqttLink"]  # fmt: skip
@@ -117,15 +114,16 @@ class MqttLink(CommandIntake):
         event_sink: Callable[[dict[str, Any]], None] | None = None,
         delivery: DeliveryMode = "broker_ack",
         resend_after_s: float = DEFAULT_RESEND_AFTER_S,
+        stable_after_s: float = STABLE_CONNECTION_S,
     ) -> None:
-        """``replay``: the persisted record of command ids (the link closes it on :meth:`stop`); without one
-        the record lives in memory, so replays are refused only until the process ends. ``command_key``:
-        the fleet's Ed25519 public key; a command's ``signature`` is checked against it when present, and
-        required with ``require_signed_commands``. ``event_sink``: where the events the link raises itself
-        (pong, command_rejected, ...) go instead of :meth:`publish_event`; the agent passes its ordered
-        outbox, which keeps them in memory while the spool cannot be written (a full disk). ``delivery``:
-        ``"broker_ack"`` (a message leaves the spool on its PUBACK) or ``"collector_ack"`` (a telemetry
-        window leaves when the collector's ack names it; ``resend_after_s`` until it is published again)."""
+        """``replay``: the persisted record of command ids (the link closes it on :meth:`stop`); without one the record
+        lives in memory, so replays are refused only until the process ends. ``command_key``: the fleet's Ed25519
+        public key; a command's ``signature`` is checked against it when present, and required with
+        ``require_signed_commands``. ``event_sink``: where the events the link raises itself (pong, command_rejected,
+        ...) go instead of :meth:`publish_event`; the agent passes its ordered outbox, which keeps them in memory while
+        the spool cannot be written (a full disk). ``delivery``: ``"broker_ack"`` (a message leaves the spool on its
+        PUBACK) or ``"collector_ack"`` (a telemetry window leaves when the collector's ack names it; ``resend_after_s``
+        until it is published again). ``stable_after_s``: how long a connection must last to reset the backoff."""
         self.address = parse_broker_url(broker_url)
         self.topics = DeviceTopics(validate_id(fleet, "fleet id"), validate_id(device, "device id"))
         if not isinstance(client_id, str) or not client_id:
@@ -145,6 +143,7 @@ class MqttLink(CommandIntake):
         self.spool = spool
         self.delivery = DeliveryTracker(self.topics, spool, delivery, resend_after_s=resend_after_s)
         self.backoff = backoff if backoff is not None else Backoff(initial_s=1.0, max_s=60.0)
+        self._watch = ConnectionWatch(self.backoff, f"{self.address.url} as {client_id!r}", stable_after_s=stable_after_s)
         self.agent_version = agent_version
         self._on_command = on_command
         self._event_sink = event_sink
@@ -421,6 +420,7 @@ class MqttLink(CommandIntake):
             return
         self._settle_acks()
         if self._state is ConnectionPhase.CONNECTED:
+            self._watch.check()
             if self._status_dirty:
                 self._status_dirty = False
                 self._publish_status("online", None)
@@ -459,6 +459,7 @@ class MqttLink(CommandIntake):
         self._set_state(ConnectionPhase.DISCONNECTED)
         self._connected_event.clear()
         self._record_error(*(self._drop_reason or (message, hint)))
+        self._watch.dropped(self.last_error)
         # The spool is the only queue: forget paho's copies, resend from the oldest the broker has not
         # acknowledged (windows awaiting the collector are behind it: the delivery tracker resends those).
         self._client.drop_out_messages()
@@ -478,7 +479,7 @@ class MqttLink(CommandIntake):
             )
             return
         self._set_state(ConnectionPhase.CONNECTED)
-        self.backoff.reset()
+        self._watch.accepted(properties)  # the backoff resets once the connection has lasted
         self._last_error = None
         with self._counts_lock:
             self._counts["connects"] += 1
@@ -533,6 +534,8 @@ class MqttLink(CommandIntake):
                 self.spool.ack(entry.id)
                 self._sent_upto_id = max(self._sent_upto_id, entry.id)
                 continue
+            if self._refused_for_size(entry):
+                continue
             info = self._client.publish(entry.topic, entry.payload, qos=entry.qos, properties=self._json_properties)
             if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
                 logger.debug("publish of spool entry %d deferred: %s", entry.id, paho.error_string(info.rc))
@@ -545,6 +548,17 @@ class MqttLink(CommandIntake):
                 self.spool.ack(entry.id)
             else:
                 self._inflight[info.mid] = (entry.id, entry.topic)
+
+    def _refused_for_size(self, entry: SpoolEntry) -> bool:
+        """Whether ``entry`` is over the broker's Maximum Packet Size: then it is settled as refused and reported."""
+        size = self._watch.oversize_bytes(entry, self._json_properties)
+        if size is not None:
+            self._sent_upto_id = max(self._sent_upto_id, entry.id)
+            self.delivery.settle([], [entry.id])
+            with self._counts_lock:
+                self._counts["rejected"] += 1
+            report_oversize(entry, size, self._watch.max_packet_bytes or 0, self.address.url, self.emit_event)
+        return size is not None
 
     def _settle_acks(self) -> None:
         if not self._pubacks:

@@ -14,6 +14,7 @@ from collections import deque
 from typing import Any
 
 from edgekit_runtime.agent.config import AgentConfig
+from edgekit_runtime.agent.spool_space import window_start_of
 from edgekit_runtime.agent.telemetry import encode_message
 from edgekit_runtime.errors import EdgekitError
 from edgekit_runtime.schemas import validate_message
@@ -48,7 +49,7 @@ class SpoolOutbox:
             dropped_kind, dropped = self._outbox[index]
             del self._outbox[index]
             if dropped_kind == "telemetry":  # it takes its seq once the spool is written again: a gap, reported
-                self._outbox_dropped_windows.append(str(dropped.get("window_start")))
+                self._outbox_dropped_windows.append(window_start_of(dropped) or "")  # "": not known
             else:
                 self._outbox_dropped_unrecorded += 1
             self._outbox_dropped_total += 1
@@ -69,7 +70,8 @@ class SpoolOutbox:
                     self._outbox_dropped_unrecorded = 0
                 if self._outbox_dropped_windows:
                     starts = self._outbox_dropped_windows
-                    self._spool.drop_windows(len(starts), first_window_start=starts[0], last_window_start=starts[-1])
+                    known: list[str | None] = [start for start in starts if start] or [None]
+                    self._spool.drop_windows(len(starts), first_window_start=known[0], last_window_start=known[-1])
                     self._outbox_dropped_windows = []
                 if kind == "telemetry":
                     self._store_telemetry(message)

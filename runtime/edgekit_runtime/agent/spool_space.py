@@ -158,7 +158,7 @@ def drop_event_reporter(*, device: str, fleet: str) -> DropReporter:
 
 
 def summary_of(payload: bytes, reason: str) -> DropSummary:
-    """What dropping one spooled message drops: a telemetry window (its seq and window_start), or an earlier
+    """What dropping one spooled message drops: a telemetry window (its seq and window start), or an earlier
     drop report (its summary, to be reported again in the next one)."""
     try:
         message = json.loads(payload)
@@ -172,11 +172,19 @@ def summary_of(payload: bytes, reason: str) -> DropSummary:
         return DropSummary(int(details.get("windows") or 0), details.get("first_seq"), details.get("last_seq"),
                            details.get("first_window_start"), details.get("last_window_start"),
                            tuple(str(r) for r in details.get("reasons") or ()), runs)  # fmt: skip
-    seq, start = message.get("seq"), message.get("window_start")
+    seq, start = message.get("seq"), window_start_of(message)
     if not isinstance(seq, int):
         return DropSummary(1, None, None, None, None, (reason,))
-    start = start if isinstance(start, str) else None
     return seq_summary(1, seq, seq, start, start, reason)
+
+
+def window_start_of(message: dict[str, Any]) -> str | None:
+    """When a ``telemetry.v1`` window began (``window.start``; ``window_start`` in older payloads), else None."""
+    window = message.get("window")
+    start = window.get("start") if isinstance(window, dict) else None
+    if start is None:
+        start = message.get("window_start")
+    return start if isinstance(start, str) else None
 
 
 def summary_of_rows(rows: list[tuple[bytes]], reason: str) -> DropSummary | None:
@@ -448,4 +456,5 @@ class SpoolSpace:
             checkpoint_truncate(spool._db)
 
 
-__all__ = ["DEFAULT_RESERVE_BYTES", "DROPS_SCHEMA", "DropSummary", "SpoolSpace", "drop_event_reporter"]
+__all__ = ["DEFAULT_RESERVE_BYTES", "DROPS_SCHEMA", "DropSummary", "SpoolSpace", "drop_event_reporter",
+           "window_start_of"]

@@ -177,7 +177,8 @@ def test_backlog_drains_in_order_after_reconnect_and_backoff_resets(
     recorder = MessageRecorder(broker, client_id="recorder", session_expiry_s=300)
     try:
         with Spool(tmp_path / "spool.db") as spool:
-            with _link(broker.url, spool, max_inflight=4, backoff=Backoff(initial_s=0.1, max_s=0.3)) as link:
+            with _link(broker.url, spool, max_inflight=4, backoff=Backoff(initial_s=0.1, max_s=0.3),
+                       stable_after_s=0.5) as link:  # fmt: skip
                 link.wait_connected(10)
                 link.publish_telemetry(sample_telemetry(spool.next_seq()))
                 assert recorder.wait_for(lambda ms: _seqs(ms) == [1])
@@ -192,7 +193,10 @@ def test_backlog_drains_in_order_after_reconnect_and_backoff_resets(
                 assert spool.backlog() == 30
                 broker.start()
                 link.wait_connected(10)
-                assert link.backoff.failures == 0  # reset once the broker accepted the connection
+                deadline = time.monotonic() + 10
+                while link.backoff.failures and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert link.backoff.failures == 0  # reset once the connection has lasted stable_after_s
                 assert link.last_error is None
                 assert recorder.wait_for(lambda ms: len(set(_seqs(ms))) == 31, timeout_s=20)
                 assert link.flush(5)

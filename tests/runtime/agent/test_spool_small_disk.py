@@ -24,8 +24,10 @@ from edgekit_runtime.agent.disk_reserve import RESERVE_NAME
 from edgekit_runtime.agent.replay import ReplayWindow
 from edgekit_runtime.agent.spool import Spool, SpoolFullError
 from edgekit_runtime.agent.spool_space import DELETE_RESERVE_NAME, JOURNAL_SIZE_LIMIT_BYTES, drop_event_reporter
+from edgekit_runtime.agent.telemetry import TelemetryProblem, encode_message, utc_timestamp
 from edgekit_runtime.schemas import validate_message
 from tests.runtime.agent.mosquitto import REPO
+from tests.runtime.agent.sample_messages import sample_telemetry
 from tests.runtime.agent.small_fs import fill, mounted_tmpfs
 
 FLEET, DEVICE = "lab", "dev-small"
@@ -39,10 +41,20 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
         yield mount_point
 
 
-def window(seq: int, index: int | None = None) -> bytes:
-    """A telemetry-sized window (~1.6 KB) whose payload carries its seq and window_start."""
-    start = datetime.fromtimestamp(1_700_000_000 + (seq if index is None else index), timezone.utc)
-    return json.dumps({"seq": seq, "window_start": start.strftime("%Y-%m-%dT%H:%M:%SZ"), "pad": "p" * 1500}).encode()
+#: a real telemetry.v1 message (~1.6 KB: eight reported problems), built once; each window is a copy of it
+_WINDOW = sample_telemetry(1, device=DEVICE, fleet=FLEET, errors=[
+    TelemetryProblem("inference.failed", f"input 'image' has shape [1, {i}] but needs [1, 1, 8, 8]") for i in range(8)])
+
+
+def start_of(seq: int) -> str:
+    """When window ``seq`` began (10 s windows, one after another)."""
+    return utc_timestamp(datetime.fromtimestamp(1_700_000_000 + 10 * seq, timezone.utc))
+
+
+def window(seq: int) -> bytes:
+    """A telemetry.v1 window numbered ``seq`` that began at :func:`start_of` ``(seq)``."""
+    window = {"start": start_of(seq), "end": start_of(seq + 1)}
+    return encode_message({**_WINDOW, "seq": seq, "window": window})
 
 
 def _fill_with_handed_out_windows(spool: Spool) -> list[int]:
@@ -99,8 +111,10 @@ def test_a_collector_away_fills_the_disk_and_every_window_is_stored_or_summarise
         validate_message(report, "event.v1")
         details = report["details"]
         assert report["kind"] == "telemetry_dropped" and details["reasons"] == ["disk_full"]
-        assert details["first_window_start"] <= details["last_window_start"]
         dropped = dropped_seqs(report)
+        # the period lost, read from the dropped windows themselves (before: never said, window.start was not read)
+        assert details["first_window_start"] == start_of(min(dropped)), details
+        assert details["last_window_start"] == start_of(max(dropped)), details
         assert len(dropped) == details["windows"] and min(dropped) == details["first_seq"]
         seen.extend(dropped)
     assert sorted(seen) == list(range(1, produced + 1))  # each window stored or summarised, exactly once
@@ -190,6 +204,11 @@ def test_over_the_bound_dropped_windows_are_summarised_too(tmp_path: Path) -> No
     covered = [seq for report in reports for seq in dropped_seqs(report)]
     assert seqs and seqs[-1] == 25 and sorted(covered + seqs) == list(range(1, 26))
     assert all(r["details"]["reasons"] == ["bound"] for r in reports)
+    for report in reports:
+        dropped = dropped_seqs(report)
+        assert report["details"]["first_window_start"] == start_of(min(dropped))
+        assert report["details"]["last_window_start"] == start_of(max(dropped))
+        assert f"windows from {start_of(min(dropped))} to {start_of(max(dropped))}" in report["message"]
 
 
 def test_a_full_spool_takes_windows_again_once_its_windows_are_acknowledged(small_fs: Path) -> None:

@@ -5,6 +5,7 @@ window it produced meanwhile, numbered without gaps or duplicates."""
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +21,8 @@ from edgekit_runtime.schemas import validate_message
 from tests.runtime.agent.small_fs import fill, mounted_tmpfs
 from tests.runtime.agent_service.bundles import pack_tar
 from tests.runtime.agent_service.test_agent_service_mqtt import Listener, broker_up
+
+TIMESTAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z"  # utc_timestamp()
 
 pytestmark = pytest.mark.skipif(not broker_up(), reason="no MQTT broker on 127.0.0.1:1883 (apt-get install mosquitto)")
 
@@ -149,6 +152,9 @@ def test_past_the_memory_bound_the_oldest_messages_are_dropped_and_counted(
         details = report["details"]
         missing = {seq for a, b in details["seq_ranges"] for seq in range(a, b + 1)}
         assert "in_memory" in details["reasons"] and len(missing) == details["windows"] >= 2
+        # which period was lost: the dropped windows' window.start (before: the string "None")
+        assert re.fullmatch(TIMESTAMP, details["first_window_start"]) and re.fullmatch(TIMESTAMP, details["last_window_start"])
+        assert first["window"]["start"] < details["first_window_start"] <= details["last_window_start"]
         assert service._spool.dropped_total() >= dropped >= 2
         seqs = [first["seq"]]
         while seqs[-1] <= max(missing):
