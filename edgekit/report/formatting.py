@@ -26,6 +26,16 @@ def dig(data: Any, *keys: str | int) -> Any:
     return data
 
 
+def as_list(value: Any) -> list[Any]:
+    """``value`` when it is a list, else ``[]`` (a manifest field that is null or of another type)."""
+    return value if isinstance(value, list) else []
+
+
+def as_dict(value: Any) -> dict[Any, Any]:
+    """``value`` when it is a dict, else ``{}`` (a manifest field that is null or of another type)."""
+    return value if isinstance(value, dict) else {}
+
+
 def number(value: Any) -> float | None:
     """``value`` as a finite float, or ``None`` for anything else (bools, strings, NaN, None)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -42,7 +52,8 @@ def fmt_number(value: Any, digits: int = 4) -> str:
     x = number(value)
     if x is None:
         return fmt_value(value)
-    if isinstance(value, int) or (abs(x) >= 10**digits and abs(x) < 1e15):
+    rounded = float(f"{x:.{digits}g}")  # 9999.6 to 4 digits is 10,000, not 1e+04: the threshold applies to what is written
+    if isinstance(value, int) or (abs(rounded) >= 10**digits and abs(x) < 1e15):
         return f"{x:,.0f}"
     return f"{x:.{digits}g}"
 
@@ -72,9 +83,9 @@ def fmt_ms(value: Any) -> str:
     x = number(value)
     if x is None:
         return fmt_value(value)
-    if abs(x) >= 100:
+    if abs(float(f"{x:.2f}")) >= 100:  # compared as written: 99.996 is "100 ms", not "100.00 ms"
         return f"{x:,.0f} ms"
-    if abs(x) >= 1:
+    if abs(float(f"{x:.3g}")) >= 1:  # 0.9996 is "1.00 ms", not "1 ms"
         return f"{x:.2f} ms"
     return f"{x:.3g} ms"
 

@@ -14,6 +14,8 @@ from edgekit.errors import BundleError
 from edgekit.report import plots
 from edgekit.report.formatting import (
     NA,
+    as_dict,
+    as_list,
     dig,
     fmt_bytes,
     fmt_cosine,
@@ -104,11 +106,11 @@ def device_section(manifest: dict[str, Any], model: dict[str, Any]) -> dict[str,
             ("precision", fmt_value(chosen_precision)),
             ("graph optimization", fmt_value(dig(backend, "graph_optimization"))),
             ("intra-op threads", fmt_value(dig(backend, "intra_op_threads"))),
-            *((key.replace("_", " "), fmt_value(value)) for key, value in _as_dict(backend).items() if key not in _BACKEND_KEYS),
+            *((key.replace("_", " "), fmt_value(value)) for key, value in as_dict(backend).items() if key not in _BACKEND_KEYS),
         ],
         "providers": [
             (fmt_value(dig(ep, "name")), fmt_value(dig(ep, "options")) if dig(ep, "options") else "defaults")
-            for ep in _as_list(dig(backend, "execution_providers"))
+            for ep in as_list(dig(backend, "execution_providers"))
         ],
         "golden": [
             ("golden batches", str(len(batches)) if isinstance(batches, list) else NA),
@@ -117,7 +119,7 @@ def device_section(manifest: dict[str, Any], model: dict[str, Any]) -> dict[str,
             ("min cosine", fmt_cosine(dig(golden, "min_cosine"))),
             *((f"output {name}", f"atol {fmt_sci(dig(entry, 'atol'))}, min cosine {fmt_cosine(dig(entry, 'min_cosine'))} "
                f"(measured: max abs diff {fmt_sci(dig(entry, 'measured', 'max_abs_diff'))}, cosine {fmt_cosine(dig(entry, 'measured', 'cosine_min'))})")
-              for name, entry in _as_dict(dig(golden, "outputs")).items()),
+              for name, entry in as_dict(dig(golden, "outputs")).items()),
         ],
     }
 
@@ -145,12 +147,12 @@ def _dim_rows(dims: Any) -> list[tuple[str, str, str, str]]:
 
 def _target_facts(target: Any) -> list[tuple[str, str]]:
     cpu, gpu, npu, memory = (dig(target, key) for key in ("cpu", "gpu", "npu", "memory"))
-    software = {key: value for key, value in _as_dict(dig(target, "software")).items() if value is not None}
+    software = {key: value for key, value in as_dict(dig(target, "software")).items() if value is not None}
     throughput = [
         _join(_unit(dig(p, "value"), dig(p, "unit")), dig(p, "precision"), dig(p, "engine"), "sparse" if dig(p, "sparse") else None)
-        for p in _as_list(dig(target, "peak_throughput"))
+        for p in as_list(dig(target, "peak_throughput"))
     ]
-    power = [f"{mode} {fmt_number(watts, 3)} W" for mode, watts in _as_dict(dig(target, "power_modes")).items()]
+    power = [f"{mode} {fmt_number(watts, 3)} W" for mode, watts in as_dict(dig(target, "power_modes")).items()]
     return [
         ("name", f"{fmt_value(dig(target, 'display_name'))} ({fmt_value(dig(target, 'name'))})"),
         ("vendor / family", f"{fmt_value(dig(target, 'vendor'))} / {fmt_value(dig(target, 'family'))}"),
@@ -176,7 +178,7 @@ def _memory_rows(manifest: dict[str, Any], model_bytes: float | None, memory_gb:
     rows = [
         ("model file(s)", fmt_bytes(model_bytes), model_bytes),
         (f"peak RSS while benchmarking{f' on {fmt_host(host, short=True)}' if host else ''}", fmt_mib(rss_mb),
-         rss_mb * 1e6 if rss_mb is not None else None),
+         _mib_bytes(rss_mb)),
     ]
     return [
         {"label": label, "value": value, "share": fmt_percent(nbytes, memory_bytes), "width": _bar_width(nbytes, memory_bytes)}
@@ -187,12 +189,17 @@ def _memory_rows(manifest: dict[str, Any], model_bytes: float | None, memory_gb:
 def _memory_check(manifest: dict[str, Any], model_bytes: float | None, memory_gb: float | None) -> tuple[str, str]:
     """(sentence, css class) on whether the model and the benchmark's peak RSS fit the target's memory."""
     rss_mb = number(dig(manifest, "benchmark", "peak_rss_mb"))
-    needed = max([b for b in (model_bytes, rss_mb * 1e6 if rss_mb is not None else None) if b is not None], default=None)
+    needed = max([b for b in (model_bytes, _mib_bytes(rss_mb)) if b is not None], default=None)
     if needed is None or not memory_gb:
         return NA, "na"
     if needed > memory_gb * 1e9:
         return f"Needs {fmt_bytes(needed)}, more than the target's {fmt_number(memory_gb, 3)} GB of memory.", "fail"
     return f"Fits: the largest need ({fmt_bytes(needed)}) is {fmt_percent(needed, memory_gb * 1e9)} of the target's memory.", "pass"
+
+
+def _mib_bytes(mib: float | None) -> float | None:
+    """Bytes in ``mib`` MiB (``peak_rss_mb`` is VmHWM kB / 1024: MiB, as :func:`fmt_mib` reads it), None for None."""
+    return None if mib is None else mib * 2**20
 
 
 def _bar_width(part: float | None, whole: float | None) -> str:
@@ -204,14 +211,14 @@ def _bar_width(part: float | None, whole: float | None) -> str:
 
 def _backend_rows(backends: Any, chosen_backend: Any, chosen_precision: Any) -> list[dict[str, Any]]:
     rows = []
-    for support in _as_list(backends):
+    for support in as_list(backends):
         chosen = dig(support, "name") == chosen_backend
-        precisions = _as_list(dig(support, "precisions"))
+        precisions = as_list(dig(support, "precisions"))
         rows.append({
             "name": fmt_value(dig(support, "name")),
             "chosen": chosen,
             "precisions": [(fmt_value(p), chosen and p == chosen_precision) for p in precisions],
-            "providers": ", ".join(fmt_value(dig(ep, "name")) for ep in _as_list(dig(support, "execution_providers"))) or NA,
+            "providers": ", ".join(fmt_value(dig(ep, "name")) for ep in as_list(dig(support, "execution_providers"))) or NA,
         })
     return rows
 
@@ -220,20 +227,12 @@ def _precision_check(backends: Any, chosen_backend: Any, chosen_precision: Any) 
     """(sentence, css class) on whether the target lists the built precision for the built backend."""
     if not isinstance(backends, list) or chosen_backend is None or chosen_precision is None:
         return NA, "na"
-    for support in _as_list(backends):
+    for support in as_list(backends):
         if dig(support, "name") == chosen_backend:
-            if chosen_precision in _as_list(dig(support, "precisions")):
+            if chosen_precision in as_list(dig(support, "precisions")):
                 return f"{chosen_precision} is supported by {chosen_backend} on this target.", "pass"
             return f"{chosen_precision} is not listed for {chosen_backend} on this target.", "fail"
     return "The target profile does not list the backend this bundle was built for.", "na"
-
-
-def _as_list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _as_dict(value: Any) -> dict[Any, Any]:
-    return value if isinstance(value, dict) else {}
 
 
 def _join(*parts: Any) -> str:

@@ -221,10 +221,16 @@ def _plain_log_ticks(axes: "Axes") -> None:
     axes.xaxis.set_minor_formatter(NullFormatter())
 
 
+def literal_text(text: str) -> str:
+    """``text`` for a matplotlib label with each '$' made literal: names are never parsed as mathtext (an unbalanced
+    '$' would raise ValueError, a balanced pair would be drawn as a formula)."""
+    return text.replace("$", r"\$")
+
+
 def _shorten(label: str, limit: int = 32) -> str:
     """A bar name cut to ``limit`` characters, with '$' made literal (not matplotlib mathtext)."""
     label = label if len(label) <= limit else label[: limit - 1] + "\u2026"
-    return label.replace("$", r"\$")
+    return literal_text(label)
 
 
 def _to_svg(figure: "Figure", prefix: str, description: str) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 from markupsafe import Markup
 
-from edgekit.report.formatting import dig, fmt_value
+from edgekit.report.formatting import NA, as_dict, as_list, dig, fmt_value
 
 
 def _sensitivity_plot(auto: dict[str, Any]) -> Markup | None:
@@ -17,19 +17,34 @@ def _sensitivity_plot(auto: dict[str, Any]) -> Markup | None:
     try:
         from edgekit.quantize.sensitivity import SensitivityReport, sensitivity_svg
 
-        svg = sensitivity_svg(SensitivityReport.from_manifest(data), kept=list((auto.get("kept_in_higher_precision") or {}).keys()))
+        svg = sensitivity_svg(SensitivityReport.from_manifest(data), kept=list(as_dict(auto.get("kept_in_higher_precision"))))
     except Exception:  # a plot must never break the report; the tables below carry the numbers
         return None
     return Markup(svg) if svg else None
 
 
+def _notes(value: Any) -> list[str]:
+    """Notes as a list of texts: a list's entries (nulls left out), one text as one note (not one per character)."""
+    if isinstance(value, str):
+        return [value] if value else []
+    return [fmt_value(v) for v in as_list(value) if v is not None]
+
+
+def _kept_nodes(value: Any) -> dict[str, Any]:
+    """Node -> why it stayed in higher precision: a mapping as it is, a list of node names with no reason (n/a)."""
+    if isinstance(value, list):
+        return {fmt_value(node): NA for node in value if node is not None}
+    return {fmt_value(node): fmt_value(why) for node, why in as_dict(value).items()}
+
+
 def precision_section(manifest: dict[str, Any]) -> dict[str, Any]:
-    quantization = dig(manifest, "quantization") if isinstance(dig(manifest, "quantization"), dict) else {}
-    prune = dig(manifest, "prune") if isinstance(dig(manifest, "prune"), dict) else None
-    decision = dig(manifest, "precision_decision") or {}
-    plan = quantization.get("plan") or {}
-    auto = quantization.get("auto") if isinstance(quantization.get("auto"), dict) else None
-    calibration = quantization.get("calibration") or {}
+    """The precision section's figures; every field may be missing, null or of another type (then left out or n/a)."""
+    quantization = as_dict(dig(manifest, "quantization"))
+    prune = as_dict(dig(manifest, "prune")) or None
+    decision = as_dict(dig(manifest, "precision_decision"))
+    plan = as_dict(quantization.get("plan"))
+    auto = as_dict(quantization.get("auto")) or None
+    calibration = as_dict(quantization.get("calibration"))
     facts = [
         ("precision", fmt_value(dig(manifest, "precision"))),
         ("requested", fmt_value(decision.get("requested"))),
@@ -43,31 +58,33 @@ def precision_section(manifest: dict[str, Any]) -> dict[str, Any]:
     for key in ("calibrator", "samples", "tensors", "from_cache", "file"):
         if key in calibration:
             facts.append((f"calibration {key.replace('_', ' ')}", fmt_value(calibration[key])))
-    kept = dict(plan.get("excluded") or {})
+    kept = _kept_nodes(plan.get("excluded"))
     if auto:
-        kept.update(auto.get("kept_in_higher_precision") or {})
+        kept.update(_kept_nodes(auto.get("kept_in_higher_precision")))
     candidates = []
-    for row in (auto or {}).get("candidates", []):
-        candidates.append((row.get("name"), row.get("status"), fmt_value(row.get("latency_ratio")), fmt_value(row.get("value")),
-                           fmt_value(row.get("cosine_min")), row.get("detail") or ""))
+    for row in as_list((auto or {}).get("candidates")):
+        if isinstance(row, dict):  # a null or mistyped row is left out
+            detail = fmt_value(row.get("detail")) if row.get("detail") else ""
+            candidates.append(tuple(fmt_value(row.get(key)) for key in ("name", "status", "latency_ratio", "value", "cosine_min"))
+                              + (detail,))  # fmt: skip
     prune_rows = []
-    if prune:
-        for layer in prune.get("layers") or []:
-            prune_rows.append((layer.get("name"), layer.get("action"), fmt_value(layer.get("weight_shape_before")),
-                               fmt_value(layer.get("weight_shape_after")), fmt_value(layer.get("sparsity"))))
+    for layer in as_list((prune or {}).get("layers")):
+        if isinstance(layer, dict):  # a null or mistyped row is left out
+            prune_rows.append(tuple(fmt_value(layer.get(key))
+                                    for key in ("name", "action", "weight_shape_before", "weight_shape_after", "sparsity")))
     return {
         "available": bool(quantization or prune or decision),
         "facts": facts,
         "kept": sorted(kept.items()),
         "candidates": candidates,
         "plot": _sensitivity_plot(auto) if auto else None,
-        "notes": list(plan.get("notes") or []) + list((auto or {}).get("notes") or []),
+        "notes": _notes(plan.get("notes")) + _notes((auto or {}).get("notes")),
         "prune": None if not prune else {
             "facts": [("method", fmt_value(prune.get("method"))), ("target sparsity", fmt_value(prune.get("target_sparsity"))),
                       ("achieved sparsity", fmt_value(prune.get("achieved_sparsity"))), ("parameters before", fmt_value(prune.get("params_before"))),
                       ("parameters after", fmt_value(prune.get("params_after"))), ("2:4 sparse", fmt_value(prune.get("sparse_2_4"))),
                       ("fine-tune", fmt_value(bool(prune.get("fine_tune"))))],
             "layers": prune_rows,
-            "notes": list(prune.get("notes") or []),
+            "notes": _notes(prune.get("notes")),
         },
     }

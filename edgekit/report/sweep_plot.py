@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from edgekit.report.formatting import fmt_bytes, fmt_cosine, fmt_number, number
-from edgekit.report.plots import BLUE, GREY, RED, _figure, _styled, _to_svg
+from edgekit.report.plots import BLUE, GREY, RED, _figure, _styled, _to_svg, literal_text
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -72,11 +72,11 @@ def sweep_pareto_svg(rows: Sequence[dict[str, Any]], metric: str, higher_is_bett
         axes.axhline(float(budget_rows[0]["budget_line"]), color=RED, linestyle=":", linewidth=1, label="accuracy budget")
     _pad_limits(axes, points)
     axes.set_xlabel("p50 latency on this host (ms)")
-    axes.set_ylabel(metric)
-    axes.set_title(("Sweep of " + title + "\n" if title else "Sweep\n") + "latency × accuracy, marker area ∝ model size")
+    axes.set_ylabel(literal_text(metric))
+    axes.set_title(("Sweep of " + literal_text(title) + "\n" if title else "Sweep\n") + "latency × accuracy, marker area ∝ model size")
     axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)  # beside the points, never on them
     axes.grid(True, alpha=0.3)
-    labels = [f"{row['variant']} ({fmt_bytes(row['size_bytes'])})" for row in measured]
+    labels = [literal_text(f"{row['variant']} ({fmt_bytes(row['size_bytes'])})") for row in measured]
     _place_labels(figure, axes, points, areas, labels)
     return _to_svg(figure, "sweep", "Pareto plot of latency against accuracy per variant")
 

@@ -99,3 +99,31 @@ def test_fleet_simulate_history_prints_the_store_without_its_password(secret_url
         assert json.loads(result.stdout)["store"] == _shown(secret_url)
     else:
         assert _shown(secret_url) in (result.stdout + result.stderr).replace("\n", "")
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("postgresql://u:pw@[::1]:5432/db", "postgresql://u:***@[::1]:5432/db"),  # the IPv6 address keeps its brackets
+    ("postgresql://u@h/db?password=pw&sslmode=prefer", "postgresql://u@h/db?password=***&sslmode=prefer"),
+    ("postgresql://u@h1:5432,h2:5433/db?sslpassword=k&passfile=/home/u/.pgpass&PASSWORD=x",
+     "postgresql://u@h1:5432,h2:5433/db?sslpassword=***&passfile=***&PASSWORD=***"),
+    ("postgresql://u:pw@h/db?options=-csearch_path%3Ds", "postgresql://u:***@h/db?options=-csearch_path%3Ds"),
+    ("sqlite:///tmp/fleet.db", "sqlite:///tmp/fleet.db"),
+])  # fmt: skip
+def test_redact_masks_every_password_libpq_reads_and_keeps_the_host(url: str, shown: str) -> None:
+    from edgekit.fleet.store.urls import redact
+
+    assert redact(url) == shown
+
+
+def test_the_dashboard_shows_a_store_whose_password_is_a_query_parameter_without_it(postgres_url: str) -> None:
+    from edgekit.fleet.dashboard import DashboardServer
+
+    url = f"{postgres_url}&password={PASSWORD}&sslmode=prefer"  # libpq reads ?password= too; the local server trusts us
+    with open_store(url) as store:
+        store.add_windows([live_window(1, window_s=60)])
+    with DashboardServer(url, port=0, cache_s=0.0) as server:
+        overview = json.loads(urllib.request.urlopen(server.url + "api/overview", timeout=10).read())
+        with pytest.raises(urllib.error.HTTPError, match="404") as unknown:
+            urllib.request.urlopen(server.url + "api/overview?fleet=typo", timeout=10)
+        body = unknown.value.read().decode()
+    assert overview["store"] == url.replace(PASSWORD, "***") and PASSWORD not in body and "password=***" in body, body

@@ -323,7 +323,7 @@ def test_full_report_has_plots_numbers_and_no_external_assets(tiny_model_path: P
     assert all(f"{name} {value} ms" in page for name, value in [("p50", 1.84), ("p90", 2.41), ("p99", 2.93)])
     assert "3.10e-06" in text and "atol 1.00e-04" in text  # parity max abs diff vs atol
     assert "0.9816" in text and "reference 0.9833" in text and "drop \u2264 0.01, value \u2265 0.95" in text
-    assert "4,345 /s" in text and "313 MB" in text and "2.41 MB" in text
+    assert "4,345 /s" in text and "328 MB" in text and "2.41 MB" in text  # peak RSS 312.8 MiB = 328 MB
     assert text.count("PASSED") == 2 + 2 + 4  # header and section badges (parity, accuracy), four comparisons
     assert "opt: batch=8" in text and "max: batch=64" in text and "random" in text
     assert "nodes optimized 9" in text and "examples.digits:make_cnn" in text
@@ -397,15 +397,23 @@ def test_parity_entries_with_input_shapes_and_own_verdict() -> None:
         lambda m: m.update(export={"parity": {"shapes": "nope", "max_abs_diff": "big"}}, accuracy={"budget": 3}),
         lambda m: m["benchmark"].update(p50_ms=float("nan"), throughput_per_s=None, peak_rss_mb=True),
         lambda m: m["target"].update(power_modes=[1], peak_throughput="x", software=3, backends="onnxruntime", gpu="big"),
+        lambda m: m.update(quantization={"auto": {"candidates": None}, "plan": ["x"], "calibration": "minmax"}, precision_decision="fp16"),
+        lambda m: m.update(quantization={"auto": {"candidates": [None, 3], "kept_in_higher_precision": ["fc"]},
+                                         "plan": {"excluded": ["conv1"], "notes": "kept conv1"}},
+                           prune={"layers": [None, {"name": "conv2", "action": "pruned"}], "notes": None}),
     ],
-    ids=["empty", "wrong-types", "odd-parity", "nan-and-bool", "odd-target"],
+    ids=["empty", "wrong-types", "odd-parity", "nan-and-bool", "odd-target", "null-precision-fields", "odd-precision-rows"],
 )
 def test_damaged_manifests_render_without_crashing(damage: Any) -> None:
     manifest = realistic_manifest()
     damage(manifest)
-    text = _visible_text(_parse(render_report(manifest, [], None)))
+    page = render_report(manifest, [], None)
+    text = _visible_text(_parse(page))
     assert "n/a" in text
     assert "No model file was given to the report" in text
+    if manifest.get("prune"):  # a note given as one string is one note, not one per character; node lists are names
+        assert '<p class="note">kept conv1</p>' in page and '<p class="note">k</p>' not in page
+        assert '<td class="mono">conv1</td><td>n/a</td>' in page and '<td class="mono">fc</td>' in page and "conv2" in text
 
 
 def test_unreadable_model_file_becomes_a_note(tmp_path: Path) -> None:

@@ -33,6 +33,28 @@ def test_fixed_units_and_megabyte_figures() -> None:
         fmt_bytes(1, "MiB")
 
 
+@pytest.mark.parametrize(("value", "digits", "text"), [
+    (9999.6, 4, "10,000"), (999.7, 3, "1,000"), (99999.5, 4, "100,000"), (9999.4, 4, "9999"), (12.345, 4, "12.35"),
+])  # fmt: skip
+def test_numbers_that_round_up_to_the_next_power_of_ten_have_no_exponent(value: float, digits: int, text: str) -> None:
+    from edgekit.report.formatting import fmt_number
+
+    assert fmt_number(value, digits) == text
+
+
+@pytest.mark.parametrize(("value", "text"), [(99.996, "100 ms"), (99.994, "99.99 ms"), (0.9996, "1.00 ms"), (0.5, "0.5 ms")])
+def test_milliseconds_that_round_up_take_the_next_ranges_format(value: float, text: str) -> None:
+    from edgekit.report.formatting import fmt_ms
+
+    assert fmt_ms(value) == text
+
+
+def test_a_throughput_that_rounds_up_to_1000_is_written_without_an_exponent() -> None:
+    page = render_report({"benchmark": {"throughput_per_s": 999.7}}, None, None)
+    card = re.search(r'Throughput.*?<div class="value">(.*?)</div>', page, re.S)
+    assert card is not None and card.group(1) == "1,000\u00a0/s" and "1e+03" not in page
+
+
 def _manifest(target: str = "jetson-orin-nano-8gb", display: str = "NVIDIA Jetson Orin Nano 8GB", isa: Any = None,
               precision: str = "int8") -> dict[str, Any]:  # fmt: skip
     manifest = copy.deepcopy(realistic_manifest())
@@ -84,6 +106,17 @@ def test_memory_figures_stay_on_one_line() -> None:
     assert re.search(r"td\.num, th\.num \{[^}]*white-space: nowrap;[^}]*overflow-wrap: normal;", page)
     assert '<td class="num">94.9 MB</td>' in page  # peak RSS (90.5 MiB) in the memory table, a numeric cell
     assert "Peak RSS (this host)</div>\n    <div class=\"value\">94.9\u00a0MB</div>" in page  # number and unit glued
+
+
+def test_peak_rss_is_compared_with_the_targets_memory_in_mib() -> None:
+    """980 MiB is 1.03 GB: more than a 1 GB target, though 980 * 10^6 bytes would fit (review: share, bar and check
+    used 10^6 bytes per MiB while the value column used 2^20)."""
+    manifest = {"name": "m", "target": {"name": "t", "memory": {"gb": 1.0}}, "benchmark": {"peak_rss_mb": 980.0, "host": HOST}}
+    page = render_report(manifest, None, None)
+    device = page[page.index('id="device"'):]
+    row = re.search(r'peak RSS while benchmarking[^<]*</th><td class="num">(.*?)</td>.*?<td class="num">(.*?)</td>', device, re.S)
+    assert row is not None and row.groups() == ("1.03 GB", "103%"), row and row.groups()
+    assert '<p class="fail-text">Needs 1.03 GB, more than the target&#39;s 1 GB of memory.</p>' in device
 
 
 def _sweep_rows() -> list[dict[str, Any]]:

@@ -25,3 +25,12 @@ def test_sweep_html_has_the_targets_estimate_beside_the_hosts_timing_as_the_cli_
     assert "<th>estimate p50 ms on jetson-orin-nano</th>" in page  # before: only the CLI table and sweep.json had it
     assert "<td class=num>12.35</td>" in page and "<td class=num>—</td></tr>" in page
     assert "estimate p50" not in render_sweep_html(_rows(2.0), "accuracy", True, recipe="digits", target="x86-64-cpu", batch=8)
+
+
+def test_dollar_signs_in_variant_recipe_and_metric_names_stay_literal_in_the_plot() -> None:
+    """'$' in a name is text, not matplotlib mathtext: an unbalanced one raised ValueError, a pair drew a formula."""
+    rows = _rows(2.0)
+    rows[1]["variant"] = "a$\\frac{$b"
+    page = render_sweep_html(rows, "top-1 $acc", True, recipe="price $\\x$", target="t", batch=8)
+    svg = page[page.index("<svg"):]
+    assert "Sweep of price $\\x$ on t, batch 8" in svg and "a$\\frac{$b (1 KB)" in svg and "top-1 $acc" in svg

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from edgekit.fleet.dashboard.rollout_summary import rollout_summary
 from edgekit.fleet.liveness import STATES
 from edgekit.fleet.rollout_state import RolloutLog
 from edgekit.fleet.store.base import Aggregate, DeviceEvent, DeviceSummary, FleetStore, ModelAggregate
@@ -104,7 +105,7 @@ def overview(store: FleetStore, rollouts: RolloutLog | None, *, fleet: str | Non
         "counts": figures,
         "bundles": bundles,
         "rejected": store.rejected_counts(),
-        "rollouts": [r.to_json() for r in rollouts.recent(10, fleet)] if rollouts is not None else [],
+        "rollouts": [rollout_summary(r) for r in rollouts.recent(10, fleet)] if rollouts is not None else [],  # /api/rollout: all
         "events": events_json(store.events(fleet=fleet, limit=events)),
     }
 

@@ -10,7 +10,9 @@
 ``/api/device``             ``?fleet=F&device=D``: its identity, its newest events, the rollouts that included it
 ``/api/fleet-series``       ``?by=bundle_id|target|power_mode|model&hours=24``: p50/p99/worst p99/power (by model: throughput) per group
 ``/api/bundle-series``      ``?hours=24``: the same by bundle, under ``bundles``
-``/api/rollouts``           the latest rollouts with per-device outcomes and health figures
+``/api/rollouts``           the latest 50 rollouts, summarized: devices per outcome, the devices that did not succeed
+                            (at most 50 each), health figures (see :mod:`~edgekit.fleet.dashboard.rollout_summary`)
+``/api/rollout``            ``?id=ROLLOUT_ID``: one rollout's whole record, every device's outcome and result
 ``/api/rejected``           rejected-message counts by reason
 ``/healthz``                ``ok``
 ==========================  ====================================================================
@@ -36,8 +38,9 @@ from edgekit.fleet.alerts import active_alerts
 from edgekit.fleet.dashboard import api
 from edgekit.fleet.dashboard.device_page import device_detail
 from edgekit.fleet.dashboard.device_table import DeviceQuery, DeviceQueryError, DeviceTable
+from edgekit.fleet.dashboard.rollout_summary import rollout_summary
 from edgekit.fleet.dashboard.http import HttpServer, Request, Response
-from edgekit.fleet.errors import FleetError, StoreUnavailableError
+from edgekit.fleet.errors import FleetError, StoreError, StoreUnavailableError
 from edgekit.fleet.report import unknown_filter_error
 from edgekit.fleet.rollout_state import RolloutLog, open_rollout_log
 from edgekit.fleet.store.base import FleetStore
@@ -225,12 +228,30 @@ class DashboardApp:
             payload = api.bundle_series(store, fleet=fleet, hours=hours, points=points, ranges=self._ranges,
                                         window_s=lambda: self._median_interval_s(fleet))  # fmt: skip
         elif endpoint == "rollouts":
-            payload = [r.to_json() for r in self._rollouts.recent(50, fleet)] if self._rollouts else []
+            payload = [rollout_summary(r) for r in self._rollouts.recent(50, fleet)] if self._rollouts else []
+        elif endpoint == "rollout":
+            return self._rollout(query.get("id"), fleet)
         elif endpoint == "rejected":
             payload = store.rejected_counts()
         else:
             return Response.error(404, f"no API endpoint {endpoint!r}")
         return Response.json(payload)
+
+    def _rollout(self, rollout_id: str | None, fleet: str | None) -> Response:
+        """One rollout's whole record (``/api/rollout?id=ID``): what a summary of ``/api/rollouts`` leaves out."""
+        if not rollout_id:
+            return _parameter_error("id", "rollout needs ?id=ROLLOUT_ID (the rollout_id of a rollout /api/rollouts lists)")
+        try:
+            record = self._rollouts.get(rollout_id) if self._rollouts is not None else None
+        except StoreUnavailableError:
+            raise
+        except StoreError as err:  # its stored JSON is damaged: said, not a bare 500
+            return Response.json({"error": err.message + (f"; {err.hint}" if err.hint else ""), "status": 500, "parameter": "id"}, 500)
+        if record is None or (fleet is not None and record.fleet != fleet):
+            where = f" in fleet {fleet!r}" if fleet is not None else ""
+            message = f"query id: no rollout {rollout_id[:80]!r}{where} in the store; /api/rollouts lists the rollout_id of each"
+            return Response.json({"error": message, "status": 404, "parameter": "id"}, 404)
+        return Response.json(record.to_json())
 
     def _devices_breaching(self, fleet: str | None) -> frozenset[tuple[str, str]] | None:
         """Devices with an alert firing (:func:`edgekit.fleet.alerts.active_alerts`, read from the alert events the

@@ -56,6 +56,15 @@ class Request:
     path: str
     query: dict[str, str]
     headers: dict[str, str]
+    version: str = "HTTP/1.1"  # as the request line gave it
+
+    def keeps_alive(self) -> bool:
+        """Whether the connection stays open after the answer (RFC 9112 9.3): HTTP/1.1 unless it asks
+        ``Connection: close``; HTTP/1.0 only when it asks ``Connection: keep-alive``."""
+        tokens = {token.strip().lower() for token in self.headers.get("connection", "").split(",")}
+        if "close" in tokens:
+            return False
+        return "keep-alive" in tokens or self.version not in ("HTTP/1.0", "HTTP/0.9")
 
 
 @dataclass(frozen=True)
@@ -212,7 +221,7 @@ class HttpServer:
                         response = Response.error(405, f"method {request.method} is not allowed; the dashboard is read-only")
                 else:
                     response = await asyncio.get_running_loop().run_in_executor(self._worker, self._call, request)
-                keep_alive = request.headers.get("connection", "").lower() != "close"
+                keep_alive = request.keeps_alive()
                 gzip_ok = "gzip" in request.headers.get("accept-encoding", "")
                 await self._write(writer, response, head=request.method == "HEAD", gzip_ok=gzip_ok, keep_alive=keep_alive)
                 if not keep_alive:
@@ -301,7 +310,7 @@ class HttpServer:
         await self._skip_body(reader, headers, lengths)
         target = urllib.parse.urlsplit(parts[1])
         query = {k: v[-1] for k, v in urllib.parse.parse_qs(target.query).items()}
-        return Request(parts[0].upper(), urllib.parse.unquote(target.path), query, headers)
+        return Request(parts[0].upper(), urllib.parse.unquote(target.path), query, headers, parts[2].upper())
 
     async def _skip_body(self, reader: asyncio.StreamReader, headers: dict[str, str], lengths: list[str]) -> None:
         """Read past a request's body (no handler reads one), or refuse framing that cannot be trusted."""

@@ -161,3 +161,38 @@ def test_rebound_hosts_foreign_origins_and_simple_posts_are_refused(dashboard: D
     status, payload = exchange(dashboard, b"POST /api/overview HTTP/1.1\r\nHost: localhost\r\nContent-Type: text/plain\r\n"
                                           b"Content-Length: 2\r\n\r\n{}")  # fmt: skip
     assert status == 415 and payload["error"].startswith("Content-Type 'text/plain' is not accepted (a type any web page may send")
+
+
+def _read_answer(sock: socket.socket) -> bytes:
+    """One whole answer (head and its Content-Length of body); its head is returned."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int(next(line.split(b":", 1)[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head
+
+
+@pytest.mark.parametrize(("request_head", "kept"), [
+    (b"GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", False),  # HTTP/1.0 closes unless asked to keep alive
+    (b"GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: Keep-Alive\r\n\r\n", True),
+    (b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", True),  # HTTP/1.1 keeps alive unless asked to close
+    (b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive, close\r\n\r\n", False),
+])  # fmt: skip
+def test_connections_stay_open_only_as_the_http_version_and_connection_header_say(
+        dashboard: DashboardServer, request_head: bytes, kept: bool) -> None:  # fmt: skip
+    dashboard.http.idle_timeout_s = 12.0  # a kept connection outlives the check below
+    with connect(dashboard) as sock:
+        sock.sendall(request_head)
+        head = _read_answer(sock)
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n") and (b"Connection: keep-alive" if kept else b"Connection: close") in head, head
+        sock.settimeout(3.0)
+        try:
+            closed = sock.recv(1) == b""
+        except ConnectionResetError:
+            closed = True
+        except TimeoutError:
+            closed = False
+        assert closed is not kept

@@ -269,21 +269,30 @@ function gateText(h) {
     + (h.final === false ? ` so far, ${plural(h.healthy || 0, "device")} of ${h.devices} heard from` : "");
 }
 
-// devices per outcome ("3 succeeded, 5 pending"), and each device's outcome (and reason) when opened
+// devices per outcome ("3 succeeded, 5 pending"), and when opened the devices that did not succeed (the summary lists
+// at most 50, with how many more; the whole record, every device, is at r.detail: /api/rollout?id=...)
 function outcomesCell(r) {
-  const counts = {};
-  for (const outcome of Object.values(r.outcomes || {})) counts[outcome] = (counts[outcome] || 0) + 1;
+  const counts = r.outcome_counts || {};
   const summary = Object.entries(counts).sort((a, b) => b[1] - a[1] || a[0].localeCompare(b[0])).map(([o, n]) => `${n} ${o}`).join(", ");
   const td = el("td", { class: "wrap outcomes" });
   const details = el("details");
-  details.appendChild(el("summary", {}, `${plural(r.devices.length, "device")}: ${summary || DASH}`));
-  const list = el("ul");
-  for (const [device, outcome] of Object.entries(r.outcomes || {}).sort()) {
-    const result = (r.device_results || {})[device] || {};
-    const reason = result.reason && !["succeeded", "pending", "not_started"].includes(outcome) ? `: ${result.reason}` : "";
-    list.appendChild(el("li", { "data-device": device, "data-outcome": outcome }, `${device}: ${outcome}${result.wave ? ` (wave ${result.wave})` : ""}${reason}`));
+  details.appendChild(el("summary", {}, `${plural(r.device_count || 0, "device")}: ${summary || DASH}`));
+  const listed = r.not_succeeded || [];
+  if (listed.length) {
+    const list = el("ul");
+    for (const result of listed) {
+      const outcome = result.outcome;
+      const reason = result.reason && !["succeeded", "pending", "not_started"].includes(outcome) ? `: ${result.reason}` : "";
+      list.appendChild(el("li", { "data-device": result.device, "data-outcome": outcome }, `${result.device}: ${outcome}${result.wave ? ` (wave ${result.wave})` : ""}${reason}`));
+    }
+    details.appendChild(list);
+  } else {
+    details.appendChild(el("div", { class: "muted" }, "every device succeeded"));
   }
-  details.appendChild(list);
+  const more = el("div", { class: "muted more-devices" });
+  if (r.not_succeeded_more) more.appendChild(document.createTextNode(`${plural(r.not_succeeded_more, "more device")} did not succeed, not listed here; `));
+  more.appendChild(el("a", { href: r.detail || `/api/rollout?id=${encodeURIComponent(r.rollout_id)}` }, "every device's outcome (JSON)"));
+  details.appendChild(more);
   td.appendChild(details);
   return td;
 }
@@ -317,10 +326,10 @@ function rolloutRow(r) {
   return tr;
 }
 
-// Rollouts as chart markers: [{t (s), short, label}], those of one device when `device` is given.
-function rolloutMarkers(device) {
-  const rollouts = (state.overview && state.overview.rollouts) || [];
-  return rollouts.filter((r) => !device || (r.fleet === device.fleet && r.devices.includes(device.device)))
+// Rollouts as chart markers: [{t (s), short, label}]; with `detail` (/api/device) those that included that device.
+function rolloutMarkers(detail) {
+  const rollouts = (detail ? detail.rollouts : state.overview && state.overview.rollouts) || [];
+  return rollouts
     .map((r) => ({ t: Date.parse(r.started_at) / 1000, short: shortId(r.bundle_id, 14), id: r.rollout_id,
       label: `${formatWhen(r.started_at)} rollout ${r.bundle_id}: ${r.state}` }));
 }
@@ -360,7 +369,7 @@ async function loadDevice() {
   renderDeviceEvents();
   const s = data.series, range = RANGES[state.hours];
   const common = { since: data.since, until: data.until, bucket_s: data.bucket_s, empty: `no telemetry from ${device} in the last ${range}`,
-    markers: rolloutMarkers({ fleet, device }) };
+    markers: rolloutMarkers(detail) };
   const heard = s.t.length > 0;  // buckets exist only where the device sent windows
   const figures = ["chart-latency", "chart-power", "chart-temperature"].map((id) => document.getElementById(id));
   timeChart(figures[0], { ...common, title: `${device}: latency`, unit: "ms", digits: 2, zero: true,
