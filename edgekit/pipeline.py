@@ -226,23 +226,10 @@ def stage_source(state: BuildState) -> None:
 
 def stage_prune(state: BuildState) -> None:
     """Prune a copy of the PyTorch model (the unpruned one stays the accuracy reference), then fine-tune."""
-    import copy
+    from edgekit.prune.stage import prune_for_build
 
-    import torch
-
-    from edgekit.prune import fine_tune, prune_model
-
-    spec = state.recipe.build.prune
-    assert spec is not None and state.loaded is not None
-    if state.loaded.module is None:
-        raise BuildError(f"{state.recipe.path}: build.prune needs a PyTorch model; the source is {state.loaded.kind}", hint="remove the prune section for ONNX-file sources")
-    example = tuple(torch.from_numpy(state.samples[0][s.name]) for s in state.recipe.inputs)
-    module, report = prune_model(copy.deepcopy(state.loaded.module), spec.method, spec.sparsity, example, **spec.options())
-    if spec.fine_tune is not None:
-        module, report = fine_tune(module, spec.fine_tune.callable, spec.fine_tune.kwargs, report=report, search_dir=state.recipe.base_dir)
-    module.eval()
-    state.export_module = module
-    state.prune = report.to_dict()
+    assert state.loaded is not None
+    state.export_module, state.prune = prune_for_build(state.recipe, state.loaded, state.samples)
 
 
 def stage_export(state: BuildState) -> str | None:
@@ -319,6 +306,8 @@ def stage_auto(state: BuildState, fixed_s: float = 0.0) -> str:
     quantized, result = search_auto_precision(
         state.fp32_path, state.workdir / "auto-chosen.onnx", recipe, state.target, state.backend,
         calibration, state.evaluation, feeds, state.workdir, state.threads, fixed_s=fixed_s, backend_reason=state.backend_reason,
+        # A pruned build's budget is measured from the unpruned model (as stage_evaluate does), not from the pruned graph.
+        reference=state.reference if state.prune is not None else None, reference_source=f"{state.reference_source} (unpruned model)",
     )
     chosen = result.chosen.precision
     if result.chosen.engine:  # another engine's candidate won (OpenVINO on x86-64-cpu): the bundle is built for it
@@ -414,14 +403,16 @@ def stage_evaluate(state: BuildState, runner: OnnxRuntimeRunner) -> str | None:
 
 
 def stage_golden(state: BuildState, runner: OnnxRuntimeRunner) -> str | None:
-    """Golden inputs with FP32 reference outputs; tolerances per output cover what this precision really
-    deviates on the host (with margin), never less than the recipe's parity tolerance."""
+    """Golden inputs with FP32 reference outputs (the pruned model's when the recipe prunes); tolerances per output
+    cover what this precision really deviates on the host (with margin), never less than the recipe's parity tolerance."""
     recipe = state.recipe
     assert state.reference is not None
     pairs, built = [], []
     batches = golden_batches(recipe, state.samples)
+    # The bundle runs the pruned model: its golden outputs are that model's, not the unpruned accuracy reference's.
+    reference = TorchReference(state.export_module, recipe) if state.prune is not None else state.reference
     # A stateful model's sequences run call by call; the runner carries its own state, as the device will.
-    feeds_used, expected_all = run_batches(recipe, state.reference, batches)
+    feeds_used, expected_all = run_batches(recipe, reference, batches)
     for feeds, expected, got in zip(feeds_used, expected_all, run_batches(recipe, runner.infer, batches)[1]):
         pairs.append((feeds, {name: np.asarray(expected[name]) for name in recipe.outputs}))
         built.append({name: np.asarray(got[name]) for name in recipe.outputs})

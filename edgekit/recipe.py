@@ -256,10 +256,20 @@ class PruneSpec(StrictModel):
     """Pruning on the PyTorch model before export; accuracy is then measured against the unpruned model."""
 
     method: Literal["magnitude", "channel", "2:4"]
-    sparsity: float | None = Field(default=None, ge=0, lt=1, description="magnitude: fraction of weights zeroed; channel: fraction of channels removed; 2:4: always 0.5")
+    sparsity: float | None = Field(default=None, gt=0, lt=1, description="magnitude: fraction of weights zeroed; channel: fraction of channels removed; 2:4: always 0.5")
     norm: Literal["l1", "l2"] | None = Field(default=None, description="channel only: how filters are ranked (default l1)")
     round_to: int | None = Field(default=None, ge=1, description="channel only: keep a multiple of this many channels")
     fine_tune: FineTuneSpec | None = None
+
+    @field_validator("sparsity", mode="before")
+    @classmethod
+    def _sparsity_is_a_number(cls, value: Any) -> Any:
+        if isinstance(value, (bool, str)):  # YAML 'false' or '0.5' (quoted) would pass as 0.0 / 0.5
+            raise ValueError(f"sparsity must be a number such as 0.5 (above 0, below 1), not a {type(value).__name__}; "
+                             "write it unquoted, or remove build.prune to build without pruning")
+        if isinstance(value, (int, float)) and value == 0:
+            raise ValueError("sparsity 0 prunes nothing; set a fraction above 0 (e.g. 0.5), or remove build.prune to build without pruning")
+        return value
 
     @model_validator(mode="after")
     def _options_fit_method(self) -> "PruneSpec":

@@ -103,7 +103,7 @@ def plan_channels(module: nn.Module, example_inputs: tuple[torch.Tensor, ...]) -
     modules = dict(graph_module.named_modules())
     calls = Counter(node.target for node in nodes if node.op == "call_module")
     read_directly = {str(node.target).rpartition(".")[0] for node in nodes if node.op == "get_attr"}
-    context = _Context(modules, calls, read_directly)
+    context = _Context(modules, calls, read_directly, parameter_owners(module))
 
     groups, blocked = [], {}
     for node in nodes:
@@ -139,16 +139,31 @@ def _shape(node: fx.Node) -> tuple[int, ...] | None:
     return tuple(meta.shape) if meta is not None and hasattr(meta, "shape") else None
 
 
+def parameter_owners(module: nn.Module) -> dict[int, list[str]]:
+    """id of each Parameter -> the names of every module holding it directly (two or more: a tied weight)."""
+    owners: dict[int, list[str]] = {}
+    for name, layer in module.named_modules():  # a module reachable under two names counts once, under the name fx uses
+        for param in layer.parameters(recurse=False):
+            owners.setdefault(id(param), []).append(name)
+    return owners
+
+
 @dataclass(frozen=True)
 class _Context:
     modules: dict[str, nn.Module]
     calls: Counter[Any]
     read_directly: set[str]
+    owners: dict[int, list[str]]
 
     def check_layer(self, name: str, role: str) -> None:
         layer = self.modules[name]
         if self.calls[name] != 1:
             raise _Blocked(f"{role} '{name}' is called {self.calls[name]} times in forward; shared layers are not pruned")
+        for param_name, param in layer.named_parameters(recurse=False):
+            others = [other for other in self.owners.get(id(param), []) if other != name]
+            if others:  # resizing it here would untie it: the model would grow and the other module change
+                raise _Blocked(f"{role} '{name}' has its {param_name} tied to {', '.join(repr(o) for o in others)} "
+                               "(one shared Parameter); tied weights are not pruned")
         if name in self.read_directly:
             raise _Blocked(f"{role} '{name}' has its parameters read directly in forward (not only through its call)")
         if isinstance(layer, nn.modules.conv._ConvTransposeNd):
@@ -197,7 +212,7 @@ def _step(user: fx.Node, source: fx.Node, block: int, context: _Context) -> Depe
         if user.target in ELEMENTWISE_FUNCTIONS:
             return block
         if user.target in POOL_FUNCTIONS:
-            return _pool(user, source, block)
+            return _pool(user, source, block, _pool_dims(user.target))
         if user.target is torch.flatten:
             return _flatten(user, source, block, start=_int_arg(user, 1, "start_dim", 0), end=_int_arg(user, 2, "end_dim", -1))
     if user.op == "call_method":
@@ -232,16 +247,33 @@ def _module_step(user: fx.Node, source: fx.Node, block: int, context: _Context) 
     if isinstance(layer, ELEMENTWISE_MODULES):
         return block
     if isinstance(layer, POOL_MODULES):
-        return _pool(user, source, block)
+        return _pool(user, source, block, _pool_dims(type(layer)))
     if isinstance(layer, nn.Flatten):
         return _flatten(user, source, block, start=layer.start_dim, end=layer.end_dim)
     raise _Blocked(f"its output passes through module '{name}' ({type(layer).__name__}), which the channel pruner does not understand")
 
 
-def _pool(user: fx.Node, source: fx.Node, block: int) -> int:
-    if block != 1 or (_rank(source) or 0) < 3 or _shape(user) is None or _rank(user) != _rank(source):
-        raise _Blocked(f"its output is pooled at node '{user.name}' in a way that does not keep channels on dim 1")
+def _pool(user: fx.Node, source: fx.Node, block: int, spatial_dims: int) -> int:
+    """A pool keeps channels apart only on a batched ``[N, C, *spatial]`` input of its own rank: ``MaxPool2d`` on a
+    rank-3 ``[N, C, L]`` tensor takes it as an unbatched ``[C, H, W]`` one and pools across the channels."""
+    before, after = _shape(source), _shape(user)
+    if (
+        block != 1
+        or before is None
+        or after is None
+        or len(before) != spatial_dims + 2
+        or len(after) != len(before)
+        or after[:2] != before[:2]
+    ):
+        rank = len(before) if before is not None else "unknown"
+        raise _Blocked(f"its output (rank {rank}) is pooled at node '{user.name}' by a {spatial_dims}-d pool, "
+                       "in a way that does not keep channels on dim 1")
     return block
+
+
+def _pool_dims(pool: Any) -> int:
+    """Spatial dims of a pool module type or function (``MaxPool2d``, ``F.adaptive_avg_pool3d``): its name ends in them."""
+    return int(pool.__name__.rstrip("d")[-1])
 
 
 def _flatten(user: fx.Node, source: fx.Node, block: int, start: int | None, end: int | None) -> int:

@@ -19,17 +19,37 @@ def weight_layers(module: nn.Module) -> list[tuple[str, nn.Module]]:
     """Every Conv (any rank, transposed included) and Linear layer with a weight, by qualified name.
 
     A layer object reachable under two names is listed once; so is a weight tensor shared by two layers.
+    A layer whose weight is tied to a module of another kind (a Linear head tied to an ``nn.Embedding``)
+    is left out: zeroing it would zero that module too (see :func:`tied_layers`).
     """
     found: list[tuple[str, nn.Module]] = []
     seen_weights: set[int] = set()
+    tied = tied_layers(module)
     for name, layer in module.named_modules():
         if not isinstance(layer, WEIGHT_LAYER_TYPES) or not isinstance(getattr(layer, "weight", None), torch.Tensor):
             continue
-        if id(layer.weight) in seen_weights:
+        if id(layer.weight) in seen_weights or name in tied:
             continue
         seen_weights.add(id(layer.weight))
         found.append((name, layer))
     return found
+
+
+def tied_layers(module: nn.Module) -> dict[str, str]:
+    """Conv/Linear layer name -> why it is not pruned: its weight is the very Parameter of a module that is not
+    Conv/Linear (an LM head tied to its ``nn.Embedding``), which pruning the layer would change as well."""
+    owners: dict[int, list[str]] = {}
+    for name, layer in module.named_modules():
+        if not isinstance(layer, WEIGHT_LAYER_TYPES):
+            for param in layer.parameters(recurse=False):
+                owners.setdefault(id(param), []).append(f"'{name}' ({type(layer).__name__})")
+    tied = {}
+    for name, layer in module.named_modules():
+        weight = getattr(layer, "weight", None)
+        if isinstance(layer, WEIGHT_LAYER_TYPES) and isinstance(weight, torch.Tensor) and id(weight) in owners:
+            others = ", ".join(owners[id(weight)])
+            tied[name] = f"its weight is tied to {others}; pruning it would change that module too, so both keep their weights"
+    return tied
 
 
 def reject_reparametrized(module: nn.Module, method: str) -> None:

@@ -115,6 +115,12 @@ def channel_prune(
     )
     params_after, nonzero_params_after = count_params(pruned)
     removed = params_before - params_after
+    if removed < 0:  # a Parameter shared with a module the plan did not see was copied instead of shrunk
+        raise InternalError(
+            f"channel pruning made {type(module).__name__} larger ({params_before} -> {params_after} parameters); "
+            "this is a bug in edgekit's channel pruner (a tied weight it did not detect?), please report it "
+            "(method 'magnitude' avoids it)"
+        )
     notes = [
         f"removed {removed} of {params_before} parameters ({100.0 * removed / max(params_before, 1):.1f}%); "
         "the exported graph has smaller tensors, so dense kernels do less work",

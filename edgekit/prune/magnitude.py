@@ -20,11 +20,12 @@ from edgekit.prune._layers import (
     count_params,
     layer_record,
     reject_reparametrized,
+    tied_layers,
     weight_layers,
     weight_sparsity,
     weight_stats,
 )
-from edgekit.prune.report import PruneReport, SkippedLayer, check_sparsity
+from edgekit.prune.report import PruneReport, SkippedLayer, check_sparsity, zeroing_notes
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,9 @@ def magnitude_prune(module: nn.Module, sparsity: float) -> PruneReport:
     reject_reparametrized(module, METHOD)
     layers = weight_layers(module)
     if not layers:
+        tied = "; ".join(f"{name}: {why}" for name, why in tied_layers(module).items())
         raise PruneError(
-            f"prune method '{METHOD}': {type(module).__name__} has no Conv or Linear layer to prune",
+            f"prune method '{METHOD}': {type(module).__name__} has no Conv or Linear layer to prune" + (f" ({tied})" if tied else ""),
             hint="magnitude pruning acts on nn.Conv*/nn.Linear weights only",
         )
     params_before, nonzero_params_before = count_params(module)
@@ -73,6 +75,7 @@ def magnitude_prune(module: nn.Module, sparsity: float) -> PruneReport:
     records = tuple(layer_record(name, layer, stats_before[name], "zeroed") for name, layer in layers)
     params_after, nonzero_params_after = count_params(module)
     achieved = weight_sparsity(records)
+    newly_zeroed = sum(stats_before[r.name][3] for r in records) - sum(weight_stats(layer)[3] for _, layer in layers)
     threshold = float(magnitudes[~keep].max()) if to_zero > 0 else 0.0
     log.info("magnitude pruning: %d of %d weights zeroed (threshold |w| <= %.3g)", to_zero, magnitudes.numel(), threshold)
     return PruneReport(
@@ -85,9 +88,11 @@ def magnitude_prune(module: nn.Module, sparsity: float) -> PruneReport:
         nonzero_params_after=nonzero_params_after,
         layers=records,
         skipped=_skipped_others(module, {name for name, _ in layers}),
+        newly_zeroed=newly_zeroed,
         options={"threshold_abs": threshold},
         notes=(
             f"one global threshold |w| <= {threshold:.6g} over {magnitudes.numel()} weights of {len(layers)} Conv/Linear layers",
+            *zeroing_notes(newly_zeroed, magnitudes.numel(), achieved, sparsity),
             DENSE_KERNEL_NOTE,
         ),
     )
@@ -95,15 +100,17 @@ def magnitude_prune(module: nn.Module, sparsity: float) -> PruneReport:
 
 def _skipped_others(module: nn.Module, pruned: set[str]) -> tuple[SkippedLayer, ...]:
     """Layers with parameters that magnitude pruning does not touch, for the report."""
+    tied = tied_layers(module)
     skipped = []
     for name, layer in module.named_modules():
         if name in pruned or not any(True for _ in layer.parameters(recurse=False)):
             continue
-        reason = (
-            "shares its weight tensor with a layer listed as pruned"
-            if isinstance(layer, WEIGHT_LAYER_TYPES)
-            else "not a Conv/Linear layer (only their weights are pruned)"
-        )
+        if name in tied:
+            reason = tied[name]
+        elif isinstance(layer, WEIGHT_LAYER_TYPES):
+            reason = "shares its weight tensor with a layer listed as pruned"
+        else:
+            reason = "not a Conv/Linear layer (only their weights are pruned)"
         skipped.append(SkippedLayer(name, type(layer).__name__, reason))
     return tuple(skipped)
 

@@ -59,7 +59,9 @@ class PruneReport:
 
     ``achieved_sparsity`` is the fraction of the Conv/Linear weight entries the method considered
     that are zero or removed afterwards. ``params_*`` count every parameter of the model,
-    ``nonzero_params_*`` those that are not exactly zero.
+    ``nonzero_params_*`` those that are not exactly zero. ``newly_zeroed``: the weight entries this pass set to zero
+    (magnitude, 2:4; None for channel, which removes them): weights already zero in the checkpoint count toward
+    ``achieved_sparsity`` but not here, so 0 means the pass changed nothing.
     """
 
     method: str
@@ -73,6 +75,7 @@ class PruneReport:
     skipped: tuple[SkippedLayer, ...] = ()
     sparse_2_4: bool = False
     fine_tune: str | None = None
+    newly_zeroed: int | None = None
     options: dict[str, Any] = field(default_factory=dict, hash=False)
     notes: tuple[str, ...] = ()
 
@@ -112,3 +115,16 @@ def _unit(method: str) -> str:
 
 def fraction(part: int, whole: int) -> float:
     return part / whole if whole else 0.0
+
+
+def zeroing_notes(newly_zeroed: int, weights: int, achieved: float, target: float) -> tuple[str, ...]:
+    """What an in-place pass (magnitude, 2:4) says about the zeros it found already there."""
+    already = round(achieved * weights) - newly_zeroed
+    if newly_zeroed == 0:
+        return (f"pruning zeroed no weight: {already} of the {weights} weights were already zero, at least what target "
+                f"{target} asks for, so achieved sparsity {achieved:.3f} is the checkpoint's own and the model is unchanged; "
+                f"raise prune.sparsity above {achieved:.3f} to prune further, or remove build.prune",)
+    if already > 0:
+        return (f"{newly_zeroed} weights newly zeroed; {already} of the {weights} were already zero before pruning "
+                f"(achieved sparsity {achieved:.3f} counts both, target {target})",)
+    return ()

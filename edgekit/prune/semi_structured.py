@@ -29,11 +29,12 @@ from edgekit.prune._layers import (
     count_params,
     layer_record,
     reject_reparametrized,
+    tied_layers,
     weight_layers,
     weight_sparsity,
     weight_stats,
 )
-from edgekit.prune.report import PruneReport, SkippedLayer
+from edgekit.prune.report import PruneReport, SkippedLayer, zeroing_notes
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,8 @@ def eligible_layers(module: nn.Module) -> tuple[list[tuple[str, nn.Module]], lis
             eligible.append((name, layer))
         else:
             skipped.append(SkippedLayer(name, type(layer).__name__, reason))
+    for name, reason in tied_layers(module).items():  # e.g. a Linear head tied to an nn.Embedding
+        skipped.append(SkippedLayer(name, type(module.get_submodule(name)).__name__, reason))
     return eligible, skipped
 
 
@@ -128,13 +131,16 @@ def prune_2_4(module: nn.Module) -> PruneReport:
     records = tuple(layer_record(name, layer, stats_before[name], "zeroed") for name, layer in eligible)
     params_after, nonzero_params_after = count_params(module)
     log.info("2:4 pruning: %d layers pruned, %d skipped", len(records), len(skipped))
-    notes = [LAYOUT_NOTE, ENGINE_NOTE]
+    achieved = weight_sparsity(records)
+    newly_zeroed = sum(stats_before[r.name][3] for r in records) - sum(weight_stats(layer)[3] for _, layer in eligible)
+    weights = sum(int(np.prod(r.weight_shape_before)) for r in records)
+    notes = [LAYOUT_NOTE, *zeroing_notes(newly_zeroed, weights, achieved, SPARSITY), ENGINE_NOTE]
     if skipped:
         notes.append(f"{len(skipped)} layer(s) stay dense: {', '.join(s.name for s in skipped)}")
     return PruneReport(
         method=METHOD,
         target_sparsity=SPARSITY,
-        achieved_sparsity=weight_sparsity(records),
+        achieved_sparsity=achieved,
         params_before=params_before,
         params_after=params_after,
         nonzero_params_before=nonzero_params_before,
@@ -142,6 +148,7 @@ def prune_2_4(module: nn.Module) -> PruneReport:
         layers=records,
         skipped=tuple(skipped),
         sparse_2_4=True,
+        newly_zeroed=newly_zeroed,
         options={"group_size": GROUP_SIZE, "keep_per_group": KEEP_PER_GROUP},
         notes=tuple(notes),
     )

@@ -10,7 +10,7 @@ import logging
 import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -158,13 +158,17 @@ def copy_calibration(model: QuantizedModel, bundle_dir: Path) -> str | None:
 def search_auto_precision(fp32_path: Path, out_path: Path, recipe: Any, target: TargetProfile, backend: Backend,
                           calibration_batches: list[dict[str, np.ndarray]], evaluation_batches: list[dict[str, np.ndarray]],
                           bench_feeds: dict[str, np.ndarray], workdir: Path, threads: int, fixed_s: float = 0.0,
-                          backend_reason: str = "") -> tuple[QuantizedModel, Any]:
+                          backend_reason: str = "", reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+                          reference_source: str = "onnxruntime-fp32") -> tuple[QuantizedModel, Any]:
     """``--precision auto``: the fastest plan this target supports that meets the recipe's budget (see
     :mod:`edgekit.quantize.auto`). Writes the chosen model to ``out_path``; returns it and the search result.
     ``fixed_s``: the seconds the build spent before the search, which a plain int8 build spends too (the
     search's time budget is a multiple of that build). On a target that allows OpenVINO too (and a backend the user did
     not name, ``backend_reason``), OpenVINO's candidates are tried beside ONNX Runtime's (:mod:`edgekit.quantize.ov.auto`)
-    and the manifest's ``auto.engines`` says which engines were tried and why the winner won."""
+    and the manifest's ``auto.engines`` says which engines were tried and why the winner won. ``reference``: what candidates
+    are judged against, named ``reference_source`` in the manifest's ``auto.reference``; None: ``fp32_path`` itself. A pruned
+    build passes the unpruned model, which the evaluate stage checks the budget against, so that the search does not hand
+    the whole budget to quantization on top of the pruning's loss."""
     from edgekit.quantize.ort.judges import OrtInterleavedTimer, RecipeEvaluator, recipe_metric_spec
     from edgekit.quantize.ort.planner import plan_auto_onnxruntime
     from edgekit.quantize.calibration import CalibrationCache
@@ -185,6 +189,12 @@ def search_auto_precision(fp32_path: Path, out_path: Path, recipe: Any, target: 
         evaluator = engines.evaluator(recipe, evaluation_batches, fp32_path, threads=threads)
     else:
         evaluator = RecipeEvaluator(recipe, evaluation_batches, fp32_path, threads=threads)
+    if reference is not None:
+        from edgekit.evaluate.accuracy import run_reference
+
+        evaluator.reference_outputs = run_reference(recipe, reference, evaluator.batches)
+    else:
+        reference_source = "onnxruntime-fp32"
     if getattr(recipe, "state", None):
         # Candidates run each sequence call by call, carrying their own state (the evaluator); the per-batch
         # sensitivity pass sees each chunk with the state FP32 carries into it, as calibration does.
@@ -202,10 +212,11 @@ def search_auto_precision(fp32_path: Path, out_path: Path, recipe: Any, target: 
         metric=recipe_metric_spec(recipe), evaluate=evaluator, time_models=timer,
         cache=CalibrationCache(default_cache_dir()), threads=threads, time_budget_s=recipe.build.quantization.auto_time_budget_s,
         bench_feeds=bench_feeds, fixed_s=fixed_s, engines=engines,
+        budget_text="the recipe's evaluation.budget" + ("" if reference is None else f" (measured against {reference_source}, as the evaluate stage does)"),
     )
     shutil.copyfile(result.model_path, out_path)
     plan = result.plan if result.chosen.precision in WRITTEN else None
-    details = {"auto": result.to_manifest()}
+    details = {"auto": {**result.to_manifest(), "reference": reference_source}}  # what every candidate's value is measured against
     if engines is not None:
         details["auto"]["engines"] = engines.summary(result.table, result.chosen)
         details.update(engines.manifest_extra(result.chosen))  # NNCF's int8 won: its quantizer record, as a plain nncf build's

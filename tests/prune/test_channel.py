@@ -15,11 +15,11 @@ from torch.nn import functional as F
 
 from edgekit.demos.digits_cnn import evaluation_batches
 from edgekit.demos.digits_finetune import fine_tune_digits
-from edgekit.errors import PruneError, RecipeError
+from edgekit.errors import InternalError, PruneError, RecipeError
 from edgekit.prune import fine_tune
 from edgekit.prune.channel import channel_prune, channels_to_keep, strongest_channels
 
-from .conftest import ResidualNet, seeded
+from .conftest import ResidualNet, TiedLM, seeded
 
 
 def _export(model: nn.Module, batch: torch.Tensor) -> onnx.ModelProto:
@@ -298,3 +298,76 @@ def test_digits_fine_tune_is_deterministic_and_validates_its_arguments(digits_mo
     assert "prune.fine_tune.kwargs" in str(info.value)
     with pytest.raises(RecipeError, match="'epochs' must be an integer >= 1, got 0"):
         fine_tune_digits(first, epochs=0)
+
+
+class _TiedPair(nn.Module):
+    """p -> q -> a -> b, with b's weight the very Parameter of a: p can lose outputs, q and the tied pair cannot."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.p, self.q, self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+        self.b.weight = self.a.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(F.relu(self.a(F.relu(self.q(F.relu(self.p(x)))))))
+
+
+def test_tied_weights_are_not_pruned_and_the_model_only_shrinks():
+    """Resizing one holder of a shared Parameter untied it: 288 -> 412 parameters, reported as '-124 removed'."""
+    model, inputs = seeded(_TiedPair), torch.rand(2, 16)
+    pruned, report = channel_prune(model, 0.25, inputs)
+    assert pruned.a.weight is pruned.b.weight and tuple(pruned.a.weight.shape) == (16, 16)
+    assert tuple(pruned.p.weight.shape) == (12, 16) and tuple(pruned.q.weight.shape) == (16, 12)
+    assert report.params_after < report.params_before
+    reasons = {item.name: item.reason for item in report.skipped}
+    assert reasons["q"] == "consumer 'a' has its weight tied to 'b' (one shared Parameter); tied weights are not pruned"
+    assert reasons["a"] == "producer 'a' has its weight tied to 'b' (one shared Parameter); tied weights are not pruned"
+
+
+def test_a_producer_tied_to_an_embedding_is_not_pruned():
+    model = seeded(TiedLM)
+    with pytest.raises(PruneError, match="no layer of TiedLM can lose channels safely") as info:
+        channel_prune(model, 0.5, torch.tensor([1, 2, 3]))  # [batch] ids -> [batch, 8] features
+    assert "mid: consumer 'head' has its weight tied to 'emb' (one shared Parameter)" in str(info.value)
+
+
+class _Tied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
+        self.b.weight = self.a.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(F.relu(self.a(x)))
+
+
+def test_a_model_that_grows_is_an_internal_error(monkeypatch):
+    """Were a tie missed, the pruned model would hold more parameters than before (288 -> 412): an internal error,
+    never a report of negative removal."""
+    monkeypatch.setattr("edgekit.prune._channel_graph.parameter_owners", lambda module: {}, raising=False)
+    with pytest.raises(InternalError, match=r"channel pruning made _Tied larger \(288 -> 412 parameters\)"):
+        channel_prune(seeded(_Tied), 0.25, torch.rand(2, 16))
+
+
+class _PoolAcrossChannels(nn.Module):
+    """MaxPool2d on a rank-3 [N, C, L] tensor takes it as unbatched [C, H, W] and pools over C and L."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.pool, self.conv2, self.head = nn.Conv1d(2, 8, 3, padding=1), nn.MaxPool2d(2), nn.Conv1d(4, 4, 1), nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.conv2(self.pool(F.relu(self.conv(x)))).flatten(1))
+
+
+def test_a_pool_of_another_rank_blocks_its_producer_instead_of_breaking_it():
+    model, inputs = seeded(_PoolAcrossChannels), torch.rand(2, 2, 8)
+    with torch.no_grad():
+        expected_shape = model(inputs).shape
+    pruned, report = channel_prune(model, 0.5, inputs)
+    assert {item.name: item.reason for item in report.skipped}["conv"] == (
+        "its output (rank 3) is pooled at node 'pool' by a 2-d pool, in a way that does not keep channels on dim 1"
+    )
+    assert tuple(pruned.conv.weight.shape) == (8, 2, 3)
+    with torch.no_grad():
+        assert pruned(inputs).shape == expected_shape

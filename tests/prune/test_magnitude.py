@@ -10,7 +10,7 @@ from torch.nn.utils import prune as torch_prune
 from edgekit.errors import PruneError
 from edgekit.prune.magnitude import DENSE_KERNEL_NOTE, magnitude_prune
 
-from .conftest import seeded
+from .conftest import TiedLM, seeded
 
 
 def _weights(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -99,3 +99,56 @@ def test_nan_weights_are_an_error_naming_the_layer():
         model[1].weight[0, 0] = float("nan")
     with pytest.raises(PruneError, match=r"layers \['1'\] have NaN or infinite weights"):
         magnitude_prune(model, 0.5)
+
+
+def test_a_linear_tied_to_an_embedding_is_left_alone_and_says_why():
+    """Zeroing the head would zero the embedding it shares its Parameter with, while the report called it skipped."""
+    model = seeded(TiedLM)
+    embedding = model.emb.weight.detach().clone()
+    report = magnitude_prune(model, 0.5)
+    assert torch.equal(model.emb.weight, embedding) and model.head.weight is model.emb.weight
+    assert [record.name for record in report.layers] == ["mid"]
+    reasons = {item.name: item.reason for item in report.skipped}
+    assert reasons["head"] == ("its weight is tied to 'emb' (Embedding); pruning it would change that module too, "
+                               "so both keep their weights")
+
+
+def test_only_tied_layers_is_an_error_that_names_the_tie():
+    class HeadOnly(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb, self.head = nn.Embedding(16, 8), nn.Linear(8, 16, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.emb(ids))
+
+    with pytest.raises(PruneError, match=r"has no Conv or Linear layer to prune \(head: its weight is tied to 'emb' \(Embedding\)"):
+        magnitude_prune(seeded(HeadOnly), 0.5)
+
+
+def test_an_already_sparse_checkpoint_reports_that_nothing_was_zeroed(digits_model):
+    """Asked for 0.5 of a checkpoint already 60% zero: 'achieved 0.6' alone would read as if pruning did it."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for layer in digits_model.modules():
+            if isinstance(layer, (nn.Conv2d, nn.Linear)):
+                layer.weight.mul_((torch.rand(layer.weight.shape, generator=generator) > 0.6).to(layer.weight.dtype))
+    before = _weights(digits_model)
+    report = magnitude_prune(digits_model, 0.5)
+    assert all(torch.equal(before[name], weight) for name, weight in _weights(digits_model).items())
+    assert report.newly_zeroed == 0 and report.to_dict()["newly_zeroed"] == 0
+    assert report.achieved_sparsity > 0.55
+    [note] = [note for note in report.notes if note.startswith("pruning zeroed no weight")]
+    assert f"achieved sparsity {report.achieved_sparsity:.3f} is the checkpoint's own and the model is unchanged" in note
+    assert "raise prune.sparsity above" in note
+
+
+def test_newly_zeroed_counts_only_what_the_pass_zeroed(digits_model):
+    with torch.no_grad():
+        digits_model.classifier[3].weight[0].zero_()  # a few zeros already there
+    already = sum(int((w == 0).sum()) for w in _weights(digits_model).values())
+    report = magnitude_prune(digits_model, 0.5)
+    total = sum(w.numel() for w in _weights(digits_model).values())
+    assert report.newly_zeroed == round(0.5 * total) - already
+    assert any(f"{report.newly_zeroed} weights newly zeroed; {already} of the {total} were already zero" in n for n in report.notes)

@@ -9,7 +9,7 @@ from torch import nn
 from edgekit.errors import PruneError
 from edgekit.prune.semi_structured import prune_2_4, run, verify_2_4
 
-from .conftest import seeded
+from .conftest import TiedLM, seeded
 
 
 def _groups_along_input_channels(weight: torch.Tensor) -> torch.Tensor:
@@ -100,3 +100,21 @@ def test_sparsity_other_than_half_is_an_error(bad):
     assert "method 'magnitude'" in str(info.value)
     module, report = run(nn.Linear(8, 8), 0.5)
     assert report.sparse_2_4 and verify_2_4(module) == []
+
+
+def test_a_linear_tied_to_an_embedding_keeps_the_embedding_dense():
+    model = seeded(TiedLM)
+    embedding = model.emb.weight.detach().clone()
+    report = prune_2_4(model)
+    assert torch.equal(model.emb.weight, embedding)
+    assert [record.name for record in report.layers] == ["mid"]
+    assert {item.name: item.reason for item in report.skipped}["head"].startswith("its weight is tied to 'emb' (Embedding)")
+
+
+def test_newly_zeroed_is_recorded():
+    model = seeded(TiedLM)
+    report = prune_2_4(model)
+    assert report.newly_zeroed == 32 and report.to_dict()["newly_zeroed"] == 32  # half of mid's 8x8, none zero before
+    assert not any("already zero" in note or "zeroed no weight" in note for note in report.notes)
+    again = prune_2_4(model)  # the pattern is there already: nothing left to zero, and the report says so
+    assert again.newly_zeroed == 0 and any(note.startswith("pruning zeroed no weight: 32 of the 64 weights") for note in again.notes)
