@@ -81,7 +81,9 @@ def precision_section(manifest: dict[str, Any]) -> dict[str, Any]:
         "notes": _notes(plan.get("notes")) + _notes((auto or {}).get("notes")),
         "prune": None if not prune else {
             "facts": [("method", fmt_value(prune.get("method"))), ("target sparsity", fmt_value(prune.get("target_sparsity"))),
-                      ("achieved sparsity", fmt_value(prune.get("achieved_sparsity"))), ("parameters before", fmt_value(prune.get("params_before"))),
+                      ("achieved sparsity", fmt_value(prune.get("achieved_sparsity"))),
+                      *((("weights this pass zeroed", fmt_value(prune.get("newly_zeroed"))),) if prune.get("newly_zeroed") is not None else ()),
+                      ("parameters before", fmt_value(prune.get("params_before"))),
                       ("parameters after", fmt_value(prune.get("params_after"))), ("2:4 sparse", fmt_value(prune.get("sparse_2_4"))),
                       ("fine-tune", fmt_value(bool(prune.get("fine_tune"))))],
             "layers": prune_rows,

@@ -522,6 +522,9 @@ def test_precision_section_shows_plan_kept_nodes_candidates_and_pruning():
     page = render_report(manifest, None, None)
     for text in ("Precision and pruning", "layer.0/ffn.down", "sensitivity rank 1", "int8-static", "0.61", "Pruning", "conv1", "dense kernels"):
         assert text in page, text
+    assert "weights this pass zeroed" not in page  # channel pruning removes channels: no such count
+    manifest["prune"].update(method="magnitude", newly_zeroed=0)
+    assert '<th scope="row">weights this pass zeroed</th><td>0</td>' in render_report(manifest, None, None)
 
 
 def test_the_estimate_section_shows_the_estimate_it_is_given_and_the_report_makes_none(tiny_model_path: Path) -> None:
