@@ -193,6 +193,7 @@ def search_auto_precision(fp32_path: Path, out_path: Path, recipe: Any, target: 
         from edgekit.evaluate.accuracy import run_reference
 
         evaluator.reference_outputs = run_reference(recipe, reference, evaluator.batches)
+        evaluator.reference_source = reference_source
     else:
         reference_source = "onnxruntime-fp32"
     if getattr(recipe, "state", None):

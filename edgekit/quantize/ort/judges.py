@@ -145,6 +145,7 @@ class RecipeEvaluator:
         self.recipe, self.threads = recipe, threads
         self.batches = [dict(batch) for batch in batches]
         self.reference_outputs = run_reference(recipe, self._runner(Path(reference_path)), self.batches)
+        self.reference_source = "onnxruntime-fp32"  # what reference_outputs came from (a pruned build: the unpruned model)
 
     def _runner(self, path: Path) -> Any:
         session = shared_session(path, self.threads)
@@ -155,7 +156,7 @@ class RecipeEvaluator:
     def __call__(self, path: Path) -> Any:
         from edgekit.evaluate.accuracy import evaluate_accuracy
 
-        return evaluate_accuracy(self.recipe, self._runner(Path(path)), self.reference_outputs, self.batches, "onnxruntime-fp32")
+        return evaluate_accuracy(self.recipe, self._runner(Path(path)), self.reference_outputs, self.batches, self.reference_source)
 
 
 def recipe_metric_spec(recipe: Any) -> MetricSpec:
