@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import signal
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgekit.cli.fleet_options import growth_ratio, positive_seconds, share
 from edgekit.cli.options import console, json_parent, print_json, results
 from edgekit.errors import EdgekitError
 
@@ -46,10 +49,11 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
     sizes.add_argument("--waves", metavar="W1,W2,...", help="cumulative wave sizes, shares or counts, ending with 100%% "
                        "(e.g. 1,10%%,50%%,100%%); a health gate runs after every wave but the last")  # fmt: skip
     sizes.add_argument("--canary", default="10%", help="shorthand for --waves CANARY,100%% (default 10%%)")
-    parser.add_argument("--health-window-s", type=float, default=60.0, help="how long each gate watches (default 60)")
-    parser.add_argument("--deploy-timeout-s", type=float, default=180.0, help="wait this long for each deploy result")
-    parser.add_argument("--max-error-rate", type=float, default=0.02, help="gate: error-rate limit (default 0.02)")
-    parser.add_argument("--max-p99-ratio", type=float, default=1.5, help="gate: p99 after/before limit (default 1.5)")
+    parser.add_argument("--health-window-s", type=positive_seconds, default=60.0, help="how long each gate watches, seconds above 0 (default 60)")
+    parser.add_argument("--deploy-timeout-s", type=positive_seconds, default=180.0,
+                        help="wait this long for each deploy result, seconds above 0 (default 180)")
+    parser.add_argument("--max-error-rate", type=share, default=0.02, help="gate: error-rate limit, from 0 to 1 (default 0.02)")
+    parser.add_argument("--max-p99-ratio", type=growth_ratio, default=1.5, help="gate: p99 after/before limit, above 0 (default 1.5)")
     parser.add_argument("--force", action="store_true",
                         help="deploy to devices that report another target than the bundle's, or none (recorded in the rollout)")
     parser.add_argument("--allow-downgrade", action="store_true", help="let devices that ran a newer bundle_version take this one")
@@ -76,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from edgekit.fleet.rollout import RolloutPolicy, parse_waves, run_rollout
     from edgekit.fleet.rollout_bundle import RolloutError, prepare_bundle
     from edgekit.fleet.rollout_models import ModelDeploy, check_model_name, parse_pipeline
+    from edgekit.fleet.rollout_state import DeployTerminated
 
     key = args.key if args.key is not None else args.sign_commands
     if (args.bundle is None) == (args.pipeline is None):
@@ -109,11 +114,19 @@ def run(args: argparse.Namespace) -> int:
         show(record)
 
     devices = [d.strip() for d in args.devices.split(",") if d.strip()] if args.devices else None
+    previous = _sigterm_raises()
     try:
         record = run_rollout(artifact, broker_url=args.broker, store_url=args.store, devices=devices, target=args.target,
                              fleet=args.fleet, policy=policy, mqtt_version=args.mqtt_version, on_update=on_update,
                              publisher_options={"signing_key": args.sign_commands} if args.sign_commands else None,
                              models=models, pipeline=args.pipeline is not None)  # fmt: skip
+    except DeployTerminated:
+        if not started:
+            console.print("[red]terminated (SIGTERM)[/] before any command went out: nothing was sent", soft_wrap=True)
+        else:
+            console.print(f"[red]terminated (SIGTERM)[/]: rollout {started[0].rollout_id} is recorded stopped; no rollback was "
+                          f"sent; `edgekit fleet report --fleet {started[0].fleet}` shows which devices took the bundle", soft_wrap=True)  # fmt: skip
+        return 128 + signal.SIGTERM
     except EdgekitError as err:
         if not started:
             raise  # a check before sending: exit 2, nothing was sent
@@ -124,10 +137,30 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"rollout {started[0].rollout_id} stopped after commands went out ({started[0].state}): devices may run "
                       f"the new bundle; `edgekit fleet report --fleet {started[0].fleet}` shows its record", soft_wrap=True)  # fmt: skip
         return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     print_record(record, results(args))  # stdout, or stderr with --json
     if args.json:
         print_json(record.to_json())
     return 0 if record.state == "completed" else 1
+
+
+def _sigterm_raises() -> Any:
+    """Turn SIGTERM (systemd stop, ``timeout``, a cancelled CI job) into :class:`DeployTerminated` while the rollout
+    runs, so it records ``stopped`` as on Ctrl-C instead of staying ``deploying`` and blocking the next deploy of the
+    fleet. A second SIGTERM is ignored while that record is saved. Returns the handler to put back (None off the main
+    thread, where Python cannot set one)."""
+    from edgekit.fleet.rollout_state import DeployTerminated
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def terminated(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise DeployTerminated("SIGTERM")
+
+    return signal.signal(signal.SIGTERM, terminated)
 
 
 def _progress_printer(artifact: Any) -> Callable[[RolloutRecord], None]:

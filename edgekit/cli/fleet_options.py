@@ -29,15 +29,42 @@ def port_number(text: str) -> int:
     return port
 
 
-def finite_number(text: str) -> float:
+def finite_number(text: str, what: str = "a number of seconds, hours or days") -> float:
     """A number that is neither NaN nor infinite."""
     try:
         number = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number: give {what}") from None
     if not math.isfinite(number):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number: give a number of seconds, hours or days")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number: give {what}")
     return number
+
+
+def positive_seconds(text: str) -> float:
+    """A finite number of seconds above 0 (a health window, a timeout)."""
+    what = "a number of seconds above 0, e.g. 60"
+    seconds = finite_number(text, what)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not above 0: give {what}")
+    return seconds
+
+
+def share(text: str) -> float:
+    """A share from 0 to 1 (0.02 is 2 %)."""
+    what = "a share from 0 to 1, e.g. 0.02 for 2 %"
+    value = finite_number(text, what)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not from 0 to 1: give {what}")
+    return value
+
+
+def growth_ratio(text: str) -> float:
+    """A finite ratio above 0 (1.5: may grow by half; below 1 demands that it shrink)."""
+    what = "a ratio above 0, e.g. 1.5 (may grow by half)"
+    value = finite_number(text, what)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not above 0: give {what}")
+    return value
 
 
 def name_list(text: str) -> tuple[str, ...]:

@@ -18,7 +18,8 @@ tenth, half, all), saving the :class:`~edgekit.fleet.rollout_state.RolloutRecord
 
 The last wave has no gate after it (nothing is left to protect); its failed devices are listed and
 the rollout ends ``completed_with_failures``. Final states: ``completed``, ``completed_with_failures``,
-``rolled_back``, ``stopped`` (no device switched: a first wave that failed, or one wave in which all failed). Every device that did not take
+``rolled_back``, ``stopped`` (no device switched: a first wave that failed, or one wave in which all failed; or a deploy ended
+early: Ctrl-C, SIGTERM in ``fleet deploy``, a set ``stop`` event, an error, after which nothing more is sent). Every device that did not take
 the bundle keeps the reason its agent gave (the ``deploy_result`` or ``command_rejected`` message) and
 a hint from :data:`FAILURE_HINTS`.
 """
@@ -28,29 +29,21 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
-import math
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-from edgekit.fleet.commands import CommandName, CommandPublisher, build_command
+from edgekit.fleet.commands import CommandPublisher, build_command
 from edgekit.fleet.rollout_bundle import BundleArtifact, RolloutError, refuse_file_url_for_agents
 from edgekit.fleet.rollout_models import ModelDeploy, model_health_rows, pipeline_bundle_id
 from edgekit.fleet.rollout_answers import PROVISIONAL, all_final, late_switches, later_failures, newest_answers
-from edgekit.fleet.rollout_answers import EVENT_CLOCK_LAG, answer_seconds, refuse_a_second_rollout
+from edgekit.fleet.rollout_answers import EVENT_CLOCK_LAG, answer_seconds, answers_to_deploys, refuse_a_second_rollout
 from edgekit.fleet.rollout_hints import FAILURE_HINTS, failure_hint
-from edgekit.fleet.rollout_state import (
-    DEFAULT_DEPLOY_TIMEOUT_S,
-    DEFAULT_PROGRESS_S,
-    FINAL_STATES,
-    KEPT_OUTCOMES,
-    RolloutLog,
-    RolloutRecord,
-    interrupted,
-)
+from edgekit.fleet.rollout_policy import RolloutPolicy, deploy_command, parse_waves
+from edgekit.fleet.rollout_state import FINAL_STATES, KEPT_OUTCOMES, RolloutLog, RolloutRecord, interrupted
 from edgekit.fleet.store.base import DeviceSummary, FleetStore
 from edgekit.fleet.store_patience import patiently
 
@@ -67,100 +60,6 @@ class NoDevicesMatchError(RolloutError):
 
 class TargetMismatchError(RolloutError):
     """Selected devices report another target than the bundle's, or none (``--force`` deploys anyway)."""
-
-
-def _count(spec: str, total: int, option: str) -> int:
-    text = str(spec).strip()
-    try:
-        if text.endswith("%"):
-            share = float(text[:-1])
-            if not 0 < share <= 100:
-                raise ValueError
-            return min(total, max(1, math.ceil(total * share / 100.0)))
-        count = int(text)
-        if count < 1:
-            raise ValueError
-        return min(total, count)
-    except ValueError:
-        raise RolloutError(f"{option} {spec!r} is neither a share like '10%' nor a device count like '2'",
-                           hint=f"e.g. {option} 10% (at least one device) or {option} 1") from None  # fmt: skip
-
-
-def parse_waves(text: str) -> tuple[str, ...]:
-    """``"1,10%,50%,100%"`` -> ``("1", "10%", "50%", "100%")``, each checked (sizes are resolved later)."""
-    specs = tuple(part.strip() for part in str(text).split(","))
-    if not specs or any(not s for s in specs):
-        raise RolloutError(f"--waves {text!r} has an empty wave", hint="e.g. --waves 1,10%,50%,100%")
-    for spec in specs:
-        _count(spec, 100, "--waves")
-    return specs
-
-
-@dataclass(frozen=True)
-class RolloutPolicy:
-    """How to roll out, when to go on and when to stop.
-
-    ``waves``: cumulative sizes, each a share (``"10%"``) or a device count (``"2"``) of the devices
-    deployed to; the last must reach all of them. Without ``waves``, ``(canary, "100%")``.
-    """
-
-    canary: str = "10%"
-    waves: tuple[str, ...] | None = None
-    health_window_s: float = 60.0
-    deploy_timeout_s: float = DEFAULT_DEPLOY_TIMEOUT_S
-    max_error_rate: float = 0.02
-    max_p99_ratio: float = 1.5
-    baseline_s: float = 900.0
-    poll_s: float = 0.5
-    progress_s: float = DEFAULT_PROGRESS_S
-    include_offline: bool = False
-    force: bool = False
-    allow_downgrade: bool = False
-    allow_signature_change: bool = False
-
-    def canary_count(self, total: int) -> int:
-        return _count(self.canary, total, "--canary")
-
-    def wave_specs(self) -> tuple[str, ...]:
-        return tuple(self.waves) if self.waves else (self.canary, "100%")
-
-    def plan(self, devices: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
-        """(spec, devices) per wave, in order: each wave adds the devices up to its cumulative size; a
-        wave that adds none (``1,10%`` of 5 devices) is left out."""
-        total, specs = len(devices), self.wave_specs()
-        option = "--waves" if self.waves else "--canary"
-        sizes = [_count(spec, total, option) if self.waves else (self.canary_count(total) if i == 0 else total)
-                 for i, spec in enumerate(specs)]  # fmt: skip
-        for index in range(1, len(sizes)):
-            if sizes[index] < sizes[index - 1]:
-                raise RolloutError(
-                    f"--waves {','.join(specs)}: waves are cumulative, but wave {index + 1} ({specs[index]} = {sizes[index]} "
-                    f"device(s)) is smaller than wave {index} ({specs[index - 1]} = {sizes[index - 1]})",
-                    hint="list growing sizes, e.g. --waves 1,10%,50%,100%",
-                )  # fmt: skip
-        if sizes[-1] < total:
-            raise RolloutError(f"--waves {','.join(specs)}: the last wave reaches {sizes[-1]} of the {total} device(s)",
-                               hint="end the waves with 100%, or select fewer devices with --devices")  # fmt: skip
-        plan, done = [], 0
-        for spec, size in zip(specs, sizes):
-            if size > done:
-                plan.append((spec, tuple(devices[done:size])))
-                done = size
-        return plan
-
-    def dropped_waves(self, devices: Sequence[str]) -> list[dict[str, Any]]:
-        """The waves :meth:`plan` leaves out because they add no device (``1,10%`` of 5 devices: 10 % is one
-        device, which wave 1 already has), each with its spec and why, so the rollout can say so."""
-        total, kept = len(devices), {spec for spec, _ in self.plan(devices)}
-        option = "--waves" if self.waves else "--canary"
-        dropped, reached = [], 0
-        for index, spec in enumerate(self.wave_specs()):
-            size = _count(spec, total, option) if self.waves else (self.canary_count(total) if index == 0 else total)
-            if size <= reached and spec not in kept:
-                dropped.append({"index": index + 1, "spec": spec,
-                                "reason": f"{spec} of {total} device(s) is {size}, which earlier waves already reach"})
-            reached = max(reached, size)
-        return dropped
 
 
 def select_devices(store: FleetStore, *, devices: Sequence[str] | None = None, target: str | None = None,
@@ -232,6 +131,12 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
+#: Devices recorded ``deploying`` (with their command ids) in one save, before their commands go out.
+SEND_CHUNK = 500
+#: Why a rollout whose ``stop`` event was set ended (the reason of its ``stopped`` record).
+STOP_REQUESTED = "stopped on request (its stop event was set)"
+
+
 class Rollout:
     """One rollout; :meth:`run` blocks until it reaches a final state and returns the final record."""
 
@@ -254,9 +159,13 @@ class Rollout:
                                hint="pass --fleet")  # fmt: skip
         self.store, self.publisher, self.log, self.artifact, self.policy = store, publisher, log, artifact, policy
         self.fleet = fleets.pop()
+        self._command_name, self._command_args = deploy_command(artifact, self.models, policy, pipeline=pipeline)
         refuse_a_second_rollout(log, self.fleet)
         self._on_update = on_update
         self._stop = stop or threading.Event()
+        self._saved_at = time.monotonic()
+        self._unsent: set[str] = set()  # recorded deploying before its command went out, not sent yet
+        self._events_before: list[set[str]] = []  # per wave: the events stored before its commands went out
         online = [d for d in devices if policy.include_offline or d.state == "online"]
         if not online:
             raise NoDevicesMatchError(f"none of the {len(devices)} selected device(s) is online",
@@ -305,9 +214,28 @@ class Rollout:
             return self._run_waves()
         except BaseException as exc:
             if self.record.state not in FINAL_STATES:
-                with contextlib.suppress(Exception):  # the store may be what failed: the caller sees the first error
-                    self._save(interrupted(self.record, exc))
+                self._stopped(exc)
             raise
+
+    def _stopped(self, exc: BaseException | None, what: str | None = None) -> RolloutRecord:
+        """Record the rollout ``stopped`` (:func:`~edgekit.fleet.rollout_state.interrupted`): devices recorded deploying
+        but never sent their command become ``not_started``; those sent it take the answers already stored."""
+        record = self.record
+        outcomes, results = dict(record.outcomes), dict(record.device_results)
+        for device in self._unsent:
+            outcomes[device] = "pending"
+            results.pop(device, None)
+        record = replace(record, outcomes=outcomes, device_results=results)
+        with contextlib.suppress(Exception):  # the store may be what failed: the caller sees the first error
+            deploying = [d for d, o in outcomes.items() if o == "deploying"]
+            for device, answer in answers_to_deploys(self.store, record, deploying).items():
+                outcomes[device] = answer["outcome"]
+                results[device] = {**results[device], **answer,
+                                   "seconds": answer_seconds(results[device]["sent_at"], answer.get("answered_at"))}  # fmt: skip
+        self.record = replace(record, outcomes=outcomes, device_results=results)
+        with contextlib.suppress(Exception):
+            self._save(interrupted(self.record, exc, what=what))
+        return self.record
 
     def _run_waves(self) -> RolloutRecord:
         self._save(self.record)
@@ -315,10 +243,15 @@ class Rollout:
         watched: list[str] = []  # devices on the new bundle (also those already on it): the gates judge them
         last = len(self.record.waves) - 1
         for index, wave in enumerate(self.record.waves):
+            if self._stop.is_set():
+                return self._stopped(None, STOP_REQUESTED)
             devices = list(wave["devices"])
             self._set_wave(index, state="deploying", started_at=_now().isoformat())
             self._save(self.record.with_state("deploying"))
+            self._events_before.append(self._event_ids())  # a watched device's error after this counts (_error_events)
             self._deploy(devices, index + 1)
+            if self._stop.is_set():
+                return self._stopped(None, STOP_REQUESTED)
             switched += [d for d in devices if self.record.outcomes[d] in ("succeeded", *PROVISIONAL)]
             watched += [d for d in devices if self.record.outcomes[d] in ("succeeded", "already_current", *PROVISIONAL)]
             failed = {d: o for d, o in self._outcomes(devices).items() if o not in KEPT_OUTCOMES}
@@ -334,6 +267,8 @@ class Rollout:
             self._set_wave(index, state="watching")
             self._save(self.record.with_state("watching"))
             problem = self._watch_health(watched, index)
+            if self._stop.is_set():  # a window cut short is no verdict
+                return self._stopped(None, STOP_REQUESTED)
             again = self._answered_again(watched) if problem is None else []
             problem = problem or (f"{len(again)} device(s) answered again after their deploy: " + "; ".join(map(self._describe, again))
                                   if again else None)  # fmt: skip
@@ -356,6 +291,7 @@ class Rollout:
     def _save(self, record: RolloutRecord) -> RolloutRecord:
         self.record = record
         self.log.save(record)
+        self._saved_at = time.monotonic()
         logger.info("rollout %s: %s %s", record.rollout_id, record.state, record.reason or "")
         if self._on_update is not None:
             self._on_update(record)
@@ -386,47 +322,59 @@ class Rollout:
                                           device_results=merged))  # fmt: skip
 
     def _deploy(self, devices: Sequence[str], wave: int) -> None:
-        """Send deploy commands and wait for every device's ``deploy_result`` (or the timeout)."""
+        """Send deploy commands and wait for every device's ``deploy_result`` (or the timeout). Each device is recorded
+        ``deploying`` with its command id before its command goes out (``SEND_CHUNK`` devices a save), so a deploy
+        that ends while sending (a broker that stops acknowledging, Ctrl-C, ``kill -9``) leaves a record of whom it sent
+        to; the record is saved at least every ``progress_s`` while sending and waiting."""
         command_ids: dict[str, str] = {}
-        sent: dict[str, dict[str, Any]] = {}
-        flags = {"allow_downgrade": self.policy.allow_downgrade, "allow_signature_change": self.policy.allow_signature_change}
-        args = self.artifact.deploy_args(**flags)
-        name: CommandName = "deploy"
-        if self.pipeline:
-            name, args = "deploy_pipeline", {"deploys": [{**m.artifact.deploy_args(**flags), "model": m.model} for m in self.models]}
-        elif self.models:
-            args = {**args, "model": self.models[0].model}
-        for device in devices:
-            command, sent_at = build_command(name, args), _now().isoformat()  # the time before the send: answers come after it
-            self.publisher.send(self.fleet, device, command)
-            command_ids[command["id"]] = device
-            sent[device] = {"wave": wave, "command_id": command["id"], "sent_at": sent_at, "outcome": "deploying",
-                            "reason": None, "step": None, "hint": None}  # fmt: skip
-        self._update_devices({d: "deploying" for d in devices}, sent)
+        sent_at: dict[str, str] = {}
+        for start in range(0, len(devices), SEND_CHUNK):
+            chunk = devices[start : start + SEND_CHUNK]
+            commands, marked = {d: build_command(self._command_name, self._command_args) for d in chunk}, _now().isoformat()
+            self._unsent = set(chunk)
+            self._update_devices({d: "deploying" for d in chunk}, {d: {"wave": wave, "command_id": commands[d]["id"],
+                                 "sent_at": marked, "outcome": "deploying", "reason": None, "step": None, "hint": None}
+                                 for d in chunk})  # fmt: skip
+            for device in chunk:
+                if self._stop.is_set():
+                    break
+                sent_at[device] = _now().isoformat()  # the time before the send: answers come after it
+                self._unsent.discard(device)  # from here on the device may get it, whatever send says
+                self.publisher.send(self.fleet, device, commands[device])
+                command_ids[commands[device]["id"]] = device
+                self._keep_alive()
         answers = self._await_results(command_ids, "deploy_result", self.policy.deploy_timeout_s)
         results: dict[str, dict[str, Any]] = {}
-        for device in devices:
+        for device in sent_at:
+            if device not in answers and self._stop.is_set():
+                continue  # stopped, not timed out: still deploying as far as anyone knows (_stopped)
             answer = answers.get(device) or {
                 "outcome": "timeout", "step": None, "answered_at": None,
                 "reason": f"no deploy_result from the device within {self.policy.deploy_timeout_s:g} s (offline, busy, or the "
                           "collector is not writing its events to this store)",
                 "hint": "check `edgekit fleet status` and the device's log; raise --deploy-timeout-s for large bundles",
             }  # fmt: skip
-            results[device] = {**answer, "seconds": answer_seconds(sent[device]["sent_at"], answer.get("answered_at"))}
-        self._update_devices({d: results[d]["outcome"] for d in devices}, results)
+            results[device] = {**answer, "sent_at": sent_at[device], "seconds": answer_seconds(sent_at[device], answer.get("answered_at"))}
+        self._update_devices({d: r["outcome"] for d, r in results.items()}, results)
+
+    def _keep_alive(self) -> None:
+        """Save the record when ``progress_s`` has passed since it was last: a long send loop or wait is not taken for
+        a deploy that died (``RolloutRecord.silent_s``), and the record keeps up with what was sent."""
+        if time.monotonic() - self._saved_at >= self.policy.progress_s:
+            self._save(self.record.with_state(self.record.state))
 
     def _await_results(self, command_ids: dict[str, str], kind: str, timeout_s: float) -> dict[str, dict[str, Any]]:
-        """device -> outcome, reason, step, hint and answered_at of the ``kind`` event answering its command."""
+        """device -> outcome, reason, step, hint and answered_at of the ``kind`` event answering its command; the answers
+        are read at least once, even when the rollout is being stopped."""
         since = self.record.started_at - dt.timedelta(minutes=5)  # device clocks may lag the host's
-        results: dict[str, dict[str, Any]] = {}
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not self._stop.is_set():  # until every device's answer is final
+        while True:  # until every device's answer is final
             results = newest_answers(patiently("reading answers", self.store.events, fleet=self.fleet, since=since,
                                                limit=100_000), command_ids, kind)  # fmt: skip
-            if all_final(results, command_ids.values()):
-                break
-            self._stop.wait(self.policy.poll_s)
-        return results
+            if all_final(results, command_ids.values()) or time.monotonic() >= deadline or self._stop.is_set():
+                return results
+            self._keep_alive()
+            self._stop.wait(min(self.policy.poll_s, max(0.0, deadline - time.monotonic())))
 
     def _watch_health(self, devices: list[str], index: int) -> str | None:
         """Wait out the health window; return why the switched devices are unhealthy, or None when healthy.
@@ -438,10 +386,8 @@ class Rollout:
         ends_at = watch_start + dt.timedelta(seconds=policy.health_window_s)
         self._set_wave(index, watch_ends_at=ends_at.isoformat())
         shown_at: float | None = None
-        known = {e.event_id for e in patiently("reading events", self.store.events, fleet=self.fleet,
-                                               since=watch_start - EVENT_CLOCK_LAG, limit=100_000)}  # fmt: skip
         while True:
-            problem = self._error_events(devices, watch_start, known)
+            problem = self._error_events(devices)
             if problem is not None:
                 return problem
             if time.monotonic() >= deadline or self._stop.is_set():
@@ -493,12 +439,19 @@ class Rollout:
                   "max_error_rate": policy.max_error_rate, "max_p99_ratio": policy.max_p99_ratio}  # fmt: skip
         return health, silent
 
-    def _error_events(self, devices: list[str], since: dt.datetime, known: set[str]) -> str | None:
-        """An error event a watched device sent since the watch began: events by the device's clock, which may lag
-        the host's (read from EVENT_CLOCK_LAG before, less those already there when the watch began)."""
-        watched = set(devices)
-        for event in patiently("reading events", self.store.events, fleet=self.fleet, since=since - EVENT_CLOCK_LAG, limit=100_000):
-            if event.device in watched and event.level == "error" and event.event_id not in known:
+    def _event_ids(self) -> set[str]:
+        return {e.event_id for e in patiently("reading events", self.store.events, fleet=self.fleet,
+                                              since=self.record.started_at - EVENT_CLOCK_LAG, limit=100_000)}  # fmt: skip
+
+    def _error_events(self, devices: list[str]) -> str | None:
+        """An error event a watched device sent after its wave's commands went out (also while the wave still waited for
+        slower devices, or during a later wave's deploy), less those stored before: events by the device's clock, which
+        may lag the host's (read from EVENT_CLOCK_LAG before the rollout's start)."""
+        waves = {d: self.record.device_results.get(d, {}).get("wave") for d in devices}
+        for event in patiently("reading events", self.store.events, fleet=self.fleet,
+                               since=self.record.started_at - EVENT_CLOCK_LAG, limit=100_000):  # fmt: skip
+            wave = waves.get(event.device)
+            if wave is not None and event.level == "error" and event.event_id not in self._events_before[wave - 1]:
                 return f"device {event.device} reported an error event ({event.kind}): {event.message}"
         return None
 
@@ -519,6 +472,7 @@ class Rollout:
                 command = build_command("rollback", {"bundle_id": previous} if previous else {})
                 self.publisher.send(self.fleet, device, command)
                 command_ids[command["id"]] = device
+                self._keep_alive()
             answers = self._await_results(command_ids, "rollback_result", self.policy.deploy_timeout_s)
         outcomes, results = {}, {}
         for device in switched:
@@ -558,6 +512,7 @@ class Rollout:
                 command = build_command("rollback", {"model": deploy.model})
                 self.publisher.send(self.fleet, device, command)
                 command_ids[command["id"]] = device
+                self._keep_alive()
             for device, answer in self._await_results(command_ids, "rollback_result", self.policy.deploy_timeout_s).items():
                 if answers.get(device, {}).get("outcome", "succeeded") == "succeeded":
                     answers[device] = answer

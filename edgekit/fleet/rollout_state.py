@@ -10,9 +10,10 @@ through :meth:`FleetStore.save_rollout <edgekit.fleet.store.base.FleetStore.save
 from __future__ import annotations
 
 import abc
+import copy
 import datetime as dt
 import logging
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from edgekit.fleet.errors import StoreError
@@ -105,8 +106,14 @@ class RolloutRecord:
         return quiet.total_seconds() if quiet.total_seconds() > longest else None
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["canary"], data["devices"], data["waves"] = list(self.canary), list(self.devices), list(data["waves"])
+        # copied by hand, not with dataclasses.asdict: its deep copy took about a second a save for 10,000 devices,
+        # and a rollout saves every few seconds (device results hold only plain values: one copy of each dict)
+        data = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        data["previous_bundles"], data["outcomes"], data["forced"] = dict(self.previous_bundles), dict(self.outcomes), dict(self.forced)
+        data["device_results"] = {device: dict(result) for device, result in self.device_results.items()}
+        data["health"], data["options"] = copy.deepcopy(self.health), copy.deepcopy(self.options)
+        data["waves"] = [{k: list(v) if k == "devices" else copy.deepcopy(v) for k, v in wave.items()} for wave in self.waves]
+        data["canary"], data["devices"] = list(self.canary), list(self.devices)
         data["started_at"], data["updated_at"] = self.started_at.isoformat(), self.updated_at.isoformat()
         data["finished_at"] = _time(self.finished_at)
         data["seconds"] = round(((self.finished_at or self.updated_at) - self.started_at).total_seconds(), 3)
@@ -125,18 +132,31 @@ class RolloutRecord:
         return cls(**values)
 
 
-def interrupted(record: RolloutRecord, exc: BaseException) -> RolloutRecord:
-    """``record`` stopped because the deploy ended before it did (Ctrl-C, SIGTERM, an error on the way): the wave in
-    progress failed, later waves and their devices ``not_started``, and the reason says that no rollback was sent."""
+class DeployTerminated(BaseException):
+    """The process running a deploy got SIGTERM (``edgekit fleet deploy`` turns the signal into this exception, so
+    the rollout records ``stopped`` as on Ctrl-C). A ``BaseException``, like ``KeyboardInterrupt``: no
+    ``except Exception`` on the way swallows it."""
+
+
+def interrupted(record: RolloutRecord, exc: BaseException | None, *, what: str | None = None) -> RolloutRecord:
+    """``record`` stopped because the deploy ended before it did (Ctrl-C, SIGTERM, an error on the way, ``what``
+    when given): the wave in progress failed, later waves and their devices ``not_started``, and the reason says that
+    no rollback was sent, and how many devices were sent the bundle without answering yet (they may still take it).
+    The devices' stored answers are read into ``record`` before (``Rollout.run``)."""
     waves = [dict(wave) for wave in record.waves]
     active = next((i for i, wave in enumerate(waves) if wave["state"] in ("deploying", "watching")), None)
-    what = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else f"ended by {type(exc).__name__}: {exc}"
+    if what is None:
+        what = ("interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else "ended by SIGTERM"
+                if isinstance(exc, DeployTerminated) else f"ended by {type(exc).__name__}: {exc}")  # fmt: skip
     where = f" during wave {active + 1} ({waves[active]['spec']}, {waves[active]['state']})" if active is not None else ""
     if active is not None:
         waves[active].update(state="failed", reason=what, finished_at=dt.datetime.now(dt.timezone.utc).isoformat())
     kept = [d for d, o in record.outcomes.items() if o in KEPT_OUTCOMES]
+    unanswered = [d for d, o in record.outcomes.items() if o == "deploying"]
     reason = (f"the deploy was {what}{where}; no rollback was sent: {len(kept)} device(s) that took the bundle keep it"
-              + (" (roll them back by deploying the previous bundle)" if kept else ""))  # fmt: skip
+              + (" (roll them back by deploying the previous bundle)" if kept else "")
+              + (f"; {len(unanswered)} device(s) were sent the bundle and had not answered: they may still take it "
+                 "(`edgekit fleet status` shows the bundle each runs)" if unanswered else ""))  # fmt: skip
     return replace(record, waves=tuple(waves)).untouched_not_started().with_state("stopped", reason=reason)
 
 
