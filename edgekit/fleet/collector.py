@@ -39,12 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.fleet.acks import StoredAcks
-from edgekit.fleet.errors import CollectorError, StoreError, StoreUnavailableError
+from edgekit.fleet.collector_writes import StoreWrites, why
+from edgekit.fleet.errors import CollectorError, StoreError
 from edgekit.fleet.handoff import Handoff, HandoffItem
 from edgekit.fleet.ingest import MAX_PAYLOAD_BYTES, READ_KINDS, Rejection, parse_message
 from edgekit.fleet.metrics import IngestMetrics
-from edgekit.fleet.rejected_samples import RejectedSampler, RejectedSampling
-from edgekit.fleet.store.base import DeviceEvent, DeviceStatus, FleetStore, RejectedMessage, TelemetryWindow
+from edgekit.fleet.rejected_samples import RejectedSampler, RejectedSampling, RejectionLog
+from edgekit.fleet.store.base import DeviceEvent, DeviceStatus, FleetStore, TelemetryWindow
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +64,12 @@ ACK_IDLE_FLUSH_S = 0.005
 DEFAULT_SESSION_EXPIRY_S = 24 * 3600
 #: The longest MQTT 5 session expiry (about 136 years).
 MAX_SESSION_EXPIRY_S = 0xFFFF_FFFF
-#: Rejections logged per reason before logging only every LOG_EVERY-th.
-LOG_FIRST, LOG_EVERY = 10, 1000
+#: The longest wait between retention passes while they keep failing (each failure doubles the interval up to it).
+RETENTION_BACKOFF_MAX_S = 3600.0
+#: The MQTT 5 Maximum Packet Size asked of the broker is max_payload_bytes plus this (the longest topic and headers):
+#: an oversized message a little over the limit is still received and counted, a huge one is dropped by the broker.
+PACKET_OVERHEAD_BYTES = 64 * 1024 + 16
+MAX_PACKET_BYTES = 268_435_455  # the largest MQTT packet
 _STOP = object()
 
 
@@ -79,7 +84,7 @@ def default_client_id(fleet: str | None = None, shared_group: str | None = None,
     return "-".join(["edgekit-collector", host_name, fleet or "all"] + ([shared_group] if shared_group else []))
 
 
-class Collector:
+class Collector(StoreWrites):
     """Collect one fleet (or all, ``fleet=None``) from the broker at ``broker_url`` into ``store``.
 
     ``with Collector("mqtt://127.0.0.1:1883", store, client_id="collector-1") as collector: ...``
@@ -180,11 +185,12 @@ class Collector:
         self._session_present = False
         self._connect_problem: str | None = None
         self._stopping = threading.Event()
-        self._rejections_logged: dict[str, int] = {}
+        self._rejections_logged = RejectionLog()  # used by the network thread only
         self._rejected = RejectedSampler(rejected_sampling)  # used by the writer thread only
         self._writer = threading.Thread(target=self._write_loop, name="edgekit-collector-writer", daemon=True)
         self._client: Any = None
         self._last_retention = time.monotonic()
+        self._retention_wait_s = retention_interval_s  # doubled while retention passes fail
         self.acks = StoredAcks(client_id)  # ack.v1 to each device after a commit (edgekit/fleet/acks.py)
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -353,13 +359,14 @@ class Collector:
         return client
 
     def _connect_properties(self) -> Any:
-        if not self._session_expiry_s:
-            return None
         from paho.mqtt.packettypes import PacketTypes
         from paho.mqtt.properties import Properties
 
         properties = Properties(PacketTypes.CONNECT)
-        properties.SessionExpiryInterval = self._session_expiry_s
+        if self._session_expiry_s:
+            properties.SessionExpiryInterval = self._session_expiry_s
+        # the broker drops (as delivered) what is larger, instead of making us read it all to reject it as oversized
+        properties.MaximumPacketSize = min(self.max_payload_bytes + PACKET_OVERHEAD_BYTES, MAX_PACKET_BYTES)
         return properties
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
@@ -416,12 +423,11 @@ class Collector:
 
     def _note_rejection(self, rejection: Rejection) -> None:
         self.metrics.count_rejected(rejection.reason)
-        seen = self._rejections_logged.get(rejection.reason, 0) + 1
-        self._rejections_logged[rejection.reason] = seen
-        if seen <= LOG_FIRST or seen % LOG_EVERY == 0:
+        seen = self._rejections_logged.note(rejection)  # the first of each topic and reason, then now and then
+        if seen is not None:
             logger.warning("rejected a message on %s (%d bytes): %s: %s%s", rejection.topic, rejection.size_bytes,
                            rejection.reason, rejection.detail,
-                           f" [{seen} {rejection.reason} so far]" if seen > LOG_FIRST else "")  # fmt: skip
+                           f" [{seen} {rejection.reason} so far]" if seen > 1 else "")  # fmt: skip
 
     # -- the writer ---------------------------------------------------------------------------
     def _write_loop(self) -> None:
@@ -469,95 +475,40 @@ class Collector:
             ("events", [i.record for i in batch if isinstance(i.record, DeviceEvent)]),
             ("rejected", self._rejected.rows(i.record for i in batch if isinstance(i.record, Rejection))),
         ]
+        unwritten: set[int] = set()  # ids of records neither stored nor refused for good (the store went away)
         for kind, records in steps:
-            if records and self._write_step(kind, records) and kind == "telemetry":
+            if not records:
+                continue
+            stored, left = self._write_step(kind, records)
+            if stored and kind == "telemetry":
                 self.acks.publish(self._client, records)  # the agents may now drop these windows
+            unwritten.update(map(id, left))
         if not self.ack_after_store:
             return
         generation = self._generation
+        if unwritten:  # not acknowledged: the broker sends them again (with a persistent session, after a reconnect)
+            batch = [item for item in batch if id(item.record) not in unwritten]
         self._client.ack_many([item.mid for item in batch if item.qos == 1 and item.generation == generation])
         for item in batch:
             if item.qos > 1 and item.generation == generation:  # not subscribed for; acknowledged all the same
                 self._client.ack(item.mid, item.qos)
 
-    def _write_step(self, kind: str, records: list[Any]) -> bool:
-        """Store ``records``; True when the batch was stored as a whole (then the agents are told, acks.py)."""
-        delay_s = 0.2
-        while True:
-            try:
-                self._write_records(kind, records)
-                return True
-            except StoreUnavailableError as exc:
-                self.metrics.count_store_error()
-                if self._stopping.is_set() and delay_s > 2:
-                    logger.error("collector %s: giving up on %d %s records while stopping: %s", self.client_id,
-                                 len(records), kind, exc.message)  # fmt: skip
-                    return False
-                logger.warning("collector %s: store unavailable (%s); retrying in %.1f s", self.client_id, exc.message,
-                               delay_s)  # fmt: skip
-                time.sleep(delay_s)
-                delay_s = min(delay_s * 2, 10.0)
-            except Exception as exc:  # noqa: BLE001 - a StoreError, or a failure nothing foresaw: the writer goes on
-                self.metrics.count_store_error()
-                if not isinstance(exc, StoreError):
-                    logger.exception("collector %s: storing %d %s records failed", self.client_id, len(records), kind)
-                logger.error("collector %s: the store refused %d %s records (%s); writing them one by one",
-                             self.client_id, len(records), kind, _why(exc))  # fmt: skip
-                self._write_one_by_one(kind, records)
-                return False  # not acknowledged to the agents: they publish these again (stored ones are duplicates)
-
-    def _write_records(self, kind: str, records: list[Any]) -> None:
-        if kind == "telemetry":
-            self.metrics.count_written(kind, len(records), self.store.add_windows(records))
-            self.metrics.observe_windows(records)
-            if self.alerts is not None:
-                self.alerts.observe_windows(records)
-        elif kind == "events":
-            self.metrics.count_written(kind, len(records), self.store.add_events(records))
-        elif kind == "status":
-            self.store.upsert_statuses(records)
-            self.metrics.count_written(kind, len(records), len(records))
-        else:
-            self.store.add_rejected(records)
-
-    def _write_one_by_one(self, kind: str, records: list[Any]) -> None:
-        refused: list[RejectedMessage] = []
-        for record in records:
-            try:
-                self._write_records(kind, [record])
-            except Exception as exc:  # noqa: BLE001 - one record's failure, whatever it is, loses only that record
-                if kind == "rejected":
-                    logger.error("collector %s: cannot record a rejected message on %r (%s): %s", self.client_id,
-                                 record.topic[:200], record.reason, _why(exc))  # fmt: skip
-                    continue
-                topic = f"edgekit/v1/{record.fleet}/{record.device}/{kind}"
-                logger.error("collector %s: the store refused a message on %s: %s", self.client_id, topic, _why(exc))
-                self.metrics.count_rejected("store_refused")
-                refused.append(RejectedMessage(topic=topic, reason="store_refused", size_bytes=0,
-                                               at=dt.datetime.now(dt.timezone.utc), detail=_why(exc)[:512]))  # fmt: skip
-        if refused:
-            try:
-                self.store.add_rejected(refused)
-            except Exception as exc:  # noqa: BLE001 - said in the log; the writer goes on
-                logger.error("collector %s: cannot record %d refused messages: %s", self.client_id, len(refused), _why(exc))
-
     def _maybe_apply_retention(self) -> None:
-        if self.retention is None or time.monotonic() - self._last_retention < self.retention_interval_s:
+        if self.retention is None or time.monotonic() - self._last_retention < self._retention_wait_s:
             return
         self._last_retention = time.monotonic()
         try:
             rolled = self.store.apply_retention(self.retention, self.rollup_minutes, rollups_for=self.rollup_retention)
-        except StoreError as exc:
-            logger.error("collector %s: retention failed: %s", self.client_id, exc.message)
+        except Exception as exc:  # noqa: BLE001 - a StoreError, or a failure nothing foresaw: the writer goes on
+            # a pass that keeps failing is tried less and less often: each holds the writer while it runs
+            self._retention_wait_s = min(self._retention_wait_s * 2, max(self.retention_interval_s, RETENTION_BACKOFF_MAX_S))
+            logger.error("collector %s: retention failed (next try in %.0f s): %s", self.client_id,
+                         self._retention_wait_s, why(exc), exc_info=not isinstance(exc, StoreError))  # fmt: skip
             return
+        self._retention_wait_s = self.retention_interval_s
         if rolled:
             logger.info("collector %s: rolled %d windows older than %s into %d-minute buckets", self.client_id, rolled,
                         self.retention, self.rollup_minutes)  # fmt: skip
-
-
-def _why(exc: BaseException) -> str:
-    """What went wrong, for the log and a store_refused row: a StoreError's message, else its type and text."""
-    return exc.message if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
 
 
 __all__ = [

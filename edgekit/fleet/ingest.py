@@ -132,7 +132,15 @@ def parse_message(
     device silent for an hour stays offline across a collector restart.
     """
     at = received_at if received_at is not None else dt.datetime.now(dt.timezone.utc)
-    raw = payload.encode("utf-8", "surrogatepass") if isinstance(payload, str) else bytes(payload)
+    if isinstance(payload, bytes):  # what paho gives: used as it is
+        raw = payload
+    elif isinstance(payload, str):
+        raw = payload.encode("utf-8", "surrogatepass")
+    else:  # a bytearray or memoryview: measured before it is copied, so a huge one costs no second copy
+        size = memoryview(payload).nbytes
+        if size > max_payload_bytes:
+            return Rejection(_storable_text(str(topic)), "oversized", _oversized(size, max_payload_bytes), size, at)
+        raw = bytes(payload)
     try:
         return _parse(str(topic), raw, max_payload_bytes, at, retained)
     except _Rejected as rejected:
@@ -145,7 +153,7 @@ def parse_message(
 
 def _parse(topic: str, raw: bytes, max_payload_bytes: int, at: dt.datetime, retained: bool = False) -> Record:
     if len(raw) > max_payload_bytes:
-        raise _Rejected("oversized", f"payload of {len(raw)} bytes is over the limit of {max_payload_bytes} bytes")
+        raise _Rejected("oversized", _oversized(len(raw), max_payload_bytes))
     fleet, device, kind = _split_topic(topic)
     try:
         text = raw.decode("utf-8")
@@ -173,6 +181,10 @@ def _parse(topic: str, raw: bytes, max_payload_bytes: int, at: dt.datetime, reta
     if retained and kind == "status":  # said at its own time, not now (see parse_message)
         return dataclasses.replace(_status(message, min(_time(message["at"], "at"), at), text), retained=True)
     return _BUILDERS[kind](message, at, text)
+
+
+def _oversized(size: int, max_payload_bytes: int) -> str:
+    return f"payload of {size} bytes is over the limit of {max_payload_bytes} bytes"
 
 
 def _split_topic(topic: str) -> tuple[str, str, str]:

@@ -144,7 +144,8 @@ class IngestMetrics:
             ("edgekit_collector_messages_received_total", "MQTT messages received, by topic kind.", "kind", READ_KINDS, received),
             ("edgekit_collector_records_stored_total", "Records written to the store, by kind.", "kind", READ_KINDS, stored),
             ("edgekit_collector_duplicates_total",
-             "Telemetry windows and events already stored (QoS 1 redelivery, spool replay), by kind.", "kind", READ_KINDS, duplicates),
+             "Records not stored again, by kind: windows and events already stored (QoS 1 redelivery, spool replay), "
+             "statuses older than the stored one.", "kind", READ_KINDS, duplicates),
             ("edgekit_collector_messages_rejected_total", "Messages rejected, by reason.", "reason", REJECTION_REASONS, rejected),
         ):  # fmt: skip
             family = CounterMetricFamily(name, help_text, labels=[label])

@@ -11,6 +11,10 @@ with the first and last time. So in one window the table grows by at most ``max_
 per reason, whatever arrives: with the defaults (10 rows a reason, 64 KiB, a minute) at most about 92 MiB a
 day before retention, against about 144 GB at the measured flood.
 
+Besides the ``rows_per_reason`` first rows of a reason, the first rejection of each other topic for that reason
+in a window keeps a row too (within ``max_bytes``), so a device flooding a reason hides no other device's rejection.
+Log lines are limited the same way by :class:`RejectionLog`.
+
 Known gap: the store's per-reason totals (``FleetStore.rejected_counts``) add one per row, so a summary row
 counts once although it stands for many messages; the exact numbers are in the summaries' details and the
 collector's metrics until the store takes a count per row (the store's owner has been asked).
@@ -19,6 +23,7 @@ collector's metrics until the store takes a count per row (the store's owner has
 from __future__ import annotations
 
 import datetime as dt
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -29,6 +34,10 @@ from edgekit.fleet.store.base import RejectedMessage
 ROW_OVERHEAD_BYTES = 96
 #: The topic of a summary row: it stands for many messages, on whatever topics they came.
 SUMMARY_TOPIC = "(rejected messages without a row)"
+#: Rejections logged per reason and topic before only every LOG_EVERY-th of the reason is (:class:`RejectionLog`).
+LOG_FIRST, LOG_EVERY = 10, 1000
+#: First-rejection lines a reason may log a minute, over all topics; topics remembered (and characters of each).
+LOG_LINES_PER_MINUTE, LOG_TOPICS, LOG_TOPIC_CHARS = 100, 4096, 256
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,7 @@ class _Unkept:
 class _Window:
     started: float
     kept: dict[str, int] = field(default_factory=dict)
+    kept_topics: set[tuple[str, str]] = field(default_factory=set)  # (reason, topic): at most max_bytes / 96 of them
     kept_bytes: int = 0
     unkept: dict[str, _Unkept] = field(default_factory=dict)
 
@@ -94,9 +104,12 @@ class RejectedSampler:
             found += self.due()  # a window that ended (even in the middle of a batch) is summed up first
             window = self._current()
             size = row_bytes(rejection)
-            kept = window.kept.get(rejection.reason, 0)
-            if kept < self.sampling.rows_per_reason and window.kept_bytes + size <= self.sampling.max_bytes:
+            kept, on_topic = window.kept.get(rejection.reason, 0), (rejection.reason, rejection.topic)
+            rows_per_reason = self.sampling.rows_per_reason  # 0: no rows at all
+            if ((kept < rows_per_reason or (rows_per_reason and on_topic not in window.kept_topics))
+                    and window.kept_bytes + size <= self.sampling.max_bytes):  # fmt: skip
                 window.kept[rejection.reason] = kept + 1
+                window.kept_topics.add(on_topic)
                 window.kept_bytes += size
                 self.kept_total += 1
                 found.append(rejection.to_record())
@@ -133,10 +146,50 @@ class RejectedSampler:
         first, last = unkept.first or dt.datetime.now(dt.timezone.utc), unkept.last or dt.datetime.now(dt.timezone.utc)
         detail = (f"{unkept.count} more '{reason}' messages ({unkept.size_bytes} bytes) from {first.isoformat()} to "
                   f"{last.isoformat()} were rejected without a row: {window.kept.get(reason, 0)} kept a row in this "
-                  f"{sampling.window_s:g} s window (at most {sampling.rows_per_reason} a reason and {sampling.max_bytes} "
-                  f"bytes in all); every one is counted in the collector's rejected{{reason}} metric")  # fmt: skip
+                  f"{sampling.window_s:g} s window (the first {sampling.rows_per_reason} of a reason and the first of each "
+                  f"topic, within {sampling.max_bytes} bytes in all); every one is counted in the collector's rejected{{reason}} metric")  # fmt: skip
         return RejectedMessage(topic=SUMMARY_TOPIC, reason=reason, size_bytes=unkept.size_bytes, at=last,
                                detail=detail[:512], count=unkept.count)  # fmt: skip
 
 
-__all__ = ["ROW_OVERHEAD_BYTES", "SUMMARY_TOPIC", "RejectedSampler", "RejectedSampling", "row_bytes"]
+class RejectionLog:
+    """Which rejections the collector logs (called from its network thread only: no locking).
+
+    The first :data:`LOG_FIRST` of a reason on each topic (so one device flooding a reason hides no other device's),
+    at most :data:`LOG_LINES_PER_MINUTE` such lines a reason a minute (a flood on ever new topics cannot flood the
+    log), and every :data:`LOG_EVERY`-th of a reason. The :data:`LOG_TOPICS` most recently rejected topics are
+    remembered (one forgotten and rejected again is logged as new)."""
+
+    def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
+        import time
+
+        self._clock = clock or time.monotonic
+        self._seen: dict[str, int] = {}  # reason -> rejections so far
+        self._on_topic: OrderedDict[tuple[str, str], int] = OrderedDict()  # (reason, topic) -> rejections, LRU
+        self._minute: dict[str, tuple[float, int]] = {}  # reason -> (its minute's start, first lines logged in it)
+
+    def note(self, rejection: Rejection) -> int | None:
+        """Count ``rejection``; the rejections of its reason so far when it is to be logged, else None."""
+        reason = rejection.reason
+        seen = self._seen[reason] = self._seen.get(reason, 0) + 1
+        key = (reason, rejection.topic[:LOG_TOPIC_CHARS])
+        on_topic = self._on_topic.pop(key, 0) + 1
+        self._on_topic[key] = on_topic
+        if len(self._on_topic) > LOG_TOPICS:
+            self._on_topic.popitem(last=False)
+        if seen % LOG_EVERY == 0:
+            return seen
+        if on_topic > LOG_FIRST:
+            return None
+        now = self._clock()
+        started, lines = self._minute.get(reason, (now, 0))
+        if now - started >= 60.0:
+            started, lines = now, 0
+        if lines >= LOG_LINES_PER_MINUTE:
+            return None
+        self._minute[reason] = (started, lines + 1)
+        return seen
+
+
+__all__ = ["LOG_EVERY", "LOG_FIRST", "LOG_LINES_PER_MINUTE", "LOG_TOPICS", "ROW_OVERHEAD_BYTES", "SUMMARY_TOPIC",
+           "RejectedSampler", "RejectedSampling", "RejectionLog", "row_bytes"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -149,3 +150,46 @@ def test_a_store_failure_nothing_foresaw_loses_one_window_not_the_writer(fleet_b
         collector.stop()
     assert sorted(w.device for w in sqlite_store.windows(fleet="hw")) == ["dev-1", "dev-2", "dev-3"]  # the writer lives
     assert sqlite_store.rejected_counts() == {"store_refused": 1}
+
+
+def test_a_huge_buffer_is_measured_before_it_is_copied() -> None:
+    """A bytearray or memoryview payload over the limit is rejected without a copy of it (bytes from paho are used
+    as they are)."""
+    import tracemalloc
+
+    huge = bytearray(b"x" * (20 * 1024 * 1024))
+    tracemalloc.start()
+    try:
+        records = [parse_message(topic("telemetry"), payload, received_at=AT) for payload in (huge, memoryview(huge))]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    for record in records:
+        _rejected(record, "oversized", f"payload of {len(huge)} bytes is over the limit of {ingest.MAX_PAYLOAD_BYTES} bytes")
+        assert record.size_bytes == len(huge)  # type: ignore[union-attr]
+    assert peak < 1024 * 1024, peak
+
+
+def test_an_mqtt5_collector_asks_the_broker_to_keep_huge_messages_to_itself(fleet_broker: MosquittoBroker,
+                                                                           sqlite_store: FleetStore) -> None:  # fmt: skip
+    """MQTT 5 CONNECT carries a Maximum Packet Size (max_payload_bytes plus room for a topic): the broker drops a
+    larger message instead of the collector reading it whole to reject it; one a little over the limit still
+    arrives and is counted as oversized."""
+    from edgekit.fleet.collector import PACKET_OVERHEAD_BYTES
+
+    collector = Collector(fleet_broker.url, sqlite_store, client_id="hostile-huge", fleet="hh", mqtt_version="5",
+                          max_payload_bytes=1024, flush_interval_s=0.05).start()  # fmt: skip
+    try:
+        with Publisher(fleet_broker) as device:
+            device.publish(topic("telemetry", fleet="hh"), b"x" * (1024 + PACKET_OVERHEAD_BYTES + 1024))
+            device.publish(topic("telemetry", fleet="hh"), b"x" * 2048)
+            device.publish(topic("telemetry", fleet="hh"), encode_message(telemetry(1, fleet="hh")))
+            deadline = time.monotonic() + 10
+            while not list(sqlite_store.windows(fleet="hh")) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        assert collector.flush()
+    finally:
+        collector.stop()
+    snapshot = collector.metrics.snapshot()
+    assert (snapshot["received"].get("telemetry"), snapshot["rejected"]) == (2, {"oversized": 1})
+    assert [w.seq for w in sqlite_store.windows(fleet="hh")] == [1]

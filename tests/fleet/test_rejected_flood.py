@@ -1,16 +1,22 @@
 """A flood of malformed messages does not grow the store (issue 28, item 9): the collector counts every
-rejection per reason, but keeps a row for only a bounded sample (rows per reason and bytes per window) and one
-summary row per reason for the rest. Real Mosquitto, real SQLite and PostgreSQL stores."""
+rejection per reason, but keeps a row for only a bounded sample (rows per reason, the first of each topic, and bytes
+per window) and one summary row per reason for the rest. Real Mosquitto, real SQLite and PostgreSQL stores."""
 
 from __future__ import annotations
 
+import datetime as dt
+import logging
 import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from edgekit.fleet.collector import Collector
-from edgekit.fleet.rejected_samples import ROW_OVERHEAD_BYTES, SUMMARY_TOPIC, RejectedSampling
+from edgekit.fleet.ingest import Rejection
+from edgekit.fleet.rejected_samples import (LOG_EVERY, LOG_FIRST, LOG_LINES_PER_MINUTE, LOG_TOPICS, ROW_OVERHEAD_BYTES,
+                                            SUMMARY_TOPIC, RejectedSampling, RejectionLog)
 from edgekit.fleet.store import open_store
 from edgekit_runtime.agent.telemetry import encode_message
 from tests.fleet.messages import Publisher, telemetry, topic
@@ -64,7 +70,10 @@ def test_a_malformed_flood_keeps_counts_and_a_bounded_sample(fleet_broker: Mosqu
         assert store.rejected_counts() == {"malformed_json": MALFORMED, "unknown_schema": NO_SCHEMA}
     kept = [row for row in rows if row[0] != SUMMARY_TOPIC]
     summaries = {row[1]: row for row in rows if row[0] == SUMMARY_TOPIC}
-    assert len(rows) == 12 and len(kept) == 10 and set(summaries) == {"malformed_json", "unknown_schema"}
+    # the first 5 of each reason, and the first of each other device's topic for that reason (7 devices)
+    assert len(rows) == 16 and len(kept) == 14 and set(summaries) == {"malformed_json", "unknown_schema"}
+    assert {(t, r) for t, r, _, _ in kept} == {(topic("telemetry", device=f"d{i}"), reason) for i in range(7)
+                                                 for reason in ("malformed_json", "unknown_schema")}  # fmt: skip
     assert sum(len(t.encode()) + len(d.encode()) + ROW_OVERHEAD_BYTES for t, _, d, _ in kept) <= sampling.max_bytes
     for reason, total in (("malformed_json", MALFORMED), ("unknown_schema", NO_SCHEMA)):
         _, _, detail, size_bytes = summaries[reason]
@@ -100,3 +109,43 @@ def test_rows_are_bounded_by_bytes_and_per_window(fleet_broker: MosquittoBroker,
     assert len(summaries) >= 2 and len(kept) <= (len(summaries) + 1) * (sampling.max_bytes // per_row) < 400 // 10
     assert len(kept) + sum(int(re.match(r"(\d+) more ", row[2]).group(1)) for row in summaries) == 400  # type: ignore[union-attr]
 
+
+
+def test_a_device_flooding_a_reason_hides_no_other_device(fleet_broker: MosquittoBroker, tmp_path: Path,
+                                                           caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    """The log and the sampled rows are limited per reason and topic: after a noisy device's flood of a reason,
+    another device's first rejection for it is still logged and kept as a row, naming that device."""
+    noisy, victim = topic("telemetry", device="noisy", fleet="fl"), topic("telemetry", device="victim", fleet="fl")
+    with open_store(f"sqlite:///{tmp_path / 'fleet.db'}") as store:
+        collector = Collector(fleet_broker.url, store, client_id=f"per-topic-{time.monotonic_ns()}", fleet="fl",
+                              flush_interval_s=0.05).start()  # fmt: skip
+        try:
+            with caplog.at_level(logging.WARNING, logger="edgekit.fleet.collector"), Publisher(fleet_broker) as device:
+                device.publish_many([(noisy, b"{not json")] * 30)
+                device.publish(victim, b"{also not json")
+                assert _wait_until(lambda: collector.metrics.snapshot()["rejected"].get("malformed_json") == 31)
+                assert collector.flush()
+        finally:
+            collector.stop()
+        rows = _rows(f"sqlite:///{tmp_path / 'fleet.db'}")
+    lines = [record.getMessage() for record in caplog.records if "rejected a message on" in record.getMessage()]
+    assert (sum(noisy in line for line in lines), sum(victim in line for line in lines)) == (LOG_FIRST, 1)
+    assert [row[1] for row in rows if row[0] == victim] == ["malformed_json"]
+
+
+def test_the_rejection_log_stays_bounded_on_ever_new_topics() -> None:
+    now = [0.0]
+    log = RejectionLog(clock=lambda: now[0])
+    at = dt.datetime(2026, 3, 1, tzinfo=dt.timezone.utc)
+
+    def rejected(device: str) -> Rejection:
+        return Rejection(topic("telemetry", device=device), "malformed_json", "not JSON", 10, at)
+
+    flood = LOG_TOPICS + 1000
+    logged = [log.note(rejected(f"d{i}")) for i in range(flood)]
+    # the first lines of a minute, then every LOG_EVERY-th of the reason; topics remembered stay bounded
+    assert sum(seen is not None for seen in logged) == LOG_LINES_PER_MINUTE + flood // LOG_EVERY
+    assert len(log._on_topic) == LOG_TOPICS  # noqa: SLF001
+    assert log.note(rejected("new")) is None
+    now[0] = 61.0  # a new minute
+    assert log.note(rejected("newer")) == flood + 2

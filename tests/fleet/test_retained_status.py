@@ -88,3 +88,56 @@ def test_a_retained_status_takes_the_state_but_never_moves_the_heard_from_time_b
     store.upsert_status(_stored_status("online", later, retained=True))  # a newer one moves the time forward
     [summary] = store.device_summaries("lab")
     assert (summary.state, summary.last_seen) == ("online", later)
+
+
+def test_statuses_heard_after_the_collector_clock_was_set_back_are_applied(store: FleetStore) -> None:
+    """The collector's clock ran an hour ahead, then NTP set it back: the statuses heard after (the device's last
+    will included) are applied, and so is the identity they carry: a stored time ahead of the writer's clock is
+    not trusted. A status older than a trusted stored one is still not applied (a lagging collector)."""
+    from tests.fleet.test_device_identity import board_status
+
+    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    ahead = now + dt.timedelta(hours=1)
+
+    def heard(message: dict, at: dt.datetime, *, retained: bool = False) -> DeviceStatus:  # type: ignore[type-arg]
+        record = parse_message(topic("status"), encode_message(message), received_at=at, retained=retained)
+        assert isinstance(record, DeviceStatus), record
+        return record
+
+    assert store.upsert_statuses([heard(board_status("dev-1", "jetson_orin_nano_jp61", at=ahead), ahead)]) == 1
+    will = heard(board_status("dev-1", "jetson_orin_nano_super_jp62", at=now, state="offline"), now)
+    assert store.upsert_statuses([will]) == 1
+    [summary] = store.device_summaries("lab")
+    assert (summary.state, summary.last_seen) == ("offline", now)
+    assert [i.jetpack for i in store.device_identities("lab")] == ["6.2"]
+    # a lagging collector still cannot undo the newer status (nor its identity)
+    late = now - dt.timedelta(seconds=10)
+    assert store.upsert_statuses([heard(board_status("dev-1", "jetson_orin_nano_jp61", at=late), late)]) == 0
+    [summary] = store.device_summaries("lab")
+    assert (summary.state, summary.last_seen) == ("offline", now)
+    assert [i.jetpack for i in store.device_identities("lab")] == ["6.2"]
+    # a retained status keeps a later stored heard-from time only when that time is not from a clock set back since
+    store.upsert_status(_stored_status("online", ahead, retained=False))
+    store.upsert_status(_stored_status("offline", now, retained=True))
+    [summary] = store.device_summaries("lab")
+    assert (summary.state, summary.last_seen) == ("offline", now)
+
+
+def test_a_status_older_than_the_stored_one_is_counted_not_stored(fleet_broker: MosquittoBroker, tmp_path: Path) -> None:
+    soon = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=3)  # another collector's clock, a little ahead
+    with open_store(f"sqlite:///{tmp_path / 'fleet.db'}") as store:
+        store.upsert_status(DeviceStatus(fleet="older", device="dev-1", state="online", bundle_id=None, target=None,
+                                         agent_version="test", updated_at=soon))  # fmt: skip
+        collector = Collector(fleet_broker.url, store, client_id="status-older", fleet="older", flush_interval_s=0.05).start()
+        try:
+            with Publisher(fleet_broker) as device:
+                device.publish(topic("status", fleet="older"), status("offline", fleet="older"))
+            deadline = time.monotonic() + 10
+            while collector.metrics.snapshot()["received"].get("status", 0) < 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert collector.flush()
+        finally:
+            collector.stop()
+        snapshot = collector.metrics.snapshot()
+        assert (snapshot["stored"].get("status", 0), snapshot["duplicates"].get("status", 0)) == (0, 1)
+        assert [s.state for s in store.device_summaries("older")] == ["online"]

@@ -238,15 +238,15 @@ class FleetStore(abc.ABC):
         """Insert windows, ignoring (fleet, device, seq) already stored or rolled up; returns how many were new."""
 
     @abc.abstractmethod
-    def upsert_status(self, status: DeviceStatus) -> None:
+    def upsert_status(self, status: DeviceStatus) -> bool:
         """Set a device's status unless a newer one (by ``updated_at``) is stored, so a lagging collector
-        never undoes a newer status; a non-None ``target`` is recorded as with :meth:`set_device_target`, a
-        non-None ``identity`` in the device's identity row (also only when newer)."""
+        never undoes a newer status (a stored time ahead of this host's clock is not trusted: that clock was set
+        back since); a non-None ``target`` is recorded as with :meth:`set_device_target`, a non-None ``identity`` in
+        the device's identity row (also only when newer). Returns whether the status was applied."""
 
-    def upsert_statuses(self, statuses: Sequence[DeviceStatus]) -> None:
-        """:meth:`upsert_status` for each, in order (SQL stores: in one transaction)."""
-        for status in statuses:
-            self.upsert_status(status)
+    def upsert_statuses(self, statuses: Sequence[DeviceStatus]) -> int:
+        """:meth:`upsert_status` for each, in order (SQL stores: in one transaction); returns how many were applied."""
+        return sum(bool(self.upsert_status(status)) for status in statuses)
 
     @abc.abstractmethod
     def add_events(self, events: Sequence[DeviceEvent]) -> int:

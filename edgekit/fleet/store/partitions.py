@@ -3,8 +3,11 @@
 ``telemetry_rollups`` and ``telemetry_model_rollups`` (what retention keeps of each device's raw windows, per
 5-minute bucket) grow by about 2.9 million rows a day at 10,000 devices. They are declaratively partitioned by
 ``RANGE (bucket_start)``, one partition a UTC day (``telemetry_rollups_p20261127``); retention creates the
-partitions a batch needs before rolling it up, and :func:`drop_partitions_before` removes whole days past the
-rollup retention instead of a DELETE that would scan and lock millions of rows.
+partitions of the days a batch has rows in before rolling it up, and :func:`drop_partitions_before` removes whole
+days past the rollup retention instead of a DELETE that would scan and lock millions of rows. Buckets before
+:data:`EARLY_BEFORE` (a device clock still at 1970, which ingest accepts) share one partition
+(``telemetry_rollups_early``): a partition a day from 1970 would be some 20,000 tables, more than one
+transaction can lock.
 
 Raw windows stay one table: their key (fleet, device, seq) has no time in it, so PostgreSQL could not keep it
 unique across time partitions, and the dedup guarantee (a window stored once, whenever it comes again) rests on
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import Any
+from typing import Any, Iterable
 
 #: Partitioned tables: name -> primary key columns (the partition key, bucket_start, among them).
 PARTITIONED: dict[str, tuple[str, ...]] = {
@@ -30,7 +33,11 @@ INDEXES: dict[str, tuple[tuple[str, str], ...]] = {
     "telemetry_rollups": (("by_start", "bucket_start"), ("by_device_start", "fleet, device, bucket_start")),
     "telemetry_model_rollups": (("by_start", "bucket_start"), ("by_device_start", "fleet, device, bucket_start")),
 }
+#: Buckets before this all go into one partition, ``<table>_early`` (from MINVALUE): no real fleet's data is older.
+EARLY_BEFORE = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
+EARLY_SUFFIX = "_early"
 _DAY = dt.timedelta(days=1)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 _PARTITION_RE = re.compile(r"_p(\d{8})$")
 
 
@@ -54,10 +61,8 @@ def partition_tables(cursor: Any) -> None:
         cursor.execute(f"ALTER TABLE {table} ADD PRIMARY KEY ({', '.join(key)})")
         for suffix, columns in INDEXES[table]:
             cursor.execute(f"CREATE INDEX {table}_{suffix} ON {table} ({columns})")
-        cursor.execute(f"SELECT MIN(bucket_start), MAX(bucket_start) FROM {old}")
-        first, last = cursor.fetchone()
-        if first is not None:
-            ensure_partitions(cursor, table, first, last)
+        cursor.execute(f"SELECT DISTINCT {day_number_sql('bucket_start')} FROM {old}")
+        ensure_partitions(cursor, table, [day_of_number(number) for (number,) in cursor.fetchall()])
         cursor.execute(f"INSERT INTO {table} SELECT * FROM {old}")
         cursor.execute(f"DROP TABLE {old}")
 
@@ -67,17 +72,34 @@ def _day(moment: dt.datetime) -> dt.datetime:
     return dt.datetime(moment.year, moment.month, moment.day, tzinfo=dt.timezone.utc)
 
 
-def ensure_partitions(cursor: Any, table: str, first: dt.datetime, last: dt.datetime) -> None:
-    """Create the daily partitions of ``table`` that hold ``first`` .. ``last`` (UTC days) if missing."""
-    day = _day(first)
-    while day <= last:
+def day_number_sql(moment: str) -> str:
+    """SQL for the UTC day (days since 1970-01-01) of the time expression ``moment``; :func:`day_of_number` reads it."""
+    return f"CAST(floor(EXTRACT(EPOCH FROM {moment}) / 86400) AS BIGINT)"
+
+
+def day_of_number(number: int) -> dt.datetime:
+    """The UTC midnight of day ``number`` (as :func:`day_number_sql` gives it)."""
+    return _EPOCH + int(number) * _DAY
+
+
+def ensure_partitions(cursor: Any, table: str, moments: Iterable[dt.datetime]) -> None:
+    """Create the partitions of ``table`` that hold ``moments`` if missing: the daily partition of each UTC day
+    among them, and the one early partition for those before :data:`EARLY_BEFORE`; only the days that have rows,
+    so a device with a wrong clock adds a partition or two, never one for every day in between."""
+    early = False
+    for day in sorted({_day(moment) for moment in moments}):
+        if day < EARLY_BEFORE:
+            early = True
+            continue
         cursor.execute(f"CREATE TABLE IF NOT EXISTS {table}_p{day:%Y%m%d} PARTITION OF {table} "
                        f"FOR VALUES FROM ('{day.isoformat()}') TO ('{(day + _DAY).isoformat()}')")  # fmt: skip
-        day += _DAY
+    if early:
+        cursor.execute(f"CREATE TABLE IF NOT EXISTS {table}{EARLY_SUFFIX} PARTITION OF {table} "
+                       f"FOR VALUES FROM (MINVALUE) TO ('{EARLY_BEFORE.isoformat()}')")  # fmt: skip
 
 
 def partitions(cursor: Any, table: str) -> list[tuple[str, dt.datetime]]:
-    """``table``'s daily partitions (name, day), oldest first."""
+    """``table``'s daily partitions (name, day), oldest first (not the early one)."""
     cursor.execute("SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
                    "WHERE i.inhparent = to_regclass(%s)", (table,))  # fmt: skip
     found = []
@@ -89,8 +111,11 @@ def partitions(cursor: Any, table: str) -> list[tuple[str, dt.datetime]]:
 
 
 def drop_partitions_before(cursor: Any, table: str, before: dt.datetime) -> int:
-    """Drop ``table``'s partitions whose whole day is before ``before``; returns how many."""
+    """Drop ``table``'s partitions whose whole day (or range, the early one) is before ``before``; returns how many."""
     dropped = 0
+    if EARLY_BEFORE <= before and _relkind(cursor, f"{table}{EARLY_SUFFIX}") is not None:
+        cursor.execute(f"DROP TABLE {table}{EARLY_SUFFIX}")
+        dropped += 1
     for name, day in partitions(cursor, table):
         if day + _DAY <= before:
             cursor.execute(f"DROP TABLE {name}")
@@ -98,4 +123,5 @@ def drop_partitions_before(cursor: Any, table: str, before: dt.datetime) -> int:
     return dropped
 
 
-__all__ = ["PARTITIONED", "drop_partitions_before", "ensure_partitions", "partition_tables", "partitions"]
+__all__ = ["EARLY_BEFORE", "EARLY_SUFFIX", "PARTITIONED", "day_number_sql", "day_of_number", "drop_partitions_before",
+           "ensure_partitions", "partition_tables", "partitions"]

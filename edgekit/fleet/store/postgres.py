@@ -167,6 +167,10 @@ class PostgresStore(SqlFleetStore):
     def _translate(self, exc: Exception, doing: str) -> StoreError | None:
         psycopg = self._psycopg
         where = redact(self.url)
+        if isinstance(exc, psycopg.Error) and str(getattr(exc, "sqlstate", None) or "").startswith("54"):
+            # program limit exceeded (a statement too complex, an index row too large): this data fails every time,
+            # so it is refused (the collector writes the batch one by one) rather than retried forever
+            return StoreError(f"fleet store {where} failed while {doing}: {str(exc).strip()}")
         if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
             return StoreUnavailableError(f"fleet store {where} failed while {doing}: {str(exc).strip()}",
                                          hint="the database connection was lost or refused; it is retried")  # fmt: skip
@@ -280,22 +284,22 @@ class PostgresStore(SqlFleetStore):
             else:
                 partitions.drop_partitions_before(cursor, table, before)
 
-    def _ensure_rollup_partitions(self, cursor: Any, table: str, source: str, where: str, params: dict[str, Any]) -> None:
-        """The partitions of ``table`` that rolling up ``source``'s windows matching ``where`` writes into
-        (hypertables make their chunks themselves)."""
+    def _ensure_rollup_partitions(self, cursor: Any, table: str, source: str, where: str, params: dict[str, Any],
+                                  bucket_s: int) -> None:  # fmt: skip
+        """The partitions of ``table`` that rolling up ``source``'s windows matching ``where`` into ``bucket_s``
+        buckets writes into: those of the days the buckets start in (hypertables make their chunks themselves)."""
         if self.layout == timescale.TIMESCALEDB:
             return
-        cursor.execute(self._sql(f"SELECT MIN(window_start), MAX(window_start) FROM {source} WHERE {where}"), params)
-        first, last = cursor.fetchone()
-        if first is not None:
-            partitions.ensure_partitions(cursor, table, first, last)
+        day = partitions.day_number_sql(self.bucket_sql("window_start", "bucket_s"))
+        cursor.execute(self._sql(f"SELECT DISTINCT {day} FROM {source} WHERE {where}"), {**params, "bucket_s": bucket_s})
+        partitions.ensure_partitions(cursor, table, [partitions.day_of_number(n) for (n,) in cursor.fetchall()])
 
     def _roll_up_models(self, cursor: Any, where: str, params: dict[str, Any], bucket_s: int, source: str) -> None:
-        self._ensure_rollup_partitions(cursor, "telemetry_model_rollups", "telemetry_model_windows", where, params)
+        self._ensure_rollup_partitions(cursor, "telemetry_model_rollups", "telemetry_model_windows", where, params, bucket_s)
         super()._roll_up_models(cursor, where, params, bucket_s, source)
 
     def _roll_up(self, cursor: Any, where: str, params: dict[str, Any], bucket_s: int, source: str) -> list[SeqRun]:
-        self._ensure_rollup_partitions(cursor, "telemetry_rollups", "telemetry_windows", where, params)
+        self._ensure_rollup_partitions(cursor, "telemetry_rollups", "telemetry_windows", where, params, bucket_s)
         # One statement: only the rows this DELETE removed are summed, so collectors running retention at the
         # same time never roll a window up twice.
         insert = queries.rollup_insert_sql(self, "moved w", "1 = 1")

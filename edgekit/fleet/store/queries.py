@@ -23,7 +23,8 @@ UPSERT_STATUS = """INSERT INTO device_status (fleet, device, state, bundle_id, a
 VALUES (?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (fleet, device) DO UPDATE SET state = excluded.state, bundle_id = excluded.bundle_id,
     agent_version = excluded.agent_version, updated_at = excluded.updated_at, payload = excluded.payload
-WHERE excluded.updated_at >= device_status.updated_at"""
+WHERE excluded.updated_at >= device_status.updated_at OR device_status.updated_at > ?"""
+# the last ? (in both upserts): stored times later than this are from a clock set back since (status_writes.py)
 
 UPSERT_TARGET = """INSERT INTO device_targets (fleet, device, target, updated_at) VALUES (?, ?, ?, ?)
 ON CONFLICT (fleet, device) DO UPDATE SET target = excluded.target, updated_at = excluded.updated_at"""
@@ -39,7 +40,7 @@ ON CONFLICT (fleet, device) DO UPDATE SET board = excluded.board, soc = excluded
     jetpack = excluded.jetpack, cuda = excluded.cuda, tensorrt = excluded.tensorrt, onnxruntime = excluded.onnxruntime,
     power_mode = excluded.power_mode, clocks_locked = excluded.clocks_locked, identity = excluded.identity,
     updated_at = excluded.updated_at
-WHERE excluded.updated_at >= device_identity.updated_at"""
+WHERE excluded.updated_at >= device_identity.updated_at OR device_identity.updated_at > ?"""
 SELECT_IDENTITIES = """SELECT fleet, device, board, soc, os, l4t, jetpack, cuda, tensorrt, onnxruntime, power_mode,
     clocks_locked, identity, updated_at FROM device_identity WHERE {fleet_filter} ORDER BY fleet, device"""
 
@@ -383,11 +384,13 @@ FROM ({union}) u {group_by}"""
 def upsert_retained_status_sql(store: SqlDialect) -> str:
     """:data:`UPSERT_STATUS` for a status the broker sent again (MQTT retained) to a collector subscribing: it is the
     device's newest (the broker keeps one a device), so its state is taken whatever its time; but it was said at its
-    ``updated_at`` or before, so a later heard-from time already stored is kept (a restart revives no one)."""
+    ``updated_at`` or before, so a later heard-from time already stored is kept (a restart revives no one), unless it
+    is later than the last parameter (from a clock set back since)."""
     insert = UPSERT_STATUS[:UPSERT_STATUS.index("ON CONFLICT")]
     return (f"{insert}ON CONFLICT (fleet, device) DO UPDATE SET state = excluded.state, bundle_id = excluded.bundle_id, "
             f"agent_version = excluded.agent_version, payload = excluded.payload, "
-            f"updated_at = {store.greatest_sql('device_status.updated_at', 'excluded.updated_at')}")  # fmt: skip
+            f"updated_at = CASE WHEN device_status.updated_at > ? THEN excluded.updated_at "
+            f"ELSE {store.greatest_sql('device_status.updated_at', 'excluded.updated_at')} END")  # fmt: skip
 
 
 def event_filters(fleet: str | None, device: str | None, kinds: Sequence[str]) -> tuple[list[str], dict[str, Any]]:

@@ -35,6 +35,7 @@ from edgekit.fleet.store.base import (
 )
 from edgekit.fleet.store.device_reads import DeviceReadsMixin
 from edgekit.fleet.store.migrate import SchemaMigrations
+from edgekit.fleet.store.status_writes import StatusWritesMixin
 from edgekit.fleet.store.retention import (  # re-exported (__all__): the stores and older callers import them here
     DEFAULT_GAPS_OPEN_FOR,
     RetentionMixin,
@@ -58,7 +59,7 @@ _EVENT_COLUMNS = ("event_id", "fleet", "device", "kind", "level", "message", "at
 _NAMED_RE = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")
 
 
-class SqlFleetStore(DeviceReadsMixin, RetentionMixin, SchemaMigrations, FleetStore):
+class SqlFleetStore(StatusWritesMixin, DeviceReadsMixin, RetentionMixin, SchemaMigrations, FleetStore):
     """Everything but the connection. ``dialect`` names the migrations folder."""
 
     dialect: str
@@ -279,29 +280,6 @@ class SqlFleetStore(DeviceReadsMixin, RetentionMixin, SchemaMigrations, FleetSto
                 w.p99_ms, w.max_ms, w.mean_ms, w.throughput_per_s, w.power_mean_mw, w.power_max_mw, w.energy_mj,
                 w.energy_per_inference_mj, w.temperature_max_c, w.memory_used_mb, w.cpu_load_pct, w.gpu_load_pct,
                 w.payload_json if w.payload_json is not None else self.json_in(w.payload))  # fmt: skip
-
-    def upsert_status(self, status: DeviceStatus) -> None:
-        with self._transaction(f"storing the status of {status.fleet}/{status.device}") as cursor:
-            self._upsert_status(cursor, status)
-
-    def upsert_statuses(self, statuses: Sequence[DeviceStatus]) -> None:
-        if not statuses:
-            return
-        with self._transaction(f"storing {len(statuses)} device statuses") as cursor:
-            for status in statuses:  # in order: a device's later status wins
-                self._upsert_status(cursor, status)
-
-    def _upsert_status(self, cursor: Any, status: DeviceStatus) -> None:
-        cursor.execute(self._sql(queries.upsert_retained_status_sql(self) if status.retained else queries.UPSERT_STATUS),
-                       (status.fleet, status.device, status.state, status.bundle_id, status.agent_version,
-                        self.time_in(status.updated_at), self.json_in(status.payload)))  # fmt: skip
-        if status.target is not None:
-            self._set_target(cursor, status.fleet, status.device, status.target)
-        if status.identity is not None:
-            i = status.identity
-            cursor.execute(self._sql(queries.UPSERT_IDENTITY),
-                           (i.fleet, i.device, i.board, i.soc, i.os, i.l4t, i.jetpack, i.cuda, i.tensorrt, i.onnxruntime,
-                            i.power_mode, i.clocks_locked, self.json_in(i.payload), self.time_in(i.updated_at)))  # fmt: skip
 
     def device_identities(self, fleet: str | None = None) -> list[DeviceIdentityRecord]:
         sql = queries.SELECT_IDENTITIES.format(fleet_filter="fleet = :fleet" if fleet is not None else "1 = 1")
