@@ -30,11 +30,12 @@ class StageReporter:
     def __init__(self) -> None:
         self.times = StageTimes()
         self._skipped: str | None = None
+        self._failed: str | None = None
 
     @contextlib.contextmanager
     def stage(self, name: str, detail: str = "") -> Iterator[None]:
         started = time.perf_counter()
-        self._skipped = None
+        self._skipped = self._failed = None
         self.started(name, detail)
         try:
             yield
@@ -43,7 +44,9 @@ class StageReporter:
             raise
         seconds = time.perf_counter() - started
         self.times.add(name, seconds)
-        if self._skipped is not None:
+        if self._failed is not None:
+            self.failed(name, seconds, self._failed)
+        elif self._skipped is not None:
             self.skipped(name, seconds, self._skipped)
         else:
             self.finished(name, seconds)
@@ -51,6 +54,11 @@ class StageReporter:
     def skip(self, reason: str) -> None:
         """The running stage had nothing to do: it ends as skipped (with ``reason``), not as done."""
         self._skipped = reason
+
+    def fail(self, reason: str) -> None:
+        """The running stage failed and its caller carries on (a sweep's variant): it ends as failed (with
+        ``reason``), not as done, without raising out of the ``with``."""
+        self._failed = reason
 
     def note(self, message: str) -> None:
         log.info("%s", message)
@@ -64,8 +72,8 @@ class StageReporter:
     def finished(self, name: str, seconds: float) -> None:
         log.info("stage %s done in %.2f s", name, seconds)
 
-    def failed(self, name: str, seconds: float) -> None:
-        log.info("stage %s failed after %.2f s", name, seconds)
+    def failed(self, name: str, seconds: float, reason: str | None = None) -> None:
+        log.info("stage %s failed after %.2f s%s", name, seconds, f": {reason}" if reason else "")
 
 
 class RichStageReporter(StageReporter):
@@ -99,9 +107,11 @@ class RichStageReporter(StageReporter):
         self._stop()
         self.console.print(f"[green]✓[/] {name:<10} {seconds:7.2f} s")
 
-    def failed(self, name: str, seconds: float) -> None:
+    def failed(self, name: str, seconds: float, reason: str | None = None) -> None:
+        from rich.markup import escape
+
         self._stop()
-        self.console.print(f"[red]✗[/] {name:<10} {seconds:7.2f} s")
+        self.console.print(f"[red]✗[/] {name:<10} {seconds:7.2f} s" + (f"  [red]failed: {escape(reason)}[/]" if reason else ""))
 
     def skipped(self, name: str, seconds: float, reason: str) -> None:
         from rich.markup import escape

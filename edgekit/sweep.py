@@ -6,7 +6,9 @@ here are re-timed interleaved at the end, so machine noise hits them alike. FP8 
 only on the device. Those only another backend of the target runs are written the same way and estimated
 on their twin, without a bundle.
 A variant that fails (over budget, a refusal, an internal error: its trace logged) is a row with its reason, not the
-end of the sweep; sweep.json and sweep.html are written even when the final timing fails.
+end of the sweep (its progress line ends as failed); sweep.json and sweep.html are written even when the final timing
+fails. A folder that already holds a sweep is replaced only with ``force``: a re-run would fail every variant ("already
+holds a bundle") and write those failures over the good rows.
 """
 
 from __future__ import annotations
@@ -68,12 +70,15 @@ def sweep(recipe_path: Path | str, target_name: str, out: Path | str, force: boo
     target = get_target(target_name)
     recipe_t = recipe.for_target(target.name)
     backend, _ = choose_backend(recipe_t, target)
+    if iterations < 1:
+        raise EdgekitError(f"--iterations must be 1 or more, not {iterations}", hint="pass --iterations N with N >= 1, e.g. --iterations 30")
     out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    variants = _variants(recipe_t, target, backend)
+    _check_out(out_dir, [label for label, _, _, buildable in variants if buildable], force)
     metric = recipe_t.evaluation.metric if recipe_t.evaluation else None
     rows: list[dict[str, Any]] = []
     built: dict[str, Path] = {}
-    for label, precision, pruned, buildable in _variants(recipe_t, target, backend):
+    for label, precision, pruned, buildable in variants:
         row: dict[str, Any] = {"variant": label, "precision": precision.value, "pruned": pruned}
         with progress.stage(label):
             try:
@@ -101,6 +106,10 @@ def sweep(recipe_path: Path | str, target_name: str, out: Path | str, force: boo
                 log.error("sweep variant %s failed with an internal error", label, exc_info=True)
                 first = (str(exc).splitlines() or [""])[0]
                 row.update(status="failed", reason=f"internal error {type(exc).__name__}: {first} (trace in the log)")
+            if row["status"] == "failed":  # the stage ends as what the row says, not with a tick
+                progress.fail(row["reason"])
+            elif row["status"] == "skipped":
+                progress.skip(row["reason"])
         rows.append(row)
     try:
         if built:
@@ -114,6 +123,20 @@ def sweep(recipe_path: Path | str, target_name: str, out: Path | str, force: boo
     finally:  # the rows built so far are written even when the timing fails
         result = _finish(rows, recipe_t, target, out_dir, metric)
     return result
+
+
+def _check_out(out_dir: Path, labels: list[str], force: bool) -> None:
+    """Create ``out_dir``, refusing a file and, without ``force``, a folder that already holds a sweep (its sweep.json
+    or a variant's bundle): a re-run would otherwise fail every variant and write those failures over the good rows."""
+    if out_dir.is_file():
+        raise EdgekitError(f"--out {out_dir} is a file, not a folder", hint="choose another --out")
+    held = [name for name in ("sweep.json", *(f"{label}/manifest.json" for label in labels)) if (out_dir / name).is_file()]
+    if held and not force:
+        raise EdgekitError(f"--out {out_dir} already holds a sweep ({held[0]})", hint="pass --force to replace it, or choose another --out")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file on the way, no permission
+        raise EdgekitError(f"--out {out_dir}: cannot create the folder ({exc.strerror or exc})", hint="choose another --out") from exc
 
 
 def _finish(rows: list[dict[str, Any]], recipe_t: Any, target: Any, out_dir: Path, metric: str | None) -> SweepResult:

@@ -33,11 +33,49 @@ class BenchReport:
     providers: list[str] = field(default_factory=list)  # what the bundle variants ran on, as ONNX Runtime reports it
     energy_note: str | None = None  # why variants have no ``energy`` (GPU runs without NVML's energy counter)
     notes: list[str] = field(default_factory=list)  # variants that could not run, and why
+    host_cpu: str | None = None  # this host's processor, where the variants ran
+    target: str | None = None  # the bundle's target (display name), when it is another device than this host
+    graph_note: str | None = None  # what was timed when it is not what the device runs (a TensorRT bundle's ONNX graph)
 
     def to_json(self) -> dict[str, Any]:
         return {"bundle": self.bundle, "dims": self.dims, "batch": self.batch, "threads": self.threads, "iterations": self.iterations,
-                "device": self.device, "providers": self.providers, "variants": self.variants,
+                "device": self.device, "providers": self.providers, "host_cpu": self.host_cpu,
+                "measured_on_target": self.target is None, "target": self.target, "variants": self.variants,
+                **({"graph_note": self.graph_note} if self.graph_note else {}),
                 **({"energy_note": self.energy_note} if self.energy_note else {}), **({"notes": self.notes} if self.notes else {})}  # fmt: skip
+
+
+def round_sizes(iterations: int, rounds: int) -> list[int]:
+    """Timed calls per interleaved round, ``iterations`` in all (7 in 5 rounds: 2, 2, 1, 1, 1; 3: three rounds of 1)."""
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+        raise EdgekitError(f"--iterations must be 1 or more, not {iterations!r}", hint="pass --iterations N with N >= 1, e.g. --iterations 50")
+    count = max(1, min(rounds, iterations))
+    return [iterations // count + (1 if index < iterations % count else 0) for index in range(count)]
+
+
+def timed_graph_note(manifest: dict[str, Any]) -> str | None:
+    """What a host run of the bundle times when that is not what its device runs: a TensorRT bundle's ONNX graph on ONNX
+    Runtime's CPU provider, the FP32 graph when TensorRT applies the precision through builder flags on the device."""
+    backend: Any = manifest.get("backend")
+    backend = backend if isinstance(backend, dict) else {}
+    trt: Any = backend.get("tensorrt")
+    if backend.get("name") != "tensorrt" and not isinstance(trt, dict):
+        return None
+    precision = manifest.get("precision")
+    if isinstance(trt, dict) and trt.get("onnx_precision") == "as-exported" and precision not in (None, "fp32"):
+        return f"FP32 graph on ONNX Runtime CPU; the device applies {precision} (TensorRT builder flags), so its latency differs"
+    return "the bundle's ONNX graph on ONNX Runtime CPU; the device runs it as a TensorRT engine, so its latency differs"
+
+
+def _other_target(manifest: dict[str, Any]) -> str | None:
+    """The bundle's target when it is another device than the host running it (not a ``cpu.isa: host`` profile)."""
+    from edgekit.report.formatting import measured_on_target
+
+    if measured_on_target(manifest):
+        return None
+    target: Any = manifest.get("target")
+    target = target if isinstance(target, dict) else {}
+    return str(target.get("display_name") or target.get("name") or "its target")
 
 
 def parse_dims(text: str | None) -> dict[str, int]:
@@ -120,6 +158,7 @@ def bench_bundle(bundle_dir: Path, dims: dict[str, int] | None = None, iteration
     device when ``vs_pytorch``."""
     if device not in ("cpu", "cuda"):
         raise EdgekitError(f"--device {device!r} is not one of cpu, cuda")
+    sizes = round_sizes(iterations, rounds)
     bundle = open_bundle(bundle_dir, verify=True)
     signature = IOSignature.from_manifest(bundle.manifest["io"])
     all_dims = {name: rng["opt"] for name, rng in bundle.manifest["io"]["dims"].items()}
@@ -147,10 +186,9 @@ def bench_bundle(bundle_dir: Path, dims: dict[str, int] | None = None, iteration
             reference, _ = _torch_model(bundle, recipe_path, trust_code, device)
             contenders["pytorch_eager"] = lambda: reference(feeds)
         samples: dict[str, list[float]] = {name: [] for name in contenders}
-        per_round = max(1, iterations // rounds)
-        for index in range(rounds):
+        for index, size in enumerate(sizes):
             for name, fn in contenders.items():
-                samples[name] += time_calls(fn, warmup if index == 0 else 1, per_round)
+                samples[name] += time_calls(fn, warmup if index == 0 else 1, size)
         energy: dict[str, Any] | str = {}
         if device == "cuda":
             energy = gpu.energy_per_inference(contenders, batch)
@@ -166,14 +204,19 @@ def bench_bundle(bundle_dir: Path, dims: dict[str, int] | None = None, iteration
             variants[name]["energy"] = energy[name]
     if vs_pytorch:
         variants["bundle"]["ratio_vs_pytorch_p50"] = variants["bundle"]["p50_ms"] / variants["pytorch_eager"]["p50_ms"]
-    return BenchReport(bundle=str(bundle_dir), dims=all_dims, batch=batch, threads=threads, iterations=per_round * rounds, variants=variants,
-                       device=device, providers=providers, energy_note=energy if isinstance(energy, str) else None, notes=notes)  # fmt: skip
+    from edgekit.bundle.manifest import host_description
+
+    return BenchReport(bundle=str(bundle_dir), dims=all_dims, batch=batch, threads=threads, iterations=sum(sizes), variants=variants,
+                       device=device, providers=providers, energy_note=energy if isinstance(energy, str) else None, notes=notes,
+                       host_cpu=str(host_description()["cpu"]), target=_other_target(bundle.manifest),
+                       graph_note=timed_graph_note(bundle.manifest) if device == "cpu" else None)  # fmt: skip
 
 
 def time_bundles_interleaved(bundle_dirs: list[Path], iterations: int = 30, rounds: int = 5, threads: int | None = None,
                              dims: dict[str, int] | None = None) -> dict[str, dict[str, float]]:
     """p50/p99 of several bundles at the shape each was benchmarked at (or ``dims``), timed in
     interleaved rounds on this host's CPU so that noise hits them alike; keyed by ``str(bundle_dir)``."""
+    sizes = round_sizes(iterations, rounds)
     contenders = {}
     runners = []
     try:
@@ -187,10 +230,9 @@ def time_bundles_interleaved(bundle_dirs: list[Path], iterations: int = 30, roun
             runners.append(runner)
             contenders[str(bundle_dir)] = (runner, feeds)
         samples: dict[str, list[float]] = {name: [] for name in contenders}
-        per_round = max(1, iterations // rounds)
-        for index in range(rounds):
+        for index, size in enumerate(sizes):
             for name, (runner, feeds) in contenders.items():
-                samples[name] += time_calls(lambda r=runner, f=feeds: r.infer(f, validate=False), 2 if index == 0 else 0, per_round)
+                samples[name] += time_calls(lambda r=runner, f=feeds: r.infer(f, validate=False), 2 if index == 0 else 0, size)
     finally:
         for runner in runners:
             runner.close()

@@ -8,8 +8,8 @@ Three ways to call it, timed side by side (and beside PyTorch on the same GPU wi
 - ``bundle_cuda_graph``: as ``bundle``, with the CUDA provider's ``enable_cuda_graph`` (one graph per
   shape, replayed: no per-kernel launch cost).
 
-Each variant's energy per inference comes from NVML's board energy counter over a few seconds of
-back-to-back calls (``energy``), where NVML and the counter are there.
+Each variant's energy per inference (per item, one sample; and per call of the whole batch) comes from NVML's
+board energy counter over a few seconds of back-to-back calls (``energy``), where NVML and the counter are there.
 """
 
 from __future__ import annotations
@@ -74,8 +74,9 @@ def providers_of(runners: list[OnnxRuntimeRunner]) -> list[str]:
 
 
 def energy_per_inference(contenders: dict[str, Callable[[], Any]], batch: int, window_s: float = ENERGY_WINDOW_S) -> dict[str, dict[str, float]] | str:
-    """NVML board energy per call and per item, and mean power, for each contender over ``window_s`` of
-    back-to-back calls; or why there is no figure (no NVML, no energy counter)."""
+    """NVML board energy per inference (``mj_per_inference``: per item, one sample of the batch), per call of ``batch``
+    items (``mj_per_call``) and mean power, for each contender over ``window_s`` of back-to-back calls; or why there is
+    no figure (no NVML, no energy counter)."""
     from edgekit_runtime.sensors.nvml import NvmlPowerSensor
 
     sensor = NvmlPowerSensor()
@@ -94,8 +95,9 @@ def energy_per_inference(contenders: dict[str, Callable[[], Any]], batch: int, w
             after = sensor.read()
             seconds = after.timestamp_s - before.timestamp_s
             joules = (after.energy_mj - before.energy_mj) / 1000.0  # type: ignore[operator]
-            out[name] = {"mj_per_inference": round(1000.0 * joules / calls, 4), "mj_per_item": round(1000.0 * joules / (calls * batch), 4),
-                         "mean_w": round(joules / seconds, 1), "calls": calls, "seconds": round(seconds, 2)}  # fmt: skip
+            # per inference is per item (one sample), as edgekit estimate's "mJ / inference"; a call runs ``batch`` of them
+            out[name] = {"mj_per_inference": round(1000.0 * joules / (calls * batch), 4), "mj_per_call": round(1000.0 * joules / calls, 4),
+                         "batch": batch, "mean_w": round(joules / seconds, 1), "calls": calls, "seconds": round(seconds, 2)}  # fmt: skip
         return out
     finally:
         sensor.close()

@@ -40,9 +40,10 @@ def run(args: argparse.Namespace) -> int:
     from edgekit.bench import parse_dims
     from edgekit.estimate.inputs import estimate_path
 
+    dims = parse_dims(args.shape) if args.shape else None
     with library_output_to_stderr():
         result, source = estimate_path(args.source, args.target, power_mode=args.power_mode, calibration=args.calibration,
-                                       dims=parse_dims(args.shape) if args.shape else None, precision=args.precision,
+                                       dims=dims, precision=args.precision,
                                        measure_host=True if args.measure_host else None, trust_code=args.trust_code,
                                        layer_model=args.layers)  # fmt: skip
     printer = results(args)
@@ -53,8 +54,14 @@ def run(args: argparse.Namespace) -> int:
     printer.print(f"  throughput      {result.throughput_per_s:.1f} /s (estimate)")
     printer.print(f"  peak memory     {result.peak_memory_mb:.1f} MB (estimate: weights {result.weights_mb:.1f} + activations "
                   f"{result.activations_mb:.1f} + runtime {result.runtime_overhead_mb:.0f})")  # fmt: skip
+    # the bundle's own host measurement, at its benchmark shape and precision: comparable only when the estimate is at both
+    differs = [what for what, same in ((f"--shape {args.shape}", {**source.dims, **(dims or {})} == source.dims),
+                                       (f"--precision {args.precision}", args.precision in (None, source.precision))) if not same]
     if source.measured_p50_ms is not None:
-        printer.print(f"  host measured   {source.measured_p50_ms:.3f} ms p50 on the build host ({escape(str(source.measured_on or 'unknown CPU'))}), for comparison")
+        measured = (f"{source.measured_p50_ms:.3f} ms p50 at {source.dims or 'static'}, {source.precision}, on the build host "
+                    f"({source.measured_on or 'unknown CPU'})")  # fmt: skip
+        verdict = f"not comparable: the estimate is at {' and '.join(differs)}" if differs else "for comparison"
+        printer.print(f"  host measured   {escape(measured)}, {escape(verdict)}", soft_wrap=True)
     if result.energy:
         energy = Table(title=f"energy per inference (one sample) at each power mode (estimate; one call = batch {result.batch})")
         for column in ("mode", "watts", "p50 ms / call", "mJ / call", "mJ / inference"):
@@ -75,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         doc = result.to_json(nodes=args.nodes)
         doc["source"] = {"name": source.name, "model": str(source.model_path), "measured_p50_ms": source.measured_p50_ms,
-                         "measured_on": source.measured_on}  # fmt: skip
+                         "measured_on": source.measured_on, "measured_dims": source.dims, "measured_precision": source.precision,
+                         "measured_comparable": not differs if source.measured_p50_ms is not None else None}  # fmt: skip
         print_json(doc)
     return 0

@@ -54,6 +54,22 @@ def _ms(bench: Any, key: str) -> str:
     return f"{_fmt(value, '.2f')} ms" if isinstance(value, (int, float)) else "n/a"
 
 
+def measured_where(manifest: Any, timing: bool = True) -> str:
+    """Where the manifest's latency and accuracy were measured, for a label: the build host (its CPU), and not on the
+    target when the target is another device (inspect may run anywhere, so not "this host"); with ``timing``, what was
+    timed when the device runs something else (a TensorRT bundle's graph on ONNX Runtime CPU)."""
+    from edgekit.bench.compare import timed_graph_note
+    from edgekit.report.formatting import host_cpu, measured_on_target
+
+    where = f"measured on the build host ({host_cpu(manifest)})" if isinstance(_dig(manifest, "benchmark", "host", default=None), dict) \
+        else "measured on the build host"
+    if not measured_on_target(manifest):
+        target = _dig(manifest, "target", "display_name", default=None) or _dig(manifest, "target", "name", default="its target")
+        where += f", not on the {target}"
+    note = timed_graph_note(manifest) if timing and isinstance(manifest, dict) else None
+    return f"{where}; {note}" if note else where
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
@@ -111,8 +127,10 @@ def run(args: argparse.Namespace) -> int:
         ("parity", "skipped" if not isinstance(parity, dict) or parity.get("passed") is None else
          f"max abs diff {_fmt(parity.get('max_abs_diff'), '.2e')}, cosine min {_fmt(parity.get('cosine_min'), '.6f')}, passed {parity['passed']}"),
         ("accuracy", "n/a" if not isinstance(accuracy, dict) else
-         f"{accuracy.get('metric')} {_fmt(accuracy.get('value'), '.4f')} (reference {_fmt(accuracy.get('reference'), '.4f')}), passed {accuracy.get('passed')}"),
-        ("latency", f"p50 {_ms(bench, 'p50_ms')}, p99 {_ms(bench, 'p99_ms')} at {_dig(bench, 'shape')}"),
+         f"{accuracy.get('metric')} {_fmt(accuracy.get('value'), '.4f')} (reference {_fmt(accuracy.get('reference'), '.4f')}), "
+         f"passed {accuracy.get('passed')}, {measured_where(manifest, timing=False)}"),
+        ("latency", "n/a" if not isinstance(bench, dict) or bench.get("p50_ms") is None else
+         f"p50 {_ms(bench, 'p50_ms')}, p99 {_ms(bench, 'p99_ms')} at {_dig(bench, 'shape')}, {measured_where(manifest)}"),
         ("toolchain", ", ".join(f"{k} {v}" for k, v in toolchain.items() if v) if isinstance(toolchain, dict) else str(toolchain)),
     ]  # fmt: skip
     for key, value in rows:

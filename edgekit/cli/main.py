@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from edgekit import __version__
@@ -40,7 +41,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _closed_stdout_to_devnull() -> None:
+    """Started with stdout closed (``edgekit inspect X >&-``), Python has ``sys.stdout = None`` and file descriptor 1
+    free: point both at /dev/null, so the command still runs and its results go where the caller sent them (nowhere)."""
+    fd = os.open(os.devnull, os.O_WRONLY)
+    if fd != 1:
+        os.dup2(fd, 1)
+        os.close(fd)
+    sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if sys.stdout is None:
+        _closed_stdout_to_devnull()
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)

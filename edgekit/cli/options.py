@@ -93,7 +93,8 @@ def library_output_to_stderr() -> Iterator[None]:
     (``sys.stdout`` and file descriptor 1): NNCF's progress bars, ONNX Runtime's optimizer, C++ libraries
     writing to fd 1. Stdout holds the results the command prints afterwards, so ``--json`` is one JSON
     document for ``jq``. (A library's progress on stderr is still progress a person sees.)"""
-    sys.stdout.flush()
+    if sys.stdout is not None:  # None: stdout was closed when Python started (main() points it at /dev/null)
+        sys.stdout.flush()
     saved = os.dup(1)
     try:
         os.dup2(2, 1)
@@ -103,6 +104,15 @@ def library_output_to_stderr() -> Iterator[None]:
         sys.stderr.flush()
         os.dup2(saved, 1)
         os.close(saved)
+
+
+def check_count(value: int | None, option: str, minimum: int, example: int) -> None:
+    """Refuse a count option below ``minimum`` (``--iterations 0``, ``--threads -2``) with an error that names the option,
+    before any work (the library's own check would name a manifest field or a keyword argument instead)."""
+    from edgekit.errors import EdgekitError
+
+    if value is not None and value < minimum:
+        raise EdgekitError(f"{option} must be {minimum} or more, not {value}", hint=f"pass {option} N with N >= {minimum}, e.g. {option} {example}")
 
 
 def json_parent() -> argparse.ArgumentParser:
@@ -134,20 +144,35 @@ def output_parent(metavar: str = "DIR", what: str = "output directory") -> argpa
     return parser
 
 
+@contextlib.contextmanager
+def _reader_may_leave() -> Iterator[None]:
+    """Stdout's reader left early (``edgekit sweep --csv | head -1``): exit 1 quietly, as rich does under its tables,
+    with stdout pointed at /dev/null so the flush at exit has no traceback either."""
+    try:
+        yield
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        raise SystemExit(1) from None
+
+
 def print_json(payload: Any) -> None:
     """The machine-readable summary: one line of JSON on stdout."""
-    sys.stdout.write(json.dumps(payload, default=str, sort_keys=False) + "\n")
-    sys.stdout.flush()
+    with _reader_may_leave():
+        sys.stdout.write(json.dumps(payload, default=str, sort_keys=False) + "\n")
+        sys.stdout.flush()
 
 
 def print_csv(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
     """A table as CSV on stdout: the header, then one line per row; ``None`` is an empty cell, floats keep
     their full precision (formatting is for people, CSV is for tools)."""
-    writer = csv.writer(sys.stdout, lineterminator="\n")
-    writer.writerow(columns)
-    for row in rows:
-        writer.writerow(["" if value is None else _not_a_formula(value) for value in row])
-    sys.stdout.flush()
+    with _reader_may_leave():
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow(["" if value is None else _not_a_formula(value) for value in row])
+        sys.stdout.flush()
 
 
 _FORMULA_START = re.compile(r"^(?:[=+@\t\r]|-(?![0-9.]))")

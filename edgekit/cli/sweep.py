@@ -7,7 +7,17 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from edgekit.cli.options import console, library_output_to_stderr, output_parent, print_csv, print_json, results, table_output_parent, target_parent
+from edgekit.cli.options import (
+    check_count,
+    console,
+    library_output_to_stderr,
+    output_parent,
+    print_csv,
+    print_json,
+    results,
+    table_output_parent,
+    target_parent,
+)
 
 #: ``edgekit sweep --csv``: the raw fields of each variant.
 CSV_COLUMNS = ("variant", "precision", "pruned", "status", "size_bytes", "p50_ms", "p99_ms", "latency_vs_fp32", "metric_value",
@@ -24,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "interleaved, and write a table and a Pareto plot (sweep.html) of size, latency and accuracy.",
     )  # fmt: skip
     parser.add_argument("recipe", metavar="RECIPE", help="recipe YAML file")
-    parser.add_argument("--iterations", type=int, default=30, metavar="N", help="timed runs per variant in the interleaved timing (default 30)")
+    parser.add_argument("--iterations", type=int, default=30, metavar="N", help="timed runs per variant in the interleaved timing, 1 or more (default 30)")
     parser.add_argument("--trust-code", action="store_true", help="let the recipe run callables outside its own folder and edgekit's demos (as edgekit build)")
     parser.set_defaults(func=run)
 
@@ -36,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from edgekit.report.sweep_plot import sweep_cells, sweep_title
     from edgekit.sweep import sweep
 
+    check_count(args.iterations, "--iterations", minimum=1, example=30)
     out = Path(args.out) if args.out else Path("bundles") / f"sweep-{Path(args.recipe).stem}-{args.target}"
     with library_output_to_stderr():
         result = sweep(args.recipe, args.target, out, force=args.force, iterations=args.iterations, progress=RichStageReporter(console),
@@ -58,4 +69,11 @@ def run(args: argparse.Namespace) -> int:
     printer.print(table)
     printer.print(f"report: {escape(str(result.out_dir / 'sweep.html'))}  data: {escape(str(result.out_dir / 'sweep.json'))}",
                   soft_wrap=True)  # fmt: skip
+    if not any(row["status"] == "built" for row in result.rows):  # a sweep that built nothing failed, as a failed build does
+        failed = [row for row in result.rows if row["status"] == "failed"]
+        console.print(f"[bold red]error:[/] no variant of the sweep built ({len(failed)} of {len(result.rows)} failed"
+                      + (f"; the first: {escape(failed[0]['reason'])})" if failed else ")"), soft_wrap=True)
+        console.print("  [yellow]hint:[/] the table's note column says why each variant failed; fix that and run the sweep again "
+                      "with --force", soft_wrap=True)  # fmt: skip
+        return 2
     return 0
