@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 
 DEFAULT_STORE = "sqlite:///fleet.db"
 #: The largest TCP port.
@@ -40,31 +41,27 @@ def finite_number(text: str, what: str = "a number of seconds, hours or days") -
     return number
 
 
+def _within(text: str, what: str, holds: Callable[[float], bool], refusal: str) -> float:
+    """``text`` as a finite number for which ``holds`` is true, else an argparse error: "'text' is <refusal>: give <what>"."""
+    value = finite_number(text, what)
+    if not holds(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is {refusal}: give {what}")
+    return value
+
+
 def positive_seconds(text: str) -> float:
     """A finite number of seconds above 0 (a health window, a timeout)."""
-    what = "a number of seconds above 0, e.g. 60"
-    seconds = finite_number(text, what)
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not above 0: give {what}")
-    return seconds
+    return _within(text, "a number of seconds above 0, e.g. 60", lambda v: v > 0, "not above 0")
 
 
 def share(text: str) -> float:
     """A share from 0 to 1 (0.02 is 2 %)."""
-    what = "a share from 0 to 1, e.g. 0.02 for 2 %"
-    value = finite_number(text, what)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not from 0 to 1: give {what}")
-    return value
+    return _within(text, "a share from 0 to 1, e.g. 0.02 for 2 %", lambda v: 0 <= v <= 1, "not from 0 to 1")
 
 
 def growth_ratio(text: str) -> float:
     """A finite ratio above 0 (1.5: may grow by half; below 1 demands that it shrink)."""
-    what = "a ratio above 0, e.g. 1.5 (may grow by half)"
-    value = finite_number(text, what)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not above 0: give {what}")
-    return value
+    return _within(text, "a ratio above 0, e.g. 1.5 (may grow by half)", lambda v: v > 0, "not above 0")
 
 
 def name_list(text: str) -> tuple[str, ...]:

@@ -15,15 +15,6 @@ from edgekit.corpus.base import CorpusModel
 from edgekit.corpus.run import HOST_TARGET, CorpusRow, measure_host, openvino_peers
 from edgekit.corpus.summary import model_verdict, summary
 from tests.corpus.test_run import _measured, _row
-from tests.sources.onnx_models import image_batches, paddle_style_cnn
-
-
-@pytest.fixture()
-def small_model(tmp_path: Path) -> CorpusModel:
-    path = tmp_path / "cnn.onnx"
-    onnx.save(paddle_style_cnn(opset=13, batch_dim="batch"), str(path))
-    batches = image_batches(count=2, batch=4)
-    return CorpusModel("cnn", "classification", path, batches, batches, batches[0], "prob", "tests.sources.onnx_models", min_value=0.9)
 
 
 def test_openvino_peers_are_evaluated_and_timed_in_the_same_rounds(small_model: CorpusModel, tmp_path: Path) -> None:

@@ -10,15 +10,6 @@ import pytest
 
 from edgekit.corpus.base import CorpusModel
 from edgekit.corpus.run import HOST_TARGET, CorpusRow, measure_host, ort_peers
-from tests.sources.onnx_models import image_batches, paddle_style_cnn
-
-
-@pytest.fixture()
-def small_model(tmp_path: Path) -> CorpusModel:
-    path = tmp_path / "cnn.onnx"
-    onnx.save(paddle_style_cnn(opset=13, batch_dim="batch"), str(path))
-    batches = image_batches(count=2, batch=4)
-    return CorpusModel("cnn", "classification", path, batches, batches, batches[0], "prob", "tests.sources.onnx_models", min_value=0.9)
 
 
 def test_a_peer_file_onnx_runtime_cannot_open_is_its_rows_error_not_a_crash(small_model: CorpusModel, tmp_path: Path) -> None:

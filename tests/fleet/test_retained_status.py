@@ -58,10 +58,7 @@ def test_a_restarted_collector_keeps_a_long_silent_device_offline(fleet_broker: 
             collector = Collector(fleet_broker.url, silent_store, client_id="retained-restart", fleet="restart",
                                   flush_interval_s=0.05).start()  # fmt: skip
             try:
-                deadline = time.monotonic() + 10
-                while collector.metrics.snapshot()["received"].get("status", 0) < 1 and time.monotonic() < deadline:
-                    time.sleep(0.02)
-                assert collector.flush()
+                _stored_after_one_status(collector)
             finally:
                 collector.stop()
         finally:
@@ -132,12 +129,17 @@ def test_a_status_older_than_the_stored_one_is_counted_not_stored(fleet_broker: 
         try:
             with Publisher(fleet_broker) as device:
                 device.publish(topic("status", fleet="older"), status("offline", fleet="older"))
-            deadline = time.monotonic() + 10
-            while collector.metrics.snapshot()["received"].get("status", 0) < 1 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert collector.flush()
+            _stored_after_one_status(collector)
         finally:
             collector.stop()
         snapshot = collector.metrics.snapshot()
         assert (snapshot["stored"].get("status", 0), snapshot["duplicates"].get("status", 0)) == (0, 1)
         assert [s.state for s in store.device_summaries("older")] == ["online"]
+
+
+def _stored_after_one_status(collector: Collector) -> None:
+    """Wait (at most 10 s) until ``collector`` received a status message, then until it stored what it took in."""
+    deadline = time.monotonic() + 10
+    while collector.metrics.snapshot()["received"].get("status", 0) < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert collector.flush()
