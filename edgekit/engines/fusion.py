@@ -187,9 +187,9 @@ def _split_input_unsqueezes(model: Any) -> int:
             continue
         # Unsqueeze counts negative axes from the end of its output (rank_in + len(axes) dims): applied one at a time in
         # ascending order, non-negative axes give the same shape, negative ones would count from each step's own end.
-        rank_out = (rank_in or 0) + len(axes)
         current = node.input[0]
-        for step, axis in enumerate(sorted(int(a) % rank_out for a in axes)):
+        normalised = [int(a) for a in axes] if rank_in is None else [int(a) % (rank_in + len(axes)) for a in axes]
+        for step, axis in enumerate(sorted(normalised)):
             axis_name = f"{node.name}.axis{step}"
             graph.initializer.append(numpy_helper.from_array(np.array([axis], dtype=np.int64), axis_name))
             out = node.output[0] if step == len(axes) - 1 else f"{node.output[0]}.step{step}"

@@ -329,9 +329,11 @@ class Rollout:
         command_ids: dict[str, str] = {}
         sent_at: dict[str, str] = {}
         for start in range(0, len(devices), SEND_CHUNK):
+            if self._stop.is_set():
+                break  # the later chunks are never marked deploying: they stay as they were
             chunk = devices[start : start + SEND_CHUNK]
             commands, marked = {d: build_command(self._command_name, self._command_args) for d in chunk}, _now().isoformat()
-            self._unsent = set(chunk)
+            self._unsent |= set(chunk)
             self._update_devices({d: "deploying" for d in chunk}, {d: {"wave": wave, "command_id": commands[d]["id"],
                                  "sent_at": marked, "outcome": "deploying", "reason": None, "step": None, "hint": None}
                                  for d in chunk})  # fmt: skip

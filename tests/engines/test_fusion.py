@@ -42,3 +42,15 @@ def test_negative_axes_of_an_input_of_unknown_rank_are_left_as_they_are() -> Non
     model = _unsqueeze_model([-3, -2], shape=None)
     assert _split_input_unsqueezes(model) == 0
     assert [node.op_type for node in model.graph.node] == ["Unsqueeze"]
+
+
+def test_non_negative_axes_of_an_input_of_unknown_rank_keep_their_places() -> None:
+    """The input's rank unknown: taking the output rank as len(axes) wrapped axes [1, 2] to [1, 0] and a (3, 5) mask
+    came out (1, 1, 3, 5) instead of (3, 1, 1, 5)."""
+    model = _unsqueeze_model([1, 2], shape=None)
+    mask = np.arange(15, dtype=np.int64).reshape(3, 5)
+    expected = _run(model, mask)
+    assert _split_input_unsqueezes(model) == 1
+    got = _run(model, mask)
+    assert got.shape == expected.shape == (3, 1, 1, 5)
+    np.testing.assert_array_equal(got, expected)

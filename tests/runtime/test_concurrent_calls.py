@@ -111,3 +111,38 @@ def test_a_swap_between_safe_and_unsafe_runners_changes_the_instances(model_path
         assert server._run_slots._value == 3  # noqa: SLF001 - the slots' count is the contract under test
     finally:
         server.close()
+
+
+def test_requests_queued_while_the_one_instance_runs_go_in_one_call(tmp_path: Path) -> None:
+    """A runner served on one instance although batching.instances is 4: before, the other three batching workers each
+    took a request or two and waited for the slot with them, so the requests that came while the runner ran went in
+    small calls (0.65x the throughput of instances: 1). Now a worker waits for a free slot before it gathers."""
+    from tests.runtime.tiny_bundle import write_linear_model
+
+    gate, entered, calls = threading.Event(), threading.Event(), []
+
+    class Gated(OnnxRuntimeRunner):
+        def _bound_run(self, names, feeds, run_options):  # type: ignore[no-untyped-def]
+            calls.append(next(iter(feeds.values())).shape[0])
+            if len(calls) == 1:
+                entered.set()
+                assert gate.wait(30)
+            return super()._bound_run(names, feeds, run_options)
+
+    runner = Gated(write_linear_model(tmp_path / "linear.onnx"), SIGNATURE, io_binding=True).load()
+    server = InferenceServer(runner, model_name="m", batching=BatchingConfig(max_delay_ms=0.5, instances=4))
+    image = np.zeros((1, 1, 8, 8), np.float32)
+    threads = [threading.Thread(target=server.infer, args=({"image": image},)) for _ in range(7)]
+    try:
+        threads[0].start()
+        assert entered.wait(10)  # the first request runs, alone, and holds the one slot
+        for thread in threads[1:]:
+            thread.start()
+        threading.Event().wait(0.3)  # the six reach the queue (no timing is asserted)
+        gate.set()
+        for thread in threads:
+            thread.join(30)
+    finally:
+        gate.set()
+        server.close()
+    assert calls == [1, 6]

@@ -119,10 +119,17 @@ class BatchQueue:
     and those already queued (they arrived while the runner ran the group before). Requests with another
     key wait, in order, for a later group. With ``workers`` > 1 (the model's ``instances``) one worker
     gathers while the others run their groups; gathering is one at a time.
+
+    ``run_slots``: the model's run slots (which ``run_group`` takes), where the runner may run fewer calls at once than
+    there are workers (its calls share state). A worker that has a group's first request waits until a slot is free
+    before it gathers the rest: the requests that arrive while every slot is busy join that group, instead of a few
+    workers each holding a small group until a slot frees.
     """
 
-    def __init__(self, run_group: Callable[[list[PendingRequest]], None], *, max_delay_ms: float, workers: int = 1) -> None:
+    def __init__(self, run_group: Callable[[list[PendingRequest]], None], *, max_delay_ms: float, workers: int = 1,
+                 run_slots: threading.Semaphore | None = None) -> None:  # fmt: skip
         self._run_group = run_group
+        self._run_slots = run_slots
         self._max_delay_ns = int(max_delay_ms * _NS_PER_MS)
         self._queue: queue.Queue[PendingRequest | None] = queue.Queue()
         self._deferred: deque[PendingRequest] = deque()
@@ -203,6 +210,11 @@ class BatchQueue:
             return None
         with self._count_lock:
             self._gathering += 1
+        if self._run_slots is not None:
+            # Wait for a free slot, then gather: run_group takes it. Only the direct path could take it first, and it
+            # runs only while no worker gathers.
+            self._run_slots.acquire()
+            self._run_slots.release()
         group, items = [first], first.items
         limit = max(first.max_items, first.items)
         still_deferred: deque[PendingRequest] = deque()

@@ -141,7 +141,8 @@ class InferenceServer:
         self._plan: BatchPlan | None = None
         self._queue: BatchQueue | None = None
         if batching is not None:
-            self._queue = BatchQueue(self._run_batch, max_delay_ms=batching.max_delay_ms, workers=self._instances)
+            self._queue = BatchQueue(self._run_batch, max_delay_ms=batching.max_delay_ms, workers=self._instances,
+                                     run_slots=self._run_slots)  # fmt: skip
         self._replan()
 
     # -- model ----------------------------------------------------------------------------------------

@@ -89,7 +89,7 @@ def take_process_lock(root: Path, what: str = "bundle directory") -> None:
             raise DeployError(
                 f"{what} '{root}' is in use by another process (pid {holder}): an edgekit-agent runs on it",
                 hint="deploy to a running agent with `edgekit fleet deploy`, or stop the agent (systemctl stop "
-                "edgekit-agent) before `edgekit-agent install`; one agent per bundles.dir",
+                f"edgekit-agent) before `edgekit-agent install`; one agent per {'models.dir' if what == 'models.dir' else 'bundles.dir'}",
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)

@@ -112,6 +112,8 @@ class Ina3221PowerSensor(PowerSensor):
             )
         found = [ch for d in device_dirs for ch in (*_hwmon_channels(d), *_iio_channels(d))]
         channels, disabled, readable, first_error = [], [], 0, None
+        totals = {*TOTAL_RAIL_LABELS, self._total_rail_option}
+        has_input_rail = any(ch.rail in totals for ch in found)
         for channel in found:
             try:
                 channel.read_power_mw()
@@ -121,7 +123,12 @@ class Ina3221PowerSensor(PowerSensor):
                     logger.debug("INA3221 channel %s on %s disabled: %s", channel.rail, channel.device, exc)
                     disabled.append(channel)
                     continue
-                # Anything else may pass (a busy I2C bus at boot): keep the rail; read() raises if it lasts.
+                if has_input_rail and channel.rail not in totals:  # the total is the input rail: this one is a detail
+                    logger.warning("INA3221 channel %s on %s cannot be read, left out (the total is the input rail): %s",
+                                   channel.rail, channel.device, exc)  # fmt: skip
+                    continue
+                # The total, or a part of the sum that is the total: anything else may pass (a busy I2C bus at boot),
+                # so keep the rail; read() raises while it lasts, rather than give a total that is too small.
                 logger.warning("INA3221 channel %s on %s failed its first read, kept: %s",
                                channel.rail, channel.device, exc)  # fmt: skip
             else:

@@ -189,6 +189,31 @@ def test_a_stop_event_set_while_sending_stops_the_sends_and_reads_the_answers(st
     assert record.state == "stopped" and "2 device(s) that took the bundle keep it" in record.reason
 
 
+def test_a_stop_while_sending_a_wave_of_several_chunks_leaves_the_later_chunks_not_started(store: FleetStore,
+                                                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A wave larger than SEND_CHUNK: before, each later chunk was still marked deploying after the stop, and only the last
+    chunk's unsent devices went back to not_started (the record said five devices had been sent the bundle)."""
+    import edgekit.fleet.rollout as rollout_module
+
+    monkeypatch.setattr(rollout_module, "SEND_CHUNK", 3)
+    stop = threading.Event()
+
+    class StopAfterOne(Devices):
+        def send(self, fleet: str, device: str, message: dict[str, Any], timeout_s: float = 10.0) -> None:
+            super().send(fleet, device, message, timeout_s)
+            stop.set()
+
+    devices = StopAfterOne(store, lambda d, m: _healthy(devices, d, m))
+    names = [f"d{i}" for i in range(9)]
+    _fleet(store, names, devices=devices)
+
+    record = _rollout(store, devices, stop=stop, waves=("100%",)).run()
+
+    assert [device for device, _, _ in devices.sent] == ["d0"]
+    assert record.outcomes == {"d0": "succeeded", **{d: "not_started" for d in names[1:]}}
+    assert "were sent the bundle and had not answered" not in record.reason
+
+
 def test_a_long_send_loop_and_wait_save_the_record_every_progress_interval(store: FleetStore) -> None:
     class SlowBroker(Devices):  # 50 ms a PUBACK: 40 devices take two seconds to publish
         def send(self, fleet: str, device: str, message: dict[str, Any], timeout_s: float = 10.0) -> None:

@@ -110,6 +110,7 @@ def test_install_of_a_new_model_refuses_while_an_agent_serves_the_models_dir(
         assert agent_main(["install", str(bundle), "--config", str(path), "--model", "brand-new"]) == 1
         err = capsys.readouterr().err
         assert f"models.dir '{models_dir}' is in use by another process (pid {holder.pid})" in err
+        assert "one agent per models.dir" in err
         assert not (models_dir / "brand-new").exists()  # no folder made under the running agent
     finally:
         holder.kill()

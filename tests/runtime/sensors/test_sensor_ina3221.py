@@ -174,6 +174,17 @@ def test_input_rail_failing_its_probe_read_is_kept_not_replaced_by_the_sum(fixtu
     )
 
 
+def test_a_sub_rail_that_cannot_be_read_is_left_out_where_the_input_rail_is_the_total(fixture_root, clock) -> None:
+    """The total is VDD_IN: a sub-rail that cannot be read does not change it, so it is left out (kept, as the first
+    fix had it, every read of the sensor failed for a rail the total does not need)."""
+    root = fixture_root("jetson_orin_nano_jp6")
+    (root / HWMON_ORIN_NANO / "curr3_input").write_text("denied\n")  # VDD_SOC, unreadable for good
+    sensor = Ina3221PowerSensor(root, clock=clock)
+    sample = sensor.read()
+    assert set(sample.rails_mw) == {"VDD_IN", "VDD_CPU_GPU_CV"}
+    assert sample.total_mw == pytest.approx(5064 * 1308 / 1000) and sensor.source.endswith("total_mw = VDD_IN rail")
+
+
 def test_disabled_input_rail_is_named_not_called_absent(fixture_root, monkeypatch) -> None:
     root = fixture_root("jetson_orin_nano_jp6")
     _answer_enodata(monkeypatch, root / HWMON_ORIN_NANO / "curr1_input")
