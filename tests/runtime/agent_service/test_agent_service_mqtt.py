@@ -21,6 +21,7 @@ from edgekit_runtime.agent.client import AgentClient
 from edgekit_runtime.agent.config import load_config
 from edgekit_runtime.agent.service import AgentService, synthetic_feeds
 from edgekit_runtime.agent.telemetry import utc_timestamp
+from edgekit_runtime.agent.topics import TOPIC_KINDS
 from edgekit_runtime.bundle import open_bundle
 from edgekit_runtime.schemas import validate_message
 from tests.runtime.agent_service.bundles import pack_tar
@@ -45,11 +46,12 @@ class Listener:
 
     def __init__(self, fleet: str, device: str) -> None:
         self.prefix = f"edgekit/v1/{fleet}/{device}"
-        self.messages: dict[str, queue.Queue[dict[str, Any]]] = {k: queue.Queue() for k in ("telemetry", "events", "status", "cmd")}
+        # every topic kind, "ack" included: a collector on the shared broker acks any device's windows, and a message of
+        # a kind not listed here raised in paho's thread and ended the listener
+        self.messages: dict[str, queue.Queue[dict[str, Any]]] = {k: queue.Queue() for k in TOPIC_KINDS}
         self.client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"test-{uuid.uuid4().hex[:8]}")
-        self.client.on_message = lambda client, userdata, message: self.messages[message.topic.rsplit("/", 1)[1]].put(
-            json.loads(message.payload)
-        )
+        self.client.on_message = lambda client, userdata, message: self.messages.setdefault(
+            message.topic.rsplit("/", 1)[1], queue.Queue()).put(json.loads(message.payload))
         self.client.connect(*BROKER)
         self.client.subscribe(f"{self.prefix}/#", qos=1)
         self.client.loop_start()
