@@ -14,7 +14,7 @@ import importlib
 import logging
 import re
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from rich.markup import escape as escape_markup
 from rich.table import Table
@@ -88,14 +88,16 @@ def _register_status(fleet_subparsers: argparse._SubParsersAction) -> None:
     store_option(parser)
     parser.add_argument("--fleet", metavar="F", help="only this fleet")
     parser.add_argument("--by-model", action="store_true",
-                        help="one line per device and model it serves (agents serving several), over --since")
+                        help="one line per device and model it serves (agents serving several), over --since: the "
+                             "mean of its windows' p50 and p99, inferences per second")  # fmt: skip
     parser.add_argument("--model", metavar="NAME", help="with --by-model: only this model")
     parser.add_argument("--since", default="1h", metavar="WHEN", help="with --by-model: from a duration ago (default 1h)")
     parser.add_argument("--state", choices=STATES, help="only devices in this state (stale: 3 silent telemetry "
                                                         "intervals, offline: 10 or a last will)")  # fmt: skip
     parser.add_argument("--limit", type=int, default=DEFAULT_STATUS_ROWS, metavar="N",
-                        help=f"the table shows the N worst devices (offline, stale, then highest p99; default "
-                             f"{DEFAULT_STATUS_ROWS}, 0 for all); --json and --csv list every device")  # fmt: skip
+                        help=f"the table shows the N worst devices (offline, stale, then highest p99; with --by-model "
+                             f"the N device and model rows of highest mean p99; default {DEFAULT_STATUS_ROWS}, 0 for "
+                             f"all); --json and --csv list every row")  # fmt: skip
     parser.set_defaults(func=run_status)
 
 
@@ -108,8 +110,12 @@ def simulated_note(store: Any, fleet: str | None) -> str:
     """``; N simulated: numbers are SYNTHETIC`` when devices of ``fleet`` (all fleets: None) last reported a
     simulator's agent version (``edgekit fleet simulate``, ``fleet up --simulate``), else ``""``: a table's title
     says so, as the simulator's own output does, so made-up latency and power are never read as measured."""
-    count = store.simulated_devices(fleet)
-    return f"; {count} simulated: their numbers are SYNTHETIC" if count else ""
+    return synthetic_note(store.simulated_devices(fleet))
+
+
+def synthetic_note(simulated_devices: int) -> str:
+    """:func:`simulated_note` from a count already read."""
+    return f"; {simulated_devices} simulated: their numbers are SYNTHETIC" if simulated_devices else ""
 
 
 #: How the status table colours each liveness state (the dashboard uses the same colours).
@@ -121,12 +127,12 @@ def run_status(args: argparse.Namespace) -> int:
     from edgekit.fleet.report import check_filter_values
     from edgekit.fleet.store import open_store
 
-    if args.by_model:
-        return _run_status_by_model(args)
     if not 0 <= args.limit <= 2**62:
         from edgekit.fleet.errors import FleetError
 
         raise FleetError(f"--limit must be a whole number from 0 to 2**62, got {args.limit}", hint="0 shows every device")
+    if args.by_model:
+        return _run_status_by_model(args)
     if args.json or args.csv:
         return _print_every_device(args)
     from edgekit.fleet.store.device_reads import STATUS_RANKS
@@ -143,11 +149,11 @@ def run_status(args: argparse.Namespace) -> int:
         fleets = [args.fleet] if args.fleet else counts.fleets([args.state] if args.state else ())
         simulated = simulated_note(store, args.fleet)
     summaries, total = found.devices, found.total
-    if not total:
-        console.print(f"no devices in {escape(redact(args.store))}" + (f" for fleet {escape(args.fleet)}" if args.fleet else ""))
+    tally = ", ".join(f"{count} {state}" for state, count in counts.states.items() if count or state in ("online", "stale", "offline"))
+    if not total:  # devices, but none in --state
+        console.print(f"no {args.state} devices ({tally})" + (f" in fleet {escape(args.fleet)}" if args.fleet else ""))
         return 0
     shown = f"; the {len(summaries)} worst shown (--limit 0 for all)" if len(summaries) < total else ""
-    tally = ", ".join(f"{count} {state}" for state, count in counts.states.items() if count or state in ("online", "stale", "offline"))
     title = (f"fleet {fleets[0] if len(fleets) == 1 else 'status'}: {total} device{'' if total == 1 else 's'}"
              f"{' ' + args.state if args.state else ''} ({tally}){shown}{simulated}")  # fmt: skip
     columns = ("device", "state", "bundle", "target", "p50 ms", "p99 ms", "power W", "mJ/inf", "temp °C", "last seen",
@@ -180,11 +186,12 @@ def _print_every_device(args: argparse.Namespace) -> int:
         rows = list(store.device_rows(args.fleet, states=[args.state] if args.state else ()))
         if not rows:
             check_filter_values(store, {"--fleet": ("fleet", args.fleet)})
+        simulated = store.simulated_devices(args.fleet)
     if args.json:
-        print_json({"devices": [dict(zip(DEVICE_ROW_FIELDS, row)) for row in rows]})
+        print_json({"devices": [dict(zip(DEVICE_ROW_FIELDS, row)) for row in rows], "simulated_devices": simulated})
     else:
         columns = [DEVICE_ROW_FIELDS.index(column) for column in STATUS_CSV_COLUMNS]
-        print_csv(STATUS_CSV_COLUMNS, ([row[index] for index in columns] for row in rows))
+        print_visible_csv(STATUS_CSV_COLUMNS, ([row[index] for index in columns] for row in rows))
     return 0
 
 
@@ -202,6 +209,12 @@ def _visible(text: str) -> str:
 def escape(text: str) -> str:
     """``text`` for a rich console: control characters made visible, markup escaped."""
     return escape_markup(_visible(text))
+
+
+def print_visible_csv(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    """:func:`print_csv` with control characters of text cells written as ``\\x..`` escapes (as the tables show them),
+    so that ``--csv`` to a terminal cannot move the cursor or retitle it; other text and numbers are unchanged."""
+    print_csv(columns, ([_visible(cell) if isinstance(cell, str) else cell for cell in row] for row in rows))
 
 
 RICH_TABLE_ROWS = 500
@@ -228,33 +241,51 @@ def _run_status_by_model(args: argparse.Namespace) -> int:
         rows = model_rows(store, per_device=True, fleet=args.fleet, model=args.model, since=since)
         if not rows:
             check_filter_values(store, {"--fleet": ("fleet", args.fleet), "--model": ("model", args.model)})
+        simulated = store.simulated_devices(args.fleet)
     if args.json:
-        print_json({"since": since.isoformat().replace("+00:00", "Z"), "models": [model_aggregate_to_json(r) for r in rows]})
+        print_json({"since": since.isoformat().replace("+00:00", "Z"), "models": [model_aggregate_to_json(r) for r in rows],
+                    "simulated_devices": simulated})  # fmt: skip
         return 0
     if args.csv:
         found = [model_aggregate_to_json(r) for r in rows]
-        print_csv(STATUS_MODEL_CSV_COLUMNS, ([row[column] for column in STATUS_MODEL_CSV_COLUMNS] for row in found))
+        print_visible_csv(STATUS_MODEL_CSV_COLUMNS, ([row[column] for column in STATUS_MODEL_CSV_COLUMNS] for row in found))
         return 0
     if not rows:
         console.print(f"no telemetry in {escape(redact(args.store))} since {since:%Y-%m-%d %H:%M} UTC")
         return 0
     fleets = sorted({r.fleet or "" for r in rows})
-    table = Table(title=f"by device and model since {since:%Y-%m-%d %H:%M} UTC")
-    for column in ("device", "model", "bundle", "windows", "inferences", "errors", "p50 ms", "p99 ms", "inf/s", "MB"):
+    worst = sorted(rows, key=_worst_model_row)[:args.limit or None]  # the table is a page, as plain status's is
+    shown = f"; the {len(worst)} worst (highest mean p99) shown (--limit 0 for all)" if len(worst) < len(rows) else ""
+    title = (f"by device and model since {since:%Y-%m-%d %H:%M} UTC: {len(rows)} row{'' if len(rows) == 1 else 's'}"
+             f"{shown}{synthetic_note(simulated)}")  # fmt: skip
+    columns = ("device", "model", "bundle", "windows", "inferences", "errors", "mean p50 ms", "mean p99 ms", "inf/s", "MB")
+    table_rows = [((r.device if len(fleets) == 1 else f"{r.fleet}/{r.device}") or "-", r.model or "-", r.bundle_id or "-",
+                   str(r.windows), str(r.inferences), str(r.errors), _num(r.p50_ms, 2), _num(r.p99_ms, 2),
+                   _num(r.throughput_per_s, 2), _num(r.memory_mb_max, 0))
+                  for r in worst]  # fmt: skip
+    if len(table_rows) > RICH_TABLE_ROWS:  # as plain status: a boxed table of thousands of rows takes rich seconds
+        print_plain_table(title, columns, table_rows, left=3)
+        return 0
+    table = Table(title=escape(title))
+    for column in columns:
         table.add_column(column, justify="left" if column in ("device", "model", "bundle") else "right")
-    for r in rows:
-        name = r.device if len(fleets) == 1 else f"{r.fleet}/{r.device}"
-        table.add_row(escape(name or "-"), escape(r.model or "-"), escape(r.bundle_id or "-"), str(r.windows),
-                      str(r.inferences), str(r.errors), _num(r.p50_ms, 2), _num(r.p99_ms, 2), _num(r.throughput_per_s, 2),
-                      _num(r.memory_mb_max, 0))  # fmt: skip
+    for row in table_rows:
+        table.add_row(*map(escape, row))
     results(args).print(table)
     return 0
 
 
+def _worst_model_row(row: Any) -> tuple[Any, ...]:
+    """Sort key of ``status --by-model``'s table: highest mean p99 first (rows without latency last), then most
+    errors; ties in name order, so that a --limit page is the same on every run."""
+    return (row.p99_ms is None, -(row.p99_ms or 0.0), -row.errors, row.fleet or "", row.device or "", row.model or "",
+            row.bundle_id or "")
+
+
 def _model_table(rows: Any, title: str) -> Table:
-    table = Table(title=title)
-    for column in ("model", "bundle", "devices", "windows", "inferences", "errors", "p50 ms", "p99 ms", "p99 max",
-                   "inf/s", "MB"):  # fmt: skip
+    table = Table(title=escape(title))
+    for column in ("model", "bundle", "devices", "windows", "inferences", "errors", "mean p50 ms", "mean p99 ms", "max p99 ms",
+                   "inf/s per device", "MB"):  # fmt: skip
         table.add_column(column, justify="left" if column in ("model", "bundle") else "right")
     for g in rows:
         table.add_row(escape(g.model or "-"), escape(g.bundle_id or "-"), str(g.devices), str(g.windows), str(g.inferences),
@@ -271,7 +302,9 @@ def _register_report(fleet_subparsers: argparse._SubParsersAction) -> None:
                                          "before/after of rollouts",
                                          description="Latency, power and energy per bundle and target over a time "
                                                      "range, and for every set of devices that switched bundle, their "
-                                                     "figures before and after the switch. --csv prints the "
+                                                     "figures before and after the switch. Latency is the mean of the "
+                                                     "windows' p50 and p99 (weighted by inferences), with the worst "
+                                                     "window's p99; inf/s is per device. --csv prints the "
                                                      "by-bundle-and-target table; --json has the rollouts too.")  # fmt: skip
     store_option(parser)
     parser.add_argument("--fleet", metavar="F", help="only this fleet")
@@ -301,15 +334,16 @@ def run_report(args: argparse.Namespace) -> int:
                                         "--target": ("target", args.target)})  # fmt: skip
         if not report.models:
             check_filter_values(store, {"--model": ("model", args.model)})
-        simulated = simulated_note(store, args.fleet)
+        simulated_count = store.simulated_devices(args.fleet)
+    simulated = synthetic_note(simulated_count)
     if args.json:
-        print_json(report.to_json())
+        print_json({**report.to_json(), "simulated_devices": simulated_count})
         return 0
     if args.by_model:
-        return _print_models(args, report, since)
+        return _print_models(args, report, since, simulated)
     if args.csv:
         rows = [aggregate_to_json(group) for group in report.groups]
-        print_csv(REPORT_CSV_COLUMNS, ([row[column] for column in REPORT_CSV_COLUMNS] for row in rows))
+        print_visible_csv(REPORT_CSV_COLUMNS, ([row[column] for column in REPORT_CSV_COLUMNS] for row in rows))
         return 0
     if report.rollout_records:  # what `edgekit fleet deploy` recorded: waves, failed devices and their reasons
         from edgekit.cli.fleet_deploy import print_record
@@ -322,8 +356,8 @@ def run_report(args: argparse.Namespace) -> int:
         return 0
     tally = ", ".join(f"{count} {state}" for state, count in report.device_states.items() if count or state in ("online", "stale", "offline"))
     table = Table(title=f"by bundle, target and power mode since {since:%Y-%m-%d %H:%M} UTC; devices now: {tally}{simulated}")
-    for column in ("bundle", "target", "power mode", "devices", "windows", "inferences", "errors", "p50 ms", "p99 ms",
-                   "p99 max", "power W", "mJ/inf", "max °C"):  # fmt: skip
+    for column in ("bundle", "target", "power mode", "devices", "windows", "inferences", "errors", "mean p50 ms",
+                   "mean p99 ms", "max p99 ms", "power W", "mJ/inf", "max °C"):  # fmt: skip
         table.add_column(column, justify="left" if column in ("bundle", "target", "power mode") else "right")
     for g in report.groups:
         table.add_row(escape(g.bundle_id or "-"), escape(g.target or "-"), escape(g.power_mode or "-"), str(g.devices),
@@ -332,7 +366,7 @@ def run_report(args: argparse.Namespace) -> int:
     out = results(args)
     out.print(table)
     if any(group.model is not None for group in report.models):  # agents serving a model repository
-        out.print(_model_table(report.models, f"by model and bundle since {since:%Y-%m-%d %H:%M} UTC"))
+        out.print(_model_table(report.models, f"by model and bundle since {since:%Y-%m-%d %H:%M} UTC{simulated}"))
     for rollout in report.rollouts:
         out.print(f"\n[bold]rollout {escape(rollout.from_bundle)} -> {escape(rollout.to_bundle)} on "
                   f"{escape(rollout.target or 'unknown target')}: {len(rollout.devices)} devices[/]", soft_wrap=True)
@@ -340,17 +374,17 @@ def run_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_models(args: argparse.Namespace, report: Any, since: dt.datetime) -> int:
+def _print_models(args: argparse.Namespace, report: Any, since: dt.datetime, simulated: str) -> int:
     from edgekit.fleet.report import model_aggregate_to_json
 
     if args.csv:
         rows = [model_aggregate_to_json(group) for group in report.models]
-        print_csv(MODEL_CSV_COLUMNS, ([row[column] for column in MODEL_CSV_COLUMNS] for row in rows))
+        print_visible_csv(MODEL_CSV_COLUMNS, ([row[column] for column in MODEL_CSV_COLUMNS] for row in rows))
         return 0
     if not report.models:
         console.print(f"no telemetry in {escape(redact(args.store))} since {since:%Y-%m-%d %H:%M} UTC")
         return 0
-    results(args).print(_model_table(report.models, f"by model and bundle since {since:%Y-%m-%d %H:%M} UTC"))
+    results(args).print(_model_table(report.models, f"by model and bundle since {since:%Y-%m-%d %H:%M} UTC{simulated}"))
     return 0
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from edgekit.cli.fleet_options import name_list
+from edgekit.cli.fleet_options import name_list, positive_seconds
+from edgekit.cli.fleet_simulate_behaviour import parse_behaviour
 from edgekit.cli.fleet_simulate_history import add_history_options, run_history
 from edgekit.cli.options import console, json_parent, print_json, results
 
@@ -21,7 +22,7 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--devices", type=int, default=10, metavar="N", help="how many devices (default 10)")
     parser.add_argument("--rate", type=float, default=0.1, metavar="R",
                         help="telemetry windows per second per device (default 0.1: one 10 s window)")  # fmt: skip
-    parser.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
+    parser.add_argument("--duration", type=positive_seconds, default=None, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
     parser.add_argument("--fleet", default="sim", help="fleet id (default sim)")
     parser.add_argument("--targets", type=name_list, default=None, metavar="A,B", help="target profiles to cycle through (default: a mix)")
     parser.add_argument("--bundle", default="demo-v1", help="bundle id the devices start with ('' for none)")
@@ -30,7 +31,8 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--bundle-behaviour", action="append", default=[], metavar="ID:KEY=V,...",
                         help="make a bundle misbehave, e.g. 'v2:error_rate=0.3' or 'v3:latency_factor=3' or "
                         "'v4:self_check=fail' (repeatable)")  # fmt: skip
-    parser.add_argument("--deploy-watch-s", type=float, default=2.0, help="the simulated agent's health watch after a deploy")
+    parser.add_argument("--deploy-watch-s", type=positive_seconds, default=2.0, metavar="S",
+                        help="the simulated agent's health watch after a deploy (default 2)")
     parser.add_argument("--verify-downloads", action="store_true", help="check file:// bundles' sha256 on deploy")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the synthetic numbers")
     parser.add_argument("--processes", type=int, default=None, metavar="N",
@@ -44,29 +46,6 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
                         help="send the password over mqtt:// to a broker that is not on loopback (refused otherwise)")
     add_history_options(parser)
     parser.set_defaults(func=run)
-
-
-def parse_behaviour(text: str) -> tuple[str, object]:
-    """``ID:error_rate=0.3,latency_factor=2,self_check=fail`` -> (ID, BundleBehaviour)."""
-    from edgekit.fleet.simulate import BundleBehaviour, SimulationError
-
-    hint = "write ID:key=value,... with keys error_rate, latency_factor, power_factor, self_check (pass|fail)"
-    bundle_id, _, spec = text.partition(":")
-    if not bundle_id or not spec:
-        raise SimulationError(f"--bundle-behaviour {text!r} has no ID:settings", hint=hint)
-    values: dict[str, object] = {}
-    for item in spec.split(","):
-        key, _, value = item.partition("=")
-        try:
-            if key in ("error_rate", "latency_factor", "power_factor"):
-                values[key] = float(value)
-            elif key == "self_check" and value in ("pass", "fail"):
-                values["self_check_passes"] = value == "pass"
-            else:
-                raise ValueError
-        except ValueError:
-            raise SimulationError(f"--bundle-behaviour {text!r}: cannot read {item!r}", hint=hint) from None
-    return bundle_id, BundleBehaviour(**values)  # type: ignore[arg-type]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ collector's write path) instead of connecting devices to a broker.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 
 from edgekit.cli.fleet_options import finite_number
 from edgekit.cli.options import console, print_json, results
@@ -28,18 +29,24 @@ def add_history_options(parser: argparse.ArgumentParser) -> None:
 
 
 def history_hours(text: str) -> float:
-    """``24h``, ``7d``, ``90m`` -> hours (the durations ``--since`` takes)."""
+    """``24h``, ``7d``, ``90m`` -> hours (the durations ``--since`` takes; errors name ``--history``)."""
     import datetime as dt
 
     from edgekit.fleet.report import parse_since
 
     now = dt.datetime.now(dt.timezone.utc)
-    return (now - parse_since(text, now)).total_seconds() / 3600.0
+    return (now - parse_since(text, now, "--history")).total_seconds() / 3600.0
+
+
+def _iso(moment: dt.datetime) -> str:
+    """ISO 8601 in UTC with ``Z``, as every fleet JSON document writes times."""
+    return moment.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 def run_history(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
+    from edgekit.cli.fleet_simulate_behaviour import parse_behaviour
     from edgekit.fleet.sim.profiles import DEFAULT_TARGETS
     from edgekit.fleet.sim.seed import SeedError, check_seed_request, seed_history
     from edgekit.fleet.store import open_store
@@ -52,6 +59,7 @@ def run_history(args: argparse.Namespace) -> int:
     hours = history_hours(args.history)
     per_device = check_seed_request(args.devices, hours, args.window_s)
     total = per_device * args.devices
+    behaviours = dict(parse_behaviour(text) for text in args.bundle_behaviour)
     targets = args.targets or DEFAULT_TARGETS
     bundles = tuple(b for b in (args.bundle, args.upgrade_to) if b)
     console.print(f"seeding {args.history} of {args.window_s:g} s windows for [bold]{args.devices:,}[/] devices "
@@ -63,13 +71,13 @@ def run_history(args: argparse.Namespace) -> int:
     with open_store(args.store) as store, reporter.stage("seed", f"{total:,} windows"):
         summary = seed_history(store, fleet=args.fleet, devices=args.devices, hours=hours, window_s=args.window_s,
                                targets=targets, bundles=bundles, upgrade_at=0.7 if len(bundles) > 1 else None,
-                               seed=args.seed, progress=reporter)  # fmt: skip
+                               behaviours=behaviours, seed=args.seed, progress=reporter)  # type: ignore[arg-type]  # fmt: skip
     results(args).print(f"seeded {summary.windows:,} windows for {summary.devices:,} devices in {summary.seconds:.1f} s "
                         f"({summary.windows_per_s:,.0f} windows/s), {summary.first_window_start:%Y-%m-%d %H:%M} to "
                         f"{summary.last_window_end:%Y-%m-%d %H:%M} UTC", soft_wrap=True)  # fmt: skip
     if args.json:
         print_json({"devices": summary.devices, "windows": summary.windows, "seconds": round(summary.seconds, 3),
                     "windows_per_s": round(summary.windows_per_s, 1), "window_s": args.window_s,
-                    "first_window_start": summary.first_window_start, "last_window_end": summary.last_window_end,
+                    "first_window_start": _iso(summary.first_window_start), "last_window_end": _iso(summary.last_window_end),
                     "store": redact(args.store), "synthetic": True})  # fmt: skip
     return 0

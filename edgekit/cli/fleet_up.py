@@ -22,11 +22,28 @@ def register(fleet_subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--store", default="sqlite:///fleet.db", metavar="URL", help="fleet store (default sqlite:///fleet.db)")
     parser.add_argument("--port", type=port_number, default=None, help="dashboard port (default 8480, or a free port when 8480 is taken)")
     parser.add_argument("--host", default="127.0.0.1", help="dashboard address (default loopback)")
-    parser.add_argument("--simulate", type=int, default=0, metavar="N", help="also run N simulated devices (SYNTHETIC numbers)")
+    parser.add_argument("--simulate", type=simulated_devices, default=0, metavar="N",
+                        help="also run N simulated devices (SYNTHETIC numbers; default 0: none)")
     parser.add_argument("--rate", type=float, default=0.1, help="simulated telemetry windows per second per device")
     parser.add_argument("--fleet", default="sim", help="fleet id of the simulated devices")
     parser.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds (default: Ctrl-C)")
     parser.set_defaults(func=run)
+
+
+#: The most simulated devices ``fleet up --simulate`` runs (as ``fleet simulate --devices``).
+MAX_SIMULATED_DEVICES = 100_000
+
+
+def simulated_devices(text: str) -> int:
+    """``--simulate N``: a whole number of devices from 0 (none) to :data:`MAX_SIMULATED_DEVICES`."""
+    what = f"a whole number of devices from 0 to {MAX_SIMULATED_DEVICES:,}, e.g. --simulate 20"
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of devices: give {what}") from None
+    if not 0 <= count <= MAX_SIMULATED_DEVICES:
+        raise argparse.ArgumentTypeError(f"{count} is out of range: give {what}")
+    return count
 
 
 def run(args: argparse.Namespace) -> int:

@@ -115,7 +115,7 @@ def test_readers_refuse_a_postgres_database_without_a_store(postgres_url: str, c
     with open_store(postgres_url):  # what `fleet collect` does first: create the store
         pass
     assert main(["fleet", "status", "--store", postgres_url, "--json"]) == 0
-    assert capsys.readouterr().out.strip() == '{"devices": []}'
+    assert capsys.readouterr().out.strip() == '{"devices": [], "simulated_devices": 0}'
 
 
 def test_dashboard_prints_its_url_on_stdout(store_url: str) -> None:

@@ -28,6 +28,16 @@ BROKER = ["--broker", "mqtt://127.0.0.1:1"]  # nothing listens there: nothing ma
      "edgekit fleet collect: error: argument --retention-hours: 'nan' is not a finite number"),
     (["collect", *BROKER, "--rollup-retention-days", "inf"],
      "edgekit fleet collect: error: argument --rollup-retention-days: 'inf' is not a finite number"),
+    (["up", "--simulate", "-3", "--port", "0", "--broker-port", "0", "--duration", "0.1"],
+     "edgekit fleet up: error: argument --simulate: -3 is out of range: give a whole number of devices from 0 to 100,000, "
+     "e.g. --simulate 20"),
+    (["up", "--simulate", "lots"], "edgekit fleet up: error: argument --simulate: 'lots' is not a number of devices"),
+    (["simulate", *BROKER, "--duration", "-1"],
+     "edgekit fleet simulate: error: argument --duration: '-1' is not above 0: give a number of seconds above 0"),
+    (["simulate", *BROKER, "--deploy-watch-s", "-1"],
+     "edgekit fleet simulate: error: argument --deploy-watch-s: '-1' is not above 0: give a number of seconds above 0"),
+    (["simulate", *BROKER, "--deploy-watch-s", "nan"],
+     "edgekit fleet simulate: error: argument --deploy-watch-s: 'nan' is not a finite number"),
 ])  # fmt: skip
 def test_bad_values_are_refused_when_parsed(tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str],
                                             message: str) -> None:  # fmt: skip

@@ -77,3 +77,17 @@ def test_status_by_model_lists_each_device_and_model(models_store: str, capsys: 
     assert main(["fleet", "status", "--store", models_store, "--by-model"]) == 0
     text = capsys.readouterr().out
     assert "by device and model" in text and "classifier" in text and "cam-2" in text
+
+
+def test_report_model_table_says_when_devices_are_simulated(models_store: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from edgekit.fleet.store.base import DeviceStatus
+
+    with open_store(models_store) as store:  # cam-1's last status came from the simulator (agent version sim-*)
+        store.upsert_status(DeviceStatus("lab", "cam-1", "online", "yolo-int8-1", None, "sim-1", dt.datetime.now(dt.timezone.utc)))
+    assert main(["fleet", "report", "--store", models_store]) == 0
+    text = capsys.readouterr().out
+    model_title = " ".join(text[text.index("by model and bundle"):].split("┏")[0].split())
+    assert model_title.endswith("; 1 simulated: their numbers are SYNTHETIC")  # the table after the by-bundle one
+    header = next(line for line in text[text.index("by model and bundle"):].splitlines() if "┃" in line)
+    assert [cell.strip() for cell in header.strip("┃").split("┃")][6:10] == ["mean p50 ms", "mean p99 ms", "max p99 ms",
+                                                                             "inf/s per device"]  # fmt: skip

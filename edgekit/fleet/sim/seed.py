@@ -67,8 +67,10 @@ def _noop(*args: object) -> None:
     return None
 
 
-def check_seed_request(devices: int, hours: float, window_s: float) -> int:
-    """The number of windows per device; raises :class:`SeedError` naming the bad value."""
+def check_seed_request(devices: int, hours: float, window_s: float, *, min_windows: int = 1) -> int:
+    """The number of windows per device; raises :class:`SeedError` naming the bad value, or naming --history and
+    --window-s when fewer than ``min_windows`` windows would be seeded (``fleet simulate --history 1m --window-s 300``
+    would store every device online with no window, online for good)."""
     if isinstance(devices, bool) or not isinstance(devices, int) or not 1 <= devices <= MAX_SEED_DEVICES:
         raise SeedError(f"devices must be an integer from 1 to {MAX_SEED_DEVICES}, got {devices!r}", hint="e.g. --devices 10000")
     if not 1.0 <= window_s < math.inf:
@@ -76,7 +78,11 @@ def check_seed_request(devices: int, hours: float, window_s: float) -> int:
                         hint="e.g. --window-s 10 (the agent's default), 60 or 300")  # fmt: skip
     if not 0 <= hours < math.inf:
         raise SeedError(f"history must be a finite number of hours, zero or more, got {hours!r}", hint="e.g. --history 24h or --history 7d")
-    return int(hours * 3600.0 / window_s)
+    count = math.floor(hours * 3600.0 / window_s + 1e-9)  # 115 s of 1 s windows is 115, not 114.99999999999999
+    if count < min_windows:
+        raise SeedError(f"--history of {hours * 3600.0:g} s is shorter than one --window-s {window_s:g} s window: no window "
+                        "would be seeded", hint=f"give a --history of at least {window_s:g} s, or a shorter --window-s")  # fmt: skip
+    return count
 
 
 def _window(agent: VirtualAgent, seq: int, window_start: dt.datetime, window_end: dt.datetime, window_s: float) -> TelemetryWindow:
@@ -154,8 +160,10 @@ def seed_history(store: FleetStore, *, fleet: str = "sim", devices: int = 20, ho
                  now: dt.datetime | None = None, seed: int = 0, progress: StageReporter | None = None,
                  batch_windows: int = DEFAULT_BATCH_WINDOWS) -> SeedSummary:  # fmt: skip
     """Write ``hours`` of windows (one every ``window_s``) for ``devices`` devices; returns what was written.
-    ``progress`` (e.g. :class:`~edgekit.progress.RichStageReporter`) gets a note every few seconds."""
-    count = check_seed_request(devices, hours, window_s)
+    ``progress`` (e.g. :class:`~edgekit.progress.RichStageReporter`) gets a note every few seconds. A history shorter
+    than one window writes only the devices' statuses and targets (the dashboard's scenes add their own windows);
+    ``fleet simulate --history`` refuses it (:func:`check_seed_request`)."""
+    count = check_seed_request(devices, hours, window_s, min_windows=0)
     if not targets:
         raise SeedError("no targets given: the devices need at least one target profile", hint=f"e.g. {', '.join(DEFAULT_TARGETS)}")
     started = time.monotonic()

@@ -119,3 +119,76 @@ def test_cli_history_needs_a_store_and_live_needs_a_broker(capsys) -> None:
     args = parser.parse_args(["simulate", "--devices", "2"])
     with pytest.raises(SimulationError, match="needs --broker URL"):
         args.func(args)
+
+
+def test_cli_history_applies_bundle_behaviour(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'fleet.db'}"
+    args = _fleet_parser().parse_args(["simulate", "--history", "2h", "--window-s", "60", "--devices", "3", "--targets",
+                                       "raspberry-pi-5", "--store", url,
+                                       "--bundle-behaviour", "demo-v2:latency_factor=3,error_rate=0.5"])  # fmt: skip
+    assert args.func(args) == 0
+    with open_store(url) as store:
+        windows = list(store.windows(since=dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=3)))
+    by_bundle: dict[str, list] = {"demo-v1": [], "demo-v2": []}
+    for window in windows:
+        by_bundle[window.bundle_id].append(window)
+    v1, v2 = by_bundle["demo-v1"], by_bundle["demo-v2"]
+    assert sum(w.errors for w in v1) == 0
+    v2_errors, v2_tries = sum(w.errors for w in v2), sum(w.errors + w.count for w in v2)
+    assert 0.4 < v2_errors / v2_tries < 0.6  # error_rate=0.5
+    p50 = lambda ws: sorted(w.p50_ms for w in ws)[len(ws) // 2]  # noqa: E731
+    assert p50(v2) > 2 * p50(v1)  # latency_factor=3
+
+
+@pytest.mark.parametrize(("history", "window_s", "message"), [
+    ("1m", "300", "--history of 60 s is shorter than one --window-s 300 s window: no window would be seeded"),
+    ("0s", "10", "--history of 0 s is shorter than one --window-s 10 s window"),
+])  # fmt: skip
+def test_cli_history_shorter_than_a_window_is_refused(tmp_path, history, window_s, message) -> None:
+    store = tmp_path / "fleet.db"
+    args = _fleet_parser().parse_args(["simulate", "--history", history, "--window-s", window_s, "--devices", "3",
+                                       "--store", f"sqlite:///{store}"])  # fmt: skip
+    with pytest.raises(SeedError) as raised:
+        args.func(args)
+    assert message in str(raised.value) and "give a --history of at least" in raised.value.hint
+    assert not store.exists()  # no device stored online with no window
+
+
+def test_cli_history_errors_name_history(tmp_path) -> None:
+    from edgekit.fleet.errors import FleetError
+
+    args = _fleet_parser().parse_args(["simulate", "--history", "1x", "--devices", "2", "--store", f"sqlite:///{tmp_path / 'x.db'}"])
+    with pytest.raises(FleetError, match=r"^--history '1x' is neither a duration nor a time"):
+        args.func(args)
+
+
+def test_cli_history_json_times_are_iso_8601_with_z(store_url, capsys) -> None:
+    args = _fleet_parser().parse_args(["simulate", "--history", "10m", "--window-s", "300", "--devices", "1", "--store",
+                                       store_url, "--json"])  # fmt: skip
+    assert args.func(args) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("first_window_start", "last_window_end"):
+        text = report[key]
+        assert text.endswith("Z") and "T" in text and " " not in text, text
+        assert dt.datetime.fromisoformat(text.replace("Z", "+00:00")).tzinfo == dt.timezone.utc
+    first, last = (dt.datetime.fromisoformat(report[key][:-1]) for key in ("first_window_start", "last_window_end"))
+    assert last - first == dt.timedelta(minutes=10)
+
+
+@pytest.mark.parametrize(("behaviour", "message"), [
+    ("v2:error_rate=nan", "--bundle-behaviour 'v2:error_rate=nan': error_rate 'nan' is not a finite number: give a share from 0 to 1"),
+    ("v2:error_rate=1.5", "--bundle-behaviour 'v2:error_rate=1.5': error_rate '1.5' is not from 0 to 1"),
+    ("v2:latency_factor=0", "--bundle-behaviour 'v2:latency_factor=0': latency_factor '0' is not above 0"),
+    ("v2:power_factor=inf", "--bundle-behaviour 'v2:power_factor=inf': power_factor 'inf' is not a finite number"),
+    ("v2:latency_factor=-2", "latency_factor '-2' is not above 0: give a factor above 0"),
+])  # fmt: skip
+def test_cli_bundle_behaviour_values_are_checked_before_anything_is_written(tmp_path, behaviour, message) -> None:
+    from edgekit.fleet.simulate import SimulationError
+
+    store = tmp_path / "fleet.db"
+    args = _fleet_parser().parse_args(["simulate", "--history", "1h", "--window-s", "300", "--devices", "2",
+                                       "--store", f"sqlite:///{store}", "--bundle-behaviour", behaviour])  # fmt: skip
+    with pytest.raises(SimulationError) as raised:
+        args.func(args)
+    assert message in str(raised.value)
+    assert not store.exists()
