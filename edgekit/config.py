@@ -15,12 +15,14 @@ named error with their byte offset.
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, GetCoreSchemaHandler, ValidationError
+from pydantic_core import CoreSchema
 
 from edgekit.errors import ConfigError
 from edgekit_runtime.yaml_limited import (
@@ -44,11 +46,37 @@ class FieldError(ValueError):
         self.loc = loc
 
 
+#: The core-schema types :class:`StrictModel` validates in strict mode (as its published JSON Schema says).
+STRICT_SCHEMA_TYPES = ("int", "float", "bool")
+
+
+def _strict_numbers(schema: Any) -> None:
+    """Mark every int, float and bool schema inside ``schema`` (a pydantic core schema) strict."""
+    if isinstance(schema, dict):
+        if schema.get("type") in STRICT_SCHEMA_TYPES:
+            schema["strict"] = True
+        for value in schema.values():
+            _strict_numbers(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            _strict_numbers(value)
+
+
 class StrictModel(BaseModel):
-    """Base for every configuration model: unknown keys are errors, instances are immutable, and
-    numbers are finite (``.inf`` and ``.nan`` are errors)."""
+    """Base for every configuration model: unknown keys are errors, instances are immutable, numbers are
+    finite (``.inf`` and ``.nan`` are errors) and taken as written: an int, float or bool field refuses a
+    string ('16'), an int field a bool (YAML's ``true``) or a float (``8.0``), and a bool field a number or a
+    string; a float field takes an int. Enums from their names, paths from strings and tuples from lists
+    load as before (only the number and bool schemas are strict), as do fields whose type names a bool or
+    a string among its choices (``float | bool``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: type[BaseModel], handler: GetCoreSchemaHandler) -> CoreSchema:
+        schema = handler(source)
+        _strict_numbers(schema)
+        return schema
 
 
 #: The reader's limits (:mod:`edgekit_runtime.yaml_limited`, shared with the device agent's config).
@@ -157,6 +185,9 @@ def _position_for(loc: Location, positions: dict[Location, tuple[int, int]]) -> 
     for cut in range(len(loc), -1, -1):
         if loc[:cut] in positions:
             return positions[loc[:cut]]
+        as_text = loc[: cut - 1] + (str(loc[cut - 1]),) if cut else loc  # a key YAML read as a number: recorded as text
+        if cut and not isinstance(loc[cut - 1], str) and as_text in positions:
+            return positions[as_text]
     return None
 
 
@@ -215,11 +246,85 @@ def _explained_by_a_typo(err: Any, errors: list[Any]) -> bool:
     return False
 
 
+#: How pydantic names the member of a union that is not a model in an error's location (``float``, ``list[str]``,
+#: ``literal['host']``, ``str-enum[Precision]``): never a field of the file, so never shown.
+_BARE_TYPE_TAGS = frozenset({"int", "float", "bool", "str", "bytes", "none", "list", "dict", "tuple", "set"})
+
+
+def _is_union_tag(part: object, prefix: Location, positions: dict[Location, tuple[int, int]]) -> bool:
+    if not isinstance(part, str) or part == "[key]" or (*prefix, part) in positions:
+        return False
+    return part in _BARE_TYPE_TAGS or ("[" in part and part.endswith("]"))
+
+
+def merge_union_alternatives(errors: list[Any], positions: dict[Location, tuple[int, int]]) -> list[Any]:
+    """The errors with the union members' names taken out of their locations, and the alternatives one value failed
+    (``precision: INT8`` is neither a Precision nor 'auto') merged into one error whose message lists each."""
+    merged: list[Any] = []
+    by_loc: dict[Location, Any] = {}
+    for err in errors:
+        loc = tuple(err["loc"])
+        kept = tuple(part for index, part in enumerate(loc) if not _is_union_tag(part, loc[:index], positions))
+        if kept == loc:
+            merged.append(err)
+            continue
+        if kept in by_loc:
+            first = by_loc[kept]
+            first["alternatives"].append(err)
+            if err["msg"] not in first["msg"].split("; or: "):
+                first["msg"] += f"; or: {err['msg']}"
+            continue
+        by_loc[kept] = {**err, "loc": kept, "alternatives": [err]}
+        merged.append(by_loc[kept])
+    return merged
+
+
+def _sexagesimal(text: str) -> int | None:
+    """What YAML 1.1 reads an unquoted ``2:4`` as (base 60: 124), None for text of another form."""
+    parts = text.split(":")
+    if len(parts) < 2 or not all(part.isdigit() for part in parts):
+        return None
+    value = 0
+    for part in parts:
+        value = value * 60 + int(part)
+    return value
+
+
+def _value_hint(err: Any) -> str | None:
+    """The fix for a value of the wrong kind: the choice a misspelt one is close to, quotes a number does not need
+    (or a name does), a YAML boolean where a number belongs."""
+    given = err.get("input")
+    choices: list[str] = []
+    for each in err.get("alternatives", [err]):
+        if each["type"] in ("enum", "literal_error"):
+            choices += re.findall(r"'([^']*)'", str((each.get("ctx") or {}).get("expected", "")))
+    kinds = {each["type"] for each in err.get("alternatives", [err])}
+    if choices and isinstance(given, int) and not isinstance(given, bool):
+        quoted = [choice for choice in choices if _sexagesimal(choice) == given]
+        if quoted:
+            return f"YAML reads an unquoted {quoted[0]} as the base-60 number {given}: quote it, '{quoted[0]}'"
+    if choices and isinstance(given, str):
+        close = [c for c in choices if c.lower() == given.lower()] or difflib.get_close_matches(given, choices, n=1, cutoff=0.6)
+        if close:
+            return f"did you mean '{close[0]}'?"
+    if kinds & {"int_type", "float_type"} and isinstance(given, bool):
+        return "YAML reads true/false (and yes/no, on/off) as booleans: write the number itself"
+    if kinds & {"int_type", "float_type"} and isinstance(given, str):
+        try:
+            float(given)
+        except ValueError:
+            return None
+        return f"write {given} as a number, without quotes"
+    if kinds == {"bool_type"}:
+        return "write true or false"
+    return None
+
+
 def validation_message(exc: ValidationError, model: type[BaseModel], path: Path, positions: dict[Location, tuple[int, int]]) -> tuple[str, str | None]:
     """Turn a pydantic ValidationError into (message, hint) naming file, line, field and fix."""
     lines: list[str] = []
     hints: list[str] = []
-    errors = closest_union_member(exc.errors())
+    errors = merge_union_alternatives(closest_union_member(exc.errors()), positions)
     errors = [err for err in errors if not _explained_by_a_typo(err, errors)]
     all_locs = [tuple(err["loc"]) for err in errors]
     for err in errors:
@@ -253,11 +358,20 @@ def validation_message(exc: ValidationError, model: type[BaseModel], path: Path,
             lines.append(f"{where}: missing required field '{field}'")
         elif isinstance(cause, FieldError):
             lines.append(f"{where}: field '{field}': {cause}")
+        elif loc and loc[-1] == "[key]" and err["type"] == "string_type":  # a YAML key read as a number or a boolean
+            given = err.get("input")
+            text = str(given).lower() if isinstance(given, bool) else str(given)
+            kind = "boolean" if isinstance(given, bool) else "number" if isinstance(given, (int, float)) else type(given).__name__
+            lines.append(f"{where}: field '{_format_loc(loc[:-2])}': the name {text} is read as a {kind}, not text")
+            hints.append(f"quote the name ('{text}': ...) so YAML reads it as text")
         else:
             given = err.get("input")
             shown = repr(given)
             if len(shown) > 60:
                 shown = shown[:57] + "..."
+            value_hint = _value_hint(err)
+            if value_hint and value_hint not in hints:
+                hints.append(value_hint)
             if err["type"] == "value_error" and isinstance(given, dict):  # a whole section: the message says what
                 lines.append(f"{where}: field '{field}': {err['msg']}")
             else:

@@ -7,6 +7,7 @@ the precisions each can run there, ONNX Runtime execution providers with their o
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from functools import lru_cache
@@ -15,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from edgekit.config import StrictModel, closest, load_model
+from edgekit.config import FieldError, StrictModel, closest, load_model
 from edgekit.errors import TargetError
 from edgekit.precision import Backend, Precision
 
@@ -145,9 +146,34 @@ class Software(StrictModel):
     os: str | None = None
 
 
+#: ONNX Runtime's execution providers by name (``onnxruntime.get_all_providers()`` of 1.32, and those of builds
+#: it no longer lists); a test keeps it a superset of the installed ONNX Runtime's list.
+ONNXRUNTIME_PROVIDERS = frozenset({
+    "TensorrtExecutionProvider", "CUDAExecutionProvider", "MIGraphXExecutionProvider", "ROCMExecutionProvider",
+    "OpenVINOExecutionProvider", "DnnlExecutionProvider", "TvmExecutionProvider", "VitisAIExecutionProvider",
+    "QNNExecutionProvider", "NnapiExecutionProvider", "VSINPUExecutionProvider", "JsExecutionProvider",
+    "CoreMLExecutionProvider", "ArmNNExecutionProvider", "ACLExecutionProvider", "DmlExecutionProvider",
+    "RknpuExecutionProvider", "WebNNExecutionProvider", "WebGpuExecutionProvider", "XnnpackExecutionProvider",
+    "CANNExecutionProvider", "AzureExecutionProvider", "SNPEExecutionProvider", "NvTensorRTRTXExecutionProvider",
+    "CPUExecutionProvider",
+})  # fmt: skip
+#: The providers that run on a CUDA GPU.
+CUDA_PROVIDERS = frozenset({"CUDAExecutionProvider", "TensorrtExecutionProvider"})
+
+
 class ExecutionProvider(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z]+ExecutionProvider$")
     options: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        if name not in ONNXRUNTIME_PROVIDERS:
+            stems = {known.removesuffix("ExecutionProvider").lower(): known for known in sorted(ONNXRUNTIME_PROVIDERS)}
+            close = [stems[stem] for stem in difflib.get_close_matches(name.removesuffix("ExecutionProvider").lower(), stems, n=1, cutoff=0.6)]
+            raise FieldError((), f"'{name}' is not an ONNX Runtime execution provider: "
+                                 + (f"did you mean '{close[0]}'?" if close else "onnxruntime.get_all_providers() lists their names"))
+        return name
 
 
 class BackendSupport(StrictModel):
@@ -157,6 +183,18 @@ class BackendSupport(StrictModel):
     device: Literal["CPU", "GPU", "NPU"] | None = Field(
         default=None, description="openvino only: the OpenVINO device the bundle compiles for (CPU, GPU = Intel iGPU/Arc, NPU)"
     )
+
+    @model_validator(mode="after")
+    def _each_listed_once(self) -> "BackendSupport":
+        for index, precision in enumerate(self.precisions):
+            if precision in self.precisions[:index]:
+                raise FieldError(("precisions", index), f"precision '{precision.value}' is listed twice for {self.name.value}: remove one")
+        names = [ep.name for ep in self.execution_providers]
+        for index, name in enumerate(names):
+            if name in names[:index]:
+                raise FieldError(("execution_providers", index, "name"),
+                                 f"execution provider '{name}' is listed twice: keep one entry (with all its options)")
+        return self
 
     @model_validator(mode="after")
     def _providers_only_for_ort(self) -> "BackendSupport":
@@ -184,6 +222,58 @@ TENSORRT_MIN_COMPUTE_CAPABILITY: dict[Precision, tuple[int, int]] = {
     Precision.MXFP4: (10, 0),
     Precision.NVFP4: (10, 0),
 }
+
+
+#: OpenVINO devices -> the float precisions besides fp32 their plugins compute in, with the CPU flags (any one) each
+#: needs at build time; fp32 (not on the NPU, which compiles it to fp16) and int8 run on every device. Repeats the build's rule
+#: (edgekit.quantize.gating.OPENVINO_FLOAT_PRECISIONS, which imports this module); a test keeps the two in step.
+OPENVINO_DEVICE_FLOATS: dict[str, dict[Precision, tuple[str, ...]]] = {
+    "CPU": {Precision.BF16: ("avx512_bf16", "amx_bf16"), Precision.FP16: ("avx512_fp16", "amx_fp16")},
+    "GPU": {Precision.FP16: ()},
+    "NPU": {Precision.FP16: ()},
+}
+#: Precisions ONNX Runtime runs only on a CUDA GPU (CUDA / TensorRT providers), with the compute capability each needs.
+ONNXRUNTIME_GPU_ONLY: dict[Precision, tuple[int, int]] = {
+    Precision.BF16: (8, 0), Precision.FP8: (8, 9), Precision.MXFP8: (10, 0), Precision.MXFP4: (10, 0), Precision.NVFP4: (10, 0),
+}
+
+
+def backend_refusal(profile: "TargetProfile", backend: "BackendSupport", precision: Precision) -> str | None:
+    """Why ``backend`` cannot build ``precision`` on the device ``profile`` describes (None when it can): the static
+    rules of the build's gating (edgekit.quantize.gating), checked when the profile loads. Whether the CPU has the flags
+    OpenVINO's CPU plugin needs for bf16 / fp16 (``cpu.isa``, or the build host's for ``isa: host``) only the build checks."""
+    cc = profile.gpu.sm if profile.gpu is not None and profile.gpu.is_cuda else None
+    if backend.name is Backend.TENSORRT:
+        if precision is Precision.INT8_DYNAMIC:
+            return "int8-dynamic quantizes activations at run time, which only ONNX Runtime's CPU provider does; TensorRT runs static int8"
+        need = TENSORRT_MIN_COMPUTE_CAPABILITY.get(precision)
+        if need is not None and cc is not None and cc < need:
+            return (f"tensorrt precision '{precision.value}' needs compute capability {need[0]}.{need[1]} or newer; "
+                    f"this GPU is {profile.gpu.compute_capability}")  # type: ignore[union-attr]
+        return None
+    if backend.name is Backend.OPENVINO:
+        device = backend.device or "CPU"
+        floats = OPENVINO_DEVICE_FLOATS[device]
+        if precision is Precision.FP32 and device == "NPU":
+            return "the OpenVINO NPU compiles FP32 layers to FP16: list fp16 or int8"
+        if precision in (Precision.FP32, Precision.INT8):
+            return None
+        if precision not in floats:
+            return f"OpenVINO on {device} runs fp32, int8 and {', '.join(p.value for p in floats)}, not {precision.value}"
+        return None  # the CPU flags a float needs (floats[precision]) are the build's check: a profile may list bf16 for CPUs that have them
+    providers = [ep.name for ep in backend.execution_providers]
+    if precision is Precision.INT8_DYNAMIC:
+        if "CPUExecutionProvider" not in providers:
+            return "int8-dynamic runs on ONNX Runtime's CPU provider, which these execution_providers do not include"
+        if profile.npu is not None and providers[0] != "CPUExecutionProvider":
+            return f"the NPU ({profile.npu.name}) runs static, pre-calibrated int8 only"
+    need = ONNXRUNTIME_GPU_ONLY.get(precision)
+    if need is not None:
+        if not CUDA_PROVIDERS & set(providers):
+            return f"{precision.value} has no CPU or NPU kernels in ONNX Runtime: it needs the CUDA or TensorRT execution provider"
+        if cc is not None and cc < need:
+            return f"onnxruntime precision '{precision.value}' needs compute capability {need[0]}.{need[1]} or newer; this GPU is {profile.gpu.compute_capability}"  # type: ignore[union-attr]
+    return None
 
 
 class TargetProfile(StrictModel):
@@ -243,15 +333,12 @@ class TargetProfile(StrictModel):
                     f"npu.execution_provider '{self.npu.execution_provider}' is not among the onnxruntime backend's "
                     f"execution_providers ({', '.join(sorted(providers)) or 'none'})"
                 )
-        if self.gpu is not None and self.gpu.is_cuda and Backend.TENSORRT in names:
-            sm = self.gpu.sm
-            for precision in self.backend(Backend.TENSORRT).precisions:
-                need = TENSORRT_MIN_COMPUTE_CAPABILITY.get(precision)
-                if need is not None and sm < need:
-                    raise ValueError(
-                        f"tensorrt precision '{precision.value}' needs compute capability "
-                        f"{need[0]}.{need[1]} or newer; this GPU is {self.gpu.compute_capability}"
-                    )
+        for index, backend in enumerate(self.backends):
+            for item, precision in enumerate(backend.precisions):
+                reason = backend_refusal(self, backend, precision)
+                if reason is not None:
+                    raise FieldError(("backends", index, "precisions", item),
+                                     f"{reason} (remove {precision.value} from the {backend.name.value} precisions)")
         return self
 
     @property
@@ -294,22 +381,38 @@ def load_target_file(path: Path) -> TargetProfile:
     return profile
 
 
+#: The file names a target profile may have.
+PROFILE_SUFFIXES = (".yaml", ".yml")
+
+
 class TargetRegistry:
-    """The target profiles in a directory, looked up by name."""
+    """The target profiles in a directory (``NAME.yaml`` or ``NAME.yml``), looked up by name."""
 
     def __init__(self, directory: Path = TARGETS_DIR) -> None:
         self.directory = Path(directory)
 
+    def files(self) -> dict[str, list[Path]]:
+        """Profile name -> its files in the directory (``NAME.yaml`` or ``NAME.yml``; both is an error on lookup)."""
+        found: dict[str, list[Path]] = {}
+        for suffix in PROFILE_SUFFIXES:
+            for path in sorted(self.directory.glob(f"*{suffix}")):
+                found.setdefault(path.stem, []).append(path)
+        return found
+
     def names(self) -> list[str]:
-        return sorted(p.stem for p in self.directory.glob("*.yaml"))
+        return sorted(self.files())
 
     def get(self, name: str) -> TargetProfile:
         """A registered target by name, or an explicit path to a ``.yaml``/``.yml`` profile. Anything else
         (``../x``, a folder, a missing file) is a :class:`TargetError` naming the known targets: a name is
         never joined to the registry's folder unless it is one of its profiles."""
-        known = self.names()
+        files = self.files()
+        known = sorted(files)
         if name in known:
-            return load_target_file(self.directory / f"{name}.yaml")
+            if len(files[name]) > 1:
+                raise TargetError(f"target '{name}' has two profiles in {self.directory}: {', '.join(p.name for p in files[name])}",
+                                  hint="keep one of them")  # fmt: skip
+            return load_target_file(files[name][0])
         candidate = Path(name)
         if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
             return load_target_file(candidate)

@@ -124,8 +124,10 @@ def test_sweep_cli_takes_the_same_flag(tiny_recipe, tmp_path, capsys):
     args = ["sweep", str(path), "--target", "x86-64-cpu", "--out", str(tmp_path / "sweep"), "--iterations", "1"]
     assert main(args) == 2
     assert "model.factory 'json:dumps' is code outside the recipe's folder" in capsys.readouterr().err
-    assert main([*args, "--trust-code"]) == 0  # loaded, and every variant's build called json.dumps, which builds no model
-    assert "is code outside" not in capsys.readouterr().err
+    # loaded, and every variant's build called json.dumps, which builds no model: a sweep that built nothing exits 2
+    assert main([*args, "--trust-code"]) == 2
+    err = capsys.readouterr().err
+    assert "is code outside" not in err and "no variant of the sweep built" in err
     variants = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["variants"]
     assert variants[0]["status"] == "failed" and "model.factory 'json:dumps' rejected its kwargs" in variants[0]["reason"]
 

@@ -128,7 +128,7 @@ def test_a_collection_as_a_key_is_named(tiny_recipe):
         ("{min: 1, opt: 4, max: 8}", "{min: 1, opt: 9, max: 8}", r"need min <= opt <= max"),
         ("dtype: float32", "dtype: float33", r"inputs\[0\]\.dtype.*'float32'.*float33"),
         ("dtype: float32", "dtype: float32\n    low: 1.0\n    high: 0.5", r":9:5: field 'inputs\[0\]\.high': input 'image': need low < high, got low=1\.0 high=0\.5$"),
-        ("dtype: float32", "dtype: float16\n    low: -1e6", r"low -1e\+06 does not fit float16"),
+        ("dtype: float32", "dtype: float16\n    low: -1.0e+6", r"low -1e\+06 does not fit float16"),
         ("dtype: float32", "dtype: uint8\n    low: 0\n    high: 1000", r"high 1000 does not fit uint8 \(0 \.\. 256\)"),
         ("dtype: float32", "dtype: int32\n    low: 0.5\n    high: 3", r"int32: low must be a whole number, got 0.5"),
         ("dtype: float32", "dtype: bool\n    high: 1", r"bool: low/high do not apply"),

@@ -57,3 +57,15 @@ def test_the_cli_refuses_a_climbing_target_with_the_known_names(tmp_path: Path):
     assert result.returncode == 2 and result.stdout == ""
     assert "error: target '../README' is neither a known target name nor an existing .yaml file" in result.stderr
     assert "known: arm64-cpu, intel-core-ultra-igpu, intel-core-ultra-npu," in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_profile_named_yml_is_registered_too(registry: TargetRegistry):
+    text = (TARGETS_DIR / "x86-64-cpu.yaml").read_text().replace("name: x86-64-cpu", "name: myboard")
+    (registry.directory / "myboard.yml").write_text(text)
+    assert registry.names() == ["arm64-cpu", "myboard", "raspberry-pi-5"]
+    assert registry.get("myboard").name == "myboard"
+    (registry.directory / "myboard.yaml").write_text(text)
+    with pytest.raises(TargetError) as info:
+        registry.get("myboard")
+    assert info.value.message == f"target 'myboard' has two profiles in {registry.directory}: myboard.yaml, myboard.yml"
+    assert info.value.hint == "keep one of them"

@@ -210,18 +210,26 @@ def openvino_projection(target: TargetProfile, engine: str) -> str | None:
 
 
 def _engine_peaks(target: TargetProfile, engine: str, mode: str | None) -> tuple[dict[str, float], list[str]]:
-    """Peak ops/s per precision of one engine at ``mode``, with the derivation rules above, and their sources."""
+    """Peak ops/s per precision of one engine at ``mode``, with the derivation rules above, and their sources.
+
+    A figure quoted at ``mode`` itself is used as quoted; only a precision with no figure at ``mode`` is scaled from
+    the figures of other modes by the watts ratio (clocks, hence peaks, fall faster than watts at low modes: the
+    AGX Orin's GPU gives 41 sparse INT8 TOPS at 30 W, not half its 171 at 60 W)."""
     sources: list[str] = []
     peaks: dict[str, float] = {}
-    for peak in target.peak_throughput:
-        if peak.engine != engine:
-            continue
+    entries = [peak for peak in target.peak_throughput if peak.engine == engine]
+    quoted_here = {peak.precision for peak in entries if mode and peak.power_mode == mode}
+    for peak in entries:
+        if peak.precision in quoted_here and peak.power_mode != mode:
+            continue  # a figure quoted at this very mode wins over any figure scaled from another one
         value = peak.value * 1e12 * (0.5 if peak.sparse else 1.0)
         note = f"{peak.precision.value}: {peak.value:g} {peak.unit} ({'sparse, counted half' if peak.sparse else 'dense'})"
         if peak.power_mode and mode and peak.power_mode != mode:
             ratio = target.power_modes[mode] / target.power_modes[peak.power_mode]
             value *= ratio
-            note += f" quoted at {peak.power_mode}, scaled by the watts ratio {ratio:.2f} to {mode}"
+            note += f" quoted at {peak.power_mode}, scaled by the watts ratio {ratio:.2f} to {mode} (no figure quoted at {mode})"
+        elif peak.power_mode:
+            note += f" quoted at {peak.power_mode}, used as quoted"
         if peak.derivation:
             note += f"; derived: {peak.derivation}"
         if value > peaks.get(peak.precision.value, 0.0):

@@ -120,6 +120,13 @@ class LimitedLoader(yaml.SafeLoader):
                 self.record(item, (*loc, index))
 
 
+#: Numbers in exponent form as YAML 1.2 writes them (``1e-4``, ``2E6``, ``-1.5e3``): YAML 1.1, which PyYAML reads,
+#: takes them as text unless they have a decimal point and a signed exponent (``1.0e-4``). Read as floats, as every
+#: YAML 1.2 editor and JSON read them; a quoted ``'1e-4'`` stays text.
+EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
+LimitedLoader.add_implicit_resolver("tag:yaml.org,2002:float", EXPONENT_FLOAT, list("-+0123456789."))
+
+
 def _duplicate_key_check(node: yaml.Node, path: Path, error: type[EdgekitError]) -> None:
     if isinstance(node, yaml.MappingNode):
         seen: dict[str, int] = {}
