@@ -15,21 +15,12 @@ from edgekit.quantize import gating
 from edgekit.target import (
     ONNXRUNTIME_PROVIDERS,
     OPENVINO_DEVICE_FLOATS,
-    TARGETS_DIR,
     TargetProfile,
     default_registry,
     load_target_file,
 )
 
-NX = "jetson-orin-nx-16gb"
-
-
-def edited(tmp_path: Path, name: str, old: str, new: str) -> tuple[Path, int]:
-    text = (TARGETS_DIR / f"{name}.yaml").read_text()
-    assert text.count(old) == 1, f"{old!r} should occur once in {name}.yaml"
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(text.replace(old, new))
-    return path, text[: text.index(old)].count("\n") + 1
+from tests.test_target_strict_numbers import NX, edited
 
 
 def refused(path: Path) -> str:
