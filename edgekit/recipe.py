@@ -342,6 +342,16 @@ class Recipe(StrictModel):
     #: The code-trust decision load_recipe made (None for a Recipe built in Python: its caller's code).
     _code_trust: CodeTrust | None = PrivateAttr(default=None)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _loader_fields_not_in_yaml(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in ("path", "sha256"):
+                if key in data:
+                    raise ValueError(f"'{key}' is not a recipe key: edgekit sets it from the file it loads "
+                                     "(remove it; the model's file goes under model.path)")
+        return data
+
     @model_validator(mode="after")
     def _dims_declared(self) -> "Recipe":
         used = {d for spec in self.inputs for d in spec.shape if isinstance(d, str)}

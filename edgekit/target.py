@@ -56,7 +56,8 @@ class GPU(StrictModel):
     )
     architecture: str = Field(description="the GPU architecture, e.g. 'ampere', 'hopper', 'blackwell' (NVIDIA), 'xe-lpg' (Intel)")
     compute_capability: str | None = Field(
-        default=None, pattern=r"^\d+\.\d+$", description="CUDA compute capability, e.g. '8.7' (required with api: cuda)"
+        default=None, pattern=r"^[1-9]\d*\.\d+$",
+        description="CUDA compute capability, e.g. '8.7' (required with api: cuda; no CUDA GPU is below 1.0)"
     )
     cuda_cores: int | None = Field(default=None, gt=0)
     tensor_cores: int | None = Field(default=None, ge=0)
@@ -300,6 +301,8 @@ class TargetProfile(StrictModel):
     @classmethod
     def _positive_watts(cls, value: dict[str, float]) -> dict[str, float]:
         for mode, watts in value.items():
+            if not mode.strip():
+                raise ValueError("a power mode needs a name (an empty key is not one nvpmodel or a datasheet would use)")
             if watts <= 0:
                 raise ValueError(f"power mode '{mode}' must have a positive wattage, got {watts}")
         return value
@@ -319,7 +322,13 @@ class TargetProfile(StrictModel):
         cuda_providers = {"CUDAExecutionProvider", "TensorrtExecutionProvider"} & {ep.name for b in self.backends for ep in b.execution_providers}
         if cuda_providers and (self.gpu is None or not self.gpu.is_cuda):
             raise ValueError(f"execution providers {', '.join(sorted(cuda_providers))} need a gpu section with a CUDA GPU (gpu.api: cuda)")
-        for peak in self.peak_throughput:
+        engines_here = {"gpu": self.gpu is not None, "dla": self.dla_cores > 0, "npu": self.npu is not None}
+        for index, peak in enumerate(self.peak_throughput):
+            if not engines_here.get(peak.engine, True):
+                section = {"gpu": "a gpu section", "dla": "dla_cores above 0", "npu": "an npu section"}[peak.engine]
+                raise FieldError(("peak_throughput", index, "engine"),
+                                 f"a peak for engine '{peak.engine}' needs {section} in this profile "
+                                 f"(add it, or quote the figure under the engine this device has)")
             if peak.power_mode is not None and peak.power_mode not in self.power_modes:
                 raise ValueError(
                     f"peak_throughput names power mode '{peak.power_mode}', which is not a key of power_modes "

@@ -294,3 +294,17 @@ def test_fuzzed_bytes_give_a_recipe_or_an_edgekit_error(tmp_path, data, insert_a
 def test_the_recipe_hash_is_of_the_bytes_validated(tiny_recipe):
     path = tiny_recipe()
     assert load_recipe(path).sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("key", ["path", "sha256"])
+def test_a_top_level_loader_field_in_the_yaml_is_refused(tmp_path: Path, key):
+    """`path` and `sha256` are set by the loader from the file it reads; in the YAML they were silently overwritten."""
+    from edgekit.recipe import load_recipe
+
+    text = (Path(__file__).parents[1] / "recipes" / "digits-cnn.yaml").read_text()
+    path = tmp_path / "digits-cnn.yaml"
+    path.write_text(f"{key}: somewhere/else.onnx\n" + text)
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    assert f"'{key}' is not a recipe key: edgekit sets it from the file it loads" in info.value.message
+    assert str(path) in info.value.message
