@@ -301,8 +301,7 @@ def stage_auto(state: BuildState, fixed_s: float = 0.0) -> str:
     feeds = fit_batch(recipe.inputs, state.samples[0], bench_dims(recipe))
     calibration = [model_inputs(recipe, b) for b in state.calibration]
     if recipe.state:  # state inputs as the FP32 model carries them through each sequence, as for --precision int8
-        assert state.reference is not None
-        calibration = run_batches(recipe, state.reference, state.calibration)[0]
+        calibration = run_batches(recipe, _model_being_built(state), state.calibration)[0]
     quantized, result = search_auto_precision(
         state.fp32_path, state.workdir / "auto-chosen.onnx", recipe, state.target, state.backend,
         calibration, state.evaluation, feeds, state.workdir, state.threads, fixed_s=fixed_s, backend_reason=state.backend_reason,
@@ -323,13 +322,21 @@ def stage_auto(state: BuildState, fixed_s: float = 0.0) -> str:
     return f"auto chose {result.chosen.name} ({chosen.value}); {len(result.kept)} nodes kept in higher precision" + (f"; {ratio:.2f}× FP32 here" if ratio else "")
 
 
+def _model_being_built(state: BuildState) -> RunFn:
+    """The FP32 model the bundle runs: the pruned PyTorch model when the recipe prunes (its state, not the unpruned
+    model's, is what the quantized graph sees in each sequence), else the reference."""
+    if state.prune is not None:
+        return TorchReference(state.export_module, state.recipe)
+    assert state.reference is not None
+    return state.reference
+
+
 def stage_quantize(state: BuildState) -> str:
     from edgekit.quantize.stage import copy_calibration, quantize_model
 
     calibration = state.calibration
     if state.recipe.state and calibration:  # state inputs as the FP32 model carries them through each sequence
-        assert state.reference is not None
-        calibration = run_batches(state.recipe, state.reference, calibration)[0]
+        calibration = run_batches(state.recipe, _model_being_built(state), calibration)[0]
     if state.recipe.build.quantization.quantizer == "nncf":  # checked at load: int8 on openvino
         from edgekit.engines.openvino_nncf import quantize_with_nncf
 
@@ -410,7 +417,7 @@ def stage_golden(state: BuildState, runner: OnnxRuntimeRunner) -> str | None:
     pairs, built = [], []
     batches = golden_batches(recipe, state.samples)
     # The bundle runs the pruned model: its golden outputs are that model's, not the unpruned accuracy reference's.
-    reference = TorchReference(state.export_module, recipe) if state.prune is not None else state.reference
+    reference = _model_being_built(state)
     # A stateful model's sequences run call by call; the runner carries its own state, as the device will.
     feeds_used, expected_all = run_batches(recipe, reference, batches)
     for feeds, expected, got in zip(feeds_used, expected_all, run_batches(recipe, runner.infer, batches)[1]):

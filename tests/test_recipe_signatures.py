@@ -425,3 +425,25 @@ def test_real_silero_vad_builds_with_scalar_rate_and_state(tmp_path):
     for chunk, out in zip(audio_sequences(sequences=3, seed=1)[0], outputs):
         prob, state = session.run(None, {"input": chunk["input"], "state": state, "sr": chunk["sr"]})
         np.testing.assert_allclose(out["output"], prob, atol=1e-5)
+
+
+def test_a_pruned_stateful_int8_build_calibrates_on_the_pruned_models_state(tmp_path, monkeypatch):
+    """The quantized graph is the pruned model's: the state it sees in each sequence is the pruned model's own, not the
+    unpruned accuracy reference's (which carried a different state through the calibration sequences)."""
+    import edgekit.pipeline as pipeline
+
+    runs: list[object] = []
+    real = pipeline.run_batches
+
+    def recording(recipe, run, batches):
+        runs.append(run)
+        return real(recipe, run, batches)
+
+    monkeypatch.setattr(pipeline, "run_batches", recording)
+    text = VAD_RECIPE.replace("build:\n", "build:\n  prune: {method: magnitude, sparsity: 0.5}\n", 1)
+    result = build(write(tmp_path, text), "x86-64-cpu", precision="int8", out=tmp_path / "int8")
+    assert result.manifest["prune"]["method"] == "magnitude"
+    calibrating = runs[0]  # stage_quantize's run over the calibration sequences comes first
+    assert getattr(calibrating, "module", None) is not None
+    zeroed = sum(int((p == 0).sum()) for p in calibrating.module.parameters())
+    assert zeroed > 0, "calibration carried state through the unpruned model"
