@@ -74,3 +74,48 @@ def test_a_statement_past_a_postgresql_limit_is_refused_not_retried_as_an_outage
             store._query("testing a limit", "SELECT concat(" + ", ".join(["'a'"] * 101) + ")")  # type: ignore[attr-defined]
         assert not isinstance(raised.value, StoreUnavailableError)
         assert "cannot pass more than 100 arguments" in raised.value.message
+
+
+def test_a_clock_giving_another_day_each_window_makes_no_table_a_window(postgres_url: str) -> None:
+    """A broken RTC: every window on another day between 2000 and six weeks ago. They share one default partition
+    (before, each made a daily partition); the rollup retention trims them from it by DELETE."""
+    import random
+
+    six_weeks_ago = int((NOW - dt.datetime(1970, 1, 1, tzinfo=UTC)).days) - 42
+    days = random.Random(5).sample(range(11_000, six_weeks_ago), 60)  # days since 1970: from 2000-02 on
+    broken = [window(seq, device="broken", start=dt.datetime(1970, 1, 1, tzinfo=UTC) + dt.timedelta(days=day, hours=3))
+              for seq, day in enumerate(days, start=1)]  # fmt: skip
+    offline = [window(1, device="offline", start=NOW - dt.timedelta(days=20))]  # a backlog from three weeks ago
+    recent = [window(seq, device="good", start=NOW - dt.timedelta(hours=2, seconds=-10 * seq)) for seq in range(1, 4)]
+    with open_store(postgres_url) as store:
+        assert store.add_windows(broken + offline + recent) == 64
+        assert store.apply_retention(dt.timedelta(hours=1)) == 64
+        names = _partition_names(store)
+        assert "telemetry_rollups_default" in names and len(names) <= 3, names  # default + today's (or two around midnight)
+        assert [r.windows for r in store.aggregate(("device",), devices=[("lab", "broken"), ("lab", "offline")])] == [60, 1]
+        store.apply_retention(dt.timedelta(hours=1), rollups_for=dt.timedelta(days=30))
+        assert [r.windows for r in store.aggregate(("device",), devices=[("lab", "broken"), ("lab", "offline")])] == [1]
+        assert store.aggregate(("device",), devices=[("lab", "broken")]) == []
+        assert "telemetry_rollups_default" in _partition_names(store)
+
+
+def test_a_day_coming_into_range_takes_its_rows_from_the_default_partition(postgres_url: str) -> None:
+    """Buckets of a day outside the range wait in the default partition; when the collector makes that day's
+    partition (as when a device's clock ran ahead and the day came), the day's rows move into it: PostgreSQL refuses
+    the partition while the default partition holds rows of its range."""
+    from edgekit.fleet.store import partitions
+
+    old = NOW - dt.timedelta(days=20)
+    with open_store(postgres_url) as store:
+        store.add_windows([window(1, device="late", start=old)])
+        store.apply_retention(dt.timedelta(hours=1))
+        with store._transaction("making the day's partition") as cursor:  # type: ignore[attr-defined]
+            cursor.execute("SELECT count(*) FROM telemetry_rollups_default")
+            assert cursor.fetchone()[0] == 1
+            partitions.ensure_partitions(cursor, "telemetry_rollups", [old], now=old)
+            cursor.execute("SELECT count(*) FROM telemetry_rollups_default")
+            assert cursor.fetchone()[0] == 0
+            cursor.execute("SELECT tableoid::regclass::text, count(*) FROM telemetry_rollups WHERE device = 'late' GROUP BY 1")
+            assert cursor.fetchall() == [(_day_partition(old), 1)]
+        (rolled,) = store.aggregate(("device",), devices=[("lab", "late")])
+        assert rolled.windows == 1

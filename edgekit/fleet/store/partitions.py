@@ -7,7 +7,11 @@ partitions of the days a batch has rows in before rolling it up, and :func:`drop
 days past the rollup retention instead of a DELETE that would scan and lock millions of rows. Buckets before
 :data:`EARLY_BEFORE` (a device clock still at 1970, which ingest accepts) share one partition
 (``telemetry_rollups_early``): a partition a day from 1970 would be some 20,000 tables, more than one
-transaction can lock.
+transaction can lock. Daily partitions are made only for the days around the collector's own clock
+(:data:`RECENT_DAYS` back, :data:`AHEAD_DAYS` ahead); buckets of other days (a device offline for weeks, or one whose
+broken clock gives another day for every window) go to one DEFAULT partition (``telemetry_rollups_default``), which
+retention trims by DELETE, so a wrong clock never makes a table a window. When a day it holds comes into range its
+rows move to that day's new partition.
 
 Raw windows stay one table: their key (fleet, device, seq) has no time in it, so PostgreSQL could not keep it
 unique across time partitions, and the dedup guarantee (a window stored once, whenever it comes again) rests on
@@ -36,6 +40,10 @@ INDEXES: dict[str, tuple[tuple[str, str], ...]] = {
 #: Buckets before this all go into one partition, ``<table>_early`` (from MINVALUE): no real fleet's data is older.
 EARLY_BEFORE = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
 EARLY_SUFFIX = "_early"
+#: Days with their own partition, around the collector's UTC day; other days from 2000 on share ``<table>_default``.
+RECENT_DAYS = 7
+AHEAD_DAYS = 2
+DEFAULT_SUFFIX = "_default"
 _DAY = dt.timedelta(days=1)
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 _PARTITION_RE = re.compile(r"_p(\d{8})$")
@@ -82,20 +90,43 @@ def day_of_number(number: int) -> dt.datetime:
     return _EPOCH + int(number) * _DAY
 
 
-def ensure_partitions(cursor: Any, table: str, moments: Iterable[dt.datetime]) -> None:
-    """Create the partitions of ``table`` that hold ``moments`` if missing: the daily partition of each UTC day
-    among them, and the one early partition for those before :data:`EARLY_BEFORE`; only the days that have rows,
-    so a device with a wrong clock adds a partition or two, never one for every day in between."""
-    early = False
+def ensure_partitions(cursor: Any, table: str, moments: Iterable[dt.datetime], now: dt.datetime | None = None) -> None:
+    """Create the partitions of ``table`` that hold ``moments`` if missing: the daily partition of each UTC day among
+    them within :data:`RECENT_DAYS` before and :data:`AHEAD_DAYS` after ``now``'s (the collector's clock), the one
+    default partition for the other days from :data:`EARLY_BEFORE` on, and the one early partition for those before;
+    so a device with a wrong clock adds a partition or two, never one a window or one for every day in between."""
+    today = _day(now or dt.datetime.now(dt.timezone.utc))
+    early = default = False
     for day in sorted({_day(moment) for moment in moments}):
         if day < EARLY_BEFORE:
             early = True
-            continue
-        cursor.execute(f"CREATE TABLE IF NOT EXISTS {table}_p{day:%Y%m%d} PARTITION OF {table} "
-                       f"FOR VALUES FROM ('{day.isoformat()}') TO ('{(day + _DAY).isoformat()}')")  # fmt: skip
+        elif not today - RECENT_DAYS * _DAY <= day <= today + AHEAD_DAYS * _DAY:
+            default = True
+        elif _relkind(cursor, f"{table}_p{day:%Y%m%d}") is None:
+            _create_day(cursor, table, day)
     if early:
         cursor.execute(f"CREATE TABLE IF NOT EXISTS {table}{EARLY_SUFFIX} PARTITION OF {table} "
                        f"FOR VALUES FROM (MINVALUE) TO ('{EARLY_BEFORE.isoformat()}')")  # fmt: skip
+    if default:
+        cursor.execute(f"CREATE TABLE IF NOT EXISTS {table}{DEFAULT_SUFFIX} PARTITION OF {table} DEFAULT")
+
+
+def _create_day(cursor: Any, table: str, day: dt.datetime) -> None:
+    """``table``'s partition of ``day``; the rows the default partition holds of that day move into it (PostgreSQL
+    refuses a new partition whose range the default partition has rows in)."""
+    name, bounds = f"{table}_p{day:%Y%m%d}", f"FROM ('{day.isoformat()}') TO ('{(day + _DAY).isoformat()}')"
+    default = f"{table}{DEFAULT_SUFFIX}"
+    in_day = f"bucket_start >= '{day.isoformat()}' AND bucket_start < '{(day + _DAY).isoformat()}'"
+    if _relkind(cursor, default) is not None:
+        cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {default} WHERE {in_day})")
+        row = cursor.fetchone()
+        if row is not None and row[0]:
+            cursor.execute(f"CREATE TABLE {name} (LIKE {table} INCLUDING DEFAULTS)")
+            cursor.execute(f"WITH moved AS (DELETE FROM {default} WHERE {in_day} RETURNING *) "
+                           f"INSERT INTO {name} SELECT * FROM moved")
+            cursor.execute(f"ALTER TABLE {table} ATTACH PARTITION {name} FOR VALUES {bounds}")
+            return
+    cursor.execute(f"CREATE TABLE IF NOT EXISTS {name} PARTITION OF {table} FOR VALUES {bounds}")
 
 
 def partitions(cursor: Any, table: str) -> list[tuple[str, dt.datetime]]:
@@ -113,6 +144,8 @@ def partitions(cursor: Any, table: str) -> list[tuple[str, dt.datetime]]:
 def drop_partitions_before(cursor: Any, table: str, before: dt.datetime) -> int:
     """Drop ``table``'s partitions whose whole day (or range, the early one) is before ``before``; returns how many."""
     dropped = 0
+    if _relkind(cursor, f"{table}{DEFAULT_SUFFIX}") is not None:  # other days' rows: trimmed, the partition stays
+        cursor.execute(f"DELETE FROM {table}{DEFAULT_SUFFIX} WHERE bucket_start < %s", (before,))
     if EARLY_BEFORE <= before and _relkind(cursor, f"{table}{EARLY_SUFFIX}") is not None:
         cursor.execute(f"DROP TABLE {table}{EARLY_SUFFIX}")
         dropped += 1
@@ -123,5 +156,5 @@ def drop_partitions_before(cursor: Any, table: str, before: dt.datetime) -> int:
     return dropped
 
 
-__all__ = ["EARLY_BEFORE", "EARLY_SUFFIX", "PARTITIONED", "day_number_sql", "day_of_number", "drop_partitions_before",
-           "ensure_partitions", "partition_tables", "partitions"]
+__all__ = ["AHEAD_DAYS", "DEFAULT_SUFFIX", "EARLY_BEFORE", "EARLY_SUFFIX", "PARTITIONED", "RECENT_DAYS", "day_number_sql",
+           "day_of_number", "drop_partitions_before", "ensure_partitions", "partition_tables", "partitions"]

@@ -292,7 +292,8 @@ class PostgresStore(SqlFleetStore):
             return
         day = partitions.day_number_sql(self.bucket_sql("window_start", "bucket_s"))
         cursor.execute(self._sql(f"SELECT DISTINCT {day} FROM {source} WHERE {where}"), {**params, "bucket_s": bucket_s})
-        partitions.ensure_partitions(cursor, table, [partitions.day_of_number(n) for (n,) in cursor.fetchall()])
+        partitions.ensure_partitions(cursor, table, [partitions.day_of_number(n) for (n,) in cursor.fetchall()],
+                                     now=self._retention_now)  # fmt: skip
 
     def _roll_up_models(self, cursor: Any, where: str, params: dict[str, Any], bucket_s: int, source: str) -> None:
         self._ensure_rollup_partitions(cursor, "telemetry_model_rollups", "telemetry_model_windows", where, params, bucket_s)

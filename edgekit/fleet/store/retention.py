@@ -70,6 +70,8 @@ class RetentionMixin(abc.ABC):
     _query: Any
     _sql: Any
     time_in: Any
+    #: The running retention pass's ``now`` (None outside one): "today" to stores that place rollups by day.
+    _retention_now: dt.datetime | None = None
 
     def _retain(self, cursor: Any, cutoff: Any, bucket_s: int) -> list[SeqRun]:
         """Roll windows ending before ``cutoff`` into rollups and delete them, in the open transaction; return
@@ -153,6 +155,14 @@ class RetentionMixin(abc.ABC):
         if isinstance(rollup_minutes, bool) or not isinstance(rollup_minutes, int) or rollup_minutes < 1:
             raise StoreError(f"rollup_minutes must be a whole number >= 1, got {rollup_minutes!r}")
         now = now if now is not None else _now()
+        self._retention_now = now
+        try:
+            return self._apply_retention(now, raw_for, rollup_minutes, gaps_open_for, rollups_for)
+        finally:
+            self._retention_now = None
+
+    def _apply_retention(self, now: dt.datetime, raw_for: dt.timedelta, rollup_minutes: int,
+                         gaps_open_for: dt.timedelta, rollups_for: dt.timedelta | None) -> int:  # fmt: skip
         cutoff = self.time_in(now - raw_for)
         rolled = 0
         while True:  # oldest first, a short transaction per batch: readers and writers wait at most one batch
