@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     heading = f"{source.name} on {result.target}{mode} ({result.engine}, batch {result.batch}, dims {result.cost.dims or 'static'})"
     printer.print(f"[bold]ESTIMATE[/] for {escape(heading)}")  # names come from the graph and the bundle: no markup
     printer.print(f"  p50 latency     {result.p50_ms:.3f} ms (estimate)")
-    printer.print(f"  throughput      {result.throughput_per_s:.1f} /s (estimate)")
+    printer.print(f"  throughput      {result.throughput_text()} (estimate)")
     printer.print(f"  peak memory     {result.peak_memory_mb:.1f} MB (estimate: weights {result.weights_mb:.1f} + activations "
                   f"{result.activations_mb:.1f} + runtime {result.runtime_overhead_mb:.0f})")  # fmt: skip
     # the bundle's own host measurement, at its benchmark shape and precision: comparable only when the estimate is at both

@@ -55,7 +55,7 @@ class Estimate:
     engine: str
     batch: int
     p50_ms: float
-    throughput_per_s: float
+    throughput_per_s: float | None  # None where the graph has no work to time (p50 0 ms): no figure, not 0/s
     weights_mb: float  # decimal MB (10^6 bytes), as everywhere in edgekit's output
     activations_mb: float
     runtime_overhead_mb: float
@@ -71,6 +71,12 @@ class Estimate:
     @property
     def peak_memory_mb(self) -> float:
         return self.weights_mb + self.activations_mb + self.runtime_overhead_mb
+
+    def throughput_text(self, digits: int = 1) -> str:
+        """``1234.5 /s``, or why there is no figure (a graph without nodes: only the runtime's call overhead is left)."""
+        if self.throughput_per_s is None:
+            return "no figure (the graph has no nodes to time; a call costs the runtime's own overhead)"
+        return f"{self.throughput_per_s:.{digits}f} /s"
 
     def to_json(self, nodes: bool = False) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -203,7 +209,7 @@ def estimate(model: Any, target: TargetProfile, *, dims: Mapping[str, int] | Non
                      f"batch-{batch} call / {batch} samples ({factors.source})")
     return Estimate(
         target=target.name, power_mode=hardware.power_mode, engine=engine, batch=batch, p50_ms=latency,
-        throughput_per_s=batch * 1000.0 / latency if latency else 0.0, weights_mb=cost.weight_bytes / 1e6,
+        throughput_per_s=batch * 1000.0 / latency if latency else None, weights_mb=cost.weight_bytes / 1e6,
         activations_mb=cost.peak_activation_bytes / 1e6, runtime_overhead_mb=RUNTIME_OVERHEAD_MB[engine_kind(runs_on.engine)],
         by_class=by_class, energy=tuple(energy), factors=tuple(words), calibration={**calibration_info, **factors.to_json()},
         hardware=hardware.to_json(), cost=cost, node_ms=tuple((n.name, n.op_type, n.op_class, n.ms) for n in timed),

@@ -43,5 +43,5 @@ def estimate_summary_line(manifest: Mapping[str, Any], bundle_dir: Path) -> str 
         return None
     mode = f" at {result.power_mode}" if result.power_mode else ""
     calibrated = "calibrated factors" if result.calibration.get("calibrated") else "default factors"
-    return (f"  estimate   p50 {result.p50_ms:.2f} ms, {result.throughput_per_s:.0f}/s on {result.target}{mode}: ESTIMATE "
+    return (f"  estimate   p50 {result.p50_ms:.2f} ms, {result.throughput_text(0)} on {result.target}{mode}: ESTIMATE "
             f"(roofline, {calibrated}; `edgekit estimate` lists the factors)")

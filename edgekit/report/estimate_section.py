@@ -52,7 +52,7 @@ def estimate_section(result: Estimate | None) -> dict[str, Any]:
         plot = None
     mode = f" at {result.power_mode}" if result.power_mode else ""
     facts = [("target", f"{result.target}{mode} ({result.engine})"), ("p50 latency (estimate)", f"{result.p50_ms:.3f} ms"),
-             ("throughput (estimate)", f"{result.throughput_per_s:.1f} / s at batch {result.batch}"),
+             ("throughput (estimate)", f"{result.throughput_text()} at batch {result.batch}"),
              ("peak memory (estimate)", f"{result.peak_memory_mb:.1f} MB: weights {result.weights_mb:.1f} + activations "
                                         f"{result.activations_mb:.1f} + runtime {result.runtime_overhead_mb:.0f}"),
              ("factors", "calibrated" if result.calibration.get("calibrated") else "default (uncalibrated)")]  # fmt: skip

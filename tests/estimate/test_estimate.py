@@ -253,3 +253,19 @@ def test_a_measured_host_computes_nodes_past_its_cache_at_the_out_of_cache_peak(
     small = {n.name: n for n in roofline(small_cost, hw).nodes}["mm0"]
     assert small.roofline_ms == pytest.approx(max({n.name: n for n in small_cost.nodes}["mm0"].ops / 400e9,
                                                   {n.name: n for n in small_cost.nodes}["mm0"].bytes / 1e12) * 1e3)  # fmt: skip
+
+
+def test_a_graph_without_nodes_has_no_throughput_figure_not_zero(tmp_path, capsys) -> None:
+    """A passthrough graph (its input is its output, no nodes) does no work: 0 ms, and no throughput (it printed 0.0/s)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([], "empty", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])])  # fmt: skip
+    path = tmp_path / "empty.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    assert main(["estimate", str(path), "--target", "jetson-orin-nano-8gb"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "throughput no figure (the graph has no nodes to time" in out and "0.0 /s" not in out
+    assert main(["estimate", str(path), "--target", "jetson-orin-nano-8gb", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert doc["p50_ms"] == 0.0 and doc["throughput_per_s"] is None
