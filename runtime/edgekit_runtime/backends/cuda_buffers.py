@@ -11,10 +11,12 @@ driver API in ``libcuda.so.1`` through ctypes (:class:`_DriverGraphApi`), on the
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -248,7 +250,11 @@ class TensorBuffers:
 
 
 class CudaDevice:
-    """A CUDA device's primary context made current (shared with the CUDA runtime that TensorRT uses)."""
+    """A CUDA device's primary context made current (shared with the CUDA runtime that TensorRT uses).
+
+    A CUDA context is current per thread: opening the device makes it current on the opening thread only. Any
+    other thread (the agent serves a model from its batching and request threads, and swaps bundles from the OTA
+    thread) runs its CUDA calls inside :meth:`current`."""
 
     def __init__(self, device_id: int = 0, *, driver: Any = None) -> None:
         self.driver: Any = driver if driver is not None else import_pycuda_driver()
@@ -263,7 +269,22 @@ class CudaDevice:
         self._device: Any = self.driver.Device(device_id)
         self._context: Any = self._device.retain_primary_context()
         self._context.push()
+        self._opened_on = threading.get_ident()
         self._open = True
+
+    @contextlib.contextmanager
+    def current(self) -> Iterator[CudaDevice]:
+        """The device's context current on the calling thread for the block: pushed (and popped after) unless it
+        is current there already."""
+        here = self.driver.Context.get_current()
+        if here is not None and here.handle == self._context.handle:
+            yield self
+            return
+        self._context.push()
+        try:
+            yield self
+        finally:
+            self.driver.Context.pop()
 
     def info(self) -> CudaDeviceInfo:
         attributes = self.driver.device_attribute
@@ -284,9 +305,12 @@ class CudaDevice:
         return TensorBuffers(self.driver, name)
 
     def close(self) -> None:
+        """Release the context: popped from the opening thread's stack when closed there (another thread has no
+        entry of it to pop), then detached."""
         if self._open:
             self._open = False
-            self._context.pop()
+            if threading.get_ident() == self._opened_on:
+                self.driver.Context.pop()
             self._context.detach()
 
     def __enter__(self) -> CudaDevice:

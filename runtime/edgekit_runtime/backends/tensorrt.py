@@ -13,6 +13,7 @@ through pinned buffers asynchronously, enqueues the engine and copies the output
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Mapping, Sequence
@@ -170,7 +171,8 @@ class TensorRTRunner(Runner):
         self._device, self.version = device, version
 
     def _infer_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        with self._call_lock:
+        assert self._device is not None  # loaded runners only (Runner.infer checks)
+        with self._call_lock, self._device.current():  # serving threads are not the loading thread
             return self._infer_locked(feeds)
 
     def _infer_locked(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -218,15 +220,16 @@ class TensorRTRunner(Runner):
                 self._graph = None
 
     def _close_impl(self) -> None:
-        if self._graph is not None:
-            self._graph.free()
-        for buffers in self._buffers.values():
-            buffers.free()
-        self._buffers, self._contexts, self._graph, self._stream, self._calls = {}, [], None, None, 0
-        self.materialised, self._runtime, self._trt_logger = None, None, None
-        if self._device is not None:
-            self._device.close()
-            self._device = None
+        device, self._device = self._device, None
+        with device.current() if device is not None else contextlib.nullcontext():  # closed from any thread
+            if self._graph is not None:
+                self._graph.free()
+            for buffers in self._buffers.values():
+                buffers.free()
+            self._buffers, self._contexts, self._graph, self._stream, self._calls = {}, [], None, None, 0
+            self.materialised, self._runtime, self._trt_logger = None, None, None
+        if device is not None:
+            device.close()
 
     def _providers_impl(self) -> tuple[str, ...]:
         source = self.materialised.source if self.materialised else "?"
