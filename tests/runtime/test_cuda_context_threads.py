@@ -8,8 +8,6 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import pytest
-
 from edgekit_runtime.backends.cuda_buffers import CudaDevice
 
 
