@@ -404,7 +404,11 @@ class RequestHandler(BaseHTTPRequestHandler):
     def _decompress(self, body: bytearray, coding: str, limit: int) -> bytearray:
         """``body`` decoded from its ``Content-Encoding`` (gzip, or deflate: zlib-wrapped, RFC 9110 8.4.1), a
         megabyte at a time: each piece is reserved in the API's body budget before it is kept, and more than
-        ``limit`` bytes decoded is refused (413), so a small compressed body cannot decode into a large one."""
+        ``limit`` bytes decoded is refused (413), so a small compressed body cannot decode into a large one.
+        The decoder is fed slices of the body, small at the start of each further gzip member and doubling up
+        to ``_FEED_MAX_BYTES``, so what zlib copies of the input left over (after each member's end too) stays in
+        proportion to the body: a body of many tiny members costs linear time, and more than
+        ``MAX_GZIP_MEMBERS`` of them is refused (400)."""
         wbits = _WBITS.get(coding)
         if wbits is None:
             raise ApiError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "unsupported_content_encoding",
@@ -412,9 +416,13 @@ class RequestHandler(BaseHTTPRequestHandler):
                            hint="send the body as it is, or compressed with gzip or deflate")  # fmt: skip
         decoder = zlib.decompressobj(wbits)
         decoded = bytearray()
-        pending: bytes | bytearray = body
+        pending: bytes | bytearray = b""  # body[start - len(pending) : start], not yet taken by the decoder
+        start, feed, members = 0, _FEED_MAX_BYTES, 1  # one copy of the rest after the first member's end is no harm
         try:
             while True:
+                if not pending and start < len(body):
+                    pending = body[start : start + feed]
+                    start, feed = start + len(pending), min(2 * feed, _FEED_MAX_BYTES)
                 piece = decoder.decompress(pending, _DECODE_PIECE_BYTES)
                 pending = decoder.unconsumed_tail
                 if len(decoded) + len(piece) > limit:
@@ -423,14 +431,22 @@ class RequestHandler(BaseHTTPRequestHandler):
                                    hint="send a smaller batch, or raise api.max_request_mb")  # fmt: skip
                 self._reserve_more(len(piece))
                 decoded += piece
-                if decoder.eof and decoder.unused_data:  # gzip allows members one after another (RFC 1952 2.2)
-                    if wbits != _WBITS["gzip"] or decoder.unused_data[:2] != b"\x1f\x8b":
+                if decoder.eof:
+                    start -= len(decoder.unused_data)  # where the member ended: the rest is read from the body again
+                    if start == len(body):
+                        break
+                    if wbits != _WBITS["gzip"] or body[start : start + 2] != b"\x1f\x8b":  # gzip allows members one after another (RFC 1952 2.2)
                         raise ApiError(HTTPStatus.BAD_REQUEST, "bad_content_encoding", f"the {coding} body has "
-                                       f"{len(decoder.unused_data)} bytes after its end marker",
+                                       f"{len(body) - start} bytes after its end marker",
                                        hint=f"send only the {coding} data")  # fmt: skip
-                    pending, decoder = decoder.unused_data, zlib.decompressobj(wbits)
+                    members += 1
+                    if members > MAX_GZIP_MEMBERS:
+                        raise ApiError(HTTPStatus.BAD_REQUEST, "bad_content_encoding", f"the {coding} body has more than "
+                                       f"{MAX_GZIP_MEMBERS} members (compressed streams one after another)",
+                                       hint="compress the whole body as one gzip stream")  # fmt: skip
+                    pending, decoder, feed = b"", zlib.decompressobj(wbits), _FEED_FIRST_BYTES
                     continue
-                if decoder.eof or (not piece and not pending):
+                if not piece and not pending and start == len(body):
                     break
         except zlib.error as err:
             raise ApiError(HTTPStatus.BAD_REQUEST, "bad_content_encoding", f"the body is not valid {coding} data ({err})",
@@ -502,6 +518,10 @@ _ZEROS = bytes(1024 * 1024)
 #: Content-Encoding -> zlib's wbits for it; decoded a piece of this many bytes at a time
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 _DECODE_PIECE_BYTES = 1024 * 1024
+#: the decoder is fed the body _FEED_MAX_BYTES at a time, and from the start of each further gzip member
+#: _FEED_FIRST_BYTES, twice as many each time after; a gzip body of more members than MAX_GZIP_MEMBERS is refused
+_FEED_FIRST_BYTES, _FEED_MAX_BYTES = 512, 256 * 1024
+MAX_GZIP_MEMBERS = 1024
 
 
 def _grow(body: bytearray, size: int) -> None:

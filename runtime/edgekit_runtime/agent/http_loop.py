@@ -228,43 +228,48 @@ class InferLoop:
 
     def _parse(self, connection: _Connection, ready: list[Any]) -> None:
         """Take one whole plain inference request off ``connection``'s buffer into ``ready`` (or answer its
-        error), wait for the rest of it, or hand the connection back to a thread."""
+        error, then take the next one the buffer holds), wait for the rest of it, or hand the connection back to a
+        thread."""
         buffer = connection.inbuf
-        if connection.head is None:
-            end = buffer.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buffer) > self.api.max_header_bytes or b"\n\n" in buffer:
+        while True:
+            if connection.head is None:
+                end = buffer.find(b"\r\n\r\n")
+                if end < 0:
+                    if len(buffer) > self.api.max_header_bytes or b"\n\n" in buffer:
+                        self._hand_back(connection)
+                    elif not connection.partial_since:
+                        connection.partial_since = time.monotonic()
+                    return
+                head = self._plain_head(buffer, end)
+                if head is None:
                     self._hand_back(connection)
-                elif not connection.partial_since:
+                    return
+                connection.head = head
+                self.httpd.mark_serving(connection.sock)
+                refusal = self.api.body_budget.reserve(head[4])
+                if refusal is not None:
+                    self._hand_back(connection)  # the thread answers 503 busy_bodies (or 413)
+                    return
+                connection.reserved = head[4]
+            end, slot, name, headers, length = connection.head
+            body_end = end + 4 + length
+            if len(buffer) < body_end:
+                if not connection.partial_since:
                     connection.partial_since = time.monotonic()
                 return
-            head = self._plain_head(buffer, end)
-            if head is None:
-                self._hand_back(connection)
+            submitted_ns = time.perf_counter_ns()
+            body = bytearray(memoryview(buffer)[end + 4 : body_end])
+            del buffer[:body_end]
+            connection.head, connection.partial_since = None, 0.0
+            try:
+                layout, feeds = self._layouts.decode(slot, name, headers.get(HEADER_LENGTH), body)
+            except Exception as err:
+                self._reply_exception(connection, err, "decoding an inference request", name)
+                if buffer and not connection.outbuf and connection.sock in self._connections:
+                    continue  # a request pipelined after the refused one: nothing else would parse it but the reaper
                 return
-            connection.head = head
-            self.httpd.mark_serving(connection.sock)
-            refusal = self.api.body_budget.reserve(head[4])
-            if refusal is not None:
-                self._hand_back(connection)  # the thread answers 503 busy_bodies (or 413)
-                return
-            connection.reserved = head[4]
-        end, slot, name, headers, length = connection.head
-        body_end = end + 4 + length
-        if len(buffer) < body_end:
-            if not connection.partial_since:
-                connection.partial_since = time.monotonic()
+            ready.append((connection, slot, name, layout, feeds, submitted_ns))
             return
-        submitted_ns = time.perf_counter_ns()
-        body = bytearray(memoryview(buffer)[end + 4 : body_end])
-        del buffer[:body_end]
-        connection.head, connection.partial_since = None, 0.0
-        try:
-            layout, feeds = self._layouts.decode(slot, name, headers.get(HEADER_LENGTH), body)
-        except Exception as err:
-            self._reply_exception(connection, err, "decoding an inference request", name)
-            return
-        ready.append((connection, slot, name, layout, feeds, submitted_ns))
 
     def _plain_head(self, buffer: bytearray, end: int) -> tuple[int, Any, str, RequestHeaders, int] | None:
         """The head ending at ``end`` as (end, slot, model name, headers, body length) when it is a plain

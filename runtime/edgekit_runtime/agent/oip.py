@@ -240,7 +240,10 @@ def decode_request(slot: Any, name: str, header_length_text: str | None,
         if header_length == len(body):  # all JSON: counted, then large arrays of numbers straight to numpy, then the bytes go
             request = parse_json_request(body, slot.server.signature, name)
         else:
-            counted = check_json_item_counts(body[:header_length], slot.server.signature, name)
+            signature = slot.server.signature
+            if signature is None:  # unloaded while the body arrived (a JSON body's run answers the same)
+                raise OipError(HTTPStatus.SERVICE_UNAVAILABLE, f"model '{name}' has no bundle loaded; deploy one to it")
+            counted = check_json_item_counts(body[:header_length], signature, name)
             if counted is not None:
                 raise InputSignatureError(counted.message, hint=counted.hint)
             request = json.loads(str(memoryview(body)[:header_length], "utf-8"))
@@ -290,7 +293,7 @@ def _decode_inputs(inputs: object, binary: memoryview) -> dict[str, np.ndarray]:
         if name in feeds:
             raise OipError(HTTPStatus.BAD_REQUEST, f"{where} is given twice; send each input once")
         datatype = tensor.get("datatype")
-        if datatype not in DATATYPES and datatype != oip_bytes.BYTES:
+        if not isinstance(datatype, str) or (datatype not in DATATYPES and datatype != oip_bytes.BYTES):  # a list: unhashable
             raise OipError(HTTPStatus.BAD_REQUEST, f"{where}: datatype {datatype!r} is not supported; use one of "
                            f"{', '.join(DATATYPES)}, BYTES (BF16 tensors are not served)")  # fmt: skip
         shape = tensor.get("shape")

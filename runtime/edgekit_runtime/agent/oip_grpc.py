@@ -238,6 +238,9 @@ class OipGrpcServer:
                 return await asyncio.get_running_loop().run_in_executor(server.workers, method, request, context)
             except OipError as err:
                 await context.abort(getattr(codes, _STATUS_NAMES.get(err.status, "UNKNOWN")), err.message)
+            except Exception:  # a bug: logged, and INTERNAL with a message (not UNKNOWN naming the exception's class)
+                logger.exception("gRPC: %s failed", getattr(method, "__name__", "a call"))
+                await context.abort(codes.INTERNAL, INTERNAL_ERROR)
 
         return call
 

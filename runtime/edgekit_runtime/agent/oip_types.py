@@ -61,15 +61,16 @@ def shape_of(tensor_shape: tuple[Any, ...]) -> list[int]:
 
 
 #: no tensor's dims (the zero ones left out) may multiply past this: numpy cannot shape such an array even empty
-MAX_DIMS_PRODUCT = 2**62
+#: (its non-zero dims times the item size must stay below 2**63; 8 bytes is the largest item, a BYTES element's too)
+MAX_DIMS_PRODUCT = 2**63 // 8 - 1
 
 
 def refuse_impossible_shape(shape: list[int], where: str) -> None:
-    """400 for a shape whose non-zero dims multiply past :data:`MAX_DIMS_PRODUCT` (``[2**40, 2**40, 0]``: no
+    """400 for a shape whose non-zero dims multiply past :data:`MAX_DIMS_PRODUCT` (``[2**31, 2**31, 0]``: no
     elements, and still no array numpy can make); the caller checked each dim is an integer >= 0."""
     if math.prod(dim for dim in shape if dim) > MAX_DIMS_PRODUCT:
         raise OipError(HTTPStatus.BAD_REQUEST, f"{where}: shape {shape} is larger than any tensor can be (its non-zero "
-                       f"dims multiply past 2**62)")  # fmt: skip
+                       f"dims multiply past 2**60 - 1)")  # fmt: skip
 
 
 def bundle_version(slot: Any) -> str:
