@@ -95,6 +95,21 @@ def test_a_device_that_starts_its_seqs_again_while_its_windows_are_raw_is_stored
     assert store.add_windows([window(3, start=later + dt.timedelta(seconds=2 * WINDOW_S)), window(9)]) == 0
 
 
+def test_a_reflashed_device_whose_clock_is_behind_its_raw_windows_is_stored(store: FleetStore) -> None:
+    # Reflashed, seqs from 1 again, the clock not set yet (a board without RTC): its windows start before the held
+    # ones with those seqs ended, but they are not those windows (a redelivery has the held window's times).
+    store.add_windows([window(seq) for seq in range(1, 11)])
+    behind = T0 - dt.timedelta(days=10)
+    again = [window(seq, start=behind + (seq - 1) * dt.timedelta(seconds=WINDOW_S), bundle=BUNDLE_B) for seq in (1, 2, 3)]
+    assert store.add_windows(again) == 3
+    assert store.add_windows(again + [window(2), window(7)]) == 0  # redeliveries of either spool's windows
+    # the old windows they replaced were rolled up (counted once, remembered); the others stay raw
+    assert [(w.seq, w.bundle_id) for w in store.windows()] == [(1, BUNDLE_B.id), (2, BUNDLE_B.id), (3, BUNDLE_B.id)] + [
+        (seq, "minilm-int8-a") for seq in range(4, 11)]  # fmt: skip
+    assert _rolled_rows(store) == [("dev-1", 1, 3)]
+    assert _totals(store) == (13, 65)
+
+
 def test_gaps_older_than_the_horizon_close_and_other_devices_are_kept_apart(store: FleetStore) -> None:
     store.add_windows([window(seq) for seq in (1, 2, 3, 6, 7)] + [window(seq, device="dev-2") for seq in (1, 5)])
     store.apply_retention(HOUR, now=NOW, gaps_open_for=dt.timedelta(days=7))

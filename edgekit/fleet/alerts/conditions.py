@@ -43,12 +43,22 @@ class WindowFigures:
     inferences: int
     errors: int
     problem_codes: frozenset[str]
+    window_start: dt.datetime | None = None
+    window_end: dt.datetime | None = None
 
     @classmethod
     def of(cls, window: TelemetryWindow) -> WindowFigures:
         problems = window.payload.get("errors") if isinstance(window.payload, dict) else None
         codes = frozenset(str(p.get("code")) for p in problems if isinstance(p, dict)) if isinstance(problems, list) else frozenset()
-        return cls(window.seq, window.count, window.errors, codes)
+        return cls(window.seq, window.count, window.errors, codes, window.window_start, window.window_end)
+
+    def replaces(self, held: WindowFigures) -> bool:
+        """Whether these figures are newer than ``held``, the same device's: a higher (or the same) seq, or a window
+        that starts after the held one ended (a device whose seqs started again: a reflash, a new spool; as the
+        store's ``device_latest`` takes it)."""
+        if self.seq >= held.seq:
+            return True
+        return self.window_start is not None and held.window_end is not None and self.window_start >= held.window_end
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,7 @@ class AlertEngine:
         with self._windows_lock:
             for fleet, device, figure in figures:
                 current = self._windows.get((fleet, device))
-                if current is None or figure.seq >= current.seq:
+                if current is None or figure.replaces(current):
                     self._windows[(fleet, device)] = figure
 
     def start(self, publish: Publish | None = None) -> AlertEngine:

@@ -191,7 +191,14 @@ AGGREGATE_KEYS = ("fleet", "device", "bundle_id", "target", "power_mode")
 @dataclass(frozen=True)
 class Aggregate:
     """Telemetry summed over raw windows and rollups. Key fields not grouped by are None (as is a bundle_id
-    or target that is unknown); ``bucket_start`` is set only when bucketing by time."""
+    or target that is unknown); ``bucket_start`` is set only when bucketing by time.
+
+    ``devices``: read for named devices or per device, the distinct devices with windows in the row. Read
+    fleet-wide (from the aggregates kept at ingest, :mod:`edgekit.fleet.store.fleet_reads`), the peak devices
+    reporting in one minute (one hour where the read uses the hour tier) within the row, and a device that
+    changed bundle, target or power mode within that minute is counted once per group it reported in: not the
+    distinct devices over the row's span (a fleet reporting every 5 minutes shows about a fifth of its size).
+    The same holds for :class:`ModelAggregate` (per model and bundle)."""
 
     fleet: str | None
     device: str | None

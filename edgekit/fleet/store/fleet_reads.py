@@ -6,8 +6,12 @@ partial hours at its ends from the minute tier, so a 7-day report reads a few th
 windows. A bucket belongs to a range when it starts in it (a range's start is taken back to its minute), as
 rolled-up buckets always have.
 
-``devices`` is the most devices that reported in one bucket of the tier read (each bucket counts its distinct
-devices as windows arrive), which for a fleet reporting every interval is the fleet's size.
+``devices`` is the peak number of devices reporting in one bucket of the tier read (a minute, or an hour), not
+the distinct devices over a row's span: each stored bucket counts its distinct devices per group (fleet, bundle,
+target, power mode) as windows arrive, a row takes the most of its buckets, and groups a read merges are summed.
+So it is the fleet's size only for a fleet whose every device reports at least once a bucket; a fleet reporting
+every 5 minutes shows about a fifth of its devices on the minute tier, and a device that changed group within a
+bucket (a rollout) counts once per group there. Exact distinct counts come from the per-device reads (``devices=``).
 """
 
 from __future__ import annotations

@@ -319,7 +319,9 @@ class PostgresStore(SqlFleetStore):
         for w in windows:
             by_key.setdefault((w.fleet, w.device, w.seq), w)
         head, tail = self._window_insert()
-        inserted = self.execute_rows(cursor, head, [self._window_row(w) for w in by_key.values()],
+        # In key order: two collectors inserting overlapping windows wait on each other's keys in one order, never
+        # in a circle (a deadlock, which failed one collector's batch).
+        inserted = self.execute_rows(cursor, head, [self._window_row(by_key[key]) for key in sorted(by_key)],
                                      f"{tail} RETURNING fleet, device, seq", returning=True)  # fmt: skip
         return [by_key[(fleet, device, int(seq))] for fleet, device, seq in inserted]
 

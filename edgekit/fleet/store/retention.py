@@ -1,8 +1,9 @@
 """Retention of raw windows and rollups, shared by the SQL stores (a mixin of :class:`SqlFleetStore`).
 
 Raw windows older than the raw retention are rolled up into per-device buckets a batch at a time (a short
-transaction each, oldest first), the rolled-up seqs are remembered so redeliveries stay deduplicated, and, with a
-rollup retention, old rollups and fleet 1-minute buckets are forgotten (PostgreSQL drops daily partitions).
+transaction each, oldest first; those from a device clock set ahead go by the time they were received), the
+rolled-up seqs are remembered so redeliveries stay deduplicated, and, with a rollup retention, old rollups and
+fleet 1-minute buckets are forgotten (PostgreSQL drops daily partitions).
 The aggregates every fleet-wide read uses are written at ingest and do not move.
 """
 
@@ -24,6 +25,9 @@ RETENTION_BATCH_ROWS = 20_000
 DEFAULT_GAPS_OPEN_FOR = dt.timedelta(days=7)
 #: Minutes per rollup bucket unless retention is told otherwise.
 DEFAULT_ROLLUP_MINUTES = 5
+#: How far past now a window may end before it is taken for one from a device clock set ahead, which retention rolls
+#: up by the time it was received instead (it would never end before the cutoff).
+FUTURE_SLACK = dt.timedelta(days=1)
 
 
 class SeqRun(NamedTuple):
@@ -110,21 +114,24 @@ class RetentionMixin(abc.ABC):
 
     def _make_room_for_a_new_spool(self, cursor: Any, windows: Sequence[TelemetryWindow]) -> bool:
         """A device whose seqs start again (a damaged spool moved away, a reflashed device) while windows with
-        those seqs are still raw: an arriving window that starts after the held window with its seq ended is a new
-        one, not a redelivery (a spool resends a window as it was). The device's raw windows from that seq on that
-        ended by then are rolled up now, as retention would later (counted once, their seqs remembered), so the
-        new windows are stored instead of being taken for redeliveries and acknowledged unstored. ``windows``: those
+        those seqs are still raw: an arriving window whose start or end differs from the held window with its seq is
+        a new one, not a redelivery (a spool resends a window as it was), also when the device's clock is behind the
+        held one's. The held windows it replaces, and the device's raw windows from its seq on that ended by the time
+        it started, are rolled up now, as retention would later (counted once, their seqs remembered), so the new
+        windows are stored instead of being taken for redeliveries and acknowledged unstored. ``windows``: those
         whose keys the store held; returns whether any such device was found."""
         params: dict[str, Any] = {"seq_low": min(w.seq for w in windows), "seq_high": max(w.seq for w in windows)}
         where = queries.device_filter(self, "w", params, sorted({(w.fleet, w.device) for w in windows}))
-        cursor.execute(self._sql(f"SELECT w.fleet, w.device, w.seq, w.window_end FROM telemetry_windows w WHERE {where} "
-                                 "AND w.seq BETWEEN :seq_low AND :seq_high"), params)  # fmt: skip
-        held = {(fleet, device, int(seq)): end for fleet, device, seq, end in cursor.fetchall()}
+        cursor.execute(self._sql(f"SELECT w.fleet, w.device, w.seq, w.window_start, w.window_end FROM telemetry_windows w "
+                                 f"WHERE {where} AND w.seq BETWEEN :seq_low AND :seq_high"), params)  # fmt: skip
+        held = {(fleet, device, int(seq)): (start, end) for fleet, device, seq, start, end in cursor.fetchall()}
         first_new: dict[tuple[str, str], tuple[int, Any]] = {}
+        replaced: dict[tuple[str, str], list[int]] = {}
         for w in windows:
-            ended = held.get((w.fleet, w.device, w.seq))
-            if ended is None or self.time_in(w.window_start) < ended:
-                continue  # not held, or the held window itself (a redelivery)
+            times = held.get((w.fleet, w.device, w.seq))
+            if times is None or times == (self.time_in(w.window_start), self.time_in(w.window_end)):
+                continue  # not held, or the held window itself (a redelivery: a spool resends a window as it was)
+            replaced.setdefault((w.fleet, w.device), []).append(w.seq)  # also when its clock is behind the held one's
             earliest = first_new.get((w.fleet, w.device))
             if earliest is None or w.seq < earliest[0]:
                 first_new[(w.fleet, w.device)] = (w.seq, self.time_in(w.window_start))
@@ -134,8 +141,11 @@ class RetentionMixin(abc.ABC):
             cursor.execute(self._sql("SELECT MAX(bucket_s) FROM telemetry_rollups WHERE fleet = :fleet AND device = :device"),
                            {"fleet": fleet, "device": device})  # fmt: skip
             bucket_s = int(cursor.fetchone()[0] or DEFAULT_ROLLUP_MINUTES * 60)  # the buckets retention makes
-            older = "fleet = :fleet AND device = :device AND seq >= :seq_from AND window_end <= :ended_by"
-            found = {"fleet": fleet, "device": device, "seq_from": seq, "ended_by": start}
+            found: dict[str, Any] = {"fleet": fleet, "device": device, "seq_from": seq, "ended_by": start}
+            found.update({f"replaced_{index}": held_seq for index, held_seq in enumerate(sorted(set(replaced[(fleet, device)])))})
+            seqs = ", ".join(f":{name}" for name in found if name.startswith("replaced_"))
+            # its windows that ended by then, and those the arriving ones replace (all of them: a clock behind)
+            older = f"fleet = :fleet AND device = :device AND seq >= :seq_from AND (window_end <= :ended_by OR seq IN ({seqs}))"
             runs = self._roll_up(cursor, older, found, bucket_s, "telemetry_windows w")
             self._roll_up_models(cursor, older, found, bucket_s, "telemetry_model_windows w")
             if runs:
@@ -176,6 +186,7 @@ class RetentionMixin(abc.ABC):
                 if runs:
                     self._record_rolled_seqs(cursor, runs, self.time_in(now), self.time_in(now - gaps_open_for))
                 rolled += sum(run.windows for run in runs)
+        rolled += self._roll_up_clocks_ahead(now, cutoff, rollup_minutes * 60, gaps_open_for)
         with self._transaction("deleting old rejected messages") as cursor:
             self._retain_models(cursor, cutoff, rollup_minutes * 60)  # any whose window was not in a batch
             cursor.execute(self._sql("DELETE FROM rejected_messages WHERE at < ?"), (cutoff,))
@@ -183,6 +194,24 @@ class RetentionMixin(abc.ABC):
             self._drop_rollups_before(now - rollups_for)
         self._return_free_space()
         return rolled
+
+    def _roll_up_clocks_ahead(self, now: dt.datetime, cutoff: Any, bucket_s: int, gaps_open_for: dt.timedelta) -> int:
+        """Roll up the raw windows that end more than :data:`FUTURE_SLACK` after ``now`` (a device clock set ahead)
+        and were received (the collector's clock) before ``cutoff``, with their model windows, their seqs remembered
+        as any rolled up; return how many. Found through the window_end index: such windows are few."""
+        where = "window_end > :future AND received_at < :cutoff"
+        params = {"future": self.time_in(now + FUTURE_SLACK), "cutoff": cutoff}
+        with self._transaction("rolling up telemetry windows from device clocks set ahead") as cursor:
+            self._lock_rolled_seqs(cursor, exclusive=True)
+            runs = self._roll_up(cursor, where, params, bucket_s, self._old_windows("telemetry_windows"))
+            for run in runs:  # the model windows of exactly the windows rolled up (consecutive seqs of a device)
+                found = {"fleet": run.fleet, "device": run.device, "seq_first": run.seq_first, "seq_last": run.seq_last,
+                         "future": params["future"]}  # fmt: skip
+                self._roll_up_models(cursor, "fleet = :fleet AND device = :device AND seq BETWEEN :seq_first AND :seq_last "
+                                     "AND window_end > :future", found, bucket_s, "telemetry_model_windows w")  # fmt: skip
+            if runs:
+                self._record_rolled_seqs(cursor, runs, self.time_in(now), self.time_in(now - gaps_open_for))
+        return sum(run.windows for run in runs)
 
     def _drop_rollups_before(self, before: dt.datetime) -> None:
         """Forget per-device rollups and fleet minute buckets older than ``before`` (fleet hour buckets stay)."""
@@ -242,5 +271,5 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-__all__ = ["DEFAULT_GAPS_OPEN_FOR", "DEFAULT_ROLLUP_MINUTES", "RETENTION_BATCH_ROWS", "ROLLUP_TABLES", "RetentionMixin", "RolledSeqs", "SeqRun",
+__all__ = ["DEFAULT_GAPS_OPEN_FOR", "DEFAULT_ROLLUP_MINUTES", "FUTURE_SLACK", "RETENTION_BATCH_ROWS", "ROLLUP_TABLES", "RetentionMixin", "RolledSeqs", "SeqRun",
            "merge_rolled_seqs"]

@@ -175,14 +175,16 @@ class SqlFleetStore(StatusWritesMixin, DeviceReadsMixin, RetentionMixin, SchemaM
 
     def _sum_in_history(self, cursor: Any) -> None:
         """Sum the windows and rollups a store kept before it had aggregates into them (once, when migrating)."""
+        # Oldest first: rollups before raw windows, so each device is counted in its buckets as they arrived (a
+        # part older than one already counted adds its sums but no device).
+        cursor.execute(self._sql(queries.SELECT_ROLLUPS_AS_PARTS))
+        buckets.ingest(self, cursor, buckets.rollup_parts(cursor.fetchall(), self.time_out))
         cursor.execute(self._sql(f"SELECT {', '.join(WINDOW_COLUMNS)} FROM telemetry_windows ORDER BY fleet, device, seq"))
         while rows := cursor.fetchmany(PAGE_ROWS):
             parts = [buckets.window_part(self._window_from_row(row)) for row in rows]
             for part in parts:
                 part.models = []  # from the per-model tables below, which hold every model's windows
             buckets.ingest(self, self._cursor(), parts)
-        cursor.execute(self._sql(queries.SELECT_ROLLUPS_AS_PARTS))
-        buckets.ingest(self, cursor, buckets.rollup_parts(cursor.fetchall(), self.time_out))
         cursor.execute(self._sql(queries.SELECT_MODEL_HISTORY))
         buckets.ingest(self, cursor, buckets.model_history_parts(cursor.fetchall(), self.time_out))
 
@@ -427,7 +429,8 @@ class SqlFleetStore(StatusWritesMixin, DeviceReadsMixin, RetentionMixin, SchemaM
             sql = queries.aggregate_sql(self, keys, params, fleet=fleet, devices=devices, bundle_id=bundle_id,
                                         target=target, since=since, until=until, bucket_s=bucket_s)  # fmt: skip
         rows = self._query("aggregating telemetry", sql, params)
-        return [self._aggregate_from_row(keys, row) for row in rows if row[len(AGGREGATE_KEYS) + 1]]
+        # A bucket with windows is kept also when it counted no device (its windows came out of order).
+        return [self._aggregate_from_row(keys, row) for row in rows if row[len(AGGREGATE_KEYS) + 2]]
 
     def _aggregate_from_row(self, keys: tuple[str, ...], row: Sequence[Any]) -> Aggregate:
         key_values = dict(zip(AGGREGATE_KEYS, row[: len(AGGREGATE_KEYS)]))

@@ -124,6 +124,26 @@ def test_error_rate_and_disk_full_come_from_the_windows_the_collector_stored(sql
     assert sorted((n["status"], n["device"]) for n in engine.evaluate(at(2))) == [("resolved", "dev-1"), ("resolved", "dev-3")]
 
 
+def test_a_reflashed_device_whose_seqs_start_again_clears_its_window_alert(sqlite_store: FleetStore) -> None:
+    engine = AlertEngine(rules(errors={"kind": "error_rate_above", "share": 0.05, "min_inferences": 20}), sqlite_store)
+    now = dt.datetime.now(dt.timezone.utc)  # the store judges devices online by the wall clock
+
+    def later(seconds: float) -> dt.datetime:
+        return now + dt.timedelta(seconds=seconds)
+
+    failing = live_window(5000, inferences=100, failed=50, end=now)
+    sqlite_store.add_windows([failing])
+    engine.observe_windows([failing])
+    assert [(n["status"], n["device"]) for n in engine.evaluate(now)] == [("firing", "dev-1")]
+    # reflashed: seqs start again at 1, healthy windows after the failing one ended
+    healthy = [live_window(seq, inferences=100, end=later(1 + seq)) for seq in (1, 2)]
+    sqlite_store.add_windows(healthy)
+    engine.observe_windows(healthy)
+    assert [(n["status"], n["device"]) for n in engine.evaluate(later(3))] == [("resolved", "dev-1")]
+    engine.observe_windows([healthy[0]])  # a new window redelivered does not undo the newer one
+    assert engine.evaluate(later(4)) == []
+
+
 def test_rollout_failed(sqlite_store: FleetStore) -> None:
     now = dt.datetime.now(dt.timezone.utc)
 
