@@ -6,12 +6,14 @@ in two passes:
 1. :func:`scan_bundle_archive` reads only the member headers, plus ``manifest.json`` and
    ``manifest.sig`` into memory (small, capped). Every member must be a regular file or a
    directory with a relative path that stays inside the bundle (no ``/...``, no ``..``, no links,
-   devices or FIFOs, no name twice); the members, the unpacked bytes and the compression ratio are
-   limited (:class:`ArchiveLimits`). The caller can now check the manifest's signature before
-   anything large is written.
+   devices or FIFOs, no name twice, at most :data:`MAX_MEMBER_DEPTH` parts); the members, the
+   unpacked bytes and the compression ratio are limited (:class:`ArchiveLimits`). The caller can
+   now check the manifest's signature before anything large is written.
 2. :func:`extract_bundle_archive` reads the tar again and writes only the members the manifest
    lists, hashing each on the way: a member that is unlisted, or whose bytes differ from its sha256
-   in ``manifest.json``, stops the extraction at that member.
+   in ``manifest.json``, stops the extraction at that member. Folder entries are never created: the
+   only folders written are the parents of the files written (a signed tar with thousands of extra
+   folders installs nothing the signature does not cover).
 
 The uncompressed stream itself is bounded, not only the sizes the headers declare, so a gzip bomb
 or a huge extended header stops at the limit instead of filling memory or disk. Every problem
@@ -43,6 +45,8 @@ SIGNATURE_MAX_BYTES = 4096
 HEADER_MAX_BYTES = 1 << 20
 #: The compression ratio is checked once this much has been decompressed (small archives compress well).
 RATIO_FLOOR_BYTES = 4 << 20
+#: The most path parts a member name may have (the top folder counts): deeper is hostile (a folder bomb).
+MAX_MEMBER_DEPTH = 32
 _CHUNK_BYTES = 1 << 20
 _MEMBER_OVERHEAD_BYTES = 1536  # a header block plus padding, per member, in the uncompressed stream
 _TRAILER_BYTES = 64 << 10  # end-of-archive blocks and record padding
@@ -265,6 +269,12 @@ def _member_path(info: tarfile.TarInfo, where: str) -> str:
             f"{where}: member '{name}' has an absolute or '..' path (it climbs out of the bundle)",
             hint="refusing the whole archive; bundle members are relative paths inside one folder",
         )
+    if len(parts) > MAX_MEMBER_DEPTH:
+        raise UnsafeArchiveError(
+            f"{where}: member '{name if len(name) <= 120 else name[:120] + '...'}' is {len(parts)} folders deep, deeper than the limit of "
+            f"{MAX_MEMBER_DEPTH} (MAX_MEMBER_DEPTH)",
+            hint="refusing the whole archive; bundle files lie a few folders deep at most: pack it again with `edgekit pack`",
+        )
     return "/".join(parts)
 
 
@@ -424,7 +434,8 @@ def extract_bundle_archive(
     """Write the bundle of a scanned ``archive`` into ``destination`` (an empty directory); returns
     the bundle directory. With ``only_listed`` (the default) only ``manifest.json``, ``manifest.sig``
     and the files ``manifest.json`` lists are written, each checked against its sha256 as it is
-    written; anything else in the tar refuses the archive."""
+    written; anything else in the tar refuses the archive. Folder entries are skipped: a folder is
+    made only to hold a file that is written."""
     destination = Path(destination)
     where = archive.where
     files = _listed_files(archive, archive.manifest()) if only_listed else None
@@ -450,8 +461,7 @@ def extract_bundle_archive(
                         raise UnsafeArchiveError(f"{where}: member '{info.name}' lies outside the bundle folder '{prefix}'")
                     relative = member_path[len(prefix):]
                     target = root.joinpath(*relative.split("/"))
-                    if info.isdir():
-                        target.mkdir(parents=True, exist_ok=True)
+                    if info.isdir():  # never made from the tar: only the folders that hold written files exist
                         continue
                     if relative == MANIFEST_MEMBER:
                         data = _read_small(tar, info, MANIFEST_MAX_BYTES, where)

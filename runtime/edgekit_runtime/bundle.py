@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path, PurePosixPath, PureWindowsPath
@@ -254,19 +254,27 @@ def _check_listed_path(rel: object, root_resolved: Path, where: str) -> None:
         )
 
 
-def _files_on_disk(root: Path) -> list[str]:
+def _files_on_disk(root: Path, listed: Iterable[str] = ()) -> list[str]:
+    """Every file under ``root``, and every folder that holds no ``listed`` file (reported as ``<folder>/``,
+    not descended into: an unlisted folder tree costs one line, whatever its depth)."""
+    holders = {"/".join(parts[:i]) for parts in (rel.split("/") for rel in listed) for i in range(1, len(parts))}
     found: list[str] = []
     for directory, dirnames, filenames in os.walk(root):
         base = Path(directory)
-        for name in dirnames:
+        for name in list(dirnames):
+            relative = (base / name).relative_to(root).as_posix()
             if (base / name).is_symlink():  # os.walk does not descend into it; report it
-                found.append((base / name).relative_to(root).as_posix())
+                found.append(relative)
+            elif relative not in holders:
+                found.append(relative + "/")
+                dirnames.remove(name)
         found.extend((base / name).relative_to(root).as_posix() for name in filenames)
     return sorted(found)
 
 
 def verify_files(root: str | os.PathLike[str], manifest: Mapping[str, Any]) -> None:
-    """Check every file in ``manifest['files']`` against its sha256, and that no other file is there.
+    """Check every file in ``manifest['files']`` against its sha256, and that no other file, and no folder
+    that holds none of them, is there.
 
     Path entries that are absolute, contain ``..`` or resolve outside ``root`` are rejected before any
     file is read. All modified, missing and unlisted files are reported together in one
@@ -303,16 +311,17 @@ def verify_files(root: str | os.PathLike[str], manifest: Mapping[str, Any]) -> N
                 f"got {actual[:HASH_PREFIX_CHARS]}...)"
             )
     problems.extend(
-        f"unlisted: {rel} (not in manifest.json files)"
-        for rel in _files_on_disk(root)
-        if rel not in (MANIFEST_NAME, SIGNATURE_NAME) and rel not in files
+        f"unlisted: {rel} (" + ("a folder that holds no file manifest.json lists" if rel.endswith("/") else "not in manifest.json files") + ")"
+        for rel in _files_on_disk(root, [str(k) for k in files])
+        if rel.rstrip("/") not in (MANIFEST_NAME, SIGNATURE_NAME) and rel not in files  # a folder there: its reader says so
     )
     if problems:
         hints = []
         if damaged:
             hints.append("the bundle changed or was copied incompletely since it was built: copy it again")
         if any(problem.startswith("unlisted") for problem in problems):
-            hints.append("remove files that are not part of the bundle (write logs and caches elsewhere)")
+            hints.append("remove files that are not part of the bundle, and folders that hold none of its files "
+                         "(write logs and caches elsewhere)")
         raise BundleError(
             f"bundle '{root}' failed verification ({len(problems)} problem(s)):\n  - " + "\n  - ".join(problems),
             hint="; ".join(hints),

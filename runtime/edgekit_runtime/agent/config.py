@@ -227,7 +227,7 @@ def parse_config(data: object, *, file: Path, positions: Positions | None = None
         known=("device_id", "fleet", "broker", "bundles", "api", "telemetry", "power", "probe", "batching", "health",
                "commands", "models", "runner"),
     )
-    bundles = _parse_bundles(top.section("bundles", ("dir", "public_key", "allow_unsigned", "max_download_mb", "download_timeout_s", "inbox", "allowed_sources")))
+    bundles = _parse_bundles(top.section("bundles", ("dir", "public_key", "allow_unsigned", "max_download_mb", "download_timeout_s", "download_max_s", "inbox", "allowed_sources")))
     models = _parse_models(top.section("models", ("dir", "names", "default", "memory_budget_mb")), bundles) if top.has("models") else None
     _check_batched_models(top, models, "batching")
     _check_batched_models(top, models, "runner")
@@ -367,6 +367,7 @@ def _parse_bundles(section: _Section) -> BundlesConfig:
         allow_unsigned=allow_unsigned,
         max_download_bytes=int(max_mb * 1024 * 1024),
         download_timeout_s=section.number("download_timeout_s", 60.0, minimum=0, exclusive_minimum=True, example="60"),
+        download_max_s=section.number("download_max_s", 3600.0, minimum=0, exclusive_minimum=True, example="3600"),
         inbox=section.path("inbox", None, example="/var/lib/edgekit/inbox"),
         allowed_sources=_parse_allowed_sources(section),
     )

@@ -129,6 +129,7 @@ class BundlesConfig:
     allow_unsigned: bool = False
     max_download_bytes: int = 1024**3
     download_timeout_s: float = 60.0
+    download_max_s: float = 3600.0
     inbox: Path | None = None
     allowed_sources: tuple[str, ...] = ()
 

@@ -110,25 +110,45 @@ def write_error(err: OSError, url: str, directory: Path, *, what: str, needed_by
                        hint="check the permissions and the file system of bundles.dir")  # fmt: skip
 
 
+def _too_slow(url: str, max_seconds: float, size: int, declared: int | None) -> DeployError:
+    of = f" of {declared:,}" if declared is not None else ""
+    return DeployError(f"download of {url} did not finish within bundles.download_max_s = {max_seconds:g} s "
+                       f"(got {size:,}{of} bytes); the deploy was stopped", hint="the server or the network is too slow: "
+                       "check them, or raise bundles.download_max_s in the agent config for a bundle that really takes that long")  # fmt: skip
+
+
 def _download(url: str, destination: Path, *, max_bytes: int, timeout_s: float, policy: SourcePolicy | None = None,
-              declared_bytes: list[int] | None = None) -> tuple[int, str]:  # fmt: skip
-    """Download ``url`` into ``destination``; a ``Content-Length`` the server sends is appended to ``declared_bytes``."""
+              declared_bytes: list[int] | None = None, max_seconds: float | None = None) -> tuple[int, str]:  # fmt: skip
+    """Download ``url`` into ``destination``; a ``Content-Length`` the server sends is appended to ``declared_bytes``.
+    ``timeout_s`` bounds each wait for data, ``max_seconds`` the whole download (``bundles.download_max_s``); a body
+    shorter than its ``Content-Length`` fails."""
     digest = hashlib.sha256()
     size = 0
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
     opener = urllib.request.build_opener(_CheckedRedirects(policy))
     try:
         with opener.open(url, timeout=timeout_s) as response, destination.open("wb") as out:
-            declared = response.headers.get("Content-Length")
-            if declared is not None and declared.isdigit() and declared_bytes is not None:
-                declared_bytes.append(int(declared))
-            if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+            header = response.headers.get("Content-Length")
+            declared = int(header) if header is not None and header.isdigit() else None
+            if declared is not None and declared_bytes is not None:
+                declared_bytes.append(declared)
+            if declared is not None and declared > max_bytes:
                 raise _size_error(url, max_bytes)
-            while chunk := response.read(_CHUNK_BYTES):
+            read = getattr(response, "read1", response.read)  # one recv at a time: a trickle still meets the deadline
+            while True:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise _too_slow(url, max_seconds or 0.0, size, declared)
+                chunk = read(_CHUNK_BYTES)
+                if not chunk:
+                    break
                 size += len(chunk)
                 if size > max_bytes:
                     raise _size_error(url, max_bytes)
                 digest.update(chunk)
                 out.write(chunk)
+            if declared is not None and size != declared:
+                raise DeployError(f"download of {url} was truncated: got {size:,} of {declared:,} bytes (its Content-Length)",
+                                  hint="the connection or the server broke off the transfer: deploy again, or check the server")  # fmt: skip
     except urllib.error.HTTPError as err:
         raise DeployError(f"download of {url} failed: HTTP {err.code} {err.reason}", hint="check the URL and the server") from err
     except (urllib.error.URLError, OSError, TimeoutError) as err:
@@ -349,13 +369,14 @@ def fetch_bundle(
     timeout_s: float = 60.0,
     policy: SourcePolicy | None = None,
     check_manifest: ManifestCheck | None = None,
+    max_seconds: float | None = None,
 ) -> FetchedBundle:
     """Bring the bundle at ``url`` into ``staging`` (an empty directory) and check its sha256.
 
     With a ``policy``, a URL it does not admit is refused before anything is touched. A tar is
     scanned (every member checked, :mod:`edgekit_runtime.archive`), ``check_manifest`` runs on its
     manifest and signature, and only then are the files the manifest lists written, each against
-    its hash, with at most ``max_bytes`` unpacked.
+    its hash, with at most ``max_bytes`` unpacked. A download taking longer than ``max_seconds`` in all fails.
     """
     started = time.monotonic()
     target = policy.admit(url) if policy is not None else _unchecked_target(url)
@@ -363,7 +384,7 @@ def fetch_bundle(
     try:
         return _fetch_into(url, target, staging, expected_sha256=expected_sha256, max_bytes=max_bytes,
                            timeout_s=timeout_s, policy=policy, check_manifest=check_manifest, step=step,
-                           started=started)  # fmt: skip
+                           started=started, max_seconds=max_seconds)  # fmt: skip
     except OSError as err:
         for partial in list(staging.iterdir()) if staging.is_dir() else []:  # so the message's free figure is true
             if partial.is_dir() and not partial.is_symlink():
@@ -375,7 +396,7 @@ def fetch_bundle(
 
 def _fetch_into(url: str, target: Path | str, staging: Path, *, expected_sha256: str | None, max_bytes: int,
                 timeout_s: float, policy: SourcePolicy | None, check_manifest: ManifestCheck | None,
-                step: _Writing, started: float) -> FetchedBundle:  # fmt: skip
+                step: _Writing, started: float, max_seconds: float | None = None) -> FetchedBundle:  # fmt: skip
     """:func:`fetch_bundle` once the URL is admitted; ``step`` says what is written (for a full disk)."""
     if isinstance(target, Path) and target.is_dir():
         root = _bundle_root(target, url)
@@ -404,7 +425,7 @@ def _fetch_into(url: str, target: Path | str, staging: Path, *, expected_sha256:
         step.what = "downloading the bundle tar"
         try:
             size, sha256 = _download(target, archive_path, max_bytes=max_bytes, timeout_s=timeout_s, policy=policy,
-                                     declared_bytes=declared)  # fmt: skip
+                                     declared_bytes=declared, max_seconds=max_seconds)  # fmt: skip
         finally:
             step.needed_bytes = declared[0] if declared else None
     _check_sha256(sha256, expected_sha256, what=url)

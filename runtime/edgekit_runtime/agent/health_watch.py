@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any
 from edgekit_runtime.agent.deploy_checks import signature_changes
 from edgekit_runtime.agent.deploy_request import DeployRequest
 from edgekit_runtime.agent.loading import LoadedBundle
-from edgekit_runtime.agent.probation import MAX_CRASHES, Probation, ProbationFile, mark_stopped, note_start
+from edgekit_runtime.agent.probation import (
+    MAX_CRASHES,
+    Probation,
+    ProbationFile,
+    counted_start,
+    mark_stopped,
+    unknown_watch,
+)
 from edgekit_runtime.bundle import self_check
 from edgekit_runtime.errors import EdgekitError
 
@@ -51,12 +58,24 @@ class HealthWatch:
 
     def _probation_at_start(self) -> Probation | None:
         """The interrupted health watch of ``current``, counting this start; at :data:`MAX_CRASHES` crashes
-        within it, roll the links back (before anything is loaded) and return None."""
+        within it, roll the links back (before anything is loaded) and return None. Never None because the record
+        could not be read or written: that would accept a bundle nobody watched (see :func:`unknown_watch`)."""
+        current = self.store.current
         try:
-            probation = note_start(self.probation, self.store.current)
+            probation = counted_start(self.probation, current)
         except (EdgekitError, OSError) as err:
-            self._event("probation_unreadable", f"the interrupted health watch cannot be resumed: {err}", level="error")
-            return None
+            problem = err.message if isinstance(err, EdgekitError) else f"{self.probation.path}: {err.strerror or err}"
+            if current is None:
+                self._event("probation_unreadable", f"the interrupted health watch cannot be resumed: {problem}; there "
+                            "is no current bundle to watch", level="error", path=str(self.probation.path), error=str(err))  # fmt: skip
+                return None
+            probation = unknown_watch(current, self.store.previous, self.health.window_s)
+            self._event("probation_unreadable", f"the interrupted health watch cannot be resumed: {problem}; watching "
+                        f"{current.name} again for {probation.window_s:g} s before it counts as accepted (the record "
+                        "exists only while a watch runs)", level="error", path=str(self.probation.path), error=str(err),
+                        crashes=probation.crashes)  # fmt: skip
+        if probation is not None:
+            self._save_probation(probation)
         if probation is None or probation.crashes < MAX_CRASHES:
             return probation
         previous = self.store.previous
@@ -70,6 +89,16 @@ class HealthWatch:
         self.store.swap_current_and_previous()  # the previous bundle passed its checks first: a broken one moves nothing
         self._pending_crash_result = probation
         return None
+
+    def _save_probation(self, probation: Probation) -> None:
+        """Write the probation counted at this start; on a full disk it stays in memory and the watch goes on."""
+        try:
+            self.probation.write(probation)
+        except OSError as err:
+            self._event("probation_not_saved", f"the health watch of {probation.bundle} ({probation.crashes} crash(es) "
+                        f"counted) could not be saved to {self.probation.path}: {err.strerror or err}; it is watched from "
+                        "memory and the record on disk stays as it was", level="warning", path=str(self.probation.path),
+                        error=str(err), crashes=probation.crashes, hint="free space on the bundle store's disk")  # fmt: skip
 
     def _unloadable(self, previous: Path) -> str | None:
         """Why ``previous`` cannot be rolled back to (it fails its checks or its load), or None when it can."""
@@ -122,7 +151,12 @@ class HealthWatch:
         interrupted = self._stop.wait(window_s)
         healthy, details = self._judge(loaded, before, interrupted=interrupted, signature_changed=signature_changed)
         if details["interrupted"]:
-            mark_stopped(self.probation, probation)
+            try:
+                mark_stopped(self.probation, probation)
+            except OSError as err:  # the record stays 'watching': the next start counts one crash more, never fewer
+                self._event("probation_not_saved", f"the stop during the health watch of {loaded.name} could not be "
+                            f"saved to {self.probation.path}: {err.strerror or err}", level="warning",
+                            path=str(self.probation.path), error=str(err), hint="free space on the bundle store's disk")  # fmt: skip
             watched_s = round(time.monotonic() - started, 3)
             self._event("deploy_result", f"the health watch of {loaded.name} was interrupted by shutdown after {watched_s:g} "
                         f"of {window_s:g} s; it starts again when the agent does", level="warning",

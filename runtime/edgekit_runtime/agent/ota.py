@@ -373,6 +373,7 @@ class Deployer(HealthWatch):
 
             fetched = fetch_bundle(request.url, staging, expected_sha256=request.sha256,
                                    max_bytes=self.bundles.max_download_bytes, timeout_s=self.bundles.download_timeout_s,
+                                   max_seconds=self.bundles.download_max_s,
                                    policy=self._sources if check_source else None,
                                    check_manifest=lambda manifest, sig: self._vet_manifest(request, manifest, sig, vet_step))  # fmt: skip
             step = "download"

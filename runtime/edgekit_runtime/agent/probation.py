@@ -10,12 +10,16 @@ stays (``finish``) or is rolled back.
 * A crash while watching (``kill -9``, the OOM killer, a segfault in the model's runtime, a power cut)
   leaves ``state: watching``: the process never got to say otherwise.
 
-At the next start (:func:`note_start`) a record about the bundle ``current`` names is picked up: a record
+At the next start (:func:`counted_start`) a record about the bundle ``current`` names is picked up: a record
 still ``watching`` counts one crash. Below :data:`MAX_CRASHES` the bundle is served and its watch starts
 again with its full window (``Deployer.resume_watch``, spawned by :func:`resume_watches`); at
 :data:`MAX_CRASHES` the agent rolls back to the version before it before loading anything, and the
 ``deploy_result`` (outcome ``rolled_back``) says the bundle crashed the agent that many times within its
 watch. A record about another version (the links were moved by hand) is stale and dropped.
+
+The start never accepts a watched bundle without watching it: when the counted record cannot be written back
+(a full disk) the watch resumes from the record in memory, and when ``probation.json`` cannot be read at all
+``current`` is watched again as if its watch had been cut short once (:func:`unknown_watch`).
 """
 
 from __future__ import annotations
@@ -89,13 +93,13 @@ class ProbationFile:
     def read(self) -> Probation | None:
         """The record, or None when there is none. An unreadable one raises :class:`DeployError` naming the file."""
         try:
-            text = self.path.read_text(encoding="utf-8")
+            data = self.path.read_bytes()
         except FileNotFoundError:
             return None
         except OSError as err:
             raise self._broken(err.strerror or str(err)) from err
-        try:
-            return Probation.from_dict(json.loads(text))
+        try:  # random bytes are a UnicodeDecodeError, a ValueError
+            return Probation.from_dict(json.loads(data.decode("utf-8")))
         except (ValueError, TypeError, RecursionError) as err:  # damaged: any shape, any depth
             raise self._broken(str(err) or type(err).__name__) from err
 
@@ -130,10 +134,10 @@ def begin(file: ProbationFile, *, version_dir: Path, bundle: str, previous: Path
     return probation
 
 
-def note_start(file: ProbationFile, current: Path | None) -> Probation | None:
+def counted_start(file: ProbationFile, current: Path | None) -> Probation | None:
     """At the agent's start: the probation of ``current`` with this start counted (a record left ``watching``
-    means the last process died while watching: one more crash), written back as ``watching``; None when there
-    is no probation for ``current`` (a stale record about another version is dropped)."""
+    means the last process died while watching: one more crash), in state ``watching``, not yet written back;
+    None when there is no probation for ``current`` (a stale record about another version is dropped)."""
     probation = file.read()
     if probation is None:
         return None
@@ -142,9 +146,23 @@ def note_start(file: ProbationFile, current: Path | None) -> Probation | None:
         file.clear()
         return None
     crashes = probation.crashes + (1 if probation.state == WATCHING else 0)
-    probation = replace(probation, crashes=crashes, state=WATCHING)
-    file.write(probation)
+    return replace(probation, crashes=crashes, state=WATCHING)
+
+
+def note_start(file: ProbationFile, current: Path | None) -> Probation | None:
+    """:func:`counted_start`, written back (an ``OSError`` from the write propagates)."""
+    probation = counted_start(file, current)
+    if probation is not None:
+        file.write(probation)
     return probation
+
+
+def unknown_watch(current: Path, previous: Path | None, window_s: float) -> Probation:
+    """The probation assumed for ``current`` when ``probation.json`` cannot be read: a record exists only while a
+    health watch runs, so a watch was cut short, most likely of ``current``; it counts as one crash and is watched
+    again for the configured window before its version counts as accepted."""
+    return Probation(version=current.name, bundle=current.name, previous=None if previous is None else previous.name,
+                     url="", command_id=None, window_s=window_s, crashes=1, started_at_s=round(time.time(), 3))  # fmt: skip
 
 
 def mark_stopped(file: ProbationFile, probation: Probation) -> None:

@@ -347,11 +347,12 @@ class AgentService(SpoolOutbox, TelemetryReporting, CommandHandling):
             logger.warning("no broker configured: telemetry and events stay local")
             return
         from edgekit_runtime.agent.backoff import Backoff
-        from edgekit_runtime.agent.spool import Spool
+        from edgekit_runtime.agent.spool_opening import open_spool
 
         spool_config = self.config.telemetry.spool
-        spool_config.path.parent.mkdir(parents=True, exist_ok=True)
-        self._spool = Spool(spool_config.path, max_messages=spool_config.max_messages, max_bytes=spool_config.max_bytes)
+        self._spool = open_spool(spool_config.path, max_messages=spool_config.max_messages, max_bytes=spool_config.max_bytes,
+                                 notice=lambda kind, level, message, details: self._emit(
+                                     {"kind": kind, "level": level, "message": message, "command_id": None, "details": details}))  # fmt: skip
         self._link = self._link_factory(
             broker_url=broker.url,
             client_id=f"edgekit-{self.config.fleet}-{self.config.device_id}",
