@@ -441,11 +441,40 @@ class TargetRegistry:
         return [self.get(n) for n in self.names()]
 
 
+#: The environment variable naming a folder of profiles to use instead of :data:`TARGETS_DIR`.
+TARGETS_DIR_ENV = "EDGEKIT_TARGETS_DIR"
+
+
+def targets_dir() -> Path:
+    """The folder the registry reads: ``$EDGEKIT_TARGETS_DIR`` when set and not empty, else :data:`TARGETS_DIR`.
+    A set variable naming a missing, unreadable or profile-less folder is a :class:`TargetError` naming the variable."""
+    value = os.environ.get(TARGETS_DIR_ENV, "")
+    if not value:
+        return TARGETS_DIR
+    folder = Path(value).expanduser()
+    hint = f"point {TARGETS_DIR_ENV} at a folder of NAME.yaml target profiles, or unset it to use {TARGETS_DIR}"
+    if not folder.is_dir():
+        why = "is not a folder" if folder.exists() else "does not exist"
+        raise TargetError(f"{TARGETS_DIR_ENV}={value}: {why}", hint=hint)
+    try:
+        entries = [entry.name for entry in os.scandir(folder)]
+    except OSError as exc:
+        raise TargetError(f"{TARGETS_DIR_ENV}={value}: cannot read the folder ({exc.strerror or exc})", hint=hint) from exc
+    if not any(Path(entry).suffix in PROFILE_SUFFIXES for entry in entries):
+        raise TargetError(f"{TARGETS_DIR_ENV}={value}: the folder has no target profiles (*.yaml, *.yml)", hint=hint)
+    return folder
+
+
 @lru_cache(maxsize=None)
+def _registry_of(directory: Path) -> TargetRegistry:
+    return TargetRegistry(directory)
+
+
 def default_registry() -> TargetRegistry:
-    return TargetRegistry(TARGETS_DIR)
+    """The registry of ``$EDGEKIT_TARGETS_DIR`` when set (it replaces the shipped ``targets/``), else of ``targets/``."""
+    return _registry_of(targets_dir())
 
 
 def get_target(name: str) -> TargetProfile:
-    """Look up a shipped target by name (or load a ``.yaml`` path)."""
+    """Look up a target of :func:`default_registry` by name (or load a ``.yaml`` path)."""
     return default_registry().get(name)

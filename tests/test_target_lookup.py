@@ -69,3 +69,81 @@ def test_a_profile_named_yml_is_registered_too(registry: TargetRegistry):
         registry.get("myboard")
     assert info.value.message == f"target 'myboard' has two profiles in {registry.directory}: myboard.yaml, myboard.yml"
     assert info.value.hint == "keep one of them"
+
+
+@pytest.fixture
+def fresh_registry():
+    """The default registry is cached per folder: clear it before and after a test that sets EDGEKIT_TARGETS_DIR."""
+    from edgekit.target import _registry_of
+
+    _registry_of.cache_clear()
+    yield
+    _registry_of.cache_clear()
+
+
+def test_edgekit_targets_dir_replaces_the_shipped_folder(tmp_path: Path, monkeypatch, fresh_registry):
+    from edgekit.target import default_registry, get_target
+
+    text = (TARGETS_DIR / "x86-64-cpu.yaml").read_text().replace("name: x86-64-cpu", "name: my-board")
+    (tmp_path / "my-board.yaml").write_text(text)
+    monkeypatch.setenv("EDGEKIT_TARGETS_DIR", str(tmp_path))
+    assert default_registry().directory == tmp_path
+    assert default_registry().names() == ["my-board"]  # instead of targets/, not in addition to it
+    assert get_target("my-board").name == "my-board"
+    with pytest.raises(TargetError, match=r"^unknown target 'x86-64-cpu'") as info:
+        get_target("x86-64-cpu")
+    assert info.value.hint.endswith("known: my-board")
+    monkeypatch.delenv("EDGEKIT_TARGETS_DIR")
+    assert default_registry().directory == TARGETS_DIR and "x86-64-cpu" in default_registry().names()
+    monkeypatch.setenv("EDGEKIT_TARGETS_DIR", "")  # empty is unset
+    assert default_registry().directory == TARGETS_DIR
+
+
+def test_a_bad_edgekit_targets_dir_is_a_target_error_naming_the_variable(tmp_path: Path, monkeypatch, fresh_registry):
+    from edgekit.target import default_registry
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (tmp_path / "a-file").write_text("x")
+    for value, why in ((tmp_path / "nowhere", "does not exist"), (tmp_path / "a-file", "is not a folder"),
+                       (empty, "the folder has no target profiles (*.yaml, *.yml)")):  # fmt: skip
+        monkeypatch.setenv("EDGEKIT_TARGETS_DIR", str(value))
+        with pytest.raises(TargetError) as info:
+            default_registry()
+        assert info.value.message == f"EDGEKIT_TARGETS_DIR={value}: {why}"
+        assert info.value.hint.startswith("point EDGEKIT_TARGETS_DIR at a folder of NAME.yaml target profiles")
+
+
+def test_an_unreadable_edgekit_targets_dir_is_named(tmp_path: Path, monkeypatch, fresh_registry):
+    import os
+
+    from edgekit.target import default_registry
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0)
+    try:
+        if os.access(locked, os.R_OK):
+            pytest.skip("running as root: a mode-0 folder is still readable")
+        monkeypatch.setenv("EDGEKIT_TARGETS_DIR", str(locked))
+        with pytest.raises(TargetError, match=r"^EDGEKIT_TARGETS_DIR=.*locked: cannot read the folder"):
+            default_registry()
+    finally:
+        locked.chmod(0o755)
+
+
+def test_the_cli_lists_the_profiles_of_edgekit_targets_dir_and_names_a_missing_one(tmp_path: Path):
+    import os
+
+    text = (TARGETS_DIR / "raspberry-pi-5.yaml").read_text().replace("name: raspberry-pi-5", "name: my-pi")
+    (tmp_path / "my-pi.yaml").write_text(text)
+    env = {**os.environ, "EDGEKIT_TARGETS_DIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-m", "edgekit.cli.main", "targets", "show", "my-pi"],
+                            cwd=REPO, capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "my-pi" in result.stdout
+    env["EDGEKIT_TARGETS_DIR"] = str(tmp_path / "nowhere")
+    result = subprocess.run([sys.executable, "-m", "edgekit.cli.main", "targets"],
+                            cwd=REPO, capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"error: EDGEKIT_TARGETS_DIR={tmp_path / 'nowhere'}: does not exist" in result.stderr

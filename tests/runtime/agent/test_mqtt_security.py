@@ -162,3 +162,45 @@ def test_acl_template_keeps_each_device_on_its_own_topics(
         assert received == ["edgekit/v1/lab/dev-a/cmd"]
         assert not [m for m in collector.messages if m.topic.startswith("edgekit/v1/lab/dev-b/") and
                     not m.topic.endswith("/cmd")]  # fmt: skip
+
+
+def _publish_reasons(broker: MosquittoBroker, username: str, password: str, topic: str) -> str:
+    """Publish one QoS 1 message as ``username`` and return the broker's PUBACK reason ("Success", "Not authorized")."""
+    reasons: dict[int, str] = {}
+    client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"raw-{username}", protocol=MQTTProtocolVersion.MQTTv5)
+    client.username_pw_set(username, password)
+    client.on_publish = lambda c, userdata, mid, reason, properties: reasons.__setitem__(mid, str(reason))
+    client.connect(broker.host, broker.port)
+    client.loop_start()
+    try:
+        info = client.publish(topic, b'{"schema": "edgekit.alert/1", "status": "firing"}', qos=1)
+        info.wait_for_publish(5)
+        deadline = time.monotonic() + 5
+        while info.mid not in reasons and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    return reasons.get(info.mid, "no PUBACK")
+
+
+def test_acl_template_lets_the_collector_publish_alerts_and_an_alerts_user_read_them(
+    mosquitto_factory: Callable[..., MosquittoBroker], tmp_path: Path
+) -> None:
+    acl = render_acl_template(tmp_path / "edgekit.acl", collector_user="collector")
+    text = acl.read_text()
+    assert "#user @ALERTS_USER@\n#topic read edgekit/v1/+/alerts\n" in text  # optional, off until uncommented
+    acl.write_text(text.replace("#user @ALERTS_USER@", "user alerts").replace("#topic read edgekit/v1/+/alerts",
+                                                                                 "topic read edgekit/v1/+/alerts"))  # fmt: skip
+    broker = mosquitto_factory(password_file=write_password_file(tmp_path / "passwd", {**PASSWORDS, "alerts": "pass-alerts"}),
+                               acl_file=acl)  # fmt: skip
+    with MessageRecorder(broker, ("edgekit/v1/+/alerts",), username="alerts", password="pass-alerts") as reader, \
+            MessageRecorder(broker, username="collector", password="pass-collector") as collector:  # fmt: skip
+        assert _publish_reasons(broker, "collector", "pass-collector", "edgekit/v1/lab/alerts") == "Success"
+        assert _publish_reasons(broker, "dev-a", "pass-a", "edgekit/v1/lab/alerts") == "Not authorized"
+        assert _publish_reasons(broker, "alerts", "pass-alerts", "edgekit/v1/lab/alerts") == "Not authorized"
+        assert _publish_reasons(broker, "alerts", "pass-alerts", "edgekit/v1/lab/dev-a/cmd") == "Not authorized"
+        assert reader.wait_for(lambda ms: len(ms) >= 1) and collector.wait_for(lambda ms: len(ms) >= 1)
+        time.sleep(0.3)  # time for a wrongly authorised alert to show up
+    assert [m.topic for m in reader.messages] == ["edgekit/v1/lab/alerts"]
+    assert [m.topic for m in collector.messages] == ["edgekit/v1/lab/alerts"]
