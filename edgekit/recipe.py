@@ -223,6 +223,18 @@ class Int4Spec(StrictModel):
             raise ValueError(f"block_size must be a power of two, got {value}")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _hqq_is_asymmetric(cls, data: Any) -> Any:
+        """HQQ optimises a scale and a zero point per block (ONNX Runtime's HQQ has no symmetric mode): ``symmetric: true``
+        with ``method: hqq`` is refused, and an hqq spec without ``symmetric`` records ``symmetric: false``, as written."""
+        if not isinstance(data, dict) or data.get("method") != "hqq":
+            return data
+        if data.get("symmetric") is True:
+            raise ValueError("int4.method hqq is always asymmetric (a zero point per block), so symmetric: true cannot hold; "
+                             "remove int4.symmetric (or set it to false) to use hqq, or use int4.method: rtn for symmetric int4")
+        return {**data, "symmetric": data.get("symmetric", False)}
+
 
 class QuantizationSpec(StrictModel):
     """How static and weight-only quantization run; every field is recorded in the manifest as resolved."""

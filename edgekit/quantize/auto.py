@@ -111,17 +111,21 @@ class AutoResult:
     stats: Mapping[str, float] = field(default_factory=dict)
     #: The run-off between the finalists (None: there was none; see ``notes`` for why one was skipped).
     runoff: RunOff | None = None
+    #: The chosen plan as its writer wrote it, when that differs from the candidate's (nodes ONNX Runtime's quantizer
+    #: failed on, kept float): see :attr:`plan`.
+    written_plan: QuantizationPlan | None = None
 
     @property
     def plan(self) -> QuantizationPlan | None:
-        return self.chosen.plan
+        """The chosen plan as written: what the manifest records and the bundle holds."""
+        return self.written_plan if self.written_plan is not None else self.chosen.plan
 
     def to_manifest(self) -> dict[str, Any]:
         return {
             "chosen": self.chosen.name,
             "precision": self.chosen.precision.value,
             "graph": self.chosen.graph,
-            "plan": self.chosen.plan.to_manifest() if self.chosen.plan else None,
+            "plan": self.plan.to_manifest() if self.plan else None,
             "kept_in_higher_precision": dict(self.kept),
             "candidates": [row.to_manifest() for row in self.table],
             "calibration_ranges": {name: r.to_json() for name, r in self.ranges.items()},
@@ -226,9 +230,18 @@ def search_auto(
         stats["plain_int8_estimate_s"] = round(budget.fixed_s + budget.plain_s, 2)
     if search.runoff is not None:
         stats["runoff_rounds"], stats["runoff_seconds"] = search.runoff.rounds, round(search.runoff.seconds, 2)
-    return AutoResult(chosen, chosen_row, built.path, rows, dict(chosen.kept), dict(built.ranges), sensitivity,
+    return AutoResult(chosen, chosen_row, built.path, rows, _kept_as_written(chosen, built), dict(built.ranges), sensitivity,
                       rule=f"dominance floor + interleaved timing, noise margin {noise_margin:.0%}, run-off of the finalists by rank",
-                      notes=(*notes, *search.notes), stats=stats, runoff=search.runoff)
+                      notes=(*notes, *search.notes), stats=stats, runoff=search.runoff, written_plan=built.plan)
+
+
+def _kept_as_written(chosen: Candidate, built: BuiltCandidate) -> dict[str, str]:
+    """The chosen candidate's kept nodes, plus those its writer kept float (ONNX Runtime's quantizer failed on them)."""
+    kept = dict(chosen.kept)
+    if built.plan is not None:
+        before = chosen.plan.excluded if chosen.plan is not None else {}
+        kept.update({node: why for node, why in built.plan.excluded.items() if node not in before and node not in kept})
+    return kept
 
 
 def _runtime(candidate: Candidate) -> tuple[str, bool]:

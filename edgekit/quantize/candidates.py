@@ -36,6 +36,9 @@ class BuiltCandidate:
     path: Path
     #: Calibrated activation ranges the model was written with (static plans), for the manifest.
     ranges: Mapping[str, TensorRange] = field(default_factory=dict)
+    #: The plan as written, when the writer changed the candidate's (nodes ONNX Runtime's quantizer failed on, kept
+    #: float with the reason in ``excluded``); None: written as the candidate's own plan.
+    plan: QuantizationPlan | None = None
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from edgekit.quantize.codecs import (
     unpack_fp4,
 )
 from edgekit.quantize.codecs.blocks import from_blocks
+from edgekit.quantize.codecs.minifloat import describe_positions
 from edgekit.quantize.plan import QuantizationPlan
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,11 @@ HOST_TWIN = ("a twin of model.onnx whose weight DequantizeLinear nodes edgekit's
              "E8M0 DequantizeLinear or TensorRT's ops, and drops FP8 Q/DQ pairs at its default level")
 #: The block formats quantize MatMul/Gemm weights only (TensorRT blocks along one of the last two axes).
 BLOCK_OP_TYPES = ("MatMul", "Gemm")
+#: A graph over this many bytes is saved (and checked, by its path) with its tensors as external data
+#: (``<file>.data``): a protobuf message cannot exceed 2 GiB, so neither the checker nor ``onnx.save`` can take it whole.
+EXTERNAL_DATA_BYTES = 1_800_000_000
+#: Tensors under this many bytes stay inside the graph file of an external-data model (onnx.save's own default).
+EXTERNAL_TENSOR_MIN_BYTES = 1024
 
 
 @dataclass
@@ -122,6 +128,14 @@ def encode_weight(name: str, weight: np.ndarray, precision: Precision, axis: int
 
     out = name + "_dq"
     shape = tuple(int(d) for d in weight.shape)
+    non_finite = ~np.isfinite(weight)
+    if non_finite.any():  # one NaN/inf would make its channel's (or block's) scale NaN/inf: every value in it lost
+        raise QuantizationError(
+            f"{precision.value}: weight '{name}' holds {float(weight[non_finite].flat[0])!r} {describe_positions(non_finite)}; "
+            f"its {'output channel' if precision is Precision.FP8 else 'block'} scale would be non-finite and every value sharing it lost",
+            hint="find where the NaN/inf comes from (a diverged checkpoint, an overflow in an exported constant) and fix it before "
+            "quantizing, or keep the node float with quantization.exclude_nodes",
+        )
     if precision is Precision.FP8:
         reduce_axes = tuple(a for a in range(weight.ndim) if a != out_axis)
         amax = np.abs(weight).max(axis=reduce_axes).astype(np.float32)
@@ -212,7 +226,7 @@ def write_float_format(fp32_path: Path, out_path: Path, plan: QuantizationPlan, 
         raise QuantizationError(f"{precision.value} needs calibrated activation ranges", hint="add data.calibration to the recipe (a callable or an npz_dir)")
     opset, block = FORMAT_OPSET[precision]
     model = _convert_opset(onnx.load(str(fp32_path), load_external_data=True), opset, fp32_path)
-    ranks = _activation_ranks(model) if activation_format is not None else {}
+    ranks = _activation_ranks(model, fp32_path) if activation_format is not None else {}
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
     block_only = "TensorRT block-quantizes along one of the last two axes; a Conv weight's reduction axis (input channels) is not"
@@ -299,15 +313,30 @@ def write_float_format(fp32_path: Path, out_path: Path, plan: QuantizationPlan, 
             graph.input.remove(overridable)  # (ONNX's overridable default) goes with it, as in the int8 writers
     if activation_dq and activation_format is not None:
         model.opset_import.append(helper.make_opsetid(block_activations.TRT_DOMAIN, 1))
-    onnx.checker.check_model(model, full_check=activation_format is None or not activation_dq)
-    large = model.ByteSize() > 1_800_000_000
-    onnx.save(model, str(out_path), save_as_external_data=large, location=out_path.name + ".data" if large else None)
+    _save_and_check(model, out_path, full_check=activation_format is None or not activation_dq)
     return result
 
 
-def _activation_ranks(model: Any) -> dict[str, int]:
+def _save_and_check(model: Any, out_path: Path, full_check: bool) -> None:
+    """Save ``model`` (its tensors as external data when it is over :data:`EXTERNAL_DATA_BYTES`), then check the saved
+    file by its path: the checker cannot take a message over 2 GiB in memory."""
     import onnx
 
+    large = model.ByteSize() > EXTERNAL_DATA_BYTES
+    data = out_path.with_name(out_path.name + ".data")
+    data.unlink(missing_ok=True)  # onnx.save appends to an existing data file
+    onnx.save(model, str(out_path), save_as_external_data=large, location=data.name if large else None,
+              size_threshold=EXTERNAL_TENSOR_MIN_BYTES)
+    onnx.checker.check_model(str(out_path), full_check=full_check)
+
+
+def _activation_ranks(model: Any, source: Path) -> dict[str, int]:
+    """Rank of every tensor shape inference can tell. A model over :data:`EXTERNAL_DATA_BYTES` is inferred on its file's
+    graph without the weights' data (``source``, loaded as stored): the in-memory inference cannot take it whole."""
+    import onnx
+
+    if model.ByteSize() > EXTERNAL_DATA_BYTES:
+        model = onnx.load(str(source), load_external_data=False)
     inferred = onnx.shape_inference.infer_shapes(model)
     return {info.name: len(info.type.tensor_type.shape.dim) for info in [*inferred.graph.value_info, *inferred.graph.input]
             if info.type.tensor_type.HasField("shape")}
@@ -357,42 +386,140 @@ def _dequantize(values: np.ndarray, scale: np.ndarray, axis: int, block: int) ->
 def fold_weight_dequantize(model_path: Path, out_path: Path) -> Path:
     """Write ``out_path``: the graph with every constant DequantizeLinear (weights, their scales) replaced by
     its FP32 result, decoded by edgekit's codec. Activation Q/DQ pairs stay: run the twin at ONNX Runtime's
-    ``basic`` optimisation level, where FP8 Q/DQ keeps its saturating rounding (``all`` drops the pair)."""
-    import onnx
-    from onnx import helper, numpy_helper
+    ``basic`` optimisation level, where FP8 Q/DQ keeps its saturating rounding (``all`` drops the pair).
 
-    model = onnx.load(str(model_path), load_external_data=True)
+    Weights are read and decoded one at a time. A twin over :data:`EXTERNAL_DATA_BYTES` (its FP32 weights are up to
+    8x the written model's) keeps its tensors in ``<out_path>.data``, each written there as it is decoded: the graph
+    proto never holds them, so no message reaches protobuf's 2 GiB limit."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(model_path), load_external_data=False)
     emulated = block_activations.emulate_activation_quantizers(model)
     graph = model.graph
-    constants: dict[str, np.ndarray] = {}
     initializers = {init.name: init for init in graph.initializer}
+    shapes: dict[str, tuple[int, ...]] = {}  # folded DequantizeLinear output -> its shape
 
-    def value(name: str) -> np.ndarray | None:
-        if name in constants:
-            return constants[name]
-        if name in initializers:
-            return _decode_initializer(initializers[name])
-        return None
+    def constant(name: str) -> bool:
+        return name in shapes or name in initializers
 
-    kept, folded = [], 0
+    def zero_point(node: Any) -> bool:  # absent or all zero: the DequantizeLinear is a plain scale
+        if len(node.input) < 3 or not node.input[2]:
+            return True
+        if node.input[2] not in initializers:
+            return False
+        return not np.any(_decode_initializer(_in_memory(initializers[node.input[2]], model_path.parent)))
+
+    kept, folds = [], []
     for node in graph.node:
-        if node.op_type == "DequantizeLinear":
-            values, scale = value(node.input[0]), value(node.input[1])
-            zero_point = value(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-            if values is not None and scale is not None and (zero_point is None or not np.any(zero_point)):
-                attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-                axis = int(attrs.get("axis", 1)) % max(values.ndim, 1)
-                constants[node.output[0]] = _dequantize(values, scale, axis, int(attrs.get("block_size", 0)))
-                folded += 1
-                continue
-        kept.append(node)
+        if node.op_type == "DequantizeLinear" and constant(node.input[0]) and constant(node.input[1]) and zero_point(node):
+            values = node.input[0]
+            shapes[node.output[0]] = shapes[values] if values in shapes else tuple(int(d) for d in initializers[values].dims)
+            folds.append(node)
+        else:
+            kept.append(node)
     used = {i for n in kept for i in n.input} | {o.name for o in graph.output}
+    read_by_folds = {i for n in folds for i in n.input}
+    twin_bytes = sum(4 * int(np.prod(shape)) for name, shape in shapes.items() if name in used)
+    twin_bytes += sum(_tensor_bytes(init) for name, init in initializers.items() if name in used)
+    writer = _TwinTensors(out_path, external=twin_bytes > EXTERNAL_DATA_BYTES)
+    try:
+        for name, init in initializers.items():  # biases, float weights, activation scales: their data read in or moved
+            if name in used:
+                writer.keep(init, model_path.parent)
+        constants: dict[str, np.ndarray] = {}  # folded outputs a later DequantizeLinear reads (nvfp4's block scales)
+
+        def value(name: str) -> np.ndarray:
+            if name in constants:
+                return constants[name]
+            return _decode_initializer(_in_memory(initializers[name], model_path.parent))
+
+        for node in folds:
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            values = value(node.input[0])
+            axis = int(attrs.get("axis", 1)) % max(values.ndim, 1)
+            folded = _dequantize(values, value(node.input[1]), axis, int(attrs.get("block_size", 0)))
+            del values
+            if node.output[0] in read_by_folds:
+                constants[node.output[0]] = folded
+            if node.output[0] in used:
+                graph.initializer.append(writer.folded(node.output[0], folded))
+            del folded
+    finally:
+        writer.close()
+    for init in [init for name, init in initializers.items() if name not in used]:
+        graph.initializer.remove(init)
     del graph.node[:]
     graph.node.extend(kept)
-    for init in [i for i in graph.initializer if i.name not in used]:
-        graph.initializer.remove(init)
-    graph.initializer.extend(numpy_helper.from_array(array, name) for name, array in constants.items() if name in used)
-    onnx.checker.check_model(model)
-    onnx.save(model, str(out_path))
-    log.info("host twin %s: %d DequantizeLinear nodes decoded, %d activation quantizers emulated", out_path.name, folded, emulated)
+    if not writer.external:
+        writer.data_path.unlink(missing_ok=True)
+    onnx.save(model, str(out_path))  # the external tensors' data is in place already: this writes the graph alone
+    onnx.checker.check_model(str(out_path))
+    log.info("host twin %s: %d DequantizeLinear nodes decoded, %d activation quantizers emulated%s", out_path.name, len(folds), emulated,
+             f"; {twin_bytes / 1e9:.2f} GB of tensors in {writer.data_path.name}" if writer.external else "")
     return out_path
+
+
+def _in_memory(tensor: Any, base_dir: Path) -> Any:
+    """``tensor``, or a copy of it with its external data read in (the model's own copy stays without it)."""
+    from onnx import TensorProto
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    if not uses_external_data(tensor):
+        return tensor
+    loaded = TensorProto()
+    loaded.CopyFrom(tensor)
+    load_external_data_for_tensor(loaded, str(base_dir))
+    return loaded
+
+
+def _tensor_bytes(tensor: Any) -> int:
+    entries = {entry.key: entry.value for entry in tensor.external_data}
+    return int(entries.get("length", 0)) if "location" in entries else tensor.ByteSize()
+
+
+class _TwinTensors:
+    """The host twin's initializers: inline, or (``external``) each written to ``<out_path>.data`` as it comes."""
+
+    def __init__(self, out_path: Path, external: bool) -> None:
+        self.external = external
+        self.data_path = out_path.with_name(out_path.name + ".data")
+        self._file = open(self.data_path, "wb") if external else None  # noqa: SIM115  # closed by close()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+    def _store(self, tensor: Any, raw: bytes) -> None:
+        """``raw`` as ``tensor``'s data: inline, or appended to the data file with the tensor pointing at it."""
+        from onnx import TensorProto
+
+        del tensor.external_data[:]
+        if self._file is None or len(raw) < EXTERNAL_TENSOR_MIN_BYTES:
+            tensor.data_location = TensorProto.DEFAULT
+            tensor.raw_data = raw
+            return
+        tensor.ClearField("raw_data")
+        offset = self._file.tell()
+        self._file.write(raw)
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, entry in (("location", self.data_path.name), ("offset", str(offset)), ("length", str(len(raw)))):
+            item = tensor.external_data.add()
+            item.key, item.value = key, entry
+
+    def folded(self, name: str, array: np.ndarray) -> Any:
+        from onnx import TensorProto
+
+        tensor = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=list(array.shape))
+        self._store(tensor, np.ascontiguousarray(array, dtype="<f4").tobytes())
+        return tensor
+
+    def keep(self, init: Any, base_dir: Path) -> None:
+        """An initializer the twin keeps as it is, in place: its external data (the written model's file) read in, or
+        moved to the twin's own data file."""
+        from onnx.external_data_helper import uses_external_data
+
+        if uses_external_data(init):
+            self._store(init, _in_memory(init, base_dir).raw_data)
+        elif self._file is not None and init.HasField("raw_data") and len(init.raw_data) >= EXTERNAL_TENSOR_MIN_BYTES:
+            self._store(init, init.raw_data)

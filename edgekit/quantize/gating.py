@@ -56,6 +56,12 @@ def _anywhere(target: TargetProfile, backend: Backend) -> str | None:
     return None
 
 
+def _int4(target: TargetProfile, backend: Backend) -> str | None:
+    """ONNX Runtime runs int4 weight-only anywhere (MatMulNBits has CPU and CUDA kernels); TensorRT's int4 weight-only
+    needs compute capability >= 8.0."""
+    return _gpu_at_least(8, 0, "int4 weight-only on TensorRT")(target, backend) if backend is Backend.TENSORRT else None
+
+
 def _dynamic_int8(target: TargetProfile, backend: Backend) -> str | None:
     if backend is not Backend.ONNXRUNTIME:
         return "int8-dynamic quantizes activations at run time (DynamicQuantizeLinear + MatMulInteger), which only ONNX Runtime's CPU kernels do; TensorRT runs static int8"
@@ -75,7 +81,7 @@ REQUIREMENTS: dict[Precision, PrecisionRequirement] = {
     Precision.INT8: PrecisionRequirement(Precision.INT8, "any device with int8 kernels (static QDQ)", _anywhere),
     Precision.INT8_DYNAMIC: PrecisionRequirement(Precision.INT8_DYNAMIC, "ONNX Runtime CPU provider", _dynamic_int8),
     Precision.FP8: PrecisionRequirement(Precision.FP8, "GPU compute capability >= 8.9 (Ada, Hopper, Blackwell/Thor)", _gpu_at_least(8, 9, "fp8 (E4M3)")),
-    Precision.INT4: PrecisionRequirement(Precision.INT4, "weight-only int4 kernels (ONNX Runtime MatMulNBits, TensorRT on compute capability >= 8.0)", _anywhere),
+    Precision.INT4: PrecisionRequirement(Precision.INT4, "weight-only int4 kernels (ONNX Runtime MatMulNBits, TensorRT on compute capability >= 8.0)", _int4),
     Precision.MXFP8: PrecisionRequirement(Precision.MXFP8, "Blackwell tensor cores (compute capability >= 10.0)", _gpu_at_least(10, 0, "mxfp8")),
     Precision.MXFP4: PrecisionRequirement(Precision.MXFP4, "Blackwell tensor cores (compute capability >= 10.0)", _gpu_at_least(10, 0, "mxfp4")),
     Precision.NVFP4: PrecisionRequirement(Precision.NVFP4, "Blackwell tensor cores (compute capability >= 10.0)", _gpu_at_least(10, 0, "nvfp4")),
@@ -163,8 +169,16 @@ def decide_precision(target: TargetProfile, backend: Backend, requested: Precisi
             return PrecisionDecision(requested, candidate, reason, "recipe build.precision_fallback")
     alternatives = supported_precisions(target, backend, use_dla)
     tried = f" (fallbacks tried: {', '.join(p.value for p in fallback)})" if fallback else ""
+    others = other_backends_for(target, backend, requested)
+    switch = (f"; or build it with {' or '.join(f'--backend {b.value}' for b in others)} (build.backend in the recipe), "
+              f"which can run {requested.value} on this target" if others else "")  # fmt: skip
     raise QuantizationError(
         f"precision {requested.value} cannot run on target '{target.name}' ({backend.value}): {reason}{tried}",
-        hint=f"use one of: {', '.join(p.value for p in alternatives) or 'none'}; or list a fallback order in the recipe, "
+        hint=f"use one of: {', '.join(p.value for p in alternatives) or 'none'}{switch}; or list a fallback order in the recipe, "
         f"e.g. build.precision_fallback: [{', '.join(p.value for p in alternatives[:2])}]",
     )
+
+
+def other_backends_for(target: TargetProfile, backend: Backend, precision: Precision) -> list[Backend]:
+    """The target's other backends, in its order of preference, that can run ``precision`` on it."""
+    return [s.name for s in target.backends if s.name is not backend and refusal_reason(target, s.name, precision) is None]

@@ -83,6 +83,8 @@ def quantize_model(fp32_path: Path, out_path: Path, spec: QuantizationSpec, targ
         )
     refine = plan is None  # a plan handed in (by the auto search) is used as it is
     plan = plan or make_plan(spec, target, backend, precision)
+    if precision is Precision.INT4:  # settings the int4 writer cannot honour (hqq on TensorRT) fail before any work
+        int4.check_int4_settings(plan.int4, plan.backend)
     pre = graph_files.preprocess(fp32_path, workdir / "preprocessed.onnx")
     if precision in float_writers.WRITTEN:
         return _write_float_format(pre, out_path, plan, spec, calibration_batches, workdir, cache_dir)
@@ -117,7 +119,11 @@ def quantize_model(fp32_path: Path, out_path: Path, spec: QuantizationSpec, targ
             log.warning("%s: %s", fp32_path.name, note)
         return QuantizedModel(out_path, plan, details={"warnings": [note]} if note else {})
     int4.write_int4(pre, out_path, plan)
-    return QuantizedModel(out_path, plan)
+    note = int4.int4_coverage_note(pre, plan)
+    if note:  # never a silent int4 label on a mostly float model: the manifest's plan says it, and so does the build's log
+        plan = replace(plan, notes=(*plan.notes, note))
+        log.warning("%s: %s", fp32_path.name, note)
+    return QuantizedModel(out_path, plan, details={"warnings": [note]} if note else {})
 
 
 def _drop_shape_annotations(path: Path, backend: Backend) -> None:

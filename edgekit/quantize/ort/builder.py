@@ -172,7 +172,7 @@ class OrtCandidateBuilder:
                     hint="the graph changed under quantization (a node was renamed or split); exclude these nodes explicitly",
                 )
             used = {name: ranges[name] for name in static_plan.calibration_tensors(model, _int8_only(plan))}
-            return BuiltCandidate(out, used)
+            return BuiltCandidate(out, used, plan if plan != candidate.plan else None)  # the nodes kept float go to the manifest
         if candidate.precision is Precision.INT8_DYNAMIC:
             written = dynamic.write_dynamic(model, out, plan)
             coverage = dynamic.dynamic_coverage_note(model, plan)
@@ -184,9 +184,7 @@ class OrtCandidateBuilder:
                                         hint="the int8 and FP32 candidates cover this model")
             return BuiltCandidate(written)
         if candidate.precision is Precision.INT4:
-            counts = dynamic.weight_elements_by_op(model, tuple(plan.excluded))
-            total = sum(elements for _, elements in counts.values())
-            share = sum(counts.get(op, (0, 0))[1] for op in ("MatMul", "Gemm")) / total if total else 0.0
+            share, counts = int4.matmul_weight_share(model, plan)
             if share < 0.5:  # int4 is weight-only on MatMul/Gemm: on a CNN it would be float under another name
                 raise QuantizationError(f"{candidate.name}: int4 would cover {share:.1%} of the weights (MatMul/Gemm); the rest "
                                         f"({', '.join(f'{n} {op}' for op, (n, _) in counts.items() if op not in ('MatMul', 'Gemm'))}) stays float, "

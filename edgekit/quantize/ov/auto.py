@@ -276,7 +276,7 @@ class EngineBuilder:
                 assert candidate.plan is not None
                 source = self.ort(Candidate(INT8_SOURCE, Precision.INT8, replace(candidate.plan, backend=Backend.ONNXRUNTIME), kept=candidate.kept))
             _copy_model(source.path, out)
-            built = BuiltCandidate(out, source.ranges)
+            built = BuiltCandidate(out, source.ranges, replace(source.plan, backend=Backend.OPENVINO) if source.plan is not None else None)
         else:
             _copy_model(self.ort.fp32_path, out)  # the FP32 export: the graph an fp32/bf16 OpenVINO bundle holds
             built = BuiltCandidate(out)
