@@ -78,6 +78,22 @@ def _other_target(manifest: dict[str, Any]) -> str | None:
     return str(target.get("display_name") or target.get("name") or "its target")
 
 
+def bench_batch(manifest: dict[str, Any], dims: dict[str, int]) -> int:
+    """Items per call, counted as the build's benchmark counts them (``benchmark.batch`` in the manifest): the size of the
+    named dim at axis 0 of the first input that has one (``Recipe.batch_dim``), 1 when no input starts with a named dim.
+
+    Not the first input's leading size: a fixed axis 0 (``[8, 4096]``) is one item per call to the build, and a first input
+    without a batch axis (``scale: [3]`` before ``x: [batch, 16]``) says nothing about the batch."""
+    io: Any = manifest.get("io")
+    inputs = io.get("inputs") if isinstance(io, dict) else None
+    for spec in inputs if isinstance(inputs, list) else []:
+        shape = spec.get("shape") if isinstance(spec, dict) else None
+        if isinstance(shape, list) and shape and isinstance(shape[0], str):
+            size = dims.get(shape[0])
+            return size if isinstance(size, int) and not isinstance(size, bool) and size >= 1 else 1
+    return 1
+
+
 def parse_dims(text: str | None) -> dict[str, int]:
     """``"batch=8,seq=128"`` -> ``{"batch": 8, "seq": 128}``."""
     if not text:
@@ -168,7 +184,7 @@ def bench_bundle(bundle_dir: Path, dims: dict[str, int] | None = None, iteration
     all_dims.update(dims or {})
     threads = threads or min(os.cpu_count() or 1, bundle.manifest["target"]["cpu"]["cores"])
     feeds = feeds_at(bundle, signature, all_dims)
-    batch = next((array.shape[0] for array in feeds.values() if array.ndim), 1)  # a scalar input has no batch axis
+    batch = bench_batch(bundle.manifest, all_dims)
     if device == "cuda":
         from edgekit.bench import gpu
 

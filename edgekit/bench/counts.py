@@ -3,8 +3,11 @@
 A build's ``bench`` stage timed 10 warm-up and 50 timed calls whatever a call cost; at about a second a call (a
 classifier at a large ``opt`` batch on a loaded 2-core host) that was 64 s of a 256 s fp32 build. Without
 ``build.benchmark.warmup``/``iterations`` in the recipe, one probe call prices the model and the counts shrink to fit
-:data:`BENCH_BUDGET_S`, never under :data:`MIN_TIMED_CALLS` timed calls (p99 of fewer is the maximum) nor over the
-defaults. A recipe that sets a count gets exactly what it asks for.
+:data:`BENCH_BUDGET_S`, never under :data:`MIN_TIMED_CALLS` timed calls nor over the defaults. Percentiles are
+NumPy's linear interpolation (``edgekit_runtime.timing``): from fewer than 100 timed calls p99 lies between the two
+largest samples (10 calls: 0.91 of the way from the 9th to the 10th), an interpolation rather than a measured tail,
+and the report flags it as such (``edgekit.report.sections.percentile_label``). A recipe that sets a count gets exactly
+what it asks for.
 """
 
 from __future__ import annotations

@@ -60,7 +60,8 @@ def evaluate_accuracy(recipe: Recipe, candidate: RunFn, reference_outputs: list[
     assert spec is not None, "evaluate_accuracy needs a recipe with an evaluation section"
     output = spec.output or recipe.outputs[0]
     labels = [batch.get(spec.labels) for batch in batches]
-    got_all = run_batches(recipe, candidate, batches)[1]
+    feeds, got_all = run_batches(recipe, candidate, batches)
+    non_finite = non_finite_counts(got_all, reference_outputs)
     got = [g[output] for g in got_all]
     ref = [r[output] for r in reference_outputs]
     details = None
@@ -78,7 +79,8 @@ def evaluate_accuracy(recipe: Recipe, candidate: RunFn, reference_outputs: list[
             raise
         raise EvaluationError(f"{recipe.path}: {exc.message}", hint=exc.hint) from None
     except Exception as exc:
-        raise EvaluationError(f"{recipe.path}: evaluation metric '{spec.metric}' failed: {type(exc).__name__}: {exc}") from exc
+        bad = f" (the candidate's outputs hold {_non_finite_text(non_finite)})" if non_finite else ""
+        raise EvaluationError(f"{recipe.path}: evaluation metric '{spec.metric}' failed: {type(exc).__name__}: {exc}{bad}") from exc
     drop = (reference - value) if spec.better_is_higher else (value - reference)
     budget = spec.budget
     passed = True
@@ -90,6 +92,11 @@ def evaluate_accuracy(recipe: Recipe, candidate: RunFn, reference_outputs: list[
         passed = False
     if not (math.isfinite(value) and math.isfinite(reference)):
         passed = False  # every comparison with NaN is false: without this a NaN metric met any budget
+    note = None
+    if non_finite:  # NaN rows score as cosine 0, argmax 0, "no detection": a metric over them can still meet the budget
+        passed = False
+        details = {**(details or {}), "non_finite_outputs": non_finite}
+        note = f"the candidate's outputs hold {_non_finite_text(non_finite)} where the FP32 reference's are finite"
     return AccuracyResult(
         metric=spec.metric,
         output=output,
@@ -98,11 +105,54 @@ def evaluate_accuracy(recipe: Recipe, candidate: RunFn, reference_outputs: list[
         drop=drop,
         budget=budget.model_dump(),
         passed=passed,
-        samples=int(sum(g.shape[0] if g.ndim else 1 for g in got)),
+        samples=sample_count(recipe, feeds, got, details),
         cosine_min=cosine_min(got, ref) if got and got[0].dtype.kind == "f" else None,
         reference_source=reference_source,
+        note=note,
         details=details,
     )
+
+
+def non_finite_counts(outputs: list[dict[str, np.ndarray]], reference: list[dict[str, np.ndarray]]) -> dict[str, int]:
+    """NaN and infinite values in each floating-point output of the candidate, over all batches, leaving out the places
+    where the reference's own value is not finite either (a masked ``-inf`` logit); only outputs that have any."""
+    counts: dict[str, int] = {}
+    for index, batch in enumerate(outputs):
+        expected = reference[index] if index < len(reference) else {}
+        for name, value in batch.items():
+            array = np.asarray(value)
+            if array.dtype.kind not in "fc":
+                continue
+            bad = ~np.isfinite(array)
+            other = np.asarray(expected[name]) if name in expected else None
+            if other is not None and other.shape == array.shape and other.dtype.kind in "fc":
+                bad &= np.isfinite(other)
+            if bad.any():
+                counts[name] = counts.get(name, 0) + int(bad.sum())
+    return counts
+
+
+def _non_finite_text(counts: dict[str, int]) -> str:
+    total = sum(counts.values())
+    per_output = ", ".join(f"'{name}': {count}" for name, count in sorted(counts.items()))
+    return f"{total} non-finite value{'s' if total != 1 else ''} (NaN or infinity; {per_output})"
+
+
+def sample_count(recipe: Recipe, feeds: list[Batch], outputs: list[np.ndarray], details: dict[str, Any] | None) -> int:
+    """How many samples the evaluation scored: the task metric's own count (CTC lines, detection images) where it has one,
+    else the items along the inputs' batch dim (a time-major ``[T, batch, C]`` output's axis 0 is time, not samples), else
+    the outputs' leading axis."""
+    for key in ("lines", "images"):
+        count = (details or {}).get(key)
+        if isinstance(count, int) and not isinstance(count, bool):
+            return count
+    batch_dim = recipe.batch_dim or ("batch" if any("batch" in spec.shape for spec in recipe.inputs) else None)
+    if batch_dim is not None:
+        for spec in recipe.inputs:
+            if batch_dim in spec.shape and all(spec.name in batch for batch in feeds):
+                axis = list(spec.shape).index(batch_dim)
+                return int(sum(np.asarray(batch[spec.name]).shape[axis] for batch in feeds))
+    return int(sum(g.shape[0] if g.ndim else 1 for g in outputs))
 
 
 def check_budget(recipe: Recipe, result: AccuracyResult, precision: str) -> None:
@@ -110,12 +160,23 @@ def check_budget(recipe: Recipe, result: AccuracyResult, precision: str) -> None
     if result.passed:
         return
     parts = [f"{k} {v}" for k, v in result.budget.items() if v is not None]
+    non_finite = (result.details or {}).get("non_finite_outputs")
     if not (math.isfinite(result.value) and math.isfinite(result.reference)):
         raise AccuracyBudgetError(
             f"{recipe.path}: {precision} model's accuracy cannot be judged: {result.metric} is {result.value:.6g} (reference "
-            f"{result.reference:.6g}) over {result.samples} samples, not a finite number; budget: {', '.join(parts)}",
+            f"{result.reference:.6g}) over {result.samples} samples, not a finite number"
+            + (f" (its outputs hold {_non_finite_text(non_finite)})" if isinstance(non_finite, dict) and non_finite else "")
+            + f"; budget: {', '.join(parts)}",
             hint="the model's outputs (or the metric itself) give NaN or infinity on the evaluation data: check the model at "
                  "fp32, the evaluation data, and a custom metric's arithmetic",
+        )  # fmt: skip
+    if isinstance(non_finite, dict) and non_finite:
+        raise AccuracyBudgetError(
+            f"{recipe.path}: {precision} model fails the accuracy budget: its outputs hold {_non_finite_text(non_finite)} over "
+            f"{result.samples} samples where the FP32 reference's are finite ({result.metric} = {result.value:.6g}, reference "
+            f"{result.reference:.6g}); budget: {', '.join(parts) or 'none'}",
+            hint="the model overflows or divides by zero at this precision on the evaluation data: use a higher precision (fp16 "
+                 "overflows past 65504), or keep the layers that overflow in FP32",
         )  # fmt: skip
     raise AccuracyBudgetError(
         f"{recipe.path}: {precision} model is outside the accuracy budget: {result.metric} = {result.value:.6g} "

@@ -148,6 +148,13 @@ class DetectionMetric:
         truth = [d for batch in reference for d in self.decode(batch)]
         if len(got) != len(truth):
             raise EvaluationError(f"metric detection: {len(got)} candidate images but {len(truth)} reference images")
+        if not any(len(d.scores) for d in truth):
+            raise EvaluationError(
+                f"metric detection: the FP32 reference detects nothing in any of the {len(truth)} evaluation images (score "
+                f"threshold {self.options.score_threshold}), so the evaluation set cannot judge the model: any candidate, even "
+                "one that outputs NaN or nothing, would score a perfect 1.0",
+                hint="lower evaluation.detection.score_threshold, or evaluate on data with objects the FP32 model detects",
+            )
         classes = sorted({int(c) for d in got + truth for c in d.classes})
         per_class: dict[int, float] = {}
         for cls in classes:
@@ -172,6 +179,7 @@ class DetectionMetric:
         details = {
             "map_iou": self.options.match_iou,
             "classes": len(classes),
+            "images": len(truth),
             "detections": int(sum(len(d.scores) for d in got)),
             "reference_detections": int(sum(len(d.scores) for d in truth)),
             "worst_class_ap": {str(c): round(ap, 6) for c, ap in sorted(per_class.items(), key=lambda item: item[1])[:5]},
@@ -199,20 +207,40 @@ class SegmentationMetric:
             raise EvaluationError(f"metric segmentation: evaluation.segmentation.class_axis {self.options.class_axis} is outside output "
                                   f"'{self.output}' of shape {list(array.shape)}", hint="set class_axis, or threshold for one-channel masks") from None
 
+    def _foreground(self, masks: np.ndarray) -> np.ndarray:
+        """Pixels of a scored class: not in ``ignore_classes``, and with a threshold not the background 0 either."""
+        scored = ~np.isin(masks, list(self.options.ignore_classes))
+        return scored & (masks != 0) if self.options.threshold is not None else scored
+
+    def _foreground_text(self) -> str:
+        ignored = f"ignoring classes {list(self.options.ignore_classes)}" if self.options.ignore_classes else ""
+        if self.options.threshold is not None:
+            return f"no value above the threshold {self.options.threshold}" + (f", {ignored}" if ignored else "")
+        return ignored or "every class"
+
     def __call__(self, outputs: Outputs, reference: Outputs) -> tuple[float, dict[str, Any]]:
         intersections: dict[int, int] = {}
         unions: dict[int, int] = {}
-        agree = total = 0
+        agree = total = foreground = 0
         for got_batch, ref_batch in zip(outputs, reference):
             got, ref = self.masks(_output(got_batch, self.output, "segmentation")), self.masks(_output(ref_batch, self.output, "segmentation"))
             if got.shape != ref.shape:
                 raise EvaluationError(f"metric segmentation: candidate masks of '{self.output}' have shape {list(got.shape)}, reference {list(ref.shape)}")
             agree += int((got == ref).sum())
             total += got.size
+            foreground += int(self._foreground(ref).sum())
             for cls in np.union1d(np.unique(got), np.unique(ref)):
                 a, b = got == cls, ref == cls
                 intersections[int(cls)] = intersections.get(int(cls), 0) + int((a & b).sum())
                 unions[int(cls)] = unions.get(int(cls), 0) + int((a | b).sum())
+        if not foreground:
+            raise EvaluationError(
+                f"metric segmentation: the FP32 reference's masks of '{self.output}' have no foreground pixels "
+                f"({self._foreground_text()}) in the evaluation set, so it cannot judge the model: any candidate, even one "
+                "that outputs NaN or nothing, would score a perfect IoU",
+                hint=("lower evaluation.segmentation.threshold, or " if self.options.threshold is not None else "")
+                + "evaluate on data where the FP32 model finds foreground",
+            )
         ious = {cls: intersections[cls] / unions[cls] for cls in unions if unions[cls] and cls not in self.options.ignore_classes}
         value = float(np.mean(list(ious.values()))) if ious else 1.0
         worst = sorted(ious.items(), key=lambda item: item[1])[:5]
@@ -284,9 +312,14 @@ RARE_POSITIVE_RATE = 0.10
 
 
 def positive_set_scores(tp: int, fp: int, fn: int) -> tuple[float, float]:
-    """(F1, IoU) of the candidate's positive decisions against the reference's; 1.0 each when neither has any."""
-    if tp + fp + fn == 0:
-        return 1.0, 1.0
+    """(F1, IoU) of the candidate's positive decisions against the reference's. With no positive in the reference
+    (``tp + fn == 0``) there is nothing to find: an EvaluationError says the evaluation set cannot judge the model."""
+    if tp + fn == 0:
+        raise EvaluationError(
+            f"metric binary_decision: the FP32 reference has no positive decision in the evaluation set ({fp} candidate "
+            "positives), so it cannot judge the model: any candidate, even one that outputs NaN, would score a perfect F1",
+            hint="lower evaluation.binary_decision.threshold, or evaluate on data where the FP32 model decides positive",
+        )
     return 2 * tp / (2 * tp + fp + fn), tp / (tp + fp + fn)
 
 

@@ -140,6 +140,19 @@ def fmt_mib(value: Any) -> str:
     return fmt_value(value) if x is None else fmt_bytes(x * 2**20)
 
 
+#: ``benchmark.peak_rss_scope`` of a peak reset just before the benchmark (``edgekit_runtime.timing.PEAK_SINCE_BENCHMARK``).
+_PEAK_SINCE_BENCHMARK = "process during the benchmark"
+
+
+def peak_rss_note(bench: Any) -> str:
+    """What a manifest's ``benchmark.peak_rss_mb`` covers. The build benchmarks in its own process, so the figure is that
+    process's resident memory (torch, the exporter and quantizer included), never the model's own footprint on the device;
+    without ``peak_rss_scope`` (the process could not reset its peak, or an older manifest) it is the build's lifetime peak."""
+    if dig(bench, "peak_rss_scope") == _PEAK_SINCE_BENCHMARK:
+        return "the build process's peak during the benchmark, torch and the build's libraries included: not the model's own footprint"
+    return "the build process's lifetime peak (torch, export, quantization, evaluation): not the model's own footprint"
+
+
 def fmt_percent(part: float | None, whole: float | None) -> str:
     if part is None or not whole:
         return NA
@@ -215,6 +228,14 @@ def bundle_vs_fp32(manifest: Any) -> dict[str, Any] | None:
         return None
     return {"max_abs_diff": max(diffs) if diffs else None, "cosine_min": min(cosines) if cosines else None,
             "outputs": len(outputs)}  # fmt: skip
+
+
+def device_applied_precision(manifest: Any) -> bool:
+    """A TensorRT bundle whose precision (fp16, bf16, ...) TensorRT applies through builder flags on the device: its ONNX
+    graph is the FP32 one (``backend.tensorrt.onnx_precision: as-exported``), so whatever this host measured on it is the
+    FP32 graph's, not the bundle precision's."""
+    precision = dig(manifest, "precision")
+    return dig(manifest, "backend", "tensorrt", "onnx_precision") == "as-exported" and precision is not None and precision != "fp32"
 
 
 def status(passed: Any) -> tuple[str, str]:

@@ -22,6 +22,7 @@ from edgekit.errors import BuildError, BundleError
 from edgekit.report.formatting import (
     NA,
     bundle_vs_fp32,
+    device_applied_precision,
     dig,
     fmt_cosine,
     fmt_mib,
@@ -31,11 +32,12 @@ from edgekit.report.formatting import (
     fmt_value,
     measured_on_target,
     number,
+    peak_rss_note,
 )
 from edgekit.report.estimate_section import estimate_section
 from edgekit.report.model_section import device_section, model_section
 from edgekit.report.precision_section import precision_section
-from edgekit.report.sections import accuracy_section, benchmark_section, parity_section, stages_section
+from edgekit.report.sections import accuracy_section, benchmark_section, parity_section, percentile_label, stages_section
 
 if TYPE_CHECKING:
     import jinja2
@@ -164,14 +166,21 @@ def _cards(
         _parity_card(manifest, parity),
         _card("Accuracy" + host_note, accuracy["value"], accuracy["card_note"], accuracy["status"][1]),
         _card("Latency p50 / p99" + host_note, f"{fmt_ms(dig(bench, 'p50_ms'))} / {fmt_ms(dig(bench, 'p99_ms'))}",
-              benchmark["where"]),
+              "; ".join(part for part in (benchmark["where"], _tail_note(bench)) if part)),
         _card(
             "Throughput" + host_note,
             f"{fmt_number(dig(bench, 'throughput_per_s'), 3)} /s" if number(dig(bench, "throughput_per_s")) else NA,
             f"batch {fmt_value(batch)}" if batch is not None else "",
         ),
-        _card("Peak RSS" + host_note, fmt_mib(dig(bench, "peak_rss_mb")), "resident memory while benchmarking"),
+        _card("Peak RSS, build process" + host_note, fmt_mib(dig(bench, "peak_rss_mb")), peak_rss_note(bench)),
     ]
+
+
+def _tail_note(bench: Any) -> str:
+    """The card's warning when its p99 is not a measured tail (fewer than 100 timed calls)."""
+    if percentile_label("p99", dig(bench, "iterations")) == "p99":
+        return ""
+    return f"p99 of {number(dig(bench, 'iterations')):.0f} timed calls: interpolated, not a measured tail"
 
 
 def _parity_card(manifest: dict[str, Any], parity: dict[str, Any]) -> dict[str, str]:
@@ -182,6 +191,10 @@ def _parity_card(manifest: dict[str, Any], parity: dict[str, Any]) -> dict[str, 
     if precision in (None, "fp32") or own is None:
         return _card("Parity max |diff|", parity["max_abs_diff"], f"atol {parity['atol']}", parity["status"][1])
     cosine = f"cosine min {fmt_cosine(own['cosine_min'])}; " if own["cosine_min"] is not None else ""
+    if device_applied_precision(manifest):  # the bundle's graph is FP32: TensorRT applies the precision on the device
+        return _card("Host FP32 graph vs FP32 max |diff|", fmt_sci(own["max_abs_diff"]),
+                     f"{cosine}on the golden inputs; the device applies {str(precision).upper()} through TensorRT builder flags, "
+                     "so its own deviation is not measured here")  # fmt: skip
     return _card(f"{str(precision).upper()} vs FP32 max |diff|", fmt_sci(own["max_abs_diff"]),
                  f"{cosine}on the golden inputs (export parity {parity['max_abs_diff']})")  # fmt: skip
 

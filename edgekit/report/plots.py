@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import functools
 import io
-import math
 import numbers
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
+
+from edgekit.report.formatting import number
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -168,8 +169,14 @@ def parity_svg(shapes: Sequence[ShapeParity], atol: float | None) -> str | None:
 
 
 def _finite(value: object) -> bool:
-    """A real, finite number (NumPy scalars included, bools not)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    """A real, finite number (NumPy scalars included, bools not); an integer past any float (a hostile manifest's
+    ``p50_ms: 10**400``) is not one, as :func:`~edgekit.report.formatting.number` reads it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    try:
+        return number(float(value)) is not None
+    except (OverflowError, ValueError, TypeError):
+        return False
 
 
 def _parity_color(shape: ShapeParity, atol: float | None) -> str:

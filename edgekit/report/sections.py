@@ -15,6 +15,7 @@ from markupsafe import Markup
 from edgekit.report import plots
 from edgekit.report.formatting import (
     NA,
+    device_applied_precision,
     dig,
     fmt_cosine,
     fmt_host,
@@ -26,11 +27,12 @@ from edgekit.report.formatting import (
     fmt_value,
     measured_on_target,
     number,
+    peak_rss_note,
     status,
     where_measured,
 )
 
-__all__ = ["accuracy_section", "benchmark_section", "parity_section", "stages_section"]
+__all__ = ["accuracy_section", "benchmark_section", "parity_section", "percentile_label", "stages_section"]
 
 #: Keys of a parity ``shapes`` entry that describe which shape was checked, in display order.
 _SHAPE_NAME_KEYS = ("label", "name", "point")
@@ -105,12 +107,22 @@ def accuracy_section(manifest: dict[str, Any]) -> dict[str, Any]:
         "drop": fmt_number(dig(accuracy, "drop")),
         "budget": budget,
         "samples": fmt_number(dig(accuracy, "samples")),
-        "card_note": f"reference {reference}; budget {budget}" if isinstance(accuracy, dict) else "no evaluation",
+        "card_note": (f"reference {reference}; budget {budget}" if isinstance(accuracy, dict) else "no evaluation")
+                     + ("; the host FP32 graph's, not the device's " + str(dig(manifest, "precision"))
+                        if isinstance(accuracy, dict) and device_applied_precision(manifest) else ""),
         "note": ("The recipe has no evaluation, so accuracy was not measured." if not isinstance(accuracy, dict)
                  else "" if measured_on_target(manifest) else
                  f"Measured {where_measured(manifest)}: the device's own kernels may differ slightly."),
+        # The build's own words on what was measured (a TensorRT bundle's FP32 graph) and on how to budget it.
+        "measured_note": _text(dig(accuracy, "note")),
+        "advice": _text(dig(accuracy, "details", "advice")),
     }
     return section
+
+
+def _text(value: Any) -> str:
+    """A free-text manifest field as shown, or empty where it is missing or not text."""
+    return value if isinstance(value, str) else ""
 
 
 def benchmark_section(manifest: dict[str, Any], latency_samples_ms: Sequence[float] | None) -> dict[str, Any]:
@@ -118,8 +130,8 @@ def benchmark_section(manifest: dict[str, Any], latency_samples_ms: Sequence[flo
     host = dig(bench, "host")
     stats = [
         ("p50", fmt_ms(dig(bench, "p50_ms"))),
-        ("p90", fmt_ms(dig(bench, "p90_ms"))),
-        ("p99", fmt_ms(dig(bench, "p99_ms"))),
+        (percentile_label("p90", dig(bench, "iterations")), fmt_ms(dig(bench, "p90_ms"))),
+        (percentile_label("p99", dig(bench, "iterations")), fmt_ms(dig(bench, "p99_ms"))),
         ("mean", fmt_ms(dig(bench, "mean_ms"))),
         ("min", fmt_ms(dig(bench, "min_ms"))),
         ("max", fmt_ms(dig(bench, "max_ms"))),
@@ -134,7 +146,8 @@ def benchmark_section(manifest: dict[str, Any], latency_samples_ms: Sequence[flo
         ("intra-op threads", fmt_value(dig(bench, "threads"))),
         ("execution providers", fmt_value(dig(bench, "providers"))),
         ("throughput", f"{fmt_number(throughput, 3)} per second" if throughput is not None else NA),
-        ("peak RSS", fmt_mib(dig(bench, "peak_rss_mb"))),
+        ("peak RSS of the build process", f"{fmt_mib(dig(bench, 'peak_rss_mb'))} ({peak_rss_note(bench)})"
+         if number(dig(bench, "peak_rss_mb")) is not None else fmt_mib(dig(bench, "peak_rss_mb"))),
     ]
     percentiles = {name: dig(bench, f"{name}_ms") for name in ("p50", "p90", "p99")}
     samples = list(latency_samples_ms) if latency_samples_ms is not None else []  # a list, tuple or NumPy array
@@ -147,6 +160,17 @@ def benchmark_section(manifest: dict[str, Any], latency_samples_ms: Sequence[flo
         "plot": _markup(plot),
         "note": "" if plot else "No per-iteration latencies were recorded, so there is no histogram.",
     }
+
+
+def percentile_label(name: str, timed_calls: Any) -> str:
+    """``p99`` as a column label, flagged where too few calls were timed for it to be a measured tail: a percentile q
+    has a sample beyond it only from 1 / (1 - q) calls on (p99: 100, p90: 10); below that NumPy's linear interpolation
+    places it between the largest samples, e.g. ``p99 (n=10: interpolated, not a measured tail)``."""
+    calls = number(timed_calls)
+    needed = round(100 / (100 - int(name[1:])))
+    if calls is None or calls >= needed:
+        return name
+    return f"{name} (n={calls:.0f}: interpolated, not a measured tail)"
 
 
 def stages_section(manifest: dict[str, Any]) -> dict[str, Any]:

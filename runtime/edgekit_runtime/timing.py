@@ -132,6 +132,35 @@ def peak_rss_mb(status_path: str | os.PathLike[str] = "/proc/self/status") -> fl
     return max_rss / _BYTES_PER_MIB if sys.platform == "darwin" else max_rss / 1024.0
 
 
+#: ``BenchmarkResult.peak_rss_scope`` when the process's peak was reset just before the benchmark (Linux
+#: ``/proc/self/clear_refs``): the peak is the process's resident memory during the benchmark, everything else the
+#: process holds (torch, the exporter, ...) included.
+PEAK_SINCE_BENCHMARK = "process during the benchmark"
+#: ``BenchmarkResult.peak_rss_scope`` when the peak could not be reset: the process's lifetime peak, whatever it did
+#: before the benchmark (in a build: loading torch, exporting, quantizing, evaluating).
+PEAK_PROCESS_LIFETIME = "process lifetime"
+
+
+def reset_peak_rss(
+    clear_refs_path: str | os.PathLike[str] = "/proc/self/clear_refs",
+    status_path: str | os.PathLike[str] = "/proc/self/status",
+) -> bool:
+    """Reset this process's peak resident set size (``VmHWM``) to its current RSS; True where that worked.
+
+    Linux (4.0 and later) resets it when ``5`` is written to ``/proc/self/clear_refs``; elsewhere (macOS, a
+    kernel or sandbox that refuses the write) nothing changes and this returns False, so the peak read later is
+    the process's lifetime peak. Success is checked: after the write ``VmHWM`` must not exceed the RSS read then
+    by more than a little (the pages touched in between).
+    """
+    try:
+        with open(clear_refs_path, "w", encoding="ascii") as stream:
+            stream.write("5")
+    except OSError:
+        return False
+    peak, now = _status_mib("VmHWM", status_path), _status_mib("VmRSS", status_path)
+    return peak is not None and now is not None and peak <= now + 1.0
+
+
 @dataclass(frozen=True)
 class BenchmarkResult:
     """Latency of one runner on one set of feeds."""
@@ -144,6 +173,9 @@ class BenchmarkResult:
     iterations: int
     throughput_per_s: float
     peak_rss_mb: float
+    #: What ``peak_rss_mb`` covers: :data:`PEAK_SINCE_BENCHMARK` or :data:`PEAK_PROCESS_LIFETIME`. Either way it is
+    #: the whole process's memory, not the model's alone.
+    peak_rss_scope: str = PEAK_PROCESS_LIFETIME
 
     def to_dict(self, *, include_samples: bool = False) -> dict[str, Any]:
         """The manifest's ``benchmark`` keys this result knows (the host adds ``host`` and ``threads``)."""
@@ -155,6 +187,7 @@ class BenchmarkResult:
             **{key: value for key, value in self.stats.to_dict().items() if key != "count"},
             "throughput_per_s": self.throughput_per_s,
             "peak_rss_mb": self.peak_rss_mb,
+            "peak_rss_scope": self.peak_rss_scope,
         }
         if include_samples:
             data["samples_ms"] = list(self.samples_ms)
@@ -172,7 +205,9 @@ def benchmark_runner(
     """Time ``runner.infer(feeds)`` on a loaded runner.
 
     The feeds are validated once against the runner's signature; the timed calls skip validation so
-    only the backend is measured. ``batch`` defaults to the size bound to the dim named ``batch``
+    only the backend is measured. The process's peak RSS is reset before the calls where the OS allows it
+    (:func:`reset_peak_rss`), so ``peak_rss_mb`` is the peak during the benchmark, ``peak_rss_scope`` says which
+    peak it is. ``batch`` defaults to the size bound to the dim named ``batch``
     (1 when the model has none); the dim sizes of the feeds are recorded as ``shape``.
     """
     _check_counts(warmup, iterations)
@@ -181,6 +216,7 @@ def benchmark_runner(
         batch = shape.get("batch", 1)
     if batch < 1:
         raise EdgekitError(f"benchmark batch must be >= 1, got {batch}", hint="feed at least one item")
+    scope = PEAK_SINCE_BENCHMARK if reset_peak_rss() else PEAK_PROCESS_LIFETIME
     samples_ms = time_calls(lambda: runner.infer(feeds, validate=False), warmup, iterations)
     stats = LatencyStats.from_samples(samples_ms)
     return BenchmarkResult(
@@ -192,4 +228,5 @@ def benchmark_runner(
         iterations=iterations,
         throughput_per_s=throughput_per_s(batch, stats),
         peak_rss_mb=peak_rss_mb(),
+        peak_rss_scope=scope,
     )

@@ -13,6 +13,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from edgekit.errors import EvaluationError
 from edgekit.evaluate import evaluate_accuracy
 from edgekit.evaluate.accuracy import run_reference
 from edgekit.evaluate.task_metrics import BinaryDecisionMetric, positive_set_scores
@@ -30,7 +31,8 @@ def test_f1_and_iou_of_the_positives_by_hand() -> None:
         value, details = BinaryDecisionMetric(BinaryDecisionOptions(report=report), "p")([{"p": got}], [{"p": reference}])
         assert value == pytest.approx(want)
     assert details["positive_rate"] == pytest.approx(0.05) and details["f1"] == pytest.approx(8 / 9) and details["iou"] == pytest.approx(0.8)
-    assert positive_set_scores(0, 0, 0) == (1.0, 1.0)  # no positives anywhere: nothing was lost
+    with pytest.raises(EvaluationError, match="cannot judge the model"):  # no positive in the reference: nothing to find
+        positive_set_scores(0, 0, 0)
 
 
 def test_advice_only_where_agreement_is_budgeted_over_rare_positives() -> None:
