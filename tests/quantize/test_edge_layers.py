@@ -183,6 +183,7 @@ def test_a_ladder_is_priced_by_its_sensitivity_runs_at_the_first_evaluations_sec
     costly = {row.name: row for row in search(200).table}
     assert costly["a+float"].status == "skipped" and "time budget would overrun" in costly["a+float"].detail
     expected = float(costly["a+float"].detail.split("about ")[1].split(" s")[0])
-    assert 4.5 <= expected <= 6.0, costly["a+float"].detail
+    # priced from the measured first evaluation: a busy host only stretches the 0.1 s sleep (never below 5 s of runs)
+    assert 4.5 <= expected <= 15.0, costly["a+float"].detail
     ranked = search(0)
     assert ranked.chosen.name == "top1"
