@@ -18,28 +18,50 @@ def _onnx_dtype(elem_type: int) -> str:
     return str(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
 
 
-def io_section(recipe: Recipe, onnx_path: Path) -> dict[str, Any]:
-    """Inputs/outputs (name, dtype, shape with dim names) and dim ranges, checked against the graph."""
+def _graph_inputs(graph: Any) -> dict[str, Any]:
+    initializers = {i.name for i in graph.initializer}
+    return {i.name: i for i in graph.input if i.name not in initializers}
+
+
+def check_inputs(recipe: Recipe, onnx_path: Path) -> None:
+    """The recipe's inputs against the graph's: each by name, rank and dtype, and no graph input left unlisted;
+    the first mismatch is an ExportError naming both sides."""
     import onnx
 
-    graph = onnx.load(str(onnx_path), load_external_data=False).graph
-    initializers = {i.name for i in graph.initializer}
-    graph_inputs = {i.name: i for i in graph.input if i.name not in initializers}
-    inputs = []
+    graph_inputs = _graph_inputs(onnx.load(str(onnx_path), load_external_data=False).graph)
+    onnx_file = getattr(recipe.model, "kind", None) == "onnx"
     for spec in recipe.inputs:
         if spec.name not in graph_inputs:
             raise ExportError(
                 f"{recipe.path}: input '{spec.name}' is not an input of the ONNX graph (it has {sorted(graph_inputs)})",
-                hint="make the recipe's inputs match the model's forward() arguments, in order",
+                hint="name the recipe's inputs after the graph's inputs (netron or onnx.load shows them)" if onnx_file
+                else "make the recipe's inputs match the model's forward() arguments, in order",
             )
-        _check_rank(recipe, spec.name, list(spec.shape), graph_inputs[spec.name].type.tensor_type)
+        tensor = graph_inputs[spec.name].type.tensor_type
+        _check_rank(recipe, spec.name, list(spec.shape), tensor)
+        if graph_inputs[spec.name].type.HasField("tensor_type") and tensor.elem_type:
+            graph_dtype = _onnx_dtype(tensor.elem_type)
+            if graph_dtype != spec.dtype:
+                raise ExportError(f"{recipe.path}: inputs.{spec.name}: dtype {spec.dtype} in the recipe, but the ONNX graph "
+                                  f"takes {graph_dtype}", hint=f"set inputs.{spec.name}.dtype to {graph_dtype}")  # fmt: skip
+    extra = sorted(set(graph_inputs) - {s.name for s in recipe.inputs})
+    if extra:
+        raise ExportError(f"{recipe.path}: the ONNX graph has inputs the recipe does not list: {extra}",
+                          hint=f"add {extra[0]} under inputs (name, dtype and shape as the graph has them)")
+
+
+def io_section(recipe: Recipe, onnx_path: Path) -> dict[str, Any]:
+    """Inputs/outputs (name, dtype, shape with dim names) and dim ranges, checked against the graph."""
+    import onnx
+
+    check_inputs(recipe, onnx_path)
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    inputs = []
+    for spec in recipe.inputs:
         entry: dict[str, Any] = {"name": spec.name, "dtype": spec.dtype, "shape": list(spec.shape)}
         if spec.value is not None:  # what probes and benchmarks feed (a sample rate)
             entry["value"] = spec.value if isinstance(spec.value, bool) or spec.dtype.startswith(("float", "bfloat")) else int(spec.value)
         inputs.append(entry)
-    extra = sorted(set(graph_inputs) - {s.name for s in recipe.inputs})
-    if extra:
-        raise ExportError(f"{recipe.path}: the ONNX graph has inputs the recipe does not list: {extra}", hint="add them under inputs")
     graph_outputs = {o.name: o for o in graph.output}
     outputs = []
     for name in recipe.outputs:

@@ -32,7 +32,7 @@ from edgekit.errors import BuildError
 from edgekit.evaluate import AccuracyResult, check_budget, evaluate_accuracy
 from edgekit.evaluate.accuracy import run_reference
 from edgekit.export import check_and_infer, check_parity, export_onnx
-from edgekit.io_signature import io_section
+from edgekit.io_signature import check_inputs, io_section
 from edgekit.precision import Backend, Precision
 from edgekit.progress import SKIPPED, StageReporter
 from edgekit.quantize import float_writers
@@ -239,13 +239,22 @@ def stage_export(state: BuildState) -> str | None:
     state.fp32_path = state.workdir / "exported.onnx"
     note = ""
     if loaded.onnx_path is None or state.prune is not None:
+        if loaded.kind == "exported_program":  # a .pt2 saved with static shapes, named before torch's constraint error
+            from edgekit.sources.torch_files import check_dynamic_dims
+
+            check_dynamic_dims(loaded.details["program"], recipe, loaded.description)
         result = export_onnx(state.export_module, recipe, model_inputs(recipe, state.samples[0]), state.opset, state.fp32_path)
         state.opset = result.opset
-        state.export = {"exporter": result.exporter, "opset": result.opset, "seconds": round(result.seconds, 3), "fallback_reason": result.fallback_reason}
+        state.export = {"exporter": result.exporter, "opset": result.opset, "seconds": round(result.seconds, 3), "fallback_reason": result.fallback_reason,
+                        **({"warnings": list(result.warnings)} if result.warnings else {})}
+        if result.warnings:  # the legacy tracer froze a data-dependent branch (or the like): the build output says so
+            note = f"{result.exporter} exporter warned ({len(result.warnings)}, see manifest export.warnings): {result.warnings[0]}"
     else:
         import onnx
 
-        onnx.save(onnx.load(str(loaded.onnx_path), load_external_data=True), str(state.fp32_path))
+        from edgekit.sources.onnx_file import save_onnx
+
+        save_onnx(onnx.load(str(loaded.onnx_path), load_external_data=True), state.fp32_path)  # past 2 GiB with its .data
         state.export = {"exporter": loaded.exporter or "none", "opset": loaded.details.get("opset", state.opset), "seconds": 0.0, "fallback_reason": None}
         passthrough = loaded.details.get("passthrough_outputs") or []
         if passthrough and (state.auto or state.precision is not Precision.FP32):
@@ -258,6 +267,7 @@ def stage_export(state: BuildState) -> str | None:
             from edgekit.sources.onnx_file import convert_to_target_opset, needed_opset, upgrade_source_opset
             from edgekit.sources.onnx_outputs import repair_declared_outputs
 
+            check_inputs(recipe, state.fp32_path)  # names, ranks, dtypes: said as such, before the graph first runs
             output_notes = repair_declared_outputs(state.fp32_path, recipe, state.samples[0])
             feeds = [model_inputs(recipe, batch) for batch in state.samples]
             limit = max(state.opset, needed_opset(state.precision, state.auto))  # never below what the precision writes

@@ -66,14 +66,23 @@ def _convert_fp16_for(model: Any, cpu_arch: str | None) -> tuple[Any, dict[str, 
     return converted, record
 
 
-def optimize_portable(src: Path, dst: Path) -> None:
+#: Initializers at least this big go to the optimised graph's own ``.data`` file when the graph keeps external data.
+EXTERNAL_INITIALIZER_MIN_BYTES = 1024
+
+
+def optimize_portable(src: Path, dst: Path, external_data: bool = False) -> None:
     """ONNX Runtime's *basic* graph optimisations (constant folding, redundant-node elimination) saved
-    offline. Higher levels insert provider-specific fused ops, so they are applied at load time instead."""
+    offline. Higher levels insert provider-specific fused ops, so they are applied at load time instead.
+    ``external_data``: the weights go to ``<dst>.data`` beside ``dst`` (else ONNX Runtime would write a graph
+    pointing at ``src``'s data file, which is staged and deleted)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.optimized_model_filepath = str(dst)
+    if external_data:
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", dst.name + ".data")
+        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", str(EXTERNAL_INITIALIZER_MIN_BYTES))
     try:
         ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
     except Exception as exc:
@@ -107,7 +116,8 @@ def build_onnxruntime(model_path: Path, out_path: Path, target: TargetProfile, r
     staged = out_path.with_name(out_path.stem + ".staged.onnx")
     large = model.ByteSize() > recipe.export.external_data_mb * 2**20
     onnx.save(model, str(staged), save_as_external_data=large, location=staged.name + ".data" if large else None)
-    optimize_portable(staged, out_path)
+    out_path.with_name(out_path.name + ".data").unlink(missing_ok=True)  # ONNX Runtime appends to an existing one
+    optimize_portable(staged, out_path, external_data=large)
     details["shared_constants"] = _share_folded_constants(out_path)
     fused = out_path.with_name(out_path.stem + ".fused.onnx")
     for leftover in (staged, staged.with_name(staged.name + ".data"), fused, fused.with_name(fused.name + ".data")):

@@ -31,12 +31,13 @@ class ExportResult:
     opset: int
     seconds: float
     fallback_reason: str | None = None
+    warnings: tuple[str, ...] = ()  # what the exporter warned about the graph (the legacy tracer's baked-in branches)
 
 
 def _example_args(recipe: Recipe, batch: dict[str, np.ndarray]) -> tuple["torch.Tensor", ...]:
-    import torch
+    from edgekit.export.input_binding import to_tensor
 
-    return tuple(torch.from_numpy(np.require(batch[s.name], requirements="C")) for s in recipe.inputs)  # keeps rank 0
+    return tuple(to_tensor(batch[s.name], recipe, s.name) for s in recipe.inputs)  # keeps rank 0
 
 
 def _dynamo_shapes(recipe: Recipe) -> tuple[dict[int, Any], ...]:
@@ -51,11 +52,24 @@ def _dynamo_shapes(recipe: Recipe) -> tuple[dict[int, Any], ...]:
 
 def _dynamic_shapes_for(module: Any, recipe: Recipe) -> Any:
     """:func:`_dynamo_shapes` as ``module``'s signature takes them: under ``args`` for a ``forward(*args)``
-    (the wrapper of :mod:`edgekit.export.flat_outputs`)."""
+    (the wrappers of :mod:`edgekit.export.flat_outputs`, ``model.constant_args`` and Hugging Face sources), keyed by
+    that parameter's own name."""
     if not recipe.dims:
         return None
     shapes = _dynamo_shapes(recipe)
-    return {"args": shapes} if getattr(module, "takes_varargs", False) else shapes
+    varargs = _varargs_name(module)
+    return {varargs: shapes} if varargs else shapes
+
+
+def _varargs_name(module: Any) -> str | None:
+    """The name of ``module.forward``'s ``*args`` parameter (torch.export keys dynamic shapes by it), else None."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return "args" if getattr(module, "takes_varargs", False) else None
+    return next((p.name for p in parameters if p.kind is p.VAR_POSITIONAL), None)
 
 
 def _legacy_axes(recipe: Recipe) -> dict[str, dict[int, str]]:
@@ -217,31 +231,109 @@ def export_onnx(module: "torch.nn.Module", recipe: Recipe, example: dict[str, np
     """Export ``module`` to ``path`` with the recipe's exporter choice; the graph is checked after."""
     import torch
 
+    from edgekit.export.input_binding import bind_inputs_by_name
+
+    _refuse_bfloat16_inputs(recipe)
     order = ["dynamo", "legacy"] if recipe.export.exporter == "auto" else [recipe.export.exporter]
     args = _example_args(recipe, example)
+    module = bind_inputs_by_name(module, recipe)  # forward(input_ids, attention_mask) fed by name, whatever the recipe's order
     module = _with_flat_outputs(module, args, recipe)
     failures: dict[str, str] = {}
     started = time.perf_counter()
     for name in order:
         captured = io.StringIO()
         try:
-            with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(captured):
-                warnings.simplefilter("ignore")
+            with torch.no_grad(), warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(captured):
+                warnings.simplefilter("always")
                 EXPORTERS[name](module, args, recipe, opset, path)
         except ExportError:
             raise
         except Exception as exc:  # exporters raise many types; all are reported with the op they name
-            text = _ANSI.sub("", f"{type(exc).__name__}: {exc}")
+            text = _failure_text(exc)
             failures[name] = text
             log.info("%s exporter failed: %s", name, text.splitlines()[0] if text else text)
             continue
+        written = _file_opset(path)
+        if written is not None and written > opset:  # the dynamo exporter writes its own opset when it cannot convert down
+            failures[name] = f"it wrote opset {written}, above the requested opset {opset}"
+            log.info("%s exporter: %s", name, failures[name])
+            if name != order[-1]:
+                continue
+            raise ExportError(f"{recipe.path}: ONNX export of '{recipe.name}': the {name} exporter wrote opset {written}, "
+                              f"above export.opset {opset}, which the target's runtime may not load",
+                              hint=f"set export.exporter: legacy (it writes opset {min(opset, 20)}) or auto, or raise export.opset to {written}")  # fmt: skip
         check_and_infer(path)
         reason = None
         if failures:
-            reason = "; ".join(f"{k}: {v.splitlines()[0][:300]}" for k, v in failures.items())
+            reason = "; ".join(f"{k}: {_summary(v)}" for k, v in failures.items())
             log.warning("exported with the %s exporter after: %s", name, reason)
-        return ExportResult(path=path, exporter=name, opset=opset if name == "dynamo" else min(opset, 20), seconds=time.perf_counter() - started, fallback_reason=reason)
+        notes = _graph_warnings(caught)
+        for note in notes:
+            log.warning("%s exporter: %s", name, note)
+        return ExportResult(path=path, exporter=name, opset=_file_opset(path) or (opset if name == "dynamo" else min(opset, 20)),
+                            seconds=time.perf_counter() - started, fallback_reason=reason, warnings=tuple(notes))
     raise _export_error(failures, recipe, opset)
+
+
+def _refuse_bfloat16_inputs(recipe: Recipe) -> None:
+    """bfloat16 inputs: the model exports, but ONNX Runtime's Python API (parity, evaluation, the device runner)
+    cannot feed NumPy bfloat16 arrays; said here, before the export, rather than as its MLDataType error."""
+    spec = next((s for s in recipe.inputs if s.dtype == "bfloat16"), None)
+    if spec is not None:
+        raise ExportError(f"{recipe.path}: inputs.{spec.name}: dtype bfloat16 cannot be fed to the exported graph: ONNX Runtime's "
+                          "Python API, which parity, evaluation and the bundle's runner use, takes no NumPy bfloat16 arrays",
+                          hint=f"declare '{spec.name}' as float32 (or float16) and cast inside the model (x.to(torch.bfloat16))")  # fmt: skip
+
+
+def _file_opset(path: Path) -> int | None:
+    """The main-domain opset the file at ``path`` imports (what the exporter really wrote)."""
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - the checker after reports an unreadable file
+        return None
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=None)
+
+
+def _failure_text(exc: BaseException) -> str:
+    """``exc`` as text with its causes: the dynamo exporter's own message is a generic "step 1/3" line and the
+    real reason (a data-dependent branch, an unsupported op) is its ``__cause__``."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(parts) < 4:
+        seen.add(id(current))
+        parts.append(_ANSI.sub("", f"{type(current).__name__}: {current}").strip())
+        current = current.__cause__ or current.__context__
+    return "\ncaused by ".join(parts)
+
+
+#: Lines of an exporter's message that say nothing about the model (the dynamo exporter's boilerplate).
+_BOILERPLATE = re.compile(r"^(#+ |TorchExportError: Failed to export the model with torch\.export|caused by $|The error above occurred"
+                          r"|For more information|$)")
+
+
+def _summary(text: str) -> str:
+    """The informative lines of an exporter failure, joined (at most 300 characters)."""
+    lines = [line.strip() for line in text.splitlines()]
+    kept = [line.removeprefix("caused by ") for line in lines if line and not _BOILERPLATE.match(line)
+            and not line.startswith(("[torch.onnx]", "Next steps", "- ", "This is step"))]
+    kept = [line for line in kept if line] or [lines[0] if lines else text]
+    return " | ".join(dict.fromkeys(kept[:3]))[:300]
+
+
+def _graph_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    """The warnings that change what the graph computes: the tracer's ("converting a tensor to a Python boolean
+    might cause the trace to be incorrect": a data-dependent branch frozen at the example's path), deduplicated."""
+    from torch.jit._trace import TracerWarning
+
+    notes: dict[str, None] = {}
+    for warning in caught:
+        if issubclass(warning.category, TracerWarning):
+            where = f"{Path(warning.filename).name}:{warning.lineno}: " if warning.filename else ""
+            notes[f"{where}{str(warning.message).strip().splitlines()[0][:300]}"] = None
+    return list(notes)
 
 
 def _with_flat_outputs(module: Any, args: tuple[Any, ...], recipe: Recipe) -> Any:
@@ -270,7 +362,7 @@ def _with_flat_outputs(module: Any, args: tuple[Any, ...], recipe: Recipe) -> An
 def _export_error(failures: dict[str, str], recipe: Recipe, opset: int) -> ExportError:
     ops = {name: _unsupported_op(text) for name, text in failures.items()}
     op = next((o for o in ops.values() if o), None)
-    detail = "\n".join(f"  {name} exporter: {text.strip().splitlines()[0][:400]}" for name, text in failures.items())
+    detail = "\n".join(f"  {name} exporter: {_summary(text)}" for name, text in failures.items())
     node = None
     for text in failures.values():
         match = re.search(r"node[ :]+'?([\w./:-]+)'?", text)
@@ -279,13 +371,13 @@ def _export_error(failures: dict[str, str], recipe: Recipe, opset: int) -> Expor
             break
     what = f"unsupported op {op}" if op else "export failed"
     where = f" at node {node}" if node else ""
-    return ExportError(
-        f"{recipe.path}: ONNX export of '{recipe.name}' failed: {what}{where} (opset {opset})\n{detail}",
-        hint=(
-            f"try a newer opset (export.opset, up to 23), the other exporter (export.exporter: legacy|dynamo), "
-            f"or replace {op or 'the op'} in the model / register a custom op (torch.onnx custom translation table)"
-        ),
-    )
+    hint = (f"try a newer opset (export.opset, up to 23), the other exporter (export.exporter: legacy|dynamo), "
+            f"or replace {op or 'the op'} in the model / register a custom op (torch.onnx custom translation table)")
+    if any("data-dependent" in text or "GuardOnDataDependent" in text for text in failures.values()):
+        what = "the model branches on a tensor's value (data-dependent control flow)"
+        hint = ("compute both branches and pick with torch.where (or use torch.cond); export.exporter: legacy traces it but "
+                "freezes the branch the example takes (reported in the manifest's export.warnings)")
+    return ExportError(f"{recipe.path}: ONNX export of '{recipe.name}' failed: {what}{where} (opset {opset})\n{detail}", hint=hint)
 
 
 def check_and_infer(path: Path) -> None:

@@ -58,7 +58,9 @@ def bind_constant_args(module: "torch.nn.Module", constants: dict[str, Any], rec
             hint="list one input per tensor argument of forward(), in order; pin the others under constant_args",
         )
     values = {name: list(value) if isinstance(value, tuple) else value for name, value in constants.items()}
-    return _bound_module_class()(module, tensor_names[: len(inputs)], values).eval()
+    # the recipe's names when they are forward()'s (in whatever order): bound by name, else by position
+    bound = inputs if len(set(inputs)) == len(inputs) and set(inputs) <= set(tensor_names) else tensor_names[: len(inputs)]
+    return _bound_module_class()(module, bound, values).eval()
 
 
 @functools.cache
@@ -68,6 +70,8 @@ def _bound_module_class() -> type:
 
     class BoundModule(torch.nn.Module):
         """Calls ``inner`` with the tensors by position (named after forward()'s parameters) and the constants by name."""
+
+        takes_varargs = True  # its dynamic shapes go under "args" (onnx_export._dynamic_shapes_for)
 
         def __init__(self, inner: torch.nn.Module, tensor_names: list[str], constants: dict[str, Any]) -> None:
             super().__init__()

@@ -57,6 +57,8 @@ def _wrap(model: Any, input_names: list[str], output_names: list[str], where: st
     import torch
 
     class HuggingFaceOutputs(torch.nn.Module):
+        takes_varargs = True  # its dynamic shapes go under "args" (onnx_export._dynamic_shapes_for)
+
         def __init__(self) -> None:
             super().__init__()
             self.model = model

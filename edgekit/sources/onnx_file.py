@@ -67,22 +67,17 @@ def load_onnx_file(spec: OnnxSource, recipe: Recipe, workdir: Path) -> LoadedMod
 
             load_external_data_for_model(model, str(path.parent))
         declared = _declare_missing_shapes(model, recipe)  # ONNX Runtime runs such files; the checker refuses them
-        onnx.checker.check_model(model, full_check=False)
+        # past protobuf's 2 GiB the graph cannot be checked in memory: the file is, with its .data beside it
+        onnx.checker.check_model(str(path) if is_large(model) else model, full_check=False)
     except Exception as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        external = "TensorProto" in first_line and ("outside the directory" in first_line or "absolute path" in first_line)
-        raise SourceError(
-            f"{recipe.path}: model.path {path} is not a valid ONNX model: {first_line}",
-            hint=(f"its external data files must sit in {path.parent} (or below it), named by relative paths; they are not read "
-                  "from anywhere else" if external else
-                  "check that the file was copied completely (size, hash), or open it with onnx.load to see what its producer wrote"),
-        ) from None
+        raise SourceError(f"{recipe.path}: model.path {path} is not a valid ONNX model: {first_line}",
+                          hint=_invalid_hint(first_line, path)) from None
     notes = [*declared, *_separate_output_tensors(model), *name_dynamic_dims(model, recipe)]
     onnx_path = path
     if notes:  # the bundle's graph is the repaired copy; the source hash stays the user's file
         onnx_path = workdir / "source.onnx"
-        large = model.ByteSize() > 1_800_000_000
-        onnx.save(model, str(onnx_path), save_as_external_data=large, location=onnx_path.name + ".data" if large else None)
+        save_onnx(model, onnx_path)
     return LoadedModel(
         kind="onnx",
         description=str(path),
@@ -92,6 +87,37 @@ def load_onnx_file(spec: OnnxSource, recipe: Recipe, workdir: Path) -> LoadedMod
         details={"opset": main_opset(model), "notes": notes,
                  "passthrough_outputs": sorted({v.name for v in model.graph.output} & {v.name for v in model.graph.input}), "producer": " ".join(filter(None, (model.producer_name, model.producer_version))) or None},
     )
+
+
+#: Above this many bytes a graph is saved with its weights in a ``.data`` file beside it: protobuf cannot
+#: serialise a message of 2 GiB or more.
+EXTERNAL_DATA_BYTES = 1_800_000_000
+
+
+def is_large(model: Any) -> bool:
+    """Whether ``model`` (weights loaded) is too big to serialise as one protobuf (:data:`EXTERNAL_DATA_BYTES`)."""
+    return model.ByteSize() > EXTERNAL_DATA_BYTES
+
+
+def save_onnx(model: Any, path: Path) -> None:
+    """Save ``model`` at ``path``; past :data:`EXTERNAL_DATA_BYTES` its weights go to ``<path>.data`` beside it."""
+    import onnx
+
+    data = path.with_name(path.name + ".data")
+    data.unlink(missing_ok=True)  # onnx appends to an existing data file
+    large = is_large(model)
+    onnx.save(model, str(path), save_as_external_data=large, all_tensors_to_one_file=True, location=data.name if large else None)
+
+
+def _invalid_hint(first_line: str, path: Path) -> str:
+    """The fix for the checker's or loader's first line about the file at ``path``."""
+    if "TensorProto" in first_line and ("outside the directory" in first_line or "absolute path" in first_line):
+        return (f"its external data files must sit in {path.parent} (or below it), named by relative paths; they are not read "
+                "from anywhere else")
+    if "2GB" in first_line or "2 GB" in first_line or "protobuf" in first_line.lower():
+        return ("the graph is over protobuf's 2 GiB limit: save it with its weights as external data "
+                "(onnx.save(model, path, save_as_external_data=True)) and keep the .data file beside it")
+    return "check that the file was copied completely (size, hash), or open it with onnx.load to see what its producer wrote"
 
 
 def _declare_missing_shapes(model: Any, recipe: Recipe) -> list[str]:
@@ -205,6 +231,27 @@ def _dim_name(tensor: str, axis: int) -> str:
     return f"{re.sub(r'[^0-9A-Za-z_]', '_', tensor)}_dim{axis}"
 
 
+def _rename_to_recipe_dims(graph: Any, specs: Mapping[str, Any], initializers: set[str]) -> list[str]:
+    """Dims the file names otherwise than the recipe (``N`` where the recipe says ``batch``) take the recipe's name,
+    on every input and output that carries them: the bundle declares only the recipe's dims. One note per name."""
+    renames: dict[str, str] = {}
+    for value in graph.input:
+        spec = specs.get(value.name)
+        if spec is None or value.name in initializers or not value.type.HasField("tensor_type"):
+            continue
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            recipe_dim = spec.shape[axis] if axis < len(spec.shape) else None
+            if dim.dim_param and isinstance(recipe_dim, str) and dim.dim_param != recipe_dim:
+                renames.setdefault(dim.dim_param, recipe_dim)
+    if not renames:
+        return []
+    for value in [*graph.input, *graph.output, *graph.value_info]:
+        for dim in value.type.tensor_type.shape.dim if value.type.HasField("tensor_type") else []:
+            if dim.dim_param in renames:
+                dim.dim_param = renames[dim.dim_param]
+    return [f"dim '{old}' of the file is the recipe's dim '{new}' (renamed on the graph's inputs and outputs)" for old, new in renames.items()]
+
+
 def name_dynamic_dims(model: Any, recipe: Recipe) -> list[str]:
     """Name every unnamed dynamic dim of the graph's inputs and outputs, in place; returns one note per
     renamed dim. An input dim takes the recipe's dim name at that axis (``<input>_dim<axis>`` where the
@@ -215,7 +262,7 @@ def name_dynamic_dims(model: Any, recipe: Recipe) -> list[str]:
     graph = model.graph
     specs = {spec.name: spec for spec in recipe.inputs}
     initializers = {init.name for init in graph.initializer}
-    notes: list[str] = []
+    notes = _rename_to_recipe_dims(graph, specs, initializers)
     for value in graph.input:
         if value.name in initializers or not value.type.HasField("tensor_type"):
             continue
@@ -366,14 +413,15 @@ def _converted_in_place(path: Path, model: Any, opset: int, reason: str, feeds: 
     original = main_opset(model) or 0
     try:
         converted = _convert(model, opset)
-        onnx.checker.check_model(converted, full_check=True)
+        if not is_large(converted):  # a graph past 2 GiB is checked as a file after saving (pipeline's check_and_infer)
+            onnx.checker.check_model(converted, full_check=True)
         max_abs_diff = _compare_graphs(model, converted, feeds, recipe)
     except _ConversionMismatch as exc:
         return OpsetConversion(original, opset, reason, error=str(exc))
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return OpsetConversion(original, opset, reason, error=f"{type(exc).__name__}: {first}")
-    onnx.save(converted, str(path))
+    save_onnx(converted, path)
     log.info("ONNX source converted from opset %d to %d: %s", original, opset, reason)
     return OpsetConversion(original, opset, reason, converted_opset=main_opset(converted), max_abs_diff=max_abs_diff)
 

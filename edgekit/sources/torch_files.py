@@ -5,6 +5,7 @@ from __future__ import annotations
 import zipfile
 import zlib
 from pathlib import Path
+from typing import Any
 
 from edgekit.errors import SourceError
 from edgekit.recipe import ExportedProgramSource, Recipe, TorchScriptSource
@@ -81,3 +82,26 @@ def _refuse_untrusted_pickles(path: Path, recipe: Recipe) -> None:
             hint="if you trust this file, pass --trust-code (edgekit build, edgekit sweep) or put it in a folder listed in "
                  "EDGEKIT_TRUSTED_CODE_DIRS; a program saved from plain tensors (torch.export.save) holds no pickles",
         )
+
+
+def check_dynamic_dims(program: Any, recipe: Recipe, path: Path | str) -> None:
+    """(Before export.) A program exported with an axis fixed (torch.export without dynamic_shapes) where the recipe has a dim of
+    several sizes is a SourceError naming both (the export would otherwise fail with torch's constraint error)."""
+    import torch
+
+    placeholders = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
+    for spec, name in zip(recipe.inputs, program.graph_signature.user_inputs):
+        value = placeholders[name].meta.get("val") if name in placeholders else None
+        if not isinstance(value, torch.Tensor):
+            continue
+        for axis, dim in enumerate(spec.shape):
+            size = value.shape[axis] if axis < value.dim() else None
+            bounds = recipe.dims.get(dim) if isinstance(dim, str) else None
+            if bounds is not None and isinstance(size, int) and bounds.min != bounds.max:
+                raise SourceError(
+                    f"{recipe.path}: model.path {path} was exported with input '{spec.name}' axis {axis} fixed at {size}, "
+                    f"but the recipe's dim '{dim}' ranges {bounds.min}..{bounds.max}",
+                    hint=f"re-export with dynamic_shapes (torch.export.export(model, args, dynamic_shapes={{'{spec.name}': "
+                         f"{{{axis}: torch.export.Dim('{dim}', min={bounds.min}, max={bounds.max})}}}})), or fix dims.{dim} "
+                         f"at {size} (min = opt = max = {size})",
+                )

@@ -146,3 +146,30 @@ def test_token_ids_beyond_the_embedding_are_a_parity_error_naming_the_case_shape
     ]
     bounded = _recipe(tmp_path, TOKENS_RECIPE.replace("shape: [batch, seq]}", "shape: [batch, seq], high: 50}"))
     assert check_parity(bounded, TorchReference(module, bounded), candidate, samples).passed
+
+
+def test_a_rank_0_float_output_is_compared():
+    """Before: row_cosines took norm(axis=1) of a 1-D array and parity crashed with an AxisError."""
+    comparison = compare_output("m", "opt", {"batch": 2}, "sample", np.array(0.5, np.float32), np.array(0.5000001, np.float32), 1e-4, 1e-3)
+    assert comparison.within_tolerance and comparison.cosine_min == pytest.approx(1.0) and comparison.worst_index == ()
+
+
+def test_rows_near_zero_within_atol_do_not_fail_the_cosine():
+    """A score of 3e-9 against -2e-9 is within atol; its cosine (-1) is rounding noise and no longer fails parity."""
+    expected = np.array([[3e-9], [0.5], [-1.2]], np.float32)
+    got = np.array([[-2e-9], [0.5], [-1.2]], np.float32)
+    comparison = compare_output("score", "opt", {"batch": 3}, "sample", expected, got, 1e-4, 1e-3)
+    assert comparison.within_tolerance and comparison.cosine_min == pytest.approx(1.0)
+    assert ParityReport(1e-4, 1e-3, 0.9999, [comparison]).passed
+    flipped = compare_output("score", "opt", {"batch": 3}, "sample", expected, -expected, 1e-4, 1e-3)
+    assert flipped.cosine_min == pytest.approx(-1.0)  # rows past atol keep their cosine
+
+
+def test_the_failure_message_names_the_element_furthest_past_the_tolerance():
+    """Before: it named the largest abs diff (1000 vs 1000.5, within rtol), not the failing element."""
+    expected = np.array([[1000.0, 0.001]], np.float32)
+    got = np.array([[1000.5, 0.0025]], np.float32)
+    comparison = compare_output("y", "opt", {"batch": 1}, "sample", expected, got, 1e-4, 1e-3)
+    assert not comparison.within_tolerance and comparison.worst_index == (0, 1)
+    message = str(parity_failure(Recipe.model_construct(path=Path("r.yaml")), ParityReport(1e-4, 1e-3, 0.9999, [comparison])))
+    assert "max abs diff 0.5; furthest past the tolerance at index [0, 1] (ONNX 0.0025, PyTorch 0.001)" in message
