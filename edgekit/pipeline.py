@@ -502,7 +502,7 @@ def assemble_manifest(state: BuildState, stages: list[dict[str, Any]]) -> dict[s
             "counts": state.bench_counts,  # the recipe's, the defaults, or time-bounded (edgekit.bench.counts)
             **{k: round(v, 4) for k, v in bench.stats.to_dict().items() if k.endswith("_ms")},
             "throughput_per_s": round(bench.throughput_per_s, 2),
-            "peak_rss_mb": round(bench.peak_rss_mb, 1),
+            "peak_rss_mb": round(bench.peak_rss_mb, 1), "peak_rss_scope": bench.peak_rss_scope,
             "threads": state.threads,  # this host's run: the target's thread count, capped at this host's cores
             "providers": state.bench_providers,
         },
