@@ -146,7 +146,8 @@ def sample_count(recipe: Recipe, feeds: list[Batch], outputs: list[np.ndarray], 
         count = (details or {}).get(key)
         if isinstance(count, int) and not isinstance(count, bool):
             return count
-    batch_dim = recipe.batch_dim or ("batch" if any("batch" in spec.shape for spec in recipe.inputs) else None)
+    # a dim named batch wherever it sits (a time-major [time, batch, C] input names time at axis 0), else axis 0's
+    batch_dim = "batch" if any("batch" in spec.shape for spec in recipe.inputs) else recipe.batch_dim
     if batch_dim is not None:
         for spec in recipe.inputs:
             if batch_dim in spec.shape and all(spec.name in batch for batch in feeds):

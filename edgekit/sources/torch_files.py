@@ -90,7 +90,10 @@ def check_dynamic_dims(program: Any, recipe: Recipe, path: Path | str) -> None:
     import torch
 
     placeholders = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
-    for spec, name in zip(recipe.inputs, program.graph_signature.user_inputs):
+    user_inputs = list(program.graph_signature.user_inputs)
+    by_position = dict(zip((spec.name for spec in recipe.inputs), user_inputs))
+    for spec in recipe.inputs:  # by forward()'s parameter name (as the export binds them), else by position
+        name = spec.name if spec.name in user_inputs else by_position.get(spec.name)
         value = placeholders[name].meta.get("val") if name in placeholders else None
         if not isinstance(value, torch.Tensor):
             continue

@@ -144,3 +144,15 @@ def test_samples_of_a_time_major_output_are_its_batch_items(tmp_path: Path, metr
     reference = run_reference(recipe, lambda b: {"y": b["x"]}, data)
     result = evaluate_accuracy(recipe, lambda b: {"y": b["x"]}, reference, data, "fp32")
     assert result.samples == 8  # 2 batches of 4 lines; before: 100, the time steps
+
+
+def test_samples_count_the_dim_named_batch_when_axis_0_is_a_named_time_dim(tmp_path: Path) -> None:
+    """[time, batch, 6]: axis 0's name is time, so the samples are the items along batch (it counted 100 time steps)."""
+    path = tmp_path / "ctc.yaml"
+    text = (CTC_RECIPE % ("cosine", "{max_drop: 0.01}")).replace("shape: [50, batch, 6]", "shape: [time, batch, 6]")
+    path.write_text(text.replace("dims:\n", "dims:\n  time: {min: 1, opt: 50, max: 64}\n"))
+    recipe = load_recipe(path)
+    assert recipe.batch_dim == "time"
+    data = load_batches(recipe, recipe.data.samples, "samples")
+    reference = run_reference(recipe, lambda b: {"y": b["x"]}, data)
+    assert evaluate_accuracy(recipe, lambda b: {"y": b["x"]}, reference, data, "fp32").samples == 8

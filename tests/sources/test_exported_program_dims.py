@@ -43,3 +43,24 @@ def test_a_dynamic_program_exports(tmp_path):
     pipeline.stage_source(state)
     pipeline.stage_export(state)
     assert state.signature_dict["outputs"][0]["shape"] == ["batch", 3]
+
+
+def test_the_dims_check_finds_inputs_by_name_when_the_recipe_lists_them_in_another_order() -> None:
+    """forward(x, y) with x dynamic, the recipe listing [y, x]: inputs bind by name, so x is dynamic (before: the check
+    paired the recipe's x with y's fixed size 2 and refused the build)."""
+    from types import SimpleNamespace
+
+    from edgekit.sources.torch_files import check_dynamic_dims
+
+    class TwoInputs(torch.nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return x.sum(1) + y.sum()
+
+    batch = torch.export.Dim("batch", min=1, max=8)
+    program = torch.export.export(TwoInputs(), (torch.ones(4, 3), torch.ones(2, 5)), dynamic_shapes={"x": {0: batch}, "y": None})
+    dims = {"batch": SimpleNamespace(min=1, max=8), "n": SimpleNamespace(min=1, max=8)}
+    inputs = [SimpleNamespace(name="y", shape=[2, 5]), SimpleNamespace(name="x", shape=["batch", 3])]
+    check_dynamic_dims(program, SimpleNamespace(path="r.yaml", inputs=inputs, dims=dims), "m.pt2")  # no error
+    inputs = [SimpleNamespace(name="y", shape=["n", 5]), SimpleNamespace(name="x", shape=["batch", 3])]
+    with pytest.raises(SourceError, match=r"input 'y' axis 0 fixed at 2, but the recipe's dim 'n' ranges 1\.\.8"):
+        check_dynamic_dims(program, SimpleNamespace(path="r.yaml", inputs=inputs, dims=dims), "m.pt2")
