@@ -305,12 +305,15 @@ class CudaDevice:
         return TensorBuffers(self.driver, name)
 
     def close(self) -> None:
-        """Release the context: popped from the opening thread's stack when closed there (another thread has no
-        entry of it to pop), then detached."""
+        """Release the context. On the opening thread: popped from its stack, then detached (pycuda releases a
+        context its own thread detaches). On another thread: made current there first, since pycuda releases a
+        context another thread detaches only while it is current on that thread (else it leaks it silently)."""
         if self._open:
             self._open = False
             if threading.get_ident() == self._opened_on:
                 self.driver.Context.pop()
+            else:
+                self._context.push()
             self._context.detach()
 
     def __enter__(self) -> CudaDevice:

@@ -171,9 +171,12 @@ class TensorRTRunner(Runner):
         self._device, self.version = device, version
 
     def _infer_impl(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        assert self._device is not None  # loaded runners only (Runner.infer checks)
-        with self._call_lock, self._device.current():  # serving threads are not the loading thread
-            return self._infer_locked(feeds)
+        with self._call_lock:
+            device = self._device
+            if device is None:  # closed by a swap while this call waited for the lock
+                raise BackendError(f"the TensorRT runner of '{self.onnx_path}' was closed", hint="load it again")
+            with device.current():  # serving threads are not the loading thread
+                return self._infer_locked(feeds)
 
     def _infer_locked(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         assert self._stream is not None  # loaded runners only (Runner.infer checks)
@@ -220,6 +223,10 @@ class TensorRTRunner(Runner):
                 self._graph = None
 
     def _close_impl(self) -> None:
+        with self._call_lock:  # after the call in flight, if any
+            self._close_locked()
+
+    def _close_locked(self) -> None:
         device, self._device = self._device, None
         with device.current() if device is not None else contextlib.nullcontext():  # closed from any thread
             if self._graph is not None:
