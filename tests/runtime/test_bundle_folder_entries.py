@@ -80,3 +80,16 @@ def test_verification_reports_folders_that_hold_no_listed_file(tmp_path: Path) -
     for folder in ("deep/", "empty/", "golden/cache/"):
         assert f"unlisted: {folder} (a folder that holds no file manifest.json lists)" in message
     assert "deep/a" not in message  # one line for an unlisted tree, however deep
+
+
+def test_a_bundle_directory_with_an_empty_folder_deploys_as_its_tar_would(tmp_path: Path) -> None:
+    """Copied from a local directory, only the folders of its files are made (as from a tar), so the copy verifies; before,
+    the empty folder was copied and the new folder check refused the directory that the same bundle's tar passed."""
+    from edgekit_runtime.agent.fetch import _copy_directory
+
+    bundle = build_bundle(tmp_path / "bundle")
+    (bundle / "notes").mkdir()
+    copy = tmp_path / "copy"
+    _copy_directory(bundle, copy, url=str(bundle), max_bytes=8 << 20)
+    assert not (copy / "notes").exists()
+    verify_files(copy, load_manifest(copy))

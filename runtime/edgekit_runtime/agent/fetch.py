@@ -191,8 +191,7 @@ def _copy_directory(source: Path, destination: Path, *, url: str, max_bytes: int
         relative = path.relative_to(source)
         if path.is_symlink() or not (path.is_file() or path.is_dir()):
             raise DeployError(f"bundle directory {url}: '{relative}' is a link or special file", hint="bundles hold only plain files")
-        if path.is_dir():
-            (destination / relative).mkdir(parents=True, exist_ok=True)
+        if path.is_dir():  # only the folders of the files copied are made, as from a tar: an empty one is left out
             continue
         total += path.stat().st_size
         if total > max_bytes:
