@@ -33,12 +33,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def no_energy_text(target: str) -> str:
-    """Why the estimate has no energy: energy per inference needs the target's power modes (their watts)."""
-    return (f"not estimated: energy needs power_modes (mode name: watts) in the target profile, and {target} "
-            "has none")
-
-
 def run(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
@@ -77,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
                            f"{mode_energy.energy_per_call_mj:.3g}", f"{mode_energy.energy_per_inference_mj:.3g}")  # fmt: skip
         printer.print(energy)
     else:
-        printer.print(f"  energy          {escape(no_energy_text(result.target))}", soft_wrap=True)
+        printer.print(f"  energy          {escape(result.no_energy_text())}", soft_wrap=True)
     table = Table(title="by node class (estimate)")
     for column in ("class", "nodes", "GOPs", "MB moved", "ms", "share"):  # MB: 10^6 bytes, as every size edgekit writes
         table.add_column(column, justify="right" if column != "class" else "left")

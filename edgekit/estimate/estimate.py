@@ -72,6 +72,11 @@ class Estimate:
     def peak_memory_mb(self) -> float:
         return self.weights_mb + self.activations_mb + self.runtime_overhead_mb
 
+    def no_energy_text(self) -> str:
+        """Why there is no energy figure: energy per inference needs the target's power modes (their watts)."""
+        return (f"not estimated: energy needs power_modes (mode name: watts) in the target profile, and {self.target} "
+                "has none")
+
     def throughput_text(self, digits: int = 1) -> str:
         """``1234.5 /s``, or why there is no figure (a graph without nodes: only the runtime's call overhead is left)."""
         if self.throughput_per_s is None:

@@ -270,7 +270,7 @@ def export_onnx(module: "torch.nn.Module", recipe: Recipe, example: dict[str, np
         notes = _graph_warnings(caught)
         for note in notes:
             log.warning("%s exporter: %s", name, note)
-        return ExportResult(path=path, exporter=name, opset=_file_opset(path) or (opset if name == "dynamo" else min(opset, 20)),
+        return ExportResult(path=path, exporter=name, opset=written or (opset if name == "dynamo" else min(opset, 20)),
                             seconds=time.perf_counter() - started, fallback_reason=reason, warnings=tuple(notes))
     raise _export_error(failures, recipe, opset)
 

@@ -31,6 +31,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from edgekit.errors import QuantizationError
+from edgekit.onnx_save import EXTERNAL_DATA_BYTES, EXTERNAL_TENSOR_MIN_BYTES, save_onnx
 from edgekit.precision import Precision
 from edgekit.quantize import block_activations
 from edgekit.quantize.codecs import (
@@ -60,11 +61,6 @@ HOST_TWIN = ("a twin of model.onnx whose weight DequantizeLinear nodes edgekit's
              "E8M0 DequantizeLinear or TensorRT's ops, and drops FP8 Q/DQ pairs at its default level")
 #: The block formats quantize MatMul/Gemm weights only (TensorRT blocks along one of the last two axes).
 BLOCK_OP_TYPES = ("MatMul", "Gemm")
-#: A graph over this many bytes is saved (and checked, by its path) with its tensors as external data
-#: (``<file>.data``): a protobuf message cannot exceed 2 GiB, so neither the checker nor ``onnx.save`` can take it whole.
-EXTERNAL_DATA_BYTES = 1_800_000_000
-#: Tensors under this many bytes stay inside the graph file of an external-data model (onnx.save's own default).
-EXTERNAL_TENSOR_MIN_BYTES = 1024
 
 
 @dataclass
@@ -322,11 +318,7 @@ def _save_and_check(model: Any, out_path: Path, full_check: bool) -> None:
     file by its path: the checker cannot take a message over 2 GiB in memory."""
     import onnx
 
-    large = model.ByteSize() > EXTERNAL_DATA_BYTES
-    data = out_path.with_name(out_path.name + ".data")
-    data.unlink(missing_ok=True)  # onnx.save appends to an existing data file
-    onnx.save(model, str(out_path), save_as_external_data=large, location=data.name if large else None,
-              size_threshold=EXTERNAL_TENSOR_MIN_BYTES)
+    save_onnx(model, out_path, external=model.ByteSize() > EXTERNAL_DATA_BYTES)
     onnx.checker.check_model(str(out_path), full_check=full_check)
 
 

@@ -57,8 +57,7 @@ def estimate_section(result: Estimate | None) -> dict[str, Any]:
                                         f"{result.activations_mb:.1f} + runtime {result.runtime_overhead_mb:.0f}"),
              ("factors", "calibrated" if result.calibration.get("calibrated") else "default (uncalibrated)")]  # fmt: skip
     if not result.energy:
-        facts.append(("energy (estimate)", f"not estimated: energy needs power_modes (mode name: watts) in the target "
-                                           f"profile, and {result.target} has none"))  # fmt: skip
+        facts.append(("energy (estimate)", result.no_energy_text()))
     energy = [(e.power_mode, f"{e.watts:g} W", f"{e.latency_ms:.3f} ms", f"{e.energy_per_inference_mj:.3g} mJ per sample"
                + (f" ({e.energy_per_call_mj:.3g} mJ per batch-{e.batch} call)" if e.batch > 1 else "")) for e in result.energy]
     return {"available": True, "facts": facts, "energy": energy, "factors": list(result.factors), "method": METHOD[result.layer_model],

@@ -11,6 +11,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from edgekit_runtime.timing import PEAK_SINCE_BENCHMARK
+
 NA = "n/a"
 
 
@@ -140,15 +142,13 @@ def fmt_mib(value: Any) -> str:
     return fmt_value(value) if x is None else fmt_bytes(x * 2**20)
 
 
-#: ``benchmark.peak_rss_scope`` of a peak reset just before the benchmark (``edgekit_runtime.timing.PEAK_SINCE_BENCHMARK``).
-_PEAK_SINCE_BENCHMARK = "process during the benchmark"
 
 
 def peak_rss_note(bench: Any) -> str:
     """What a manifest's ``benchmark.peak_rss_mb`` covers. The build benchmarks in its own process, so the figure is that
     process's resident memory (torch, the exporter and quantizer included), never the model's own footprint on the device;
     without ``peak_rss_scope`` (the process could not reset its peak, or an older manifest) it is the build's lifetime peak."""
-    if dig(bench, "peak_rss_scope") == _PEAK_SINCE_BENCHMARK:
+    if dig(bench, "peak_rss_scope") == PEAK_SINCE_BENCHMARK:  # the peak was reset just before the benchmark
         return "the build process's peak during the benchmark, torch and the build's libraries included: not the model's own footprint"
     return "the build process's lifetime peak (torch, export, quantization, evaluation): not the model's own footprint"
 

@@ -27,7 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from edgekit import onnx_save
 from edgekit.errors import BuildError, SourceError
+from edgekit.onnx_save import EXTERNAL_DATA_BYTES
 from edgekit.precision import Precision
 from edgekit.quantize.float_writers import FORMAT_OPSET
 from edgekit.recipe import OnnxSource, Recipe
@@ -89,9 +91,6 @@ def load_onnx_file(spec: OnnxSource, recipe: Recipe, workdir: Path) -> LoadedMod
     )
 
 
-#: Above this many bytes a graph is saved with its weights in a ``.data`` file beside it: protobuf cannot
-#: serialise a message of 2 GiB or more.
-EXTERNAL_DATA_BYTES = 1_800_000_000
 
 
 def is_large(model: Any) -> bool:
@@ -101,12 +100,7 @@ def is_large(model: Any) -> bool:
 
 def save_onnx(model: Any, path: Path) -> None:
     """Save ``model`` at ``path``; past :data:`EXTERNAL_DATA_BYTES` its weights go to ``<path>.data`` beside it."""
-    import onnx
-
-    data = path.with_name(path.name + ".data")
-    data.unlink(missing_ok=True)  # onnx appends to an existing data file
-    large = is_large(model)
-    onnx.save(model, str(path), save_as_external_data=large, all_tensors_to_one_file=True, location=data.name if large else None)
+    onnx_save.save_onnx(model, path, external=is_large(model))
 
 
 def _invalid_hint(first_line: str, path: Path) -> str:

@@ -149,14 +149,6 @@ def counted_start(file: ProbationFile, current: Path | None) -> Probation | None
     return replace(probation, crashes=crashes, state=WATCHING)
 
 
-def note_start(file: ProbationFile, current: Path | None) -> Probation | None:
-    """:func:`counted_start`, written back (an ``OSError`` from the write propagates)."""
-    probation = counted_start(file, current)
-    if probation is not None:
-        file.write(probation)
-    return probation
-
-
 def unknown_watch(current: Path, previous: Path | None, window_s: float) -> Probation:
     """The probation assumed for ``current`` when ``probation.json`` cannot be read: a record exists only while a
     health watch runs, so a watch was cut short, most likely of ``current``; it counts as one crash and is watched
