@@ -3,7 +3,7 @@
 
 :class:`FleetReader` reads :meth:`FleetStore.device_summaries` (each device's liveness state, already judged by
 :mod:`edgekit.fleet.liveness`, and its newest window's figures) and the last few minutes of per-model telemetry,
-at most once every ``max_age_s`` seconds: concurrent scrapes wait for the one read in progress and share it.
+at most once every ``max_age_s`` seconds, in a thread of its own: a scrape never waits long for the store.
 :class:`FleetCollector` turns that read into metric families (``prometheus_client``'s custom-collector
 interface). The names and labels are listed in ``deploy/prometheus/METRICS.md``; alert rules build on them.
 """
@@ -23,13 +23,22 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from edgekit.fleet.errors import StoreError
 from edgekit.fleet.liveness import STATES
+from edgekit.fleet.store import fleet_reads
 from edgekit.fleet.store.base import DeviceSummary, FleetStore, ModelAggregate
+from edgekit.fleet.store.sql import SqlFleetStore
 from edgekit.fleet.store.urls import redact
 
 logger = logging.getLogger(__name__)
 
 #: How long one store read serves scrapes, by default (``fleet collect --metrics-cache-seconds``).
 DEFAULT_CACHE_S = 5.0
+#: The longest a scrape waits for a store read, when it has nothing it may serve (the first scrapes, cache 0).
+READ_WAIT_S = 2.0
+#: Each statement of a metrics read on PostgreSQL is cut after this many seconds (statement_timeout).
+READ_TIMEOUT_S = 20.0
+#: A good read is served until it is this many cache ages old, and at least MIN_STALE_AFTER_S: then store_up is 0.
+STALE_AFTER_READS = 3
+MIN_STALE_AFTER_S = 60.0
 #: Per-model series cover the model windows that ended this recently.
 MODEL_LOOKBACK = dt.timedelta(minutes=5)
 #: Devices in these states are left out of the median/max statistics: their newest window may be days old.
@@ -79,74 +88,121 @@ class FleetSnapshot:
 
 class FleetReader:
     """Reads ``store`` (one of its own: a scrape then never waits for the collector's writer) at most once every
-    ``max_age_s`` seconds; ``fleet`` restricts it to one fleet. :meth:`snapshot` returns the newest good read.
+    ``max_age_s`` seconds; ``fleet`` restricts it to one fleet. :meth:`snapshot` returns the newest good read while
+    it may be served: the last read succeeded and it is at most :attr:`stale_after_s` old (3 x ``max_age_s``, at
+    least 60 s); else None, and the scrape serves no series from the store (``edgekit_fleet_store_up`` 0).
 
-    ``background=True`` (what the metrics server uses; it calls :meth:`prime` when it starts): only the first call
-    waits for a read (for what is left of the primed one); later calls return the newest read at once, and a
-    thread reads the store again every ``max_age_s`` seconds for as long as calls keep coming (it stops after
-    ``idle_s`` without one), so a scrape costs the same however slow the store read is, and serves figures at
-    most ``max_age_s`` plus one read old. The first call after such a pause (the thread stopped, the read older
-    than that) reads the store itself, as a call without ``background`` does, then starts the thread again: it
-    never serves figures from before the pause. Otherwise a call finding the read older than
-    ``max_age_s`` reads the store itself (callers arriving meanwhile wait for that read and share it)."""
+    Reads run in a thread of their own, never in the caller's, and one at a time. A call finding the newest read
+    older than ``max_age_s`` starts one unless one is in progress. It waits (at most ``wait_s``) for a read it
+    started itself, and for one in progress only while no read has ended yet (the first scrapes after the server
+    started); a call finding a read in progress otherwise returns at once with what may be served, if anything. A
+    store that hangs thus costs a scrape ``wait_s`` at most, the first ones only (on PostgreSQL each statement of
+    these reads is also cut after ``read_timeout_s``: :meth:`PostgresStore.bound_reads`).
+
+    ``background=True`` (what the metrics server uses; it calls :meth:`prime` when it starts): a thread reads the
+    store again every ``max_age_s`` seconds for as long as calls keep coming (it stops after ``idle_s`` without
+    one), and a call returns the newest good read at once while that thread keeps it fresh, so a scrape costs the
+    same however slow the store read is and serves figures at most ``max_age_s`` plus one read old. The first call
+    after such a pause (the thread stopped, the read older than that) waits for a new read as above: it never
+    serves figures from before the pause."""
 
     def __init__(self, store: FleetStore, *, fleet: str | None = None, max_age_s: float = DEFAULT_CACHE_S,
-                 background: bool = False, idle_s: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+                 background: bool = False, idle_s: float = 300.0, wait_s: float = READ_WAIT_S,
+                 read_timeout_s: float = READ_TIMEOUT_S, clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         if not max_age_s >= 0:
             raise StoreError(f"metrics cache age must be >= 0 seconds, got {max_age_s!r}",
                              hint="give --metrics-cache-seconds a number of seconds (0 reads the store on every scrape)")  # fmt: skip
         self.store, self.fleet, self.max_age_s, self._clock = store, fleet, max_age_s, clock
-        self.background, self.idle_s = background and max_age_s > 0, idle_s
-        self._lock = threading.Lock()  # held during a read
-        self._state = threading.Lock()  # guards _snapshot, _refresher, _asked_at
-        self._snapshot: FleetSnapshot | None = None
+        self.background, self.idle_s, self.wait_s = background and max_age_s > 0, idle_s, wait_s
+        self.stale_after_s = max(STALE_AFTER_READS * max_age_s, MIN_STALE_AFTER_S)
+        bound_reads = getattr(store, "bound_reads", None)  # PostgreSQL: a statement timeout on this store's reads
+        if callable(bound_reads):
+            bound_reads(read_timeout_s)
+        self._state = threading.Condition()  # guards everything below; notified when a read ends
+        self._snapshot: FleetSnapshot | None = None  # the newest good read
+        self._last_ok = False  # whether the last read that ended succeeded
+        self._reading: threading.Thread | None = None  # the read in progress
+        self._ended = 0  # reads ended (succeeded or failed)
         self._refresher: threading.Thread | None = None
-        self._first_read: threading.Thread | None = None
         self._asked_at = clock()
         self._closed = threading.Event()
         self.reads = 0
         self.read_errors = 0
 
     def snapshot(self) -> FleetSnapshot | None:
-        """The newest read (see the class); after a failed read, the last good one (None if there is none)."""
+        """The newest good read while it may be served (see the class), else None."""
         with self._state:
-            self._asked_at, current, refreshing = self._clock(), self._snapshot, self._refresher is not None
-        if current is None or not self.background:
-            return self._read(current)
-        age_s = self._clock() - current.read_at
-        if age_s >= self.max_age_s:
-            if not refreshing and age_s >= self.max_age_s + current.read_s:  # idle: older than a refresher lets it get
-                current = self._read(current) or current
+            self._asked_at = now = self._clock()
+            current, refreshing = self._servable(now), self._refresher is not None
+            if current is not None and now - current.read_at < self.max_age_s:
+                return current
+            in_progress, ended, ever_read = self._reading is not None, self._ended, self._ended > 0
+            self._start_read()
+        if self.background:
             self._start_refresher()
+            if current is not None and (refreshing or now - current.read_at < self.max_age_s + current.read_s):
+                return current  # the refresher keeps it fresh: served at once, read again behind it
+        if in_progress and (current is not None or ever_read):
+            return current  # a read is under way: serve what there is, without waiting for it
+        with self._state:
+            self._state.wait_for(lambda: self._ended > ended or self._closed.is_set(), timeout=self.wait_s)
+            return self._servable(self._clock())
+
+    def latest(self) -> FleetSnapshot | None:
+        """The newest good read, however old (for its age and duration)."""
+        with self._state:
+            return self._snapshot
+
+    def _servable(self, now: float) -> FleetSnapshot | None:
+        current = self._snapshot
+        if current is None or not self._last_ok or now - current.read_at > self.stale_after_s:
+            return None
         return current
 
-    def _read(self, seen: FleetSnapshot | None, force: bool = False) -> FleetSnapshot | None:
-        with self._lock:
-            current = self._snapshot
-            if current is not None and (current is not seen or not force) and self._clock() - current.read_at < self.max_age_s:
-                return current  # another caller read the store while this one waited
-            started = self._clock()
-            try:
-                summaries = tuple(self.store.device_summaries(self.fleet))
-                since = dt.datetime.now(dt.timezone.utc) - MODEL_LOOKBACK
-                models = tuple(self.store.model_aggregate(("fleet", "model", "bundle_id"), fleet=self.fleet, since=since))
-            except StoreError as exc:
-                self.read_errors += 1
-                logger.warning("metrics: cannot read the fleet store %s: %s", redact(self.store.url), exc)
-                return current
+    def _start_read(self) -> None:
+        """A read in a thread of its own, unless one is in progress (call with ``_state`` held)."""
+        if self._reading is None and not self._closed.is_set():
+            self._reading = threading.Thread(target=self._read, name="edgekit-metrics-read", daemon=True)
+            self._reading.start()
+
+    def _read(self) -> None:
+        started = self._clock()
+        fresh: FleetSnapshot | None = None
+        try:
+            summaries = tuple(self.store.device_summaries(self.fleet))
+            models = tuple(self._models())
             families = (*fleet_families(summaries), *model_families(models))
             finished = self._clock()
-            self.reads += 1
             fresh = FleetSnapshot(summaries, models, read_at=finished, read_s=finished - started, families=families)
+        except StoreError as exc:
+            logger.warning("metrics: cannot read the fleet store %s, so the fleet series are left out (edgekit_fleet_store_up "
+                           "0) until a read succeeds: %s", redact(self.store.url), exc)  # fmt: skip
+        except Exception:  # a bug, not the store: the scrape still serves the collector's counters
+            logger.exception("metrics: reading the fleet store %s failed", redact(self.store.url))
+        finally:
             with self._state:
-                self._snapshot = fresh
-            return fresh
+                if fresh is not None:
+                    self._snapshot, self.reads = fresh, self.reads + 1
+                else:
+                    self.read_errors += 1
+                self._last_ok = fresh is not None
+                self._reading = None
+                self._ended += 1
+                self._state.notify_all()
+
+    def _models(self) -> list[ModelAggregate]:
+        """The per-model aggregates over the windows that ended in the last :data:`MODEL_LOOKBACK`."""
+        since = dt.datetime.now(dt.timezone.utc) - MODEL_LOOKBACK
+        if isinstance(self.store, SqlFleetStore):
+            return fleet_reads.recent_model_aggregate(self.store, fleet=self.fleet, ended_since=since)
+        return list(self.store.model_aggregate(("fleet", "model", "bundle_id"), fleet=self.fleet, since=since))
 
     def prime(self) -> None:
         """Start one read in the background now, so that the first call need not wait for all of it."""
-        if self.background and self._first_read is None:
-            self._first_read = threading.Thread(target=self._read, args=(None,), name="edgekit-metrics-first-read", daemon=True)
-            self._first_read.start()
+        if self.background:
+            with self._state:
+                if self._ended == 0:
+                    self._start_read()
 
     def _start_refresher(self) -> None:
         with self._state:
@@ -159,11 +215,11 @@ class FleetReader:
         try:
             while not self._closed.is_set():
                 with self._state:
-                    idle = self._clock() - self._asked_at >= self.idle_s
-                    current = self._snapshot
-                if idle:
-                    return
-                self._read(current, force=True)
+                    if self._clock() - self._asked_at >= self.idle_s:
+                        return
+                    ended = self._ended
+                    self._start_read()
+                    self._state.wait_for(lambda: self._ended > ended or self._closed.is_set())
                 self._closed.wait(self.max_age_s)
         finally:
             with self._state:
@@ -173,8 +229,9 @@ class FleetReader:
         """Stop the background reads (the store is the caller's to close)."""
         self._closed.set()
         with self._state:
-            refresher = self._refresher
-        for thread in (refresher, self._first_read):
+            self._state.notify_all()
+            threads = (self._refresher, self._reading)
+        for thread in threads:
             if thread is not None:
                 thread.join(timeout=30)
 
@@ -192,11 +249,16 @@ class FleetCollector:
         snapshot = self.reader.snapshot()
         if snapshot is not None:
             yield from snapshot.families
-        read = GaugeMetricFamily("edgekit_fleet_store_read_seconds", "How long the newest store read for these metrics took.")
-        age = GaugeMetricFamily("edgekit_fleet_store_read_age_seconds", "Age of the store read this scrape was served from.")
-        if snapshot is not None:
-            read.add_metric([], snapshot.read_s)
-            age.add_metric([], self.reader.age_s(snapshot))
+        yield GaugeMetricFamily("edgekit_fleet_store_up",
+                                "1 while the fleet series are served from a recent good store read; 0 after a failed read, "
+                                "or when the newest good one is too old (the fleet series are then left out).",
+                                value=1 if snapshot is not None else 0)  # fmt: skip
+        latest = self.reader.latest()
+        read = GaugeMetricFamily("edgekit_fleet_store_read_seconds", "How long the newest good store read for these metrics took.")
+        age = GaugeMetricFamily("edgekit_fleet_store_read_age_seconds", "Age of the newest good store read (served or not).")
+        if latest is not None:
+            read.add_metric([], latest.read_s)
+            age.add_metric([], self.reader.age_s(latest))
         yield read
         yield age
         yield CounterMetricFamily("edgekit_fleet_store_read_errors_total", "Store reads for these metrics that failed.",
@@ -272,5 +334,5 @@ def device_state_family(summaries: Iterable[DeviceSummary], fleet: str | None = 
     return family
 
 
-__all__ = ["DEFAULT_CACHE_S", "DEVICE_STATS", "FLEET_FIGURES", "MODEL_LOOKBACK", "FleetCollector", "FleetReader", "FleetSnapshot",
+__all__ = ["DEFAULT_CACHE_S", "DEVICE_STATS", "FLEET_FIGURES", "MODEL_LOOKBACK", "READ_TIMEOUT_S", "READ_WAIT_S", "FleetCollector", "FleetReader", "FleetSnapshot",
            "device_state_family", "fleet_families", "model_families"]

@@ -130,7 +130,9 @@ def test_fleet_series_count_devices_per_state_and_summarise_the_live_ones(fleet_
 
 def test_per_device_series_are_opt_in(fleet_store: FleetStore) -> None:
     metrics = IngestMetrics()
-    metrics.observe_windows([window(2, device="on-1", latencies_ms=[10.0] * 10), window(5, device="elsewhere", fleet="other")])
+    recent = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=30)  # heard from: not expired (test_metrics_store_outage.py)
+    metrics.observe_windows([window(2, device="on-1", latencies_ms=[10.0] * 10, start=recent),
+                             window(5, device="elsewhere", fleet="other", start=recent)])  # fmt: skip
     plain = MetricsServer(metrics, 0, store=MetricsStore.of(fleet_store)).start()
     opted = MetricsServer(metrics, 0, store=MetricsStore.of(fleet_store), per_device=True).start()
     try:
@@ -224,7 +226,9 @@ def _eventually(check: Callable[[], bool], timeout_s: float = 5.0) -> bool:
     return False
 
 
-def test_a_failed_store_read_serves_the_last_good_one(sqlite_fleet_store: FleetStore) -> None:
+def test_a_failed_store_read_leaves_the_fleet_series_out(sqlite_fleet_store: FleetStore) -> None:
+    """After a failed read the scrape serves the collector's counters and store_up 0, not the last good figures
+    (which would keep device-offline and device-stale from ever firing in an outage)."""
     store = MetricsStore.of(sqlite_fleet_store)
     server = MetricsServer(IngestMetrics(), 0, store=store, cache_s=0.0).start()
     try:
@@ -233,9 +237,14 @@ def test_a_failed_store_read_serves_the_last_good_one(sqlite_fleet_store: FleetS
         second = _parsed(_get(server.url))
     finally:
         server.stop()
-    assert second["edgekit_fleet_devices"].samples == first["edgekit_fleet_devices"].samples
+    assert first["edgekit_fleet_devices"].samples and first["edgekit_fleet_store_up"].value({}) == 1
+    assert "edgekit_fleet_devices" not in second or not second["edgekit_fleet_devices"].samples
+    assert not [name for name, f in second.items() if name.startswith("edgekit_fleet_") and f.samples
+                and not name.startswith("edgekit_fleet_store_")]  # fmt: skip
+    assert second["edgekit_fleet_store_up"].value({}) == 0
     assert second["edgekit_fleet_store_read_errors_total"].value({}) == 1
     assert second["edgekit_fleet_store_read_age_seconds"].value({}) >= 0
+    assert second["edgekit_collector_messages_received_total"].type == "counter"
 
 
 class MetricsStore:

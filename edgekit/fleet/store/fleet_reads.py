@@ -17,12 +17,18 @@ bucket (a rollout) counts once per group there. Exact distinct counts come from 
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
+from edgekit.fleet.store.base import ModelAggregate
 from edgekit.fleet.store.buckets import TIERS, bucket_start
 
 if TYPE_CHECKING:
     from edgekit.fleet.store.dialect import SqlDialect
+
+    class ReadingStore(SqlDialect, Protocol):
+        """A SQL store that reads (:class:`edgekit.fleet.store.sql.SqlFleetStore`, named by protocol: it imports us)."""
+
+        def _query(self, doing: str, sql: str, params: Any = ()) -> list[tuple[Any, ...]]: ...
 
 MINUTE, HOUR = TIERS
 _UTC = dt.timezone.utc
@@ -137,4 +143,45 @@ def model_aggregate_sql(store: SqlDialect, keys: Sequence[str], params: dict[str
                     params, bucket_s)  # fmt: skip
 
 
-__all__ = ["fleet_aggregate_sql", "model_aggregate_sql", "serves", "time_ranges"]
+#: The longest window ingest accepts (edgekit.fleet.ingest.MAX_WINDOW): a window ending now started at most this long ago.
+LONGEST_WINDOW = dt.timedelta(days=1)
+
+
+def recent_model_aggregate(store: ReadingStore, *, fleet: str | None, ended_since: dt.datetime,
+                           now: dt.datetime | None = None) -> list[ModelAggregate]:  # fmt: skip
+    """Per (fleet, model, bundle), the minute buckets holding a window that ended at ``ended_since`` or later (the
+    metrics server's per-model series): picked by ``window_end_max``, not by the bucket's start, so a device sending
+    5-minute windows is not left out because its windows start more than the lookback ago. The buckets' start is
+    bounded by the longest window ingest accepts, which keeps the read on the primary key's range
+    (bucket_s, bucket_start, ...): a day of minute buckets per (fleet, model, bundle), whatever the fleet's size."""
+    keys = ("fleet", "model", "bundle_id")
+    now = now or dt.datetime.now(_UTC)
+    params: dict[str, Any] = {"recent_low": store.time_in(_at(bucket_start((now - LONGEST_WINDOW).timestamp(), MINUTE))),
+                              "recent_end": store.time_in(ended_since)}  # fmt: skip
+    where = [f"b.bucket_s = {int(MINUTE)}", "b.bucket_start >= :recent_low", "b.window_end_max >= :recent_end"]
+    if fleet is not None:
+        where.append("b.fleet = :fleet")
+        params["fleet"] = fleet
+    sql = _grouped(store, "fleet_model_buckets", MODEL_KEY_COLUMNS, keys, _MODEL_INNER, _MODEL_OUTER, " AND ".join(where),
+                   params, None)  # fmt: skip
+    found = []
+    for row in store._query("reading the recent per-model aggregates", sql, params):
+        figures = row[len(MODEL_KEY_COLUMNS) + 1:]
+        if not figures[1]:
+            continue
+        found.append(ModelAggregate(
+            fleet=row[0], device=None, model=row[2] or None, bundle_id=row[3] or None, bucket_start=None,
+            devices=int(figures[0]), windows=int(figures[1]), inferences=int(figures[2]), errors=int(figures[3]),
+            p50_ms=_number(figures[4]), p99_ms=_number(figures[5]), p99_max_ms=_number(figures[6]),
+            throughput_per_s=_number(figures[7]), memory_mb_max=_number(figures[8]),
+            first_window_start=store.time_out(figures[9]) if figures[9] is not None else None,
+            last_window_end=store.time_out(figures[10]) if figures[10] is not None else None,
+        ))  # fmt: skip
+    return found
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if value is not None else None
+
+
+__all__ = ["fleet_aggregate_sql", "model_aggregate_sql", "recent_model_aggregate", "serves", "time_ranges"]

@@ -151,8 +151,20 @@ class PostgresStore(SqlFleetStore):
             self._connect()
         return self._connection.cursor()
 
+    #: Each statement of a read-only transaction is cut after this many seconds (None: never); set on the metrics
+    #: server's own store only (:meth:`bound_reads`), never on the collector's writer.
+    read_timeout_s: float | None = None
+
+    def bound_reads(self, seconds: float) -> None:
+        """Cut each statement of this store's read-only transactions after ``seconds`` (``SET LOCAL
+        statement_timeout``), so a locked table or an overloaded server fails a read instead of hanging it: what the
+        metrics server's reader asks of its own store. Writes are not bounded."""
+        self.read_timeout_s = seconds if seconds and seconds > 0 else None
+
     def _begin(self, cursor: Any, *, write: bool = True) -> None:
         cursor.execute("BEGIN")
+        if not write and self.read_timeout_s is not None:
+            cursor.execute(f"SET LOCAL statement_timeout = {max(int(self.read_timeout_s * 1000), 1)}")
 
     def _commit(self, cursor: Any) -> None:
         cursor.execute("COMMIT")
@@ -171,6 +183,10 @@ class PostgresStore(SqlFleetStore):
             # program limit exceeded (a statement too complex, an index row too large): this data fails every time,
             # so it is refused (the collector writes the batch one by one) rather than retried forever
             return StoreError(f"fleet store {where} failed while {doing}: {str(exc).strip()}")
+        if isinstance(exc, psycopg.Error) and getattr(exc, "sqlstate", None) == "57014" and self.read_timeout_s is not None:
+            return StoreUnavailableError(f"fleet store {where} did not answer within {self.read_timeout_s:g} s while {doing}: "
+                                         f"{str(exc).strip()}", hint="a table is locked or the server is overloaded; the "
+                                         "read is tried again (the metrics server's statement timeout)")  # fmt: skip
         if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
             return StoreUnavailableError(f"fleet store {where} failed while {doing}: {str(exc).strip()}",
                                          hint="the database connection was lost or refused; it is retried")  # fmt: skip
