@@ -34,7 +34,7 @@ from typing import Iterable, Iterator
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from edgekit.fleet.errors import CollectorError, StoreError
+from edgekit.fleet.errors import CollectorError
 from edgekit.fleet.ingest import READ_KINDS, REJECTION_REASONS
 from edgekit.fleet.liveness import DEFAULT_INTERVAL_S, liveness_state
 from edgekit.fleet.metrics_fleet import DEFAULT_CACHE_S, FleetCollector, FleetReader, FleetSnapshot, device_state_family
@@ -281,11 +281,8 @@ class MetricsServer:
         snapshot = self.reader.snapshot() if self.reader is not None else None
         families = self._device_families(fleet, snapshot)
         if fleet is not None and self.reader is not None and snapshot is not None and not any(f.samples for f in families):
-            try:  # only while the store answers (store_up 1): asking a hanging store would hang this scrape
-                known = self.reader.store.known_values("fleet")
-            except StoreError as exc:  # cannot tell: serve the empty answer
-                logger.warning("metrics: cannot list the fleets of %s: %s", redact(self.reader.store.url), exc)
-                known = [fleet]
+            # the fleets of the read being served, never the store from this thread (a hanging store would hang it)
+            known = sorted({summary.fleet for summary in snapshot.summaries})
             if fleet not in known:
                 raise UnknownFleetError(f"no device of fleet {fleet!r} ever reported to the store {redact(self.reader.store.url)}",
                                         hint=f"known fleets: {', '.join(known[:8]) or 'none yet'}")  # fmt: skip

@@ -89,8 +89,8 @@ class FleetSnapshot:
 class FleetReader:
     """Reads ``store`` (one of its own: a scrape then never waits for the collector's writer) at most once every
     ``max_age_s`` seconds; ``fleet`` restricts it to one fleet. :meth:`snapshot` returns the newest good read while
-    it may be served: the last read succeeded and it is at most :attr:`stale_after_s` old (3 x ``max_age_s``, at
-    least 60 s); else None, and the scrape serves no series from the store (``edgekit_fleet_store_up`` 0).
+    it may be served: at most :attr:`stale_after_s` old (3 x ``max_age_s``, at least 60 s), whether or not later
+    reads failed; else None, and the scrape serves no series from the store (``edgekit_fleet_store_up`` 0).
 
     Reads run in a thread of their own, never in the caller's, and one at a time. A call finding the newest read
     older than ``max_age_s`` starts one unless one is in progress. It waits (at most ``wait_s``) for a read it
@@ -120,7 +120,6 @@ class FleetReader:
             bound_reads(read_timeout_s)
         self._state = threading.Condition()  # guards everything below; notified when a read ends
         self._snapshot: FleetSnapshot | None = None  # the newest good read
-        self._last_ok = False  # whether the last read that ended succeeded
         self._reading: threading.Thread | None = None  # the read in progress
         self._ended = 0  # reads ended (succeeded or failed)
         self._refresher: threading.Thread | None = None
@@ -155,7 +154,9 @@ class FleetReader:
 
     def _servable(self, now: float) -> FleetSnapshot | None:
         current = self._snapshot
-        if current is None or not self._last_ok or now - current.read_at > self.stale_after_s:
+        # served after a failed read too, until stale: one failed read must not blank the series (Prometheus would mark
+        # them stale and every rule's `for:` would start again); repeated failures show in read_errors_total
+        if current is None or now - current.read_at > self.stale_after_s:
             return None
         return current
 
@@ -185,7 +186,6 @@ class FleetReader:
                     self._snapshot, self.reads = fresh, self.reads + 1
                 else:
                     self.read_errors += 1
-                self._last_ok = fresh is not None
                 self._reading = None
                 self._ended += 1
                 self._state.notify_all()
@@ -250,8 +250,8 @@ class FleetCollector:
         if snapshot is not None:
             yield from snapshot.families
         yield GaugeMetricFamily("edgekit_fleet_store_up",
-                                "1 while the fleet series are served from a recent good store read; 0 after a failed read, "
-                                "or when the newest good one is too old (the fleet series are then left out).",
+                                "1 while the fleet series are served from a recent good store read; 0 when the newest good one "
+                                "is too old or there is none (the fleet series are then left out).",
                                 value=1 if snapshot is not None else 0)  # fmt: skip
         latest = self.reader.latest()
         read = GaugeMetricFamily("edgekit_fleet_store_read_seconds", "How long the newest good store read for these metrics took.")

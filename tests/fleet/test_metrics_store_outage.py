@@ -89,7 +89,11 @@ def test_a_read_older_than_the_limit_is_not_served(tmp_path: Path) -> None:
         clock[0] += 4.0
         assert reader.snapshot() is first  # within the cache age: not read again
         clock[0] += 2.0
-        assert reader.snapshot() is None and reader.read_errors == 1  # a failed read: nothing served
+        # a failed read: the last good one is still served (one failure must not blank the series: Prometheus would
+        # mark them stale and every rule's `for:` would start again), until it is too old
+        assert reader.snapshot() is first and reader.read_errors == 1
+        clock[0] += 55.0  # 61 s old: past 3 x 5 s, at least 60 s
+        assert reader.snapshot() is None and reader.read_errors >= 2
         assert reader.latest() is first  # (its age is still published)
         reader.close()
 
@@ -98,10 +102,11 @@ def test_a_read_older_than_the_limit_is_not_served(tmp_path: Path) -> None:
 def test_the_store_down_rule_passes_promtool_and_fires() -> None:
     rules = DEPLOY / "collector_rules.yml"
     checked = subprocess.run([PROMTOOL, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
-    assert checked.returncode == 0 and "SUCCESS: 1 rules found" in checked.stdout, checked.stdout + checked.stderr
+    assert checked.returncode == 0 and "SUCCESS: 2 rules found" in checked.stdout, checked.stdout + checked.stderr
     tested = subprocess.run([PROMTOOL, "test", "rules", "collector_rules_test.yml"], cwd=DEPLOY, capture_output=True,
                             text=True, timeout=120)  # fmt: skip
     assert tested.returncode == 0 and "SUCCESS" in tested.stdout, tested.stdout + tested.stderr
+    assert "increase(edgekit_fleet_store_read_errors_total[10m])" in rules.read_text()
     assert "edgekit_fleet_store_up" in rules.read_text() and "`edgekit_fleet_store_up`" in (DEPLOY / "METRICS.md").read_text()
 
 
@@ -276,3 +281,28 @@ def _promtool_checks(text: str) -> None:
     checked = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
+
+def test_an_unknown_fleet_is_answered_from_the_read_being_served_not_the_store(tmp_path: Path) -> None:
+    """/metrics/devices?fleet=F for a fleet no device reported: 404 from the fleets of the read being served; before,
+    the scrape asked the store from its own thread, and a hanging store hung it (7 s, up to twice the timeout)."""
+    from edgekit.fleet.metrics import UnknownFleetError
+
+    url = f"sqlite:///{tmp_path / 'fleet.db'}"
+    with open_store(url) as store:
+        _fill(store)
+    own = open_store(url)
+    server = MetricsServer(IngestMetrics(), 0, store=own, cache_s=60.0)
+    try:
+        assert server.reader is not None and server.reader.snapshot() is not None
+
+        def hanging(*args: object, **kwargs: object) -> list[str]:
+            raise AssertionError("the scrape asked the store")
+
+        own.known_values = hanging  # type: ignore[method-assign]
+        with pytest.raises(UnknownFleetError, match="no device of fleet 'nope' ever reported") as info:
+            server.render_devices("nope")
+        assert "known fleets: lab" in (info.value.hint or "")
+        assert "edgekit_device_state" in server.render_devices("lab")
+    finally:
+        server.reader.close()
+        own.close()
