@@ -344,7 +344,10 @@ class BinaryDecisionMetric:
             tp += int((got & ref).sum())
             fp += int((got & ~ref).sum())
             fn += int((~got & ref).sum())
-        f1, iou = positive_set_scores(tp, fp, fn)
+        if tp + fn == 0 and self.options.report == "agreement":
+            f1 = iou = None  # nothing to find: agreement still counts the candidate's false positives (advice below)
+        else:
+            f1, iou = positive_set_scores(tp, fp, fn)
         agreement = agree / max(total, 1)
         positive_rate = (tp + fn) / max(total, 1)
         details: dict[str, Any] = {"threshold": self.options.threshold, "report": self.options.report, "decisions": total,
@@ -356,10 +359,15 @@ class BinaryDecisionMetric:
         return {"agreement": agreement, "f1": f1, "iou": iou}[self.options.report], details
 
 
-def rare_positive_advice(options: BinaryDecisionOptions, positive_rate: float, agreement: float, f1: float) -> str | None:
-    """What the build log says when the budget reads agreement over decisions that are mostly negative."""
+def rare_positive_advice(options: BinaryDecisionOptions, positive_rate: float, agreement: float,
+                         f1: float | None) -> str | None:  # fmt: skip
+    """What the build log says when the budget reads agreement over decisions that are mostly (or all) negative."""
     if options.report != "agreement" or positive_rate >= RARE_POSITIVE_RATE:
         return None
+    if f1 is None:
+        return (f"binary_decision: FP32 decides no positive in the evaluation set, so agreement ({agreement:.4f}) counts "
+                "only the candidate's false positives, never a lost positive: evaluate on data where FP32 decides "
+                "positive (or lower evaluation.binary_decision.threshold) to judge the positives")
     return (f"binary_decision: {positive_rate:.1%} of FP32's decisions are positive (under {RARE_POSITIVE_RATE:.0%}), so agreement "
             f"({agreement:.4f}) hides lost positives; F1 of the positives is {f1:.4f}: set evaluation.binary_decision.report: f1 "
             "(or iou) and budget it")

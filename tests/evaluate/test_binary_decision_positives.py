@@ -120,3 +120,16 @@ def test_the_build_log_and_manifest_recommend_f1_where_positives_are_rare(tmp_pa
     assert details["positive_rate"] < 0.10 and "set evaluation.binary_decision.report: f1" in details["advice"]
     manifest = build(_recipe(tmp_path, "f1"), "x86-64-cpu", precision="fp32", out=tmp_path / "bundle-f1").manifest
     assert manifest["accuracy"]["value"] == 1.0 and "advice" not in manifest["accuracy"]["details"]
+
+
+def test_agreement_over_a_reference_without_positives_is_judged_with_advice() -> None:
+    """report: agreement still tells false positives when FP32 decides no positive (a real VAD on silence); only f1 and
+    iou, which have nothing to find there, refuse such an evaluation set."""
+    reference = np.zeros(20, np.float32)
+    got = np.zeros(20, np.float32)
+    got[3] = 0.9  # one false positive
+    value, details = BinaryDecisionMetric(BinaryDecisionOptions(report="agreement"), "p")([{"p": got}], [{"p": reference}])
+    assert value == pytest.approx(19 / 20) and details["f1"] is None and details["reference_positives"] == 0
+    assert "FP32 decides no positive in the evaluation set" in details["advice"]
+    with pytest.raises(EvaluationError, match="cannot judge the model"):
+        BinaryDecisionMetric(BinaryDecisionOptions(report="f1"), "p")([{"p": got}], [{"p": reference}])
