@@ -95,6 +95,8 @@ class Estimate:
             "by_class": self.by_class, "total_ops": self.cost.total_ops, "dims": self.cost.dims,
             "factors": list(self.factors), "calibration": self.calibration, "hardware": self.hardware,
         }  # fmt: skip
+        if not self.energy:  # why the list is empty, as the text output says
+            doc["energy_note"] = self.no_energy_text()
         if nodes:
             doc["nodes"] = [{"name": n, "op_type": op, "op_class": cls, "ms": ms} for n, op, cls, ms in self.node_ms]
         return doc

@@ -53,3 +53,13 @@ def test_the_report_section_says_so_too(tmp_path: Path) -> None:
     assert ("energy (estimate)", NO_ENERGY.format("raspberry-pi-5")) in section["facts"]
     section = estimate_section(estimate(model, get_target("jetson-orin-nano-8gb")))
     assert section["energy"] and not [fact for fact in section["facts"] if fact[0] == "energy (estimate)"]
+
+
+def test_the_json_says_so_too(tmp_path: Path, capsys) -> None:
+    import json
+
+    assert main(["estimate", str(_model(tmp_path / "relu.onnx")), "--target", "x86-64-cpu", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert doc["energy"] == [] and doc["energy_note"] == NO_ENERGY.format("x86-64-cpu")
+    assert main(["estimate", str(_model(tmp_path / "relu.onnx")), "--target", "jetson-orin-nano-8gb", "--json"]) == 0
+    assert "energy_note" not in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
