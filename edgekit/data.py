@@ -10,12 +10,18 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+import logging
+import re
+from dataclasses import replace
+
 import numpy as np
 
 from edgekit.errors import RecipeError
 from edgekit.recipe import CallableData, DataSource, NpzData, Recipe, StateSpec, TensorSpec
 from edgekit.sources._util import import_callable
 from edgekit_runtime.signature import STRING_DTYPE, is_string_array, numpy_dtype
+
+log = logging.getLogger(__name__)
 
 Batch = dict[str, np.ndarray]
 RunFn = Callable[[Batch], dict[str, np.ndarray]]
@@ -33,21 +39,46 @@ def load_batches(recipe: Recipe, source: DataSource, field: str) -> list[Batch]:
     where = f"{recipe.path}: data.{field}"
     if isinstance(source, CallableData):
         fn = import_callable(source.callable, RecipeError, where, recipe.base_dir)
+        files: list[Any] | None = None
         try:
-            items = list(fn(**source.kwargs))
+            returned = fn(**source.kwargs)
         except Exception as exc:
             raise RecipeError(f"{where}: '{source.callable}' raised {type(exc).__name__}: {exc}") from exc
+        _check_returned(recipe, returned, f"{where}: '{source.callable}'")
+        try:
+            items = list(returned)
+        except Exception as exc:  # a generator that raises part-way
+            raise RecipeError(f"{where}: '{source.callable}' raised {type(exc).__name__}: {exc}") from exc
     elif isinstance(source, NpzData):
-        items = _load_npz_dir(recipe, recipe.resolve(source.npz_dir), where)
+        items, files = _load_npz_dir(recipe, recipe.resolve(source.npz_dir), where)
     else:  # pragma: no cover - the schema admits only the two kinds
         raise TypeError(source)
     if not items:
         raise RecipeError(f"{where}: the data source returned no batches")
     if recipe.state:
-        return _flatten_sequences(recipe, items, where)
+        return _flatten_sequences(recipe, items, where, files)
     for index, batch in enumerate(items):
-        check_batch(recipe, batch, f"{where} batch {index}")
+        check_batch(recipe, batch, f"{where} batch {index}" + (f" ({files[index]})" if files else ""))
     return items
+
+
+def _check_returned(recipe: Recipe, returned: object, where: str) -> None:
+    """A data callable returns a list (or iterable) of batches, or of sequences for a stateful recipe: a lone dict or
+    None is refused here, before ``list()`` would turn a dict into its keys or fail on None."""
+    wanted = ("a list of sequences, each a list of chunks (dicts of input name -> array)" if recipe.state
+              else "a list of batches (dicts of input name -> array)")
+    if returned is None:
+        raise RecipeError(f"{where} returned None, not {wanted}", hint="end the callable with a return of the list (or yield each batch)")
+    if isinstance(returned, Mapping):
+        raise RecipeError(f"{where} returned a single dict (keys {sorted(map(str, returned))[:5]}), not {wanted}",
+                          hint="wrap it in a list: return [batch]")
+    if isinstance(returned, (str, bytes, np.ndarray)) or not isinstance(returned, Iterable):
+        raise RecipeError(f"{where} returned a {type(returned).__name__}, not {wanted}", hint="return a list of dicts of input name -> array")
+
+
+def _natural_key(path: Path) -> list[Any]:
+    """Sort key of a file or folder name with its numbers compared as numbers: 2.npz before 10.npz."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
 
 
 def _load_npz(path: Path) -> Batch:
@@ -63,22 +94,26 @@ def _load_npz(path: Path) -> Batch:
                           hint="write it with numpy.savez (numeric or string arrays, no Python objects)") from exc  # fmt: skip
 
 
-def _load_npz_dir(recipe: Recipe, directory: Path, where: str) -> list[Any]:
+def _load_npz_dir(recipe: Recipe, directory: Path, where: str) -> tuple[list[Any], list[Any]]:
+    """The batches (or sequences of chunks) of an npz_dir and, beside them, the file each came from. Names sort
+    naturally (numbers as numbers: 2 before 10)."""
     if recipe.state:  # one subdirectory per sequence, one .npz per chunk, in name order
-        folders = sorted(d for d in directory.iterdir() if d.is_dir() and any(d.glob("*.npz"))) if directory.is_dir() else []
+        folders = sorted((d for d in directory.iterdir() if d.is_dir() and any(d.glob("*.npz"))), key=_natural_key) if directory.is_dir() else []
         if not folders:
             raise RecipeError(f"{where}: no sequence folders with .npz files in {directory}",
-                              hint="the recipe has a state section: one subfolder per sequence, one .npz per chunk (sorted by name)")
-        return [[_load_npz(path) for path in sorted(folder.glob("*.npz"))] for folder in folders]
-    files = sorted(directory.glob("*.npz")) if directory.is_dir() else []
+                              hint="the recipe has a state section: one subfolder per sequence, one .npz per chunk (sorted by name, numbers as numbers)")
+        paths = [sorted(folder.glob("*.npz"), key=_natural_key) for folder in folders]
+        return [[_load_npz(path) for path in chunk_paths] for chunk_paths in paths], paths
+    files = sorted(directory.glob("*.npz"), key=_natural_key) if directory.is_dir() else []
     if not files:
         raise RecipeError(f"{where}: no .npz files in {directory}", hint="one .npz per batch, arrays keyed by input name")
-    return [_load_npz(path) for path in files]
+    return [_load_npz(path) for path in files], files
 
 
-def _flatten_sequences(recipe: Recipe, sequences: list[Any], where: str) -> list[Batch]:
+def _flatten_sequences(recipe: Recipe, sequences: list[Any], where: str, files: list[Any] | None = None) -> list[Batch]:
     chunks: list[Batch] = []
     for number, sequence in enumerate(sequences):
+        state_shapes: dict[str, tuple[int, ...]] = {}  # state input -> its shape at the sequence's first chunk
         if not isinstance(sequence, (list, tuple)) or not sequence:
             got = "an empty list" if isinstance(sequence, (list, tuple)) else type(sequence).__name__
             raise RecipeError(
@@ -86,7 +121,7 @@ def _flatten_sequences(recipe: Recipe, sequences: list[Any], where: str) -> list
                 hint="return a list of sequences, each a list of consecutive chunks (dicts of input name -> array) without the state inputs",
             )
         for step, chunk in enumerate(sequence):
-            place = f"{where} sequence {number} chunk {step}"
+            place = f"{where} sequence {number} chunk {step}" + (f" ({files[number][step]})" if files else "")
             if not isinstance(chunk, dict):
                 raise RecipeError(f"{place}: expected a dict of input name -> array, got {type(chunk).__name__}")
             chunk = dict(chunk)
@@ -97,9 +132,26 @@ def _flatten_sequences(recipe: Recipe, sequences: list[Any], where: str) -> list
                 if state.input not in chunk:
                     chunk[state.input] = initial_state(recipe, state, chunk)
             check_batch(recipe, chunk, place)
+            _check_state_dims(recipe, chunk, state_shapes, place)
             chunk[SEQUENCE_KEY] = np.array(number, dtype=np.int64)
             chunks.append(chunk)
     return chunks
+
+
+def _check_state_dims(recipe: Recipe, chunk: Batch, first: dict[str, tuple[int, ...]], place: str) -> None:
+    """The state a sequence carries from call to call keeps its shape: the dims it takes from the chunks (batch) must
+    not change within the sequence, or the previous call's state output cannot feed this call."""
+    for state in recipe.state:
+        shape = tuple(chunk[state.input].shape)
+        if first.setdefault(state.input, shape) == shape:
+            continue
+        spec = next(s for s in recipe.inputs if s.name == state.input)
+        dims = sorted({str(d) for d, a, b in zip(state.zeros or spec.shape, first[state.input], shape) if isinstance(d, str) and a != b})
+        named = f" (dim {', '.join(repr(d) for d in dims)})" if dims else ""
+        raise RecipeError(f"{place}: state input '{state.input}' is {list(shape)} at this chunk but {list(first[state.input])} at the "
+                          f"sequence's chunk 0{named}: the state carried between the sequence's calls cannot change shape",
+                          hint="keep the dims the state depends on (e.g. batch) the same in every chunk of a sequence; "
+                               "start a new sequence for another size")
 
 
 def initial_state(recipe: Recipe, state: StateSpec, chunk: Batch) -> np.ndarray:
@@ -186,6 +238,22 @@ def check_batch(recipe: Recipe, batch: object, where: str) -> None:
             if seen[0] != size:
                 raise RecipeError(f"{where}: dim '{dim}' is {seen[0]} in input '{seen[1]}' but {size} in input '{spec.name}'",
                                   hint="inputs that share a dynamic dim name must agree on its size within a batch")  # fmt: skip
+        _check_finite(array, spec.name, where)
+
+
+def _check_finite(array: np.ndarray, name: str, where: str) -> None:
+    """Float inputs hold no NaN and no +inf: one poisons the reference, the calibration ranges, the accuracy and the
+    golden outputs alike (a NaN pixel once made int8 'beat' FP32). -inf is taken: additive attention masks use it."""
+    if array.dtype.kind != "f" and "bfloat16" not in str(array.dtype):
+        return
+    values = np.asarray(array, dtype=np.float32)
+    nan, positive = int(np.count_nonzero(np.isnan(values))), int(np.count_nonzero(values == np.inf))
+    if nan or positive:
+        raise RecipeError(f"{where}: input '{name}' holds {nan + positive} non-finite value(s) of {array.size} ({nan} NaN, "
+                          f"{positive} +inf)",
+                          hint="replace or leave out the samples with NaN or infinity (e.g. numpy.nan_to_num, or drop that batch): "
+                               "they make the reference, calibration, accuracy and golden outputs meaningless (-inf, as in "
+                               "additive attention masks, is accepted)")
 
 
 def _check_in_range(recipe: Recipe, name: str, axis: int, dim: str, size: int, where: str) -> None:
@@ -269,3 +337,27 @@ def random_tensor(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Gener
 
 def dims_at(recipe: Recipe, point: Literal["min", "opt", "max"]) -> dict[str, int]:
     return {name: getattr(dim, point) for name, dim in recipe.dims.items()}
+
+
+def samples_accuracy_note(recipe: Recipe) -> str:
+    """Why an accuracy measured without ``data.evaluation`` is not on held-out data."""
+    calibrates = "" if recipe.data.calibration is not None else ", also calibrate a quantized model (no data.calibration)"
+    return (f"measured on data.samples (the recipe has no data.evaluation): the same batches give the golden outputs{calibrates}, "
+            "so this is not an accuracy on held-out data")
+
+
+def accuracy_batches(recipe: Recipe, evaluation: list[Batch] | None, samples: list[Batch]) -> tuple[list[Batch], str]:
+    """The batches the accuracy is measured on and which data field they are (``evaluation``, else ``samples`` with a
+    warning: builds without data.evaluation keep working, but say what their accuracy means)."""
+    if evaluation is not None:
+        return evaluation, "evaluation"
+    log.warning("%s: accuracy %s; add data.evaluation (held-out batches, with labels for the metric) to measure it apart",
+                recipe.path, samples_accuracy_note(recipe))
+    return samples, "samples"
+
+
+def with_accuracy_data(recipe: Recipe, result: Any, data: str) -> Any:
+    """An AccuracyResult that records its data field (``details.data``), with the note of a samples-measured accuracy."""
+    note = samples_accuracy_note(recipe) if data == "samples" else None
+    return replace(result, details={**(result.details or {}), "data": data},
+                   note="; ".join(n for n in (result.note, note) if n) or None)

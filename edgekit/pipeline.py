@@ -24,7 +24,7 @@ from edgekit.bundle.disk_full import build_places, disk_full_as_error
 from edgekit.bundle.leftovers import work_folder
 from edgekit.bundle.manifest import SCHEMA_VERSION, file_hashes, host_description, model_constant_args, model_opset, toolchain_versions, write_manifest
 from edgekit.bundle.staging import BundleStaging, check_destination
-from edgekit.data import Batch, dims_at, fit_batch, load_batches, model_inputs, run_batches, sequence_steps
+from edgekit.data import Batch, accuracy_batches, dims_at, fit_batch, load_batches, model_inputs, run_batches, sequence_steps, with_accuracy_data
 from edgekit.engines import BUILDERS, EngineBuild
 from edgekit.engines.onnxruntime import device_threads
 from edgekit.engines.openvino_nncf import check_quantizer
@@ -402,9 +402,9 @@ def stage_evaluate(state: BuildState, runner: OnnxRuntimeRunner) -> str | None:
     if recipe.evaluation is None:
         return f"{SKIPPED}the recipe has no evaluation section (metric and budget)"
     assert state.reference is not None
-    batches = state.evaluation or state.samples
+    batches, data = accuracy_batches(recipe, state.evaluation, state.samples)  # the samples, with a warning and a note, without data.evaluation
     reference_outputs = run_reference(recipe, state.reference, batches)  # sequences call by call for a stateful recipe
-    state.accuracy = evaluate_accuracy(recipe, runner.infer, reference_outputs, batches, state.reference_source)
+    state.accuracy = with_accuracy_data(recipe, evaluate_accuracy(recipe, runner.infer, reference_outputs, batches, state.reference_source), data)
     check_budget(recipe, state.accuracy, state.precision.value)
     trt = (state.engine.details.get("tensorrt") if state.engine else None) or {}
     if state.host_twin is not None:

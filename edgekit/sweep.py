@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,8 @@ def sweep(recipe_path: Path | str, target_name: str, out: Path | str, force: boo
         row: dict[str, Any] = {"variant": label, "precision": precision.value, "pruned": pruned}
         with progress.stage(label):
             try:
+                if force:  # a variant that fails now must not leave the previous run's bundle looking like its result
+                    _remove_old_variant(out_dir / label)
                 if buildable:
                     result = build(recipe.path, target_name, precision=precision, out=out_dir / label, force=force,
                                    trust_code=trust_code, prune=pruned)
@@ -91,6 +94,8 @@ def sweep(recipe_path: Path | str, target_name: str, out: Path | str, force: boo
                                metric_reference=accuracy.get("reference"), cosine_min=accuracy.get("cosine_min"), passed=accuracy.get("passed"),
                                bundle=str(result.bundle_dir), batch=manifest["benchmark"].get("batch"))
                     row.update(_estimated_columns(manifest, result.bundle_dir))
+                    if accuracy.get("note"):  # e.g. measured on data.samples, or on the FP32 graph TensorRT converts on the device
+                        row.update(reason=accuracy["note"])
                     if precision in HOST_TIMED:
                         built[label] = result.bundle_dir
                     else:
@@ -120,9 +125,36 @@ def sweep(recipe_path: Path | str, target_name: str, out: Path | str, force: boo
                 timing = timings.get(row.get("bundle", ""))
                 if timing:
                     row.update(p50_ms=timing["p50_ms"], p99_ms=timing["p99_ms"], latency_vs_fp32=timing["p50_ms"] / fp32["p50_ms"] if fp32 else None)
+                if timing and row["variant"] != "fp32" and "fp32" in built and _same_graph(Path(row["bundle"]), built["fp32"]):
+                    why = (f"{row['precision']} bundle holds the same model.onnx as fp32 (the target applies {row['precision']} on the device): "
+                           "no speed-up measured here")
+                    row.update(latency_vs_fp32=None, reason="; ".join(r for r in (row.get("reason"), why) if r))
     finally:  # the rows built so far are written even when the timing fails
         result = _finish(rows, recipe_t, target, out_dir, metric)
     return result
+
+
+def _remove_old_variant(folder: Path) -> None:
+    """With ``force``: the previous sweep's folder of this variant, removed before the variant is built again."""
+    try:
+        if folder.is_symlink() or folder.is_file():
+            folder.unlink()
+        elif folder.is_dir():
+            shutil.rmtree(folder)
+    except OSError as exc:
+        raise EdgekitError(f"{folder}: cannot remove the previous sweep's variant ({exc.strerror or exc})",
+                           hint="remove that folder by hand, or choose another --out") from exc
+
+
+def _same_graph(bundle: Path, fp32_bundle: Path) -> bool:
+    """Whether a bundle's model.onnx (and its external data) is byte for byte fp32's: timing it here times FP32 again."""
+    for name in ("model.onnx", "model.onnx.data"):
+        mine, theirs = bundle / name, fp32_bundle / name
+        if mine.is_file() != theirs.is_file():
+            return False
+        if mine.is_file() and (mine.stat().st_size != theirs.stat().st_size or mine.read_bytes() != theirs.read_bytes()):
+            return False
+    return (bundle / "model.onnx").is_file()
 
 
 def _check_out(out_dir: Path, labels: list[str], force: bool) -> None:
@@ -175,7 +207,7 @@ def _estimate(recipe: Any, target: Any, precision: Precision) -> dict[str, Any]:
     evaluated on the codec-decoded twin (see :mod:`edgekit.quantize.float_writers`)."""
     import onnxruntime as ort
 
-    from edgekit.data import load_batches, model_inputs
+    from edgekit.data import accuracy_batches, load_batches, model_inputs, samples_accuracy_note
     from edgekit.evaluate.metrics import METRICS
     from edgekit.export import export_onnx
     from edgekit.precision import Backend
@@ -210,7 +242,9 @@ def _estimate(recipe: Any, target: Any, precision: Precision) -> dict[str, Any]:
         session = ort.InferenceSession(str(twin), options, providers=["CPUExecutionProvider"])
         names = [o.name for o in session.get_outputs()]
         output = recipe.evaluation.output or recipe.outputs[0]
-        evaluation = load_batches(recipe, recipe.data.evaluation or recipe.data.samples, "evaluation")
+        evaluation = load_batches(recipe, recipe.data.evaluation, "evaluation") if recipe.data.evaluation else samples
+        if recipe.data.evaluation is None:
+            accuracy_batches(recipe, None, samples)  # the warning that the accuracy is measured on the samples
         reference_fn = TorchReference(loaded.module, recipe) if loaded.module is not None else None
         got, ref, labels = [], [], []
         for batch in evaluation:
@@ -221,9 +255,10 @@ def _estimate(recipe: Any, target: Any, precision: Precision) -> dict[str, Any]:
         metric = METRICS.get(recipe.evaluation.metric)
         value = float(metric(got, ref, labels)) if metric else None
         reference = float(metric(ref, ref, labels)) if metric else None
+        on_samples = f"; {samples_accuracy_note(recipe)}" if recipe.data.evaluation is None else ""
         return {"size_bytes": size, "metric_value": value, "metric_reference": reference,
                 "reason": "estimated with the exact codec: " + ("weights and activations" if written.activations else "weights only")
-                + "; latency needs the device", "passed": None, "cosine_min": None, "p50_ms": None}
+                + "; latency needs the device" + on_samples, "passed": None, "cosine_min": None, "p50_ms": None}
 
 
 def write_sweep_report(result: SweepResult, higher_is_better: bool) -> Path:

@@ -265,3 +265,22 @@ def test_precision_applied_on_the_device_is_labelled_and_golden_is_widened(tiny_
     assert manifest["backend"]["name"] == "tensorrt" and manifest["precision"] == "bf16"
     assert "TensorRT applies bf16 through builder flags on the device" in manifest["accuracy"]["note"]
     assert manifest["golden"]["rtol"] == 0.05 and manifest["golden"]["min_cosine"] == 0.99
+
+
+def test_accuracy_without_evaluation_data_is_measured_on_the_samples_and_says_so(tiny_recipe, tmp_path, caplog):
+    from tests.conftest import TINY_RECIPE
+
+    text = TINY_RECIPE.format(factory="tiny_net").replace(
+        '  evaluation: {callable: "tests.fixtures.tiny_models:tiny_batches", kwargs: {labels: true}}\n', "").replace(
+        '  samples: {callable: "tests.fixtures.tiny_models:tiny_batches"}',
+        '  samples: {callable: "tests.fixtures.tiny_models:tiny_batches", kwargs: {labels: true}}')
+    assert "  evaluation: {callable" not in text
+    result = build(tiny_recipe(text=text), "x86-64-cpu", out=tmp_path / "bundle")  # still builds
+    accuracy = result.manifest["accuracy"]
+    assert accuracy["details"]["data"] == "samples"
+    assert accuracy["note"].startswith("measured on data.samples (the recipe has no data.evaluation)")
+    assert "not an accuracy on held-out data" in accuracy["note"]
+    assert "accuracy measured on data.samples" in caplog.text and "add data.evaluation" in caplog.text
+    with_evaluation = build(tiny_recipe(), "x86-64-cpu", out=tmp_path / "bundle2")
+    assert with_evaluation.manifest["accuracy"]["details"]["data"] == "evaluation"
+    assert with_evaluation.manifest["accuracy"]["note"] is None

@@ -137,3 +137,61 @@ def test_the_rows_built_are_written_when_the_timing_fails(tiny_recipe, tmp_path,
         sweep_module.sweep(tiny_recipe(text=CALIBRATED.format(factory="tiny_net")), "x86-64-cpu", out, iterations=3)
     written = json.loads((out / "sweep.json").read_text())["variants"]
     assert [(row["variant"], row["status"]) for row in written] == [("fp32", "built")]
+
+
+def test_a_forced_resweep_removes_a_failed_variants_old_bundle(tiny_recipe, tmp_path, monkeypatch):
+    import edgekit.pipeline as pipeline
+    import edgekit.sweep as sweep_module
+    from edgekit.errors import BuildError
+
+    monkeypatch.setattr(sweep_module, "_variants", _fp32_and_int8)
+    out = tmp_path / "sweep"
+    recipe = tiny_recipe(text=CALIBRATED.format(factory="tiny_net"))
+    sweep_module.sweep(recipe, "x86-64-cpu", out, iterations=2)
+    assert (out / "int8" / "manifest.json").is_file()
+    real_build = pipeline.build
+
+    def build(recipe_path, target_name, precision=None, **kwargs):
+        if precision.value == "int8":
+            raise BuildError("int8 refused this time")
+        return real_build(recipe_path, target_name, precision=precision, **kwargs)
+
+    monkeypatch.setattr(pipeline, "build", build)
+    result = sweep_module.sweep(recipe, "x86-64-cpu", out, force=True, iterations=2)
+    rows = {row["variant"]: row for row in result.rows}
+    assert rows["int8"]["status"] == "failed" and rows["int8"]["reason"] == "int8 refused this time"
+    assert not (out / "int8").exists()  # before: the previous run's int8 bundle stayed, looking like this run's
+    assert (out / "fp32" / "manifest.json").is_file()
+
+
+def test_sweep_default_out_uses_the_target_name_of_a_target_file(tiny_recipe, tmp_path, monkeypatch, capsys):
+    import edgekit.sweep as sweep_module
+
+    monkeypatch.setattr(sweep_module, "_variants", lambda recipe, target, backend: _fp32_and_int8(recipe, target, backend)[:1])
+    target_file = tmp_path / "tg" / "x86-64-cpu.yaml"
+    target_file.parent.mkdir()
+    target_file.write_text((REPO / "targets" / "x86-64-cpu.yaml").read_text())
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", str(tiny_recipe()), "--target", str(target_file), "--iterations", "2"]) == 0
+    assert (tmp_path / "bundles" / "sweep-tiny-x86-64-cpu" / "sweep.json").is_file()  # before: bundles/sweep-tiny-/…/tg/x86-64-cpu.yaml
+
+
+def test_a_variant_with_fp32s_graph_has_no_speed_up_and_its_accuracy_note(tiny_recipe, tmp_path, monkeypatch):
+    import edgekit.pipeline as pipeline
+    import edgekit.sweep as sweep_module
+    from edgekit.precision import Precision
+
+    monkeypatch.setattr(sweep_module, "_variants",
+                        lambda recipe, target, backend: [("fp32", Precision.FP32, False, True), ("fp16", Precision.FP16, False, True)])
+    real_build = pipeline.build
+    monkeypatch.setattr(pipeline, "build", lambda path, target, precision=None, **kw: real_build(path, target, precision=Precision.FP32, **kw))
+    text = TINY_RECIPE.format(factory="tiny_net").replace(  # no data.evaluation: the manifest's accuracy has a note
+        '  evaluation: {callable: "tests.fixtures.tiny_models:tiny_batches", kwargs: {labels: true}}\n', "").replace(
+        '  samples: {callable: "tests.fixtures.tiny_models:tiny_batches"}',
+        '  samples: {callable: "tests.fixtures.tiny_models:tiny_batches", kwargs: {labels: true}}')
+    result = sweep_module.sweep(tiny_recipe(text=text), "x86-64-cpu", tmp_path / "sweep", iterations=2)
+    rows = {row["variant"]: row for row in result.rows}
+    assert rows["fp32"]["latency_vs_fp32"] == 1.0 and rows["fp16"]["p50_ms"] > 0
+    assert rows["fp16"]["latency_vs_fp32"] is None
+    assert "fp16 bundle holds the same model.onnx as fp32" in rows["fp16"]["reason"]
+    assert rows["fp16"]["reason"].startswith("measured on data.samples (the recipe has no data.evaluation)")

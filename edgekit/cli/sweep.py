@@ -47,7 +47,10 @@ def run(args: argparse.Namespace) -> int:
     from edgekit.sweep import sweep
 
     check_count(args.iterations, "--iterations", minimum=1, example=30)
-    out = Path(args.out) if args.out else Path("bundles") / f"sweep-{Path(args.recipe).stem}-{args.target}"
+    from edgekit.target import get_target
+
+    target_name = get_target(args.target).name  # a --target given as a YAML path names the folder by the target's name
+    out = Path(args.out) if args.out else Path("bundles") / f"sweep-{Path(args.recipe).stem}-{target_name}"
     with library_output_to_stderr():
         result = sweep(args.recipe, args.target, out, force=args.force, iterations=args.iterations, progress=RichStageReporter(console),
                        trust_code=args.trust_code)
@@ -61,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     for column in ("variant", "status", "size", latency, "× fp32", result.metric or "metric", "cosine min", "note"):
         table.add_column(escape(column), justify="right" if column not in ("variant", "status", "note") else "left")
     if estimated:
-        table.add_column(f"estimate p50 ms on {escape(args.target)}", justify="right")
+        table.add_column(f"estimate p50 ms on {escape(target_name)}", justify="right")
     for row in result.rows:
         extra = [f"{row['estimate_p50_ms']:.2f}" if row.get("estimate_p50_ms") is not None else "-"] if estimated else []
         table.add_row(*(escape(cell) for cell in [*sweep_cells(row), *extra]))
