@@ -76,6 +76,11 @@ __all__ = [
 #: The largest value of a number field without a bound of its own: beyond it a time or size means "never"
 #: or "unbounded", which the field's own setting says better.
 MAX_NUMBER = 1e12
+#: The longest time a ``*_s`` key may hold (about 31 years): Python's thread and socket timeouts stop at ~9.2e9 s,
+#: so a larger one was accepted and then crashed the API (every request) or a thread (in a restart loop).
+MAX_SECONDS = 1e9
+#: The smallest size a ``*_mb`` limit may hold (about 1 KB): a tinier positive one rounded to a 0-byte limit.
+MIN_SIZE_MB = 0.001
 _ID_PATTERN = ID_PATTERN
 _REQUIRED = object()
 _KEY_PART = re.compile(r"\[(\d+)\]|([^.\[\]]+)")
@@ -172,7 +177,8 @@ class _Section:
         kinds = (int,) if integer else (int, float)
         bad_type = isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value)  # .nan, .inf
         shown_maximum = maximum
-        maximum = maximum if maximum is not None else MAX_NUMBER  # past it every time and size means "never"
+        if maximum is None:  # past it every time and size means "never"; a time past MAX_SECONDS overflows a timeout
+            maximum = MAX_SECONDS if name.endswith("_s") else MAX_NUMBER
         too_low = not bad_type and (value <= minimum if exclusive_minimum else value < minimum)
         too_high = not bad_type and value > maximum
         shown_maximum = maximum if too_high else shown_maximum
@@ -360,7 +366,7 @@ def _parse_bundles(section: _Section) -> BundlesConfig:
         )
     if public_key is not None and not public_key.is_file():
         raise section.error("bundles.public_key", f"file '{public_key}' does not exist", hint="copy the fleet public key there")
-    max_mb = section.number("max_download_mb", 1024, minimum=0, exclusive_minimum=True, example="1024")
+    max_mb = section.number("max_download_mb", 1024, minimum=MIN_SIZE_MB, example="1024")
     return BundlesConfig(
         dir=section.path("dir", example="/var/lib/edgekit/bundles"),
         public_key=public_key,
@@ -390,9 +396,9 @@ def _parse_allowed_sources(section: _Section) -> tuple[str, ...]:
 
 def _parse_api(section: _Section, *, memory_budget_mb: float | None) -> ApiConfig:
     address = parse_api_address(section.string("address", DEFAULT_API_ADDRESS), where=f"{section.where('api.address')}: api.address")
-    max_mb = section.number("max_request_mb", 64, minimum=0, exclusive_minimum=True, example="64")
+    max_mb = section.number("max_request_mb", 64, minimum=MIN_SIZE_MB, example="64")
     max_header_kb = section.number("max_header_kb", 16, minimum=1, example="16")
-    inflight_mb = section.number("max_inflight_body_mb", None, minimum=0, exclusive_minimum=True, example="128")
+    inflight_mb = section.number("max_inflight_body_mb", None, minimum=MIN_SIZE_MB, example="128")
     return ApiConfig(
         address=address,
         max_request_bytes=int(max_mb * 1024 * 1024),

@@ -20,7 +20,7 @@ DEFAULT_API_ADDRESS = "127.0.0.1:8470"
 POWER_SENSORS = ("auto", "ina3221", "tegrastats", "nvml", "rapl", "none")
 BROKER_SCHEMES = {"mqtt": 1883, "mqtts": 8883}
 UNIX_PREFIX = "unix:"
-ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # \Z: `$` also matches before a final newline
 #: The most models one agent serves: each telemetry window carries one entry a model, and telemetry.v1 holds 64
 MAX_MODELS = 64
 

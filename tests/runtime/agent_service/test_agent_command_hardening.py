@@ -282,8 +282,8 @@ def test_a_flood_of_refused_commands_cannot_push_out_an_admitted_id(tmp_path: Pa
 def test_config_numbers_must_be_finite_and_paths_hold_no_nul(agent_config: Callable[..., Path], tmp_path: Path) -> None:
     cases = [({"telemetry": {"interval_s": float("nan"), "spool": {"path": "s.db"}}}, "telemetry.interval_s: expected a number > 0 and <= 86400, got nan"),
              ({"telemetry": {"interval_s": 1e300, "spool": {"path": "s.db"}}}, "telemetry.interval_s: expected a number > 0 and <= 86400"),
-             ({"bundles": {"max_download_mb": float("inf"), "allow_unsigned": True}}, "bundles.max_download_mb: expected a number > 0, got inf"),
-             ({"api": {"max_request_mb": 1e15}}, "api.max_request_mb: expected a number > 0 and <= 1e+12, got 1000000000000000.0"),
+             ({"bundles": {"max_download_mb": float("inf"), "allow_unsigned": True}}, "bundles.max_download_mb: expected a number >= 0.001, got inf"),
+             ({"api": {"max_request_mb": 1e15}}, "api.max_request_mb: expected a number >= 0.001 and <= 1e+12, got 1000000000000000.0"),
              ({"telemetry": {"spool": {"path": "a\x00b.db"}}}, "telemetry.spool.path: the path contains a NUL character"),
              ({"api": {"address": "unix:/run/a\x00.sock"}}, "contains a NUL character")]  # fmt: skip
     for overrides, message in cases:

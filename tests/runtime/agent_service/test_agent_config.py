@@ -135,7 +135,7 @@ telemetry:
 @pytest.mark.parametrize(
     ("values", "where", "fragment"),
     [
-        ({"max_download_mb": "-3"}, ":6:3: bundles.max_download_mb: expected a number > 0, got -3", None),
+        ({"max_download_mb": "-3"}, ":6:3: bundles.max_download_mb: expected a number >= 0.001, got -3", None),
         ({"second_model": "'bad name'"}, ":8:21: models.names[1]: 'bad name' is not a model name", None),
         ({"power_key": "sensr"}, ":10:3: power.sensr: is not a known key", "did you mean 'power.sensor'"),
     ],
