@@ -162,14 +162,14 @@ class IngestMetrics:
         return families
 
     def expire(self, now: dt.datetime | None = None) -> None:
-        """Forget the devices whose newest window :mod:`edgekit.fleet.liveness` judges offline by silence (received
-        10 of its intervals ago), and their status: their series then leave the scrape."""
+        """Forget the newest window of the devices :mod:`edgekit.fleet.liveness` judges offline by silence (received
+        10 of its intervals ago): their figures then leave the scrape. Their ``edgekit_device_online`` stays: it
+        follows their status messages (a will tells a crash from a device gone quiet with its status still online)."""
         now = now or dt.datetime.now(dt.timezone.utc)
         with self._lock:
             gone = [key for key, window in self._latest.items() if _silent_too_long(window, now)]
             for key in gone:
                 del self._latest[key]
-                self._online.pop(key, None)
 
     def device_families(self, fleet: str | None = None, now: dt.datetime | None = None) -> list[Metric]:
         """Per-device and per-model gauges from the newest window this collector stored for each device, for the

@@ -176,8 +176,8 @@ class FleetReader:
             finished = self._clock()
             fresh = FleetSnapshot(summaries, models, read_at=finished, read_s=finished - started, families=families)
         except StoreError as exc:
-            logger.warning("metrics: cannot read the fleet store %s, so the fleet series are left out (edgekit_fleet_store_up "
-                           "0) until a read succeeds: %s", redact(self.store.url), exc)  # fmt: skip
+            # the last good read is still served until it is stale_after_s old (edgekit_fleet_store_up 0 after that)
+            logger.warning("metrics: cannot read the fleet store %s: %s", redact(self.store.url), exc)
         except Exception:  # a bug, not the store: the scrape still serves the collector's counters
             logger.exception("metrics: reading the fleet store %s failed", redact(self.store.url))
         finally:
