@@ -246,7 +246,7 @@ def _check_finite(array: np.ndarray, name: str, where: str) -> None:
     golden outputs alike (a NaN pixel once made int8 'beat' FP32). -inf is taken: additive attention masks use it."""
     if array.dtype.kind != "f" and "bfloat16" not in str(array.dtype):
         return
-    values = np.asarray(array, dtype=np.float32)
+    values = array if array.dtype.kind == "f" else np.asarray(array, dtype=np.float32)  # no copy of a float batch
     nan, positive = int(np.count_nonzero(np.isnan(values))), int(np.count_nonzero(values == np.inf))
     if nan or positive:
         raise RecipeError(f"{where}: input '{name}' holds {nan + positive} non-finite value(s) of {array.size} ({nan} NaN, "

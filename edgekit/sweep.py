@@ -147,14 +147,14 @@ def _remove_old_variant(folder: Path) -> None:
 
 
 def _same_graph(bundle: Path, fp32_bundle: Path) -> bool:
-    """Whether a bundle's model.onnx (and its external data) is byte for byte fp32's: timing it here times FP32 again."""
-    for name in ("model.onnx", "model.onnx.data"):
-        mine, theirs = bundle / name, fp32_bundle / name
-        if mine.is_file() != theirs.is_file():
-            return False
-        if mine.is_file() and (mine.stat().st_size != theirs.stat().st_size or mine.read_bytes() != theirs.read_bytes()):
-            return False
-    return (bundle / "model.onnx").is_file()
+    """Whether a bundle's model.onnx (and its external data) is fp32's, by the sha256 each manifest lists: timing it
+    here times FP32 again."""
+    def graph_hashes(folder: Path) -> dict[str, Any]:
+        files = json.loads((folder / "manifest.json").read_text(encoding="utf-8")).get("files") or {}
+        return {name: files.get(name) for name in ("model.onnx", "model.onnx.data")}
+
+    mine = graph_hashes(bundle)
+    return mine["model.onnx"] is not None and mine == graph_hashes(fp32_bundle)
 
 
 def _check_out(out_dir: Path, labels: list[str], force: bool) -> None:
